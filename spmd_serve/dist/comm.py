@@ -1,0 +1,93 @@
+"""All MPI traffic of the server: plan broadcast, tensor-parallel collectives, job abort.
+
+This is the only module that imports mpi4py (DESIGN §6).  Workers wait for the next plan with a
+non-blocking Ibcast on the small header plus Test() and a short sleep, because a rank blocked in a
+plain MPI receive busy-polls a whole core (DESIGN §2); the payload then follows with a blocking
+Bcast, which is fast because rank 0 sends it right after the header.
+"""
+from __future__ import annotations
+
+import logging
+import sys
+import time
+
+import numpy as np
+from typing import Callable, TypeVar
+
+from mpi4py import MPI
+
+from spmd_serve.protocol import HEADER_LEN, StepPlan
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+IDLE_POLL_S = 0.0005   # worker sleep between Test() calls while idle (~4 % CPU, DESIGN §2)
+
+
+class Comm:
+    def __init__(self, comm: MPI.Comm | None = None) -> None:
+        self.comm = comm or MPI.COMM_WORLD
+        self.rank, self.size = self.comm.Get_rank(), self.comm.Get_size()
+
+    # ---- plan broadcast ---------------------------------------------------------------------
+    def send_plan(self, plan: StepPlan) -> None:
+        """Rank 0: header (matches the workers' pending Ibcast), then payload."""
+        if self.size == 1:
+            return
+        header = plan.header()
+        self.comm.Ibcast(header, root=0).Wait()
+        if header[5]:
+            self.comm.Bcast(plan.payload(), root=0)
+
+    def recv_plan(self) -> StepPlan:
+        """Workers: sleep-poll for the header, then receive the payload."""
+        header = np.zeros(HEADER_LEN, np.int64)
+        req = self.comm.Ibcast(header, root=0)
+        while not req.Test():
+            time.sleep(IDLE_POLL_S)
+        payload = np.empty(int(header[5]), np.int64)
+        if header[5]:
+            self.comm.Bcast(payload, root=0)
+        return StepPlan.unpack(header, payload)
+
+    # ---- tensor-parallel collectives --------------------------------------------------------
+    def allreduce_(self, x: np.ndarray) -> np.ndarray:
+        """In-place sum over ranks of a float32 partial (e.g. [T, H] after o_proj/down_proj)."""
+        if self.size > 1:
+            self.comm.Allreduce(MPI.IN_PLACE, x, op=MPI.SUM)
+        return x
+
+    def gather_vocab(self, logits_local: np.ndarray) -> np.ndarray | None:
+        """[B, V_local] shards → [B, V_local * size] on rank 0 (None elsewhere)."""
+        if self.size == 1:
+            return logits_local
+        logits_local = np.ascontiguousarray(logits_local, dtype=np.float32)
+        buf = np.empty((self.size, *logits_local.shape), np.float32) if self.rank == 0 else None
+        self.comm.Gather(logits_local, buf, root=0)
+        if buf is None:
+            return None
+        return np.concatenate(list(buf), axis=1)          # [size, B, Vl] → [B, size*Vl]
+
+    def barrier(self) -> None:
+        self.comm.Barrier()
+
+    def allgather_flags(self, ok: bool, message: str) -> list[tuple[bool, str]]:
+        """Start-up agreement: every rank learns whether every other rank loaded fine."""
+        return self.comm.allgather((ok, message))
+
+    def abort(self, code: int = 1) -> None:
+        """End the whole job now (an error on one rank must never leave the others hanging)."""
+        sys.stdout.flush()
+        sys.stderr.flush()
+        self.comm.Abort(code)
+
+
+def node_local_first(comm: Comm, make: Callable[[], T]) -> T:
+    """Run `make` on the first rank of each node, then on the others once it finished (one
+    writer per node for files such as the demo model; ranks on other nodes see their own disk)."""
+    local = comm.comm.Split_type(MPI.COMM_TYPE_SHARED)
+    try:
+        result = make() if local.Get_rank() == 0 else None
+        local.Barrier()
+        return result if result is not None else make()
+    finally:
+        local.Free()

@@ -1,0 +1,139 @@
+"""The hand-off between rank 0's IO thread (asyncio: HTTP, gRPC) and its engine thread (MPI).
+
+The IO side calls `add_request` / `abort` from the event loop; the engine thread calls
+`wait_for_work`, `take_commands` and `publish`.  Outputs reach the IO side through per-request
+asyncio queues fed with `loop.call_soon_threadsafe`, so the IO thread never blocks on the engine
+and the engine never touches asyncio objects directly.
+"""
+from __future__ import annotations
+
+import asyncio
+import collections
+import threading
+import time
+from dataclasses import dataclass, field
+
+from spmd_serve.sampling_params import SamplingParams
+
+
+class DuplicateRequestError(Exception):
+    """A request with this req_id is still in flight (HTTP 409)."""
+
+
+class QueueFullError(Exception):
+    """Running batch and waiting queue are both full (HTTP 429)."""
+
+
+class NotReadyError(Exception):
+    """The engine is not ready or is draining (HTTP 503)."""
+
+
+@dataclass
+class AddCommand:
+    req_id: str
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    arrival_time: float = field(default_factory=time.monotonic)
+
+
+@dataclass
+class AbortCommand:
+    req_id: str
+
+
+@dataclass
+class RequestOutput:
+    """What the engine reports about one request after one step (engine → IO thread)."""
+    req_id: str
+    new_token_ids: list[int]            # tokens produced this step (usually 0 or 1)
+    finished: bool = False
+    finish_reason: str | None = None    # "stop" | "length" | "abort" | "error"
+    error_code: int = 0                 # HTTP-like status when the engine failed the request
+    error_msg: str = ""
+    num_prompt_tokens: int = 0
+
+
+class EngineClient:
+    """Thread-safe bridge; one instance on rank 0, shared by the IO and engine threads."""
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity                    # BATCH_SIZE + MAX_CACHED_TASK_NUM
+        self._cv = threading.Condition()
+        self._commands: collections.deque[AddCommand | AbortCommand] = collections.deque()
+        self._streams: dict[str, asyncio.Queue[RequestOutput]] = {}
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self.ready = threading.Event()              # set once every rank has loaded its model
+        self.draining = threading.Event()           # set on shutdown: new requests get 503
+        self.heartbeat = time.monotonic()           # engine loop liveness, read by /health/live
+        self.busy_since: float | None = None        # a step in progress (a long prefill is no hang)
+
+    # ---- IO thread -------------------------------------------------------------------------
+    def attach_loop(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+
+    def add_request(self, req_id: str, prompt_token_ids: list[int],
+                    params: SamplingParams) -> asyncio.Queue[RequestOutput]:
+        """Queue a request; returns the queue its outputs arrive on.  Call from the IO loop."""
+        if not self.ready.is_set() or self.draining.is_set():
+            raise NotReadyError("server is not ready" if not self.ready.is_set()
+                                else "server is shutting down")
+        with self._cv:
+            if req_id in self._streams:
+                raise DuplicateRequestError(f"req_id {req_id!r} is already in flight")
+            if len(self._streams) >= self.capacity:
+                raise QueueFullError(
+                    f"too many requests in flight ({len(self._streams)}); "
+                    f"the limit is BATCH_SIZE + MAX_CACHED_TASK_NUM = {self.capacity}")
+            stream: asyncio.Queue[RequestOutput] = asyncio.Queue()
+            self._streams[req_id] = stream
+            self._commands.append(AddCommand(req_id, list(prompt_token_ids), params))
+            self._cv.notify()
+        return stream
+
+    def abort(self, req_id: str) -> None:
+        """Stop generating for req_id (client gone, stop string seen, deadline).  Idempotent."""
+        with self._cv:
+            if self._streams.pop(req_id, None) is not None:
+                self._commands.append(AbortCommand(req_id))
+                self._cv.notify()
+
+    def release(self, req_id: str) -> None:
+        """Forget a finished request's stream (its final output has been read)."""
+        with self._cv:
+            self._streams.pop(req_id, None)
+
+    @property
+    def num_in_flight(self) -> int:
+        return len(self._streams)
+
+    # ---- engine thread ---------------------------------------------------------------------
+    def wait_for_work(self, timeout: float) -> None:
+        """Block (no MPI, no spinning) until a command arrives or timeout passes."""
+        with self._cv:
+            if not self._commands:
+                self._cv.wait(timeout)
+
+    def wake(self) -> None:
+        with self._cv:
+            self._cv.notify_all()
+
+    def take_commands(self) -> list[AddCommand | AbortCommand]:
+        with self._cv:
+            cmds = list(self._commands)
+            self._commands.clear()
+        return cmds
+
+    def publish(self, outputs: list[RequestOutput]) -> None:
+        """Deliver one step's outputs to their streams (thread-safe; drops unknown ids)."""
+        if not outputs or self._loop is None:
+            return
+        self._loop.call_soon_threadsafe(self._deliver, outputs)
+
+    def _deliver(self, outputs: list[RequestOutput]) -> None:
+        for out in outputs:
+            with self._cv:
+                stream = self._streams.get(out.req_id)
+                if out.finished:
+                    self._streams.pop(out.req_id, None)
+            if stream is not None:
+                stream.put_nowait(out)

@@ -1,0 +1,125 @@
+"""The step loop.  Rank 0: take new requests → schedule → broadcast the plan → run its shard →
+sample → update → publish outputs.  Other ranks: receive the plan → run their shard.  Same
+program on every rank; which loop runs is chosen once at start-up (DESIGN §1–2).
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+import random
+import threading
+import time
+from typing import Callable
+
+import numpy as np
+
+from spmd_serve.engine import sampler
+from spmd_serve.engine.client import AbortCommand, AddCommand, EngineClient, RequestOutput
+from spmd_serve.engine.plan_builder import build_plan
+from spmd_serve.engine.step_stats import StepStats
+from spmd_serve.protocol import SHUTDOWN, StepPlan
+from spmd_serve.scheduler.request import Request
+from spmd_serve.scheduler.scheduler import QueueFullError, Scheduler, SchedulerConfig
+
+log = logging.getLogger("spmd_serve.engine")
+IDLE_WAIT_S = 0.5          # rank 0 sleeps on the command queue (no MPI) when there is nothing to do
+
+
+class Engine:
+    """Rank 0's scheduler-driven loop; `runner.execute` includes the other ranks via the plan."""
+
+    def __init__(self, sched_cfg: SchedulerConfig, comm, runner, client: EngineClient,
+                 eos_token_ids: frozenset[int], log_every: int = 0) -> None:
+        self.scheduler = Scheduler(sched_cfg)
+        self.comm, self.runner, self.client = comm, runner, client
+        self.block_size = sched_cfg.block_size
+        self.eos = eos_token_ids
+        self.stats = StepStats(log_every=log_every)
+        self.stop_event = threading.Event()
+        self.step_id = 0
+        # Test/benchmark hook: called with (requests, logits [N, V]) for every sampled row.
+        self.on_logits: Callable[[list[Request], np.ndarray], None] | None = None
+
+    # ---- commands from the IO thread ------------------------------------------------------
+    def _apply_commands(self) -> None:
+        errors: list[RequestOutput] = []
+        for cmd in self.client.take_commands():
+            if isinstance(cmd, AbortCommand):
+                self.scheduler.abort_request(cmd.req_id)
+                continue
+            err = self._admit(cmd)
+            if err is not None:
+                errors.append(err)
+        self.client.publish(errors)
+
+    def _admit(self, cmd: AddCommand) -> RequestOutput | None:
+        params = cmd.params
+        if params.seed is None:   # fix the seed at admission so preemption/recompute can't change tokens
+            params = dataclasses.replace(params, seed=random.getrandbits(63))
+        req = Request(cmd.req_id, cmd.prompt_token_ids, params,
+                      eos_token_ids=self.eos | frozenset(params.eos_token_ids), arrival_time=cmd.arrival_time)
+        try:
+            self.scheduler.add_request(req)
+        except QueueFullError as e:
+            return RequestOutput(cmd.req_id, [], True, "error", 429, str(e))
+        except ValueError as e:
+            return RequestOutput(cmd.req_id, [], True, "error", 400, str(e))
+        return None
+
+    # ---- the loop ---------------------------------------------------------------------------
+    def run(self) -> None:
+        while not self.stop_event.is_set():
+            self.client.heartbeat = time.monotonic()
+            self._apply_commands()
+            if self.scheduler.has_unfinished():
+                self.step()
+            else:
+                self.client.wait_for_work(IDLE_WAIT_S)
+        self._shutdown()
+
+    def step(self) -> list[Request]:
+        st = self.stats
+        st.start()
+        out = self.scheduler.schedule()
+        if out.is_empty:
+            return []
+        self.step_id += 1
+        plan = build_plan(out, self.step_id, self.block_size)
+        st.lap("schedule")
+        self.comm.send_plan(plan)
+        st.lap("broadcast")
+        self.client.busy_since = time.monotonic()
+        logits = self.runner.execute(plan)                     # [B, V], this step's sequences in order
+        self.client.busy_since = None
+        st.lap("execute")
+        rows = [i for i, s in enumerate(out.seqs) if s.samples]
+        reqs = [out.seqs[i].request for i in rows]
+        tokens = sampler.sample(logits[rows], reqs) if rows else []
+        if self.on_logits is not None and rows:
+            self.on_logits(reqs, logits[rows])
+        st.lap("sample")
+        done = self.scheduler.update(out, {r.req_id: t for r, t in zip(reqs, tokens)})
+        self.client.publish([RequestOutput(r.req_id, [r.output_token_ids[-1]], r.is_finished, r.finish_reason,
+                                           num_prompt_tokens=r.num_prompt_tokens) for r in done])
+        st.lap("update")
+        st.end_step(out.num_tokens, len(tokens))
+        return done
+
+    def _shutdown(self) -> None:
+        """Fail whatever is still in flight with an error frame, then stop every rank."""
+        pending = list(self.scheduler.running) + list(self.scheduler.waiting)
+        for req in pending:
+            self.scheduler.abort_request(req.req_id)
+        self.client.publish([RequestOutput(r.req_id, [], True, "error", 503, "server is shutting down")
+                             for r in pending])
+        self.comm.send_plan(StepPlan.shutdown(self.step_id + 1))
+        log.info("engine stopped after %d steps; %s", self.stats.steps, self.stats.summary())
+
+
+def worker_loop(comm, runner) -> None:
+    """Ranks 1..N-1: execute plans until SHUTDOWN.  Stateless: the plan says everything."""
+    while True:
+        plan = comm.recv_plan()
+        if plan.kind == SHUTDOWN:
+            return
+        runner.execute(plan)

@@ -1,0 +1,163 @@
+"""Llama building blocks for one tensor-parallel shard, written for export as Paddle static graphs.
+
+A rank's model is a chain of *stages*; each stage returns a partial result that must be summed
+over the ranks (the collective) before the next stage adds it to the residual stream:
+
+    embed → [attn_0 → mlp_0 → ... → attn_{L-1} → mlp_{L-1}] → head
+Stage inputs come from `env` (a dict of named graph inputs, see `STEP_INPUTS`); attention stages
+also return the K/V of this step's tokens, which the runtime writes into the paged cache after the
+graph ran (in-place writes to graph inputs are dropped by jit.save, DESIGN §4).
+
+Token layout: linear layers see the step's tokens flattened, [T, H].  Attention gathers them into a
+padded per-sequence grid [B, S] with `pad_index` (value T = padding, reads an appended zero row)
+and back with `unpad_index`; past keys are gathered from the pool by block table, so the work
+grows with the tokens attended, never with the pool size.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import paddle
+from paddle import nn
+
+from spmd_serve.models.sharding import ShardDims
+
+# Per-step graph inputs (name → dtype, shape); every rank derives them from the StepPlan.
+STEP_INPUTS: dict[str, tuple[str, list[int]]] = {
+    "input_ids": ("int64", [-1]),          # [T] token ids of this step
+    "positions": ("int64", [-1]),          # [T] absolute position of each token
+    "pad_index": ("int64", [-1, -1]),      # [B, S] index into T, T = padding
+    "unpad_index": ("int64", [-1]),        # [T] index into the flattened [B*S] grid
+    "block_tables": ("int64", [-1, -1]),   # [B, MB] KV block ids (MB >= 1)
+    "ctx_lens": ("int64", [-1]),           # [B] tokens already in the cache (past)
+    "query_lens": ("int64", [-1]),         # [B] new tokens of each sequence this step
+    "logits_index": ("int64", [-1]),       # [B] index into T of each sequence's last token
+}
+NEG_INF = -1e30  # additive mask; no row is fully masked (every query sees itself)
+
+
+def _param(layer: nn.Layer, value: np.ndarray) -> paddle.Tensor:
+    return layer.create_parameter(list(value.shape), dtype="float32",
+                                  default_initializer=nn.initializer.Assign(value))
+
+
+def rms_norm(x: paddle.Tensor, weight: paddle.Tensor, eps: float) -> paddle.Tensor:
+    # Same order of operations as PaddleNLP's LlamaRMSNorm (fp32), so logits match to 1e-6.
+    variance = x.pow(2).mean(-1, keepdim=True)
+    return paddle.rsqrt(variance + eps) * x * weight
+
+
+def _rotate_half(x: paddle.Tensor) -> paddle.Tensor:
+    half = x.shape[-1] // 2
+    return paddle.concat([-x[..., half:], x[..., :half]], axis=-1)
+
+
+def _to_grid(x: paddle.Tensor, pad_index: paddle.Tensor) -> paddle.Tensor:
+    """[T, h, d] → [B, S, h, d]; padding slots read an appended zero row."""
+    ext = paddle.concat([x, paddle.zeros_like(x[:1])], axis=0)          # [T+1, h, d]
+    b, s = paddle.shape(pad_index)[0], paddle.shape(pad_index)[1]
+    return paddle.gather(ext, pad_index.reshape([-1]), axis=0).reshape([b, s, x.shape[1], x.shape[2]])
+
+
+class EmbedStage(nn.Layer):
+    """Vocab-parallel embedding: rows this rank does not own contribute zeros to the sum."""
+
+    def __init__(self, w: dict[str, np.ndarray], dims: ShardDims, rank: int) -> None:
+        super().__init__()
+        self.weight = _param(self, w["embed"])                         # [V_local, H]
+        self.start, self.size = rank * dims.vocab_local, dims.vocab_local
+
+    def forward(self, h, env):
+        local = env["input_ids"] - self.start
+        owned = paddle.logical_and(local >= 0, local < self.size)
+        local = paddle.where(owned, local, paddle.zeros_like(local))
+        return nn.functional.embedding(local, self.weight) * owned.astype("float32").unsqueeze(-1), []
+
+
+class AttentionStage(nn.Layer):
+    """RMSNorm → q/k/v (column shard) → RoPE → paged attention (GQA) → o_proj (row shard)."""
+
+    def __init__(self, w: dict[str, np.ndarray], dims: ShardDims, layer: int) -> None:
+        super().__init__()
+        p = f"layers.{layer}."
+        self.ln, self.q, self.k, self.v, self.o = (_param(self, w[p + n]) for n in ("ln1", "q", "k", "v", "o"))
+        self.dims, self.layer = dims, layer
+        d = dims.head_dim
+        inv_freq = 1.0 / (dims.rope_theta ** (np.arange(0, d, 2, dtype=np.float32) / d))
+        self.inv_freq = paddle.to_tensor(inv_freq.astype(np.float32))   # [d/2] constant
+
+    def cache_names(self) -> tuple[str, str]:
+        return f"k_cache_{self.layer}", f"v_cache_{self.layer}"
+
+    def _rope(self, x, positions):
+        freqs = positions.astype("float32").unsqueeze(-1) * self.inv_freq.unsqueeze(0)  # [T, d/2]
+        emb = paddle.concat([freqs, freqs], axis=-1).unsqueeze(1)                        # [T, 1, d]
+        return x * emb.cos() + _rotate_half(x) * emb.sin()
+
+    def forward(self, h, env):
+        dm = self.dims
+        nh, kvh, d, g = dm.heads, dm.kv_heads, dm.head_dim, dm.group
+        x = rms_norm(h, self.ln, dm.rms_norm_eps)                                       # [T, H]
+        q = self._rope(paddle.matmul(x, self.q).reshape([-1, nh, d]), env["positions"])  # [T, nh, d]
+        k = self._rope(paddle.matmul(x, self.k).reshape([-1, kvh, d]), env["positions"])  # [T, kvh, d]
+        v = paddle.matmul(x, self.v).reshape([-1, kvh, d])
+        kc_name, vc_name = self.cache_names()
+        bt = env["block_tables"]
+        b, mb = paddle.shape(bt)[0], paddle.shape(bt)[1]
+        # past: [B*MB, bs, kvh, d] → [B, P, kvh, d] with P = MB*bs, in token order
+        k_past = paddle.gather(env[kc_name], bt.reshape([-1]), axis=0).reshape([b, -1, kvh, d])
+        v_past = paddle.gather(env[vc_name], bt.reshape([-1]), axis=0).reshape([b, -1, kvh, d])
+        qg, kg, vg = (_to_grid(t, env["pad_index"]) for t in (q, k, v))                   # [B, S, *, d]
+        keys = paddle.concat([k_past, kg], axis=1).transpose([0, 2, 1, 3])                # [B, kvh, P+S, d]
+        vals = paddle.concat([v_past, vg], axis=1).transpose([0, 2, 1, 3])
+        s = paddle.shape(qg)[1]
+        # query head j uses KV head j // g: [B, S, kvh, g, d] → [B, kvh, g*S, d]
+        qh = qg.reshape([b, s, kvh, g, d]).transpose([0, 2, 3, 1, 4]).reshape([b, kvh, -1, d])
+        scores = paddle.matmul(qh / math.sqrt(d), keys, transpose_y=True)                 # [B, kvh, g*S, P+S]
+        scores = scores.reshape([b, kvh, g, s, -1]) + self._mask(env, k_past, s).unsqueeze(1).unsqueeze(1)
+        probs = nn.functional.softmax(scores, axis=-1).reshape([b, kvh, g * s, -1])
+        ctx = paddle.matmul(probs, vals).reshape([b, kvh, g, s, d])                       # [B, kvh, g, S, d]
+        ctx = ctx.transpose([0, 3, 1, 2, 4]).reshape([-1, nh * d])                         # [B*S, nh*d]
+        ctx = paddle.gather(ctx, env["unpad_index"], axis=0)                              # [T, nh*d]
+        return paddle.matmul(ctx, self.o), [k, v]
+
+    @staticmethod
+    def _mask(env, k_past, s):
+        """Additive mask [B, S, P+S]: past slots valid below ctx_len; new tokens causal and real."""
+        p = paddle.shape(k_past)[1]
+        past_ok = paddle.arange(p, dtype="int64").unsqueeze(0) < env["ctx_lens"].unsqueeze(1)       # [B, P]
+        ar = paddle.arange(s, dtype="int64")
+        causal = ar.unsqueeze(0) <= ar.unsqueeze(1)                                                 # [S, S]
+        real = ar.unsqueeze(0) < env["query_lens"].unsqueeze(1)                                     # [B, S]
+        cur_ok = paddle.logical_and(causal.unsqueeze(0), real.unsqueeze(1))                          # [B, S, S]
+        cur = (1.0 - cur_ok.astype("float32")) * NEG_INF                                             # [B, S, S]
+        past = (1.0 - past_ok.astype("float32")).unsqueeze(1) * NEG_INF                              # [B, 1, P]
+        return paddle.concat([past + paddle.zeros_like(cur[:, :, :1]), cur], axis=2)                 # [B, S, P+S]
+
+
+class MlpStage(nn.Layer):
+    """RMSNorm → SwiGLU with gate/up column shards and a down row shard."""
+
+    def __init__(self, w: dict[str, np.ndarray], dims: ShardDims, layer: int) -> None:
+        super().__init__()
+        p = f"layers.{layer}."
+        self.ln, self.gate, self.up, self.down = (_param(self, w[p + n]) for n in ("ln2", "gate", "up", "down"))
+        self.eps = dims.rms_norm_eps
+
+    def forward(self, h, env):
+        x = rms_norm(h, self.ln, self.eps)
+        return paddle.matmul(nn.functional.silu(paddle.matmul(x, self.gate)) * paddle.matmul(x, self.up), self.down), []
+
+
+class HeadStage(nn.Layer):
+    """Final RMSNorm and the vocab-parallel lm_head on each sequence's last token: [B, V_local]."""
+
+    def __init__(self, w: dict[str, np.ndarray], dims: ShardDims) -> None:
+        super().__init__()
+        self.norm, self.lm_head = _param(self, w["norm"]), _param(self, w["lm_head"])
+        self.eps = dims.rms_norm_eps
+
+    def forward(self, h, env):
+        last = paddle.gather(h, env["logits_index"], axis=0)                              # [B, H]
+        return paddle.matmul(rms_norm(last, self.norm, self.eps), self.lm_head), []

@@ -1,0 +1,109 @@
+"""Graph segments: the stages between two collectives, exported as one Paddle static graph each.
+
+With `--tp 1` a rank's whole model is one segment (no collectives).  With `--tp N > 1` every stage
+is its own segment and the runtime all-reduces each segment's `partial` output (gathering the
+`logits` of the last one) before feeding the next: the segment boundary is the one explicit,
+swappable place where the collective happens (mpi4py on CPU, NCCL on GPU later).
+
+Segment inputs: optional `hidden` (residual stream) and `partial` (the reduced output of the
+previous stage), plus the per-step inputs its stages need.  Outputs, in order: `hidden` and
+`partial` (or `logits` for the last segment), then `k_new_<l>`, `v_new_<l>` for each attention layer.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import paddle
+from paddle import nn
+from paddle.static import InputSpec
+
+from spmd_serve.models.llama import STEP_INPUTS, AttentionStage, EmbedStage, HeadStage, MlpStage
+from spmd_serve.models.sharding import ShardDims
+
+_ATTN_INPUTS = ("positions", "pad_index", "unpad_index", "block_tables", "ctx_lens", "query_lens")
+
+
+def stage_inputs(stage: nn.Layer) -> list[str]:
+    if isinstance(stage, EmbedStage):
+        return ["input_ids"]
+    if isinstance(stage, AttentionStage):
+        return [*_ATTN_INPUTS, *stage.cache_names()]
+    if isinstance(stage, HeadStage):
+        return ["logits_index"]
+    return []
+
+
+@dataclass
+class SegmentSpec:
+    """What the runtime needs to feed a segment and route its outputs (stored in manifest.json)."""
+    name: str
+    inputs: list[str]
+    outputs: list[str]
+    kv_layers: list[int] = field(default_factory=list)
+
+    @property
+    def collective(self) -> str:
+        """'gather' for logits (last segment), 'allreduce' for a partial sum."""
+        return "gather" if self.outputs[0] == "logits" else "allreduce"
+
+
+class Segment(nn.Layer):
+    """A run of stages; `forward` takes the inputs listed in `spec.inputs`, in that order."""
+
+    def __init__(self, stages: list[nn.Layer], name: str, takes_hidden: bool, takes_partial: bool) -> None:
+        super().__init__()
+        self.stages = nn.LayerList(stages)
+        self.takes_hidden, self.takes_partial = takes_hidden, takes_partial
+        inputs = (["hidden"] if takes_hidden else []) + (["partial"] if takes_partial else [])
+        for st in stages:
+            inputs += [n for n in stage_inputs(st) if n not in inputs]
+        kv = [st.layer for st in stages if isinstance(st, AttentionStage)]
+        head = isinstance(stages[-1], HeadStage)
+        outputs = ["logits"] if head else ["hidden", "partial"] if (takes_partial or len(stages) > 1) else ["partial"]
+        outputs += [f"{kind}_new_{layer}" for layer in kv for kind in ("k", "v")]
+        self.spec = SegmentSpec(name, inputs, outputs, kv)
+
+    def forward(self, args):
+        env = dict(zip(self.spec.inputs, args))
+        h = env["hidden"] if self.takes_hidden else None
+        delta = env["partial"] if self.takes_partial else None
+        kv_out = []
+        for st in self.stages:
+            if not isinstance(st, EmbedStage):
+                # residual add of the reduced partial; a copy when it starts the stream, because
+                # Paddle rejects a graph whose output is one of its inputs unchanged
+                h = paddle.assign(delta) if h is None else h + delta
+            delta, kv = st(h, env)
+            kv_out += kv
+        if self.spec.outputs[0] == "logits":
+            return [delta, *kv_out]
+        return ([h, delta] if self.spec.outputs[0] == "hidden" else [delta]) + kv_out
+
+    def input_specs(self, dims: ShardDims) -> list[InputSpec]:
+        specs = []
+        for n in self.spec.inputs:
+            if n in ("hidden", "partial"):
+                specs.append(InputSpec([-1, dims.hidden], "float32", n))
+            elif n.startswith(("k_cache_", "v_cache_")):
+                specs.append(InputSpec([-1, -1, dims.kv_heads, dims.head_dim], "float32", n))  # [NB, bs, kvh, d]
+            else:
+                dtype, shape = STEP_INPUTS[n]
+                specs.append(InputSpec(shape, dtype, n))
+        return specs
+
+
+def build_segments(weights: dict, dims: ShardDims, rank: int) -> list[Segment]:
+    stages: list[nn.Layer] = [EmbedStage(weights, dims, rank)]
+    for layer in range(dims.num_layers):
+        stages += [AttentionStage(weights, dims, layer), MlpStage(weights, dims, layer)]
+    stages.append(HeadStage(weights, dims))
+    if dims.tp == 1:
+        return [Segment(stages, "seg_0", takes_hidden=False, takes_partial=False)]
+    # One stage per segment: the all-reduce of each partial happens between them.
+    return [Segment([st], f"seg_{i}", takes_hidden=i > 1, takes_partial=i > 0) for i, st in enumerate(stages)]
+
+
+def save_segment(seg: Segment, dims: ShardDims, path_prefix: str) -> None:
+    seg.eval()
+    static = paddle.jit.to_static(seg, input_spec=[seg.input_specs(dims)], full_graph=True)
+    paddle.jit.save(static, path_prefix)

@@ -1,0 +1,113 @@
+"""Megatron-style tensor-parallel split of a HuggingFace Llama checkpoint.
+
+Column-parallel: q/k/v (by heads), gate/up (by intermediate units), lm_head (by vocab).
+Row-parallel: o_proj, down_proj.  Vocab-parallel embedding (rows).  Norm weights are replicated.
+When the model has fewer KV heads than ranks, each KV head is replicated on the ranks whose
+query heads use it.  Outputs are numpy arrays in Paddle's Linear layout ([in, out]).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+
+class ShardingError(ValueError):
+    """The model cannot be split over this many ranks (message says why and what would work)."""
+
+
+@dataclass(frozen=True)
+class ShardDims:
+    """Per-rank sizes of one tensor-parallel shard (identical on every rank)."""
+    tp: int
+    hidden: int
+    head_dim: int
+    num_layers: int
+    heads: int            # query heads on this rank
+    kv_heads: int         # KV heads on this rank (1 when replicated)
+    intermediate: int     # MLP units on this rank
+    vocab: int            # real vocabulary size (all ranks)
+    vocab_local: int      # padded vocab / tp
+    rms_norm_eps: float
+    rope_theta: float
+
+    @property
+    def group(self) -> int:
+        """Query heads per KV head (grouped-query attention)."""
+        return self.heads // self.kv_heads
+
+
+def shard_dims(cfg: dict, tp: int) -> ShardDims:
+    nh, kvh = cfg["num_attention_heads"], cfg.get("num_key_value_heads", cfg["num_attention_heads"])
+    hidden, inter = cfg["hidden_size"], cfg["intermediate_size"]
+    if tp < 1:
+        raise ShardingError(f"--tp must be >= 1, got {tp}")
+    if nh % tp:
+        raise ShardingError(f"num_attention_heads={nh} is not divisible by --tp {tp}")
+    if inter % tp:
+        raise ShardingError(f"intermediate_size={inter} is not divisible by --tp {tp}")
+    if kvh % tp == 0:
+        kv_local = kvh // tp
+    elif tp % kvh == 0:
+        kv_local = 1  # replicate: tp // kvh ranks share each KV head; their q heads all map to it
+    else:
+        raise ShardingError(
+            f"num_key_value_heads={kvh} and --tp {tp}: one must divide the other "
+            f"(KV heads are split when tp divides them and replicated when they divide tp)")
+    return ShardDims(tp=tp, hidden=hidden, head_dim=hidden // nh, num_layers=cfg["num_hidden_layers"],
+                     heads=nh // tp, kv_heads=kv_local, intermediate=inter // tp,
+                     vocab=cfg["vocab_size"], vocab_local=-(-cfg["vocab_size"] // tp),
+                     rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
+                     rope_theta=float(cfg.get("rope_theta", 10000.0)))
+
+
+def _kv_heads_of_rank(cfg: dict, dims: ShardDims, rank: int) -> slice:
+    kvh = cfg.get("num_key_value_heads", cfg["num_attention_heads"])
+    if kvh % dims.tp == 0:
+        return slice(rank * dims.kv_heads, (rank + 1) * dims.kv_heads)
+    head = rank // (dims.tp // kvh)
+    return slice(head, head + 1)
+
+
+def _cols(w_hf: np.ndarray, sl: slice) -> np.ndarray:
+    """HF [out, in] → Paddle [in, out], keeping output units `sl`."""
+    return np.ascontiguousarray(w_hf[sl].T)
+
+
+def _rows(w_hf: np.ndarray, sl: slice) -> np.ndarray:
+    """HF [out, in] → Paddle [in, out], keeping input units `sl` (row-parallel)."""
+    return np.ascontiguousarray(w_hf[:, sl].T)
+
+
+def shard_weights(hf: dict[str, np.ndarray], cfg: dict, dims: ShardDims, rank: int) -> dict[str, np.ndarray]:
+    """This rank's weights, named `embed`, `layers.{i}.{q,k,v,o,gate,up,down,ln1,ln2}`, `norm`, `lm_head`."""
+    d, r = dims.head_dim, rank
+    q_sl = slice(r * dims.heads * d, (r + 1) * dims.heads * d)
+    kv = _kv_heads_of_rank(cfg, dims, r)
+    kv_sl = slice(kv.start * d, kv.stop * d)
+    i_sl = slice(r * dims.intermediate, (r + 1) * dims.intermediate)
+    v_sl = slice(r * dims.vocab_local, (r + 1) * dims.vocab_local)
+
+    def vocab_rows(w: np.ndarray) -> np.ndarray:  # [V, H] → this rank's [V_local, H], zero-padded
+        out = np.zeros((dims.vocab_local, w.shape[1]), np.float32)
+        part = w[v_sl]
+        out[: part.shape[0]] = part
+        return out
+
+    out = {"embed": vocab_rows(hf["model.embed_tokens.weight"]),
+           "norm": hf["model.norm.weight"],
+           "lm_head": np.ascontiguousarray(vocab_rows(hf.get("lm_head.weight", hf["model.embed_tokens.weight"])).T)}
+    for i in range(dims.num_layers):
+        p, a, m = f"model.layers.{i}.", f"model.layers.{i}.self_attn.", f"model.layers.{i}.mlp."
+        out.update({
+            f"layers.{i}.ln1": hf[p + "input_layernorm.weight"],
+            f"layers.{i}.ln2": hf[p + "post_attention_layernorm.weight"],
+            f"layers.{i}.q": _cols(hf[a + "q_proj.weight"], q_sl),
+            f"layers.{i}.k": _cols(hf[a + "k_proj.weight"], kv_sl),
+            f"layers.{i}.v": _cols(hf[a + "v_proj.weight"], kv_sl),
+            f"layers.{i}.o": _rows(hf[a + "o_proj.weight"], q_sl),
+            f"layers.{i}.gate": _cols(hf[m + "gate_proj.weight"], i_sl),
+            f"layers.{i}.up": _cols(hf[m + "up_proj.weight"], i_sl),
+            f"layers.{i}.down": _rows(hf[m + "down_proj.weight"], i_sl),
+        })
+    return {k: np.ascontiguousarray(v, dtype=np.float32) for k, v in out.items()}

@@ -1,0 +1,75 @@
+"""StepPlan: the contract between rank 0 and every other rank, broadcast once per step.
+
+It carries the full per-step inputs (so workers stay stateless): a worker computes exactly what
+the plan says and nothing else.  On the wire it is a fixed int64 header (sent with a
+non-blocking Ibcast, so idle workers can sleep between polls) followed by one int64 payload
+(blocking Bcast) holding the arrays back to back.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+RUN, SHUTDOWN = 1, 2
+HEADER_LEN = 6   # [kind, step_id, B, T, MB, payload_len]
+
+
+@dataclass(frozen=True)
+class StepPlan:
+    kind: int                    # RUN or SHUTDOWN
+    step_id: int                 # monotonically increasing, for logs and sanity checks
+    input_ids: np.ndarray        # [T] int64 token ids of all scheduled tokens, sequence after sequence
+    positions: np.ndarray        # [T] int64 absolute position of each token in its sequence
+    query_lens: np.ndarray       # [B] int64 new tokens per sequence (1 for decode)
+    ctx_lens: np.ndarray         # [B] int64 tokens already in the KV cache per sequence
+    block_tables: np.ndarray     # [B, MB] int64 block ids; rows padded with 0 (masked by ctx/query lens)
+    slot_mapping: np.ndarray     # [T] int64 cache slot (block * block_size + offset) of each new token
+
+    @property
+    def num_seqs(self) -> int:
+        return int(self.query_lens.shape[0])
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.input_ids.shape[0])
+
+    def header(self) -> np.ndarray:
+        payload_len = 3 * self.num_tokens + 2 * self.num_seqs + self.block_tables.size
+        return np.array([self.kind, self.step_id, self.num_seqs, self.num_tokens,
+                         self.block_tables.shape[1] if self.block_tables.ndim == 2 else 0, payload_len],
+                        dtype=np.int64)
+
+    def payload(self) -> np.ndarray:
+        return np.concatenate([self.input_ids, self.positions, self.slot_mapping, self.query_lens,
+                               self.ctx_lens, self.block_tables.reshape(-1)]).astype(np.int64, copy=False)
+
+    @staticmethod
+    def shutdown(step_id: int) -> "StepPlan":
+        e = np.zeros(0, np.int64)
+        return StepPlan(SHUTDOWN, step_id, e, e, e, e, np.zeros((0, 0), np.int64), e)
+
+    @staticmethod
+    def unpack(header: np.ndarray, payload: np.ndarray) -> "StepPlan":
+        kind, step_id, b, t, mb, _ = (int(x) for x in header)
+        parts = np.split(payload, np.cumsum([t, t, t, b, b]))
+        ids, pos, slots, qlens, ctx, bt = parts
+        return StepPlan(kind, step_id, ids, pos, qlens, ctx, bt.reshape(b, mb), slots)
+
+
+def grid_indices(query_lens: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Derive the attention grid from the plan (every rank computes the same arrays locally).
+
+    Returns pad_index [B, S] (index into T, T = padding), unpad_index [T] (index into B*S) and
+    logits_index [B] (index into T of each sequence's last token), with S = max(query_lens).
+    """
+    b = query_lens.shape[0]
+    t = int(query_lens.sum())
+    s = int(query_lens.max()) if b else 0
+    starts = np.concatenate([[0], np.cumsum(query_lens)[:-1]]).astype(np.int64)   # [B]
+    col = np.arange(s, dtype=np.int64)                                              # [S]
+    valid = col[None, :] < query_lens[:, None]                                      # [B, S]
+    pad_index = np.where(valid, starts[:, None] + col[None, :], t)
+    unpad_index = (np.arange(b, dtype=np.int64)[:, None] * s + col[None, :])[valid]
+    logits_index = starts + query_lens - 1
+    return pad_index.astype(np.int64), unpad_index.astype(np.int64), logits_index.astype(np.int64)

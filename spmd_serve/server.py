@@ -1,0 +1,111 @@
+"""`mpirun -n N spmd_serve`: the per-rank entry point.
+
+Every rank: read and validate the configuration, check the model directory, load its shard,
+agree with the others that loading worked.  Then rank 0 starts the IO thread (HTTP) and runs the
+engine loop in the main thread (so signals reach it); the other ranks run the worker loop.  Any
+exception on any rank is logged and ends the whole job (MPI Abort): no rank is left hanging.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import sys
+import traceback
+
+log = logging.getLogger("spmd_serve")
+
+
+def _setup_logging(rank: int) -> None:
+    logging.basicConfig(level=os.environ.get("SPMD_LOG_LEVEL", "INFO"), stream=sys.stderr,
+                        format=f"%(asctime)s rank{rank} %(levelname)s %(name)s: %(message)s")
+
+
+def _quiet_paddle() -> None:
+    os.environ.setdefault("GLOG_minloglevel", "2")        # Paddle's C++ INFO logs drown ours
+    os.environ.setdefault("FLAGS_use_mkldnn", "0")
+
+
+def _load(cfg, comm):
+    """Model dir check + shard load on this rank; returns (cfg clamped to the model, runner, model config)."""
+    from spmd_serve.config import check_model_dir, clamp_to_model
+    from spmd_serve.dist.comm import node_local_first
+    from spmd_serve.export import ensure_demo_model
+    from spmd_serve.worker.model_runner import ModelRunner
+    import dataclasses
+
+    if cfg.model_dir is None:   # CONTRACT §2: the built-in demo model, made on first use
+        demo = node_local_first(comm, lambda: str(ensure_demo_model("tiny", tp=cfg.mp_num)))
+        cfg = dataclasses.replace(cfg, model_dir=demo)
+    model_config = check_model_dir(cfg, comm.size)
+    cfg = clamp_to_model(cfg, model_config)
+    runner = ModelRunner(cfg.model_dir, comm.rank, comm, cfg.num_blocks(), cfg.block_size, cfg.num_threads)
+    return cfg, runner, model_config
+
+
+def _run_rank0(cfg, comm, runner, model_config) -> None:
+    from spmd_serve.engine.client import EngineClient
+    from spmd_serve.engine.engine import Engine
+    from spmd_serve.frontend.app import IOServer, IOSettings
+    from spmd_serve.frontend.tokenizer import ServingTokenizer
+    from spmd_serve.scheduler.scheduler import SchedulerConfig
+
+    tokenizer = ServingTokenizer.from_model_dir(cfg.model_dir)
+    max_model_len = int(model_config.get("max_position_embeddings", cfg.max_seq_len + cfg.max_dec_len))
+    client = EngineClient(capacity=cfg.batch_size + cfg.max_cached_task_num)
+    sched = SchedulerConfig(max_num_seqs=cfg.batch_size, num_blocks=cfg.num_blocks(), block_size=cfg.block_size,
+                            block_ratio=cfg.block_ratio, max_waiting=cfg.max_cached_task_num,
+                            max_num_batched_tokens=cfg.max_num_batched_tokens, max_model_len=max_model_len)
+    engine = Engine(sched, comm, runner, client, frozenset(tokenizer.eos_token_ids),
+                    log_every=int(os.environ.get("SPMD_LOG_STEP_EVERY", "0")))
+    io = IOServer(client, tokenizer, IOSettings.from_config(cfg, model_max_len=max_model_len))
+    io.start()
+
+    def stop(signum, _frame) -> None:
+        log.info("received %s: stopping all ranks", signal.Signals(signum).name)
+        client.draining.set()
+        engine.stop_event.set()
+        client.wake()
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    if cfg.use_warmup:
+        from spmd_serve.engine.warmup import warm_up
+        warm_up(engine, tokenizer)
+    client.ready.set()
+    log.info("ready: %d rank(s), model %s, HTTP %s:%s, health %s:%s, %d KV blocks of %d tokens",
+             comm.size, cfg.model_dir, cfg.host, cfg.http_port, cfg.host, cfg.health_port,
+             cfg.num_blocks(), cfg.block_size)
+    try:
+        engine.run()
+    finally:
+        io.stop()
+
+
+def serve(cfg) -> int:
+    from spmd_serve.dist.comm import Comm
+    from spmd_serve.engine.engine import worker_loop
+
+    comm = Comm()
+    _setup_logging(comm.rank)
+    try:
+        from spmd_serve.config import ConfigError
+        try:
+            cfg, runner, model_config = _load(cfg, comm)
+        except ConfigError as e:
+            # Same check, same answer on every rank: each prints one line (rank 0's is enough to read).
+            if comm.rank == 0:
+                print(f"spmd_serve: error: {e}", file=sys.stderr, flush=True)
+            comm.abort(2)
+        comm.barrier()                                   # every rank loaded its shard
+        if comm.rank == 0:
+            _run_rank0(cfg, comm, runner, model_config)
+        else:
+            # Workers leave signals to rank 0, which stops everyone with a SHUTDOWN plan.
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+            worker_loop(comm, runner)
+    except BaseException:
+        log.error("fatal error on rank %d, ending the job:\n%s", comm.rank, traceback.format_exc())
+        comm.abort(1)
+    return 0

@@ -1,0 +1,46 @@
+"""The paged KV cache pool of one rank: per layer a K and a V array [num_blocks, block_size, kv_heads, head_dim].
+
+The arrays are numpy memory shared zero-copy with Paddle tensors (dlpack), and each attention
+segment's cache inputs are bound to those tensors once (`share_external_data`).  New K/V are
+written in place after the graph ran, addressed by slot (block * block_size + offset), so a step
+touches only the slots it writes and the blocks it attends to — never the whole pool.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+
+class KVCachePool:
+    def __init__(self, num_layers: int, num_blocks: int, block_size: int, kv_heads: int, head_dim: int) -> None:
+        self.num_blocks, self.block_size = num_blocks, block_size
+        shape = (num_blocks, block_size, kv_heads, head_dim)
+        # np.zeros maps lazily: untouched blocks cost no resident memory.
+        self.k = [np.zeros(shape, np.float32) for _ in range(num_layers)]
+        self.v = [np.zeros(shape, np.float32) for _ in range(num_layers)]
+        self._tensors: dict[str, object] = {}
+
+    @property
+    def nbytes(self) -> int:
+        return sum(a.nbytes for a in self.k + self.v)
+
+    def tensor(self, name: str):
+        """Paddle view of `k_cache_<l>` / `v_cache_<l>` (created once, zero-copy)."""
+        if name not in self._tensors:
+            import paddle
+
+            kind, _, layer = name.split("_")
+            arr = (self.k if kind == "k" else self.v)[int(layer)]
+            self._tensors[name] = paddle.from_dlpack(arr)
+        return self._tensors[name]
+
+    def write(self, layer: int, slots: np.ndarray, k_new: np.ndarray, v_new: np.ndarray) -> None:
+        """Store this step's K/V [T, kv_heads, head_dim] at `slots` [T] (in place)."""
+        nb, bs = self.num_blocks, self.block_size
+        self.k[layer].reshape(nb * bs, *self.k[layer].shape[2:])[slots] = k_new
+        self.v[layer].reshape(nb * bs, *self.v[layer].shape[2:])[slots] = v_new
+
+
+def blocks_that_fit(budget_bytes: int, num_layers: int, block_size: int, kv_heads: int, head_dim: int) -> int:
+    """How many blocks of this shape fit in `budget_bytes` (for the BLOCK_BS error message)."""
+    per_block = 2 * num_layers * block_size * kv_heads * head_dim * 4
+    return budget_bytes // per_block

@@ -1,0 +1,88 @@
+"""Runs one rank's shard for a StepPlan: feed each graph segment, join segments with collectives,
+write the new K/V into the paged pool, and return the full-vocab logits on rank 0.
+
+Segments are `paddle.inference` predictors loaded from `rank_<i>/` (see models/segment.py for
+their inputs/outputs).  Identical on every rank; only the collective results differ by rank.
+"""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+
+from spmd_serve.protocol import StepPlan, grid_indices
+from spmd_serve.worker.kv_cache import KVCachePool
+
+
+class Segment:
+    """One loaded graph segment and its manifest entry."""
+
+    def __init__(self, rank_dir: Path, spec: dict, num_threads: int) -> None:
+        from paddle import inference
+
+        cfg = inference.Config(str(rank_dir / f"{spec['name']}.json"), str(rank_dir / f"{spec['name']}.pdiparams"))
+        cfg.disable_gpu()
+        cfg.disable_glog_info()
+        cfg.set_cpu_math_library_num_threads(num_threads)
+        if hasattr(cfg, "disable_mkldnn"):
+            cfg.disable_mkldnn()   # oneDNN re-creates primitives per shape: slower at small batch (DESIGN §4)
+        self.predictor = inference.create_predictor(cfg)
+        self.inputs: list[str] = spec["inputs"]
+        self.outputs: list[str] = spec["outputs"]
+        self.kv_layers: list[int] = spec["kv_layers"]
+        self.gathers_logits = self.outputs[0] == "logits"
+        self._in = {n: self.predictor.get_input_handle(n) for n in self.predictor.get_input_names()}
+        self._out = [self.predictor.get_output_handle(n) for n in self.predictor.get_output_names()]
+
+    def bind_cache(self, pool: KVCachePool) -> None:
+        for name in self.inputs:
+            if name.startswith(("k_cache_", "v_cache_")):
+                self._in[name].share_external_data(pool.tensor(name))
+
+    def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        for name in self.inputs:
+            if name in feeds:
+                h = self._in[name]
+                h.reshape(list(feeds[name].shape))
+                h.copy_from_cpu(feeds[name])
+        self.predictor.run()
+        return {n: h.copy_to_cpu() for n, h in zip(self.outputs, self._out)}
+
+
+class ModelRunner:
+    def __init__(self, model_dir: str | Path, rank: int, comm, num_blocks: int, block_size: int,
+                 num_threads: int = 1) -> None:
+        rank_dir = Path(model_dir) / f"rank_{rank}"
+        manifest = json.loads((rank_dir / "manifest.json").read_text())
+        self.dims = manifest["dims"]
+        self.comm = comm
+        os.environ.setdefault("OMP_NUM_THREADS", str(num_threads))
+        self.segments = [Segment(rank_dir, spec, num_threads) for spec in manifest["segments"]]
+        self.pool = KVCachePool(self.dims["num_layers"], num_blocks, block_size,
+                                self.dims["kv_heads"], self.dims["head_dim"])
+        for seg in self.segments:
+            seg.bind_cache(self.pool)
+
+    def execute(self, plan: StepPlan) -> np.ndarray | None:
+        """Run the plan on this rank's shard; [B, vocab] float32 logits on rank 0, None elsewhere."""
+        pad_index, unpad_index, logits_index = grid_indices(plan.query_lens)
+        feeds: dict[str, np.ndarray] = {
+            "input_ids": plan.input_ids, "positions": plan.positions, "pad_index": pad_index,
+            "unpad_index": unpad_index, "block_tables": plan.block_tables, "ctx_lens": plan.ctx_lens,
+            "query_lens": plan.query_lens, "logits_index": logits_index}
+        logits = None
+        for seg in self.segments:
+            out = seg.run(feeds)
+            for layer in seg.kv_layers:   # this layer's cache is read only by this segment: write now
+                self.pool.write(layer, plan.slot_mapping, out[f"k_new_{layer}"], out[f"v_new_{layer}"])
+            if seg.gathers_logits:
+                logits = self.comm.gather_vocab(out["logits"])
+            else:
+                feeds["partial"] = self.comm.allreduce_(out["partial"])   # [T, H] sum of shards
+                if "hidden" in out:
+                    feeds["hidden"] = out["hidden"]
+        if logits is None:
+            return None
+        return logits[:, : self.dims["vocab"]]                              # drop vocab padding
