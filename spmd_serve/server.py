@@ -7,6 +7,7 @@ exception on any rank is logged and ends the whole job (MPI Abort): no rank is l
 """
 from __future__ import annotations
 
+import faulthandler
 import logging
 import os
 import signal
@@ -17,6 +18,8 @@ log = logging.getLogger("spmd_serve")
 
 
 def _setup_logging(rank: int) -> None:
+    # `kill -USR1 <pid>` dumps every thread's stack: how to see where a stuck rank is.
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
     logging.basicConfig(level=os.environ.get("SPMD_LOG_LEVEL", "INFO"), stream=sys.stderr,
                         format=f"%(asctime)s rank{rank} %(levelname)s %(name)s: %(message)s")
 

@@ -68,7 +68,7 @@ class EngineClient:
         self.busy_since: float | None = None        # a step in progress (a long prefill is no hang)
 
     # ---- IO thread -------------------------------------------------------------------------
-    def attach_loop(self, loop: asyncio.AbstractEventLoop) -> None:
+    def attach_loop(self, loop: asyncio.AbstractEventLoop | None) -> None:
         self._loop = loop
 
     def add_request(self, req_id: str, prompt_token_ids: list[int],
@@ -125,9 +125,13 @@ class EngineClient:
 
     def publish(self, outputs: list[RequestOutput]) -> None:
         """Deliver one step's outputs to their streams (thread-safe; drops unknown ids)."""
-        if not outputs or self._loop is None:
+        loop = self._loop   # read once: the IO thread may detach it while stopping
+        if not outputs or loop is None:
             return
-        self._loop.call_soon_threadsafe(self._deliver, outputs)
+        try:
+            loop.call_soon_threadsafe(self._deliver, outputs)
+        except RuntimeError:   # loop closed during shutdown: nobody is listening any more
+            pass
 
     def _deliver(self, outputs: list[RequestOutput]) -> None:
         for out in outputs:

@@ -37,6 +37,8 @@ class Engine:
         self.stats = StepStats(log_every=log_every)
         self.stop_event = threading.Event()
         self.step_id = 0
+        self.num_preemptions = 0
+        self._empty_steps = 0
         # Test/benchmark hook: called with (requests, logits [N, V]) for every sampled row.
         self.on_logits: Callable[[list[Request], np.ndarray], None] | None = None
 
@@ -82,8 +84,18 @@ class Engine:
         st.start()
         out = self.scheduler.schedule()
         if out.is_empty:
+            self._empty_steps += 1
+            if self._empty_steps % 1000 == 0:   # unfinished work but nothing schedulable: say why
+                sch = self.scheduler
+                log.warning("no progress for %d schedules: running=%s waiting=%s free blocks %d/%d",
+                            self._empty_steps,
+                            [(r.req_id, r.num_computed_tokens, r.num_tokens, len(r.block_ids)) for r in sch.running],
+                            [(r.req_id, r.status.name, r.num_tokens) for r in list(sch.waiting)[:8]],
+                            sch.block_manager.num_free_blocks, sch.block_manager.num_blocks)
             return []
+        self._empty_steps = 0
         self.step_id += 1
+        self.num_preemptions += len(out.preempted)
         plan = build_plan(out, self.step_id, self.block_size)
         st.lap("schedule")
         self.comm.send_plan(plan)
@@ -113,7 +125,9 @@ class Engine:
         self.client.publish([RequestOutput(r.req_id, [], True, "error", 503, "server is shutting down")
                              for r in pending])
         self.comm.send_plan(StepPlan.shutdown(self.step_id + 1))
-        log.info("engine stopped after %d steps; %s", self.stats.steps, self.stats.summary())
+        bm = self.scheduler.block_manager
+        log.info("engine stopped: kv blocks free %d/%d, preemptions %d; %s", bm.num_free_blocks,
+                 bm.num_blocks, self.num_preemptions, self.stats.summary())
 
 
 def worker_loop(comm, runner) -> None:

@@ -1,0 +1,291 @@
+"""The server's configuration: the frozen `ServeConfig`, loading it from flags and environment,
+validating it, and checking the served model directory (CONTRACT §2 and §7).
+
+Every rank runs the same checks on the same inputs, so a bad value stops all ranks with the same
+one-line `ConfigError` before any of them reaches a collective operation (no rank is left hanging).
+The variables themselves (names, aliases, defaults, ranges) live in `spmd_serve.envs`.
+"""
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import math
+import os
+import re
+import sys
+from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any, Callable, Mapping, TypeVar
+
+from spmd_serve.envs import BY_FIELD, ENV_VARS, EnvVar
+
+
+class ConfigError(Exception):
+    """A configuration problem; the message is one line naming the variable, value and rule."""
+
+
+def _default(name: str) -> Any:
+    return field(default=BY_FIELD[name].default, repr=not BY_FIELD[name].secret)
+
+
+def _show(var: EnvVar, value: Any) -> str:
+    """A value as the user would have typed it; secrets are never echoed."""
+    if var.secret:
+        return "<hidden>"
+    if isinstance(value, bool):
+        return "1" if value else "0"
+    if isinstance(value, tuple):
+        return ",".join(value)
+    return str(value)
+
+
+@dataclass(frozen=True)
+class ServeConfig:
+    """Validated settings of one server; identical on every rank.  Defaults come from ENV_VARS."""
+
+    model_dir: str | None = _default("model_dir")
+    model_name: str | None = _default("model_name")
+    mp_num: int = _default("mp_num")
+    mp_nnode: int = _default("mp_nnode")
+    pod_ips: tuple[str, ...] = _default("pod_ips")
+    pod_0_ip: str | None = _default("pod_0_ip")
+    cuda_visible_devices: str | None = _default("cuda_visible_devices")
+    http_port: int = _default("http_port")
+    grpc_port: int = _default("grpc_port")
+    health_port: int = _default("health_port")
+    metrics_port: int = _default("metrics_port")
+    inter_proc_port: int = _default("inter_proc_port")
+    host: str = _default("host")
+    max_seq_len: int = _default("max_seq_len")
+    max_dec_len: int = _default("max_dec_len")
+    batch_size: int = _default("batch_size")
+    block_size: int = _default("block_size")
+    block_bs: int = _default("block_bs")
+    block_ratio: float = _default("block_ratio")
+    max_cached_task_num: int = _default("max_cached_task_num")
+    http_workers: int = _default("http_workers")
+    disable_streaming: bool = _default("disable_streaming")
+    use_warmup: bool = _default("use_warmup")
+    use_hf_tokenizer: bool = _default("use_hf_tokenizer")
+    use_cache_kv_int8: bool = _default("use_cache_kv_int8")
+    log_dir: str = _default("log_dir")
+    output_log_to_console: bool = _default("output_log_to_console")
+    api_key: str | None = _default("api_key")
+    max_num_batched_tokens: int = _default("max_num_batched_tokens")
+    num_threads: int = _default("num_threads")
+
+    def __post_init__(self) -> None:
+        # Re-checked here (not only when parsing) so that configs built in code or via
+        # dataclasses.replace() obey the same rules as ones read from the environment.
+        for f in fields(self):
+            var = BY_FIELD[f.name]
+            value = getattr(self, f.name)
+            try:
+                var.check(value)
+            except ValueError as e:
+                raise ConfigError(f"{var.name}={_show(var, value)} is invalid: {e}") from None
+        self._check_cross_field()
+
+    def _check_cross_field(self) -> None:
+        if self.mp_num % self.mp_nnode:
+            raise ConfigError(f"MP_NUM={self.mp_num} is invalid: must be a multiple of "
+                              f"MP_NNODE={self.mp_nnode}")
+        if self.pod_ips:
+            ips = ",".join(self.pod_ips)
+            k = len(self.pod_ips)
+            if k != self.mp_nnode:
+                raise ConfigError(f"POD_IPS={ips} is invalid: lists {k} node(s) but "
+                                  f"MP_NNODE={self.mp_nnode} (set MP_NNODE={k})")
+            if self.pod_0_ip is not None and self.pod_0_ip not in self.pod_ips:
+                raise ConfigError(f"POD_0_IP={self.pod_0_ip} is invalid: must be one of "
+                                  f"POD_IPS={ips}")
+        # Two listeners on one number would fail to bind at run time, on rank 0 only; say it now.
+        seen: dict[int, str] = {}
+        for name in ("http_port", "grpc_port", "health_port", "metrics_port", "inter_proc_port"):
+            port, var = getattr(self, name), BY_FIELD[name]
+            if port == var.disable_value:
+                continue
+            if port in seen:
+                raise ConfigError(f"{var.name}={port} is invalid: must differ from "
+                                  f"{seen[port]}={port}")
+            seen[port] = var.name
+
+    @property
+    def ranks_per_node(self) -> int:
+        return self.mp_num // self.mp_nnode
+
+    def num_blocks(self, block_size: int | None = None) -> int:
+        """Total KV blocks: BLOCK_BS * ceil(max(MAX_SEQ_LEN, MAX_DEC_LEN) / BLOCK_SIZE)."""
+        bs = self.block_size if block_size is None else block_size
+        return self.block_bs * math.ceil(max(self.max_seq_len, self.max_dec_len) / bs)
+
+    def to_environ(self) -> dict[str, str]:
+        """Canonical variables for the set values, e.g. for `mpirun -x` from the launcher."""
+        out: dict[str, str] = {}
+        for var in ENV_VARS:
+            value = getattr(self, var.field)
+            if value is not None and value != ():
+                out[var.name] = _show(replace(var, secret=False), value)
+        return out
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that raises ConfigError instead of exiting, so every error takes one path."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        raise ConfigError(message)
+
+
+def _flag_help(var: EnvVar) -> str:
+    default = "unset" if var.default in (None, ()) else _show(var, var.default)
+    names = var.name + (f" (legacy: {', '.join(var.aliases)})" if var.aliases else "")
+    rule = "" if var.rule() == "must be a non-empty string" else f"; {var.rule()}"
+    text = f"{var.help}{rule}; default {default}; env {names}"
+    return text.replace("%", "%%")  # argparse %-formats help strings
+
+
+def add_config_arguments(parser: argparse.ArgumentParser) -> None:
+    """One flag per variable; values stay strings here so flags and env share one parser."""
+    for var in ENV_VARS:
+        kwargs: dict[str, Any] = {"dest": var.field, "default": None, "help": _flag_help(var),
+                                  "metavar": "0|1" if var.kind == "bool" else var.kind.upper()}
+        if var.kind == "bool":  # `--use-warmup` alone means 1; `--use-warmup 0` also works
+            kwargs.update(nargs="?", const="1")
+        parser.add_argument(var.flag, **kwargs)
+
+
+def build_arg_parser() -> argparse.ArgumentParser:
+    parser = _Parser(
+        prog="spmd_serve",
+        description="MPI-launched LLM server: mpirun -n MP_NUM spmd_serve [flags]",
+        epilog="Every flag has an environment variable; a flag wins over its variable, a canonical "
+               "variable over its legacy name. Empty values count as unset.")
+    add_config_arguments(parser)
+    return parser
+
+
+def _lookup(var: EnvVar, flag_value: str | None, env: Mapping[str, str]) -> tuple[str | None, str]:
+    """The raw value and a label saying where it came from (for the error message)."""
+    if flag_value is not None and flag_value.strip():
+        return flag_value, f"{var.name}={{}} (from {var.flag})"
+    for name in (var.name, *var.aliases):
+        raw = env.get(name)
+        if raw is not None and raw.strip():
+            legacy = f" (legacy name of {var.name})" if name != var.name else ""
+            return raw, f"{name}={{}}{legacy}"
+    return None, ""
+
+
+def config_from_args(ns: argparse.Namespace,
+                     environ: Mapping[str, str] | None = None) -> ServeConfig:
+    """Build the config from parsed flags (see add_config_arguments) plus the environment."""
+    env = os.environ if environ is None else environ
+    values: dict[str, Any] = {}
+    for var in ENV_VARS:
+        raw, label = _lookup(var, getattr(ns, var.field, None), env)
+        if raw is None:
+            values[var.field] = var.default
+            continue
+        try:
+            values[var.field] = var.parse(raw)
+        except ValueError as e:
+            shown = "<hidden>" if var.secret else raw.strip()
+            raise ConfigError(f"{label.format(shown)} is invalid: {e}") from None
+    return ServeConfig(**values)
+
+
+def load_config(argv: list[str] | None = None,
+                environ: Mapping[str, str] | None = None) -> ServeConfig:
+    """Flags (default sys.argv[1:]) over environment (default os.environ); raises ConfigError."""
+    ns = build_arg_parser().parse_args(sys.argv[1:] if argv is None else argv)
+    return config_from_args(ns, environ)
+
+
+_RANK_RE = re.compile(r"rank_(\d+)")
+
+
+def check_model_dir(cfg: ServeConfig, world_size: int) -> dict:
+    """Validate the served model directory (CONTRACT §7) and return its parsed config.json."""
+    n = cfg.mp_num
+    if n % cfg.mp_nnode:
+        raise ConfigError(f"MP_NUM={n} is invalid: must be a multiple of MP_NNODE={cfg.mp_nnode}")
+    if n != world_size:
+        raise ConfigError(f"MP_NUM={n} but the MPI world size is {world_size} "
+                          f"(start with mpirun -n {n})")
+    if cfg.model_dir is None:
+        raise ConfigError("MODEL_DIR is not set (no model directory to check)")
+    d = Path(cfg.model_dir)
+    if not d.exists():
+        raise ConfigError(f"MODEL_DIR={d} does not exist")
+    if not d.is_dir():
+        raise ConfigError(f"MODEL_DIR={d} is not a directory")
+    hint = "not a served model directory? create one with `spmd_serve export`"
+    cfg_path = d / "config.json"
+    if not cfg_path.is_file():
+        raise ConfigError(f"model directory {d} has no config.json ({hint})")
+    try:
+        model_config = json.loads(cfg_path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError(f"model directory {d}: cannot read config.json ({e})") from None
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"model directory {d}: config.json is not valid JSON "
+                          f"({e.msg} at line {e.lineno})") from None
+    if not isinstance(model_config, dict):
+        raise ConfigError(f"model directory {d}: config.json must hold a JSON object")
+    ranks = sorted(int(m.group(1)) for p in d.iterdir()
+                   if p.is_dir() and (m := _RANK_RE.fullmatch(p.name)))
+    if not ranks:
+        raise ConfigError(f"model directory {d} has no rank_0/ ({hint})")
+    for i in range(n):
+        if i not in ranks:
+            raise ConfigError(f"model directory {d} has no rank_{i}/ (it has {len(ranks)} rank "
+                              f"folder(s): exported with --tp {len(ranks)}? set MP_NUM to match)")
+    if len(ranks) != n:
+        raise ConfigError(f"model directory {d} has {len(ranks)} rank folders but MP_NUM={n} "
+                          f"(exported with --tp {len(ranks)}? set MP_NUM={len(ranks)})")
+    for i in range(n):
+        if not any((d / f"rank_{i}").iterdir()):
+            raise ConfigError(f"model directory {d} has an empty rank_{i}/ "
+                              "(incomplete export or download?)")
+    return model_config
+
+
+def _model_int(model_config: dict, key: str) -> int | None:
+    value = model_config.get(key)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigError(f"config.json: {key}={value!r} is invalid: must be an integer >= 1")
+    return value
+
+
+def clamp_to_model(cfg: ServeConfig, model_config: dict) -> ServeConfig:
+    """Fit the config to the model: MAX_SEQ_LEN <= max_position_embeddings; the model's block_size
+    (if its config.json fixes one) replaces BLOCK_SIZE because the exported graph depends on it."""
+    changes: dict[str, Any] = {}
+    limit = _model_int(model_config, "max_position_embeddings")
+    if limit is not None and cfg.max_seq_len > limit:
+        changes["max_seq_len"] = limit
+    block_size = _model_int(model_config, "block_size")
+    if block_size is not None and block_size != cfg.block_size:
+        changes["block_size"] = block_size
+    return replace(cfg, **changes) if changes else cfg
+
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def exit_on_config_error(fn: F) -> F:
+    """Decorator for CLI entry points: a ConfigError becomes `spmd_serve: error: <message>` on
+    stderr and exit status 2 (argparse's convention), never a traceback."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except ConfigError as e:
+            print(f"spmd_serve: error: {e}", file=sys.stderr, flush=True)
+            sys.exit(2)
+
+    return wrapper  # type: ignore[return-value]

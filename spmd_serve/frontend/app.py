@@ -1,0 +1,180 @@
+"""Rank 0's IO thread: the Tornado applications (service and health) and `IOServer`, which runs
+them on a fresh asyncio loop in a thread of its own.
+
+The engine thread owns MPI; this thread owns every socket.  They meet only in the EngineClient,
+whose outputs arrive here through `loop.call_soon_threadsafe` once `attach_loop` has been called.
+Nothing here imports the configuration module: `IOSettings.from_config` copies the fields it
+needs from any object (ServeConfig) by name.
+"""
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+from tornado.httpserver import HTTPServer
+from tornado.netutil import bind_sockets
+from tornado.web import Application
+
+from spmd_serve.engine.client import EngineClient
+from spmd_serve.frontend.health import DEFAULT_LIVE_THRESHOLD_S, health_routes
+from spmd_serve.frontend.native_api import NativeChatHandler, NotFoundHandler, OpenAIChat
+from spmd_serve.frontend.native_protocol import Limits
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class IOSettings:
+    host: str = "0.0.0.0"
+    http_port: int = 9965              # SERVICE_HTTP_PORT; -1 disables the service app
+    health_port: int = 8110            # HEALTH_HTTP_PORT; -1 disables the health app
+    max_seq_len: int = 8192
+    max_dec_len: int = 1024
+    model_max_len: int | None = None   # the model's context length; None: max_seq_len + max_dec_len
+    disable_streaming: bool = False
+    api_key: str | None = None
+    max_body_size: int = 8 << 20       # bytes; larger bodies get 413
+    live_threshold_s: float = DEFAULT_LIVE_THRESHOLD_S
+
+    @classmethod
+    def from_config(cls, cfg: Any, **overrides: Any) -> "IOSettings":
+        """Take every field of ours that `cfg` has an attribute for; overrides win."""
+        names = {f.name for f in dataclasses.fields(cls)}
+        values = {n: getattr(cfg, n) for n in names if hasattr(cfg, n)}
+        return cls(**{**values, **overrides})
+
+    @property
+    def limits(self) -> Limits:
+        model_max = self.model_max_len or self.max_seq_len + self.max_dec_len
+        return Limits(self.max_seq_len, self.max_dec_len, model_max)
+
+
+def make_service_app(client: EngineClient, tokenizer: Any, settings: IOSettings, *,
+                     openai_chat: OpenAIChat | None = None,
+                     extra_handlers: list[tuple] | None = None) -> Application:
+    """The service port: native API, health aliases, and whatever the caller adds
+    (`extra_handlers`, e.g. the OpenAI routes; `openai_chat` takes bodies with "model")."""
+    native = {"client": client, "tokenizer": tokenizer, "limits": settings.limits,
+              "max_body_size": settings.max_body_size, "api_key": settings.api_key or None,
+              "disable_streaming": bool(settings.disable_streaming), "openai_chat": openai_chat}
+    routes: list[tuple] = [(r"/v1/chat/completions", NativeChatHandler, native)]
+    routes += list(extra_handlers or [])
+    routes += health_routes(client, settings.live_threshold_s, with_plain_health=True)
+    return Application(routes, default_handler_class=NotFoundHandler)
+
+
+def make_health_app(client: EngineClient, settings: IOSettings) -> Application:
+    return Application(health_routes(client, settings.live_threshold_s),
+                       default_handler_class=NotFoundHandler)
+
+
+class IOServer:
+    """Runs both apps on their own loop in a daemon thread.  `start()` returns once listening."""
+
+    def __init__(self, client: EngineClient, tokenizer: Any, settings: IOSettings | None = None,
+                 *, openai_chat: OpenAIChat | None = None,
+                 extra_handlers: list[tuple] | None = None, **overrides: Any) -> None:
+        self.client, self.tokenizer = client, tokenizer
+        self.settings = dataclasses.replace(settings or IOSettings(), **overrides)
+        self._openai_chat, self._extra = openai_chat, extra_handlers
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self.http_port: int | None = None     # bound ports (useful when 0 was asked for)
+        self.health_port: int | None = None
+        self._thread: threading.Thread | None = None
+        self._listening = threading.Event()
+        self._error: BaseException | None = None
+        self._stop: asyncio.Event | None = None
+
+    def start(self, timeout: float = 10.0) -> None:
+        """Start the thread; raise (naming the port) if a port cannot be bound."""
+        if self._thread is not None:
+            raise RuntimeError("IOServer already started")
+        self._thread = threading.Thread(target=self._main, name="spmd-io", daemon=True)
+        self._thread.start()
+        if not self._listening.wait(timeout):
+            self.stop()
+            raise TimeoutError(f"IO thread did not start listening within {timeout:g} s")
+        if self._error is not None:
+            self._thread.join(timeout)
+            raise self._error
+
+    def stop(self, timeout: float = 5.0) -> None:
+        """Close listeners and open connections (in-flight requests are aborted), join."""
+        loop, stop = self.loop, self._stop
+        if loop is not None and stop is not None and not loop.is_closed():
+            try:
+                loop.call_soon_threadsafe(stop.set)
+            except RuntimeError:        # the loop closed meanwhile: nothing left to stop
+                pass
+        if self._thread is not None:
+            self._thread.join(timeout)
+            if self._thread.is_alive():
+                log.warning("IO thread did not stop within %g s", timeout)
+
+    def _main(self) -> None:
+        loop = asyncio.new_event_loop()
+        asyncio.set_event_loop(loop)
+        self.loop = loop
+        try:
+            loop.run_until_complete(self._serve())
+        except BaseException as e:          # surface it to start() rather than dying silently
+            self._error = self._error or e
+            log.exception("IO thread failed")
+        finally:
+            self._listening.set()
+            loop.close()
+
+    def _listen(self, app: Application, port: int, what: str) -> tuple[HTTPServer, int]:
+        try:
+            socks = bind_sockets(port, self.settings.host)
+        except OSError as e:
+            raise OSError(e.errno, f"cannot listen on {self.settings.host}:{port} "
+                                   f"({what}): {e.strerror or e}") from None
+        # max_body_size bounds every handler; the native one lifts it per request to send 413.
+        server = HTTPServer(app, max_body_size=self.settings.max_body_size)
+        server.add_sockets(socks)
+        return server, socks[0].getsockname()[1]
+
+    async def _serve(self) -> None:
+        self._stop = asyncio.Event()
+        self.client.attach_loop(asyncio.get_running_loop())
+        servers: list[HTTPServer] = []
+        s = self.settings
+        try:
+            if s.http_port != -1:
+                app = make_service_app(self.client, self.tokenizer, s,
+                                       openai_chat=self._openai_chat,
+                                       extra_handlers=self._extra)
+                server, self.http_port = self._listen(app, s.http_port, "SERVICE_HTTP_PORT")
+                servers.append(server)
+            if s.health_port != -1:
+                server, self.health_port = self._listen(make_health_app(self.client, s),
+                                                        s.health_port, "HEALTH_HTTP_PORT")
+                servers.append(server)
+        except OSError as e:
+            self._error = e
+            for server in servers:
+                server.stop()
+            return
+        self._listening.set()
+        await self._stop.wait()
+        await self._shutdown(servers)
+
+    async def _shutdown(self, servers: list[HTTPServer], grace: float = 2.0) -> None:
+        for server in servers:
+            server.stop()                   # no new connections
+        try:                                # closing a connection aborts its request
+            await asyncio.wait_for(asyncio.gather(*(srv.close_all_connections()
+                                                    for srv in servers)), grace)
+        except asyncio.TimeoutError:
+            log.warning("open connections did not close within %g s", grace)
+        # Outputs published from now on must not target a loop that is about to close.
+        self.client.attach_loop(None)  # type: ignore[arg-type]
+        tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+        for t in tasks:
+            t.cancel()
+        await asyncio.wait(tasks, timeout=grace) if tasks else None

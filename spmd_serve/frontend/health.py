@@ -1,0 +1,85 @@
+"""Health endpoints (CONTRACT.md §6): liveness and readiness of rank 0's engine, read from the
+EngineClient without touching the engine thread.
+
+live  = the engine loop beat recently, or a step is in progress (a long prefill is not a hang);
+ready = every rank has loaded its model (`client.ready`) and the server is not draining.
+Both answer 200 with a small JSON body when true and 503 with the native error shape otherwise.
+They never require the API key: load balancers and `start_server` poll them unauthenticated.
+"""
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+from tornado.web import RequestHandler
+
+from spmd_serve.engine.client import EngineClient
+
+DEFAULT_LIVE_THRESHOLD_S = 10.0
+
+
+def is_live(client: EngineClient, threshold_s: float = DEFAULT_LIVE_THRESHOLD_S) -> tuple[bool, str]:
+    """(alive?, reason when not)."""
+    if client.busy_since is not None:       # inside a step: it beats again when the step ends
+        return True, ""
+    age = time.monotonic() - client.heartbeat
+    if age < threshold_s:
+        return True, ""
+    return False, f"engine loop has not reported for {age:.1f} s (limit {threshold_s:g} s)"
+
+
+def is_ready(client: EngineClient) -> tuple[bool, str]:
+    if client.draining.is_set():
+        return False, "server is shutting down"
+    if not client.ready.is_set():
+        return False, "model is not loaded yet"
+    return True, ""
+
+
+class _HealthHandler(RequestHandler):
+    def initialize(self, client: EngineClient,
+                   live_threshold_s: float = DEFAULT_LIVE_THRESHOLD_S) -> None:
+        self.client = client
+        self.live_threshold_s = live_threshold_s
+
+    def check(self) -> tuple[bool, str]:
+        raise NotImplementedError
+
+    def _answer(self, body: bool) -> None:
+        ok, why = self.check()
+        payload: dict[str, Any] = ({"status": "ok"} if ok
+                                   else {"error_code": 503, "error_msg": why})
+        self.set_status(200 if ok else 503)
+        self.set_header("Content-Type", "application/json; charset=utf-8")
+        # HEAD must carry the status only (probes often use it).
+        self.finish(json.dumps(payload) if body else None)
+
+    def get(self) -> None:
+        self._answer(body=True)
+
+    def head(self) -> None:
+        self._answer(body=False)
+
+
+class LiveHandler(_HealthHandler):
+    def check(self) -> tuple[bool, str]:
+        return is_live(self.client, self.live_threshold_s)
+
+
+class ReadyHandler(_HealthHandler):
+    def check(self) -> tuple[bool, str]:
+        return is_ready(self.client)
+
+
+def health_routes(client: EngineClient, live_threshold_s: float = DEFAULT_LIVE_THRESHOLD_S,
+                  with_plain_health: bool = False) -> list[tuple[str, type, dict[str, Any]]]:
+    """Routes for a tornado Application; `/health` (liveness) is added on the service port."""
+    kw = {"client": client, "live_threshold_s": live_threshold_s}
+    routes: list[tuple[str, type, dict[str, Any]]] = [
+        (r"/v2/health/live", LiveHandler, kw),
+        (r"/v2/health/ready", ReadyHandler, kw),
+    ]
+    if with_plain_health:
+        routes.append((r"/health", LiveHandler, kw))
+    return routes

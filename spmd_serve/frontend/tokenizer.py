@@ -1,0 +1,209 @@
+"""The serving tokenizer: text/chat messages -> prompt ids, and ids -> text.
+
+This module owns `ServingTokenizer`, the only tokenizer the HTTP front end talks to.  It wraps
+PaddleNLP's `AutoTokenizer` (loaded from the local model directory; it makes no network calls for
+a directory that holds tokenizer_config.json + the tokenizer files) and adds what serving needs:
+
+* the model's EOS ids gathered from generation_config.json, config.json and the tokenizer;
+* the chat template from tokenizer_config.json, rendered in a *sandboxed* Jinja environment
+  because templates ship with (possibly untrusted) checkpoints;
+* request validation that raises ValueError with a readable message (the HTTP layer maps
+  ValueError to 400);
+* `detokenizer()`, a streaming decoder whose deltas add up to `decode()` exactly.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import jinja2
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+from spmd_serve.frontend.detokenizer import IncrementalDetokenizer
+
+_ROLES_HINT = "each message must be an object with string 'role' and 'content'"
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    if not path.is_file():
+        return {}
+    with open(path, encoding="utf-8") as f:
+        data = json.load(f)
+    return data if isinstance(data, dict) else {}
+
+
+def _as_id_list(value: Any) -> list[int]:
+    if value is None:
+        return []
+    if isinstance(value, (list, tuple)):
+        return [int(v) for v in value if v is not None]
+    return [int(value)]
+
+
+def _raise_exception(message: str) -> None:
+    # Templates call raise_exception() (HF convention) to reject conversations they cannot render.
+    raise jinja2.TemplateError(message)
+
+
+def _content_text(content: Any, index: int) -> str:
+    """Message content as a string: a str, or a list of {"type": "text", "text": ...} parts."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        texts = []
+        for part in content:
+            if not (isinstance(part, dict) and part.get("type") == "text"
+                    and isinstance(part.get("text"), str)):
+                raise ValueError(f"messages[{index}].content: only parts of the form "
+                                 "{'type': 'text', 'text': <string>} are supported")
+            texts.append(part["text"])
+        return "".join(texts)
+    raise ValueError(f"messages[{index}].content must be a string or a list of text parts, "
+                     f"got {type(content).__name__}")
+
+
+class ServingTokenizer:
+    """Tokenizer + chat template + EOS ids of one model directory."""
+
+    def __init__(self, tokenizer: Any, chat_template: str | None,
+                 eos_token_ids: list[int], bos_token_id: int | None) -> None:
+        self._tok = tokenizer
+        self.eos_token_ids = eos_token_ids
+        self.bos_token_id = bos_token_id
+        # Ids decode() drops (bos/eos/unk/pad); the detokenizer drops them the same way.
+        self.special_token_ids: frozenset[int] = frozenset(
+            int(i) for i in tokenizer.all_special_ids if i is not None)
+        # Fast path for decode(): for a plain SentencePiece LlamaTokenizer (no added tokens),
+        # PaddleNLP's decode with specials skipped is exactly sp_model.decode(ids), at ~1/20 of
+        # the cost; streaming calls decode twice per token per request, so this matters.
+        sp = getattr(tokenizer, "sp_model", None)
+        self._sp = (sp if type(tokenizer).__name__ == "LlamaTokenizer"
+                    and not getattr(tokenizer, "added_tokens_encoder", None) else None)
+        self._template: jinja2.Template | None = None
+        if chat_template:
+            env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
+                                                extensions=["jinja2.ext.loopcontrols"])
+            env.globals["raise_exception"] = _raise_exception
+            try:
+                self._template = env.from_string(chat_template)
+            except jinja2.TemplateError as e:  # a broken checkpoint, not a bad request
+                raise ValueError(f"invalid chat_template in tokenizer_config.json: {e}") from e
+
+    @classmethod
+    def from_model_dir(cls, path: str | Path) -> "ServingTokenizer":
+        """Load from a local HF/PaddleNLP-style model directory (never the network)."""
+        from paddlenlp.transformers import AutoTokenizer  # heavy import; only when loading
+
+        model_dir = Path(path)
+        if not (model_dir / "tokenizer_config.json").is_file():
+            # Without it AutoTokenizer would treat the path as a hub model name and go online.
+            raise FileNotFoundError(f"{model_dir}/tokenizer_config.json not found")
+        tok = AutoTokenizer.from_pretrained(str(model_dir))
+        tok_cfg = _read_json(model_dir / "tokenizer_config.json")
+        template = tok_cfg.get("chat_template")
+        if isinstance(template, list):  # HF allows [{"name": ..., "template": ...}, ...]
+            named = {t.get("name"): t.get("template") for t in template if isinstance(t, dict)}
+            template = named.get("default")
+        if not isinstance(template, str) and (model_dir / "chat_template.jinja").is_file():
+            template = (model_dir / "chat_template.jinja").read_text(encoding="utf-8")
+        # generation_config.json is what generation stops on; config.json and the tokenizer's
+        # own eos are added in case a model lists several (e.g. end-of-turn tokens).
+        eos: list[int] = []
+        for src in (_read_json(model_dir / "generation_config.json").get("eos_token_id"),
+                    _read_json(model_dir / "config.json").get("eos_token_id"),
+                    tok.eos_token_id):
+            eos += [i for i in _as_id_list(src) if i not in eos]
+        bos = tok.bos_token_id
+        return cls(tok, template if isinstance(template, str) else None, eos,
+                   None if bos is None else int(bos))
+
+    @property
+    def has_chat_template(self) -> bool:
+        return self._template is not None
+
+    @property
+    def vocab_size(self) -> int:
+        return len(self._tok)
+
+    def encode(self, text: str) -> list[int]:
+        """Token ids of `text`, no BOS/EOS added (special-token strings in it are recognised)."""
+        if not isinstance(text, str):
+            raise ValueError(f"text must be a string, got {type(text).__name__}")
+        return [int(i) for i in self._tok.convert_tokens_to_ids(self._tok.tokenize(text))]
+
+    def decode(self, ids: list[int]) -> str:
+        """Text of `ids` with special tokens skipped and no whitespace 'clean-up' (which would
+        break streaming: the deltas must add up to exactly this)."""
+        ids = [int(i) for i in ids if int(i) not in self.special_token_ids]
+        if not ids:
+            return ""
+        if self._sp is not None:
+            return self._sp.decode(ids)
+        return self._tok.decode(ids, skip_special_tokens=True,
+                                clean_up_tokenization_spaces=False)
+
+    def _normalize_messages(self, messages: Any, system: str | None) -> list[dict[str, str]]:
+        if not isinstance(messages, list):
+            raise ValueError(f"messages must be a list, got {type(messages).__name__}")
+        out: list[dict[str, str]] = []
+        if system is not None:
+            if not isinstance(system, str):
+                raise ValueError(f"system must be a string, got {type(system).__name__}")
+            out.append({"role": "system", "content": system})
+        for i, m in enumerate(messages):
+            if not isinstance(m, dict):
+                raise ValueError(f"messages[{i}] is {type(m).__name__}; {_ROLES_HINT}")
+            if not isinstance(m.get("role"), str):
+                raise ValueError(f"messages[{i}].role is missing or not a string; {_ROLES_HINT}")
+            if "content" not in m or m["content"] is None:
+                raise ValueError(f"messages[{i}].content is missing; {_ROLES_HINT}")
+            out.append({"role": m["role"], "content": _content_text(m["content"], i)})
+        if not out:
+            raise ValueError("messages must not be empty")
+        return out
+
+    def render_chat(self, messages: list[dict], system: str | None = None) -> str:
+        """The chat template applied to `messages` (with `system` as a leading system message),
+        ending with the assistant generation prompt."""
+        if self._template is None:
+            raise ValueError("this model has no chat template; send 'text' instead of 'messages'")
+        msgs = self._normalize_messages(messages, system)
+        tok = self._tok
+        try:
+            return self._template.render(
+                messages=msgs, add_generation_prompt=True,
+                bos_token=tok.bos_token or "", eos_token=tok.eos_token or "",
+                unk_token=tok.unk_token or "", pad_token=tok.pad_token or "")
+        except jinja2.TemplateError as e:  # includes raise_exception() and sandbox violations
+            raise ValueError(f"chat template rejected the messages: {e}") from e
+        except (TypeError, KeyError, AttributeError, IndexError) as e:
+            raise ValueError(f"chat template failed on the messages: {e!r}") from e
+
+    def encode_prompt(self, *, text: str | None = None, messages: list[dict] | None = None,
+                      system: str | None = None) -> list[int]:
+        """Prompt ids for a request: exactly one of `text` (one user turn) or `messages`.
+
+        With a chat template both go through it (it writes BOS).  Without one, `text` is
+        encoded with BOS prepended (and `system`, if any, prepended as plain text on its own
+        line); `messages` then have no defined rendering and are rejected.
+        """
+        if (text is None) == (messages is None):
+            raise ValueError("exactly one of 'text' and 'messages' must be given")
+        if text is not None and not isinstance(text, str):
+            raise ValueError(f"text must be a string, got {type(text).__name__}")
+        if self._template is not None:
+            msgs = messages if messages is not None else [{"role": "user", "content": text}]
+            return self.encode(self.render_chat(msgs, system=system))
+        if messages is not None:
+            raise ValueError("this model has no chat template; send 'text' instead of 'messages'")
+        if system is not None:
+            if not isinstance(system, str):
+                raise ValueError(f"system must be a string, got {type(system).__name__}")
+            text = f"{system}\n{text}"
+        bos = [self.bos_token_id] if self.bos_token_id is not None else []
+        return bos + self.encode(text)
+
+    def detokenizer(self, prompt_ids: list[int]) -> IncrementalDetokenizer:
+        """A fresh streaming decoder for one request's output ids."""
+        return IncrementalDetokenizer(self, prompt_ids)

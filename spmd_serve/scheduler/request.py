@@ -1,0 +1,95 @@
+"""One generation request as the scheduler sees it: its tokens, its cache blocks, its lifecycle.
+
+This module owns `RequestStatus` and `Request`.  A `Request` is mutable bookkeeping shared by the
+scheduler (which advances `num_computed_tokens`, appends sampled tokens, sets the status) and the
+block manager (which owns the contents of `block_ids`).  It holds no tensors: the K/V themselves
+live on the workers, addressed through `block_ids`.
+"""
+from __future__ import annotations
+
+import enum
+
+from spmd_serve.sampling_params import SamplingParams
+
+
+class RequestStatus(enum.Enum):
+    WAITING = enum.auto()           # queued, owns no blocks
+    RUNNING = enum.auto()           # admitted; owns blocks for its computed tokens (+ this step's)
+    PREEMPTED = enum.auto()         # evicted under block pressure; back in waiting, will recompute
+    FINISHED_STOPPED = enum.auto()  # sampled an eos id (after min_tokens)
+    FINISHED_LENGTH = enum.auto()   # hit max_tokens or max_model_len
+    FINISHED_ABORTED = enum.auto()  # cancelled by the client / front end
+
+    @property
+    def is_finished(self) -> bool:
+        return self in _FINISHED
+
+    @property
+    def finish_reason(self) -> str | None:
+        """The OpenAI-style reason string for a finished status, None otherwise."""
+        return _FINISH_REASON.get(self)
+
+
+_FINISHED = frozenset({RequestStatus.FINISHED_STOPPED, RequestStatus.FINISHED_LENGTH,
+                       RequestStatus.FINISHED_ABORTED})
+_FINISH_REASON = {RequestStatus.FINISHED_STOPPED: "stop",
+                  RequestStatus.FINISHED_LENGTH: "length",
+                  RequestStatus.FINISHED_ABORTED: "abort"}
+
+
+class Request:
+    """Token history plus scheduling state of one sequence.
+
+    The invariant the scheduler relies on: positions [0, num_computed_tokens) of `all_token_ids`
+    have their K/V in the cache slots named by `block_ids`; the rest (at least the last sampled
+    token while running) still has to be fed to the model.
+    """
+
+    def __init__(self, req_id: str, prompt_token_ids: list[int], params: SamplingParams,
+                 eos_token_ids: frozenset[int] = frozenset(), arrival_time: float = 0.0) -> None:
+        self.req_id = req_id
+        # Copy so a caller reusing its list cannot change what we have already scheduled.
+        self.prompt_token_ids: list[int] = list(prompt_token_ids)
+        self.params = params
+        # The caller passes model eos ∪ params.eos_token_ids; frozenset for O(1) stop checks.
+        self.eos_token_ids: frozenset[int] = frozenset(eos_token_ids)
+        self.arrival_time = arrival_time
+        self.output_token_ids: list[int] = []
+        self.num_computed_tokens = 0
+        self.block_ids: list[int] = []
+        self.status = RequestStatus.WAITING
+        self.finish_reason: str | None = None
+        self.num_preemptions = 0
+
+    @property
+    def all_token_ids(self) -> list[int]:
+        # A fresh list each call: callers slice it to build model inputs and must not alias ours.
+        return self.prompt_token_ids + self.output_token_ids
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.output_token_ids)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_token_ids) + len(self.output_token_ids)
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status.is_finished
+
+    def finish(self, status: RequestStatus) -> None:
+        """Enter a terminal status; the reason string is derived so the two never disagree."""
+        if not status.is_finished:
+            raise ValueError(f"{status} is not a finished status")
+        self.status = status
+        self.finish_reason = status.finish_reason
+
+    def __repr__(self) -> str:
+        return (f"Request({self.req_id!r}, status={self.status.name}, "
+                f"prompt={self.num_prompt_tokens}, output={self.num_output_tokens}, "
+                f"computed={self.num_computed_tokens}, blocks={len(self.block_ids)})")

@@ -1,0 +1,30 @@
+"""Shared fixtures: the demo checkpoint and its TP=1 / TP=2 exports, made once per test session."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("GLOG_minloglevel", "2")
+
+
+@pytest.fixture(scope="session")
+def demo_checkpoint(tmp_path_factory) -> Path:
+    from spmd_serve.demo.checkpoint import write_demo_checkpoint
+
+    return write_demo_checkpoint(tmp_path_factory.mktemp("ckpt") / "tiny", "tiny")
+
+
+@pytest.fixture(scope="session")
+def served_tp1(demo_checkpoint, tmp_path_factory) -> Path:
+    from spmd_serve.export import export_checkpoint
+
+    return export_checkpoint(demo_checkpoint, tmp_path_factory.mktemp("served") / "tp1", tp=1)
+
+
+@pytest.fixture(scope="session")
+def served_tp2(demo_checkpoint, tmp_path_factory) -> Path:
+    from spmd_serve.export import export_checkpoint
+
+    return export_checkpoint(demo_checkpoint, tmp_path_factory.mktemp("served") / "tp2", tp=2)

@@ -1,0 +1,213 @@
+"""Test doubles for the IO side: a fake engine thread and a character-level fake tokenizer.
+
+FakeEngine plays the engine side of a real EngineClient: it takes commands, "generates" one token
+per step by cycling through the prompt (BOS skipped), honours max/min tokens and eos ids, and
+records every abort so tests can assert the IO side stopped the work.
+FakeTokenizer has the interface of spmd_serve/frontend/tokenizer.py: one id per character.
+Harness runs an IOServer + FakeEngine on free ports; the helpers at the end talk to it.
+"""
+from __future__ import annotations
+
+import json
+import threading
+import time
+from dataclasses import dataclass, field
+
+import requests
+
+from spmd_serve.engine.client import AbortCommand, AddCommand, EngineClient, RequestOutput
+
+BOS, EOS, OFFSET = 1, 2, 3          # ids below OFFSET are special and decode to ""
+
+
+class FakeDetokenizer:
+    def __init__(self, tok: "FakeTokenizer") -> None:
+        self._tok = tok
+        self.text = ""
+
+    def step(self, new_ids: list[int]) -> str:
+        delta = self._tok.decode(new_ids)
+        self.text += delta
+        return delta
+
+    def flush(self) -> str:
+        return ""
+
+
+class FakeTokenizer:
+    eos_token_ids = [EOS]
+    bos_token_id = BOS
+    has_chat_template = True
+
+    def encode(self, text: str) -> list[int]:
+        return [ord(c) + OFFSET for c in text]
+
+    def decode(self, ids: list[int]) -> str:
+        return "".join(chr(i - OFFSET) for i in ids if i >= OFFSET)
+
+    def render_chat(self, messages: list[dict], system: str | None = None) -> str:
+        turns = ([{"role": "system", "content": system}] if system else []) + list(messages)
+        return "".join(f"<{m['role']}>{m['content']}\n" for m in turns) + "<assistant>"
+
+    def encode_prompt(self, *, text: str | None = None, messages: list[dict] | None = None,
+                      system: str | None = None) -> list[int]:
+        if text is not None:
+            messages = [{"role": "user", "content": text}]
+        if not messages or any(m.get("role") not in ("user", "assistant", "system")
+                               for m in messages):
+            raise ValueError("messages: role must be user, assistant or system")
+        return [BOS] + self.encode(self.render_chat(messages, system))
+
+    def detokenizer(self, prompt_ids: list[int]) -> FakeDetokenizer:
+        return FakeDetokenizer(self)
+
+
+@dataclass
+class _Seq:
+    cmd: AddCommand
+    out: list[int] = field(default_factory=list)
+
+
+class FakeEngine:
+    """Engine side of an EngineClient, one fake token per sequence every `step_s` seconds."""
+
+    def __init__(self, client: EngineClient, step_s: float = 0.002) -> None:
+        self.client = client
+        self.step_s = step_s
+        self.aborted: list[str] = []
+        self.added: list[AddCommand] = []
+        self.fail_after: dict[str, int] = {}    # req_id -> fail with error after this many tokens
+        self.paused = threading.Event()          # no steps and no heartbeat while set
+        self._stop = threading.Event()
+        self._running: dict[str, _Seq] = {}
+        self._thread = threading.Thread(target=self._run, name="fake-engine", daemon=True)
+
+    def start(self, ready: bool = True) -> "FakeEngine":
+        self._thread.start()
+        if ready:
+            self.client.ready.set()
+        return self
+
+    def stop(self, timeout: float = 2.0) -> None:
+        self._stop.set()
+        self.client.wake()
+        self._thread.join(timeout)
+
+    def wait_aborted(self, req_id: str, timeout: float = 1.0) -> bool:
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            if req_id in self.aborted:
+                return True
+            time.sleep(0.01)
+        return req_id in self.aborted
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            if self.paused.is_set():
+                time.sleep(self.step_s)
+                continue
+            self.client.heartbeat = time.monotonic()
+            if self._running:
+                time.sleep(self.step_s)
+            else:
+                self.client.wait_for_work(0.05)
+            for cmd in self.client.take_commands():
+                if isinstance(cmd, AbortCommand):
+                    self.aborted.append(cmd.req_id)
+                    self._running.pop(cmd.req_id, None)
+                else:
+                    self.added.append(cmd)
+                    self._running[cmd.req_id] = _Seq(cmd)
+            self.client.busy_since = time.monotonic()
+            outputs = [self._step(seq) for seq in list(self._running.values())]
+            self.client.busy_since = None
+            self.client.publish(outputs)
+
+    def _step(self, seq: _Seq) -> RequestOutput:
+        rid, params = seq.cmd.req_id, seq.cmd.params
+        prompt = [i for i in seq.cmd.prompt_token_ids if i != BOS] or [OFFSET]
+        if len(seq.out) >= self.fail_after.get(rid, 1 << 30):
+            self._running.pop(rid)
+            return RequestOutput(rid, [], True, "error", 500, "fake engine failure",
+                                 len(seq.cmd.prompt_token_ids))
+        tok = prompt[len(seq.out) % len(prompt)]
+        seq.out.append(tok)
+        eos = set(params.eos_token_ids) | {EOS}
+        reason = None
+        if tok in eos and len(seq.out) >= params.min_tokens:
+            reason = "stop"
+        elif len(seq.out) >= params.max_tokens:
+            reason = "length"
+        if reason:
+            self._running.pop(rid)
+        return RequestOutput(rid, [tok], reason is not None, reason,
+                             num_prompt_tokens=len(seq.cmd.prompt_token_ids))
+
+
+class Harness:
+    """A running IOServer + FakeEngine on free loopback ports, with URLs for requests."""
+
+    def __init__(self, capacity: int = 16, step_s: float = 0.002, ready: bool = True,
+                 **settings) -> None:
+        from spmd_serve.frontend.app import IOServer    # tornado only where a server is wanted
+        self.client = EngineClient(capacity)
+        self.tokenizer = FakeTokenizer()
+        self.engine = FakeEngine(self.client, step_s)
+        settings = {"host": "127.0.0.1", "http_port": 0, "health_port": 0,
+                    "max_seq_len": 256, "max_dec_len": 64, "model_max_len": 300, **settings}
+        self.server = IOServer(self.client, self.tokenizer, **settings)
+        self.engine.start(ready)
+        try:
+            self.server.start(timeout=5)
+        except BaseException:
+            self.engine.stop()
+            raise
+        self.base = f"http://127.0.0.1:{self.server.http_port}"
+        self.health = f"http://127.0.0.1:{self.server.health_port}"
+        self.url = self.base + "/v1/chat/completions"
+
+    def close(self) -> None:
+        try:
+            self.server.stop(timeout=5)
+        finally:
+            self.engine.stop()
+
+
+# ---- request helpers shared by the HTTP tests ------------------------------------------------
+def echo(prompt_ids: list[int], n: int) -> str:
+    """What FakeEngine generates: the prompt (minus BOS) cycled, n tokens."""
+    body = [i for i in prompt_ids if i >= OFFSET]
+    return FakeTokenizer().decode([body[k % len(body)] for k in range(n)])
+
+
+def stream_lines(url: str, data: dict, **kw) -> list[dict]:
+    res = requests.post(url, json=data, stream=True, timeout=10, **kw)   # as the docs do it
+    assert res.status_code == 200, res.text
+    assert res.headers["Content-Type"].startswith("application/x-ndjson")
+    return [json.loads(line) for line in res.iter_lines()]
+
+
+def wait_idle(h: Harness, timeout: float = 2.0) -> bool:
+    """True once the IO side has no request in flight (all finished or aborted)."""
+    end = time.monotonic() + timeout
+    while h.client.num_in_flight and time.monotonic() < end:
+        time.sleep(0.01)
+    return h.client.num_in_flight == 0
+
+
+def assert_healthy(h: Harness) -> None:
+    r = requests.post(h.url, json={"text": "ok", "max_dec_len": 3}, timeout=10)
+    assert r.status_code == 200 and r.json()["tokens_all_num"] == 3
+    assert h.client.num_in_flight == 0
+
+
+def check_stream(frames: list[dict], req_id: str) -> dict:
+    assert all(f["req_id"] == req_id for f in frames)
+    assert [f["send_idx"] for f in frames] == list(range(len(frames)))
+    assert [f["is_end"] for f in frames] == [0] * (len(frames) - 1) + [1]
+    last = frames[-1]
+    assert "".join(f["token"] for f in frames) == last["tokens_all"]
+    assert sum((f["token_ids"] for f in frames), []) == last["tokens_all_ids"]
+    assert last["tokens_all_num"] == len(last["tokens_all_ids"])
+    assert last["error_code"] == 0 and last["error_msg"] == ""
+    return last
