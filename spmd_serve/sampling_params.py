@@ -6,7 +6,7 @@ field, so the front end can answer 400 with it.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 
 @dataclass

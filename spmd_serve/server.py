@@ -84,8 +84,7 @@ def _run_rank0(cfg, comm, runner, model_config) -> None:
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
     if cfg.use_warmup:
-        from spmd_serve.engine.warmup import warm_up
-        warm_up(engine, tokenizer)
+        engine.warm_up(tokenizer.encode("Warm-up request: hello world.") or [tokenizer.bos_token_id or 1])
     client.ready.set()
     log.info("ready: %d rank(s), model %s, HTTP %s:%s, health %s:%s, %d KV blocks of %d tokens",
              comm.size, cfg.model_dir, cfg.host, cfg.http_port, cfg.host, cfg.health_port,

@@ -21,7 +21,8 @@ pytestmark = pytest.mark.mpi
 
 @pytest.fixture(scope="module")
 def server(served_tp2, tmp_path_factory):
-    with ServerProcess(2, served_tp2, tmp_path_factory.mktemp("logs") / "server.log") as srv:
+    # USE_WARMUP=1: a warm-up request runs through both ranks before the server reports ready
+    with ServerProcess(2, served_tp2, tmp_path_factory.mktemp("logs") / "server.log", USE_WARMUP="1") as srv:
         yield srv
 
 

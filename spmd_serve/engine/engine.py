@@ -18,6 +18,7 @@ from spmd_serve.engine.client import AbortCommand, AddCommand, EngineClient, Req
 from spmd_serve.engine.plan_builder import build_plan
 from spmd_serve.engine.step_stats import StepStats
 from spmd_serve.protocol import SHUTDOWN, StepPlan
+from spmd_serve.sampling_params import SamplingParams
 from spmd_serve.scheduler.request import Request
 from spmd_serve.scheduler.scheduler import QueueFullError, Scheduler, SchedulerConfig
 
@@ -116,6 +117,14 @@ class Engine:
         st.lap("update")
         st.end_step(out.num_tokens, len(tokens))
         return done
+
+    def warm_up(self, prompt_ids: list[int], max_tokens: int = 4) -> None:
+        """USE_WARMUP=1: one short greedy request through every rank before reporting ready, so
+        the first user request does not pay for graph initialisation and first-touch of memory."""
+        params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
+        self.scheduler.add_request(Request("__warmup__", prompt_ids, params))
+        while self.scheduler.has_unfinished():
+            self.step()
 
     def _shutdown(self) -> None:
         """Fail whatever is still in flight with an error frame, then stop every rank."""

@@ -47,7 +47,11 @@ def draw(x: np.ndarray, p: SamplingParams, u: float) -> int:
         order = order[: p.top_k]
     probs = np.exp(x[order] - x[order[0]])
     probs /= probs.sum()
-    keep = int(np.searchsorted(np.cumsum(probs), p.top_p, side="left")) + 1 if p.top_p < 1 else len(order)
+    # smallest prefix whose mass reaches top_p; rounding can leave the total just below a top_p
+    # near 1, so never keep more than exists
+    keep = len(order)
+    if p.top_p < 1:
+        keep = min(int(np.searchsorted(np.cumsum(probs), p.top_p, side="left")) + 1, keep)
     kept = probs[:keep] / probs[:keep].sum()
     return int(order[min(int(np.searchsorted(np.cumsum(kept), u, side="right")), keep - 1)])
 

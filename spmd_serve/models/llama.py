@@ -104,7 +104,7 @@ class AttentionStage(nn.Layer):
         v = paddle.matmul(x, self.v).reshape([-1, kvh, d])
         kc_name, vc_name = self.cache_names()
         bt = env["block_tables"]
-        b, mb = paddle.shape(bt)[0], paddle.shape(bt)[1]
+        b = paddle.shape(bt)[0]
         # past: [B*MB, bs, kvh, d] → [B, P, kvh, d] with P = MB*bs, in token order
         k_past = paddle.gather(env[kc_name], bt.reshape([-1]), axis=0).reshape([b, -1, kvh, d])
         v_past = paddle.gather(env[vc_name], bt.reshape([-1]), axis=0).reshape([b, -1, kvh, d])
