@@ -9,8 +9,10 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 extras="${1:-}"
 py="${PYTHON:-python3}"
-stamp=".venv/.installed-$(cat setup.cfg launch/install.sh | sha1sum | cut -c1-12)-${extras:-base}"
+hash="$(cat setup.cfg launch/install.sh | sha1sum | cut -c1-12)"
+stamp=".venv/.installed-$hash-${extras:-base}"
 [ -f "$stamp" ] && exit 0
+[ -z "$extras" ] && [ -f ".venv/.installed-$hash-test" ] && exit 0   # a test install serves too
 
 as_root() { if [ "$(id -u)" = 0 ]; then "$@"; elif sudo -n true 2>/dev/null; then sudo "$@"; else return 1; fi; }
 apt_pkgs=()

@@ -105,25 +105,32 @@ def reference_greedy(model: LlamaForCausalLM, prompt_ids: list[int], max_new_tok
 
 
 @paddle.no_grad()
-def reference_generate(model: LlamaForCausalLM, prompt_ids: list[int], max_new_tokens: int
-                       ) -> list[int]:
-    """PaddleNLP's own greedy generate() (with its KV cache), exactly max_new_tokens tokens."""
+def reference_generate(model: LlamaForCausalLM, prompt_ids: list[int], max_new_tokens: int,
+                       mask_eos: bool = False) -> list[int]:
+    """PaddleNLP's own greedy generate() (with its KV cache), exactly max_new_tokens tokens.
+
+    mask_eos=False never stops at EOS but may pick it (like an engine's ignore_eos);
+    mask_eos=True removes EOS from the choices (PaddleNLP's min_new_tokens, like a request whose
+    min_dec_len equals max_dec_len).
+    """
     model.eval()
     x = paddle.to_tensor([list(prompt_ids)], dtype="int64")
-    # 3.0.0b4's generate() needs an explicit 2-D int64 attention mask here.  To never stop at
-    # EOS we pass an EOS id that cannot be generated (-1) rather than min_new_tokens: the latter
-    # masks EOS out of the logits, which disagrees with reference_greedy (and with an engine's
-    # ignore_eos) whenever EOS is the argmax -- it is, at step 6 of one of the test prompts.
+    # 3.0.0b4's generate() needs an explicit 2-D int64 attention mask here.  Without masking we
+    # pass an EOS id that cannot be generated (-1): min_new_tokens would mask EOS out of the
+    # logits, which disagrees with reference_greedy whenever EOS is the argmax -- it is, at step
+    # 6 of one of the test prompts.
     mask = paddle.ones_like(x, dtype="int64")
+    eos = {"eos_token_id": model.config.eos_token_id, "min_new_tokens": max_new_tokens} if mask_eos \
+        else {"eos_token_id": -1}
     out = model.generate(
         input_ids=x,
         attention_mask=mask,
         decode_strategy="greedy_search",
         max_new_tokens=max_new_tokens,
         use_cache=True,
-        eos_token_id=-1,
         pad_token_id=model.config.pad_token_id,
         bos_token_id=model.config.bos_token_id,
+        **eos,
     )
     ids = out[0] if isinstance(out, (tuple, list)) else out
     return [int(t) for t in ids.numpy()[0].tolist()]
