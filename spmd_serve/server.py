@@ -15,6 +15,7 @@ import os
 import signal
 import sys
 import traceback
+from dataclasses import dataclass
 from pathlib import Path
 
 log = logging.getLogger("spmd_serve")
@@ -32,8 +33,39 @@ def _quiet_paddle() -> None:
     os.environ.setdefault("FLAGS_use_mkldnn", "0")
 
 
+@dataclass
+class Frontend:
+    """Rank 0's IO side, started before the model loads so that port and tokenizer problems join
+    the start-up agreement and health answers (503, not ready) while the shards load."""
+    tokenizer: object
+    client: object
+    io: object
+    max_model_len: int
+
+
+def _start_frontend(cfg, model_config: dict) -> Frontend:
+    from spmd_serve.config import ConfigError
+    from spmd_serve.engine.client import EngineClient
+    from spmd_serve.frontend.app import IOServer, IOSettings
+    from spmd_serve.frontend.tokenizer import ServingTokenizer
+
+    try:
+        tokenizer = ServingTokenizer.from_model_dir(cfg.model_dir)
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"cannot load the tokenizer of {cfg.model_dir}: {e}") from None
+    max_model_len = int(model_config.get("max_position_embeddings", cfg.max_seq_len + cfg.max_dec_len))
+    client = EngineClient(capacity=cfg.batch_size + cfg.max_cached_task_num)
+    io = IOServer(client, tokenizer, IOSettings.from_config(cfg, model_max_len=max_model_len))
+    try:
+        io.start()
+    except OSError as e:   # a busy port: the message names it
+        raise ConfigError(str(e)) from None
+    return Frontend(tokenizer, client, io, max_model_len)
+
+
 def _load(cfg, comm):
-    """Model dir check + shard load on this rank; returns (cfg clamped to the model, runner, model config)."""
+    """Checks, rank 0's front end, shard load; returns (cfg clamped to the model, runner,
+    front end or None)."""
     from spmd_serve.config import ConfigError, check_model_dir, clamp_to_model
     from spmd_serve.dist.comm import node_local_first
     from spmd_serve.export import ensure_demo_model
@@ -53,27 +85,21 @@ def _load(cfg, comm):
         raise ConfigError(f"{manifest_path} is missing or unreadable ({e.__class__.__name__}): "
                           f"re-export the model with `spmd_serve export`") from None
     check_kv_fits(cfg, manifest["dims"], comm.ranks_on_node())
+    frontend = _start_frontend(cfg, model_config) if comm.rank == 0 else None
     runner = ModelRunner(cfg.model_dir, comm.rank, comm, cfg.num_blocks(), cfg.block_size, cfg.num_threads)
-    return cfg, runner, model_config
+    return cfg, runner, frontend
 
 
-def _run_rank0(cfg, comm, runner, model_config) -> None:
-    from spmd_serve.engine.client import EngineClient
+def _run_rank0(cfg, comm, runner, fe: Frontend) -> None:
     from spmd_serve.engine.engine import Engine
-    from spmd_serve.frontend.app import IOServer, IOSettings
-    from spmd_serve.frontend.tokenizer import ServingTokenizer
     from spmd_serve.scheduler.scheduler import SchedulerConfig
 
-    tokenizer = ServingTokenizer.from_model_dir(cfg.model_dir)
-    max_model_len = int(model_config.get("max_position_embeddings", cfg.max_seq_len + cfg.max_dec_len))
-    client = EngineClient(capacity=cfg.batch_size + cfg.max_cached_task_num)
+    client = fe.client
     sched = SchedulerConfig(max_num_seqs=cfg.batch_size, num_blocks=cfg.num_blocks(), block_size=cfg.block_size,
                             block_ratio=cfg.block_ratio, max_waiting=cfg.max_cached_task_num,
-                            max_num_batched_tokens=cfg.max_num_batched_tokens, max_model_len=max_model_len)
-    engine = Engine(sched, comm, runner, client, frozenset(tokenizer.eos_token_ids),
+                            max_num_batched_tokens=cfg.max_num_batched_tokens, max_model_len=fe.max_model_len)
+    engine = Engine(sched, comm, runner, client, frozenset(fe.tokenizer.eos_token_ids),
                     log_every=int(os.environ.get("SPMD_LOG_STEP_EVERY", "0")))
-    io = IOServer(client, tokenizer, IOSettings.from_config(cfg, model_max_len=max_model_len))
-    io.start()
 
     def stop(signum, _frame) -> None:
         log.info("received %s: stopping all ranks", signal.Signals(signum).name)
@@ -84,7 +110,7 @@ def _run_rank0(cfg, comm, runner, model_config) -> None:
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
     if cfg.use_warmup:
-        engine.warm_up(tokenizer.encode("Warm-up request: hello world.") or [tokenizer.bos_token_id or 1])
+        engine.warm_up(fe.tokenizer.encode("Warm-up request: hello world.") or [fe.tokenizer.bos_token_id or 1])
     client.ready.set()
     log.info("ready: %d rank(s), model %s, HTTP %s:%s, health %s:%s, %d KV blocks of %d tokens",
              comm.size, cfg.model_dir, cfg.host, cfg.http_port, cfg.host, cfg.health_port,
@@ -92,7 +118,7 @@ def _run_rank0(cfg, comm, runner, model_config) -> None:
     try:
         engine.run()
     finally:
-        io.stop()
+        fe.io.stop()
 
 
 def serve(cfg) -> int:
@@ -103,21 +129,23 @@ def serve(cfg) -> int:
     _setup_logging(comm.rank)
     try:
         from spmd_serve.config import ConfigError
-        problem = ""
+        problem, frontend = "", None
         try:
-            cfg, runner, model_config = _load(cfg, comm)
+            cfg, runner, frontend = _load(cfg, comm)
         except ConfigError as e:
             problem = str(e)
         # Start barrier and agreement in one: every rank learns whether every rank loaded.
         results = comm.allgather_flags(not problem, problem)
         failed = [(r, msg) for r, (ok, msg) in enumerate(results) if not ok]
         if failed:
+            if frontend is not None:
+                frontend.io.stop()
             if comm.rank == 0:   # one line, from one rank, without MPI_Abort (which can eat it)
                 where = "" if len(failed) == comm.size else f" (on ranks {[r for r, _ in failed]})"
                 print(f"spmd_serve: error: {failed[0][1]}{where}", file=sys.stderr, flush=True)
             sys.exit(2)
         if comm.rank == 0:
-            _run_rank0(cfg, comm, runner, model_config)
+            _run_rank0(cfg, comm, runner, frontend)
         else:
             # Workers leave signals to rank 0, which stops everyone with a SHUTDOWN plan.
             signal.signal(signal.SIGINT, signal.SIG_IGN)

@@ -73,3 +73,17 @@ def test_idle_ranks_do_not_spin(served_tp2, tmp_path):
         time.sleep(3)
         usage = [p.cpu_percent(None) for p in procs]
     assert len(usage) == 2 and max(usage) < 25, f"idle ranks use {usage} % CPU"
+
+
+def test_busy_port_is_named(served_tp2):
+    import socket
+
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        t0 = time.monotonic()
+        res = run_job(2, MODEL_DIR=str(served_tp2), MP_NUM="2", HOST="127.0.0.1", SERVICE_HTTP_PORT=str(port))
+    assert res.returncode != 0 and time.monotonic() - t0 < 60
+    lines = error_lines(res)
+    assert len(lines) == 1 and str(port) in lines[0] and "SERVICE_HTTP_PORT" in lines[0], res.stderr[-2000:]
