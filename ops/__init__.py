@@ -1,0 +1,7 @@
+"""Custom kernels (CUDA C compiled at run time with NVRTC through cuda-python), each with a
+numpy/Paddle twin of the same signature that is the CPU path and the test oracle.
+
+Not built yet: on the CPU path the serving runtime writes the paged KV cache with numpy
+(spmd_serve/worker/kv_cache.py) and attends inside the exported Paddle graphs.  This package
+never imports spmd_serve (DESIGN §5).
+"""
