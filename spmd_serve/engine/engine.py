@@ -76,6 +76,8 @@ class Engine:
             self._apply_commands()
             if self.scheduler.has_unfinished():
                 self.step()
+                if self._empty_steps:   # nothing schedulable: only a new command can change that
+                    self.client.wait_for_work(0.01)
             else:
                 self.client.wait_for_work(IDLE_WAIT_S)
         self._shutdown()
@@ -86,13 +88,8 @@ class Engine:
         out = self.scheduler.schedule()
         if out.is_empty:
             self._empty_steps += 1
-            if self._empty_steps % 1000 == 0:   # unfinished work but nothing schedulable: say why
-                sch = self.scheduler
-                log.warning("no progress for %d schedules: running=%s waiting=%s free blocks %d/%d",
-                            self._empty_steps,
-                            [(r.req_id, r.num_computed_tokens, r.num_tokens, len(r.block_ids)) for r in sch.running],
-                            [(r.req_id, r.status.name, r.num_tokens) for r in list(sch.waiting)[:8]],
-                            sch.block_manager.num_free_blocks, sch.block_manager.num_blocks)
+            if self._empty_steps % 500 == 0:   # ~5 s of unfinished work that cannot be scheduled: say why
+                self._report_no_progress()
             return []
         self._empty_steps = 0
         self.step_id += 1
@@ -117,6 +114,19 @@ class Engine:
         st.lap("update")
         st.end_step(out.num_tokens, len(tokens))
         return done
+
+    def _report_no_progress(self) -> None:
+        sch = self.scheduler
+        try:
+            sch.check_invariants()
+            broken = "scheduler invariants hold"
+        except AssertionError as e:
+            broken = f"scheduler invariant broken: {e}"
+        log.warning("no progress for %d schedules (%s): running=%s waiting=%s free blocks %d/%d",
+                    self._empty_steps, broken,
+                    [(r.req_id, r.num_computed_tokens, r.num_tokens, len(r.block_ids)) for r in sch.running],
+                    [(r.req_id, r.status.name, r.num_tokens, len(r.block_ids)) for r in list(sch.waiting)[:8]],
+                    sch.block_manager.num_free_blocks, sch.block_manager.num_blocks)
 
     def warm_up(self, prompt_ids: list[int], max_tokens: int = 4) -> None:
         """USE_WARMUP=1: one short greedy request through every rank before reporting ready, so
