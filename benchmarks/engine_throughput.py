@@ -22,16 +22,17 @@ def main() -> None:
     ap.add_argument("--concurrency", type=int, default=16)
     ap.add_argument("--input-len", type=int, default=32)
     ap.add_argument("--output-len", type=int, default=64)
+    ap.add_argument("--num-blocks", type=int, default=1024, help="KV pool size (blocks of 64 tokens)")
     args = ap.parse_args()
     rng = np.random.default_rng(0)
     prompts = [[1] + rng.integers(10, 1000, args.input_len - 1).tolist() for _ in range(args.concurrency)]
     params = SamplingParams(max_tokens=args.output_len, min_tokens=args.output_len, temperature=0.0)
-    res = generate(args.model_dir, prompts, params, num_blocks=1024, block_size=64,
+    res = generate(args.model_dir, prompts, params, num_blocks=args.num_blocks, block_size=64,
                    eos_token_ids=frozenset({2}))
     if res is None:
         return
     out_tokens = sum(len(t) for t in res["tokens"])
-    print(json.dumps({"concurrency": args.concurrency, "output_tokens": out_tokens,
+    print(json.dumps({"concurrency": args.concurrency, "num_blocks": args.num_blocks, "output_tokens": out_tokens,
                       "elapsed_s": round(res["elapsed_s"], 3),
                       "output_tokens_per_s": round(out_tokens / res["elapsed_s"], 1),
                       **res["stats"]}))

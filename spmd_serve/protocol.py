@@ -44,6 +44,16 @@ class StepPlan:
         return np.concatenate([self.input_ids, self.positions, self.slot_mapping, self.query_lens,
                                self.ctx_lens, self.block_tables.reshape(-1)]).astype(np.int64, copy=False)
 
+    def select(self, seqs: np.ndarray, block_size: int) -> "StepPlan":
+        """The sub-plan of sequences `seqs` (indices, in order), with block tables trimmed to the
+        blocks those sequences actually reach (ceil((ctx + query) / block_size))."""
+        starts = np.concatenate([[0], np.cumsum(self.query_lens)]).astype(np.int64)
+        tokens = np.concatenate([np.arange(starts[i], starts[i + 1]) for i in seqs])
+        reach = int(((self.ctx_lens[seqs] + self.query_lens[seqs] + block_size - 1) // block_size).max())
+        return StepPlan(self.kind, self.step_id, self.input_ids[tokens], self.positions[tokens],
+                        self.query_lens[seqs], self.ctx_lens[seqs],
+                        np.ascontiguousarray(self.block_tables[seqs, :reach]), self.slot_mapping[tokens])
+
     @staticmethod
     def shutdown(step_id: int) -> "StepPlan":
         e = np.zeros(0, np.int64)
@@ -55,6 +65,18 @@ class StepPlan:
         parts = np.split(payload, np.cumsum([t, t, t, b, b]))
         ids, pos, slots, qlens, ctx, bt = parts
         return StepPlan(kind, step_id, ids, pos, qlens, ctx, bt.reshape(b, mb), slots)
+
+
+def split_by_query_len(query_lens: np.ndarray) -> list[np.ndarray]:
+    """Sequence groups to run as separate passes: decodes (1 new token) apart from prefill chunks.
+
+    Attention pads every sequence to the longest query of its pass, so one 512-token chunk next to
+    31 decodes would make 31 x 511 padded query rows; two passes cost one extra round of graph
+    launches instead.  Deterministic in the plan, so every rank splits identically.
+    """
+    decode = np.flatnonzero(query_lens == 1)
+    prefill = np.flatnonzero(query_lens > 1)
+    return [g for g in (decode, prefill) if g.size]
 
 
 def grid_indices(query_lens: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

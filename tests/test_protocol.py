@@ -159,3 +159,26 @@ def test_build_plan_follows_the_scheduler(block_size, num_blocks, budget):
         assert step < 1000
     if num_blocks == 12:
         assert preempted > 0, "the tight pool was meant to exercise preemption/recompute"
+
+
+def test_split_by_query_len_separates_decodes_from_prefill_chunks():
+    from spmd_serve.protocol import split_by_query_len
+
+    groups = split_by_query_len(np.array([1, 7, 1, 3, 1]))
+    assert [g.tolist() for g in groups] == [[0, 2, 4], [1, 3]]
+    assert [g.tolist() for g in split_by_query_len(np.array([1, 1]))] == [[0, 1]]
+    assert [g.tolist() for g in split_by_query_len(np.array([4]))] == [[0]]
+
+
+def test_select_keeps_each_sequences_tokens_and_trims_block_tables():
+    bs = 4
+    q, ctx = np.array([1, 5, 1]), np.array([9, 0, 2])
+    tables = np.array([[3, 4, 5, 0], [6, 7, 0, 0], [8, 0, 0, 0]])
+    t = int(q.sum())
+    plan = StepPlan(RUN, 7, np.arange(100, 100 + t), np.arange(t) * 10, q, ctx, tables, np.arange(t) + 50)
+    sub = plan.select(np.array([0, 2]), bs)
+    assert sub.input_ids.tolist() == [100, 106] and sub.slot_mapping.tolist() == [50, 56]
+    assert sub.query_lens.tolist() == [1, 1] and sub.ctx_lens.tolist() == [9, 2]
+    assert sub.block_tables.tolist() == [[3, 4, 5], [8, 0, 0]]   # ceil((9 + 1) / 4) = 3 blocks reached
+    pre = plan.select(np.array([1]), bs)
+    assert pre.input_ids.tolist() == [101, 102, 103, 104, 105] and pre.block_tables.tolist() == [[6, 7]]

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-from spmd_serve.protocol import StepPlan, grid_indices
+from spmd_serve.protocol import StepPlan, grid_indices, split_by_query_len
 from spmd_serve.worker.kv_cache import KVCachePool
 
 
@@ -67,6 +67,18 @@ class ModelRunner:
 
     def execute(self, plan: StepPlan) -> np.ndarray | None:
         """Run the plan on this rank's shard; [B, vocab] float32 logits on rank 0, None elsewhere."""
+        groups = split_by_query_len(plan.query_lens)
+        if len(groups) == 1:
+            return self._execute(plan)
+        parts = [self._execute(plan.select(g, self.pool.block_size)) for g in groups]
+        if parts[0] is None:
+            return None
+        logits = np.empty((plan.num_seqs, parts[0].shape[1]), np.float32)
+        for g, part in zip(groups, parts):
+            logits[g] = part                                                 # back to plan order
+        return logits
+
+    def _execute(self, plan: StepPlan) -> np.ndarray | None:
         pad_index, unpad_index, logits_index = grid_indices(plan.query_lens)
         feeds: dict[str, np.ndarray] = {
             "input_ids": plan.input_ids, "positions": plan.positions, "pad_index": pad_index,
