@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from ops.kv_cache_write import kv_cache_write_cpu
+
 
 class KVCachePool:
     def __init__(self, num_layers: int, num_blocks: int, block_size: int, kv_heads: int, head_dim: int) -> None:
@@ -34,10 +36,9 @@ class KVCachePool:
         return self._tensors[name]
 
     def write(self, layer: int, slots: np.ndarray, k_new: np.ndarray, v_new: np.ndarray) -> None:
-        """Store this step's K/V [T, kv_heads, head_dim] at `slots` [T] (in place)."""
-        nb, bs = self.num_blocks, self.block_size
-        self.k[layer].reshape(nb * bs, *self.k[layer].shape[2:])[slots] = k_new
-        self.v[layer].reshape(nb * bs, *self.v[layer].shape[2:])[slots] = v_new
+        """Store this step's K/V [T, kv_heads, head_dim] at `slots` [T] (in place), through the
+        ops interface: its numpy twin here, the `kv_cache_write` kernel on GPU pools."""
+        kv_cache_write_cpu(k_new, v_new, self.k[layer], self.v[layer], slots)
 
 
 def blocks_that_fit(budget_bytes: int, num_layers: int, block_size: int, kv_heads: int, head_dim: int) -> int:

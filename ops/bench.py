@@ -1,0 +1,163 @@
+"""GPU benchmark of the ops kernels against the memory-bandwidth roofline.
+
+Run `python -m ops.bench` on a machine with an NVIDIA GPU.  It measures the device's copy bandwidth
+(cuMemcpyDtoD, counting read + write bytes), then times each kernel on realistic serving shapes and
+prints time, achieved bandwidth (bytes the kernel must move / time) and its fraction of the copy
+bandwidth.  Decode attention and KV writes are memory bound, so that fraction is the figure of merit
+(goal: paged attention >= 70 %).  Allocation uses cuda.bindings only (no cupy / Paddle needed).
+New kernels (e.g. the sampling kernels of ops/sample*.py) are added in `extra_benches` below.
+"""
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+
+from . import runtime
+from .kv_cache_write import kv_cache_write_gpu
+from .paged_attention import paged_attention_gpu
+
+
+@dataclass
+class Result:
+    name: str
+    shape: str
+    seconds: float
+    nbytes: int  # bytes the kernel has to read + write at minimum
+
+
+class Buffers:
+    """Device allocations of one benchmark, freed together."""
+
+    def __init__(self) -> None:
+        self.ptrs: list[int] = []
+
+    def upload(self, host: np.ndarray) -> runtime.DeviceArray:
+        host = np.ascontiguousarray(host)
+        ptr = runtime.device_alloc(host.nbytes)
+        self.ptrs.append(ptr)
+        runtime._check(runtime.driver.cuMemcpyHtoD(ptr, host.ctypes.data, host.nbytes), "cuMemcpyHtoD")
+        return runtime.DeviceArray(ptr, host.shape, host.dtype)
+
+    def empty(self, shape: tuple[int, ...], dtype: type) -> runtime.DeviceArray:
+        dt = np.dtype(dtype)
+        ptr = runtime.device_alloc(int(np.prod(shape)) * dt.itemsize)
+        self.ptrs.append(ptr)
+        return runtime.DeviceArray(ptr, tuple(shape), dt)
+
+    def free(self) -> None:
+        runtime._check(runtime.driver.cuCtxSynchronize(), "cuCtxSynchronize")
+        for p in self.ptrs:
+            runtime.device_free(p)
+        self.ptrs.clear()
+
+
+def time_per_call(fn: Callable[[], None], iters: int = 20, warmup: int = 3) -> float:
+    """Mean seconds per call, from CUDA events around `iters` back-to-back calls on stream 0."""
+    drv, chk = runtime.driver, runtime._check
+    for _ in range(warmup):
+        fn()
+    start, end = chk(drv.cuEventCreate(0), "cuEventCreate"), chk(drv.cuEventCreate(0), "cuEventCreate")
+    chk(drv.cuEventRecord(start, drv.CUstream(0)), "cuEventRecord")
+    for _ in range(iters):
+        fn()
+    chk(drv.cuEventRecord(end, drv.CUstream(0)), "cuEventRecord")
+    chk(drv.cuEventSynchronize(end), "cuEventSynchronize")
+    ms = chk(drv.cuEventElapsedTime(start, end), "cuEventElapsedTime")
+    for event in (start, end):
+        drv.cuEventDestroy(event)
+    return ms / 1e3 / iters
+
+
+def copy_bandwidth(nbytes: int = 1 << 30) -> float:
+    """Device-to-device copy bandwidth in bytes/s (read + write counted)."""
+    bufs = Buffers()
+    src, dst = bufs.empty((nbytes,), np.uint8), bufs.empty((nbytes,), np.uint8)
+    sec = time_per_call(lambda: runtime._check(runtime.driver.cuMemcpyDtoD(dst.ptr, src.ptr, nbytes), "DtoD"))
+    bufs.free()
+    return 2 * nbytes / sec
+
+
+def bench_kv_cache_write(tokens: int, kv_heads: int = 8, head_dim: int = 128, block_size: int = 64,
+                         kv_int8: bool = False) -> Result:
+    rng, bufs = np.random.default_rng(0), Buffers()
+    num_blocks = max(1, -(-tokens // block_size)) * 2
+    key = bufs.upload(rng.standard_normal((tokens, kv_heads, head_dim)).astype(np.float16))
+    value = bufs.upload(rng.standard_normal((tokens, kv_heads, head_dim)).astype(np.float16))
+    pool_dtype = np.int8 if kv_int8 else np.float16
+    kc = bufs.empty((num_blocks, block_size, kv_heads, head_dim), pool_dtype)
+    vc = bufs.empty((num_blocks, block_size, kv_heads, head_dim), pool_dtype)
+    slots = bufs.upload(rng.permutation(num_blocks * block_size)[:tokens].astype(np.int32))
+    scales = [bufs.upload(np.full(kv_heads, 0.02, np.float32)) for _ in range(2)] if kv_int8 else [None, None]
+    sec = time_per_call(lambda: kv_cache_write_gpu(key, value, kc, vc, slots, *scales))
+    bufs.free()
+    row = kv_heads * head_dim
+    nbytes = 2 * tokens * row * (2 + np.dtype(pool_dtype).itemsize) + tokens * 4
+    name = f"kv_cache_write{' int8' if kv_int8 else ''}"
+    return Result(name, f"T={tokens} kv={kv_heads}x{head_dim} fp16", sec, nbytes)
+
+
+def bench_paged_attention(batch: int, context: int, q_heads: int = 32, kv_heads: int = 8, head_dim: int = 128,
+                          block_size: int = 64, kv_int8: bool = False, partition_blocks: int | None = None) -> Result:
+    rng, bufs = np.random.default_rng(0), Buffers()
+    blocks_per_seq = -(-context // block_size)
+    num_blocks = batch * blocks_per_seq
+    query = bufs.upload(rng.standard_normal((batch, q_heads, head_dim)).astype(np.float16))
+    out = bufs.empty((batch, q_heads, head_dim), np.float16)
+    pool_shape = (num_blocks, block_size, kv_heads, head_dim)
+    if kv_int8:  # random bytes are as good as real data for timing
+        kc = bufs.upload(rng.integers(-127, 128, pool_shape, dtype=np.int8))
+        vc = bufs.upload(rng.integers(-127, 128, pool_shape, dtype=np.int8))
+        scales = [bufs.upload(np.full(kv_heads, 0.01, np.float32)) for _ in range(2)]
+    else:
+        kc = bufs.upload((rng.standard_normal(pool_shape, dtype=np.float32) * 0.5).astype(np.float16))
+        vc = bufs.upload(rng.standard_normal(pool_shape, dtype=np.float32).astype(np.float16))
+        scales = [None, None]
+    # Shuffled block tables: real pools are fragmented, so do not let the benchmark read contiguously.
+    tables = bufs.upload(rng.permutation(num_blocks).reshape(batch, blocks_per_seq).astype(np.int32))
+    lens = bufs.upload(np.full(batch, context, np.int32))
+    sec = time_per_call(lambda: paged_attention_gpu(query, kc, vc, tables, lens, *scales, out=out,
+                                                    partition_blocks=partition_blocks, max_context_len=context))
+    bufs.free()
+    kv_bytes = 2 * batch * context * kv_heads * head_dim * (1 if kv_int8 else 2)
+    nbytes = kv_bytes + 2 * batch * q_heads * head_dim * 2 + batch * blocks_per_seq * 4
+    split = {None: "auto", 0: "single pass"}.get(partition_blocks, f"split {partition_blocks} blocks")
+    return Result(f"paged_attention{' int8' if kv_int8 else ''} ({split})",
+                  f"B={batch} ctx={context} q/kv={q_heads}/{kv_heads}x{head_dim} bs={block_size} fp16", sec, nbytes)
+
+
+def extra_benches() -> list[Result]:
+    """>>> Add benchmarks of further kernels here (e.g. the sampling kernels of ops/sample*.py):
+    return one Result per case, with `nbytes` the minimum bytes the kernel must move. <<<"""
+    return []
+
+
+def main() -> int:
+    if not runtime.gpu_available():
+        print("ops.bench needs an NVIDIA GPU and driver (cuInit failed or no device); nothing to measure.",
+              file=sys.stderr)
+        return 1
+    bw = copy_bandwidth()
+    print(f"device {runtime.device_arch()}, {runtime.sm_count()} SMs; copy bandwidth (cuMemcpyDtoD, read+write): "
+          f"{bw / 1e9:.0f} GB/s\n")
+    results = [
+        bench_kv_cache_write(64), bench_kv_cache_write(8192), bench_kv_cache_write(8192, kv_int8=True),
+        bench_paged_attention(64, 2048, partition_blocks=0), bench_paged_attention(64, 2048, partition_blocks=8),
+        bench_paged_attention(64, 2048), bench_paged_attention(64, 2048, kv_int8=True),
+        bench_paged_attention(64, 2048, q_heads=64, kv_heads=8), bench_paged_attention(4, 32768),
+        bench_paged_attention(4, 32768, partition_blocks=0),
+    ] + extra_benches()
+    print(f"{'kernel':<44} {'shape':<48} {'time us':>9} {'GB/s':>7} {'% copy':>7}")
+    for r in results:
+        gbs = r.nbytes / r.seconds / 1e9
+        print(f"{r.name:<44} {r.shape:<48} {r.seconds * 1e6:>9.1f} {gbs:>7.0f} {100 * gbs * 1e9 / bw:>6.1f}%")
+    headline = results[5]  # fp16, B=64, ctx 2048, 32/8 heads of 128, automatic split choice
+    print(f"\n{headline.name} {headline.shape}: {100 * headline.nbytes / headline.seconds / bw:.0f}% of copy "
+          f"bandwidth (goal >= 70%)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

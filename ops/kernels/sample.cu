@@ -1,0 +1,253 @@
+// ---------------------------------------------------------------------------- the kernel
+extern "C" __global__ void __launch_bounds__(THREADS) SAMPLE_KERNEL(
+    const dtype_t* __restrict__ logits, long long ld, int V,
+    const float* __restrict__ temperature, const float* __restrict__ top_p, const int* __restrict__ top_k,
+    const float* __restrict__ rep_penalty, const float* __restrict__ freq_penalty,
+    const float* __restrict__ pres_penalty,
+    const unsigned long long* __restrict__ seeds, const long long* __restrict__ counters,
+    const int* __restrict__ min_tokens, const int* __restrict__ num_generated,
+    const int* __restrict__ eos_ids, int E, const int* __restrict__ gen_ids, int G,
+    int2* __restrict__ workspace, int hash_bits, int num_logprobs, int cap,
+    int* __restrict__ out_tokens, float* __restrict__ out_logprobs,
+    int* __restrict__ out_top_ids, float* __restrict__ out_top_logprobs)
+{
+    __shared__ Shm sh;
+    extern __shared__ __align__(16) unsigned char smem[];
+    const int b = blockIdx.x, tid = threadIdx.x;
+    const float T = temperature[b], tp = top_p[b];
+    const int tk = top_k[b];
+
+    Ctx c;
+    c.l1_mass = reinterpret_cast<u64*>(smem);                    // 4096 x 8
+    c.lv_mass = c.l1_mass + L1_BINS;                             // 1024 x 8
+    c.l1_cnt = reinterpret_cast<u32*>(c.lv_mass + LV_BINS);      // 4096 x 4
+    c.lv_cnt = c.l1_cnt + L1_BINS;                               // 1024 x 4
+    c.cand_key = c.lv_cnt + LV_BINS;                             // cap x 4
+    c.cand_id = reinterpret_cast<int*>(c.cand_key + cap);        // cap x 4
+    u32* bitmap = reinterpret_cast<u32*>(c.cand_id + cap);       // ceil(V / 32) x 4
+    c.cap = cap; c.cand_valid = c.cand_bins = false; c.cand_lo = c.cand_hi = 0u; c.cand_n = c.suffix_lo = 0;
+    c.wanted = sh.wanted; c.m = 0.f;
+    if (tid < L1_BINS / 32) sh.wanted[tid] = 0u;
+
+    Row& r = c.r;
+    r.x = logits + b * ld; r.V = V;
+    r.aligned = (reinterpret_cast<size_t>(r.x) & 15) == 0;
+    r.greedy = !(T > 0.f) || tk == 1 || !(tp > 0.f);
+    r.T = T;
+    r.rep = rep_penalty[b]; r.freq = freq_penalty[b]; r.pres = pres_penalty[b];
+    r.mask_eos = E > 0 && num_generated[b] < min_tokens[b];
+    r.eos = eos_ids + (long long)b * E; r.E = E;
+    r.hbits = G > 0 ? hash_bits : 0;
+    r.table = workspace + ((long long)b << hash_bits);
+    r.bitmap = bitmap;
+    r.special = r.mask_eos || r.hbits;
+
+    // ---- phase 0: the penalty overlay (bitmap + counts of each generated token)
+    if (r.special) {
+        const int words = (V + 31) >> 5;
+        for (int i = tid; i < words; i += THREADS) bitmap[i] = 0u;
+        int2* table = workspace + ((long long)b << hash_bits);
+        if (r.hbits)
+            for (int i = tid; i < (1 << hash_bits); i += THREADS) table[i] = make_int2(-1, 0);
+        __syncthreads();
+        const u32 mask = (1u << hash_bits) - 1u;
+        for (int j = tid; r.hbits && j < G; j += THREADS) {
+            const int t = gen_ids[(long long)b * G + j];
+            if (t < 0 || t >= V) continue;
+            for (u32 h = hash_slot(t, hash_bits);; h = (h + 1u) & mask) {
+                const int prev = atomicCAS(&table[h].x, -1, t);
+                if (prev == -1 || prev == t) { atomicAdd(&table[h].y, 1); break; }
+            }
+            atomicOr(&bitmap[t >> 5], 1u << (t & 31));
+        }
+        for (int e = tid; r.mask_eos && e < E; e += THREADS) {
+            const int t = r.eos[e];
+            if (t >= 0 && t < V) atomicOr(&bitmap[t >> 5], 1u << (t & 31));
+        }
+    }
+    const int n_out = num_logprobs;
+    int* top_ids = out_top_ids + (long long)b * n_out;
+    float* top_lps = out_top_logprobs + (long long)b * n_out;
+    const bool need_hist = !r.greedy || n_out > 0;
+    for (int i = tid; need_hist && i < L1_BINS; i += THREADS) { c.l1_cnt[i] = 0u; c.l1_mass[i] = 0ull; }
+    __syncthreads();
+
+    // ---- phase 1 (row read 1): arg-max (key, then lowest id), 12-bit key counts, greedy log-sum-exp
+    u64 best = 0ull;
+    float lmax = neg_inf(), lsum = 0.f;
+    {
+        u32* l1c = c.l1_cnt; const bool greedy = r.greedy;
+        for_each(c, 0u, KEY_MAX, [&](u32 key, int id) {
+            best = max(best, ((u64)key << 32) | (u32)~id);
+            if (need_hist) atomicAdd(l1c + (key >> (32 - L1_BITS)), 1u);
+            if (greedy) {
+                const float p = key_float(key);
+                if (p > lmax) { lsum = __fmul_rn(lsum, __expf(lmax - p)) + 1.f; lmax = p; }
+                else if (p > neg_inf()) lsum += __expf(p - lmax);
+            }
+        });
+    }
+    best = block_max(best, sh);
+    const u32 best_key = (u32)(best >> 32);
+    const int best_id = (int)~(u32)best;
+
+    if (r.greedy) {
+        // combine the per-thread (max, sum) pairs
+#pragma unroll
+        for (int o = 16; o; o >>= 1) {
+            const float om = __shfl_xor_sync(0xffffffffu, lmax, o), os = __shfl_xor_sync(0xffffffffu, lsum, o);
+            const float nm = fmaxf(lmax, om);
+            lsum = (lmax == nm ? lsum : lsum * __expf(lmax - nm)) + (om == nm ? os : os * __expf(om - nm));
+            lmax = nm;
+        }
+        if ((tid & 31) == 0) { sh.fa[tid >> 5] = lmax; sh.fb[tid >> 5] = lsum; }
+        __syncthreads();
+        float gm = neg_inf(), gs = 0.f;
+        for (int w = 0; w < WARPS; ++w) gm = fmaxf(gm, sh.fa[w]);
+        for (int w = 0; w < WARPS; ++w) gs += sh.fa[w] == gm ? sh.fb[w] : sh.fb[w] * __expf(sh.fa[w] - gm);
+        const float lse = gm == neg_inf() ? gm : gm + logf(gs);
+        if (tid == 0) { out_tokens[b] = best_id; out_logprobs[b] = key_float(best_key) - lse; }
+        if (n_out > 0) {
+            const int n = min(n_out, V);
+            u64 ac = 0, am = 0;          // the region: the bins holding the first n ranks
+            const int lo_bin = scan_bins(c.l1_cnt, nullptr, L1_BINS, false, (u64)n, ac, am, sh);
+            u64 region = 0;
+            for (int i = lo_bin + tid; i < L1_BINS; i += THREADS) region += c.l1_cnt[i];
+            u64 e0, e1, t1;
+            block_scan2(region, 0ull, e0, e1, region, t1, sh);
+            if (region <= (u64)cap) gather(c, (u32)lo_bin << (32 - L1_BITS), KEY_MAX, sh);
+            top_n(c, n, lse, 0.f, top_ids, top_lps, n_out, sh);
+        }
+        return;
+    }
+
+    // ---- sampled rows
+    const float m = key_float(best_key);
+    c.m = m;
+    if (!(fabsf(m) <= 3.402823466e38f)) {            // +-inf or NaN: degenerate row
+        if (tid == 0) { out_tokens[b] = best_id; out_logprobs[b] = __int_as_float(0x7fc00000); }
+        for (int i = tid; i < n_out; i += THREADS) { top_ids[i] = -1; top_lps[i] = neg_inf(); }
+        return;
+    }
+    // Every positive weight has s - m > -22.9, so tokens with key < zero_key weigh 0.
+    const u32 zero_key = float_key(__double2float_rd((double)m - 25.0)) & ~(KEY_MAX >> L1_BITS);
+    const int zero_bin = (int)(zero_key >> (32 - L1_BITS));
+    // The region: a prefix of the ranking (whole 12-bit bins) holding every token that later steps
+    // look at: positive weight and, with top_k, the bin of rank top_k; without top_k but with
+    // top_p < 1, the bins whose weight surely reaches top_p of the total (bounds from the counts:
+    // weights are monotone in the key, so a bin's weights lie between those of its end keys).
+    int lo_bin = zero_bin;
+    if (tk > 0 && tk < V) {
+        u64 ac = 0, am = 0;
+        lo_bin = max(lo_bin, scan_bins(c.l1_cnt, nullptr, L1_BINS, false, (u64)tk, ac, am, sh));
+    } else if (tp < 1.f) {
+        u64 hi_total = 0, e0, e1, t0;
+        for (int i = tid; i < L1_BINS; i += THREADS) {
+            const u32 lo = (u32)i << (32 - L1_BITS), hi = min(lo | (KEY_MAX >> L1_BITS), best_key);
+            const u64 n = i >= zero_bin && lo <= best_key ? c.l1_cnt[i] : 0u;
+            c.l1_mass[i] = n * weight_of_key(lo, m);             // lower bound, only for this search
+            hi_total += n * weight_of_key(hi, m);
+        }
+        block_scan2(hi_total, 0ull, e0, e1, hi_total, t0, sh);
+        const u64 need = (u64)ceil(__dmul_rn((double)tp, (double)hi_total));
+        u64 ac = 0, am = 0;                                       // no crossing: bin 0, no narrowing
+        lo_bin = max(lo_bin, scan_bins(c.l1_cnt, c.l1_mass, L1_BINS, true, need, ac, am, sh));
+        for (int i = tid; i < L1_BINS; i += THREADS) c.l1_mass[i] = 0ull;
+        __syncthreads();
+    }
+    const u32 lo_key = (u32)lo_bin << (32 - L1_BITS);
+    u64 region = 0;
+    {
+        u64 e0, e1, t1;
+        for (int i = lo_bin + tid; i < L1_BINS; i += THREADS) region += c.l1_cnt[i];
+        block_scan2(region, 0ull, e0, e1, region, t1, sh);
+    }
+    // Weights of every token (key >= zero_key): 12-bit weight histogram, total, count of positive
+    // weights (row read 2); the region is copied into the candidate buffer in the same pass if it fits.
+    u64 q_all = 0, n_pos = 0;
+    {
+        u64* l1m = c.l1_mass;
+        auto weigh = [&](u32 key) {
+            const u32 q = weight_of_key(key, m);
+            if (q) { atomicAdd(l1m + (key >> (32 - L1_BITS)), (u64)q); q_all += q; ++n_pos; }
+        };
+        if (region <= (u64)cap) {
+            u32* ck = c.cand_key; int* ci = c.cand_id;
+            ordered_pass(c, zero_key, KEY_MAX, [&](u32 key) { return key >= lo_key; },
+                [&](u32 key, int id, bool in_region, u64 rank) {
+                    weigh(key);
+                    if (in_region) { ck[rank] = key; ci[rank] = id; }
+                }, ~0ull, sh);
+            c.cand_valid = true; c.cand_bins = false; c.cand_lo = lo_key; c.cand_hi = KEY_MAX; c.cand_n = (int)region;
+        } else {
+            for_each(c, zero_key, KEY_MAX, [&](u32 key, int) { weigh(key); });
+        }
+        u64 e0, e1;
+        block_scan2(q_all, n_pos, e0, e1, q_all, n_pos, sh);       // (syncs: buffer, l1_mass complete)
+    }
+    const u32 x0 = philox_first_word(seeds[b], (u64)counters[b]);
+    if (region > (u64)cap) {
+        // The region did not fit.  Bound, from the 12-bit histograms, the bins that the searches
+        // below will enter (top_k's bin, top_p's boundary for any possible top-k weight, the draw
+        // for any possible kept weight, the top-n ranks) and gather them all in one read when they
+        // fit.  Only an optimisation: a search outside them gathers or re-reads on its own.
+        u64 k_lo = q_all, k_hi = q_all, ac, am;                  // bounds of the top-k weight
+        const u64 kk = tk > 0 && (u64)tk < n_pos ? (u64)tk : n_pos;
+        if (kk < n_pos) {
+            ac = am = 0;
+            const int bk = scan_bins(c.l1_cnt, c.l1_mass, L1_BINS, false, kk, ac, am, sh);
+            want_bins(bk, bk, sh);
+            k_lo = am; k_hi = am + c.l1_mass[bk];
+        }
+        u64 q_lo = k_lo, q_hi = k_hi;                            // bounds of the kept weight
+        if (tp < 1.f) {
+            const u64 need_lo = (u64)ceil(__dmul_rn((double)tp, (double)k_lo));
+            const u64 need_hi = (u64)ceil(__dmul_rn((double)tp, (double)k_hi));
+            ac = am = 0;
+            const int hi_bin = scan_bins(c.l1_cnt, c.l1_mass, L1_BINS, true, max(need_lo, 1ull), ac, am, sh);
+            ac = am = 0;
+            const int lo_bin_p = scan_bins(c.l1_cnt, c.l1_mass, L1_BINS, true, need_hi, ac, am, sh);
+            want_bins(lo_bin_p, hi_bin, sh);
+            q_lo = need_lo;
+            q_hi = min(k_hi, am + c.l1_mass[lo_bin_p]);
+        }
+        ac = am = 0;
+        const int d_hi = scan_bins(c.l1_cnt, c.l1_mass, L1_BINS, true, __umul64hi((u64)x0 << 32, q_lo) + 1, ac, am, sh);
+        ac = am = 0;
+        const int d_lo = scan_bins(c.l1_cnt, c.l1_mass, L1_BINS, true, __umul64hi((u64)x0 << 32, q_hi) + 1, ac, am, sh);
+        want_bins(d_lo, d_hi, sh);
+        if (n_out > 0) {
+            ac = am = 0;
+            want_bins(scan_bins(c.l1_cnt, nullptr, L1_BINS, false, min((u64)n_out, n_pos), ac, am, sh), L1_BINS - 1, sh);
+        }
+        __syncthreads();
+        u64 wanted_n = 0, e0, e1, t1;
+        for (int i = tid; i < L1_BINS; i += THREADS) wanted_n += is_wanted(sh.wanted, i) ? c.l1_cnt[i] : 0u;
+        block_scan2(wanted_n, 0ull, e0, e1, wanted_n, t1, sh);
+        if (wanted_n <= (u64)cap) gather_bins(c, zero_key, sh);  // (row read 3)
+    }
+    // top-k, then top-p, on integer weights
+    u64 k = n_pos;
+    if (tk > 0 && (u64)tk < k) k = (u64)tk;
+    u64 q_kept = q_all, n_kept = k;
+    if (k < n_pos) {
+        const Sel s = select(c, false, k, true, sh);
+        q_kept = s.mass_above + (u64)(s.j + 1) * weight_of_key(s.key, m);
+    }
+    if (tp < 1.f) {
+        const u64 need = (u64)ceil(__dmul_rn((double)tp, (double)q_kept));
+        const Sel s = select(c, true, need, true, sh);
+        n_kept = s.cnt_above + s.j + 1;
+        q_kept = s.mass_above + (u64)(s.j + 1) * weight_of_key(s.key, m);
+    }
+    // the draw: t = floor(x0 * q_kept / 2^32) and the first rank whose cumulative weight exceeds t
+    const u64 t = __umul64hi((u64)x0 << 32, q_kept);
+    const Sel s = select(c, true, t + 1, true, sh);
+    const int token = jth_id(c, s.key, s.j, sh);
+    const float ln_z = (float)(log((double)q_kept) - LN2_31);
+    if (tid == 0) {
+        out_tokens[b] = token;
+        out_logprobs[b] = __fsub_rn(__fsub_rn(key_float(s.key), m), ln_z);
+    }
+    if (n_out > 0) top_n(c, (int)min((u64)n_out, n_kept), m, ln_z, top_ids, top_lps, n_out, sh);
+}

@@ -1,0 +1,166 @@
+"""paged_attention: decode attention of one query token per sequence over its paged KV cache, with
+grouped-query heads, optional int8 KV, and a split-K (flash-decoding) variant for long contexts.
+
+Owns the kernels' source (`SOURCE`: CUDA C in ops/kernels/paged_attention.cu after the dtype
+prelude; kernels `paged_attention`, `paged_attention_split`, `paged_attention_reduce`), the numpy
+twin `paged_attention_cpu` (CPU path and test oracle) and the GPU wrapper `paged_attention_gpu`,
+both in the argument order
+    (query [B, q_heads, D], k_cache, v_cache [num_blocks, block_size, kv_heads, D],
+     block_tables [B, max_blocks] int32, context_lens [B] int32, k_scale=None, v_scale=None)
+Query head h reads KV head h // (q_heads // kv_heads); scale 1/sqrt(D); an int8 pool is
+dequantised as q * scale[kv_head].  context_lens counts the tokens in the cache, the current one
+included.  A context length of 0 gives a zero output row.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from . import runtime
+from .kv_cache_write import int8_scale_ptrs
+
+KERNEL_NAMES = ("paged_attention", "paged_attention_split", "paged_attention_reduce")
+NUM_THREADS = 128  # per CTA; the source's default, so the wrappers need not pass -DNUM_THREADS
+UNROLL = 2  # tokens per thread group per loop iteration (a tuning knob: more loads in flight, more registers)
+PARTITION_TOKENS = 512  # split-K partition length the GPU heuristic aims for (rounded to blocks)
+
+SOURCE = runtime.kernel_source("prelude.cuh", "paged_attention.cu")
+
+
+def compile_options(dtype: str, kv_int8: bool = False, head_dim: int = 128, group: int = 4) -> tuple[str, ...]:
+    return (f"-DDTYPE_ID={runtime.DTYPE_IDS[dtype]}", f"-DKV_INT8={int(kv_int8)}", f"-DHEAD_DIM={head_dim}",
+            f"-DGROUP={group}", f"-DUNROLL={UNROLL}")
+
+
+# The CI compile test builds these (head_dim 128, 4 query heads per KV head); other shapes compile
+# on first use and land in the same disk cache.
+VARIANTS = {f"{dt}{'-int8kv' if q else ''}": compile_options(dt, q) for dt in runtime.DTYPE_IDS for q in (False, True)}
+
+
+def _partials(q: np.ndarray, k: np.ndarray, v: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """One partition: q [H, G, D], k/v [t, H, D] -> max [H, G], sum [H, G], unnormalised out [H, G, D]."""
+    s = np.einsum("hgd,thd->hgt", q, k)
+    mx = s.max(axis=-1)
+    p = np.exp(s - mx[..., None])
+    return mx, p.sum(axis=-1), np.einsum("hgt,thd->hgd", p, v)
+
+
+def paged_attention_cpu(query: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, block_tables: np.ndarray,
+                        context_lens: np.ndarray, k_scale: np.ndarray | None = None,
+                        v_scale: np.ndarray | None = None, *, partition_blocks: int | None = None,
+                        out: np.ndarray | None = None) -> np.ndarray:
+    """numpy twin (fp32 math).  partition_blocks > 0 runs the split-K algorithm with partitions of
+    that many KV blocks (the oracle of paged_attention_split); None/0 a single pass.  Returns `out`
+    ([B, q_heads, D], query's dtype unless given)."""
+    b_sz, q_heads, hd = query.shape
+    _, bs, kvh, _ = k_cache.shape
+    group = q_heads // kvh
+    result = np.zeros((b_sz, q_heads, hd), np.float32)
+    part = (partition_blocks or 0) * bs
+    for b in range(b_sz):
+        n = int(context_lens[b])
+        if n == 0:
+            continue
+        blocks = block_tables[b, : -(-n // bs)]
+        k = k_cache[blocks].reshape(-1, kvh, hd)[:n].astype(np.float32)
+        v = v_cache[blocks].reshape(-1, kvh, hd)[:n].astype(np.float32)
+        if k_scale is not None:
+            k *= np.asarray(k_scale, np.float32)[:, None]
+            v *= np.asarray(v_scale, np.float32)[:, None]
+        q = query[b].astype(np.float32).reshape(kvh, group, hd) / np.float32(math.sqrt(hd))
+        step = part or n
+        parts = [_partials(q, k[i : i + step], v[i : i + step]) for i in range(0, n, step)]
+        mx = np.max([p[0] for p in parts], axis=0)
+        total = sum(p[1] * np.exp(p[0] - mx) for p in parts)
+        o = sum(p[2] * np.exp(p[0] - mx)[..., None] for p in parts)
+        result[b] = (o / total[..., None]).reshape(q_heads, hd)
+    if out is None:
+        return result.astype(query.dtype)
+    out[...] = result
+    return out
+
+
+def workspace_bytes(batch: int, q_heads: int, head_dim: int, max_parts: int) -> int:
+    """Split-K scratch: per (sequence, query head, partition) a (max, sum) pair and a float row."""
+    return batch * q_heads * max_parts * (2 + head_dim) * 4
+
+
+def choose_partition_blocks(batch: int, kv_heads: int, block_size: int, max_context_len: int, sm_count: int) -> int:
+    """0 (single pass) when (sequence, KV head) CTAs already fill the GPU or the context is short;
+    otherwise ~PARTITION_TOKENS-token partitions, so long contexts at small batch still use all SMs."""
+    part_blocks = max(1, PARTITION_TOKENS // block_size)
+    if max_context_len <= part_blocks * block_size or batch * kv_heads >= 2 * sm_count:
+        return 0
+    return part_blocks
+
+
+def paged_attention_gpu(query: Any, k_cache: Any, v_cache: Any, block_tables: Any, context_lens: Any,
+                        k_scale: Any = None, v_scale: Any = None, *, out: Any, partition_blocks: int | None = None,
+                        max_context_len: int | None = None, workspace: Any = None, stream: Any = 0) -> Any:
+    """The kernels on device arrays (cupy / Paddle GPU tensors / runtime.DeviceArray), twin's order.
+
+    `out` [B, q_heads, D] in query's dtype (uint16 = bf16).  partition_blocks: None = heuristic,
+    0 = single pass, n = split-K over n-block partitions.  max_context_len (host int, >= every
+    context length; default max_blocks * block_size) sizes the split grid.  The split path needs
+    `workspace` (>= workspace_bytes(...)); without it a per-process scratch buffer is used, which is
+    only safe while all calls run on one stream.  Asynchronous on `stream`."""
+    q, kc, vc, bt, cl, o = (runtime.as_device_array(a) for a in (query, k_cache, v_cache, block_tables,
+                                                                   context_lens, out))
+    b_sz, q_heads, hd = q.shape
+    _, bs, kvh, _ = kc.shape
+    kv_int8 = kc.dtype == np.int8
+    if q_heads % kvh or hd & (hd - 1) or not 32 <= hd <= 256 or kc.shape[3] != hd or vc.shape != kc.shape:
+        raise ValueError(f"bad shapes: query {q.shape}, pools {kc.shape}/{vc.shape} (head_dim a power of two "
+                         f"32..256, q_heads a multiple of kv_heads)")
+    if o.shape != q.shape or o.dtype != q.dtype or (not kv_int8 and kc.dtype != q.dtype) or vc.dtype != kc.dtype:
+        raise TypeError(f"dtype/shape mismatch: query {q.dtype}{q.shape}, out {o.dtype}{o.shape}, pools {kc.dtype}")
+    if bt.dtype != np.int32 or cl.dtype != np.int32 or bt.shape[0] != b_sz or cl.shape != (b_sz,):
+        raise TypeError("block_tables [B, max_blocks] and context_lens [B] must be int32")
+    for a in (q, kc, vc, bt, cl, o):
+        if a.strides is not None and a.strides != tuple(int(np.prod(a.shape[i + 1:])) * a.dtype.itemsize
+                                                         for i in range(len(a.shape))):
+            raise ValueError("paged_attention_gpu needs C-contiguous arrays")
+    if any(a.ptr % 16 for a in (q, kc, vc)):
+        raise ValueError("query and pools must be 16-byte aligned (vectorised loads)")
+    ks, vs = int8_scale_ptrs(kv_int8, k_scale, v_scale)
+    if b_sz == 0:
+        return out
+    group, max_blocks = q_heads // kvh, bt.shape[1]
+    max_len = max_context_len if max_context_len is not None else max_blocks * bs
+    if partition_blocks is None:
+        partition_blocks = choose_partition_blocks(b_sz, kvh, bs, max_len, runtime.sm_count())
+    opts = compile_options(runtime.dtype_name(q.dtype), kv_int8, hd, group)
+    q_mult = np.float32(1.0 / math.sqrt(hd) * math.log2(math.e))  # scores in the log2 domain: exp2f
+    common = [bt.ptr, cl.ptr, np.int32(max_blocks), np.int32(bs), q_mult]
+    if not partition_blocks:
+        kernel = runtime.load_kernel(SOURCE, "paged_attention", opts)
+        kernel.launch((kvh, b_sz), (NUM_THREADS,), [o.ptr, q.ptr, kc.ptr, vc.ptr, ks, vs, *common], stream=stream)
+        return out
+    max_parts = max(1, -(-max_len // (partition_blocks * bs)))
+    need = workspace_bytes(b_sz, q_heads, hd, max_parts)
+    if workspace is None:
+        ws = runtime.scratch(need)
+    else:
+        wa = runtime.as_device_array(workspace)
+        if int(np.prod(wa.shape)) * wa.dtype.itemsize < need:
+            raise ValueError(f"workspace too small: {need} bytes needed (workspace_bytes)")
+        ws = wa.ptr
+    ws_ml, ws_out = ws, ws + b_sz * q_heads * max_parts * 2 * 4  # (max, sum) pairs, then the rows
+    split = runtime.load_kernel(SOURCE, "paged_attention_split", opts)
+    split.launch((kvh, b_sz, max_parts), (NUM_THREADS,), [ws_ml, ws_out, q.ptr, kc.ptr, vc.ptr, ks, *common,
+                                                   np.int32(partition_blocks), np.int32(max_parts)], stream=stream)
+    reduce = runtime.load_kernel(SOURCE, "paged_attention_reduce", opts)
+    reduce.launch((q_heads, b_sz), (NUM_THREADS,), [o.ptr, ws_ml, ws_out, vs, cl.ptr, np.int32(partition_blocks * bs),
+                                            np.int32(max_parts)], stream=stream)
+    return out
+
+
+def paged_attention(query: Any, *args: Any, **kwargs: Any) -> Any:
+    """Dispatch: numpy inputs take the CPU twin, device arrays the CUDA kernels."""
+    if isinstance(query, np.ndarray):
+        for gpu_only in ("stream", "workspace", "max_context_len"):
+            kwargs.pop(gpu_only, None)
+        return paged_attention_cpu(query, *args, **kwargs)
+    return paged_attention_gpu(query, *args, **kwargs)

@@ -1,0 +1,149 @@
+"""The CUDA side of ops.sample: the kernel source (CUDA C in ops/kernels/sample_*.cuh and sample.cu,
+after the dtype prelude, Philox and the twin's float32 constants as #defines), its launch sizing
+(shared memory, workspace) and the GPU wrapper `sample_gpu`.  Semantics: ops/sample.py's docstring.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from . import runtime
+from .philox import CUDA_SOURCE as PHILOX_CUDA
+from .sample_twin import _COEF, _LN2_31, _LOG2E, MAX_VOCAB, check_num_logprobs
+
+THREADS = 1024  # one block of THREADS per row
+# The kernel source after the generated constants, in order (one translation unit).
+SOURCE_FILES = ("sample_row.cuh", "sample_block.cuh", "sample_search.cuh", "sample.cu")
+
+
+def _f32_hex(x: np.float32) -> str:
+    return f"__int_as_float(0x{int(np.float32(x).view(np.uint32)):08X})"
+
+
+def _cuda_source() -> str:
+    consts = "\n".join([f"#define LOG2E {_f32_hex(_LOG2E)}", f"#define LN2_31 {_LN2_31!r}"]
+                       + [f"#define COEF{n} {_f32_hex(c)}" for n, c in enumerate(_COEF)])
+    return runtime.CUDA_PRELUDE + PHILOX_CUDA + consts + "\n" + runtime.kernel_source(*SOURCE_FILES)
+
+
+CUDA_SOURCE = _cuda_source()
+SAMPLE_KERNELS = {"fp32": "sample_fp32", "fp16": "sample_fp16", "bf16": "sample_bf16"}
+
+
+def compile_options(dtype: str) -> tuple[str, ...]:
+    return (f"-DDTYPE_ID={runtime.DTYPE_IDS[dtype]}",)
+
+
+VARIANTS = {dt: compile_options(dt) for dt in SAMPLE_KERNELS}   # label -> NVRTC options (CI compiles all)
+_FIXED_SMEM = 8 * (4096 + 1024) + 4 * (4096 + 1024)   # weight + count histograms (12- and 10-bit)
+
+
+def shared_bytes(vocab: int, cap: int) -> int:
+    """Dynamic shared memory of one block: histograms, `cap` candidates, the token bitmap."""
+    return _FIXED_SMEM + 8 * cap + 4 * ((vocab + 31) // 32)
+
+
+def hash_bits(gen_len: int) -> int:
+    """log2 of the per-row hash table size: >= 2 * gen_len slots (0 = no table)."""
+    return 0 if gen_len <= 0 else max(5, (2 * gen_len - 1).bit_length())
+
+
+def workspace_bytes(batch: int, gen_len: int) -> int:
+    """Workspace for sample_gpu: one (token, count) int2 hash table per row."""
+    return batch * (8 << hash_bits(gen_len)) if gen_len > 0 else 0
+
+
+_smem_limit: dict[int, int] = {}   # id(kernel) -> dynamic shared bytes the kernel may use
+
+
+def _dynamic_smem_limit(kernel: runtime.Kernel) -> int:
+    """Opt the kernel into the device's largest dynamic shared memory (once) and return it."""
+    key = id(kernel)
+    if key not in _smem_limit:
+        drv = runtime.driver
+        static = runtime._check(drv.cuFuncGetAttribute(
+            drv.CUfunction_attribute.CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES, kernel.function), "cuFuncGetAttribute")
+        limit = runtime.device_attribute("MAX_SHARED_MEMORY_PER_BLOCK_OPTIN") - int(static)
+        runtime._check(drv.cuFuncSetAttribute(
+            kernel.function, drv.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, limit),
+            "cuFuncSetAttribute(MAX_DYNAMIC_SHARED_SIZE_BYTES)")
+        _smem_limit[key] = limit
+    return _smem_limit[key]
+
+
+def sample_gpu(logits: Any, temperature: Any, top_p: Any, top_k: Any, rep_penalty: Any, freq_penalty: Any,
+               pres_penalty: Any, seeds: Any, counters: Any, min_tokens: Any, num_generated: Any, eos_ids: Any,
+               gen_token_ids: Any, num_logprobs: int = 0, *, out_tokens: Any, out_logprobs: Any,
+               out_top_ids: Any = None, out_top_logprobs: Any = None, workspace: Any = None,
+               cap: int | None = None, stream: Any = 0) -> tuple[Any, Any, Any, Any]:
+    """The kernel on device arrays (cupy / Paddle GPU tensors / runtime.DeviceArray) in the twin's
+    order and dtypes: logits [B, V] float32/float16/uint16(bf16 bits), rows may be strided;
+    temperature/top_p/penalties float32 [B]; top_k/min_tokens/num_generated int32 [B]; seeds
+    uint64 (or int64 bits) [B]; counters int64 [B]; eos_ids [B, E] / gen_token_ids [B, G] int32.
+    Outputs: out_tokens int32 [B], out_logprobs float32 [B], and with num_logprobs > 0
+    out_top_ids int32 / out_top_logprobs float32 [B, num_logprobs].  `workspace` (>=
+    workspace_bytes(B, G) bytes; default: runtime.scratch, safe on one stream).  `cap` limits the
+    shared-memory candidate buffer (default: all the shared memory left; tests use 0 to force the
+    multi-pass path).  Asynchronous."""
+    lg = runtime.as_device_array(logits)
+    b_sz, vocab = lg.shape
+    dtype = runtime.dtype_name(lg.dtype)
+    item = lg.dtype.itemsize
+    if lg.strides is not None and lg.strides[1] != item:
+        raise ValueError("logits rows must be contiguous")
+    ld = lg.strides[0] // item if lg.strides is not None else vocab
+    check_num_logprobs(num_logprobs)
+    if not 0 < vocab < MAX_VOCAB:
+        raise ValueError(f"vocab {vocab} out of range (1..{MAX_VOCAB - 1})")
+    rows = {"temperature": (temperature, "float32"), "top_p": (top_p, "float32"), "top_k": (top_k, "int32"),
+            "rep_penalty": (rep_penalty, "float32"), "freq_penalty": (freq_penalty, "float32"),
+            "pres_penalty": (pres_penalty, "float32"), "seeds": (seeds, ("uint64", "int64")),
+            "counters": (counters, "int64"), "min_tokens": (min_tokens, "int32"),
+            "num_generated": (num_generated, "int32"), "out_tokens": (out_tokens, "int32"),
+            "out_logprobs": (out_logprobs, "float32")}
+    ptr: dict[str, int] = {}
+    for name, (arr, dt) in rows.items():
+        a = runtime.as_device_array(arr)
+        if a.shape != (b_sz,) or a.dtype.name not in ((dt,) if isinstance(dt, str) else dt):
+            raise TypeError(f"{name} must be {dt} [{b_sz}], got {a.dtype}{a.shape}")
+        ptr[name] = a.ptr
+    mats = {"eos_ids": eos_ids, "gen_token_ids": gen_token_ids}
+    widths: dict[str, int] = {}
+    if num_logprobs:
+        if out_top_ids is None or out_top_logprobs is None:
+            raise ValueError("num_logprobs > 0 needs out_top_ids and out_top_logprobs")
+        mats.update(out_top_ids=out_top_ids, out_top_logprobs=out_top_logprobs)
+    for name, arr in mats.items():
+        a = runtime.as_device_array(arr)
+        want = "float32" if name == "out_top_logprobs" else "int32"
+        if len(a.shape) != 2 or a.shape[0] != b_sz or a.dtype.name != want:
+            raise TypeError(f"{name} must be {want} [{b_sz}, n], got {a.dtype}{a.shape}")
+        if a.strides is not None and a.shape[1] > 0 and a.strides != (a.shape[1] * 4, 4):
+            raise ValueError(f"{name} must be C-contiguous")
+        ptr[name], widths[name] = a.ptr, a.shape[1]
+    if num_logprobs and (widths["out_top_ids"] != num_logprobs or widths["out_top_logprobs"] != num_logprobs):
+        raise ValueError(f"out_top_ids / out_top_logprobs must be [{b_sz}, {num_logprobs}]")
+    if b_sz == 0:
+        return out_tokens, out_logprobs, out_top_ids, out_top_logprobs
+    n_eos, n_gen = widths["eos_ids"], widths["gen_token_ids"]
+    bits = hash_bits(n_gen)
+    need = workspace_bytes(b_sz, n_gen)
+    ws = 0
+    if need:
+        ws = runtime.as_device_array(workspace).ptr if workspace is not None else runtime.scratch(need)
+    kernel = runtime.load_kernel(CUDA_SOURCE, SAMPLE_KERNELS[dtype], compile_options(dtype))
+    limit = _dynamic_smem_limit(kernel)
+    fit = (limit - shared_bytes(vocab, 0)) // 8
+    if fit < 0:
+        raise ValueError(f"vocab {vocab} needs more shared memory than the device has (bitmap)")
+    cap = fit if cap is None else min(cap, fit)
+    kernel.launch((b_sz,), (THREADS,), [
+        lg.ptr, np.int64(ld), np.int32(vocab),
+        ptr["temperature"], ptr["top_p"], ptr["top_k"], ptr["rep_penalty"], ptr["freq_penalty"],
+        ptr["pres_penalty"], ptr["seeds"], ptr["counters"], ptr["min_tokens"], ptr["num_generated"],
+        ptr["eos_ids"], np.int32(n_eos), ptr["gen_token_ids"], np.int32(n_gen),
+        ws, np.int32(bits), np.int32(num_logprobs), np.int32(cap),
+        ptr["out_tokens"], ptr["out_logprobs"], ptr.get("out_top_ids", 0), ptr.get("out_top_logprobs", 0),
+    ], stream=stream, shared_mem=shared_bytes(vocab, cap))
+    return out_tokens, out_logprobs, out_top_ids, out_top_logprobs
