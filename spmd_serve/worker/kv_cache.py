@@ -40,8 +40,3 @@ class KVCachePool:
         ops interface: its numpy twin here, the `kv_cache_write` kernel on GPU pools."""
         kv_cache_write_cpu(k_new, v_new, self.k[layer], self.v[layer], slots)
 
-
-def blocks_that_fit(budget_bytes: int, num_layers: int, block_size: int, kv_heads: int, head_dim: int) -> int:
-    """How many blocks of this shape fit in `budget_bytes` (for the BLOCK_BS error message)."""
-    per_block = 2 * num_layers * block_size * kv_heads * head_dim * 4
-    return budget_bytes // per_block

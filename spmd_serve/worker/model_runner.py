@@ -7,7 +7,6 @@ their inputs/outputs).  Identical on every rank; only the collective results dif
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import numpy as np
@@ -58,7 +57,6 @@ class ModelRunner:
         manifest = json.loads((rank_dir / "manifest.json").read_text())
         self.dims = manifest["dims"]
         self.comm = comm
-        os.environ.setdefault("OMP_NUM_THREADS", str(num_threads))
         self.segments = [Segment(rank_dir, spec, num_threads) for spec in manifest["segments"]]
         self.pool = KVCachePool(self.dims["num_layers"], num_blocks, block_size,
                                 self.dims["kv_heads"], self.dims["head_dim"])
