@@ -5,7 +5,8 @@ import uuid
 
 import pytest
 
-from spmd_serve.frontend.native_api import OutputAssembler, bearer_ok
+from spmd_serve.frontend.native_api import bearer_ok
+from spmd_serve.frontend.output_assembler import OutputAssembler
 from spmd_serve.frontend.native_protocol import (Limits, ProtocolError, decode_body,
                                                  encode_prompt, final_fields,
                                                  parse_native_request, sampling_params)

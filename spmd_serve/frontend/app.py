@@ -13,7 +13,7 @@ import dataclasses
 import logging
 import threading
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from tornado.httpserver import HTTPServer
 from tornado.netutil import bind_sockets
@@ -72,13 +72,24 @@ def make_health_app(client: EngineClient, settings: IOSettings) -> Application:
                        default_handler_class=NotFoundHandler)
 
 
+class IOService(Protocol):
+    """Something else served from the IO loop (gRPC, metrics): bound in `start`, which raises
+    OSError naming its port when it cannot listen; `stop` closes it within `grace` seconds."""
+
+    async def start(self) -> None: ...
+
+    async def stop(self, grace: float) -> None: ...
+
+
 class IOServer:
     """Runs both apps on their own loop in a daemon thread.  `start()` returns once listening."""
 
     def __init__(self, client: EngineClient, tokenizer: Any, settings: IOSettings | None = None,
                  *, openai_chat: OpenAIChat | None = None,
-                 extra_handlers: list[tuple] | None = None, **overrides: Any) -> None:
+                 extra_handlers: list[tuple] | None = None,
+                 services: list[IOService] | None = None, **overrides: Any) -> None:
         self.client, self.tokenizer = client, tokenizer
+        self.services: list[IOService] = list(services or [])
         self.settings = dataclasses.replace(settings or IOSettings(), **overrides)
         self._openai_chat, self._extra = openai_chat, extra_handlers
         self.loop: asyncio.AbstractEventLoop | None = None
@@ -143,6 +154,7 @@ class IOServer:
         self._stop = asyncio.Event()
         self.client.attach_loop(asyncio.get_running_loop())
         servers: list[HTTPServer] = []
+        started: list[IOService] = []
         s = self.settings
         try:
             if s.http_port != -1:
@@ -155,10 +167,15 @@ class IOServer:
                 server, self.health_port = self._listen(make_health_app(self.client, s),
                                                         s.health_port, "HEALTH_HTTP_PORT")
                 servers.append(server)
+            for service in self.services:
+                await service.start()
+                started.append(service)
         except OSError as e:
             self._error = e
             for server in servers:
                 server.stop()
+            for service in started:
+                await service.stop(0)
             return
         self._listening.set()
         await self._stop.wait()
@@ -167,6 +184,11 @@ class IOServer:
     async def _shutdown(self, servers: list[HTTPServer], grace: float = 2.0) -> None:
         for server in servers:
             server.stop()                   # no new connections
+        for service in self.services:
+            try:
+                await service.stop(grace)
+            except Exception:               # one service failing to stop must not block the rest
+                log.exception("stopping %s failed", type(service).__name__)
         try:                                # closing a connection aborts its request
             await asyncio.wait_for(asyncio.gather(*(srv.close_all_connections()
                                                     for srv in servers)), grace)

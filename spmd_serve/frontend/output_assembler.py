@@ -1,0 +1,47 @@
+"""Incremental output text of one sequence: token ids -> text deltas, cut at stop strings.
+
+Shared by the native and OpenAI front ends.  Stop strings are checked on the detokenised text
+(CONTRACT.md §3: per request, never shared across the batch) and the stop text is trimmed.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+
+class OutputAssembler:
+    """Turns engine token ids into text deltas, cutting at this request's stop strings.
+
+    While streaming, the last len(longest stop) - 1 characters are held back: they could still
+    become the start of a stop string, and text once sent cannot be taken back.
+    """
+
+    def __init__(self, detokenizer: Any, stop_sequences: tuple[str, ...]) -> None:
+        self._detok = detokenizer
+        self._stops = stop_sequences
+        self._hold = max((len(s) for s in stop_sequences), default=1) - 1
+        self.text = ""
+        self.ids: list[int] = []
+        self.sent = 0               # characters of self.text already handed out
+        self.stopped = False        # a stop string was found (text is cut before it)
+
+    def add(self, new_ids: list[int], finished: bool) -> str:
+        """Feed one engine output; return the text that may be sent now."""
+        if self.stopped:            # the text is final once cut at a stop string
+            return ""
+        self.ids.extend(new_ids)
+        checked = len(self.text)
+        self.text += self._detok.step(new_ids)
+        if finished:
+            self.text += self._detok.flush()
+        if self._stops:
+            # A stop string starting before checked - hold would already have been found.
+            start = max(0, checked - self._hold)
+            hits = [i for i in (self.text.find(s, start) for s in self._stops) if i >= 0]
+            if hits:
+                self.text = self.text[:min(hits)]
+                self.stopped = True
+        end = len(self.text)
+        if not (finished or self.stopped):
+            end = max(self.sent, end - self._hold)
+        delta, self.sent = self.text[self.sent:end], end
+        return delta
