@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+MAX_LOGPROBS = 20       # top-n logprobs a request may ask for (OpenAI's own limit)
+
 
 @dataclass
 class SamplingParams:
@@ -23,6 +25,7 @@ class SamplingParams:
     eos_token_ids: tuple[int, ...] = ()  # this request's stop token ids (model's own added by the engine)
     stop_sequences: tuple[str, ...] = () # checked on detokenised text by the front end
     ignore_eos: bool = False
+    logprobs: int | None = None          # None: no logprobs; k >= 0: the chosen token's + top k
 
     def validate(self) -> "SamplingParams":
         """Raise ValueError naming the first bad field; return self for chaining."""
@@ -41,6 +44,10 @@ class SamplingParams:
             raise ValueError(f"top_k must be an integer >= 0, got {self.top_k!r}")
         if not self.repetition_penalty > 0:
             raise ValueError(f"penalty_score must be > 0, got {self.repetition_penalty!r}")
+        if self.logprobs is not None and not (isinstance(self.logprobs, int)
+                                              and 0 <= self.logprobs <= MAX_LOGPROBS):
+            raise ValueError(f"logprobs must be an integer in [0, {MAX_LOGPROBS}], "
+                             f"got {self.logprobs!r}")
         if self.seed is not None and (not isinstance(self.seed, int) or self.seed < 0):
             raise ValueError(f"seed must be a non-negative integer, got {self.seed!r}")
         return self

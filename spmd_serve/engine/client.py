@@ -51,6 +51,8 @@ class RequestOutput:
     error_code: int = 0                 # HTTP-like status when the engine failed the request
     error_msg: str = ""
     num_prompt_tokens: int = 0
+    # One entry per new token when the request asked for logprobs: (chosen logprob, top n).
+    logprobs: list[tuple[float, list[tuple[int, float]]]] | None = None
 
 
 class EngineClient:

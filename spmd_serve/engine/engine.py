@@ -107,10 +107,13 @@ class Engine:
         tokens = sampler.sample(logits[rows], reqs) if rows else []
         if self.on_logits is not None and rows:
             self.on_logits(reqs, logits[rows])
+        logprobs = {r.req_id: [sampler.token_logprobs(logits[i], t, r.params.logprobs)]
+                    for i, r, t in zip(rows, reqs, tokens) if r.params.logprobs is not None}
         st.lap("sample")
         done = self.scheduler.update(out, {r.req_id: t for r, t in zip(reqs, tokens)})
         self.client.publish([RequestOutput(r.req_id, [r.output_token_ids[-1]], r.is_finished, r.finish_reason,
-                                           num_prompt_tokens=r.num_prompt_tokens) for r in done])
+                                           num_prompt_tokens=r.num_prompt_tokens,
+                                           logprobs=logprobs.get(r.req_id)) for r in done])
         st.lap("update")
         st.end_step(out.num_tokens, len(tokens))
         return done

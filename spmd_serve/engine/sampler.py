@@ -61,6 +61,23 @@ def uniform(seed: int, index: int) -> float:
     return float(np.random.default_rng([seed, index]).random())
 
 
+# (logprob of the chosen token, [(token id, logprob)] of the top n, best first)
+TokenLogprobs = tuple[float, list[tuple[int, float]]]
+
+
+def token_logprobs(logits: np.ndarray, token: int, top_n: int) -> TokenLogprobs:
+    """Log-probabilities from the model's own distribution (the raw logits, before penalties,
+    temperature and truncation, as vLLM reports by default): the chosen token's and the top n."""
+    x = logits.astype(np.float64)
+    lse = x.max() + np.log(np.exp(x - x.max()).sum())
+    top: list[tuple[int, float]] = []
+    if top_n:
+        idx = np.argpartition(-x, top_n - 1)[:top_n]
+        idx = idx[np.lexsort((idx, -x[idx]))]         # best first, ties by token id
+        top = [(int(i), float(x[i] - lse)) for i in idx]
+    return float(x[token] - lse), top
+
+
 def sample(logits: np.ndarray, requests: Sequence[SampledRequest]) -> list[int]:
     """logits [N, V] float32 → one token per request."""
     tokens = []

@@ -1,0 +1,106 @@
+"""One engine request seen from the IO loop: submit it, then read its outputs as text deltas.
+
+`Generation` is what every front door (native HTTP, OpenAI, gRPC) builds on: it submits to the
+EngineClient (refusals become `ProtocolError` with the contract's status), turns engine outputs
+into `Delta`s through the request's `OutputAssembler` (stop strings cut, held-back text), and
+enforces the deadline.  It raises `GenerationError` when the request fails after submission
+(deadline, engine error); `cancel()` is for a client that went away, `close()` always runs last
+and leaves the engine nothing to compute for the request.
+"""
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+from typing import Any, AsyncIterator
+
+from spmd_serve.engine.client import (DuplicateRequestError, EngineClient, NotReadyError,
+                                      QueueFullError, RequestOutput)
+from spmd_serve.frontend.native_protocol import ProtocolError
+from spmd_serve.frontend.output_assembler import OutputAssembler
+from spmd_serve.sampling_params import SamplingParams
+
+_SUBMIT_ERRORS = ((NotReadyError, 503), (DuplicateRequestError, 409), (QueueFullError, 429))
+
+
+class GenerationError(Exception):
+    """The request failed after it was submitted; `tail` is text already made but not sent."""
+
+    def __init__(self, status: int, msg: str, tail: str = "") -> None:
+        super().__init__(msg)
+        self.status, self.msg, self.tail = status, msg, tail
+
+
+@dataclass
+class Delta:
+    text: str                               # text that may be sent now
+    token_ids: list[int]                    # the engine's new ids behind it
+    logprobs: list[Any] = field(default_factory=list)   # one entry per id when asked for
+    finish_reason: str | None = None        # set on the last delta: "stop" | "length"
+
+
+class Generation:
+    def __init__(self, client: EngineClient, tokenizer: Any, req_id: str, prompt: list[int],
+                 params: SamplingParams, deadline: float) -> None:
+        self.client, self.req_id, self.prompt = client, req_id, prompt
+        self.params, self.deadline = params, deadline
+        self.asm = OutputAssembler(tokenizer.detokenizer(prompt), params.stop_sequences)
+        self.first_token_at: float | None = None
+        self._queue: asyncio.Queue[RequestOutput | None] | None = None
+
+    def submit(self) -> "Generation":
+        """Hand the request to the engine; ProtocolError(503/409/429) when it is refused."""
+        try:
+            self._queue = self.client.add_request(self.req_id, self.prompt, self.params)  # type: ignore[assignment]
+        except (NotReadyError, DuplicateRequestError, QueueFullError) as e:
+            status = next(s for kind, s in _SUBMIT_ERRORS if isinstance(e, kind))
+            raise ProtocolError(status, str(e), self.req_id) from None
+        return self
+
+    def cancel(self) -> None:
+        """The client went away: stop generating now and wake `deltas()` so it returns."""
+        if self._queue is not None:
+            self.client.abort(self.req_id)
+            self._queue.put_nowait(None)
+
+    def close(self) -> None:
+        if self._queue is not None:
+            self.client.abort(self.req_id)   # no-op when the engine already finished it
+
+    async def _next(self) -> RequestOutput | None:
+        assert self._queue is not None, "submit() first"
+        remaining = self.deadline - time.monotonic()
+        if remaining <= 0:
+            raise asyncio.TimeoutError
+        # get_nowait spares a wait_for task per token when outputs are already queued
+        if not self._queue.empty():
+            return self._queue.get_nowait()
+        return await asyncio.wait_for(self._queue.get(), remaining)
+
+    async def deltas(self) -> AsyncIterator[Delta]:
+        """Deltas until the last one (finish_reason set); returns early if cancelled."""
+        asm = self.asm
+        while True:
+            try:
+                out = await self._next()
+            except asyncio.TimeoutError:
+                self.client.abort(self.req_id)
+                raise GenerationError(504, "request exceeded its deadline",
+                                      asm.text[asm.sent:]) from None
+            if out is None:                         # client disconnected
+                return
+            if out.finished and out.finish_reason in ("error", "abort"):
+                status = out.error_code or (500 if out.finish_reason == "error" else 503)
+                raise GenerationError(status, out.error_msg or f"request ended: "
+                                      f"{out.finish_reason}", asm.text[asm.sent:])
+            if out.new_token_ids and self.first_token_at is None:
+                self.first_token_at = time.monotonic()
+            text = asm.add(out.new_token_ids, out.finished)
+            if asm.stopped:                         # our stop string: the engine may stop too
+                self.client.abort(self.req_id)
+            reason = None
+            if out.finished or asm.stopped:
+                reason = "stop" if asm.stopped else (out.finish_reason or "stop")
+            yield Delta(text, list(out.new_token_ids), list(out.logprobs or []), reason)
+            if reason is not None:
+                return
