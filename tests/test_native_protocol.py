@@ -5,7 +5,7 @@ import uuid
 
 import pytest
 
-from spmd_serve.frontend.native_api import bearer_ok
+from spmd_serve.frontend.http_base import bearer_ok
 from spmd_serve.frontend.output_assembler import OutputAssembler
 from spmd_serve.frontend.native_protocol import (Limits, ProtocolError, decode_body,
                                                  encode_prompt, final_fields,
