@@ -14,7 +14,8 @@ MAX_LOGPROBS = 20       # top-n logprobs a request may ask for (OpenAI's own lim
 @dataclass
 class SamplingParams:
     max_tokens: int = 16                 # generated tokens at most (native max_dec_len)
-    min_tokens: int = 1                  # EOS is masked until this many were generated (min_dec_len)
+    min_tokens: int = 1                  # EOS is masked until this many were generated (min_dec_len;
+                                         # OpenAI's min_tokens may be 0)
     temperature: float = 1.0             # 0 = greedy
     top_p: float = 1.0                   # nucleus mass in [0, 1]; 0 behaves as greedy
     top_k: int = 0                       # 0 = disabled
@@ -31,8 +32,8 @@ class SamplingParams:
         """Raise ValueError naming the first bad field; return self for chaining."""
         if not isinstance(self.max_tokens, int) or self.max_tokens < 1:
             raise ValueError(f"max_dec_len must be an integer >= 1, got {self.max_tokens!r}")
-        if not isinstance(self.min_tokens, int) or self.min_tokens < 1:
-            raise ValueError(f"min_dec_len must be an integer >= 1, got {self.min_tokens!r}")
+        if not isinstance(self.min_tokens, int) or self.min_tokens < 0:
+            raise ValueError(f"min_tokens must be an integer >= 0, got {self.min_tokens!r}")
         if self.min_tokens > self.max_tokens:
             raise ValueError(
                 f"min_dec_len({self.min_tokens}) must not exceed max_dec_len({self.max_tokens})")

@@ -55,7 +55,10 @@ def _start_frontend(cfg, model_config: dict) -> Frontend:
         raise ConfigError(f"cannot load the tokenizer of {cfg.model_dir}: {e}") from None
     max_model_len = int(model_config.get("max_position_embeddings", cfg.max_seq_len + cfg.max_dec_len))
     client = EngineClient(capacity=cfg.batch_size + cfg.max_cached_task_num)
-    io = IOServer(client, tokenizer, IOSettings.from_config(cfg, model_max_len=max_model_len))
+    # OpenAI `model`: the served directory's name, or "default" (CONTRACT §4)
+    names = (Path(cfg.model_dir).resolve().name or "default", "default")
+    io = IOServer(client, tokenizer, IOSettings.from_config(cfg, model_max_len=max_model_len,
+                                                            model_names=names))
     try:
         io.start()
     except OSError as e:   # a busy port: the message names it

@@ -38,6 +38,10 @@ class FakeTokenizer:
     eos_token_ids = [EOS]
     bos_token_id = BOS
     has_chat_template = True
+    vocab_size = 0x110000 + OFFSET
+
+    def token_bytes(self, token_id: int) -> bytes:
+        return self.decode([token_id]).encode()
 
     def encode(self, text: str) -> list[int]:
         return [ord(c) + OFFSET for c in text]
@@ -140,8 +144,11 @@ class FakeEngine:
             reason = "length"
         if reason:
             self._running.pop(rid)
+        # fake logprobs: the chosen token at -0.5, then ids counting down from it
+        lps = None if params.logprobs is None else [
+            (-0.5, [(tok - k, -0.5 - k) for k in range(params.logprobs)])]
         return RequestOutput(rid, [tok], reason is not None, reason,
-                             num_prompt_tokens=len(seq.cmd.prompt_token_ids))
+                             num_prompt_tokens=len(seq.cmd.prompt_token_ids), logprobs=lps)
 
 
 class Harness:

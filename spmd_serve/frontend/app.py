@@ -21,7 +21,8 @@ from tornado.web import Application
 
 from spmd_serve.engine.client import EngineClient
 from spmd_serve.frontend.health import DEFAULT_LIVE_THRESHOLD_S, health_routes
-from spmd_serve.frontend.native_api import NativeChatHandler, NotFoundHandler, OpenAIChat
+from spmd_serve.frontend.native_api import NativeChatHandler, NotFoundHandler
+from spmd_serve.frontend.openai_api import OpenAIServing, openai_routes
 from spmd_serve.frontend.native_protocol import Limits
 
 log = logging.getLogger(__name__)
@@ -39,6 +40,7 @@ class IOSettings:
     api_key: str | None = None
     max_body_size: int = 8 << 20       # bytes; larger bodies get 413
     live_threshold_s: float = DEFAULT_LIVE_THRESHOLD_S
+    model_names: tuple[str, ...] = ("default",)   # OpenAI `model` values served (first: its name)
 
     @classmethod
     def from_config(cls, cfg: Any, **overrides: Any) -> "IOSettings":
@@ -54,14 +56,19 @@ class IOSettings:
 
 
 def make_service_app(client: EngineClient, tokenizer: Any, settings: IOSettings, *,
-                     openai_chat: OpenAIChat | None = None,
                      extra_handlers: list[tuple] | None = None) -> Application:
-    """The service port: native API, health aliases, and whatever the caller adds
-    (`extra_handlers`, e.g. the OpenAI routes; `openai_chat` takes bodies with "model")."""
+    """The service port: native API, OpenAI API, health aliases, and `extra_handlers`."""
+    key = settings.api_key or None
+    openai = OpenAIServing(client, tokenizer, settings.limits, settings.model_names, key)
+
+    async def openai_chat(handler: Any, body: dict[str, Any]) -> None:
+        await openai.handle(handler, "chat", body)
+
     native = {"client": client, "tokenizer": tokenizer, "limits": settings.limits,
-              "max_body_size": settings.max_body_size, "api_key": settings.api_key or None,
+              "max_body_size": settings.max_body_size, "api_key": key,
               "disable_streaming": bool(settings.disable_streaming), "openai_chat": openai_chat}
     routes: list[tuple] = [(r"/v1/chat/completions", NativeChatHandler, native)]
+    routes += openai_routes(openai, settings.max_body_size)
     routes += list(extra_handlers or [])
     routes += health_routes(client, settings.live_threshold_s, with_plain_health=True)
     return Application(routes, default_handler_class=NotFoundHandler)
@@ -85,13 +92,12 @@ class IOServer:
     """Runs both apps on their own loop in a daemon thread.  `start()` returns once listening."""
 
     def __init__(self, client: EngineClient, tokenizer: Any, settings: IOSettings | None = None,
-                 *, openai_chat: OpenAIChat | None = None,
-                 extra_handlers: list[tuple] | None = None,
+                 *, extra_handlers: list[tuple] | None = None,
                  services: list[IOService] | None = None, **overrides: Any) -> None:
         self.client, self.tokenizer = client, tokenizer
         self.services: list[IOService] = list(services or [])
         self.settings = dataclasses.replace(settings or IOSettings(), **overrides)
-        self._openai_chat, self._extra = openai_chat, extra_handlers
+        self._extra = extra_handlers
         self.loop: asyncio.AbstractEventLoop | None = None
         self.http_port: int | None = None     # bound ports (useful when 0 was asked for)
         self.health_port: int | None = None
@@ -159,7 +165,6 @@ class IOServer:
         try:
             if s.http_port != -1:
                 app = make_service_app(self.client, self.tokenizer, s,
-                                       openai_chat=self._openai_chat,
                                        extra_handlers=self._extra)
                 server, self.http_port = self._listen(app, s.http_port, "SERVICE_HTTP_PORT")
                 servers.append(server)

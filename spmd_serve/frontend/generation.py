@@ -40,6 +40,8 @@ class Delta:
 
 
 class Generation:
+    """Submit once, read `deltas()` once; `close()` on every path."""
+
     def __init__(self, client: EngineClient, tokenizer: Any, req_id: str, prompt: list[int],
                  params: SamplingParams, deadline: float) -> None:
         self.client, self.req_id, self.prompt = client, req_id, prompt
@@ -64,8 +66,9 @@ class Generation:
             self._queue.put_nowait(None)
 
     def close(self) -> None:
-        if self._queue is not None:
-            self.client.abort(self.req_id)   # no-op when the engine already finished it
+        """Always last: the engine forgets the request (no-op if it finished) and a reader
+        still waiting in `deltas()` (another task) returns."""
+        self.cancel()
 
     async def _next(self) -> RequestOutput | None:
         assert self._queue is not None, "submit() first"

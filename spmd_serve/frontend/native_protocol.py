@@ -187,6 +187,11 @@ def parse_native_request(body: dict[str, Any]) -> NativeRequest:
 def encode_prompt(req: NativeRequest, tokenizer: Any) -> list[int]:
     """Prompt token ids: input_ids as given, text/messages through the tokenizer's template."""
     if req.input_ids is not None:
+        vocab = getattr(tokenizer, "vocab_size", None)
+        if vocab is not None and max(req.input_ids) >= vocab:
+            # an id past the embedding table would fail inside every rank's graph
+            raise ProtocolError(400, f"input_ids contains {max(req.input_ids)}, outside the "
+                                     f"vocabulary (size {vocab})", req.req_id)
         return list(req.input_ids)
     try:
         return list(tokenizer.encode_prompt(text=req.text, messages=req.messages,
@@ -216,6 +221,9 @@ def sampling_params(req: NativeRequest, input_len: int, limits: Limits) -> Sampl
     elif max_dec >= 1:
         # Past the model's length the KV cache has no slot: stop there ("length").
         max_dec = min(max_dec, room)
+    if req.min_dec_len < 1:
+        raise ProtocolError(400, f"min_dec_len must be an integer >= 1, got {req.min_dec_len}",
+                            rid)
     params = SamplingParams(
         max_tokens=max_dec, min_tokens=req.min_dec_len, temperature=req.temperature,
         top_p=req.topp, seed=req.seed, repetition_penalty=req.penalty_score,

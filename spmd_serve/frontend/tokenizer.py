@@ -143,6 +143,23 @@ class ServingTokenizer:
         return self._tok.decode(ids, skip_special_tokens=True,
                                 clean_up_tokenization_spaces=False)
 
+    def token_bytes(self, token_id: int) -> bytes:
+        """The bytes one token contributes to the text (for logprobs): SentencePiece's byte
+        fallback pieces `<0xHH>` are that byte, its word marker is a space."""
+        piece = self._tok.convert_ids_to_tokens(int(token_id))
+        if not isinstance(piece, str):
+            return b""
+        if int(token_id) in self.special_token_ids:
+            return piece.encode()
+        if len(piece) == 6 and piece.startswith("<0x") and piece.endswith(">"):
+            try:
+                return bytes([int(piece[3:5], 16)])
+            except ValueError:
+                pass
+        if self._sp is not None or "\u2581" in piece:
+            return piece.replace("\u2581", " ").encode()
+        return self._tok.convert_tokens_to_string([piece]).encode()
+
     def _normalize_messages(self, messages: Any, system: str | None) -> list[dict[str, str]]:
         if not isinstance(messages, list):
             raise ValueError(f"messages must be a list, got {type(messages).__name__}")

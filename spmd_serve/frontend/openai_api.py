@@ -1,0 +1,209 @@
+"""Tornado routes of the OpenAI-compatible API (CONTRACT.md §4): `/v1/completions`,
+`/v1/chat/completions` (bodies with "model", handed over by the native handler), the two legacy
+doubled paths, and `GET /v1/models`.
+
+`OpenAIServing.handle` owns one request: check the key, parse (openai_protocol), start one
+`Generation` per choice (n per prompt; a seeded request gives choice i the seed + i), merge their
+deltas as they come, and answer with one object or an SSE stream (`data: {...}`, then
+`data: [DONE]`).  Every refusal that can be known before the first byte is an HTTP status with
+an OpenAI error body; a failure after streaming began is an `error` event before `[DONE]`.
+"""
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import logging
+import time
+import uuid
+from typing import Any, AsyncIterator
+
+from tornado.web import RequestHandler
+
+from spmd_serve.engine.client import EngineClient
+from spmd_serve.frontend.generation import Delta, Generation, GenerationError
+from spmd_serve.frontend.http_base import AUTH_HINT, JsonBodyHandler, bearer_ok
+from spmd_serve.frontend.native_protocol import Limits, ProtocolError
+from spmd_serve.frontend.openai_format import ChoiceState, Formatter, model_list
+from spmd_serve.frontend.openai_protocol import OpenAIRequest, error_body, parse_openai
+
+log = logging.getLogger(__name__)
+SSE = "text/event-stream; charset=utf-8"
+DEADLINE_S = 3600.0    # OpenAI bodies carry no timeout; this only guarantees that nothing hangs
+
+
+def send_openai_error(handler: RequestHandler, status: int, msg: str,
+                      param: str | None = None) -> None:
+    handler.set_status(status)
+    handler.set_header("Content-Type", "application/json; charset=utf-8")
+    handler.finish(json.dumps(error_body(status, msg, param), ensure_ascii=False))
+
+
+def sse(obj: Any) -> str:
+    return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
+
+
+async def merged(gens: list[Generation]) -> AsyncIterator[tuple[int, Delta]]:
+    """(choice index, delta) from every generation, in arrival order, until all have ended.
+    A GenerationError of any choice is raised here (the caller closes the others)."""
+    queue: asyncio.Queue = asyncio.Queue()
+
+    async def pump(i: int, gen: Generation) -> None:
+        try:
+            async for d in gen.deltas():
+                queue.put_nowait((i, d))
+        except GenerationError as e:
+            queue.put_nowait((i, e))
+        finally:
+            queue.put_nowait((i, None))
+
+    tasks = [asyncio.ensure_future(pump(i, g)) for i, g in enumerate(gens)]
+    try:
+        live = len(gens)
+        while live:
+            i, item = await queue.get()
+            if item is None:
+                live -= 1
+            elif isinstance(item, GenerationError):
+                raise item
+            else:
+                yield i, item
+    finally:
+        for t in tasks:
+            t.cancel()
+
+
+class OpenAIServing:
+    """What the OpenAI routes share: the engine client, tokenizer, limits and model names."""
+
+    def __init__(self, client: EngineClient, tokenizer: Any, limits: Limits,
+                 model_names: tuple[str, ...], api_key: str | None = None) -> None:
+        self.client, self.tokenizer, self.limits = client, tokenizer, limits
+        self.model_names, self.api_key = model_names, api_key
+
+    async def handle(self, h: JsonBodyHandler, kind: str, body: dict[str, Any]) -> None:
+        if not bearer_ok(h.request.headers.get("Authorization"), self.api_key):
+            return send_openai_error(h, 401, AUTH_HINT)
+        try:
+            req = parse_openai(kind, body, self.tokenizer, self.limits, self.model_names)
+        except ProtocolError as e:
+            return send_openai_error(h, e.status, e.msg, getattr(e, "param", None))
+        resp_id = ("cmpl-" if kind == "completion" else "chatcmpl-") + uuid.uuid4().hex
+        gens = self._generations(req, resp_id)
+        try:
+            for g in gens:
+                g.submit()
+        except ProtocolError as e:
+            for g in gens:
+                g.close()
+            return send_openai_error(h, e.status, e.msg)
+        h.on_gone.append(lambda: [g.cancel() for g in gens])
+        fmt = Formatter(req, resp_id, self.tokenizer, self.model_names[0])
+        states = [ChoiceState(i) for i in range(len(gens))]
+        try:
+            if req.stream:
+                await self._stream(h, fmt, gens, states)
+            else:
+                await self._whole(h, fmt, gens, states)
+        except Exception:   # a bug must still end the request cleanly, not hang the client
+            log.exception("OpenAI request %s failed", resp_id)
+            if not (h.gone or h._finished or h.started):
+                send_openai_error(h, 500, "internal server error")
+        finally:
+            for g in gens:
+                g.close()
+
+    def _generations(self, req: OpenAIRequest, resp_id: str) -> list[Generation]:
+        deadline = time.monotonic() + DEADLINE_S
+        gens = []
+        for p, prompt in enumerate(req.prompts):
+            for i in range(req.n):
+                index = p * req.n + i
+                seed = req.params.seed
+                params = dataclasses.replace(
+                    req.params, seed=None if seed is None else (seed + index) % (1 << 63))
+                gens.append(Generation(self.client, self.tokenizer, f"{resp_id}-{index}",
+                                       prompt, params, deadline))
+        return gens
+
+    @staticmethod
+    def _apply(state: ChoiceState, d: Delta) -> list:
+        state.text += d.text
+        state.num_tokens += len(d.token_ids)
+        state.finish_reason = d.finish_reason
+        return list(zip(d.token_ids, d.logprobs))
+
+    async def _whole(self, h: JsonBodyHandler, fmt: Formatter, gens: list[Generation],
+                     states: list[ChoiceState]) -> None:
+        try:
+            async for i, d in merged(gens):
+                states[i].logprobs += self._apply(states[i], d)
+        except GenerationError as e:
+            return send_openai_error(h, e.status, e.msg)
+        if not h.gone:
+            h.set_header("Content-Type", "application/json; charset=utf-8")
+            h.write(json.dumps(fmt.whole(states), ensure_ascii=False))
+            await h.end()
+
+    async def _stream(self, h: JsonBodyHandler, fmt: Formatter, gens: list[Generation],
+                      states: list[ChoiceState]) -> None:
+        try:
+            async for i, d in merged(gens):
+                entries = self._apply(states[i], d)
+                if not (d.text or d.finish_reason or entries or not states[i].started):
+                    continue            # text held back for a stop string and nothing else
+                if not await h.send_chunk(sse(fmt.chunk(states[i], d.text, entries,
+                                                        d.finish_reason)), SSE):
+                    return
+        except GenerationError as e:
+            if not h.started:           # nothing sent yet: a plain HTTP error
+                return send_openai_error(h, e.status, e.msg)
+            await h.send_chunk(sse(error_body(e.status, e.msg)), SSE)
+        else:
+            if fmt.req.include_usage:
+                await h.send_chunk(sse(fmt.usage_chunk(states)), SSE)
+        if await h.send_chunk("data: [DONE]\n\n", SSE):
+            await h.end()
+
+
+class OpenAIHandler(JsonBodyHandler):
+    """POST /v1/completions, /v1/chat/completions/completions, .../chat/completions."""
+
+    def initialize(self, serving: OpenAIServing, kind: str,  # type: ignore[override]
+                   max_body_size: int) -> None:
+        super().initialize(max_body_size, serving.api_key)
+        self.serving, self.kind = serving, kind
+
+    def send_error_body(self, status: int, msg: str) -> None:
+        send_openai_error(self, status, msg)
+
+    async def post(self) -> None:
+        try:
+            body = self.read_json()
+        except ProtocolError as e:
+            return self.send_error_body(e.status, e.msg)
+        await self.serving.handle(self, self.kind, body)
+
+
+class ModelsHandler(RequestHandler):
+    def initialize(self, serving: OpenAIServing) -> None:
+        self.serving = serving
+
+    def get(self) -> None:
+        if not bearer_ok(self.request.headers.get("Authorization"), self.serving.api_key):
+            return send_openai_error(self, 401, AUTH_HINT)
+        self.write(model_list(self.serving.model_names, self.serving.limits.model_max_len))
+
+    def write_error(self, status_code: int, **kwargs: Any) -> None:
+        send_openai_error(self, status_code, self._reason)
+
+
+def openai_routes(serving: OpenAIServing, max_body_size: int) -> list[tuple]:
+    """Routes of the service app; `/v1/chat/completions` itself stays with the native handler,
+    which hands bodies with "model" to `serving.handle`."""
+    def post(kind: str) -> dict[str, Any]:
+        return {"serving": serving, "kind": kind, "max_body_size": max_body_size}
+    return [(r"/v1/completions", OpenAIHandler, post("completion")),
+            (r"/v1/chat/completions/completions", OpenAIHandler, post("completion")),
+            (r"/v1/chat/completions/chat/completions", OpenAIHandler, post("chat")),
+            (r"/v1/models", ModelsHandler, {"serving": serving})]

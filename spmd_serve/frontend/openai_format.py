@@ -1,0 +1,123 @@
+"""The shapes of OpenAI responses (CONTRACT.md §4): completion and chat objects, their streamed
+chunks, usage, logprobs in both the legacy completions form and the chat form, and the model list.
+
+Pure functions of plain data, so the formats can be unit-tested without a server.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from spmd_serve.frontend.openai_protocol import OpenAIRequest
+
+# (chosen logprob, [(token id, logprob)] top n), as the engine reports per token
+TokenLogprobs = tuple[float, list[tuple[int, float]]]
+
+
+@dataclass
+class ChoiceState:
+    """What one choice has produced so far."""
+    index: int
+    text: str = ""
+    num_tokens: int = 0
+    finish_reason: str | None = None
+    started: bool = False                  # a chunk of this choice has gone out
+    text_offset: int = 0                   # completions logprobs: characters before the next token
+    logprobs: list[tuple[int, TokenLogprobs]] = field(default_factory=list)
+
+
+class Formatter:
+    """Builds the objects of one response (one id, one model name, one creation time)."""
+
+    def __init__(self, req: OpenAIRequest, resp_id: str, tokenizer: Any, model: str) -> None:
+        self.req, self.id, self.tok, self.model = req, resp_id, tokenizer, model
+        self.created = int(time.time())
+        self.chat = req.kind == "chat"
+
+    def _token(self, token_id: int) -> tuple[str, list[int]]:
+        raw = self.tok.token_bytes(token_id)
+        return raw.decode("utf-8", errors="replace"), list(raw)
+
+    def logprobs(self, entries: list[tuple[int, TokenLogprobs]], state: ChoiceState) -> Any:
+        """The `logprobs` member for these tokens, or None when the request did not ask."""
+        if self.req.logprobs is None:
+            return None
+        if self.chat:
+            content = []
+            for tid, (lp, top) in entries:
+                text, raw = self._token(tid)
+                content.append({"token": text, "logprob": lp, "bytes": raw, "top_logprobs": [
+                    {"token": t, "logprob": v, "bytes": b}
+                    for t, b, v in ((*self._token(i), v) for i, v in top)]})
+            return {"content": content}
+        out: dict[str, list] = {"tokens": [], "token_logprobs": [], "top_logprobs": [],
+                                "text_offset": []}
+        for tid, (lp, top) in entries:
+            text, _ = self._token(tid)
+            out["tokens"].append(text)
+            out["token_logprobs"].append(lp)
+            out["top_logprobs"].append({self._token(i)[0]: v for i, v in top})
+            out["text_offset"].append(state.text_offset)
+            state.text_offset += len(text)
+        return out
+
+    def usage(self, completion_tokens: int) -> dict[str, int]:
+        prompt = sum(len(p) for p in self.req.prompts)
+        return {"prompt_tokens": prompt, "completion_tokens": completion_tokens,
+                "total_tokens": prompt + completion_tokens}
+
+    def _envelope(self, obj: str, choices: list[dict[str, Any]]) -> dict[str, Any]:
+        return {"id": self.id, "object": obj, "created": self.created, "model": self.model,
+                "choices": choices}
+
+    def whole(self, states: list[ChoiceState]) -> dict[str, Any]:
+        """The non-streaming response."""
+        choices = []
+        for s in states:
+            lp = self.logprobs(s.logprobs, s)
+            if self.chat:
+                choices.append({"index": s.index, "message": {"role": "assistant",
+                                                              "content": s.text},
+                                "logprobs": lp, "finish_reason": s.finish_reason})
+            else:
+                text = (self.req.prompt_texts[s.index // self.req.n] if self.req.echo
+                        else "") + s.text
+                choices.append({"index": s.index, "text": text, "logprobs": lp,
+                                "finish_reason": s.finish_reason})
+        body = self._envelope("chat.completion" if self.chat else "text_completion", choices)
+        body["usage"] = self.usage(sum(s.num_tokens for s in states))
+        return body
+
+    def chunk(self, state: ChoiceState, text: str, entries: list[tuple[int, TokenLogprobs]],
+              finish_reason: str | None) -> dict[str, Any]:
+        """One streamed chunk of one choice (its first carries the role / the echoed prompt)."""
+        first, state.started = not state.started, True
+        lp = self.logprobs(entries, state)
+        if self.chat:
+            delta: dict[str, Any] = {"role": "assistant", "content": text} if first else (
+                {"content": text} if text or finish_reason is None else {})
+            choice = {"index": state.index, "delta": delta, "logprobs": lp,
+                      "finish_reason": finish_reason}
+        else:
+            if first and self.req.echo:
+                text = self.req.prompt_texts[state.index // self.req.n] + text
+            choice = {"index": state.index, "text": text, "logprobs": lp,
+                      "finish_reason": finish_reason}
+        body = self._envelope("chat.completion.chunk" if self.chat else "text_completion",
+                              [choice])
+        if self.req.include_usage:
+            body["usage"] = None
+        return body
+
+    def usage_chunk(self, states: list[ChoiceState]) -> dict[str, Any]:
+        body = self._envelope("chat.completion.chunk" if self.chat else "text_completion", [])
+        body["usage"] = self.usage(sum(s.num_tokens for s in states))
+        return body
+
+
+def model_list(names: tuple[str, ...], max_model_len: int) -> dict[str, Any]:
+    created = int(time.time())
+    return {"object": "list", "data": [
+        {"id": name, "object": "model", "created": created, "owned_by": "spmd_serve",
+         "root": names[0], "max_model_len": max_model_len} for name in names]}

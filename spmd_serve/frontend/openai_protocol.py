@@ -1,0 +1,225 @@
+"""The OpenAI-compatible request (CONTRACT.md §4) as pure data: parsing and validating
+`/v1/completions` and `/v1/chat/completions` bodies into prompts and `SamplingParams`.
+
+Values of 0 are honoured (temperature 0 and top_p 0 are greedy), nothing is silently replaced by
+a default, and every refusal is an `OpenAIError` naming the parameter, which the handler sends as
+`{"error": {"message", "type", "param", "code"}}`.  No tornado and no engine here.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from spmd_serve.frontend.native_protocol import Limits, ProtocolError
+from spmd_serve.sampling_params import MAX_LOGPROBS, SamplingParams
+
+MAX_N = 16                      # choices per request
+COMPLETIONS_DEFAULT_MAX_TOKENS = 16   # what OpenAI and vLLM use when /v1/completions omits it
+# Parameters we know and do not implement: refused with 400 rather than ignored.
+UNSUPPORTED = ("suffix", "logit_bias", "tools", "functions", "response_format", "prompt_logprobs",
+               "tool_choice", "function_call", "audio", "prediction")
+
+
+class OpenAIError(ProtocolError):
+    """A refused OpenAI request; `param` names the offending parameter when there is one."""
+
+    def __init__(self, status: int, msg: str, param: str | None = None) -> None:
+        super().__init__(status, msg)
+        self.param = param
+
+
+_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
+          409: "invalid_request_error", 413: "invalid_request_error", 429: "rate_limit_error",
+          503: "service_unavailable", 504: "timeout"}
+
+
+def error_body(status: int, msg: str, param: str | None = None) -> dict[str, Any]:
+    return {"error": {"message": msg, "type": _TYPES.get(status, "server_error"),
+                      "param": param, "code": status}}
+
+
+@dataclass
+class OpenAIRequest:
+    kind: str                            # "completion" | "chat"
+    model: str
+    prompts: list[list[int]]             # token ids, one list per prompt (chat: exactly one)
+    prompt_texts: list[str]              # their text, for echo
+    params: SamplingParams               # shared by every choice; the seed varies per choice
+    n: int = 1
+    stream: bool = False
+    include_usage: bool = False
+    echo: bool = False
+    logprobs: int | None = None          # None: none; k: the chosen token's and the top k
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _get(body: dict[str, Any], key: str, kind: str, default: Any,
+         lo: float | None = None, hi: float | None = None) -> Any:
+    """body[key] checked for type ("int" | "num" | "bool" | "str") and range; null = absent."""
+    v = body.get(key)
+    if v is None:
+        return default
+    ok = {"int": _is_int(v), "bool": isinstance(v, bool), "str": isinstance(v, str),
+          "num": (_is_int(v) or isinstance(v, float)) and math.isfinite(v)}[kind]
+    if ok and kind in ("int", "num"):
+        ok = (lo is None or v >= lo) and (hi is None or v <= hi)
+    if not ok:
+        want = {"int": "an integer", "num": "a number", "bool": "a boolean", "str": "a string"}
+        rng = "" if lo is None and hi is None else (
+            f" >= {lo:g}" if hi is None else f" in [{lo:g}, {hi:g}]" if lo is not None
+            else f" <= {hi:g}")
+        raise OpenAIError(400, f"{key} must be {want[kind]}{rng}, got {v!r:.80}", key)
+    return float(v) if kind == "num" else v
+
+
+def _stop(body: dict[str, Any]) -> tuple[str, ...]:
+    stop = body.get("stop")
+    if stop is None:
+        return ()
+    if isinstance(stop, str):
+        stop = [stop]
+    if not isinstance(stop, list) or not all(isinstance(s, str) for s in stop):
+        raise OpenAIError(400, "stop must be a string or a list of strings", "stop")
+    return tuple(s for s in stop if s)
+
+
+def _check_unsupported(body: dict[str, Any], n: int) -> None:
+    for key in UNSUPPORTED:
+        if body.get(key) not in (None, [], {}, "", "none", {"type": "text"}):
+            raise OpenAIError(400, f"{key} is not supported by this server", key)
+    best_of = body.get("best_of")
+    if best_of is not None and best_of != n:
+        raise OpenAIError(400, "best_of is not supported (it must be absent or equal to n)",
+                          "best_of")
+
+
+def _completion_prompts(body: dict[str, Any], tokenizer: Any) -> tuple[list[list[int]], list[str]]:
+    p = body.get("prompt")
+    bad = OpenAIError(400, "prompt must be a string, a list of strings, a list of token ids or "
+                           "a list of lists of token ids", "prompt")
+    if isinstance(p, str):
+        p = [p]
+    elif isinstance(p, list) and p and all(_is_int(t) for t in p):
+        p = [p]
+    if not isinstance(p, list) or not p:
+        raise bad
+    bos = [tokenizer.bos_token_id] if getattr(tokenizer, "bos_token_id", None) is not None else []
+    ids_list, texts = [], []
+    for item in p:
+        if isinstance(item, str):
+            ids_list.append(bos + tokenizer.encode(item))   # raw text: no chat template
+            texts.append(item)
+        elif isinstance(item, list) and item and all(_is_int(t) and t >= 0 for t in item):
+            ids_list.append(list(item))
+            texts.append(tokenizer.decode(item))
+        else:
+            raise bad
+    return ids_list, texts
+
+
+def _chat_prompt(body: dict[str, Any], tokenizer: Any) -> tuple[list[list[int]], list[str]]:
+    msgs = body.get("messages")
+    if not isinstance(msgs, list) or not msgs:
+        raise OpenAIError(400, "messages must be a non-empty list of {role, content}", "messages")
+    try:
+        ids = tokenizer.encode_prompt(messages=msgs)
+    except ValueError as e:
+        raise OpenAIError(400, f"invalid messages: {e}", "messages") from None
+    return [list(ids)], [""]
+
+
+def _check_vocab(prompts: list[list[int]], tokenizer: Any) -> None:
+    vocab = getattr(tokenizer, "vocab_size", None)
+    for ids in prompts:
+        if not ids:
+            raise OpenAIError(400, "the prompt is empty", "prompt")
+        if vocab is not None and max(ids) >= vocab:
+            raise OpenAIError(400, f"token id {max(ids)} is outside the vocabulary "
+                                   f"(size {vocab})", "prompt")
+
+
+def _max_tokens(body: dict[str, Any], kind: str, prompt_len: int, limits: Limits) -> int:
+    """The completion budget, checked against MAX_DEC_LEN, MAX_SEQ_LEN and the context."""
+    key = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
+    asked = _get(body, key, "int", None, 1)
+    if asked is not None and asked > limits.max_dec_len:
+        raise OpenAIError(400, f"{key}({asked}) exceeds the limit MAX_DEC_LEN"
+                               f"({limits.max_dec_len})", key)
+    if prompt_len > limits.max_seq_len:
+        raise OpenAIError(400, f"This model's maximum input length is {limits.max_seq_len} "
+                               f"tokens (MAX_SEQ_LEN). However, you requested {prompt_len} "
+                               "tokens in the messages. Please reduce the length of the messages.",
+                          "messages" if kind == "chat" else "prompt")
+    room = limits.model_max_len - prompt_len
+    default = COMPLETIONS_DEFAULT_MAX_TOKENS if kind == "completion" else limits.max_dec_len
+    completion = asked if asked is not None else max(1, min(room, default))
+    if prompt_len + completion > limits.model_max_len:
+        raise OpenAIError(400, f"This model's maximum context length is {limits.model_max_len} "
+                               f"tokens. However, you requested {prompt_len + completion} tokens "
+                               f"({prompt_len} in the messages, {completion} in the completion). "
+                               "Please reduce the length of the messages or completion.",
+                          "messages" if kind == "chat" else "prompt")
+    return completion
+
+
+def _logprobs(body: dict[str, Any], kind: str) -> int | None:
+    if kind == "completion":
+        return _get(body, "logprobs", "int", None, 0, MAX_LOGPROBS)
+    top = _get(body, "top_logprobs", "int", None, 0, MAX_LOGPROBS)
+    if not _get(body, "logprobs", "bool", False):
+        if top is not None:
+            raise OpenAIError(400, "top_logprobs requires logprobs to be true", "top_logprobs")
+        return None
+    return top or 0
+
+
+def parse_openai(kind: str, body: dict[str, Any], tokenizer: Any, limits: Limits,
+                 model_names: tuple[str, ...]) -> OpenAIRequest:
+    """Validate one OpenAI body of `kind` ("completion" | "chat") against our limits."""
+    model = body.get("model")
+    if not isinstance(model, str):
+        raise OpenAIError(400, "model must be a string", "model")
+    if model not in model_names:
+        raise OpenAIError(404, f"The model `{model}` does not exist. Served: "
+                               f"{', '.join(model_names)}", "model")
+    n = _get(body, "n", "int", 1, 1, MAX_N)
+    _check_unsupported(body, n)
+    stream = _get(body, "stream", "bool", False)
+    opts = body.get("stream_options")
+    if opts is not None and (not stream or not isinstance(opts, dict)):
+        raise OpenAIError(400, "stream_options must be an object and needs stream=true",
+                          "stream_options")
+    include_usage = _get(opts or {}, "include_usage", "bool", False)
+    echo = _get(body, "echo", "bool", False)
+    if echo and kind == "chat":
+        raise OpenAIError(400, "echo is only supported by /v1/completions", "echo")
+    prompts, texts = (_completion_prompts if kind == "completion" else _chat_prompt)(body, tokenizer)
+    _check_vocab(prompts, tokenizer)
+    logprobs = _logprobs(body, kind)
+    if echo and logprobs is not None:
+        raise OpenAIError(400, "echo together with logprobs is not supported: prompt logprobs "
+                               "are not computed", "echo")
+    max_tokens = min(_max_tokens(body, kind, len(p), limits) for p in prompts)
+    min_tokens = _get(body, "min_tokens", "int", 0, 0)
+    if min_tokens > max_tokens:
+        raise OpenAIError(400, f"min_tokens({min_tokens}) must not exceed max_tokens"
+                               f"({max_tokens})", "min_tokens")
+    top_k = _get(body, "top_k", "int", 0, -1)
+    seed = _get(body, "seed", "int", None)
+    params = SamplingParams(
+        max_tokens=max_tokens, min_tokens=min_tokens,
+        temperature=_get(body, "temperature", "num", 1.0, 0),
+        top_p=_get(body, "top_p", "num", 1.0, 0, 1), top_k=max(top_k, 0),
+        seed=None if seed is None else seed % (1 << 63),   # any int64 is a valid OpenAI seed
+        repetition_penalty=_get(body, "repetition_penalty", "num", 1.0, 1e-6),
+        frequency_penalty=_get(body, "frequency_penalty", "num", 0.0, -2, 2),
+        presence_penalty=_get(body, "presence_penalty", "num", 0.0, -2, 2),
+        stop_sequences=_stop(body), ignore_eos=_get(body, "ignore_eos", "bool", False),
+        logprobs=logprobs)
+    _get(body, "user", "str", None)
+    return OpenAIRequest(kind, model, prompts, texts, params.validate(), n, stream,
+                         include_usage, echo, logprobs)
