@@ -62,7 +62,7 @@ class FakeTokenizer:
             raise ValueError("messages: role must be user, assistant or system")
         return [BOS] + self.encode(self.render_chat(messages, system))
 
-    def detokenizer(self, prompt_ids: list[int]) -> FakeDetokenizer:
+    def detokenizer(self, prompt_ids: list[int], continue_prompt: bool = False) -> FakeDetokenizer:
         return FakeDetokenizer(self)
 
 

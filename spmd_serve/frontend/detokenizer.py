@@ -20,6 +20,7 @@ from __future__ import annotations
 from typing import Iterable, Protocol, Sequence
 
 REPLACEMENT_CHAR = "\ufffd"
+PROMPT_CONTEXT = 5     # prompt ids decoded ahead of the output when continuing a prompt (vLLM's)
 
 
 class _Decoder(Protocol):
@@ -38,14 +39,21 @@ class IncrementalDetokenizer:
     the first output token's SentencePiece space is dropped exactly as decode drops it).
     """
 
-    def __init__(self, tokenizer: _Decoder, prompt_ids: Sequence[int] = ()) -> None:
+    def __init__(self, tokenizer: _Decoder, prompt_ids: Sequence[int] = (),
+                 continue_prompt: bool = False) -> None:
         self._tokenizer = tokenizer
         self._special = tokenizer.special_token_ids
         self.prompt_ids: list[int] = list(prompt_ids)
         self.output_ids: list[int] = []   # every id passed to step(), special ones included
-        self._ids: list[int] = []         # output ids that produce text (specials removed)
+        # continue_prompt: the text continues the prompt's (OpenAI completions, where "Hello" +
+        # "▁world" must read " world"), so the window starts with the prompt's last few ids,
+        # already "emitted"; otherwise the text is decode(output ids) alone.
+        seed = [i for i in prompt_ids if i not in self._special][-PROMPT_CONTEXT:] \
+            if continue_prompt else []
+        self._seed_text = tokenizer.decode(seed) if seed else ""
+        self._ids: list[int] = list(seed)  # ids that produce text (specials removed)
         self._prefix_offset = 0           # window start: first id of the last emitted delta
-        self._read_offset = 0             # ids before this have been emitted as text
+        self._read_offset = len(seed)     # ids before this have been emitted as text
         self._chunks: list[str] = []
         self._text_cache: str | None = ""
 
@@ -104,5 +112,5 @@ class IncrementalDetokenizer:
             return self._emit(new_text[len(prefix_text):])
         # Fallback for a non-prefix-stable tokenizer: emit what makes the total text right.
         full = self._tokenizer.decode(self._ids)
-        emitted = self.text
+        emitted = self._seed_text + self.text
         return self._emit(full[len(emitted):] if full.startswith(emitted) else "")

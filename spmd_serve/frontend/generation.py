@@ -43,10 +43,12 @@ class Generation:
     """Submit once, read `deltas()` once; `close()` on every path."""
 
     def __init__(self, client: EngineClient, tokenizer: Any, req_id: str, prompt: list[int],
-                 params: SamplingParams, deadline: float) -> None:
+                 params: SamplingParams, deadline: float, continue_prompt: bool = False) -> None:
         self.client, self.req_id, self.prompt = client, req_id, prompt
         self.params, self.deadline = params, deadline
-        self.asm = OutputAssembler(tokenizer.detokenizer(prompt), params.stop_sequences)
+        detok = (tokenizer.detokenizer(prompt, continue_prompt=True) if continue_prompt
+                 else tokenizer.detokenizer(prompt))
+        self.asm = OutputAssembler(detok, params.stop_sequences)
         self.first_token_at: float | None = None
         self._queue: asyncio.Queue[RequestOutput | None] | None = None
 

@@ -122,8 +122,9 @@ class OpenAIServing:
                 seed = req.params.seed
                 params = dataclasses.replace(
                     req.params, seed=None if seed is None else (seed + index) % (1 << 63))
+                # completions continue the prompt's text; chat starts a new message
                 gens.append(Generation(self.client, self.tokenizer, f"{resp_id}-{index}",
-                                       prompt, params, deadline))
+                                       prompt, params, deadline, req.kind == "completion"))
         return gens
 
     @staticmethod
@@ -206,4 +207,5 @@ def openai_routes(serving: OpenAIServing, max_body_size: int) -> list[tuple]:
     return [(r"/v1/completions", OpenAIHandler, post("completion")),
             (r"/v1/chat/completions/completions", OpenAIHandler, post("completion")),
             (r"/v1/chat/completions/chat/completions", OpenAIHandler, post("chat")),
-            (r"/v1/models", ModelsHandler, {"serving": serving})]
+            (r"/v1/models", ModelsHandler, {"serving": serving}),
+            (r"/v1/chat/completions/models", ModelsHandler, {"serving": serving})]

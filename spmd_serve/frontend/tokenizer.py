@@ -221,6 +221,8 @@ class ServingTokenizer:
         bos = [self.bos_token_id] if self.bos_token_id is not None else []
         return bos + self.encode(text)
 
-    def detokenizer(self, prompt_ids: list[int]) -> IncrementalDetokenizer:
-        """A fresh streaming decoder for one request's output ids."""
-        return IncrementalDetokenizer(self, prompt_ids)
+    def detokenizer(self, prompt_ids: list[int],
+                    continue_prompt: bool = False) -> IncrementalDetokenizer:
+        """A fresh streaming decoder for one request's output ids (`continue_prompt`: the text
+        reads as the prompt's continuation, leading space included)."""
+        return IncrementalDetokenizer(self, prompt_ids, continue_prompt)
