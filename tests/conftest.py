@@ -28,3 +28,19 @@ def served_tp2(demo_checkpoint, tmp_path_factory) -> Path:
     from spmd_serve.export import export_checkpoint
 
     return export_checkpoint(demo_checkpoint, tmp_path_factory.mktemp("served") / "tp2", tp=2)
+
+
+@pytest.fixture
+def make_server():
+    """IOServer + FakeEngine harnesses (tests/fakes.py) on free ports, closed after the test."""
+    from tests.fakes import Harness
+
+    made: list = []
+    yield lambda **kw: made.append(Harness(**kw)) or made[-1]
+    for h in made:
+        h.close()
+
+
+@pytest.fixture
+def srv(make_server):
+    return make_server()

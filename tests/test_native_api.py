@@ -13,19 +13,6 @@ from tests.fakes import (FakeTokenizer, Harness, assert_healthy, check_stream, e
 TOK = FakeTokenizer()
 
 
-@pytest.fixture
-def make_server():
-    made: list[Harness] = []
-    yield lambda **kw: made.append(Harness(**kw)) or made[-1]
-    for h in made:
-        h.close()
-
-
-@pytest.fixture
-def srv(make_server) -> Harness:
-    return make_server()
-
-
 def test_docs_stream_text(srv):
     data = {"text": "Hello, how are you?", "req_id": "r-text", "max_dec_len": 40, "stream": True}
     frames = stream_lines(srv.url, data)
@@ -297,3 +284,23 @@ def test_disabled_port_and_clean_stop(make_server):
     with pytest.raises(requests.exceptions.ConnectionError):
         requests.get(h.base + "/health", timeout=2)
     h.server.stop(timeout=1)                  # a second stop is harmless
+
+
+def test_return_all_tokens_streams_only_the_final_frame_and_benchmark_timings(srv):
+    frames = stream_lines(srv.url, {"text": "abc", "req_id": "all", "max_dec_len": 6,
+                                    "stream": True, "return_all_tokens": True,
+                                    "benchmark": True})
+    assert len(frames) == 1 and frames[0]["is_end"] == 1
+    last = check_stream(frames, "all")
+    assert last["tokens_all_num"] == 6 and last["token"] == last["tokens_all"]
+    b = last["benchmark"]
+    assert 0 <= b["time_to_first_token_s"] <= b["total_time_s"] and b["decode_tokens_per_s"] > 0
+    r = requests.post(srv.url, json={"text": "abc", "max_dec_len": 3}, timeout=10).json()
+    assert "benchmark" not in r
+
+
+def test_input_ids_outside_the_vocabulary_are_400(srv):
+    r = requests.post(srv.url, json={"input_ids": [5, TOK.vocab_size], "max_dec_len": 2},
+                      timeout=10)
+    assert r.status_code == 400 and "vocabulary" in r.json()["error_msg"]
+    assert_healthy(srv)

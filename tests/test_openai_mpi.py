@@ -72,6 +72,16 @@ def test_chat_stream_equals_non_stream_and_usage_chunk(client):
     assert all(c.usage is None for c in content)
 
 
+def test_content_as_text_parts_equals_a_string(client):
+    parts = [{"role": "user", "content": [{"type": "text", "text": "Tell me a story "},
+                                          {"type": "text", "text": "about a cat."}]}]
+    kw = dict(model="default", max_tokens=6, temperature=0, extra_body={"min_tokens": 6})
+    a = client.chat.completions.create(messages=parts, **kw)
+    b = client.chat.completions.create(messages=CHAT, **kw)
+    assert a.choices[0].message.content == b.choices[0].message.content
+    assert a.usage.prompt_tokens == b.usage.prompt_tokens
+
+
 def test_n_two_choices_with_indices(client):
     r = client.chat.completions.create(model="default", messages=CHAT, max_tokens=6, n=2,
                                        temperature=1.0, seed=3)
