@@ -39,6 +39,7 @@ class AddCommand:
 @dataclass
 class AbortCommand:
     req_id: str
+    requested_at: float = field(default_factory=time.monotonic)   # for the abort-delay metric
 
 
 @dataclass
