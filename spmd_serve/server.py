@@ -41,12 +41,15 @@ class Frontend:
     client: object
     io: object
     max_model_len: int
+    metrics: object          # EngineMetrics: recorded by the engine, served by the IO thread
 
 
 def _start_frontend(cfg, model_config: dict) -> Frontend:
     from spmd_serve.config import ConfigError
     from spmd_serve.engine.client import EngineClient
+    from spmd_serve.engine.metrics import EngineMetrics
     from spmd_serve.frontend.app import IOServer, IOSettings
+    from spmd_serve.frontend.metrics_service import MetricsService
     from spmd_serve.frontend.tokenizer import ServingTokenizer
 
     try:
@@ -55,12 +58,14 @@ def _start_frontend(cfg, model_config: dict) -> Frontend:
         raise ConfigError(f"cannot load the tokenizer of {cfg.model_dir}: {e}") from None
     max_model_len = int(model_config.get("max_position_embeddings", cfg.max_seq_len + cfg.max_dec_len))
     client = EngineClient(capacity=cfg.batch_size + cfg.max_cached_task_num)
-    io = IOServer(client, tokenizer, IOSettings.from_config(cfg, model_max_len=max_model_len))
+    metrics = EngineMetrics()
+    io = IOServer(client, tokenizer, IOSettings.from_config(cfg, model_max_len=max_model_len),
+                  services=[MetricsService(metrics.registry, cfg.host, cfg.metrics_port)])
     try:
         io.start()
     except OSError as e:   # a busy port: the message names it
         raise ConfigError(str(e)) from None
-    return Frontend(tokenizer, client, io, max_model_len)
+    return Frontend(tokenizer, client, io, max_model_len, metrics)
 
 
 def _load(cfg, comm):
@@ -99,7 +104,7 @@ def _run_rank0(cfg, comm, runner, fe: Frontend) -> None:
                             block_ratio=cfg.block_ratio, max_waiting=cfg.max_cached_task_num,
                             max_num_batched_tokens=cfg.max_num_batched_tokens, max_model_len=fe.max_model_len)
     engine = Engine(sched, comm, runner, client, frozenset(fe.tokenizer.eos_token_ids),
-                    log_every=int(os.environ.get("SPMD_LOG_STEP_EVERY", "0")))
+                    log_every=int(os.environ.get("SPMD_LOG_STEP_EVERY", "0")), metrics=fe.metrics)
 
     def stop(signum, _frame) -> None:
         log.info("received %s: stopping all ranks", signal.Signals(signum).name)
@@ -112,9 +117,9 @@ def _run_rank0(cfg, comm, runner, fe: Frontend) -> None:
     if cfg.use_warmup:
         engine.warm_up(fe.tokenizer.encode("Warm-up request: hello world.") or [fe.tokenizer.bos_token_id or 1])
     client.ready.set()
-    log.info("ready: %d rank(s), model %s, HTTP %s:%s, health %s:%s, %d KV blocks of %d tokens",
+    log.info("ready: %d rank(s), model %s, HTTP %s:%s, health %s:%s, metrics %s:%s, %d KV blocks of %d tokens",
              comm.size, cfg.model_dir, cfg.host, cfg.http_port, cfg.host, cfg.health_port,
-             cfg.num_blocks(), cfg.block_size)
+             cfg.host, cfg.metrics_port, cfg.num_blocks(), cfg.block_size)
     try:
         engine.run()
     finally:

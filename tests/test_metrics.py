@@ -1,14 +1,16 @@
 """Engine metrics (CONTRACT.md §6) without MPI: the definitions in spmd_serve/engine/metrics.py
 checked step by step against a real Scheduler and a fake clock, the real Engine loop with a fake
-runner (so the hooks sit where the definitions say).
+runner (so the hooks sit where the definitions say), and the `/metrics` service over a socket.
 Every scrape goes through prometheus_client's own text parser."""
 from __future__ import annotations
 
+import socket
 import threading
 import time
 
 import numpy as np
 import pytest
+import requests
 
 from spmd_serve.engine.client import EngineClient
 from spmd_serve.engine.engine import Engine
@@ -16,7 +18,7 @@ from spmd_serve.engine.metrics import EngineMetrics, OriginalGauges
 from spmd_serve.sampling_params import SamplingParams
 from spmd_serve.scheduler.request import Request
 from spmd_serve.scheduler.scheduler import SchedulerConfig
-from tests.metrics_scrape import Samples
+from tests.metrics_scrape import P, Samples
 from tests.scheduler_harness import FakeModel, make_scheduler
 
 
@@ -224,3 +226,51 @@ def test_engine_frees_an_aborted_request_within_one_step(engine):
     assert s.get("abort_to_free_steps_count") == 1 == s.get("abort_to_free_steps_bucket", le="1.0")
     assert s.get("generation_tokens_total") < 100
 
+
+# ---- the /metrics service ---------------------------------------------------------------------------
+def start_io(registry, port: int = 0):
+    from spmd_serve.frontend.app import IOServer
+    from spmd_serve.frontend.metrics_service import MetricsService
+    from tests.fakes import FakeTokenizer
+
+    service = MetricsService(registry, "127.0.0.1", port)
+    io = IOServer(EngineClient(1), FakeTokenizer(), host="127.0.0.1", http_port=-1, health_port=-1,
+                  api_key="secret", services=[service])
+    io.start(timeout=5)
+    return io, f"http://127.0.0.1:{service.port}"
+
+
+CONTRACT = {"num_requests_running": "gauge", "num_requests_waiting": "gauge", "kv_cache_usage_perc": "gauge",
+            "prompt_tokens": "counter", "generation_tokens": "counter", "request_success": "counter",
+            "num_preemptions": "counter", "time_to_first_token_seconds": "histogram",
+            "inter_token_latency_seconds": "histogram", "e2e_request_latency_seconds": "histogram",
+            "request_queue_time_seconds": "histogram"}
+
+
+def test_metrics_endpoint_serves_prometheus_text_without_the_api_key():
+    m = EngineMetrics()
+    io, base = start_io(m.registry)
+    try:
+        res = requests.get(base + "/metrics", timeout=10)      # no Authorization header
+        assert res.status_code == 200 and res.headers["Content-Type"].startswith("text/plain")
+        s = Samples(res.text)
+        assert {name: s.families[P + name].type for name in CONTRACT} == CONTRACT
+        assert set(s.original()) == set(OriginalGauges.SERIES)
+        om = requests.get(base + "/metrics", headers={"Accept": "application/openmetrics-text"}, timeout=10)
+        assert om.headers["Content-Type"].startswith("application/openmetrics-text")
+        assert om.text.endswith("# EOF\n")
+        assert requests.get(base + "/", timeout=10).status_code == 404
+        assert requests.get(base + "/metrics/x", timeout=10).status_code == 404
+    finally:
+        io.stop()
+    with pytest.raises(requests.exceptions.ConnectionError):
+        requests.get(base + "/metrics", timeout=2)
+
+
+def test_busy_metrics_port_is_named():
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        with pytest.raises(OSError, match=f"127.0.0.1:{port} \\(METRICS_HTTP_PORT\\)"):
+            start_io(EngineMetrics().registry, port)
