@@ -117,9 +117,9 @@ def _run_rank0(cfg, comm, runner, fe: Frontend) -> None:
     if cfg.use_warmup:
         engine.warm_up(fe.tokenizer.encode("Warm-up request: hello world.") or [fe.tokenizer.bos_token_id or 1])
     client.ready.set()
-    log.info("ready: %d rank(s), model %s, HTTP %s:%s, health %s:%s, metrics %s:%s, %d KV blocks of %d tokens",
+    log.info("ready: %d rank(s), model %s, HTTP %s:%s, health %s:%s, %d KV blocks of %d tokens",
              comm.size, cfg.model_dir, cfg.host, cfg.http_port, cfg.host, cfg.health_port,
-             cfg.host, cfg.metrics_port, cfg.num_blocks(), cfg.block_size)
+             cfg.num_blocks(), cfg.block_size)
     try:
         engine.run()
     finally:
