@@ -41,12 +41,15 @@ class Frontend:
     client: object
     io: object
     max_model_len: int
+    metrics: object          # EngineMetrics: recorded by the engine, served by the IO thread
 
 
 def _start_frontend(cfg, model_config: dict) -> Frontend:
     from spmd_serve.config import ConfigError
     from spmd_serve.engine.client import EngineClient
+    from spmd_serve.engine.metrics import EngineMetrics
     from spmd_serve.frontend.app import IOServer, IOSettings
+    from spmd_serve.frontend.metrics_service import MetricsService
     from spmd_serve.frontend.tokenizer import ServingTokenizer
 
     try:
@@ -57,13 +60,15 @@ def _start_frontend(cfg, model_config: dict) -> Frontend:
     client = EngineClient(capacity=cfg.batch_size + cfg.max_cached_task_num)
     # OpenAI `model`: the served directory's name, or "default" (CONTRACT §4)
     names = (Path(cfg.model_dir).resolve().name or "default", "default")
+    metrics = EngineMetrics()
     io = IOServer(client, tokenizer, IOSettings.from_config(cfg, model_max_len=max_model_len,
-                                                            model_names=names))
+                                                            model_names=names),
+                  services=[MetricsService(metrics.registry, cfg.host, cfg.metrics_port)])
     try:
         io.start()
     except OSError as e:   # a busy port: the message names it
         raise ConfigError(str(e)) from None
-    return Frontend(tokenizer, client, io, max_model_len)
+    return Frontend(tokenizer, client, io, max_model_len, metrics)
 
 
 def _load(cfg, comm):
@@ -102,7 +107,7 @@ def _run_rank0(cfg, comm, runner, fe: Frontend) -> None:
                             block_ratio=cfg.block_ratio, max_waiting=cfg.max_cached_task_num,
                             max_num_batched_tokens=cfg.max_num_batched_tokens, max_model_len=fe.max_model_len)
     engine = Engine(sched, comm, runner, client, frozenset(fe.tokenizer.eos_token_ids),
-                    log_every=int(os.environ.get("SPMD_LOG_STEP_EVERY", "0")))
+                    log_every=int(os.environ.get("SPMD_LOG_STEP_EVERY", "0")), metrics=fe.metrics)
 
     def stop(signum, _frame) -> None:
         log.info("received %s: stopping all ranks", signal.Signals(signum).name)

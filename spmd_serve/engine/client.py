@@ -39,6 +39,8 @@ class AddCommand:
 @dataclass
 class AbortCommand:
     req_id: str
+    reason: str = "abort"      # "stop": the front end found a stop string (a normal end)
+    requested_at: float = field(default_factory=time.monotonic)   # for the abort-delay metric
 
 
 @dataclass
@@ -92,11 +94,12 @@ class EngineClient:
             self._cv.notify()
         return stream
 
-    def abort(self, req_id: str) -> None:
-        """Stop generating for req_id (client gone, stop string seen, deadline).  Idempotent."""
+    def abort(self, req_id: str, reason: str = "abort") -> None:
+        """Stop generating for req_id (client gone, deadline; reason "stop": a stop string was
+        seen).  Idempotent."""
         with self._cv:
             if self._streams.pop(req_id, None) is not None:
-                self._commands.append(AbortCommand(req_id))
+                self._commands.append(AbortCommand(req_id, reason))
                 self._cv.notify()
 
     def release(self, req_id: str) -> None:

@@ -15,6 +15,7 @@ import numpy as np
 
 from spmd_serve.engine import sampler
 from spmd_serve.engine.client import AbortCommand, AddCommand, EngineClient, RequestOutput
+from spmd_serve.engine.metrics import EngineMetrics
 from spmd_serve.engine.plan_builder import build_plan
 from spmd_serve.engine.step_stats import StepStats
 from spmd_serve.protocol import SHUTDOWN, StepPlan
@@ -30,12 +31,14 @@ class Engine:
     """Rank 0's scheduler-driven loop; `runner.execute` includes the other ranks via the plan."""
 
     def __init__(self, sched_cfg: SchedulerConfig, comm, runner, client: EngineClient,
-                 eos_token_ids: frozenset[int], log_every: int = 0) -> None:
+                 eos_token_ids: frozenset[int], log_every: int = 0,
+                 metrics: EngineMetrics | None = None) -> None:
         self.scheduler = Scheduler(sched_cfg)
         self.comm, self.runner, self.client = comm, runner, client
         self.block_size = sched_cfg.block_size
         self.eos = eos_token_ids
         self.stats = StepStats(log_every=log_every)
+        self.metrics = metrics if metrics is not None else EngineMetrics()
         self.stop_event = threading.Event()
         self.step_id = 0
         self.num_preemptions = 0
@@ -48,7 +51,8 @@ class Engine:
         errors: list[RequestOutput] = []
         for cmd in self.client.take_commands():
             if isinstance(cmd, AbortCommand):
-                self.scheduler.abort_request(cmd.req_id)
+                self.metrics.on_abort(self.scheduler.abort_request(cmd.req_id), cmd.requested_at,
+                                      cmd.reason)
                 continue
             err = self._admit(cmd)
             if err is not None:
@@ -74,6 +78,7 @@ class Engine:
         while not self.stop_event.is_set():
             self.client.heartbeat = time.monotonic()
             self._apply_commands()
+            self.metrics.update_gauges(self.scheduler)   # every turn: a scrape is current when idle too
             if self.scheduler.has_unfinished():
                 self.step()
                 if self._empty_steps:   # nothing schedulable: only a new command can change that
@@ -94,6 +99,7 @@ class Engine:
         self._empty_steps = 0
         self.step_id += 1
         self.num_preemptions += len(out.preempted)
+        self.metrics.on_schedule(out)
         plan = build_plan(out, self.step_id, self.block_size)
         st.lap("schedule")
         self.comm.send_plan(plan)
@@ -115,6 +121,7 @@ class Engine:
                                            num_prompt_tokens=r.num_prompt_tokens,
                                            logprobs=logprobs.get(r.req_id)) for r in done])
         st.lap("update")
+        self.metrics.on_update(done)
         st.end_step(out.num_tokens, len(tokens))
         return done
 
@@ -136,8 +143,9 @@ class Engine:
         the first user request does not pay for graph initialisation and first-touch of memory."""
         params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
         self.scheduler.add_request(Request("__warmup__", prompt_ids, params))
-        while self.scheduler.has_unfinished():
-            self.step()
+        with self.metrics.paused():   # not user traffic
+            while self.scheduler.has_unfinished():
+                self.step()
 
     def _shutdown(self) -> None:
         """Fail whatever is still in flight with an error frame, then stop every rank."""

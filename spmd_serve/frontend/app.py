@@ -79,6 +79,19 @@ def make_health_app(client: EngineClient, settings: IOSettings) -> Application:
                        default_handler_class=NotFoundHandler)
 
 
+def listen_http(app: Application, host: str, port: int, what: str,
+                **server_kw: Any) -> tuple[HTTPServer, int]:
+    """Serve `app` on host:port from the running loop; returns (server, bound port).  A port
+    that cannot be bound raises OSError naming it and its variable (`what`), for ConfigError."""
+    try:
+        socks = bind_sockets(port, host)
+    except OSError as e:
+        raise OSError(e.errno, f"cannot listen on {host}:{port} ({what}): {e.strerror or e}") from None
+    server = HTTPServer(app, **server_kw)
+    server.add_sockets(socks)
+    return server, socks[0].getsockname()[1]
+
+
 class IOService(Protocol):
     """Something else served from the IO loop (gRPC, metrics): bound in `start`, which raises
     OSError naming its port when it cannot listen; `stop` closes it within `grace` seconds."""
@@ -146,15 +159,9 @@ class IOServer:
             loop.close()
 
     def _listen(self, app: Application, port: int, what: str) -> tuple[HTTPServer, int]:
-        try:
-            socks = bind_sockets(port, self.settings.host)
-        except OSError as e:
-            raise OSError(e.errno, f"cannot listen on {self.settings.host}:{port} "
-                                   f"({what}): {e.strerror or e}") from None
         # max_body_size bounds every handler; the native one lifts it per request to send 413.
-        server = HTTPServer(app, max_body_size=self.settings.max_body_size)
-        server.add_sockets(socks)
-        return server, socks[0].getsockname()[1]
+        return listen_http(app, self.settings.host, port, what,
+                           max_body_size=self.settings.max_body_size)
 
     async def _serve(self) -> None:
         self._stop = asyncio.Event()

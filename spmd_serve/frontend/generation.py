@@ -102,7 +102,7 @@ class Generation:
                 self.first_token_at = time.monotonic()
             text = asm.add(out.new_token_ids, out.finished)
             if asm.stopped:                         # our stop string: the engine may stop too
-                self.client.abort(self.req_id)
+                self.client.abort(self.req_id, reason="stop")
             reason = None
             if out.finished or asm.stopped:
                 reason = "stop" if asm.stopped else (out.finish_reason or "stop")

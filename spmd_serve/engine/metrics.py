@@ -1,0 +1,201 @@
+"""Prometheus metrics of the engine (CONTRACT.md §6), recorded by rank 0's engine thread.
+
+This module owns `EngineMetrics`: a private `CollectorRegistry` (never the global one, so several
+engines in one test process cannot clash) and the hooks the engine loop calls.  Only the engine
+thread writes; the IO thread only renders the registry for `/metrics` (prometheus_client's
+metrics are thread-safe, and the original-tool gauges are swapped in as one dict).
+
+When each metric changes (times are `time.monotonic()`; "arrival" is `Request.arrival_time`, the
+moment the IO thread handed the request to the EngineClient):
+* gauges (`update_gauges`, once per engine-loop turn, so a scrape is current even when idle):
+  `spmd_serve:num_requests_running` = len(scheduler.running), `..._waiting` = len(waiting)
+  (preempted requests included), `kv_cache_usage_perc` = used / total blocks (0..1, as vLLM);
+  `inference_server_metrics` as the original PaddleNLP/Triton backend exposed it: one gauge family
+  whose series each carry a label named after itself, `{batch_size="batch_size"}` = running
+  sequences, `block_num` = FREE blocks, `max_batch_size` = BATCH_SIZE, `max_block_num` = total
+  blocks, `available_resource` = free / total blocks.
+* at a request's first scheduling (`on_schedule`; a recompute after preemption is not a first):
+  `prompt_tokens_total` += its prompt length, `request_queue_time_seconds` observes now − arrival.
+  Every non-empty schedule adds its preemptions to `num_preemptions_total`.
+* per sampled token (`on_update`): `generation_tokens_total` += 1; the request's first token
+  observes `time_to_first_token_seconds` (now − arrival), each later one
+  `inter_token_latency_seconds` (now − its previous token).  A request finished by the engine
+  counts in `request_success_total{finished_reason="stop"|"length"}` and observes
+  `e2e_request_latency_seconds` (now − arrival).  `engine_steps_total` += 1 per executed step.
+* per abort the engine applies (`on_abort`: client gone, deadline, stop string found by the front
+  end): `request_success_total{finished_reason="abort"}` += 1 — or "stop" (with its e2e latency)
+  when the abort came from a stop string, which the client sees as a normal end — and
+  `abort_to_free_steps` observes
+  how many engine steps completed between the abort being requested and the request's KV blocks
+  returning to the free pool (the loop applies aborts before every step, so 0 or 1).
+Warm-up traffic (`paused()`) is not user traffic and is not counted.
+"""
+from __future__ import annotations
+
+import collections
+import contextlib
+import time
+from typing import Callable, Iterator
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.metrics_core import Metric
+from prometheus_client.process_collector import ProcessCollector
+
+from spmd_serve.scheduler.request import Request
+from spmd_serve.scheduler.scheduler import Scheduler, SchedulerOutput
+
+PREFIX = "spmd_serve:"
+FINISH_REASONS = ("stop", "length", "abort")      # vLLM's FinishReason values
+# vLLM's buckets; inter-token latency gains 1 ms and 5 ms because a CPU decode step can be that fast.
+TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0,
+                7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
+ITL_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0,
+               2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0)
+REQUEST_LATENCY_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0,
+                           50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)
+ABORT_STEP_BUCKETS = (0, 1, 2, 4, 8, 16, 32, 64)
+_RECENT_STEPS = ABORT_STEP_BUCKETS[-1]   # step end times kept: the abort delay saturates here
+
+
+class OriginalGauges:
+    """The original tool's `inference_server_metrics` family, series by series as it exposed them.
+
+    A plain `Gauge` cannot express it (its series use different label names), so this is a custom
+    collector.  The engine replaces the whole dict at once, so a scrape never sees half an update.
+    """
+    NAME = "inference_server_metrics"
+    SERIES = ("batch_size", "block_num", "max_batch_size", "max_block_num", "available_resource")
+
+    def __init__(self) -> None:
+        self._values: dict[str, float] = dict.fromkeys(self.SERIES, 0.0)
+
+    def set(self, values: dict[str, float]) -> None:
+        self._values = {name: float(values[name]) for name in self.SERIES}
+
+    def _family(self) -> Metric:
+        return Metric(self.NAME, "Metrics for monitoring inference server status", "gauge")
+
+    def describe(self) -> list[Metric]:
+        return [self._family()]          # lets the registry reject a clashing name up front
+
+    def collect(self) -> list[Metric]:
+        family, values = self._family(), self._values
+        for name in self.SERIES:
+            family.add_sample(self.NAME, {name: name}, values[name])
+        return [family]
+
+
+class EngineMetrics:
+    """Every engine metric in one private registry; see the module docstring for definitions."""
+
+    def __init__(self, registry: CollectorRegistry | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.registry = registry if registry is not None else CollectorRegistry()
+        self._clock = clock
+        self._paused = False
+        # req_id -> (arrival, time of its latest token or None): requests scheduled at least once
+        # and not finished yet.  Presence marks "already counted its prompt and queue time".
+        self._live: dict[str, tuple[float, float | None]] = {}
+        self._step_ends: collections.deque[float] = collections.deque(maxlen=_RECENT_STEPS)
+        r, p = self.registry, PREFIX
+        self.running = Gauge(p + "num_requests_running", "Number of requests in model execution batches.",
+                             registry=r)
+        self.waiting = Gauge(p + "num_requests_waiting",
+                             "Number of requests waiting to be processed (preempted ones included).",
+                             registry=r)
+        self.kv_usage = Gauge(p + "kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.",
+                              registry=r)
+        self.prompt_tokens = Counter(p + "prompt_tokens", "Number of prefill tokens processed "
+                                     "(once per request, at its first scheduling).", registry=r)
+        self.generation_tokens = Counter(p + "generation_tokens", "Number of generation tokens processed.",
+                                         registry=r)
+        success = Counter(p + "request_success", "Count of successfully processed requests.",
+                          ["finished_reason"], registry=r)
+        # Created up front so every reason reads 0 before it first happens (rate() needs a start).
+        self.success = {reason: success.labels(reason) for reason in FINISH_REASONS}
+        self.preemptions = Counter(p + "num_preemptions", "Cumulative number of preemption from the engine.",
+                                   registry=r)
+        self.steps = Counter(p + "engine_steps", "Engine steps executed (model runs on every rank).",
+                             registry=r)
+        self.ttft = Histogram(p + "time_to_first_token_seconds", "Histogram of time to first token in seconds.",
+                              buckets=TTFT_BUCKETS, registry=r)
+        self.itl = Histogram(p + "inter_token_latency_seconds", "Histogram of inter-token latency in seconds.",
+                             buckets=ITL_BUCKETS, registry=r)
+        self.e2e = Histogram(p + "e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.",
+                             buckets=REQUEST_LATENCY_BUCKETS, registry=r)
+        self.queue_time = Histogram(p + "request_queue_time_seconds",
+                                    "Histogram of time spent in WAITING phase for request.",
+                                    buckets=REQUEST_LATENCY_BUCKETS, registry=r)
+        self.abort_steps = Histogram(p + "abort_to_free_steps",
+                                     "Engine steps completed between an abort being requested and the "
+                                     "request's KV blocks returning to the free pool.",
+                                     buckets=ABORT_STEP_BUCKETS, registry=r)
+        self.original = OriginalGauges()
+        r.register(self.original)
+        ProcessCollector(registry=r)     # rank 0's memory, CPU time and open files, as usual
+
+    @contextlib.contextmanager
+    def paused(self) -> Iterator[None]:
+        """Steps inside (the warm-up request) are not user traffic: record nothing for them."""
+        self._paused = True
+        try:
+            yield
+        finally:
+            self._paused = False
+
+    # ---- engine-loop hooks ----------------------------------------------------------------
+    def update_gauges(self, scheduler: Scheduler) -> None:
+        bm = scheduler.block_manager
+        running, free, total = len(scheduler.running), bm.num_free_blocks, bm.num_blocks
+        self.running.set(running)
+        self.waiting.set(len(scheduler.waiting))
+        self.kv_usage.set((total - free) / total)
+        self.original.set({"batch_size": running, "block_num": free,
+                           "max_batch_size": scheduler.config.max_num_seqs, "max_block_num": total,
+                           "available_resource": free / total})
+
+    def on_schedule(self, out: SchedulerOutput) -> None:
+        """After a non-empty `scheduler.schedule()`, before the step runs."""
+        if self._paused:
+            return
+        now = self._clock()
+        self.preemptions.inc(len(out.preempted))
+        for seq in out.seqs:
+            req = seq.request
+            if req.req_id not in self._live:      # first scheduling; a preempted one is still live
+                self._live[req.req_id] = (req.arrival_time, None)
+                self.prompt_tokens.inc(req.num_prompt_tokens)
+                self.queue_time.observe(now - req.arrival_time)
+
+    def on_update(self, got_token: list[Request]) -> None:
+        """After `scheduler.update()`: each request in `got_token` has one new token."""
+        if self._paused:
+            return
+        now = self._clock()
+        self.steps.inc()
+        self._step_ends.append(now)
+        self.generation_tokens.inc(len(got_token))
+        for req in got_token:
+            arrival, last = self._live.get(req.req_id, (req.arrival_time, None))
+            if last is None:
+                self.ttft.observe(now - arrival)
+            else:
+                self.itl.observe(now - last)
+            if req.is_finished:
+                self.success[req.finish_reason or "stop"].inc()
+                self.e2e.observe(now - arrival)
+                self._live.pop(req.req_id, None)
+            else:
+                self._live[req.req_id] = (arrival, now)
+
+    def on_abort(self, req: Request | None, requested_at: float, reason: str = "abort") -> None:
+        """After `scheduler.abort_request()`, given its result (None: already gone, nothing freed),
+        the time the abort was asked for, and why: "stop" when the front end found a stop
+        string (the client sees a normal end, so it counts as a success with its latency)."""
+        if req is None or self._paused:
+            return
+        arrival, _ = self._live.pop(req.req_id, (req.arrival_time, None))
+        self.success[reason if reason in FINISH_REASONS else "abort"].inc()
+        if reason == "stop":
+            self.e2e.observe(self._clock() - arrival)
+        self.abort_steps.observe(sum(1 for t in self._step_ends if t > requested_at))
