@@ -55,7 +55,12 @@ def _start_frontend(cfg, model_config: dict) -> Frontend:
         raise ConfigError(f"cannot load the tokenizer of {cfg.model_dir}: {e}") from None
     max_model_len = int(model_config.get("max_position_embeddings", cfg.max_seq_len + cfg.max_dec_len))
     client = EngineClient(capacity=cfg.batch_size + cfg.max_cached_task_num)
-    io = IOServer(client, tokenizer, IOSettings.from_config(cfg, model_max_len=max_model_len))
+    settings = IOSettings.from_config(cfg, model_max_len=max_model_len)
+    services = []
+    if cfg.grpc_port != -1:
+        from spmd_serve.frontend.grpc_service import GrpcService
+        services.append(GrpcService.from_settings(client, tokenizer, settings, cfg.grpc_port))
+    io = IOServer(client, tokenizer, settings, services=services)
     try:
         io.start()
     except OSError as e:   # a busy port: the message names it
@@ -112,9 +117,9 @@ def _run_rank0(cfg, comm, runner, fe: Frontend) -> None:
     if cfg.use_warmup:
         engine.warm_up(fe.tokenizer.encode("Warm-up request: hello world.") or [fe.tokenizer.bos_token_id or 1])
     client.ready.set()
-    log.info("ready: %d rank(s), model %s, HTTP %s:%s, health %s:%s, %d KV blocks of %d tokens",
-             comm.size, cfg.model_dir, cfg.host, cfg.http_port, cfg.host, cfg.health_port,
-             cfg.num_blocks(), cfg.block_size)
+    log.info("ready: %d rank(s), model %s, HTTP %s:%s, gRPC %s:%s, health %s:%s, "
+             "%d KV blocks of %d tokens", comm.size, cfg.model_dir, cfg.host, cfg.http_port,
+             cfg.host, cfg.grpc_port, cfg.host, cfg.health_port, cfg.num_blocks(), cfg.block_size)
     try:
         engine.run()
     finally:

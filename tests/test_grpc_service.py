@@ -1,0 +1,309 @@
+"""The Triton gRPC door over real sockets: IOServer + GrpcService + FakeEngine, driven by the
+unmodified `tritonclient.grpc` the way its users drive it (no MPI, so each test takes ms)."""
+from __future__ import annotations
+
+import json
+import queue
+import socket
+import time
+
+import grpc
+import numpy as np
+import pytest
+import requests
+import tritonclient.grpc as tg
+from tritonclient.utils import InferenceServerException
+
+from spmd_serve.engine.client import EngineClient
+from spmd_serve.frontend.app import IOServer
+from spmd_serve.frontend.grpc_service import GrpcService
+from spmd_serve.frontend.native_protocol import Limits
+from tests.fakes import FakeEngine, FakeTokenizer, echo, wait_idle
+
+TOK = FakeTokenizer()
+KEY = "s3cret"
+
+
+class GrpcHarness:
+    """FakeEngine + IOServer with the gRPC service and the native HTTP port on loopback."""
+
+    def __init__(self, capacity: int = 16, step_s: float = 0.002, ready: bool = True,
+                 api_key: str | None = None, disable_streaming: bool = False) -> None:
+        self.client = EngineClient(capacity)
+        self.engine = FakeEngine(self.client, step_s)
+        self.service = GrpcService(self.client, TOK, Limits(256, 64, 300), host="127.0.0.1",
+                                   port=0, api_key=api_key, disable_streaming=disable_streaming)
+        self.io = IOServer(self.client, TOK, host="127.0.0.1", http_port=0, health_port=-1,
+                           max_seq_len=256, max_dec_len=64, model_max_len=300,
+                           disable_streaming=disable_streaming, services=[self.service])
+        self.engine.start(ready)
+        try:
+            self.io.start(timeout=5)
+        except BaseException:
+            self.engine.stop()
+            raise
+        self.url = f"http://127.0.0.1:{self.io.http_port}/v1/chat/completions"
+        self.triton = tg.InferenceServerClient(f"127.0.0.1:{self.service.port}")
+
+    def close(self) -> None:
+        try:
+            self.triton.close()
+            self.io.stop(timeout=5)
+        finally:
+            self.engine.stop()
+
+
+@pytest.fixture
+def make_server():
+    made: list[GrpcHarness] = []
+    yield lambda **kw: made.append(GrpcHarness(**kw)) or made[-1]
+    for h in made:
+        h.close()
+
+
+@pytest.fixture
+def srv(make_server) -> GrpcHarness:
+    return make_server()
+
+
+def in_tensor(body: dict | bytes) -> list[tg.InferInput]:
+    data = body if isinstance(body, bytes) else json.dumps([body]).encode()
+    inp = tg.InferInput("IN", [1], "BYTES")
+    inp.set_data_from_numpy(np.array([data], dtype=object))
+    return [inp]
+
+
+def out_obj(result: tg.InferResult) -> dict:
+    out = json.loads(result.as_numpy("OUT")[0])
+    assert isinstance(out, list) and len(out) == 1
+    return out[0]
+
+
+def is_final(result: tg.InferResult) -> bool:
+    return result.get_response().parameters["triton_final_response"].bool_param
+
+
+class Stream:
+    """start_stream + a queue of (request id, frame | error) as the callback receives them."""
+
+    def __init__(self, triton: tg.InferenceServerClient, **kw) -> None:
+        self.triton, self.got = triton, queue.Queue()
+        triton.start_stream(callback=self._callback, **kw)
+
+    def _callback(self, result, error) -> None:
+        if error is not None:
+            self.got.put(("", error, True))
+        else:
+            self.got.put((result.get_response().id, out_obj(result), is_final(result)))
+
+    def send(self, body: dict | bytes, request_id: str = "", **kw) -> None:
+        self.triton.async_stream_infer("model", in_tensor(body), request_id=request_id, **kw)
+
+    def collect(self, n_final: int, timeout: float = 10) -> list[tuple]:
+        """Everything received until `n_final` requests have ended (final flag or error)."""
+        items, end = [], time.monotonic() + timeout
+        while n_final:
+            item = self.got.get(timeout=max(0.01, end - time.monotonic()))
+            items.append(item)
+            n_final -= item[2]
+        return items
+
+
+def check_frames(frames: list[dict], req_id: str) -> dict:
+    assert all(f["req_id"] == req_id for f in frames)
+    assert [f["send_idx"] for f in frames] == list(range(len(frames)))
+    assert [f["is_end"] for f in frames] == [0] * (len(frames) - 1) + [1]
+    last = frames[-1]
+    assert "".join(f["token"] for f in frames) == last["tokens_all"]
+    assert sum((f["token_ids"] for f in frames), []) == last["tokens_all_ids"]
+    return last
+
+
+def code_of(fn, *args, **kw) -> tuple[str, str]:
+    with pytest.raises(InferenceServerException) as e:
+        fn(*args, **kw)
+    return e.value.status(), e.value.message()
+
+
+def test_health_metadata_and_config(srv):
+    t = srv.triton
+    assert t.is_server_live() and t.is_server_ready() and t.is_model_ready("model")
+    assert t.is_model_ready("model", "1") and not t.is_model_ready("other")
+    assert t.get_server_metadata().name == "spmd_serve"
+    md = t.get_model_metadata("model", as_json=True)
+    assert md["inputs"] == [{"name": "IN", "datatype": "BYTES", "shape": ["1"]}]
+    assert t.get_model_config("model").config.model_transaction_policy.decoupled
+    assert code_of(t.get_model_metadata, "llama")[0] == "StatusCode.NOT_FOUND"
+    assert code_of(t.get_model_config, "model", "7")[0] == "StatusCode.NOT_FOUND"
+    assert code_of(t.get_inference_statistics, "model")[0] == "StatusCode.UNIMPLEMENTED"
+
+
+def test_not_ready_engine(make_server):
+    h = make_server(ready=False)
+    assert h.triton.is_server_live() and not h.triton.is_server_ready()
+    assert not h.triton.is_model_ready("model")
+    status, msg = code_of(h.triton.infer, "model", in_tensor({"text": "hi"}))
+    assert status == "StatusCode.UNAVAILABLE" and "not ready" in msg
+
+
+def test_unary_infer_equals_native_http_non_stream(srv):
+    body = {"text": "Hello", "max_dec_len": 9, "return_usage": True, "req_id": "u1"}
+    # "stream": true cannot be honoured by a unary call: the whole result comes back anyway
+    result = srv.triton.infer("model", in_tensor({**body, "stream": True}), request_id="t-1")
+    got = out_obj(result)
+    assert result.get_response().id == "t-1"
+    assert got == requests.post(srv.url, json=body, timeout=10).json()
+    assert got["result"] == echo(TOK.encode_prompt(text="Hello"), 9)
+
+
+def test_stream_frames_equal_native_http_stream(srv):
+    body = {"text": "Hi there", "max_dec_len": 12, "req_id": "s1", "return_usage": True}
+    s = Stream(srv.triton)
+    s.send(body, request_id="triton-id")        # no "stream" key: a stream call streams
+    items = s.collect(1)
+    srv.triton.stop_stream()
+    assert [i[0] for i in items] == ["triton-id"] * 12
+    assert [i[2] for i in items] == [False] * 11 + [True]
+    frames = [i[1] for i in items]
+    check_frames(frames, "s1")
+    res = requests.post(srv.url, json={**body, "stream": True}, stream=True, timeout=10)
+    assert frames == [json.loads(line) for line in res.iter_lines()]
+
+
+def test_many_requests_on_one_stream_and_a_refused_one_does_not_kill_them(srv):
+    s = Stream(srv.triton)
+    for i in range(3):
+        s.send({"text": f"r{i}", "max_dec_len": 20, "req_id": f"m{i}"}, request_id=f"m{i}")
+    s.send(b"{broken", request_id="bad")
+    s.send({"text": "x", "max_dec_len": 10**6}, request_id="long")
+    items = s.collect(5)
+    srv.triton.stop_stream()
+    errors = [str(i[1]) for i in items if isinstance(i[1], Exception)]
+    assert len(errors) == 2 and any("not valid JSON" in e for e in errors)
+    assert any("The parameter max_dec_len(1000000) exceeds the limit MAX_DEC_LEN(64)." in e
+               for e in errors)
+    for i in range(3):
+        frames = [it[1] for it in items if it[0] == f"m{i}"]
+        last = check_frames(frames, f"m{i}")
+        assert last["tokens_all"] == echo(TOK.encode_prompt(text=f"r{i}"), 20)
+    # the requests really overlapped: frames of different requests interleave
+    order = [it[0] for it in items if it[0].startswith("m")]
+    assert order != sorted(order)
+    assert wait_idle(srv)
+
+
+def test_stream_error_response_carries_native_error_for_raw_stub_clients(srv):
+    """tritonclient shows only error_message; the OUT tensor keeps the native status too."""
+    from tritonclient.grpc import service_pb2_grpc
+
+    from tests.test_triton_codec import client_request
+    req = client_request(json.dumps({"text": "x", "max_dec_len": 0, "req_id": "z"}).encode())
+    with grpc.insecure_channel(f"127.0.0.1:{srv.service.port}") as ch:
+        stub = service_pb2_grpc.GRPCInferenceServiceStub(ch)
+        (resp,) = list(stub.ModelStreamInfer(iter([req]), timeout=10))
+    assert resp.error_message and resp.infer_response.id == "rid"
+    assert out_obj(tg.InferResult(resp.infer_response)) == {
+        "req_id": "z", "error_msg": resp.error_message, "error_code": 400}
+
+
+def test_mid_stream_engine_error_is_a_final_frame(srv):
+    srv.engine.fail_after["boom"] = 3
+    s = Stream(srv.triton)
+    s.send({"text": "abc", "max_dec_len": 20, "req_id": "boom"})
+    items = s.collect(1)
+    srv.triton.stop_stream()
+    frames = [i[1] for i in items]
+    assert len(frames) == 4 and [i[2] for i in items] == [False] * 3 + [True]
+    assert frames[-1]["is_end"] == 1 and frames[-1]["error_code"] == 500
+    assert frames[-1]["error_msg"] == "fake engine failure"
+
+
+def test_explicit_non_stream_and_disable_streaming_give_one_final_response(make_server):
+    for h, body in ((make_server(), {"stream": False}),
+                    (make_server(disable_streaming=True), {})):
+        s = Stream(h.triton)
+        s.send({"text": "abc", "max_dec_len": 5, **body})
+        (item,) = s.collect(1)
+        h.triton.stop_stream()
+        assert item[2] is True and item[1]["tokens_all_num"] == 5 and item[1]["error_code"] == 0
+
+
+def test_status_codes(make_server):
+    h = make_server(capacity=1, step_s=0.05)
+    infer = h.triton.infer
+    assert code_of(infer, "model", in_tensor(b"nope"))[0] == "StatusCode.INVALID_ARGUMENT"
+    status, msg = code_of(infer, "model", in_tensor({"input_ids": [5] * 257}))
+    assert (status, msg) == ("StatusCode.INVALID_ARGUMENT",
+                             "Length of input token(257) exceeds the limit MAX_SEQ_LEN(256).")
+    assert code_of(infer, "other", in_tensor({"text": "x"}))[0] == "StatusCode.NOT_FOUND"
+    out = [tg.InferRequestedOutput("NOPE")]
+    assert code_of(infer, "model", in_tensor({"text": "x"}), outputs=out)[0] == \
+        "StatusCode.INVALID_ARGUMENT"
+    s = Stream(h.triton)                       # one request in flight fills capacity=1
+    s.send({"text": "long", "max_dec_len": 60, "req_id": "busy"})
+    s.got.get(timeout=5)
+    assert code_of(infer, "model", in_tensor({"text": "x", "req_id": "busy"}))[0] == \
+        "StatusCode.ALREADY_EXISTS"
+    assert code_of(infer, "model", in_tensor({"text": "x"}))[0] == \
+        "StatusCode.RESOURCE_EXHAUSTED"
+    h.triton.stop_stream(cancel_requests=True)
+    assert h.engine.wait_aborted("busy") and wait_idle(h)
+    status, msg = code_of(infer, "model", in_tensor({"text": "x", "timeout": 0.01}))
+    assert status == "StatusCode.DEADLINE_EXCEEDED" and "timeout" in msg
+    assert wait_idle(h)
+    assert out_obj(infer("model", in_tensor({"text": "ok", "max_dec_len": 3})))["result"]
+
+
+def test_client_cancel_aborts_unary_and_stream_requests(make_server):
+    h = make_server(step_s=0.05)
+    status, _ = code_of(h.triton.infer, "model", in_tensor({"text": "x", "req_id": "u",
+                                                              "max_dec_len": 60}),
+                        client_timeout=0.3)
+    assert status == "StatusCode.DEADLINE_EXCEEDED"
+    assert h.engine.wait_aborted("u")
+    s = Stream(h.triton)
+    s.send({"text": "x", "req_id": "a", "max_dec_len": 60})
+    s.send({"text": "y", "req_id": "b", "max_dec_len": 60})
+    s.got.get(timeout=5)
+    h.triton.stop_stream(cancel_requests=True)
+    assert h.engine.wait_aborted("a") and h.engine.wait_aborted("b") and wait_idle(h)
+
+
+def test_api_key(make_server):
+    h = make_server(api_key=KEY)
+    t, good = h.triton, {"authorization": f"Bearer {KEY}"}
+    assert t.is_server_live() and t.is_server_ready() and t.is_model_ready("model")
+    for headers in (None, {"authorization": "Bearer wrong"}, {"authorization": KEY}):
+        assert code_of(t.get_model_metadata, "model", headers=headers)[0] == \
+            "StatusCode.UNAUTHENTICATED"
+        assert code_of(t.infer, "model", in_tensor({"text": "x"}), headers=headers)[0] == \
+            "StatusCode.UNAUTHENTICATED"
+        s = Stream(t, headers=headers)
+        try:    # the call is refused at once: tritonclient may already know the stream is dead
+            s.send({"text": "x", "max_dec_len": 2})
+        except InferenceServerException as e:
+            assert "no longer in valid state" in str(e)
+        (item,) = s.collect(1)
+        t.stop_stream()
+        assert "UNAUTHENTICATED" in str(item[1]) and "API key" in str(item[1])
+    assert not h.engine.added, "an unauthenticated request reached the engine"
+    assert t.get_model_metadata("model", headers=good).name == "model"
+    assert out_obj(t.infer("model", in_tensor({"text": "x", "max_dec_len": 2}),
+                           headers=good))["tokens_all_num"] == 2
+    s = Stream(t, headers=good)
+    s.send({"text": "x", "max_dec_len": 2})
+    assert [i[2] for i in s.collect(1)] == [False, True]
+    t.stop_stream()
+
+
+def test_busy_port_names_the_variable():
+    client = EngineClient(4)
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen()
+        port = sock.getsockname()[1]
+        svc = GrpcService(client, TOK, Limits(8, 8, 16), host="127.0.0.1", port=port)
+        io = IOServer(client, TOK, host="127.0.0.1", http_port=-1, health_port=-1,
+                      services=[svc])
+        with pytest.raises(OSError, match=f"127.0.0.1:{port} \\(SERVICE_GRPC_PORT\\)"):
+            io.start(timeout=5)
