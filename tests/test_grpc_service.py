@@ -2,55 +2,52 @@
 unmodified `tritonclient.grpc` the way its users drive it (no MPI, so each test takes ms)."""
 from __future__ import annotations
 
+import asyncio
 import json
-import queue
 import socket
-import time
 
 import grpc
-import numpy as np
 import pytest
 import requests
 import tritonclient.grpc as tg
+from tritonclient.grpc import service_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
 from spmd_serve.engine.client import EngineClient
 from spmd_serve.frontend.app import IOServer
 from spmd_serve.frontend.grpc_service import GrpcService
 from spmd_serve.frontend.native_protocol import Limits
-from tests.fakes import FakeEngine, FakeTokenizer, echo, wait_idle
+from tests.fakes import FakeTokenizer, Harness, check_stream, echo, wait_idle
+from tests.triton_helpers import Stream, client_request, code_of, in_tensor, out_obj
 
 TOK = FakeTokenizer()
 KEY = "s3cret"
 
 
-class GrpcHarness:
-    """FakeEngine + IOServer with the gRPC service and the native HTTP port on loopback."""
+class GrpcHarness(Harness):
+    """The fake-engine Harness (native HTTP on loopback) plus the gRPC service, started on the
+    same IO loop and built from the same IOSettings as in server.py."""
 
-    def __init__(self, capacity: int = 16, step_s: float = 0.002, ready: bool = True,
-                 api_key: str | None = None, disable_streaming: bool = False) -> None:
-        self.client = EngineClient(capacity)
-        self.engine = FakeEngine(self.client, step_s)
-        self.service = GrpcService(self.client, TOK, Limits(256, 64, 300), host="127.0.0.1",
-                                   port=0, api_key=api_key, disable_streaming=disable_streaming)
-        self.io = IOServer(self.client, TOK, host="127.0.0.1", http_port=0, health_port=-1,
-                           max_seq_len=256, max_dec_len=64, model_max_len=300,
-                           disable_streaming=disable_streaming, services=[self.service])
-        self.engine.start(ready)
+    def __init__(self, **kw) -> None:
+        super().__init__(**kw)
         try:
-            self.io.start(timeout=5)
+            self.service = GrpcService.from_settings(self.client, self.tokenizer,
+                                                     self.server.settings, port=0)
+            self._on_loop(self.service.start())
         except BaseException:
-            self.engine.stop()
+            super().close()
             raise
-        self.url = f"http://127.0.0.1:{self.io.http_port}/v1/chat/completions"
         self.triton = tg.InferenceServerClient(f"127.0.0.1:{self.service.port}")
+
+    def _on_loop(self, coro) -> None:
+        asyncio.run_coroutine_threadsafe(coro, self.server.loop).result(5)
 
     def close(self) -> None:
         try:
             self.triton.close()
-            self.io.stop(timeout=5)
+            self._on_loop(self.service.stop(1))
         finally:
-            self.engine.stop()
+            super().close()
 
 
 @pytest.fixture
@@ -64,65 +61,6 @@ def make_server():
 @pytest.fixture
 def srv(make_server) -> GrpcHarness:
     return make_server()
-
-
-def in_tensor(body: dict | bytes) -> list[tg.InferInput]:
-    data = body if isinstance(body, bytes) else json.dumps([body]).encode()
-    inp = tg.InferInput("IN", [1], "BYTES")
-    inp.set_data_from_numpy(np.array([data], dtype=object))
-    return [inp]
-
-
-def out_obj(result: tg.InferResult) -> dict:
-    out = json.loads(result.as_numpy("OUT")[0])
-    assert isinstance(out, list) and len(out) == 1
-    return out[0]
-
-
-def is_final(result: tg.InferResult) -> bool:
-    return result.get_response().parameters["triton_final_response"].bool_param
-
-
-class Stream:
-    """start_stream + a queue of (request id, frame | error) as the callback receives them."""
-
-    def __init__(self, triton: tg.InferenceServerClient, **kw) -> None:
-        self.triton, self.got = triton, queue.Queue()
-        triton.start_stream(callback=self._callback, **kw)
-
-    def _callback(self, result, error) -> None:
-        if error is not None:
-            self.got.put(("", error, True))
-        else:
-            self.got.put((result.get_response().id, out_obj(result), is_final(result)))
-
-    def send(self, body: dict | bytes, request_id: str = "", **kw) -> None:
-        self.triton.async_stream_infer("model", in_tensor(body), request_id=request_id, **kw)
-
-    def collect(self, n_final: int, timeout: float = 10) -> list[tuple]:
-        """Everything received until `n_final` requests have ended (final flag or error)."""
-        items, end = [], time.monotonic() + timeout
-        while n_final:
-            item = self.got.get(timeout=max(0.01, end - time.monotonic()))
-            items.append(item)
-            n_final -= item[2]
-        return items
-
-
-def check_frames(frames: list[dict], req_id: str) -> dict:
-    assert all(f["req_id"] == req_id for f in frames)
-    assert [f["send_idx"] for f in frames] == list(range(len(frames)))
-    assert [f["is_end"] for f in frames] == [0] * (len(frames) - 1) + [1]
-    last = frames[-1]
-    assert "".join(f["token"] for f in frames) == last["tokens_all"]
-    assert sum((f["token_ids"] for f in frames), []) == last["tokens_all_ids"]
-    return last
-
-
-def code_of(fn, *args, **kw) -> tuple[str, str]:
-    with pytest.raises(InferenceServerException) as e:
-        fn(*args, **kw)
-    return e.value.status(), e.value.message()
 
 
 def test_health_metadata_and_config(srv):
@@ -165,38 +103,39 @@ def test_stream_frames_equal_native_http_stream(srv):
     assert [i[0] for i in items] == ["triton-id"] * 12
     assert [i[2] for i in items] == [False] * 11 + [True]
     frames = [i[1] for i in items]
-    check_frames(frames, "s1")
+    check_stream(frames, "s1")
     res = requests.post(srv.url, json={**body, "stream": True}, stream=True, timeout=10)
     assert frames == [json.loads(line) for line in res.iter_lines()]
 
 
-def test_many_requests_on_one_stream_and_a_refused_one_does_not_kill_them(srv):
-    s = Stream(srv.triton)
+def test_many_requests_on_one_stream_and_a_refused_one_does_not_kill_them(make_server):
+    h = make_server(step_s=0.01)            # 40 tokens take 0.4 s
+    s = Stream(h.triton)
     for i in range(3):
-        s.send({"text": f"r{i}", "max_dec_len": 20, "req_id": f"m{i}"}, request_id=f"m{i}")
+        s.send({"text": f"r{i}", "max_dec_len": 40, "req_id": f"m{i}"}, request_id=f"m{i}")
     s.send(b"{broken", request_id="bad")
     s.send({"text": "x", "max_dec_len": 10**6}, request_id="long")
     items = s.collect(5)
-    srv.triton.stop_stream()
-    errors = [str(i[1]) for i in items if isinstance(i[1], Exception)]
-    assert len(errors) == 2 and any("not valid JSON" in e for e in errors)
-    assert any("The parameter max_dec_len(1000000) exceeds the limit MAX_DEC_LEN(64)." in e
-               for e in errors)
+    h.triton.stop_stream()
+    errors = [n for n, i in enumerate(items) if isinstance(i[1], Exception)]
+    messages = [str(items[n][1]) for n in errors]
+    assert len(errors) == 2 and any("not valid JSON" in m for m in messages)
+    assert any("The parameter max_dec_len(1000000) exceeds the limit MAX_DEC_LEN(64)." in m
+               for m in messages)
+    # the refusals came back while the others were still generating, and did not stop them
+    assert max(errors) < min(n for n, i in enumerate(items) if i[2] and i[0].startswith("m"))
     for i in range(3):
         frames = [it[1] for it in items if it[0] == f"m{i}"]
-        last = check_frames(frames, f"m{i}")
-        assert last["tokens_all"] == echo(TOK.encode_prompt(text=f"r{i}"), 20)
+        last = check_stream(frames, f"m{i}")
+        assert last["tokens_all"] == echo(TOK.encode_prompt(text=f"r{i}"), 40)
     # the requests really overlapped: frames of different requests interleave
     order = [it[0] for it in items if it[0].startswith("m")]
     assert order != sorted(order)
-    assert wait_idle(srv)
+    assert wait_idle(h)
 
 
 def test_stream_error_response_carries_native_error_for_raw_stub_clients(srv):
     """tritonclient shows only error_message; the OUT tensor keeps the native status too."""
-    from tritonclient.grpc import service_pb2_grpc
-
-    from tests.test_triton_codec import client_request
     req = client_request(json.dumps({"text": "x", "max_dec_len": 0, "req_id": "z"}).encode())
     with grpc.insecure_channel(f"127.0.0.1:{srv.service.port}") as ch:
         stub = service_pb2_grpc.GRPCInferenceServiceStub(ch)
@@ -247,7 +186,7 @@ def test_status_codes(make_server):
     assert code_of(infer, "model", in_tensor({"text": "x"}))[0] == \
         "StatusCode.RESOURCE_EXHAUSTED"
     h.triton.stop_stream(cancel_requests=True)
-    assert h.engine.wait_aborted("busy") and wait_idle(h)
+    assert h.engine.wait_aborted("busy", timeout=5) and wait_idle(h, timeout=5)
     status, msg = code_of(infer, "model", in_tensor({"text": "x", "timeout": 0.01}))
     assert status == "StatusCode.DEADLINE_EXCEEDED" and "timeout" in msg
     assert wait_idle(h)
@@ -255,18 +194,21 @@ def test_status_codes(make_server):
 
 
 def test_client_cancel_aborts_unary_and_stream_requests(make_server):
-    h = make_server(step_s=0.05)
+    h = make_server(step_s=0.05)            # 60 tokens take 3 s: the client leaves long before
     status, _ = code_of(h.triton.infer, "model", in_tensor({"text": "x", "req_id": "u",
                                                               "max_dec_len": 60}),
-                        client_timeout=0.3)
+                        client_timeout=1.0)
     assert status == "StatusCode.DEADLINE_EXCEEDED"
-    assert h.engine.wait_aborted("u")
+    assert h.engine.wait_aborted("u", timeout=5)
     s = Stream(h.triton)
     s.send({"text": "x", "req_id": "a", "max_dec_len": 60})
     s.send({"text": "y", "req_id": "b", "max_dec_len": 60})
-    s.got.get(timeout=5)
+    started: set[str] = set()
+    while started != {"a", "b"}:            # both are generating
+        started.add(s.got.get(timeout=5)[1]["req_id"])
     h.triton.stop_stream(cancel_requests=True)
-    assert h.engine.wait_aborted("a") and h.engine.wait_aborted("b") and wait_idle(h)
+    assert h.engine.wait_aborted("a", timeout=5) and h.engine.wait_aborted("b", timeout=5)
+    assert wait_idle(h, timeout=5)
 
 
 def test_api_key(make_server):

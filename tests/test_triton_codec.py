@@ -3,28 +3,14 @@ model check and the status mapping."""
 import json
 
 import grpc
-import numpy as np
 import pytest
 import tritonclient.grpc as tg
 from tritonclient.grpc import model_config_pb2 as mc
 from tritonclient.grpc import service_pb2 as pb
-from tritonclient.grpc._utils import _get_inference_request
 
 from spmd_serve.frontend import triton_codec as codec
 from spmd_serve.frontend.native_protocol import ProtocolError
-
-
-def client_request(payload: bytes | None, name: str = "IN",
-                   outputs: list | None = None) -> pb.ModelInferRequest:
-    """The ModelInferRequest tritonclient itself builds (BYTES go in raw_input_contents)."""
-    inputs = []
-    if payload is not None:
-        inputs = [tg.InferInput(name, [1], "BYTES")]
-        inputs[0].set_data_from_numpy(np.array([payload], dtype=object))
-    return _get_inference_request(model_name="model", inputs=inputs, model_version="",
-                                  request_id="rid", outputs=outputs, sequence_id=0,
-                                  sequence_start=False, sequence_end=False, priority=0,
-                                  timeout=None, parameters=None)
+from tests.triton_helpers import client_request
 
 
 def status_of(fn, *args) -> tuple[int, str]:

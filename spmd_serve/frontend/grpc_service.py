@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import errno
 import logging
+import socket
 from typing import Any, AsyncIterator, Awaitable, Callable
 
 import grpc
@@ -238,6 +239,7 @@ class GrpcService:
         interceptors = [BearerAuth(self.api_key)] if self.api_key else []
         server = grpc.aio.server(options=options, interceptors=interceptors)
         service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(self.servicer, server)
+        _check_bindable(self.host, self.port)
         host = f"[{self.host}]" if ":" in self.host else self.host
         try:
             bound = server.add_insecure_port(f"{host}:{self.port}")
@@ -252,3 +254,16 @@ class GrpcService:
         if self._server is not None:
             await self._server.stop(grace)  # in-flight calls are cancelled after `grace`
             self._server = None
+
+
+def _check_bindable(host: str, port: int) -> None:
+    """Bind a plain socket first: the OS's own reason, and none of gRPC's C-core log noise."""
+    if port == 0:
+        return
+    try:
+        with socket.create_server((host, port), family=socket.AF_INET6 if ":" in host
+                                  else socket.AF_INET, reuse_port=False):
+            pass
+    except OSError as e:
+        raise OSError(e.errno, f"cannot listen on {host}:{port} (SERVICE_GRPC_PORT): "
+                               f"{e.strerror or e}") from None
