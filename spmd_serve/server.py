@@ -1,7 +1,7 @@
 """`mpirun -n N spmd_serve`: the per-rank entry point.
 
 Every rank: read and validate the configuration, check the model directory, load its shard,
-agree with the others that loading worked.  Then rank 0 starts the IO thread (HTTP) and runs the
+agree with the others that loading worked.  Then rank 0 starts the IO thread (HTTP, gRPC) and runs the
 engine loop in the main thread (so signals reach it); the other ranks run the worker loop.  Any
 exception on any rank is logged and ends the whole job (MPI Abort): no rank is left hanging.
 """

@@ -155,6 +155,9 @@ def test_mid_stream_engine_error_is_a_final_frame(srv):
     assert len(frames) == 4 and [i[2] for i in items] == [False] * 3 + [True]
     assert frames[-1]["is_end"] == 1 and frames[-1]["error_code"] == 500
     assert frames[-1]["error_msg"] == "fake engine failure"
+    srv.engine.fail_after["boom-unary"] = 3       # unary: nothing was sent yet, so a status
+    assert code_of(srv.triton.infer, "model", in_tensor({"text": "abc", "req_id": "boom-unary"})) \
+        == ("StatusCode.INTERNAL", "fake engine failure")
 
 
 def test_explicit_non_stream_and_disable_streaming_give_one_final_response(make_server):

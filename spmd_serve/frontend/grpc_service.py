@@ -116,16 +116,16 @@ class TritonServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
         """The whole result in one response: the native non-stream object."""
         session = self._session()
         try:
-            body = await _checked(context, _open_body, request)
+            body = _open_body(request)
             body["stream"] = False          # a unary call has room for one object only
-            await _checked(context, session.open, body)
+            session.open(body)
             result: dict[str, Any] | None = None
             async for obj in session.results():
                 result = obj
             if result is None:              # only a cancelled session yields nothing
                 await context.abort(grpc.StatusCode.CANCELLED, "request cancelled")
             return codec.infer_response(request, result)
-        except ProtocolError as e:          # the engine refused it before the result
+        except ProtocolError as e:          # refused (400/409/429/503) or failed (504, engine)
             await context.abort(codec.grpc_status(e.status), e.msg)
         except grpc.aio.AbortError:
             raise
