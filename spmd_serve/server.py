@@ -1,7 +1,7 @@
 """`mpirun -n N spmd_serve`: the per-rank entry point.
 
 Every rank: read and validate the configuration, check the model directory, load its shard,
-agree with the others that loading worked.  Then rank 0 starts the IO thread (HTTP) and runs the
+agree with the others that loading worked.  Then rank 0 starts the IO thread (HTTP, gRPC) and runs the
 engine loop in the main thread (so signals reach it); the other ranks run the worker loop.  Any
 exception on any rank is logged and ends the whole job (MPI Abort): no rank is left hanging.
 """
@@ -60,10 +60,13 @@ def _start_frontend(cfg, model_config: dict) -> Frontend:
     client = EngineClient(capacity=cfg.batch_size + cfg.max_cached_task_num)
     # OpenAI `model`: the served directory's name, or "default" (CONTRACT §4)
     names = (Path(cfg.model_dir).resolve().name or "default", "default")
+    settings = IOSettings.from_config(cfg, model_max_len=max_model_len, model_names=names)
     metrics = EngineMetrics()
-    io = IOServer(client, tokenizer, IOSettings.from_config(cfg, model_max_len=max_model_len,
-                                                            model_names=names),
-                  services=[MetricsService(metrics.registry, cfg.host, cfg.metrics_port)])
+    services: list = [MetricsService(metrics.registry, cfg.host, cfg.metrics_port)]
+    if cfg.grpc_port != -1:
+        from spmd_serve.frontend.grpc_service import GrpcService
+        services.append(GrpcService.from_settings(client, tokenizer, settings, cfg.grpc_port))
+    io = IOServer(client, tokenizer, settings, services=services)
     try:
         io.start()
     except OSError as e:   # a busy port: the message names it
@@ -120,8 +123,9 @@ def _run_rank0(cfg, comm, runner, fe: Frontend) -> None:
     if cfg.use_warmup:
         engine.warm_up(fe.tokenizer.encode("Warm-up request: hello world.") or [fe.tokenizer.bos_token_id or 1])
     client.ready.set()
-    log.info("ready: %d rank(s), model %s, HTTP %s:%s, health %s:%s, %d KV blocks of %d tokens",
-             comm.size, cfg.model_dir, cfg.host, cfg.http_port, cfg.host, cfg.health_port,
+    log.info("ready: %d rank(s), model %s, HTTP %s:%s, gRPC %s:%s, health %s:%s, metrics %s:%s, "
+             "%d KV blocks of %d tokens", comm.size, cfg.model_dir, cfg.host, cfg.http_port,
+             cfg.host, cfg.grpc_port, cfg.host, cfg.health_port, cfg.host, cfg.metrics_port,
              cfg.num_blocks(), cfg.block_size)
     try:
         engine.run()

@@ -65,6 +65,12 @@ class EngineClient:
         self._cv = threading.Condition()
         self._commands: collections.deque[AddCommand | AbortCommand] = collections.deque()
         self._streams: dict[str, asyncio.Queue[RequestOutput]] = {}
+        # A req_id may be reused as soon as its request is aborted, while outputs the engine
+        # computed for the aborted one are still on their way to the IO loop.  Each batch of
+        # commands the engine takes starts an epoch; a stream accepts only outputs published
+        # in or after the epoch in which the engine took its AddCommand.
+        self._epoch = 0
+        self._since: dict[str, int] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
         self.ready = threading.Event()              # set once every rank has loaded its model
         self.draining = threading.Event()           # set on shutdown: new requests get 503
@@ -98,6 +104,7 @@ class EngineClient:
         """Stop generating for req_id (client gone, deadline; reason "stop": a stop string was
         seen).  Idempotent."""
         with self._cv:
+            self._since.pop(req_id, None)
             if self._streams.pop(req_id, None) is not None:
                 self._commands.append(AbortCommand(req_id, reason))
                 self._cv.notify()
@@ -106,6 +113,7 @@ class EngineClient:
         """Forget a finished request's stream (its final output has been read)."""
         with self._cv:
             self._streams.pop(req_id, None)
+            self._since.pop(req_id, None)
 
     @property
     def num_in_flight(self) -> int:
@@ -126,6 +134,10 @@ class EngineClient:
         with self._cv:
             cmds = list(self._commands)
             self._commands.clear()
+            self._epoch += 1
+            for cmd in cmds:    # an add whose stream is gone (aborted already) has no epoch
+                if isinstance(cmd, AddCommand) and cmd.req_id in self._streams:
+                    self._since[cmd.req_id] = self._epoch
         return cmds
 
     def publish(self, outputs: list[RequestOutput]) -> None:
@@ -134,15 +146,19 @@ class EngineClient:
         if not outputs or loop is None:
             return
         try:
-            loop.call_soon_threadsafe(self._deliver, outputs)
+            # _epoch is written by this (the engine) thread only: no lock needed to read it
+            loop.call_soon_threadsafe(self._deliver, outputs, self._epoch)
         except RuntimeError:   # loop closed during shutdown: nobody is listening any more
             pass
 
-    def _deliver(self, outputs: list[RequestOutput]) -> None:
+    def _deliver(self, outputs: list[RequestOutput], epoch: int) -> None:
         for out in outputs:
             with self._cv:
+                if self._since.get(out.req_id, epoch + 1) > epoch:
+                    continue        # for an earlier request with this id, aborted since
                 stream = self._streams.get(out.req_id)
                 if out.finished:
                     self._streams.pop(out.req_id, None)
+                    self._since.pop(out.req_id, None)
             if stream is not None:
                 stream.put_nowait(out)
