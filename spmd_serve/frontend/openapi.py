@@ -184,16 +184,16 @@ def _schemas(s: "IOSettings") -> dict[str, Schema]:
 _WHY = {400: "invalid field (named in the message), too long, or body not a JSON object",
         401: "API_KEY is set and the request lacks `Authorization: Bearer <key>`",
         404: "unknown model", 409: "req_id already in flight",
-        413: "request body too large", 429: "waiting queue full (MAX_CACHED_TASK_NUM)",
-        500: "the engine failed on this request", 503: "model not loaded yet, or draining",
+        429: "waiting queue full (MAX_CACHED_TASK_NUM)",
+        500: "the engine failed on this request, or an internal error",
+        503: "model not loaded yet, or draining",
         504: "the request's deadline passed before it finished"}
 
 
 def _errors(codes: tuple[int, ...], schema: Schema, s: "IOSettings") -> dict[str, Any]:
-    return {str(c): {"description": _WHY[c] if c != 413 else
-                     f"request body larger than {s.max_body_size} bytes",
-                     "content": {JSON: {"schema": schema}}}
-            for c in codes if c != 401 or s.api_key}
+    why = {**_WHY, 413: f"request body larger than {s.max_body_size} bytes"}
+    return {str(c): {"description": why[c], "content": {JSON: {"schema": schema}}}
+            for c in codes if c != 401 or s.api_key}   # 401 only where a key is asked for
 
 
 def _post(summary: str, request: Schema, ok: dict[str, Schema], codes: tuple[int, ...],
@@ -221,20 +221,25 @@ def _get(summary: str, ok: Schema, errors: dict[str, Any], s: "IOSettings",
     return op
 
 
+def _sse(chunk: str) -> Schema:
+    return {"anyOf": [_ref(chunk), _ref("OpenAIError")]}
+
+
 def openapi_document(s: "IOSettings") -> dict[str, Any]:
     """The service port's API as an OpenAPI 3.1 document (plain data, ready for json.dumps)."""
     either = {"anyOf": [_ref("NativeError"), _ref("OpenAIError")]}
     gen_codes = (400, 401, 404, 413, 429, 500, 503, 504)
+    # a failure after the SSE stream began is an OpenAI error object as the last event
     completion = _post("OpenAI completion", _ref("CompletionRequest"),
-                       {JSON: _ref("Completion"), SSE: _ref("CompletionChunk")},
+                       {JSON: _ref("Completion"), SSE: _sse("CompletionChunk")},
                        gen_codes, _ref("OpenAIError"), s)
     openai_chat = _post("OpenAI chat completion", _ref("ChatCompletionRequest"),
-                        {JSON: _ref("ChatCompletion"), SSE: _ref("ChatCompletionChunk")},
+                        {JSON: _ref("ChatCompletion"), SSE: _sse("ChatCompletionChunk")},
                         gen_codes, _ref("OpenAIError"), s)
     chat = _post("Native request (no \"model\") or OpenAI chat completion (with \"model\")",
                  {"oneOf": [_ref("NativeRequest"), _ref("ChatCompletionRequest")]},
                  {JSON: {"anyOf": [_ref("NativeResult"), _ref("ChatCompletion")]},
-                  NDJSON: _ref("NativeFrame"), SSE: _ref("ChatCompletionChunk")},
+                  NDJSON: _ref("NativeFrame"), SSE: _sse("ChatCompletionChunk")},
                  (400, 401, 404, 409, 413, 429, 500, 503, 504), either, s)
     models = _get("Served model names", _ref("ModelList"),
                   _errors((401,), _ref("OpenAIError"), s), s, auth=True)
@@ -243,7 +248,8 @@ def openapi_document(s: "IOSettings") -> dict[str, Any]:
     live = _get("Liveness: the engine loop is beating", _ref("HealthOk"), down, s)
     ready = _get("Readiness: model loaded on every rank, not draining", _ref("HealthOk"), down, s)
     # HEAD answers the same statuses without a body (load balancers probe with it)
-    bare = {"responses": {"200": {"description": "live/ready"}, "503": {"description": "not"}}}
+    bare = {"responses": {"200": {"description": "live / ready (no body)"},
+                          "503": {"description": "not live / not ready (no body)"}}}
     doc: dict[str, Any] = {
         "openapi": "3.1.0",
         "info": {"title": "spmd_serve", "version": __version__,
