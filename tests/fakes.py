@@ -57,7 +57,10 @@ class FakeTokenizer:
                       system: str | None = None) -> list[int]:
         if text is not None:
             messages = [{"role": "user", "content": text}]
-        if not messages or any(m.get("role") not in ("user", "assistant", "system")
+        # ValueError for every malformed message, as the real ServingTokenizer raises
+        if not messages or any(not isinstance(m, dict)
+                               or m.get("role") not in ("user", "assistant", "system")
+                               or not isinstance(m.get("content"), (str, list))
                                for m in messages):
             raise ValueError("messages: role must be user, assistant or system")
         return [BOS] + self.encode(self.render_chat(messages, system))

@@ -23,6 +23,7 @@ from spmd_serve.engine.client import EngineClient
 from spmd_serve.frontend.health import DEFAULT_LIVE_THRESHOLD_S, health_routes
 from spmd_serve.frontend.native_api import NativeChatHandler, NotFoundHandler
 from spmd_serve.frontend.openai_api import OpenAIServing, openai_routes
+from spmd_serve.frontend.openapi import openapi_route
 from spmd_serve.frontend.native_protocol import Limits
 
 log = logging.getLogger(__name__)
@@ -68,7 +69,7 @@ def make_service_app(client: EngineClient, tokenizer: Any, settings: IOSettings,
               "max_body_size": settings.max_body_size, "api_key": key,
               "disable_streaming": bool(settings.disable_streaming), "openai_chat": openai_chat}
     routes: list[tuple] = [(r"/v1/chat/completions", NativeChatHandler, native)]
-    routes += openai_routes(openai, settings.max_body_size)
+    routes += openai_routes(openai, settings.max_body_size) + [openapi_route(settings)]
     routes += list(extra_handlers or [])
     routes += health_routes(client, settings.live_threshold_s, with_plain_health=True)
     return Application(routes, default_handler_class=NotFoundHandler)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import uuid
 from dataclasses import dataclass
 from typing import Any
@@ -71,6 +72,9 @@ _NUM_FIELDS = ("topp", "temperature", "penalty_score", "frequency_score", "prese
 _BOOL_FIELDS = ("stream", "return_usage", "return_all_tokens", "benchmark")
 
 
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
+
+
 def _reject_constant(name: str) -> Any:
     # JSON has no NaN/Infinity; Python's json accepts them, and a NaN temperature would slip
     # through every range check, so treat them as malformed JSON.
@@ -83,6 +87,17 @@ def decode_body(raw: bytes) -> dict[str, Any]:
         body = json.loads(raw.decode("utf-8"), parse_constant=_reject_constant)
     except (UnicodeDecodeError, ValueError) as e:   # JSONDecodeError is a ValueError
         raise ProtocolError(400, f"request body is not valid JSON: {e}") from None
+    except RecursionError:                          # e.g. [[[[...]]]] thousands deep
+        raise ProtocolError(400, "request body is not valid JSON: nested too deeply") from None
+    # "\ud800" without its pair decodes to a str that cannot be encoded again: it would fail
+    # later in the tokenizer or while writing a response that echoes it.  Only an escape can
+    # produce one (the raw bytes decoded as UTF-8), so the full check runs only when one is seen.
+    if _SURROGATE_ESCAPE.search(raw):
+        try:
+            json.dumps(body, ensure_ascii=False).encode("utf-8")
+        except UnicodeEncodeError:
+            raise ProtocolError(400, "request body is not valid JSON: it contains an unpaired "
+                                     "UTF-16 surrogate escape (\\uD800-\\uDFFF)") from None
     if not isinstance(body, dict):
         raise ProtocolError(400, "request body must be a JSON object, got "
                                  f"{type(body).__name__}")
@@ -105,6 +120,18 @@ def _pick(body: dict[str, Any], name: str) -> tuple[str, Any]:
 
 def _is_int(v: Any) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)   # True is an int in Python, not here
+
+
+def finite_number(v: Any) -> float | None:
+    """A JSON number as a finite float; None for anything else, including ints beyond float's
+    range (float() would raise) and the inf that json gives for 1e400."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return None
+    try:
+        f = float(v)
+    except OverflowError:
+        return None
+    return f if math.isfinite(f) else None
 
 
 def _bad(key: str, want: str, value: Any, req_id: str) -> ProtocolError:
@@ -157,9 +184,10 @@ def parse_native_request(body: dict[str, Any]) -> NativeRequest:
     for name in _NUM_FIELDS:
         key, v = _pick(body, name)
         if v is not None:
-            if not (_is_int(v) or isinstance(v, float)):
-                raise _bad(key, "a number", v, rid)
-            setattr(req, name, float(v))
+            f = finite_number(v)
+            if f is None:
+                raise _bad(key, "a finite number", v, rid)
+            setattr(req, name, f)
     for name in _BOOL_FIELDS:
         v = body.get(name)
         if v is not None:

@@ -7,11 +7,10 @@ a default, and every refusal is an `OpenAIError` naming the parameter, which the
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Any
 
-from spmd_serve.frontend.native_protocol import Limits, ProtocolError
+from spmd_serve.frontend.native_protocol import Limits, ProtocolError, finite_number
 from spmd_serve.sampling_params import MAX_LOGPROBS, SamplingParams
 
 MAX_N = 16                      # choices per request
@@ -63,8 +62,10 @@ def _get(body: dict[str, Any], key: str, kind: str, default: Any,
     v = body.get(key)
     if v is None:
         return default
-    ok = {"int": _is_int(v), "bool": isinstance(v, bool), "str": isinstance(v, str),
-          "num": (_is_int(v) or isinstance(v, float)) and math.isfinite(v)}[kind]
+    # one test per kind, evaluated lazily: float tests on a huge int would overflow
+    ok = {"int": _is_int, "bool": lambda x: isinstance(x, bool),
+          "str": lambda x: isinstance(x, str),
+          "num": lambda x: finite_number(x) is not None}[kind](v)
     if ok and kind in ("int", "num"):
         ok = (lo is None or v >= lo) and (hi is None or v <= hi)
     if not ok:
@@ -114,6 +115,7 @@ def _completion_prompts(body: dict[str, Any], tokenizer: Any) -> tuple[list[list
             ids_list.append(bos + tokenizer.encode(item))   # raw text: no chat template
             texts.append(item)
         elif isinstance(item, list) and item and all(_is_int(t) and t >= 0 for t in item):
+            _check_vocab([item], tokenizer)     # before decode(), which fails on such an id
             ids_list.append(list(item))
             texts.append(tokenizer.decode(item))
         else:
