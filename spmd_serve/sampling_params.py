@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+SAMPLING_EPS = 1e-5     # temperatures below this are greedy (as vLLM)
 MAX_LOGPROBS = 20       # top-n logprobs a request may ask for (OpenAI's own limit)
 
 
@@ -55,4 +56,5 @@ class SamplingParams:
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0 or self.top_p == 0 or self.top_k == 1
+        # Below SAMPLING_EPS, logits / temperature overflows: such a temperature means greedy.
+        return self.temperature < SAMPLING_EPS or self.top_p == 0 or self.top_k == 1

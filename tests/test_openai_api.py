@@ -112,3 +112,16 @@ def test_legacy_doubled_paths(srv):
                                   max_tokens=2)
     assert r.object == "chat.completion" and r.choices[0].message.role == "assistant"
     assert [m.id for m in c.models.list().data] == ["default"]
+
+
+def test_more_sequences_than_capacity_is_400_not_429(make_server):
+    h = make_server(capacity=4)
+    r = requests.post(h.base + "/v1/completions", timeout=10, json={
+        "model": "default", "prompt": ["a", "b", "c"], "n": 2, "max_tokens": 1})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "n"
+    assert "capacity" in r.json()["error"]["message"]
+
+
+def test_a_vanishing_temperature_is_greedy():
+    from spmd_serve.sampling_params import SamplingParams
+    assert SamplingParams(temperature=1e-320).greedy and not SamplingParams(temperature=0.1).greedy

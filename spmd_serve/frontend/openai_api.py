@@ -88,6 +88,12 @@ class OpenAIServing:
             req = parse_openai(kind, body, self.tokenizer, self.limits, self.model_names)
         except ProtocolError as e:
             return send_openai_error(h, e.status, e.msg, getattr(e, "param", None))
+        wanted = len(req.prompts) * req.n
+        if wanted > self.client.capacity:     # could never be admitted: not a "try later" 429
+            return send_openai_error(
+                h, 400, f"{len(req.prompts)} prompt(s) × n={req.n} = {wanted} sequences exceed "
+                        f"the server's capacity (BATCH_SIZE + MAX_CACHED_TASK_NUM = "
+                        f"{self.client.capacity})", "n")
         resp_id = ("cmpl-" if kind == "completion" else "chatcmpl-") + uuid.uuid4().hex
         gens = self._generations(req, resp_id)
         try:
