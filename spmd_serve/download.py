@@ -31,7 +31,10 @@ DEFAULT_TAG = "3.0.0.b4"
 DEFAULT_BASE = "https://paddlenlp.bj.bcebos.com/models/static/{tag}"
 INCOMPLETE_MARKER = ".downloading"
 _MD5 = re.compile(r"[0-9a-fA-F]{32}")
-_CHUNK = 1 << 20
+_CHUNK = 1 << 20         # md5 reads
+# urllib3 gathers a whole chunk before handing it over and drops it if the connection breaks
+# meanwhile, so the network chunk bounds what a drop loses (resume restarts at the last write).
+_NET_CHUNK = 64 << 10
 _ATTEMPTS = 5            # per file: connection drops are resumed this many times
 _TIMEOUT = (10, 60)      # (connect, read) seconds; a stalled read counts as a drop
 
@@ -162,7 +165,7 @@ def _fetch_part(session: requests.Session, url: str, part: Path, label: str) -> 
                 total = have + int(length) if length and length.isdigit() else None
                 bar = Progress(label, total, have)
                 with open(part, "ab" if have else "wb") as f:
-                    for chunk in res.iter_content(_CHUNK):
+                    for chunk in res.iter_content(_NET_CHUNK):
                         f.write(chunk)
                         bar.update(len(chunk))
                     f.flush()
