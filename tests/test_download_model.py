@@ -175,3 +175,16 @@ def test_start_server_serves_the_downloaded_model(site, tmp_path):
         assert r.status_code == 200 and r.json()["tokens_all_num"] >= 1
         stop = run("stop_server", env=env, cwd=tmp_path, timeout=120)
         assert stop.returncode == 0 and processes_of(tmp_path / "log") == []
+
+
+def test_parts_mtp_and_unsafe_file_lists(site, tmp_path):
+    from spmd_serve.download import DownloadError, download_model, parse_file_list, part_name
+
+    assert [part_name(1, "master"), part_name(2, "master"), part_name(2, "slave")] == ["model", "node1", "node2"]
+    for bad in ("../evil:" + "0" * 32, "/etc/passwd:" + "0" * 32, "config.json:not-an-md5"):
+        with pytest.raises(DownloadError, match="file_list.txt line 1"):
+            parse_file_list(bad, "http://x/file_list.txt")
+    shutil.copytree(site.root / MODEL / "model", site.root / MODEL / "mtp")   # a draft model part
+    dest = download_model(MODEL, tmp_path / "m", speculate_model_path=tmp_path / "draft", base=site.base)
+    assert_complete(site, dest)
+    assert_complete(site, tmp_path / "draft")
