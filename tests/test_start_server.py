@@ -66,6 +66,8 @@ def test_start_request_stop_restart(served_tp2, tmp_path):
     with always_stopped(env, cwd):
         t0 = time.monotonic()
         start_and_check(env, cwd)
+        twice = run("start_server", env=env, cwd=cwd, timeout=60)   # same LOG_DIR: refused
+        assert twice.returncode == 1 and "already running" in twice.stderr
         stop_and_check(env, cwd)
         t1 = time.monotonic()
         start_and_check(env, cwd)      # same ports, right after
