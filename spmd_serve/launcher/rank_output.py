@@ -1,0 +1,39 @@
+"""`python -m spmd_serve.launcher.rank_output LOG_DIR CMD...`: what mpirun runs for each rank when
+`start_server` starts the job; sends this rank's stdout and stderr to its own log file, then execs
+CMD (`spmd_serve`), so the rank keeps its pid and signals reach the server itself.
+
+Why not mpirun's `--output-filename`: Open MPI 4.1 writes `<dir>/1/rank.<r>/stdout|stderr`, names
+the contract does not use, and routes every line through mpirun's IO forwarding.  Here rank 0 writes
+`server.log` (which mpirun's own messages also go to, both in append mode) and rank r > 0 writes
+`workerlog.<r>`; `workerlog.0` is a link to `server.log` made by start_server.
+"""
+from __future__ import annotations
+
+import os
+import sys
+
+from spmd_serve.launcher.settings import mpi_rank
+
+
+def log_name(rank: int) -> str:
+    return "server.log" if rank == 0 else f"workerlog.{rank}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if len(argv) < 2:
+        print("usage: python -m spmd_serve.launcher.rank_output LOG_DIR CMD [ARGS...]", file=sys.stderr)
+        return 2
+    log_dir, cmd = argv[0], argv[1:]
+    rank = mpi_rank(os.environ)
+    os.makedirs(log_dir, exist_ok=True)   # on another node the folder may not exist yet
+    fd = os.open(os.path.join(log_dir, log_name(rank)), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
+    os.execvp(cmd[0], cmd)
+    return 127   # not reached: execvp raises on failure
+
+
+if __name__ == "__main__":
+    sys.exit(main())
