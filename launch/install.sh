@@ -19,6 +19,8 @@ apt_pkgs=()
 command -v mpirun >/dev/null || apt_pkgs+=(openmpi-bin libopenmpi-dev)
 "$py" -c "import ensurepip" 2>/dev/null || apt_pkgs+=(python3-venv)
 command -v pgrep >/dev/null || apt_pkgs+=(procps)
+# tests: `ip netns` for the two-node test (tests/test_multinode_netns.py)
+if [ "$extras" = test ] && ! command -v ip >/dev/null; then apt_pkgs+=(iproute2); fi
 if [ ${#apt_pkgs[@]} -gt 0 ]; then
   echo "== apt-get install ${apt_pkgs[*]}"
   as_root env DEBIAN_FRONTEND=noninteractive apt-get update -qq \

@@ -28,6 +28,7 @@ from spmd_serve.config import ConfigError, ServeConfig, load_config
 from spmd_serve.download import DownloadError, download_model, is_complete
 from spmd_serve.envs import BY_FIELD
 from spmd_serve.launcher import jobs
+from spmd_serve.launcher.hostfile import check_master_is_local, node_order, write_hostfile
 from spmd_serve.launcher.rank_output import log_name
 from spmd_serve.launcher.settings import job_environ, mpi_rank, spmd_serve_command, under_mpi
 
@@ -97,9 +98,12 @@ def _mpirun_command(cfg: ServeConfig, env: dict[str, str], log_dir: Path) -> lis
         raise StartError("mpirun not found on PATH (install Open MPI, e.g. apt-get install openmpi-bin)")
     # -x forwards variables to ranks on other nodes (local ranks inherit the environment anyway).
     forward = [*cfg.to_environ(), jobs.RUN_ID_VAR, "PATH", "PYTHONPATH", "LD_LIBRARY_PATH",
-               "GLOG_minloglevel", "PYTHONUNBUFFERED"]
+               "VIRTUAL_ENV", "GLOG_minloglevel", "PYTHONUNBUFFERED"]
     xflags = [a for name in dict.fromkeys(forward) if name in env for a in ("-x", name)]
-    return [mpirun, "-n", str(cfg.mp_num), "--oversubscribe", "--bind-to", "none", *xflags,
+    # Several nodes: a hostfile from POD_IPS, master first; mpirun reaches the others with ssh or
+    # with the agent the operator names in OMPI_MCA_plm_rsh_agent (read by mpirun from env).
+    hosts = ["-hostfile", str(write_hostfile(cfg, log_dir))] if cfg.mp_nnode > 1 else []
+    return [mpirun, "-n", str(cfg.mp_num), *hosts, "--oversubscribe", "--bind-to", "none", *xflags,
             sys.executable, "-m", "spmd_serve.launcher.rank_output", str(log_dir), *spmd_serve_command()]
 
 
@@ -178,6 +182,8 @@ def report_failure(reason: str, log_dir: Path) -> None:
 
 def print_endpoints(cfg: ServeConfig, job: jobs.Job, log_dir: Path) -> None:
     h = _client_host(cfg.host)
+    if cfg.mp_nnode > 1 and h != cfg.host:
+        h = node_order(cfg)[0]          # several nodes: clients elsewhere reach the master's address
     where = " (listening on all interfaces)" if h != cfg.host else ""
     lines = [f"spmd_serve is ready: {cfg.mp_num} rank(s), model {cfg.model_dir or 'built-in demo'}{where}"]
     if cfg.http_port != -1:
@@ -196,8 +202,7 @@ def print_endpoints(cfg: ServeConfig, job: jobs.Job, log_dir: Path) -> None:
 def start_background(env: dict[str, str], wait_timeout: float) -> int:
     cfg = load_config([], env)
     if cfg.mp_nnode > 1:
-        raise StartError(f"MP_NNODE={cfg.mp_nnode}: building the hostfile from POD_IPS is not "
-                         "implemented yet; on the master run `mpirun -hostfile H -n MP_NUM start_server`")
+        check_master_is_local(cfg)      # validates POD_IPS / POD_0_IP too
     log_dir = Path(cfg.log_dir).resolve()
     running = jobs.read_pid_file(log_dir)
     if running is not None:
