@@ -11,7 +11,7 @@ from typing import Iterator
 
 import psutil
 
-from tests.server_process import VENV_BIN, free_port, mpi_env
+from tests.server_process import VENV_BIN, free_ports, mpi_env
 
 MODULES = {"start_server": "spmd_serve.launcher.start", "stop_server": "spmd_serve.launcher.stop",
            "download_model": "spmd_serve.download"}
@@ -34,7 +34,8 @@ PORT_VARS = ("SERVICE_HTTP_PORT", "SERVICE_GRPC_PORT", "HEALTH_HTTP_PORT", "METR
 def launcher_env(log_dir: Path, **extra: str) -> dict[str, str]:
     """Loopback, free ports for all five, LOG_DIR in the test's tmp folder; none of the developer's
     own serving variables leak in."""
-    env = mpi_env(HOST="127.0.0.1", LOG_DIR=str(log_dir), **{v: str(free_port()) for v in PORT_VARS})
+    ports = {v: str(p) for v, p in zip(PORT_VARS, free_ports(len(PORT_VARS)))}
+    env = mpi_env(HOST="127.0.0.1", LOG_DIR=str(log_dir), **ports)
     for stray in ("MODEL_DIR", "model_name", "MP_NUM", "MODEL_BASE_URL", "tag", "FD_LOG_DIR",
                   "OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMI_RANK"):
         env.pop(stray, None)

@@ -16,9 +16,19 @@ VENV_BIN = Path(sys.executable).parent
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    return free_ports(1)[0]
+
+
+def free_ports(n: int) -> list[int]:
+    """n distinct free loopback ports (all bound at once, so none is handed out twice)."""
+    socks = [socket.socket() for _ in range(n)]
+    try:
+        for s in socks:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
 
 
 def mpi_env(**extra: str) -> dict[str, str]:
@@ -38,10 +48,11 @@ class ServerProcess:
     """`mpirun -n N spmd_serve` on free ports; use as a context manager."""
 
     def __init__(self, n: int, model_dir: str | None, log_path: Path, **env: str) -> None:
-        self.http_port, self.health_port = free_port(), free_port()
+        self.http_port, self.health_port, metrics_port, grpc_port = free_ports(4)
         self.env = mpi_env(MP_NUM=str(n), SERVICE_HTTP_PORT=str(self.http_port),
                            HEALTH_HTTP_PORT=str(self.health_port), HOST="127.0.0.1",
-                           METRICS_HTTP_PORT=str(free_port()), SERVICE_GRPC_PORT=str(free_port()), **env)
+                           METRICS_HTTP_PORT=str(metrics_port), SERVICE_GRPC_PORT=str(grpc_port),
+                           **env)
         if model_dir:
             self.env["MODEL_DIR"] = str(model_dir)
         self.cmd = mpirun(n, str(VENV_BIN / "spmd_serve"))

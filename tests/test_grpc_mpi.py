@@ -13,7 +13,7 @@ import requests
 import tritonclient.grpc as tg
 from tritonclient.utils import InferenceServerException
 
-from tests.server_process import ServerProcess, free_port
+from tests.server_process import ServerProcess, free_ports
 from tests.triton_helpers import Stream, code_of, in_tensor, out_obj
 
 pytestmark = pytest.mark.mpi
@@ -158,9 +158,10 @@ def test_busy_grpc_port_is_named(served_tp2):
         busy.bind(("127.0.0.1", 0))
         busy.listen()
         port = busy.getsockname()[1]
+        http, health, metrics = free_ports(3)
         res = run_job(2, MODEL_DIR=str(served_tp2), MP_NUM="2", HOST="127.0.0.1",
-                      SERVICE_HTTP_PORT=str(free_port()), HEALTH_HTTP_PORT=str(free_port()),
-                      METRICS_HTTP_PORT=str(free_port()), SERVICE_GRPC_PORT=str(port))
+                      SERVICE_HTTP_PORT=str(http), HEALTH_HTTP_PORT=str(health),
+                      METRICS_HTTP_PORT=str(metrics), SERVICE_GRPC_PORT=str(port))
     lines = error_lines(res)
     assert res.returncode != 0 and len(lines) == 1, res.stderr[-2000:]
     assert f"127.0.0.1:{port} (SERVICE_GRPC_PORT)" in lines[0]

@@ -21,7 +21,7 @@ import pytest
 
 from tests.launcher_process import PORT_VARS, command, launcher_env, processes_of
 from tests.netns import TwoNodes
-from tests.server_process import VENV_BIN, ServerProcess, free_port, mpi_env
+from tests.server_process import VENV_BIN, ServerProcess, free_ports, mpi_env
 
 pytestmark = [pytest.mark.mpi, pytest.mark.timeout(600)]
 
@@ -79,13 +79,6 @@ def ask_from_node0(nodes: TwoNodes, http_port: int, health_port: int, timeout: f
     return json.loads(res.stdout.strip().splitlines()[-1])
 
 
-def distinct_free_ports(n: int) -> list[int]:
-    ports: set[int] = set()
-    while len(ports) < n:        # free_port() may hand out a number twice
-        ports.add(free_port())
-    return sorted(ports)
-
-
 def namespace_of(pid: int) -> str:
     return subprocess.run(["ip", "netns", "identify", str(pid)], capture_output=True, text=True,
                           timeout=10).stdout.strip()
@@ -110,7 +103,7 @@ def rank_pids(log_dir_or_env_marker: str) -> dict[int, int]:
 def test_mpirun_hostfile_across_two_namespaces(nodes, served_tp2, single_node_ids, tmp_path):
     hostfile = tmp_path / "hosts"
     hostfile.write_text(f"# node A runs rank 0\n{nodes.ips[0]} slots=1\n{nodes.ips[1]} slots=1\n")
-    ports = dict(zip(PORT_VARS, map(str, distinct_free_ports(len(PORT_VARS)))))
+    ports = dict(zip(PORT_VARS, map(str, free_ports(len(PORT_VARS)))))
     marker = f"netns-{nodes.ns[0]}"
     env = mpi_env(MODEL_DIR=str(served_tp2), MP_NUM="2", MP_NNODE="2", HOST="0.0.0.0",
                   POD_IPS=",".join(nodes.ips), POD_0_IP=nodes.ips[0], SPMD_TEST_MARK=marker, **ports)
@@ -147,7 +140,7 @@ def test_start_server_builds_the_hostfile_from_pod_ips(nodes, served_tp2, single
     """The contract path: POD_IPS lists the master second; start_server puts POD_0_IP first, so
     rank 0 lands (and serves) in namespace A; the launch agent comes from OMPI_MCA_plm_rsh_agent."""
     log_dir = tmp_path / "log"
-    env = launcher_env(log_dir, **dict(zip(PORT_VARS, map(str, distinct_free_ports(len(PORT_VARS))))),
+    env = launcher_env(log_dir, **dict(zip(PORT_VARS, map(str, free_ports(len(PORT_VARS))))),
                        MODEL_DIR=str(served_tp2), MP_NUM="2", MP_NNODE="2", HOST="0.0.0.0",
                        POD_IPS=f"{nodes.ips[1]},{nodes.ips[0]}", POD_0_IP=nodes.ips[0],
                        **nodes.mca_environ())
