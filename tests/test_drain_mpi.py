@@ -21,12 +21,17 @@ def sigterm_rank0(srv: ServerProcess) -> float:
 
 
 def assert_refusing(srv: ServerProcess) -> None:
-    """During the drain: a new request and readiness both answer 503."""
+    """During the drain: readiness turns 503 as soon as rank 0 has handled the signal (its handler
+    runs between two engine steps, so within milliseconds), and from then on new requests get 503."""
+    ready_url = f"http://127.0.0.1:{srv.health_port}/v2/health/ready"
+    deadline = time.monotonic() + 5
+    while (ready := requests.get(ready_url, timeout=10)).status_code == 200:
+        assert time.monotonic() < deadline, "still ready 5 s after SIGTERM"
+        time.sleep(0.01)
+    assert ready.status_code == 503 and ready.json()["error_msg"] == "server is shutting down"
     res = requests.post(srv.url, json={"text": "hi", "max_dec_len": 2}, timeout=10)
     assert res.status_code == 503 and res.json()["error_code"] == 503
     assert res.json()["error_msg"] == "server is shutting down"
-    ready = requests.get(f"http://127.0.0.1:{srv.health_port}/v2/health/ready", timeout=10)
-    assert ready.status_code == 503 and ready.json()["error_msg"] == "server is shutting down"
 
 
 def test_sigterm_lets_the_request_in_flight_finish(served_tp2, tmp_path):
