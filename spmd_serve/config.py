@@ -74,6 +74,7 @@ class ServeConfig:
     api_key: str | None = _default("api_key")
     max_num_batched_tokens: int = _default("max_num_batched_tokens")
     num_threads: int = _default("num_threads")
+    drain_timeout_s: float = _default("drain_timeout_s")
 
     def __post_init__(self) -> None:
         # Re-checked here (not only when parsing) so that configs built in code or via

@@ -211,6 +211,9 @@ ENV_VARS: tuple[EnvVar, ...] = (
        "(prefill chunk size)", "max_num_batched_tokens", minimum=16, internal=True),
     _v("SPMD_NUM_THREADS", 1, "int", "internal: CPU threads per rank for Paddle", "num_threads",
        minimum=1, internal=True),
+    _v("SPMD_DRAIN_TIMEOUT_S", 60.0, "float", "internal: on SIGTERM, seconds in-flight requests may "
+       "take to finish before they are aborted (a second SIGTERM aborts at once)", "drain_timeout_s",
+       minimum=0, internal=True),
 )
 
 BY_FIELD: dict[str, EnvVar] = {v.field: v for v in ENV_VARS}

@@ -42,6 +42,7 @@ class Frontend:
     io: object
     max_model_len: int
     metrics: object          # EngineMetrics: recorded by the engine, served by the IO thread
+    peers: object            # PeerWatch: fails everything when a rank on this node dies
 
 
 def _start_frontend(cfg, model_config: dict) -> Frontend:
@@ -50,6 +51,7 @@ def _start_frontend(cfg, model_config: dict) -> Frontend:
     from spmd_serve.engine.metrics import EngineMetrics
     from spmd_serve.frontend.app import IOServer, IOSettings
     from spmd_serve.frontend.metrics_service import MetricsService
+    from spmd_serve.frontend.peer_watch import PeerWatch
     from spmd_serve.frontend.tokenizer import ServingTokenizer
 
     try:
@@ -62,7 +64,8 @@ def _start_frontend(cfg, model_config: dict) -> Frontend:
     names = (Path(cfg.model_dir).resolve().name or "default", "default")
     settings = IOSettings.from_config(cfg, model_max_len=max_model_len, model_names=names)
     metrics = EngineMetrics()
-    services: list = [MetricsService(metrics.registry, cfg.host, cfg.metrics_port)]
+    peers = PeerWatch(client)
+    services: list = [MetricsService(metrics.registry, cfg.host, cfg.metrics_port), peers]
     if cfg.grpc_port != -1:
         from spmd_serve.frontend.grpc_service import GrpcService
         services.append(GrpcService.from_settings(client, tokenizer, settings, cfg.grpc_port))
@@ -71,7 +74,7 @@ def _start_frontend(cfg, model_config: dict) -> Frontend:
         io.start()
     except OSError as e:   # a busy port: the message names it
         raise ConfigError(str(e)) from None
-    return Frontend(tokenizer, client, io, max_model_len, metrics)
+    return Frontend(tokenizer, client, io, max_model_len, metrics, peers)
 
 
 def _load(cfg, comm):
@@ -110,10 +113,19 @@ def _run_rank0(cfg, comm, runner, fe: Frontend) -> None:
                             block_ratio=cfg.block_ratio, max_waiting=cfg.max_cached_task_num,
                             max_num_batched_tokens=cfg.max_num_batched_tokens, max_model_len=fe.max_model_len)
     engine = Engine(sched, comm, runner, client, frozenset(fe.tokenizer.eos_token_ids),
-                    log_every=int(os.environ.get("SPMD_LOG_STEP_EVERY", "0")), metrics=fe.metrics)
+                    log_every=int(os.environ.get("SPMD_LOG_STEP_EVERY", "0")), metrics=fe.metrics,
+                    drain_timeout_s=cfg.drain_timeout_s)
 
     def stop(signum, _frame) -> None:
-        log.info("received %s: stopping all ranks", signal.Signals(signum).name)
+        """First SIGTERM/SIGINT: drain (503 to new requests, in-flight ones finish within the
+        drain timeout), then stop every rank.  A second one: abort what is in flight now."""
+        name = signal.Signals(signum).name
+        if engine.stop_event.is_set():
+            log.warning("received %s again: aborting the requests in flight now", name)
+            engine.abort_event.set()
+        else:
+            log.info("received %s: draining (new requests get 503) for up to %g s, then stopping "
+                     "all ranks", name, cfg.drain_timeout_s)
         client.draining.set()
         engine.stop_event.set()
         client.wake()
@@ -156,7 +168,9 @@ def serve(cfg) -> int:
                 where = "" if len(failed) == comm.size else f" (on ranks {[r for r, _ in failed]})"
                 print(f"spmd_serve: error: {failed[0][1]}{where}", file=sys.stderr, flush=True)
             sys.exit(2)
+        peer_pids = comm.local_peer_pids()
         if comm.rank == 0:
+            frontend.peers.watch(peer_pids)
             _run_rank0(cfg, comm, runner, frontend)
         else:
             # Workers leave signals to rank 0, which stops everyone with a SHUTDOWN plan.

@@ -5,6 +5,7 @@ per step by cycling through the prompt (BOS skipped), honours max/min tokens and
 records every abort so tests can assert the IO side stopped the work.
 FakeTokenizer has the interface of spmd_serve/frontend/tokenizer.py: one id per character.
 Harness runs an IOServer + FakeEngine on free ports; the helpers at the end talk to it.
+FakeComm and FakeRunner stand in for the other ranks under the real Engine loop.
 """
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
+import numpy as np
 import requests
 
 from spmd_serve.engine.client import AbortCommand, AddCommand, EngineClient, RequestOutput
@@ -67,6 +69,30 @@ class FakeTokenizer:
 
     def detokenizer(self, prompt_ids: list[int], continue_prompt: bool = False) -> FakeDetokenizer:
         return FakeDetokenizer(self)
+
+
+# ---- the other ranks, for the real Engine loop ------------------------------------------------
+class FakeComm:
+    """Records the plans rank 0 broadcasts."""
+
+    def __init__(self) -> None:
+        self.plans: list = []
+
+    def send_plan(self, plan) -> None:
+        self.plans.append(plan)
+
+
+class FakeRunner:
+    """Logits favouring token 7 for every scheduled sequence; a step takes `step_s`."""
+
+    def __init__(self, vocab: int = 32, step_s: float = 0.002) -> None:
+        self.vocab, self.step_s = vocab, step_s
+
+    def execute(self, plan) -> np.ndarray:
+        time.sleep(self.step_s)
+        logits = np.zeros((plan.num_seqs, self.vocab), np.float32)
+        logits[:, 7] = 1.0
+        return logits
 
 
 @dataclass

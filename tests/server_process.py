@@ -1,12 +1,16 @@
 """Test helper: run `mpirun -n N spmd_serve` (or any command) as a real process group on free
-loopback ports, wait for readiness, and always stop it (SIGTERM, then SIGKILL after a timeout)."""
+loopback ports, wait for readiness, and always stop it (SIGTERM, then SIGKILL after a timeout);
+read a long native stream in the background while a test stops or breaks the server."""
 from __future__ import annotations
 
+import json
 import os
+import queue
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -126,3 +130,40 @@ def rank_pid(server: ServerProcess, rank: int) -> int:
         if f"OMPI_COMM_WORLD_RANK={rank}".encode() in env:
             return pid
     raise LookupError(f"no rank {rank} among {server.rank_pids()}")
+
+
+class Stream:
+    """A native streaming request (max_dec_len tokens exactly) read in a thread as frames arrive."""
+
+    def __init__(self, url: str, max_dec_len: int) -> None:
+        body = {"text": "Tell me a long story.", "max_dec_len": max_dec_len, "min_dec_len": max_dec_len,
+                "stream": True, "req_id": f"long-{max_dec_len}"}
+        self.res = requests.post(url, json=body, stream=True, timeout=120)
+        assert self.res.status_code == 200, self.res.text
+        self.frames: queue.Queue[dict] = queue.Queue()
+        self.all: list[dict] = []
+        self.ended_at: float | None = None
+        self.cut: Exception | None = None
+        self.thread = threading.Thread(target=self._read, daemon=True)
+        self.thread.start()
+
+    def _read(self) -> None:
+        try:
+            for line in self.res.iter_lines():
+                if line:
+                    self.frames.put(json.loads(line))
+        except requests.RequestException as e:   # the connection was cut: no final frame
+            self.cut = e
+        self.ended_at = time.monotonic()
+
+    def first(self) -> dict:
+        frame = self.frames.get(timeout=60)
+        self.all.append(frame)
+        return frame
+
+    def rest(self, timeout: float) -> list[dict]:
+        self.thread.join(timeout)
+        assert not self.thread.is_alive(), "stream did not end"
+        while not self.frames.empty():
+            self.all.append(self.frames.get())
+        return self.all

@@ -26,6 +26,7 @@ CONTRACT_DEFAULTS = {
     "disable_streaming": False, "use_warmup": False, "use_hf_tokenizer": False,
     "use_cache_kv_int8": False, "log_dir": "./log", "output_log_to_console": False,
     "api_key": None, "max_num_batched_tokens": 512, "num_threads": 1,
+    "drain_timeout_s": 60.0,
 }
 
 # A valid non-default raw value for every variable, and what it parses to.
@@ -44,6 +45,7 @@ SAMPLES = {
     "USE_CACHE_KV_INT8": ("1", True), "LOG_DIR": ("/tmp/logs", "/tmp/logs"),
     "OUTPUT_LOG_TO_CONSOLE": ("1", True), "API_KEY": ("sk-123", "sk-123"),
     "SPMD_MAX_NUM_BATCHED_TOKENS": ("16", 16), "SPMD_NUM_THREADS": ("8", 8),
+    "SPMD_DRAIN_TIMEOUT_S": ("2.5", 2.5),
 }
 ALIASES = [(v.name, alias) for v in ENV_VARS for alias in v.aliases]
 
@@ -91,7 +93,7 @@ def test_defaults_equal_contract():
     assert dataclasses.asdict(cfg) == CONTRACT_DEFAULTS
     assert ServeConfig() == cfg
     assert [v.name for v in ENV_VARS if v.internal] == ["SPMD_MAX_NUM_BATCHED_TOKENS",
-                                                        "SPMD_NUM_THREADS"]
+                                                        "SPMD_NUM_THREADS", "SPMD_DRAIN_TIMEOUT_S"]
 
 
 @pytest.mark.parametrize("name", [v.name for v in ENV_VARS])
@@ -144,6 +146,7 @@ def test_bool_spellings(raw, want):
     ("MAX_DEC_LEN", "-5", ">= 1"), ("BLOCK_SIZE", "0", ">= 1"), ("BLOCK_BS", "0", ">= 1"),
     ("MAX_CACHED_TASK_NUM", "0", ">= 1"), ("MP_NUM", "0", ">= 1"), ("MP_NNODE", "two", "integer"),
     ("SPMD_MAX_NUM_BATCHED_TOKENS", "15", ">= 16"), ("SPMD_NUM_THREADS", "0", ">= 1"),
+    ("SPMD_DRAIN_TIMEOUT_S", "-1", ">= 0"), ("SPMD_DRAIN_TIMEOUT_S", "soon", "must be a number"),
     ("POD_IPS", "10.0.0.1,,10.0.0.2", "comma-separated"), ("POD_0_IP", "a b", "host name"),
     ("CUDA_VISIBLE_DEVICES", "0;1", "device ids"), ("HOST", "0.0.0.0 x", "host name"),
 ])

@@ -8,7 +8,6 @@ import socket
 import threading
 import time
 
-import numpy as np
 import pytest
 import requests
 
@@ -18,6 +17,7 @@ from spmd_serve.engine.metrics import EngineMetrics, OriginalGauges
 from spmd_serve.sampling_params import SamplingParams
 from spmd_serve.scheduler.request import Request
 from spmd_serve.scheduler.scheduler import SchedulerConfig
+from tests.fakes import FakeComm, FakeRunner
 from tests.metrics_scrape import P, Samples
 from tests.scheduler_harness import FakeModel, make_scheduler
 
@@ -166,24 +166,6 @@ def test_warm_up_is_not_counted_and_registries_are_private():
 
 
 # ---- the real Engine loop, fake ranks ------------------------------------------------------------
-class FakeComm:
-    def send_plan(self, plan) -> None:
-        pass
-
-
-class FakeRunner:
-    """Logits favouring token 7 for every scheduled sequence; a step takes `step_s`."""
-
-    def __init__(self, vocab: int = 32, step_s: float = 0.002) -> None:
-        self.vocab, self.step_s = vocab, step_s
-
-    def execute(self, plan) -> np.ndarray:
-        time.sleep(self.step_s)
-        logits = np.zeros((plan.num_seqs, self.vocab), np.float32)
-        logits[:, 7] = 1.0
-        return logits
-
-
 @pytest.fixture
 def engine():
     client = EngineClient(capacity=8)

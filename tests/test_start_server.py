@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -12,12 +13,14 @@ import time
 import uuid
 from pathlib import Path
 
+import psutil
 import pytest
 import requests
 
+from spmd_serve.launcher.jobs import rank_of
 from tests.launcher_process import (PORT_VARS, always_stopped, command, launcher_env, port_is_free,
                                     processes_of, run)
-from tests.server_process import mpirun
+from tests.server_process import Stream, mpirun
 
 pytestmark = [pytest.mark.mpi, pytest.mark.timeout(600)]
 
@@ -52,8 +55,8 @@ def stop_and_check(env: dict[str, str], cwd: Path, timeout: str = "30") -> None:
     log_dir = Path(env["LOG_DIR"])
     res = run("stop_server", timeout, env=env, cwd=cwd, timeout=120)
     assert res.returncode == 0, res.stderr + res.stdout
-    # a zero timeout leaves no time to drain: what is left is killed (and said so)
-    assert ("gracefully" if timeout != "0" else "killed") in res.stdout
+    # a zero timeout leaves no time to drain: a second SIGTERM aborts at once (and says so)
+    assert ("gracefully" if timeout != "0" else "second SIGTERM") in res.stdout
     assert not (log_dir / "server.pid").exists()
     assert processes_of(log_dir) == []
     assert all(port_is_free(int(env[v])) for v in PORT_VARS)
@@ -104,6 +107,25 @@ def test_failed_start_exits_nonzero_with_last_log_lines(served_tp2, tmp_path):
     assert not (tmp_path / "log" / "server.pid").exists() and processes_of(tmp_path / "log") == []
 
 
+@pytest.mark.parametrize("case", ["missing rank_1/", "MP_NUM=1 for a TP=2 model"])
+def test_bad_model_layout_fails_fast_with_one_clear_line(served_tp2, tmp_path, case):
+    model, mp_num, expect = served_tp2, "1", "has 2 rank folders but MP_NUM=1"
+    if case == "missing rank_1/":
+        model, mp_num, expect = tmp_path / "model", "2", "has no rank_1/"
+        shutil.copytree(served_tp2, model)
+        shutil.rmtree(model / "rank_1")
+    env = launcher_env(tmp_path / "log", MODEL_DIR=str(model), MP_NUM=mp_num)
+    with always_stopped(env, tmp_path):
+        t0 = time.monotonic()
+        res = run("start_server", env=env, cwd=tmp_path, timeout=120)
+        took = time.monotonic() - t0
+    assert res.returncode == 1 and took < 60, res.stderr
+    errors = [ln for ln in res.stderr.splitlines() if "spmd_serve: error:" in ln]
+    assert len(errors) == 1 and expect in errors[0], res.stderr
+    assert "Traceback" not in res.stderr
+    assert not (tmp_path / "log" / "server.pid").exists() and processes_of(tmp_path / "log") == []
+
+
 def test_bad_value_is_one_line_exit_2(tmp_path):
     env = launcher_env(tmp_path / "log", MP_NUM="zero")
     res = run("start_server", env=env, cwd=tmp_path, timeout=60)
@@ -143,3 +165,73 @@ def test_under_mpirun_runs_in_the_foreground(served_tp1, tmp_path):
         os.killpg(proc.pid, signal.SIGTERM)
         out = proc.communicate(timeout=60)[0].decode(errors="replace")
     assert "ready:" in out    # rank output stayed on mpirun's stdout (foreground)
+
+
+def ready_status(env: dict[str, str]) -> int | str:
+    try:
+        return requests.get(f"http://127.0.0.1:{env['HEALTH_HTTP_PORT']}/v2/health/ready", timeout=2).status_code
+    except requests.RequestException:
+        return "down"
+
+
+def service_url(env: dict[str, str]) -> str:
+    return f"http://127.0.0.1:{env['SERVICE_HTTP_PORT']}/v1/chat/completions"
+
+
+def test_stop_server_timeout_aborts_what_is_still_in_flight(served_tp2, tmp_path):
+    """`stop_server 1` with a request needing ~8 s: after 1 s a second SIGTERM makes rank 0 end it
+    with an error frame and stop; stop_server says so; nothing is left."""
+    env = launcher_env(tmp_path / "log", MODEL_DIR=str(served_tp2), MP_NUM="2")
+    log_dir = tmp_path / "log"
+    with always_stopped(env, tmp_path):
+        assert run("start_server", env=env, cwd=tmp_path).returncode == 0
+        stream = Stream(service_url(env), 1000)
+        stream.first()
+        t0 = time.monotonic()
+        res = run("stop_server", "1", env=env, cwd=tmp_path, timeout=60)
+        took = time.monotonic() - t0
+    assert res.returncode == 0 and "second SIGTERM" in res.stdout and "abort" in res.stdout, res.stdout
+    assert 1 <= took < 1 + 8, res.stdout
+    last = stream.rest(10)[-1]
+    assert last["is_end"] == 1 and last["error_code"] == 503 and last["error_msg"] == "server is shutting down"
+    log = (log_dir / "server.log").read_text()
+    assert "received SIGTERM again: aborting" in log and "engine stopped" in log
+    assert not (log_dir / "server.pid").exists() and processes_of(log_dir) == []
+
+
+def test_a_killed_rank_takes_the_job_down_and_stop_server_says_why(served_tp2, tmp_path):
+    """kill -9 of rank 1 with a request in flight: readiness is 503 from then on (never 200), the
+    request ends with an error frame naming the rank, the job is gone within 30 s, server.log names
+    the rank and the signal, and stop_server cleans up the pid file and quotes that cause."""
+    env = launcher_env(tmp_path / "log", MODEL_DIR=str(served_tp2), MP_NUM="2")
+    log_dir = tmp_path / "log"
+    with always_stopped(env, tmp_path):
+        assert run("start_server", env=env, cwd=tmp_path).returncode == 0
+        stream = Stream(service_url(env), 1000)
+        stream.first()
+        victim = next(p for p in processes_of(log_dir) if rank_of(p) == 1)
+        victim.kill()
+        t0 = time.monotonic()
+        while victim.is_running() and victim.status() != psutil.STATUS_ZOMBIE:
+            time.sleep(0.01)
+        statuses = []        # (seconds after the kill, readiness) until the job is gone
+        while processes_of(log_dir) and time.monotonic() - t0 < 30:
+            statuses.append((time.monotonic() - t0, ready_status(env)))
+            time.sleep(0.05)
+        gone_after = time.monotonic() - t0
+        assert not processes_of(log_dir), "the job still runs 30 s after a rank was killed"
+    # PeerWatch checks every 0.1 s: after that, never ready again; 503 while rank 0 still answers
+    late = {status for t, status in statuses if t > 0.3}
+    assert 200 not in late and 503 in late, statuses
+    print(f"job down {gone_after:.1f} s after kill -9; readiness {statuses[:3]} ... {statuses[-3:]}")
+    frames = stream.rest(10)
+    assert stream.cut is None, f"connection cut without an error frame: {stream.cut}"
+    assert frames[-1]["is_end"] == 1 and frames[-1]["error_code"] == 503
+    assert f"rank 1 (pid {victim.pid}) exited unexpectedly" in frames[-1]["error_msg"]
+    log = (log_dir / "server.log").read_text()
+    assert "mpirun noticed that process rank 1" in log and "signal 9" in log, log[-3000:]
+    res = run("stop_server", env=env, cwd=tmp_path, timeout=60)
+    assert res.returncode == 0 and "the server is not running" in res.stdout, res.stdout
+    assert "process rank 1" in res.stdout and "signal 9" in res.stdout and "server.log" in res.stdout
+    assert "removed the stale pid file" in res.stdout and not (log_dir / "server.pid").exists()
+    assert processes_of(log_dir) == [] and all(port_is_free(int(env[v])) for v in PORT_VARS)

@@ -8,6 +8,7 @@ Bcast, which is fast because rank 0 sends it right after the header.
 from __future__ import annotations
 
 import logging
+import os
 import sys
 import time
 
@@ -74,6 +75,15 @@ class Comm:
             return local.Get_size()
         finally:
             local.Free()
+
+    def local_peer_pids(self) -> dict[int, int]:
+        """World rank -> pid of the other ranks on this node (collective: every rank calls it)."""
+        local = self.comm.Split_type(MPI.COMM_TYPE_SHARED)
+        try:
+            pairs = local.allgather((self.rank, os.getpid()))
+        finally:
+            local.Free()
+        return {r: pid for r, pid in pairs if r != self.rank}
 
     def barrier(self) -> None:
         self.comm.Barrier()

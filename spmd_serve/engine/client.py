@@ -76,6 +76,9 @@ class EngineClient:
         self.draining = threading.Event()           # set on shutdown: new requests get 503
         self.heartbeat = time.monotonic()           # engine loop liveness, read by /health/live
         self.busy_since: float | None = None        # a step in progress (a long prefill is no hang)
+        # Set (with `draining`) by the IO thread when the job goes down without rank 0 having
+        # decided it, e.g. a rank died: why, for health answers and the requests' error frames.
+        self.failure = ""
 
     # ---- IO thread -------------------------------------------------------------------------
     def attach_loop(self, loop: asyncio.AbstractEventLoop | None) -> None:
@@ -114,6 +117,16 @@ class EngineClient:
         with self._cv:
             self._streams.pop(req_id, None)
             self._since.pop(req_id, None)
+
+    def fail_all(self, error_code: int, error_msg: str) -> None:
+        """End every request in flight with an error frame now, without the engine (which may be
+        blocked in a collective with a dead rank).  Call from the IO loop."""
+        with self._cv:
+            streams = list(self._streams.items())
+            self._streams.clear()
+            self._since.clear()
+        for req_id, stream in streams:
+            stream.put_nowait(RequestOutput(req_id, [], True, "error", error_code, error_msg))
 
     @property
     def num_in_flight(self) -> int:

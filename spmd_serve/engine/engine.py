@@ -25,6 +25,7 @@ from spmd_serve.scheduler.scheduler import QueueFullError, Scheduler, SchedulerC
 
 log = logging.getLogger("spmd_serve.engine")
 IDLE_WAIT_S = 0.5          # rank 0 sleeps on the command queue (no MPI) when there is nothing to do
+DEFAULT_DRAIN_TIMEOUT_S = 60.0   # stopping: how long in-flight requests may take (SPMD_DRAIN_TIMEOUT_S)
 
 
 class Engine:
@@ -32,14 +33,21 @@ class Engine:
 
     def __init__(self, sched_cfg: SchedulerConfig, comm, runner, client: EngineClient,
                  eos_token_ids: frozenset[int], log_every: int = 0,
-                 metrics: EngineMetrics | None = None) -> None:
+                 metrics: EngineMetrics | None = None,
+                 drain_timeout_s: float = DEFAULT_DRAIN_TIMEOUT_S) -> None:
         self.scheduler = Scheduler(sched_cfg)
         self.comm, self.runner, self.client = comm, runner, client
         self.block_size = sched_cfg.block_size
         self.eos = eos_token_ids
         self.stats = StepStats(log_every=log_every)
         self.metrics = metrics if metrics is not None else EngineMetrics()
+        # Stopping is two-staged: stop_event (first SIGTERM) drains — nothing new is admitted (the
+        # client answers 503 once `draining` is set), in-flight requests run on until they finish
+        # or drain_timeout_s passes; abort_event (second SIGTERM) ends the drain at once.
         self.stop_event = threading.Event()
+        self.abort_event = threading.Event()
+        self.drain_timeout_s = drain_timeout_s
+        self._drain_deadline: float | None = None
         self.step_id = 0
         self.num_preemptions = 0
         self._empty_steps = 0
@@ -75,10 +83,12 @@ class Engine:
 
     # ---- the loop ---------------------------------------------------------------------------
     def run(self) -> None:
-        while not self.stop_event.is_set():
+        while True:
             self.client.heartbeat = time.monotonic()
             self._apply_commands()
             self.metrics.update_gauges(self.scheduler)   # every turn: a scrape is current when idle too
+            if self.stop_event.is_set() and self._drained():
+                break
             if self.scheduler.has_unfinished():
                 self.step()
                 if self._empty_steps:   # nothing schedulable: only a new command can change that
@@ -147,13 +157,36 @@ class Engine:
             while self.scheduler.has_unfinished():
                 self.step()
 
+    def _drained(self) -> bool:
+        """Stopping: may the loop end now?  Yes once nothing is in flight, the drain timeout has
+        passed, or a second signal asked to abort; until then in-flight requests keep running."""
+        now = time.monotonic()
+        if self._drain_deadline is None:
+            self._drain_deadline = now + self.drain_timeout_s
+            if self.scheduler.has_unfinished():
+                log.info("draining: %d request(s) in flight may take up to %g s (a second SIGTERM "
+                         "aborts them now)", self._num_in_flight(), self.drain_timeout_s)
+        if not self.scheduler.has_unfinished():
+            return True
+        if self.abort_event.is_set() or now >= self._drain_deadline:
+            why = "abort requested" if self.abort_event.is_set() else \
+                f"drain timeout of {self.drain_timeout_s:g} s passed"
+            log.warning("%s: aborting %d request(s) still in flight", why, self._num_in_flight())
+            return True
+        return False
+
+    def _num_in_flight(self) -> int:
+        return len(self.scheduler.running) + len(self.scheduler.waiting)
+
     def _shutdown(self) -> None:
         """Fail whatever is still in flight with an error frame, then stop every rank."""
         pending = list(self.scheduler.running) + list(self.scheduler.waiting)
         for req in pending:
             self.scheduler.abort_request(req.req_id)
-        self.client.publish([RequestOutput(r.req_id, [], True, "error", 503, "server is shutting down")
-                             for r in pending])
+        msg = ("server is shutting down: the request did not finish within the drain timeout"
+               if self._drain_deadline is not None and time.monotonic() >= self._drain_deadline
+               else "server is shutting down")
+        self.client.publish([RequestOutput(r.req_id, [], True, "error", 503, msg) for r in pending])
         self.comm.send_plan(StepPlan.shutdown(self.step_id + 1))
         bm = self.scheduler.block_manager
         log.info("engine stopped: kv blocks free %d/%d, preemptions %d; %s", bm.num_free_blocks,

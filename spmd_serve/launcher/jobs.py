@@ -104,32 +104,50 @@ def wait_gone(procs: list[psutil.Process], timeout: float) -> list[psutil.Proces
         time.sleep(0.2)
 
 
+ABORT_GRACE_S = 10.0   # after a second SIGTERM rank 0 fails what is in flight and stops every rank
+
+
 @dataclass
 class StopResult:
     found: int              # processes of the job found running
-    graceful: bool          # everything ended after SIGTERM, within the timeout
+    outcome: str            # "drained" | "aborted" (second SIGTERM) | "killed" (SIGKILL needed)
     killed: int             # processes that needed SIGKILL
     seconds: float
 
+    @property
+    def graceful(self) -> bool:
+        """Everything ended after the first SIGTERM, within the timeout."""
+        return self.outcome == "drained"
 
-def stop_job(job: Job, timeout: float) -> StopResult:
-    """SIGTERM to rank 0 (it drains and then ends every rank with a SHUTDOWN plan, and mpirun exits
-    0; SIGTERM to mpirun itself would make it exit 1), wait up to `timeout`, then SIGKILL whatever of
-    the job is left."""
+
+def _signal(procs: list[psutil.Process], sig: int) -> None:
+    for p in procs:
+        with contextlib.suppress(psutil.NoSuchProcess):   # ended meanwhile: fine
+            p.send_signal(sig)
+
+
+def stop_job(job: Job, timeout: float, abort_grace: float = ABORT_GRACE_S) -> StopResult:
+    """SIGTERM to rank 0: it drains (503 to new requests, in-flight ones finish), then ends every
+    rank with a SHUTDOWN plan and mpirun exits 0 (SIGTERM to mpirun itself would make it exit 1).
+    Still running after `timeout`: a second SIGTERM makes rank 0 abort what is in flight (error
+    frames) and stop now.  Still running `abort_grace` later (a rank stuck or dead): SIGKILL
+    whatever of the job is left."""
     t0 = time.monotonic()
     procs = job_processes(job)
     if not procs:
-        return StopResult(0, True, 0, 0.0)
+        return StopResult(0, "drained", 0, 0.0)
     rank0 = [p for p in procs if rank_of(p) == 0]
     targets = rank0 or [p for p in procs if p.pid == job.pid] or procs   # ranks not up yet: mpirun
-    for p in targets:
-        with contextlib.suppress(psutil.NoSuchProcess):   # ended meanwhile: fine
-            p.send_signal(signal.SIGTERM)
-    left = wait_gone(procs, timeout)
-    for p in left:
-        with contextlib.suppress(psutil.NoSuchProcess):   # ended meanwhile: fine
-            p.kill()
+    _signal(targets, signal.SIGTERM)
+    left, outcome = wait_gone(procs, timeout), "drained"
+    if left:
+        outcome = "aborted"
+        _signal([p for p in targets if p in left], signal.SIGTERM)
+        left = wait_gone(left, abort_grace)
+    if left:
+        outcome = "killed"
+        _signal(left, signal.SIGKILL)
     still = wait_gone(left, 10.0)
     if still:
         raise RuntimeError(f"processes {[p.pid for p in still]} survived SIGKILL")
-    return StopResult(len(procs), not left, len(left), time.monotonic() - t0)
+    return StopResult(len(procs), outcome, len(left), time.monotonic() - t0)
