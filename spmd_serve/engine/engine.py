@@ -37,8 +37,10 @@ class Engine:
         self.comm, self.runner, self.client = comm, runner, client
         self.block_size = sched_cfg.block_size
         self.eos = eos_token_ids
-        self.stats = StepStats(log_every=log_every)
+        self.stats = StepStats(log_every=log_every, runner=getattr(runner, "timings", None))
         self.metrics = metrics if metrics is not None else EngineMetrics()
+        self.metrics.watch_steps(self.stats)          # step phases in /metrics, read at scrape time
+        client.on_handoff = self.stats.record_handoff
         self.stop_event = threading.Event()
         self.step_id = 0
         self.num_preemptions = 0
