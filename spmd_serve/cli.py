@@ -1,5 +1,5 @@
 """The `spmd_serve` console script: `spmd_serve [flags]` serves (under mpirun);
-`spmd_serve export ...` writes a served model directory."""
+`spmd_serve export ...` writes a served model directory; `spmd_serve bench ...` measures a server."""
 from __future__ import annotations
 
 import sys
@@ -11,6 +11,10 @@ def main(argv: list[str] | None = None) -> int:
         from spmd_serve.export import main as export_main
 
         return export_main(argv[1:])
+    if argv and argv[0] == "bench":
+        from spmd_serve.bench.cli import main as bench_main
+
+        return bench_main(argv[1:])
     if argv and argv[0] == "serve":
         argv = argv[1:]
     from spmd_serve.config import exit_on_config_error, load_config

@@ -12,6 +12,7 @@ import collections
 import threading
 import time
 from dataclasses import dataclass, field
+from typing import Callable
 
 from spmd_serve.sampling_params import SamplingParams
 
@@ -79,6 +80,9 @@ class EngineClient:
         # Set (with `draining`) by the IO thread when the job goes down without rank 0 having
         # decided it, e.g. a rank died: why, for health answers and the requests' error frames.
         self.failure = ""
+        # Called on the IO thread with the perf_counter time a delivered batch was published
+        # (the engine sets it: the io_handoff step phase).
+        self.on_handoff: Callable[[float], None] | None = None
 
     # ---- IO thread -------------------------------------------------------------------------
     def attach_loop(self, loop: asyncio.AbstractEventLoop | None) -> None:
@@ -160,11 +164,13 @@ class EngineClient:
             return
         try:
             # _epoch is written by this (the engine) thread only: no lock needed to read it
-            loop.call_soon_threadsafe(self._deliver, outputs, self._epoch)
+            loop.call_soon_threadsafe(self._deliver, outputs, self._epoch, time.perf_counter())
         except RuntimeError:   # loop closed during shutdown: nobody is listening any more
             pass
 
-    def _deliver(self, outputs: list[RequestOutput], epoch: int) -> None:
+    def _deliver(self, outputs: list[RequestOutput], epoch: int, published_at: float = 0.0) -> None:
+        if self.on_handoff is not None and published_at:
+            self.on_handoff(published_at)
         for out in outputs:
             with self._cv:
                 if self._since.get(out.req_id, epoch + 1) > epoch:

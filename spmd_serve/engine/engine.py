@@ -39,8 +39,10 @@ class Engine:
         self.comm, self.runner, self.client = comm, runner, client
         self.block_size = sched_cfg.block_size
         self.eos = eos_token_ids
-        self.stats = StepStats(log_every=log_every)
+        self.stats = StepStats(log_every=log_every, runner=getattr(runner, "timings", None))
         self.metrics = metrics if metrics is not None else EngineMetrics()
+        self.metrics.watch_steps(self.stats)          # step phases in /metrics, read at scrape time
+        client.on_handoff = self.stats.record_handoff
         # Stopping is two-staged: stop_event (first SIGTERM) drains — nothing new is admitted (the
         # client answers 503 once `draining` is set), in-flight requests run on until they finish
         # or drain_timeout_s passes; abort_event (second SIGTERM) ends the drain at once.

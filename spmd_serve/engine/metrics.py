@@ -29,6 +29,15 @@ moment the IO thread handed the request to the EngineClient):
   how many engine steps completed between the abort being requested and the request's KV blocks
   returning to the free pool (the loop applies aborts before every step, so 0 or 1).
 Warm-up traffic (`paused()`) is not user traffic and is not counted.
+
+Step phases (`watch_steps`, read from the engine's StepStats at scrape time, so recording costs the
+step nothing beyond its perf_counter laps; warm-up steps included): counter
+`step_phase_seconds_total{phase}` for schedule, broadcast, execute (and its parts segment_<i>,
+allreduce, gather_logits, kv_write, execute_other), sample, update, io_handoff; histogram
+`step_duration_seconds` (one observation per executed step: its `_count` is the step count);
+`io_handoffs_total` (batches the IO thread delivered: divide io_handoff by it);
+`step_sampled_tokens_total`.  Mean ms per step of a phase over a window =
+rate(step_phase_seconds_total[w]) / rate(step_duration_seconds_count[w]).
 """
 from __future__ import annotations
 
@@ -38,9 +47,10 @@ import time
 from typing import Callable, Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
-from prometheus_client.metrics_core import Metric
+from prometheus_client.metrics_core import CounterMetricFamily, Metric
 from prometheus_client.process_collector import ProcessCollector
 
+from spmd_serve.engine.step_stats import StepStats
 from spmd_serve.scheduler.request import Request
 from spmd_serve.scheduler.scheduler import Scheduler, SchedulerOutput
 
@@ -54,6 +64,7 @@ ITL_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4,
 REQUEST_LATENCY_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0,
                            50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)
 ABORT_STEP_BUCKETS = (0, 1, 2, 4, 8, 16, 32, 64)
+STEP_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0)
 _RECENT_STEPS = ABORT_STEP_BUCKETS[-1]   # step end times kept: the abort delay saturates here
 
 
@@ -83,6 +94,30 @@ class OriginalGauges:
         for name in self.SERIES:
             family.add_sample(self.NAME, {name: name}, values[name])
         return [family]
+
+
+class StepPhaseCollector:
+    """Exposes a StepStats' cumulative sums; the engine thread never touches Prometheus for them."""
+
+    def __init__(self, stats: StepStats) -> None:
+        self.stats = stats
+
+    def describe(self) -> list[Metric]:
+        return [CounterMetricFamily(PREFIX + n, "") for n in ("step_phase_seconds", "io_handoffs",
+                                                               "step_sampled_tokens")]
+
+    def collect(self) -> list[Metric]:
+        st = self.stats
+        phases = CounterMetricFamily(PREFIX + "step_phase_seconds",
+                                     "Seconds rank 0 spent in each phase of the engine step (summed).",
+                                     labels=["phase"])
+        for phase, seconds in st.totals().items():
+            phases.add_metric([phase], seconds)
+        return [phases,
+                CounterMetricFamily(PREFIX + "io_handoffs", "Output batches the IO thread delivered.",
+                                    value=st.handoffs),
+                CounterMetricFamily(PREFIX + "step_sampled_tokens", "Tokens sampled by engine steps.",
+                                    value=st.sampled)]
 
 
 class EngineMetrics:
@@ -130,6 +165,10 @@ class EngineMetrics:
                                      "Engine steps completed between an abort being requested and the "
                                      "request's KV blocks returning to the free pool.",
                                      buckets=ABORT_STEP_BUCKETS, registry=r)
+        self.step_duration = Histogram(p + "step_duration_seconds",
+                                       "Wall time of one engine step (schedule to update).",
+                                       buckets=STEP_BUCKETS, registry=r)
+        self._steps_watched: StepPhaseCollector | None = None
         self.original = OriginalGauges()
         r.register(self.original)
         ProcessCollector(registry=r)     # rank 0's memory, CPU time and open files, as usual
@@ -142,6 +181,15 @@ class EngineMetrics:
             yield
         finally:
             self._paused = False
+
+    def watch_steps(self, stats: StepStats) -> None:
+        """Export `stats` (the engine's StepStats) as the step-phase metrics; a later engine on the
+        same metrics replaces the earlier one's."""
+        stats.on_step = self.step_duration.observe
+        if self._steps_watched is None:
+            self._steps_watched = StepPhaseCollector(stats)
+            self.registry.register(self._steps_watched)
+        self._steps_watched.stats = stats
 
     # ---- engine-loop hooks ----------------------------------------------------------------
     def update_gauges(self, scheduler: Scheduler) -> None:

@@ -1,13 +1,41 @@
-"""Per-step timing of the engine loop (schedule, broadcast, execute, sample, update), summed over
-steps so a regression can be located without a profiler; logged every N steps when asked."""
+"""Per-step timing of the engine loop, so a regression can be located without a profiler.
+
+Phases of one step (DESIGN §2), each timed with `perf_counter` laps by rank 0's engine thread:
+`schedule`, `broadcast`, `execute`, `sample`, `update`.  `execute` is split further by the
+ModelRunner into its own `RunnerTimings` (every graph segment, the allreduce / logits gather
+collectives, the KV-cache writes); `execute_other` is what is left of `execute` (feed building,
+the grid split).  `io_handoff` is measured on the IO thread: from `EngineClient.publish` to the
+event loop delivering that batch — it grows when the GIL or the loop is the bottleneck.
+
+The sums are plain floats (a lap costs ~100 ns); Prometheus reads them at scrape time through
+`EngineMetrics.watch_steps`, and the optional log line (SPMD_LOG_STEP_EVERY=N) prints the
+average of the last N steps, so a change shows up in the next line rather than being diluted by
+the whole run's history.
+"""
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from dataclasses import dataclass, field
+from typing import Callable
 
 log = logging.getLogger("spmd_serve.engine")
 PHASES = ("schedule", "broadcast", "execute", "sample", "update")
+
+
+class RunnerTimings:
+    """Seconds spent inside `ModelRunner.execute`, by part; written by the thread running the
+    model (rank 0's engine thread there), read by the scrape/log on rank 0."""
+
+    def __init__(self, num_segments: int) -> None:
+        # Every key exists from the start: a reader iterating while the engine adds keys would fail.
+        self.segment_keys = [f"segment_{i}" for i in range(num_segments)]
+        self.seconds: dict[str, float] = dict.fromkeys(self.segment_keys, 0.0)
+        self.seconds.update(allreduce=0.0, gather_logits=0.0, kv_write=0.0)
+
+    def snapshot(self) -> dict[str, float]:
+        return dict(self.seconds)
 
 
 @dataclass
@@ -17,28 +45,75 @@ class StepStats:
     tokens: int = 0                          # scheduled tokens (prefill + decode)
     sampled: int = 0                         # generated tokens
     seconds: dict[str, float] = field(default_factory=lambda: dict.fromkeys(PHASES, 0.0))
+    runner: RunnerTimings | None = None      # the model runner's split of `execute`, if it has one
+    handoff_seconds: float = 0.0             # IO thread: publish → delivered, summed over batches
+    handoffs: int = 0                        # batches delivered
+    on_step: Callable[[float], None] | None = None   # observes each step's wall time (metrics)
     _t: float = 0.0
+    _t0: float = 0.0
+    _last: dict[str, float] = field(default_factory=dict)   # totals at the previous log line
+    _lock: threading.Lock = field(default_factory=threading.Lock)   # handoff: IO thread only
 
     def start(self) -> None:
-        self._t = time.perf_counter()
+        self._t = self._t0 = time.perf_counter()
 
     def lap(self, phase: str) -> None:
         now = time.perf_counter()
         self.seconds[phase] += now - self._t
         self._t = now
 
+    def record_handoff(self, published_at: float) -> None:
+        """Called on the IO thread when a published batch is delivered (perf_counter clock)."""
+        dt = time.perf_counter() - published_at
+        with self._lock:
+            self.handoff_seconds += dt
+            self.handoffs += 1
+
     def end_step(self, num_tokens: int, num_sampled: int) -> None:
         self.steps += 1
         self.tokens += num_tokens
         self.sampled += num_sampled
+        if self.on_step is not None:
+            self.on_step(self._t - self._t0)
         if self.log_every and self.steps % self.log_every == 0:
-            log.info("%s", self.summary())
+            log.info("%s", self.window_summary())
+
+    def totals(self) -> dict[str, float]:
+        """Cumulative seconds by phase, the runner's parts and `execute_other` included."""
+        out = dict(self.seconds)
+        if self.runner is not None:
+            parts = self.runner.snapshot()
+            out.update(parts)
+            out["execute_other"] = max(out["execute"] - sum(parts.values()), 0.0)
+        out["io_handoff"] = self.handoff_seconds
+        return out
+
+    def _counts(self) -> dict[str, float]:
+        return {"steps": self.steps, "tokens": self.tokens, "sampled": self.sampled,
+                "handoffs": self.handoffs}
+
+    def window_summary(self) -> str:
+        """Averages over the steps since the previous call (the log line)."""
+        now = {**self.totals(), **{f"n_{k}": v for k, v in self._counts().items()}}
+        last, self._last = self._last, now
+        d = {k: v - last.get(k, 0.0) for k, v in now.items()}
+        return self._format(d["n_steps"], d["n_tokens"], d["n_sampled"], d["n_handoffs"],
+                            {k: v for k, v in d.items() if not k.startswith("n_")})
 
     def summary(self) -> str:
-        n = max(self.steps, 1)
-        parts = " ".join(f"{p}={1e3 * s / n:.3f}ms" for p, s in self.seconds.items())
-        return f"steps={self.steps} tokens={self.tokens} sampled={self.sampled} per-step: {parts}"
+        """Averages over the whole run (the shutdown line)."""
+        return self._format(self.steps, self.tokens, self.sampled, self.handoffs, self.totals())
+
+    @staticmethod
+    def _format(steps: float, tokens: float, sampled: float, handoffs: float,
+                seconds: dict[str, float]) -> str:
+        n = max(steps, 1)
+        parts = " ".join(f"{p}={1e3 * s / (max(handoffs, 1) if p == 'io_handoff' else n):.3f}ms"
+                         for p, s in seconds.items())
+        return (f"steps={steps:.0f} tokens={tokens:.0f} sampled={sampled:.0f} "
+                f"batch={sampled / n:.1f} per-step: {parts}")
 
     def as_dict(self) -> dict:
+        n = max(self.steps, 1)
         return {"steps": self.steps, "tokens": self.tokens, "sampled": self.sampled,
-                "ms_per_step": {p: 1e3 * s / max(self.steps, 1) for p, s in self.seconds.items()}}
+                "ms_per_step": {p: 1e3 * s / n for p, s in self.totals().items()}}

@@ -7,10 +7,12 @@ their inputs/outputs).  Identical on every rank; only the collective results dif
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import numpy as np
 
+from spmd_serve.engine.step_stats import RunnerTimings
 from spmd_serve.protocol import StepPlan, grid_indices, split_by_query_len
 from spmd_serve.worker.kv_cache import KVCachePool
 
@@ -58,6 +60,7 @@ class ModelRunner:
         self.dims = manifest["dims"]
         self.comm = comm
         self.segments = [Segment(rank_dir, spec, num_threads) for spec in manifest["segments"]]
+        self.timings = RunnerTimings(len(self.segments))   # where `execute` goes (step_stats.py)
         self.pool = KVCachePool(self.dims["num_layers"], num_blocks, block_size,
                                 self.dims["kv_heads"], self.dims["head_dim"])
         for seg in self.segments:
@@ -83,14 +86,24 @@ class ModelRunner:
             "unpad_index": unpad_index, "block_tables": plan.block_tables, "ctx_lens": plan.ctx_lens,
             "query_lens": plan.query_lens, "logits_index": logits_index}
         logits = None
-        for seg in self.segments:
+        acc, clock = self.timings.seconds, time.perf_counter   # ~100 ns a lap: no per-token cost
+        t = clock()
+        for key, seg in zip(self.timings.segment_keys, self.segments):
             out = seg.run(feeds)
+            t, t0 = clock(), t
+            acc[key] += t - t0
             for layer in seg.kv_layers:   # this layer's cache is read only by this segment: write now
                 self.pool.write(layer, plan.slot_mapping, out[f"k_new_{layer}"], out[f"v_new_{layer}"])
+            t, t0 = clock(), t
+            acc["kv_write"] += t - t0
             if seg.gathers_logits:
                 logits = self.comm.gather_vocab(out["logits"])
+                t, t0 = clock(), t
+                acc["gather_logits"] += t - t0
             else:
                 feeds["partial"] = self.comm.allreduce_(out["partial"])   # [T, H] sum of shards
+                t, t0 = clock(), t
+                acc["allreduce"] += t - t0   # includes waiting for the slowest rank
                 if "hidden" in out:
                     feeds["hidden"] = out["hidden"]
         if logits is None:
