@@ -91,6 +91,10 @@ class ServingTokenizer:
         """Load from a local HF/PaddleNLP-style model directory (never the network):
         PaddleNLP's tokenizer, or with `use_hf_tokenizer` the directory's tokenizer.json."""
         model_dir = Path(path)
+        tok_cfg = _read_json(model_dir / "tokenizer_config.json")
+        template = chat_template.find_template(model_dir, tok_cfg)
+        if template:  # our own one-line error, before PaddleNLP compiles (and raises) it too
+            chat_template.compile_template(template)
         if use_hf_tokenizer:
             tok: Any = HFTokenizer.from_model_dir(model_dir)
         else:
@@ -99,9 +103,10 @@ class ServingTokenizer:
             if not (model_dir / "tokenizer_config.json").is_file():
                 # Without it AutoTokenizer would treat the path as a hub model name and go online.
                 raise FileNotFoundError(f"{model_dir}/tokenizer_config.json not found")
-            tok = AutoTokenizer.from_pretrained(str(model_dir))
-        tok_cfg = _read_json(model_dir / "tokenizer_config.json")
-        template = chat_template.find_template(model_dir, tok_cfg)
+            try:
+                tok = AutoTokenizer.from_pretrained(str(model_dir))
+            except jinja2.TemplateError as e:  # PaddleNLP's own compile of chat_template.json
+                raise ValueError(f"PaddleNLP rejected the chat template: {e}".splitlines()[0]) from e
         # generation_config.json is what generation stops on; config.json and the tokenizer's
         # own eos are added in case a model lists several (e.g. end-of-turn tokens).
         eos: list[int] = []
