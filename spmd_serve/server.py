@@ -55,7 +55,7 @@ def _start_frontend(cfg, model_config: dict) -> Frontend:
     from spmd_serve.frontend.tokenizer import ServingTokenizer
 
     try:
-        tokenizer = ServingTokenizer.from_model_dir(cfg.model_dir)
+        tokenizer = ServingTokenizer.from_model_dir(cfg.model_dir, cfg.use_hf_tokenizer)
     except (OSError, ValueError) as e:
         raise ConfigError(f"cannot load the tokenizer of {cfg.model_dir}: {e}") from None
     max_model_len = int(model_config.get("max_position_embeddings", cfg.max_seq_len + cfg.max_dec_len))

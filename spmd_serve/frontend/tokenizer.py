@@ -2,11 +2,13 @@
 
 This module owns `ServingTokenizer`, the only tokenizer the HTTP front end talks to.  It wraps
 PaddleNLP's `AutoTokenizer` (loaded from the local model directory; it makes no network calls for
-a directory that holds tokenizer_config.json + the tokenizer files) and adds what serving needs:
+a directory that holds tokenizer_config.json + the tokenizer files), or with USE_HF_TOKENIZER=1
+the directory's HuggingFace tokenizer.json (`hf_tokenizer.HFTokenizer`), and adds what serving
+needs:
 
 * the model's EOS ids gathered from generation_config.json, config.json and the tokenizer;
-* the chat template from tokenizer_config.json, rendered in a *sandboxed* Jinja environment
-  because templates ship with (possibly untrusted) checkpoints;
+* the chat template (`chat_template`: found and rendered as HuggingFace does, in a *sandboxed*
+  Jinja environment because templates ship with possibly untrusted checkpoints);
 * request validation that raises ValueError with a readable message (the HTTP layer maps
   ValueError to 400);
 * `detokenizer()`, a streaming decoder whose deltas add up to `decode()` exactly.
@@ -18,9 +20,10 @@ from pathlib import Path
 from typing import Any
 
 import jinja2
-from jinja2.sandbox import ImmutableSandboxedEnvironment
 
+from spmd_serve.frontend import chat_template
 from spmd_serve.frontend.detokenizer import IncrementalDetokenizer
+from spmd_serve.frontend.hf_tokenizer import HFTokenizer
 
 _ROLES_HINT = "each message must be an object with string 'role' and 'content'"
 
@@ -39,11 +42,6 @@ def _as_id_list(value: Any) -> list[int]:
     if isinstance(value, (list, tuple)):
         return [int(v) for v in value if v is not None]
     return [int(value)]
-
-
-def _raise_exception(message: str) -> None:
-    # Templates call raise_exception() (HF convention) to reject conversations they cannot render.
-    raise jinja2.TemplateError(message)
 
 
 def _content_text(content: Any, index: int) -> str:
@@ -66,7 +64,7 @@ def _content_text(content: Any, index: int) -> str:
 class ServingTokenizer:
     """Tokenizer + chat template + EOS ids of one model directory."""
 
-    def __init__(self, tokenizer: Any, chat_template: str | None,
+    def __init__(self, tokenizer: Any, chat_template_source: str | None,
                  eos_token_ids: list[int], bos_token_id: int | None) -> None:
         self._tok = tokenizer
         self.eos_token_ids = eos_token_ids
@@ -80,33 +78,35 @@ class ServingTokenizer:
         sp = getattr(tokenizer, "sp_model", None)
         self._sp = (sp if type(tokenizer).__name__ == "LlamaTokenizer"
                     and not getattr(tokenizer, "added_tokens_encoder", None) else None)
-        self._template: jinja2.Template | None = None
-        if chat_template:
-            env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
-                                                extensions=["jinja2.ext.loopcontrols"])
-            env.globals["raise_exception"] = _raise_exception
-            try:
-                self._template = env.from_string(chat_template)
-            except jinja2.TemplateError as e:  # a broken checkpoint, not a bad request
-                raise ValueError(f"invalid chat_template in tokenizer_config.json: {e}") from e
+        self._hf = tokenizer if isinstance(tokenizer, HFTokenizer) else None
+        # Special-token strings the chat template sees (bos_token, eos_token, ...), as HF passes.
+        self._special_strings: dict[str, Any] = {
+            k: v for k, v in dict(getattr(tokenizer, "special_tokens_map", {}) or {}).items()
+            if v is not None}
+        self._template: jinja2.Template | None = (
+            chat_template.compile_template(chat_template_source) if chat_template_source else None)
 
     @classmethod
-    def from_model_dir(cls, path: str | Path) -> "ServingTokenizer":
-        """Load from a local HF/PaddleNLP-style model directory (never the network)."""
-        from paddlenlp.transformers import AutoTokenizer  # heavy import; only when loading
-
+    def from_model_dir(cls, path: str | Path, use_hf_tokenizer: bool = False) -> "ServingTokenizer":
+        """Load from a local HF/PaddleNLP-style model directory (never the network):
+        PaddleNLP's tokenizer, or with `use_hf_tokenizer` the directory's tokenizer.json."""
         model_dir = Path(path)
-        if not (model_dir / "tokenizer_config.json").is_file():
-            # Without it AutoTokenizer would treat the path as a hub model name and go online.
-            raise FileNotFoundError(f"{model_dir}/tokenizer_config.json not found")
-        tok = AutoTokenizer.from_pretrained(str(model_dir))
         tok_cfg = _read_json(model_dir / "tokenizer_config.json")
-        template = tok_cfg.get("chat_template")
-        if isinstance(template, list):  # HF allows [{"name": ..., "template": ...}, ...]
-            named = {t.get("name"): t.get("template") for t in template if isinstance(t, dict)}
-            template = named.get("default")
-        if not isinstance(template, str) and (model_dir / "chat_template.jinja").is_file():
-            template = (model_dir / "chat_template.jinja").read_text(encoding="utf-8")
+        template = chat_template.find_template(model_dir, tok_cfg)
+        if template:  # our own one-line error, before PaddleNLP compiles (and raises) it too
+            chat_template.compile_template(template)
+        if use_hf_tokenizer:
+            tok: Any = HFTokenizer.from_model_dir(model_dir)
+        else:
+            from paddlenlp.transformers import AutoTokenizer  # heavy import; only when loading
+
+            if not (model_dir / "tokenizer_config.json").is_file():
+                # Without it AutoTokenizer would treat the path as a hub model name and go online.
+                raise FileNotFoundError(f"{model_dir}/tokenizer_config.json not found")
+            try:
+                tok = AutoTokenizer.from_pretrained(str(model_dir))
+            except jinja2.TemplateError as e:  # PaddleNLP's own compile of chat_template.json
+                raise ValueError(f"PaddleNLP rejected the chat template: {e}".splitlines()[0]) from e
         # generation_config.json is what generation stops on; config.json and the tokenizer's
         # own eos are added in case a model lists several (e.g. end-of-turn tokens).
         eos: list[int] = []
@@ -115,8 +115,7 @@ class ServingTokenizer:
                     tok.eos_token_id):
             eos += [i for i in _as_id_list(src) if i not in eos]
         bos = tok.bos_token_id
-        return cls(tok, template if isinstance(template, str) else None, eos,
-                   None if bos is None else int(bos))
+        return cls(tok, template, eos, None if bos is None else int(bos))
 
     @property
     def has_chat_template(self) -> bool:
@@ -130,6 +129,8 @@ class ServingTokenizer:
         """Token ids of `text`, no BOS/EOS added (special-token strings in it are recognised)."""
         if not isinstance(text, str):
             raise ValueError(f"text must be a string, got {type(text).__name__}")
+        if self._hf is not None:
+            return self._hf.encode_ids(text)
         return [int(i) for i in self._tok.convert_tokens_to_ids(self._tok.tokenize(text))]
 
     def decode(self, ids: list[int]) -> str:
@@ -145,7 +146,10 @@ class ServingTokenizer:
 
     def token_bytes(self, token_id: int) -> bytes:
         """The bytes one token contributes to the text (for logprobs): SentencePiece's byte
-        fallback pieces `<0xHH>` are that byte, its word marker is a space."""
+        fallback pieces `<0xHH>` are that byte, its word marker is a space (tokenizer.json:
+        see HFTokenizer.token_bytes)."""
+        if self._hf is not None:
+            return self._hf.token_bytes(token_id)
         piece = self._tok.convert_ids_to_tokens(int(token_id))
         if not isinstance(piece, str):
             return b""
@@ -186,12 +190,8 @@ class ServingTokenizer:
         if self._template is None:
             raise ValueError("this model has no chat template; send 'text' instead of 'messages'")
         msgs = self._normalize_messages(messages, system)
-        tok = self._tok
         try:
-            return self._template.render(
-                messages=msgs, add_generation_prompt=True,
-                bos_token=tok.bos_token or "", eos_token=tok.eos_token or "",
-                unk_token=tok.unk_token or "", pad_token=tok.pad_token or "")
+            return chat_template.render(self._template, msgs, self._special_strings)
         except jinja2.TemplateError as e:  # includes raise_exception() and sandbox violations
             raise ValueError(f"chat template rejected the messages: {e}") from e
         except (TypeError, KeyError, AttributeError, IndexError) as e:

@@ -37,8 +37,6 @@ def check_supported(cfg) -> None:
     """Refuse settings whose feature this build lacks, rather than silently ignoring them."""
     if cfg.use_cache_kv_int8:
         raise ConfigError("USE_CACHE_KV_INT8=1 is not supported by this build yet (the KV cache is float32)")
-    if cfg.use_hf_tokenizer:
-        raise ConfigError("USE_HF_TOKENIZER=1 is not supported by this build yet (PaddleNLP's tokenizer is used)")
     if cfg.http_workers > 1:
         log.warning("PUSH_MODE_HTTP_WORKERS=%d: extra HTTP worker processes are not implemented yet; "
                     "serving with one IO thread", cfg.http_workers)

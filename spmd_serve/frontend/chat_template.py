@@ -1,0 +1,81 @@
+"""Chat templates: found in a model directory and rendered with HuggingFace's conventions.
+
+Where a template comes from (as HF's `from_pretrained` does): `chat_template.jinja` if present
+(it overrides the config), else tokenizer_config.json's `chat_template`, a string or HF's list of
+`{"name", "template"}` entries of which "default" is used.
+
+How it is rendered (as HF's `apply_chat_template` does, so a checkpoint's template produces the
+prompt its authors tested): a *sandboxed* Jinja environment (templates ship with possibly
+untrusted checkpoints) with `trim_blocks`, `lstrip_blocks`, the loop controls
+(`{% break %}`/`{% continue %}`), `raise_exception(msg)`, `strftime_now(fmt)`, a `tojson` filter
+that does not HTML-escape, and the variables `messages`, `add_generation_prompt`, `tools=None`,
+`documents=None` and the tokenizer's special-token strings (`bos_token`, `eos_token`, ...).
+"""
+from __future__ import annotations
+
+import json
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import jinja2
+import jinja2.ext
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+TEMPLATE_FILE = "chat_template.jinja"
+
+
+def _raise_exception(message: str) -> None:
+    # Templates call raise_exception() (HF convention) to reject conversations they cannot render.
+    raise jinja2.TemplateError(message)
+
+
+def _tojson(x: Any, ensure_ascii: bool = False, indent: int | None = None,
+            separators: Any = None, sort_keys: bool = False) -> str:
+    # HF's override: Jinja's own tojson HTML-escapes '<', '>', '&' and "'".
+    return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators,
+                      sort_keys=sort_keys)
+
+
+def _strftime_now(fmt: str) -> str:
+    return datetime.now().strftime(fmt)
+
+
+def compile_template(source: str) -> jinja2.Template:
+    """Compile `source` in the sandbox; ValueError (one line) when it is not valid Jinja."""
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
+                                        extensions=[jinja2.ext.loopcontrols])
+    env.filters["tojson"] = _tojson
+    env.globals["raise_exception"] = _raise_exception
+    env.globals["strftime_now"] = _strftime_now
+    try:
+        return env.from_string(source)
+    except jinja2.TemplateSyntaxError as e:  # a broken checkpoint, not a bad request
+        raise ValueError(f"invalid chat_template: {e.message} (template line {e.lineno})") from e
+    except jinja2.TemplateError as e:
+        raise ValueError(f"invalid chat_template: {e}") from e
+
+
+def find_template(model_dir: str | Path, tokenizer_config: dict[str, Any]) -> str | None:
+    """The chat template source of a model directory, or None when it has none."""
+    path = Path(model_dir) / TEMPLATE_FILE
+    if path.is_file():
+        return path.read_text(encoding="utf-8")
+    template = tokenizer_config.get("chat_template")
+    if template is None or isinstance(template, str):
+        return template
+    if isinstance(template, list):  # HF: [{"name": ..., "template": ...}, ...]
+        named = {t.get("name"): t.get("template") for t in template if isinstance(t, dict)}
+        if isinstance(named.get("default"), str):
+            return named["default"]
+        raise ValueError("tokenizer_config.json: chat_template is a list of named templates "
+                         f"without a 'default' one (names: {sorted(map(str, named))})")
+    raise ValueError("tokenizer_config.json: chat_template must be a string or a list of "
+                     f"{{'name', 'template'}} objects, got {type(template).__name__}")
+
+
+def render(template: jinja2.Template, messages: list[dict[str, Any]],
+           special_tokens: dict[str, Any], add_generation_prompt: bool = True) -> str:
+    """The prompt text; jinja2.TemplateError / TypeError etc. propagate to the caller."""
+    return template.render(messages=messages, tools=None, documents=None,
+                           add_generation_prompt=add_generation_prompt, **special_tokens)
