@@ -51,6 +51,9 @@ class ModelConfig:
             raise UnsupportedModel("mlp_bias=true is not supported (gate/up/down without biases only)")
         if cfg.get("use_sliding_window"):
             raise UnsupportedModel("use_sliding_window=true is not supported (full attention only)")
+        for key in ("alibi", "use_long_sequence_strategies"):   # PaddleNLP-only position schemes
+            if cfg.get(key):
+                raise UnsupportedModel(f"{key}=true is not supported (RoPE positions only)")
         for key in ("rope_scaling_type",):   # PaddleNLP's own linear/ntk scaling keys
             if cfg.get(key):
                 raise UnsupportedModel(f"{key}={cfg[key]!r} is not supported; rope_scaling types: {', '.join(ROPE_TYPES)}")

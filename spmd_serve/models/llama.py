@@ -84,7 +84,8 @@ class AttentionStage(nn.Layer):
         super().__init__()
         p = f"layers.{layer}."
         self.ln, self.q, self.k, self.v, self.o = (_param(self, w[p + n]) for n in ("ln1", "q", "k", "v", "o"))
-        self.bias = [_param(self, w[p + n]) for n in ("q_bias", "k_bias", "v_bias")] if dims.attention_bias else None
+        self.biases = nn.ParameterList([_param(self, w[p + n]) for n in ("q_bias", "k_bias", "v_bias")]
+                                       if dims.attention_bias else [])
         self.dims, self.layer = dims, layer
         self.inv_freq = paddle.to_tensor(np.asarray(w["inv_freq"], np.float32))   # [d/2] constant
 
@@ -101,8 +102,8 @@ class AttentionStage(nn.Layer):
         nh, kvh, d, g = dm.heads, dm.kv_heads, dm.head_dim, dm.group
         x = rms_norm(h, self.ln, dm.rms_norm_eps)                                       # [T, H]
         q, k, v = (paddle.matmul(x, w) for w in (self.q, self.k, self.v))
-        if self.bias is not None:
-            q, k, v = q + self.bias[0], k + self.bias[1], v + self.bias[2]
+        if len(self.biases):
+            q, k, v = q + self.biases[0], k + self.biases[1], v + self.biases[2]
         q = self._rope(q.reshape([-1, nh, d]), env["positions"])                          # [T, nh, d]
         k = self._rope(k.reshape([-1, kvh, d]), env["positions"])                          # [T, kvh, d]
         v = v.reshape([-1, kvh, d])
