@@ -73,6 +73,26 @@ def test_bf16_and_f16_safetensors_read_as_float32(tmp_path):
     assert np.array_equal(got["b"], x.astype(np.float16).astype(np.float32))
 
 
+@pytest.mark.parametrize("safe", [False, True], ids=["pdparams", "safetensors"])
+def test_bfloat16_paddlenlp_checkpoints_read_exactly(tmp_path, safe):
+    """PaddleNLP stores bfloat16 as uint16 (pdparams) and U16 (safetensors): read as the same values."""
+    from spmd_serve.models.checkpoint import load_checkpoint
+    from tests.paddlenlp_reference import reference_from_weights
+
+    cfg = ARCHS["qwen2_untied"]
+    model = reference_from_weights(cfg, make_weights(cfg))
+    model.to(dtype="bfloat16")
+    model.save_pretrained(str(tmp_path), safe_serialization=safe)
+    _, _, got, source = load_checkpoint(tmp_path)
+    assert source["source_dtype"] == "bfloat16"
+    want = model.state_dict()
+    for hf, pd, t in (("model.layers.1.self_attn.k_proj.weight", "qwen2.layers.1.self_attn.k_proj.weight", True),
+                      ("model.layers.0.self_attn.q_proj.bias", "qwen2.layers.0.self_attn.q_proj.bias", False),
+                      ("lm_head.weight", "lm_head.weight", True)):
+        ref = want[pd].astype("float32").numpy()
+        assert np.array_equal(got[hf], ref.T if t else ref), hf
+
+
 def test_llama3_rope_scaling_equals_paddlenlp():
     from paddlenlp.transformers.llama.modeling import Llama3RotaryEmbedding
 

@@ -71,8 +71,10 @@ def _bf16_to_f32(raw: np.ndarray) -> np.ndarray:
     return (raw.astype(np.uint32) << 16).view(np.float32)
 
 
-def read_safetensors(path: Path) -> dict[str, np.ndarray]:
-    """All tensors of one safetensors file as float32 numpy (BF16 included, which numpy lacks)."""
+def read_safetensors(path: Path, u16_is_bf16: bool = False) -> dict[str, np.ndarray]:
+    """All tensors of one safetensors file as float32 numpy (BF16 included, which numpy lacks).
+    PaddleNLP writes bfloat16 tensors as U16 (numpy's view of them): `u16_is_bf16` when its
+    config.json says dtype bfloat16."""
     with open(path, "rb") as f:
         (n,) = struct.unpack("<Q", f.read(8))
         header = json.loads(f.read(n))
@@ -81,7 +83,7 @@ def read_safetensors(path: Path) -> dict[str, np.ndarray]:
         for name, meta in header.items():
             if name == "__metadata__":
                 continue
-            kind = _ST_DTYPES.get(meta["dtype"])
+            kind = "bf16" if meta["dtype"] == "U16" and u16_is_bf16 else _ST_DTYPES.get(meta["dtype"])
             if kind is None:
                 raise CheckpointError(f"{path.name}: tensor {name} has dtype {meta['dtype']}, not a float type")
             start, end = meta["data_offsets"]
@@ -171,8 +173,9 @@ def load_checkpoint(ckpt: Path) -> tuple[dict, ModelConfig, dict[str, np.ndarray
     mc = ModelConfig.from_hf(cfg, check_arch=True)
     files = _weight_files(ckpt)
     raw: dict[str, np.ndarray] = {}
+    bf16 = "bfloat16" in (cfg.get("dtype"), cfg.get("torch_dtype"))
     for f in files:
-        raw.update(read_safetensors(f) if f.suffix == ".safetensors" else _read_pdparams(f))
+        raw.update(read_safetensors(f, bf16) if f.suffix == ".safetensors" else _read_pdparams(f))
     weights, fmt = _to_hf_layout(raw, mc)
     want = expected_tensors(mc)
     missing = [k for k in want if k not in weights]
