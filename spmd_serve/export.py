@@ -25,7 +25,6 @@ from spmd_serve.models.checkpoint import CheckpointError, load_checkpoint
 from spmd_serve.models.sharding import ShardDims, ShardingError, shard_dims, shard_weights
 
 EXPORT_FORMAT = 1
-__all__ = ["SUPPORTED_ARCHS", "ExportError", "export_checkpoint", "ensure_demo_model", "main"]
 # Copied verbatim from the checkpoint when present (tokenizer + generation defaults).
 AUX_FILES = ("generation_config.json", "tokenizer_config.json", "special_tokens_map.json",
              "tokenizer.model", "sentencepiece.bpe.model", "tokenizer.json", "added_tokens.json",
@@ -34,15 +33,6 @@ AUX_FILES = ("generation_config.json", "tokenizer_config.json", "special_tokens_
 
 class ExportError(Exception):
     """The checkpoint cannot be exported; the message says why."""
-
-
-def load_hf_checkpoint(ckpt: Path) -> tuple[dict, dict[str, np.ndarray]]:
-    """config.json + all weights as float32 numpy in HF names/layout (any supported format)."""
-    try:
-        cfg, _, weights, _ = load_checkpoint(Path(ckpt))
-    except (CheckpointError, UnsupportedModel) as e:
-        raise ExportError(str(e)) from None
-    return cfg, weights
 
 
 def export_rank(cfg: dict | ModelConfig, weights: dict[str, np.ndarray], dims: ShardDims, rank: int, out: Path) -> None:

@@ -151,7 +151,7 @@ def _to_hf_layout(weights: dict[str, np.ndarray], mc: ModelConfig) -> tuple[dict
 
 def expected_tensors(mc: ModelConfig) -> dict[str, tuple[int, ...]]:
     """HF tensor name → shape that a checkpoint of `mc` must provide."""
-    h, d, q, kv = mc.hidden, mc.head_dim, mc.heads * mc.head_dim, mc.kv_heads * mc.head_dim
+    h, q, kv = mc.hidden, mc.heads * mc.head_dim, mc.kv_heads * mc.head_dim
     shapes: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (mc.vocab, h), "model.norm.weight": (h,)}
     if not mc.tie_word_embeddings:
         shapes["lm_head.weight"] = (mc.vocab, h)
