@@ -1,8 +1,9 @@
-"""`spmd_serve export`: a HuggingFace-format Llama checkpoint → the served model directory.
+"""`spmd_serve export`: a HuggingFace or PaddleNLP Llama/Qwen2 checkpoint → the served model directory.
 
 Writes CONTRACT §7's layout: the checkpoint's config/tokenizer files, plus one `rank_<i>/` per
 tensor-parallel rank holding that rank's graph segments (`seg_<k>.json` + `.pdiparams`) and a
-`manifest.json` that tells the runtime how to feed and join them.  `--demo tiny|small` first
+`manifest.json` that tells the runtime how to feed and join them.  Which checkpoints are read is
+models/checkpoint.py's business; which architectures, models/arch.py's.  `--demo tiny|small` first
 writes a deterministic checkpoint (weights + trained SentencePiece tokenizer) so everything
 works offline.
 """
@@ -19,40 +20,22 @@ from pathlib import Path
 
 import numpy as np
 
+from spmd_serve.models.arch import SUPPORTED_ARCHS, ModelConfig, UnsupportedModel, check_dtype_runnable
+from spmd_serve.models.checkpoint import CheckpointError, load_checkpoint
 from spmd_serve.models.sharding import ShardDims, ShardingError, shard_dims, shard_weights
 
 EXPORT_FORMAT = 1
-SUPPORTED_ARCHS = ("LlamaForCausalLM",)
 # Copied verbatim from the checkpoint when present (tokenizer + generation defaults).
 AUX_FILES = ("generation_config.json", "tokenizer_config.json", "special_tokens_map.json",
-             "tokenizer.model", "sentencepiece.bpe.model", "tokenizer.json", "added_tokens.json")
+             "tokenizer.model", "sentencepiece.bpe.model", "tokenizer.json", "added_tokens.json",
+             "vocab.json", "merges.txt")
 
 
 class ExportError(Exception):
     """The checkpoint cannot be exported; the message says why."""
 
 
-def load_hf_checkpoint(ckpt: Path) -> tuple[dict, dict[str, np.ndarray]]:
-    """config.json + all weights (single-file or index-sharded safetensors) as float32 numpy."""
-    from safetensors.numpy import load_file
-
-    cfg_path = ckpt / "config.json"
-    if not cfg_path.is_file():
-        raise ExportError(f"{ckpt} has no config.json (expected a HuggingFace-format checkpoint)")
-    cfg = json.loads(cfg_path.read_text())
-    archs = cfg.get("architectures") or [cfg.get("model_type", "?")]
-    if archs[0] not in SUPPORTED_ARCHS:
-        raise ExportError(f"architecture {archs[0]!r} is not supported; supported: {', '.join(SUPPORTED_ARCHS)}")
-    files = sorted(ckpt.glob("*.safetensors"))
-    if not files:
-        raise ExportError(f"{ckpt} has no *.safetensors weight files")
-    weights: dict[str, np.ndarray] = {}
-    for f in files:
-        weights.update({k: v.astype(np.float32) for k, v in load_file(str(f)).items()})
-    return cfg, weights
-
-
-def export_rank(cfg: dict, weights: dict[str, np.ndarray], dims: ShardDims, rank: int, out: Path) -> None:
+def export_rank(cfg: dict | ModelConfig, weights: dict[str, np.ndarray], dims: ShardDims, rank: int, out: Path) -> None:
     from spmd_serve.models.segment import build_segments, save_segment
 
     rank_dir = out / f"rank_{rank}"
@@ -65,12 +48,14 @@ def export_rank(cfg: dict, weights: dict[str, np.ndarray], dims: ShardDims, rank
     (rank_dir / "manifest.json").write_text(json.dumps(manifest, indent=1))
 
 
-def export_checkpoint(ckpt: Path, out: Path, tp: int = 1) -> Path:
+def export_checkpoint(ckpt: Path, out: Path, tp: int = 1, dtype: str = "float32") -> Path:
     """Export into `out` atomically (a temp dir renamed at the end), so a crash leaves nothing half-made."""
-    cfg, weights = load_hf_checkpoint(ckpt)
+    ckpt = Path(ckpt)
     try:
-        dims = shard_dims(cfg, tp)
-    except ShardingError as e:
+        check_dtype_runnable(dtype)
+        cfg, mc, weights, source = load_checkpoint(ckpt)
+        dims = shard_dims(mc, tp)
+    except (CheckpointError, UnsupportedModel, ShardingError) as e:
         raise ExportError(str(e)) from None
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
@@ -79,8 +64,11 @@ def export_checkpoint(ckpt: Path, out: Path, tp: int = 1) -> Path:
             if (ckpt / name).is_file():
                 shutil.copy2(ckpt / name, tmp / name)
         for rank in range(tp):
-            export_rank(cfg, weights, dims, rank, tmp)
-        served = dict(cfg, spmd_serve={"format": EXPORT_FORMAT, "tp": tp, "dtype": "float32", "quant": None})
+            export_rank(mc, weights, dims, rank, tmp)
+        served = dict(cfg, spmd_serve={"format": EXPORT_FORMAT, "tp": tp, "dtype": dtype, "quant": None,
+                                       "source": source, "rope_scaling": mc.rope_scaling,
+                                       "attention_bias": mc.attention_bias,
+                                       "tie_word_embeddings": mc.tie_word_embeddings})
         (tmp / "config.json").write_text(json.dumps(served, indent=1))
         if out.exists():
             shutil.rmtree(out)
@@ -107,16 +95,16 @@ def ensure_demo_model(preset: str = "tiny", tp: int = 1, root: Path | None = Non
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="spmd_serve export", description=__doc__.splitlines()[0])
     src = ap.add_mutually_exclusive_group(required=True)
-    src.add_argument("--checkpoint", type=Path, help="HuggingFace-format Llama checkpoint directory")
+    src.add_argument("--checkpoint", type=Path,
+                     help=f"HuggingFace or PaddleNLP checkpoint directory ({', '.join(SUPPORTED_ARCHS)})")
     src.add_argument("--demo", choices=("tiny", "small"), help="write and export a built-in demo model")
     ap.add_argument("--out", type=Path, required=True, help="served model directory to write")
     ap.add_argument("--tp", type=int, default=1, help="tensor-parallel degree (one rank_<i>/ per rank)")
-    ap.add_argument("--dtype", default="float32", help="weight dtype (float32 only so far)")
+    ap.add_argument("--dtype", default="float32", choices=("float32", "float16", "bfloat16"),
+                    help="dtype of the served graphs (what this Paddle build cannot run is refused)")
     ap.add_argument("--quant", default=None, help="weight-only quantisation (not supported yet)")
     args = ap.parse_args(argv)
     try:
-        if args.dtype != "float32":
-            raise ExportError(f"--dtype {args.dtype} is not supported yet; use float32")
         if args.quant:
             raise ExportError(f"--quant {args.quant} is not supported yet")
         if args.demo:
@@ -124,11 +112,11 @@ def main(argv: list[str] | None = None) -> int:
 
             with tempfile.TemporaryDirectory() as ckpt:
                 write_demo_checkpoint(Path(ckpt), args.demo)
-                export_checkpoint(Path(ckpt), args.out, args.tp)
+                export_checkpoint(Path(ckpt), args.out, args.tp, args.dtype)
         else:
-            export_checkpoint(args.checkpoint, args.out, args.tp)
+            export_checkpoint(args.checkpoint, args.out, args.tp, args.dtype)
     except (ExportError, FileNotFoundError) as e:
         print(f"spmd_serve export: error: {e}", file=sys.stderr)
         return 2
-    print(f"exported to {args.out} (tp={args.tp})")
+    print(f"exported to {args.out} (tp={args.tp}, dtype={args.dtype})")
     return 0

@@ -83,7 +83,7 @@ def _load(cfg, comm):
     from spmd_serve.config import ConfigError, check_model_dir, clamp_to_model
     from spmd_serve.dist.comm import node_local_first
     from spmd_serve.export import ensure_demo_model
-    from spmd_serve.worker.capacity import check_kv_fits, check_supported
+    from spmd_serve.worker.capacity import check_kv_fits, check_served_model, check_supported
     from spmd_serve.worker.model_runner import ModelRunner
 
     if cfg.model_dir is None:   # CONTRACT §2: the built-in demo model, made on first use
@@ -91,6 +91,7 @@ def _load(cfg, comm):
         cfg = dataclasses.replace(cfg, model_dir=demo)
     check_supported(cfg)
     model_config = check_model_dir(cfg, comm.size)
+    check_served_model(model_config)
     cfg = clamp_to_model(cfg, model_config)
     manifest_path = Path(cfg.model_dir) / f"rank_{comm.rank}" / "manifest.json"
     try:

@@ -1,10 +1,13 @@
-"""PaddleNLP reference implementation of the demo Llama, for tests (helper module, not a test file).
+"""PaddleNLP reference implementations (Llama, Qwen2), for tests (helper module, not a test file).
 
 This module owns the "ground truth" that spmd_serve's own model code is compared against:
 
 * `load_reference_model(ckpt_dir)`: PaddleNLP's dynamic-graph `LlamaForCausalLM`, plain fp32,
   no fused kernels / flash attention, single card, with the HF safetensors weights mapped onto
   PaddleNLP's parameter names and layouts (every parameter must be set exactly once);
+* `reference_from_weights(hf_cfg, weights)`: the same for any supported architecture
+  (`LlamaForCausalLM` incl. Llama-3 rope scaling, `Qwen2ForCausalLM` with q/k/v biases and tied
+  or untied embeddings) from HF-named numpy weights;
 * `reference_greedy(model, prompt, n)`: greedy tokens + per-step logits from full, cache-free
   forward passes (the simplest possible definition of the right answer);
 * `reference_generate(model, prompt, n)`: PaddleNLP's own `generate()` (KV cache path), used to
@@ -17,11 +20,14 @@ from pathlib import Path
 
 import numpy as np
 import paddle
-from paddlenlp.transformers import LlamaConfig, LlamaForCausalLM
+from paddlenlp.transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 from safetensors.numpy import load_file
 
+ARCHS = {"LlamaForCausalLM": (LlamaConfig, LlamaForCausalLM, "llama."),
+         "Qwen2ForCausalLM": (Qwen2Config, Qwen2ForCausalLM, "qwen2.")}
 
-def _paddle_name_and_layout(hf_name: str) -> tuple[str, bool]:
+
+def _paddle_name_and_layout(hf_name: str, prefix: str = "llama.", tied: bool = False) -> tuple[str, bool]:
     """PaddleNLP parameter name for an HF tensor name, and whether it must be transposed.
 
     Paddle's nn.Linear stores weight as [in, out] (HF/torch: [out, in]), and PaddleNLP's
@@ -29,18 +35,26 @@ def _paddle_name_and_layout(hf_name: str) -> tuple[str, bool]:
     2-D weight except the embedding table is transposed.
     """
     if hf_name == "lm_head.weight":
-        return hf_name, True
+        return hf_name, not tied   # tied: PaddleNLP's lm_head *is* the [V, H] embedding
     if not hf_name.startswith("model."):
         raise KeyError(f"unexpected tensor in checkpoint: {hf_name}")
-    name = "llama." + hf_name[len("model."):]
-    return name, name.endswith("_proj.weight")
+    name = prefix + hf_name[len("model."):]
+    return name, name.endswith("_proj.weight") and not name.endswith(".bias")
 
 
 def load_reference_model(ckpt_dir: str | Path) -> LlamaForCausalLM:
     """PaddleNLP LlamaForCausalLM with the checkpoint's weights, in eval mode."""
     ckpt_dir = Path(ckpt_dir)
     hf_cfg = json.loads((ckpt_dir / "config.json").read_text(encoding="utf-8"))
-    config = LlamaConfig(
+    return reference_from_weights(hf_cfg, load_file(str(ckpt_dir / "model.safetensors")))
+
+
+def reference_from_weights(hf_cfg: dict, weights: dict[str, np.ndarray]):
+    """PaddleNLP's own model class for hf_cfg's architecture, fp32, with these HF-named weights."""
+    arch = (hf_cfg.get("architectures") or ["LlamaForCausalLM"])[0]
+    config_cls, model_cls, prefix = ARCHS[arch]
+    tied = bool(hf_cfg.get("tie_word_embeddings", False))
+    config = config_cls(
         **{k: v for k, v in hf_cfg.items() if k not in ("architectures", "torch_dtype")},
         dtype="float32",
         # The reference must be the plain math: no fused/flash kernels (not on CPU anyway, and
@@ -55,14 +69,16 @@ def load_reference_model(ckpt_dir: str | Path) -> LlamaForCausalLM:
         sequence_parallel=False,
         recompute=False,
     )
-    model = LlamaForCausalLM(config)
+    model = model_cls(config)
     model.eval()
 
     expected = model.state_dict()
-    weights = load_file(str(ckpt_dir / "model.safetensors"))
+    weights = dict(weights)
+    if tied:   # one tensor, two names in PaddleNLP's state_dict
+        weights["lm_head.weight"] = weights["model.embed_tokens.weight"]
     mapped: dict[str, np.ndarray] = {}
     for hf_name, arr in weights.items():
-        name, transpose = _paddle_name_and_layout(hf_name)
+        name, transpose = _paddle_name_and_layout(hf_name, prefix, tied)
         if name in mapped:
             raise KeyError(f"two checkpoint tensors map to {name}")
         mapped[name] = np.ascontiguousarray(arr.T if transpose else arr)

@@ -76,16 +76,18 @@ class EmbedStage(nn.Layer):
 
 
 class AttentionStage(nn.Layer):
-    """RMSNorm → q/k/v (column shard) → RoPE → paged attention (GQA) → o_proj (row shard)."""
+    """RMSNorm → q/k/v (column shard, + bias with attention_bias) → RoPE → paged attention (GQA)
+    → o_proj (row shard).  The RoPE inverse frequencies are an export-time constant (`w["inv_freq"]`,
+    rope scaling already applied)."""
 
     def __init__(self, w: dict[str, np.ndarray], dims: ShardDims, layer: int) -> None:
         super().__init__()
         p = f"layers.{layer}."
         self.ln, self.q, self.k, self.v, self.o = (_param(self, w[p + n]) for n in ("ln1", "q", "k", "v", "o"))
+        self.biases = nn.ParameterList([_param(self, w[p + n]) for n in ("q_bias", "k_bias", "v_bias")]
+                                       if dims.attention_bias else [])
         self.dims, self.layer = dims, layer
-        d = dims.head_dim
-        inv_freq = 1.0 / (dims.rope_theta ** (np.arange(0, d, 2, dtype=np.float32) / d))
-        self.inv_freq = paddle.to_tensor(inv_freq.astype(np.float32))   # [d/2] constant
+        self.inv_freq = paddle.to_tensor(np.asarray(w["inv_freq"], np.float32))   # [d/2] constant
 
     def cache_names(self) -> tuple[str, str]:
         return f"k_cache_{self.layer}", f"v_cache_{self.layer}"
@@ -99,9 +101,12 @@ class AttentionStage(nn.Layer):
         dm = self.dims
         nh, kvh, d, g = dm.heads, dm.kv_heads, dm.head_dim, dm.group
         x = rms_norm(h, self.ln, dm.rms_norm_eps)                                       # [T, H]
-        q = self._rope(paddle.matmul(x, self.q).reshape([-1, nh, d]), env["positions"])  # [T, nh, d]
-        k = self._rope(paddle.matmul(x, self.k).reshape([-1, kvh, d]), env["positions"])  # [T, kvh, d]
-        v = paddle.matmul(x, self.v).reshape([-1, kvh, d])
+        q, k, v = (paddle.matmul(x, w) for w in (self.q, self.k, self.v))
+        if len(self.biases):
+            q, k, v = q + self.biases[0], k + self.biases[1], v + self.biases[2]
+        q = self._rope(q.reshape([-1, nh, d]), env["positions"])                          # [T, nh, d]
+        k = self._rope(k.reshape([-1, kvh, d]), env["positions"])                          # [T, kvh, d]
+        v = v.reshape([-1, kvh, d])
         kc_name, vc_name = self.cache_names()
         bt = env["block_tables"]
         b = paddle.shape(bt)[0]

@@ -4,12 +4,15 @@ Column-parallel: q/k/v (by heads), gate/up (by intermediate units), lm_head (by 
 Row-parallel: o_proj, down_proj.  Vocab-parallel embedding (rows).  Norm weights are replicated.
 When the model has fewer KV heads than ranks, each KV head is replicated on the ranks whose
 query heads use it.  Outputs are numpy arrays in Paddle's Linear layout ([in, out]).
+Architecture options (q/k/v biases, tied embeddings, rope scaling) come from `ModelConfig`.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 import numpy as np
+
+from spmd_serve.models.arch import ModelConfig
 
 
 class ShardingError(ValueError):
@@ -30,6 +33,7 @@ class ShardDims:
     vocab_local: int      # padded vocab / tp
     rms_norm_eps: float
     rope_theta: float
+    attention_bias: bool = False   # q/k/v biases, split with their columns
 
     @property
     def group(self) -> int:
@@ -37,9 +41,9 @@ class ShardDims:
         return self.heads // self.kv_heads
 
 
-def shard_dims(cfg: dict, tp: int) -> ShardDims:
-    nh, kvh = cfg["num_attention_heads"], cfg.get("num_key_value_heads", cfg["num_attention_heads"])
-    hidden, inter = cfg["hidden_size"], cfg["intermediate_size"]
+def shard_dims(cfg: dict | ModelConfig, tp: int) -> ShardDims:
+    mc = cfg if isinstance(cfg, ModelConfig) else ModelConfig.from_hf(cfg)
+    nh, kvh, inter = mc.heads, mc.kv_heads, mc.intermediate
     if tp < 1:
         raise ShardingError(f"--tp must be >= 1, got {tp}")
     if nh % tp:
@@ -54,15 +58,14 @@ def shard_dims(cfg: dict, tp: int) -> ShardDims:
         raise ShardingError(
             f"num_key_value_heads={kvh} and --tp {tp}: one must divide the other "
             f"(KV heads are split when tp divides them and replicated when they divide tp)")
-    return ShardDims(tp=tp, hidden=hidden, head_dim=hidden // nh, num_layers=cfg["num_hidden_layers"],
+    return ShardDims(tp=tp, hidden=mc.hidden, head_dim=mc.head_dim, num_layers=mc.num_layers,
                      heads=nh // tp, kv_heads=kv_local, intermediate=inter // tp,
-                     vocab=cfg["vocab_size"], vocab_local=-(-cfg["vocab_size"] // tp),
-                     rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
-                     rope_theta=float(cfg.get("rope_theta", 10000.0)))
+                     vocab=mc.vocab, vocab_local=-(-mc.vocab // tp),
+                     rms_norm_eps=mc.rms_norm_eps, rope_theta=mc.rope_theta, attention_bias=mc.attention_bias)
 
 
-def _kv_heads_of_rank(cfg: dict, dims: ShardDims, rank: int) -> slice:
-    kvh = cfg.get("num_key_value_heads", cfg["num_attention_heads"])
+def _kv_heads_of_rank(mc: ModelConfig, dims: ShardDims, rank: int) -> slice:
+    kvh = mc.kv_heads
     if kvh % dims.tp == 0:
         return slice(rank * dims.kv_heads, (rank + 1) * dims.kv_heads)
     head = rank // (dims.tp // kvh)
@@ -79,11 +82,15 @@ def _rows(w_hf: np.ndarray, sl: slice) -> np.ndarray:
     return np.ascontiguousarray(w_hf[:, sl].T)
 
 
-def shard_weights(hf: dict[str, np.ndarray], cfg: dict, dims: ShardDims, rank: int) -> dict[str, np.ndarray]:
-    """This rank's weights, named `embed`, `layers.{i}.{q,k,v,o,gate,up,down,ln1,ln2}`, `norm`, `lm_head`."""
+def shard_weights(hf: dict[str, np.ndarray], cfg: dict | ModelConfig, dims: ShardDims, rank: int
+                  ) -> dict[str, np.ndarray]:
+    """This rank's weights, named `embed`, `layers.{i}.{q,k,v,o,gate,up,down,ln1,ln2}` (and
+    `layers.{i}.{q,k,v}_bias` with attention_bias), `norm`, `lm_head`, plus the constant
+    `inv_freq` (RoPE, rope scaling applied)."""
+    mc = cfg if isinstance(cfg, ModelConfig) else ModelConfig.from_hf(cfg)
     d, r = dims.head_dim, rank
     q_sl = slice(r * dims.heads * d, (r + 1) * dims.heads * d)
-    kv = _kv_heads_of_rank(cfg, dims, r)
+    kv = _kv_heads_of_rank(mc, dims, r)
     kv_sl = slice(kv.start * d, kv.stop * d)
     i_sl = slice(r * dims.intermediate, (r + 1) * dims.intermediate)
     v_sl = slice(r * dims.vocab_local, (r + 1) * dims.vocab_local)
@@ -94,9 +101,10 @@ def shard_weights(hf: dict[str, np.ndarray], cfg: dict, dims: ShardDims, rank: i
         out[: part.shape[0]] = part
         return out
 
-    out = {"embed": vocab_rows(hf["model.embed_tokens.weight"]),
-           "norm": hf["model.norm.weight"],
-           "lm_head": np.ascontiguousarray(vocab_rows(hf.get("lm_head.weight", hf["model.embed_tokens.weight"])).T)}
+    embed = hf["model.embed_tokens.weight"]
+    head = embed if mc.tie_word_embeddings or "lm_head.weight" not in hf else hf["lm_head.weight"]
+    out = {"embed": vocab_rows(embed), "norm": hf["model.norm.weight"],
+           "lm_head": np.ascontiguousarray(vocab_rows(head).T), "inv_freq": mc.inv_freq()}
     for i in range(dims.num_layers):
         p, a, m = f"model.layers.{i}.", f"model.layers.{i}.self_attn.", f"model.layers.{i}.mlp."
         out.update({
@@ -110,4 +118,8 @@ def shard_weights(hf: dict[str, np.ndarray], cfg: dict, dims: ShardDims, rank: i
             f"layers.{i}.up": _cols(hf[m + "up_proj.weight"], i_sl),
             f"layers.{i}.down": _rows(hf[m + "down_proj.weight"], i_sl),
         })
+        if dims.attention_bias:
+            out.update({f"layers.{i}.q_bias": hf[a + "q_proj.bias"][q_sl],
+                        f"layers.{i}.k_bias": hf[a + "k_proj.bias"][kv_sl],
+                        f"layers.{i}.v_bias": hf[a + "v_proj.bias"][kv_sl]})
     return {k: np.ascontiguousarray(v, dtype=np.float32) for k, v in out.items()}

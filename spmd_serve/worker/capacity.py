@@ -40,3 +40,24 @@ def check_supported(cfg) -> None:
     if cfg.http_workers > 1:
         log.warning("PUSH_MODE_HTTP_WORKERS=%d: extra HTTP worker processes are not implemented yet; "
                     "serving with one IO thread", cfg.http_workers)
+
+
+def check_served_model(model_config: dict) -> None:
+    """What `spmd_serve export` recorded in config.json must be runnable by this build (CONTRACT §7)."""
+    from spmd_serve.export import EXPORT_FORMAT
+    from spmd_serve.models.arch import UnsupportedModel, check_dtype_runnable
+
+    served = model_config.get("spmd_serve")
+    if served is None:
+        return   # older exports: float32, no quantisation; the rank folders are checked elsewhere
+    if not isinstance(served, dict):
+        raise ConfigError("config.json: the `spmd_serve` key must hold a JSON object (re-export the model)")
+    if served.get("format") != EXPORT_FORMAT:
+        raise ConfigError(f"config.json: export format {served.get('format')!r}, this build reads {EXPORT_FORMAT}; "
+                          "re-export with this version's `spmd_serve export`")
+    if served.get("quant"):
+        raise ConfigError(f"config.json: quant={served['quant']!r} is not supported by this build")
+    try:
+        check_dtype_runnable(served.get("dtype", "float32"))
+    except UnsupportedModel as e:
+        raise ConfigError(f"config.json: the model was exported with dtype {served.get('dtype')!r}: {e}") from None

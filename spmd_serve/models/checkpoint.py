@@ -1,0 +1,189 @@
+"""Reading what users have: a checkpoint directory → (config.json, weights in HF names and layout).
+
+Accepted (CONTRACT §1 `spmd_serve export`):
+* HuggingFace format: `model.safetensors`, or shards listed in `model.safetensors.index.json`;
+  tensor names `model.…`/`lm_head.weight`, linear weights [out, in]; F32, F16 and BF16 tensors.
+* PaddleNLP format (what `save_pretrained` writes in 3.0.0b4): `model_state.pdparams` (or shards
+  listed in `model_state.pdparams.index.json`) or PaddleNLP safetensors (`model.safetensors`, same
+  index convention); tensor names `llama.…`/`qwen2.…`, linear weights and an untied `lm_head`
+  stored [in, out] (Paddle's Linear layout).  They are renamed and transposed to HF's.
+Refused, with the reason: a directory exported by PaddleNLP's static exporter (`*.pdmodel` /
+`model.json` / `inference.json` + `*.pdiparams`: graphs of fused GPU ops, no plain weights), a
+directory `spmd_serve export` wrote itself, unsupported architectures, missing tensors.
+"""
+from __future__ import annotations
+
+import json
+import struct
+from pathlib import Path
+
+import numpy as np
+
+from spmd_serve.models.arch import ModelConfig
+
+_PREFIXES = {"llama.": "model.", "qwen2.": "model."}   # PaddleNLP base-model prefixes → HF's
+_STATIC_MARKERS = ("*.pdmodel", "model.json", "inference.json", "*.pdiparams")
+
+
+class CheckpointError(Exception):
+    """The directory cannot be read as a checkpoint; the message says why (one line)."""
+
+
+def _static_export_files(ckpt: Path) -> list[str]:
+    found = []
+    for d in [ckpt, *sorted(p for p in ckpt.glob("rank_*") if p.is_dir())]:
+        for pattern in _STATIC_MARKERS:
+            found += [str(p.relative_to(ckpt)) for p in d.glob(pattern)]
+    return found
+
+
+def read_config(ckpt: Path) -> dict:
+    cfg_path = ckpt / "config.json"
+    if not ckpt.is_dir():
+        raise CheckpointError(f"{ckpt} is not a directory")
+    if not cfg_path.is_file():
+        raise CheckpointError(f"{ckpt} has no config.json (expected a HuggingFace or PaddleNLP checkpoint directory)")
+    try:
+        cfg = json.loads(cfg_path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        raise CheckpointError(f"{cfg_path} is unreadable: {e}") from None
+    if "spmd_serve" in cfg:
+        raise CheckpointError(f"{ckpt} is already a served directory written by `spmd_serve export`; "
+                              "export from the original checkpoint instead")
+    static = _static_export_files(ckpt)
+    if static:
+        fused = sorted(k for k, v in cfg.items() if v is True and ("fuse" in k or "fused" in k))
+        why = f" (config.json sets {', '.join(fused)})" if fused else ""
+        raise CheckpointError(
+            f"{ckpt} was exported by PaddleNLP's static exporter ({', '.join(static[:3])}){why}: its graphs use "
+            "PaddleNLP's fused GPU inference ops and hold no plain weights, so spmd_serve cannot re-shard them; "
+            "run `spmd_serve export` on the checkpoint it was made from (safetensors or model_state.pdparams)")
+    return cfg
+
+
+# ---------------------------------------------------------------- safetensors without torch
+
+_ST_DTYPES = {"F32": np.float32, "F16": np.float16, "F64": np.float64, "BF16": "bf16",
+              "I64": np.int64, "I32": np.int32}
+
+
+def _bf16_to_f32(raw: np.ndarray) -> np.ndarray:
+    return (raw.astype(np.uint32) << 16).view(np.float32)
+
+
+def read_safetensors(path: Path, u16_is_bf16: bool = False) -> dict[str, np.ndarray]:
+    """All tensors of one safetensors file as float32 numpy (BF16 included, which numpy lacks).
+    PaddleNLP writes bfloat16 tensors as U16 (numpy's view of them): `u16_is_bf16` when its
+    config.json says dtype bfloat16."""
+    with open(path, "rb") as f:
+        (n,) = struct.unpack("<Q", f.read(8))
+        header = json.loads(f.read(n))
+        base = 8 + n
+        out = {}
+        for name, meta in header.items():
+            if name == "__metadata__":
+                continue
+            kind = "bf16" if meta["dtype"] == "U16" and u16_is_bf16 else _ST_DTYPES.get(meta["dtype"])
+            if kind is None:
+                raise CheckpointError(f"{path.name}: tensor {name} has dtype {meta['dtype']}, not a float type")
+            start, end = meta["data_offsets"]
+            f.seek(base + start)
+            raw = f.read(end - start)
+            if kind == "bf16":
+                arr = _bf16_to_f32(np.frombuffer(raw, np.uint16))
+            else:
+                arr = np.frombuffer(raw, kind).astype(np.float32)
+            out[name] = arr.reshape(meta["shape"])
+    return out
+
+
+def _read_pdparams(path: Path) -> dict[str, np.ndarray]:
+    import paddle
+
+    state = paddle.load(str(path), return_numpy=True)
+    out = {}
+    for k, v in state.items():
+        v = np.asarray(v)
+        out[k] = _bf16_to_f32(v) if v.dtype == np.uint16 else v.astype(np.float32)   # Paddle stores bf16 as uint16
+    return out
+
+
+def _weight_files(ckpt: Path) -> list[Path]:
+    for index in ("model.safetensors.index.json", "model_state.pdparams.index.json"):
+        if (ckpt / index).is_file():
+            weight_map = json.loads((ckpt / index).read_text())["weight_map"]
+            files = sorted(set(weight_map.values()))
+            missing = [f for f in files if not (ckpt / f).is_file()]
+            if missing:
+                raise CheckpointError(f"{index} lists {missing[0]}, which is not in {ckpt} (incomplete download?)")
+            return [ckpt / f for f in files]
+    for pattern in ("*.safetensors", "model_state.pdparams"):
+        files = sorted(ckpt.glob(pattern))
+        if files:
+            return files
+    raise CheckpointError(f"{ckpt} has no weights (model.safetensors, model.safetensors.index.json, "
+                          "model_state.pdparams or model_state.pdparams.index.json)")
+
+
+def _to_hf_layout(weights: dict[str, np.ndarray], mc: ModelConfig) -> tuple[dict[str, np.ndarray], str]:
+    """Rename/transposes PaddleNLP tensors to HF's; returns (weights, 'huggingface'|'paddlenlp')."""
+    if any(k.startswith("model.") for k in weights):
+        return weights, "huggingface"
+    if not any(k.startswith(tuple(_PREFIXES)) for k in weights):
+        raise CheckpointError(f"unrecognised tensor names (e.g. {next(iter(weights), '?')!r}): expected "
+                              "HuggingFace `model.…` or PaddleNLP `llama.…`/`qwen2.…` names")
+    out = {}
+    for name, arr in weights.items():
+        if name == "lm_head.weight":
+            if mc.tie_word_embeddings:
+                continue   # PaddleNLP saves the tied embedding here too
+            arr = arr.T    # PaddleNLP's LMHead: [hidden, vocab]
+        else:
+            prefix = next((p for p in _PREFIXES if name.startswith(p)), None)
+            if prefix is None:
+                raise CheckpointError(f"unexpected tensor {name!r} in a PaddleNLP checkpoint")
+            name = _PREFIXES[prefix] + name[len(prefix):]
+            if arr.ndim == 2 and name.endswith("_proj.weight"):
+                arr = arr.T   # Paddle Linear [in, out] → HF [out, in]
+        out[name] = np.ascontiguousarray(arr)
+    return out, "paddlenlp"
+
+
+def expected_tensors(mc: ModelConfig) -> dict[str, tuple[int, ...]]:
+    """HF tensor name → shape that a checkpoint of `mc` must provide."""
+    h, q, kv = mc.hidden, mc.heads * mc.head_dim, mc.kv_heads * mc.head_dim
+    shapes: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (mc.vocab, h), "model.norm.weight": (h,)}
+    if not mc.tie_word_embeddings:
+        shapes["lm_head.weight"] = (mc.vocab, h)
+    for i in range(mc.num_layers):
+        p, a, m = f"model.layers.{i}.", f"model.layers.{i}.self_attn.", f"model.layers.{i}.mlp."
+        shapes.update({p + "input_layernorm.weight": (h,), p + "post_attention_layernorm.weight": (h,),
+                       a + "q_proj.weight": (q, h), a + "k_proj.weight": (kv, h), a + "v_proj.weight": (kv, h),
+                       a + "o_proj.weight": (h, q), m + "gate_proj.weight": (mc.intermediate, h),
+                       m + "up_proj.weight": (mc.intermediate, h), m + "down_proj.weight": (h, mc.intermediate)})
+        if mc.attention_bias:
+            shapes.update({a + "q_proj.bias": (q,), a + "k_proj.bias": (kv,), a + "v_proj.bias": (kv,)})
+    return shapes
+
+
+def load_checkpoint(ckpt: Path) -> tuple[dict, ModelConfig, dict[str, np.ndarray], dict]:
+    """(config.json, its ModelConfig, float32 weights in HF names/layout, what was read)."""
+    ckpt = Path(ckpt)
+    cfg = read_config(ckpt)
+    mc = ModelConfig.from_hf(cfg, check_arch=True)
+    files = _weight_files(ckpt)
+    raw: dict[str, np.ndarray] = {}
+    bf16 = "bfloat16" in (cfg.get("dtype"), cfg.get("torch_dtype"))
+    for f in files:
+        raw.update(read_safetensors(f, bf16) if f.suffix == ".safetensors" else _read_pdparams(f))
+    weights, fmt = _to_hf_layout(raw, mc)
+    want = expected_tensors(mc)
+    missing = [k for k in want if k not in weights]
+    if missing:
+        raise CheckpointError(f"{ckpt}: {len(missing)} tensor(s) missing for {mc.architecture}, e.g. {missing[0]}")
+    for k, shape in want.items():
+        if tuple(weights[k].shape) != shape:
+            raise CheckpointError(f"{ckpt}: {k} has shape {list(weights[k].shape)}, config.json implies {list(shape)}")
+    source = {"format": fmt, "files": [f.name for f in files], "architecture": mc.architecture,
+              "source_dtype": cfg.get("torch_dtype") or cfg.get("dtype")}
+    return cfg, mc, {k: weights[k] for k in want}, source
