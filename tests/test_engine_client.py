@@ -45,3 +45,45 @@ def test_outputs_of_an_add_taken_in_the_same_batch_are_delivered():
         assert q.get_nowait().error_code == 400 and client.num_in_flight == 0
 
     asyncio.run(scenario())
+
+
+def test_publish_returns_once_the_io_loop_has_handed_the_outputs_on():
+    """The engine thread waits (up to HANDOFF_WAIT_S) until the tasks woken by its outputs have
+    run, so tokens are not left queued while the next Paddle step holds the GIL."""
+    import threading
+    import time
+
+    from spmd_serve.engine.client import HANDOFF_WAIT_S
+
+    client = EngineClient(capacity=4)
+    client.ready.set()
+    loop = asyncio.new_event_loop()
+    got: list[int] = []
+    started = threading.Event()
+
+    async def reader() -> None:
+        client.attach_loop(asyncio.get_running_loop())
+        queue = client.add_request("r", [1], SamplingParams(max_tokens=50))
+        started.set()
+        while True:
+            out = await queue.get()
+            got.extend(out.new_token_ids)
+            if out.finished:
+                return
+
+    io = threading.Thread(target=loop.run_until_complete, args=(reader(),))
+    io.start()
+    try:
+        assert started.wait(5)
+        client.take_commands()
+        early = 0
+        for i in range(20):
+            t0 = time.perf_counter()
+            client.publish([RequestOutput("r", [i], i == 19, "length" if i == 19 else None)])
+            if time.perf_counter() - t0 < HANDOFF_WAIT_S:    # handed on, not timed out ...
+                early += 1
+                assert got[-1] == i                          # ... so the reader already has it
+        assert early >= 10 and got == list(range(20))
+    finally:
+        io.join(5)
+        loop.close()

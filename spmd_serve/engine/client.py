@@ -17,6 +17,9 @@ from typing import Callable
 from spmd_serve.sampling_params import SamplingParams
 
 
+HANDOFF_WAIT_S = 0.02     # the engine waits at most this long for the IO thread to take outputs
+
+
 class DuplicateRequestError(Exception):
     """A request with this req_id is still in flight (HTTP 409)."""
 
@@ -73,6 +76,7 @@ class EngineClient:
         self._epoch = 0
         self._since: dict[str, int] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._io_thread: int | None = None
         self.ready = threading.Event()              # set once every rank has loaded its model
         self.draining = threading.Event()           # set on shutdown: new requests get 503
         self.heartbeat = time.monotonic()           # engine loop liveness, read by /health/live
@@ -86,7 +90,9 @@ class EngineClient:
 
     # ---- IO thread -------------------------------------------------------------------------
     def attach_loop(self, loop: asyncio.AbstractEventLoop | None) -> None:
+        """Called on the IO thread, whose outputs then go to `loop`."""
         self._loop = loop
+        self._io_thread = threading.get_ident()
 
     def add_request(self, req_id: str, prompt_token_ids: list[int],
                     params: SamplingParams) -> asyncio.Queue[RequestOutput]:
@@ -158,17 +164,29 @@ class EngineClient:
         return cmds
 
     def publish(self, outputs: list[RequestOutput]) -> None:
-        """Deliver one step's outputs to their streams (thread-safe; drops unknown ids)."""
+        """Deliver one step's outputs to their streams (thread-safe; drops unknown ids), and give
+        the IO thread the GIL until it has handed them on (at most HANDOFF_WAIT_S).
+
+        Why wait: Paddle's predictor.run holds the GIL for the whole graph (measured: a Python
+        thread gets ~0.2 % of its idle progress during run()), so outputs published just before
+        the next step would otherwise sit in the IO loop's queue until that step ends — a whole
+        step of latency per token, in bursts.  The IO work has to happen anyway; this makes it
+        happen now instead of somewhere inside the next step."""
         loop = self._loop   # read once: the IO thread may detach it while stopping
         if not outputs or loop is None:
             return
+        handed_on = threading.Event()
         try:
             # _epoch is written by this (the engine) thread only: no lock needed to read it
-            loop.call_soon_threadsafe(self._deliver, outputs, self._epoch, time.perf_counter())
+            loop.call_soon_threadsafe(self._deliver, outputs, self._epoch, time.perf_counter(),
+                                      handed_on)
         except RuntimeError:   # loop closed during shutdown: nobody is listening any more
-            pass
+            return
+        if threading.get_ident() != self._io_thread:   # never wait for ourselves
+            handed_on.wait(HANDOFF_WAIT_S)
 
-    def _deliver(self, outputs: list[RequestOutput], epoch: int, published_at: float = 0.0) -> None:
+    def _deliver(self, outputs: list[RequestOutput], epoch: int, published_at: float = 0.0,
+                 handed_on: threading.Event | None = None) -> None:
         if self.on_handoff is not None and published_at:
             self.on_handoff(published_at)
         for out in outputs:
@@ -181,3 +199,7 @@ class EngineClient:
                     self._since.pop(out.req_id, None)
             if stream is not None:
                 stream.put_nowait(out)
+        if handed_on is not None:
+            # Queued after the callbacks of the tasks these outputs woke: set once they have run
+            # (written their frames to the sockets).
+            asyncio.get_running_loop().call_soon(handed_on.set)
