@@ -22,9 +22,13 @@ import numpy as np
 
 from spmd_serve.models.arch import SUPPORTED_ARCHS, ModelConfig, UnsupportedModel, check_dtype_runnable
 from spmd_serve.models.checkpoint import CheckpointError, load_checkpoint
-from spmd_serve.models.sharding import ShardDims, ShardingError, shard_dims, shard_weights
+from spmd_serve.models.quant import QUANT_METHODS, QuantError, choose_group, quant_record, quantize_shard
+from spmd_serve.models.sharding import ShardDims, ShardingError, linear_slices, shard_dims, shard_weights
 
 EXPORT_FORMAT = 1
+# int8 KV scales are max|K|, max|V| of a calibration pass widened by this factor (room for
+# activations larger than the calibration's before they clip).
+KV_SCALE_MARGIN = 1.0
 # Copied verbatim from the checkpoint when present (tokenizer + generation defaults).
 AUX_FILES = ("generation_config.json", "tokenizer_config.json", "special_tokens_map.json",
              "tokenizer.model", "sentencepiece.bpe.model", "tokenizer.json", "added_tokens.json",
@@ -35,27 +39,101 @@ class ExportError(Exception):
     """The checkpoint cannot be exported; the message says why."""
 
 
-def export_rank(cfg: dict | ModelConfig, weights: dict[str, np.ndarray], dims: ShardDims, rank: int, out: Path) -> None:
+def rank_shard(mc: ModelConfig, weights: dict[str, np.ndarray], dims: ShardDims, rank: int,
+               quant: str | None = None, group: int | None = None) -> dict:
+    """This rank's weights as the stages take them (linear weights quantised with `quant`)."""
+    shard = shard_weights(weights, mc, dims, rank)
+    return quantize_shard(shard, weights, mc, dims, rank, quant, group) if quant else shard
+
+
+def calibrate_kv_scales(mc: ModelConfig, weights: dict[str, np.ndarray], quant: str | None = None,
+                        group: int | None = None, num_seqs: int = 4, seq_len: int = 64, seed: int = 0
+                        ) -> tuple[np.ndarray, np.ndarray]:
+    """Static int8 KV scales: run the served (TP=1, quantised as exported) model eagerly on
+    `num_seqs` random-token prompts and take, per layer and KV head, max |K| (after RoPE) and
+    max |V| over tokens and head_dim, divided by 127 and widened by `KV_SCALE_MARGIN` (values past
+    it are clipped on write).  Returns k, v [num_layers, kv_heads] float32."""
+    import paddle
+
+    from spmd_serve.models.segment import build_segments
+
+    dims = shard_dims(mc, 1)
+    seg = build_segments(rank_shard(mc, weights, dims, 0, quant, group), dims, 0)[0]
+    seg.eval()
+    ids = np.random.default_rng(seed).integers(0, mc.vocab, (num_seqs, seq_len))
+    t = num_seqs * seq_len
+    cache = np.zeros((1, 16, dims.kv_heads, dims.head_dim), np.float32)
+    env = {"input_ids": ids.reshape(-1), "positions": np.tile(np.arange(seq_len), num_seqs),
+           "pad_index": np.arange(t).reshape(num_seqs, seq_len), "unpad_index": np.arange(t),
+           "block_tables": np.zeros((num_seqs, 1), np.int64), "ctx_lens": np.zeros(num_seqs, np.int64),
+           "query_lens": np.full(num_seqs, seq_len), "logits_index": np.arange(seq_len - 1, t, seq_len)}
+    args = [paddle.to_tensor(cache if n.startswith(("k_cache", "v_cache")) else np.asarray(env[n], np.int64))
+            for n in seg.spec.inputs]
+    with paddle.no_grad():
+        outs = dict(zip(seg.spec.outputs, seg(args)))
+    amax = {kind: np.stack([np.abs(outs[f"{kind}_new_{layer}"].numpy()).max(axis=(0, 2))
+                            for layer in range(mc.num_layers)]) for kind in ("k", "v")}
+    return tuple((np.maximum(amax[kind], 1e-6) * KV_SCALE_MARGIN / 127).astype(np.float32) for kind in ("k", "v"))
+
+
+def _save_kv_int8_variant(seg, dims: ShardDims, rank_dir: Path) -> dict:
+    """Trace the int8-KV graph of an attention segment next to the fp32 one; it has the same
+    parameters, so its .pdiparams is dropped when byte-identical and the twin's is loaded."""
+    from spmd_serve.models.segment import save_segment
+
+    seg.set_kv_int8(True)
+    try:
+        save_segment(seg, dims, str(rank_dir / seg.spec.name))
+        spec = asdict(seg.spec)
+    finally:
+        seg.set_kv_int8(False)
+    own, twin = rank_dir / f"{spec['name']}.pdiparams", rank_dir / f"{spec['params']}.pdiparams"
+    if own.read_bytes() == twin.read_bytes():
+        own.unlink()
+    else:
+        spec["params"] = None
+    return spec
+
+
+def export_rank(cfg: dict | ModelConfig, weights: dict[str, np.ndarray], dims: ShardDims, rank: int, out: Path,
+                quant: str | None = None, group: int | None = None,
+                kv_scales: tuple[np.ndarray, np.ndarray] | None = None) -> None:
     from spmd_serve.models.segment import build_segments, save_segment
 
+    mc = cfg if isinstance(cfg, ModelConfig) else ModelConfig.from_hf(cfg)
     rank_dir = out / f"rank_{rank}"
     rank_dir.mkdir(parents=True, exist_ok=True)
-    segments = build_segments(shard_weights(weights, cfg, dims, rank), dims, rank)
+    segments = build_segments(rank_shard(mc, weights, dims, rank, quant, group), dims, rank)
+    specs, kv8_specs = [], []
     for seg in segments:
         save_segment(seg, dims, str(rank_dir / seg.spec.name))
-    manifest = {"format": EXPORT_FORMAT, "rank": rank, "dims": asdict(dims),
-                "segments": [asdict(seg.spec) for seg in segments]}
+        specs.append(asdict(seg.spec))
+        kv8_specs.append(_save_kv_int8_variant(seg, dims, rank_dir) if kv_scales is not None and seg.has_kv
+                         else specs[-1])
+    manifest = {"format": EXPORT_FORMAT, "rank": rank, "dims": asdict(dims), "segments": specs,
+                "quant": quant_record(quant, group)}
+    if kv_scales is not None:
+        heads = linear_slices(mc, dims, rank)["kv"]
+        heads = slice(heads.start // dims.head_dim, heads.stop // dims.head_dim)
+        manifest["segments_kv_int8"] = kv8_specs
+        manifest["kv_scales"] = {kind: sc[:, heads].tolist() for kind, sc in zip(("k", "v"), kv_scales)}
     (rank_dir / "manifest.json").write_text(json.dumps(manifest, indent=1))
 
 
-def export_checkpoint(ckpt: Path, out: Path, tp: int = 1, dtype: str = "float32") -> Path:
-    """Export into `out` atomically (a temp dir renamed at the end), so a crash leaves nothing half-made."""
+def export_checkpoint(ckpt: Path, out: Path, tp: int = 1, dtype: str = "float32", quant: str | None = None,
+                      quant_group: int | None = None, kv_int8: bool = True) -> Path:
+    """Export into `out` atomically (a temp dir renamed at the end), so a crash leaves nothing half-made.
+    `quant`: weight-only quantisation (models/quant.py); `kv_int8`: also write the int8-KV graph
+    variants and their calibrated scales, so the export serves USE_CACHE_KV_INT8=1 too."""
     ckpt = Path(ckpt)
     try:
         check_dtype_runnable(dtype)
+        if quant is not None and quant not in QUANT_METHODS:
+            raise QuantError(f"--quant {quant!r} is not one of {', '.join(QUANT_METHODS)}")
         cfg, mc, weights, source = load_checkpoint(ckpt)
         dims = shard_dims(mc, tp)
-    except (CheckpointError, UnsupportedModel, ShardingError) as e:
+        group = choose_group(dims, quant_group) if quant == "weight_only_int4" else None
+    except (CheckpointError, UnsupportedModel, ShardingError, QuantError) as e:
         raise ExportError(str(e)) from None
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
@@ -63,9 +141,11 @@ def export_checkpoint(ckpt: Path, out: Path, tp: int = 1, dtype: str = "float32"
         for name in AUX_FILES:
             if (ckpt / name).is_file():
                 shutil.copy2(ckpt / name, tmp / name)
+        kv_scales = calibrate_kv_scales(mc, weights, quant, group) if kv_int8 else None
         for rank in range(tp):
-            export_rank(mc, weights, dims, rank, tmp)
-        served = dict(cfg, spmd_serve={"format": EXPORT_FORMAT, "tp": tp, "dtype": dtype, "quant": None,
+            export_rank(mc, weights, dims, rank, tmp, quant, group, kv_scales)
+        served = dict(cfg, spmd_serve={"format": EXPORT_FORMAT, "tp": tp, "dtype": dtype,
+                                       "quant": quant_record(quant, group), "kv_int8": kv_int8,
                                        "source": source, "rope_scaling": mc.rope_scaling,
                                        "attention_bias": mc.attention_bias,
                                        "tie_word_embeddings": mc.tie_word_embeddings})
@@ -102,21 +182,25 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tp", type=int, default=1, help="tensor-parallel degree (one rank_<i>/ per rank)")
     ap.add_argument("--dtype", default="float32", choices=("float32", "float16", "bfloat16"),
                     help="dtype of the served graphs (what this Paddle build cannot run is refused)")
-    ap.add_argument("--quant", default=None, help="weight-only quantisation (not supported yet)")
+    ap.add_argument("--quant", default=None, choices=QUANT_METHODS,
+                    help="weight-only quantisation of q/k/v/o/gate/up/down (int8 per output channel; "
+                         "int4 per output channel and input group)")
+    ap.add_argument("--quant-group", type=int, default=None,
+                    help="int4 group size (input units per scale; default: the largest of 64..8 that divides "
+                         "every per-rank input size)")
     args = ap.parse_args(argv)
     try:
-        if args.quant:
-            raise ExportError(f"--quant {args.quant} is not supported yet")
+        opts = dict(tp=args.tp, dtype=args.dtype, quant=args.quant, quant_group=args.quant_group)
         if args.demo:
             from spmd_serve.demo.checkpoint import write_demo_checkpoint
 
             with tempfile.TemporaryDirectory() as ckpt:
                 write_demo_checkpoint(Path(ckpt), args.demo)
-                export_checkpoint(Path(ckpt), args.out, args.tp, args.dtype)
+                export_checkpoint(Path(ckpt), args.out, **opts)
         else:
-            export_checkpoint(args.checkpoint, args.out, args.tp, args.dtype)
+            export_checkpoint(args.checkpoint, args.out, **opts)
     except (ExportError, FileNotFoundError) as e:
         print(f"spmd_serve export: error: {e}", file=sys.stderr)
         return 2
-    print(f"exported to {args.out} (tp={args.tp}, dtype={args.dtype})")
+    print(f"exported to {args.out} (tp={args.tp}, dtype={args.dtype}, quant={args.quant})")
     return 0

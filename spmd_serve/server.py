@@ -101,7 +101,8 @@ def _load(cfg, comm):
                           f"re-export the model with `spmd_serve export`") from None
     check_kv_fits(cfg, manifest["dims"], comm.ranks_on_node())
     frontend = _start_frontend(cfg, model_config) if comm.rank == 0 else None
-    runner = ModelRunner(cfg.model_dir, comm.rank, comm, cfg.num_blocks(), cfg.block_size, cfg.num_threads)
+    runner = ModelRunner(cfg.model_dir, comm.rank, comm, cfg.num_blocks(), cfg.block_size, cfg.num_threads,
+                         kv_int8=cfg.use_cache_kv_int8)
     return cfg, runner, frontend
 
 

@@ -1,7 +1,7 @@
 """Runs the offline engine on several served model directories in one `mpirun` (test helper).
 
     mpirun -n N python -m tests.export_parity_driver SPEC.json OUT.npz
-SPEC = {"models": [dir, ...], "prompts": [[ids]], "params": {...}, "engine": {...}}.  One MPI job
+SPEC = {"models": [dir or {"dir": dir, "kv_int8": bool}, ...], "prompts": [[ids]], "params": {...}, "engine": {...}}.  One MPI job
 for all models saves the ~3 s per job of starting Python + Paddle on every rank.  Rank 0 writes
 `tokens_<i>` and `logits_<i>` for model i.
 """
@@ -21,8 +21,10 @@ def main(spec_path: str, out_path: str) -> int:
     engine = dict(spec.get("engine", {}))
     engine["eos_token_ids"] = frozenset(engine.get("eos_token_ids", ()))
     out = {}
-    for i, model_dir in enumerate(spec["models"]):
-        res = generate(model_dir, spec["prompts"], SamplingParams(**spec["params"]), capture_logits=True, **engine)
+    for i, model in enumerate(spec["models"]):   # a dir, or {"dir": ..., "kv_int8": true}
+        model_dir, kv_int8 = (model, False) if isinstance(model, str) else (model["dir"], model.get("kv_int8", False))
+        res = generate(model_dir, spec["prompts"], SamplingParams(**spec["params"]), capture_logits=True,
+                       kv_int8=kv_int8, **engine)
         if res is not None:
             out[f"tokens_{i}"] = np.array(res["tokens"], dtype=np.int64)
             out[f"logits_{i}"] = np.stack(res["logits"])

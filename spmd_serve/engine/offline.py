@@ -7,6 +7,7 @@ benchmarks; with `capture_logits` rank 0 also keeps every sampled row of logits.
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 
@@ -17,8 +18,10 @@ from spmd_serve.sampling_params import SamplingParams
 
 def generate(model_dir: str, prompts: list[list[int]], params: SamplingParams, *, capture_logits: bool = False,
              num_blocks: int = 256, block_size: int = 16, max_num_seqs: int = 64, block_ratio: float = 1.0,
-             max_num_batched_tokens: int = 512, eos_token_ids: frozenset[int] = frozenset()) -> dict | None:
-    """Rank 0 returns {"tokens": [[...]], "logits": [array [n, V]], "stats": {...}}; others None."""
+             max_num_batched_tokens: int = 512, eos_token_ids: frozenset[int] = frozenset(),
+             kv_int8: bool | None = None) -> dict | None:
+    """Rank 0 returns {"tokens": [[...]], "logits": [array [n, V]], "stats": {...}}; others None.
+    `kv_int8`: int8 KV pool (None: the USE_CACHE_KV_INT8 environment variable)."""
     from spmd_serve.dist.comm import Comm
     from spmd_serve.engine.client import EngineClient
     from spmd_serve.engine.engine import Engine, worker_loop
@@ -28,7 +31,9 @@ def generate(model_dir: str, prompts: list[list[int]], params: SamplingParams, *
     from spmd_serve.worker.model_runner import ModelRunner
 
     comm = Comm()
-    runner = ModelRunner(model_dir, comm.rank, comm, num_blocks, block_size)
+    if kv_int8 is None:
+        kv_int8 = os.environ.get("USE_CACHE_KV_INT8", "0").strip().lower() in ("1", "true", "yes", "on")
+    runner = ModelRunner(model_dir, comm.rank, comm, num_blocks, block_size, kv_int8=kv_int8)
     comm.barrier()
     if comm.rank != 0:
         worker_loop(comm, runner)

@@ -42,6 +42,38 @@ def _param(layer: nn.Layer, value: np.ndarray) -> paddle.Tensor:
                                   default_initializer=nn.initializer.Assign(value))
 
 
+class Linear(nn.Layer):
+    """x @ W for an fp32 [in, out] array or a `quant.QuantWeight`.  Quantised weights stay int8 in
+    the graph's params (persistable buffers) and are dequantised to fp32 right before the matmul:
+    this CPU build has no int8/int4 matmul kernel (on GPU, `paddle.nn.quant.weight_only_linear`
+    would take the same buffers).  int8: (x @ q) * scale[out]; int4: nibbles unpacked with bit
+    shifts, then per input group (x_g @ q_g) * scale_g summed, so no weight-sized multiply."""
+
+    def __init__(self, w) -> None:
+        super().__init__()
+        self.method = getattr(w, "method", None)
+        if self.method is None:
+            self.weight = _param(self, w)
+            return
+        self.register_buffer("qweight", paddle.to_tensor(w.q), persistable=True)
+        self.scale = _param(self, w.scale)
+        self.group, (self.fan_in, self.fan_out) = w.group, w.shape
+
+    def forward(self, x):
+        if self.method is None:
+            return paddle.matmul(x, self.weight)
+        if self.method == "weight_only_int8":
+            return paddle.matmul(x, self.qweight.astype("float32")) * self.scale
+        four = paddle.full([1], 4, dtype="int8")
+        lo = paddle.bitwise_right_shift(paddle.bitwise_left_shift(self.qweight, four), four)   # sign-extended
+        hi = paddle.bitwise_right_shift(self.qweight, four)                                     # arithmetic
+        w = paddle.stack([lo, hi], axis=1).astype("float32")                                    # [in/2, 2, out]
+        n_groups = self.fan_in // self.group
+        w = w.reshape([n_groups, self.group, self.fan_out])
+        xg = x.reshape([-1, n_groups, self.group]).transpose([1, 0, 2])                        # [G, T, g]
+        return (paddle.matmul(xg, w) * self.scale.unsqueeze(1)).sum(axis=0)                    # [T, out]
+
+
 def rms_norm(x: paddle.Tensor, weight: paddle.Tensor, eps: float) -> paddle.Tensor:
     # Same order of operations as PaddleNLP's LlamaRMSNorm (fp32), so logits match to 1e-6.
     variance = x.pow(2).mean(-1, keepdim=True)
@@ -83,14 +115,29 @@ class AttentionStage(nn.Layer):
     def __init__(self, w: dict[str, np.ndarray], dims: ShardDims, layer: int) -> None:
         super().__init__()
         p = f"layers.{layer}."
-        self.ln, self.q, self.k, self.v, self.o = (_param(self, w[p + n]) for n in ("ln1", "q", "k", "v", "o"))
+        self.ln = _param(self, w[p + "ln1"])
+        self.q, self.k, self.v, self.o = (Linear(w[p + n]) for n in ("q", "k", "v", "o"))
         self.biases = nn.ParameterList([_param(self, w[p + n]) for n in ("q_bias", "k_bias", "v_bias")]
                                        if dims.attention_bias else [])
         self.dims, self.layer = dims, layer
+        self.kv_int8 = False   # set before tracing the int8-KV variant of the graph (see segment.py)
         self.inv_freq = paddle.to_tensor(np.asarray(w["inv_freq"], np.float32))   # [d/2] constant
 
     def cache_names(self) -> tuple[str, str]:
         return f"k_cache_{self.layer}", f"v_cache_{self.layer}"
+
+    def scale_names(self) -> tuple[str, str]:
+        """int8 KV: per-KV-head fp32 dequantisation scales [kvh] of this layer's K and V pools."""
+        return f"k_scale_{self.layer}", f"v_scale_{self.layer}"
+
+    def _past(self, env, kind: int, bt, b):
+        """[B*MB, bs, kvh, d] pool rows of the block tables → [B, P, kvh, d] fp32, in token order
+        (an int8 pool is dequantised as q * scale[kv_head], as ops/paged_attention.py does)."""
+        kvh, d = self.dims.kv_heads, self.dims.head_dim
+        past = paddle.gather(env[self.cache_names()[kind]], bt.reshape([-1]), axis=0)
+        if self.kv_int8:
+            past = past.astype("float32") * env[self.scale_names()[kind]].reshape([1, 1, kvh, 1])
+        return past.reshape([b, -1, kvh, d])
 
     def _rope(self, x, positions):
         freqs = positions.astype("float32").unsqueeze(-1) * self.inv_freq.unsqueeze(0)  # [T, d/2]
@@ -101,18 +148,15 @@ class AttentionStage(nn.Layer):
         dm = self.dims
         nh, kvh, d, g = dm.heads, dm.kv_heads, dm.head_dim, dm.group
         x = rms_norm(h, self.ln, dm.rms_norm_eps)                                       # [T, H]
-        q, k, v = (paddle.matmul(x, w) for w in (self.q, self.k, self.v))
+        q, k, v = (lin(x) for lin in (self.q, self.k, self.v))
         if len(self.biases):
             q, k, v = q + self.biases[0], k + self.biases[1], v + self.biases[2]
         q = self._rope(q.reshape([-1, nh, d]), env["positions"])                          # [T, nh, d]
         k = self._rope(k.reshape([-1, kvh, d]), env["positions"])                          # [T, kvh, d]
         v = v.reshape([-1, kvh, d])
-        kc_name, vc_name = self.cache_names()
         bt = env["block_tables"]
         b = paddle.shape(bt)[0]
-        # past: [B*MB, bs, kvh, d] → [B, P, kvh, d] with P = MB*bs, in token order
-        k_past = paddle.gather(env[kc_name], bt.reshape([-1]), axis=0).reshape([b, -1, kvh, d])
-        v_past = paddle.gather(env[vc_name], bt.reshape([-1]), axis=0).reshape([b, -1, kvh, d])
+        k_past, v_past = self._past(env, 0, bt, b), self._past(env, 1, bt, b)   # [B, P, kvh, d], P = MB*bs
         qg, kg, vg = (_to_grid(t, env["pad_index"]) for t in (q, k, v))                   # [B, S, *, d]
         keys = paddle.concat([k_past, kg], axis=1).transpose([0, 2, 1, 3])                # [B, kvh, P+S, d]
         vals = paddle.concat([v_past, vg], axis=1).transpose([0, 2, 1, 3])
@@ -125,7 +169,7 @@ class AttentionStage(nn.Layer):
         ctx = paddle.matmul(probs, vals).reshape([b, kvh, g, s, d])                       # [B, kvh, g, S, d]
         ctx = ctx.transpose([0, 3, 1, 2, 4]).reshape([-1, nh * d])                         # [B*S, nh*d]
         ctx = paddle.gather(ctx, env["unpad_index"], axis=0)                              # [T, nh*d]
-        return paddle.matmul(ctx, self.o), [k, v]
+        return self.o(ctx), [k, v]
 
     @staticmethod
     def _mask(env, k_past, s):
@@ -147,12 +191,13 @@ class MlpStage(nn.Layer):
     def __init__(self, w: dict[str, np.ndarray], dims: ShardDims, layer: int) -> None:
         super().__init__()
         p = f"layers.{layer}."
-        self.ln, self.gate, self.up, self.down = (_param(self, w[p + n]) for n in ("ln2", "gate", "up", "down"))
+        self.ln = _param(self, w[p + "ln2"])
+        self.gate, self.up, self.down = (Linear(w[p + n]) for n in ("gate", "up", "down"))
         self.eps = dims.rms_norm_eps
 
     def forward(self, h, env):
         x = rms_norm(h, self.ln, self.eps)
-        return paddle.matmul(nn.functional.silu(paddle.matmul(x, self.gate)) * paddle.matmul(x, self.up), self.down), []
+        return self.down(nn.functional.silu(self.gate(x)) * self.up(x)), []
 
 
 class HeadStage(nn.Layer):

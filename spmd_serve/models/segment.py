@@ -27,7 +27,7 @@ def stage_inputs(stage: nn.Layer) -> list[str]:
     if isinstance(stage, EmbedStage):
         return ["input_ids"]
     if isinstance(stage, AttentionStage):
-        return [*_ATTN_INPUTS, *stage.cache_names()]
+        return [*_ATTN_INPUTS, *stage.cache_names(), *(stage.scale_names() if stage.kv_int8 else ())]
     if isinstance(stage, HeadStage):
         return ["logits_index"]
     return []
@@ -40,6 +40,7 @@ class SegmentSpec:
     inputs: list[str]
     outputs: list[str]
     kv_layers: list[int] = field(default_factory=list)
+    params: str | None = None   # the .pdiparams prefix when not `name` (an int8-KV variant shares its twin's)
 
     @property
     def collective(self) -> str:
@@ -54,14 +55,30 @@ class Segment(nn.Layer):
         super().__init__()
         self.stages = nn.LayerList(stages)
         self.takes_hidden, self.takes_partial = takes_hidden, takes_partial
-        inputs = (["hidden"] if takes_hidden else []) + (["partial"] if takes_partial else [])
+        self.base_name = name
+        self.set_kv_int8(False)
+
+    @property
+    def has_kv(self) -> bool:
+        return any(isinstance(st, AttentionStage) for st in self.stages)
+
+    def set_kv_int8(self, on: bool) -> None:
+        """Switch the attention stages between an fp32 and an int8 KV pool (same parameters, so the
+        two traced graphs share one .pdiparams); the int8 variant is named `<name>.kv8`."""
+        stages = list(self.stages)
+        for st in stages:
+            if isinstance(st, AttentionStage):
+                st.kv_int8 = on
+        inputs = (["hidden"] if self.takes_hidden else []) + (["partial"] if self.takes_partial else [])
         for st in stages:
             inputs += [n for n in stage_inputs(st) if n not in inputs]
         kv = [st.layer for st in stages if isinstance(st, AttentionStage)]
         head = isinstance(stages[-1], HeadStage)
-        outputs = ["logits"] if head else ["hidden", "partial"] if (takes_partial or len(stages) > 1) else ["partial"]
+        many = self.takes_partial or len(stages) > 1
+        outputs = ["logits"] if head else ["hidden", "partial"] if many else ["partial"]
         outputs += [f"{kind}_new_{layer}" for layer in kv for kind in ("k", "v")]
-        self.spec = SegmentSpec(name, inputs, outputs, kv)
+        name = f"{self.base_name}.kv8" if on else self.base_name
+        self.spec = SegmentSpec(name, inputs, outputs, kv, params=self.base_name if on else None)
 
     def forward(self, args):
         env = dict(zip(self.spec.inputs, args))
@@ -85,7 +102,10 @@ class Segment(nn.Layer):
             if n in ("hidden", "partial"):
                 specs.append(InputSpec([-1, dims.hidden], "float32", n))
             elif n.startswith(("k_cache_", "v_cache_")):
-                specs.append(InputSpec([-1, -1, dims.kv_heads, dims.head_dim], "float32", n))  # [NB, bs, kvh, d]
+                dtype = "int8" if self.spec.params else "float32"
+                specs.append(InputSpec([-1, -1, dims.kv_heads, dims.head_dim], dtype, n))  # [NB, bs, kvh, d]
+            elif n.startswith(("k_scale_", "v_scale_")):
+                specs.append(InputSpec([dims.kv_heads], "float32", n))
             else:
                 dtype, shape = STEP_INPUTS[n]
                 specs.append(InputSpec(shape, dtype, n))

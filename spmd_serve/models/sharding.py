@@ -82,17 +82,31 @@ def _rows(w_hf: np.ndarray, sl: slice) -> np.ndarray:
     return np.ascontiguousarray(w_hf[:, sl].T)
 
 
+# short name → (HF module path, split kind, which slice of `linear_slices`)
+LINEARS: dict[str, tuple[str, str, str]] = {
+    "q": ("self_attn.q_proj", "cols", "q"), "k": ("self_attn.k_proj", "cols", "kv"),
+    "v": ("self_attn.v_proj", "cols", "kv"), "o": ("self_attn.o_proj", "rows", "q"),
+    "gate": ("mlp.gate_proj", "cols", "i"), "up": ("mlp.up_proj", "cols", "i"), "down": ("mlp.down_proj", "rows", "i")}
+
+
+def linear_slices(mc: ModelConfig, dims: ShardDims, rank: int) -> dict[str, slice]:
+    """The HF output units ("cols") or input units ("rows") of each linear that `rank` owns,
+    by `LINEARS` slice key."""
+    d = dims.head_dim
+    kv = _kv_heads_of_rank(mc, dims, rank)
+    return {"q": slice(rank * dims.heads * d, (rank + 1) * dims.heads * d), "kv": slice(kv.start * d, kv.stop * d),
+            "i": slice(rank * dims.intermediate, (rank + 1) * dims.intermediate)}
+
+
 def shard_weights(hf: dict[str, np.ndarray], cfg: dict | ModelConfig, dims: ShardDims, rank: int
                   ) -> dict[str, np.ndarray]:
     """This rank's weights, named `embed`, `layers.{i}.{q,k,v,o,gate,up,down,ln1,ln2}` (and
     `layers.{i}.{q,k,v}_bias` with attention_bias), `norm`, `lm_head`, plus the constant
     `inv_freq` (RoPE, rope scaling applied)."""
     mc = cfg if isinstance(cfg, ModelConfig) else ModelConfig.from_hf(cfg)
-    d, r = dims.head_dim, rank
-    q_sl = slice(r * dims.heads * d, (r + 1) * dims.heads * d)
-    kv = _kv_heads_of_rank(mc, dims, r)
-    kv_sl = slice(kv.start * d, kv.stop * d)
-    i_sl = slice(r * dims.intermediate, (r + 1) * dims.intermediate)
+    r = rank
+    sl = linear_slices(mc, dims, r)
+    q_sl, kv_sl = sl["q"], sl["kv"]
     v_sl = slice(r * dims.vocab_local, (r + 1) * dims.vocab_local)
 
     def vocab_rows(w: np.ndarray) -> np.ndarray:  # [V, H] → this rank's [V_local, H], zero-padded
@@ -106,18 +120,11 @@ def shard_weights(hf: dict[str, np.ndarray], cfg: dict | ModelConfig, dims: Shar
     out = {"embed": vocab_rows(embed), "norm": hf["model.norm.weight"],
            "lm_head": np.ascontiguousarray(vocab_rows(head).T), "inv_freq": mc.inv_freq()}
     for i in range(dims.num_layers):
-        p, a, m = f"model.layers.{i}.", f"model.layers.{i}.self_attn.", f"model.layers.{i}.mlp."
-        out.update({
-            f"layers.{i}.ln1": hf[p + "input_layernorm.weight"],
-            f"layers.{i}.ln2": hf[p + "post_attention_layernorm.weight"],
-            f"layers.{i}.q": _cols(hf[a + "q_proj.weight"], q_sl),
-            f"layers.{i}.k": _cols(hf[a + "k_proj.weight"], kv_sl),
-            f"layers.{i}.v": _cols(hf[a + "v_proj.weight"], kv_sl),
-            f"layers.{i}.o": _rows(hf[a + "o_proj.weight"], q_sl),
-            f"layers.{i}.gate": _cols(hf[m + "gate_proj.weight"], i_sl),
-            f"layers.{i}.up": _cols(hf[m + "up_proj.weight"], i_sl),
-            f"layers.{i}.down": _rows(hf[m + "down_proj.weight"], i_sl),
-        })
+        p, a = f"model.layers.{i}.", f"model.layers.{i}.self_attn."
+        out.update({f"layers.{i}.ln1": hf[p + "input_layernorm.weight"],
+                    f"layers.{i}.ln2": hf[p + "post_attention_layernorm.weight"]})
+        for name, (module, kind, key) in LINEARS.items():
+            out[f"layers.{i}.{name}"] = (_cols if kind == "cols" else _rows)(hf[f"{p}{module}.weight"], sl[key])
         if dims.attention_bias:
             out.update({f"layers.{i}.q_bias": hf[a + "q_proj.bias"][q_sl],
                         f"layers.{i}.k_bias": hf[a + "k_proj.bias"][kv_sl],

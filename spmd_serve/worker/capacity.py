@@ -16,13 +16,14 @@ log = logging.getLogger(__name__)
 MEMORY_FRACTION = 0.9      # of available memory per rank, leaving room for activations
 
 
-def kv_bytes_per_block(dims: dict, block_size: int) -> int:
-    # K and V, every layer, fp32: [block_size, kv_heads, head_dim] each
-    return 2 * dims["num_layers"] * block_size * dims["kv_heads"] * dims["head_dim"] * 4
+def kv_bytes_per_block(dims: dict, block_size: int, kv_int8: bool = False) -> int:
+    # K and V, every layer, fp32 or int8: [block_size, kv_heads, head_dim] each (an int8 pool's
+    # scales are per layer and head, not per block: negligible)
+    return 2 * dims["num_layers"] * block_size * dims["kv_heads"] * dims["head_dim"] * (1 if kv_int8 else 4)
 
 
 def check_kv_fits(cfg, dims: dict, ranks_on_node: int) -> None:
-    per_block = kv_bytes_per_block(dims, cfg.block_size)
+    per_block = kv_bytes_per_block(dims, cfg.block_size, cfg.use_cache_kv_int8)
     need = per_block * cfg.num_blocks()
     budget = psutil.virtual_memory().available * MEMORY_FRACTION / max(ranks_on_node, 1)
     if need > budget:
@@ -35,8 +36,6 @@ def check_kv_fits(cfg, dims: dict, ranks_on_node: int) -> None:
 
 def check_supported(cfg) -> None:
     """Refuse settings whose feature this build lacks, rather than silently ignoring them."""
-    if cfg.use_cache_kv_int8:
-        raise ConfigError("USE_CACHE_KV_INT8=1 is not supported by this build yet (the KV cache is float32)")
     if cfg.http_workers > 1:
         log.warning("PUSH_MODE_HTTP_WORKERS=%d: extra HTTP worker processes are not implemented yet; "
                     "serving with one IO thread", cfg.http_workers)
@@ -46,6 +45,7 @@ def check_served_model(model_config: dict) -> None:
     """What `spmd_serve export` recorded in config.json must be runnable by this build (CONTRACT §7)."""
     from spmd_serve.export import EXPORT_FORMAT
     from spmd_serve.models.arch import UnsupportedModel, check_dtype_runnable
+    from spmd_serve.models.quant import QUANT_METHODS
 
     served = model_config.get("spmd_serve")
     if served is None:
@@ -55,8 +55,14 @@ def check_served_model(model_config: dict) -> None:
     if served.get("format") != EXPORT_FORMAT:
         raise ConfigError(f"config.json: export format {served.get('format')!r}, this build reads {EXPORT_FORMAT}; "
                           "re-export with this version's `spmd_serve export`")
-    if served.get("quant"):
-        raise ConfigError(f"config.json: quant={served['quant']!r} is not supported by this build")
+    quant = served.get("quant")
+    if quant is not None:
+        method = quant.get("method") if isinstance(quant, dict) else quant
+        if method not in QUANT_METHODS or not isinstance(quant, dict):
+            raise ConfigError(f"config.json: quant={quant!r} is not supported by this build "
+                              f"(methods: {', '.join(QUANT_METHODS)}); re-export the model")
+        if quant.get("method") == "weight_only_int4" and not quant.get("group_size"):
+            raise ConfigError("config.json: weight_only_int4 without a group_size; re-export the model")
     try:
         check_dtype_runnable(served.get("dtype", "float32"))
     except UnsupportedModel as e:

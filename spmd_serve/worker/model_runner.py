@@ -20,15 +20,20 @@ from spmd_serve.worker.kv_cache import KVCachePool
 class Segment:
     """One loaded graph segment and its manifest entry."""
 
-    def __init__(self, rank_dir: Path, spec: dict, num_threads: int) -> None:
+    def __init__(self, rank_dir: Path, spec: dict, num_threads: int, quantised: bool = False) -> None:
         from paddle import inference
 
-        cfg = inference.Config(str(rank_dir / f"{spec['name']}.json"), str(rank_dir / f"{spec['name']}.pdiparams"))
+        params = spec.get("params") or spec["name"]   # an int8-KV variant loads its fp32 twin's params
+        cfg = inference.Config(str(rank_dir / f"{spec['name']}.json"), str(rank_dir / f"{params}.pdiparams"))
         cfg.disable_gpu()
         cfg.disable_glog_info()
         cfg.set_cpu_math_library_num_threads(num_threads)
         if hasattr(cfg, "disable_mkldnn"):
             cfg.disable_mkldnn()   # oneDNN re-creates primitives per shape: slower at small batch (DESIGN §4)
+        if quantised:
+            # constant folding would dequantise the int8/int4 weights once at load, into fp32
+            # params: fp32 speed but fp32 memory.  Keep them int8 (memory is the point of --quant).
+            cfg.delete_pass("constant_folding_pass")
         self.predictor = inference.create_predictor(cfg)
         self.inputs: list[str] = spec["inputs"]
         self.outputs: list[str] = spec["outputs"]
@@ -39,7 +44,7 @@ class Segment:
 
     def bind_cache(self, pool: KVCachePool) -> None:
         for name in self.inputs:
-            if name.startswith(("k_cache_", "v_cache_")):
+            if name.startswith(("k_cache_", "v_cache_", "k_scale_", "v_scale_")):
                 self._in[name].share_external_data(pool.tensor(name))
 
     def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -54,15 +59,22 @@ class Segment:
 
 class ModelRunner:
     def __init__(self, model_dir: str | Path, rank: int, comm, num_blocks: int, block_size: int,
-                 num_threads: int = 1) -> None:
+                 num_threads: int = 1, kv_int8: bool = False) -> None:
+        from spmd_serve.config import ConfigError
+
         rank_dir = Path(model_dir) / f"rank_{rank}"
         manifest = json.loads((rank_dir / "manifest.json").read_text())
         self.dims = manifest["dims"]
         self.comm = comm
-        self.segments = [Segment(rank_dir, spec, num_threads) for spec in manifest["segments"]]
+        if kv_int8 and "kv_scales" not in manifest:
+            raise ConfigError(f"USE_CACHE_KV_INT8=1: {rank_dir} has no int8-KV graphs and scales "
+                              "(exported before int8 KV existed); re-export the model with `spmd_serve export`")
+        specs = manifest["segments_kv_int8" if kv_int8 else "segments"]
+        quantised = bool(manifest.get("quant"))
+        self.segments = [Segment(rank_dir, spec, num_threads, quantised) for spec in specs]
         self.timings = RunnerTimings(len(self.segments))   # where `execute` goes (step_stats.py)
-        self.pool = KVCachePool(self.dims["num_layers"], num_blocks, block_size,
-                                self.dims["kv_heads"], self.dims["head_dim"])
+        self.pool = KVCachePool(self.dims["num_layers"], num_blocks, block_size, self.dims["kv_heads"],
+                                self.dims["head_dim"], manifest["kv_scales"] if kv_int8 else None)
         for seg in self.segments:
             seg.bind_cache(self.pool)
 
