@@ -28,7 +28,7 @@ def error_lines(res: subprocess.CompletedProcess) -> list[str]:
     ("BLOCK_RATIO", "1.5", "BLOCK_RATIO=1.5"),
     ("PUSH_MODE_HTTP_PORT", "http", "PUSH_MODE_HTTP_PORT=http"),   # legacy alias, named as given
     ("BLOCK_BS", "100000000", "largest BLOCK_BS that fits"),       # KV pool larger than memory
-    ("USE_CACHE_KV_INT8", "1", "USE_CACHE_KV_INT8=1 is not supported"),
+    ("USE_CACHE_KV_INT8", "2", "USE_CACHE_KV_INT8=2 is invalid"),
 ])
 def test_bad_value_stops_every_rank_with_one_line(served_tp2, var, value, expect):
     t0 = time.monotonic()

@@ -121,3 +121,20 @@ def test_int8_kv_cache_close_to_fp32(served, name):
 @pytest.mark.parametrize("quant", ("int8", "int4"))
 def test_tp2_quantised_export_serves_the_tp1_tokens(served, quant):
     assert served[f"{quant}-tp2"][0] == served[quant][0]
+
+
+def test_server_with_int8_kv_cache_answers(served_tp2, tmp_path):
+    """USE_CACHE_KV_INT8=1 through the real server (TP=2): it starts, serves a greedy request of
+    exact length, and its stream equals its non-streaming answer."""
+    import requests
+
+    from tests.server_process import ServerProcess
+
+    with ServerProcess(2, served_tp2, tmp_path / "server.log", USE_CACHE_KV_INT8="1") as srv:
+        body = {"text": "Hello, how are you?", "max_dec_len": 12, "min_dec_len": 12,
+                "temperature": 0}
+        whole = requests.post(srv.url, json=body, timeout=60).json()
+        assert whole["error_code"] == 0 and whole["tokens_all_num"] == 12
+        res = requests.post(srv.url, json={**body, "stream": True}, stream=True, timeout=60)
+        frames = [json.loads(line) for line in res.iter_lines()]
+        assert frames[-1]["tokens_all_ids"] == whole["tokens_all_ids"]
