@@ -79,7 +79,7 @@ def paddlenlp_rate(num_prompts: int, input_len: int, output_len: int) -> float:
     prompts = [[1] + rng.integers(10, 1000, input_len - 1).tolist() for _ in range(num_prompts)]
     reference_generate(model, prompts[0], 4)                 # warm-up
     t = time.perf_counter()
-    tokens = sum(len(reference_generate(model, p, output_len)[0]) for p in prompts)
+    tokens = sum(len(reference_generate(model, p, output_len)) for p in prompts)   # a list of ids
     return tokens / (time.perf_counter() - t)
 
 
