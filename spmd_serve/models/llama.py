@@ -130,19 +130,14 @@ class AttentionStage(nn.Layer):
         """int8 KV: per-KV-head fp32 dequantisation scales [kvh] of this layer's K and V pools."""
         return f"k_scale_{self.layer}", f"v_scale_{self.layer}"
 
-    def _past(self, env, kind: int, bt, b):
-        """[B*MB, bs, kvh, d] pool rows of the block tables → [B, P, kvh, d] fp32, in token order
-        (an int8 pool is dequantised as q * scale[kv_head], as ops/paged_attention.py does)."""
-        kvh, d = self.dims.kv_heads, self.dims.head_dim
-        past = paddle.gather(env[self.cache_names()[kind]], bt.reshape([-1]), axis=0)
-        if self.kv_int8:
-            past = past.astype("float32") * env[self.scale_names()[kind]].reshape([1, 1, kvh, 1])
-        return past.reshape([b, -1, kvh, d])
-
-    def _rope(self, x, positions):
-        freqs = positions.astype("float32").unsqueeze(-1) * self.inv_freq.unsqueeze(0)  # [T, d/2]
-        emb = paddle.concat([freqs, freqs], axis=-1).unsqueeze(1)                        # [T, 1, d]
-        return x * emb.cos() + _rotate_half(x) * emb.sin()
+    def _rope_tables(self, env):
+        """cos/sin [T, 1, d] of this step's positions: built once per graph, shared by its layers
+        (every layer has the same inv_freq; the env dict is the segment's, see segment.py)."""
+        if "_rope" not in env:
+            freqs = env["positions"].astype("float32").unsqueeze(-1) * self.inv_freq.unsqueeze(0)   # [T, d/2]
+            emb = paddle.concat([freqs, freqs], axis=-1).unsqueeze(1)                              # [T, 1, d]
+            env["_rope"] = (emb.cos(), emb.sin())
+        return env["_rope"]
 
     def forward(self, h, env):
         dm = self.dims
@@ -151,30 +146,59 @@ class AttentionStage(nn.Layer):
         q, k, v = (lin(x) for lin in (self.q, self.k, self.v))
         if len(self.biases):
             q, k, v = q + self.biases[0], k + self.biases[1], v + self.biases[2]
-        q = self._rope(q.reshape([-1, nh, d]), env["positions"])                          # [T, nh, d]
-        k = self._rope(k.reshape([-1, kvh, d]), env["positions"])                          # [T, kvh, d]
+        cos, sin = self._rope_tables(env)
+        q = q.reshape([-1, nh, d])
+        q = q * cos + _rotate_half(q) * sin                                                # [T, nh, d]
+        k = k.reshape([-1, kvh, d])
+        k = k * cos + _rotate_half(k) * sin                                                # [T, kvh, d]
         v = v.reshape([-1, kvh, d])
-        bt = env["block_tables"]
-        b = paddle.shape(bt)[0]
-        k_past, v_past = self._past(env, 0, bt, b), self._past(env, 1, bt, b)   # [B, P, kvh, d], P = MB*bs
-        qg, kg, vg = (_to_grid(t, env["pad_index"]) for t in (q, k, v))                   # [B, S, *, d]
-        keys = paddle.concat([k_past, kg], axis=1).transpose([0, 2, 1, 3])                # [B, kvh, P+S, d]
-        vals = paddle.concat([v_past, vg], axis=1).transpose([0, 2, 1, 3])
-        s = paddle.shape(qg)[1]
+        kc_name, vc_name = self.cache_names()
+        # past, head-major in one gather: [B, kvh, P, d] with P = MB*bs, in token order
+        idx = _past_index(env, env[kc_name], kvh)
+        b, s = paddle.shape(env["pad_index"])[0], paddle.shape(env["pad_index"])[1]
+        k_past = paddle.gather_nd(env[kc_name], idx)     # (no reshape of the pool: it would copy it)
+        v_past = paddle.gather_nd(env[vc_name], idx)
+        if self.kv_int8:   # an int8 pool: q * scale[kv head], as ops/paged_attention.py does
+            ks_name, vs_name = self.scale_names()
+            k_past = k_past.astype("float32") * env[ks_name].reshape([1, kvh, 1, 1])
+            v_past = v_past.astype("float32") * env[vs_name].reshape([1, kvh, 1, 1])
+        p = paddle.shape(k_past)[2]
+        # this step's tokens in the padded grid, one gather for q, k and v: [B, S, nh + 2 kvh, d]
+        grid = _to_grid(paddle.concat([q, k, v], axis=1), env["pad_index"])
+        qg, kg, vg = grid[:, :, :nh], grid[:, :, nh:nh + kvh], grid[:, :, nh + kvh:]
         # query head j uses KV head j // g: [B, S, kvh, g, d] → [B, kvh, g*S, d]
-        qh = qg.reshape([b, s, kvh, g, d]).transpose([0, 2, 3, 1, 4]).reshape([b, kvh, -1, d])
-        scores = paddle.matmul(qh / math.sqrt(d), keys, transpose_y=True)                 # [B, kvh, g*S, P+S]
-        scores = scores.reshape([b, kvh, g, s, -1]) + self._mask(env, k_past, s).unsqueeze(1).unsqueeze(1)
+        qh = qg.reshape([b, s, kvh, g, d]).transpose([0, 2, 3, 1, 4]).reshape([b, kvh, -1, d]) / math.sqrt(d)
+        kn, vn = kg.transpose([0, 2, 1, 3]), vg.transpose([0, 2, 1, 3])                   # [B, kvh, S, d]
+        # softmax over past and new keys without concatenating the (large) keys and values
+        scores = paddle.concat([paddle.matmul(qh, k_past, transpose_y=True),
+                                paddle.matmul(qh, kn, transpose_y=True)], axis=-1)        # [B, kvh, g*S, P+S]
+        scores = scores.reshape([b, kvh, g, s, -1]) + _step_mask(env, p, s)
         probs = nn.functional.softmax(scores, axis=-1).reshape([b, kvh, g * s, -1])
-        ctx = paddle.matmul(probs, vals).reshape([b, kvh, g, s, d])                       # [B, kvh, g, S, d]
-        ctx = ctx.transpose([0, 3, 1, 2, 4]).reshape([-1, nh * d])                         # [B*S, nh*d]
+        ctx = paddle.matmul(probs[:, :, :, :p], v_past) + paddle.matmul(probs[:, :, :, p:], vn)
+        ctx = ctx.reshape([b, kvh, g, s, d]).transpose([0, 3, 1, 2, 4]).reshape([-1, nh * d])  # [B*S, nh*d]
         ctx = paddle.gather(ctx, env["unpad_index"], axis=0)                              # [T, nh*d]
         return self.o(ctx), [k, v]
 
-    @staticmethod
-    def _mask(env, k_past, s):
-        """Additive mask [B, S, P+S]: past slots valid below ctx_len; new tokens causal and real."""
-        p = paddle.shape(k_past)[1]
+
+def _past_index(env, cache, kvh: int):
+    """(block, offset, kv head) of each past slot, head-major: [B, kvh, P, 3] with P = MB*bs, for
+    `gather_nd` on a [NB, bs, kvh, d] cache.  Built once per graph (the same for every layer)."""
+    if "_past_index" not in env:
+        bt = env["block_tables"]
+        bs = paddle.shape(cache)[1]
+        pos = paddle.arange(paddle.shape(bt)[1] * bs, dtype="int64")                     # [P]
+        blk = paddle.gather(bt, pos // bs, axis=1).unsqueeze(1)                          # [B, 1, P]
+        off = (pos % bs).reshape([1, 1, -1])                                             # [1, 1, P]
+        head = paddle.arange(kvh, dtype="int64").reshape([1, -1, 1])                     # [1, kvh, 1]
+        zero = blk * 0 + off * 0 + head * 0                                              # [B, kvh, P]
+        env["_past_index"] = paddle.stack([blk + zero, off + zero, head + zero], axis=-1)
+    return env["_past_index"]
+
+
+def _step_mask(env, p, s):
+    """Additive mask [B, 1, 1, S, P+S], once per graph: past slots valid below ctx_len; new tokens
+    causal and real."""
+    if "_mask" not in env:
         past_ok = paddle.arange(p, dtype="int64").unsqueeze(0) < env["ctx_lens"].unsqueeze(1)       # [B, P]
         ar = paddle.arange(s, dtype="int64")
         causal = ar.unsqueeze(0) <= ar.unsqueeze(1)                                                 # [S, S]
@@ -182,7 +206,9 @@ class AttentionStage(nn.Layer):
         cur_ok = paddle.logical_and(causal.unsqueeze(0), real.unsqueeze(1))                          # [B, S, S]
         cur = (1.0 - cur_ok.astype("float32")) * NEG_INF                                             # [B, S, S]
         past = (1.0 - past_ok.astype("float32")).unsqueeze(1) * NEG_INF                              # [B, 1, P]
-        return paddle.concat([past + paddle.zeros_like(cur[:, :, :1]), cur], axis=2)                 # [B, S, P+S]
+        mask = paddle.concat([past + paddle.zeros_like(cur[:, :, :1]), cur], axis=2)                 # [B, S, P+S]
+        env["_mask"] = mask.unsqueeze(1).unsqueeze(1)
+    return env["_mask"]
 
 
 class MlpStage(nn.Layer):

@@ -1,0 +1,127 @@
+"""Decode-only engine figures for issue 6's goals: the offline engine (no HTTP), run under mpirun.
+
+    mpirun -n 1 python benchmarks/goal_engine.py MODEL_DIR --batch 32 [--input-len 16] [--output-len 48]
+
+Admits `--batch` prompts at once, runs the engine until every request has its first token (the
+prefill steps), then measures the remaining decode steps only: steps/s, output tokens/s and the
+per-step phase split (engine/step_stats.py) diffed over exactly those steps.  Also times, in the
+same process and with the same thread count, a numpy float32 matmul of this rank's decode shapes
+and a numpy copy of a buffer larger than the caches, so every ratio is taken on one machine state.
+Rank 0 prints one JSON line; `benchmarks/goals.py` runs this and judges the figures.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+import numpy as np
+
+
+def copy_bandwidth(nbytes: int = 256 << 20, reps: int = 7) -> float:
+    """STREAM-style copy bandwidth (bytes read + bytes written per second), median of `reps`."""
+    src = np.ones(nbytes // 4, np.float32)
+    dst = np.empty_like(src)
+    np.copyto(dst, src)
+    times = []
+    for _ in range(reps):
+        t = time.perf_counter()
+        np.copyto(dst, src)
+        times.append(time.perf_counter() - t)
+    return 2 * nbytes / float(np.median(times))
+
+
+def shard_matmuls(dims: dict) -> list[tuple[int, int]]:
+    """(in, out) of every weight matmul of one decode step on this rank (embedding excluded:
+    it is a row gather).  Column shards: q/k/v/gate/up; row shards: o/down; vocab-parallel head."""
+    h, d, inter = dims["hidden"], dims["head_dim"], dims["intermediate"]   # per-rank dims
+    q, kv = dims["heads"] * d, dims["kv_heads"] * d
+    layer = [(h, q), (h, kv), (h, kv), (q, h), (h, inter), (h, inter), (inter, h)]
+    return layer * dims["num_layers"] + [(h, dims["vocab_local"])]
+
+
+def weight_bytes_per_step(dims: dict) -> int:
+    """Bytes of weights one decode step must read on this rank (fp32 matmul weights + norms)."""
+    mats = sum(i * o for i, o in shard_matmuls(dims))
+    norms = (2 * dims["num_layers"] + 1) * dims["hidden"]
+    return 4 * (mats + norms)
+
+
+def numpy_matmul_flops(dims: dict, tokens: int, reps: int = 9) -> float:
+    """FLOP/s of the decode step's weight matmuls ([tokens, in] @ [in, out], distinct weights)."""
+    rng = np.random.default_rng(0)
+    shapes = shard_matmuls(dims)
+    ws = [rng.standard_normal((i, o), dtype=np.float32) for i, o in shapes]
+    xs = {i: rng.standard_normal((tokens, i), dtype=np.float32) for i, _ in shapes}
+    flops = sum(2 * tokens * i * o for i, o in shapes)
+    times = []
+    for _ in range(reps):
+        t = time.perf_counter()
+        for (i, _), w in zip(shapes, ws):
+            xs[i] @ w
+        times.append(time.perf_counter() - t)
+    return flops / float(np.median(times))
+
+
+def run(model_dir: str, batch: int, input_len: int, output_len: int, num_threads: int) -> dict | None:
+    from spmd_serve.dist.comm import Comm
+    from spmd_serve.engine.client import EngineClient
+    from spmd_serve.engine.engine import Engine, worker_loop
+    from spmd_serve.protocol import StepPlan
+    from spmd_serve.sampling_params import SamplingParams
+    from spmd_serve.scheduler.request import Request
+    from spmd_serve.scheduler.scheduler import SchedulerConfig
+    from spmd_serve.worker.model_runner import ModelRunner
+
+    comm = Comm()
+    num_blocks, block_size = 512, 64
+    runner = ModelRunner(model_dir, comm.rank, comm, num_blocks, block_size, num_threads)
+    comm.barrier()
+    if comm.rank != 0:
+        worker_loop(comm, runner)
+        return None
+    sched = SchedulerConfig(max_num_seqs=max(batch, 1), num_blocks=num_blocks, block_size=block_size,
+                            block_ratio=1.0, max_waiting=batch + 1, max_num_batched_tokens=max(512, batch * input_len),
+                            max_model_len=4096)
+    engine = Engine(sched, comm, runner, EngineClient(capacity=batch), frozenset({2}))
+    rng = np.random.default_rng(0)
+    params = SamplingParams(max_tokens=output_len, min_tokens=output_len, temperature=0.0)
+    reqs = [Request(str(i), [1] + rng.integers(10, 1000, input_len - 1).tolist(), params,
+                    eos_token_ids=frozenset({2})) for i in range(batch)]
+    for r in reqs:
+        engine.scheduler.add_request(r)
+    while not all(r.output_token_ids for r in reqs):      # prefill (and its first tokens)
+        engine.step()
+    st = engine.stats
+    before, steps0, sampled0, t0 = st.totals(), st.steps, st.sampled, time.perf_counter()
+    while engine.scheduler.has_unfinished():
+        engine.step()
+    elapsed = time.perf_counter() - t0
+    after = st.totals()
+    comm.send_plan(StepPlan.shutdown(engine.step_id + 1))
+    steps, sampled = st.steps - steps0, st.sampled - sampled0
+    ms = {k: 1e3 * (after[k] - before[k]) / max(steps, 1) for k in after}
+    return {"model_dir": model_dir, "tp": runner.dims["tp"], "batch": batch, "threads": num_threads,
+            "decode_steps": steps, "decode_tokens": sampled, "elapsed_s": elapsed,
+            "steps_per_s": steps / elapsed, "tokens_per_s": sampled / elapsed, "ms_per_step": ms,
+            "weight_bytes_per_step": weight_bytes_per_step(runner.dims),
+            "flops_per_token": 2 * sum(i * o for i, o in shard_matmuls(runner.dims)),
+            "copy_bandwidth_Bps": copy_bandwidth(),
+            "numpy_matmul_flops": numpy_matmul_flops(runner.dims, batch)}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("model_dir")
+    ap.add_argument("--batch", type=int, default=1)
+    ap.add_argument("--input-len", type=int, default=16)
+    ap.add_argument("--output-len", type=int, default=48)
+    ap.add_argument("--threads", type=int, default=1, help="Paddle CPU threads per rank")
+    args = ap.parse_args()
+    res = run(args.model_dir, args.batch, args.input_len, args.output_len, args.threads)
+    if res is not None:
+        print("GOAL_ENGINE " + json.dumps(res), flush=True)
+
+
+if __name__ == "__main__":
+    main()
