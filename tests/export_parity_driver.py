@@ -13,6 +13,23 @@ import sys
 import numpy as np
 
 
+def run_driver(tp: int, spec: dict, workdir) -> "np.lib.npyio.NpzFile":
+    """Run this driver under `mpirun -n tp` on `spec` (written into workdir); the loaded results."""
+    import subprocess
+    from pathlib import Path
+
+    from tests.server_process import mpi_env, mpirun
+
+    workdir = Path(workdir)
+    (workdir / f"spec{tp}.json").write_text(json.dumps(spec))
+    out = workdir / f"out{tp}.npz"
+    cmd = mpirun(tp, sys.executable, "-m", "tests.export_parity_driver", str(workdir / f"spec{tp}.json"), str(out))
+    root = Path(__file__).resolve().parents[1]
+    r = subprocess.run(cmd, env=mpi_env(), cwd=root, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-4000:]
+    return np.load(out)
+
+
 def main(spec_path: str, out_path: str) -> int:
     from spmd_serve.engine.offline import generate
     from spmd_serve.sampling_params import SamplingParams

@@ -14,19 +14,14 @@ its `generate()` greedy tokens, and its logits for the served tokens (max |diff|
 """
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 
 from tests.model_zoo import ARCHS, make_weights, write
-from tests.server_process import mpi_env, mpirun
+from tests.export_parity_driver import run_driver
 
 pytestmark = pytest.mark.mpi
-ROOT = Path(__file__).resolve().parents[1]
 NEW_TOKENS = 16
 SERVED_FROM = {"llama2": "paddlenlp_sharded", "llama3": "hf_sharded",
                "qwen2_tied": "paddlenlp_safetensors", "qwen2_untied": "paddlenlp_pdparams"}
@@ -69,12 +64,7 @@ def served(zoo, prompts, tmp_path_factory) -> dict[tuple[str, int], tuple[np.nda
                 # small token budget: the long prompt is prefilled in chunks next to decodes
                 "engine": {"block_size": 16, "num_blocks": 64, "max_num_batched_tokens": 32,
                            "eos_token_ids": [2]}}
-        (tmp / f"spec{tp}.json").write_text(json.dumps(spec))
-        out = tmp / f"out{tp}.npz"
-        cmd = mpirun(tp, sys.executable, "-m", "tests.export_parity_driver", str(tmp / f"spec{tp}.json"), str(out))
-        r = subprocess.run(cmd, env=mpi_env(), cwd=ROOT, capture_output=True, text=True, timeout=300)
-        assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-4000:]
-        data = np.load(out)
+        data = run_driver(tp, spec, tmp)
         for i, a in enumerate(archs):
             res[a, tp] = data[f"tokens_{i}"], data[f"logits_{i}"]
     return res

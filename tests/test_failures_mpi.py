@@ -3,6 +3,7 @@ clear line (no traceback, no hang); an exception on one rank ends the whole job;
 from __future__ import annotations
 
 import shutil
+import socket
 import subprocess
 import time
 
@@ -21,6 +22,24 @@ def run_job(n: int, timeout: float = 90, **env: str) -> subprocess.CompletedProc
 
 def error_lines(res: subprocess.CompletedProcess) -> list[str]:
     return [l for l in (res.stdout + res.stderr).splitlines() if l.startswith("spmd_serve: error:")]
+
+
+PORT_VARS = ("SERVICE_HTTP_PORT", "HEALTH_HTTP_PORT", "METRICS_HTTP_PORT", "SERVICE_GRPC_PORT")
+
+
+def run_with_busy_port(model_dir, busy_var: str) -> tuple[subprocess.CompletedProcess, int]:
+    """Start `mpirun -n 2` with every port free except `busy_var`, which another socket holds."""
+    from tests.server_process import free_ports
+
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        others = [v for v in PORT_VARS if v != busy_var]
+        ports = {v: str(p) for v, p in zip(others, free_ports(len(others)))}
+        res = run_job(2, MODEL_DIR=str(model_dir), MP_NUM="2", HOST="127.0.0.1",
+                      **ports, **{busy_var: str(port)})
+    return res, port
 
 
 @pytest.mark.parametrize("var,value,expect", [

@@ -5,7 +5,6 @@ native HTTP stream's for the same seeded request, errors as gRPC status codes, a
 from __future__ import annotations
 
 import json
-import socket
 import time
 
 import pytest
@@ -13,7 +12,7 @@ import requests
 import tritonclient.grpc as tg
 from tritonclient.utils import InferenceServerException
 
-from tests.server_process import ServerProcess, free_ports
+from tests.server_process import ServerProcess
 from tests.triton_helpers import Stream, code_of, in_tensor, out_obj
 
 pytestmark = pytest.mark.mpi
@@ -152,16 +151,9 @@ def test_duplicate_req_id_then_cancel_frees_it(triton):
 
 
 def test_busy_grpc_port_is_named(served_tp2):
-    from tests.test_failures_mpi import error_lines, run_job
+    from tests.test_failures_mpi import error_lines, run_with_busy_port
 
-    with socket.socket() as busy:
-        busy.bind(("127.0.0.1", 0))
-        busy.listen()
-        port = busy.getsockname()[1]
-        http, health, metrics = free_ports(3)
-        res = run_job(2, MODEL_DIR=str(served_tp2), MP_NUM="2", HOST="127.0.0.1",
-                      SERVICE_HTTP_PORT=str(http), HEALTH_HTTP_PORT=str(health),
-                      METRICS_HTTP_PORT=str(metrics), SERVICE_GRPC_PORT=str(port))
+    res, port = run_with_busy_port(served_tp2, "SERVICE_GRPC_PORT")
     lines = error_lines(res)
     assert res.returncode != 0 and len(lines) == 1, res.stderr[-2000:]
     assert f"127.0.0.1:{port} (SERVICE_GRPC_PORT)" in lines[0]

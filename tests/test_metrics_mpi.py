@@ -14,8 +14,8 @@ import pytest
 import requests
 
 from tests.metrics_scrape import Samples
-from tests.server_process import ServerProcess, free_ports
-from tests.test_failures_mpi import error_lines, run_job
+from tests.server_process import ServerProcess
+from tests.test_failures_mpi import error_lines, run_with_busy_port
 
 pytestmark = pytest.mark.mpi
 KEY = "metrics-test-key"
@@ -139,14 +139,7 @@ def test_client_hanging_up_mid_stream_frees_its_blocks_within_one_step(server):
 
 
 def test_busy_metrics_port_stops_the_job_with_one_line_naming_it(served_tp2):
-    with socket.socket() as busy:
-        busy.bind(("127.0.0.1", 0))
-        busy.listen()
-        port = busy.getsockname()[1]
-        http, health, grpc = free_ports(3)
-        res = run_job(2, MODEL_DIR=str(served_tp2), MP_NUM="2", HOST="127.0.0.1",
-                      SERVICE_HTTP_PORT=str(http), HEALTH_HTTP_PORT=str(health),
-                      SERVICE_GRPC_PORT=str(grpc), METRICS_HTTP_PORT=str(port))
+    res, port = run_with_busy_port(served_tp2, "METRICS_HTTP_PORT")
     lines = error_lines(res)
     assert res.returncode != 0 and len(lines) == 1, res.stderr[-2000:]
     assert "METRICS_HTTP_PORT" in lines[0] and str(port) in lines[0] and "Traceback" not in res.stderr

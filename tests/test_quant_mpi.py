@@ -28,18 +28,14 @@ holds the TP=1 integers).
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 
 from tests.model_zoo import ARCHS, make_weights, write
-from tests.server_process import mpi_env, mpirun
+from tests.export_parity_driver import run_driver
 
 pytestmark = pytest.mark.mpi
-ROOT = Path(__file__).resolve().parents[1]
 ARCH = "qwen2_untied"
 NEW_TOKENS = 32
 NUM_PROMPTS = 20
@@ -69,12 +65,7 @@ def served(tmp_path_factory) -> dict[str, tuple[list[list[int]], list[np.ndarray
         spec = {"models": [{"dir": dirs[RUNS[n][0], tp], "kv_int8": RUNS[n][2]} for n in names], "prompts": prompts,
                 "params": {"max_tokens": NEW_TOKENS, "min_tokens": NEW_TOKENS, "temperature": 0.0},
                 "engine": {"block_size": 16, "num_blocks": 128, "eos_token_ids": [2]}}
-        (root / f"spec{tp}.json").write_text(json.dumps(spec))
-        out = root / f"out{tp}.npz"
-        cmd = mpirun(tp, sys.executable, "-m", "tests.export_parity_driver", str(root / f"spec{tp}.json"), str(out))
-        r = subprocess.run(cmd, env=mpi_env(), cwd=ROOT, capture_output=True, text=True, timeout=300)
-        assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-4000:]
-        data = np.load(out)
+        data = run_driver(tp, spec, root)
         for i, n in enumerate(names):
             res[n] = data[f"tokens_{i}"].tolist(), list(data[f"logits_{i}"])
     return res

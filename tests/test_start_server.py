@@ -3,6 +3,7 @@ from a clean directory; the original docs' streaming example answered; stop leav
 file or open port; a restart right after works; a busy port and a bad MP_NUM fail clearly."""
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -178,15 +179,21 @@ def service_url(env: dict[str, str]) -> str:
     return f"http://127.0.0.1:{env['SERVICE_HTTP_PORT']}/v1/chat/completions"
 
 
+@contextlib.contextmanager
+def started_with_a_stream(env: dict[str, str], cwd: Path, max_dec_len: int):
+    """start_server, then one streaming request that has sent its first frame; always stopped."""
+    with always_stopped(env, cwd):
+        assert run("start_server", env=env, cwd=cwd).returncode == 0
+        stream = Stream(service_url(env), max_dec_len)
+        stream.first()
+        yield stream
+
+
 def test_stop_server_timeout_aborts_what_is_still_in_flight(served_tp2, tmp_path):
     """`stop_server 1` with a request needing ~8 s: after 1 s a second SIGTERM makes rank 0 end it
     with an error frame and stop; stop_server says so; nothing is left."""
-    env = launcher_env(tmp_path / "log", MODEL_DIR=str(served_tp2), MP_NUM="2")
-    log_dir = tmp_path / "log"
-    with always_stopped(env, tmp_path):
-        assert run("start_server", env=env, cwd=tmp_path).returncode == 0
-        stream = Stream(service_url(env), 1000)
-        stream.first()
+    env, log_dir = launcher_env(tmp_path / "log", MODEL_DIR=str(served_tp2), MP_NUM="2"), tmp_path / "log"
+    with started_with_a_stream(env, tmp_path, 1000) as stream:
         t0 = time.monotonic()
         res = run("stop_server", "1", env=env, cwd=tmp_path, timeout=60)
         took = time.monotonic() - t0
@@ -203,12 +210,8 @@ def test_a_killed_rank_takes_the_job_down_and_stop_server_says_why(served_tp2, t
     """kill -9 of rank 1 with a request in flight: readiness is 503 from then on (never 200), the
     request ends with an error frame naming the rank, the job is gone within 30 s, server.log names
     the rank and the signal, and stop_server cleans up the pid file and quotes that cause."""
-    env = launcher_env(tmp_path / "log", MODEL_DIR=str(served_tp2), MP_NUM="2")
-    log_dir = tmp_path / "log"
-    with always_stopped(env, tmp_path):
-        assert run("start_server", env=env, cwd=tmp_path).returncode == 0
-        stream = Stream(service_url(env), 1000)
-        stream.first()
+    env, log_dir = launcher_env(tmp_path / "log", MODEL_DIR=str(served_tp2), MP_NUM="2"), tmp_path / "log"
+    with started_with_a_stream(env, tmp_path, 1000) as stream:
         victim = next(p for p in processes_of(log_dir) if rank_of(p) == 1)
         victim.kill()
         t0 = time.monotonic()

@@ -53,6 +53,19 @@ def _components(node: Any) -> list[str]:
     return [str(node.get("type"))]
 
 
+
+def sentencepiece_bytes(piece: str, force: bool = False) -> bytes | None:
+    """The bytes of a SentencePiece-style piece: byte fallback `<0xHH>` is that byte and the word
+    marker is a space; None when the piece is neither (and `force` is not set)."""
+    if len(piece) == 6 and piece.startswith("<0x") and piece.endswith(">"):
+        try:
+            return bytes([int(piece[3:5], 16)])
+        except ValueError:
+            pass
+    if force or "\u2581" in piece:
+        return piece.replace("\u2581", " ").encode()
+    return None
+
 class HFTokenizer:
     """A `tokenizers.Tokenizer` with the PaddleNLP-tokenizer attributes ServingTokenizer reads."""
 
@@ -135,11 +148,7 @@ class HFTokenizer:
             if all(c in table for c in piece):
                 return bytes(table[c] for c in piece)
             return piece.encode()
-        if len(piece) == 6 and piece.startswith("<0x") and piece.endswith(">"):
-            try:
-                return bytes([int(piece[3:5], 16)])
-            except ValueError:
-                pass
-        if "\u2581" in piece:
-            return piece.replace("\u2581", " ").encode()
+        raw = sentencepiece_bytes(piece)
+        if raw is not None:
+            return raw
         return self._tk.decode([token_id], skip_special_tokens=False).encode()

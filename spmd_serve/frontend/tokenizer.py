@@ -23,7 +23,7 @@ import jinja2
 
 from spmd_serve.frontend import chat_template
 from spmd_serve.frontend.detokenizer import IncrementalDetokenizer
-from spmd_serve.frontend.hf_tokenizer import HFTokenizer
+from spmd_serve.frontend.hf_tokenizer import HFTokenizer, sentencepiece_bytes
 
 _ROLES_HINT = "each message must be an object with string 'role' and 'content'"
 
@@ -155,13 +155,9 @@ class ServingTokenizer:
             return b""
         if int(token_id) in self.special_token_ids:
             return piece.encode()
-        if len(piece) == 6 and piece.startswith("<0x") and piece.endswith(">"):
-            try:
-                return bytes([int(piece[3:5], 16)])
-            except ValueError:
-                pass
-        if self._sp is not None or "\u2581" in piece:
-            return piece.replace("\u2581", " ").encode()
+        raw = sentencepiece_bytes(piece, force=self._sp is not None)
+        if raw is not None:
+            return raw
         return self._tok.convert_tokens_to_string([piece]).encode()
 
     def _normalize_messages(self, messages: Any, system: str | None) -> list[dict[str, str]]:
