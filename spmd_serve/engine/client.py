@@ -122,12 +122,6 @@ class EngineClient:
                 self._commands.append(AbortCommand(req_id, reason))
                 self._cv.notify()
 
-    def release(self, req_id: str) -> None:
-        """Forget a finished request's stream (its final output has been read)."""
-        with self._cv:
-            self._streams.pop(req_id, None)
-            self._since.pop(req_id, None)
-
     def fail_all(self, error_code: int, error_msg: str) -> None:
         """End every request in flight with an error frame now, without the engine (which may be
         blocked in a collective with a dead rank).  Call from the IO loop."""

@@ -46,9 +46,8 @@ class Generation:
                  params: SamplingParams, deadline: float, continue_prompt: bool = False) -> None:
         self.client, self.req_id, self.prompt = client, req_id, prompt
         self.params, self.deadline = params, deadline
-        detok = (tokenizer.detokenizer(prompt, continue_prompt=True) if continue_prompt
-                 else tokenizer.detokenizer(prompt))
-        self.asm = OutputAssembler(detok, params.stop_sequences)
+        self.asm = OutputAssembler(tokenizer.detokenizer(prompt, continue_prompt=continue_prompt),
+                                   params.stop_sequences)
         self.first_token_at: float | None = None
         self._queue: asyncio.Queue[RequestOutput | None] | None = None
 

@@ -45,8 +45,8 @@ class NativeChatHandler(JsonBodyHandler):
     req_id = ""
 
     def initialize(self, client: EngineClient, tokenizer: Any, limits: Limits,  # type: ignore[override]
-                   max_body_size: int, api_key: str | None = None,
-                   disable_streaming: bool = False, openai_chat: OpenAIChat | None = None) -> None:
+                   max_body_size: int, openai_chat: OpenAIChat, api_key: str | None = None,
+                   disable_streaming: bool = False) -> None:
         super().initialize(max_body_size, api_key)
         self.client, self.tokenizer, self.limits = client, tokenizer, limits
         self.disable_streaming, self.openai_chat = disable_streaming, openai_chat
@@ -61,7 +61,7 @@ class NativeChatHandler(JsonBodyHandler):
         except ProtocolError as e:
             return self.send_error_body(e.status, e.msg)
         if "model" in body:
-            return await self._openai(body)
+            return await self.openai_chat(self, body)
         if not self.authorized():
             return self.send_error_body(401, AUTH_HINT)
         session = NativeSession(self.client, self.tokenizer, self.limits, self.disable_streaming)
@@ -82,12 +82,6 @@ class NativeChatHandler(JsonBodyHandler):
                 self.send_error_body(500, "internal server error")
         finally:
             session.close()
-
-    async def _openai(self, body: dict[str, Any]) -> None:
-        if self.openai_chat is None:
-            return self.send_error_body(501, "the OpenAI API (a body with \"model\") is not "
-                                             "served; send a native request without it")
-        await self.openai_chat(self, body)
 
     async def _relay(self, session: NativeSession) -> None:
         async for obj in session.results():
