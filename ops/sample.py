@@ -49,4 +49,5 @@ def sample(logits: Any, *args: Any, **kwargs: Any) -> Any:
                          "out_top_logprobs"):
             kwargs.pop(gpu_only, None)
         return sample_cpu(logits, *args, **kwargs)
+    kwargs.pop("with_logprobs", None)      # the kernel always computes them (in the same pass)
     return sample_gpu(logits, *args, **kwargs)
