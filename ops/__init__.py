@@ -7,10 +7,18 @@ ops/kernels/ (*.cu, *.cuh), read and concatenated per kernel module by `runtime.
 | `device`, `nvrtc`, `runtime` | driver bindings and GPU detection; NVRTC compile + disk cache; dtypes, device arrays, module loading and launch |
 | `kv_cache_write` | K/V of new tokens into the paged pool at slots (optional int8 with per-head scales) |
 | `paged_attention` | decode attention over block tables, GQA, optional int8 KV, split-K for long contexts |
-| `sample`, `sample_twin`, `sample_cuda`, `philox` | fused penalties / EOS mask / temperature / top-k / top-p / seeded Philox draw / top-n logprobs |
+| `sample`, `sample_twin`, `sample_cuda`, `philox` | fused penalties / EOS mask / temperature / top-k / top-p / seeded Philox draw / top-n logprobs; `sample` dispatches |
 | `bench` | GPU timings against the measured copy bandwidth (`python -m ops.bench`) |
 
-The serving runtime writes its KV pool through `kv_cache_write` (twin on CPU).  Attention runs
-inside the exported Paddle graphs and sampling in spmd_serve/engine/sampler.py until the kernels
-have been checked on a GPU.  This package never imports spmd_serve or (at import) Paddle (DESIGN §5).
+What runs where.  Each op's entry point dispatches on its arrays: numpy -> the twin, device arrays
+(cupy, Paddle GPU tensors, runtime.DeviceArray) -> the kernel, which the GPU tests hold to the twin.
+* KV writes: worker/kv_cache.py writes the pool through `kv_cache_write`'s twin (the pool is host
+  memory on this CPU build).
+* Sampling: engine/sampler.py calls `sample.sample` once per step over the rows that complete; the
+  runner hands numpy logits today, so the twin runs; device logits would take the kernel through
+  `sample_gpu_staged` (numpy parameters in, numpy results out) with the same tokens bit for bit.
+* Attention runs inside the exported Paddle graphs; `paged_attention` is not called by the server.
+GPU checks, on a machine with an NVIDIA driver: `pytest -m gpu tests/test_ops_*.py` (each kernel
+against its twin) and `python -m ops.bench` (time and bandwidth against the copy bandwidth).
+This package never imports spmd_serve or (at import) Paddle (DESIGN §5).
 """

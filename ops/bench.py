@@ -5,7 +5,8 @@ Run `python -m ops.bench` on a machine with an NVIDIA GPU.  It measures the devi
 prints time, achieved bandwidth (bytes the kernel must move / time) and its fraction of the copy
 bandwidth.  Decode attention and KV writes are memory bound, so that fraction is the figure of merit
 (goal: paged attention >= 70 %).  Allocation uses cuda.bindings only (no cupy / Paddle needed).
-New kernels (e.g. the sampling kernels of ops/sample*.py) are added in `extra_benches` below.
+Sampling (ops/sample*.py) is timed against one read of its logits (goal <= 3x); further kernels
+go in `extra_benches` below.
 """
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ import numpy as np
 from . import runtime
 from .kv_cache_write import kv_cache_write_gpu
 from .paged_attention import paged_attention_gpu
+from .sample_cuda import sample_gpu
 
 
 @dataclass
@@ -128,10 +130,31 @@ def bench_paged_attention(batch: int, context: int, q_heads: int = 32, kv_heads:
                   f"B={batch} ctx={context} q/kv={q_heads}/{kv_heads}x{head_dim} bs={block_size} fp16", sec, nbytes)
 
 
+def bench_sample(batch: int, vocab: int, label: str, **over: float) -> Result:
+    """ops.sample over [batch, vocab] fp32 logits (normal, scale 2), no penalties; `nbytes` = one
+    read of the logits, so 100 / (% copy) is the time in units of one read (goal <= 3)."""
+    rng, bufs = np.random.default_rng(0), Buffers()
+    rows = {"temperature": np.float32(over.get("temperature", 1.0)), "top_p": np.float32(over.get("top_p", 1.0)),
+            "top_k": np.int32(over.get("top_k", 0)), "rep_penalty": np.float32(1), "freq_penalty": np.float32(0),
+            "pres_penalty": np.float32(0), "seeds": np.uint64(1), "counters": np.int64(0),
+            "min_tokens": np.int32(0), "num_generated": np.int32(0)}
+    args = {k: bufs.upload(np.full(batch, v)) for k, v in rows.items()}
+    args["counters"] = bufs.upload(np.arange(batch, dtype=np.int64))
+    args["eos_ids"] = bufs.upload(np.full((batch, 1), -1, np.int32))
+    args["gen_token_ids"] = bufs.upload(np.full((batch, 0), -1, np.int32))
+    logits = bufs.upload((rng.standard_normal((batch, vocab), dtype=np.float32) * 2))
+    outs = dict(out_tokens=bufs.empty((batch,), np.int32), out_logprobs=bufs.empty((batch,), np.float32))
+    sec = time_per_call(lambda: sample_gpu(logits, **args, **outs))
+    bufs.free()
+    return Result(f"sample ({label})", f"B={batch} V={vocab} fp32", sec, batch * vocab * 4)
+
+
 def extra_benches() -> list[Result]:
-    """>>> Add benchmarks of further kernels here (e.g. the sampling kernels of ops/sample*.py):
-    return one Result per case, with `nbytes` the minimum bytes the kernel must move. <<<"""
-    return []
+    """>>> Add benchmarks of further kernels here: return one Result per case, with `nbytes` the
+    minimum bytes the kernel must move. <<<"""
+    return [bench_sample(128, 128 * 1024, "greedy", temperature=0.0), bench_sample(128, 128 * 1024, "T=1"),
+            bench_sample(128, 128 * 1024, "top_p=0.9", top_p=0.9),
+            bench_sample(128, 128 * 1024, "top_k=50 top_p=0.9", top_k=50, top_p=0.9)]
 
 
 def main() -> int:
@@ -156,6 +179,9 @@ def main() -> int:
     headline = results[5]  # fp16, B=64, ctx 2048, 32/8 heads of 128, automatic split choice
     print(f"\n{headline.name} {headline.shape}: {100 * headline.nbytes / headline.seconds / bw:.0f}% of copy "
           f"bandwidth (goal >= 70%)")
+    for r in results:
+        if r.name.startswith("sample"):
+            print(f"{r.name} {r.shape}: {r.seconds * bw / r.nbytes:.2f}x one read of the logits (goal <= 3)")
     return 0
 
 

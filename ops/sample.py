@@ -2,8 +2,10 @@
 
 Owns the sampling semantics (below) and the `sample` dispatch; re-exports the numpy twin
 `sample_cpu` with its exact helpers (ops/sample_twin.py: the CPU path and the test oracle) and the
-GPU wrapper `sample_gpu` with its kernel source and sizing (ops/sample_cuda.py; CUDA C in
-ops/kernels/sample*).  Semantics per row (as spmd_serve/engine/sampler.py, made exact):
+GPU wrappers `sample_gpu` (device parameters and outputs) and `sample_gpu_staged` (numpy parameters
+and results, as the twin) with the kernel source and sizing (ops/sample_cuda.py; CUDA C in
+ops/kernels/sample*).  The serving loop calls `sample` with numpy parameters on either path.
+Semantics per row:
 
 1. p = logits in float32.  Tokens generated so far (gen_token_ids, -1 padded; ids outside [0, V)
    ignored) with count c > 0: repetition (p > 0 ? p / rep : p * rep), then p = (p - freq * c) - pres.
@@ -33,20 +35,26 @@ from typing import Any
 
 import numpy as np
 
-from .sample_cuda import (CUDA_SOURCE, SAMPLE_KERNELS, SOURCE_FILES, THREADS, VARIANTS, compile_options,
-                          hash_bits, sample_gpu, shared_bytes, workspace_bytes)
+from .sample_cuda import (CUDA_SOURCE, PARAM_DTYPES, SAMPLE_KERNELS, SOURCE_FILES, THREADS, VARIANTS,
+                          compile_options, hash_bits, sample_gpu, sample_gpu_staged, shared_bytes,
+                          workspace_bytes)
 from .sample_twin import MAX_TOP_N, MAX_VOCAB, apply_penalties, exp2_weight, float_key, key_float, sample_cpu
 
-__all__ = ["CUDA_SOURCE", "MAX_TOP_N", "MAX_VOCAB", "SAMPLE_KERNELS", "SOURCE_FILES", "THREADS", "VARIANTS",
+__all__ = ["CUDA_SOURCE", "MAX_TOP_N", "MAX_VOCAB", "PARAM_DTYPES", "SAMPLE_KERNELS", "SOURCE_FILES", "THREADS", "VARIANTS",
            "apply_penalties", "compile_options", "exp2_weight", "float_key", "hash_bits", "key_float", "sample",
-           "sample_cpu", "sample_gpu", "shared_bytes", "workspace_bytes"]
+           "sample_cpu", "sample_gpu", "sample_gpu_staged", "shared_bytes", "workspace_bytes"]
 
 
 def sample(logits: Any, *args: Any, **kwargs: Any) -> Any:
-    """Dispatch: numpy logits take the CPU twin, device arrays the CUDA kernel."""
+    """Dispatch: numpy logits take the CPU twin; device logits the CUDA kernel, on device parameters
+    and outputs (`sample_gpu`) or, without out_tokens, on numpy parameters with numpy results
+    (`sample_gpu_staged`): the twin's call works unchanged on either path."""
     if isinstance(logits, np.ndarray):
         for gpu_only in ("stream", "workspace", "cap", "out_tokens", "out_logprobs", "out_top_ids",
                          "out_top_logprobs"):
             kwargs.pop(gpu_only, None)
         return sample_cpu(logits, *args, **kwargs)
+    kwargs.pop("with_logprobs", None)      # the kernel always computes them (in the same pass)
+    if "out_tokens" not in kwargs:         # host parameters: staged to the device and back
+        return sample_gpu_staged(logits, *args, **kwargs)
     return sample_gpu(logits, *args, **kwargs)

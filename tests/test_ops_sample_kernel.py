@@ -2,10 +2,13 @@
 
 CI (no GPU): every kernel variant (and the Philox known-answer kernel) compiles with NVRTC for sm_80
 and sm_90; the source embeds the twin's constants; the wrapper packs the kernel's signature.
+The staged dispatch (device logits, numpy parameters and results) on a host-memory fake device.
 GPU (marked `gpu`, skipped without one): the kernel equals its twin (tokens exactly, logprobs within
-1e-4), on the on-chip and the multi-pass paths, all dtypes; a timing print.
+1e-4), on the on-chip and the multi-pass paths, all dtypes, and through the staged call; a timing print.
 """
 from __future__ import annotations
+
+import ctypes
 
 import numpy as np
 import pytest
@@ -77,6 +80,60 @@ def test_gpu_wrapper_packs_the_kernel_signature(monkeypatch) -> None:
     assert launched["shared_mem"] == sp.shared_bytes(v_sz, int(named["cap"])) <= 200 * 1024
     with pytest.raises(TypeError):                              # wrong dtype is refused
         sp.sample_gpu(**dict(dev, top_k=dev["temperature"]), **outs)
+
+
+def _host_view(a: runtime.DeviceArray) -> np.ndarray:
+    """A numpy view of a DeviceArray whose pointer is host memory (the fake device below)."""
+    n = int(np.prod(a.shape)) * a.dtype.itemsize
+    return np.frombuffer((ctypes.c_char * n).from_address(a.ptr), a.dtype).reshape(a.shape) if n else \
+        np.zeros(a.shape, a.dtype)
+
+
+def test_staged_dispatch_copies_host_parameters_and_results(monkeypatch) -> None:
+    """Without a GPU: `sample` on device logits and numpy parameters (the serving loop's call)
+    stages them into one device allocation, launches with the twin's argument order, copies the
+    outputs back.  Host memory stands in for the device; the "kernel" is the twin on those views."""
+    bufs: dict[int, ctypes.Array] = {}
+
+    def alloc(nbytes: int) -> int:
+        buf = ctypes.create_string_buffer(max(nbytes, 1))
+        bufs[ctypes.addressof(buf)] = buf
+        return ctypes.addressof(buf)
+
+    class FakeDriver:
+        CUstream = int
+
+        @staticmethod
+        def cuMemcpyHtoDAsync(dst, src, n, stream):
+            ctypes.memmove(dst, src, n)
+            return (0,)
+
+        cuMemcpyDtoHAsync = cuMemcpyHtoDAsync
+
+        @staticmethod
+        def cuStreamSynchronize(stream):
+            return (0,)
+
+    def fake_kernel(logits, *params, **kw):
+        outs = sp.sample_cpu(_host_view(logits), *(_host_view(a) for a in params[:12]), params[12])
+        for name, val in zip(("out_tokens", "out_logprobs", "out_top_ids", "out_top_logprobs"), outs):
+            _host_view(kw[name])[...] = val
+
+    monkeypatch.setattr(runtime, "device_alloc", alloc)
+    monkeypatch.setattr(runtime, "device_free", lambda ptr: bufs.pop(ptr))
+    monkeypatch.setattr(runtime, "driver", FakeDriver)
+    monkeypatch.setattr(sample_cuda, "sample_gpu", fake_kernel)
+    batch = make_batch(np.random.default_rng(15), 9, 300, gen_len=7, n_eos=3)
+    logits = np.ascontiguousarray(batch.pop("logits"))
+    dev = runtime.DeviceArray(logits.ctypes.data, logits.shape, logits.dtype)
+    # the engine passes int64 / Python-typed arrays: the staging converts to the kernel's dtypes
+    loose = dict(batch, top_k=batch["top_k"].astype(np.int64), eos_ids=batch["eos_ids"].astype(np.int64))
+    got = sp.sample(dev, **loose, num_logprobs=3, with_logprobs=False)
+    want = sp.sample_cpu(logits, **batch, num_logprobs=3)
+    for g, w in zip(got, want):
+        assert isinstance(g, np.ndarray)
+        np.testing.assert_array_equal(g, w)
+    assert not bufs                                             # the staging buffer was freed
 
 
 # ----------------------------------------------------------------------------- GPU
@@ -171,3 +228,13 @@ def test_gpu_timing_against_one_read_of_the_logits(device, capsys) -> None:
         with capsys.disabled():
             print(f"\nsample {label}: {t_sample * 1e3:.1f} us, one read {t_read * 1e3:.1f} us, "
                   f"ratio {t_sample / t_read:.2f} (goal <= 3)")
+
+
+@pytest.mark.gpu
+@needs_gpu
+def test_gpu_staged_call_equals_twin(device) -> None:
+    """The serving loop's call: device logits, numpy parameters, numpy results."""
+    batch = make_batch(np.random.default_rng(16), 48, 32000, scale=3.0, gen_len=20)
+    logits = device.put(batch.pop("logits"))
+    assert_same(sp.sample(logits, **batch, num_logprobs=4),
+                sp.sample_cpu(device.get(logits), **batch, num_logprobs=4))

@@ -2,8 +2,9 @@
 
 The exact helpers (key order, integer exp2 weights: monotone, accurate); the twin against a plain
 per-row loop reference (tests/ops_sample_reference.py) on random inputs and edge cases (top_p = 1,
-top_k = 1, all-equal logits, temperature 0, min_tokens masking, -1 padding); penalties against
-spmd_serve.engine.sampler; same seed -> same token whatever the batch; empirical frequencies against
+top_k = 1, all-equal logits, temperature 0, min_tokens masking, -1 padding, a large vocabulary
+where only a prefix of the ranking is sorted); penalties against a per-token loop; logprobs skipped
+on request; same seed -> same token whatever the batch; empirical frequencies against
 the renormalised distribution; top-n logprobs.
 """
 from __future__ import annotations
@@ -118,25 +119,52 @@ def test_min_tokens_masks_eos_and_padding_is_ignored() -> None:
         np.testing.assert_array_equal(a, b)
 
 
-def test_penalties_match_engine_sampler() -> None:
-    from spmd_serve.engine.sampler import apply_penalties, mask_eos
-    from spmd_serve.sampling_params import SamplingParams
-
+def test_penalties_match_a_per_token_loop() -> None:
+    """Step 1 against the obvious loop in float64: repetition divides positive / multiplies
+    negative logits of generated tokens, frequency per occurrence, presence once; EOS -inf until
+    min_tokens; every other logit untouched."""
     rng = np.random.default_rng(5)
     b_sz, v_sz = 12, 80
     batch = make_batch(rng, b_sz, v_sz, gen_len=30)
     ours = sp.apply_penalties(batch["logits"], batch["rep_penalty"], batch["freq_penalty"], batch["pres_penalty"],
                               batch["min_tokens"], batch["num_generated"], batch["eos_ids"], batch["gen_token_ids"])
     for b in range(b_sz):
-        p = SamplingParams(repetition_penalty=float(batch["rep_penalty"][b]),
-                           frequency_penalty=float(batch["freq_penalty"][b]),
-                           presence_penalty=float(batch["pres_penalty"][b]),
-                           min_tokens=max(1, int(batch["min_tokens"][b])))
+        want = batch["logits"][b].astype(np.float64)
         gen = [int(t) for t in batch["gen_token_ids"][b] if 0 <= t < v_sz]
-        eos = frozenset(int(e) for e in batch["eos_ids"][b] if e >= 0)
-        n_gen = int(batch["num_generated"][b]) if batch["min_tokens"][b] > 0 else p.min_tokens
-        want = mask_eos(apply_penalties(batch["logits"][b].astype(np.float64), p, gen), p, eos, n_gen)
+        for t in set(gen):
+            rep = float(batch["rep_penalty"][b])
+            v = want[t] / rep if want[t] > 0 else want[t] * rep
+            want[t] = v - float(batch["freq_penalty"][b]) * gen.count(t) - float(batch["pres_penalty"][b])
+        if batch["num_generated"][b] < batch["min_tokens"][b]:
+            want[[int(e) for e in batch["eos_ids"][b] if 0 <= e < v_sz]] = -np.inf
         np.testing.assert_allclose(ours[b], want, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("over", [dict(), dict(top_p=0.9), dict(top_p=0.3, temperature=0.5), dict(top_k=3000)])
+def test_large_vocab_matches_reference(over) -> None:
+    """A vocabulary where the twin sorts only a prefix of the ranking (the top_k ranks, the buckets
+    holding top_p's mass or the draw), flat and peaked rows, against the full plain sort."""
+    rng = np.random.default_rng(13)
+    v_sz = 40000
+    logits = (rng.standard_normal((4, v_sz)) * np.float32([[0.5], [2.0], [6.0], [20.0]])).astype(np.float32)
+    check_against_reference(base_batch(logits, counters=rng.integers(0, 1000, 4), **over), n_top=3)
+
+
+def test_without_logprobs_only_greedy_logprobs_change() -> None:
+    """with_logprobs=False (CPU callers that ignore them; through the dispatch) changes nothing but
+    the greedy rows' logprobs, which are NaN unless top-n logprobs need their normaliser anyway."""
+    batch = make_batch(np.random.default_rng(14), 40, 90)
+    greedy = ~(batch["temperature"] > 0) | (batch["top_k"] == 1) | ~(batch["top_p"] > 0)
+    assert greedy.any() and (~greedy).any()
+    for n in (0, 2):
+        full = sp.sample_cpu(**batch, num_logprobs=n)
+        lean = sp.sample(**batch, num_logprobs=n, with_logprobs=False)
+        for i, (got, want) in enumerate(zip(lean, full)):
+            if i == 1 and n == 0:                      # the logprobs without top-n
+                np.testing.assert_array_equal(got[~greedy], want[~greedy])
+                assert np.isnan(got[greedy]).all()
+            else:
+                np.testing.assert_array_equal(got, want)
 
 
 # ----------------------------------------------------------------------------- seeds and statistics

@@ -1,10 +1,11 @@
-"""The rank-0 sampler (spmd_serve/engine/sampler.py) against plain, loop-based references.
+"""Rank 0's sampling adapter (spmd_serve/engine/sampler.py): request fields → ops.sample's arrays.
 
-Covers: repetition / frequency / presence penalties (generated tokens only), EOS masking until
-min_tokens (and ignore_eos), the temperature → top-k → top-p → draw pipeline (inverse-CDF walk over
-the renormalised kept set, ties broken by lowest id), the greedy shortcuts (temperature 0, top_k 1,
-top_p 0), empirical draw frequencies (chi-square), and seeded reproducibility that does not depend
-on batch order or size.  Everything is deterministic (fixed numpy seeds).
+ops.sample itself is tested against a plain reference in tests/test_ops_sample_twin.py; here: the
+fields each row takes (greedy temperatures, ignore_eos, unseeded requests, the Philox counter = the
+output index, penalties over generated tokens only), behaviour through the engine's entry point
+(EOS masked until min_tokens, greedy ties, draw frequencies against the renormalised top-k/top-p
+distribution), seeded reproducibility whatever the batch and after a recompute, and the raw-logit
+OpenAI logprobs.  Everything is deterministic (fixed numpy seeds).
 """
 from __future__ import annotations
 
@@ -14,7 +15,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import pytest
 
-from spmd_serve.engine.sampler import apply_penalties, draw, mask_eos, sample, uniform
+from ops.sample import sample_cpu
+from spmd_serve.engine.sampler import sample, sample_arrays, token_logprobs
 from spmd_serve.sampling_params import SamplingParams
 from spmd_serve.scheduler.request import Request
 
@@ -26,90 +28,56 @@ class Req:
     eos_token_ids: frozenset[int] = frozenset()
 
 
-# ---------------------------------------------------------------- references (deliberately naive)
-
-def ref_penalties(x, p: SamplingParams, generated):
-    out = [float(v) for v in x]
-    counts: dict[int, int] = {}
-    for t in generated:
-        counts[t] = counts.get(t, 0) + 1
-    for t, c in counts.items():
-        v = out[t]
-        if p.repetition_penalty != 1.0:
-            v = v / p.repetition_penalty if v > 0 else v * p.repetition_penalty
-        out[t] = v - p.frequency_penalty * c - p.presence_penalty
-    return np.array(out)
-
-
-def ref_kept(x, p: SamplingParams) -> list[tuple[int, float]]:
-    """(token, renormalised probability) of the tokens top-k then top-p keep, most likely first."""
+def ref_kept(x, p: SamplingParams) -> dict[int, float]:
+    """{token: renormalised probability} of the tokens top-k then top-p keep (plain float64)."""
     z = [float(v) / p.temperature for v in x]
-    ids = sorted(range(len(z)), key=lambda i: (-z[i], i))
-    if p.top_k:
-        ids = ids[: p.top_k]
+    ids = sorted(range(len(z)), key=lambda i: (-z[i], i))[: p.top_k or len(z)]
     w = [math.exp(z[i] - z[ids[0]]) for i in ids]
-    probs = [v / sum(w) for v in w]
-    kept, acc = [], 0.0
-    for i, q in zip(ids, probs):
-        kept.append((i, q))
-        acc += q
+    kept, acc = {}, 0.0
+    for i, q in zip(ids, w):
+        kept[i] = q / sum(w)
+        acc += q / sum(w)
         if p.top_p < 1 and acc >= p.top_p:
             break
-    total = sum(q for _, q in kept)
-    return [(i, q / total) for i, q in kept]
+    total = sum(kept.values())
+    return {i: q / total for i, q in kept.items()}
 
 
-def ref_draw(x, p: SamplingParams, u: float) -> int:
-    acc = 0.0
-    kept = ref_kept(x, p)
-    for i, q in kept:
-        acc += q
-        if u < acc:
-            return i
-    return kept[-1][0]
+# ---------------------------------------------------------------- the arrays
+
+def test_arrays_take_each_requests_fields():
+    reqs = [Req(SamplingParams(temperature=1e-6, top_p=0.5, top_k=7, seed=3)),     # below SAMPLING_EPS
+            Req(SamplingParams(temperature=0.7, repetition_penalty=1.2, frequency_penalty=0.5,
+                               presence_penalty=-0.25, min_tokens=4, max_tokens=9, seed=2**63 - 1),
+                [5, 6, 5], frozenset({2, 9})),
+            Req(SamplingParams(min_tokens=4, max_tokens=9, ignore_eos=True), [1], frozenset({2}))]
+    a = sample_arrays(reqs)
+    np.testing.assert_array_equal(a["temperature"], np.float32([0.0, 0.7, 1.0]))   # greedy rows get 0
+    np.testing.assert_array_equal(a["top_p"], np.float32([0.5, 1.0, 1.0]))
+    np.testing.assert_array_equal(a["top_k"], [7, 0, 0])
+    np.testing.assert_array_equal(a["rep_penalty"], np.float32([1.0, 1.2, 1.0]))
+    np.testing.assert_array_equal(a["freq_penalty"], np.float32([0.0, 0.5, 0.0]))
+    np.testing.assert_array_equal(a["pres_penalty"], np.float32([0.0, -0.25, 0.0]))
+    assert a["seeds"].dtype == np.uint64 and list(a["seeds"]) == [3, 2**63 - 1, 0]   # unseeded: 0
+    np.testing.assert_array_equal(a["counters"], [0, 3, 1])                         # the output index
+    np.testing.assert_array_equal(a["num_generated"], [0, 3, 1])
+    np.testing.assert_array_equal(a["min_tokens"], [1, 4, 0])                       # ignore_eos: never masked
+    np.testing.assert_array_equal(a["eos_ids"], [[-1, -1], [2, 9], [2, -1]])
+    # only the penalised row lists its tokens: neutral penalties leave a row unchanged anyway
+    np.testing.assert_array_equal(a["gen_token_ids"], [[-1, -1, -1], [5, 6, 5], [-1, -1, -1]])
+    assert sample(np.zeros((0, 4), np.float32), []) == []
 
 
-def ref_argmax(x) -> int:
-    best = 0
-    for i, v in enumerate(x):
-        if v > x[best]:
-            best = i
-    return best
+def test_omitting_unpenalised_tokens_changes_no_token():
+    rng = np.random.default_rng(0)
+    reqs = [Req(SamplingParams(seed=i, top_p=0.9), list(rng.integers(0, 50, 20)), frozenset({3}))
+            for i in range(16)]
+    logits = (rng.standard_normal((16, 50)) * 3).astype(np.float32)
+    full = dict(sample_arrays(reqs), gen_token_ids=np.array([r.output_token_ids for r in reqs], np.int32))
+    assert sample(logits, reqs) == list(sample_cpu(logits, **full)[0])
 
 
-# ---------------------------------------------------------------- penalties
-
-@pytest.mark.parametrize("rep,freq,pres", [(1.3, 0.0, 0.0), (0.7, 0.0, 0.0), (1.0, 0.5, 0.0),
-                                           (1.0, 0.0, 0.8), (1.5, 0.25, -0.4)])
-def test_penalties_match_reference(rep, freq, pres):
-    rng = np.random.default_rng(1)
-    p = SamplingParams(repetition_penalty=rep, frequency_penalty=freq, presence_penalty=pres)
-    for _ in range(20):
-        x = rng.standard_normal(50) * 3
-        generated = list(rng.integers(0, 50, rng.integers(1, 30)))
-        np.testing.assert_allclose(apply_penalties(x, p, generated), ref_penalties(x, p, generated),
-                                   rtol=1e-12, atol=1e-12)
-
-
-def test_repetition_penalty_divides_positive_multiplies_negative_only_for_generated():
-    x = np.array([2.0, -2.0, 3.0, -3.0, 0.0, 1.0])
-    p = SamplingParams(repetition_penalty=2.0)
-    got = apply_penalties(x, p, [0, 1, 1, 4])
-    np.testing.assert_array_equal(got, [1.0, -4.0, 3.0, -3.0, 0.0, 1.0])
-    np.testing.assert_array_equal(x, [2.0, -2.0, 3.0, -3.0, 0.0, 1.0])   # input not modified
-
-
-def test_frequency_counts_and_presence_once():
-    x = np.zeros(5)
-    got = apply_penalties(x, SamplingParams(frequency_penalty=0.5, presence_penalty=1.0), [3, 3, 3, 1])
-    np.testing.assert_array_equal(got, [0.0, -1.5, 0.0, -2.5, 0.0])
-
-
-def test_no_generated_tokens_or_neutral_params_change_nothing():
-    x = np.array([1.0, -1.0, 2.0])
-    np.testing.assert_array_equal(apply_penalties(x, SamplingParams(repetition_penalty=2.0), []), x)
-    np.testing.assert_array_equal(apply_penalties(x, SamplingParams(), [0, 1, 2]), x)
-
+# ---------------------------------------------------------------- behaviour
 
 def test_sample_penalises_output_tokens_but_not_prompt_tokens():
     logits = np.array([[0.0, 5.0, 4.0, 0.0]], np.float32)
@@ -119,22 +87,9 @@ def test_sample_penalises_output_tokens_but_not_prompt_tokens():
     generated_it = Request("b", [3], p)
     generated_it.output_token_ids = [1]                  # 5 / 2 = 2.5 < 4
     assert sample(logits, [generated_it]) == [2]
-
-
-# ---------------------------------------------------------------- EOS masking
-
-def test_mask_eos_until_min_tokens_and_not_after():
-    x = np.arange(8, dtype=np.float64)
-    p = SamplingParams(min_tokens=3, max_tokens=10)
-    eos = frozenset({2, 7, 100})                         # 100 is outside the vocab: ignored
-    for n in range(3):
-        got = mask_eos(x, p, eos, n)
-        assert np.isneginf(got[[2, 7]]).all()
-        np.testing.assert_array_equal(np.delete(got, [2, 7]), np.delete(x, [2, 7]))
-    for n in (3, 4):
-        np.testing.assert_array_equal(mask_eos(x, p, eos, n), x)
-    np.testing.assert_array_equal(mask_eos(x, SamplingParams(min_tokens=3, ignore_eos=True), eos, 0), x)
-    np.testing.assert_array_equal(x, np.arange(8))      # input not modified
+    freq = Request("c", [3], SamplingParams(temperature=0.0, frequency_penalty=0.6))
+    freq.output_token_ids = [1, 1]                       # 5 - 2 * 0.6 = 3.8 < 4
+    assert sample(logits, [freq]) == [2]
 
 
 @pytest.mark.parametrize("greedy", [True, False])
@@ -155,119 +110,46 @@ def test_sample_never_picks_eos_before_min_tokens(greedy):
     assert sample(logits, [ignored]) == [0]
 
 
-# ---------------------------------------------------------------- draw vs reference
-
-@pytest.mark.parametrize("temperature,top_k,top_p", [
-    (1.0, 0, 1.0), (0.5, 0, 1.0), (2.0, 0, 0.9), (1.0, 5, 1.0), (0.8, 10, 0.7), (1.0, 3, 0.5),
-    (1.3, 0, 0.3), (1.0, 40, 0.95)])
-def test_draw_matches_reference(temperature, top_k, top_p):
-    rng = np.random.default_rng(2)
-    p = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p)
-    for _ in range(40):
-        x = rng.standard_normal(32) * 2
-        for u in rng.random(25):
-            assert draw(x, p, float(u)) == ref_draw(x, p, float(u)), (x, u)
-
-
-def test_greedy_shortcuts_pick_argmax_with_lowest_id_on_ties():
+def test_greedy_settings_pick_argmax_with_lowest_id_on_ties():
     x = np.array([1.0, 4.0, -2.0, 4.0, 4.0, 0.5], np.float32)
-    for p in (SamplingParams(temperature=0.0), SamplingParams(top_k=1, seed=3),
-              SamplingParams(top_p=0.0, seed=3)):
+    for p in (SamplingParams(temperature=0.0), SamplingParams(temperature=1e-7, seed=1),
+              SamplingParams(top_k=1, seed=3), SamplingParams(top_p=0.0, seed=3)):
         assert p.greedy
         assert sample(x[None], [Req(p)]) == [1]
-    for p in (SamplingParams(top_k=1), SamplingParams(top_p=0.0)):   # draw itself is greedy too
-        assert {draw(x.astype(np.float64), p, u) for u in (0.0, 0.3, 0.999)} == {1}
-    rng = np.random.default_rng(3)
-    rows = rng.integers(-3, 3, (30, 20)).astype(np.float32)           # many ties
+    rows = np.random.default_rng(3).integers(-3, 3, (30, 20)).astype(np.float32)   # many ties
     got = sample(rows, [Req(SamplingParams(temperature=0.0)) for _ in rows])
-    assert got == [ref_argmax(r) for r in rows]
+    assert got == [int(np.flatnonzero(r == r.max())[0]) for r in rows]
 
 
-def test_draw_breaks_ties_by_lowest_id_in_a_large_vocab():
-    rng = np.random.default_rng(5)
-    for p in (SamplingParams(), SamplingParams(top_k=50), SamplingParams(top_p=0.3),
-              SamplingParams(top_k=100, top_p=0.6)):
-        x = rng.integers(0, 4, 1000).astype(np.float64)    # hundreds of exact ties per value
-        for u in rng.random(50):
-            assert draw(x, p, float(u)) == ref_draw(x, p, float(u)), (p, u)
-
-
-def test_top_p_one_keeps_the_whole_distribution():
-    x = np.array([5.0, 0.0, -5.0, 2.0])
-    p = SamplingParams(top_p=1.0)
-    assert [i for i, _ in ref_kept(x, p)] == [0, 3, 1, 2]
-    assert draw(x, p, 1 - 1e-9) == 2          # the least likely token is still reachable
-    assert draw(x, p, 0.0) == 0
-
-
-def test_all_equal_logits_are_uniform_in_id_order():
-    x = np.zeros(8)
-    for k in range(8):                                     # u in [k/8, (k+1)/8) → token k
-        assert draw(x, SamplingParams(), k / 8) == k
-        assert draw(x, SamplingParams(), k / 8 + 0.01) == k
-        assert draw(x, SamplingParams(), (k + 1) / 8 - 1e-9) == k
-    assert {draw(x, SamplingParams(top_p=0.5), u) for u in np.linspace(0, 0.999, 50)} == {0, 1, 2, 3}
-    assert {draw(x, SamplingParams(top_k=3), u) for u in np.linspace(0, 0.999, 50)} == {0, 1, 2}
-
-
-def test_top_k_is_applied_before_top_p():
-    # full softmax ≈ [.64, .24, .09, .03]; top_k=2 renormalises to ≈ [.73, .27], so top_p=0.7 keeps
-    # one token.  Applied the other way round (top-p on the full distribution) it would keep two.
-    x = np.log(np.array([0.64, 0.24, 0.09, 0.03]))
-    p = SamplingParams(top_k=2, top_p=0.7)
-    assert [i for i, _ in ref_kept(x, p)] == [0]
-    assert {draw(x, p, u) for u in np.linspace(0, 0.999, 50)} == {0}
-    assert {draw(x, SamplingParams(top_p=0.7), u) for u in np.linspace(0, 0.999, 50)} == {0, 1}
-
-
-@pytest.mark.parametrize("temperature,top_k,top_p", [(0.7, 8, 0.8), (1.0, 0, 0.9), (1.5, 5, 1.0)])
+@pytest.mark.parametrize("temperature,top_k,top_p", [(0.7, 8, 0.8), (1.0, 0, 0.9), (1.5, 5, 1.0), (1.0, 0, 1.0)])
 def test_draw_frequencies_match_renormalised_distribution(temperature, top_k, top_p):
+    """One row drawn by 12000 differently seeded requests: never a token outside top-k/top-p, and
+    the frequencies of the kept ones pass a chi-square test against the plain distribution."""
     n = 12000
-    x = np.random.default_rng(4).standard_normal(16) * 1.5
-    p = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p)
-    kept = dict(ref_kept(x, p))
-    counts = np.bincount([draw(x, p, uniform(11, i)) for i in range(n)], minlength=16)
-    assert set(np.flatnonzero(counts)) <= set(kept)        # never a token outside top-k/top-p
+    x = (np.random.default_rng(4).standard_normal(16) * 1.5).astype(np.float32)
+    reqs = [Req(SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, seed=s)) for s in range(n)]
+    counts = np.bincount(sample(np.tile(x, (n, 1)), reqs), minlength=16)
+    kept = ref_kept(x, SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p))
+    assert set(np.flatnonzero(counts)) <= set(kept)
     expected = np.array([kept[i] * n for i in sorted(kept)])
-    observed = counts[sorted(kept)]
-    chi2 = float(((observed - expected) ** 2 / expected).sum())
+    chi2 = float(((counts[sorted(kept)] - expected) ** 2 / expected).sum())
     df = len(kept) - 1
-    assert chi2 < df + 6 * math.sqrt(2 * df) + 10, (chi2, observed, expected)
-
-
-def test_top_p_just_below_one_does_not_index_past_the_kept_set():
-    # cumsum of the sorted probabilities ends 1 ulp below 1.0, below top_p = nextafter(1, 0)
-    for x in (np.random.default_rng(s).standard_normal(50) for s in range(200)):
-        z = np.sort(x)[::-1]
-        probs = np.exp(z - z[0])
-        if np.cumsum(probs / probs.sum())[-1] < np.nextafter(1.0, 0.0):
-            break
-    else:
-        pytest.skip("no row whose probabilities sum below 1 - ulp")
-    p = SamplingParams(top_p=float(np.nextafter(1.0, 0.0)))
-    assert draw(x, p, float(np.nextafter(1.0, 0.0))) == ref_draw(x, p, float(np.nextafter(1.0, 0.0)))
+    assert chi2 < df + 6 * math.sqrt(2 * df) + 10, (chi2, counts, expected)
 
 
 # ---------------------------------------------------------------- seeds
-
-def test_uniform_is_a_pure_function_of_seed_and_index():
-    a = [uniform(7, i) for i in range(50)]
-    assert a == [uniform(7, i) for i in range(50)]
-    assert all(0.0 <= u < 1.0 for u in a) and len(set(a)) == 50
-    assert a != [uniform(8, i) for i in range(50)]
-
 
 def _row(req_id: int, step: int) -> np.ndarray:
     """Logits that depend only on (request, step), like a model that sees only its own sequence."""
     return np.random.default_rng([req_id, step]).standard_normal(64).astype(np.float32)
 
 
-def _generate(batches: list[list[tuple[int, int]]], steps: int) -> dict[int, list[int]]:
-    """Run `steps` sampling steps for each batch of (req_id, seed); tokens per req_id."""
-    out: dict[int, list[int]] = {}
+def _generate(batches: list[list[tuple[int, int]]], steps: int) -> dict[int, list[tuple[int, ...]]]:
+    """Run `steps` sampling steps for each batch of (req_id, seed); the tokens per req_id per batch."""
+    out: dict[int, list[tuple[int, ...]]] = {}
     for batch in batches:
-        reqs = {rid: Req(SamplingParams(seed=seed, top_k=20, top_p=0.95, temperature=0.9))
-                for rid, seed in batch}
+        reqs = {rid: Req(SamplingParams(seed=seed, top_k=20, top_p=0.95, temperature=0.9,
+                                        repetition_penalty=1.1)) for rid, seed in batch}
         for step in range(steps):
             ids = list(reqs)
             toks = sample(np.stack([_row(r, step) for r in ids]), [reqs[r] for r in ids])
@@ -284,5 +166,28 @@ def test_same_seed_same_tokens_whatever_the_batch():
                             [(6, 2), (7, 3), (8, 4), (9, 5), (0, 1234)],
                             [(0, 1234), (5, 1)]], steps=20)[0]
     assert all(seq == alone for seq in in_batches)
+    assert len(set(alone)) > 3                              # really drawn, not one repeated token
     other_seed = _generate([[(0, 4321)]], steps=20)[0][0]
     assert other_seed != alone
+
+
+def test_recompute_after_preemption_draws_the_same_next_token():
+    """A preempted request is recomputed from its tokens: with the same outputs so far the next
+    draw is the same (the counter is the output index, nothing else carries state)."""
+    run = _generate([[(0, 99)]], steps=12)[0][0]
+    for j in range(12):
+        again = Req(SamplingParams(seed=99, top_k=20, top_p=0.95, temperature=0.9, repetition_penalty=1.1),
+                    list(run[:j]))
+        assert sample(_row(0, j)[None], [again]) == [run[j]]
+
+
+# ---------------------------------------------------------------- OpenAI logprobs
+
+def test_token_logprobs_are_the_raw_logits_log_softmax():
+    x = np.array([2.0, 0.5, 2.0, -1.0, 1.0], np.float32)
+    lse = math.log(sum(math.exp(v) for v in x))
+    chosen, top = token_logprobs(x, 3, 3)
+    assert chosen == pytest.approx(-1.0 - lse)
+    assert [i for i, _ in top] == [0, 2, 4]                  # best first, ties by lowest id
+    assert [v for _, v in top] == pytest.approx([2.0 - lse, 2.0 - lse, 1.0 - lse])
+    assert token_logprobs(x, 1, 0) == (pytest.approx(0.5 - lse), [])

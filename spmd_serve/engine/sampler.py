@@ -1,17 +1,21 @@
-"""Token sampling on rank 0, one row of full-vocab logits per sequence that completes this step.
+"""Rank 0's sampling adapter: the requests whose chunk completes this step → ops.sample's per-row
+arrays → one token per request, in one batched call; plus the OpenAI logprobs of the chosen tokens.
 
-Order per row: repetition/frequency/presence penalties over the tokens the request generated
-(as the original tool), EOS masking until min_tokens, then greedy argmax or temperature → top-k →
-top-p → a draw.  The draw uses a counter-based generator keyed by (seed, output index), so a
-seeded request gets the same tokens whatever else shares its batch, and preemption/recompute
-cannot change them.
+The sampling itself (penalties over the tokens the request generated, EOS masking until
+min_tokens, greedy arg-max or temperature → top-k → top-p → a Philox draw) is ops.sample's, whose
+docstring states it exactly.  `ops.sample` dispatches on the logits: numpy (the CPU runner today)
+takes the numpy twin, device arrays the CUDA kernel; both pick the same token bit for bit.  The
+draw is keyed by (seed, output index), so a seeded request gets the same tokens whatever else
+shares its batch, and preemption/recompute cannot change them.  Unseeded requests get a random
+seed at admission (Engine._admit); a request that never passed admission (the warm-up) uses 0.
 """
 from __future__ import annotations
 
-from typing import Protocol, Sequence
+from typing import Any, Protocol, Sequence
 
 import numpy as np
 
+import ops.sample
 from spmd_serve.sampling_params import SamplingParams
 
 
@@ -21,44 +25,48 @@ class SampledRequest(Protocol):
     eos_token_ids: frozenset[int]
 
 
-def apply_penalties(x: np.ndarray, p: SamplingParams, generated: Sequence[int]) -> np.ndarray:
-    if not generated or (p.repetition_penalty == 1.0 and not p.frequency_penalty and not p.presence_penalty):
-        return x
-    counts = np.bincount(np.asarray(generated, np.int64), minlength=x.shape[0])[: x.shape[0]]
-    seen = counts > 0
-    if p.repetition_penalty != 1.0:
-        x = np.where(seen, np.where(x > 0, x / p.repetition_penalty, x * p.repetition_penalty), x)
-    return x - p.frequency_penalty * counts - p.presence_penalty * seen
+def _padded(rows: list[list[int]]) -> np.ndarray:
+    """Ragged id lists → [len(rows), longest] int32, -1 padded (ops.sample ignores -1)."""
+    out = np.full((len(rows), max(map(len, rows), default=0)), -1, np.int32)
+    for i, r in enumerate(rows):
+        out[i, : len(r)] = r
+    return out
 
 
-def mask_eos(x: np.ndarray, p: SamplingParams, eos: frozenset[int], num_generated: int) -> np.ndarray:
-    """EOS cannot be chosen before min_tokens outputs exist (min_dec_len)."""
-    if eos and not p.ignore_eos and num_generated < p.min_tokens:
-        x = x.copy()
-        x[[e for e in eos if e < x.shape[0]]] = -np.inf
-    return x
+def _penalised(p: SamplingParams) -> bool:
+    return p.repetition_penalty != 1.0 or bool(p.frequency_penalty) or bool(p.presence_penalty)
 
 
-def draw(x: np.ndarray, p: SamplingParams, u: float) -> int:
-    """Temperature → top-k → top-p on logits `x`, then the token at uniform `u` of the kept mass."""
-    x = x / p.temperature
-    order = np.argsort(-x, kind="stable")            # descending, ties by token id
-    if p.top_k:
-        order = order[: p.top_k]
-    probs = np.exp(x[order] - x[order[0]])
-    probs /= probs.sum()
-    # smallest prefix whose mass reaches top_p; rounding can leave the total just below a top_p
-    # near 1, so never keep more than exists
-    keep = len(order)
-    if p.top_p < 1:
-        keep = min(int(np.searchsorted(np.cumsum(probs), p.top_p, side="left")) + 1, keep)
-    kept = probs[:keep] / probs[:keep].sum()
-    return int(order[min(int(np.searchsorted(np.cumsum(kept), u, side="right")), keep - 1)])
+def sample_arrays(requests: Sequence[SampledRequest]) -> dict[str, np.ndarray]:
+    """The per-row parameters of ops.sample (its names and dtypes) from the requests' fields."""
+    ps = [r.params for r in requests]
+    n_out = np.array([len(r.output_token_ids) for r in requests], np.int64)
+    return dict(
+        # SamplingParams.greedy also covers temperatures below SAMPLING_EPS, which ops.sample
+        # would divide by: pass 0 for every greedy row
+        temperature=np.array([0.0 if p.greedy else p.temperature for p in ps], np.float32),
+        top_p=np.array([p.top_p for p in ps], np.float32),
+        top_k=np.array([p.top_k for p in ps], np.int32),
+        rep_penalty=np.array([p.repetition_penalty for p in ps], np.float32),
+        freq_penalty=np.array([p.frequency_penalty for p in ps], np.float32),
+        pres_penalty=np.array([p.presence_penalty for p in ps], np.float32),
+        seeds=np.array([p.seed or 0 for p in ps], np.uint64),
+        counters=n_out,                                   # the Philox counter: the output index
+        min_tokens=np.array([0 if p.ignore_eos else p.min_tokens for p in ps], np.int32),
+        num_generated=n_out.astype(np.int32),
+        eos_ids=_padded([sorted(r.eos_token_ids) for r in requests]),
+        # neutral penalties leave a row exactly as it is, so only penalised rows list their tokens
+        gen_token_ids=_padded([r.output_token_ids if _penalised(r.params) else [] for r in requests]),
+    )
 
 
-def uniform(seed: int, index: int) -> float:
-    """The counter-based draw for output token `index` of a request seeded with `seed`."""
-    return float(np.random.default_rng([seed, index]).random())
+def sample(logits: Any, requests: Sequence[SampledRequest]) -> list[int]:
+    """logits [N, V] (numpy float32/float16, or a device array) → one token per request."""
+    if not len(requests):
+        return []
+    # the logprobs reported are token_logprobs' (raw logits), not ops.sample's: skip them on the CPU
+    tokens = ops.sample.sample(logits, **sample_arrays(requests), with_logprobs=False)[0]
+    return [int(t) for t in np.asarray(tokens)]
 
 
 # (logprob of the chosen token, [(token id, logprob)] of the top n, best first)
@@ -67,7 +75,8 @@ TokenLogprobs = tuple[float, list[tuple[int, float]]]
 
 def token_logprobs(logits: np.ndarray, token: int, top_n: int) -> TokenLogprobs:
     """Log-probabilities from the model's own distribution (the raw logits, before penalties,
-    temperature and truncation, as vLLM reports by default): the chosen token's and the top n."""
+    temperature and truncation, as vLLM reports by default): the chosen token's and the top n.
+    (ops.sample's own logprobs are those of the processed distribution the token was drawn from.)"""
     x = logits.astype(np.float64)
     lse = x.max() + np.log(np.exp(x - x.max()).sum())
     top: list[tuple[int, float]] = []
@@ -76,16 +85,3 @@ def token_logprobs(logits: np.ndarray, token: int, top_n: int) -> TokenLogprobs:
         idx = idx[np.lexsort((idx, -x[idx]))]         # best first, ties by token id
         top = [(int(i), float(x[i] - lse)) for i in idx]
     return float(x[token] - lse), top
-
-
-def sample(logits: np.ndarray, requests: Sequence[SampledRequest]) -> list[int]:
-    """logits [N, V] float32 → one token per request."""
-    tokens = []
-    for row, req in zip(logits, requests):
-        p, n = req.params, len(req.output_token_ids)
-        x = mask_eos(apply_penalties(row.astype(np.float64), p, req.output_token_ids), p, req.eos_token_ids, n)
-        if p.greedy:
-            tokens.append(int(np.argmax(x)))
-        else:
-            tokens.append(draw(x, p, uniform(p.seed or 0, n)))
-    return tokens
