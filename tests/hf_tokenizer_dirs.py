@@ -153,3 +153,29 @@ def write_byte_level_dir(out: Path, flavour: str, extra_config: dict[str, Any] |
     (out / "generation_config.json").write_text(json.dumps(generation_config or gen),
                                                 encoding="utf-8")
     return out
+
+
+def sentencepiece_tokenizer_json(model_file: Path, user_symbols: list[str]) -> str:
+    """tokenizer.json text of a SentencePiece BPE model, built as transformers' LlamaConverter
+    builds it (Llama/Mistral type): Metaspace pre-tokenizer ('▁' for a space, prepended to the
+    first piece only), BPE with byte fallback (`<0xHH>` pieces) and merges recovered from the
+    vocabulary (every split of a piece into two pieces, ordered by the merged piece's score);
+    the model's user-defined symbols become added tokens.  Made without protobuf."""
+    import sentencepiece as spm
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
+
+    sp = spm.SentencePieceProcessor(model_file=str(model_file))
+    vocab = {sp.id_to_piece(i): i for i in range(sp.get_piece_size())}
+    merges = []
+    for piece in sorted(vocab, key=lambda p: -sp.get_score(vocab[p])):
+        merges += sorted(((piece[:k], piece[k:]) for k in range(1, len(piece))
+                          if piece[:k] in vocab and piece[k:] in vocab), key=lambda m: (vocab[m[0]], vocab[m[1]]))
+    tk = Tokenizer(models.BPE(vocab=vocab, merges=merges, unk_token=sp.id_to_piece(sp.unk_id()),
+                              byte_fallback=True, fuse_unk=True))
+    tk.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="first", split=False)
+    tk.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse(),
+                                    decoders.Strip(" ", 1, 0)])
+    specials = [sp.id_to_piece(i) for i in (sp.unk_id(), sp.bos_id(), sp.eos_id())]
+    tk.add_special_tokens([AddedToken(t, normalized=False, special=True) for t in specials])
+    tk.add_tokens([AddedToken(t, normalized=False, special=False) for t in user_symbols])
+    return tk.to_str()

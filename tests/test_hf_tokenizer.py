@@ -73,6 +73,19 @@ def test_default_stays_paddlenlp(qwen_dir: Path) -> None:
     assert tok.eos_token_ids[:2] == ServingTokenizer.from_model_dir(qwen_dir, True).eos_token_ids
 
 
+def test_paddlenlp_keeps_added_tokens_whole(qwen_dir: Path, qwen: ServingTokenizer) -> None:
+    """qwen_dir lists <|im_start|> in added_tokens_decoder only (no additional_special_tokens):
+    PaddleNLP's Qwen2Tokenizer alone splits it into '<', '|', 'im', ... and strips the newline
+    between <|im_end|> and <|im_start|> (its default for special tokens); served, a ChatML prompt
+    encodes to the ids tokenizer.json gives."""
+    tok = ServingTokenizer.from_model_dir(qwen_dir)
+    vocab = json.loads((qwen_dir / "tokenizer.json").read_text())["model"]["vocab"]
+    prompt = "<|im_start|>user\n你好 🎉<|im_end|>\n<|im_start|>assistant\n"
+    assert tok.encode(prompt)[0] == vocab["<|im_start|>"]
+    assert tok.encode(prompt) == qwen.encode(prompt)
+    assert tok.encode("a<|im_start|>b") == tok.encode("a") + [vocab["<|im_start|>"]] + tok.encode("b")
+
+
 def test_missing_or_invalid_tokenizer_json(qwen_dir: Path, tmp_path: Path) -> None:
     bad = tmp_path / "m"
     shutil.copytree(qwen_dir, bad)

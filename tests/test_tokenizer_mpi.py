@@ -1,11 +1,14 @@
 """`mpirun -n 1 spmd_serve` end to end for tokenizers: a greedy answer to a CJK/emoji prompt
-streams frame by frame as valid UTF-8 and joins to the non-streaming text; a chat template that
-does not compile and USE_HF_TOKENIZER=1 without tokenizer.json stop start-up with one line."""
+streams frame by frame as valid UTF-8 and joins to the non-streaming text, with PaddleNLP's
+SentencePiece tokenizer (default) and with USE_HF_TOKENIZER=1 on a tokenizer.json of the same
+model of SentencePiece/Llama type (Metaspace, byte fallback); a chat template that does not
+compile and USE_HF_TOKENIZER=1 without tokenizer.json stop start-up with one line."""
 from __future__ import annotations
 
 import json
 import shutil
 import subprocess
+from pathlib import Path
 
 import pytest
 import requests
@@ -16,9 +19,13 @@ pytestmark = pytest.mark.mpi
 PROMPT = "用中文回答：你好，世界！🌍😊 What is 2+2? 🧪"
 
 
-def test_cjk_emoji_stream_equals_non_stream(served_tp1, tmp_path):
+@pytest.mark.parametrize("tokenizer", ["paddlenlp", "tokenizer.json"])
+def test_cjk_emoji_stream_equals_non_stream(served_tp1, tmp_path, tokenizer):
     body = {"text": PROMPT, "max_dec_len": 48, "min_dec_len": 48, "temperature": 0}
-    with ServerProcess(1, served_tp1, tmp_path / "server.log") as srv:
+    model, env = served_tp1, {}
+    if tokenizer == "tokenizer.json":
+        model, env = _with_sentencepiece_tokenizer_json(served_tp1, tmp_path / "model"), {"USE_HF_TOKENIZER": "1"}
+    with ServerProcess(1, model, tmp_path / "server.log", **env) as srv:
         plain = requests.post(srv.url, json={**body, "req_id": "plain"}, timeout=120).json()
         res = requests.post(srv.url, json={**body, "req_id": "s", "stream": True}, stream=True,
                             timeout=120)
@@ -33,6 +40,22 @@ def test_cjk_emoji_stream_equals_non_stream(served_tp1, tmp_path):
     assert sum((f["token_ids"] for f in frames), []) == plain["tokens_all_ids"]
     if "\ufffd" not in plain["result"]:
         assert not any("\ufffd" in t for t in tokens)
+    # the answer has characters of 2..4 UTF-8 bytes, so frames had partial characters to hold back
+    assert any(len(ch.encode()) > 1 for ch in plain["result"]), plain["result"]
+
+
+def _with_sentencepiece_tokenizer_json(served: Path, model: Path) -> Path:
+    """A copy of the served demo model with a tokenizer.json converted from its tokenizer.model;
+    the prompt encodes to the same ids through both."""
+    from spmd_serve.demo.checkpoint import CHAT_MARKERS
+    from spmd_serve.frontend.tokenizer import ServingTokenizer
+    from tests.hf_tokenizer_dirs import sentencepiece_tokenizer_json
+
+    shutil.copytree(served, model)
+    (model / "tokenizer.json").write_text(sentencepiece_tokenizer_json(model / "tokenizer.model", CHAT_MARKERS))
+    hf, sp = ServingTokenizer.from_model_dir(model, True), ServingTokenizer.from_model_dir(model)
+    assert type(hf._tok).__name__ == "HFTokenizer" and hf.encode(PROMPT) == sp.encode(PROMPT)
+    return model
 
 
 def _error_lines(res: subprocess.CompletedProcess) -> list[str]:

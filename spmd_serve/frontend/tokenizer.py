@@ -16,6 +16,7 @@ needs:
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -61,6 +62,19 @@ def _content_text(content: Any, index: int) -> str:
                      f"got {type(content).__name__}")
 
 
+def _added_token_splitter(tok: Any) -> "re.Pattern[str] | None":
+    """For a PaddleNLP byte-level BPE tokenizer with added tokens (Qwen2's `<|im_start|>`, ...):
+    a regex that cuts text at them, so `encode` can do what HF's tokenizers do: every added token
+    is one id and the text between them is tokenized as it is.  PaddleNLP's own `tokenize` splits
+    an added token that is not also a special one ('<', '|', 'im', ...) and strips the whitespace
+    around the special ones, so ChatML's "<|im_end|>\n<|im_start|>" lost its newline.
+    SentencePiece tokenizers are left alone (their added-token handling differs: dummy prefix)."""
+    added = getattr(tok, "added_tokens_encoder", None) or {}
+    if not added or getattr(tok, "sp_model", None) is not None:
+        return None
+    return re.compile("(" + "|".join(re.escape(t) for t in sorted(added, key=len, reverse=True)) + ")")
+
+
 class ServingTokenizer:
     """Tokenizer + chat template + EOS ids of one model directory."""
 
@@ -79,6 +93,7 @@ class ServingTokenizer:
         self._sp = (sp if type(tokenizer).__name__ == "LlamaTokenizer"
                     and not getattr(tokenizer, "added_tokens_encoder", None) else None)
         self._hf = tokenizer if isinstance(tokenizer, HFTokenizer) else None
+        self._added_split = None if self._hf is not None else _added_token_splitter(tokenizer)
         # Special-token strings the chat template sees (bos_token, eos_token, ...), as HF passes.
         self._special_strings: dict[str, Any] = {
             k: v for k, v in dict(getattr(tokenizer, "special_tokens_map", {}) or {}).items()
@@ -131,7 +146,15 @@ class ServingTokenizer:
             raise ValueError(f"text must be a string, got {type(text).__name__}")
         if self._hf is not None:
             return self._hf.encode_ids(text)
-        return [int(i) for i in self._tok.convert_tokens_to_ids(self._tok.tokenize(text))]
+        if self._added_split is None:
+            return [int(i) for i in self._tok.convert_tokens_to_ids(self._tok.tokenize(text))]
+        ids: list[int] = []
+        for i, part in enumerate(self._added_split.split(text)):   # odd parts are added tokens
+            if i % 2:
+                ids.append(int(self._tok.added_tokens_encoder[part]))
+            elif part:
+                ids += [int(t) for t in self._tok.convert_tokens_to_ids(self._tok.tokenize(part))]
+        return ids
 
     def decode(self, ids: list[int]) -> str:
         """Text of `ids` with special tokens skipped and no whitespace 'clean-up' (which would

@@ -42,6 +42,23 @@ def _param(layer: nn.Layer, value: np.ndarray) -> paddle.Tensor:
                                   default_initializer=nn.initializer.Assign(value))
 
 
+def _hold_quantised(layer: nn.Layer, qw) -> None:
+    """Give `layer` a `quant.QuantWeight`'s int8 values (a persistable buffer, so they stay int8 in
+    the saved params) and its fp32 `scale`."""
+    layer.register_buffer("qweight", paddle.to_tensor(qw.q), persistable=True)
+    layer.scale = _param(layer, qw.scale)
+    layer.method, layer.group, (layer.fan_in, layer.fan_out) = qw.method, qw.group, qw.shape
+
+
+def _unpack_int4(q: paddle.Tensor, fan_in: int, group: int) -> paddle.Tensor:
+    """Packed int4 [in/2, m] int8 (row 2i low nibble, 2i+1 high) → fp32 [in/group, group, m]."""
+    four = paddle.full([1], 4, dtype="int8")
+    lo = paddle.bitwise_right_shift(paddle.bitwise_left_shift(q, four), four)   # sign-extended
+    hi = paddle.bitwise_right_shift(q, four)                                     # arithmetic
+    pairs = paddle.stack([lo, hi], axis=1).astype("float32")                     # [in/2, 2, m]
+    return pairs.reshape([fan_in // group, group, -1])                          # [G, g, m]
+
+
 class Linear(nn.Layer):
     """x @ W for an fp32 [in, out] array or a `quant.QuantWeight`.  Quantised weights stay int8 in
     the graph's params (persistable buffers) and are dequantised to fp32 right before the matmul:
@@ -54,22 +71,16 @@ class Linear(nn.Layer):
         self.method = getattr(w, "method", None)
         if self.method is None:
             self.weight = _param(self, w)
-            return
-        self.register_buffer("qweight", paddle.to_tensor(w.q), persistable=True)
-        self.scale = _param(self, w.scale)
-        self.group, (self.fan_in, self.fan_out) = w.group, w.shape
+        else:
+            _hold_quantised(self, w)
 
     def forward(self, x):
         if self.method is None:
             return paddle.matmul(x, self.weight)
         if self.method == "weight_only_int8":
             return paddle.matmul(x, self.qweight.astype("float32")) * self.scale
-        four = paddle.full([1], 4, dtype="int8")
-        lo = paddle.bitwise_right_shift(paddle.bitwise_left_shift(self.qweight, four), four)   # sign-extended
-        hi = paddle.bitwise_right_shift(self.qweight, four)                                     # arithmetic
-        w = paddle.stack([lo, hi], axis=1).astype("float32")                                    # [in/2, 2, out]
+        w = _unpack_int4(self.qweight, self.fan_in, self.group)                                # [G, g, out]
         n_groups = self.fan_in // self.group
-        w = w.reshape([n_groups, self.group, self.fan_out])
         xg = x.reshape([-1, n_groups, self.group]).transpose([1, 0, 2])                        # [G, T, g]
         return (paddle.matmul(xg, w) * self.scale.unsqueeze(1)).sum(axis=0)                    # [T, out]
 
@@ -93,18 +104,35 @@ def _to_grid(x: paddle.Tensor, pad_index: paddle.Tensor) -> paddle.Tensor:
 
 
 class EmbedStage(nn.Layer):
-    """Vocab-parallel embedding: rows this rank does not own contribute zeros to the sum."""
+    """Vocab-parallel embedding: rows this rank does not own contribute zeros to the sum.  A
+    quantised table is held transposed, as the `QuantWeight` of an [H, V_local] linear (scale per
+    vocab row, and per group of H for int4): only this step's T columns are gathered and
+    dequantised."""
 
-    def __init__(self, w: dict[str, np.ndarray], dims: ShardDims, rank: int) -> None:
+    def __init__(self, w: dict, dims: ShardDims, rank: int) -> None:
         super().__init__()
-        self.weight = _param(self, w["embed"])                         # [V_local, H]
+        self.method = getattr(w["embed"], "method", None)
+        if self.method is None:
+            self.weight = _param(self, w["embed"])                     # [V_local, H]
+        else:
+            _hold_quantised(self, w["embed"])                          # [H or H/2, V_local]
         self.start, self.size = rank * dims.vocab_local, dims.vocab_local
+
+    def _rows(self, local):
+        if self.method is None:
+            return nn.functional.embedding(local, self.weight)                              # [T, H]
+        cols = paddle.gather(self.qweight, local, axis=1)                                   # [H or H/2, T]
+        scale = paddle.gather(self.scale, local, axis=-1)                                   # [T] or [H/g, T]
+        if self.method == "weight_only_int8":
+            return (cols.astype("float32") * scale).transpose([1, 0])                        # [T, H]
+        x = _unpack_int4(cols, self.fan_in, self.group) * scale.unsqueeze(1)               # [H/g, g, T]
+        return x.reshape([self.fan_in, -1]).transpose([1, 0])                              # [T, H]
 
     def forward(self, h, env):
         local = env["input_ids"] - self.start
         owned = paddle.logical_and(local >= 0, local < self.size)
         local = paddle.where(owned, local, paddle.zeros_like(local))
-        return nn.functional.embedding(local, self.weight) * owned.astype("float32").unsqueeze(-1), []
+        return self._rows(local) * owned.astype("float32").unsqueeze(-1), []
 
 
 class AttentionStage(nn.Layer):
@@ -231,9 +259,9 @@ class HeadStage(nn.Layer):
 
     def __init__(self, w: dict[str, np.ndarray], dims: ShardDims) -> None:
         super().__init__()
-        self.norm, self.lm_head = _param(self, w["norm"]), _param(self, w["lm_head"])
+        self.norm, self.lm_head = _param(self, w["norm"]), Linear(w["lm_head"])   # [H, V_local]
         self.eps = dims.rms_norm_eps
 
     def forward(self, h, env):
         last = paddle.gather(h, env["logits_index"], axis=0)                              # [B, H]
-        return paddle.matmul(rms_norm(last, self.norm, self.eps), self.lm_head), []
+        return self.lm_head(rms_norm(last, self.norm, self.eps)), []

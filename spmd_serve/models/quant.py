@@ -5,12 +5,14 @@
   q in [-7, 7], packed two per int8 byte along the input dim (row 2i in the low nibble, 2i+1 in
   the high one), so a [in, out] weight is stored as [in/2, out] int8 plus [in/group, out] scales.
 
-Only q/k/v/o/gate/up/down are quantised (embedding, lm_head and norms stay fp32).  Scales are
+q/k/v/o/gate/up/down, lm_head and the embedding table are quantised (norms and biases stay fp32).
+The embedding table and lm_head are both held as an [H, V_local] linear (`quantize_vocab`): one
+scale per vocab row (int8) or per vocab row and group of hidden units (int4).  Scales are
 computed on the *unsharded* HF weight and then sliced like the weight (`linear_slices`): a
 column shard keeps its output channels' scales, a row shard (o, down) keeps the full per-channel
 scale (int8) or its own input groups (int4).  Every rank therefore holds exactly the integers the
 TP=1 export holds, so a TP=N export computes what the TP=1 one does.  The graph side (dequantise
-right before each matmul) is `llama.Linear`.
+right before each matmul, or after the embedding gather) is `llama.Linear` and `llama.EmbedStage`.
 """
 from __future__ import annotations
 
@@ -94,33 +96,47 @@ def dequantize(qw: QuantWeight) -> np.ndarray:
     return q * np.repeat(qw.scale, qw.group, axis=0)
 
 
+def quant_weight(w: np.ndarray, s_hf: np.ndarray, method: str, group: int | None) -> QuantWeight:
+    """An [in, out] fp32 weight and its scales in HF layout ([out], or [out, in/group]) → QuantWeight."""
+    scale = np.ascontiguousarray(s_hf if method == "weight_only_int8" else s_hf.T, np.float32)
+    return QuantWeight(method, quantize(w, scale, method, group), scale, group)
+
+
+def quantize_vocab(w_hf: np.ndarray, method: str, group: int | None) -> QuantWeight:
+    """A rank's [V_local, H] embedding or lm_head rows → the QuantWeight of the [H, V_local] linear.
+    Every vocab row lives whole on one rank, so scales computed here are the unsharded ones."""
+    return quant_weight(np.ascontiguousarray(w_hf.T), hf_scales(w_hf, method, group), method, group)
+
+
 def quantize_shard(shard: dict, hf: dict[str, np.ndarray], mc: ModelConfig, dims: ShardDims, rank: int,
                    method: str, group: int | None) -> dict:
-    """Replace the linear weights of one rank's `shard_weights` output by `QuantWeight`s whose
-    scales come from the unsharded HF weights (see the module docstring)."""
+    """Replace the linear weights, lm_head and embedding table of one rank's `shard_weights` output
+    by `QuantWeight`s whose scales are the unsharded weights' (see the module docstring)."""
     if method not in QUANT_METHODS:
         raise QuantError(f"--quant {method!r} is not one of {', '.join(QUANT_METHODS)}")
     sl = linear_slices(mc, dims, rank)
     out = dict(shard)
     for i in range(dims.num_layers):
         for name, (module, kind, key) in LINEARS.items():
-            s_hf = hf_scales(hf[f"model.layers.{i}.{module}.weight"], method, group)
-            s = sl[key]
-            if method == "weight_only_int8":
-                scale = s_hf[s] if kind == "cols" else s_hf
-            else:
-                scale = s_hf[s].T if kind == "cols" else s_hf[:, s.start // group: s.stop // group].T
-            scale = np.ascontiguousarray(scale, np.float32)
-            out[f"layers.{i}.{name}"] = QuantWeight(method, quantize(shard[f"layers.{i}.{name}"], scale, method, group),
-                                                    scale, group)
+            s_hf, s = hf_scales(hf[f"model.layers.{i}.{module}.weight"], method, group), sl[key]
+            if kind == "cols":
+                s_hf = s_hf[s]                                   # this rank's output channels
+            elif method == "weight_only_int4":
+                s_hf = s_hf[:, s.start // group: s.stop // group]   # this rank's input groups
+            out[f"layers.{i}.{name}"] = quant_weight(shard[f"layers.{i}.{name}"], s_hf, method, group)
+    out["embed"] = quantize_vocab(shard["embed"], method, group)                  # [V_local, H]
+    out["lm_head"] = quantize_vocab(shard["lm_head"].T, method, group)            # [H, V_local].T
     return out
 
 
 def quant_record(method: str | None, group: int | None) -> dict | None:
-    """What config.json's `spmd_serve.quant` holds for an export."""
+    """What config.json's `spmd_serve.quant` (and each rank's manifest.json) holds for an export."""
     if method is None:
         return None
     return {"method": method, "bits": 8 if method == "weight_only_int8" else 4,
             "group_size": group if method == "weight_only_int4" else None,
             "scales": "per output channel" + (f" and group of {group} input units" if group else ""),
-            "tensors": [f"layers.*.{n}" for n in LINEARS], "unquantised": ["embed", "lm_head", "norms", "biases"]}
+            "tensors": [f"layers.*.{n}" for n in LINEARS] + ["lm_head", "embed"],
+            "embed": "held as the [hidden, vocab] linear (scale per vocab row" + (", per group" if group else "")
+                     + "); a step's rows are gathered, then dequantised",
+            "unquantised": ["norms", "biases"]}
