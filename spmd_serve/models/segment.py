@@ -86,11 +86,14 @@ class Segment(nn.Layer):
         delta = env["partial"] if self.takes_partial else None
         kv_out = []
         for st in self.stages:
-            if not isinstance(st, EmbedStage):
-                # residual add of the reduced partial; a copy when it starts the stream, because
-                # Paddle rejects a graph whose output is one of its inputs unchanged
-                h = paddle.assign(delta) if h is None else h + delta
-            delta, kv = st(h, env)
+            if isinstance(st, (AttentionStage, MlpStage)):   # residual add fused with their norm
+                h, delta, kv = st(h, delta, env)
+            else:
+                if not isinstance(st, EmbedStage):
+                    # residual add of the reduced partial; a copy when it starts the stream, because
+                    # Paddle rejects a graph whose output is one of its inputs unchanged
+                    h = paddle.assign(delta) if h is None else h + delta
+                delta, kv = st(h, env)
             kv_out += kv
         if self.spec.outputs[0] == "logits":
             return [delta, *kv_out]
