@@ -16,12 +16,15 @@ import argparse
 import json
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 from paddle import inference
 
-from spmd_serve.protocol import grid_indices
+from spmd_serve.models.sharding import ShardDims
+from spmd_serve.models.step_tables import step_feeds
 from spmd_serve.worker.kv_cache import KVCachePool
+from spmd_serve.worker.malloc_tuning import tune_malloc
 
 BLOCK, NUM_BLOCKS = 64, 256
 
@@ -33,6 +36,7 @@ class Graph:
         rank_dir = Path(model_dir) / "rank_0"
         man = json.loads((rank_dir / "manifest.json").read_text())
         self.dims, spec = man["dims"], man["segments"][0]
+        self.inv_freq = np.asarray(man.get("inv_freq", ()), np.float32)
         self.label = f"{model_dir} onednn={int(onednn)}"
         cfg = inference.Config(str(rank_dir / f"{spec['name']}.json"), str(rank_dir / f"{spec['name']}.pdiparams"))
         cfg.disable_gpu()
@@ -63,13 +67,16 @@ class Graph:
         self.times.append(time.perf_counter() - t)
 
 
-def decode_feeds(batch: int, past: int) -> dict[str, np.ndarray]:
-    ql = np.ones(batch, np.int64)
-    pad, unpad, li = grid_indices(ql)
+def decode_feeds(graphs: list[Graph], batch: int, past: int) -> dict[str, np.ndarray]:
+    """A decode step of `batch` sequences with `past` tokens each in the cache: every input any of
+    `graphs` takes (models/step_tables.py)."""
     mb = (past + 1 + BLOCK - 1) // BLOCK
-    return dict(input_ids=np.full(batch, 5, np.int64), positions=np.full(batch, past, np.int64), pad_index=pad,
-                unpad_index=unpad, block_tables=np.arange(batch * mb, dtype=np.int64).reshape(batch, mb) % NUM_BLOCKS,
-                ctx_lens=np.full(batch, past, np.int64), query_lens=ql, logits_index=li)
+    plan = SimpleNamespace(input_ids=np.full(batch, 5, np.int64), positions=np.full(batch, past, np.int64),
+                           query_lens=np.ones(batch, np.int64), ctx_lens=np.full(batch, past, np.int64),
+                           block_tables=np.arange(batch * mb, dtype=np.int64).reshape(batch, mb) % NUM_BLOCKS)
+    g = max(graphs, key=lambda g: g.inv_freq.size)          # an export with host-side tables, if any
+    names = {n for g in graphs for n in g.p.get_input_names()}
+    return step_feeds(plan, ShardDims(**g.dims), g.inv_freq, BLOCK, names)
 
 
 def main() -> None:
@@ -82,8 +89,9 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=40)
     ap.add_argument("--prof", action="store_true")
     args = ap.parse_args()
+    tune_malloc()   # as ModelRunner does (SPMD_MALLOC_TUNING=0: glibc defaults)
     graphs = [Graph(d, bool(o), args.threads, args.prof) for d in args.dirs for o in args.onednn]
-    feeds = decode_feeds(args.batch, args.past)
+    feeds = decode_feeds(graphs, args.batch, args.past)
     for _ in range(3):                        # warm-up (oneDNN creates its primitives here)
         for g in graphs:
             g.run(feeds)

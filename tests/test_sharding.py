@@ -149,7 +149,7 @@ class SimRank:
 
         rank_dir = model_dir / f"rank_{rank}"
         manifest = json.loads((rank_dir / "manifest.json").read_text())
-        self.dims = manifest["dims"]
+        self.dims, self.inv_freq = manifest["dims"], manifest["inv_freq"]
         self.segments = [Segment(rank_dir, spec, 1) for spec in manifest["segments"]]
         self.pool = KVCachePool(self.dims["num_layers"], NUM_BLOCKS, BLOCK_SIZE,
                                 self.dims["kv_heads"], self.dims["head_dim"])
@@ -158,12 +158,11 @@ class SimRank:
 
 
 def run_step(ranks: list[SimRank], plan) -> np.ndarray:
-    from spmd_serve.protocol import grid_indices
+    from spmd_serve.models.sharding import ShardDims
+    from spmd_serve.models.step_tables import step_feeds
 
-    pad_index, unpad_index, logits_index = grid_indices(plan.query_lens)
-    base = {"input_ids": plan.input_ids, "positions": plan.positions, "pad_index": pad_index,
-            "unpad_index": unpad_index, "block_tables": plan.block_tables, "ctx_lens": plan.ctx_lens,
-            "query_lens": plan.query_lens, "logits_index": logits_index}
+    names = {n for seg in ranks[0].segments for n in seg.inputs}
+    base = step_feeds(plan, ShardDims(**ranks[0].dims), np.asarray(ranks[0].inv_freq, np.float32), BLOCK_SIZE, names)
     feeds = [dict(base) for _ in ranks]
     num_segments = len(ranks[0].segments)
     assert all(len(r.segments) == num_segments for r in ranks)

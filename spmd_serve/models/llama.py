@@ -5,14 +5,14 @@ over the ranks (the collective) before the next stage adds it to the residual st
 
     embed → [attn_0 → mlp_0 → ... → attn_{L-1} → mlp_{L-1}] → head
 Attention and MLP stages take (h, partial) and do that residual add themselves, fused with their
-RMSNorm (one op); embed and head take the residual stream as it is.  Stage inputs come from `env` (a dict of named graph inputs, see `STEP_INPUTS`); attention stages
-also return the K/V of this step's tokens, which the runtime writes into the paged cache after the
+RMSNorm (one op); embed and head take the residual stream as it is.  Stage inputs come from `env`
+(a dict of named graph inputs, see `STEP_INPUTS`); attention stages also return the K/V of this step's tokens, which the runtime writes into the paged cache after the
 graph ran (in-place writes to graph inputs are dropped by jit.save, DESIGN §4).
 
 Token layout: linear layers see the step's tokens flattened, [T, H].  Attention gathers them into a
-padded per-sequence grid [B, S] with `pad_index` (value T = padding, see step_tables.grid_index)
-and back with `unpad_index`; past keys are gathered from the pool by block table, so the work
-grows with the tokens attended, never with the pool size.
+padded per-sequence grid [B, S] with `grid_index` and back with `unpad_index`; past keys are
+gathered from the pool with `past_index` (block-table slots), so the work grows with the tokens
+attended, never with the pool size.  Those tables, RoPE's and the mask come from step_tables.py.
 """
 from __future__ import annotations
 
@@ -29,13 +29,14 @@ from spmd_serve.models.sharding import ShardDims
 # Per-step graph inputs (name → dtype, shape); every rank derives them from the StepPlan.
 STEP_INPUTS: dict[str, tuple[str, list[int]]] = {
     "input_ids": ("int64", [-1]),          # [T] token ids of this step
-    "positions": ("int64", [-1]),          # [T] absolute position of each token
-    "pad_index": ("int64", [-1, -1]),      # [B, S] index into T, T = padding
     "unpad_index": ("int64", [-1]),        # [T] index into the flattened [B*S] grid
-    "block_tables": ("int64", [-1, -1]),   # [B, MB] KV block ids (MB >= 1)
-    "ctx_lens": ("int64", [-1]),           # [B] tokens already in the cache (past)
-    "query_lens": ("int64", [-1]),         # [B] new tokens of each sequence this step
     "logits_index": ("int64", [-1]),       # [B] index into T of each sequence's last token
+    # per-step tables, built on the host once per step (step_tables.py has their layout)
+    "rope_cos": ("float32", [-1, -1, -1]),     # [T, nh + 2 kvh, d]
+    "rope_sin": ("float32", [-1, -1, -1]),     # [T, nh + 2 kvh, d]
+    "grid_index": ("int64", [-1, -1]),         # [B, S] index into T
+    "past_index": ("int64", [-1, -1, -1, 3]),  # [B, kvh, P, 3]
+    "attn_mask": ("float32", [-1, 1, -1, -1]),  # [B, 1, S, P+S]
 }
 
 
@@ -119,8 +120,8 @@ def add_rms_norm(h, delta, weight: paddle.Tensor, eps: float):
 
 class AttentionStage(nn.Layer):
     """residual add + RMSNorm → fused q|k|v (column shard, + bias with attention_bias) → RoPE →
-    paged attention (GQA) → o_proj (row shard).  The RoPE inverse frequencies are an export-time
-    constant (`w["inv_freq"]`, rope scaling already applied).
+    paged attention (GQA) → o_proj (row shard).  RoPE's tables are graph inputs (step_tables.py;
+    the exporter records inv_freq, rope scaling applied, in the manifest).
 
     q, k and v stay one [T, nh + 2 kvh, d] tensor until the attention matmuls: RoPE, the grid
     gather and the transpose to head-major are one op each for all three (step_tables.rope_tables
@@ -136,7 +137,6 @@ class AttentionStage(nn.Layer):
                      if dims.attention_bias else None)
         self.dims, self.layer = dims, layer
         self.kv_int8 = False   # set before tracing the int8-KV variant of the graph (see segment.py)
-        self.inv_freq = paddle.to_tensor(np.asarray(w["inv_freq"], np.float32))   # [d/2] constant
 
     def cache_names(self) -> tuple[str, str]:
         return f"k_cache_{self.layer}", f"v_cache_{self.layer}"
@@ -151,29 +151,26 @@ class AttentionStage(nn.Layer):
         x, h = add_rms_norm(h, delta, self.ln, dm.rms_norm_eps)                          # [T, H]
         qkv = self.qkv(x) if self.bias is None else self.qkv(x) + self.bias
         qkv = qkv.reshape([-1, nh + 2 * kvh, d])                                         # [T, nh + 2 kvh, d]
-        cos, sin = step_tables.rope_tables(env, self.inv_freq, dm)                       # [T, nh + 2 kvh, d]
-        qkv = qkv * cos + paddle.roll(qkv, d // 2, axis=-1) * sin      # rotate_half's sign is in sin
-        k, v = qkv[:, nh:nh + kvh], qkv[:, nh + kvh:]                                    # [T, kvh, d] → cache
+        qkv = qkv * env["rope_cos"] + paddle.roll(qkv, d // 2, axis=-1) * env["rope_sin"]   # RoPE (q, k only)
+        _, k, v = paddle.split(qkv, [nh, kvh, kvh], axis=1)                              # [T, kvh, d] → cache
         kc_name, vc_name = self.cache_names()
-        # past, head-major in one gather: [B, kvh, P, d] with P = MB*bs, in token order
-        idx = step_tables.past_index(env, env[kc_name], kvh)
-        k_past = paddle.gather_nd(env[kc_name], idx)     # (no reshape of the pool: it would copy it)
-        v_past = paddle.gather_nd(env[vc_name], idx)
+        # past, head-major in one gather each: [B, kvh, P, d] (no reshape of the pool: it would copy it)
+        k_past = paddle.gather_nd(env[kc_name], env["past_index"])
+        v_past = paddle.gather_nd(env[vc_name], env["past_index"])
         if self.kv_int8:   # an int8 pool: q * scale[kv head], as ops/paged_attention.py does
             ks_name, vs_name = self.scale_names()
             k_past = k_past.astype("float32") * env[ks_name].reshape([1, kvh, 1, 1])
             v_past = v_past.astype("float32") * env[vs_name].reshape([1, kvh, 1, 1])
-        p = paddle.shape(k_past)[2]
+        p, s = step_tables.grid_dims(env)
         # this step's tokens in the padded grid, head-major: [B, nh + 2 kvh, S, d]
-        pad_index, s = step_tables.grid_index(env)
-        grid = paddle.gather(qkv, pad_index, axis=0).reshape([-1, s, nh + 2 * kvh, d]).transpose([0, 2, 1, 3])
-        # query head j uses KV head j // g: [B, nh, S, d] → [B, kvh, g*S, d] (already scaled by 1/sqrt(d))
-        qh = grid[:, :nh].reshape([0, kvh, -1, d])
-        kn, vn = grid[:, nh:nh + kvh], grid[:, nh + kvh:]                                # [B, kvh, S, d]
+        grid = paddle.gather(qkv, env["grid_index"].reshape([-1]), axis=0)
+        grid = grid.reshape([-1, s, nh + 2 * kvh, d]).transpose([0, 2, 1, 3])
+        qg, kn, vn = paddle.split(grid, [nh, kvh, kvh], axis=1)                         # kn, vn [B, kvh, S, d]
+        qh = qg.reshape([0, kvh, -1, d])     # query head j uses KV head j // g: [B, kvh, g*S, d], scaled
         # softmax over past and new keys without concatenating the (large) keys and values
         scores = paddle.concat([paddle.matmul(qh, k_past, transpose_y=True),
                                 paddle.matmul(qh, kn, transpose_y=True)], axis=-1)        # [B, kvh, g*S, P+S]
-        probs = nn.functional.softmax(scores + step_tables.step_mask(env, p, s, dm.group), axis=-1)
+        probs = nn.functional.softmax(scores + step_tables.grouped_mask(env, dm.group), axis=-1)
         ctx = paddle.matmul(probs[:, :, :, :p], v_past) + paddle.matmul(probs[:, :, :, p:], vn)
         ctx = ctx.reshape([0, nh, -1, d]).transpose([0, 2, 1, 3]).reshape([-1, nh * d])   # [B*S, nh*d]
         ctx = paddle.gather(ctx, env["unpad_index"], axis=0)                              # [T, nh*d]

@@ -20,7 +20,7 @@ from paddle.static import InputSpec
 from spmd_serve.models.llama import STEP_INPUTS, AttentionStage, EmbedStage, HeadStage, MlpStage
 from spmd_serve.models.sharding import ShardDims
 
-_ATTN_INPUTS = ("positions", "pad_index", "unpad_index", "block_tables", "ctx_lens", "query_lens")
+_ATTN_INPUTS = ("rope_cos", "rope_sin", "grid_index", "unpad_index", "past_index", "attn_mask")
 
 
 def stage_inputs(stage: nn.Layer) -> list[str]:
