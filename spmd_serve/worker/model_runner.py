@@ -25,7 +25,7 @@ from spmd_serve.worker.malloc_tuning import tune_malloc
 # batch ~8 on; slower below it, DESIGN §4, RESULTS.md "Speed change 3").  The twin holds a second
 # copy of the rank's weights, so by default it is made only for ranks whose params fit in
 # ONEDNN_AUTO_MAX_BYTES.  SPMD_ONEDNN_MIN_TOKENS=N overrides (0: never, one predictor per segment).
-ONEDNN_MIN_TOKENS = 8
+ONEDNN_MIN_TOKENS = 5
 ONEDNN_AUTO_MAX_BYTES = 2 << 30
 
 
