@@ -77,17 +77,18 @@ def calibrate_kv_scales(mc: ModelConfig, weights: dict[str, np.ndarray], quant: 
     return tuple((np.maximum(amax[kind], 1e-6) * KV_SCALE_MARGIN / 127).astype(np.float32) for kind in ("k", "v"))
 
 
-def _save_kv_int8_variant(seg, dims: ShardDims, rank_dir: Path) -> dict:
-    """Trace the int8-KV graph of an attention segment next to the fp32 one; it has the same
-    parameters, so its .pdiparams is dropped when byte-identical and the twin's is loaded."""
+def _save_variant(seg, dims: ShardDims, rank_dir: Path, kv_int8: bool, decode: bool) -> dict:
+    """Trace a variant of an attention segment next to its base graph (int8 KV pool and/or the
+    decode graph, see Segment.set_variant); it has the same parameters, so its .pdiparams is
+    dropped when byte-identical and the base graph's is loaded."""
     from spmd_serve.models.segment import save_segment
 
-    seg.set_kv_int8(True)
+    seg.set_variant(kv_int8, decode)
     try:
         save_segment(seg, dims, str(rank_dir / seg.spec.name))
         spec = asdict(seg.spec)
     finally:
-        seg.set_kv_int8(False)
+        seg.set_variant()
     own, twin = rank_dir / f"{spec['name']}.pdiparams", rank_dir / f"{spec['params']}.pdiparams"
     if own.read_bytes() == twin.read_bytes():
         own.unlink()
@@ -109,8 +110,13 @@ def export_rank(cfg: dict | ModelConfig, weights: dict[str, np.ndarray], dims: S
     for seg in segments:
         save_segment(seg, dims, str(rank_dir / seg.spec.name))
         specs.append(asdict(seg.spec))
-        kv8_specs.append(_save_kv_int8_variant(seg, dims, rank_dir) if kv_scales is not None and seg.has_kv
-                         else specs[-1])
+        if seg.has_kv:   # the decode graph the runner uses for steps of a few single-token queries
+            specs[-1]["decode"] = _save_variant(seg, dims, rank_dir, kv_int8=False, decode=True)
+        if kv_scales is not None and seg.has_kv:
+            kv8_specs.append(_save_variant(seg, dims, rank_dir, kv_int8=True, decode=False))
+            kv8_specs[-1]["decode"] = _save_variant(seg, dims, rank_dir, kv_int8=True, decode=True)
+        else:
+            kv8_specs.append(specs[-1])
     manifest = {"format": EXPORT_FORMAT, "rank": rank, "dims": asdict(dims), "segments": specs,
                 "quant": quant_record(quant, group),
                 "inv_freq": mc.inv_freq().astype(np.float32).tolist()}   # RoPE tables are built by the runner

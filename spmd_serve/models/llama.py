@@ -125,7 +125,8 @@ class AttentionStage(nn.Layer):
 
     q, k and v stay one [T, nh + 2 kvh, d] tensor until the attention matmuls: RoPE, the grid
     gather and the transpose to head-major are one op each for all three (step_tables.rope_tables
-    gives v heads the identity rotation and folds 1/sqrt(d) into the q heads)."""
+    gives v heads the identity rotation and folds 1/sqrt(d) into the q heads).  The decode variant
+    (`decode`, traced as its own graph) drops the grid for steps of single-token queries."""
 
     def __init__(self, w: dict[str, np.ndarray], dims: ShardDims, layer: int) -> None:
         super().__init__()
@@ -137,6 +138,7 @@ class AttentionStage(nn.Layer):
                      if dims.attention_bias else None)
         self.dims, self.layer = dims, layer
         self.kv_int8 = False   # set before tracing the int8-KV variant of the graph (see segment.py)
+        self.decode = False    # set before tracing the decode variant (every query length 1)
 
     def cache_names(self) -> tuple[str, str]:
         return f"k_cache_{self.layer}", f"v_cache_{self.layer}"
@@ -152,7 +154,7 @@ class AttentionStage(nn.Layer):
         qkv = self.qkv(x) if self.bias is None else self.qkv(x) + self.bias
         qkv = qkv.reshape([-1, nh + 2 * kvh, d])                                         # [T, nh + 2 kvh, d]
         qkv = qkv * env["rope_cos"] + paddle.roll(qkv, d // 2, axis=-1) * env["rope_sin"]   # RoPE (q, k only)
-        _, k, v = paddle.split(qkv, [nh, kvh, kvh], axis=1)                              # [T, kvh, d] → cache
+        q, k, v = paddle.split(qkv, [nh, kvh, kvh], axis=1)                              # k, v [T, kvh, d] → cache
         kc_name, vc_name = self.cache_names()
         # past, head-major in one gather each: [B, kvh, P, d] (no reshape of the pool: it would copy it)
         k_past = paddle.gather_nd(env[kc_name], env["past_index"])
@@ -161,20 +163,34 @@ class AttentionStage(nn.Layer):
             ks_name, vs_name = self.scale_names()
             k_past = k_past.astype("float32") * env[ks_name].reshape([1, kvh, 1, 1])
             v_past = v_past.astype("float32") * env[vs_name].reshape([1, kvh, 1, 1])
+        attend = self._decode if self.decode else self._grid
+        return h, self.o(attend(q, qkv, k, v, k_past, v_past, env)), [k, v]
+
+    def _decode(self, q, qkv, k, v, k_past, v_past, env):
+        """One new token per sequence (T = B, S = 1) and few sequences: no grid, and the new K/V
+        joined to the past ones (a copy of [B, kvh, P, d], cheap at the batch sizes this graph runs)."""
+        kvh, d = self.dims.kv_heads, self.dims.head_dim
+        qh = q.reshape([-1, kvh, self.dims.group, d])                                     # [B, kvh, g, d]
+        keys = paddle.concat([k_past, k.reshape([-1, kvh, 1, d])], axis=2)               # [B, kvh, P+1, d]
+        values = paddle.concat([v_past, v.reshape([-1, kvh, 1, d])], axis=2)
+        probs = nn.functional.softmax(paddle.matmul(qh, keys, transpose_y=True) + env["attn_mask"], axis=-1)
+        return paddle.matmul(probs, values).reshape([-1, self.dims.heads * d])            # [B, nh*d]
+
+    def _grid(self, q, qkv, k, v, k_past, v_past, env):
+        """Any query lengths: this step's tokens in a padded grid [B, S] per sequence."""
+        nh, kvh, d = self.dims.heads, self.dims.kv_heads, self.dims.head_dim
         p, s = step_tables.grid_dims(env)
-        # this step's tokens in the padded grid, head-major: [B, nh + 2 kvh, S, d]
         grid = paddle.gather(qkv, env["grid_index"].reshape([-1]), axis=0)
-        grid = grid.reshape([-1, s, nh + 2 * kvh, d]).transpose([0, 2, 1, 3])
+        grid = grid.reshape([-1, s, nh + 2 * kvh, d]).transpose([0, 2, 1, 3])              # [B, nh + 2 kvh, S, d]
         qg, kn, vn = paddle.split(grid, [nh, kvh, kvh], axis=1)                         # kn, vn [B, kvh, S, d]
         qh = qg.reshape([0, kvh, -1, d])     # query head j uses KV head j // g: [B, kvh, g*S, d], scaled
         # softmax over past and new keys without concatenating the (large) keys and values
         scores = paddle.concat([paddle.matmul(qh, k_past, transpose_y=True),
                                 paddle.matmul(qh, kn, transpose_y=True)], axis=-1)        # [B, kvh, g*S, P+S]
-        probs = nn.functional.softmax(scores + step_tables.grouped_mask(env, dm.group), axis=-1)
+        probs = nn.functional.softmax(scores + step_tables.grouped_mask(env, self.dims.group), axis=-1)
         ctx = paddle.matmul(probs[:, :, :, :p], v_past) + paddle.matmul(probs[:, :, :, p:], vn)
         ctx = ctx.reshape([0, nh, -1, d]).transpose([0, 2, 1, 3]).reshape([-1, nh * d])   # [B*S, nh*d]
-        ctx = paddle.gather(ctx, env["unpad_index"], axis=0)                              # [T, nh*d]
-        return h, self.o(ctx), [k, v]
+        return paddle.gather(ctx, env["unpad_index"], axis=0)                             # [T, nh*d]
 
 
 class MlpStage(nn.Layer):

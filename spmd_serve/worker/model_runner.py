@@ -21,10 +21,12 @@ from spmd_serve.worker.kv_cache import KVCachePool
 from spmd_serve.worker.malloc_tuning import tune_malloc
 
 
-# Steps with at least this many tokens run on a oneDNN twin of each segment (matmuls ~2x faster from
-# batch ~8 on; slower below it, DESIGN §4, RESULTS.md "Speed change 3").  The twin holds a second
-# copy of the rank's weights, so by default it is made only for ranks whose params fit in
-# ONEDNN_AUTO_MAX_BYTES.  SPMD_ONEDNN_MIN_TOKENS=N overrides (0: never, one predictor per segment).
+# Steps with at least this many tokens run on a oneDNN predictor of each segment (matmuls ~2x faster
+# from ~5 tokens a step, slower below: measured crossover ~4, RESULTS.md "Speed change 3"); smaller
+# decode steps on a plain predictor of the decode graph.  The second predictor holds a second copy
+# of the rank's weights, so by default it is made only for ranks whose params fit in
+# ONEDNN_AUTO_MAX_BYTES.  SPMD_ONEDNN_MIN_TOKENS=N overrides (0: never, one plain predictor of the
+# general graph per segment).
 ONEDNN_MIN_TOKENS = 5
 ONEDNN_AUTO_MAX_BYTES = 2 << 30
 
@@ -64,33 +66,36 @@ class _Predictor:
 
 
 class Segment:
-    """One loaded graph segment and its manifest entry: a plain predictor, plus a oneDNN one for
-    steps of >= `onednn_min_tokens` tokens when that is > 0."""
+    """One loaded graph segment and its manifest entry.  With `onednn_min_tokens` > 0 it has two
+    predictors: a oneDNN one for steps of >= that many tokens and any step it alone can run, and a
+    plain one for the small steps — loading the segment's decode graph (spec["decode"]: single-token
+    queries, no grid) when the export has one, since the oneDNN predictor runs small prefills."""
 
     def __init__(self, rank_dir: Path, spec: dict, num_threads: int, quantised: bool = False,
                  onednn_min_tokens: int = 0) -> None:
-        self.plain = _Predictor(rank_dir, spec, num_threads, quantised, onednn=False)
+        decode = spec.get("decode") if onednn_min_tokens > 0 else None
+        self.plain = _Predictor(rank_dir, decode or spec, num_threads, quantised, onednn=False)
+        self.plain_decode_only = decode is not None
         self.batched = (_Predictor(rank_dir, spec, num_threads, quantised, onednn=True)
                         if onednn_min_tokens > 0 else None)
         self.min_tokens = onednn_min_tokens
-        self.inputs: list[str] = spec["inputs"]
+        self.inputs: list[str] = spec["inputs"]   # every input of either graph
         self.outputs: list[str] = spec["outputs"]
         self.kv_layers: list[int] = spec["kv_layers"]
         self.gathers_logits = self.outputs[0] == "logits"
 
     def bind_cache(self, pool: KVCachePool) -> None:
-        preds = [p for p in (self.plain, self.batched) if p is not None]
-        for name in self.inputs:
-            if name.startswith(("k_cache_", "v_cache_", "k_scale_", "v_scale_")):
-                for pred in preds:
-                    pred.inputs[name].share_external_data(pool.tensor(name))
+        for pred in [p for p in (self.plain, self.batched) if p is not None]:
+            for name, handle in pred.inputs.items():
+                if name.startswith(("k_cache_", "v_cache_", "k_scale_", "v_scale_")):
+                    handle.share_external_data(pool.tensor(name))
 
-    def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        batched = self.batched is not None and len(feeds["input_ids"]) >= self.min_tokens
-        pred = self.batched if batched else self.plain
-        for name in self.inputs:
+    def run(self, feeds: dict[str, np.ndarray], decode: bool = False) -> dict[str, np.ndarray]:
+        """`decode`: every sequence of this step has one new token."""
+        small = len(feeds["input_ids"]) < self.min_tokens and (decode or not self.plain_decode_only)
+        pred = self.plain if self.batched is None or small else self.batched
+        for name, h in pred.inputs.items():
             if name in feeds:
-                h = pred.inputs[name]
                 h.reshape(list(feeds[name].shape))
                 h.copy_from_cpu(feeds[name])
         pred.predictor.run()
@@ -140,11 +145,12 @@ class ModelRunner:
 
     def _execute(self, plan: StepPlan) -> np.ndarray | None:
         feeds = step_feeds(plan, self.shard_dims, self.inv_freq, self.pool.block_size, self.input_names)
+        decode = bool(plan.query_lens.max() == 1)
         logits = None
         acc, clock = self.timings.seconds, time.perf_counter   # ~100 ns a lap: no per-token cost
         t = clock()
         for key, seg in zip(self.timings.segment_keys, self.segments):
-            out = seg.run(feeds)
+            out = seg.run(feeds, decode)
             t, t0 = clock(), t
             acc[key] += t - t0
             for layer in seg.kv_layers:   # this layer's cache is read only by this segment: write now
