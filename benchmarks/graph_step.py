@@ -24,7 +24,7 @@ from paddle import inference
 from spmd_serve.models.sharding import ShardDims
 from spmd_serve.models.step_tables import step_feeds
 from spmd_serve.worker.kv_cache import KVCachePool
-from spmd_serve.worker.malloc_tuning import tune_malloc
+from spmd_serve.worker.model_runner import tune_malloc
 
 BLOCK, NUM_BLOCKS = 64, 256
 

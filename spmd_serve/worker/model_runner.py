@@ -3,9 +3,13 @@ write the new K/V into the paged pool, and return the full-vocab logits on rank 
 
 Segments are `paddle.inference` predictors loaded from `rank_<i>/` (see models/segment.py for
 their inputs/outputs).  Identical on every rank; only the collective results differ by rank.
+Also the runtime settings the graphs' speed depends on: glibc malloc tuning and which predictor
+(plain / decode graph / oneDNN) runs a step.
 """
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import json
 import os
 import time
@@ -18,7 +22,35 @@ from spmd_serve.models.sharding import ShardDims
 from spmd_serve.models.step_tables import step_feeds
 from spmd_serve.protocol import StepPlan, split_by_query_len
 from spmd_serve.worker.kv_cache import KVCachePool
-from spmd_serve.worker.malloc_tuning import tune_malloc
+
+
+# glibc malloc settings for the graph runtime, applied once per rank process before the graphs run.
+# Paddle's CPU allocator takes every intermediate tensor from malloc and frees it at once.  With
+# glibc's defaults a block above the mmap threshold (128 KiB, raised dynamically only up to the
+# largest block freed so far) is a fresh mmap, and freed memory at the top of the heap beyond the
+# trim threshold goes back to the kernel: either way the next step's tensor of the same size
+# page-faults in again and is zeroed by the kernel.  At batch 32 that was most of a gather's time
+# (a 4 MB past-K gather: 3-6 ms, 0.1-0.2 ms with the settings below; RESULTS.md "Speed change 3").
+#
+# `tune_malloc` keeps blocks up to 32 MiB (glibc's maximum) on the heap and keeps up to
+# `MALLOC_KEEP_BYTES` of freed heap mapped, so steady-state steps reuse the same pages.
+# `SPMD_MALLOC_TUNING=0` leaves glibc's defaults (e.g. to compare, or under another allocator).
+M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3     # glibc <malloc.h>
+MMAP_THRESHOLD_MAX = 32 << 20                    # glibc refuses more on 64-bit (HEAP_MAX_SIZE / 2)
+MALLOC_KEEP_BYTES = 1 << 30
+
+
+def tune_malloc() -> bool:
+    """Apply the malloc settings above; False when disabled or not glibc (nothing changed)."""
+    if os.environ.get("SPMD_MALLOC_TUNING", "1") == "0":
+        return False
+    name = ctypes.util.find_library("c")
+    try:
+        mallopt = ctypes.CDLL(name).mallopt
+    except (OSError, AttributeError, TypeError):   # not glibc (musl, macOS): no mallopt
+        return False
+    mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
+    return bool(mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD_MAX) and mallopt(M_TRIM_THRESHOLD, MALLOC_KEEP_BYTES))
 
 
 # Steps with at least this many tokens run on a oneDNN predictor of each segment (matmuls ~2x faster
@@ -107,7 +139,7 @@ class ModelRunner:
                  num_threads: int = 1, kv_int8: bool = False) -> None:
         from spmd_serve.config import ConfigError
 
-        tune_malloc()   # before the first step: intermediates reuse heap pages (malloc_tuning.py)
+        tune_malloc()   # before the first step: intermediates reuse heap pages
         rank_dir = Path(model_dir) / f"rank_{rank}"
         manifest = json.loads((rank_dir / "manifest.json").read_text())
         self.dims = manifest["dims"]
