@@ -276,6 +276,23 @@ def test_decode_graphs_and_onednn_predictors_give_the_same_logits(tp_runs, serve
         assert np.abs(got - want).max() <= 1e-4, (step, np.abs(got - want).max())
 
 
+def test_onednn_predictor_knob(served_tp1, monkeypatch):
+    """SPMD_ONEDNN_MIN_TOKENS: unset = automatic (on for a small model), 0 = one plain predictor
+    of the general graph, anything but a count = a one-line configuration error."""
+    from spmd_serve.config import ConfigError
+    from spmd_serve.worker.model_runner import ModelRunner
+
+    auto = ModelRunner(served_tp1, 0, None, 4, BLOCK_SIZE)
+    assert auto.onednn_min_tokens == 5 and auto.segments[0].batched is not None
+    assert auto.segments[0].plain_decode_only
+    monkeypatch.setenv("SPMD_ONEDNN_MIN_TOKENS", "0")
+    off = ModelRunner(served_tp1, 0, None, 4, BLOCK_SIZE)
+    assert off.segments[0].batched is None and not off.segments[0].plain_decode_only
+    monkeypatch.setenv("SPMD_ONEDNN_MIN_TOKENS", "many")
+    with pytest.raises(ConfigError, match="SPMD_ONEDNN_MIN_TOKENS='many'"):
+        ModelRunner(served_tp1, 0, None, 4, BLOCK_SIZE)
+
+
 def test_tp1_logits_equal_numpy_reference(tp_runs, demo_checkpoint):
     plans, tokens, rows, runs = tp_runs
     ref = {i: reference_logits(Path(demo_checkpoint), toks) for i, toks in tokens.items()}

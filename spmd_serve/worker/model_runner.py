@@ -67,7 +67,11 @@ def onednn_min_tokens(rank_dir: Path, specs: list[dict]) -> int:
     """SPMD_ONEDNN_MIN_TOKENS if set, else ONEDNN_MIN_TOKENS when the twins' extra weights are small."""
     value = os.environ.get("SPMD_ONEDNN_MIN_TOKENS", "").strip()
     if value:
-        return max(int(value), 0)
+        if not value.isdigit():
+            from spmd_serve.config import ConfigError
+
+            raise ConfigError(f"SPMD_ONEDNN_MIN_TOKENS={value!r}: expected a token count >= 0 (0: no oneDNN predictor)")
+        return int(value)
     params = {spec.get("params") or spec["name"] for spec in specs}
     size = sum((rank_dir / f"{p}.pdiparams").stat().st_size for p in params)
     return ONEDNN_MIN_TOKENS if size <= ONEDNN_AUTO_MAX_BYTES else 0
