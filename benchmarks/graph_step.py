@@ -8,7 +8,8 @@ slows every variant alike; each prints its median, 25th percentile and minimum.
 
 `--onednn 0 1` runs every directory with oneDNN off and on (one predictor each).  `--prof` turns
 on Paddle's per-op profiler (printed at exit: calls per op type over warm-up + runs, so it also
-counts the ops one run executes).  Used for the before/after of graph changes in RESULTS.md.
+counts the ops one run executes; Paddle also writes `profile.log` into the current directory —
+do not commit it).  Used for the before/after of graph changes in RESULTS.md.
 """
 from __future__ import annotations
 
