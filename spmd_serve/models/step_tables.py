@@ -17,7 +17,6 @@ from __future__ import annotations
 import math
 
 import numpy as np
-import paddle
 
 from spmd_serve.models.sharding import ShardDims
 from spmd_serve.protocol import grid_indices
@@ -84,15 +83,19 @@ def step_feeds(plan, dims: ShardDims, inv_freq: np.ndarray, block_size: int, nam
 
 
 # ---------------------------------------------------------------- graph side
+# (paddle is imported inside: the runner imports this module for step_feeds, and importing paddle
+# at server start-up costs ~1 s and installs its signal handlers before the model checks ran)
 
-def grid_dims(env: dict) -> tuple[paddle.Tensor, paddle.Tensor]:
+def grid_dims(env: dict):
     """(P, S) of this step as graph scalars, read once per graph from the tables' shapes."""
+    import paddle
+
     if "_dims" not in env:
         env["_dims"] = (paddle.shape(env["past_index"])[2], paddle.shape(env["grid_index"])[1])
     return env["_dims"]
 
 
-def grouped_mask(env: dict, group: int) -> paddle.Tensor:
+def grouped_mask(env: dict, group: int):
     """attn_mask for scores laid out [B, kvh, g*S, P+S] (row = g_i * S + s): [B, 1, g*S, P+S],
     tiled once per graph."""
     if "_mask" not in env:
