@@ -1,40 +1,114 @@
-"""One exported graph (rank 0's segment 0, i.e. the whole model at --tp 1) timed alone on a
-synthetic decode step: batch B, C tokens of past each (blocks of 64), 25 runs, median.
+"""Exported graphs (rank 0's segment 0, i.e. the whole model at --tp 1) timed alone on a synthetic
+decode step: batch B, C tokens of past each (blocks of 64).  With several model directories (or
+oneDNN settings) the runs alternate A, B, A, B, ... in one process, so a noisy shared machine
+slows every variant alike; each prints its median, 25th percentile and minimum.
 
-    python benchmarks/graph_step.py MODEL_DIR B C ONEDNN(0|1) THREADS [prof]
+    python benchmarks/graph_step.py DIR [DIR ...] --batch B --past C [--onednn 0 1] [--threads 1]
+                                    [--runs 40] [--prof] [--decode]
 
-`prof` turns on Paddle's per-op profiler (printed at exit).  Used for the before/after of graph
-changes in RESULTS.md: export the model before and after, run both, interleaved.
+`--onednn 0 1` runs every directory with oneDNN off and on (one predictor each).  `--prof` turns
+on Paddle's per-op profiler (printed at exit: calls per op type over warm-up + runs, so it also
+counts the ops one run executes; Paddle also writes `profile.log` into the current directory —
+do not commit it).  Used for the before/after of graph changes in RESULTS.md.
 """
-import sys, time, json, numpy as np
+from __future__ import annotations
+
+import argparse
+import json
+import time
 from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
 from paddle import inference
+
+from spmd_serve.models.sharding import ShardDims
+from spmd_serve.models.step_tables import step_feeds
 from spmd_serve.worker.kv_cache import KVCachePool
-from spmd_serve.protocol import grid_indices
-mdir, B, C, mkl, thr = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
-prof = len(sys.argv) > 6 and sys.argv[6] == "prof"
-rank_dir = Path(mdir) / "rank_0"
-man = json.loads((rank_dir / "manifest.json").read_text()); d = man["dims"]; spec = man["segments"][0]
-cfg = inference.Config(str(rank_dir / "seg_0.json"), str(rank_dir / "seg_0.pdiparams"))
-cfg.disable_gpu(); cfg.set_cpu_math_library_num_threads(thr)
-if mkl: cfg.enable_mkldnn()
-else: cfg.disable_mkldnn()
-if prof: cfg.enable_profile()
-p = inference.create_predictor(cfg)
-bs = 64; nb = 256
-pool = KVCachePool(d["num_layers"], nb, bs, d["kv_heads"], d["head_dim"])
-for n in p.get_input_names():
-    if n.startswith(("k_cache", "v_cache")): p.get_input_handle(n).share_external_data(pool.tensor(n))
-ql = np.ones(B, np.int64); pad, unpad, li = grid_indices(ql)
-mb = (C + 1 + bs - 1) // bs
-feeds = dict(input_ids=np.full(B, 5, np.int64), positions=np.full(B, C, np.int64), pad_index=pad, unpad_index=unpad,
-    block_tables=np.arange(B * mb, dtype=np.int64).reshape(B, mb) % nb, ctx_lens=np.full(B, C, np.int64), query_lens=ql, logits_index=li)
-def run():
-    for n, v in feeds.items():
-        h = p.get_input_handle(n); h.reshape(list(v.shape)); h.copy_from_cpu(v)
-    p.run()
-    return p.get_output_handle(p.get_output_names()[0]).copy_to_cpu()
-ts = []
-for i in range(25):
-    t = time.perf_counter(); run(); ts.append(time.perf_counter() - t)
-print(f"B={B} C={C} mkldnn={mkl} threads={thr} median {1e3*np.median(ts[5:]):.2f} ms min {1e3*min(ts):.2f}")
+from spmd_serve.worker.model_runner import tune_malloc
+
+BLOCK, NUM_BLOCKS = 64, 256
+
+
+class Graph:
+    """One predictor of `model_dir`'s rank-0 segment 0, bound to its own KV pool."""
+
+    def __init__(self, model_dir: str, onednn: bool, threads: int, prof: bool, decode: bool = False) -> None:
+        rank_dir = Path(model_dir) / "rank_0"
+        man = json.loads((rank_dir / "manifest.json").read_text())
+        self.dims, spec = man["dims"], man["segments"][0]
+        spec = spec.get("decode", spec) if decode else spec
+        self.inv_freq = np.asarray(man.get("inv_freq", ()), np.float32)
+        self.label = f"{model_dir} {spec['name']} onednn={int(onednn)}"
+        params = spec.get("params") or spec["name"]
+        cfg = inference.Config(str(rank_dir / f"{spec['name']}.json"), str(rank_dir / f"{params}.pdiparams"))
+        cfg.disable_gpu()
+        cfg.disable_glog_info()
+        cfg.set_cpu_math_library_num_threads(threads)
+        cfg.enable_mkldnn() if onednn else cfg.disable_mkldnn()
+        if man.get("quant"):
+            cfg.delete_pass("constant_folding_pass")   # as worker/model_runner.py loads quantised graphs
+        if prof:
+            cfg.enable_profile()
+        self.p = inference.create_predictor(cfg)
+        pool = KVCachePool(self.dims["num_layers"], NUM_BLOCKS, BLOCK, self.dims["kv_heads"], self.dims["head_dim"])
+        self.pool = pool   # the predictor shares its memory: keep it alive
+        for n in self.p.get_input_names():
+            if n.startswith(("k_cache", "v_cache")):
+                self.p.get_input_handle(n).share_external_data(pool.tensor(n))
+        self.times: list[float] = []
+
+    def run(self, feeds: dict[str, np.ndarray]) -> None:
+        t = time.perf_counter()
+        for n, v in feeds.items():
+            if n in self.p.get_input_names():
+                h = self.p.get_input_handle(n)
+                h.reshape(list(v.shape))
+                h.copy_from_cpu(v)
+        self.p.run()
+        self.p.get_output_handle(self.p.get_output_names()[0]).copy_to_cpu()
+        self.times.append(time.perf_counter() - t)
+
+
+def decode_feeds(graphs: list[Graph], batch: int, past: int) -> dict[str, np.ndarray]:
+    """A decode step of `batch` sequences with `past` tokens each in the cache: every input any of
+    `graphs` takes (models/step_tables.py)."""
+    mb = (past + 1 + BLOCK - 1) // BLOCK
+    plan = SimpleNamespace(input_ids=np.full(batch, 5, np.int64), positions=np.full(batch, past, np.int64),
+                           query_lens=np.ones(batch, np.int64), ctx_lens=np.full(batch, past, np.int64),
+                           block_tables=np.arange(batch * mb, dtype=np.int64).reshape(batch, mb) % NUM_BLOCKS)
+    g = max(graphs, key=lambda g: g.inv_freq.size)          # an export with host-side tables, if any
+    names = {n for g in graphs for n in g.p.get_input_names()}
+    return step_feeds(plan, ShardDims(**g.dims), g.inv_freq, BLOCK, names)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("dirs", nargs="+")
+    ap.add_argument("--batch", type=int, default=1)
+    ap.add_argument("--past", type=int, default=64)
+    ap.add_argument("--onednn", type=int, nargs="+", default=[0])
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--runs", type=int, default=40)
+    ap.add_argument("--prof", action="store_true")
+    ap.add_argument("--decode", action="store_true", help="the decode graph (spec['decode']) where the export has one")
+    args = ap.parse_args()
+    tune_malloc()   # as ModelRunner does (SPMD_MALLOC_TUNING=0: glibc defaults)
+    graphs = [Graph(d, bool(o), args.threads, args.prof, args.decode) for d in args.dirs for o in args.onednn]
+    feeds = decode_feeds(graphs, args.batch, args.past)
+    for _ in range(3):                        # warm-up (oneDNN creates its primitives here)
+        for g in graphs:
+            g.run(feeds)
+    for g in graphs:
+        g.times.clear()
+    for _ in range(args.runs):
+        for g in graphs:
+            g.run(feeds)
+    for g in graphs:
+        ms = 1e3 * np.asarray(g.times)
+        print(f"{g.label} B={args.batch} C={args.past} threads={args.threads}: median {np.median(ms):.2f} ms "
+              f"p25 {np.percentile(ms, 25):.2f} min {ms.min():.2f} ({len(ms)} runs)", flush=True)
+
+
+if __name__ == "__main__":
+    main()

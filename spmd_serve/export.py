@@ -17,6 +17,7 @@ import sys
 import tempfile
 from dataclasses import asdict
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 
@@ -56,19 +57,19 @@ def calibrate_kv_scales(mc: ModelConfig, weights: dict[str, np.ndarray], quant: 
     import paddle
 
     from spmd_serve.models.segment import build_segments
+    from spmd_serve.models.step_tables import step_feeds
 
     dims = shard_dims(mc, 1)
     seg = build_segments(rank_shard(mc, weights, dims, 0, quant, group), dims, 0)[0]
     seg.eval()
     ids = np.random.default_rng(seed).integers(0, mc.vocab, (num_seqs, seq_len))
-    t = num_seqs * seq_len
-    cache = np.zeros((1, 16, dims.kv_heads, dims.head_dim), np.float32)
-    env = {"input_ids": ids.reshape(-1), "positions": np.tile(np.arange(seq_len), num_seqs),
-           "pad_index": np.arange(t).reshape(num_seqs, seq_len), "unpad_index": np.arange(t),
-           "block_tables": np.zeros((num_seqs, 1), np.int64), "ctx_lens": np.zeros(num_seqs, np.int64),
-           "query_lens": np.full(num_seqs, seq_len), "logits_index": np.arange(seq_len - 1, t, seq_len)}
-    args = [paddle.to_tensor(cache if n.startswith(("k_cache", "v_cache")) else np.asarray(env[n], np.int64))
-            for n in seg.spec.inputs]
+    block = 16
+    cache = np.zeros((1, block, dims.kv_heads, dims.head_dim), np.float32)
+    plan = SimpleNamespace(input_ids=ids.reshape(-1), positions=np.tile(np.arange(seq_len), num_seqs),
+                           query_lens=np.full(num_seqs, seq_len), ctx_lens=np.zeros(num_seqs, np.int64),
+                           block_tables=np.zeros((num_seqs, 1), np.int64))   # no past: one masked block
+    env = step_feeds(plan, dims, mc.inv_freq(), block, seg.spec.inputs)
+    args = [paddle.to_tensor(cache if n.startswith(("k_cache", "v_cache")) else env[n]) for n in seg.spec.inputs]
     with paddle.no_grad():
         outs = dict(zip(seg.spec.outputs, seg(args)))
     amax = {kind: np.stack([np.abs(outs[f"{kind}_new_{layer}"].numpy()).max(axis=(0, 2))
@@ -76,17 +77,18 @@ def calibrate_kv_scales(mc: ModelConfig, weights: dict[str, np.ndarray], quant: 
     return tuple((np.maximum(amax[kind], 1e-6) * KV_SCALE_MARGIN / 127).astype(np.float32) for kind in ("k", "v"))
 
 
-def _save_kv_int8_variant(seg, dims: ShardDims, rank_dir: Path) -> dict:
-    """Trace the int8-KV graph of an attention segment next to the fp32 one; it has the same
-    parameters, so its .pdiparams is dropped when byte-identical and the twin's is loaded."""
+def _save_variant(seg, dims: ShardDims, rank_dir: Path, kv_int8: bool, decode: bool) -> dict:
+    """Trace a variant of an attention segment next to its base graph (int8 KV pool and/or the
+    decode graph, see Segment.set_variant); it has the same parameters, so its .pdiparams is
+    dropped when byte-identical and the base graph's is loaded."""
     from spmd_serve.models.segment import save_segment
 
-    seg.set_kv_int8(True)
+    seg.set_variant(kv_int8, decode)
     try:
         save_segment(seg, dims, str(rank_dir / seg.spec.name))
         spec = asdict(seg.spec)
     finally:
-        seg.set_kv_int8(False)
+        seg.set_variant()
     own, twin = rank_dir / f"{spec['name']}.pdiparams", rank_dir / f"{spec['params']}.pdiparams"
     if own.read_bytes() == twin.read_bytes():
         own.unlink()
@@ -108,10 +110,16 @@ def export_rank(cfg: dict | ModelConfig, weights: dict[str, np.ndarray], dims: S
     for seg in segments:
         save_segment(seg, dims, str(rank_dir / seg.spec.name))
         specs.append(asdict(seg.spec))
-        kv8_specs.append(_save_kv_int8_variant(seg, dims, rank_dir) if kv_scales is not None and seg.has_kv
-                         else specs[-1])
+        if seg.has_kv:   # the decode graph the runner uses for steps of a few single-token queries
+            specs[-1]["decode"] = _save_variant(seg, dims, rank_dir, kv_int8=False, decode=True)
+        if kv_scales is not None and seg.has_kv:
+            kv8_specs.append(_save_variant(seg, dims, rank_dir, kv_int8=True, decode=False))
+            kv8_specs[-1]["decode"] = _save_variant(seg, dims, rank_dir, kv_int8=True, decode=True)
+        else:
+            kv8_specs.append(specs[-1])
     manifest = {"format": EXPORT_FORMAT, "rank": rank, "dims": asdict(dims), "segments": specs,
-                "quant": quant_record(quant, group)}
+                "quant": quant_record(quant, group),
+                "inv_freq": mc.inv_freq().astype(np.float32).tolist()}   # RoPE tables are built by the runner
     if kv_scales is not None:
         heads = linear_slices(mc, dims, rank)["kv"]
         heads = slice(heads.start // dims.head_dim, heads.stop // dims.head_dim)

@@ -143,14 +143,15 @@ def make_plans() -> tuple[list, dict[int, list[int]], list[list[tuple[int, int]]
 class SimRank:
     """One rank's loaded segments and its own KV pool (what ModelRunner holds)."""
 
-    def __init__(self, model_dir: Path, rank: int) -> None:
+    def __init__(self, model_dir: Path, rank: int, onednn_min_tokens: int = 0) -> None:
         from spmd_serve.worker.kv_cache import KVCachePool
         from spmd_serve.worker.model_runner import Segment
 
         rank_dir = model_dir / f"rank_{rank}"
         manifest = json.loads((rank_dir / "manifest.json").read_text())
-        self.dims = manifest["dims"]
-        self.segments = [Segment(rank_dir, spec, 1) for spec in manifest["segments"]]
+        self.dims, self.inv_freq = manifest["dims"], manifest["inv_freq"]
+        self.segments = [Segment(rank_dir, spec, 1, onednn_min_tokens=onednn_min_tokens)
+                         for spec in manifest["segments"]]
         self.pool = KVCachePool(self.dims["num_layers"], NUM_BLOCKS, BLOCK_SIZE,
                                 self.dims["kv_heads"], self.dims["head_dim"])
         for seg in self.segments:
@@ -158,17 +159,17 @@ class SimRank:
 
 
 def run_step(ranks: list[SimRank], plan) -> np.ndarray:
-    from spmd_serve.protocol import grid_indices
+    from spmd_serve.models.sharding import ShardDims
+    from spmd_serve.models.step_tables import step_feeds
 
-    pad_index, unpad_index, logits_index = grid_indices(plan.query_lens)
-    base = {"input_ids": plan.input_ids, "positions": plan.positions, "pad_index": pad_index,
-            "unpad_index": unpad_index, "block_tables": plan.block_tables, "ctx_lens": plan.ctx_lens,
-            "query_lens": plan.query_lens, "logits_index": logits_index}
+    names = {n for seg in ranks[0].segments for n in seg.inputs}
+    base = step_feeds(plan, ShardDims(**ranks[0].dims), np.asarray(ranks[0].inv_freq, np.float32), BLOCK_SIZE, names)
     feeds = [dict(base) for _ in ranks]
     num_segments = len(ranks[0].segments)
     assert all(len(r.segments) == num_segments for r in ranks)
+    decode = bool(plan.query_lens.max() == 1)
     for k in range(num_segments):
-        outs = [r.segments[k].run(f) for r, f in zip(ranks, feeds)]
+        outs = [r.segments[k].run(f, decode) for r, f in zip(ranks, feeds)]
         for r, out in zip(ranks, outs):
             for layer in r.segments[k].kv_layers:
                 r.pool.write(layer, plan.slot_mapping, out[f"k_new_{layer}"], out[f"v_new_{layer}"])
@@ -259,6 +260,37 @@ def test_tensor_parallel_logits_equal_tp1(tp_runs, tp):
     for step, (plan, a, b) in enumerate(zip(plans, base, got)):
         assert a.shape == b.shape == (plan.num_seqs, 1024), step
         assert np.abs(a - b).max() <= 1e-4, (step, np.abs(a - b).max())
+
+
+@pytest.mark.parametrize("tp", [1, 2])
+def test_decode_graphs_and_onednn_predictors_give_the_same_logits(tp_runs, served_tp1, served_tp2, tp):
+    """With a oneDNN twin (as ModelRunner loads by default), steps of < 5 single-token queries run
+    the decode graph and every other step the general graph on oneDNN: same logits as plain."""
+    plans, _, _, runs = tp_runs
+    ranks = [SimRank(Path(served_tp1 if tp == 1 else served_tp2), r, onednn_min_tokens=5) for r in range(tp)]
+    assert all(seg.plain_decode_only == bool(seg.kv_layers) for seg in ranks[0].segments)
+    kinds = {(p.query_lens.max() == 1 and p.num_tokens < 5, p.num_tokens >= 5) for p in plans}
+    assert (True, False) in kinds and (False, True) in kinds            # both predictors ran
+    for step, plan in enumerate(plans):
+        got, want = run_step(ranks, plan), runs[1][0][step]
+        assert np.abs(got - want).max() <= 1e-4, (step, np.abs(got - want).max())
+
+
+def test_onednn_predictor_knob(served_tp1, monkeypatch):
+    """SPMD_ONEDNN_MIN_TOKENS: unset = automatic (on for a small model), 0 = one plain predictor
+    of the general graph, anything but a count = a one-line configuration error."""
+    from spmd_serve.config import ConfigError
+    from spmd_serve.worker.model_runner import ModelRunner
+
+    auto = ModelRunner(served_tp1, 0, None, 4, BLOCK_SIZE)
+    assert auto.onednn_min_tokens == 5 and auto.segments[0].batched is not None
+    assert auto.segments[0].plain_decode_only
+    monkeypatch.setenv("SPMD_ONEDNN_MIN_TOKENS", "0")
+    off = ModelRunner(served_tp1, 0, None, 4, BLOCK_SIZE)
+    assert off.segments[0].batched is None and not off.segments[0].plain_decode_only
+    monkeypatch.setenv("SPMD_ONEDNN_MIN_TOKENS", "many")
+    with pytest.raises(ConfigError, match="SPMD_ONEDNN_MIN_TOKENS='many'"):
+        ModelRunner(served_tp1, 0, None, 4, BLOCK_SIZE)
 
 
 def test_tp1_logits_equal_numpy_reference(tp_runs, demo_checkpoint):

@@ -4,37 +4,40 @@ A rank's model is a chain of *stages*; each stage returns a partial result that 
 over the ranks (the collective) before the next stage adds it to the residual stream:
 
     embed → [attn_0 → mlp_0 → ... → attn_{L-1} → mlp_{L-1}] → head
-Stage inputs come from `env` (a dict of named graph inputs, see `STEP_INPUTS`); attention stages
-also return the K/V of this step's tokens, which the runtime writes into the paged cache after the
+Attention and MLP stages take (h, partial) and do that residual add themselves, fused with their
+RMSNorm (one op); embed and head take the residual stream as it is.  Stage inputs come from `env`
+(a dict of named graph inputs, see `STEP_INPUTS`); attention stages also return the K/V of this step's tokens, which the runtime writes into the paged cache after the
 graph ran (in-place writes to graph inputs are dropped by jit.save, DESIGN §4).
 
 Token layout: linear layers see the step's tokens flattened, [T, H].  Attention gathers them into a
-padded per-sequence grid [B, S] with `pad_index` (value T = padding, reads an appended zero row)
-and back with `unpad_index`; past keys are gathered from the pool by block table, so the work
-grows with the tokens attended, never with the pool size.
+padded per-sequence grid [B, S] with `grid_index` and back with `unpad_index`; past keys are
+gathered from the pool with `past_index` (block-table slots), so the work grows with the tokens
+attended, never with the pool size.  Those tables, RoPE's and the mask come from step_tables.py.
 """
 from __future__ import annotations
 
-import math
+from dataclasses import replace
 
 import numpy as np
 import paddle
 from paddle import nn
+from paddle.incubate.nn.functional import fused_rms_norm
 
+from spmd_serve.models import step_tables
 from spmd_serve.models.sharding import ShardDims
 
 # Per-step graph inputs (name → dtype, shape); every rank derives them from the StepPlan.
 STEP_INPUTS: dict[str, tuple[str, list[int]]] = {
     "input_ids": ("int64", [-1]),          # [T] token ids of this step
-    "positions": ("int64", [-1]),          # [T] absolute position of each token
-    "pad_index": ("int64", [-1, -1]),      # [B, S] index into T, T = padding
     "unpad_index": ("int64", [-1]),        # [T] index into the flattened [B*S] grid
-    "block_tables": ("int64", [-1, -1]),   # [B, MB] KV block ids (MB >= 1)
-    "ctx_lens": ("int64", [-1]),           # [B] tokens already in the cache (past)
-    "query_lens": ("int64", [-1]),         # [B] new tokens of each sequence this step
     "logits_index": ("int64", [-1]),       # [B] index into T of each sequence's last token
+    # per-step tables, built on the host once per step (step_tables.py has their layout)
+    "rope_cos": ("float32", [-1, -1, -1]),     # [T, nh + 2 kvh, d]
+    "rope_sin": ("float32", [-1, -1, -1]),     # [T, nh + 2 kvh, d]
+    "grid_index": ("int64", [-1, -1]),         # [B, S] index into T
+    "past_index": ("int64", [-1, -1, -1, 3]),  # [B, kvh, P, 3]
+    "attn_mask": ("float32", [-1, 1, -1, -1]),  # [B, 1, S, P+S]
 }
-NEG_INF = -1e30  # additive mask; no row is fully masked (every query sees itself)
 
 
 def _param(layer: nn.Layer, value: np.ndarray) -> paddle.Tensor:
@@ -91,18 +94,6 @@ def rms_norm(x: paddle.Tensor, weight: paddle.Tensor, eps: float) -> paddle.Tens
     return paddle.rsqrt(variance + eps) * x * weight
 
 
-def _rotate_half(x: paddle.Tensor) -> paddle.Tensor:
-    half = x.shape[-1] // 2
-    return paddle.concat([-x[..., half:], x[..., :half]], axis=-1)
-
-
-def _to_grid(x: paddle.Tensor, pad_index: paddle.Tensor) -> paddle.Tensor:
-    """[T, h, d] → [B, S, h, d]; padding slots read an appended zero row."""
-    ext = paddle.concat([x, paddle.zeros_like(x[:1])], axis=0)          # [T+1, h, d]
-    b, s = paddle.shape(pad_index)[0], paddle.shape(pad_index)[1]
-    return paddle.gather(ext, pad_index.reshape([-1]), axis=0).reshape([b, s, x.shape[1], x.shape[2]])
-
-
 class EmbedStage(nn.Layer):
     """Vocab-parallel embedding: rows this rank does not own contribute zeros to the sum.  A
     quantised table is held transposed, as the `QuantWeight` of an [H, V_local] linear (scale per
@@ -135,21 +126,47 @@ class EmbedStage(nn.Layer):
         return self._rows(local) * owned.astype("float32").unsqueeze(-1), []
 
 
+def fuse_columns(ws: list):
+    """Concatenate column-parallel weights of one rank along their output dim: [in, out_1 + out_2 ...].
+    A `quant.QuantWeight`'s scales are per output channel ([out] or [in/group, out]), so its
+    integers and scales concatenate the same way: the fused weight quantises exactly like the parts."""
+    if isinstance(ws[0], np.ndarray):
+        return np.concatenate(ws, axis=1)
+    return replace(ws[0], q=np.concatenate([w.q for w in ws], axis=1),
+                   scale=np.concatenate([w.scale for w in ws], axis=-1))
+
+
+def add_rms_norm(h, delta, weight: paddle.Tensor, eps: float):
+    """(RMSNorm(h + delta), h + delta) in one fused op; `h` None starts the residual stream at
+    `delta` (a copy: Paddle rejects a graph whose output is one of its inputs unchanged)."""
+    if h is None:
+        h = paddle.assign(delta)
+        return fused_rms_norm(h, weight, None, eps, 1)[0], h
+    out, h = fused_rms_norm(delta, weight, None, eps, 1, residual=h)
+    return out, h
+
+
 class AttentionStage(nn.Layer):
-    """RMSNorm → q/k/v (column shard, + bias with attention_bias) → RoPE → paged attention (GQA)
-    → o_proj (row shard).  The RoPE inverse frequencies are an export-time constant (`w["inv_freq"]`,
-    rope scaling already applied)."""
+    """residual add + RMSNorm → fused q|k|v (column shard, + bias with attention_bias) → RoPE →
+    paged attention (GQA) → o_proj (row shard).  RoPE's tables are graph inputs (step_tables.py;
+    the exporter records inv_freq, rope scaling applied, in the manifest).
+
+    q, k and v stay one [T, nh + 2 kvh, d] tensor until the attention matmuls: RoPE, the grid
+    gather and the transpose to head-major are one op each for all three (step_tables.rope_tables
+    gives v heads the identity rotation and folds 1/sqrt(d) into the q heads).  The decode variant
+    (`decode`, traced as its own graph) drops the grid for steps of single-token queries."""
 
     def __init__(self, w: dict[str, np.ndarray], dims: ShardDims, layer: int) -> None:
         super().__init__()
         p = f"layers.{layer}."
         self.ln = _param(self, w[p + "ln1"])
-        self.q, self.k, self.v, self.o = (Linear(w[p + n]) for n in ("q", "k", "v", "o"))
-        self.biases = nn.ParameterList([_param(self, w[p + n]) for n in ("q_bias", "k_bias", "v_bias")]
-                                       if dims.attention_bias else [])
+        self.qkv = Linear(fuse_columns([w[p + n] for n in ("q", "k", "v")]))     # [H, (nh + 2 kvh) d]
+        self.o = Linear(w[p + "o"])
+        self.bias = (_param(self, np.concatenate([w[p + n] for n in ("q_bias", "k_bias", "v_bias")]))
+                     if dims.attention_bias else None)
         self.dims, self.layer = dims, layer
         self.kv_int8 = False   # set before tracing the int8-KV variant of the graph (see segment.py)
-        self.inv_freq = paddle.to_tensor(np.asarray(w["inv_freq"], np.float32))   # [d/2] constant
+        self.decode = False    # set before tracing the decode variant (every query length 1)
 
     def cache_names(self) -> tuple[str, str]:
         return f"k_cache_{self.layer}", f"v_cache_{self.layer}"
@@ -158,100 +175,66 @@ class AttentionStage(nn.Layer):
         """int8 KV: per-KV-head fp32 dequantisation scales [kvh] of this layer's K and V pools."""
         return f"k_scale_{self.layer}", f"v_scale_{self.layer}"
 
-    def _rope_tables(self, env):
-        """cos/sin [T, 1, d] of this step's positions: built once per graph, shared by its layers
-        (every layer has the same inv_freq; the env dict is the segment's, see segment.py)."""
-        if "_rope" not in env:
-            freqs = env["positions"].astype("float32").unsqueeze(-1) * self.inv_freq.unsqueeze(0)   # [T, d/2]
-            emb = paddle.concat([freqs, freqs], axis=-1).unsqueeze(1)                              # [T, 1, d]
-            env["_rope"] = (emb.cos(), emb.sin())
-        return env["_rope"]
-
-    def forward(self, h, env):
+    def forward(self, h, delta, env):
         dm = self.dims
-        nh, kvh, d, g = dm.heads, dm.kv_heads, dm.head_dim, dm.group
-        x = rms_norm(h, self.ln, dm.rms_norm_eps)                                       # [T, H]
-        q, k, v = (lin(x) for lin in (self.q, self.k, self.v))
-        if len(self.biases):
-            q, k, v = q + self.biases[0], k + self.biases[1], v + self.biases[2]
-        cos, sin = self._rope_tables(env)
-        q = q.reshape([-1, nh, d])
-        q = q * cos + _rotate_half(q) * sin                                                # [T, nh, d]
-        k = k.reshape([-1, kvh, d])
-        k = k * cos + _rotate_half(k) * sin                                                # [T, kvh, d]
-        v = v.reshape([-1, kvh, d])
+        nh, kvh, d = dm.heads, dm.kv_heads, dm.head_dim
+        x, h = add_rms_norm(h, delta, self.ln, dm.rms_norm_eps)                          # [T, H]
+        qkv = self.qkv(x) if self.bias is None else self.qkv(x) + self.bias
+        qkv = qkv.reshape([-1, nh + 2 * kvh, d])                                         # [T, nh + 2 kvh, d]
+        qkv = qkv * env["rope_cos"] + paddle.roll(qkv, d // 2, axis=-1) * env["rope_sin"]   # RoPE (q, k only)
+        q, k, v = paddle.split(qkv, [nh, kvh, kvh], axis=1)                              # k, v [T, kvh, d] → cache
         kc_name, vc_name = self.cache_names()
-        # past, head-major in one gather: [B, kvh, P, d] with P = MB*bs, in token order
-        idx = _past_index(env, env[kc_name], kvh)
-        b, s = paddle.shape(env["pad_index"])[0], paddle.shape(env["pad_index"])[1]
-        k_past = paddle.gather_nd(env[kc_name], idx)     # (no reshape of the pool: it would copy it)
-        v_past = paddle.gather_nd(env[vc_name], idx)
+        # past, head-major in one gather each: [B, kvh, P, d] (no reshape of the pool: it would copy it)
+        k_past = paddle.gather_nd(env[kc_name], env["past_index"])
+        v_past = paddle.gather_nd(env[vc_name], env["past_index"])
         if self.kv_int8:   # an int8 pool: q * scale[kv head], as ops/paged_attention.py does
             ks_name, vs_name = self.scale_names()
             k_past = k_past.astype("float32") * env[ks_name].reshape([1, kvh, 1, 1])
             v_past = v_past.astype("float32") * env[vs_name].reshape([1, kvh, 1, 1])
-        p = paddle.shape(k_past)[2]
-        # this step's tokens in the padded grid, one gather for q, k and v: [B, S, nh + 2 kvh, d]
-        grid = _to_grid(paddle.concat([q, k, v], axis=1), env["pad_index"])
-        qg, kg, vg = grid[:, :, :nh], grid[:, :, nh:nh + kvh], grid[:, :, nh + kvh:]
-        # query head j uses KV head j // g: [B, S, kvh, g, d] → [B, kvh, g*S, d]
-        qh = qg.reshape([b, s, kvh, g, d]).transpose([0, 2, 3, 1, 4]).reshape([b, kvh, -1, d]) / math.sqrt(d)
-        kn, vn = kg.transpose([0, 2, 1, 3]), vg.transpose([0, 2, 1, 3])                   # [B, kvh, S, d]
+        attend = self._decode if self.decode else self._grid
+        return h, self.o(attend(q, qkv, k, v, k_past, v_past, env)), [k, v]
+
+    def _decode(self, q, qkv, k, v, k_past, v_past, env):
+        """One new token per sequence (T = B, S = 1) and few sequences: no grid, and the new K/V
+        joined to the past ones (a copy of [B, kvh, P, d], cheap at the batch sizes this graph runs)."""
+        kvh, d = self.dims.kv_heads, self.dims.head_dim
+        qh = q.reshape([-1, kvh, self.dims.group, d])                                     # [B, kvh, g, d]
+        keys = paddle.concat([k_past, k.reshape([-1, kvh, 1, d])], axis=2)               # [B, kvh, P+1, d]
+        values = paddle.concat([v_past, v.reshape([-1, kvh, 1, d])], axis=2)
+        probs = nn.functional.softmax(paddle.matmul(qh, keys, transpose_y=True) + env["attn_mask"], axis=-1)
+        return paddle.matmul(probs, values).reshape([-1, self.dims.heads * d])            # [B, nh*d]
+
+    def _grid(self, q, qkv, k, v, k_past, v_past, env):
+        """Any query lengths: this step's tokens in a padded grid [B, S] per sequence."""
+        nh, kvh, d = self.dims.heads, self.dims.kv_heads, self.dims.head_dim
+        p, s = step_tables.grid_dims(env)
+        grid = paddle.gather(qkv, env["grid_index"].reshape([-1]), axis=0)
+        grid = grid.reshape([-1, s, nh + 2 * kvh, d]).transpose([0, 2, 1, 3])              # [B, nh + 2 kvh, S, d]
+        qg, kn, vn = paddle.split(grid, [nh, kvh, kvh], axis=1)                         # kn, vn [B, kvh, S, d]
+        qh = qg.reshape([0, kvh, -1, d])     # query head j uses KV head j // g: [B, kvh, g*S, d], scaled
         # softmax over past and new keys without concatenating the (large) keys and values
         scores = paddle.concat([paddle.matmul(qh, k_past, transpose_y=True),
                                 paddle.matmul(qh, kn, transpose_y=True)], axis=-1)        # [B, kvh, g*S, P+S]
-        scores = scores.reshape([b, kvh, g, s, -1]) + _step_mask(env, p, s)
-        probs = nn.functional.softmax(scores, axis=-1).reshape([b, kvh, g * s, -1])
+        probs = nn.functional.softmax(scores + step_tables.grouped_mask(env, self.dims.group), axis=-1)
         ctx = paddle.matmul(probs[:, :, :, :p], v_past) + paddle.matmul(probs[:, :, :, p:], vn)
-        ctx = ctx.reshape([b, kvh, g, s, d]).transpose([0, 3, 1, 2, 4]).reshape([-1, nh * d])  # [B*S, nh*d]
-        ctx = paddle.gather(ctx, env["unpad_index"], axis=0)                              # [T, nh*d]
-        return self.o(ctx), [k, v]
-
-
-def _past_index(env, cache, kvh: int):
-    """(block, offset, kv head) of each past slot, head-major: [B, kvh, P, 3] with P = MB*bs, for
-    `gather_nd` on a [NB, bs, kvh, d] cache.  Built once per graph (the same for every layer)."""
-    if "_past_index" not in env:
-        bt = env["block_tables"]
-        bs = paddle.shape(cache)[1]
-        pos = paddle.arange(paddle.shape(bt)[1] * bs, dtype="int64")                     # [P]
-        blk = paddle.gather(bt, pos // bs, axis=1).unsqueeze(1)                          # [B, 1, P]
-        off = (pos % bs).reshape([1, 1, -1])                                             # [1, 1, P]
-        head = paddle.arange(kvh, dtype="int64").reshape([1, -1, 1])                     # [1, kvh, 1]
-        zero = blk * 0 + off * 0 + head * 0                                              # [B, kvh, P]
-        env["_past_index"] = paddle.stack([blk + zero, off + zero, head + zero], axis=-1)
-    return env["_past_index"]
-
-
-def _step_mask(env, p, s):
-    """Additive mask [B, 1, 1, S, P+S], once per graph: past slots valid below ctx_len; new tokens
-    causal and real."""
-    if "_mask" not in env:
-        past_ok = paddle.arange(p, dtype="int64").unsqueeze(0) < env["ctx_lens"].unsqueeze(1)       # [B, P]
-        ar = paddle.arange(s, dtype="int64")
-        causal = ar.unsqueeze(0) <= ar.unsqueeze(1)                                                 # [S, S]
-        real = ar.unsqueeze(0) < env["query_lens"].unsqueeze(1)                                     # [B, S]
-        cur_ok = paddle.logical_and(causal.unsqueeze(0), real.unsqueeze(1))                          # [B, S, S]
-        cur = (1.0 - cur_ok.astype("float32")) * NEG_INF                                             # [B, S, S]
-        past = (1.0 - past_ok.astype("float32")).unsqueeze(1) * NEG_INF                              # [B, 1, P]
-        mask = paddle.concat([past + paddle.zeros_like(cur[:, :, :1]), cur], axis=2)                 # [B, S, P+S]
-        env["_mask"] = mask.unsqueeze(1).unsqueeze(1)
-    return env["_mask"]
+        ctx = ctx.reshape([0, nh, -1, d]).transpose([0, 2, 1, 3]).reshape([-1, nh * d])   # [B*S, nh*d]
+        return paddle.gather(ctx, env["unpad_index"], axis=0)                             # [T, nh*d]
 
 
 class MlpStage(nn.Layer):
-    """RMSNorm → SwiGLU with gate/up column shards and a down row shard."""
+    """residual add + RMSNorm → SwiGLU with one fused gate|up column shard → down row shard."""
 
     def __init__(self, w: dict[str, np.ndarray], dims: ShardDims, layer: int) -> None:
         super().__init__()
         p = f"layers.{layer}."
         self.ln = _param(self, w[p + "ln2"])
-        self.gate, self.up, self.down = (Linear(w[p + n]) for n in ("gate", "up", "down"))
+        self.gate_up = Linear(fuse_columns([w[p + "gate"], w[p + "up"]]))                 # [H, 2 I]
+        self.down = Linear(w[p + "down"])
         self.eps = dims.rms_norm_eps
 
-    def forward(self, h, env):
-        x = rms_norm(h, self.ln, self.eps)
-        return self.down(nn.functional.silu(self.gate(x)) * self.up(x)), []
+    def forward(self, h, delta, env):
+        x, h = add_rms_norm(h, delta, self.ln, self.eps)
+        return h, self.down(nn.functional.swiglu(self.gate_up(x))), []   # silu(gate) * up
 
 
 class HeadStage(nn.Layer):

@@ -20,14 +20,16 @@ from paddle.static import InputSpec
 from spmd_serve.models.llama import STEP_INPUTS, AttentionStage, EmbedStage, HeadStage, MlpStage
 from spmd_serve.models.sharding import ShardDims
 
-_ATTN_INPUTS = ("positions", "pad_index", "unpad_index", "block_tables", "ctx_lens", "query_lens")
+_ATTN_INPUTS = ("rope_cos", "rope_sin", "grid_index", "unpad_index", "past_index", "attn_mask")
+_GRID_INPUTS = ("grid_index", "unpad_index")   # not taken by the decode variant
 
 
 def stage_inputs(stage: nn.Layer) -> list[str]:
     if isinstance(stage, EmbedStage):
         return ["input_ids"]
     if isinstance(stage, AttentionStage):
-        return [*_ATTN_INPUTS, *stage.cache_names(), *(stage.scale_names() if stage.kv_int8 else ())]
+        tables = [n for n in _ATTN_INPUTS if not (stage.decode and n in _GRID_INPUTS)]
+        return [*tables, *stage.cache_names(), *(stage.scale_names() if stage.kv_int8 else ())]
     if isinstance(stage, HeadStage):
         return ["logits_index"]
     return []
@@ -40,7 +42,7 @@ class SegmentSpec:
     inputs: list[str]
     outputs: list[str]
     kv_layers: list[int] = field(default_factory=list)
-    params: str | None = None   # the .pdiparams prefix when not `name` (an int8-KV variant shares its twin's)
+    params: str | None = None   # the .pdiparams prefix when not `name` (a variant shares its base graph's)
 
     @property
     def collective(self) -> str:
@@ -56,19 +58,22 @@ class Segment(nn.Layer):
         self.stages = nn.LayerList(stages)
         self.takes_hidden, self.takes_partial = takes_hidden, takes_partial
         self.base_name = name
-        self.set_kv_int8(False)
+        self.set_variant()
 
     @property
     def has_kv(self) -> bool:
         return any(isinstance(st, AttentionStage) for st in self.stages)
 
-    def set_kv_int8(self, on: bool) -> None:
-        """Switch the attention stages between an fp32 and an int8 KV pool (same parameters, so the
-        two traced graphs share one .pdiparams); the int8 variant is named `<name>.kv8`."""
+    def set_variant(self, kv_int8: bool = False, decode: bool = False) -> None:
+        """Switch the attention stages between an fp32 and an int8 KV pool and between any query
+        lengths and the decode variant (one token per sequence).  Variants have the same
+        parameters, so their traced graphs share the base graph's .pdiparams; they are named
+        `<name>.kv8`, `<name>.dec`, `<name>.kv8.dec`."""
         stages = list(self.stages)
         for st in stages:
             if isinstance(st, AttentionStage):
-                st.kv_int8 = on
+                st.kv_int8, st.decode = kv_int8, decode
+        self.kv_int8 = kv_int8
         inputs = (["hidden"] if self.takes_hidden else []) + (["partial"] if self.takes_partial else [])
         for st in stages:
             inputs += [n for n in stage_inputs(st) if n not in inputs]
@@ -77,8 +82,8 @@ class Segment(nn.Layer):
         many = self.takes_partial or len(stages) > 1
         outputs = ["logits"] if head else ["hidden", "partial"] if many else ["partial"]
         outputs += [f"{kind}_new_{layer}" for layer in kv for kind in ("k", "v")]
-        name = f"{self.base_name}.kv8" if on else self.base_name
-        self.spec = SegmentSpec(name, inputs, outputs, kv, params=self.base_name if on else None)
+        name = self.base_name + (".kv8" if kv_int8 else "") + (".dec" if decode else "")
+        self.spec = SegmentSpec(name, inputs, outputs, kv, params=self.base_name if name != self.base_name else None)
 
     def forward(self, args):
         env = dict(zip(self.spec.inputs, args))
@@ -86,11 +91,14 @@ class Segment(nn.Layer):
         delta = env["partial"] if self.takes_partial else None
         kv_out = []
         for st in self.stages:
-            if not isinstance(st, EmbedStage):
-                # residual add of the reduced partial; a copy when it starts the stream, because
-                # Paddle rejects a graph whose output is one of its inputs unchanged
-                h = paddle.assign(delta) if h is None else h + delta
-            delta, kv = st(h, env)
+            if isinstance(st, (AttentionStage, MlpStage)):   # residual add fused with their norm
+                h, delta, kv = st(h, delta, env)
+            else:
+                if not isinstance(st, EmbedStage):
+                    # residual add of the reduced partial; a copy when it starts the stream, because
+                    # Paddle rejects a graph whose output is one of its inputs unchanged
+                    h = paddle.assign(delta) if h is None else h + delta
+                delta, kv = st(h, env)
             kv_out += kv
         if self.spec.outputs[0] == "logits":
             return [delta, *kv_out]
@@ -102,7 +110,7 @@ class Segment(nn.Layer):
             if n in ("hidden", "partial"):
                 specs.append(InputSpec([-1, dims.hidden], "float32", n))
             elif n.startswith(("k_cache_", "v_cache_")):
-                dtype = "int8" if self.spec.params else "float32"
+                dtype = "int8" if self.kv_int8 else "float32"
                 specs.append(InputSpec([-1, -1, dims.kv_heads, dims.head_dim], dtype, n))  # [NB, bs, kvh, d]
             elif n.startswith(("k_scale_", "v_scale_")):
                 specs.append(InputSpec([dims.kv_heads], "float32", n))

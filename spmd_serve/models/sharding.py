@@ -101,8 +101,8 @@ def linear_slices(mc: ModelConfig, dims: ShardDims, rank: int) -> dict[str, slic
 def shard_weights(hf: dict[str, np.ndarray], cfg: dict | ModelConfig, dims: ShardDims, rank: int
                   ) -> dict[str, np.ndarray]:
     """This rank's weights, named `embed`, `layers.{i}.{q,k,v,o,gate,up,down,ln1,ln2}` (and
-    `layers.{i}.{q,k,v}_bias` with attention_bias), `norm`, `lm_head`, plus the constant
-    `inv_freq` (RoPE, rope scaling applied)."""
+    `layers.{i}.{q,k,v}_bias` with attention_bias), `norm`, `lm_head`.  (RoPE's inv_freq is not a
+    weight: the exporter writes it into the manifest and the runner builds the tables.)"""
     mc = cfg if isinstance(cfg, ModelConfig) else ModelConfig.from_hf(cfg)
     r = rank
     sl = linear_slices(mc, dims, r)
@@ -118,7 +118,7 @@ def shard_weights(hf: dict[str, np.ndarray], cfg: dict | ModelConfig, dims: Shar
     embed = hf["model.embed_tokens.weight"]
     head = embed if mc.tie_word_embeddings or "lm_head.weight" not in hf else hf["lm_head.weight"]
     out = {"embed": vocab_rows(embed), "norm": hf["model.norm.weight"],
-           "lm_head": np.ascontiguousarray(vocab_rows(head).T), "inv_freq": mc.inv_freq()}
+           "lm_head": np.ascontiguousarray(vocab_rows(head).T)}
     for i in range(dims.num_layers):
         p, a = f"model.layers.{i}.", f"model.layers.{i}.self_attn."
         out.update({f"layers.{i}.ln1": hf[p + "input_layernorm.weight"],

@@ -3,24 +3,84 @@ write the new K/V into the paged pool, and return the full-vocab logits on rank 
 
 Segments are `paddle.inference` predictors loaded from `rank_<i>/` (see models/segment.py for
 their inputs/outputs).  Identical on every rank; only the collective results differ by rank.
+Also the runtime settings the graphs' speed depends on: glibc malloc tuning and which predictor
+(plain / decode graph / oneDNN) runs a step.
 """
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import json
+import os
 import time
 from pathlib import Path
 
 import numpy as np
 
 from spmd_serve.engine.step_stats import RunnerTimings
-from spmd_serve.protocol import StepPlan, grid_indices, split_by_query_len
+from spmd_serve.models.sharding import ShardDims
+from spmd_serve.models.step_tables import step_feeds
+from spmd_serve.protocol import StepPlan, split_by_query_len
 from spmd_serve.worker.kv_cache import KVCachePool
 
 
-class Segment:
-    """One loaded graph segment and its manifest entry."""
+# glibc malloc settings for the graph runtime, applied once per rank process before the graphs run.
+# Paddle's CPU allocator takes every intermediate tensor from malloc and frees it at once.  With
+# glibc's defaults a block above the mmap threshold (128 KiB, raised dynamically only up to the
+# largest block freed so far) is a fresh mmap, and freed memory at the top of the heap beyond the
+# trim threshold goes back to the kernel: either way the next step's tensor of the same size
+# page-faults in again and is zeroed by the kernel.  At batch 32 that was most of a gather's time
+# (a 4 MB past-K gather: 3-6 ms, 0.1-0.2 ms with the settings below; RESULTS.md "Speed change 3").
+#
+# `tune_malloc` keeps blocks up to 32 MiB (glibc's maximum) on the heap and keeps up to
+# `MALLOC_KEEP_BYTES` of freed heap mapped, so steady-state steps reuse the same pages.
+# `SPMD_MALLOC_TUNING=0` leaves glibc's defaults (e.g. to compare, or under another allocator).
+M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3     # glibc <malloc.h>
+MMAP_THRESHOLD_MAX = 32 << 20                    # glibc refuses more on 64-bit (HEAP_MAX_SIZE / 2)
+MALLOC_KEEP_BYTES = 1 << 30
 
-    def __init__(self, rank_dir: Path, spec: dict, num_threads: int, quantised: bool = False) -> None:
+
+def tune_malloc() -> bool:
+    """Apply the malloc settings above; False when disabled or not glibc (nothing changed)."""
+    if os.environ.get("SPMD_MALLOC_TUNING", "1") == "0":
+        return False
+    name = ctypes.util.find_library("c")
+    try:
+        mallopt = ctypes.CDLL(name).mallopt
+    except (OSError, AttributeError, TypeError):   # not glibc (musl, macOS): no mallopt
+        return False
+    mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
+    return bool(mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD_MAX) and mallopt(M_TRIM_THRESHOLD, MALLOC_KEEP_BYTES))
+
+
+# Steps with at least this many tokens run on a oneDNN predictor of each segment (matmuls ~2x faster
+# from ~5 tokens a step, slower below: measured crossover ~4, RESULTS.md "Speed change 3"); smaller
+# decode steps on a plain predictor of the decode graph.  The second predictor holds a second copy
+# of the rank's weights, so by default it is made only for ranks whose params fit in
+# ONEDNN_AUTO_MAX_BYTES.  SPMD_ONEDNN_MIN_TOKENS=N overrides (0: never, one plain predictor of the
+# general graph per segment).
+ONEDNN_MIN_TOKENS = 5
+ONEDNN_AUTO_MAX_BYTES = 2 << 30
+
+
+def onednn_min_tokens(rank_dir: Path, specs: list[dict]) -> int:
+    """SPMD_ONEDNN_MIN_TOKENS if set, else ONEDNN_MIN_TOKENS when the twins' extra weights are small."""
+    value = os.environ.get("SPMD_ONEDNN_MIN_TOKENS", "").strip()
+    if value:
+        if not value.isdigit():
+            from spmd_serve.config import ConfigError
+
+            raise ConfigError(f"SPMD_ONEDNN_MIN_TOKENS={value!r}: expected a token count >= 0 (0: no oneDNN predictor)")
+        return int(value)
+    params = {spec.get("params") or spec["name"] for spec in specs}
+    size = sum((rank_dir / f"{p}.pdiparams").stat().st_size for p in params)
+    return ONEDNN_MIN_TOKENS if size <= ONEDNN_AUTO_MAX_BYTES else 0
+
+
+class _Predictor:
+    """One paddle.inference predictor of a segment and its input/output handles."""
+
+    def __init__(self, rank_dir: Path, spec: dict, num_threads: int, quantised: bool, onednn: bool) -> None:
         from paddle import inference
 
         params = spec.get("params") or spec["name"]   # an int8-KV variant loads its fp32 twin's params
@@ -28,33 +88,54 @@ class Segment:
         cfg.disable_gpu()
         cfg.disable_glog_info()
         cfg.set_cpu_math_library_num_threads(num_threads)
-        if hasattr(cfg, "disable_mkldnn"):
-            cfg.disable_mkldnn()   # oneDNN re-creates primitives per shape: slower at small batch (DESIGN §4)
+        if onednn:
+            cfg.enable_mkldnn()   # primitives are cached per shape (measured: no re-creation cost per step)
+        elif hasattr(cfg, "disable_mkldnn"):
+            cfg.disable_mkldnn()
         if quantised:
             # constant folding would dequantise the int8/int4 weights once at load, into fp32
             # params: fp32 speed but fp32 memory.  Keep them int8 (memory is the point of --quant).
             cfg.delete_pass("constant_folding_pass")
         self.predictor = inference.create_predictor(cfg)
-        self.inputs: list[str] = spec["inputs"]
+        self.inputs = {n: self.predictor.get_input_handle(n) for n in self.predictor.get_input_names()}
+        self.outputs = [self.predictor.get_output_handle(n) for n in self.predictor.get_output_names()]
+
+
+class Segment:
+    """One loaded graph segment and its manifest entry.  With `onednn_min_tokens` > 0 it has two
+    predictors: a oneDNN one for steps of >= that many tokens and any step it alone can run, and a
+    plain one for the small steps — loading the segment's decode graph (spec["decode"]: single-token
+    queries, no grid) when the export has one, since the oneDNN predictor runs small prefills."""
+
+    def __init__(self, rank_dir: Path, spec: dict, num_threads: int, quantised: bool = False,
+                 onednn_min_tokens: int = 0) -> None:
+        decode = spec.get("decode") if onednn_min_tokens > 0 else None
+        self.plain = _Predictor(rank_dir, decode or spec, num_threads, quantised, onednn=False)
+        self.plain_decode_only = decode is not None
+        self.batched = (_Predictor(rank_dir, spec, num_threads, quantised, onednn=True)
+                        if onednn_min_tokens > 0 else None)
+        self.min_tokens = onednn_min_tokens
+        self.inputs: list[str] = spec["inputs"]   # every input of either graph
         self.outputs: list[str] = spec["outputs"]
         self.kv_layers: list[int] = spec["kv_layers"]
         self.gathers_logits = self.outputs[0] == "logits"
-        self._in = {n: self.predictor.get_input_handle(n) for n in self.predictor.get_input_names()}
-        self._out = [self.predictor.get_output_handle(n) for n in self.predictor.get_output_names()]
 
     def bind_cache(self, pool: KVCachePool) -> None:
-        for name in self.inputs:
-            if name.startswith(("k_cache_", "v_cache_", "k_scale_", "v_scale_")):
-                self._in[name].share_external_data(pool.tensor(name))
+        for pred in [p for p in (self.plain, self.batched) if p is not None]:
+            for name, handle in pred.inputs.items():
+                if name.startswith(("k_cache_", "v_cache_", "k_scale_", "v_scale_")):
+                    handle.share_external_data(pool.tensor(name))
 
-    def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        for name in self.inputs:
+    def run(self, feeds: dict[str, np.ndarray], decode: bool = False) -> dict[str, np.ndarray]:
+        """`decode`: every sequence of this step has one new token."""
+        small = len(feeds["input_ids"]) < self.min_tokens and (decode or not self.plain_decode_only)
+        pred = self.plain if self.batched is None or small else self.batched
+        for name, h in pred.inputs.items():
             if name in feeds:
-                h = self._in[name]
                 h.reshape(list(feeds[name].shape))
                 h.copy_from_cpu(feeds[name])
-        self.predictor.run()
-        return {n: h.copy_to_cpu() for n, h in zip(self.outputs, self._out)}
+        pred.predictor.run()
+        return {n: h.copy_to_cpu() for n, h in zip(self.outputs, pred.outputs)}
 
 
 class ModelRunner:
@@ -62,6 +143,7 @@ class ModelRunner:
                  num_threads: int = 1, kv_int8: bool = False) -> None:
         from spmd_serve.config import ConfigError
 
+        tune_malloc()   # before the first step: intermediates reuse heap pages
         rank_dir = Path(model_dir) / f"rank_{rank}"
         manifest = json.loads((rank_dir / "manifest.json").read_text())
         self.dims = manifest["dims"]
@@ -71,12 +153,18 @@ class ModelRunner:
                               "(exported before int8 KV existed); re-export the model with `spmd_serve export`")
         specs = manifest["segments_kv_int8" if kv_int8 else "segments"]
         quantised = bool(manifest.get("quant"))
-        self.segments = [Segment(rank_dir, spec, num_threads, quantised) for spec in specs]
+        self.onednn_min_tokens = onednn_min_tokens(rank_dir, specs)
+        self.segments = [Segment(rank_dir, spec, num_threads, quantised, self.onednn_min_tokens) for spec in specs]
         self.timings = RunnerTimings(len(self.segments))   # where `execute` goes (step_stats.py)
         self.pool = KVCachePool(self.dims["num_layers"], num_blocks, block_size, self.dims["kv_heads"],
                                 self.dims["head_dim"], manifest["kv_scales"] if kv_int8 else None)
         for seg in self.segments:
             seg.bind_cache(self.pool)
+        # what step_feeds builds once per step for all segments (exports before the host-side
+        # tables have no inv_freq and ask only for the plan's arrays)
+        self.shard_dims = ShardDims(**self.dims)
+        self.inv_freq = np.asarray(manifest.get("inv_freq", ()), np.float32)
+        self.input_names = {n for seg in self.segments for n in seg.inputs}
 
     def execute(self, plan: StepPlan) -> np.ndarray | None:
         """Run the plan on this rank's shard; [B, vocab] float32 logits on rank 0, None elsewhere."""
@@ -92,16 +180,13 @@ class ModelRunner:
         return logits
 
     def _execute(self, plan: StepPlan) -> np.ndarray | None:
-        pad_index, unpad_index, logits_index = grid_indices(plan.query_lens)
-        feeds: dict[str, np.ndarray] = {
-            "input_ids": plan.input_ids, "positions": plan.positions, "pad_index": pad_index,
-            "unpad_index": unpad_index, "block_tables": plan.block_tables, "ctx_lens": plan.ctx_lens,
-            "query_lens": plan.query_lens, "logits_index": logits_index}
+        feeds = step_feeds(plan, self.shard_dims, self.inv_freq, self.pool.block_size, self.input_names)
+        decode = bool(plan.query_lens.max() == 1)
         logits = None
         acc, clock = self.timings.seconds, time.perf_counter   # ~100 ns a lap: no per-token cost
         t = clock()
         for key, seg in zip(self.timings.segment_keys, self.segments):
-            out = seg.run(feeds)
+            out = seg.run(feeds, decode)
             t, t0 = clock(), t
             acc[key] += t - t0
             for layer in seg.kv_layers:   # this layer's cache is read only by this segment: write now

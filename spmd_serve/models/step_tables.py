@@ -1,0 +1,104 @@
+"""Per-step tables of the attention graphs: built once per step on the host (numpy), fed to every
+attention segment as graph inputs, and the few graph-side helpers that read them.
+
+Every attention layer of a step needs the same RoPE cos/sin, grid index, past gather index and
+mask.  Built inside the graph they cost ~60 small ops per graph, i.e. per attention *segment* at
+TP > 1 (8 times per step for --demo small at TP=2); in numpy they cost tens of microseconds once.
+Shapes: T tokens this step, B sequences, S = longest query of the pass, P = past slots gathered
+(MB * block size), heads = nh + 2 kvh (the q, k and v heads of this rank), d = head_dim.
+
+    rope_cos, rope_sin [T, heads, d] f32   x * cos + roll(x, d/2) * sin on the fused q|k|v heads
+    grid_index   [B, S] int64              token of each grid slot (padding clamped to T - 1)
+    past_index   [B, kvh, P, 3] int64      (block, offset, kv head) of each past slot, head-major
+    attn_mask    [B, 1, S, P + S] f32      additive: past below ctx_len; new tokens causal and real
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from spmd_serve.models.sharding import ShardDims
+from spmd_serve.protocol import grid_indices
+
+NEG_INF = -1e30  # additive mask; no row is fully masked (every query sees itself)
+TABLES = ("rope_cos", "rope_sin", "grid_index", "past_index", "attn_mask")
+
+
+def rope_tables(positions: np.ndarray, inv_freq: np.ndarray, dims: ShardDims) -> tuple[np.ndarray, np.ndarray]:
+    """cos, sin [T, heads, d] for `x * cos + roll(x, d/2) * sin` on the fused q|k|v heads:
+    * rotate_half(x) = roll(x, d/2) with its first half negated — the sign is folded into sin;
+    * q heads carry the attention scale 1/sqrt(d) (exact for d a power of 4, e.g. 64);
+    * v heads get cos = 1, sin = 0: passed through unchanged (x * 1 + y * 0 = x exactly)."""
+    nh, kvh, d = dims.heads, dims.kv_heads, dims.head_dim
+    kind = np.repeat([0, 1, 2], [nh, kvh, kvh])                                             # q, k, v per head
+    mult = np.where(kind == 0, 1.0 / math.sqrt(d), np.where(kind == 1, 1.0, 0.0)).astype(np.float32)[:, None]
+    sign = np.where(np.arange(d) < d // 2, -1.0, 1.0).astype(np.float32)                    # [d]
+    freqs = positions.astype(np.float32)[:, None] * np.asarray(inv_freq, np.float32)[None, :]   # [T, d/2]
+    emb = np.concatenate([freqs, freqs], axis=-1)[:, None, :]                                # [T, 1, d]
+    cos = np.cos(emb) * mult + (kind == 2).astype(np.float32)[:, None]                      # [T, heads, d]
+    sin = np.sin(emb) * (mult * sign)
+    return cos, sin
+
+
+def past_index(block_tables: np.ndarray, block_size: int, kvh: int) -> np.ndarray:
+    """[B, kvh, P, 3]: (block, offset, kv head) of each past slot for `gather_nd` on a
+    [NB, bs, kvh, d] pool, so the gather yields [B, kvh, P, d] head-major in token order."""
+    b, mb = block_tables.shape
+    pos = np.arange(mb * block_size)
+    idx = np.empty((b, kvh, pos.size, 3), np.int64)
+    idx[..., 0] = block_tables[:, pos // block_size][:, None, :]
+    idx[..., 1] = (pos % block_size)[None, None, :]
+    idx[..., 2] = np.arange(kvh)[None, :, None]
+    return idx
+
+
+def attn_mask(ctx_lens: np.ndarray, query_lens: np.ndarray, p: int, s: int) -> np.ndarray:
+    """[B, 1, S, P + S] additive mask: 0 where a query row may attend, NEG_INF elsewhere."""
+    past_ok = np.arange(p)[None, :] < ctx_lens[:, None]                                    # [B, P]
+    ar = np.arange(s)
+    cur_ok = (ar[None, :] <= ar[:, None])[None] & (ar[None, :] < query_lens[:, None])[:, None]   # [B, S, S]
+    ok = np.concatenate([np.broadcast_to(past_ok[:, None, :], (len(ctx_lens), s, p)), cur_ok], axis=2)
+    return np.where(ok, np.float32(0), np.float32(NEG_INF))[:, None]
+
+
+def step_feeds(plan, dims: ShardDims, inv_freq: np.ndarray, block_size: int, names) -> dict[str, np.ndarray]:
+    """The graph inputs in `names` for a plan (anything with StepPlan's arrays): the plan's own
+    arrays, the grid indices (protocol.grid_indices) and the tables above, each computed once."""
+    pad_index, unpad_index, logits_index = grid_indices(plan.query_lens)
+    feeds = {"input_ids": plan.input_ids, "positions": plan.positions, "pad_index": pad_index,
+             "unpad_index": unpad_index, "block_tables": plan.block_tables, "ctx_lens": plan.ctx_lens,
+             "query_lens": plan.query_lens, "logits_index": logits_index}
+    names = set(names)
+    if names & {"rope_cos", "rope_sin"}:
+        feeds["rope_cos"], feeds["rope_sin"] = rope_tables(plan.positions, inv_freq, dims)
+    if "grid_index" in names:
+        feeds["grid_index"] = np.minimum(pad_index, max(len(plan.input_ids) - 1, 0))
+    if "past_index" in names:
+        feeds["past_index"] = past_index(plan.block_tables, block_size, dims.kv_heads)
+    if "attn_mask" in names:
+        feeds["attn_mask"] = attn_mask(plan.ctx_lens, plan.query_lens, plan.block_tables.shape[1] * block_size,
+                                       pad_index.shape[1])
+    return feeds
+
+
+# ---------------------------------------------------------------- graph side
+# (paddle is imported inside: the runner imports this module for step_feeds, and importing paddle
+# at server start-up costs ~1 s and installs its signal handlers before the model checks ran)
+
+def grid_dims(env: dict):
+    """(P, S) of this step as graph scalars, read once per graph from the tables' shapes."""
+    import paddle
+
+    if "_dims" not in env:
+        env["_dims"] = (paddle.shape(env["past_index"])[2], paddle.shape(env["grid_index"])[1])
+    return env["_dims"]
+
+
+def grouped_mask(env: dict, group: int):
+    """attn_mask for scores laid out [B, kvh, g*S, P+S] (row = g_i * S + s): [B, 1, g*S, P+S],
+    tiled once per graph."""
+    if "_mask" not in env:
+        mask = env["attn_mask"]
+        env["_mask"] = mask.tile([1, group, 1, 1]).reshape([0, 1, -1, 0]) if group > 1 else mask
+    return env["_mask"]
