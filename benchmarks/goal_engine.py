@@ -71,11 +71,13 @@ def run(model_dir: str, batch: int, input_len: int, output_len: int, num_threads
     from spmd_serve.sampling_params import SamplingParams
     from spmd_serve.scheduler.request import Request
     from spmd_serve.scheduler.scheduler import SchedulerConfig
+    from spmd_serve.config import env_setting
     from spmd_serve.worker.model_runner import ModelRunner
 
     comm = Comm()
     num_blocks, block_size = 512, 64
-    runner = ModelRunner(model_dir, comm.rank, comm, num_blocks, block_size, num_threads)
+    runner = ModelRunner(model_dir, comm.rank, comm, num_blocks, block_size, num_threads,
+                         onednn=env_setting("onednn_min_tokens"), malloc_tuning=env_setting("malloc_tuning"))
     comm.barrier()
     if comm.rank != 0:
         worker_loop(comm, runner)

@@ -22,6 +22,7 @@ from types import SimpleNamespace
 import numpy as np
 from paddle import inference
 
+from spmd_serve.config import env_setting
 from spmd_serve.models.sharding import ShardDims
 from spmd_serve.models.step_tables import step_feeds
 from spmd_serve.worker.kv_cache import KVCachePool
@@ -93,7 +94,8 @@ def main() -> None:
     ap.add_argument("--prof", action="store_true")
     ap.add_argument("--decode", action="store_true", help="the decode graph (spec['decode']) where the export has one")
     args = ap.parse_args()
-    tune_malloc()   # as ModelRunner does (SPMD_MALLOC_TUNING=0: glibc defaults)
+    if env_setting("malloc_tuning"):   # as ModelRunner does (SPMD_MALLOC_TUNING=0: glibc defaults)
+        tune_malloc()
     graphs = [Graph(d, bool(o), args.threads, args.prof, args.decode) for d in args.dirs for o in args.onednn]
     feeds = decode_feeds(graphs, args.batch, args.past)
     for _ in range(3):                        # warm-up (oneDNN creates its primitives here)

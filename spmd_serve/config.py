@@ -75,6 +75,9 @@ class ServeConfig:
     max_num_batched_tokens: int = _default("max_num_batched_tokens")
     num_threads: int = _default("num_threads")
     drain_timeout_s: float = _default("drain_timeout_s")
+    onednn_min_tokens: int | None = _default("onednn_min_tokens")
+    malloc_tuning: bool = _default("malloc_tuning")
+    log_step_every: int = _default("log_step_every")
 
     def __post_init__(self) -> None:
         # Re-checked here (not only when parsing) so that configs built in code or via
@@ -182,18 +185,25 @@ def config_from_args(ns: argparse.Namespace,
                      environ: Mapping[str, str] | None = None) -> ServeConfig:
     """Build the config from parsed flags (see add_config_arguments) plus the environment."""
     env = os.environ if environ is None else environ
-    values: dict[str, Any] = {}
-    for var in ENV_VARS:
-        raw, label = _lookup(var, getattr(ns, var.field, None), env)
-        if raw is None:
-            values[var.field] = var.default
-            continue
-        try:
-            values[var.field] = var.parse(raw)
-        except ValueError as e:
-            shown = "<hidden>" if var.secret else raw.strip()
-            raise ConfigError(f"{label.format(shown)} is invalid: {e}") from None
-    return ServeConfig(**values)
+    return ServeConfig(**{var.field: _read(var, getattr(ns, var.field, None), env) for var in ENV_VARS})
+
+
+def _read(var: EnvVar, flag_value: str | None, env: Mapping[str, str]) -> Any:
+    """The variable's typed value (its default when unset); ConfigError naming it when invalid."""
+    raw, label = _lookup(var, flag_value, env)
+    if raw is None:
+        return var.default
+    try:
+        return var.parse(raw)
+    except ValueError as e:
+        shown = "<hidden>" if var.secret else raw.strip()
+        raise ConfigError(f"{label.format(shown)} is invalid: {e}") from None
+
+
+def env_setting(field: str, environ: Mapping[str, str] | None = None) -> Any:
+    """One setting from the environment alone, validated as at start-up: for the tools that build
+    a ModelRunner without a ServeConfig (the offline engine, benchmarks)."""
+    return _read(BY_FIELD[field], None, os.environ if environ is None else environ)
 
 
 def load_config(argv: list[str] | None = None,

@@ -214,6 +214,14 @@ ENV_VARS: tuple[EnvVar, ...] = (
     _v("SPMD_DRAIN_TIMEOUT_S", 60.0, "float", "internal: on SIGTERM, seconds in-flight requests may "
        "take to finish before they are aborted (a second SIGTERM aborts at once)", "drain_timeout_s",
        minimum=0, internal=True),
+    _v("SPMD_ONEDNN_MIN_TOKENS", None, "int", "internal: steps of at least this many tokens run on a "
+       "second, oneDNN predictor of each graph (0: none); unset: 5 when a rank's params fit in 2 GiB "
+       "(the twin holds a second copy of the weights), else 0", "onednn_min_tokens", minimum=0,
+       internal=True),
+    _v("SPMD_MALLOC_TUNING", True, "bool", "internal: keep a step's intermediates on the glibc heap "
+       "(mallopt) instead of fresh mmaps", "malloc_tuning", internal=True),
+    _v("SPMD_LOG_STEP_EVERY", 0, "int", "internal: log the per-phase step split every N steps "
+       "(0: never)", "log_step_every", minimum=0, internal=True),
 )
 
 BY_FIELD: dict[str, EnvVar] = {v.field: v for v in ENV_VARS}

@@ -102,7 +102,8 @@ def _load(cfg, comm):
     check_kv_fits(cfg, manifest["dims"], comm.ranks_on_node())
     frontend = _start_frontend(cfg, model_config) if comm.rank == 0 else None
     runner = ModelRunner(cfg.model_dir, comm.rank, comm, cfg.num_blocks(), cfg.block_size, cfg.num_threads,
-                         kv_int8=cfg.use_cache_kv_int8)
+                         kv_int8=cfg.use_cache_kv_int8, onednn=cfg.onednn_min_tokens,
+                         malloc_tuning=cfg.malloc_tuning)
     return cfg, runner, frontend
 
 
@@ -115,7 +116,7 @@ def _run_rank0(cfg, comm, runner, fe: Frontend) -> None:
                             block_ratio=cfg.block_ratio, max_waiting=cfg.max_cached_task_num,
                             max_num_batched_tokens=cfg.max_num_batched_tokens, max_model_len=fe.max_model_len)
     engine = Engine(sched, comm, runner, client, frozenset(fe.tokenizer.eos_token_ids),
-                    log_every=int(os.environ.get("SPMD_LOG_STEP_EVERY", "0")), metrics=fe.metrics,
+                    log_every=cfg.log_step_every, metrics=fe.metrics,
                     drain_timeout_s=cfg.drain_timeout_s)
 
     def stop(signum, _frame) -> None:

@@ -27,6 +27,9 @@ CONTRACT_DEFAULTS = {
     "use_cache_kv_int8": False, "log_dir": "./log", "output_log_to_console": False,
     "api_key": None, "max_num_batched_tokens": 512, "num_threads": 1,
     "drain_timeout_s": 60.0,
+    "onednn_min_tokens": None,
+    "malloc_tuning": True,
+    "log_step_every": 0,
 }
 
 # A valid non-default raw value for every variable, and what it parses to.
@@ -46,6 +49,9 @@ SAMPLES = {
     "OUTPUT_LOG_TO_CONSOLE": ("1", True), "API_KEY": ("sk-123", "sk-123"),
     "SPMD_MAX_NUM_BATCHED_TOKENS": ("16", 16), "SPMD_NUM_THREADS": ("8", 8),
     "SPMD_DRAIN_TIMEOUT_S": ("2.5", 2.5),
+    "SPMD_ONEDNN_MIN_TOKENS": ("0", 0),
+    "SPMD_MALLOC_TUNING": ("no", False),
+    "SPMD_LOG_STEP_EVERY": ("50", 50),
 }
 ALIASES = [(v.name, alias) for v in ENV_VARS for alias in v.aliases]
 
@@ -93,7 +99,9 @@ def test_defaults_equal_contract():
     assert dataclasses.asdict(cfg) == CONTRACT_DEFAULTS
     assert ServeConfig() == cfg
     assert [v.name for v in ENV_VARS if v.internal] == ["SPMD_MAX_NUM_BATCHED_TOKENS",
-                                                        "SPMD_NUM_THREADS", "SPMD_DRAIN_TIMEOUT_S"]
+                                                        "SPMD_NUM_THREADS", "SPMD_DRAIN_TIMEOUT_S",
+                                                        "SPMD_ONEDNN_MIN_TOKENS", "SPMD_MALLOC_TUNING",
+                                                        "SPMD_LOG_STEP_EVERY"]
 
 
 @pytest.mark.parametrize("name", [v.name for v in ENV_VARS])
@@ -147,6 +155,7 @@ def test_bool_spellings(raw, want):
     ("MAX_CACHED_TASK_NUM", "0", ">= 1"), ("MP_NUM", "0", ">= 1"), ("MP_NNODE", "two", "integer"),
     ("SPMD_MAX_NUM_BATCHED_TOKENS", "15", ">= 16"), ("SPMD_NUM_THREADS", "0", ">= 1"),
     ("SPMD_DRAIN_TIMEOUT_S", "-1", ">= 0"), ("SPMD_DRAIN_TIMEOUT_S", "soon", "must be a number"),
+    ("SPMD_ONEDNN_MIN_TOKENS", "many", "must be an integer >= 0"), ("SPMD_LOG_STEP_EVERY", "-5", ">= 0"),
     ("POD_IPS", "10.0.0.1,,10.0.0.2", "comma-separated"), ("POD_0_IP", "a b", "host name"),
     ("CUDA_VISIBLE_DEVICES", "0;1", "device ids"), ("HOST", "0.0.0.0 x", "host name"),
 ])

@@ -187,21 +187,22 @@ def test_decode_graphs_and_onednn_predictors_give_the_same_logits(tp_runs, serve
         assert np.abs(got - want).max() <= 1e-4, (step, np.abs(got - want).max())
 
 
-def test_onednn_predictor_knob(served_tp1, monkeypatch):
+def test_onednn_predictor_knob(served_tp1):
     """SPMD_ONEDNN_MIN_TOKENS: unset = automatic (on for a small model), 0 = one plain predictor
-    of the general graph, anything but a count = a one-line configuration error."""
-    from spmd_serve.config import ConfigError
+    of the general graph, anything but a count = a one-line configuration error naming it."""
+    from spmd_serve.config import ConfigError, env_setting, load_config
     from spmd_serve.worker.model_runner import ModelRunner
 
-    auto = ModelRunner(served_tp1, 0, None, 4, BLOCK_SIZE)
+    auto = ModelRunner(served_tp1, 0, None, 4, BLOCK_SIZE, onednn=env_setting("onednn_min_tokens", {}))
     assert auto.onednn_min_tokens == 5 and auto.segments[0].batched is not None
     assert auto.segments[0].plain_decode_only
-    monkeypatch.setenv("SPMD_ONEDNN_MIN_TOKENS", "0")
-    off = ModelRunner(served_tp1, 0, None, 4, BLOCK_SIZE)
+    off = ModelRunner(served_tp1, 0, None, 4, BLOCK_SIZE,
+                      onednn=env_setting("onednn_min_tokens", {"SPMD_ONEDNN_MIN_TOKENS": "0"}))
     assert off.segments[0].batched is None and not off.segments[0].plain_decode_only
-    monkeypatch.setenv("SPMD_ONEDNN_MIN_TOKENS", "many")
-    with pytest.raises(ConfigError, match="SPMD_ONEDNN_MIN_TOKENS='many'"):
-        ModelRunner(served_tp1, 0, None, 4, BLOCK_SIZE)
+    for bad in ("many", "-1"):
+        with pytest.raises(ConfigError, match=f"SPMD_ONEDNN_MIN_TOKENS={bad} is invalid: must be an integer >= 0"):
+            env_setting("onednn_min_tokens", {"SPMD_ONEDNN_MIN_TOKENS": bad})
+    assert load_config(["--onednn-min-tokens", "7"], {}).onednn_min_tokens == 7
 
 
 def test_tp1_logits_equal_numpy_reference(tp_runs, demo_checkpoint):

@@ -7,7 +7,6 @@ benchmarks; with `capture_logits` rank 0 also keeps every sampled row of logits.
 from __future__ import annotations
 
 import json
-import os
 import sys
 import time
 
@@ -28,12 +27,13 @@ def generate(model_dir: str, prompts: list[list[int]], params: SamplingParams, *
     from spmd_serve.protocol import StepPlan
     from spmd_serve.scheduler.request import Request
     from spmd_serve.scheduler.scheduler import SchedulerConfig
+    from spmd_serve.config import env_setting
     from spmd_serve.worker.model_runner import ModelRunner
 
     comm = Comm()
-    if kv_int8 is None:
-        kv_int8 = os.environ.get("USE_CACHE_KV_INT8", "0").strip().lower() in ("1", "true", "yes", "on")
-    runner = ModelRunner(model_dir, comm.rank, comm, num_blocks, block_size, kv_int8=kv_int8)
+    runner = ModelRunner(model_dir, comm.rank, comm, num_blocks, block_size,
+                         kv_int8=env_setting("use_cache_kv_int8") if kv_int8 is None else kv_int8,
+                         onednn=env_setting("onednn_min_tokens"), malloc_tuning=env_setting("malloc_tuning"))
     comm.barrier()
     if comm.rank != 0:
         worker_loop(comm, runner)

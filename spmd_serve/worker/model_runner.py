@@ -11,7 +11,6 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import json
-import os
 import time
 from pathlib import Path
 
@@ -41,9 +40,7 @@ MALLOC_KEEP_BYTES = 1 << 30
 
 
 def tune_malloc() -> bool:
-    """Apply the malloc settings above; False when disabled or not glibc (nothing changed)."""
-    if os.environ.get("SPMD_MALLOC_TUNING", "1") == "0":
-        return False
+    """Apply the malloc settings above; False when not glibc (nothing changed)."""
     name = ctypes.util.find_library("c")
     try:
         mallopt = ctypes.CDLL(name).mallopt
@@ -63,15 +60,11 @@ ONEDNN_MIN_TOKENS = 5
 ONEDNN_AUTO_MAX_BYTES = 2 << 30
 
 
-def onednn_min_tokens(rank_dir: Path, specs: list[dict]) -> int:
-    """SPMD_ONEDNN_MIN_TOKENS if set, else ONEDNN_MIN_TOKENS when the twins' extra weights are small."""
-    value = os.environ.get("SPMD_ONEDNN_MIN_TOKENS", "").strip()
-    if value:
-        if not value.isdigit():
-            from spmd_serve.config import ConfigError
-
-            raise ConfigError(f"SPMD_ONEDNN_MIN_TOKENS={value!r}: expected a token count >= 0 (0: no oneDNN predictor)")
-        return int(value)
+def onednn_min_tokens(rank_dir: Path, specs: list[dict], requested: int | None) -> int:
+    """`requested` (SPMD_ONEDNN_MIN_TOKENS) if set, else ONEDNN_MIN_TOKENS when the twins' extra
+    weights are small."""
+    if requested is not None:
+        return requested
     params = {spec.get("params") or spec["name"] for spec in specs}
     size = sum((rank_dir / f"{p}.pdiparams").stat().st_size for p in params)
     return ONEDNN_MIN_TOKENS if size <= ONEDNN_AUTO_MAX_BYTES else 0
@@ -140,10 +133,13 @@ class Segment:
 
 class ModelRunner:
     def __init__(self, model_dir: str | Path, rank: int, comm, num_blocks: int, block_size: int,
-                 num_threads: int = 1, kv_int8: bool = False) -> None:
+                 num_threads: int = 1, kv_int8: bool = False, onednn: int | None = None,
+                 malloc_tuning: bool = True) -> None:
+        """`onednn`: SPMD_ONEDNN_MIN_TOKENS (None: automatic); `malloc_tuning`: SPMD_MALLOC_TUNING."""
         from spmd_serve.config import ConfigError
 
-        tune_malloc()   # before the first step: intermediates reuse heap pages
+        if malloc_tuning:
+            tune_malloc()   # before the first step: intermediates reuse heap pages
         rank_dir = Path(model_dir) / f"rank_{rank}"
         manifest = json.loads((rank_dir / "manifest.json").read_text())
         self.dims = manifest["dims"]
@@ -153,7 +149,7 @@ class ModelRunner:
                               "(exported before int8 KV existed); re-export the model with `spmd_serve export`")
         specs = manifest["segments_kv_int8" if kv_int8 else "segments"]
         quantised = bool(manifest.get("quant"))
-        self.onednn_min_tokens = onednn_min_tokens(rank_dir, specs)
+        self.onednn_min_tokens = onednn_min_tokens(rank_dir, specs, onednn)
         self.segments = [Segment(rank_dir, spec, num_threads, quantised, self.onednn_min_tokens) for spec in specs]
         self.timings = RunnerTimings(len(self.segments))   # where `execute` goes (step_stats.py)
         self.pool = KVCachePool(self.dims["num_layers"], num_blocks, block_size, self.dims["kv_heads"],
