@@ -19,6 +19,9 @@ apt_pkgs=()
 command -v mpirun >/dev/null || apt_pkgs+=(openmpi-bin libopenmpi-dev)
 "$py" -c "import ensurepip" 2>/dev/null || apt_pkgs+=(python3-venv)
 command -v pgrep >/dev/null || apt_pkgs+=(procps)
+# the C++ graph ops (ops/cpu_kernels, built on first use): a C++ compiler and the MPI headers
+command -v g++ >/dev/null || apt_pkgs+=(g++)
+command -v mpicc >/dev/null || apt_pkgs+=(libopenmpi-dev)
 # tests: `ip netns` for the two-node test (tests/test_multinode_netns.py)
 if [ "$extras" = test ] && ! command -v ip >/dev/null; then apt_pkgs+=(iproute2); fi
 if [ ${#apt_pkgs[@]} -gt 0 ]; then

@@ -27,7 +27,17 @@ def served_tp1(demo_checkpoint, tmp_path_factory) -> Path:
 def served_tp2(demo_checkpoint, tmp_path_factory) -> Path:
     from spmd_serve.export import export_checkpoint
 
-    return export_checkpoint(demo_checkpoint, tmp_path_factory.mktemp("served") / "tp2", tp=2)
+    # in-graph all-reduces (ops/paddle_ext.py), as `auto` picks where the C++ ops build: CI must build them
+    return export_checkpoint(demo_checkpoint, tmp_path_factory.mktemp("served") / "tp2", tp=2, collectives="graph")
+
+
+@pytest.fixture(scope="session")
+def served_tp2_segments(demo_checkpoint, tmp_path_factory) -> Path:
+    """TP=2 with a graph per stage and mpi4py all-reduces between them (`--collectives segments`)."""
+    from spmd_serve.export import export_checkpoint
+
+    return export_checkpoint(demo_checkpoint, tmp_path_factory.mktemp("served") / "tp2s", tp=2,
+                             collectives="segments")
 
 
 @pytest.fixture

@@ -1,9 +1,12 @@
 """Graph segments: the stages between two collectives, exported as one Paddle static graph each.
 
-With `--tp 1` a rank's whole model is one segment (no collectives).  With `--tp N > 1` every stage
-is its own segment and the runtime all-reduces each segment's `partial` output (gathering the
-`logits` of the last one) before feeding the next: the segment boundary is the one explicit,
-swappable place where the collective happens (mpi4py on CPU, NCCL on GPU later).
+With `--tp 1` a rank's whole model is one segment (no collectives).  With `--tp N > 1` either
+* the collectives are in the graph (`in_graph`): still one segment, each stage's `partial` summed
+  over the ranks by the `spmd_allreduce` op (ops/paddle_ext.py: MPI_Allreduce from C++), only the
+  vocab-parallel `logits` gathered by the runtime; or
+* every stage is its own segment and the runtime all-reduces each segment's `partial` output
+  (gathering the `logits` of the last one) before feeding the next (mpi4py; NCCL on GPU later).
+The segment boundary stays the one explicit, swappable place where a runtime collective happens.
 
 Segment inputs: optional `hidden` (residual stream) and `partial` (the reduced output of the
 previous stage), plus the per-step inputs its stages need.  Outputs, in order: `hidden` and
@@ -17,6 +20,7 @@ import paddle
 from paddle import nn
 from paddle.static import InputSpec
 
+from ops import paddle_ext
 from spmd_serve.models.llama import STEP_INPUTS, AttentionStage, EmbedStage, HeadStage, MlpStage
 from spmd_serve.models.sharding import ShardDims
 
@@ -53,10 +57,12 @@ class SegmentSpec:
 class Segment(nn.Layer):
     """A run of stages; `forward` takes the inputs listed in `spec.inputs`, in that order."""
 
-    def __init__(self, stages: list[nn.Layer], name: str, takes_hidden: bool, takes_partial: bool) -> None:
+    def __init__(self, stages: list[nn.Layer], name: str, takes_hidden: bool, takes_partial: bool,
+                 reduce_in_graph: bool = False) -> None:
         super().__init__()
         self.stages = nn.LayerList(stages)
         self.takes_hidden, self.takes_partial = takes_hidden, takes_partial
+        self.reduce_in_graph = reduce_in_graph   # sum each stage's partial over the ranks in the graph
         self.base_name = name
         self.set_variant()
 
@@ -99,6 +105,8 @@ class Segment(nn.Layer):
                     # Paddle rejects a graph whose output is one of its inputs unchanged
                     h = paddle.assign(delta) if h is None else h + delta
                 delta, kv = st(h, env)
+            if self.reduce_in_graph and not isinstance(st, HeadStage):
+                delta = paddle_ext.allreduce(delta)                                     # [T, H] sum of shards
             kv_out += kv
         if self.spec.outputs[0] == "logits":
             return [delta, *kv_out]
@@ -120,13 +128,14 @@ class Segment(nn.Layer):
         return specs
 
 
-def build_segments(weights: dict, dims: ShardDims, rank: int) -> list[Segment]:
+def build_segments(weights: dict, dims: ShardDims, rank: int, in_graph: bool = False) -> list[Segment]:
+    """A rank's segments; `in_graph` (tp > 1): one segment with the all-reduces inside."""
     stages: list[nn.Layer] = [EmbedStage(weights, dims, rank)]
     for layer in range(dims.num_layers):
         stages += [AttentionStage(weights, dims, layer), MlpStage(weights, dims, layer)]
     stages.append(HeadStage(weights, dims))
-    if dims.tp == 1:
-        return [Segment(stages, "seg_0", takes_hidden=False, takes_partial=False)]
+    if dims.tp == 1 or in_graph:
+        return [Segment(stages, "seg_0", takes_hidden=False, takes_partial=False, reduce_in_graph=dims.tp > 1)]
     # One stage per segment: the all-reduce of each partial happens between them.
     return [Segment([st], f"seg_{i}", takes_hidden=i > 1, takes_partial=i > 0) for i, st in enumerate(stages)]
 

@@ -148,6 +148,17 @@ class ModelRunner:
             raise ConfigError(f"USE_CACHE_KV_INT8=1: {rank_dir} has no int8-KV graphs and scales "
                               "(exported before int8 KV existed); re-export the model with `spmd_serve export`")
         specs = manifest["segments_kv_int8" if kv_int8 else "segments"]
+        # "graph": the all-reduces are `spmd_allreduce` ops inside the graph (ops/paddle_ext.py),
+        # registered before the predictors load it; their time is read from the library's counter
+        self.graph_allreduce = manifest.get("collectives") == "graph"
+        if self.graph_allreduce:
+            from ops import paddle_ext
+
+            reason = paddle_ext.unavailable()
+            if reason is not None:
+                raise ConfigError(f"{rank_dir} was exported with in-graph collectives, which need the C++ op "
+                                  f"library: {reason}; install it or re-export with --collectives segments")
+            self._graph_allreduce_seconds = paddle_ext.allreduce_seconds
         quantised = bool(manifest.get("quant"))
         self.onednn_min_tokens = onednn_min_tokens(rank_dir, specs, onednn)
         self.segments = [Segment(rank_dir, spec, num_threads, quantised, self.onednn_min_tokens) for spec in specs]
@@ -182,8 +193,13 @@ class ModelRunner:
         acc, clock = self.timings.seconds, time.perf_counter   # ~100 ns a lap: no per-token cost
         t = clock()
         for key, seg in zip(self.timings.segment_keys, self.segments):
+            reduced = self._graph_allreduce_seconds() if self.graph_allreduce else 0.0
             out = seg.run(feeds, decode)
             t, t0 = clock(), t
+            if self.graph_allreduce:   # the graph's own all-reduces count as allreduce, not segment
+                reduced = self._graph_allreduce_seconds() - reduced
+                acc["allreduce"] += reduced
+                t0 += reduced
             acc[key] += t - t0
             for layer in seg.kv_layers:   # this layer's cache is read only by this segment: write now
                 self.pool.write(layer, plan.slot_mapping, out[f"k_new_{layer}"], out[f"v_new_{layer}"])

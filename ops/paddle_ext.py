@@ -1,0 +1,158 @@
+"""Paddle CPU custom operators in C++ (ops/cpu_kernels/*.cc): built once per machine with the
+system C++ compiler against the installed Paddle and MPI, cached on disk, registered per process.
+
+The CUDA kernels of this package run on raw device pointers; these run *inside* exported Paddle
+graphs on the CPU build, where Paddle lacks what the engine needs:
+* `spmd_allreduce` — an MPI_Allreduce in the graph (Paddle's CPU collective goes through gloo at
+  ~2 ms a call), so a tensor-parallel rank runs one graph per step instead of one per stage.
+
+A graph that uses them needs the library registered before `paddle.jit.save` traces it and before
+`paddle.inference` loads it: call `load()` first.  Building needs a C++17 compiler (`g++`) and the
+MPI headers (Debian: `libopenmpi-dev`); `unavailable()` says why not, so callers can fall back.
+Paddle is imported only inside these functions (the package rule, ops/__init__.py).
+"""
+from __future__ import annotations
+
+import ctypes
+import fcntl
+import functools
+import hashlib
+import os
+import shlex
+import shutil
+import subprocess
+import warnings
+from pathlib import Path
+
+from ops.nvrtc import cache_dir
+
+KERNELS = Path(__file__).with_name("cpu_kernels")
+LIB_NAME = "spmd_cpu_ops.so"
+# -march=native: the library is built on the machine that runs it (the cache key has its CPU flags).
+CXXFLAGS = ("-O3", "-march=native", "-fPIC", "-shared", "-std=c++17", "-w",
+            "-DPADDLE_NO_PYTHON",          # paddle/extension.h without Python.h (no python3-dev needed)
+            "-DPADDLE_WITH_CUSTOM_KERNEL", "-D_GLIBCXX_USE_CXX11_ABI=1",
+            "-DOMPI_SKIP_MPICXX", "-DMPICH_SKIP_MPICXX")   # the C API of mpi.h only
+
+
+class ExtensionUnavailable(RuntimeError):
+    """The C++ op library cannot be built or loaded here; the message says why and what to install."""
+
+
+def sources() -> list[Path]:
+    return sorted(KERNELS.glob("*.cc"))
+
+
+def _mpi_flags() -> tuple[list[str], list[str]]:
+    """(compile, link) flags of the MPI that mpi4py loads, from its compiler wrapper."""
+    mpicc = shutil.which(os.environ.get("MPICC") or "mpicc")
+    if not mpicc:
+        raise ExtensionUnavailable("no `mpicc` on PATH for the MPI headers (Debian: apt-get install libopenmpi-dev)")
+    def ask(*args: str) -> list[str]:
+        out = subprocess.run([mpicc, *args], capture_output=True, text=True, timeout=30)
+        return shlex.split(out.stdout) if out.returncode == 0 else []
+    compile_, link = ask("--showme:compile"), ask("--showme:link")   # Open MPI
+    if not compile_:                                                  # MPICH: the full command lines
+        compile_, link = ask("-compile_info")[1:], ask("-link_info")[1:]
+    if not compile_ and not link:
+        raise ExtensionUnavailable(f"`{mpicc}` does not report its flags (neither Open MPI nor MPICH)")
+    return compile_, link
+
+
+def _paddle_dirs() -> tuple[Path, str]:
+    import paddle
+
+    root = Path(paddle.__file__).parent
+    return root, paddle.__version__
+
+
+def _cpu_flags() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                return line
+    except OSError:
+        pass
+    return os.uname().machine
+
+
+def _command(out: Path) -> list[str]:
+    root, _ = _paddle_dirs()
+    cxx = shutil.which(os.environ["CXX"]) if os.environ.get("CXX") else shutil.which("g++") or shutil.which("c++")
+    if not cxx:
+        raise ExtensionUnavailable(f"no C++ compiler ({os.environ.get('CXX') or 'g++'}) on PATH "
+                                   "(Debian: apt-get install g++)")
+    mpi_compile, mpi_link = _mpi_flags()
+    libs = [root / "libs", root / "base"]
+    return [cxx, *CXXFLAGS, f"-I{root / 'include'}", f"-I{root / 'include' / 'third_party'}", *mpi_compile,
+            *map(str, sources()), "-o", str(out), *[f"-L{d}" for d in libs],
+            *[f"-Wl,-rpath,{d}" for d in libs], *mpi_link, "-Wl,--no-as-needed", "-l:libpaddle.so"]
+
+
+def library_path() -> Path:
+    """The built library, compiling it first if this machine has no copy for these sources."""
+    _, version = _paddle_dirs()
+    probe = _command(Path("OUT"))
+    key = hashlib.sha256()
+    for part in (*[p.read_bytes() for p in sources()], version.encode(), " ".join(probe).encode(), _cpu_flags().encode()):
+        key.update(part)
+        key.update(b"\x1f")
+    target = cache_dir() / "cpu" / key.hexdigest()[:24] / LIB_NAME
+    if target.is_file():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with open(target.parent / ".lock", "w") as lock:   # ranks of one job build it once
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not target.is_file():
+            tmp = target.with_suffix(f".{os.getpid()}.tmp")
+            res = subprocess.run(_command(tmp), capture_output=True, text=True, timeout=600)
+            if res.returncode != 0:
+                tmp.unlink(missing_ok=True)
+                raise ExtensionUnavailable(f"building {LIB_NAME} failed:\n{res.stderr[-3000:]}")
+            os.replace(tmp, target)
+    return target
+
+
+@functools.lru_cache(maxsize=1)
+def load() -> ctypes.CDLL:
+    """Build if needed and register the ops with Paddle in this process (once); the library handle.
+    Registering does not initialise MPI (an exporter only traces the ops); whoever *runs* a graph
+    with `spmd_allreduce` has initialised it already (mpi4py, under mpirun)."""
+    with warnings.catch_warnings():   # cpp_extension warns at import that ccache is missing
+        warnings.simplefilter("ignore")
+        from paddle.utils.cpp_extension.extension_utils import load_op_meta_info_and_register_op
+    path = library_path()
+    load_op_meta_info_and_register_op(str(path))
+    lib = ctypes.CDLL(str(path))   # the same mapping Paddle opened: reads its counters
+    lib.spmd_allreduce_seconds.restype = ctypes.c_double
+    lib.spmd_allreduce_calls.restype = ctypes.c_long
+    return lib
+
+
+def unavailable() -> str | None:
+    """None when the ops can be used here, else why not."""
+    try:
+        load()
+    except (ExtensionUnavailable, OSError, subprocess.SubprocessError, RuntimeError) as e:
+        return str(e)
+    return None
+
+
+def run_op(name: str, *args):
+    """Call custom op `name` (registered by `load`) in the graph being traced, or eagerly; its
+    output, or the list of its outputs when it has several."""
+    from paddle import _C_ops
+
+    load()
+    out = _C_ops._run_custom_op(name, *args)
+    return out[0] if isinstance(out, (list, tuple)) and len(out) == 1 else out
+
+
+def allreduce(x):
+    """Sum of `x` over all MPI ranks (MPI must be initialised before it runs)."""
+    return run_op("spmd_allreduce", x)
+
+
+def allreduce_seconds() -> float:
+    """Seconds this process has spent in the in-graph allreduce (0 before `load`)."""
+    return load().spmd_allreduce_seconds() if load.cache_info().currsize else 0.0

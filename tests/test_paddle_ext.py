@@ -1,0 +1,81 @@
+"""ops/paddle_ext.py: the C++ graph ops are built, cached and registered; `spmd_allreduce` sums over
+real MPI ranks; without a compiler every user of them says why (export and serving start-up)."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tests.server_process import mpi_env, mpirun
+
+ALLREDUCE_DRIVER = """
+import numpy as np, paddle
+from mpi4py import MPI
+from ops import paddle_ext
+r = MPI.COMM_WORLD.Get_rank()
+x = paddle.to_tensor(np.arange(12, dtype=np.float32).reshape(3, 4) * (r + 1))
+y = paddle_ext.allreduce(x).numpy()
+assert y.shape == (3, 4), y.shape
+np.testing.assert_array_equal(y, np.arange(12, dtype=np.float32).reshape(3, 4) * 3)
+assert paddle_ext.allreduce_seconds() > 0
+print("OK", r)
+"""
+
+
+def python(code: str, **env: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", code], env=dict(mpi_env(), **env), capture_output=True,
+                          text=True, timeout=300)
+
+
+def no_compiler(tmp_path) -> dict[str, str]:
+    """An empty op cache and a compiler that does not exist: the library cannot be built."""
+    return {"SPMD_OPS_CACHE": str(tmp_path / "cache"), "CXX": "no-such-g++-here", "PATH": "/usr/bin:/bin"}
+
+
+@pytest.mark.mpi
+def test_allreduce_op_sums_over_two_ranks():
+    res = subprocess.run(mpirun(2, sys.executable, "-c", ALLREDUCE_DRIVER), env=mpi_env(), capture_output=True,
+                         text=True, timeout=300)
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-3000:]
+    assert sorted(res.stdout.split()) == ["0", "1", "OK", "OK"]
+
+
+def test_library_is_built_once_and_cached(tmp_path):
+    code = "from ops import paddle_ext; print(paddle_ext.library_path())"
+    first = python(code, SPMD_OPS_CACHE=str(tmp_path))
+    assert first.returncode == 0, first.stderr[-3000:]
+    path = first.stdout.strip().splitlines()[-1]
+    assert path.startswith(str(tmp_path)) and os.path.isfile(path)
+    mtime = os.path.getmtime(path)
+    again = python(code, SPMD_OPS_CACHE=str(tmp_path))
+    assert again.stdout.strip().splitlines()[-1] == path and os.path.getmtime(path) == mtime
+
+
+def test_without_a_compiler_the_reason_is_given(tmp_path):
+    res = python("from ops import paddle_ext; print(paddle_ext.unavailable())", **no_compiler(tmp_path))
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "no C++ compiler (no-such-g++-here)" in res.stdout and "apt-get install g++" in res.stdout
+
+
+def test_export_graph_collectives_need_the_library(tmp_path):
+    env = dict(mpi_env(), **no_compiler(tmp_path))
+    cmd = [sys.executable, "-m", "spmd_serve", "export", "--demo", "tiny", "--tp", "2", "--out", str(tmp_path / "m")]
+    res = subprocess.run([*cmd, "--collectives", "graph"], env=env, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 2 and "--collectives graph: the C++ op library is unavailable" in res.stderr
+    assert not (tmp_path / "m").exists()
+    res = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)   # auto: falls back
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "warning: in-graph collectives unavailable" in res.stderr
+    manifest = json.loads((tmp_path / "m" / "rank_0" / "manifest.json").read_text())
+    assert manifest["collectives"] == "segments" and len(manifest["segments"]) > 1
+
+
+def test_runner_refuses_a_graph_export_without_the_library(served_tp2, tmp_path):
+    code = (f"from spmd_serve.worker.model_runner import ModelRunner\n"
+            f"ModelRunner({str(served_tp2)!r}, 0, None, num_blocks=4, block_size=16)")
+    res = python(code, **no_compiler(tmp_path))
+    assert res.returncode != 0
+    assert "exported with in-graph collectives" in res.stderr and "--collectives segments" in res.stderr
