@@ -18,11 +18,15 @@ import time
 import numpy as np
 
 
-def copy_bandwidth(nbytes: int = 256 << 20, reps: int = 7) -> float:
-    """STREAM-style copy bandwidth (bytes read + bytes written per second), median of `reps`."""
+def copy_bandwidth(nbytes: int = 256 << 20, reps: int = 7, sync=None) -> float:
+    """STREAM-style copy bandwidth (bytes read + bytes written per second), median of `reps`.
+    `sync` (e.g. an MPI barrier) is called once the arrays are paged in, so that ranks copying
+    "at the same time" really do (paging 512 MB in takes longer than the timed copies)."""
     src = np.ones(nbytes // 4, np.float32)
     dst = np.empty_like(src)
     np.copyto(dst, src)
+    if sync is not None:
+        sync()
     times = []
     for _ in range(reps):
         t = time.perf_counter()
@@ -81,6 +85,7 @@ def run(model_dir: str, batch: int, input_len: int, output_len: int, num_threads
     comm.barrier()
     if comm.rank != 0:
         worker_loop(comm, runner)
+        copy_bandwidth(sync=comm.barrier)   # with rank 0's: each rank's share when all ranks stream
         return None
     sched = SchedulerConfig(max_num_seqs=max(batch, 1), num_blocks=num_blocks, block_size=block_size,
                             block_ratio=1.0, max_waiting=batch + 1, max_num_batched_tokens=max(512, batch * input_len),
@@ -101,6 +106,7 @@ def run(model_dir: str, batch: int, input_len: int, output_len: int, num_threads
     elapsed = time.perf_counter() - t0
     after = st.totals()
     comm.send_plan(StepPlan.shutdown(engine.step_id + 1))
+    concurrent_bw = copy_bandwidth(sync=comm.barrier)
     steps, sampled = st.steps - steps0, st.sampled - sampled0
     ms = {k: 1e3 * (after[k] - before[k]) / max(steps, 1) for k in after}
     return {"model_dir": model_dir, "tp": runner.dims["tp"], "batch": batch, "threads": num_threads,
@@ -108,6 +114,7 @@ def run(model_dir: str, batch: int, input_len: int, output_len: int, num_threads
             "steps_per_s": steps / elapsed, "tokens_per_s": sampled / elapsed, "ms_per_step": ms,
             "weight_bytes_per_step": weight_bytes_per_step(runner.dims),
             "flops_per_token": 2 * sum(i * o for i, o in shard_matmuls(runner.dims)),
+            "copy_bandwidth_concurrent_Bps": concurrent_bw,   # while every rank of the job copies
             "copy_bandwidth_Bps": copy_bandwidth(),
             "numpy_matmul_flops": numpy_matmul_flops(runner.dims, batch)}
 
