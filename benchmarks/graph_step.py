@@ -26,7 +26,7 @@ from spmd_serve.config import env_setting
 from spmd_serve.models.sharding import ShardDims
 from spmd_serve.models.step_tables import step_feeds
 from spmd_serve.worker.kv_cache import KVCachePool
-from spmd_serve.worker.model_runner import tune_malloc
+from spmd_serve.worker.model_runner import register_graph_ops, tune_malloc
 
 BLOCK, NUM_BLOCKS = 64, 256
 
@@ -37,6 +37,7 @@ class Graph:
     def __init__(self, model_dir: str, onednn: bool, threads: int, prof: bool, decode: bool = False) -> None:
         rank_dir = Path(model_dir) / "rank_0"
         man = json.loads((rank_dir / "manifest.json").read_text())
+        register_graph_ops(man, rank_dir)
         self.dims, spec = man["dims"], man["segments"][0]
         spec = spec.get("decode", spec) if decode else spec
         self.inv_freq = np.asarray(man.get("inv_freq", ()), np.float32)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
 import sys
 import tempfile
@@ -27,7 +28,7 @@ from spmd_serve.models.quant import QUANT_METHODS, QuantError, choose_group, qua
 from spmd_serve.models.sharding import ShardDims, ShardingError, linear_slices, shard_dims, shard_weights
 
 EXPORT_FORMAT = 1
-COLLECTIVES = ("auto", "graph", "segments")
+GRAPH_OPS = ("auto", "cpp", "paddle")
 # int8 KV scales are max|K|, max|V| of a calibration pass widened by this factor (room for
 # activations larger than the calibration's before they clip).
 KV_SCALE_MARGIN = 1.0
@@ -100,15 +101,14 @@ def _save_variant(seg, dims: ShardDims, rank_dir: Path, kv_int8: bool, decode: b
 
 def export_rank(cfg: dict | ModelConfig, weights: dict[str, np.ndarray], dims: ShardDims, rank: int, out: Path,
                 quant: str | None = None, group: int | None = None,
-                kv_scales: tuple[np.ndarray, np.ndarray] | None = None, collectives: str = "none") -> None:
-    """`collectives`: resolve_collectives's answer ("graph": one segment with in-graph all-reduces)."""
+                kv_scales: tuple[np.ndarray, np.ndarray] | None = None, cpp_ops: bool = False) -> None:
+    """`cpp_ops`: resolve_graph_ops's answer (tp > 1: one segment with in-graph all-reduces)."""
     from spmd_serve.models.segment import build_segments, save_segment
 
     mc = cfg if isinstance(cfg, ModelConfig) else ModelConfig.from_hf(cfg)
     rank_dir = out / f"rank_{rank}"
     rank_dir.mkdir(parents=True, exist_ok=True)
-    segments = build_segments(rank_shard(mc, weights, dims, rank, quant, group), dims, rank,
-                              in_graph=collectives == "graph")
+    segments = build_segments(rank_shard(mc, weights, dims, rank, quant, group), dims, rank, cpp_ops=cpp_ops)
     specs, kv8_specs = [], []
     for seg in segments:
         save_segment(seg, dims, str(rank_dir / seg.spec.name))
@@ -121,7 +121,8 @@ def export_rank(cfg: dict | ModelConfig, weights: dict[str, np.ndarray], dims: S
         else:
             kv8_specs.append(specs[-1])
     manifest = {"format": EXPORT_FORMAT, "rank": rank, "dims": asdict(dims), "segments": specs,
-                "collectives": collectives,
+                "collectives": "none" if dims.tp == 1 else "graph" if cpp_ops else "segments",
+                "custom_ops": custom_ops_in(rank_dir),
                 "quant": quant_record(quant, group),
                 "inv_freq": mc.inv_freq().astype(np.float32).tolist()}   # RoPE tables are built by the runner
     if kv_scales is not None:
@@ -132,34 +133,43 @@ def export_rank(cfg: dict | ModelConfig, weights: dict[str, np.ndarray], dims: S
     (rank_dir / "manifest.json").write_text(json.dumps(manifest, indent=1))
 
 
-def resolve_collectives(choice: str, tp: int) -> str:
-    """Where a tp > 1 export sums the stages' partials: "graph" (the C++ `spmd_allreduce` op inside
-    one graph per rank: one predictor run per step) or "segments" (a graph per stage, mpi4py
-    between them: 2 L + 1 runs per step).  "auto" takes "graph" when the op library builds here."""
-    if choice not in COLLECTIVES:
-        raise ExportError(f"--collectives {choice!r} is not one of {', '.join(COLLECTIVES)}")
-    if tp == 1:
-        return "none"
-    if choice == "segments":
-        return "segments"
+def resolve_graph_ops(choice: str) -> bool:
+    """Whether the graphs use our C++ Paddle ops (ops/paddle_ext.py): the all-reduce inside the graph
+    (tp > 1: one predictor run per step instead of 2 L + 2) and the fused decode attention.
+    "paddle": Paddle's own ops only (any Paddle can load the export; tp > 1 runs a graph per stage
+    with mpi4py between them); "cpp": ours, an error if they cannot be built here; "auto": ours
+    when they build."""
+    if choice not in GRAPH_OPS:
+        raise ExportError(f"--graph-ops {choice!r} is not one of {', '.join(GRAPH_OPS)}")
+    if choice == "paddle":
+        return False
     from ops import paddle_ext
 
     reason = paddle_ext.unavailable()
     if reason is None:
-        return "graph"
-    if choice == "graph":
-        raise ExportError(f"--collectives graph: the C++ op library is unavailable: {reason}")
-    print(f"spmd_serve export: warning: in-graph collectives unavailable ({reason.splitlines()[0]}); "
-          "exporting one graph per stage (slower at tp > 1)", file=sys.stderr)
-    return "segments"
+        return True
+    if choice == "cpp":
+        raise ExportError(f"--graph-ops cpp: the C++ op library is unavailable: {reason}")
+    print(f"spmd_serve export: warning: C++ graph ops unavailable ({reason.splitlines()[0]}); exporting "
+          "Paddle's own ops only (slower; at tp > 1 one graph per stage)", file=sys.stderr)
+    return False
+
+
+def custom_ops_in(rank_dir: Path) -> list[str]:
+    """Our C++ ops a rank's saved graphs call (PIR JSON names custom ops "<dialect>.spmd_<name>"):
+    the runtime must register the library before loading them."""
+    found = set()
+    for graph in rank_dir.glob("*.json"):
+        found.update(re.findall(r'"\d+\.(spmd_[a-z0-9_]+)"', graph.read_text()))
+    return sorted(found)
 
 
 def export_checkpoint(ckpt: Path, out: Path, tp: int = 1, dtype: str = "float32", quant: str | None = None,
-                      quant_group: int | None = None, kv_int8: bool = True, collectives: str = "auto") -> Path:
+                      quant_group: int | None = None, kv_int8: bool = True, graph_ops: str = "auto") -> Path:
     """Export into `out` atomically (a temp dir renamed at the end), so a crash leaves nothing half-made.
     `quant`: weight-only quantisation (models/quant.py); `kv_int8`: also write the int8-KV graph
     variants and their calibrated scales, so the export serves USE_CACHE_KV_INT8=1 too;
-    `collectives`: see resolve_collectives."""
+    `graph_ops`: see resolve_graph_ops."""
     ckpt = Path(ckpt)
     try:
         check_dtype_runnable(dtype)
@@ -168,7 +178,7 @@ def export_checkpoint(ckpt: Path, out: Path, tp: int = 1, dtype: str = "float32"
         cfg, mc, weights, source = load_checkpoint(ckpt)
         dims = shard_dims(mc, tp)
         group = choose_group(dims, quant_group) if quant == "weight_only_int4" else None
-        collectives = resolve_collectives(collectives, tp)
+        cpp_ops = resolve_graph_ops(graph_ops)
     except (CheckpointError, UnsupportedModel, ShardingError, QuantError) as e:
         raise ExportError(str(e)) from None
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -179,10 +189,10 @@ def export_checkpoint(ckpt: Path, out: Path, tp: int = 1, dtype: str = "float32"
                 shutil.copy2(ckpt / name, tmp / name)
         kv_scales = calibrate_kv_scales(mc, weights, quant, group) if kv_int8 else None
         for rank in range(tp):
-            export_rank(mc, weights, dims, rank, tmp, quant, group, kv_scales, collectives)
+            export_rank(mc, weights, dims, rank, tmp, quant, group, kv_scales, cpp_ops)
         served = dict(cfg, spmd_serve={"format": EXPORT_FORMAT, "tp": tp, "dtype": dtype,
                                        "quant": quant_record(quant, group), "kv_int8": kv_int8,
-                                       "collectives": collectives,
+                                       "graph_ops": "cpp" if cpp_ops else "paddle",
                                        "source": source, "rope_scaling": mc.rope_scaling,
                                        "attention_bias": mc.attention_bias,
                                        "tie_word_embeddings": mc.tie_word_embeddings})
@@ -225,14 +235,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quant-group", type=int, default=None,
                     help="int4 group size (input units per scale; default: the largest of 64..8 that divides "
                          "every per-rank input size)")
-    ap.add_argument("--collectives", default="auto", choices=COLLECTIVES,
-                    help="tp > 1: all-reduces inside one graph per rank (graph; needs g++ and the MPI "
-                         "headers to build ops/cpu_kernels) or between per-stage graphs (segments); "
-                         "auto: graph when it builds here")
+    ap.add_argument("--graph-ops", default="auto", choices=GRAPH_OPS,
+                    help="cpp: our C++ ops in the graphs (all-reduce inside one graph per rank, fused decode "
+                         "attention; built with g++ and the MPI headers); paddle: Paddle's own ops only "
+                         "(tp > 1: a graph per stage); auto: cpp when it builds here")
     args = ap.parse_args(argv)
     try:
         opts = dict(tp=args.tp, dtype=args.dtype, quant=args.quant, quant_group=args.quant_group,
-                    collectives=args.collectives)
+                    graph_ops=args.graph_ops)
         if args.demo:
             from spmd_serve.demo.checkpoint import write_demo_checkpoint
 

@@ -20,7 +20,7 @@ def demo_checkpoint(tmp_path_factory) -> Path:
 def served_tp1(demo_checkpoint, tmp_path_factory) -> Path:
     from spmd_serve.export import export_checkpoint
 
-    return export_checkpoint(demo_checkpoint, tmp_path_factory.mktemp("served") / "tp1", tp=1)
+    return export_checkpoint(demo_checkpoint, tmp_path_factory.mktemp("served") / "tp1", tp=1, graph_ops="cpp")
 
 
 @pytest.fixture(scope="session")
@@ -28,16 +28,16 @@ def served_tp2(demo_checkpoint, tmp_path_factory) -> Path:
     from spmd_serve.export import export_checkpoint
 
     # in-graph all-reduces (ops/paddle_ext.py), as `auto` picks where the C++ ops build: CI must build them
-    return export_checkpoint(demo_checkpoint, tmp_path_factory.mktemp("served") / "tp2", tp=2, collectives="graph")
+    return export_checkpoint(demo_checkpoint, tmp_path_factory.mktemp("served") / "tp2", tp=2, graph_ops="cpp")
 
 
 @pytest.fixture(scope="session")
 def served_tp2_segments(demo_checkpoint, tmp_path_factory) -> Path:
-    """TP=2 with a graph per stage and mpi4py all-reduces between them (`--collectives segments`)."""
+    """TP=2 with Paddle's own ops only: a graph per stage, mpi4py all-reduces between them."""
     from spmd_serve.export import export_checkpoint
 
     return export_checkpoint(demo_checkpoint, tmp_path_factory.mktemp("served") / "tp2s", tp=2,
-                             collectives="segments")
+                             graph_ops="paddle")
 
 
 @pytest.fixture

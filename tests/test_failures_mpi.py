@@ -77,7 +77,7 @@ def test_missing_rank_folder_is_named(served_tp2, tmp_path):
 def test_exception_on_one_rank_ends_the_job(served_tp2, tmp_path):
     broken = tmp_path / "model"
     shutil.copytree(served_tp2, broken)
-    (broken / "rank_1" / "seg_2.pdiparams").write_bytes(b"corrupt")   # only rank 1 fails to load
+    (broken / "rank_1" / "seg_0.pdiparams").write_bytes(b"corrupt")   # only rank 1 fails to load
     t0 = time.monotonic()
     res = run_job(2, MODEL_DIR=str(broken), MP_NUM="2")
     assert res.returncode != 0 and time.monotonic() - t0 < 60

@@ -60,17 +60,18 @@ def test_without_a_compiler_the_reason_is_given(tmp_path):
     assert "no C++ compiler (no-such-g++-here)" in res.stdout and "apt-get install g++" in res.stdout
 
 
-def test_export_graph_collectives_need_the_library(tmp_path):
+def test_export_cpp_graph_ops_need_the_library(tmp_path):
     env = dict(mpi_env(), **no_compiler(tmp_path))
     cmd = [sys.executable, "-m", "spmd_serve", "export", "--demo", "tiny", "--tp", "2", "--out", str(tmp_path / "m")]
-    res = subprocess.run([*cmd, "--collectives", "graph"], env=env, capture_output=True, text=True, timeout=300)
-    assert res.returncode == 2 and "--collectives graph: the C++ op library is unavailable" in res.stderr
+    res = subprocess.run([*cmd, "--graph-ops", "cpp"], env=env, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 2 and "--graph-ops cpp: the C++ op library is unavailable" in res.stderr
     assert not (tmp_path / "m").exists()
     res = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)   # auto: falls back
     assert res.returncode == 0, res.stderr[-3000:]
-    assert "warning: in-graph collectives unavailable" in res.stderr
+    assert "warning: C++ graph ops unavailable" in res.stderr
     manifest = json.loads((tmp_path / "m" / "rank_0" / "manifest.json").read_text())
     assert manifest["collectives"] == "segments" and len(manifest["segments"]) > 1
+    assert manifest["custom_ops"] == []
 
 
 def test_runner_refuses_a_graph_export_without_the_library(served_tp2, tmp_path):
@@ -78,4 +79,5 @@ def test_runner_refuses_a_graph_export_without_the_library(served_tp2, tmp_path)
             f"ModelRunner({str(served_tp2)!r}, 0, None, num_blocks=4, block_size=16)")
     res = python(code, **no_compiler(tmp_path))
     assert res.returncode != 0
-    assert "exported with in-graph collectives" in res.stderr and "--collectives segments" in res.stderr
+    assert "uses the C++ graph ops spmd_allreduce, spmd_decode_attention" in res.stderr
+    assert "--graph-ops paddle" in res.stderr

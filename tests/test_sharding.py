@@ -52,14 +52,16 @@ def make_plans() -> tuple[list, dict[int, list[int]], list[list[tuple[int, int]]
 
 
 class SimRank:
-    """One rank's loaded segments and its own KV pool (what ModelRunner holds)."""
+    """One rank's loaded segments and its own KV pool (what ModelRunner holds); collectives between
+    segments are played in this process, so TP > 1 exports here have a graph per stage."""
 
     def __init__(self, model_dir: Path, rank: int, onednn_min_tokens: int = 0) -> None:
         from spmd_serve.worker.kv_cache import KVCachePool
-        from spmd_serve.worker.model_runner import Segment
+        from spmd_serve.worker.model_runner import Segment, register_graph_ops
 
         rank_dir = model_dir / f"rank_{rank}"
         manifest = json.loads((rank_dir / "manifest.json").read_text())
+        register_graph_ops(manifest, rank_dir)   # the decode graph's fused attention
         self.dims, self.inv_freq = manifest["dims"], manifest["inv_freq"]
         self.segments = [Segment(rank_dir, spec, 1, onednn_min_tokens=onednn_min_tokens)
                          for spec in manifest["segments"]]
@@ -138,15 +140,16 @@ def reference_logits(ckpt: Path, tokens: list[int]) -> np.ndarray:
 def served_tp4(demo_checkpoint, tmp_path_factory) -> Path:
     from spmd_serve.export import export_checkpoint
 
-    return export_checkpoint(demo_checkpoint, tmp_path_factory.mktemp("served") / "tp4", tp=4)
+    # a graph per stage: SimRank plays the collectives between them in this one process
+    return export_checkpoint(demo_checkpoint, tmp_path_factory.mktemp("served") / "tp4", tp=4, graph_ops="paddle")
 
 
 @pytest.fixture(scope="module")
-def tp_runs(served_tp1, served_tp2, served_tp4):
+def tp_runs(served_tp1, served_tp2_segments, served_tp4):
     """tp → (per-step logits, the ranks with their filled KV pools); plans are shared."""
     plans, tokens, rows = make_plans()
     runs = {}
-    for tp, model_dir in ((1, served_tp1), (2, served_tp2), (4, served_tp4)):
+    for tp, model_dir in ((1, served_tp1), (2, served_tp2_segments), (4, served_tp4)):
         ranks = [SimRank(Path(model_dir), r) for r in range(tp)]
         runs[tp] = ([run_step(ranks, plan) for plan in plans], ranks)
     return plans, tokens, rows, runs
@@ -174,11 +177,11 @@ def test_tensor_parallel_logits_equal_tp1(tp_runs, tp):
 
 
 @pytest.mark.parametrize("tp", [1, 2])
-def test_decode_graphs_and_onednn_predictors_give_the_same_logits(tp_runs, served_tp1, served_tp2, tp):
+def test_decode_graphs_and_onednn_predictors_give_the_same_logits(tp_runs, served_tp1, served_tp2_segments, tp):
     """With a oneDNN twin (as ModelRunner loads by default), steps of < 5 single-token queries run
     the decode graph and every other step the general graph on oneDNN: same logits as plain."""
     plans, _, _, runs = tp_runs
-    ranks = [SimRank(Path(served_tp1 if tp == 1 else served_tp2), r, onednn_min_tokens=5) for r in range(tp)]
+    ranks = [SimRank(Path(served_tp1 if tp == 1 else served_tp2_segments), r, onednn_min_tokens=5) for r in range(tp)]
     assert all(seg.plain_decode_only == bool(seg.kv_layers) for seg in ranks[0].segments)
     kinds = {(p.query_lens.max() == 1 and p.num_tokens < 5, p.num_tokens >= 5) for p in plans}
     assert (True, False) in kinds and (False, True) in kinds            # both predictors ran

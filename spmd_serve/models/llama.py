@@ -23,6 +23,7 @@ import paddle
 from paddle import nn
 from paddle.incubate.nn.functional import fused_rms_norm
 
+from ops import paddle_ext
 from spmd_serve.models import step_tables
 from spmd_serve.models.sharding import ShardDims
 
@@ -167,6 +168,7 @@ class AttentionStage(nn.Layer):
         self.dims, self.layer = dims, layer
         self.kv_int8 = False   # set before tracing the int8-KV variant of the graph (see segment.py)
         self.decode = False    # set before tracing the decode variant (every query length 1)
+        self.fused_decode = False   # decode variant with the C++ spmd_decode_attention op (segment.py)
 
     def cache_names(self) -> tuple[str, str]:
         return f"k_cache_{self.layer}", f"v_cache_{self.layer}"
@@ -184,6 +186,10 @@ class AttentionStage(nn.Layer):
         qkv = qkv * env["rope_cos"] + paddle.roll(qkv, d // 2, axis=-1) * env["rope_sin"]   # RoPE (q, k only)
         q, k, v = paddle.split(qkv, [nh, kvh, kvh], axis=1)                              # k, v [T, kvh, d] → cache
         kc_name, vc_name = self.cache_names()
+        if self.fused_decode:   # ops/cpu_kernels/decode_attention.cc: the ~15 ops below in one
+            ctx = paddle_ext.run_op("spmd_decode_attention", qkv, env[kc_name], env[vc_name],
+                                    env["past_index"], env["attn_mask"])                 # [B, nh*d]
+            return h, self.o(ctx), [k, v]
         # past, head-major in one gather each: [B, kvh, P, d] (no reshape of the pool: it would copy it)
         k_past = paddle.gather_nd(env[kc_name], env["past_index"])
         v_past = paddle.gather_nd(env[vc_name], env["past_index"])

@@ -1,7 +1,7 @@
 """Graph segments: the stages between two collectives, exported as one Paddle static graph each.
 
 With `--tp 1` a rank's whole model is one segment (no collectives).  With `--tp N > 1` either
-* the collectives are in the graph (`in_graph`): still one segment, each stage's `partial` summed
+* the collectives are in the graph (`cpp_ops`): still one segment, each stage's `partial` summed
   over the ranks by the `spmd_allreduce` op (ops/paddle_ext.py: MPI_Allreduce from C++), only the
   vocab-parallel `logits` gathered by the runtime; or
 * every stage is its own segment and the runtime all-reduces each segment's `partial` output
@@ -58,11 +58,12 @@ class Segment(nn.Layer):
     """A run of stages; `forward` takes the inputs listed in `spec.inputs`, in that order."""
 
     def __init__(self, stages: list[nn.Layer], name: str, takes_hidden: bool, takes_partial: bool,
-                 reduce_in_graph: bool = False) -> None:
+                 reduce_in_graph: bool = False, cpp_ops: bool = False) -> None:
         super().__init__()
         self.stages = nn.LayerList(stages)
         self.takes_hidden, self.takes_partial = takes_hidden, takes_partial
         self.reduce_in_graph = reduce_in_graph   # sum each stage's partial over the ranks in the graph
+        self.cpp_ops = cpp_ops                   # may use ops/paddle_ext.py's C++ ops
         self.base_name = name
         self.set_variant()
 
@@ -79,6 +80,7 @@ class Segment(nn.Layer):
         for st in stages:
             if isinstance(st, AttentionStage):
                 st.kv_int8, st.decode = kv_int8, decode
+                st.fused_decode = decode and not kv_int8 and self.cpp_ops   # spmd_decode_attention
         self.kv_int8 = kv_int8
         inputs = (["hidden"] if self.takes_hidden else []) + (["partial"] if self.takes_partial else [])
         for st in stages:
@@ -128,16 +130,19 @@ class Segment(nn.Layer):
         return specs
 
 
-def build_segments(weights: dict, dims: ShardDims, rank: int, in_graph: bool = False) -> list[Segment]:
-    """A rank's segments; `in_graph` (tp > 1): one segment with the all-reduces inside."""
+def build_segments(weights: dict, dims: ShardDims, rank: int, cpp_ops: bool = False) -> list[Segment]:
+    """A rank's segments.  `cpp_ops`: graphs may use ops/paddle_ext.py's C++ ops — at tp > 1 one
+    segment with the all-reduces inside; the decode variants' fused attention."""
     stages: list[nn.Layer] = [EmbedStage(weights, dims, rank)]
     for layer in range(dims.num_layers):
         stages += [AttentionStage(weights, dims, layer), MlpStage(weights, dims, layer)]
     stages.append(HeadStage(weights, dims))
-    if dims.tp == 1 or in_graph:
-        return [Segment(stages, "seg_0", takes_hidden=False, takes_partial=False, reduce_in_graph=dims.tp > 1)]
-    # One stage per segment: the all-reduce of each partial happens between them.
-    return [Segment([st], f"seg_{i}", takes_hidden=i > 1, takes_partial=i > 0) for i, st in enumerate(stages)]
+    if dims.tp == 1 or cpp_ops:
+        return [Segment(stages, "seg_0", takes_hidden=False, takes_partial=False, reduce_in_graph=dims.tp > 1,
+                        cpp_ops=cpp_ops)]
+    # one stage per segment: the all-reduce of each partial happens between them
+    return [Segment([st], f"seg_{i}", takes_hidden=i > 1, takes_partial=i > 0, cpp_ops=cpp_ops)
+            for i, st in enumerate(stages)]
 
 
 def save_segment(seg: Segment, dims: ShardDims, path_prefix: str) -> None:

@@ -70,6 +70,20 @@ def onednn_min_tokens(rank_dir: Path, specs: list[dict], requested: int | None) 
     return ONEDNN_MIN_TOKENS if size <= ONEDNN_AUTO_MAX_BYTES else 0
 
 
+def register_graph_ops(manifest: dict, rank_dir: Path) -> None:
+    """Graphs calling our C++ ops (ops/paddle_ext.py) load only once the op library is registered in
+    the process: do it, or say why it cannot be (ConfigError)."""
+    if not manifest.get("custom_ops"):
+        return
+    from ops import paddle_ext
+    from spmd_serve.config import ConfigError
+
+    reason = paddle_ext.unavailable()
+    if reason is not None:
+        raise ConfigError(f"{rank_dir} uses the C++ graph ops {', '.join(manifest['custom_ops'])}, which need "
+                          f"the op library: {reason}; install what it names or re-export with --graph-ops paddle")
+
+
 class _Predictor:
     """One paddle.inference predictor of a segment and its input/output handles."""
 
@@ -148,16 +162,13 @@ class ModelRunner:
             raise ConfigError(f"USE_CACHE_KV_INT8=1: {rank_dir} has no int8-KV graphs and scales "
                               "(exported before int8 KV existed); re-export the model with `spmd_serve export`")
         specs = manifest["segments_kv_int8" if kv_int8 else "segments"]
-        # "graph": the all-reduces are `spmd_allreduce` ops inside the graph (ops/paddle_ext.py),
-        # registered before the predictors load it; their time is read from the library's counter
+        register_graph_ops(manifest, rank_dir)
+        # "graph" collectives: the all-reduces are `spmd_allreduce` ops inside the graph; their time
+        # is read from the op library's counter
         self.graph_allreduce = manifest.get("collectives") == "graph"
         if self.graph_allreduce:
             from ops import paddle_ext
 
-            reason = paddle_ext.unavailable()
-            if reason is not None:
-                raise ConfigError(f"{rank_dir} was exported with in-graph collectives, which need the C++ op "
-                                  f"library: {reason}; install it or re-export with --collectives segments")
             self._graph_allreduce_seconds = paddle_ext.allreduce_seconds
         quantised = bool(manifest.get("quant"))
         self.onednn_min_tokens = onednn_min_tokens(rank_dir, specs, onednn)
