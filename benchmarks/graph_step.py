@@ -79,6 +79,7 @@ def decode_feeds(graphs: list[Graph], batch: int, past: int) -> dict[str, np.nda
     plan = SimpleNamespace(input_ids=np.full(batch, 5, np.int64), positions=np.full(batch, past, np.int64),
                            query_lens=np.ones(batch, np.int64), ctx_lens=np.full(batch, past, np.int64),
                            block_tables=np.arange(batch * mb, dtype=np.int64).reshape(batch, mb) % NUM_BLOCKS)
+    plan.slot_mapping = plan.block_tables[:, past // BLOCK] * BLOCK + past % BLOCK   # the new token's slot
     g = max(graphs, key=lambda g: g.inv_freq.size)          # an export with host-side tables, if any
     names = {n for g in graphs for n in g.p.get_input_names()}
     return step_feeds(plan, ShardDims(**g.dims), g.inv_freq, BLOCK, names)

@@ -85,7 +85,8 @@ def run_step(ranks: list[SimRank], plan) -> np.ndarray:
         outs = [r.segments[k].run(f, decode) for r, f in zip(ranks, feeds)]
         for r, out in zip(ranks, outs):
             for layer in r.segments[k].kv_layers:
-                r.pool.write(layer, plan.slot_mapping, out[f"k_new_{layer}"], out[f"v_new_{layer}"])
+                if f"k_new_{layer}" in out:   # a fused decode graph writes the pool itself
+                    r.pool.write(layer, plan.slot_mapping, out[f"k_new_{layer}"], out[f"v_new_{layer}"])
         if ranks[0].segments[k].gathers_logits:
             assert k == num_segments - 1
             logits = np.concatenate([o["logits"] for o in outs], axis=1)        # gather over vocab

@@ -1,16 +1,19 @@
-// spmd_decode_attention: one decode step's attention (one new token per sequence) over the paged KV
-// pool, GQA, as one Paddle CPU custom op.
+// spmd_decode_attention: one decode step's attention layer core (one new token per sequence) as
+// one Paddle CPU custom op: RoPE, writing the new K/V into the paged pool, attention over the
+// past (GQA) and the new token.
 //
-// The decode graph did this with ~15 ops per layer (split, two gather_nd of the past into
-// [B, kvh, P, d], two concats with the new K/V, matmul, mask add, softmax, matmul, reshapes): at
-// batch 1 each costs more in Paddle's per-op overhead than in arithmetic.  Same inputs as that
-// graph (step_tables.py builds them), same result up to float summation order:
-//   qkv        [B, nh + 2 kvh, d] f32   after RoPE; q already scaled by 1/sqrt(d)
-//   k_cache    [NB, bs, kvh, d]   f32   the pool (read only; the runner writes new K/V after the graph)
-//   v_cache    [NB, bs, kvh, d]   f32
-//   past_index [B, kvh, P, 3]     i64   (block, offset, kv head) of each past slot
-//   attn_mask  [B, 1, 1, P + 1]   f32   additive; NEG_INF (-1e30) marks padding past the context
+// The decode graph did this with ~20 Paddle ops a layer (RoPE's multiply/roll/add, split, two
+// gathers of the past into [B, kvh, P, d], concats, matmuls, mask, softmax), and the runner then
+// copied K/V out of the graph and into the pool: at batch 1 each op costs more in overhead than in
+// arithmetic.  Inputs (step_tables.py builds the tables; the pool is bound zero-copy):
+//   qkv          [B, nh + 2 kvh, d] f32   fused projections, before RoPE
+//   rope_cos/sin [B, nh + 2 kvh, d] f32   x * cos + roll(x, d/2) * sin; q rows carry 1/sqrt(d),
+//                                         v rows are the identity (cos 1, sin 0)
+//   k/v_cache    [NB, bs, kvh, d]   f32   the pool: the new K/V are WRITTEN into it at slot_mapping
+//   block_tables [B, MB] i64, ctx_lens [B] i64 (past tokens), slot_mapping [B] i64 (new token's slot)
 // Output: [B, nh * d] f32, query head j attending with KV head j / (nh / kvh).
+// The pool write is a side effect the graph does not see: the op is never pruned (its output is
+// used) and the pool is an external buffer, so the runner must not write these layers again.
 #include <algorithm>
 #include <cmath>
 #include <vector>
@@ -19,7 +22,10 @@
 
 namespace {
 
-constexpr float kMasked = -1e29f;  // step_tables.NEG_INF is -1e30: such a slot's weight is exactly 0
+// row of [NB * bs * kvh, d] holding past token p of a sequence (its block table), KV head h
+inline int64_t slot_row(const int64_t* table, int64_t p, int64_t bs, int64_t kvh, int64_t h) {
+  return (table[p / bs] * bs + p % bs) * kvh + h;
+}
 
 // 16 independent lanes: the compiler vectorises them (a single running sum it may not reorder)
 inline float dot(const float* a, const float* b, int64_t d) {
@@ -39,82 +45,89 @@ inline void axpy(float w, const float* x, float* y, int64_t d) {
 
 }  // namespace
 
-std::vector<paddle::Tensor> DecodeAttentionForward(const paddle::Tensor& qkv, const paddle::Tensor& k_cache,
-                                                   const paddle::Tensor& v_cache, const paddle::Tensor& past_index,
-                                                   const paddle::Tensor& attn_mask) {
-  PD_CHECK(qkv.dtype() == paddle::DataType::FLOAT32 && k_cache.dtype() == paddle::DataType::FLOAT32 &&
-               v_cache.dtype() == paddle::DataType::FLOAT32 && attn_mask.dtype() == paddle::DataType::FLOAT32,
-           "spmd_decode_attention: qkv, caches and mask must be float32");
-  PD_CHECK(past_index.dtype() == paddle::DataType::INT64, "spmd_decode_attention: past_index must be int64");
-  const auto qs = qkv.shape(), cs = k_cache.shape(), ps = past_index.shape(), ms = attn_mask.shape();
-  PD_CHECK(qs.size() == 3 && cs.size() == 4 && ps.size() == 4 && ms.size() == 4,
-           "spmd_decode_attention: expected qkv [B, nh+2kvh, d], caches [NB, bs, kvh, d], "
-           "past_index [B, kvh, P, 3], attn_mask [B, 1, 1, P+1]");
-  const int64_t B = qs[0], d = qs[2], bs = cs[1], kvh = cs[2], P = ps[2];
+std::vector<paddle::Tensor> DecodeAttentionForward(const paddle::Tensor& qkv, const paddle::Tensor& rope_cos,
+                                                   const paddle::Tensor& rope_sin, const paddle::Tensor& k_cache,
+                                                   const paddle::Tensor& v_cache, const paddle::Tensor& block_tables,
+                                                   const paddle::Tensor& ctx_lens, const paddle::Tensor& slot_mapping) {
+  const auto f32 = paddle::DataType::FLOAT32, i64 = paddle::DataType::INT64;
+  PD_CHECK(qkv.dtype() == f32 && rope_cos.dtype() == f32 && rope_sin.dtype() == f32 && k_cache.dtype() == f32 &&
+               v_cache.dtype() == f32, "spmd_decode_attention: qkv, rope tables and caches must be float32");
+  PD_CHECK(block_tables.dtype() == i64 && ctx_lens.dtype() == i64 && slot_mapping.dtype() == i64,
+           "spmd_decode_attention: block_tables, ctx_lens and slot_mapping must be int64");
+  const auto qs = qkv.shape(), cs = k_cache.shape(), bts = block_tables.shape();
+  PD_CHECK(qs.size() == 3 && cs.size() == 4 && bts.size() == 2,
+           "spmd_decode_attention: expected qkv [B, nh+2kvh, d], caches [NB, bs, kvh, d], block_tables [B, MB]");
+  const int64_t B = qs[0], d = qs[2], NB = cs[0], bs = cs[1], kvh = cs[2], MB = bts[1];
   const int64_t nh = qs[1] - 2 * kvh;
+  PD_CHECK(rope_cos.shape() == qs && rope_sin.shape() == qs, "spmd_decode_attention: rope tables must match qkv");
   PD_CHECK(cs[3] == d && v_cache.shape() == cs, "spmd_decode_attention: cache shape does not match qkv");
-  PD_CHECK(nh > 0 && nh % kvh == 0, "spmd_decode_attention: query heads must be a multiple of KV heads");
-  PD_CHECK(ps[0] == B && ps[1] == kvh && ps[3] == 3, "spmd_decode_attention: past_index shape");
-  PD_CHECK(ms[0] == B && ms[2] == 1 && ms[3] == P + 1, "spmd_decode_attention: attn_mask must be [B, 1, 1, P+1]");
-  const int64_t g = nh / kvh;
+  PD_CHECK(nh > 0 && nh % kvh == 0 && d % 2 == 0, "spmd_decode_attention: query heads must be a multiple of KV heads");
+  PD_CHECK(bts[0] == B && ctx_lens.numel() == B && slot_mapping.numel() == B,
+           "spmd_decode_attention: one block table, context length and slot per sequence");
+  const int64_t g = nh / kvh, heads = nh + 2 * kvh, half = d / 2;
 
-  auto out = paddle::empty({B, nh * d}, paddle::DataType::FLOAT32, qkv.place());
-  const float* q_all = qkv.data<float>();
-  const float* kc = k_cache.data<float>();
-  const float* vc = v_cache.data<float>();
-  const int64_t* pidx = past_index.data<int64_t>();
-  const float* mask = attn_mask.data<float>();
+  auto out = paddle::empty({B, nh * d}, f32, qkv.place());
+  const float *x_all = qkv.data<float>(), *cos_all = rope_cos.data<float>(), *sin_all = rope_sin.data<float>();
+  // the pool is written in place: it is the runner's buffer, shared with the graph (see above)
+  float* kc = const_cast<float*>(k_cache.data<float>());
+  float* vc = const_cast<float*>(v_cache.data<float>());
+  const int64_t *tables = block_tables.data<int64_t>(), *ctx = ctx_lens.data<int64_t>();
+  const int64_t* slots = slot_mapping.data<int64_t>();
   float* o = out.data<float>();
-  std::vector<float> w(P + 1);
+  std::vector<float> roped(heads * d), w;
   for (int64_t b = 0; b < B; ++b) {
-    const float* row = q_all + b * (nh + 2 * kvh) * d;
-    const float* m = mask + b * (P + 1);
+    const int64_t base = b * heads * d, past = ctx[b];
+    PD_CHECK(past >= 0 && past <= MB * bs, "spmd_decode_attention: context longer than its block table");
+    PD_CHECK(slots[b] >= 0 && slots[b] < NB * bs, "spmd_decode_attention: slot outside the pool");
+    for (int64_t i = 0; i < heads * d; ++i) {   // RoPE: roll by d/2 within each head
+      const int64_t j = i - i % d + (i % d + half) % d;
+      roped[i] = x_all[base + i] * cos_all[base + i] + x_all[base + j] * sin_all[base + i];
+    }
+    for (int64_t h = 0; h < kvh; ++h) {         // the new K/V into the pool
+      const int64_t at = slots[b] * kvh + h;   // slot = block * bs + offset: row of [NB * bs * kvh, d]
+      std::copy_n(roped.data() + (nh + h) * d, d, kc + at * d);
+      std::copy_n(roped.data() + (nh + kvh + h) * d, d, vc + at * d);
+    }
+    w.resize(past + 1);
     for (int64_t h = 0; h < kvh; ++h) {
-      const float* k_new = row + (nh + h) * d;
-      const float* v_new = row + (nh + kvh + h) * d;
-      const int64_t* slots = pidx + (b * kvh + h) * P * 3;   // [P, 3]
+      const float* k_new = roped.data() + (nh + h) * d;
+      const float* v_new = roped.data() + (nh + kvh + h) * d;
       for (int64_t j = 0; j < g; ++j) {
-        const float* q = row + (h * g + j) * d;
+        const float* q = roped.data() + (h * g + j) * d;
         float top = -INFINITY;
-        for (int64_t p = 0; p <= P; ++p) {
-          if (m[p] < kMasked) { w[p] = -INFINITY; continue; }
-          const float* k = p < P ? kc + ((slots[3 * p] * bs + slots[3 * p + 1]) * kvh + slots[3 * p + 2]) * d : k_new;
-          w[p] = dot(q, k, d) + m[p];
+        for (int64_t p = 0; p <= past; ++p) {
+          w[p] = dot(q, p < past ? kc + slot_row(tables + b * MB, p, bs, kvh, h) * d : k_new, d);
           top = std::max(top, w[p]);
         }
         float sum = 0.f;
-        for (int64_t p = 0; p <= P; ++p) {
-          w[p] = w[p] == -INFINITY ? 0.f : std::exp(w[p] - top);
-          sum += w[p];
-        }
+        for (int64_t p = 0; p <= past; ++p) sum += (w[p] = std::exp(w[p] - top));
         float* dst = o + b * nh * d + (h * g + j) * d;
         std::fill(dst, dst + d, 0.f);
-        for (int64_t p = 0; p <= P; ++p) {
-          if (w[p] == 0.f) continue;
-          const float* v = p < P ? vc + ((slots[3 * p] * bs + slots[3 * p + 1]) * kvh + slots[3 * p + 2]) * d : v_new;
-          axpy(w[p] / sum, v, dst, d);
-        }
+        for (int64_t p = 0; p <= past; ++p)
+          axpy(w[p] / sum, p < past ? vc + slot_row(tables + b * MB, p, bs, kvh, h) * d : v_new, dst, d);
       }
     }
   }
   return {out};
 }
 
-std::vector<std::vector<int64_t>> DecodeAttentionShape(const std::vector<int64_t>& qkv, const std::vector<int64_t>& kc,
-                                                       const std::vector<int64_t>&, const std::vector<int64_t>&,
-                                                       const std::vector<int64_t>&) {
+std::vector<std::vector<int64_t>> DecodeAttentionShape(
+    const std::vector<int64_t>& qkv, const std::vector<int64_t>&, const std::vector<int64_t>&,
+    const std::vector<int64_t>& kc, const std::vector<int64_t>&, const std::vector<int64_t>&,
+    const std::vector<int64_t>&, const std::vector<int64_t>&) {
   const int64_t nh = qkv[1] < 0 || kc[2] < 0 ? -1 : qkv[1] - 2 * kc[2];
   return {{qkv[0], nh < 0 || qkv[2] < 0 ? -1 : nh * qkv[2]}};
 }
 
 std::vector<paddle::DataType> DecodeAttentionDtype(const paddle::DataType& qkv, const paddle::DataType&,
                                                    const paddle::DataType&, const paddle::DataType&,
-                                                   const paddle::DataType&) {
+                                                   const paddle::DataType&, const paddle::DataType&,
+                                                   const paddle::DataType&, const paddle::DataType&) {
   return {qkv};
 }
 
 PD_BUILD_OP(spmd_decode_attention)
-    .Inputs({"QKV", "KCache", "VCache", "PastIndex", "AttnMask"})
+    .Inputs({"QKV", "RopeCos", "RopeSin", "KCache", "VCache", "BlockTables", "CtxLens", "SlotMapping"})
     .Outputs({"Out"})
     .SetKernelFn(PD_KERNEL(DecodeAttentionForward))
     .SetInferShapeFn(PD_INFER_SHAPE(DecodeAttentionShape))

@@ -32,6 +32,9 @@ STEP_INPUTS: dict[str, tuple[str, list[int]]] = {
     "input_ids": ("int64", [-1]),          # [T] token ids of this step
     "unpad_index": ("int64", [-1]),        # [T] index into the flattened [B*S] grid
     "logits_index": ("int64", [-1]),       # [B] index into T of each sequence's last token
+    "block_tables": ("int64", [-1, -1]),   # [B, MB] the plan's (fused decode attention only)
+    "ctx_lens": ("int64", [-1]),           # [B] past tokens of each sequence (idem)
+    "slot_mapping": ("int64", [-1]),       # [T] pool slot of each new token (idem)
     # per-step tables, built on the host once per step (step_tables.py has their layout)
     "rope_cos": ("float32", [-1, -1, -1]),     # [T, nh + 2 kvh, d]
     "rope_sin": ("float32", [-1, -1, -1]),     # [T, nh + 2 kvh, d]
@@ -168,7 +171,8 @@ class AttentionStage(nn.Layer):
         self.dims, self.layer = dims, layer
         self.kv_int8 = False   # set before tracing the int8-KV variant of the graph (see segment.py)
         self.decode = False    # set before tracing the decode variant (every query length 1)
-        self.fused_decode = False   # decode variant with the C++ spmd_decode_attention op (segment.py)
+        self.fused_decode = False   # decode variant with the C++ spmd_decode_attention op (segment.py):
+        #                             it writes this step's K/V into the pool itself (no k/v_new outputs)
 
     def cache_names(self) -> tuple[str, str]:
         return f"k_cache_{self.layer}", f"v_cache_{self.layer}"
@@ -183,14 +187,13 @@ class AttentionStage(nn.Layer):
         x, h = add_rms_norm(h, delta, self.ln, dm.rms_norm_eps)                          # [T, H]
         qkv = self.qkv(x) if self.bias is None else self.qkv(x) + self.bias
         qkv = qkv.reshape([-1, nh + 2 * kvh, d])                                         # [T, nh + 2 kvh, d]
+        kc_name, vc_name = self.cache_names()
+        if self.fused_decode:   # ops/cpu_kernels/decode_attention.cc: RoPE, pool write, attention in one op
+            ctx = paddle_ext.run_op("spmd_decode_attention", qkv, env["rope_cos"], env["rope_sin"], env[kc_name],
+                                    env[vc_name], env["block_tables"], env["ctx_lens"], env["slot_mapping"])
+            return h, self.o(ctx), []                                                    # K/V already in the pool
         qkv = qkv * env["rope_cos"] + paddle.roll(qkv, d // 2, axis=-1) * env["rope_sin"]   # RoPE (q, k only)
         q, k, v = paddle.split(qkv, [nh, kvh, kvh], axis=1)                              # k, v [T, kvh, d] → cache
-        kc_name, vc_name = self.cache_names()
-        if self.fused_decode:   # ops/cpu_kernels/decode_attention.cc: the ~15 ops below in one
-            ctx = paddle_ext.run_op("spmd_decode_attention", qkv, env[kc_name], env[vc_name],
-                                    env["past_index"], env["attn_mask"])                 # [B, nh*d]
-            return h, self.o(ctx), [k, v]
-        # past, head-major in one gather each: [B, kvh, P, d] (no reshape of the pool: it would copy it)
         k_past = paddle.gather_nd(env[kc_name], env["past_index"])
         v_past = paddle.gather_nd(env[vc_name], env["past_index"])
         if self.kv_int8:   # an int8 pool: q * scale[kv head], as ops/paged_attention.py does

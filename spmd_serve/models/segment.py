@@ -26,11 +26,14 @@ from spmd_serve.models.sharding import ShardDims
 
 _ATTN_INPUTS = ("rope_cos", "rope_sin", "grid_index", "unpad_index", "past_index", "attn_mask")
 _GRID_INPUTS = ("grid_index", "unpad_index")   # not taken by the decode variant
+_FUSED_INPUTS = ("rope_cos", "rope_sin", "block_tables", "ctx_lens", "slot_mapping")   # spmd_decode_attention
 
 
 def stage_inputs(stage: nn.Layer) -> list[str]:
     if isinstance(stage, EmbedStage):
         return ["input_ids"]
+    if isinstance(stage, AttentionStage) and stage.fused_decode:
+        return [*_FUSED_INPUTS, *stage.cache_names()]
     if isinstance(stage, AttentionStage):
         tables = [n for n in _ATTN_INPUTS if not (stage.decode and n in _GRID_INPUTS)]
         return [*tables, *stage.cache_names(), *(stage.scale_names() if stage.kv_int8 else ())]
@@ -89,7 +92,9 @@ class Segment(nn.Layer):
         head = isinstance(stages[-1], HeadStage)
         many = self.takes_partial or len(stages) > 1
         outputs = ["logits"] if head else ["hidden", "partial"] if many else ["partial"]
-        outputs += [f"{kind}_new_{layer}" for layer in kv for kind in ("k", "v")]
+        # this step's K/V for the runner to write, unless the fused decode op wrote them already
+        outputs += [f"{kind}_new_{st.layer}" for st in stages if isinstance(st, AttentionStage) and not st.fused_decode
+                    for kind in ("k", "v")]
         name = self.base_name + (".kv8" if kv_int8 else "") + (".dec" if decode else "")
         self.spec = SegmentSpec(name, inputs, outputs, kv, params=self.base_name if name != self.base_name else None)
 

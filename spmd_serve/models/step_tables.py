@@ -70,6 +70,8 @@ def step_feeds(plan, dims: ShardDims, inv_freq: np.ndarray, block_size: int, nam
              "unpad_index": unpad_index, "block_tables": plan.block_tables, "ctx_lens": plan.ctx_lens,
              "query_lens": plan.query_lens, "logits_index": logits_index}
     names = set(names)
+    if "slot_mapping" in names:
+        feeds["slot_mapping"] = plan.slot_mapping
     if names & {"rope_cos", "rope_sin"}:
         feeds["rope_cos"], feeds["rope_sin"] = rope_tables(plan.positions, inv_freq, dims)
     if "grid_index" in names:

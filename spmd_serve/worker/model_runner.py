@@ -106,6 +106,7 @@ class _Predictor:
         self.predictor = inference.create_predictor(cfg)
         self.inputs = {n: self.predictor.get_input_handle(n) for n in self.predictor.get_input_names()}
         self.outputs = [self.predictor.get_output_handle(n) for n in self.predictor.get_output_names()]
+        self.output_names: list[str] = spec["outputs"]   # a decode graph may have fewer (no K/V to write)
 
 
 class Segment:
@@ -122,7 +123,7 @@ class Segment:
         self.batched = (_Predictor(rank_dir, spec, num_threads, quantised, onednn=True)
                         if onednn_min_tokens > 0 else None)
         self.min_tokens = onednn_min_tokens
-        self.inputs: list[str] = spec["inputs"]   # every input of either graph
+        self.inputs: list[str] = list(dict.fromkeys(spec["inputs"] + (decode or spec)["inputs"]))   # of either graph
         self.outputs: list[str] = spec["outputs"]
         self.kv_layers: list[int] = spec["kv_layers"]
         self.gathers_logits = self.outputs[0] == "logits"
@@ -142,7 +143,7 @@ class Segment:
                 h.reshape(list(feeds[name].shape))
                 h.copy_from_cpu(feeds[name])
         pred.predictor.run()
-        return {n: h.copy_to_cpu() for n, h in zip(self.outputs, pred.outputs)}
+        return {n: h.copy_to_cpu() for n, h in zip(pred.output_names, pred.outputs)}
 
 
 class ModelRunner:
@@ -213,7 +214,8 @@ class ModelRunner:
                 t0 += reduced
             acc[key] += t - t0
             for layer in seg.kv_layers:   # this layer's cache is read only by this segment: write now
-                self.pool.write(layer, plan.slot_mapping, out[f"k_new_{layer}"], out[f"v_new_{layer}"])
+                if f"k_new_{layer}" in out:   # (a fused decode graph wrote it already)
+                    self.pool.write(layer, plan.slot_mapping, out[f"k_new_{layer}"], out[f"v_new_{layer}"])
             t, t0 = clock(), t
             acc["kv_write"] += t - t0
             if seg.gathers_logits:
