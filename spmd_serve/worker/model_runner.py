@@ -70,6 +70,13 @@ def onednn_min_tokens(rank_dir: Path, specs: list[dict], requested: int | None) 
     return ONEDNN_MIN_TOKENS if size <= ONEDNN_AUTO_MAX_BYTES else 0
 
 
+def uses_linear_ops(rank_dir: Path, specs: list[dict]) -> bool:
+    """Whether a decode graph of these segments calls `spmd_linear[_int8]`: the op library must
+    then be registered before its predictor loads (exports made where the library built do)."""
+    graphs = [rank_dir / f"{spec['decode']['name']}.json" for spec in specs if spec.get("decode")]
+    return any('.spmd_linear' in g.read_text() for g in graphs)
+
+
 class _Predictor:
     """One paddle.inference predictor of a segment and its input/output handles."""
 
@@ -159,6 +166,13 @@ class ModelRunner:
                 raise ConfigError(f"{rank_dir} was exported with in-graph collectives, which need the C++ op "
                                   f"library: {reason}; install it or re-export with --collectives segments")
             self._graph_allreduce_seconds = paddle_ext.allreduce_seconds
+        elif uses_linear_ops(rank_dir, specs):   # decode graphs with spmd_linear (models/llama.py Linear)
+            from ops import paddle_ext
+
+            reason = paddle_ext.unavailable()
+            if reason is not None:
+                raise ConfigError(f"{rank_dir}'s decode graphs use the C++ small-batch linear ops, which need the "
+                                  f"op library: {reason}; install it or re-export the model on this machine")
         quantised = bool(manifest.get("quant"))
         self.onednn_min_tokens = onednn_min_tokens(rank_dir, specs, onednn)
         self.segments = [Segment(rank_dir, spec, num_threads, quantised, self.onednn_min_tokens) for spec in specs]
