@@ -5,6 +5,8 @@ The CUDA kernels of this package run on raw device pointers; these run *inside* 
 graphs on the CPU build, where Paddle lacks what the engine needs:
 * `spmd_allreduce` — an MPI_Allreduce in the graph (Paddle's CPU collective goes through gloo at
   ~2 ms a call), so a tensor-parallel rank runs one graph per step instead of one per stage.
+* `spmd_linear`, `spmd_linear_int8` — x @ W for the 1-4 rows of a decode step, one pass over W
+  (fp32, or int8 dequantised in registers); only the decode graphs use them (models/llama.py).
 
 A graph that uses them needs the library registered before `paddle.jit.save` traces it and before
 `paddle.inference` loads it: call `load()` first.  Building needs a C++17 compiler (`g++`) and the

@@ -93,7 +93,7 @@ def test_tp1_and_tp2_give_identical_tokens(runs, served_tp2, served_tp2_segments
                                    atol=1e-5)
     manifests = [json.loads((d / "rank_1" / "manifest.json").read_text()) for d in (served_tp2, served_tp2_segments)]
     assert [m["collectives"] for m in manifests] == ["graph", "segments"]
-    assert [m["custom_ops"] for m in manifests] == [["spmd_allreduce", "spmd_decode_attention"], []]
+    assert [m["custom_ops"] for m in manifests] == [["spmd_allreduce", "spmd_decode_attention", "spmd_linear"], []]
     assert [len(m["segments"]) for m in manifests] == [1, 2 * manifests[0]["dims"]["num_layers"] + 2]
 
 

@@ -79,5 +79,5 @@ def test_runner_refuses_a_graph_export_without_the_library(served_tp2, tmp_path)
             f"ModelRunner({str(served_tp2)!r}, 0, None, num_blocks=4, block_size=16)")
     res = python(code, **no_compiler(tmp_path))
     assert res.returncode != 0
-    assert "uses the C++ graph ops spmd_allreduce, spmd_decode_attention" in res.stderr
+    assert "uses the C++ graph ops spmd_allreduce, spmd_decode_attention, spmd_linear" in res.stderr
     assert "--graph-ops paddle" in res.stderr

@@ -71,17 +71,27 @@ class Linear(nn.Layer):
     the graph's params (persistable buffers) and are dequantised to fp32 right before the matmul:
     this CPU build has no int8/int4 matmul kernel (on GPU, `paddle.nn.quant.weight_only_linear`
     would take the same buffers).  int8: (x @ q) * scale[out]; int4: nibbles unpacked with bit
-    shifts, then per input group (x_g @ q_g) * scale_g summed, so no weight-sized multiply."""
+    shifts, then per input group (x_g @ q_g) * scale_g summed, so no weight-sized multiply.
+
+    `small_batch_kernel` (set by Segment.set_variant for the decode graph, whose steps have 1-4
+    rows): fp32 and int8 weights go through the C++ ops `spmd_linear` / `spmd_linear_int8`
+    (ops/cpu_kernels/linear.cc), which stream W once for all rows and dequantise int8 in registers;
+    Paddle's matmul is ~20-25 % slower on fp32 there and casts the whole int8 W to fp32 first."""
 
     def __init__(self, w) -> None:
         super().__init__()
         self.method = getattr(w, "method", None)
+        self.small_batch_kernel = False
         if self.method is None:
             self.weight = _param(self, w)
         else:
             _hold_quantised(self, w)
 
     def forward(self, x):
+        if self.small_batch_kernel and self.method is None:
+            return paddle_ext.run_op("spmd_linear", x, self.weight)
+        if self.small_batch_kernel and self.method == "weight_only_int8":
+            return paddle_ext.run_op("spmd_linear_int8", x, self.qweight, self.scale)
         if self.method is None:
             return paddle.matmul(x, self.weight)
         if self.method == "weight_only_int8":

@@ -21,7 +21,7 @@ from paddle import nn
 from paddle.static import InputSpec
 
 from ops import paddle_ext
-from spmd_serve.models.llama import STEP_INPUTS, AttentionStage, EmbedStage, HeadStage, MlpStage
+from spmd_serve.models.llama import STEP_INPUTS, AttentionStage, EmbedStage, HeadStage, Linear, MlpStage
 from spmd_serve.models.sharding import ShardDims
 
 _ATTN_INPUTS = ("rope_cos", "rope_sin", "grid_index", "unpad_index", "past_index", "attn_mask")
@@ -78,12 +78,16 @@ class Segment(nn.Layer):
         """Switch the attention stages between an fp32 and an int8 KV pool and between any query
         lengths and the decode variant (one token per sequence).  Variants have the same
         parameters, so their traced graphs share the base graph's .pdiparams; they are named
-        `<name>.kv8`, `<name>.dec`, `<name>.kv8.dec`."""
+        `<name>.kv8`, `<name>.dec`, `<name>.kv8.dec`.  The decode variant's linear layers use the
+        C++ small-batch ops when `cpp_ops` (Linear.small_batch_kernel)."""
         stages = list(self.stages)
         for st in stages:
             if isinstance(st, AttentionStage):
                 st.kv_int8, st.decode = kv_int8, decode
                 st.fused_decode = decode and not kv_int8 and self.cpp_ops   # spmd_decode_attention
+        for layer in self.sublayers():   # the decode graphs' matmuls: spmd_linear[_int8] (C++ GEMV)
+            if isinstance(layer, Linear):
+                layer.small_batch_kernel = decode and self.cpp_ops
         self.kv_int8 = kv_int8
         inputs = (["hidden"] if self.takes_hidden else []) + (["partial"] if self.takes_partial else [])
         for st in stages:

@@ -1,0 +1,134 @@
+"""The small-batch linear ops (ops/cpu_kernels/linear.cc) against float64 numpy, their errors, and
+their place in an export: only the decode graphs call them, and a decode step gives the logits of
+the general graph (paddle.matmul)."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+DEMO_SMALL = [(512, 1024), (512, 512), (512, 3072), (1536, 512), (512, 8000)]   # [K, N]: qkv, o, gate_up, down, lm_head
+
+
+def op(name: str, *arrays: np.ndarray) -> np.ndarray:
+    import paddle
+
+    from ops import paddle_ext
+
+    return paddle_ext.run_op(name, *[paddle.to_tensor(a) for a in arrays]).numpy()
+
+
+def operands(rows: int, k: int, n: int, seed: int = 0) -> tuple[np.ndarray, ...]:
+    """x [rows, k] fp32, fp32 w [k, n], int8 q [k, n], scale [n]."""
+    rng = np.random.default_rng(seed)
+    return (rng.standard_normal((rows, k), np.float32), rng.standard_normal((k, n), np.float32),
+            rng.integers(-127, 128, (k, n), dtype=np.int8), (rng.random(n, np.float32) + 0.5) / 127)
+
+
+def check(y: np.ndarray, ref: np.ndarray) -> None:
+    assert y.dtype == np.float32 and y.shape == ref.shape
+    np.testing.assert_allclose(y, ref, rtol=1e-4, atol=1e-5 * np.abs(ref).max(initial=0))
+
+
+@pytest.mark.parametrize("rows", range(1, 21))   # the C++ kernel up to 16 rows, Paddle's above
+def test_ragged_shapes_match_float64(rows):
+    x, w, q, scale = operands(rows, 67, 131)   # K and N not multiples of the vector width
+    check(op("spmd_linear", x, w), x.astype(np.float64) @ w)
+    check(op("spmd_linear_int8", x, q, scale), (x.astype(np.float64) @ q) * scale)
+
+
+@pytest.mark.parametrize("rows", (1, 4))
+@pytest.mark.parametrize("k,n", DEMO_SMALL)
+def test_demo_small_shapes(rows, k, n):
+    x, w, q, scale = operands(rows, k, n, seed=k + n)
+    check(op("spmd_linear", x, w), x.astype(np.float64) @ w)
+    check(op("spmd_linear_int8", x, q, scale), (x.astype(np.float64) @ q) * scale)
+
+
+@pytest.mark.parametrize("lead", ([2, 3], [0], [7]))
+def test_leading_dimensions_and_empty_inputs(lead):
+    x, w, q, scale = operands(int(np.prod(lead)), 35, 40)
+    x = x.reshape([*lead, 35])                                                     # [..., K] → [..., N]
+    check(op("spmd_linear", x, w), x.astype(np.float64) @ w)
+    check(op("spmd_linear_int8", x, q, scale), (x.astype(np.float64) @ q) * scale)
+
+
+@pytest.mark.parametrize("name,arrays,message", [
+    ("spmd_linear", lambda x, w, q, s: (x.astype(np.float64), w), "x must be float32"),
+    ("spmd_linear", lambda x, w, q, s: (x, w[:-1]), r"x's last dimension \(16\) must equal the weight's rows K \(15\)"),
+    ("spmd_linear", lambda x, w, q, s: (x, w[0]), "the weight must be 2-D"),
+    ("spmd_linear", lambda x, w, q, s: (x, q), "the weight must be float32"),
+    ("spmd_linear_int8", lambda x, w, q, s: (x, w, s), "the weight must be int8"),
+    ("spmd_linear_int8", lambda x, w, q, s: (x, q, s[:-1]), r"scale must be \[N\] = \[24\]"),
+    ("spmd_linear_int8", lambda x, w, q, s: (x, q, s.astype(np.float64)), "scale must be float32"),
+])
+def test_bad_inputs_are_refused_with_a_reason(name, arrays, message):
+    with pytest.raises(Exception, match=message):
+        op(name, *arrays(*operands(2, 16, 24)))
+
+
+def op_names(graph: str) -> set[str]:
+    """The operator names of a saved PIR graph (.json): "<dialect id>.<name>" entries under "#"."""
+    names: set[str] = set()
+
+    def walk(node) -> None:
+        if isinstance(node, dict):
+            if isinstance(node.get("#"), str) and "." in node["#"]:
+                names.add(node["#"].split(".", 1)[1])
+            for v in node.values():
+                walk(v)
+        elif isinstance(node, list):
+            for v in node:
+                walk(v)
+
+    with open(graph) as f:
+        walk(json.load(f))
+    return names
+
+
+@pytest.fixture(scope="module")
+def served_int8(demo_checkpoint, tmp_path_factory):
+    from spmd_serve.export import export_checkpoint
+
+    return export_checkpoint(demo_checkpoint, tmp_path_factory.mktemp("served") / "int8", quant="weight_only_int8",
+                             kv_int8=False)
+
+
+class OneRank:
+    """The runner's collectives at tp = 1: the logits are already whole."""
+
+    @staticmethod
+    def gather_vocab(logits: np.ndarray) -> np.ndarray:
+        return logits
+
+
+def decode_logits(model_dir, onednn: int | None) -> np.ndarray:
+    """Logits of a decode step of 3 sequences after a 4-token prefill each.  `onednn` None: the
+    runner's default, decode step on the `.dec` graph; 0: on the general graph."""
+    from spmd_serve.protocol import RUN, StepPlan
+    from spmd_serve.worker.model_runner import ModelRunner
+
+    runner = ModelRunner(model_dir, 0, OneRank(), num_blocks=8, block_size=16, onednn=onednn)
+    seqs, blocks = np.arange(3), np.arange(1, 4).reshape(3, 1)                  # sequence i in block i + 1
+    prefill = np.array([[5, 17, 99, 3], [8, 8, 200, 41], [77, 2, 13, 400]], np.int64)
+    pos = np.tile(np.arange(4), 3)
+    runner.execute(StepPlan(RUN, 1, prefill.reshape(-1), pos, np.full(3, 4), np.zeros(3, np.int64), blocks,
+                            np.repeat(blocks[:, 0], 4) * 16 + pos))
+    step = StepPlan(RUN, 2, np.array([9, 300, 64]), np.full(3, 4), np.ones(3, np.int64), np.full(3, 4), blocks,
+                    blocks[seqs, 0] * 16 + 4)
+    return runner.execute(step)
+
+
+@pytest.mark.parametrize("quant", (None, "weight_only_int8"))
+def test_only_decode_graphs_use_the_ops_with_the_same_logits(quant, served_tp1, served_int8):
+    model = served_tp1 if quant is None else served_int8
+    name = "spmd_linear" if quant is None else "spmd_linear_int8"
+    rank = model / "rank_0"
+    manifest = json.loads((rank / "manifest.json").read_text())
+    spec = manifest["segments"][0]
+    assert name in op_names(rank / f"{spec['decode']['name']}.json")
+    assert not any(n.startswith("spmd_linear") for n in op_names(rank / f"{spec['name']}.json"))
+    fast, general = decode_logits(model, None), decode_logits(model, 0)
+    np.testing.assert_allclose(fast, general, rtol=1e-4, atol=1e-4 * np.abs(general).max())
+    assert (fast.argmax(-1) == general.argmax(-1)).all()
