@@ -1,8 +1,9 @@
-"""Runs one rank's shard for a StepPlan: feed each graph segment, join segments with collectives,
-write the new K/V into the paged pool, and return the full-vocab logits on rank 0.
+"""Runs one rank's shard for a StepPlan: feed each graph segment, join segments with collectives
+(or let the graph's own `spmd_allreduce` ops do it), write the new K/V into the paged pool (unless
+the graph did), and return the full-vocab logits on rank 0.
 
 Segments are `paddle.inference` predictors loaded from `rank_<i>/` (see models/segment.py for
-their inputs/outputs).  Identical on every rank; only the collective results differ by rank.
+their inputs/outputs); graphs that call our C++ ops load after `register_graph_ops`.  Identical on every rank; only the collective results differ by rank.
 Also the runtime settings the graphs' speed depends on: glibc malloc tuning and which predictor
 (plain / decode graph / oneDNN) runs a step.
 """
