@@ -38,6 +38,15 @@ def test_ragged_shapes_match_float64(rows):
     check(op("spmd_linear_int8", x, q, scale), (x.astype(np.float64) @ q) * scale)
 
 
+@pytest.mark.parametrize("rows", (1, 4, 16))
+@pytest.mark.parametrize("k", (1, 7, 8, 9, 16, 23, 24, 40))   # around the 8-row passes and 16-row prefetch
+def test_short_k_around_the_row_pass_match_float64(rows, k):
+    x, w, q, scale = operands(rows, k, 67, seed=k)
+    q[0, :3] = -128                                            # the full int8 range, not only the quantiser's
+    check(op("spmd_linear", x, w), x.astype(np.float64) @ w)
+    check(op("spmd_linear_int8", x, q, scale), (x.astype(np.float64) @ q) * scale)
+
+
 @pytest.mark.parametrize("rows", (1, 4))
 @pytest.mark.parametrize("k,n", DEMO_SMALL)
 def test_demo_small_shapes(rows, k, n):

@@ -8,9 +8,15 @@
 // rows of x together, and dequantise int8 in registers (4x fewer bytes than fp32).
 //
 // Layout of the work: the output columns are cut into tiles whose T x tile accumulators (the
-// output rows themselves) fit in L1; for each tile, four rows of W at a time are multiplied into
-// them, so every accumulator is loaded and stored once per four weight vectors.  Columns past the
-// last full vector are done by a scalar loop.  Rows of x above kMaxRows go to Paddle's own kernels
+// output rows themselves) fit in L1; for each tile, kPassRows rows of W at a time are multiplied
+// into them, so every accumulator is loaded and stored once per kPassRows weight vectors.  Columns
+// past the last full vector are done by a scalar loop.
+//
+// Software prefetch, kPrefetchRows rows ahead, one per cache line: without it the int8 kernel read
+// only ~11 GB/s (it issues four 16-byte loads per line, so the out-of-order window holds 4x fewer
+// lines in flight than fp32's and the hardware prefetchers did not make up for it), although from
+// L1 it runs at ~48 G weights/s; with it, ~30-35 GB/s at T=1 (measured, benchmarks/RESULTS.md
+// "Speed change 4b").  fp32 at T >= 2 gains too; fp32 at T=1 does not (see tile()).  Rows of x above kMaxRows go to Paddle's own kernels
 // (matmul, cast, multiply), which are faster once the work is compute- rather than memory-bound
 // (the runner runs such steps on the oneDNN predictor of the general graph anyway).
 #include <immintrin.h>
@@ -29,6 +35,8 @@ namespace {
 
 constexpr int64_t kMaxRows = 16;            // above: Paddle's kernels (see the header)
 constexpr int64_t kAccFloats = 4096;        // T x tile accumulators: 16 KiB of L1
+constexpr int64_t kPassRows = 8;            // weight rows per pass over the accumulators
+constexpr int64_t kPrefetchRows = 16;       // software prefetch distance, in weight rows
 
 // One SIMD vector of floats: AVX-512, AVX2 + FMA, or a plain array the compiler vectorises.
 #if defined(__AVX512F__)
@@ -70,23 +78,34 @@ inline Vec vmul(Vec a, Vec b) { for (int64_t i = 0; i < kWidth; ++i) a.v[i] *= b
 // y[t, n0:n0+nb] = x[t, :] @ w[:, n0:n0+nb] for the T rows of x (nb a multiple of kWidth).
 template <int T, typename W>
 void tile(const float* x, const W* w, int64_t K, int64_t N, int64_t n0, int64_t nb, float* y) {
+  constexpr int64_t kLine = 64 / sizeof(W);  // weights per cache line: one prefetch each
+  // fp32 at T=1 (one 64-byte load per line, a short loop) the hardware prefetchers keep up and the
+  // prefetches only cost issue slots: 29 vs 26 GB/s without them; int8, or T >= 2, gains with them
+  constexpr bool kPrefetch = sizeof(W) == 1 || T > 1;
   for (int t = 0; t < T; ++t)
     for (int64_t j = 0; j < nb; j += kWidth) vstore(y + t * N + n0 + j, vzero());
   int64_t k = 0;
-  for (; k + 4 <= K; k += 4) {  // four weight rows per pass over the accumulators
+  for (; k + kPassRows <= K; k += kPassRows) {  // kPassRows weight rows per pass over the accumulators
     const W* r = w + k * N + n0;
-    Vec xb[T][4];
+    // the same columns kPrefetchRows rows on (clamped: re-prefetching the last rows is harmless)
+    const W* pf = w + std::min(k + kPrefetchRows, K - kPassRows) * N + n0;
+    Vec xb[T][kPassRows];
     for (int t = 0; t < T; ++t)
-      for (int i = 0; i < 4; ++i) xb[t][i] = vset1(x[t * K + k + i]);
+      for (int i = 0; i < kPassRows; ++i) xb[t][i] = vset1(x[t * K + k + i]);
     for (int64_t j = 0; j < nb; j += kWidth) {
-      const Vec w0 = vload(r + j), w1 = vload(r + N + j), w2 = vload(r + 2 * N + j), w3 = vload(r + 3 * N + j);
+      if (kPrefetch && j % kLine == 0)
+        for (int i = 0; i < kPassRows; ++i) __builtin_prefetch(pf + i * N + j);
+      Vec wv[kPassRows];
+      for (int i = 0; i < kPassRows; ++i) wv[i] = vload(r + i * N + j);
       for (int t = 0; t < T; ++t) {
         float* acc = y + t * N + n0 + j;
-        vstore(acc, vfma(xb[t][3], w3, vfma(xb[t][2], w2, vfma(xb[t][1], w1, vfma(xb[t][0], w0, vload(acc))))));
+        Vec a = vload(acc);
+        for (int i = 0; i < kPassRows; ++i) a = vfma(xb[t][i], wv[i], a);  // a chain: a tree was slower
+        vstore(acc, a);
       }
     }
   }
-  for (; k < K; ++k) {  // the last K % 4 rows
+  for (; k < K; ++k) {  // the last K % kPassRows rows
     const W* r = w + k * N + n0;
     for (int64_t j = 0; j < nb; j += kWidth) {
       const Vec wv = vload(r + j);
