@@ -12,6 +12,7 @@ import requests
 import tritonclient.grpc as tg
 from tritonclient.utils import InferenceServerException
 
+from tests.metrics_scrape import Samples
 from tests.server_process import ServerProcess
 from tests.triton_helpers import Stream, code_of, in_tensor, out_obj
 
@@ -119,10 +120,17 @@ def test_errors_are_grpc_status_codes_and_server_stays_healthy(server, triton):
     assert_healthy(triton)
 
 
-def test_duplicate_req_id_then_cancel_frees_it(triton):
+def aborted(server: ServerProcess) -> float:
+    """Requests the engine has ended as aborted (cancel, client gone, deadline) so far."""
+    res = requests.get(f"http://127.0.0.1:{server.env['METRICS_HTTP_PORT']}/metrics", timeout=10)
+    return Samples(res.text).get("request_success_total", finished_reason="abort")
+
+
+def test_duplicate_req_id_then_cancel_frees_it(triton, server):
     """A long stream holds req_id "dup": a second request with it is ALREADY_EXISTS; cancelling
-    the stream aborts the sequence on the server, which frees the id long before the 1000
-    tokens it asked for could have been generated."""
+    the stream aborts the sequence on the server (counted as an abort, not run to its length),
+    which frees the id long before the 1000 tokens it asked for could have been generated."""
+    aborts = aborted(server)
     stream = Stream(triton, headers=AUTH)
     stream.send({"text": "go on", "req_id": "dup", "max_dec_len": 1000, "min_dec_len": 1000})
     seen = []                                       # arrival time of each of the first frames
@@ -146,7 +154,11 @@ def test_duplicate_req_id_then_cancel_frees_it(triton):
             time.sleep(0.02)
     freed_after = time.monotonic() - cancelled
     assert out_obj(again)["tokens_all_num"] == 2
-    assert freed_after < 0.5 * 970 * per_token, (freed_after, per_token)
+    assert aborted(server) == aborts + 1          # the cancel ended it, not its max_dec_len
+    # Locally freed in 17-26 ms; one CI run took 3 s at 2 ms a token (rank 0's IO thread shares
+    # the GIL with a step that holds it: docs/architecture.md).  The floor keeps "long before the
+    # end" meaningful as decoding gets faster; the abort count above is what proves the cancel.
+    assert freed_after < max(0.5 * 970 * per_token, 5.0), (freed_after, per_token)
     assert_healthy(triton)
 
 
