@@ -204,6 +204,7 @@ class AttentionStage(nn.Layer):
             return h, self.o(ctx), []                                                    # K/V already in the pool
         qkv = qkv * env["rope_cos"] + paddle.roll(qkv, d // 2, axis=-1) * env["rope_sin"]   # RoPE (q, k only)
         q, k, v = paddle.split(qkv, [nh, kvh, kvh], axis=1)                              # k, v [T, kvh, d] → cache
+        # past, head-major in one gather each: [B, kvh, P, d] (no reshape of the pool: it would copy it)
         k_past = paddle.gather_nd(env[kc_name], env["past_index"])
         v_past = paddle.gather_nd(env[vc_name], env["past_index"])
         if self.kv_int8:   # an int8 pool: q * scale[kv head], as ops/paged_attention.py does
