@@ -203,6 +203,18 @@ ENV_VARS: tuple[EnvVar, ...] = (
     _v("LOG_DIR", "./log", "path", "logs and pid file", "log_dir", "FD_LOG_DIR"),
     _v("OUTPUT_LOG_TO_CONSOLE", False, "bool", "1: logs also to the console",
        "output_log_to_console"),
+    _v("ENABLE_PREFIX_CACHING", True, "bool", "reuse the KV blocks of an identical prompt prefix "
+       "across requests (0: off)", "enable_prefix_caching"),
+    _v("SPECULATE_METHOD", "none", "str", "speculative decoding: none, inference_with_reference "
+       "(alias ngram), mtp, draft_model", "speculate_method",
+       pattern=r"none|inference_with_reference|ngram|mtp|draft_model",
+       pattern_help="one of none, inference_with_reference, ngram, mtp, draft_model"),
+    _v("SPECULATE_MAX_DRAFT_TOKEN_NUM", 1, "int", "draft tokens proposed per sequence and step",
+       "speculate_max_draft_token_num", minimum=1, maximum=8),
+    _v("SPECULATE_MAX_NGRAM_SIZE", 3, "int", "longest n-gram matched by inference_with_reference",
+       "speculate_max_ngram_size", minimum=1, maximum=8),
+    _v("SPECULATE_MODEL_PATH", None, "path", "the draft model directory (SPECULATE_METHOD="
+       "draft_model)", "speculate_model_path"),
     _v("API_KEY", None, "str", "when set, HTTP and gRPC requests need 'Authorization: Bearer "
        "<key>'", "api_key", pattern=r"\S+", pattern_help="a non-empty string without whitespace",
        secret=True),

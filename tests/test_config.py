@@ -12,6 +12,7 @@ from spmd_serve import config as config_mod, envs as envs_mod
 from spmd_serve.config import (ConfigError, ServeConfig, build_arg_parser, check_model_dir,
                                clamp_to_model, exit_on_config_error, load_config)
 from spmd_serve.envs import BY_NAME, ENV_VARS
+from spmd_serve.worker.capacity import check_supported
 
 REPO = Path(__file__).resolve().parents[1]
 CONTRACT = REPO.parent / "shared" / "CONTRACT.md"
@@ -25,6 +26,8 @@ CONTRACT_DEFAULTS = {
     "block_ratio": 0.75, "max_cached_task_num": 128, "http_workers": 1,
     "disable_streaming": False, "use_warmup": False, "use_hf_tokenizer": False,
     "use_cache_kv_int8": False, "log_dir": "./log", "output_log_to_console": False,
+    "enable_prefix_caching": True, "speculate_method": "none", "speculate_max_draft_token_num": 1,
+    "speculate_max_ngram_size": 3, "speculate_model_path": None,
     "api_key": None, "max_num_batched_tokens": 512, "num_threads": 1,
     "drain_timeout_s": 60.0,
     "onednn_min_tokens": None,
@@ -46,7 +49,10 @@ SAMPLES = {
     "DISABLE_STREAMING": ("1", True), "USE_WARMUP": ("yes", True),
     "USE_HF_TOKENIZER": ("TRUE", True),
     "USE_CACHE_KV_INT8": ("1", True), "LOG_DIR": ("/tmp/logs", "/tmp/logs"),
-    "OUTPUT_LOG_TO_CONSOLE": ("1", True), "API_KEY": ("sk-123", "sk-123"),
+    "OUTPUT_LOG_TO_CONSOLE": ("1", True), "ENABLE_PREFIX_CACHING": ("0", False),
+    "SPECULATE_METHOD": ("ngram", "ngram"), "SPECULATE_MAX_DRAFT_TOKEN_NUM": ("8", 8),
+    "SPECULATE_MAX_NGRAM_SIZE": ("2", 2), "SPECULATE_MODEL_PATH": ("/m/draft", "/m/draft"),
+    "API_KEY": ("sk-123", "sk-123"),
     "SPMD_MAX_NUM_BATCHED_TOKENS": ("16", 16), "SPMD_NUM_THREADS": ("8", 8),
     "SPMD_DRAIN_TIMEOUT_S": ("2.5", 2.5),
     "SPMD_ONEDNN_MIN_TOKENS": ("0", 0),
@@ -109,6 +115,16 @@ def test_each_variable_by_env_and_flag(name):
     var, (raw, want) = BY_NAME[name], SAMPLES[name]
     assert getattr(load_config([], {name: raw}), var.field) == want
     assert getattr(load_config([var.flag, raw], {}), var.field) == want
+
+
+@pytest.mark.parametrize("name", ["SPECULATE_METHOD", "SPECULATE_MAX_DRAFT_TOKEN_NUM",
+                                  "SPECULATE_MAX_NGRAM_SIZE", "SPECULATE_MODEL_PATH"])
+def test_unbuilt_features_are_refused_at_start(name):
+    """Speculative decoding is not built yet: asking for it stops start-up with one line naming
+    the variable, rather than being silently ignored; its defaults (off) are accepted."""
+    check_supported(load_config([], {}))
+    with pytest.raises(ConfigError, match=rf"^{name}=\S+ is not built yet"):
+        check_supported(load_config([], {name: SAMPLES[name][0]}))
 
 
 @pytest.mark.parametrize("canonical,alias", ALIASES)

@@ -102,37 +102,37 @@ class Engine:
     def step(self) -> list[Request]:
         st = self.stats
         st.start()
-        out = self.scheduler.schedule()
-        if out.is_empty:
-            self._empty_steps += 1
-            if self._empty_steps % 500 == 0:   # ~5 s of unfinished work that cannot be scheduled: say why
-                self._report_no_progress()
-            return []
-        self._empty_steps = 0
-        self.step_id += 1
-        self.num_preemptions += len(out.preempted)
-        self.metrics.on_schedule(out)
-        plan = build_plan(out, self.step_id, self.block_size)
-        st.lap("schedule")
-        self.comm.send_plan(plan)
-        st.lap("broadcast")
-        self.client.busy_since = time.monotonic()
-        logits = self.runner.execute(plan)                     # [B, V], this step's sequences in order
-        self.client.busy_since = None
-        st.lap("execute")
-        rows = [i for i, s in enumerate(out.seqs) if s.samples]
-        reqs = [out.seqs[i].request for i in rows]
-        tokens = sampler.sample(logits[rows], reqs) if rows else []
-        if self.on_logits is not None and rows:
-            self.on_logits(reqs, logits[rows])
-        logprobs = {r.req_id: [sampler.token_logprobs(logits[i], t, r.params.logprobs)]
-                    for i, r, t in zip(rows, reqs, tokens) if r.params.logprobs is not None}
-        st.lap("sample")
-        done = self.scheduler.update(out, {r.req_id: t for r, t in zip(reqs, tokens)})
-        self.client.publish([RequestOutput(r.req_id, [r.output_token_ids[-1]], r.is_finished, r.finish_reason,
-                                           num_prompt_tokens=r.num_prompt_tokens,
-                                           logprobs=logprobs.get(r.req_id)) for r in done])
-        st.lap("update")
+        with st.phase("schedule"):
+            out = self.scheduler.schedule()
+            if out.is_empty:
+                self._empty_steps += 1
+                if self._empty_steps % 500 == 0:   # ~5 s of unfinished work that cannot be scheduled: say why
+                    self._report_no_progress()
+                return []
+            self._empty_steps = 0
+            self.step_id += 1
+            self.num_preemptions += len(out.preempted)
+            self.metrics.on_schedule(out)
+            plan = build_plan(out, self.step_id, self.block_size)
+        with st.phase("broadcast"):
+            self.comm.send_plan(plan)
+        with st.phase("execute"):
+            self.client.busy_since = time.monotonic()
+            logits = self.runner.execute(plan)                     # [B, V], this step's sequences in order
+            self.client.busy_since = None
+        with st.phase("sample"):
+            rows = [i for i, s in enumerate(out.seqs) if s.samples]
+            reqs = [out.seqs[i].request for i in rows]
+            tokens = sampler.sample(logits[rows], reqs) if rows else []
+            if self.on_logits is not None and rows:
+                self.on_logits(reqs, logits[rows])
+            logprobs = {r.req_id: [sampler.token_logprobs(logits[i], t, r.params.logprobs)]
+                        for i, r, t in zip(rows, reqs, tokens) if r.params.logprobs is not None}
+        with st.phase("update"):
+            done = self.scheduler.update(out, {r.req_id: t for r, t in zip(reqs, tokens)})
+            self.client.publish([RequestOutput(r.req_id, [r.output_token_ids[-1]], r.is_finished, r.finish_reason,
+                                               num_prompt_tokens=r.num_prompt_tokens,
+                                               logprobs=logprobs.get(r.req_id)) for r in done])
         self.metrics.on_update(done)
         st.end_step(out.num_tokens, len(tokens))
         return done

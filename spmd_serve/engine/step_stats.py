@@ -1,13 +1,13 @@
 """Per-step timing of the engine loop, so a regression can be located without a profiler.
 
-Phases of one step (DESIGN §2), each timed with `perf_counter` laps by rank 0's engine thread:
-`schedule`, `broadcast`, `execute`, `sample`, `update`.  `execute` is split further by the
-ModelRunner into its own `RunnerTimings` (every graph segment, the allreduce / logits gather
-collectives, the KV-cache writes); `execute_other` is what is left of `execute` (feed building,
+Phases of one step (DESIGN §2), each timed by rank 0's engine thread with `with stats.phase(p):`
+(timing.py's `PhaseTimer`): `schedule`, `broadcast`, `execute`, `sample`, `update`.  `execute` is
+split further by the ModelRunner into its own `PhaseTimer` (every graph segment, the allreduce /
+logits gather collectives, the KV-cache writes); `execute_other` is what is left of `execute` (feed building,
 the grid split).  `io_handoff` is measured on the IO thread: from `EngineClient.publish` to the
 event loop delivering that batch — it grows when the GIL or the loop is the bottleneck.
 
-The sums are plain floats (a lap costs ~100 ns); Prometheus reads them at scrape time through
+The sums are plain floats (a phase costs ~0.3 µs); Prometheus reads them at scrape time through
 `EngineMetrics.watch_steps`, and the optional log line (SPMD_LOG_STEP_EVERY=N) prints the
 average of the last N steps, so a change shows up in the next line rather than being diluted by
 the whole run's history.
@@ -18,24 +18,13 @@ import logging
 import threading
 import time
 from dataclasses import dataclass, field
+from contextlib import AbstractContextManager
 from typing import Callable
+
+from spmd_serve.timing import PhaseTimer
 
 log = logging.getLogger("spmd_serve.engine")
 PHASES = ("schedule", "broadcast", "execute", "sample", "update")
-
-
-class RunnerTimings:
-    """Seconds spent inside `ModelRunner.execute`, by part; written by the thread running the
-    model (rank 0's engine thread there), read by the scrape/log on rank 0."""
-
-    def __init__(self, num_segments: int) -> None:
-        # Every key exists from the start: a reader iterating while the engine adds keys would fail.
-        self.segment_keys = [f"segment_{i}" for i in range(num_segments)]
-        self.seconds: dict[str, float] = dict.fromkeys(self.segment_keys, 0.0)
-        self.seconds.update(allreduce=0.0, gather_logits=0.0, kv_write=0.0)
-
-    def snapshot(self) -> dict[str, float]:
-        return dict(self.seconds)
 
 
 @dataclass
@@ -44,23 +33,21 @@ class StepStats:
     steps: int = 0
     tokens: int = 0                          # scheduled tokens (prefill + decode)
     sampled: int = 0                         # generated tokens
-    seconds: dict[str, float] = field(default_factory=lambda: dict.fromkeys(PHASES, 0.0))
-    runner: RunnerTimings | None = None      # the model runner's split of `execute`, if it has one
+    timer: PhaseTimer = field(default_factory=lambda: PhaseTimer(PHASES))
+    runner: PhaseTimer | None = None         # the model runner's split of `execute`, if it has one
     handoff_seconds: float = 0.0             # IO thread: publish → delivered, summed over batches
     handoffs: int = 0                        # batches delivered
     on_step: Callable[[float], None] | None = None   # observes each step's wall time (metrics)
-    _t: float = 0.0
     _t0: float = 0.0
     _last: dict[str, float] = field(default_factory=dict)   # totals at the previous log line
     _lock: threading.Lock = field(default_factory=threading.Lock)   # handoff: IO thread only
 
     def start(self) -> None:
-        self._t = self._t0 = time.perf_counter()
+        self._t0 = time.perf_counter()
 
-    def lap(self, phase: str) -> None:
-        now = time.perf_counter()
-        self.seconds[phase] += now - self._t
-        self._t = now
+    def phase(self, name: str) -> AbstractContextManager[None]:
+        """`with stats.phase("execute"): ...` (one of PHASES)."""
+        return self.timer.phase(name)
 
     def record_handoff(self, published_at: float) -> None:
         """Called on the IO thread when a published batch is delivered (perf_counter clock)."""
@@ -74,13 +61,13 @@ class StepStats:
         self.tokens += num_tokens
         self.sampled += num_sampled
         if self.on_step is not None:
-            self.on_step(self._t - self._t0)
+            self.on_step(time.perf_counter() - self._t0)
         if self.log_every and self.steps % self.log_every == 0:
             log.info("%s", self.window_summary())
 
     def totals(self) -> dict[str, float]:
         """Cumulative seconds by phase, the runner's parts and `execute_other` included."""
-        out = dict(self.seconds)
+        out = self.timer.snapshot()
         if self.runner is not None:
             parts = self.runner.snapshot()
             out.update(parts)

@@ -34,8 +34,21 @@ def check_kv_fits(cfg, dims: dict, ranks_on_node: int) -> None:
             f"{budget / 2**30:.1f} GiB is available; the largest BLOCK_BS that fits is {fits}")
 
 
+# Settings of features that are not built yet, with the value that means "off": any other value is
+# refused at start-up (one line naming the variable) rather than silently ignored.
+NOT_BUILT = (("speculate_method", "none"), ("speculate_max_draft_token_num", 1),
+             ("speculate_max_ngram_size", 3), ("speculate_model_path", None))
+
+
 def check_supported(cfg) -> None:
     """Refuse settings whose feature this build lacks, rather than silently ignoring them."""
+    from spmd_serve.envs import BY_FIELD
+
+    for field, off in NOT_BUILT:
+        value = getattr(cfg, field)
+        if value != off:
+            raise ConfigError(f"{BY_FIELD[field].name}={value} is not built yet: speculative decoding "
+                              f"is not implemented in this version (unset it)")
     if cfg.http_workers > 1:
         log.warning("PUSH_MODE_HTTP_WORKERS=%d: extra HTTP worker processes are not implemented yet; "
                     "serving with one IO thread", cfg.http_workers)

@@ -12,15 +12,14 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import json
-import time
 from pathlib import Path
 
 import numpy as np
 
-from spmd_serve.engine.step_stats import RunnerTimings
 from spmd_serve.models.sharding import ShardDims
 from spmd_serve.models.step_tables import step_feeds
 from spmd_serve.protocol import StepPlan, split_by_query_len
+from spmd_serve.timing import PhaseTimer
 from spmd_serve.worker.kv_cache import KVCachePool
 
 
@@ -175,7 +174,9 @@ class ModelRunner:
         quantised = bool(manifest.get("quant"))
         self.onednn_min_tokens = onednn_min_tokens(rank_dir, specs, onednn)
         self.segments = [Segment(rank_dir, spec, num_threads, quantised, self.onednn_min_tokens) for spec in specs]
-        self.timings = RunnerTimings(len(self.segments))   # where `execute` goes (step_stats.py)
+        # where `execute` goes (engine/step_stats.py reads it): each segment, collectives, KV writes
+        self.segment_keys = [f"segment_{i}" for i in range(len(self.segments))]
+        self.timings = PhaseTimer([*self.segment_keys, "allreduce", "gather_logits", "kv_write"])
         self.pool = KVCachePool(self.dims["num_layers"], num_blocks, block_size, self.dims["kv_heads"],
                                 self.dims["head_dim"], manifest["kv_scales"] if kv_int8 else None)
         for seg in self.segments:
@@ -202,31 +203,25 @@ class ModelRunner:
     def _execute(self, plan: StepPlan) -> np.ndarray | None:
         feeds = step_feeds(plan, self.shard_dims, self.inv_freq, self.pool.block_size, self.input_names)
         decode = bool(plan.query_lens.max() == 1)
-        logits = None
-        acc, clock = self.timings.seconds, time.perf_counter   # ~100 ns a lap: no per-token cost
-        t = clock()
-        for key, seg in zip(self.timings.segment_keys, self.segments):
-            reduced = self._graph_allreduce_seconds() if self.graph_allreduce else 0.0
-            out = seg.run(feeds, decode)
-            t, t0 = clock(), t
+        logits, timer = None, self.timings
+        for key, seg in zip(self.segment_keys, self.segments):
+            with timer.phase(key):
+                reduced = self._graph_allreduce_seconds() if self.graph_allreduce else 0.0
+                out = seg.run(feeds, decode)
             if self.graph_allreduce:   # the graph's own all-reduces count as allreduce, not segment
                 reduced = self._graph_allreduce_seconds() - reduced
-                acc["allreduce"] += reduced
-                t0 += reduced
-            acc[key] += t - t0
-            for layer in seg.kv_layers:   # this layer's cache is read only by this segment: write now
-                if f"k_new_{layer}" in out:   # (a fused decode graph wrote it already)
-                    self.pool.write(layer, plan.slot_mapping, out[f"k_new_{layer}"], out[f"v_new_{layer}"])
-            t, t0 = clock(), t
-            acc["kv_write"] += t - t0
+                timer.add("allreduce", reduced)
+                timer.add(key, -reduced)
+            with timer.phase("kv_write"):
+                for layer in seg.kv_layers:   # this layer's cache is read only by this segment: write now
+                    if f"k_new_{layer}" in out:   # (a fused decode graph wrote it already)
+                        self.pool.write(layer, plan.slot_mapping, out[f"k_new_{layer}"], out[f"v_new_{layer}"])
             if seg.gathers_logits:
-                logits = self.comm.gather_vocab(out["logits"])
-                t, t0 = clock(), t
-                acc["gather_logits"] += t - t0
+                with timer.phase("gather_logits"):
+                    logits = self.comm.gather_vocab(out["logits"])
             else:
-                feeds["partial"] = self.comm.allreduce_(out["partial"])   # [T, H] sum of shards
-                t, t0 = clock(), t
-                acc["allreduce"] += t - t0   # includes waiting for the slowest rank
+                with timer.phase("allreduce"):   # includes waiting for the slowest rank
+                    feeds["partial"] = self.comm.allreduce_(out["partial"])   # [T, H] sum of shards
                 if "hidden" in out:
                     feeds["hidden"] = out["hidden"]
         if logits is None:
