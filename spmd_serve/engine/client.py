@@ -14,7 +14,12 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
+from spmd_serve.engine.outputs import RequestOutput
 from spmd_serve.sampling_params import SamplingParams
+from spmd_serve.scheduler.scheduler import QueueFullError
+
+__all__ = ["AbortCommand", "AddCommand", "DuplicateRequestError", "EngineClient", "NotReadyError",
+           "QueueFullError", "RequestOutput"]
 
 
 HANDOFF_WAIT_S = 0.02     # the engine waits at most this long for the IO thread to take outputs
@@ -22,10 +27,6 @@ HANDOFF_WAIT_S = 0.02     # the engine waits at most this long for the IO thread
 
 class DuplicateRequestError(Exception):
     """A request with this req_id is still in flight (HTTP 409)."""
-
-
-class QueueFullError(Exception):
-    """Running batch and waiting queue are both full (HTTP 429)."""
 
 
 class NotReadyError(Exception):
@@ -45,20 +46,6 @@ class AbortCommand:
     req_id: str
     reason: str = "abort"      # "stop": the front end found a stop string (a normal end)
     requested_at: float = field(default_factory=time.monotonic)   # for the abort-delay metric
-
-
-@dataclass
-class RequestOutput:
-    """What the engine reports about one request after one step (engine → IO thread)."""
-    req_id: str
-    new_token_ids: list[int]            # tokens produced this step (usually 0 or 1)
-    finished: bool = False
-    finish_reason: str | None = None    # "stop" | "length" | "abort" | "error"
-    error_code: int = 0                 # HTTP-like status when the engine failed the request
-    error_msg: str = ""
-    num_prompt_tokens: int = 0
-    # One entry per new token when the request asked for logprobs: (chosen logprob, top n).
-    logprobs: list[tuple[float, list[tuple[int, float]]]] | None = None
 
 
 class EngineClient:
@@ -130,7 +117,7 @@ class EngineClient:
             self._streams.clear()
             self._since.clear()
         for req_id, stream in streams:
-            stream.put_nowait(RequestOutput(req_id, [], True, "error", error_code, error_msg))
+            stream.put_nowait(RequestOutput.error(req_id, error_code, error_msg))
 
     @property
     def num_in_flight(self) -> int:

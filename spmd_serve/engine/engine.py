@@ -9,19 +9,19 @@ import logging
 import random
 import threading
 import time
-from typing import Callable
 
 import numpy as np
 
-from spmd_serve.engine import sampler
-from spmd_serve.engine.client import AbortCommand, AddCommand, EngineClient, RequestOutput
+from spmd_serve.engine.client import AbortCommand, AddCommand, EngineClient
 from spmd_serve.engine.metrics import EngineMetrics
+from spmd_serve.engine.outputs import RequestOutput
 from spmd_serve.engine.plan_builder import build_plan
+from spmd_serve.engine.sampler import SampledStep, Sampler
 from spmd_serve.engine.step_stats import StepStats
 from spmd_serve.protocol import SHUTDOWN, StepPlan
 from spmd_serve.sampling_params import SamplingParams
 from spmd_serve.scheduler.request import Request
-from spmd_serve.scheduler.scheduler import QueueFullError, Scheduler, SchedulerConfig
+from spmd_serve.scheduler.scheduler import QueueFullError, Scheduler, SchedulerConfig, SchedulerOutput
 
 log = logging.getLogger("spmd_serve.engine")
 IDLE_WAIT_S = 0.5          # rank 0 sleeps on the command queue (no MPI) when there is nothing to do
@@ -34,9 +34,10 @@ class Engine:
     def __init__(self, sched_cfg: SchedulerConfig, comm, runner, client: EngineClient,
                  eos_token_ids: frozenset[int], log_every: int = 0,
                  metrics: EngineMetrics | None = None,
-                 drain_timeout_s: float = DEFAULT_DRAIN_TIMEOUT_S) -> None:
+                 drain_timeout_s: float = DEFAULT_DRAIN_TIMEOUT_S, sampler: Sampler | None = None) -> None:
         self.scheduler = Scheduler(sched_cfg)
         self.comm, self.runner, self.client = comm, runner, client
+        self.sampler = sampler if sampler is not None else Sampler()
         self.block_size = sched_cfg.block_size
         self.eos = eos_token_ids
         self.stats = StepStats(log_every=log_every, runner=getattr(runner, "timings", None))
@@ -53,8 +54,6 @@ class Engine:
         self.step_id = 0
         self.num_preemptions = 0
         self._empty_steps = 0
-        # Test/benchmark hook: called with (requests, logits [N, V]) for every sampled row.
-        self.on_logits: Callable[[list[Request], np.ndarray], None] | None = None
 
     # ---- commands from the IO thread ------------------------------------------------------
     def _apply_commands(self) -> None:
@@ -78,9 +77,9 @@ class Engine:
         try:
             self.scheduler.add_request(req)
         except QueueFullError as e:
-            return RequestOutput(cmd.req_id, [], True, "error", 429, str(e))
+            return RequestOutput.error(cmd.req_id, 429, str(e))
         except ValueError as e:
-            return RequestOutput(cmd.req_id, [], True, "error", 400, str(e))
+            return RequestOutput.error(cmd.req_id, 400, str(e))
         return None
 
     # ---- the loop ---------------------------------------------------------------------------
@@ -100,41 +99,57 @@ class Engine:
         self._shutdown()
 
     def step(self) -> list[Request]:
-        st = self.stats
-        st.start()
+        """One step on rank 0, timed by phase; returns the requests that got a token."""
+        st = self.stats.start()
         with st.phase("schedule"):
-            out = self.scheduler.schedule()
-            if out.is_empty:
-                self._empty_steps += 1
-                if self._empty_steps % 500 == 0:   # ~5 s of unfinished work that cannot be scheduled: say why
-                    self._report_no_progress()
-                return []
-            self._empty_steps = 0
-            self.step_id += 1
-            self.num_preemptions += len(out.preempted)
-            self.metrics.on_schedule(out)
-            plan = build_plan(out, self.step_id, self.block_size)
+            out = self._schedule()
+        if out is None:
+            return []
         with st.phase("broadcast"):
-            self.comm.send_plan(plan)
+            plan = self._broadcast(out)
         with st.phase("execute"):
-            self.client.busy_since = time.monotonic()
-            logits = self.runner.execute(plan)                     # [B, V], this step's sequences in order
-            self.client.busy_since = None
+            logits = self._execute(plan)
         with st.phase("sample"):
-            rows = [i for i, s in enumerate(out.seqs) if s.samples]
-            reqs = [out.seqs[i].request for i in rows]
-            tokens = sampler.sample(logits[rows], reqs) if rows else []
-            if self.on_logits is not None and rows:
-                self.on_logits(reqs, logits[rows])
-            logprobs = {r.req_id: [sampler.token_logprobs(logits[i], t, r.params.logprobs)]
-                        for i, r, t in zip(rows, reqs, tokens) if r.params.logprobs is not None}
+            sampled = self.sampler.sample(out, logits)
         with st.phase("update"):
-            done = self.scheduler.update(out, {r.req_id: t for r, t in zip(reqs, tokens)})
-            self.client.publish([RequestOutput(r.req_id, [r.output_token_ids[-1]], r.is_finished, r.finish_reason,
-                                               num_prompt_tokens=r.num_prompt_tokens,
-                                               logprobs=logprobs.get(r.req_id)) for r in done])
+            done = self._update(out, sampled)
+        st.end_step(out.num_tokens, len(sampled.tokens))
+        return done
+
+    def _schedule(self) -> SchedulerOutput | None:
+        """This step's scheduler decision; None when nothing can run."""
+        out = self.scheduler.schedule()
+        if out.is_empty:
+            self._empty_steps += 1
+            if self._empty_steps % 500 == 0:   # ~5 s of unfinished work that cannot be scheduled: say why
+                self._report_no_progress()
+            return None
+        self._empty_steps = 0
+        self.num_preemptions += len(out.preempted)
+        self.metrics.on_schedule(out)
+        return out
+
+    def _broadcast(self, out: SchedulerOutput) -> StepPlan:
+        """The decision as the StepPlan every rank runs, sent to the other ranks."""
+        self.step_id += 1
+        plan = build_plan(out, self.step_id, self.block_size)
+        self.comm.send_plan(plan)
+        return plan
+
+    def _execute(self, plan: StepPlan) -> np.ndarray:
+        """This rank's shard of the plan (the others run theirs from the broadcast); [B, V] logits,
+        this step's sequences in order.  `busy_since` tells health a long step is not a hang."""
+        self.client.busy_since = time.monotonic()
+        try:
+            return self.runner.execute(plan)
+        finally:
+            self.client.busy_since = None
+
+    def _update(self, out: SchedulerOutput, sampled: SampledStep) -> list[Request]:
+        """Append the sampled tokens, apply the stop rules, stream one output per request."""
+        done = self.scheduler.update(out, sampled.token_by_request())
+        self.client.publish([RequestOutput.step(r, sampled.logprobs.get(r.req_id)) for r in done])
         self.metrics.on_update(done)
-        st.end_step(out.num_tokens, len(tokens))
         return done
 
     def _report_no_progress(self) -> None:
@@ -188,7 +203,7 @@ class Engine:
         msg = ("server is shutting down: the request did not finish within the drain timeout"
                if self._drain_deadline is not None and time.monotonic() >= self._drain_deadline
                else "server is shutting down")
-        self.client.publish([RequestOutput(r.req_id, [], True, "error", 503, msg) for r in pending])
+        self.client.publish([RequestOutput.error(r.req_id, 503, msg) for r in pending])
         self.comm.send_plan(StepPlan.shutdown(self.step_id + 1))
         bm = self.scheduler.block_manager
         log.info("engine stopped: kv blocks free %d/%d, preemptions %d; %s", bm.num_free_blocks,

@@ -12,7 +12,20 @@ import time
 
 import numpy as np
 
+from spmd_serve.engine.sampler import Sampler
 from spmd_serve.sampling_params import SamplingParams
+from spmd_serve.scheduler.request import Request
+
+
+class _CapturingSampler(Sampler):
+    """Keeps a copy of every sampled row of logits, by request (the parity tests compare them)."""
+
+    def __init__(self, captured: dict[str, list[np.ndarray]]) -> None:
+        self.captured = captured
+
+    def observe(self, requests: list[Request], logits: np.ndarray) -> None:
+        for req, row in zip(requests, logits):
+            self.captured[req.req_id].append(row.copy())
 
 
 def generate(model_dir: str, prompts: list[list[int]], params: SamplingParams, *, capture_logits: bool = False,
@@ -25,7 +38,6 @@ def generate(model_dir: str, prompts: list[list[int]], params: SamplingParams, *
     from spmd_serve.engine.client import EngineClient
     from spmd_serve.engine.engine import Engine, worker_loop
     from spmd_serve.protocol import StepPlan
-    from spmd_serve.scheduler.request import Request
     from spmd_serve.scheduler.scheduler import SchedulerConfig
     from spmd_serve.config import env_setting
     from spmd_serve.worker.model_runner import ModelRunner
@@ -43,10 +55,9 @@ def generate(model_dir: str, prompts: list[list[int]], params: SamplingParams, *
                             block_ratio=block_ratio, max_waiting=len(prompts) + 1,
                             max_num_batched_tokens=max_num_batched_tokens,
                             max_model_len=int(cfg["max_position_embeddings"]))
-    engine = Engine(sched, comm, runner, EngineClient(capacity=len(prompts)), eos_token_ids)
     captured: dict[str, list[np.ndarray]] = {str(i): [] for i in range(len(prompts))}
-    if capture_logits:
-        engine.on_logits = lambda reqs, rows: [captured[r.req_id].append(row.copy()) for r, row in zip(reqs, rows)]
+    sampler = _CapturingSampler(captured) if capture_logits else None
+    engine = Engine(sched, comm, runner, EngineClient(capacity=len(prompts)), eos_token_ids, sampler=sampler)
     reqs = [Request(str(i), list(p), params, eos_token_ids=eos_token_ids) for i, p in enumerate(prompts)]
     for r in reqs:   # all admitted before the first step, so they are batched together
         engine.scheduler.add_request(r)

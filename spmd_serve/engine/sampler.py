@@ -1,5 +1,6 @@
 """Rank 0's sampling adapter: the requests whose chunk completes this step → ops.sample's per-row
 arrays → one token per request, in one batched call; plus the OpenAI logprobs of the chosen tokens.
+`Sampler.sample` returns both as one `SampledStep`.
 
 The sampling itself (penalties over the tokens the request generated, EOS masking until
 min_tokens, greedy arg-max or temperature → top-k → top-p → a Philox draw) is ops.sample's, whose
@@ -11,12 +12,16 @@ seed at admission (Engine._admit); a request that never passed admission (the wa
 """
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Any, Protocol, Sequence
 
 import numpy as np
 
 import ops.sample
+from spmd_serve.engine.outputs import TokenLogprobs
 from spmd_serve.sampling_params import SamplingParams
+from spmd_serve.scheduler.request import Request
+from spmd_serve.scheduler.scheduler import SchedulerOutput
 
 
 class SampledRequest(Protocol):
@@ -69,10 +74,6 @@ def sample(logits: Any, requests: Sequence[SampledRequest]) -> list[int]:
     return [int(t) for t in np.asarray(tokens)]
 
 
-# (logprob of the chosen token, [(token id, logprob)] of the top n, best first)
-TokenLogprobs = tuple[float, list[tuple[int, float]]]
-
-
 def token_logprobs(logits: np.ndarray, token: int, top_n: int) -> TokenLogprobs:
     """Log-probabilities from the model's own distribution (the raw logits, before penalties,
     temperature and truncation, as vLLM reports by default): the chosen token's and the top n.
@@ -85,3 +86,35 @@ def token_logprobs(logits: np.ndarray, token: int, top_n: int) -> TokenLogprobs:
         idx = idx[np.lexsort((idx, -x[idx]))]         # best first, ties by token id
         top = [(int(i), float(x[i] - lse)) for i in idx]
     return float(x[token] - lse), top
+
+
+@dataclass(frozen=True)
+class SampledStep:
+    """One step's sampling result: a token for every request whose chunk completed its known
+    tokens, in plan order, and the logprobs of those that asked for them."""
+    requests: list[Request] = field(default_factory=list)
+    tokens: list[int] = field(default_factory=list)
+    logprobs: dict[str, TokenLogprobs] = field(default_factory=dict)   # by req_id
+
+    def token_by_request(self) -> dict[str, int]:
+        return {r.req_id: t for r, t in zip(self.requests, self.tokens)}
+
+
+class Sampler:
+    """Rank 0's step sampler.  A subclass may observe the logits of every sampled row
+    (`observe`: the offline engine's capture for the parity tests) without the engine knowing."""
+
+    def sample(self, out: SchedulerOutput, logits: np.ndarray) -> SampledStep:
+        """logits [B, V]: one row per scheduled sequence, in plan order."""
+        rows = [i for i, s in enumerate(out.seqs) if s.samples]
+        if not rows:
+            return SampledStep()
+        reqs = [out.seqs[i].request for i in rows]
+        tokens = sample(logits[rows], reqs)
+        self.observe(reqs, logits[rows])
+        logprobs = {r.req_id: token_logprobs(logits[i], t, r.params.logprobs)
+                    for i, r, t in zip(rows, reqs, tokens) if r.params.logprobs is not None}
+        return SampledStep(reqs, tokens, logprobs)
+
+    def observe(self, requests: list[Request], logits: np.ndarray) -> None:
+        """Called with the sampled rows' logits [N, V] each step; nothing by default."""

@@ -1,7 +1,8 @@
 """Per-step timing of the engine loop, so a regression can be located without a profiler.
 
 Phases of one step (DESIGN §2), each timed by rank 0's engine thread with `with stats.phase(p):`
-(timing.py's `PhaseTimer`): `schedule`, `broadcast`, `execute`, `sample`, `update`.  `execute` is
+(timing.py's `PhaseTimer`): `schedule`, `broadcast` (building the StepPlan and sending it),
+`execute`, `sample`, `update`.  `execute` is
 split further by the ModelRunner into its own `PhaseTimer` (every graph segment, the allreduce /
 logits gather collectives, the KV-cache writes); `execute_other` is what is left of `execute` (feed building,
 the grid split).  `io_handoff` is measured on the IO thread: from `EngineClient.publish` to the
@@ -42,8 +43,10 @@ class StepStats:
     _last: dict[str, float] = field(default_factory=dict)   # totals at the previous log line
     _lock: threading.Lock = field(default_factory=threading.Lock)   # handoff: IO thread only
 
-    def start(self) -> None:
+    def start(self) -> StepStats:
+        """A step begins (its wall time, for `on_step`, runs from here to `end_step`)."""
         self._t0 = time.perf_counter()
+        return self
 
     def phase(self, name: str) -> AbstractContextManager[None]:
         """`with stats.phase("execute"): ...` (one of PHASES)."""

@@ -1,0 +1,49 @@
+"""`RequestOutput`: what the engine reports about one request after one step (engine → IO side).
+
+Built only through its named constructors, so a reader sees *why* an output exists: the tokens a
+step produced for a request (`RequestOutput.step`), or the end of a request that failed
+(`RequestOutput.error`: refused at admission, the server shutting down, a rank gone).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+# (logprob of the chosen token, [(token id, logprob)] of the top n, best first)
+TokenLogprobs = tuple[float, list[tuple[int, float]]]
+
+
+class _Stepped(Protocol):
+    """What `RequestOutput.step` reads of a scheduler Request after its update."""
+    req_id: str
+    output_token_ids: list[int]
+    finish_reason: str | None
+    num_prompt_tokens: int
+
+    @property
+    def is_finished(self) -> bool: ...
+
+
+@dataclass
+class RequestOutput:
+    req_id: str
+    new_token_ids: list[int]            # tokens produced this step (usually 0 or 1)
+    finished: bool = False
+    finish_reason: str | None = None    # "stop" | "length" | "abort" | "error"
+    error_code: int = 0                 # HTTP-like status when the engine failed the request
+    error_msg: str = ""
+    num_prompt_tokens: int = 0
+    # One entry per new token when the request asked for logprobs: (chosen logprob, top n).
+    logprobs: list[TokenLogprobs] | None = None
+
+    @classmethod
+    def step(cls, req: _Stepped, logprobs: TokenLogprobs | None = None) -> RequestOutput:
+        """The token this step appended to `req` (and whether that ended it)."""
+        return cls(req.req_id, [req.output_token_ids[-1]], req.is_finished, req.finish_reason,
+                   num_prompt_tokens=req.num_prompt_tokens,
+                   logprobs=None if logprobs is None else [logprobs])
+
+    @classmethod
+    def error(cls, req_id: str, error_code: int, error_msg: str) -> RequestOutput:
+        """The end of a request the engine failed or refused, with an HTTP-like status."""
+        return cls(req_id, [], True, "error", error_code, error_msg)
