@@ -10,6 +10,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+import numpy.typing as npt
+
+I64 = npt.NDArray[np.int64]
 
 RUN, SHUTDOWN = 1, 2
 HEADER_LEN = 6   # [kind, step_id, B, T, MB, payload_len]
@@ -19,12 +22,12 @@ HEADER_LEN = 6   # [kind, step_id, B, T, MB, payload_len]
 class StepPlan:
     kind: int                    # RUN or SHUTDOWN
     step_id: int                 # monotonically increasing, for logs and sanity checks
-    input_ids: np.ndarray        # [T] int64 token ids of all scheduled tokens, sequence after sequence
-    positions: np.ndarray        # [T] int64 absolute position of each token in its sequence
-    query_lens: np.ndarray       # [B] int64 new tokens per sequence (1 for decode)
-    ctx_lens: np.ndarray         # [B] int64 tokens already in the KV cache per sequence
-    block_tables: np.ndarray     # [B, MB] int64 block ids; rows padded with 0 (masked by ctx/query lens)
-    slot_mapping: np.ndarray     # [T] int64 cache slot (block * block_size + offset) of each new token
+    input_ids: I64        # [T] int64 token ids of all scheduled tokens, sequence after sequence
+    positions: I64        # [T] int64 absolute position of each token in its sequence
+    query_lens: I64       # [B] int64 new tokens per sequence (1 for decode)
+    ctx_lens: I64         # [B] int64 tokens already in the KV cache per sequence
+    block_tables: I64     # [B, MB] int64 block ids; rows padded with 0 (masked by ctx/query lens)
+    slot_mapping: I64     # [T] int64 cache slot (block * block_size + offset) of each new token
 
     @property
     def num_seqs(self) -> int:
@@ -34,17 +37,19 @@ class StepPlan:
     def num_tokens(self) -> int:
         return int(self.input_ids.shape[0])
 
-    def header(self) -> np.ndarray:
+    def header(self) -> I64:
         payload_len = 3 * self.num_tokens + 2 * self.num_seqs + self.block_tables.size
         return np.array([self.kind, self.step_id, self.num_seqs, self.num_tokens,
                          self.block_tables.shape[1] if self.block_tables.ndim == 2 else 0, payload_len],
                         dtype=np.int64)
 
-    def payload(self) -> np.ndarray:
-        return np.concatenate([self.input_ids, self.positions, self.slot_mapping, self.query_lens,
-                               self.ctx_lens, self.block_tables.reshape(-1)]).astype(np.int64, copy=False)
+    def payload(self) -> I64:
+        parts = [self.input_ids, self.positions, self.slot_mapping, self.query_lens, self.ctx_lens,
+                 self.block_tables.reshape(-1)]
+        out: I64 = np.concatenate(parts).astype(np.int64, copy=False)
+        return out
 
-    def select(self, seqs: np.ndarray, block_size: int) -> "StepPlan":
+    def select(self, seqs: I64, block_size: int) -> "StepPlan":
         """The sub-plan of sequences `seqs` (indices, in order), with block tables trimmed to the
         blocks those sequences actually reach (ceil((ctx + query) / block_size))."""
         starts = np.concatenate([[0], np.cumsum(self.query_lens)]).astype(np.int64)
@@ -60,14 +65,14 @@ class StepPlan:
         return StepPlan(SHUTDOWN, step_id, e, e, e, e, np.zeros((0, 0), np.int64), e)
 
     @staticmethod
-    def unpack(header: np.ndarray, payload: np.ndarray) -> "StepPlan":
+    def unpack(header: I64, payload: I64) -> "StepPlan":
         kind, step_id, b, t, mb, _ = (int(x) for x in header)
         parts = np.split(payload, np.cumsum([t, t, t, b, b]))
         ids, pos, slots, qlens, ctx, bt = parts
         return StepPlan(kind, step_id, ids, pos, qlens, ctx, bt.reshape(b, mb), slots)
 
 
-def split_by_query_len(query_lens: np.ndarray) -> list[np.ndarray]:
+def split_by_query_len(query_lens: I64) -> list[I64]:
     """Sequence groups to run as separate passes: decodes (1 new token) apart from prefill chunks.
 
     Attention pads every sequence to the longest query of its pass, so one 512-token chunk next to
@@ -79,7 +84,7 @@ def split_by_query_len(query_lens: np.ndarray) -> list[np.ndarray]:
     return [g for g in (decode, prefill) if g.size]
 
 
-def grid_indices(query_lens: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def grid_indices(query_lens: I64) -> tuple[I64, I64, I64]:
     """Derive the attention grid from the plan (every rank computes the same arrays locally).
 
     Returns pad_index [B, S] (index into T, T = padding), unpad_index [T] (index into B*S) and

@@ -85,6 +85,8 @@ class FakeComm:
 class FakeRunner:
     """Logits favouring token 7 for every scheduled sequence; a step takes `step_s`."""
 
+    timings = None   # no split of the execute phase
+
     def __init__(self, vocab: int = 32, step_s: float = 0.002) -> None:
         self.vocab, self.step_s = vocab, step_s
 

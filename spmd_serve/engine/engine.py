@@ -11,8 +11,10 @@ import threading
 import time
 
 import numpy as np
+import numpy.typing as npt
 
 from spmd_serve.engine.client import AbortCommand, AddCommand, EngineClient
+from spmd_serve.engine.interfaces import PlanComm, Runner
 from spmd_serve.engine.metrics import EngineMetrics
 from spmd_serve.engine.outputs import RequestOutput
 from spmd_serve.engine.plan_builder import build_plan
@@ -31,7 +33,7 @@ DEFAULT_DRAIN_TIMEOUT_S = 60.0   # stopping: how long in-flight requests may tak
 class Engine:
     """Rank 0's scheduler-driven loop; `runner.execute` includes the other ranks via the plan."""
 
-    def __init__(self, sched_cfg: SchedulerConfig, comm, runner, client: EngineClient,
+    def __init__(self, sched_cfg: SchedulerConfig, comm: PlanComm, runner: Runner, client: EngineClient,
                  eos_token_ids: frozenset[int], log_every: int = 0,
                  metrics: EngineMetrics | None = None,
                  drain_timeout_s: float = DEFAULT_DRAIN_TIMEOUT_S, sampler: Sampler | None = None) -> None:
@@ -40,7 +42,7 @@ class Engine:
         self.sampler = sampler if sampler is not None else Sampler()
         self.block_size = sched_cfg.block_size
         self.eos = eos_token_ids
-        self.stats = StepStats(log_every=log_every, runner=getattr(runner, "timings", None))
+        self.stats = StepStats(log_every=log_every, runner=runner.timings)
         self.metrics = metrics if metrics is not None else EngineMetrics()
         self.metrics.watch_steps(self.stats)          # step phases in /metrics, read at scrape time
         client.on_handoff = self.stats.record_handoff
@@ -136,12 +138,14 @@ class Engine:
         self.comm.send_plan(plan)
         return plan
 
-    def _execute(self, plan: StepPlan) -> np.ndarray:
+    def _execute(self, plan: StepPlan) -> npt.NDArray[np.float32]:
         """This rank's shard of the plan (the others run theirs from the broadcast); [B, V] logits,
         this step's sequences in order.  `busy_since` tells health a long step is not a hang."""
         self.client.busy_since = time.monotonic()
         try:
-            return self.runner.execute(plan)
+            logits = self.runner.execute(plan)
+            assert logits is not None, "rank 0's runner returns the logits"
+            return logits
         finally:
             self.client.busy_since = None
 
@@ -210,7 +214,7 @@ class Engine:
                  bm.num_blocks, self.num_preemptions, self.stats.summary())
 
 
-def worker_loop(comm, runner) -> None:
+def worker_loop(comm: PlanComm, runner: Runner) -> None:
     """Ranks 1..N-1: execute plans until SHUTDOWN.  Stateless: the plan says everything."""
     while True:
         plan = comm.recv_plan()

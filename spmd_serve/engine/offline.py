@@ -9,8 +9,10 @@ from __future__ import annotations
 import json
 import sys
 import time
+from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
 from spmd_serve.engine.sampler import Sampler
 from spmd_serve.sampling_params import SamplingParams
@@ -20,10 +22,10 @@ from spmd_serve.scheduler.request import Request
 class _CapturingSampler(Sampler):
     """Keeps a copy of every sampled row of logits, by request (the parity tests compare them)."""
 
-    def __init__(self, captured: dict[str, list[np.ndarray]]) -> None:
+    def __init__(self, captured: dict[str, list[npt.NDArray[np.float32]]]) -> None:
         self.captured = captured
 
-    def observe(self, requests: list[Request], logits: np.ndarray) -> None:
+    def observe(self, requests: list[Request], logits: npt.NDArray[np.float32]) -> None:
         for req, row in zip(requests, logits):
             self.captured[req.req_id].append(row.copy())
 
@@ -31,7 +33,7 @@ class _CapturingSampler(Sampler):
 def generate(model_dir: str, prompts: list[list[int]], params: SamplingParams, *, capture_logits: bool = False,
              num_blocks: int = 256, block_size: int = 16, max_num_seqs: int = 64, block_ratio: float = 1.0,
              max_num_batched_tokens: int = 512, eos_token_ids: frozenset[int] = frozenset(),
-             kv_int8: bool | None = None) -> dict | None:
+             kv_int8: bool | None = None) -> dict[str, Any] | None:
     """Rank 0 returns {"tokens": [[...]], "logits": [array [n, V]], "stats": {...}}; others None.
     `kv_int8`: int8 KV pool (None: the USE_CACHE_KV_INT8 environment variable)."""
     from spmd_serve.dist.comm import Comm
@@ -55,7 +57,7 @@ def generate(model_dir: str, prompts: list[list[int]], params: SamplingParams, *
                             block_ratio=block_ratio, max_waiting=len(prompts) + 1,
                             max_num_batched_tokens=max_num_batched_tokens,
                             max_model_len=int(cfg["max_position_embeddings"]))
-    captured: dict[str, list[np.ndarray]] = {str(i): [] for i in range(len(prompts))}
+    captured: dict[str, list[npt.NDArray[np.float32]]] = {str(i): [] for i in range(len(prompts))}
     sampler = _CapturingSampler(captured) if capture_logits else None
     engine = Engine(sched, comm, runner, EngineClient(capacity=len(prompts)), eos_token_ids, sampler=sampler)
     reqs = [Request(str(i), list(p), params, eos_token_ids=eos_token_ids) for i, p in enumerate(prompts)]

@@ -15,10 +15,17 @@ TokenLogprobs = tuple[float, list[tuple[int, float]]]
 
 class _Stepped(Protocol):
     """What `RequestOutput.step` reads of a scheduler Request after its update."""
-    req_id: str
-    output_token_ids: list[int]
-    finish_reason: str | None
-    num_prompt_tokens: int
+    @property
+    def req_id(self) -> str: ...
+
+    @property
+    def output_token_ids(self) -> list[int]: ...
+
+    @property
+    def finish_reason(self) -> str | None: ...
+
+    @property
+    def num_prompt_tokens(self) -> int: ...
 
     @property
     def is_finished(self) -> bool: ...

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, Sequence
 
 import numpy as np
+import numpy.typing as npt
 
 import ops.sample
 from spmd_serve.engine.outputs import TokenLogprobs
@@ -30,7 +31,7 @@ class SampledRequest(Protocol):
     eos_token_ids: frozenset[int]
 
 
-def _padded(rows: list[list[int]]) -> np.ndarray:
+def _padded(rows: list[list[int]]) -> npt.NDArray[np.int32]:
     """Ragged id lists → [len(rows), longest] int32, -1 padded (ops.sample ignores -1)."""
     out = np.full((len(rows), max(map(len, rows), default=0)), -1, np.int32)
     for i, r in enumerate(rows):
@@ -42,7 +43,7 @@ def _penalised(p: SamplingParams) -> bool:
     return p.repetition_penalty != 1.0 or bool(p.frequency_penalty) or bool(p.presence_penalty)
 
 
-def sample_arrays(requests: Sequence[SampledRequest]) -> dict[str, np.ndarray]:
+def sample_arrays(requests: Sequence[SampledRequest]) -> dict[str, npt.NDArray[Any]]:
     """The per-row parameters of ops.sample (its names and dtypes) from the requests' fields."""
     ps = [r.params for r in requests]
     n_out = np.array([len(r.output_token_ids) for r in requests], np.int64)
@@ -74,7 +75,7 @@ def sample(logits: Any, requests: Sequence[SampledRequest]) -> list[int]:
     return [int(t) for t in np.asarray(tokens)]
 
 
-def token_logprobs(logits: np.ndarray, token: int, top_n: int) -> TokenLogprobs:
+def token_logprobs(logits: npt.NDArray[np.floating[Any]], token: int, top_n: int) -> TokenLogprobs:
     """Log-probabilities from the model's own distribution (the raw logits, before penalties,
     temperature and truncation, as vLLM reports by default): the chosen token's and the top n.
     (ops.sample's own logprobs are those of the processed distribution the token was drawn from.)"""
@@ -104,7 +105,7 @@ class Sampler:
     """Rank 0's step sampler.  A subclass may observe the logits of every sampled row
     (`observe`: the offline engine's capture for the parity tests) without the engine knowing."""
 
-    def sample(self, out: SchedulerOutput, logits: np.ndarray) -> SampledStep:
+    def sample(self, out: SchedulerOutput, logits: npt.NDArray[np.float32]) -> SampledStep:
         """logits [B, V]: one row per scheduled sequence, in plan order."""
         rows = [i for i, s in enumerate(out.seqs) if s.samples]
         if not rows:
@@ -116,5 +117,5 @@ class Sampler:
                     for i, r, t in zip(rows, reqs, tokens) if r.params.logprobs is not None}
         return SampledStep(reqs, tokens, logprobs)
 
-    def observe(self, requests: list[Request], logits: np.ndarray) -> None:
+    def observe(self, requests: list[Request], logits: npt.NDArray[np.float32]) -> None:
         """Called with the sampled rows' logits [N, V] each step; nothing by default."""

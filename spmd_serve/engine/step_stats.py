@@ -20,7 +20,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from contextlib import AbstractContextManager
-from typing import Callable
+from typing import Any, Callable
 
 from spmd_serve.timing import PhaseTimer
 
@@ -103,7 +103,7 @@ class StepStats:
         return (f"steps={steps:.0f} tokens={tokens:.0f} sampled={sampled:.0f} "
                 f"batch={sampled / n:.1f} per-step: {parts}")
 
-    def as_dict(self) -> dict:
+    def as_dict(self) -> dict[str, Any]:
         n = max(self.steps, 1)
         return {"steps": self.steps, "tokens": self.tokens, "sampled": self.sampled,
                 "ms_per_step": {p: 1e3 * s / n for p, s in self.totals().items()}}

@@ -1,0 +1,34 @@
+"""What the engine needs of the MPI layer and of a model runner, as structural types.
+
+The engine is written against these, not against `dist.comm.Comm` and `worker.ModelRunner`
+themselves, so that the scheduler-driven loop runs with a fake runner in unit tests and so that
+another runner (the GPU one of docs/gpu.md) only has to provide the same methods.  Neither
+`dist/` nor `worker/` imports this module: they match it by shape.
+"""
+from __future__ import annotations
+
+from typing import Protocol
+
+import numpy as np
+import numpy.typing as npt
+
+from spmd_serve.protocol import StepPlan
+from spmd_serve.timing import PhaseTimer
+
+
+class PlanComm(Protocol):
+    """Rank 0 sends each step's plan; the other ranks receive it (dist/comm.py)."""
+
+    def send_plan(self, plan: StepPlan) -> None: ...
+
+    def recv_plan(self) -> StepPlan: ...
+
+
+class Runner(Protocol):
+    """Runs a plan on this rank's shard: [B, V] float32 logits on rank 0, None on the others."""
+
+    @property
+    def timings(self) -> PhaseTimer | None:
+        """Its split of the `execute` phase, if it keeps one (engine/step_stats.py reads it)."""
+
+    def execute(self, plan: StepPlan) -> npt.NDArray[np.float32] | None: ...
