@@ -66,10 +66,10 @@ def overhead_ms(ms: dict) -> float:
 
 def paddlenlp_rate(num_prompts: int, input_len: int, output_len: int) -> float:
     """Output tokens/s of PaddleNLP's LlamaForCausalLM.generate (greedy, KV cache) on the demo-small
-    weights, one prompt after another (tests/paddlenlp_reference.py loads it)."""
+    weights, one prompt after another (tests/support/paddlenlp_reference.py loads it)."""
     import numpy as np
-    sys.path.insert(0, str(ROOT / "tests"))
-    from paddlenlp_reference import load_reference_model, reference_generate
+    sys.path.insert(0, str(ROOT))
+    from tests.support.paddlenlp_reference import load_reference_model, reference_generate
 
     from spmd_serve.demo.checkpoint import write_demo_checkpoint
     with tempfile.TemporaryDirectory() as tmp:

@@ -22,7 +22,7 @@ command -v pgrep >/dev/null || apt_pkgs+=(procps)
 # the C++ graph ops (ops/cpu_kernels, built on first use): a C++ compiler and the MPI headers
 command -v g++ >/dev/null || apt_pkgs+=(g++)
 command -v mpicc >/dev/null || apt_pkgs+=(libopenmpi-dev)
-# tests: `ip netns` for the two-node test (tests/test_multinode_netns.py)
+# tests: `ip netns` for the two-node test (tests/e2e/test_multinode_netns.py)
 if [ "$extras" = test ] && ! command -v ip >/dev/null; then apt_pkgs+=(iproute2); fi
 if [ ${#apt_pkgs[@]} -gt 0 ]; then
   echo "== apt-get install ${apt_pkgs[*]}"

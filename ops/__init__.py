@@ -19,7 +19,7 @@ What runs where.  Each op's entry point dispatches on its arrays: numpy -> the t
   runner hands numpy logits today, so the twin runs; device logits would take the kernel through
   `sample_gpu_staged` (numpy parameters in, numpy results out) with the same tokens bit for bit.
 * Attention runs inside the exported Paddle graphs; `paged_attention` is not called by the server.
-GPU checks, on a machine with an NVIDIA driver: `pytest -m gpu tests/test_ops_*.py` (each kernel
+GPU checks, on a machine with an NVIDIA driver: `pytest -m gpu tests/kernels/test_ops_*.py` (each kernel
 against its twin) and `python -m ops.bench` (time and bandwidth against the copy bandwidth).
 This package never imports spmd_serve or (at import) Paddle (DESIGN §5).
 """

@@ -1,4 +1,16 @@
-"""Shared fixtures: the demo checkpoint and its TP=1 / TP=2 exports, made once per test session."""
+"""Shared fixtures (the demo checkpoint and its TP=1 / TP=2 exports, made once per test session)
+and the tiers: every test is marked with the folder it lives in, so `pytest -m unit` or
+`pytest tests/unit` runs the fast ones and `-m "not mpi"` leaves out every test that starts MPI
+ranks.
+
+    unit/     pure Python and in-process numpy/Paddle helpers: no sockets, no subprocesses
+    http/     real servers on loopback with a fake engine (real clients: requests, openai, tritonclient)
+    graphs/   real Paddle graphs exported and run in-process
+    kernels/  ops/: CUDA kernels (their numpy twins here; `gpu`-marked tests on a GPU) and the C++ graph ops
+    mpi/      real `mpirun -n 1|2 spmd_serve` jobs and offline engines under mpirun
+    e2e/      what an operator runs: start_server / stop_server, download_model, Docker files, two nodes
+    support/  shared helpers and fixtures, no tests
+"""
 from __future__ import annotations
 
 import os
@@ -7,6 +19,20 @@ from pathlib import Path
 import pytest
 
 os.environ.setdefault("GLOG_minloglevel", "2")
+
+TIERS = ("unit", "http", "graphs", "kernels", "mpi", "e2e")
+STARTS_MPI = ("mpi", "e2e")   # these tiers' tests launch mpirun (so they also get the `mpi` marker)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    root = Path(__file__).parent
+    for item in items:
+        tier = Path(item.fspath).relative_to(root).parts[0]
+        if tier not in TIERS:
+            raise pytest.UsageError(f"{item.nodeid}: tests live in one of the tier folders {TIERS}")
+        item.add_marker(tier)
+        if tier in STARTS_MPI:
+            item.add_marker("mpi")
 
 
 @pytest.fixture(scope="session")
@@ -42,8 +68,8 @@ def served_tp2_segments(demo_checkpoint, tmp_path_factory) -> Path:
 
 @pytest.fixture
 def make_server():
-    """IOServer + FakeEngine harnesses (tests/fakes.py) on free ports, closed after the test."""
-    from tests.fakes import Harness
+    """IOServer + FakeEngine harnesses (tests/support/fakes.py) on free ports, closed after the test."""
+    from tests.support.fakes import Harness
 
     made: list = []
     yield lambda **kw: made.append(Harness(**kw)) or made[-1]

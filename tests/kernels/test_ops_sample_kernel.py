@@ -1,0 +1,240 @@
+"""ops.sample's kernel and GPU wrapper.
+
+CI (no GPU): every kernel variant (and the Philox known-answer kernel) compiles with NVRTC for sm_80
+and sm_90; the source embeds the twin's constants; the wrapper packs the kernel's signature.
+The staged dispatch (device logits, numpy parameters and results) on a host-memory fake device.
+GPU (marked `gpu`, skipped without one): the kernel equals its twin (tokens exactly, logprobs within
+1e-4), on the on-chip and the multi-pass paths, all dtypes, and through the staged call; a timing print.
+"""
+from __future__ import annotations
+
+import ctypes
+
+import numpy as np
+import pytest
+
+from ops import philox, runtime, sample_cuda, sample_twin
+from ops import sample as sp
+from tests.support.ops_helpers import ARCHS, needs_gpu
+from tests.support.ops_helpers import device, tmp_kernel_cache  # noqa: F401  (pytest fixtures)
+from tests.support.ops_sample_reference import base_batch, make_batch
+
+
+# ----------------------------------------------------------------------------- NVRTC
+@pytest.mark.parametrize("arch", ARCHS)
+def test_every_kernel_compiles(arch) -> None:
+    for dtype, options in sp.VARIANTS.items():
+        name = sp.SAMPLE_KERNELS[dtype]
+        cubin = runtime.compile_cubin(sp.CUDA_SOURCE, name, arch=arch, options=options)
+        assert cubin and name.encode() in cubin
+    cubin = runtime.compile_cubin(philox.KAT_SOURCE, philox.KAT_KERNEL, arch=arch)
+    assert philox.KAT_KERNEL.encode() in cubin
+
+
+def test_source_constants_are_the_twins() -> None:
+    """The CUDA source embeds the twin's float32 constants bit for bit."""
+    for n, c in enumerate(sample_twin._COEF):
+        assert f"#define COEF{n} __int_as_float(0x{int(c.view(np.uint32)):08X})" in sp.CUDA_SOURCE
+    assert "#define LOG2E __int_as_float(0x3FB8AA3B)" in sp.CUDA_SOURCE
+    assert float(sp.CUDA_SOURCE.split("#define LN2_31 ")[1].split()[0]) == sample_twin._LN2_31
+
+
+def test_gpu_wrapper_packs_the_kernel_signature(monkeypatch) -> None:
+    """Without a GPU: the launch arguments match the extern "C" signature (count and C types)."""
+    import re
+
+    sig = re.search(r"SAMPLE_KERNEL\((.*?)\)\s*\{", sp.CUDA_SOURCE, re.S).group(1)
+    params = [" ".join(p.split()) for p in sig.split(",")]
+    launched = {}
+
+    class FakeKernel:
+        function = None
+
+        def launch(self, grid, block, args, stream=0, shared_mem=0):
+            launched.update(grid=grid, block=block, args=args, shared_mem=shared_mem)
+
+    monkeypatch.setattr(runtime, "load_kernel", lambda source, name, options=(): FakeKernel())
+    monkeypatch.setattr(sample_cuda, "_dynamic_smem_limit", lambda kernel: 200 * 1024)
+    monkeypatch.setattr(runtime, "scratch", lambda nbytes: 0xABC000)
+    b_sz, v_sz, n = 3, 1000, 2
+    batch = make_batch(np.random.default_rng(0), b_sz, v_sz)
+    dev = {k: runtime.DeviceArray(0x1000 * (i + 1), v.shape, v.dtype) for i, (k, v) in enumerate(batch.items())}
+    outs = dict(out_tokens=runtime.DeviceArray(0x90000, (b_sz,), np.dtype(np.int32)),
+                out_logprobs=runtime.DeviceArray(0x91000, (b_sz,), np.dtype(np.float32)),
+                out_top_ids=runtime.DeviceArray(0x92000, (b_sz, n), np.dtype(np.int32)),
+                out_top_logprobs=runtime.DeviceArray(0x93000, (b_sz, n), np.dtype(np.float32)))
+    sp.sample_gpu(**dev, num_logprobs=n, **outs)
+    args = launched["args"]
+    assert len(args) == len(params)
+    for p, a in zip(params, args):
+        if "*" in p:
+            assert isinstance(a, int), p                        # device pointer
+        else:
+            want = {"int": np.int32, "long long": np.int64}[p.rsplit(" ", 1)[0].replace("const ", "")]
+            assert type(a) is want, p
+    named = dict(zip([p.rsplit(" ", 1)[1].lstrip("*") for p in params], args))
+    assert named["V"] == v_sz and named["ld"] == v_sz and named["num_logprobs"] == n
+    assert named["workspace"] == 0xABC000 and named["hash_bits"] == sp.hash_bits(batch["gen_token_ids"].shape[1])
+    assert named["out_top_ids"] == 0x92000 and named["logits"] == dev["logits"].ptr
+    assert launched["grid"] == (b_sz,) and launched["block"] == (sp.THREADS,)
+    assert launched["shared_mem"] == sp.shared_bytes(v_sz, int(named["cap"])) <= 200 * 1024
+    with pytest.raises(TypeError):                              # wrong dtype is refused
+        sp.sample_gpu(**dict(dev, top_k=dev["temperature"]), **outs)
+
+
+def _host_view(a: runtime.DeviceArray) -> np.ndarray:
+    """A numpy view of a DeviceArray whose pointer is host memory (the fake device below)."""
+    n = int(np.prod(a.shape)) * a.dtype.itemsize
+    return np.frombuffer((ctypes.c_char * n).from_address(a.ptr), a.dtype).reshape(a.shape) if n else \
+        np.zeros(a.shape, a.dtype)
+
+
+def test_staged_dispatch_copies_host_parameters_and_results(monkeypatch) -> None:
+    """Without a GPU: `sample` on device logits and numpy parameters (the serving loop's call)
+    stages them into one device allocation, launches with the twin's argument order, copies the
+    outputs back.  Host memory stands in for the device; the "kernel" is the twin on those views."""
+    bufs: dict[int, ctypes.Array] = {}
+
+    def alloc(nbytes: int) -> int:
+        buf = ctypes.create_string_buffer(max(nbytes, 1))
+        bufs[ctypes.addressof(buf)] = buf
+        return ctypes.addressof(buf)
+
+    class FakeDriver:
+        CUstream = int
+
+        @staticmethod
+        def cuMemcpyHtoDAsync(dst, src, n, stream):
+            ctypes.memmove(dst, src, n)
+            return (0,)
+
+        cuMemcpyDtoHAsync = cuMemcpyHtoDAsync
+
+        @staticmethod
+        def cuStreamSynchronize(stream):
+            return (0,)
+
+    def fake_kernel(logits, *params, **kw):
+        outs = sp.sample_cpu(_host_view(logits), *(_host_view(a) for a in params[:12]), params[12])
+        for name, val in zip(("out_tokens", "out_logprobs", "out_top_ids", "out_top_logprobs"), outs):
+            _host_view(kw[name])[...] = val
+
+    monkeypatch.setattr(runtime, "device_alloc", alloc)
+    monkeypatch.setattr(runtime, "device_free", lambda ptr: bufs.pop(ptr))
+    monkeypatch.setattr(runtime, "driver", FakeDriver)
+    monkeypatch.setattr(sample_cuda, "sample_gpu", fake_kernel)
+    batch = make_batch(np.random.default_rng(15), 9, 300, gen_len=7, n_eos=3)
+    logits = np.ascontiguousarray(batch.pop("logits"))
+    dev = runtime.DeviceArray(logits.ctypes.data, logits.shape, logits.dtype)
+    # the engine passes int64 / Python-typed arrays: the staging converts to the kernel's dtypes
+    loose = dict(batch, top_k=batch["top_k"].astype(np.int64), eos_ids=batch["eos_ids"].astype(np.int64))
+    got = sp.sample(dev, **loose, num_logprobs=3, with_logprobs=False)
+    want = sp.sample_cpu(logits, **batch, num_logprobs=3)
+    for g, w in zip(got, want):
+        assert isinstance(g, np.ndarray)
+        np.testing.assert_array_equal(g, w)
+    assert not bufs                                             # the staging buffer was freed
+
+
+# ----------------------------------------------------------------------------- GPU
+def run_gpu(device, batch, n_top=0, logits=None, cap=None):
+    b_sz = batch["logits"].shape[0]
+    dev = {k: device.put(v) for k, v in batch.items()}
+    if logits is not None:
+        dev["logits"] = device.put(logits)
+    outs = dict(out_tokens=device.empty((b_sz,), np.int32), out_logprobs=device.empty((b_sz,), np.float32),
+                out_top_ids=device.empty((b_sz, n_top), np.int32),
+                out_top_logprobs=device.empty((b_sz, n_top), np.float32))
+    sp.sample_gpu(**dev, num_logprobs=n_top, cap=cap, **outs)
+    return tuple(device.get(outs[k]) for k in ("out_tokens", "out_logprobs", "out_top_ids", "out_top_logprobs"))
+
+
+def assert_same(gpu, cpu) -> None:
+    np.testing.assert_array_equal(gpu[0], cpu[0])
+    np.testing.assert_allclose(gpu[1], cpu[1], atol=1e-4, rtol=0)
+    np.testing.assert_array_equal(gpu[2], cpu[2])
+    np.testing.assert_allclose(gpu[3], cpu[3], atol=1e-4, rtol=0)
+
+
+@pytest.mark.gpu
+@needs_gpu
+@pytest.mark.parametrize("cap", [None, 0])          # None: on-chip candidates; 0: multi-pass over the row
+@pytest.mark.parametrize("v_sz,scale", [(50000, 1.0), (50000, 12.0), (151936, 4.0), (1000, 3.0), (37, 2.0)])
+def test_gpu_equals_twin_fp32(device, cap, v_sz, scale) -> None:
+    rng = np.random.default_rng(v_sz + int(scale))
+    batch = make_batch(rng, 64, v_sz, scale=scale, gen_len=40, n_eos=3)
+    assert_same(run_gpu(device, batch, n_top=5, cap=cap), sp.sample_cpu(**batch, num_logprobs=5))
+
+
+@pytest.mark.gpu
+@needs_gpu
+@pytest.mark.parametrize("cap", [None, 0])
+def test_gpu_equals_twin_edge_cases(device, cap) -> None:
+    v_sz = 70000
+    equal = np.zeros((8, v_sz), np.float32)                   # ties everywhere: the id-order paths
+    batch = base_batch(equal, top_k=[0, 3, 10000, 0, 0, 1, 0, 2], top_p=[1, 1, 1, 0.5, 0.3, 1, 0, 0.9],
+                       temperature=[1, 1, 1, 1, 2, 1, 1, 0], counters=np.arange(8))
+    assert_same(run_gpu(device, batch, n_top=4, cap=cap), sp.sample_cpu(**batch, num_logprobs=4))
+    rng = np.random.default_rng(9)
+    batch = make_batch(rng, 32, 4099, gen_len=0, n_eos=0)      # no penalties / EOS arrays at all
+    assert_same(run_gpu(device, batch, cap=cap), sp.sample_cpu(**batch))
+
+
+@pytest.mark.gpu
+@needs_gpu
+@pytest.mark.parametrize("dtype", ["fp16", "bf16"])
+def test_gpu_equals_twin_16bit(device, dtype) -> None:
+    rng = np.random.default_rng(10)
+    batch = make_batch(rng, 32, 32003, scale=4.0)
+    if dtype == "fp16":
+        stored = batch["logits"].astype(np.float16)
+        batch["logits"] = stored.astype(np.float32)          # exact: the twin sees what the kernel sees
+    else:
+        stored = runtime.float32_to_bf16(batch["logits"])
+        batch["logits"] = runtime.bf16_to_float32(stored)
+    assert_same(run_gpu(device, batch, n_top=3, logits=stored), sp.sample_cpu(**batch, num_logprobs=3))
+
+
+@pytest.mark.gpu
+@needs_gpu
+def test_gpu_timing_against_one_read_of_the_logits(device, capsys) -> None:
+    """Prints (no assertion: speed goals live in benchmarks) sampling time / one copy of the logits
+    for 128 x 128k fp32; goal <= 3."""
+    drv, chk = runtime.driver, runtime._check
+    b_sz, v_sz = 128, 128 * 1024
+    rng = np.random.default_rng(12)
+
+    def timed(fn, iters=20):
+        fn()
+        start, end = chk(drv.cuEventCreate(0), "event"), chk(drv.cuEventCreate(0), "event")
+        chk(drv.cuEventRecord(start, 0), "record")
+        for _ in range(iters):
+            fn()
+        chk(drv.cuEventRecord(end, 0), "record")
+        chk(drv.cuEventSynchronize(end), "sync")
+        return chk(drv.cuEventElapsedTime(start, end), "elapsed") / iters
+
+    for label, scale, over in (("flat top_p=0.9", 1.0, dict(top_p=0.9)), ("flat T only", 1.0, {}),
+                               ("top_k=50 top_p=0.9", 1.0, dict(top_k=50, top_p=0.9)),
+                               ("peaked top_p=0.9", 8.0, dict(top_p=0.9)), ("greedy", 1.0, dict(temperature=0.0))):
+        logits = (rng.standard_normal((b_sz, v_sz)) * scale).astype(np.float32)
+        batch = base_batch(logits, counters=np.arange(b_sz), **over)
+        dev = {k: device.put(v) for k, v in batch.items()}
+        outs = dict(out_tokens=device.empty((b_sz,), np.int32), out_logprobs=device.empty((b_sz,), np.float32))
+        copy_dst = device.empty(logits.shape, np.float32)
+        t_sample = timed(lambda: sp.sample_gpu(**dev, **outs))
+        # a device-to-device copy reads and writes: half its time is one read of the logits
+        t_read = timed(lambda: chk(drv.cuMemcpyDtoD(copy_dst.ptr, dev["logits"].ptr, logits.nbytes), "DtoD")) / 2
+        with capsys.disabled():
+            print(f"\nsample {label}: {t_sample * 1e3:.1f} us, one read {t_read * 1e3:.1f} us, "
+                  f"ratio {t_sample / t_read:.2f} (goal <= 3)")
+
+
+@pytest.mark.gpu
+@needs_gpu
+def test_gpu_staged_call_equals_twin(device) -> None:
+    """The serving loop's call: device logits, numpy parameters, numpy results."""
+    batch = make_batch(np.random.default_rng(16), 48, 32000, scale=3.0, gen_len=20)
+    logits = device.put(batch.pop("logits"))
+    assert_same(sp.sample(logits, **batch, num_logprobs=4),
+                sp.sample_cpu(device.get(logits), **batch, num_logprobs=4))

@@ -1,0 +1,76 @@
+"""How the job fails: bad configuration and broken model directories end every rank fast with one
+clear line (no traceback, no hang); an exception on one rank ends the whole job; idle ranks sleep."""
+from __future__ import annotations
+
+import shutil
+import socket
+import subprocess
+import time
+
+import psutil
+import pytest
+
+from tests.support.failing_jobs import error_lines, run_job, run_with_busy_port
+from tests.support.server_process import VENV_BIN, ServerProcess, mpi_env, mpirun
+
+pytestmark = pytest.mark.mpi
+
+
+@pytest.mark.parametrize("var,value,expect", [
+    ("BATCH_SIZE", "0", "BATCH_SIZE=0"),
+    ("BLOCK_RATIO", "1.5", "BLOCK_RATIO=1.5"),
+    ("PUSH_MODE_HTTP_PORT", "http", "PUSH_MODE_HTTP_PORT=http"),   # legacy alias, named as given
+    ("BLOCK_BS", "100000000", "largest BLOCK_BS that fits"),       # KV pool larger than memory
+    ("USE_CACHE_KV_INT8", "2", "USE_CACHE_KV_INT8=2 is invalid"),
+])
+def test_bad_value_stops_every_rank_with_one_line(served_tp2, var, value, expect):
+    t0 = time.monotonic()
+    res = run_job(2, MODEL_DIR=str(served_tp2), MP_NUM="2", **{var: value})
+    assert res.returncode != 0 and time.monotonic() - t0 < 60
+    lines = error_lines(res)
+    assert lines and all(expect in l for l in lines), res.stderr[-2000:]
+    assert "Traceback" not in res.stdout + res.stderr
+
+
+def test_world_size_must_match_mp_num(served_tp2):
+    res = run_job(1, MODEL_DIR=str(served_tp2), MP_NUM="2")
+    assert res.returncode != 0
+    assert any("MP_NUM=2" in l and "world size is 1" in l for l in error_lines(res)), res.stderr[-2000:]
+
+
+def test_missing_rank_folder_is_named(served_tp2, tmp_path):
+    broken = tmp_path / "model"
+    shutil.copytree(served_tp2, broken)
+    shutil.rmtree(broken / "rank_1")
+    res = run_job(2, MODEL_DIR=str(broken), MP_NUM="2")
+    assert res.returncode != 0
+    assert any("rank_1" in l for l in error_lines(res)), res.stderr[-2000:]
+    assert "Traceback" not in res.stdout + res.stderr
+
+
+def test_exception_on_one_rank_ends_the_job(served_tp2, tmp_path):
+    broken = tmp_path / "model"
+    shutil.copytree(served_tp2, broken)
+    (broken / "rank_1" / "seg_0.pdiparams").write_bytes(b"corrupt")   # only rank 1 fails to load
+    t0 = time.monotonic()
+    res = run_job(2, MODEL_DIR=str(broken), MP_NUM="2")
+    assert res.returncode != 0 and time.monotonic() - t0 < 60
+    assert "fatal error on rank 1" in res.stderr, res.stderr[-3000:]
+
+
+def test_idle_ranks_do_not_spin(served_tp2, tmp_path):
+    with ServerProcess(2, served_tp2, tmp_path / "server.log") as srv:
+        procs = [psutil.Process(p) for p in srv.rank_pids()]
+        for p in procs:
+            p.cpu_percent(None)
+        time.sleep(3)
+        usage = [p.cpu_percent(None) for p in procs]
+    assert len(usage) == 2 and max(usage) < 25, f"idle ranks use {usage} % CPU"
+
+
+def test_busy_port_is_named(served_tp2):
+    t0 = time.monotonic()
+    res, port = run_with_busy_port(served_tp2, "SERVICE_HTTP_PORT")
+    assert res.returncode != 0 and time.monotonic() - t0 < 60
+    lines = error_lines(res)
+    assert len(lines) == 1 and str(port) in lines[0] and "SERVICE_HTTP_PORT" in lines[0], res.stderr[-2000:]

@@ -1,0 +1,117 @@
+"""The plain per-row reference of ops.sample and batch builders, shared by tests/kernels/test_ops_sample*.py.
+
+`ref_row` restates the sampling semantics (ops/sample.py's docstring) with lists, sorted() and Python
+integers, on top of the primitives tested on their own (philox4x32_10, exp2_weight), so a token must
+equal the twin's exactly; `check_against_reference` runs it against sample_cpu row by row.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from ops import philox
+from ops import sample as sp
+
+M32 = 0xFFFFFFFF
+
+
+def ref_row(logits, temp, top_p, top_k, rep, freq, pres, seed, counter, min_tok, n_gen, eos, gen, n_top):
+    """One row, plainly: lists, sorted(), Python integers.  Uses only the primitives tested above
+    (philox4x32_10, exp2_weight) so the token must equal the twin's exactly."""
+    f32 = np.float32
+    v_sz = len(logits)
+    x = [f32(v) for v in logits]
+    counts: dict[int, int] = {}
+    for t in gen:
+        if 0 <= t < v_sz:
+            counts[int(t)] = counts.get(int(t), 0) + 1
+    for t, c in counts.items():
+        v = x[t]
+        if f32(rep) != 1:
+            v = v / f32(rep) if v > 0 else v * f32(rep)
+        x[t] = (v - f32(freq) * f32(c)) - f32(pres)
+    if n_gen < min_tok:
+        for e in eos:
+            if 0 <= e < v_sz:
+                x[int(e)] = f32(-np.inf)
+    greedy = not temp > 0 or top_k == 1 or not top_p > 0
+    with np.errstate(over="ignore"):
+        s = x if greedy else [v / f32(temp) for v in x]
+    ranked = sorted(range(v_sz), key=lambda i: (-float(s[i]), i))
+    if greedy:
+        mx = float(s[ranked[0]])
+        lse = mx + math.log(sum(math.exp(float(v) - mx) for v in s))
+        tops = [(i, float(s[i]) - lse) for i in ranked[:n_top]]
+        return ranked[0], float(s[ranked[0]]) - lse, tops
+    m = s[ranked[0]]
+    w = [int(q) for q in sp.exp2_weight(np.array([s[i] - m for i in ranked], np.float32))]
+    n_pos = sum(1 for q in w if q > 0)
+    k = n_pos if top_k <= 0 else min(top_k, n_pos)
+    cum, acc = [], 0
+    for q in w[:n_pos]:
+        acc += q
+        cum.append(acc)
+    kept = k
+    if top_p < 1:
+        need = math.ceil(float(f32(top_p)) * cum[k - 1])
+        kept = next(i for i in range(k) if cum[i] >= need) + 1
+    total = cum[kept - 1]
+    x0 = int(philox.philox4x32_10(np.array([counter & M32, (counter >> 32) & M32, 0, 0]),
+                                  np.array([seed & M32, seed >> 32]))[0])
+    t = x0 * total >> 32
+    tok = ranked[next(i for i in range(n_pos) if cum[i] > t)]
+    ln_z = math.log(total) - 31 * math.log(2.0)
+    tops = [(i, float(s[i] - m) - ln_z) for i in ranked[: min(n_top, kept)]]
+    return tok, float(s[tok] - m) - ln_z, tops
+
+
+def make_batch(rng, b_sz, v_sz, *, scale=3.0, gen_len=12, n_eos=2):
+    """Random logits and per-row parameters covering every switch (greedy rows included)."""
+    return dict(
+        logits=(rng.standard_normal((b_sz, v_sz)) * scale).astype(np.float32),
+        temperature=rng.choice(np.float32([0.0, 0.3, 0.7, 1.0, 1.5]), b_sz),
+        top_p=rng.choice(np.float32([0.0, 0.3, 0.8, 0.95, 1.0]), b_sz),
+        top_k=rng.choice(np.int32([0, 0, 1, 3, 20, v_sz + 5]), b_sz),
+        rep_penalty=rng.choice(np.float32([1.0, 1.3, 0.8]), b_sz),
+        freq_penalty=rng.choice(np.float32([0.0, 0.2]), b_sz),
+        pres_penalty=rng.choice(np.float32([0.0, 0.5, -0.3]), b_sz),
+        seeds=rng.integers(0, 2**63, b_sz, dtype=np.uint64) * np.uint64(2) + np.uint64(1),
+        counters=rng.integers(0, 2**40, b_sz).astype(np.int64),
+        min_tokens=rng.integers(0, 4, b_sz).astype(np.int32),
+        num_generated=rng.integers(0, 4, b_sz).astype(np.int32),
+        eos_ids=np.where(rng.random((b_sz, n_eos)) < 0.3, -1, rng.integers(0, v_sz, (b_sz, n_eos))).astype(np.int32),
+        gen_token_ids=np.where(rng.random((b_sz, gen_len)) < 0.2, -1,
+                               rng.integers(-2, v_sz + 2, (b_sz, gen_len))).astype(np.int32),
+    )
+
+
+def check_against_reference(batch, n_top=0) -> tuple:
+    out = sp.sample_cpu(**batch, num_logprobs=n_top)
+    tokens, lps, top_ids, top_lps = out
+    for b in range(len(tokens)):
+        args = [batch[k][b] for k in ("logits", "temperature", "top_p", "top_k", "rep_penalty", "freq_penalty",
+                                      "pres_penalty", "seeds", "counters", "min_tokens", "num_generated",
+                                      "eos_ids", "gen_token_ids")]
+        args[7], args[8] = int(args[7]), int(args[8])
+        tok, lp, tops = ref_row(*args, n_top)
+        assert tokens[b] == tok, f"row {b}"
+        assert lps[b] == pytest.approx(lp, abs=2e-5), f"row {b}"
+        assert [int(i) for i in top_ids[b, : len(tops)]] == [i for i, _ in tops], f"row {b}"
+        np.testing.assert_allclose(top_lps[b, : len(tops)], [v for _, v in tops], atol=2e-5)
+        assert (top_ids[b, len(tops):] == -1).all() and (top_lps[b, len(tops):] == -np.inf).all()
+    return out
+
+
+def base_batch(logits, **over):
+    b_sz, v_sz = logits.shape
+    d = dict(logits=logits, temperature=np.ones(b_sz, np.float32), top_p=np.ones(b_sz, np.float32),
+             top_k=np.zeros(b_sz, np.int32), rep_penalty=np.ones(b_sz, np.float32),
+             freq_penalty=np.zeros(b_sz, np.float32), pres_penalty=np.zeros(b_sz, np.float32),
+             seeds=np.arange(1, b_sz + 1, dtype=np.uint64), counters=np.zeros(b_sz, np.int64),
+             min_tokens=np.zeros(b_sz, np.int32), num_generated=np.zeros(b_sz, np.int32),
+             eos_ids=np.full((b_sz, 1), -1, np.int32), gen_token_ids=np.full((b_sz, 0), -1, np.int32))
+    for k, v in over.items():
+        d[k] = np.asarray(v, dtype=d[k].dtype) if np.ndim(v) else np.full(d[k].shape, v, d[k].dtype)
+    return d

@@ -1,0 +1,176 @@
+"""Test helper: run `mpirun -n N spmd_serve` (or any command) as a real process group on free
+loopback ports, wait for readiness, and always stop it (SIGTERM, then SIGKILL after a timeout);
+read a long native stream in the background while a test stops or breaks the server."""
+from __future__ import annotations
+
+import json
+import os
+import queue
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import requests
+
+VENV_BIN = Path(sys.executable).parent
+
+
+def free_port() -> int:
+    return free_ports(1)[0]
+
+
+def free_ports(n: int) -> list[int]:
+    """n distinct free loopback ports (all bound at once, so none is handed out twice)."""
+    socks = [socket.socket() for _ in range(n)]
+    try:
+        for s in socks:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+def mpi_env(**extra: str) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", GLOG_minloglevel="2",
+               OMPI_MCA_btl_vader_single_copy_mechanism="none", PYTHONUNBUFFERED="1")
+    env["PATH"] = f"{VENV_BIN}{os.pathsep}{env.get('PATH', '')}"
+    env.update({k: str(v) for k, v in extra.items()})
+    return env
+
+
+def mpirun(n: int, *args: str) -> list[str]:
+    return ["mpirun", "-n", str(n), "--oversubscribe", "--bind-to", "none", *args]
+
+
+class ServerProcess:
+    """`mpirun -n N spmd_serve` on free ports; use as a context manager."""
+
+    def __init__(self, n: int, model_dir: str | None, log_path: Path, **env: str) -> None:
+        self.http_port, self.health_port, metrics_port, grpc_port = free_ports(4)
+        self.env = mpi_env(MP_NUM=str(n), SERVICE_HTTP_PORT=str(self.http_port),
+                           HEALTH_HTTP_PORT=str(self.health_port), HOST="127.0.0.1",
+                           METRICS_HTTP_PORT=str(metrics_port), SERVICE_GRPC_PORT=str(grpc_port),
+                           **env)
+        if model_dir:
+            self.env["MODEL_DIR"] = str(model_dir)
+        self.cmd = mpirun(n, str(VENV_BIN / "spmd_serve"))
+        self.log_path = log_path
+        self.proc: subprocess.Popen | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.http_port}/v1/chat/completions"
+
+    def start(self, timeout: float = 120.0) -> "ServerProcess":
+        self._log = open(self.log_path, "wb")
+        self.proc = subprocess.Popen(self.cmd, env=self.env, stdout=self._log, stderr=subprocess.STDOUT,
+                                     start_new_session=True)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"server exited with {self.proc.returncode}:\n{self.log()[-3000:]}")
+            try:
+                if requests.get(f"http://127.0.0.1:{self.health_port}/v2/health/ready", timeout=1).status_code == 200:
+                    return self
+            except requests.RequestException:
+                pass
+            time.sleep(0.3)
+        self.stop()
+        raise TimeoutError(f"server not ready after {timeout} s:\n{self.log()[-3000:]}")
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    def rank_pids(self) -> list[int]:
+        """PIDs of the spmd_serve rank processes (children of mpirun)."""
+        out = subprocess.run(["pgrep", "-P", str(self.proc.pid)], capture_output=True, text=True).stdout
+        return [int(p) for p in out.split()]
+
+    def stop(self, timeout: float = 30.0) -> int | None:
+        if self.proc is None or self.proc.poll() is not None:
+            return self.proc.returncode if self.proc else None
+        try:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            return self.proc.wait(10)
+        finally:
+            self._log.close()
+
+    def stop_gracefully(self, timeout: float = 30.0) -> int | None:
+        """SIGTERM to rank 0 only: it stops every rank with a SHUTDOWN plan and mpirun exits 0.
+        (SIGTERM to mpirun also stops the ranks cleanly, but mpirun then exits 1.)"""
+        os.kill(rank_pid(self, 0), signal.SIGTERM)
+        try:
+            return self.proc.wait(timeout)
+        finally:
+            self.stop()
+
+    def __enter__(self) -> "ServerProcess":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+def rank_pid(server: ServerProcess, rank: int) -> int:
+    """PID of MPI rank `rank` (read from the ranks' environments)."""
+    for pid in server.rank_pids():
+        try:
+            env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if f"OMPI_COMM_WORLD_RANK={rank}".encode() in env:
+            return pid
+    raise LookupError(f"no rank {rank} among {server.rank_pids()}")
+
+
+class Stream:
+    """A native streaming request (max_dec_len tokens exactly) read in a thread as frames arrive."""
+
+    def __init__(self, url: str, max_dec_len: int) -> None:
+        body = {"text": "Tell me a long story.", "max_dec_len": max_dec_len, "min_dec_len": max_dec_len,
+                "stream": True, "req_id": f"long-{max_dec_len}"}
+        self.res = requests.post(url, json=body, stream=True, timeout=120)
+        assert self.res.status_code == 200, self.res.text
+        self.frames: queue.Queue[dict] = queue.Queue()
+        self.all: list[dict] = []
+        self.ended_at: float | None = None
+        self.cut: Exception | None = None
+        self.thread = threading.Thread(target=self._read, daemon=True)
+        self.thread.start()
+
+    def _read(self) -> None:
+        try:
+            for line in self.res.iter_lines():
+                if line:
+                    self.frames.put(json.loads(line))
+        except requests.RequestException as e:   # the connection was cut: no final frame
+            self.cut = e
+        self.ended_at = time.monotonic()
+
+    def first(self) -> dict:
+        frame = self.frames.get(timeout=60)
+        self.all.append(frame)
+        return frame
+
+    def rest(self, timeout: float) -> list[dict]:
+        self.thread.join(timeout)
+        assert not self.thread.is_alive(), "stream did not end"
+        while not self.frames.empty():
+            self.all.append(self.frames.get())
+        return self.all
+
+
+def greedy_ids(url: str, prompt_ids: list[int], n: int) -> list[int]:
+    res = requests.post(url, json={"input_ids": prompt_ids, "max_dec_len": n, "min_dec_len": n,
+                                   "temperature": 0}, timeout=120)
+    assert res.status_code == 200, res.text
+    return res.json()["tokens_all_ids"]

@@ -1,0 +1,271 @@
+"""Engine metrics (CONTRACT.md §6) without MPI: the definitions in spmd_serve/engine/metrics.py
+checked step by step against a real Scheduler and a fake clock, the real Engine loop with a fake
+runner (so the hooks sit where the definitions say), and the `/metrics` service over a socket.
+Every scrape goes through prometheus_client's own text parser."""
+from __future__ import annotations
+
+import socket
+import threading
+import time
+
+import pytest
+import requests
+
+from spmd_serve.engine.client import EngineClient
+from spmd_serve.engine.engine import Engine
+from spmd_serve.engine.metrics import EngineMetrics, OriginalGauges
+from spmd_serve.sampling_params import SamplingParams
+from spmd_serve.scheduler.request import Request
+from spmd_serve.scheduler.scheduler import SchedulerConfig
+from tests.support.fakes import FakeComm, FakeRunner
+from tests.support.metrics_scrape import P, Samples
+from tests.support.scheduler_harness import FakeModel, make_scheduler
+
+
+class Clock:
+    def __init__(self, t: float = 1.0) -> None:
+        self.t = t
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def step(sched, model: FakeModel, m: EngineMetrics, clock: Clock, step_s: float = 0.5) -> list[Request]:
+    """One engine step in the engine's order (schedule, run for step_s, update), then the gauges."""
+    out = sched.schedule()
+    assert not out.is_empty
+    m.on_schedule(out)
+    clock.t += step_s
+    done = sched.update(out, model.step(out))
+    m.on_update(done)
+    m.update_gauges(sched)
+    return done
+
+
+def req(req_id: str, prompt_len: int, max_tokens: int, arrival: float = 0.0) -> Request:
+    return Request(req_id, [100 + i for i in range(prompt_len)], SamplingParams(max_tokens=max_tokens),
+                   arrival_time=arrival)
+
+
+def run_all(sched, m: EngineMetrics, clock: Clock) -> None:
+    model = FakeModel(sched)
+    while sched.has_unfinished():
+        step(sched, model, m, clock)
+
+
+def test_counters_and_latencies_follow_the_definitions():
+    sched, clock = make_scheduler(), Clock(1.0)
+    m = EngineMetrics(clock=clock)
+    sched.add_request(req("a", 4, 3, arrival=0.0))
+    sched.add_request(req("b", 6, 2, arrival=0.5))
+    run_all(sched, m, clock)
+    # both scheduled at t=1.0; tokens at t=1.5, 2.0 (b ends), 2.5 (a ends)
+    s = Samples.of(m.registry)
+    assert s.get("prompt_tokens_total") == 10 and s.get("generation_tokens_total") == 5
+    assert s.get("engine_steps_total") == 3 and s.get("num_preemptions_total") == 0
+    assert s.get("request_success_total", finished_reason="length") == 2
+    assert s.get("request_success_total", finished_reason="stop") == 0     # present before it happens
+    assert s.get("request_success_total", finished_reason="abort") == 0
+    hist = {"time_to_first_token_seconds": (2, 1.5 + 1.0), "inter_token_latency_seconds": (3, 1.5),
+            "e2e_request_latency_seconds": (2, 2.5 + 1.5), "request_queue_time_seconds": (2, 1.0 + 0.5)}
+    for name, (count, total) in hist.items():
+        assert (s.get(name + "_count"), s.get(name + "_sum")) == pytest.approx((count, total)), name
+    assert s.get("time_to_first_token_seconds_bucket", le="1.0") == 1      # b: 1.5 − 0.5
+    assert s.get("time_to_first_token_seconds_bucket", le="2.5") == 2
+    assert s.get("kv_cache_usage_perc") == 0 and s.get("num_requests_running") == 0
+
+
+def test_preemption_counts_the_prompt_once_and_every_generated_token_once():
+    # 4 blocks of 4 slots; each request grows to 3 blocks, so they preempt each other
+    sched, clock = make_scheduler(num_blocks=4, block_size=4), Clock()
+    m = EngineMetrics(clock=clock)
+    reqs = [req("a", 4, 8), req("b", 5, 8)]
+    for r in reqs:
+        sched.add_request(r)
+    run_all(sched, m, clock)
+    s = Samples.of(m.registry)
+    preemptions = sum(r.num_preemptions for r in reqs)
+    assert preemptions > 0 and s.get("num_preemptions_total") == preemptions
+    assert s.get("prompt_tokens_total") == 9 and s.get("generation_tokens_total") == 16
+    assert s.get("request_queue_time_seconds_count") == 2 and s.get("time_to_first_token_seconds_count") == 2
+    assert s.get("inter_token_latency_seconds_count") == 14 and s.get("e2e_request_latency_seconds_count") == 2
+
+
+def test_abort_counts_and_the_steps_until_its_blocks_are_free():
+    sched, clock = make_scheduler(), Clock()
+    m = EngineMetrics(clock=clock)
+    model = FakeModel(sched)
+    sched.add_request(req("r", 6, 50))
+    sched.add_request(req("q", 3, 50))
+    step(sched, model, m, clock)
+    # abort of r requested while the next step runs: that step completes, then the blocks go back
+    out = sched.schedule()
+    m.on_schedule(out)
+    requested = clock.t + 0.1
+    clock.t += 0.5
+    m.on_update(sched.update(out, model.step(out)))
+    m.on_abort(sched.abort_request("r"), requested)
+    # abort of q requested between steps: applied before any further step
+    m.on_abort(sched.abort_request("q"), clock.t + 0.01)
+    m.on_abort(sched.abort_request("unknown"), 0.0)         # nothing to free: not counted
+    m.update_gauges(sched)
+    s = Samples.of(m.registry)
+    assert s.get("request_success_total", finished_reason="abort") == 2
+    assert s.get("abort_to_free_steps_bucket", le="0.0") == 1
+    assert s.get("abort_to_free_steps_bucket", le="1.0") == 2 == s.get("abort_to_free_steps_count")
+    assert s.get("kv_cache_usage_perc") == 0 and s.original()["block_num"] == 64
+    # the aborted id is forgotten: a new request with the same id is a first scheduling again
+    sched.add_request(req("r", 7, 2))
+    step(sched, model, m, clock)
+    assert Samples.of(m.registry).get("prompt_tokens_total") == 6 + 3 + 7
+
+
+def test_an_abort_for_a_stop_string_counts_as_stop_with_its_latency():
+    sched, clock = make_scheduler(), Clock(1.0)
+    m = EngineMetrics(clock=clock)
+    sched.add_request(req("s", 4, 50, arrival=0.0))
+    step(sched, FakeModel(sched), m, clock)                 # clock 1.5: first token
+    m.on_abort(sched.abort_request("s"), clock.t, reason="stop")
+    s = Samples.of(m.registry)
+    assert s.get("request_success_total", finished_reason="stop") == 1
+    assert s.get("request_success_total", finished_reason="abort") == 0
+    assert s.get("e2e_request_latency_seconds_count") == 1
+    assert s.get("e2e_request_latency_seconds_sum") == pytest.approx(1.5)
+
+
+def test_gauges_and_the_original_family():
+    sched, clock = make_scheduler(max_num_seqs=1, num_blocks=64, block_size=4), Clock()
+    m = EngineMetrics(clock=clock)
+    m.update_gauges(sched)
+    assert Samples.of(m.registry).original() == {"batch_size": 0, "block_num": 64, "max_batch_size": 1,
+                                                 "max_block_num": 64, "available_resource": 1.0}
+    sched.add_request(req("a", 10, 5))
+    sched.add_request(req("b", 3, 5))                       # waits: BATCH_SIZE is 1
+    step(sched, FakeModel(sched), m, clock)                 # a holds ceil(11 / 4) = 3 blocks
+    s = Samples.of(m.registry)
+    assert s.get("num_requests_running") == 1 and s.get("num_requests_waiting") == 1
+    assert s.get("kv_cache_usage_perc") == pytest.approx(3 / 64)
+    assert s.original() == {"batch_size": 1, "block_num": 61, "max_batch_size": 1, "max_block_num": 64,
+                            "available_resource": pytest.approx(61 / 64)}
+    # exactly as the original Triton backend exposed them: one label, named after the series
+    assert 'inference_server_metrics{block_num="block_num"} 61.0' in s.text.splitlines()
+    assert s.families["inference_server_metrics"].type == "gauge"
+
+
+def test_warm_up_is_not_counted_and_registries_are_private():
+    sched, clock = make_scheduler(), Clock()
+    m, other = EngineMetrics(clock=clock), EngineMetrics()   # a second one must not clash
+    sched.add_request(req("__warmup__", 5, 4))
+    with m.paused():
+        run_all(sched, m, clock)
+    s = Samples.of(m.registry)
+    assert s.get("prompt_tokens_total") == s.get("generation_tokens_total") == s.get("engine_steps_total") == 0
+    assert s.get("time_to_first_token_seconds_count") == 0
+    assert Samples.of(other.registry).get("prompt_tokens_total") == 0
+    assert OriginalGauges.NAME in s.families and "process_resident_memory_bytes" in s.text
+
+
+# ---- the real Engine loop, fake ranks ------------------------------------------------------------
+@pytest.fixture
+def engine():
+    client = EngineClient(capacity=8)
+    client.ready.set()
+    cfg = SchedulerConfig(max_num_seqs=4, num_blocks=32, block_size=4, block_ratio=1.0, max_waiting=8,
+                          max_num_batched_tokens=64, max_model_len=512)
+    eng = Engine(cfg, FakeComm(), FakeRunner(), client, frozenset())
+    thread = threading.Thread(target=eng.run, name="test-engine", daemon=True)
+    thread.start()
+    yield eng
+    eng.stop_event.set()
+    client.wake()
+    thread.join(5)
+    assert not thread.is_alive()
+
+
+def wait_scrape(m: EngineMetrics, ok, timeout: float = 10.0) -> Samples:
+    end = time.monotonic() + timeout
+    while True:
+        s = Samples.of(m.registry)
+        if ok(s) or time.monotonic() > end:
+            return s
+        time.sleep(0.005)
+
+
+def greedy(n: int) -> SamplingParams:
+    return SamplingParams(max_tokens=n, min_tokens=n, temperature=0.0)
+
+
+def test_engine_loop_records_requests_and_goes_back_to_idle(engine):
+    m, client = engine.metrics, engine.client
+    client.add_request("a", [3, 4, 5], greedy(4))
+    client.add_request("b", [9] * 5, greedy(6))
+    s = wait_scrape(m, lambda s: s.get("request_success_total", finished_reason="length") == 2)
+    s = wait_scrape(m, lambda s: s.get("num_requests_running") == 0)
+    assert s.get("request_success_total", finished_reason="length") == 2
+    assert s.get("prompt_tokens_total") == 8 and s.get("generation_tokens_total") == 10
+    assert s.get("time_to_first_token_seconds_count") == 2 == s.get("e2e_request_latency_seconds_count")
+    assert s.get("inter_token_latency_seconds_count") == 8 and s.get("request_queue_time_seconds_count") == 2
+    assert s.get("engine_steps_total") >= 6
+    assert s.get("kv_cache_usage_perc") == 0 and s.original()["block_num"] == 32
+
+
+def test_engine_frees_an_aborted_request_within_one_step(engine):
+    m, client = engine.metrics, engine.client
+    client.add_request("long", [3, 4, 5], greedy(100))   # 26 of the 32 blocks at most
+    s = wait_scrape(m, lambda s: s.get("generation_tokens_total") >= 3)
+    assert s.get("num_requests_running") == 1 and s.get("kv_cache_usage_perc") > 0
+    client.abort("long")
+    s = wait_scrape(m, lambda s: s.get("kv_cache_usage_perc") == 0)
+    assert s.get("kv_cache_usage_perc") == 0 and s.get("num_requests_running") == 0
+    assert s.get("request_success_total", finished_reason="abort") == 1
+    assert s.get("abort_to_free_steps_count") == 1 == s.get("abort_to_free_steps_bucket", le="1.0")
+    assert s.get("generation_tokens_total") < 100
+
+
+# ---- the /metrics service ---------------------------------------------------------------------------
+def start_io(registry, port: int = 0):
+    from spmd_serve.frontend.app import IOServer
+    from spmd_serve.frontend.metrics_service import MetricsService
+    from tests.support.fakes import FakeTokenizer
+
+    service = MetricsService(registry, "127.0.0.1", port)
+    io = IOServer(EngineClient(1), FakeTokenizer(), host="127.0.0.1", http_port=-1, health_port=-1,
+                  api_key="secret", services=[service])
+    io.start(timeout=5)
+    return io, f"http://127.0.0.1:{service.port}"
+
+
+CONTRACT = {"num_requests_running": "gauge", "num_requests_waiting": "gauge", "kv_cache_usage_perc": "gauge",
+            "prompt_tokens": "counter", "generation_tokens": "counter", "request_success": "counter",
+            "num_preemptions": "counter", "time_to_first_token_seconds": "histogram",
+            "inter_token_latency_seconds": "histogram", "e2e_request_latency_seconds": "histogram",
+            "request_queue_time_seconds": "histogram"}
+
+
+def test_metrics_endpoint_serves_prometheus_text_without_the_api_key():
+    m = EngineMetrics()
+    io, base = start_io(m.registry)
+    try:
+        res = requests.get(base + "/metrics", timeout=10)      # no Authorization header
+        assert res.status_code == 200 and res.headers["Content-Type"].startswith("text/plain")
+        s = Samples(res.text)
+        assert {name: s.families[P + name].type for name in CONTRACT} == CONTRACT
+        assert set(s.original()) == set(OriginalGauges.SERIES)
+        om = requests.get(base + "/metrics", headers={"Accept": "application/openmetrics-text"}, timeout=10)
+        assert om.headers["Content-Type"].startswith("application/openmetrics-text")
+        assert om.text.endswith("# EOF\n")
+        assert requests.get(base + "/", timeout=10).status_code == 404
+        assert requests.get(base + "/metrics/x", timeout=10).status_code == 404
+    finally:
+        io.stop()
+    with pytest.raises(requests.exceptions.ConnectionError):
+        requests.get(base + "/metrics", timeout=2)
+
+
+def test_busy_metrics_port_is_named():
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        with pytest.raises(OSError, match=f"127.0.0.1:{port} \\(METRICS_HTTP_PORT\\)"):
+            start_io(EngineMetrics().registry, port)
