@@ -49,10 +49,11 @@ def _start_frontend(cfg, model_config: dict) -> Frontend:
     from spmd_serve.config import ConfigError
     from spmd_serve.engine.client import EngineClient
     from spmd_serve.engine.metrics import EngineMetrics
-    from spmd_serve.frontend.app import IOServer, IOSettings
-    from spmd_serve.frontend.metrics_service import MetricsService
-    from spmd_serve.frontend.peer_watch import PeerWatch
-    from spmd_serve.frontend.tokenizer import ServingTokenizer
+    from spmd_serve.frontend.server.app import IOServer
+    from spmd_serve.frontend.server.metrics_service import MetricsService
+    from spmd_serve.frontend.server.peer_watch import PeerWatch
+    from spmd_serve.frontend.server.settings import IOSettings
+    from spmd_serve.frontend.text.tokenizer import ServingTokenizer
 
     try:
         tokenizer = ServingTokenizer.from_model_dir(cfg.model_dir, cfg.use_hf_tokenizer)
@@ -67,7 +68,7 @@ def _start_frontend(cfg, model_config: dict) -> Frontend:
     peers = PeerWatch(client)
     services: list = [MetricsService(metrics.registry, cfg.host, cfg.metrics_port), peers]
     if cfg.grpc_port != -1:
-        from spmd_serve.frontend.grpc_service import GrpcService
+        from spmd_serve.frontend.triton.service import GrpcService
         services.append(GrpcService.from_settings(client, tokenizer, settings, cfg.grpc_port))
     io = IOServer(client, tokenizer, settings, services=services)
     try:

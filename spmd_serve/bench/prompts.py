@@ -61,6 +61,6 @@ def synthetic_prompts(tokenizer: Tokenizer, num: int, input_len: int, seed: int 
 
 def load_tokenizer(model_dir: str) -> Tokenizer:
     """The served model's tokenizer, as the server loads it."""
-    from spmd_serve.frontend.tokenizer import ServingTokenizer
+    from spmd_serve.frontend.text.tokenizer import ServingTokenizer
 
     return ServingTokenizer.from_model_dir(model_dir)

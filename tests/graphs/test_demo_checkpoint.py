@@ -112,7 +112,7 @@ PROMPTS = ["Hello world", "今天天气很好 🎉", "Tell me a short story abou
 
 
 def _prompt_ids(ckpt: Path, text: str) -> list[int]:
-    from spmd_serve.frontend.tokenizer import ServingTokenizer
+    from spmd_serve.frontend.text.tokenizer import ServingTokenizer
     return ServingTokenizer.from_model_dir(ckpt).encode_prompt(text=text)
 
 

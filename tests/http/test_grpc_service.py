@@ -14,9 +14,9 @@ from tritonclient.grpc import service_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
 from spmd_serve.engine.client import EngineClient
-from spmd_serve.frontend.app import IOServer
-from spmd_serve.frontend.grpc_service import GrpcService
-from spmd_serve.frontend.native_protocol import Limits
+from spmd_serve.frontend.common.parsing import Limits
+from spmd_serve.frontend.server.app import IOServer
+from spmd_serve.frontend.triton.service import GrpcService
 from tests.support.fakes import FakeTokenizer, Harness, check_stream, echo, wait_idle
 from tests.support.triton_helpers import Stream, client_request, code_of, in_tensor, out_obj
 

@@ -23,8 +23,9 @@ from schemathesis.specs.openapi.checks import (content_type_conformance,
                                                response_schema_conformance,
                                                status_code_conformance)
 
-from spmd_serve.frontend.app import IOSettings, make_service_app
-from spmd_serve.frontend.openapi import openapi_document
+from spmd_serve.frontend.server.app import make_service_app
+from spmd_serve.frontend.server.openapi import openapi_document
+from spmd_serve.frontend.server.settings import IOSettings
 from tests.support.fakes import Harness, assert_healthy
 from tests.support.server_process import ServerProcess
 

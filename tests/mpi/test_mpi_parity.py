@@ -27,7 +27,7 @@ TEXTS = ["Hi", "The quick brown fox jumps over the lazy dog.",
 
 @pytest.fixture(scope="module")
 def prompts(demo_checkpoint) -> list[list[int]]:
-    from spmd_serve.frontend.tokenizer import ServingTokenizer
+    from spmd_serve.frontend.text.tokenizer import ServingTokenizer
 
     tok = ServingTokenizer.from_model_dir(demo_checkpoint)
     out = [[tok.bos_token_id] + tok.encode(t) for t in TEXTS]

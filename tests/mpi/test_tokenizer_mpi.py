@@ -48,7 +48,7 @@ def _with_sentencepiece_tokenizer_json(served: Path, model: Path) -> Path:
     """A copy of the served demo model with a tokenizer.json converted from its tokenizer.model;
     the prompt encodes to the same ids through both."""
     from spmd_serve.demo.checkpoint import CHAT_MARKERS
-    from spmd_serve.frontend.tokenizer import ServingTokenizer
+    from spmd_serve.frontend.text.tokenizer import ServingTokenizer
     from tests.support.hf_tokenizer_dirs import sentencepiece_tokenizer_json
 
     shutil.copytree(served, model)

@@ -3,7 +3,7 @@
 FakeEngine plays the engine side of a real EngineClient: it takes commands, "generates" one token
 per step by cycling through the prompt (BOS skipped), honours max/min tokens and eos ids, and
 records every abort so tests can assert the IO side stopped the work.
-FakeTokenizer has the interface of spmd_serve/frontend/tokenizer.py: one id per character.
+FakeTokenizer has the interface of spmd_serve/frontend/text/tokenizer.py: one id per character.
 Harness runs an IOServer + FakeEngine on free ports; the helpers at the end talk to it.
 FakeComm and FakeRunner stand in for the other ranks under the real Engine loop.
 """
@@ -187,7 +187,7 @@ class Harness:
 
     def __init__(self, capacity: int = 16, step_s: float = 0.002, ready: bool = True,
                  **settings) -> None:
-        from spmd_serve.frontend.app import IOServer    # tornado only where a server is wanted
+        from spmd_serve.frontend.server.app import IOServer    # tornado only where a server is wanted
         self.client = EngineClient(capacity)
         self.tokenizer = FakeTokenizer()
         self.engine = FakeEngine(self.client, step_s)

@@ -11,8 +11,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from spmd_serve.frontend.output_assembler import OutputAssembler
-from spmd_serve.frontend.tokenizer import ServingTokenizer
+from spmd_serve.frontend.text.output_assembler import OutputAssembler
+from spmd_serve.frontend.text.tokenizer import ServingTokenizer
 from tests.support.hf_tokenizer_dirs import write_byte_level_dir
 
 CJK_EMOJI = "你好，世界！🌍 Ünïcödé 😊 结束。🧪🧬 👍🏽 ☕️"

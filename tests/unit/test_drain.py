@@ -17,8 +17,8 @@ import pytest
 
 from spmd_serve.engine.client import EngineClient, NotReadyError, RequestOutput
 from spmd_serve.engine.engine import Engine
-from spmd_serve.frontend.health import is_live, is_ready
-from spmd_serve.frontend.peer_watch import PeerWatch
+from spmd_serve.frontend.common.liveness import is_live, is_ready
+from spmd_serve.frontend.server.peer_watch import PeerWatch
 from spmd_serve.launcher import jobs
 from spmd_serve.launcher.stop import last_cause
 from spmd_serve.protocol import SHUTDOWN

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from spmd_serve.frontend.tokenizer import ServingTokenizer
+from spmd_serve.frontend.text.tokenizer import ServingTokenizer
 from tests.support.hf_tokenizer_dirs import (FEATURES_TEMPLATE, LLAMA3_TEMPLATE, QWEN2_TEMPLATE,
                                      write_byte_level_dir)
 from tests.support.scheduler_harness import default_fn, make_scheduler, run

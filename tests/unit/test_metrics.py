@@ -224,8 +224,8 @@ def test_engine_frees_an_aborted_request_within_one_step(engine):
 
 # ---- the /metrics service ---------------------------------------------------------------------------
 def start_io(registry, port: int = 0):
-    from spmd_serve.frontend.app import IOServer
-    from spmd_serve.frontend.metrics_service import MetricsService
+    from spmd_serve.frontend.server.app import IOServer
+    from spmd_serve.frontend.server.metrics_service import MetricsService
     from tests.support.fakes import FakeTokenizer
 
     service = MetricsService(registry, "127.0.0.1", port)

@@ -5,11 +5,11 @@ import uuid
 
 import pytest
 
-from spmd_serve.frontend.http_base import bearer_ok
-from spmd_serve.frontend.output_assembler import OutputAssembler
-from spmd_serve.frontend.native_protocol import (Limits, ProtocolError, decode_body,
-                                                 encode_prompt, final_fields,
-                                                 parse_native_request, sampling_params)
+from spmd_serve.frontend.common.http_base import bearer_ok
+from spmd_serve.frontend.common.parsing import Limits, ProtocolError, decode_body
+from spmd_serve.frontend.native.protocol import (encode_prompt, final_fields, parse_native_request,
+                                                 sampling_params)
+from spmd_serve.frontend.text.output_assembler import OutputAssembler
 from tests.support.fakes import BOS, FakeTokenizer
 
 LIMITS = Limits(max_seq_len=100, max_dec_len=50, model_max_len=120)

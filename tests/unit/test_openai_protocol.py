@@ -1,9 +1,9 @@
-"""OpenAI request parsing (openai_protocol) without a server: values of 0 honoured, defaults,
+"""OpenAI request parsing (frontend.openai.protocol) without a server: values of 0 honoured, defaults,
 limits with the vLLM-style context-length message, and refusals naming the parameter."""
 import pytest
 
-from spmd_serve.frontend.native_protocol import Limits
-from spmd_serve.frontend.openai_protocol import OpenAIError, parse_openai
+from spmd_serve.frontend.common.parsing import Limits
+from spmd_serve.frontend.openai.protocol import OpenAIError, parse_openai
 from tests.support.fakes import BOS, FakeTokenizer
 
 TOK = FakeTokenizer()

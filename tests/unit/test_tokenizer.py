@@ -1,4 +1,4 @@
-"""Tests for spmd_serve.frontend.tokenizer (ServingTokenizer) and .detokenizer."""
+"""Tests for spmd_serve.frontend.text.tokenizer (ServingTokenizer) and .detokenizer."""
 from __future__ import annotations
 
 import random
@@ -8,7 +8,7 @@ import pytest
 
 from spmd_serve.demo.checkpoint import write_demo_checkpoint
 from spmd_serve.demo.corpus import sample_texts
-from spmd_serve.frontend.tokenizer import ServingTokenizer
+from spmd_serve.frontend.text.tokenizer import ServingTokenizer
 
 ROUND_TRIP = [
     "Hello, world! 2 + 2 = 4.",

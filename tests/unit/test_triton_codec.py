@@ -1,4 +1,4 @@
-"""triton_codec without a server: IN/OUT tensors as tritonclient builds and reads them, the
+"""frontend.triton.codec without a server: IN/OUT tensors as tritonclient builds and reads them, the
 model check and the status mapping."""
 import json
 
@@ -8,8 +8,8 @@ import tritonclient.grpc as tg
 from tritonclient.grpc import model_config_pb2 as mc
 from tritonclient.grpc import service_pb2 as pb
 
-from spmd_serve.frontend import triton_codec as codec
-from spmd_serve.frontend.native_protocol import ProtocolError
+from spmd_serve.frontend.common.parsing import ProtocolError
+from spmd_serve.frontend.triton import codec
 from tests.support.triton_helpers import client_request
 
 

@@ -1,56 +1,18 @@
-"""Health endpoints (CONTRACT.md §6): liveness and readiness of rank 0's engine, read from the
-EngineClient without touching the engine thread.
+"""Health endpoints (CONTRACT.md §6): `/v2/health/live`, `/v2/health/ready` and, on the service
+port, `/health`, answering from the rules in `frontend.common.liveness`.
 
-live  = the engine loop beat recently, or a step is in progress (a long prefill is not a hang) and
-        has not run longer than a generous bound (a step stuck in a collective is a hang), and
-        no rank is known to have died (`client.failure`, set by the PeerWatch);
-ready = every rank has loaded its model (`client.ready`), none has died, and the server is not
-        draining.
 Both answer 200 with a small JSON body when true and 503 with the native error shape otherwise.
 They never require the API key: load balancers and `start_server` poll them unauthenticated.
 """
 from __future__ import annotations
 
 import json
-import time
 from typing import Any
 
 from tornado.web import RequestHandler
 
 from spmd_serve.engine.client import EngineClient
-
-DEFAULT_LIVE_THRESHOLD_S = 10.0
-# One step is at most SPMD_MAX_NUM_BATCHED_TOKENS tokens (chunked prefill), seconds even for a big
-# model on CPU; a step this long means a rank is stuck (e.g. a peer hung inside a collective).
-DEFAULT_STEP_LIMIT_S = 300.0
-
-
-def is_live(client: EngineClient, threshold_s: float = DEFAULT_LIVE_THRESHOLD_S,
-            step_limit_s: float = DEFAULT_STEP_LIMIT_S) -> tuple[bool, str]:
-    """(alive?, reason when not)."""
-    if client.failure:
-        return False, client.failure
-    busy_since = client.busy_since          # read once: the engine thread clears it
-    if busy_since is not None:              # inside a step: it beats again when the step ends
-        busy = time.monotonic() - busy_since
-        if busy < step_limit_s:
-            return True, ""
-        return False, (f"an engine step has been running for {busy:.0f} s (limit "
-                       f"{step_limit_s:g} s): a rank is stuck")
-    age = time.monotonic() - client.heartbeat
-    if age < threshold_s:
-        return True, ""
-    return False, f"engine loop has not reported for {age:.1f} s (limit {threshold_s:g} s)"
-
-
-def is_ready(client: EngineClient) -> tuple[bool, str]:
-    if client.failure:
-        return False, client.failure
-    if client.draining.is_set():
-        return False, "server is shutting down"
-    if not client.ready.is_set():
-        return False, "model is not loaded yet"
-    return True, ""
+from spmd_serve.frontend.common.liveness import DEFAULT_LIVE_THRESHOLD_S, is_live, is_ready
 
 
 class _HealthHandler(RequestHandler):

@@ -1,7 +1,8 @@
 """Incremental output text of one sequence: token ids -> text deltas, cut at stop strings.
 
-Shared by the native and OpenAI front ends.  Stop strings are checked on the detokenised text
-(CONTRACT.md §3: per request, never shared across the batch) and the stop text is trimmed.
+Used by every protocol through `frontend.common.generation.Generation`.  Stop strings are checked
+on the detokenised text (CONTRACT.md §3: per request, never shared across the batch) and the stop
+text is trimmed.
 """
 from __future__ import annotations
 

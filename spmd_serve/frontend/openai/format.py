@@ -9,7 +9,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from spmd_serve.frontend.openai_protocol import OpenAIRequest
+from spmd_serve.frontend.openai.protocol import OpenAIRequest
 
 # (chosen logprob, [(token id, logprob)] top n), as the engine reports per token
 TokenLogprobs = tuple[float, list[tuple[int, float]]]
@@ -51,7 +51,7 @@ class Formatter:
                     {"token": t, "logprob": v, "bytes": b}
                     for t, b, v in ((*self._token(i), v) for i, v in top)]})
             return {"content": content}
-        out: dict[str, list] = {"tokens": [], "token_logprobs": [], "top_logprobs": [],
+        out: dict[str, list[Any]] = {"tokens": [], "token_logprobs": [], "top_logprobs": [],
                                 "text_offset": []}
         for tid, (lp, top) in entries:
             text, _ = self._token(tid)

@@ -2,37 +2,20 @@
 mapping to `SamplingParams`, and the shapes of the response objects.
 
 No tornado and no engine here, so every rule can be unit-tested without a server.  Anything wrong
-with a request raises `ProtocolError(status, message)`; the message names the field and, for
-limits, the limit, because that text goes straight back to the user.
+with a request raises `ProtocolError(status, message)` (`frontend.common.parsing`, shared with the
+other protocols); the message names the field and, for limits, the limit, because that text goes
+straight back to the user.
 """
 from __future__ import annotations
 
 import json
 import math
-import re
 import uuid
 from dataclasses import dataclass
 from typing import Any
 
+from spmd_serve.frontend.common.parsing import Limits, ProtocolError, finite_number, is_int
 from spmd_serve.sampling_params import SamplingParams
-
-
-class ProtocolError(Exception):
-    """A request the server refuses; `status` is the HTTP status of the native error body."""
-
-    def __init__(self, status: int, msg: str, req_id: str = "") -> None:
-        super().__init__(msg)
-        self.status = status
-        self.msg = msg
-        self.req_id = req_id
-
-
-@dataclass(frozen=True)
-class Limits:
-    """Length limits a request is checked against (MAX_SEQ_LEN, MAX_DEC_LEN, the model's own)."""
-    max_seq_len: int
-    max_dec_len: int
-    model_max_len: int
 
 
 @dataclass
@@ -72,38 +55,6 @@ _NUM_FIELDS = ("topp", "temperature", "penalty_score", "frequency_score", "prese
 _BOOL_FIELDS = ("stream", "return_usage", "return_all_tokens", "benchmark")
 
 
-_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
-
-
-def _reject_constant(name: str) -> Any:
-    # JSON has no NaN/Infinity; Python's json accepts them, and a NaN temperature would slip
-    # through every range check, so treat them as malformed JSON.
-    raise ValueError(f"{name} is not valid JSON")
-
-
-def decode_body(raw: bytes) -> dict[str, Any]:
-    """Bytes of a request body -> JSON object; anything else is a 400, never a 500."""
-    try:
-        body = json.loads(raw.decode("utf-8"), parse_constant=_reject_constant)
-    except (UnicodeDecodeError, ValueError) as e:   # JSONDecodeError is a ValueError
-        raise ProtocolError(400, f"request body is not valid JSON: {e}") from None
-    except RecursionError:                          # e.g. [[[[...]]]] thousands deep
-        raise ProtocolError(400, "request body is not valid JSON: nested too deeply") from None
-    # "\ud800" without its pair decodes to a str that cannot be encoded again: it would fail
-    # later in the tokenizer or while writing a response that echoes it.  Only an escape can
-    # produce one (the raw bytes decoded as UTF-8), so the full check runs only when one is seen.
-    if _SURROGATE_ESCAPE.search(raw):
-        try:
-            json.dumps(body, ensure_ascii=False).encode("utf-8")
-        except UnicodeEncodeError:
-            raise ProtocolError(400, "request body is not valid JSON: it contains an unpaired "
-                                     "UTF-16 surrogate escape (\\uD800-\\uDFFF)") from None
-    if not isinstance(body, dict):
-        raise ProtocolError(400, "request body must be a JSON object, got "
-                                 f"{type(body).__name__}")
-    return body
-
-
 def body_req_id(body: Any) -> str:
     """The req_id to echo in an error body, when the body carries a usable one."""
     rid = body.get("req_id") if isinstance(body, dict) else None
@@ -118,22 +69,6 @@ def _pick(body: dict[str, Any], name: str) -> tuple[str, Any]:
     return name, None
 
 
-def _is_int(v: Any) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)   # True is an int in Python, not here
-
-
-def finite_number(v: Any) -> float | None:
-    """A JSON number as a finite float; None for anything else, including ints beyond float's
-    range (float() would raise) and the inf that json gives for 1e400."""
-    if isinstance(v, bool) or not isinstance(v, (int, float)):
-        return None
-    try:
-        f = float(v)
-    except OverflowError:
-        return None
-    return f if math.isfinite(f) else None
-
-
 def _bad(key: str, want: str, value: Any, req_id: str) -> ProtocolError:
     return ProtocolError(400, f"{key} must be {want}, got {json.dumps(value)[:80]}", req_id)
 
@@ -143,7 +78,7 @@ def parse_native_request(body: dict[str, Any]) -> NativeRequest:
     rid = body.get("req_id")
     if rid is None:
         rid = str(uuid.uuid4())
-    elif _is_int(rid) or (isinstance(rid, str) and rid):
+    elif is_int(rid) or (isinstance(rid, str) and rid):
         rid = str(rid)
     else:
         raise _bad("req_id", "a non-empty string", rid, "")
@@ -167,7 +102,7 @@ def parse_native_request(body: dict[str, Any]) -> NativeRequest:
         req.messages = msgs
     else:
         ids = body["input_ids"]
-        if not isinstance(ids, list) or not ids or not all(_is_int(i) and i >= 0 for i in ids):
+        if not isinstance(ids, list) or not ids or not all(is_int(i) and i >= 0 for i in ids):
             raise _bad("input_ids", "a non-empty list of non-negative integers", ids, rid)
         req.input_ids = ids
     if body.get("system") is not None:
@@ -178,7 +113,7 @@ def parse_native_request(body: dict[str, Any]) -> NativeRequest:
     for name in _INT_FIELDS:
         key, v = _pick(body, name)
         if v is not None:
-            if not _is_int(v):
+            if not is_int(v):
                 raise _bad(key, "an integer", v, rid)
             setattr(req, name, v)
     for name in _NUM_FIELDS:
@@ -197,7 +132,7 @@ def parse_native_request(body: dict[str, Any]) -> NativeRequest:
 
     eos = body.get("eos_token_ids")
     if eos is not None:
-        if not isinstance(eos, list) or not all(_is_int(i) and i >= 0 for i in eos):
+        if not isinstance(eos, list) or not all(is_int(i) and i >= 0 for i in eos):
             raise _bad("eos_token_ids", "a list of non-negative integers", eos, rid)
         req.eos_token_ids = tuple(eos)
     stops = body.get("stop_sequences")

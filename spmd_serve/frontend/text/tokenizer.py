@@ -22,9 +22,9 @@ from typing import Any
 
 import jinja2
 
-from spmd_serve.frontend import chat_template
-from spmd_serve.frontend.detokenizer import IncrementalDetokenizer
-from spmd_serve.frontend.hf_tokenizer import HFTokenizer, sentencepiece_bytes
+from spmd_serve.frontend.text import chat_template
+from spmd_serve.frontend.text.detokenizer import IncrementalDetokenizer
+from spmd_serve.frontend.text.hf_tokenizer import HFTokenizer, sentencepiece_bytes
 
 _ROLES_HINT = "each message must be an object with string 'role' and 'content'"
 

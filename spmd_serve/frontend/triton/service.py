@@ -3,7 +3,7 @@
 Owns the gRPC server on rank 0's IO loop (`GrpcService`, an IOServer service), the API-key check
 for every call but the health ones, and the servicer that carries native requests: `ModelInfer`
 answers with the whole (non-stream) result, `ModelStreamInfer` with one response per native frame.
-Each request is a `NativeSession` (the same life as on HTTP); wire shapes live in triton_codec.
+Each request is a `NativeSession` (the same life as on HTTP); wire shapes live in triton.codec.
 
 Stream semantics follow Triton's decoupled models: every response carries the parameter
 `triton_final_response` (true on a request's last one), a request refused before its first frame
@@ -24,12 +24,12 @@ from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc
 
 from spmd_serve.engine.client import EngineClient
-from spmd_serve.frontend import native_protocol as proto
-from spmd_serve.frontend import triton_codec as codec
-from spmd_serve.frontend.health import DEFAULT_LIVE_THRESHOLD_S, is_live, is_ready
-from spmd_serve.frontend.http_base import bearer_ok
-from spmd_serve.frontend.native_protocol import Limits, ProtocolError
-from spmd_serve.frontend.native_session import NativeSession
+from spmd_serve.frontend.common.http_base import bearer_ok
+from spmd_serve.frontend.common.liveness import DEFAULT_LIVE_THRESHOLD_S, is_live, is_ready
+from spmd_serve.frontend.common.parsing import Limits, ProtocolError
+from spmd_serve.frontend.native import protocol as proto
+from spmd_serve.frontend.native.session import NativeSession
+from spmd_serve.frontend.triton import codec
 
 log = logging.getLogger(__name__)
 

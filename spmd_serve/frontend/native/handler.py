@@ -1,8 +1,10 @@
-"""Tornado handler for the native API (CONTRACT.md §3): `POST /v1/chat/completions` without "model".
+"""Tornado handlers for the native API (CONTRACT.md §3): `POST /v1/chat/completions` without "model",
+and the native-shaped 404 every app of the IO server answers for an unknown path.
 
-Reads the body (http_base), hands bodies with "model" to the OpenAI chat route, checks the API
-key, and relays a `NativeSession` (parse, submit, stop strings, deadline) as NDJSON frames
-flushed one by one, or as one JSON object.  A client that goes away cancels its session.
+`NativeChatHandler` reads the body (common.http_base), hands bodies with "model" to the OpenAI
+chat delegate it was given (the server wires it; this package never imports the OpenAI one),
+checks the API key, and relays a `NativeSession` (parse, submit, stop strings, deadline) as NDJSON
+frames flushed one by one, or as one JSON object.  A client that goes away cancels its session.
 """
 from __future__ import annotations
 
@@ -13,10 +15,10 @@ from typing import Any, Awaitable, Callable
 from tornado.web import RequestHandler
 
 from spmd_serve.engine.client import EngineClient
-from spmd_serve.frontend import native_protocol as proto
-from spmd_serve.frontend.http_base import AUTH_HINT, JsonBodyHandler
-from spmd_serve.frontend.native_protocol import Limits, ProtocolError
-from spmd_serve.frontend.native_session import NativeSession
+from spmd_serve.frontend.common.http_base import AUTH_HINT, JsonBodyHandler, reason_phrase
+from spmd_serve.frontend.common.parsing import Limits, ProtocolError
+from spmd_serve.frontend.native import protocol as proto
+from spmd_serve.frontend.native.session import NativeSession
 
 log = logging.getLogger(__name__)
 
@@ -26,18 +28,21 @@ NDJSON = "application/x-ndjson; charset=utf-8"
 
 
 def send_native_error(handler: RequestHandler, status: int, msg: str, req_id: str) -> None:
+    """Finish `handler`'s response with `status` and the native error body."""
     handler.set_status(status)
     handler.set_header("Content-Type", "application/json; charset=utf-8")
     handler.finish(json.dumps(proto.error_body(req_id, status, msg), ensure_ascii=False))
 
 
 class NotFoundHandler(RequestHandler):
+    """The default handler of every IO-server app: 404 with the native error body."""
+
     def prepare(self) -> None:
         send_native_error(self, 404, f"no such endpoint: {self.request.method} "
                                      f"{self.request.path}", "")
 
     def write_error(self, status_code: int, **kwargs: Any) -> None:
-        send_native_error(self, status_code, self._reason, "")
+        send_native_error(self, status_code, reason_phrase(status_code, kwargs), "")
 
 
 class NativeChatHandler(JsonBodyHandler):
@@ -78,7 +83,7 @@ class NativeChatHandler(JsonBodyHandler):
             self.send_error_body(e.status, e.msg)
         except Exception:   # a bug must still end the request cleanly, not hang the client
             log.exception("native request %s failed", session.req_id)
-            if not (self.gone or self._finished or self.started):
+            if not (self.gone or self.finished or self.started):
                 self.send_error_body(500, "internal server error")
         finally:
             session.close()

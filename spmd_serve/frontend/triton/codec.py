@@ -17,7 +17,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 from tritonclient.grpc import service_pb2 as pb
 
 from spmd_serve import __version__
-from spmd_serve.frontend.native_protocol import ProtocolError
+from spmd_serve.frontend.common.parsing import ProtocolError, reject_json_constant
 
 MODEL_NAME, MODEL_VERSION = "model", "1"
 IN, OUT = "IN", "OUT"
@@ -66,11 +66,6 @@ def pack_bytes_tensor(items: list[bytes]) -> bytes:
     return b"".join(struct.pack("<I", len(b)) + b for b in items)
 
 
-def _no_constants(name: str) -> Any:
-    # Python's json accepts NaN/Infinity; JSON does not (same rule as the HTTP body).
-    raise ValueError(f"{name} is not valid JSON")
-
-
 def read_in(request: pb.ModelInferRequest) -> dict[str, Any]:
     """The native request object carried by input IN: a JSON list of one object, or the object."""
     names = [t.name for t in request.inputs]
@@ -91,7 +86,8 @@ def read_in(request: pb.ModelInferRequest) -> dict[str, Any]:
         raise ProtocolError(400, f"input IN must hold exactly one element (shape [1]), "
                                  f"got {len(items)}")
     try:
-        value = json.loads(items[0].decode("utf-8"), parse_constant=_no_constants)
+        # NaN/Infinity are refused as on the HTTP body
+        value = json.loads(items[0].decode("utf-8"), parse_constant=reject_json_constant)
     except (UnicodeDecodeError, ValueError) as e:
         raise ProtocolError(400, f"input IN is not valid JSON: {e}") from None
     if isinstance(value, list) and len(value) == 1:

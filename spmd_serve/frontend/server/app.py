@@ -3,8 +3,8 @@ them on a fresh asyncio loop in a thread of its own.
 
 The engine thread owns MPI; this thread owns every socket.  They meet only in the EngineClient,
 whose outputs arrive here through `loop.call_soon_threadsafe` once `attach_loop` has been called.
-Nothing here imports the configuration module: `IOSettings.from_config` copies the fields it
-needs from any object (ServeConfig) by name.
+This is where the protocols are wired together (the native handler's OpenAI chat delegate); the
+settings are `server.settings.IOSettings`.
 """
 from __future__ import annotations
 
@@ -12,7 +12,6 @@ import asyncio
 import dataclasses
 import logging
 import threading
-from dataclasses import dataclass
 from typing import Any, Protocol
 
 from tornado.httpserver import HTTPServer
@@ -20,40 +19,13 @@ from tornado.netutil import bind_sockets
 from tornado.web import Application
 
 from spmd_serve.engine.client import EngineClient
-from spmd_serve.frontend.health import DEFAULT_LIVE_THRESHOLD_S, health_routes
-from spmd_serve.frontend.native_api import NativeChatHandler, NotFoundHandler
-from spmd_serve.frontend.openai_api import OpenAIServing, openai_routes
-from spmd_serve.frontend.openapi import openapi_route
-from spmd_serve.frontend.native_protocol import Limits
+from spmd_serve.frontend.native.handler import NativeChatHandler, NotFoundHandler
+from spmd_serve.frontend.openai.handlers import OpenAIServing, openai_routes
+from spmd_serve.frontend.server.health import health_routes
+from spmd_serve.frontend.server.openapi import openapi_route
+from spmd_serve.frontend.server.settings import IOSettings
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class IOSettings:
-    host: str = "0.0.0.0"
-    http_port: int = 9965              # SERVICE_HTTP_PORT; -1 disables the service app
-    health_port: int = 8110            # HEALTH_HTTP_PORT; -1 disables the health app
-    max_seq_len: int = 8192
-    max_dec_len: int = 1024
-    model_max_len: int | None = None   # the model's context length; None: max_seq_len + max_dec_len
-    disable_streaming: bool = False
-    api_key: str | None = None
-    max_body_size: int = 8 << 20       # bytes; larger bodies get 413
-    live_threshold_s: float = DEFAULT_LIVE_THRESHOLD_S
-    model_names: tuple[str, ...] = ("default",)   # OpenAI `model` values served (first: its name)
-
-    @classmethod
-    def from_config(cls, cfg: Any, **overrides: Any) -> "IOSettings":
-        """Take every field of ours that `cfg` has an attribute for; overrides win."""
-        names = {f.name for f in dataclasses.fields(cls)}
-        values = {n: getattr(cfg, n) for n in names if hasattr(cfg, n)}
-        return cls(**{**values, **overrides})
-
-    @property
-    def limits(self) -> Limits:
-        model_max = self.model_max_len or self.max_seq_len + self.max_dec_len
-        return Limits(self.max_seq_len, self.max_dec_len, model_max)
 
 
 def make_service_app(client: EngineClient, tokenizer: Any, settings: IOSettings, *,

@@ -16,8 +16,8 @@ from typing import Any, AsyncIterator
 
 from spmd_serve.engine.client import (DuplicateRequestError, EngineClient, NotReadyError,
                                       QueueFullError, RequestOutput)
-from spmd_serve.frontend.native_protocol import ProtocolError
-from spmd_serve.frontend.output_assembler import OutputAssembler
+from spmd_serve.frontend.common.parsing import ProtocolError
+from spmd_serve.frontend.text.output_assembler import OutputAssembler
 from spmd_serve.sampling_params import SamplingParams
 
 _SUBMIT_ERRORS = ((NotReadyError, 503), (DuplicateRequestError, 409), (QueueFullError, 429))

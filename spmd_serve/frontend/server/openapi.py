@@ -4,23 +4,21 @@ This module owns that document and the handler that serves it.  It describes eve
 `make_service_app`: the native API and OpenAI chat sharing `POST /v1/chat/completions` (told
 apart by the presence of "model"), `/v1/completions`, the legacy doubled paths, the model lists,
 the health aliases and this document itself.  Ranges, enums and required fields are the ones the
-parsers (native_protocol, openai_protocol) enforce; limits come from this server's settings, so
+parsers (native.protocol, openai.protocol) enforce; limits come from this server's settings, so
 the document describes the running server, not a generic one.  Rules a JSON Schema cannot state
 (prompt length in tokens, min <= max, vocabulary size) are in descriptions and end in a 400.
 """
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from tornado.web import RequestHandler
 
 from spmd_serve import __version__
-from spmd_serve.frontend.openai_protocol import MAX_N, UNSUPPORTED
+from spmd_serve.frontend.openai.protocol import MAX_N, UNSUPPORTED
+from spmd_serve.frontend.server.settings import IOSettings
 from spmd_serve.sampling_params import MAX_LOGPROBS
-
-if TYPE_CHECKING:
-    from spmd_serve.frontend.app import IOSettings
 
 Schema = dict[str, Any]
 JSON, NDJSON, SSE = "application/json", "application/x-ndjson", "text/event-stream"
@@ -61,7 +59,7 @@ STRINGS = {"anyOf": [STR, _list(STR)]}     # stop strings: one or a list
 FINISH = {"enum": ["stop", "length"]}
 
 
-def _schemas(s: "IOSettings") -> dict[str, Schema]:
+def _schemas(s: IOSettings) -> dict[str, Schema]:
     lim, dec = s.limits, s.limits.max_dec_len
     max_input = min(lim.max_seq_len, lim.model_max_len - 1)   # both limits apply to input_ids
     tokens = _opt(_int(1, dec, description=f"at most MAX_DEC_LEN ({dec}); prompt + completion "
@@ -190,14 +188,14 @@ _WHY = {400: "invalid field (named in the message), too long, or body not a JSON
         504: "the request's deadline passed before it finished"}
 
 
-def _errors(codes: tuple[int, ...], schema: Schema, s: "IOSettings") -> dict[str, Any]:
+def _errors(codes: tuple[int, ...], schema: Schema, s: IOSettings) -> dict[str, Any]:
     why = {**_WHY, 413: f"request body larger than {s.max_body_size} bytes"}
     return {str(c): {"description": why[c], "content": {JSON: {"schema": schema}}}
             for c in codes if c != 401 or s.api_key}   # 401 only where a key is asked for
 
 
 def _post(summary: str, request: Schema, ok: dict[str, Schema], codes: tuple[int, ...],
-          error: Schema, s: "IOSettings") -> dict[str, Any]:
+          error: Schema, s: IOSettings) -> dict[str, Any]:
     streamed = " or ".join(mt for mt in ok if mt != JSON)
     op: dict[str, Any] = {
         "summary": summary,
@@ -212,9 +210,9 @@ def _post(summary: str, request: Schema, ok: dict[str, Schema], codes: tuple[int
     return op
 
 
-def _get(summary: str, ok: Schema, errors: dict[str, Any], s: "IOSettings",
+def _get(summary: str, ok: Schema, errors: dict[str, Any], s: IOSettings,
          auth: bool = False) -> dict[str, Any]:
-    op = {"summary": summary, "responses": {"200": {"description": "OK", "content": {
+    op: dict[str, Any] = {"summary": summary, "responses": {"200": {"description": "OK", "content": {
         JSON: {"schema": ok}}}, **errors}}
     if auth and s.api_key:
         op["security"] = [{"bearer": []}]
@@ -225,7 +223,7 @@ def _sse(chunk: str) -> Schema:
     return {"anyOf": [_ref(chunk), _ref("OpenAIError")]}
 
 
-def openapi_document(s: "IOSettings") -> dict[str, Any]:
+def openapi_document(s: IOSettings) -> dict[str, Any]:
     """The service port's API as an OpenAPI 3.1 document (plain data, ready for json.dumps)."""
     either = {"anyOf": [_ref("NativeError"), _ref("OpenAIError")]}
     gen_codes = (400, 401, 404, 413, 429, 500, 503, 504)
@@ -280,5 +278,5 @@ class OpenAPIHandler(RequestHandler):
         self.finish(self.body)
 
 
-def openapi_route(settings: "IOSettings") -> tuple[str, type, dict[str, Any]]:
+def openapi_route(settings: IOSettings) -> tuple[str, type, dict[str, Any]]:
     return (r"/openapi.json", OpenAPIHandler, {"body": json.dumps(openapi_document(settings))})

@@ -8,9 +8,9 @@ a default, and every refusal is an `OpenAIError` naming the parameter, which the
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
-from spmd_serve.frontend.native_protocol import Limits, ProtocolError, finite_number
+from spmd_serve.frontend.common.parsing import Limits, ProtocolError, finite_number, is_int
 from spmd_serve.sampling_params import MAX_LOGPROBS, SamplingParams
 
 MAX_N = 16                      # choices per request
@@ -52,8 +52,10 @@ class OpenAIRequest:
     logprobs: int | None = None          # None: none; k: the chosen token's and the top k
 
 
-def _is_int(v: Any) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
+# One test per kind, only the one asked for runs: float tests on a huge int would overflow.
+_KIND_OK: dict[str, Callable[[Any], bool]] = {
+    "int": is_int, "bool": lambda x: isinstance(x, bool), "str": lambda x: isinstance(x, str),
+    "num": lambda x: finite_number(x) is not None}
 
 
 def _get(body: dict[str, Any], key: str, kind: str, default: Any,
@@ -62,10 +64,7 @@ def _get(body: dict[str, Any], key: str, kind: str, default: Any,
     v = body.get(key)
     if v is None:
         return default
-    # one test per kind, evaluated lazily: float tests on a huge int would overflow
-    ok = {"int": _is_int, "bool": lambda x: isinstance(x, bool),
-          "str": lambda x: isinstance(x, str),
-          "num": lambda x: finite_number(x) is not None}[kind](v)
+    ok = _KIND_OK[kind](v)
     if ok and kind in ("int", "num"):
         ok = (lo is None or v >= lo) and (hi is None or v <= hi)
     if not ok:
@@ -104,7 +103,7 @@ def _completion_prompts(body: dict[str, Any], tokenizer: Any) -> tuple[list[list
                            "a list of lists of token ids", "prompt")
     if isinstance(p, str):
         p = [p]
-    elif isinstance(p, list) and p and all(_is_int(t) for t in p):
+    elif isinstance(p, list) and p and all(is_int(t) for t in p):
         p = [p]
     if not isinstance(p, list) or not p:
         raise bad
@@ -114,7 +113,7 @@ def _completion_prompts(body: dict[str, Any], tokenizer: Any) -> tuple[list[list
         if isinstance(item, str):
             ids_list.append(bos + tokenizer.encode(item))   # raw text: no chat template
             texts.append(item)
-        elif isinstance(item, list) and item and all(_is_int(t) and t >= 0 for t in item):
+        elif isinstance(item, list) and item and all(is_int(t) and t >= 0 for t in item):
             _check_vocab([item], tokenizer)     # before decode(), which fails on such an id
             ids_list.append(list(item))
             texts.append(tokenizer.decode(item))
@@ -170,8 +169,9 @@ def _max_tokens(body: dict[str, Any], kind: str, prompt_len: int, limits: Limits
 
 def _logprobs(body: dict[str, Any], kind: str) -> int | None:
     if kind == "completion":
-        return _get(body, "logprobs", "int", None, 0, MAX_LOGPROBS)
-    top = _get(body, "top_logprobs", "int", None, 0, MAX_LOGPROBS)
+        k: int | None = _get(body, "logprobs", "int", None, 0, MAX_LOGPROBS)
+        return k
+    top: int | None = _get(body, "top_logprobs", "int", None, 0, MAX_LOGPROBS)
     if not _get(body, "logprobs", "bool", False):
         if top is not None:
             raise OpenAIError(400, "top_logprobs requires logprobs to be true", "top_logprobs")

@@ -16,8 +16,8 @@ from prometheus_client.exposition import choose_encoder
 from tornado.httpserver import HTTPServer
 from tornado.web import Application, RequestHandler
 
-from spmd_serve.frontend.app import listen_http
-from spmd_serve.frontend.native_api import NotFoundHandler
+from spmd_serve.frontend.native.handler import NotFoundHandler
+from spmd_serve.frontend.server.app import listen_http
 
 log = logging.getLogger(__name__)
 

@@ -2,7 +2,7 @@
 `/v1/chat/completions` (bodies with "model", handed over by the native handler), the two legacy
 doubled paths, and `GET /v1/models`.
 
-`OpenAIServing.handle` owns one request: check the key, parse (openai_protocol), start one
+`OpenAIServing.handle` owns one request: check the key, parse (openai.protocol), start one
 `Generation` per choice (n per prompt; a seeded request gives choice i the seed + i), merge their
 deltas as they come, and answer with one object or an SSE stream (`data: {...}`, then
 `data: [DONE]`).  Every refusal that can be known before the first byte is an HTTP status with
@@ -21,11 +21,11 @@ from typing import Any, AsyncIterator
 from tornado.web import RequestHandler
 
 from spmd_serve.engine.client import EngineClient
-from spmd_serve.frontend.generation import Delta, Generation, GenerationError
-from spmd_serve.frontend.http_base import AUTH_HINT, JsonBodyHandler, bearer_ok
-from spmd_serve.frontend.native_protocol import Limits, ProtocolError
-from spmd_serve.frontend.openai_format import ChoiceState, Formatter, model_list
-from spmd_serve.frontend.openai_protocol import OpenAIRequest, error_body, parse_openai
+from spmd_serve.frontend.common.generation import Delta, Generation, GenerationError
+from spmd_serve.frontend.common.http_base import AUTH_HINT, JsonBodyHandler, bearer_ok, reason_phrase
+from spmd_serve.frontend.common.parsing import Limits, ProtocolError
+from spmd_serve.frontend.openai.format import ChoiceState, Formatter, model_list
+from spmd_serve.frontend.openai.protocol import OpenAIRequest, error_body, parse_openai
 
 log = logging.getLogger(__name__)
 SSE = "text/event-stream; charset=utf-8"
@@ -103,7 +103,12 @@ class OpenAIServing:
             for g in gens:
                 g.close()
             return send_openai_error(h, e.status, e.msg)
-        h.on_gone.append(lambda: [g.cancel() for g in gens])
+
+        def cancel_all() -> None:
+            for g in gens:
+                g.cancel()
+
+        h.on_gone.append(cancel_all)
         fmt = Formatter(req, resp_id, self.tokenizer, self.model_names[0])
         states = [ChoiceState(i) for i in range(len(gens))]
         try:
@@ -113,7 +118,7 @@ class OpenAIServing:
                 await self._whole(h, fmt, gens, states)
         except Exception:   # a bug must still end the request cleanly, not hang the client
             log.exception("OpenAI request %s failed", resp_id)
-            if not (h.gone or h._finished or h.started):
+            if not (h.gone or h.finished or h.started):
                 send_openai_error(h, 500, "internal server error")
         finally:
             for g in gens:
@@ -202,7 +207,7 @@ class ModelsHandler(RequestHandler):
         self.write(model_list(self.serving.model_names, self.serving.limits.model_max_len))
 
     def write_error(self, status_code: int, **kwargs: Any) -> None:
-        send_openai_error(self, status_code, self._reason)
+        send_openai_error(self, status_code, reason_phrase(status_code, kwargs))
 
 
 def openai_routes(serving: OpenAIServing, max_body_size: int) -> list[tuple]:

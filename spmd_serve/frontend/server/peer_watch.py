@@ -22,7 +22,7 @@ POLL_S = 0.1   # a few /proc reads: ~0.1 % of a core
 
 
 class PeerWatch:
-    """An IOService (see frontend/app.py): started and stopped with the IO loop."""
+    """An IOService (see frontend/server/app.py): started and stopped with the IO loop."""
 
     def __init__(self, client: EngineClient, poll_s: float = POLL_S) -> None:
         self.client, self.poll_s = client, poll_s

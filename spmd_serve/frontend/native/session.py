@@ -14,12 +14,15 @@ import time
 from typing import Any, AsyncIterator
 
 from spmd_serve.engine.client import EngineClient
-from spmd_serve.frontend import native_protocol as proto
-from spmd_serve.frontend.generation import Generation, GenerationError
-from spmd_serve.frontend.native_protocol import Limits, NativeRequest, ProtocolError
+from spmd_serve.frontend.common.generation import Generation, GenerationError
+from spmd_serve.frontend.common.parsing import Limits, ProtocolError
+from spmd_serve.frontend.native import protocol as proto
+from spmd_serve.frontend.native.protocol import NativeRequest
 
 
 class NativeSession:
+    """One native request: `open(body)` once, then read `results()` once; `close()` on every path."""
+
     def __init__(self, client: EngineClient, tokenizer: Any, limits: Limits,
                  disable_streaming: bool = False) -> None:
         self.client, self.tokenizer, self.limits = client, tokenizer, limits
@@ -54,6 +57,7 @@ class NativeSession:
             self._gen.cancel()
 
     def close(self) -> None:
+        """Always last: the engine has nothing left to compute for the request."""
         if self._gen is not None:
             self._gen.close()
 
