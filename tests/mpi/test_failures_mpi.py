@@ -3,15 +3,13 @@ clear line (no traceback, no hang); an exception on one rank ends the whole job;
 from __future__ import annotations
 
 import shutil
-import socket
-import subprocess
 import time
 
 import psutil
 import pytest
 
 from tests.support.failing_jobs import error_lines, run_job, run_with_busy_port
-from tests.support.server_process import VENV_BIN, ServerProcess, mpi_env, mpirun
+from tests.support.server_process import ServerProcess
 
 pytestmark = pytest.mark.mpi
 

@@ -14,7 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import requests
 
-from tests.support.server_process import ServerProcess, rank_pid
+from tests.support.server_process import ServerProcess, greedy_ids, rank_pid
 
 pytestmark = pytest.mark.mpi
 
