@@ -1,5 +1,5 @@
 # The two set-up commands of README.md.  Both install into ./.venv first (idempotent).
-.PHONY: serve test install install-test
+.PHONY: serve test lint install install-test
 
 install:
 	bash launch/install.sh
@@ -10,5 +10,8 @@ install-test:
 serve: install
 	bash launch/serve_demo.sh
 
-test: install-test
+lint: install-test
+	bash launch/lint.sh
+
+test: lint
 	bash launch/run_tests.sh

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import sys
 from dataclasses import dataclass
-from typing import Callable
+from typing import Any, Callable
 
 import numpy as np
 
@@ -44,7 +44,7 @@ class Buffers:
         return runtime.DeviceArray(ptr, host.shape, host.dtype)
 
     def empty(self, shape: tuple[int, ...], dtype: type) -> runtime.DeviceArray:
-        dt = np.dtype(dtype)
+        dt: np.dtype[Any] = np.dtype(dtype)
         ptr = runtime.device_alloc(int(np.prod(shape)) * dt.itemsize)
         self.ptrs.append(ptr)
         return runtime.DeviceArray(ptr, tuple(shape), dt)
@@ -56,7 +56,7 @@ class Buffers:
         self.ptrs.clear()
 
 
-def time_per_call(fn: Callable[[], None], iters: int = 20, warmup: int = 3) -> float:
+def time_per_call(fn: Callable[[], object], iters: int = 20, warmup: int = 3) -> float:
     """Mean seconds per call, from CUDA events around `iters` back-to-back calls on stream 0."""
     drv, chk = runtime.driver, runtime._check
     for _ in range(warmup):
@@ -112,7 +112,7 @@ def bench_paged_attention(batch: int, context: int, q_heads: int = 32, kv_heads:
     if kv_int8:  # random bytes are as good as real data for timing
         kc = bufs.upload(rng.integers(-127, 128, pool_shape, dtype=np.int8))
         vc = bufs.upload(rng.integers(-127, 128, pool_shape, dtype=np.int8))
-        scales = [bufs.upload(np.full(kv_heads, 0.01, np.float32)) for _ in range(2)]
+        scales: list[runtime.DeviceArray | None] = [bufs.upload(np.full(kv_heads, 0.01, np.float32)) for _ in range(2)]
     else:
         kc = bufs.upload((rng.standard_normal(pool_shape, dtype=np.float32) * 0.5).astype(np.float16))
         vc = bufs.upload(rng.standard_normal(pool_shape, dtype=np.float32).astype(np.float16))
@@ -138,12 +138,13 @@ def bench_sample(batch: int, vocab: int, label: str, **over: float) -> Result:
             "top_k": np.int32(over.get("top_k", 0)), "rep_penalty": np.float32(1), "freq_penalty": np.float32(0),
             "pres_penalty": np.float32(0), "seeds": np.uint64(1), "counters": np.int64(0),
             "min_tokens": np.int32(0), "num_generated": np.int32(0)}
-    args = {k: bufs.upload(np.full(batch, v)) for k, v in rows.items()}
+    args: dict[str, Any] = {k: bufs.upload(np.full(batch, v)) for k, v in rows.items()}
     args["counters"] = bufs.upload(np.arange(batch, dtype=np.int64))
     args["eos_ids"] = bufs.upload(np.full((batch, 1), -1, np.int32))
     args["gen_token_ids"] = bufs.upload(np.full((batch, 0), -1, np.int32))
     logits = bufs.upload((rng.standard_normal((batch, vocab), dtype=np.float32) * 2))
-    outs = dict(out_tokens=bufs.empty((batch,), np.int32), out_logprobs=bufs.empty((batch,), np.float32))
+    outs: dict[str, Any] = dict(out_tokens=bufs.empty((batch,), np.int32),
+                                out_logprobs=bufs.empty((batch,), np.float32))
     sec = time_per_call(lambda: sample_gpu(logits, **args, **outs))
     bufs.free()
     return Result(f"sample ({label})", f"B={batch} V={vocab} fp32", sec, batch * vocab * 4)

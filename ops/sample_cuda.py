@@ -184,8 +184,9 @@ def sample_gpu_staged(logits: Any, temperature: Any, top_p: Any, top_k: Any, rep
         for n, a in host.items():
             if a.nbytes:
                 chk(drv.cuMemcpyHtoDAsync(dev[n].ptr, a.ctypes.data, a.nbytes, raw), "cuMemcpyHtoDAsync")
-        sample_gpu(logits, *(dev[n] for n, _ in PARAM_DTYPES), num_logprobs,
-                   **{n: dev[n] for n in outs}, stream=stream)
+        params: dict[str, Any] = {n: dev[n] for n, _ in PARAM_DTYPES}
+        outputs: dict[str, Any] = {n: dev[n] for n in outs}
+        sample_gpu(logits, **params, num_logprobs=num_logprobs, **outputs, stream=stream)
         for n, a in outs.items():
             if a.nbytes:
                 chk(drv.cuMemcpyDtoHAsync(a.ctypes.data, dev[n].ptr, a.nbytes, raw), "cuMemcpyDtoHAsync")

@@ -17,7 +17,8 @@ import numpy as np
 
 class Tokenizer(Protocol):
     """What this module needs of a tokenizer (ServingTokenizer, or the tests' fake)."""
-    vocab_size: int
+    @property
+    def vocab_size(self) -> int: ...
 
     def decode(self, ids: list[int]) -> str: ...
 
@@ -63,4 +64,5 @@ def load_tokenizer(model_dir: str) -> Tokenizer:
     """The served model's tokenizer, as the server loads it."""
     from spmd_serve.frontend.text.tokenizer import ServingTokenizer
 
-    return ServingTokenizer.from_model_dir(model_dir)
+    tokenizer: Tokenizer = ServingTokenizer.from_model_dir(model_dir)   # vocab_size is a property there
+    return tokenizer

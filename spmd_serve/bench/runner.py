@@ -159,7 +159,7 @@ async def sweep(target: Target, prompts: list[Prompt], concurrencies: list[int],
         before = await scrape_step_phases(metrics_url) if metrics_url else None
         results, duration = await run_once(target, prompts, c, request_rate, seed, progress, fn)
         run = RunResult(c, request_rate, calculate_metrics(results, duration), results)
-        if metrics_url:
+        if metrics_url and before is not None:
             run.server_phases = phase_split(before, await scrape_step_phases(metrics_url))
         runs.append(run)
     return runs

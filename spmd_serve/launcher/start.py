@@ -135,6 +135,7 @@ def wait_ready(proc: subprocess.Popen, url: str, timeout: float) -> str | None:
     every ten, on stderr."""
     print(f"start_server: waiting for {url} ", end="", file=sys.stderr, flush=True)
     t0, shown = time.monotonic(), 0
+    reason: str | None
     while True:
         rc = proc.poll()
         if rc is not None:

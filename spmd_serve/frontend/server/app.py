@@ -180,7 +180,7 @@ class IOServer:
         except asyncio.TimeoutError:
             log.warning("open connections did not close within %g s", grace)
         # Outputs published from now on must not target a loop that is about to close.
-        self.client.attach_loop(None)  # type: ignore[arg-type]
+        self.client.attach_loop(None)
         tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
         for t in tasks:
             t.cancel()

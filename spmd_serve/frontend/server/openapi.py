@@ -71,7 +71,7 @@ def _schemas(s: IOSettings) -> dict[str, Schema]:
         "role": {"enum": ["system", "user", "assistant"]},
         "content": {"anyOf": [STR, _list(_obj(["type", "text"], {"type": {"const": "text"},
                                                                  "text": STR}))]}})
-    native = {
+    native: dict[str, Any] = {
         "req_id": _opt({"type": ["string", "integer"], "minLength": 1,
                         "description": "default: a fresh uuid; an id in flight -> 409"}),
         "text": _opt(STR), "messages": _opt(_list(message, minItems=1)),

@@ -231,7 +231,7 @@ class ServingTokenizer:
         if self._template is not None:
             msgs = messages if messages is not None else [{"role": "user", "content": text}]
             return self.encode(self.render_chat(msgs, system=system))
-        if messages is not None:
+        if messages is not None or text is None:
             raise ValueError("this model has no chat template; send 'text' instead of 'messages'")
         if system is not None:
             if not isinstance(system, str):
