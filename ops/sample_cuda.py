@@ -4,7 +4,7 @@ after the dtype prelude, Philox and the twin's float32 constants as #defines), i
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -184,9 +184,8 @@ def sample_gpu_staged(logits: Any, temperature: Any, top_p: Any, top_k: Any, rep
         for n, a in host.items():
             if a.nbytes:
                 chk(drv.cuMemcpyHtoDAsync(dev[n].ptr, a.ctypes.data, a.nbytes, raw), "cuMemcpyHtoDAsync")
-        params: dict[str, Any] = {n: dev[n] for n, _ in PARAM_DTYPES}
-        outputs: dict[str, Any] = {n: dev[n] for n in outs}
-        sample_gpu(logits, **params, num_logprobs=num_logprobs, **outputs, stream=stream)
+        kernel: Callable[..., Any] = sample_gpu   # looked up per call (tests substitute it)
+        kernel(logits, *(dev[n] for n, _ in PARAM_DTYPES), num_logprobs, **{n: dev[n] for n in outs}, stream=stream)
         for n, a in outs.items():
             if a.nbytes:
                 chk(drv.cuMemcpyDtoHAsync(a.ctypes.data, dev[n].ptr, a.nbytes, raw), "cuMemcpyDtoHAsync")
