@@ -116,7 +116,7 @@ class Engine:
         with st.phase("update"):
             done = self._update(out, sampled)
         st.end_step(out.num_tokens, len(sampled.tokens))
-        return done
+        return self._publish(done, sampled)   # last: a client holding its answer sees this step counted
 
     def _schedule(self) -> SchedulerOutput | None:
         """This step's scheduler decision; None when nothing can run."""
@@ -150,10 +150,14 @@ class Engine:
             self.client.busy_since = None
 
     def _update(self, out: SchedulerOutput, sampled: SampledStep) -> list[Request]:
-        """Append the sampled tokens, apply the stop rules, stream one output per request."""
+        """Append the sampled tokens and apply the stop rules (metrics recorded)."""
         done = self.scheduler.update(out, sampled.token_by_request())
-        self.client.publish([RequestOutput.step(r, sampled.logprobs.get(r.req_id)) for r in done])
         self.metrics.on_update(done)
+        return done
+
+    def _publish(self, done: list[Request], sampled: SampledStep) -> list[Request]:
+        """Stream one output per request that got a token (waits for the IO side's hand-off)."""
+        self.client.publish([RequestOutput.step(r, sampled.logprobs.get(r.req_id)) for r in done])
         return done
 
     def _report_no_progress(self) -> None:

@@ -2,11 +2,13 @@
 
 Phases of one step (DESIGN §2), each timed by rank 0's engine thread with `with stats.phase(p):`
 (timing.py's `PhaseTimer`): `schedule`, `broadcast` (building the StepPlan and sending it),
-`execute`, `sample`, `update`.  `execute` is
-split further by the ModelRunner into its own `PhaseTimer` (every graph segment, the allreduce /
-logits gather collectives, the KV-cache writes); `execute_other` is what is left of `execute` (feed building,
-the grid split).  `io_handoff` is measured on the IO thread: from `EngineClient.publish` to the
-event loop delivering that batch — it grows when the GIL or the loop is the bottleneck.
+`execute`, `sample`, `update` (the scheduler's update and the metrics).  `execute` is split further
+by the ModelRunner into its own `PhaseTimer` (every graph segment, the allreduce / logits gather
+collectives, the KV-cache writes); `execute_other` is what is left of `execute` (feed building, the
+grid split).  A step ends once its metrics are recorded; only then are its outputs published, so a
+client that holds its answer also finds the step in /metrics.  `io_handoff` is measured on the IO
+thread: from `EngineClient.publish` to the event loop delivering that batch — it grows when the GIL
+or the loop is the bottleneck.
 
 The sums are plain floats (a phase costs ~0.3 µs); Prometheus reads them at scrape time through
 `EngineMetrics.watch_steps`, and the optional log line (SPMD_LOG_STEP_EVERY=N) prints the
