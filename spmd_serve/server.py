@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import dataclasses
 import faulthandler
-import json
 import logging
 import os
 import signal
@@ -80,11 +79,11 @@ def _start_frontend(cfg, model_config: dict) -> Frontend:
 def _load(cfg, comm):
     """Checks, rank 0's front end, shard load; returns (cfg clamped to the model, runner,
     front end or None)."""
-    from spmd_serve.config import ConfigError, check_model_dir, clamp_to_model
     from spmd_serve.dist.comm import node_local_first
     from spmd_serve.export import ensure_demo_model
+    from spmd_serve.model_dir import check_model_dir, clamp_to_model
     from spmd_serve.worker.capacity import check_kv_fits, check_served_model, check_supported
-    from spmd_serve.worker.model_runner import ModelRunner
+    from spmd_serve.worker.model_runner import ModelRunner, read_rank_manifest
 
     if cfg.model_dir is None:   # CONTRACT §2: the built-in demo model, made on first use
         demo = node_local_first(comm, lambda: str(ensure_demo_model("tiny", tp=cfg.mp_num)))
@@ -93,13 +92,8 @@ def _load(cfg, comm):
     model_config = check_model_dir(cfg, comm.size)
     check_served_model(model_config)
     cfg = clamp_to_model(cfg, model_config)
-    manifest_path = Path(cfg.model_dir) / f"rank_{comm.rank}" / "manifest.json"
-    try:
-        manifest = json.loads(manifest_path.read_text())
-    except (OSError, ValueError) as e:
-        raise ConfigError(f"{manifest_path} is missing or unreadable ({e.__class__.__name__}): "
-                          f"re-export the model with `spmd_serve export`") from None
-    check_kv_fits(cfg, manifest["dims"], comm.ranks_on_node())
+    manifest = read_rank_manifest(Path(cfg.model_dir) / f"rank_{comm.rank}", cfg.use_cache_kv_int8)
+    check_kv_fits(cfg, manifest.kv_cache, comm.ranks_on_node())
     frontend = _start_frontend(cfg, model_config) if comm.rank == 0 else None
     runner = ModelRunner(cfg.model_dir, comm.rank, comm, cfg.num_blocks(), cfg.block_size, cfg.num_threads,
                          kv_int8=cfg.use_cache_kv_int8, onednn=cfg.onednn_min_tokens,
