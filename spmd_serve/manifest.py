@@ -17,9 +17,10 @@ import json
 import math
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 import numpy as np
+import numpy.typing as npt
 
 MANIFEST_VERSION = 2        # 2: typed manifest with the KV layout (`kv_cache`); 1 had none
 MANIFEST_FILE = "manifest.json"
@@ -100,12 +101,12 @@ class KVLayout:
     def new_outputs(self, layer: int) -> list[str]:
         return [f"{t.name}_new_{layer}" for t in self.tensors]
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         return {"kind": self.kind, "num_layers": self.num_layers, "scale_shape": list(self.scale_shape),
                 "tensors": [{"name": t.name, "token_shape": list(t.token_shape)} for t in self.tensors]}
 
     @classmethod
-    def from_json(cls, obj: Mapping) -> "KVLayout":
+    def from_json(cls, obj: Mapping[str, Any]) -> "KVLayout":
         return cls(obj["kind"], int(obj["num_layers"]),
                    tuple(CacheTensor(t["name"], tuple(t["token_shape"])) for t in obj["tensors"]),
                    tuple(obj.get("scale_shape", ())))
@@ -134,7 +135,7 @@ class SegmentSpec:
         """The last segment's `logits` are gathered over the vocab; any other's `partial` all-reduced."""
         return self.outputs[0] == "logits"
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {"name": self.name, "inputs": list(self.inputs), "outputs": list(self.outputs),
                                "kv_layers": list(self.kv_layers), "params": self.params}
         if self.decode is not None:
@@ -142,7 +143,7 @@ class SegmentSpec:
         return out
 
     @classmethod
-    def from_json(cls, obj: Mapping) -> "SegmentSpec":
+    def from_json(cls, obj: Mapping[str, Any]) -> "SegmentSpec":
         decode = obj.get("decode")
         return cls(obj["name"], tuple(obj["inputs"]), tuple(obj["outputs"]), tuple(obj.get("kv_layers", ())),
                    obj.get("params"), None if decode is None else cls.from_json(decode))
@@ -192,11 +193,11 @@ class Manifest:
     quant: QuantRecord | None
     inv_freq: tuple[float, ...]       # RoPE inverse frequencies, scaling applied: the runner builds the tables
     segments_kv_int8: tuple[SegmentSpec, ...] | None = None   # graphs reading an int8 pool (USE_CACHE_KV_INT8)
-    kv_scales: Mapping[str, tuple[tuple[float, ...], ...]] | None = None   # tensor → layer → KVLayout.scale_shape
+    kv_scales: Mapping[str, Sequence[Sequence[float]]] | None = None   # tensor → layer → KVLayout.scale_shape
     format: int = MANIFEST_VERSION
 
     @property
-    def inv_freq_array(self) -> np.ndarray:
+    def inv_freq_array(self) -> npt.NDArray[np.float32]:
         return np.asarray(self.inv_freq, np.float32)
 
     @property
@@ -211,7 +212,7 @@ class Manifest:
             raise ManifestError("no int8-KV graphs and scales in this export")
         return self.segments_kv_int8
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         out = {"format": self.format, "rank": self.rank, "dims": asdict(self.dims),
                "kv_cache": self.kv_cache.to_json(), "segments": [s.to_json() for s in self.segments],
                "collectives": self.collectives, "custom_ops": list(self.custom_ops), "quant": plain(self.quant),
@@ -223,7 +224,7 @@ class Manifest:
         return out
 
     @classmethod
-    def from_json(cls, obj: Mapping) -> "Manifest":
+    def from_json(cls, obj: Mapping[str, Any]) -> "Manifest":
         if obj["collectives"] not in COLLECTIVES:
             raise ManifestError(f"collectives={obj['collectives']!r} is not one of {', '.join(COLLECTIVES)}")
         int8 = obj.get("segments_kv_int8")

@@ -24,7 +24,7 @@ class ServedConfig:
     options: Mapping[str, Any] = field(default_factory=dict)
     format: int = MANIFEST_VERSION
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         core = {"format": self.format, "tp": self.tp, "dtype": self.dtype, "quant": plain(self.quant),
                 "kv_int8": self.kv_int8, "graph_ops": self.graph_ops, "source": dict(self.source)}
         return {**core, **self.options}
@@ -43,7 +43,8 @@ class ServedConfig:
                        kv_int8=bool(obj.get("kv_int8")), graph_ops=obj.get("graph_ops", "paddle"),
                        source=obj.get("source") or {}, options={k: v for k, v in obj.items() if k not in known})
         except (KeyError, TypeError, ValueError) as e:
-            raise ManifestError(f"the `spmd_serve` key is malformed ({e.__class__.__name__}: {e}); {REEXPORT}") from None
+            raise ManifestError(f"the `spmd_serve` key is malformed ({e.__class__.__name__}: {e}); "
+                                f"{REEXPORT}") from None
 
 
 DTYPES = ("float32", "float16", "bfloat16")
@@ -62,7 +63,7 @@ def check_dtype_runnable(dtype: str, compiled_with_cuda: bool | None = None) -> 
     if compiled_with_cuda is None:
         import paddle
 
-        compiled_with_cuda = paddle.is_compiled_with_cuda()
+        compiled_with_cuda = bool(paddle.is_compiled_with_cuda())  # type: ignore[attr-defined]
     if not compiled_with_cuda:
         raise ManifestError(f"{dtype} needs a GPU build of Paddle: this CPU build has no {dtype} kernels for "
                             f"{_CPU_MISSING}; use --dtype float32 on CPU")

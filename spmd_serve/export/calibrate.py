@@ -19,7 +19,7 @@ from spmd_serve.worker.step_tables import step_feeds
 KV_SCALE_MARGIN = 1.0
 
 
-def calibrate_kv_scales(family: ModelFamily, mc: ArchConfig, weights: dict[str, np.ndarray],
+def calibrate_kv_scales(family: ModelFamily[Any], mc: ArchConfig, weights: dict[str, np.ndarray],
                         quant: str | None = None, group: int | None = None, num_seqs: int = 4, seq_len: int = 64,
                         seed: int = 0) -> dict[str, np.ndarray]:
     """Run the served (TP=1, quantised as exported) model eagerly on `num_seqs` random-token prompts

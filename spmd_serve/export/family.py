@@ -11,7 +11,7 @@ Qwen2/2.5 are one family with options (export/llama/).
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import Any, Mapping, Protocol
+from typing import Any, Generic, Mapping, Protocol, TypeVar
 
 import numpy as np
 
@@ -19,35 +19,43 @@ from spmd_serve.manifest import KVLayout, QuantRecord, ShardDims
 
 
 class ArchConfig(Protocol):
-    """What the generic export reads of a family's parsed config."""
-    architecture: str
-    vocab: int
-    num_layers: int
+    """What the generic export reads of a family's parsed config (read-only: configs are frozen)."""
+    @property
+    def architecture(self) -> str: ...
+
+    @property
+    def vocab(self) -> int: ...
+
+    @property
+    def num_layers(self) -> int: ...
 
     def inv_freq(self) -> np.ndarray: ...
 
 
-class ModelFamily(ABC):
-    """One architecture family.  `architectures`: the HF `architectures` names it serves;
+C = TypeVar("C", bound=ArchConfig)
+
+
+class ModelFamily(ABC, Generic[C]):
+    """One architecture family, over its parsed config type `C`.  `architectures`: the HF `architectures` names it serves;
     `model_types`: config.json `model_type` → architecture, for configs without `architectures`."""
     name: str
     architectures: tuple[str, ...]
     model_types: Mapping[str, str]
 
     @abstractmethod
-    def parse_config(self, cfg: dict, architecture: str) -> ArchConfig:
+    def parse_config(self, cfg: dict, architecture: str) -> C:
         """config.json → the family's config; UnsupportedModel for what its stages cannot compute."""
 
     @abstractmethod
-    def to_hf_layout(self, weights: dict[str, np.ndarray], mc: ArchConfig) -> tuple[dict[str, np.ndarray], str]:
+    def to_hf_layout(self, weights: dict[str, np.ndarray], mc: C) -> tuple[dict[str, np.ndarray], str]:
         """Checkpoint tensors → HF names and layout; returns (weights, "huggingface" | "paddlenlp")."""
 
     @abstractmethod
-    def expected_tensors(self, mc: ArchConfig) -> dict[str, tuple[int, ...]]:
+    def expected_tensors(self, mc: C) -> dict[str, tuple[int, ...]]:
         """HF tensor name → shape that a checkpoint of `mc` must provide."""
 
     @abstractmethod
-    def shard_dims(self, mc: ArchConfig, tp: int) -> ShardDims:
+    def shard_dims(self, mc: C, tp: int) -> ShardDims:
         """Per-rank sizes at `tp` ranks; ShardingError when the model does not split that way."""
 
     @abstractmethod
@@ -55,7 +63,7 @@ class ModelFamily(ABC):
         """What one rank's KV pool holds per token and layer."""
 
     @abstractmethod
-    def rank_weights(self, mc: ArchConfig, hf: dict[str, np.ndarray], dims: ShardDims, rank: int,
+    def rank_weights(self, mc: C, hf: dict[str, np.ndarray], dims: ShardDims, rank: int,
                      quant: str | None, group: int | None) -> dict[str, Any]:
         """This rank's weights as its stages take them (quantised with `quant`)."""
 
@@ -68,8 +76,8 @@ class ModelFamily(ABC):
         """What the manifest and config.json record about the quantisation."""
 
     @abstractmethod
-    def rank_kv_scales(self, mc: ArchConfig, dims: ShardDims, rank: int,
-                       scales: Mapping[str, np.ndarray]) -> dict[str, list]:
+    def rank_kv_scales(self, mc: C, dims: ShardDims, rank: int,
+                       scales: Mapping[str, np.ndarray]) -> dict[str, list[list[float]]]:
         """This rank's share of the calibrated int8 KV scales ([num_layers, *scale_shape] each, at tp = 1)."""
 
     @abstractmethod
@@ -77,5 +85,5 @@ class ModelFamily(ABC):
         """The rank's stages (export/segment.py `Stage`s), in order; imports Paddle."""
 
     @abstractmethod
-    def served_options(self, mc: ArchConfig) -> dict[str, Any]:
+    def served_options(self, mc: C) -> dict[str, Any]:
         """Architecture options recorded in config.json's `spmd_serve` key."""

@@ -12,6 +12,7 @@ fp32 there and casts the whole int8 W to fp32 first.
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import Any, Callable
 
 import numpy as np
 import paddle
@@ -103,8 +104,8 @@ class Int4Linear(Linear):
         return (paddle.matmul(xg, w) * self.scale.unsqueeze(1)).sum(axis=0)                    # [T, out]
 
 
-_BY_METHOD: dict[str | None, type[Linear]] = {None: DenseLinear, "weight_only_int8": Int8Linear,
-                                              "weight_only_int4": Int4Linear}
+_BY_METHOD: dict[str | None, Callable[[Any], Linear]] = {None: DenseLinear, "weight_only_int8": Int8Linear,
+                                                         "weight_only_int4": Int4Linear}
 
 
 def make_linear(w: np.ndarray | QuantWeight) -> Linear:

@@ -14,7 +14,7 @@ import shutil
 import tempfile
 from dataclasses import replace
 from pathlib import Path
-from typing import Mapping
+from typing import Any, Mapping
 
 import numpy as np
 
@@ -49,7 +49,7 @@ def _save_variant(seg, dims: ShardDims, rank_dir: Path, variant: GraphVariant) -
     return replace(spec, params=None)
 
 
-def export_rank(family: ModelFamily, mc: ArchConfig, weights: dict[str, np.ndarray], dims: ShardDims, rank: int,
+def export_rank(family: ModelFamily[Any], mc: ArchConfig, weights: dict[str, np.ndarray], dims: ShardDims, rank: int,
                 out: Path, quant: str | None = None, group: int | None = None,
                 kv_scales: Mapping[str, np.ndarray] | None = None, cpp_ops: bool = False) -> Manifest:
     """Trace and save rank `rank`'s segments (each attention segment also as its decode graph and,
@@ -73,13 +73,12 @@ def export_rank(family: ModelFamily, mc: ArchConfig, weights: dict[str, np.ndarr
                                      decode=_save_variant(seg, dims, rank_dir, replace(kv8, decode=True))))
         else:
             kv8_specs.append(spec)
-    int8 = kv_scales is not None
+    rank_scales = None if kv_scales is None else family.rank_kv_scales(mc, dims, rank, kv_scales)
     manifest = Manifest(rank=rank, dims=dims, kv_cache=family.kv_layout(dims), segments=tuple(specs),
                         collectives="none" if dims.tp == 1 else "graph" if cpp_ops else "segments",
                         custom_ops=custom_ops_in(rank_dir), quant=family.quant_record(quant, group),
                         inv_freq=tuple(mc.inv_freq().astype(np.float32).tolist()),   # RoPE tables: built by the runner
-                        segments_kv_int8=tuple(kv8_specs) if int8 else None,
-                        kv_scales=family.rank_kv_scales(mc, dims, rank, kv_scales) if int8 else None)
+                        segments_kv_int8=None if kv_scales is None else tuple(kv8_specs), kv_scales=rank_scales)
     write_manifest(rank_dir, manifest)
     return manifest
 
@@ -125,23 +124,14 @@ def export_checkpoint(ckpt: Path, out: Path, tp: int = 1, dtype: str = "float32"
 
 
 def ensure_demo_model(preset: str = "tiny", tp: int = 1, root: Path | None = None) -> Path:
-    """The built-in demo model, exported once under ~/.cache/spmd_serve/ (CONTRACT §2 MODEL_DIR), and
-    again when the cached one was written by another version (its export format differs)."""
+    """The built-in demo model, exported once under ~/.cache/spmd_serve/ (CONTRACT §2 MODEL_DIR); the
+    directory is named with the export format, so versions that write different ones do not share it."""
     root = root or Path(os.environ.get("SPMD_SERVE_CACHE", Path.home() / ".cache" / "spmd_serve"))
-    out = root / f"demo-{preset}-tp{tp}"
-    if _export_format(out) != MANIFEST_VERSION:
+    out = root / f"demo-{preset}-tp{tp}-v{MANIFEST_VERSION}"
+    if not (out / "config.json").is_file():
         from spmd_serve.export.demo.checkpoint import write_demo_checkpoint
 
         with tempfile.TemporaryDirectory() as ckpt:
             write_demo_checkpoint(Path(ckpt), preset)
             export_checkpoint(Path(ckpt), out, tp)
     return out
-
-
-def _export_format(model_dir: Path) -> int | None:
-    """The export format config.json records, None when there is none (or no readable config.json)."""
-    try:
-        served = json.loads((model_dir / "config.json").read_text()).get("spmd_serve")
-    except (OSError, ValueError, AttributeError):
-        return None
-    return served.get("format") if isinstance(served, dict) else None

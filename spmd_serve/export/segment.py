@@ -17,6 +17,7 @@ previous stage), plus the per-step inputs its stages need.  Outputs, in order: `
 from __future__ import annotations
 
 from pathlib import Path
+from typing import cast
 
 import paddle
 from paddle import nn
@@ -80,11 +81,11 @@ class GraphSegment(nn.Layer):
         return any(st.kv_layer is not None for st in self.stages)
 
     def with_variant(self, variant: GraphVariant) -> "GraphSegment":
-        return GraphSegment(list(self.stages), self.base_name, self.takes_hidden, self.takes_partial,
+        return GraphSegment(cast(list[Stage], list(self.stages)), self.base_name, self.takes_hidden, self.takes_partial,
                             self.reduce_in_graph, variant)
 
     def _spec(self) -> SegmentSpec:
-        stages, v = list(self.stages), self.variant
+        stages, v = cast(list[Stage], list(self.stages)), self.variant
         inputs = (["hidden"] if self.takes_hidden else []) + (["partial"] if self.takes_partial else [])
         for st in stages:
             inputs += [n for n in st.inputs(v) if n not in inputs]
@@ -92,7 +93,8 @@ class GraphSegment(nn.Layer):
         outputs = ["logits"] if stages[-1].gives_logits else ["hidden", "partial"] if many else ["partial"]
         outputs += [n for st in stages for n in st.new_kv(v)]   # for the runner to write into the pool
         name = v.graph_name(self.base_name)
-        return SegmentSpec(name, tuple(inputs), tuple(outputs), tuple(st.kv_layer for st in stages if st.kv_layer is not None),
+        kv_layers = tuple(st.kv_layer for st in stages if st.kv_layer is not None)
+        return SegmentSpec(name, tuple(inputs), tuple(outputs), kv_layers,
                            params=self.base_name if name != self.base_name else None)
 
     def forward(self, args):

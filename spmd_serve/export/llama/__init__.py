@@ -17,7 +17,7 @@ from spmd_serve.export.llama.config import ARCHITECTURES, MODEL_TYPES, ModelConf
 from spmd_serve.manifest import KVLayout, QuantRecord, ShardDims
 
 
-class LlamaFamily(ModelFamily):
+class LlamaFamily(ModelFamily[ModelConfig]):
     name = "llama"
     architectures = tuple(ARCHITECTURES)
     model_types = MODEL_TYPES
@@ -49,7 +49,7 @@ class LlamaFamily(ModelFamily):
         return quant.quant_record(method, group)
 
     def rank_kv_scales(self, mc: ModelConfig, dims: ShardDims, rank: int,
-                       scales: Mapping[str, np.ndarray]) -> dict[str, list]:
+                       scales: Mapping[str, np.ndarray]) -> dict[str, list[list[float]]]:
         heads = sharding.kv_heads_of_rank(mc, dims, rank)          # scales are [num_layers, kv_heads]
         return {name: sc[:, heads].tolist() for name, sc in scales.items()}
 

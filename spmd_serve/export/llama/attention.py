@@ -40,20 +40,21 @@ class AttentionStage(Stage):
         self.o = make_linear(w[p + "o"])
         self.bias = (make_param(self, np.concatenate([w[p + n] for n in ("q_bias", "k_bias", "v_bias")]))
                      if dims.attention_bias else None)
-        self.dims, self.kv_layer, self.layout = dims, layer, kv_layout(dims)
+        self.dims, self.layer, self.layout = dims, layer, kv_layout(dims)
+        self.kv_layer = layer
 
     def inputs(self, variant: GraphVariant) -> list[str]:
-        caches = self.layout.cache_inputs(self.kv_layer)
+        caches = self.layout.cache_inputs(self.layer)
         if variant.fused_decode_attention:
             return [*_FUSED_INPUTS, *caches]
         tables = [n for n in _ATTN_INPUTS if not (variant.decode and n in _GRID_INPUTS)]
-        return [*tables, *caches, *(self.layout.scale_inputs(self.kv_layer) if variant.kv_int8 else ())]
+        return [*tables, *caches, *(self.layout.scale_inputs(self.layer) if variant.kv_int8 else ())]
 
     def new_kv(self, variant: GraphVariant) -> list[str]:
-        return [] if variant.fused_decode_attention else self.layout.new_outputs(self.kv_layer)
+        return [] if variant.fused_decode_attention else self.layout.new_outputs(self.layer)
 
     def input_spec(self, name: str, variant: GraphVariant) -> InputSpec | None:
-        return kv_input_spec(self.layout, self.kv_layer, name, variant)
+        return kv_input_spec(self.layout, self.layer, name, variant)
 
     def step(self, h, delta, env: dict, variant: GraphVariant):
         return self(h, delta, env, variant)
@@ -64,7 +65,7 @@ class AttentionStage(Stage):
         x, h = add_rms_norm(h, delta, self.ln, dm.rms_norm_eps)                          # [T, H]
         qkv = self.qkv(x, variant) if self.bias is None else self.qkv(x, variant) + self.bias
         qkv = qkv.reshape([-1, nh + 2 * kvh, d])                                         # [T, nh + 2 kvh, d]
-        kc_name, vc_name = self.layout.cache_inputs(self.kv_layer)
+        kc_name, vc_name = self.layout.cache_inputs(self.layer)
         if variant.fused_decode_attention:   # ops/cpu_kernels/decode_attention.cc: RoPE, pool write, attention
             ctx = paddle_ext.run_op("spmd_decode_attention", qkv, env["rope_cos"], env["rope_sin"], env[kc_name],
                                     env[vc_name], env["block_tables"], env["ctx_lens"], env["slot_mapping"])
@@ -75,7 +76,7 @@ class AttentionStage(Stage):
         k_past = paddle.gather_nd(env[kc_name], env["past_index"])
         v_past = paddle.gather_nd(env[vc_name], env["past_index"])
         if variant.kv_int8:   # an int8 pool: q * scale[kv head], as ops/paged_attention.py does
-            ks_name, vs_name = self.layout.scale_inputs(self.kv_layer)
+            ks_name, vs_name = self.layout.scale_inputs(self.layer)
             k_past = k_past.astype("float32") * env[ks_name].reshape([1, kvh, 1, 1])
             v_past = v_past.astype("float32") * env[vs_name].reshape([1, kvh, 1, 1])
         attend = self._decode if variant.decode else self._grid

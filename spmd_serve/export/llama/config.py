@@ -53,12 +53,14 @@ class ModelConfig:
                 raise UnsupportedModel(f"{key}=true is not supported (RoPE positions only)")
         for key in ("rope_scaling_type",):   # PaddleNLP's own linear/ntk scaling keys
             if cfg.get(key):
-                raise UnsupportedModel(f"{key}={cfg[key]!r} is not supported; rope_scaling types: {', '.join(ROPE_TYPES)}")
+                raise UnsupportedModel(f"{key}={cfg[key]!r} is not supported; "
+                                       f"rope_scaling types: {', '.join(ROPE_TYPES)}")
         scaling = cfg.get("rope_scaling") or None
         if scaling is not None:
             kind = scaling.get("rope_type", scaling.get("type", "default"))
             if kind not in ROPE_TYPES:
-                raise UnsupportedModel(f"rope_scaling type {kind!r} is not supported; supported: {', '.join(ROPE_TYPES)}")
+                raise UnsupportedModel(f"rope_scaling type {kind!r} is not supported; "
+                                       f"supported: {', '.join(ROPE_TYPES)}")
             scaling = None if kind == "default" else dict(scaling, rope_type=kind)
         nh = cfg["num_attention_heads"]
         return cls(architecture=arch, hidden=cfg["hidden_size"], num_layers=cfg["num_hidden_layers"], heads=nh,

@@ -54,6 +54,6 @@ def quant_record(method: str | None, group: int | None) -> QuantRecord | None:
                        group_size=group if method == "weight_only_int4" else None,
                        scales="per output channel" + (f" and group of {group} input units" if group else ""),
                        tensors=(*(f"layers.*.{n}" for n in LINEARS), "lm_head", "embed"),
-                       embed="held as the [hidden, vocab] linear (scale per vocab row" + (", per group" if group else "")
-                             + "); a step's rows are gathered, then dequantised",
+                       embed="held as the [hidden, vocab] linear (scale per vocab row"
+                             + (", per group" if group else "") + "); a step's rows are gathered, then dequantised",
                        unquantised=("norms", "biases"))
