@@ -1,4 +1,5 @@
-"""The export → runtime contract, typed: each `rank_<i>/manifest.json` and config.json's `spmd_serve` key.
+"""The export → runtime contract, typed: each `rank_<i>/manifest.json` (config.json's `spmd_serve` key,
+versioned with it, is served_config.py).
 
 `spmd_serve export` (spmd_serve/export/) writes these records and the runtime (server.py, worker/,
 benchmarks) reads them, both only through this module: frozen dataclasses, `write_manifest` /
