@@ -12,6 +12,7 @@ Rank 0 prints one JSON line; `benchmarks/goals.py` runs this and judges the figu
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import time
 
@@ -109,14 +110,15 @@ def run(model_dir: str, batch: int, input_len: int, output_len: int, num_threads
     concurrent_bw = copy_bandwidth(sync=comm.barrier)
     steps, sampled = st.steps - steps0, st.sampled - sampled0
     ms = {k: 1e3 * (after[k] - before[k]) / max(steps, 1) for k in after}
-    return {"model_dir": model_dir, "tp": runner.dims["tp"], "batch": batch, "threads": num_threads,
+    dims = dataclasses.asdict(runner.dims)
+    return {"model_dir": model_dir, "tp": dims["tp"], "batch": batch, "threads": num_threads,
             "decode_steps": steps, "decode_tokens": sampled, "elapsed_s": elapsed,
             "steps_per_s": steps / elapsed, "tokens_per_s": sampled / elapsed, "ms_per_step": ms,
-            "weight_bytes_per_step": weight_bytes_per_step(runner.dims),
-            "flops_per_token": 2 * sum(i * o for i, o in shard_matmuls(runner.dims)),
+            "weight_bytes_per_step": weight_bytes_per_step(dims),
+            "flops_per_token": 2 * sum(i * o for i, o in shard_matmuls(dims)),
             "copy_bandwidth_concurrent_Bps": concurrent_bw,   # while every rank of the job copies
             "copy_bandwidth_Bps": copy_bandwidth(),
-            "numpy_matmul_flops": numpy_matmul_flops(runner.dims, batch)}
+            "numpy_matmul_flops": numpy_matmul_flops(dims, batch)}
 
 
 def main() -> None:

@@ -71,7 +71,7 @@ def paddlenlp_rate(num_prompts: int, input_len: int, output_len: int) -> float:
     sys.path.insert(0, str(ROOT))
     from tests.support.paddlenlp_reference import load_reference_model, reference_generate
 
-    from spmd_serve.demo.checkpoint import write_demo_checkpoint
+    from spmd_serve.export.demo.checkpoint import write_demo_checkpoint
     with tempfile.TemporaryDirectory() as tmp:
         write_demo_checkpoint(Path(tmp), "small")          # the checkpoint `export --demo small` exports
         model = load_reference_model(tmp)

@@ -14,7 +14,6 @@ do not commit it).  Used for the before/after of graph changes in RESULTS.md.
 from __future__ import annotations
 
 import argparse
-import json
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -23,10 +22,11 @@ import numpy as np
 from paddle import inference
 
 from spmd_serve.config import env_setting
-from spmd_serve.models.sharding import ShardDims
-from spmd_serve.models.step_tables import step_feeds
+from spmd_serve.manifest import read_manifest
+from spmd_serve.worker.graph_ops import register_graph_ops
 from spmd_serve.worker.kv_cache import KVCachePool
-from spmd_serve.worker.model_runner import register_graph_ops, tune_malloc
+from spmd_serve.worker.malloc import tune_malloc
+from spmd_serve.worker.step_tables import step_feeds
 
 BLOCK, NUM_BLOCKS = 64, 256
 
@@ -36,27 +36,26 @@ class Graph:
 
     def __init__(self, model_dir: str, onednn: bool, threads: int, prof: bool, decode: bool = False) -> None:
         rank_dir = Path(model_dir) / "rank_0"
-        man = json.loads((rank_dir / "manifest.json").read_text())
+        man = read_manifest(rank_dir)
         register_graph_ops(man, rank_dir)
-        self.dims, spec = man["dims"], man["segments"][0]
-        spec = spec.get("decode", spec) if decode else spec
-        self.inv_freq = np.asarray(man.get("inv_freq", ()), np.float32)
-        self.label = f"{model_dir} {spec['name']} onednn={int(onednn)}"
-        params = spec.get("params") or spec["name"]
-        cfg = inference.Config(str(rank_dir / f"{spec['name']}.json"), str(rank_dir / f"{params}.pdiparams"))
+        self.dims, spec = man.dims, man.segments[0]
+        spec = (spec.decode or spec) if decode else spec
+        self.inv_freq = man.inv_freq_array
+        self.label = f"{model_dir} {spec.name} onednn={int(onednn)}"
+        cfg = inference.Config(str(rank_dir / f"{spec.name}.json"), str(rank_dir / f"{spec.params_name}.pdiparams"))
         cfg.disable_gpu()
         cfg.disable_glog_info()
         cfg.set_cpu_math_library_num_threads(threads)
         cfg.enable_mkldnn() if onednn else cfg.disable_mkldnn()
-        if man.get("quant"):
+        if man.quant is not None:
             cfg.delete_pass("constant_folding_pass")   # as worker/model_runner.py loads quantised graphs
         if prof:
             cfg.enable_profile()
         self.p = inference.create_predictor(cfg)
-        pool = KVCachePool(self.dims["num_layers"], NUM_BLOCKS, BLOCK, self.dims["kv_heads"], self.dims["head_dim"])
+        pool = KVCachePool(man.kv_cache, NUM_BLOCKS, BLOCK)
         self.pool = pool   # the predictor shares its memory: keep it alive
         for n in self.p.get_input_names():
-            if n.startswith(("k_cache", "v_cache")):
+            if n in pool:
                 self.p.get_input_handle(n).share_external_data(pool.tensor(n))
         self.times: list[float] = []
 
@@ -74,15 +73,14 @@ class Graph:
 
 def decode_feeds(graphs: list[Graph], batch: int, past: int) -> dict[str, np.ndarray]:
     """A decode step of `batch` sequences with `past` tokens each in the cache: every input any of
-    `graphs` takes (models/step_tables.py)."""
+    `graphs` takes (worker/step_tables.py)."""
     mb = (past + 1 + BLOCK - 1) // BLOCK
     plan = SimpleNamespace(input_ids=np.full(batch, 5, np.int64), positions=np.full(batch, past, np.int64),
                            query_lens=np.ones(batch, np.int64), ctx_lens=np.full(batch, past, np.int64),
                            block_tables=np.arange(batch * mb, dtype=np.int64).reshape(batch, mb) % NUM_BLOCKS)
     plan.slot_mapping = plan.block_tables[:, past // BLOCK] * BLOCK + past % BLOCK   # the new token's slot
-    g = max(graphs, key=lambda g: g.inv_freq.size)          # an export with host-side tables, if any
     names = {n for g in graphs for n in g.p.get_input_names()}
-    return step_feeds(plan, ShardDims(**g.dims), g.inv_freq, BLOCK, names)
+    return step_feeds(plan, graphs[0].dims, graphs[0].inv_freq, BLOCK, names)
 
 
 def main() -> None:

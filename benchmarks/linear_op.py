@@ -21,7 +21,7 @@ import paddle
 
 from ops import paddle_ext
 
-H, I, V, LAYERS = 512, 1536, 8000, 8                        # demo small (spmd_serve/demo/checkpoint.py)
+H, I, V, LAYERS = 512, 1536, 8000, 8                        # demo small (spmd_serve/export/demo/checkpoint.py)
 SHAPES = [(H, 1024), (H, H), (H, 2 * I), (I, H)] * LAYERS + [(H, V)]   # [K, N]: qkv, o, gate_up, down; lm_head
 
 

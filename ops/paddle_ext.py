@@ -6,7 +6,7 @@ graphs on the CPU build, where Paddle lacks what the engine needs:
 * `spmd_allreduce` — an MPI_Allreduce in the graph (Paddle's CPU collective goes through gloo at
   ~2 ms a call), so a tensor-parallel rank runs one graph per step instead of one per stage.
 * `spmd_linear`, `spmd_linear_int8` — x @ W for the 1-4 rows of a decode step, one pass over W
-  (fp32, or int8 dequantised in registers); only the decode graphs use them (models/llama.py).
+  (fp32, or int8 dequantised in registers); only the decode graphs use them (spmd_serve/export/layers.py).
 * `spmd_decode_attention` — a decode step's RoPE, K/V write into the paged pool and GQA attention
   over the past in one op (~20 Paddle ops a layer before); the fp32-pool decode graphs use it.
 
@@ -148,7 +148,7 @@ def run_op(name: str, *args):
     from paddle import _C_ops
 
     load()
-    out = _C_ops._run_custom_op(name, *args)
+    out = _C_ops._run_custom_op(name, *args)  # type: ignore[attr-defined]
     return out[0] if isinstance(out, (list, tuple)) and len(out) == 1 else out
 
 

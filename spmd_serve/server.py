@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import dataclasses
 import faulthandler
-import json
 import logging
 import os
 import signal
@@ -17,6 +16,14 @@ import sys
 import traceback
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:   # imported where used: a rank must not load these before its checks
+    from spmd_serve.engine.client import EngineClient
+    from spmd_serve.engine.metrics import EngineMetrics
+    from spmd_serve.frontend.server.app import IOServer
+    from spmd_serve.frontend.server.peer_watch import PeerWatch
+    from spmd_serve.frontend.text.tokenizer import ServingTokenizer
 
 log = logging.getLogger("spmd_serve")
 
@@ -37,12 +44,12 @@ def _quiet_paddle() -> None:
 class Frontend:
     """Rank 0's IO side, started before the model loads so that port and tokenizer problems join
     the start-up agreement and health answers (503, not ready) while the shards load."""
-    tokenizer: object
-    client: object
-    io: object
+    tokenizer: ServingTokenizer
+    client: EngineClient
+    io: IOServer
     max_model_len: int
-    metrics: object          # EngineMetrics: recorded by the engine, served by the IO thread
-    peers: object            # PeerWatch: fails everything when a rank on this node dies
+    metrics: EngineMetrics   # recorded by the engine, served by the IO thread
+    peers: PeerWatch         # fails everything when a rank on this node dies
 
 
 def _start_frontend(cfg, model_config: dict) -> Frontend:
@@ -81,11 +88,11 @@ def _start_frontend(cfg, model_config: dict) -> Frontend:
 def _load(cfg, comm):
     """Checks, rank 0's front end, shard load; returns (cfg clamped to the model, runner,
     front end or None)."""
-    from spmd_serve.config import ConfigError, check_model_dir, clamp_to_model
     from spmd_serve.dist.comm import node_local_first
     from spmd_serve.export import ensure_demo_model
+    from spmd_serve.model_dir import check_model_dir, clamp_to_model
     from spmd_serve.worker.capacity import check_kv_fits, check_served_model, check_supported
-    from spmd_serve.worker.model_runner import ModelRunner
+    from spmd_serve.worker.model_runner import ModelRunner, read_rank_manifest
 
     if cfg.model_dir is None:   # CONTRACT §2: the built-in demo model, made on first use
         demo = node_local_first(comm, lambda: str(ensure_demo_model("tiny", tp=cfg.mp_num)))
@@ -94,13 +101,8 @@ def _load(cfg, comm):
     model_config = check_model_dir(cfg, comm.size)
     check_served_model(model_config)
     cfg = clamp_to_model(cfg, model_config)
-    manifest_path = Path(cfg.model_dir) / f"rank_{comm.rank}" / "manifest.json"
-    try:
-        manifest = json.loads(manifest_path.read_text())
-    except (OSError, ValueError) as e:
-        raise ConfigError(f"{manifest_path} is missing or unreadable ({e.__class__.__name__}): "
-                          f"re-export the model with `spmd_serve export`") from None
-    check_kv_fits(cfg, manifest["dims"], comm.ranks_on_node())
+    manifest = read_rank_manifest(Path(cfg.model_dir) / f"rank_{comm.rank}", cfg.use_cache_kv_int8)
+    check_kv_fits(cfg, manifest.kv_cache, comm.ranks_on_node())
     frontend = _start_frontend(cfg, model_config) if comm.rank == 0 else None
     runner = ModelRunner(cfg.model_dir, comm.rank, comm, cfg.num_blocks(), cfg.block_size, cfg.num_threads,
                          kv_int8=cfg.use_cache_kv_int8, onednn=cfg.onednn_min_tokens,
@@ -174,6 +176,7 @@ def serve(cfg) -> int:
             sys.exit(2)
         peer_pids = comm.local_peer_pids()
         if comm.rank == 0:
+            assert frontend is not None, "rank 0 started its front end in _load"
             frontend.peers.watch(peer_pids)
             _run_rank0(cfg, comm, runner, frontend)
         else:

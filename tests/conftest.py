@@ -37,7 +37,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 @pytest.fixture(scope="session")
 def demo_checkpoint(tmp_path_factory) -> Path:
-    from spmd_serve.demo.checkpoint import write_demo_checkpoint
+    from spmd_serve.export.demo.checkpoint import write_demo_checkpoint
 
     return write_demo_checkpoint(tmp_path_factory.mktemp("ckpt") / "tiny", "tiny")
 

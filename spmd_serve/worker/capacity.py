@@ -7,23 +7,27 @@ from __future__ import annotations
 
 import logging
 import math
+from typing import Mapping
 
 import psutil
 
 from spmd_serve.config import ConfigError
+from spmd_serve.manifest import KVLayout, ManifestError
+from spmd_serve.served_config import ServedConfig, check_dtype_runnable
 
 log = logging.getLogger(__name__)
 MEMORY_FRACTION = 0.9      # of available memory per rank, leaving room for activations
 
 
-def kv_bytes_per_block(dims: dict, block_size: int, kv_int8: bool = False) -> int:
-    # K and V, every layer, fp32 or int8: [block_size, kv_heads, head_dim] each (an int8 pool's
-    # scales are per layer and head, not per block: negligible)
-    return 2 * dims["num_layers"] * block_size * dims["kv_heads"] * dims["head_dim"] * (1 if kv_int8 else 4)
+def kv_bytes_per_block(kv: KVLayout | Mapping[str, int], block_size: int, kv_int8: bool = False) -> int:
+    """Pool bytes of one block: `kv` is the manifest's layout, or Llama dims (num_layers, kv_heads,
+    head_dim) for its K and V (an int8 pool's scales are per layer and head, not per block: negligible)."""
+    layout = kv if isinstance(kv, KVLayout) else KVLayout.kv_heads(kv["num_layers"], kv["kv_heads"], kv["head_dim"])
+    return block_size * layout.bytes_per_token(kv_int8)
 
 
-def check_kv_fits(cfg, dims: dict, ranks_on_node: int) -> None:
-    per_block = kv_bytes_per_block(dims, cfg.block_size, cfg.use_cache_kv_int8)
+def check_kv_fits(cfg, layout: KVLayout, ranks_on_node: int) -> None:
+    per_block = kv_bytes_per_block(layout, cfg.block_size, cfg.use_cache_kv_int8)
     need = per_block * cfg.num_blocks()
     budget = psutil.virtual_memory().available * MEMORY_FRACTION / max(ranks_on_node, 1)
     if need > budget:
@@ -56,27 +60,14 @@ def check_supported(cfg) -> None:
 
 def check_served_model(model_config: dict) -> None:
     """What `spmd_serve export` recorded in config.json must be runnable by this build (CONTRACT §7)."""
-    from spmd_serve.export import EXPORT_FORMAT
-    from spmd_serve.models.arch import UnsupportedModel, check_dtype_runnable
-    from spmd_serve.models.quant import QUANT_METHODS
-
     served = model_config.get("spmd_serve")
     if served is None:
-        return   # older exports: float32, no quantisation; the rank folders are checked elsewhere
-    if not isinstance(served, dict):
-        raise ConfigError("config.json: the `spmd_serve` key must hold a JSON object (re-export the model)")
-    if served.get("format") != EXPORT_FORMAT:
-        raise ConfigError(f"config.json: export format {served.get('format')!r}, this build reads {EXPORT_FORMAT}; "
-                          "re-export with this version's `spmd_serve export`")
-    quant = served.get("quant")
-    if quant is not None:
-        method = quant.get("method") if isinstance(quant, dict) else quant
-        if method not in QUANT_METHODS or not isinstance(quant, dict):
-            raise ConfigError(f"config.json: quant={quant!r} is not supported by this build "
-                              f"(methods: {', '.join(QUANT_METHODS)}); re-export the model")
-        if quant.get("method") == "weight_only_int4" and not quant.get("group_size"):
-            raise ConfigError("config.json: weight_only_int4 without a group_size; re-export the model")
+        return   # not written by `spmd_serve export`: the rank folders' manifests are checked when read
     try:
-        check_dtype_runnable(served.get("dtype", "float32"))
-    except UnsupportedModel as e:
-        raise ConfigError(f"config.json: the model was exported with dtype {served.get('dtype')!r}: {e}") from None
+        record = ServedConfig.from_json(served)
+    except ManifestError as e:
+        raise ConfigError(f"config.json: {e}") from None
+    try:
+        check_dtype_runnable(record.dtype)
+    except ManifestError as e:
+        raise ConfigError(f"config.json: the model was exported with dtype {record.dtype!r}: {e}") from None

@@ -1,61 +1,85 @@
-"""The paged KV cache pool of one rank: per layer a K and a V array [num_blocks, block_size, kv_heads, head_dim].
+"""The paged KV cache pool of one rank, laid out as the manifest's `KVLayout` says: per layer and
+cache tensor an array [num_blocks, block_size, *token_shape] (Llama: K and V of [kv_heads, head_dim]).
 
 The arrays are numpy memory shared zero-copy with Paddle tensors (dlpack), and each attention
-segment's cache inputs are bound to those tensors once (`share_external_data`).  New K/V are
+segment's cache inputs are bound to those tensors once (`share_external_data`).  New entries are
 written in place after the graph ran, addressed by slot (block * block_size + offset), so a step
-touches only the slots it writes and the blocks it attends to — never the whole pool.
+touches only the slots it writes and the blocks it attends to — never the whole pool.  How a
+layout's entries are written is its kind's writer (`WRITERS`): a new layout kind adds one.
 """
 from __future__ import annotations
+
+from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
 from ops.kv_cache_write import kv_cache_write_cpu
+from spmd_serve.manifest import KV_HEADS, KVLayout
 
 
 class KVCachePool:
-    """`kv_scales` = {"k": [[per KV head] per layer], "v": ...} makes an int8 pool (USE_CACHE_KV_INT8):
-    static per-layer, per-KV-head fp32 scales from the export's calibration, the layout of the
-    ops/ kernels (q = clip(rint(x / scale[head]), ±127), read back as q * scale[head])."""
+    """`kv_scales` = {tensor: [scales of `layout.scale_shape`] per layer} makes an int8 pool
+    (USE_CACHE_KV_INT8): static fp32 scales from the export's calibration, the layout of the ops/
+    kernels (q = clip(rint(x / scale[head]), ±127), read back as q * scale[head]).
+    `pool.<tensor>[layer]` is one layer's array of a cache tensor, e.g. `pool.k[0]`."""
 
-    def __init__(self, num_layers: int, num_blocks: int, block_size: int, kv_heads: int, head_dim: int,
-                 kv_scales: dict | None = None) -> None:
-        self.num_blocks, self.block_size = num_blocks, block_size
-        shape = (num_blocks, block_size, kv_heads, head_dim)
+    def __init__(self, layout: KVLayout, num_blocks: int, block_size: int,
+                 kv_scales: Mapping[str, Sequence] | None = None) -> None:
+        self.layout, self.num_blocks, self.block_size = layout, num_blocks, block_size
         dtype = np.float32 if kv_scales is None else np.int8
         # np.zeros maps lazily: untouched blocks cost no resident memory.
-        self.k = [np.zeros(shape, dtype) for _ in range(num_layers)]
-        self.v = [np.zeros(shape, dtype) for _ in range(num_layers)]
-        self.k_scale = self.v_scale = None
+        self.caches: dict[str, list[np.ndarray]] = {
+            t.name: [np.zeros((num_blocks, block_size, *t.token_shape), dtype) for _ in range(layout.num_layers)]
+            for t in layout.tensors}
+        self.scales: dict[str, list[np.ndarray]] | None = None
         if kv_scales is not None:
-            self.k_scale, self.v_scale = ([np.ascontiguousarray(kv_scales[kind][layer], np.float32)
-                                           for layer in range(num_layers)] for kind in ("k", "v"))
+            self.scales = {t: [np.ascontiguousarray(kv_scales[t][layer], np.float32)
+                               for layer in range(layout.num_layers)] for t in layout.names()}
+        self._arrays: dict[str, np.ndarray] = {}   # graph input name → array
+        for layer in range(layout.num_layers):
+            self._arrays.update(zip(layout.cache_inputs(layer), (self.caches[t][layer] for t in layout.names())))
+            if self.scales is not None:
+                self._arrays.update(zip(layout.scale_inputs(layer), (self.scales[t][layer] for t in layout.names())))
         self._tensors: dict[str, object] = {}
+
+    def __getattr__(self, name: str) -> list[np.ndarray]:
+        caches = self.__dict__.get("caches", {})
+        if name in caches:
+            return caches[name]
+        raise AttributeError(name)
 
     @property
     def int8(self) -> bool:
-        return self.k_scale is not None
+        return self.scales is not None
 
     @property
     def nbytes(self) -> int:
-        return sum(a.nbytes for a in self.k + self.v)
+        return sum(a.nbytes for arrays in self.caches.values() for a in arrays)
+
+    def __contains__(self, name: str) -> bool:
+        """Whether graph input `name` (e.g. `k_cache_0`, an int8 pool's `k_scale_0`) is the pool's."""
+        return name in self._arrays
 
     def tensor(self, name: str):
-        """Paddle view of `k_cache_<l>` / `v_cache_<l>` (and of an int8 pool's `k_scale_<l>` /
-        `v_scale_<l>`), created once, zero-copy."""
+        """Paddle view of graph input `name`'s array, created once, zero-copy."""
         if name not in self._tensors:
             import paddle
 
-            kind, what, layer = name.split("_")
-            if what == "scale":
-                arr = (self.k_scale if kind == "k" else self.v_scale)[int(layer)]
-            else:
-                arr = (self.k if kind == "k" else self.v)[int(layer)]
-            self._tensors[name] = paddle.from_dlpack(arr)
+            self._tensors[name] = paddle.from_dlpack(self._arrays[name])
         return self._tensors[name]
 
-    def write(self, layer: int, slots: np.ndarray, k_new: np.ndarray, v_new: np.ndarray) -> None:
-        """Store this step's K/V [T, kv_heads, head_dim] at `slots` [T] (in place), through the
-        ops interface: its numpy twin here, the `kv_cache_write` kernel on GPU pools."""
-        scales = (self.k_scale[layer], self.v_scale[layer]) if self.int8 else (None, None)
-        kv_cache_write_cpu(k_new, v_new, self.k[layer], self.v[layer], slots, *scales)
+    def write(self, layer: int, slots: np.ndarray, *new: np.ndarray) -> None:
+        """Store this step's entries (one [T, *token_shape] array per cache tensor, in layout order)
+        at `slots` [T], in place."""
+        WRITERS[self.layout.kind](self, layer, slots, new)
 
+
+def _write_kv_heads(pool: KVCachePool, layer: int, slots: np.ndarray, new: Sequence[np.ndarray]) -> None:
+    """K/V [T, kv_heads, head_dim] through the ops interface: its numpy twin here, the
+    `kv_cache_write` kernel on GPU pools."""
+    k_new, v_new = new
+    scales = (pool.scales["k"][layer], pool.scales["v"][layer]) if pool.scales is not None else (None, None)
+    kv_cache_write_cpu(k_new, v_new, pool.caches["k"][layer], pool.caches["v"][layer], slots, *scales)
+
+
+WRITERS: dict[str, Callable[[KVCachePool, int, np.ndarray, Sequence[np.ndarray]], None]] = {KV_HEADS: _write_kv_heads}

@@ -1,4 +1,4 @@
-"""Tests for spmd_serve.demo.checkpoint and the PaddleNLP reference model built from it."""
+"""Tests for spmd_serve.export.demo.checkpoint and the PaddleNLP reference model built from it."""
 from __future__ import annotations
 
 import json
@@ -9,7 +9,7 @@ import pytest
 import sentencepiece as spm
 from safetensors.numpy import load_file
 
-from spmd_serve.demo.checkpoint import (CHAT_MARKERS, PRESETS, make_config, train_tokenizer,
+from spmd_serve.export.demo.checkpoint import (CHAT_MARKERS, PRESETS, make_config, train_tokenizer,
                                         write_demo_checkpoint)
 
 FILES = ["config.json", "model.safetensors", "tokenizer.model", "sentencepiece.bpe.model",

@@ -34,7 +34,7 @@ def sources():
 @pytest.mark.parametrize("fmt", FORMATS)
 @pytest.mark.parametrize("arch", list(ARCHS))
 def test_every_format_reads_back_the_same_weights(arch, fmt, sources, tmp_path):
-    from spmd_serve.models.checkpoint import load_checkpoint
+    from spmd_serve.export.checkpoint import load_checkpoint
 
     cfg, weights, ref = sources[arch]
     ckpt = write(fmt, tmp_path / "ckpt", cfg, weights, ref)
@@ -62,7 +62,7 @@ def _write_st_raw(path: Path, tensors: dict[str, tuple[str, np.ndarray]]) -> Non
 
 
 def test_bf16_and_f16_safetensors_read_as_float32(tmp_path):
-    from spmd_serve.models.checkpoint import read_safetensors
+    from spmd_serve.export.checkpoint import read_safetensors
 
     x = np.random.default_rng(0).standard_normal((3, 5)).astype(np.float32)
     bf16 = (x.view(np.uint32) >> 16).astype(np.uint16)                    # truncation to bfloat16
@@ -76,7 +76,7 @@ def test_bf16_and_f16_safetensors_read_as_float32(tmp_path):
 @pytest.mark.parametrize("safe", [False, True], ids=["pdparams", "safetensors"])
 def test_bfloat16_paddlenlp_checkpoints_read_exactly(tmp_path, safe):
     """PaddleNLP stores bfloat16 as uint16 (pdparams) and U16 (safetensors): read as the same values."""
-    from spmd_serve.models.checkpoint import load_checkpoint
+    from spmd_serve.export.checkpoint import load_checkpoint
     from tests.support.paddlenlp_reference import reference_from_weights
 
     cfg = ARCHS["qwen2_untied"]
@@ -96,7 +96,7 @@ def test_bfloat16_paddlenlp_checkpoints_read_exactly(tmp_path, safe):
 def test_llama3_rope_scaling_equals_paddlenlp():
     from paddlenlp.transformers.llama.modeling import Llama3RotaryEmbedding
 
-    from spmd_serve.models.arch import ModelConfig
+    from spmd_serve.export.llama.config import ModelConfig
 
     cfg = ARCHS["llama3"]
     mc = ModelConfig.from_hf(cfg)

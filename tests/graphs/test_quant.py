@@ -33,7 +33,7 @@ def exports(tmp_path_factory):
 
 @pytest.mark.parametrize("method,group", (("weight_only_int8", None), ("weight_only_int4", 16)))
 def test_quantise_dequantise_roundtrip(method, group):
-    from spmd_serve.models.quant import QMAX, QuantWeight, dequantize, hf_scales, quantize
+    from spmd_serve.export.quant import QMAX, QuantWeight, dequantize, hf_scales, quantize
 
     w_hf = np.random.default_rng(0).standard_normal((24, 64)).astype(np.float32)   # HF [out, in]
     s_hf = hf_scales(w_hf, method, group)
@@ -51,8 +51,8 @@ def test_quantise_dequantise_roundtrip(method, group):
 def test_graph_dequantisation_matches_numpy(method, group):
     import paddle
 
-    from spmd_serve.models.llama import Linear
-    from spmd_serve.models.quant import QuantWeight, dequantize, hf_scales, quantize
+    from spmd_serve.export.layers import make_linear
+    from spmd_serve.export.quant import QuantWeight, dequantize, hf_scales, quantize
 
     rng = np.random.default_rng(1)
     w_hf = rng.standard_normal((24, 64)).astype(np.float32)
@@ -60,7 +60,7 @@ def test_graph_dequantisation_matches_numpy(method, group):
     scale = s_hf if method == "weight_only_int8" else np.ascontiguousarray(s_hf.T)
     qw = QuantWeight(method, quantize(w_hf.T, scale, method, group), scale, group)
     x = rng.standard_normal((5, 64)).astype(np.float32)
-    got = Linear(qw)(paddle.to_tensor(x)).numpy()
+    got = make_linear(qw)(paddle.to_tensor(x)).numpy()
     np.testing.assert_allclose(got, x @ dequantize(qw), rtol=1e-5, atol=1e-5)
 
 
@@ -71,9 +71,9 @@ def test_quantised_embedding_gathers_owned_rows(method, group, rank):
     the others zeros, as the fp32 EmbedStage does."""
     import paddle
 
-    from spmd_serve.models.llama import EmbedStage
-    from spmd_serve.models.quant import dequantize, quantize_vocab
-    from spmd_serve.models.sharding import ShardDims
+    from spmd_serve.export.llama.stages import EmbedStage
+    from spmd_serve.export.quant import dequantize, quantize_vocab
+    from spmd_serve.manifest import ShardDims
 
     table = np.random.default_rng(3).standard_normal((48, 64)).astype(np.float32)   # [V_local, H]
     qw = quantize_vocab(table, method, group)
@@ -170,10 +170,11 @@ def test_kv_capacity_counts_int8():
 
 def test_int8_pool_writes_through_the_ops_twin():
     from ops.kv_cache_write import quantize_int8
+    from spmd_serve.manifest import KVLayout
     from spmd_serve.worker.kv_cache import KVCachePool
 
     scales = {"k": [[0.01, 0.02]], "v": [[0.03, 0.04]]}
-    pool = KVCachePool(1, 4, 8, 2, 16, scales)
+    pool = KVCachePool(KVLayout.kv_heads(1, 2, 16), 4, 8, scales)
     k, v = np.random.default_rng(2).standard_normal((2, 3, 2, 16)).astype(np.float32)
     pool.write(0, np.array([0, 9, 31]), k, v)
     assert pool.k[0].dtype == np.int8 and pool.nbytes == 2 * 4 * 8 * 2 * 16

@@ -1,6 +1,6 @@
 """Tensor-parallel sharding and exported graph segments, without MPI.
 
-Covers spmd_serve/models/segment.py and spmd_serve/worker/model_runner.py (the sharding rules
+Covers spmd_serve/export/segment.py and spmd_serve/worker/model_runner.py (the sharding rules
 and export errors are in tests/unit/test_sharding_rules.py): the tiny demo checkpoint is exported at tp = 1, 2 and 4 (4 >
 its 2 KV heads, so KV heads are replicated) and every rank's segments are run in-process, with the
 collectives done by hand (partials summed = allreduce, logits concatenated = gather) and each
@@ -56,27 +56,27 @@ class SimRank:
     segments are played in this process, so TP > 1 exports here have a graph per stage."""
 
     def __init__(self, model_dir: Path, rank: int, onednn_min_tokens: int = 0) -> None:
+        from spmd_serve.manifest import read_manifest
+        from spmd_serve.worker.graph_ops import register_graph_ops
         from spmd_serve.worker.kv_cache import KVCachePool
-        from spmd_serve.worker.model_runner import Segment, register_graph_ops
+        from spmd_serve.worker.segment import LoadedSegment
 
         rank_dir = model_dir / f"rank_{rank}"
-        manifest = json.loads((rank_dir / "manifest.json").read_text())
+        manifest = read_manifest(rank_dir)
         register_graph_ops(manifest, rank_dir)   # the decode graph's fused attention
-        self.dims, self.inv_freq = manifest["dims"], manifest["inv_freq"]
-        self.segments = [Segment(rank_dir, spec, 1, onednn_min_tokens=onednn_min_tokens)
-                         for spec in manifest["segments"]]
-        self.pool = KVCachePool(self.dims["num_layers"], NUM_BLOCKS, BLOCK_SIZE,
-                                self.dims["kv_heads"], self.dims["head_dim"])
+        self.dims, self.inv_freq = manifest.dims, manifest.inv_freq_array
+        self.segments = [LoadedSegment(rank_dir, spec, 1, onednn_min_tokens=onednn_min_tokens)
+                         for spec in manifest.segments]
+        self.pool = KVCachePool(manifest.kv_cache, NUM_BLOCKS, BLOCK_SIZE)
         for seg in self.segments:
             seg.bind_cache(self.pool)
 
 
 def run_step(ranks: list[SimRank], plan) -> np.ndarray:
-    from spmd_serve.models.sharding import ShardDims
-    from spmd_serve.models.step_tables import step_feeds
+    from spmd_serve.worker.step_tables import step_feeds
 
     names = {n for seg in ranks[0].segments for n in seg.inputs}
-    base = step_feeds(plan, ShardDims(**ranks[0].dims), np.asarray(ranks[0].inv_freq, np.float32), BLOCK_SIZE, names)
+    base = step_feeds(plan, ranks[0].dims, ranks[0].inv_freq, BLOCK_SIZE, names)
     feeds = [dict(base) for _ in ranks]
     num_segments = len(ranks[0].segments)
     assert all(len(r.segments) == num_segments for r in ranks)
@@ -90,7 +90,7 @@ def run_step(ranks: list[SimRank], plan) -> np.ndarray:
         if ranks[0].segments[k].gathers_logits:
             assert k == num_segments - 1
             logits = np.concatenate([o["logits"] for o in outs], axis=1)        # gather over vocab
-            return logits[:, : ranks[0].dims["vocab"]]
+            return logits[:, : ranks[0].dims.vocab]
         total = np.sum([o["partial"] for o in outs], axis=0, dtype=np.float32)  # allreduce
         for f, o in zip(feeds, outs):
             f["partial"] = total.copy()

@@ -9,8 +9,8 @@ import paddle
 import pytest
 
 from ops import paddle_ext
-from spmd_serve.models.sharding import ShardDims
-from spmd_serve.models.step_tables import rope_tables
+from spmd_serve.manifest import ShardDims
+from spmd_serve.worker.step_tables import rope_tables
 
 
 def rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:

@@ -47,7 +47,7 @@ def test_cjk_emoji_stream_equals_non_stream(served_tp1, tmp_path, tokenizer):
 def _with_sentencepiece_tokenizer_json(served: Path, model: Path) -> Path:
     """A copy of the served demo model with a tokenizer.json converted from its tokenizer.model;
     the prompt encodes to the same ids through both."""
-    from spmd_serve.demo.checkpoint import CHAT_MARKERS
+    from spmd_serve.export.demo.checkpoint import CHAT_MARKERS
     from spmd_serve.frontend.text.tokenizer import ServingTokenizer
     from tests.support.hf_tokenizer_dirs import sentencepiece_tokenizer_json
 

@@ -7,7 +7,7 @@ deterministic, in ~40 s on two CPU cores:
 
 * model: tests/support/model_zoo.py's untied Qwen2 (hidden 64, 2 layers, GQA 4/2, q/k/v biases) with a
   byte vocabulary (`BYTE_OFFSET + byte`, 320 ids: 0..2 pad/bos/eos, 259.. unused);
-* data: the first `NUM_LINES` hand-written lines of spmd_serve/demo/corpus.txt (~3 KB), which it
+* data: the first `NUM_LINES` hand-written lines of spmd_serve/export/demo/corpus.txt (~3 KB), which it
   learns by heart (loss ~0.15 nats/byte), the way a real model knows common text;
 * training: PaddleNLP's own dygraph `Qwen2ForCausalLM` (the parity reference, so the served model
   computes the same function), AdamW with a one-cycle schedule, random 64-byte windows;
@@ -32,7 +32,7 @@ CONFIG = dict(ARCHS["qwen2_untied"], vocab_size=VOCAB)
 
 
 def training_text() -> bytes:
-    from spmd_serve.demo.corpus import base_sentences
+    from spmd_serve.export.demo.corpus import base_sentences
 
     return "\n".join(base_sentences()[:NUM_LINES]).encode("utf-8")
 
@@ -79,7 +79,7 @@ def write_trained_checkpoint(out: Path, **train_kw) -> Path:
 
 def corpus_prompts(n: int, seed: int = 11) -> list[list[int]]:
     """`n` prompts: prefixes (4..24 bytes) of different training lines."""
-    from spmd_serve.demo.corpus import base_sentences
+    from spmd_serve.export.demo.corpus import base_sentences
 
     rng = np.random.default_rng(seed)
     lines = base_sentences()[:NUM_LINES]

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 from spmd_serve import config as config_mod, envs as envs_mod
-from spmd_serve.config import (ConfigError, ServeConfig, build_arg_parser, check_model_dir,
-                               clamp_to_model, exit_on_config_error, load_config)
+from spmd_serve.config import ConfigError, ServeConfig, build_arg_parser, exit_on_config_error, load_config
 from spmd_serve.envs import BY_NAME, ENV_VARS
+from spmd_serve.model_dir import check_model_dir, clamp_to_model
 from spmd_serve.worker.capacity import check_supported
 
 REPO = Path(__file__).resolve().parents[2]

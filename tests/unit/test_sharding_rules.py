@@ -1,6 +1,6 @@
 """Tensor-parallel sharding rules and export errors, without running graphs.
 
-Covers spmd_serve/models/sharding.py (`shard_dims` errors and KV-head replication, the
+Covers spmd_serve/export/llama/sharding.py (`shard_dims` errors and KV-head replication, the
 q-head → KV-head mapping of `shard_weights`, vocab padding) and the one-line errors of
 `spmd_serve export` (an impossible TP degree, an unsupported architecture).  The exported graphs
 themselves are run in tests/graphs/test_sharding.py.
@@ -12,7 +12,7 @@ import json
 import numpy as np
 import pytest
 
-from spmd_serve.models.sharding import ShardingError, shard_dims, shard_weights
+from spmd_serve.export.llama.sharding import ShardingError, shard_dims, shard_weights
 
 TINY = {"vocab_size": 1024, "hidden_size": 64, "intermediate_size": 192, "num_hidden_layers": 2,
         "num_attention_heads": 4, "num_key_value_heads": 2}

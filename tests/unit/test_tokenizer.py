@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from spmd_serve.demo.checkpoint import write_demo_checkpoint
-from spmd_serve.demo.corpus import sample_texts
+from spmd_serve.export.demo.checkpoint import write_demo_checkpoint
+from spmd_serve.export.demo.corpus import sample_texts
 from spmd_serve.frontend.text.tokenizer import ServingTokenizer
 
 ROUND_TRIP = [

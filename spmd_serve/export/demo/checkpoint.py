@@ -9,10 +9,10 @@ standard deviation of about 3, which keeps greedy decoding away from near-ties; 
 greedy tokens across implementations, and a near-tie would flip on float rounding noise.
 
 Everything is deterministic: weights come from `numpy.random.default_rng(seed)` and the tokenizer
-is trained single-threaded on the fixed corpus of `spmd_serve.demo.corpus`, so two calls with the
+is trained single-threaded on the fixed corpus of `spmd_serve.export.demo.corpus`, so two calls with the
 same arguments write byte-identical files.  The tokenizer does not depend on `seed`.
 
-    python -m spmd_serve.demo.checkpoint OUT_DIR --preset small --seed 0
+    python -m spmd_serve.export.demo.checkpoint OUT_DIR --preset small --seed 0
 """
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from spmd_serve.demo.corpus import training_sentences
+from spmd_serve.export.demo.corpus import training_sentences
 
 PRESETS: dict[str, dict[str, int]] = {
     # Seconds to make; used by the unit tests.

@@ -1,4 +1,4 @@
-"""The architectures spmd_serve can serve, as one options dataclass over the Llama stages.
+"""The Llama family's config: Llama 2/3 and Qwen2/2.5 as one options dataclass over the Llama stages.
 
 Llama 2/3 and Qwen2/Qwen2.5 are the same decoder (RMSNorm, RoPE, GQA attention, SwiGLU MLP); they
 differ only in options: q/k/v biases (Qwen2), tied embeddings, the rope theta and Llama-3.1's
@@ -12,14 +12,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from spmd_serve.export.errors import UnsupportedModel
+
 # architecture name → default of attention_bias when config.json does not say
-SUPPORTED_ARCHS: dict[str, bool] = {"LlamaForCausalLM": False, "Qwen2ForCausalLM": True}
-_MODEL_TYPES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM"}
+ARCHITECTURES: dict[str, bool] = {"LlamaForCausalLM": False, "Qwen2ForCausalLM": True}
+MODEL_TYPES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM"}
 ROPE_TYPES = ("default", "llama3")
-
-
-class UnsupportedModel(ValueError):
-    """config.json describes a model the stages cannot compute (message says what and why)."""
 
 
 @dataclass(frozen=True)
@@ -39,11 +37,10 @@ class ModelConfig:
     tie_word_embeddings: bool = False         # lm_head = embed_tokens
 
     @classmethod
-    def from_hf(cls, cfg: dict, *, check_arch: bool = False) -> "ModelConfig":
+    def from_hf(cls, cfg: dict) -> "ModelConfig":
+        """Read a HuggingFace or PaddleNLP config.json; UnsupportedModel for what the stages cannot compute."""
         model_type = cfg.get("model_type", "llama")
-        arch = (cfg.get("architectures") or [_MODEL_TYPES.get(model_type, model_type)])[0]
-        if check_arch and arch not in SUPPORTED_ARCHS:
-            raise UnsupportedModel(f"architecture {arch!r} is not supported; supported: {', '.join(SUPPORTED_ARCHS)}")
+        arch = (cfg.get("architectures") or [MODEL_TYPES.get(model_type, model_type)])[0]
         act = cfg.get("hidden_act", "silu")
         if act != "silu":
             raise UnsupportedModel(f"hidden_act={act!r} is not supported (SwiGLU with silu only)")
@@ -56,12 +53,14 @@ class ModelConfig:
                 raise UnsupportedModel(f"{key}=true is not supported (RoPE positions only)")
         for key in ("rope_scaling_type",):   # PaddleNLP's own linear/ntk scaling keys
             if cfg.get(key):
-                raise UnsupportedModel(f"{key}={cfg[key]!r} is not supported; rope_scaling types: {', '.join(ROPE_TYPES)}")
+                raise UnsupportedModel(f"{key}={cfg[key]!r} is not supported; "
+                                       f"rope_scaling types: {', '.join(ROPE_TYPES)}")
         scaling = cfg.get("rope_scaling") or None
         if scaling is not None:
             kind = scaling.get("rope_type", scaling.get("type", "default"))
             if kind not in ROPE_TYPES:
-                raise UnsupportedModel(f"rope_scaling type {kind!r} is not supported; supported: {', '.join(ROPE_TYPES)}")
+                raise UnsupportedModel(f"rope_scaling type {kind!r} is not supported; "
+                                       f"supported: {', '.join(ROPE_TYPES)}")
             scaling = None if kind == "default" else dict(scaling, rope_type=kind)
         nh = cfg["num_attention_heads"]
         return cls(architecture=arch, hidden=cfg["hidden_size"], num_layers=cfg["num_hidden_layers"], heads=nh,
@@ -70,7 +69,7 @@ class ModelConfig:
                    intermediate=cfg["intermediate_size"], vocab=cfg["vocab_size"],
                    rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
                    rope_theta=float(cfg.get("rope_theta", 10000.0)), rope_scaling=scaling,
-                   attention_bias=bool(cfg.get("attention_bias", SUPPORTED_ARCHS.get(arch, False))),
+                   attention_bias=bool(cfg.get("attention_bias", ARCHITECTURES.get(arch, False))),
                    tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)))
 
     def inv_freq(self) -> np.ndarray:
@@ -94,25 +93,3 @@ def llama3_inv_freq(inv_freq: np.ndarray, s: dict) -> np.ndarray:
     out = np.where(wavelen < old_ctx / hi, inv,
                    np.where(wavelen > old_ctx / lo, inv / factor, (1 - smooth) * inv / factor + smooth * inv))
     return out.astype(np.float32)
-
-
-DTYPES = ("float32", "float16", "bfloat16")
-# Measured on the CPU build of Paddle 3.3.1: float16 and bfloat16 have no CPU kernels for matmul,
-# rsqrt, pow/mean, softmax, silu or cos (only cast, concat, embedding; gather for bfloat16).
-_CPU_MISSING = "matmul, softmax, rsqrt, silu and cos"
-
-
-def check_dtype_runnable(dtype: str, compiled_with_cuda: bool | None = None) -> None:
-    """Raise UnsupportedModel (one line) unless this Paddle build can run graphs of `dtype`."""
-    if dtype not in DTYPES:
-        raise UnsupportedModel(f"dtype {dtype!r} is not one of {', '.join(DTYPES)}")
-    if dtype == "float32":
-        return
-    if compiled_with_cuda is None:
-        import paddle
-
-        compiled_with_cuda = paddle.is_compiled_with_cuda()
-    if not compiled_with_cuda:
-        raise UnsupportedModel(f"{dtype} needs a GPU build of Paddle: this CPU build has no {dtype} kernels for "
-                               f"{_CPU_MISSING}; use --dtype float32 on CPU")
-    raise UnsupportedModel(f"{dtype} graphs are not built yet (the segments compute in float32); use --dtype float32")

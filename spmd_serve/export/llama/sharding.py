@@ -8,40 +8,17 @@ Architecture options (q/k/v biases, tied embeddings, rope scaling) come from `Mo
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 
-from spmd_serve.models.arch import ModelConfig
+from spmd_serve.export.errors import ShardingError
+from spmd_serve.export.llama.config import ModelConfig
+from spmd_serve.manifest import KVLayout, ShardDims
 
-
-class ShardingError(ValueError):
-    """The model cannot be split over this many ranks (message says why and what would work)."""
-
-
-@dataclass(frozen=True)
-class ShardDims:
-    """Per-rank sizes of one tensor-parallel shard (identical on every rank)."""
-    tp: int
-    hidden: int
-    head_dim: int
-    num_layers: int
-    heads: int            # query heads on this rank
-    kv_heads: int         # KV heads on this rank (1 when replicated)
-    intermediate: int     # MLP units on this rank
-    vocab: int            # real vocabulary size (all ranks)
-    vocab_local: int      # padded vocab / tp
-    rms_norm_eps: float
-    rope_theta: float
-    attention_bias: bool = False   # q/k/v biases, split with their columns
-
-    @property
-    def group(self) -> int:
-        """Query heads per KV head (grouped-query attention)."""
-        return self.heads // self.kv_heads
+__all__ = ["LINEARS", "ShardingError", "kv_heads_of_rank", "kv_layout", "linear_slices", "shard_dims", "shard_weights"]
 
 
 def shard_dims(cfg: dict | ModelConfig, tp: int) -> ShardDims:
+    """Per-rank sizes at `tp` ranks; ShardingError (one line) when the model does not split that way."""
     mc = cfg if isinstance(cfg, ModelConfig) else ModelConfig.from_hf(cfg)
     nh, kvh, inter = mc.heads, mc.kv_heads, mc.intermediate
     if tp < 1:
@@ -64,7 +41,13 @@ def shard_dims(cfg: dict | ModelConfig, tp: int) -> ShardDims:
                      rms_norm_eps=mc.rms_norm_eps, rope_theta=mc.rope_theta, attention_bias=mc.attention_bias)
 
 
-def _kv_heads_of_rank(mc: ModelConfig, dims: ShardDims, rank: int) -> slice:
+def kv_layout(dims: ShardDims) -> KVLayout:
+    """A rank's KV pool: K and V of [kv_heads, head_dim] per token and layer."""
+    return KVLayout.kv_heads(dims.num_layers, dims.kv_heads, dims.head_dim)
+
+
+def kv_heads_of_rank(mc: ModelConfig, dims: ShardDims, rank: int) -> slice:
+    """The KV heads (of the model's) that `rank` holds."""
     kvh = mc.kv_heads
     if kvh % dims.tp == 0:
         return slice(rank * dims.kv_heads, (rank + 1) * dims.kv_heads)
@@ -93,7 +76,7 @@ def linear_slices(mc: ModelConfig, dims: ShardDims, rank: int) -> dict[str, slic
     """The HF output units ("cols") or input units ("rows") of each linear that `rank` owns,
     by `LINEARS` slice key."""
     d = dims.head_dim
-    kv = _kv_heads_of_rank(mc, dims, rank)
+    kv = kv_heads_of_rank(mc, dims, rank)
     return {"q": slice(rank * dims.heads * d, (rank + 1) * dims.heads * d), "kv": slice(kv.start * d, kv.stop * d),
             "i": slice(rank * dims.intermediate, (rank + 1) * dims.intermediate)}
 

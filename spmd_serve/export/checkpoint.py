@@ -1,5 +1,8 @@
 """Reading what users have: a checkpoint directory → (config.json, weights in HF names and layout).
 
+Which tensors a checkpoint must hold and how PaddleNLP names them is the architecture family's
+business (export/family.py); reading the files is the same for every family.
+
 Accepted (CONTRACT §1 `spmd_serve export`):
 * HuggingFace format: `model.safetensors`, or shards listed in `model.safetensors.index.json`;
   tensor names `model.…`/`lm_head.weight`, linear weights [out, in]; F32, F16 and BF16 tensors.
@@ -19,14 +22,11 @@ from pathlib import Path
 
 import numpy as np
 
-from spmd_serve.models.arch import ModelConfig
+from spmd_serve.export.errors import CheckpointError
+from spmd_serve.export.families import parse_model_config
+from spmd_serve.export.family import ArchConfig
 
-_PREFIXES = {"llama.": "model.", "qwen2.": "model."}   # PaddleNLP base-model prefixes → HF's
 _STATIC_MARKERS = ("*.pdmodel", "model.json", "inference.json", "*.pdiparams")
-
-
-class CheckpointError(Exception):
-    """The directory cannot be read as a checkpoint; the message says why (one line)."""
 
 
 def _static_export_files(ckpt: Path) -> list[str]:
@@ -38,6 +38,7 @@ def _static_export_files(ckpt: Path) -> list[str]:
 
 
 def read_config(ckpt: Path) -> dict:
+    """The checkpoint's config.json; CheckpointError for what cannot be exported from (with the reason)."""
     cfg_path = ckpt / "config.json"
     if not ckpt.is_dir():
         raise CheckpointError(f"{ckpt} is not a directory")
@@ -92,7 +93,7 @@ def read_safetensors(path: Path, u16_is_bf16: bool = False) -> dict[str, np.ndar
             if kind == "bf16":
                 arr = _bf16_to_f32(np.frombuffer(raw, np.uint16))
             else:
-                arr = np.frombuffer(raw, kind).astype(np.float32)
+                arr = np.frombuffer(raw, np.dtype(str(kind))).astype(np.float32)
             out[name] = arr.reshape(meta["shape"])
     return out
 
@@ -125,59 +126,18 @@ def _weight_files(ckpt: Path) -> list[Path]:
                           "model_state.pdparams or model_state.pdparams.index.json)")
 
 
-def _to_hf_layout(weights: dict[str, np.ndarray], mc: ModelConfig) -> tuple[dict[str, np.ndarray], str]:
-    """Rename/transposes PaddleNLP tensors to HF's; returns (weights, 'huggingface'|'paddlenlp')."""
-    if any(k.startswith("model.") for k in weights):
-        return weights, "huggingface"
-    if not any(k.startswith(tuple(_PREFIXES)) for k in weights):
-        raise CheckpointError(f"unrecognised tensor names (e.g. {next(iter(weights), '?')!r}): expected "
-                              "HuggingFace `model.…` or PaddleNLP `llama.…`/`qwen2.…` names")
-    out = {}
-    for name, arr in weights.items():
-        if name == "lm_head.weight":
-            if mc.tie_word_embeddings:
-                continue   # PaddleNLP saves the tied embedding here too
-            arr = arr.T    # PaddleNLP's LMHead: [hidden, vocab]
-        else:
-            prefix = next((p for p in _PREFIXES if name.startswith(p)), None)
-            if prefix is None:
-                raise CheckpointError(f"unexpected tensor {name!r} in a PaddleNLP checkpoint")
-            name = _PREFIXES[prefix] + name[len(prefix):]
-            if arr.ndim == 2 and name.endswith("_proj.weight"):
-                arr = arr.T   # Paddle Linear [in, out] → HF [out, in]
-        out[name] = np.ascontiguousarray(arr)
-    return out, "paddlenlp"
-
-
-def expected_tensors(mc: ModelConfig) -> dict[str, tuple[int, ...]]:
-    """HF tensor name → shape that a checkpoint of `mc` must provide."""
-    h, q, kv = mc.hidden, mc.heads * mc.head_dim, mc.kv_heads * mc.head_dim
-    shapes: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (mc.vocab, h), "model.norm.weight": (h,)}
-    if not mc.tie_word_embeddings:
-        shapes["lm_head.weight"] = (mc.vocab, h)
-    for i in range(mc.num_layers):
-        p, a, m = f"model.layers.{i}.", f"model.layers.{i}.self_attn.", f"model.layers.{i}.mlp."
-        shapes.update({p + "input_layernorm.weight": (h,), p + "post_attention_layernorm.weight": (h,),
-                       a + "q_proj.weight": (q, h), a + "k_proj.weight": (kv, h), a + "v_proj.weight": (kv, h),
-                       a + "o_proj.weight": (h, q), m + "gate_proj.weight": (mc.intermediate, h),
-                       m + "up_proj.weight": (mc.intermediate, h), m + "down_proj.weight": (h, mc.intermediate)})
-        if mc.attention_bias:
-            shapes.update({a + "q_proj.bias": (q,), a + "k_proj.bias": (kv,), a + "v_proj.bias": (kv,)})
-    return shapes
-
-
-def load_checkpoint(ckpt: Path) -> tuple[dict, ModelConfig, dict[str, np.ndarray], dict]:
-    """(config.json, its ModelConfig, float32 weights in HF names/layout, what was read)."""
+def load_checkpoint(ckpt: Path) -> tuple[dict, ArchConfig, dict[str, np.ndarray], dict]:
+    """(config.json, its family's parsed config, float32 weights in HF names/layout, what was read)."""
     ckpt = Path(ckpt)
     cfg = read_config(ckpt)
-    mc = ModelConfig.from_hf(cfg, check_arch=True)
+    family, mc = parse_model_config(cfg)
     files = _weight_files(ckpt)
     raw: dict[str, np.ndarray] = {}
     bf16 = "bfloat16" in (cfg.get("dtype"), cfg.get("torch_dtype"))
     for f in files:
         raw.update(read_safetensors(f, bf16) if f.suffix == ".safetensors" else _read_pdparams(f))
-    weights, fmt = _to_hf_layout(raw, mc)
-    want = expected_tensors(mc)
+    weights, fmt = family.to_hf_layout(raw, mc)
+    want = family.expected_tensors(mc)
     missing = [k for k in want if k not in weights]
     if missing:
         raise CheckpointError(f"{ckpt}: {len(missing)} tensor(s) missing for {mc.architecture}, e.g. {missing[0]}")

@@ -1,6 +1,6 @@
 """Local, deterministic training text for the demo SentencePiece tokenizer.
 
-This module owns the corpus that `spmd_serve.demo.checkpoint` trains the demo tokenizer on.
+This module owns the corpus that `spmd_serve.export.demo.checkpoint` trains the demo tokenizer on.
 Nothing is downloaded: the hand-written sentences live next to this file in `corpus.txt`, and
 `training_sentences()` stretches them with template sentences built from small word lists and
 made-up words so that even the 8000-piece "small" vocabulary has enough distinct merges to learn.

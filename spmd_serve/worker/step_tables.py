@@ -1,5 +1,5 @@
-"""Per-step tables of the attention graphs: built once per step on the host (numpy), fed to every
-attention segment as graph inputs, and the few graph-side helpers that read them.
+"""Per-step tables of the attention graphs: built once per step on the host (numpy) and fed to every
+attention segment as graph inputs (the graph side that reads them: export/graph_inputs.py).
 
 Every attention layer of a step needs the same RoPE cos/sin, grid index, past gather index and
 mask.  Built inside the graph they cost ~60 small ops per graph, i.e. per attention *segment* at
@@ -18,7 +18,7 @@ import math
 
 import numpy as np
 
-from spmd_serve.models.sharding import ShardDims
+from spmd_serve.manifest import ShardDims
 from spmd_serve.protocol import grid_indices
 
 NEG_INF = -1e30  # additive mask; no row is fully masked (every query sees itself)
@@ -82,25 +82,3 @@ def step_feeds(plan, dims: ShardDims, inv_freq: np.ndarray, block_size: int, nam
         feeds["attn_mask"] = attn_mask(plan.ctx_lens, plan.query_lens, plan.block_tables.shape[1] * block_size,
                                        pad_index.shape[1])
     return feeds
-
-
-# ---------------------------------------------------------------- graph side
-# (paddle is imported inside: the runner imports this module for step_feeds, and importing paddle
-# at server start-up costs ~1 s and installs its signal handlers before the model checks ran)
-
-def grid_dims(env: dict):
-    """(P, S) of this step as graph scalars, read once per graph from the tables' shapes."""
-    import paddle
-
-    if "_dims" not in env:
-        env["_dims"] = (paddle.shape(env["past_index"])[2], paddle.shape(env["grid_index"])[1])
-    return env["_dims"]
-
-
-def grouped_mask(env: dict, group: int):
-    """attn_mask for scores laid out [B, kvh, g*S, P+S] (row = g_i * S + s): [B, 1, g*S, P+S],
-    tiled once per graph."""
-    if "_mask" not in env:
-        mask = env["attn_mask"]
-        env["_mask"] = mask.tile([1, group, 1, 1]).reshape([0, 1, -1, 0]) if group > 1 else mask
-    return env["_mask"]

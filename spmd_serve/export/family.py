@@ -1,0 +1,89 @@
+"""Architecture families: everything `spmd_serve export` knows about one kind of model.
+
+A family owns its config parsing (refusing, in one line, what its stages cannot compute), its tensor
+names (HuggingFace and PaddleNLP), the tensor-parallel split and quantisation of its weights, its KV
+cache layout and the stages its graphs are made of.  The rest of the export (checkpoint reading,
+segment composition, tracing, int8-KV calibration, the manifest) is the same for every family.
+Adding one (e.g. DeepSeek: MLA attention, MoE MLP) is a new package defining a `ModelFamily` and
+one entry in export/families.py; nothing else branches on the architecture.  Llama 2/3 and
+Qwen2/2.5 are one family with options (export/llama/).
+"""
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import Any, Generic, Mapping, Protocol, TypeVar
+
+import numpy as np
+
+from spmd_serve.manifest import KVLayout, QuantRecord, ShardDims
+
+
+class ArchConfig(Protocol):
+    """What the generic export reads of a family's parsed config (read-only: configs are frozen)."""
+    @property
+    def architecture(self) -> str: ...
+
+    @property
+    def vocab(self) -> int: ...
+
+    @property
+    def num_layers(self) -> int: ...
+
+    def inv_freq(self) -> np.ndarray: ...
+
+
+C = TypeVar("C", bound=ArchConfig)
+
+
+class ModelFamily(ABC, Generic[C]):
+    """One architecture family, over its parsed config type `C`.  `architectures`: the HF `architectures` names it serves;
+    `model_types`: config.json `model_type` → architecture, for configs without `architectures`."""
+    name: str
+    architectures: tuple[str, ...]
+    model_types: Mapping[str, str]
+
+    @abstractmethod
+    def parse_config(self, cfg: dict, architecture: str) -> C:
+        """config.json → the family's config; UnsupportedModel for what its stages cannot compute."""
+
+    @abstractmethod
+    def to_hf_layout(self, weights: dict[str, np.ndarray], mc: C) -> tuple[dict[str, np.ndarray], str]:
+        """Checkpoint tensors → HF names and layout; returns (weights, "huggingface" | "paddlenlp")."""
+
+    @abstractmethod
+    def expected_tensors(self, mc: C) -> dict[str, tuple[int, ...]]:
+        """HF tensor name → shape that a checkpoint of `mc` must provide."""
+
+    @abstractmethod
+    def shard_dims(self, mc: C, tp: int) -> ShardDims:
+        """Per-rank sizes at `tp` ranks; ShardingError when the model does not split that way."""
+
+    @abstractmethod
+    def kv_layout(self, dims: ShardDims) -> KVLayout:
+        """What one rank's KV pool holds per token and layer."""
+
+    @abstractmethod
+    def rank_weights(self, mc: C, hf: dict[str, np.ndarray], dims: ShardDims, rank: int,
+                     quant: str | None, group: int | None) -> dict[str, Any]:
+        """This rank's weights as its stages take them (quantised with `quant`)."""
+
+    @abstractmethod
+    def quant_group(self, dims: ShardDims, requested: int | None) -> int:
+        """The int4 group size at these dims (`requested` checked); QuantError when none fits."""
+
+    @abstractmethod
+    def quant_record(self, method: str | None, group: int | None) -> QuantRecord | None:
+        """What the manifest and config.json record about the quantisation."""
+
+    @abstractmethod
+    def rank_kv_scales(self, mc: C, dims: ShardDims, rank: int,
+                       scales: Mapping[str, np.ndarray]) -> dict[str, list[list[float]]]:
+        """This rank's share of the calibrated int8 KV scales ([num_layers, *scale_shape] each, at tp = 1)."""
+
+    @abstractmethod
+    def build_stages(self, weights: dict[str, Any], dims: ShardDims, rank: int) -> list:
+        """The rank's stages (export/segment.py `Stage`s), in order; imports Paddle."""
+
+    @abstractmethod
+    def served_options(self, mc: C) -> dict[str, Any]:
+        """Architecture options recorded in config.json's `spmd_serve` key."""

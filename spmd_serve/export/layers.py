@@ -1,0 +1,139 @@
+"""Graph building blocks shared by the architecture families: parameters, the linear layers (dense and
+weight-only quantised, one class each), RMSNorm and the fused residual-add + RMSNorm.
+
+Quantised weights (`quant.QuantWeight`) stay int8 in the graph's params (persistable buffers) and are
+dequantised to fp32 right before the matmul: this CPU build has no int8/int4 matmul kernel (on GPU,
+`paddle.nn.quant.weight_only_linear` would take the same buffers).  `make_linear` picks the class
+from the weight's type; the decode graphs' C++ small-batch kernel is the variant's choice
+(`GraphVariant.small_batch_linear`): `spmd_linear` / `spmd_linear_int8` (ops/cpu_kernels/linear.cc)
+stream W once for all rows and dequantise int8 in registers; Paddle's matmul is ~20-25 % slower on
+fp32 there and casts the whole int8 W to fp32 first.
+"""
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any, Callable
+
+import numpy as np
+import paddle
+from paddle import nn
+from paddle.incubate.nn.functional import fused_rms_norm
+
+from ops import paddle_ext
+from spmd_serve.export.quant import QuantWeight
+from spmd_serve.export.variant import GENERAL, GraphVariant
+
+
+def make_param(layer: nn.Layer, value: np.ndarray) -> paddle.Tensor:
+    """An fp32 parameter of `layer` holding `value` (named after the layer, e.g. `linear_3.w_0`)."""
+    return layer.create_parameter(list(value.shape), dtype="float32",
+                                  default_initializer=nn.initializer.Assign(value))
+
+
+def hold_quantised(layer: nn.Layer, qw: QuantWeight) -> None:
+    """Give `layer` a `QuantWeight`'s int8 values (a persistable buffer, so they stay int8 in the
+    saved params) and its fp32 `scale`."""
+    layer.register_buffer("qweight", paddle.to_tensor(qw.q), persistable=True)
+    layer.scale = make_param(layer, qw.scale)
+    layer.method, layer.group, (layer.fan_in, layer.fan_out) = qw.method, qw.group, qw.shape
+
+
+def unpack_int4(q: paddle.Tensor, fan_in: int, group: int) -> paddle.Tensor:
+    """Packed int4 [in/2, m] int8 (row 2i low nibble, 2i+1 high) → fp32 [in/group, group, m]."""
+    four = paddle.full([1], 4, dtype="int8")
+    lo = paddle.bitwise_right_shift(paddle.bitwise_left_shift(q, four), four)   # sign-extended
+    hi = paddle.bitwise_right_shift(q, four)                                     # arithmetic
+    pairs = paddle.stack([lo, hi], axis=1).astype("float32")                     # [in/2, 2, m]
+    return pairs.reshape([fan_in // group, group, -1])                          # [G, g, m]
+
+
+class Linear(nn.Layer):
+    """x @ W for one weight form; `forward(x, variant)`.  Every form's parameters are named
+    `linear_<n>.*` (the name scope), as the graphs have always named them."""
+
+    def __init__(self) -> None:
+        super().__init__(name_scope="linear")
+
+    def forward(self, x: paddle.Tensor, variant: GraphVariant | None = None) -> paddle.Tensor:
+        """`variant` None: the general graph's (GENERAL; a default value would not survive dy2static's
+        rewrite of the method)."""
+        raise NotImplementedError
+
+
+class DenseLinear(Linear):
+    """An fp32 [in, out] weight."""
+
+    def __init__(self, w: np.ndarray) -> None:
+        super().__init__()
+        self.weight = make_param(self, w)
+
+    def forward(self, x: paddle.Tensor, variant: GraphVariant | None = None) -> paddle.Tensor:
+        variant = variant or GENERAL
+        if variant.small_batch_linear:
+            return paddle_ext.run_op("spmd_linear", x, self.weight)
+        return paddle.matmul(x, self.weight)
+
+
+class Int8Linear(Linear):
+    """weight_only_int8: (x @ q) * scale[out]."""
+
+    def __init__(self, qw: QuantWeight) -> None:
+        super().__init__()
+        hold_quantised(self, qw)
+
+    def forward(self, x: paddle.Tensor, variant: GraphVariant | None = None) -> paddle.Tensor:
+        variant = variant or GENERAL
+        if variant.small_batch_linear:
+            return paddle_ext.run_op("spmd_linear_int8", x, self.qweight, self.scale)
+        return paddle.matmul(x, self.qweight.astype("float32")) * self.scale
+
+
+class Int4Linear(Linear):
+    """weight_only_int4: nibbles unpacked with bit shifts, then per input group (x_g @ q_g) * scale_g
+    summed, so no weight-sized multiply.  No C++ kernel: every variant runs the same graph."""
+
+    def __init__(self, qw: QuantWeight) -> None:
+        super().__init__()
+        hold_quantised(self, qw)
+
+    def forward(self, x: paddle.Tensor, variant: GraphVariant | None = None) -> paddle.Tensor:
+        variant = variant or GENERAL
+        w = unpack_int4(self.qweight, self.fan_in, self.group)                                 # [G, g, out]
+        n_groups = self.fan_in // self.group
+        xg = x.reshape([-1, n_groups, self.group]).transpose([1, 0, 2])                        # [G, T, g]
+        return (paddle.matmul(xg, w) * self.scale.unsqueeze(1)).sum(axis=0)                    # [T, out]
+
+
+_BY_METHOD: dict[str | None, Callable[[Any], Linear]] = {None: DenseLinear, "weight_only_int8": Int8Linear,
+                                                         "weight_only_int4": Int4Linear}
+
+
+def make_linear(w: np.ndarray | QuantWeight) -> Linear:
+    """The linear layer for an fp32 [in, out] array or a `QuantWeight`."""
+    return _BY_METHOD[getattr(w, "method", None)](w)
+
+
+def fuse_columns(ws: list):
+    """Concatenate column-parallel weights of one rank along their output dim: [in, out_1 + out_2 ...].
+    A `QuantWeight`'s scales are per output channel ([out] or [in/group, out]), so its integers and
+    scales concatenate the same way: the fused weight quantises exactly like the parts."""
+    if isinstance(ws[0], np.ndarray):
+        return np.concatenate(ws, axis=1)
+    return replace(ws[0], q=np.concatenate([w.q for w in ws], axis=1),
+                   scale=np.concatenate([w.scale for w in ws], axis=-1))
+
+
+def rms_norm(x: paddle.Tensor, weight: paddle.Tensor, eps: float) -> paddle.Tensor:
+    # Same order of operations as PaddleNLP's LlamaRMSNorm (fp32), so logits match to 1e-6.
+    variance = x.pow(2).mean(-1, keepdim=True)
+    return paddle.rsqrt(variance + eps) * x * weight
+
+
+def add_rms_norm(h, delta, weight: paddle.Tensor, eps: float):
+    """(RMSNorm(h + delta), h + delta) in one fused op; `h` None starts the residual stream at
+    `delta` (a copy: Paddle rejects a graph whose output is one of its inputs unchanged)."""
+    if h is None:
+        h = paddle.assign(delta)
+        return fused_rms_norm(h, weight, None, eps, 1)[0], h
+    out, h = fused_rms_norm(delta, weight, None, eps, 1, residual=h)
+    return out, h

@@ -1,0 +1,71 @@
+"""The Llama family: Llama 2/3 (Llama-3.1 rope scaling) and Qwen2/2.5 (q/k/v biases, tied or untied
+embeddings) as options of one decoder (RMSNorm, RoPE, GQA attention, SwiGLU MLP).
+
+config.py parses and refuses, weights.py names tensors, sharding.py splits them over the ranks,
+quant.py quantises a shard, attention.py and stages.py make the graph stages (Paddle, imported
+only when a graph is built).
+"""
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+import numpy as np
+
+from spmd_serve.export.family import ModelFamily
+from spmd_serve.export.llama import quant, sharding, weights
+from spmd_serve.export.llama.config import ARCHITECTURES, MODEL_TYPES, ModelConfig
+from spmd_serve.manifest import KVLayout, QuantRecord, ShardDims
+
+
+class LlamaFamily(ModelFamily[ModelConfig]):
+    name = "llama"
+    architectures = tuple(ARCHITECTURES)
+    model_types = MODEL_TYPES
+
+    def parse_config(self, cfg: dict, architecture: str) -> ModelConfig:
+        return ModelConfig.from_hf(cfg)
+
+    def to_hf_layout(self, w: dict[str, np.ndarray], mc: ModelConfig) -> tuple[dict[str, np.ndarray], str]:
+        return weights.to_hf_layout(w, mc)
+
+    def expected_tensors(self, mc: ModelConfig) -> dict[str, tuple[int, ...]]:
+        return weights.expected_tensors(mc)
+
+    def shard_dims(self, mc: ModelConfig, tp: int) -> ShardDims:
+        return sharding.shard_dims(mc, tp)
+
+    def kv_layout(self, dims: ShardDims) -> KVLayout:
+        return sharding.kv_layout(dims)
+
+    def rank_weights(self, mc: ModelConfig, hf: dict[str, np.ndarray], dims: ShardDims, rank: int,
+                     method: str | None, group: int | None) -> dict[str, Any]:
+        shard = sharding.shard_weights(hf, mc, dims, rank)
+        return quant.quantize_shard(shard, hf, mc, dims, rank, method, group) if method else shard
+
+    def quant_group(self, dims: ShardDims, requested: int | None) -> int:
+        return quant.quant_group(dims, requested)
+
+    def quant_record(self, method: str | None, group: int | None) -> QuantRecord | None:
+        return quant.quant_record(method, group)
+
+    def rank_kv_scales(self, mc: ModelConfig, dims: ShardDims, rank: int,
+                       scales: Mapping[str, np.ndarray]) -> dict[str, list[list[float]]]:
+        heads = sharding.kv_heads_of_rank(mc, dims, rank)          # scales are [num_layers, kv_heads]
+        return {name: sc[:, heads].tolist() for name, sc in scales.items()}
+
+    def build_stages(self, w: dict[str, Any], dims: ShardDims, rank: int) -> list:
+        from spmd_serve.export.llama.attention import AttentionStage
+        from spmd_serve.export.llama.stages import EmbedStage, HeadStage, MlpStage
+
+        stages: list = [EmbedStage(w, dims, rank)]
+        for layer in range(dims.num_layers):
+            stages += [AttentionStage(w, dims, layer), MlpStage(w, dims, layer)]
+        stages.append(HeadStage(w, dims))
+        return stages
+
+    def served_options(self, mc: ModelConfig) -> dict[str, Any]:
+        return {"rope_scaling": mc.rope_scaling, "attention_bias": mc.attention_bias,
+                "tie_word_embeddings": mc.tie_word_embeddings}
+
+
+LLAMA = LlamaFamily()

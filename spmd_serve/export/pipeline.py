@@ -1,0 +1,137 @@
+"""`export_checkpoint`: a HuggingFace or PaddleNLP checkpoint → the served model directory.
+
+Writes CONTRACT §7's layout: the checkpoint's config/tokenizer files, plus one `rank_<i>/` per
+tensor-parallel rank holding that rank's graph segments (`seg_<k>.json` + `.pdiparams`) and a
+`manifest.json` (spmd_serve/manifest.py) that tells the runtime how to feed and join them.  Which
+checkpoints are read is export/checkpoint.py's business; what each architecture is, its family's
+(export/families.py).
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from dataclasses import replace
+from pathlib import Path
+from typing import Any, Mapping
+
+import numpy as np
+
+from spmd_serve.export.calibrate import calibrate_kv_scales
+from spmd_serve.export.checkpoint import load_checkpoint
+from spmd_serve.export.errors import REFUSALS, ExportError, QuantError
+from spmd_serve.export.families import family_of
+from spmd_serve.export.family import ArchConfig, ModelFamily
+from spmd_serve.export.graph_ops import custom_ops_in, resolve_graph_ops
+from spmd_serve.export.variant import GraphVariant
+from spmd_serve.manifest import (MANIFEST_VERSION, QUANT_METHODS, Manifest, ManifestError, SegmentSpec, ShardDims,
+                                 write_manifest)
+from spmd_serve.served_config import ServedConfig, check_dtype_runnable
+
+# Copied verbatim from the checkpoint when present (tokenizer + generation defaults).
+AUX_FILES = ("generation_config.json", "tokenizer_config.json", "special_tokens_map.json",
+             "tokenizer.model", "sentencepiece.bpe.model", "tokenizer.json", "added_tokens.json",
+             "vocab.json", "merges.txt")
+
+
+def _save_variant(seg, dims: ShardDims, rank_dir: Path, variant: GraphVariant) -> SegmentSpec:
+    """Trace a variant of an attention segment next to its base graph (int8 KV pool and/or the
+    decode graph, see export/variant.py); it has the same parameters, so its .pdiparams is
+    dropped when byte-identical and the base graph's is loaded."""
+    from spmd_serve.export.segment import save_segment
+
+    spec = save_segment(seg.with_variant(variant), dims, rank_dir)
+    own, twin = rank_dir / f"{spec.name}.pdiparams", rank_dir / f"{spec.params}.pdiparams"
+    if own.read_bytes() == twin.read_bytes():
+        own.unlink()
+        return spec
+    return replace(spec, params=None)
+
+
+def export_rank(family: ModelFamily[Any], mc: ArchConfig, weights: dict[str, np.ndarray], dims: ShardDims, rank: int,
+                out: Path, quant: str | None = None, group: int | None = None,
+                kv_scales: Mapping[str, np.ndarray] | None = None, cpp_ops: bool = False) -> Manifest:
+    """Trace and save rank `rank`'s segments (each attention segment also as its decode graph and,
+    with `kv_scales`, both again for an int8 pool) and write its manifest.  `cpp_ops`:
+    resolve_graph_ops's answer (tp > 1: one segment with in-graph all-reduces)."""
+    from spmd_serve.export.segment import build_segments, save_segment
+
+    rank_dir = out / f"rank_{rank}"
+    rank_dir.mkdir(parents=True, exist_ok=True)
+    stages = family.build_stages(family.rank_weights(mc, weights, dims, rank, quant, group), dims, rank)
+    specs: list[SegmentSpec] = []
+    kv8_specs: list[SegmentSpec] = []
+    for seg in build_segments(stages, dims, cpp_ops=cpp_ops):
+        spec = save_segment(seg, dims, rank_dir)
+        if seg.has_kv:   # the decode graph the runner uses for steps of a few single-token queries
+            spec = replace(spec, decode=_save_variant(seg, dims, rank_dir, replace(seg.variant, decode=True)))
+        specs.append(spec)
+        if kv_scales is not None and seg.has_kv:
+            kv8 = replace(seg.variant, kv_int8=True)
+            kv8_specs.append(replace(_save_variant(seg, dims, rank_dir, kv8),
+                                     decode=_save_variant(seg, dims, rank_dir, replace(kv8, decode=True))))
+        else:
+            kv8_specs.append(spec)
+    rank_scales = None if kv_scales is None else family.rank_kv_scales(mc, dims, rank, kv_scales)
+    manifest = Manifest(rank=rank, dims=dims, kv_cache=family.kv_layout(dims), segments=tuple(specs),
+                        collectives="none" if dims.tp == 1 else "graph" if cpp_ops else "segments",
+                        custom_ops=custom_ops_in(rank_dir), quant=family.quant_record(quant, group),
+                        inv_freq=tuple(mc.inv_freq().astype(np.float32).tolist()),   # RoPE tables: built by the runner
+                        segments_kv_int8=None if kv_scales is None else tuple(kv8_specs), kv_scales=rank_scales)
+    write_manifest(rank_dir, manifest)
+    return manifest
+
+
+def export_checkpoint(ckpt: Path, out: Path, tp: int = 1, dtype: str = "float32", quant: str | None = None,
+                      quant_group: int | None = None, kv_int8: bool = True, graph_ops: str = "auto") -> Path:
+    """Export into `out` atomically (a temp dir renamed at the end), so a crash leaves nothing half-made.
+    `quant`: weight-only quantisation (export/quant.py); `kv_int8`: also write the int8-KV graph
+    variants and their calibrated scales, so the export serves USE_CACHE_KV_INT8=1 too;
+    `graph_ops`: see resolve_graph_ops."""
+    ckpt = Path(ckpt)
+    try:
+        check_dtype_runnable(dtype)
+        if quant is not None and quant not in QUANT_METHODS:
+            raise QuantError(f"--quant {quant!r} is not one of {', '.join(QUANT_METHODS)}")
+        cfg, mc, weights, source = load_checkpoint(ckpt)
+        family = family_of(mc.architecture)
+        dims = family.shard_dims(mc, tp)
+        group = family.quant_group(dims, quant_group) if quant == "weight_only_int4" else None
+        cpp_ops = resolve_graph_ops(graph_ops)
+    except (*REFUSALS, ManifestError) as e:
+        raise ExportError(str(e)) from None
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    try:
+        for name in AUX_FILES:
+            if (ckpt / name).is_file():
+                shutil.copy2(ckpt / name, tmp / name)
+        kv_scales = calibrate_kv_scales(family, mc, weights, quant, group) if kv_int8 else None
+        for rank in range(tp):
+            export_rank(family, mc, weights, dims, rank, tmp, quant, group, kv_scales, cpp_ops)
+        served = ServedConfig(tp=tp, dtype=dtype, quant=family.quant_record(quant, group), kv_int8=kv_int8,
+                              graph_ops="cpp" if cpp_ops else "paddle", source=source,
+                              options=family.served_options(mc))
+        (tmp / "config.json").write_text(json.dumps(dict(cfg, spmd_serve=served.to_json()), indent=1))
+        if out.exists():
+            shutil.rmtree(out)
+        os.replace(tmp, out)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    return out
+
+
+def ensure_demo_model(preset: str = "tiny", tp: int = 1, root: Path | None = None) -> Path:
+    """The built-in demo model, exported once under ~/.cache/spmd_serve/ (CONTRACT §2 MODEL_DIR); the
+    directory is named with the export format, so versions that write different ones do not share it."""
+    root = root or Path(os.environ.get("SPMD_SERVE_CACHE", Path.home() / ".cache" / "spmd_serve"))
+    out = root / f"demo-{preset}-tp{tp}-v{MANIFEST_VERSION}"
+    if not (out / "config.json").is_file():
+        from spmd_serve.export.demo.checkpoint import write_demo_checkpoint
+
+        with tempfile.TemporaryDirectory() as ckpt:
+            write_demo_checkpoint(Path(ckpt), preset)
+            export_checkpoint(Path(ckpt), out, tp)
+    return out

@@ -1,0 +1,70 @@
+"""config.json's `spmd_serve` key: what `spmd_serve export` recorded about a served directory as a whole
+(CONTRACT §7), and the dtypes this build can run.  Versioned with the rank manifests (manifest.py):
+a directory written by another version is refused with one line telling the user to re-export.
+Pure Python (Paddle is asked about CUDA only for a dtype other than float32).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+from typing import Any, Mapping
+
+from spmd_serve.manifest import MANIFEST_VERSION, REEXPORT, ManifestError, QuantRecord, plain
+
+
+@dataclass(frozen=True)
+class ServedConfig:
+    """What `spmd_serve export` records in the served directory's config.json (CONTRACT §7).
+    `options`: the architecture family's options (e.g. rope_scaling), written next to the fields."""
+    tp: int
+    dtype: str
+    quant: QuantRecord | None
+    kv_int8: bool
+    graph_ops: str                    # "cpp" or "paddle"
+    source: Mapping[str, Any]         # what was read: format, files, architecture, dtype
+    options: Mapping[str, Any] = field(default_factory=dict)
+    format: int = MANIFEST_VERSION
+
+    def to_json(self) -> dict[str, Any]:
+        core = {"format": self.format, "tp": self.tp, "dtype": self.dtype, "quant": plain(self.quant),
+                "kv_int8": self.kv_int8, "graph_ops": self.graph_ops, "source": dict(self.source)}
+        return {**core, **self.options}
+
+    @classmethod
+    def from_json(cls, obj: Any) -> "ServedConfig":
+        """Parse and check what this build can run; ManifestError (one line) otherwise."""
+        if not isinstance(obj, dict):
+            raise ManifestError("the `spmd_serve` key must hold a JSON object (re-export the model)")
+        if obj.get("format") != MANIFEST_VERSION:
+            raise ManifestError(f"export format {obj.get('format')!r}, this build reads {MANIFEST_VERSION}; {REEXPORT}")
+        quant = QuantRecord.from_json(obj.get("quant"))
+        known = {f.name for f in fields(cls)}
+        try:
+            return cls(tp=int(obj["tp"]), dtype=obj.get("dtype", "float32"), quant=quant,
+                       kv_int8=bool(obj.get("kv_int8")), graph_ops=obj.get("graph_ops", "paddle"),
+                       source=obj.get("source") or {}, options={k: v for k, v in obj.items() if k not in known})
+        except (KeyError, TypeError, ValueError) as e:
+            raise ManifestError(f"the `spmd_serve` key is malformed ({e.__class__.__name__}: {e}); "
+                                f"{REEXPORT}") from None
+
+
+DTYPES = ("float32", "float16", "bfloat16")
+# Measured on the CPU build of Paddle 3.3.1: float16 and bfloat16 have no CPU kernels for matmul,
+# rsqrt, pow/mean, softmax, silu or cos (only cast, concat, embedding; gather for bfloat16).
+_CPU_MISSING = "matmul, softmax, rsqrt, silu and cos"
+
+
+def check_dtype_runnable(dtype: str, compiled_with_cuda: bool | None = None) -> None:
+    """Raise ManifestError (one line) unless this Paddle build can run graphs of `dtype`.  Paddle is
+    imported (to ask whether it has CUDA) only for a dtype other than float32."""
+    if dtype not in DTYPES:
+        raise ManifestError(f"dtype {dtype!r} is not one of {', '.join(DTYPES)}")
+    if dtype == "float32":
+        return
+    if compiled_with_cuda is None:
+        import paddle
+
+        compiled_with_cuda = bool(paddle.is_compiled_with_cuda())
+    if not compiled_with_cuda:
+        raise ManifestError(f"{dtype} needs a GPU build of Paddle: this CPU build has no {dtype} kernels for "
+                            f"{_CPU_MISSING}; use --dtype float32 on CPU")
+    raise ManifestError(f"{dtype} graphs are not built yet (the segments compute in float32); use --dtype float32")

@@ -1,0 +1,33 @@
+"""Registering our C++ graph ops (ops/paddle_ext.py) in a rank process before its graphs load.
+
+A graph that calls `spmd_allreduce`, `spmd_decode_attention` or `spmd_linear[_int8]` loads only once
+the op library is registered; the manifest lists the ops a rank's graphs call (`custom_ops`).
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from spmd_serve.config import ConfigError
+from spmd_serve.manifest import Manifest
+
+
+def register_graph_ops(manifest: Manifest, rank_dir: Path) -> None:
+    """Register the op library when the rank's graphs need it, or say why it cannot be (ConfigError)."""
+    if not manifest.custom_ops:
+        return
+    from ops import paddle_ext
+
+    reason = paddle_ext.unavailable()
+    if reason is not None:
+        raise ConfigError(f"{rank_dir} uses the C++ graph ops {', '.join(manifest.custom_ops)}, which need "
+                          f"the op library: {reason}; install what it names or re-export with --graph-ops paddle")
+
+
+def graph_allreduce_clock(manifest: Manifest):
+    """The op library's running total of seconds spent in in-graph all-reduces ("graph" collectives),
+    or None when the graphs have none: the runner counts that time as allreduce, not as the segment's."""
+    if manifest.collectives != "graph":
+        return None
+    from ops import paddle_ext
+
+    return paddle_ext.allreduce_seconds
