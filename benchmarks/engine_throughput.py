@@ -5,6 +5,7 @@
 Prints one JSON line on rank 0: throughput, steps, and ms per step for schedule / broadcast /
 execute / sample / update.  Greedy, EOS masked so every request generates exactly --output-len.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -27,15 +28,24 @@ def main() -> None:
     rng = np.random.default_rng(0)
     prompts = [[1] + rng.integers(10, 1000, args.input_len - 1).tolist() for _ in range(args.concurrency)]
     params = SamplingParams(max_tokens=args.output_len, min_tokens=args.output_len, temperature=0.0)
-    res = generate(args.model_dir, prompts, params, num_blocks=args.num_blocks, block_size=64,
-                   eos_token_ids=frozenset({2}))
+    res = generate(
+        args.model_dir, prompts, params, num_blocks=args.num_blocks, block_size=64, eos_token_ids=frozenset({2})
+    )
     if res is None:
         return
     out_tokens = sum(len(t) for t in res["tokens"])
-    print(json.dumps({"concurrency": args.concurrency, "num_blocks": args.num_blocks, "output_tokens": out_tokens,
-                      "elapsed_s": round(res["elapsed_s"], 3),
-                      "output_tokens_per_s": round(out_tokens / res["elapsed_s"], 1),
-                      **res["stats"]}))
+    print(
+        json.dumps(
+            {
+                "concurrency": args.concurrency,
+                "num_blocks": args.num_blocks,
+                "output_tokens": out_tokens,
+                "elapsed_s": round(res["elapsed_s"], 3),
+                "output_tokens_per_s": round(out_tokens / res["elapsed_s"], 1),
+                **res["stats"],
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -4,19 +4,20 @@ the engine thread can publish.  Prints the native chat URL, then serves until ki
 
     python benchmarks/frontend_server.py [CAPACITY]
 """
+
 from __future__ import annotations
 
 import signal
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))   # the repo root: tests.support
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repo root: tests.support
 
 
 def main(capacity: int) -> None:
     from tests.support.fakes import Harness
 
-    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGINT})   # for sigwait, all threads
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGINT})  # for sigwait, all threads
     h = Harness(capacity=capacity + 8, step_s=0.0, max_dec_len=4096, model_max_len=8192, max_seq_len=8192)
     print(h.url, flush=True)
     try:

@@ -9,6 +9,7 @@ same process and with the same thread count, a numpy float32 matmul of this rank
 and a numpy copy of a buffer larger than the caches, so every ratio is taken on one machine state.
 Rank 0 prints one JSON line; `benchmarks/goals.py` runs this and judges the figures.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -39,7 +40,7 @@ def copy_bandwidth(nbytes: int = 256 << 20, reps: int = 7, sync=None) -> float:
 def shard_matmuls(dims: dict) -> list[tuple[int, int]]:
     """(in, out) of every weight matmul of one decode step on this rank (embedding excluded:
     it is a row gather).  Column shards: q/k/v/gate/up; row shards: o/down; vocab-parallel head."""
-    h, d, inter = dims["hidden"], dims["head_dim"], dims["intermediate"]   # per-rank dims
+    h, d, inter = dims["hidden"], dims["head_dim"], dims["intermediate"]  # per-rank dims
     q, kv = dims["heads"] * d, dims["kv_heads"] * d
     layer = [(h, q), (h, kv), (h, kv), (q, h), (h, inter), (h, inter), (inter, h)]
     return layer * dims["num_layers"] + [(h, dims["vocab_local"])]
@@ -69,6 +70,7 @@ def numpy_matmul_flops(dims: dict, tokens: int, reps: int = 9) -> float:
 
 
 def run(model_dir: str, batch: int, input_len: int, output_len: int, num_threads: int) -> dict | None:
+    from spmd_serve.config import env_setting
     from spmd_serve.dist.comm import Comm
     from spmd_serve.engine.client import EngineClient
     from spmd_serve.engine.engine import Engine, worker_loop
@@ -76,29 +78,44 @@ def run(model_dir: str, batch: int, input_len: int, output_len: int, num_threads
     from spmd_serve.sampling_params import SamplingParams
     from spmd_serve.scheduler.request import Request
     from spmd_serve.scheduler.scheduler import SchedulerConfig
-    from spmd_serve.config import env_setting
     from spmd_serve.worker.model_runner import ModelRunner
 
     comm = Comm()
     num_blocks, block_size = 512, 64
-    runner = ModelRunner(model_dir, comm.rank, comm, num_blocks, block_size, num_threads,
-                         onednn=env_setting("onednn_min_tokens"), malloc_tuning=env_setting("malloc_tuning"))
+    runner = ModelRunner(
+        model_dir,
+        comm.rank,
+        comm,
+        num_blocks,
+        block_size,
+        num_threads,
+        onednn=env_setting("onednn_min_tokens"),
+        malloc_tuning=env_setting("malloc_tuning"),
+    )
     comm.barrier()
     if comm.rank != 0:
         worker_loop(comm, runner)
-        copy_bandwidth(sync=comm.barrier)   # with rank 0's: each rank's share when all ranks stream
+        copy_bandwidth(sync=comm.barrier)  # with rank 0's: each rank's share when all ranks stream
         return None
-    sched = SchedulerConfig(max_num_seqs=max(batch, 1), num_blocks=num_blocks, block_size=block_size,
-                            block_ratio=1.0, max_waiting=batch + 1, max_num_batched_tokens=max(512, batch * input_len),
-                            max_model_len=4096)
+    sched = SchedulerConfig(
+        max_num_seqs=max(batch, 1),
+        num_blocks=num_blocks,
+        block_size=block_size,
+        block_ratio=1.0,
+        max_waiting=batch + 1,
+        max_num_batched_tokens=max(512, batch * input_len),
+        max_model_len=4096,
+    )
     engine = Engine(sched, comm, runner, EngineClient(capacity=batch), frozenset({2}))
     rng = np.random.default_rng(0)
     params = SamplingParams(max_tokens=output_len, min_tokens=output_len, temperature=0.0)
-    reqs = [Request(str(i), [1] + rng.integers(10, 1000, input_len - 1).tolist(), params,
-                    eos_token_ids=frozenset({2})) for i in range(batch)]
+    reqs = [
+        Request(str(i), [1] + rng.integers(10, 1000, input_len - 1).tolist(), params, eos_token_ids=frozenset({2}))
+        for i in range(batch)
+    ]
     for r in reqs:
         engine.scheduler.add_request(r)
-    while not all(r.output_token_ids for r in reqs):      # prefill (and its first tokens)
+    while not all(r.output_token_ids for r in reqs):  # prefill (and its first tokens)
         engine.step()
     st = engine.stats
     before, steps0, sampled0, t0 = st.totals(), st.steps, st.sampled, time.perf_counter()
@@ -111,14 +128,23 @@ def run(model_dir: str, batch: int, input_len: int, output_len: int, num_threads
     steps, sampled = st.steps - steps0, st.sampled - sampled0
     ms = {k: 1e3 * (after[k] - before[k]) / max(steps, 1) for k in after}
     dims = dataclasses.asdict(runner.dims)
-    return {"model_dir": model_dir, "tp": dims["tp"], "batch": batch, "threads": num_threads,
-            "decode_steps": steps, "decode_tokens": sampled, "elapsed_s": elapsed,
-            "steps_per_s": steps / elapsed, "tokens_per_s": sampled / elapsed, "ms_per_step": ms,
-            "weight_bytes_per_step": weight_bytes_per_step(dims),
-            "flops_per_token": 2 * sum(i * o for i, o in shard_matmuls(dims)),
-            "copy_bandwidth_concurrent_Bps": concurrent_bw,   # while every rank of the job copies
-            "copy_bandwidth_Bps": copy_bandwidth(),
-            "numpy_matmul_flops": numpy_matmul_flops(dims, batch)}
+    return {
+        "model_dir": model_dir,
+        "tp": dims["tp"],
+        "batch": batch,
+        "threads": num_threads,
+        "decode_steps": steps,
+        "decode_tokens": sampled,
+        "elapsed_s": elapsed,
+        "steps_per_s": steps / elapsed,
+        "tokens_per_s": sampled / elapsed,
+        "ms_per_step": ms,
+        "weight_bytes_per_step": weight_bytes_per_step(dims),
+        "flops_per_token": 2 * sum(i * o for i, o in shard_matmuls(dims)),
+        "copy_bandwidth_concurrent_Bps": concurrent_bw,  # while every rank of the job copies
+        "copy_bandwidth_Bps": copy_bandwidth(),
+        "numpy_matmul_flops": numpy_matmul_flops(dims, batch),
+    }
 
 
 def main() -> None:

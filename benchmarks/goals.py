@@ -12,6 +12,7 @@ own `generate` serving the same prompts one after another, `frontend` frames/s o
 over a fake engine.  Engine goals run benchmarks/goal_engine.py under mpirun (`--reps` times,
 median); each reference figure is taken in the same run as the figure it divides.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -30,17 +31,37 @@ GOALS = ("bandwidth", "flops", "overhead", "tp2", "paddlenlp", "frontend")
 
 
 def mpi_env() -> dict[str, str]:
-    env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", GLOG_minloglevel="2",
-               OMPI_MCA_btl_vader_single_copy_mechanism="none", OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1",
-               MKL_NUM_THREADS="1")
+    env = dict(
+        os.environ,
+        OMPI_ALLOW_RUN_AS_ROOT="1",
+        OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
+        GLOG_minloglevel="2",
+        OMPI_MCA_btl_vader_single_copy_mechanism="none",
+        OPENBLAS_NUM_THREADS="1",
+        OMP_NUM_THREADS="1",
+        MKL_NUM_THREADS="1",
+    )
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH", "")) if p)
     return env
 
 
 def engine_run(model_dir: str, n: int, batch: int, output_len: int = 48) -> dict:
     """One goal_engine.py run under `mpirun -n n`; its JSON line."""
-    cmd = ["mpirun", "-n", str(n), "--oversubscribe", "--bind-to", "none", sys.executable,
-           str(HERE / "goal_engine.py"), model_dir, "--batch", str(batch), "--output-len", str(output_len)]
+    cmd = [
+        "mpirun",
+        "-n",
+        str(n),
+        "--oversubscribe",
+        "--bind-to",
+        "none",
+        sys.executable,
+        str(HERE / "goal_engine.py"),
+        model_dir,
+        "--batch",
+        str(batch),
+        "--output-len",
+        str(output_len),
+    ]
     out = subprocess.run(cmd, env=mpi_env(), capture_output=True, text=True, timeout=900)
     for line in out.stdout.splitlines():
         if line.startswith("GOAL_ENGINE "):
@@ -68,26 +89,31 @@ def paddlenlp_rate(num_prompts: int, input_len: int, output_len: int) -> float:
     """Output tokens/s of PaddleNLP's LlamaForCausalLM.generate (greedy, KV cache) on the demo-small
     weights, one prompt after another (tests/support/paddlenlp_reference.py loads it)."""
     import numpy as np
+
     sys.path.insert(0, str(ROOT))
+    from spmd_serve.export.demo.checkpoint import write_demo_checkpoint
     from tests.support.paddlenlp_reference import load_reference_model, reference_generate
 
-    from spmd_serve.export.demo.checkpoint import write_demo_checkpoint
     with tempfile.TemporaryDirectory() as tmp:
-        write_demo_checkpoint(Path(tmp), "small")          # the checkpoint `export --demo small` exports
+        write_demo_checkpoint(Path(tmp), "small")  # the checkpoint `export --demo small` exports
         model = load_reference_model(tmp)
     rng = np.random.default_rng(0)
     prompts = [[1] + rng.integers(10, 1000, input_len - 1).tolist() for _ in range(num_prompts)]
-    reference_generate(model, prompts[0], 4)                 # warm-up
+    reference_generate(model, prompts[0], 4)  # warm-up
     t = time.perf_counter()
-    tokens = sum(len(reference_generate(model, p, output_len)) for p in prompts)   # a list of ids
+    tokens = sum(len(reference_generate(model, p, output_len)) for p in prompts)  # a list of ids
     return tokens / (time.perf_counter() - t)
 
 
 def frontend_frames_per_s(streams: int, tokens: int) -> float:
     """Frames/s of the native NDJSON stream from IOServer over FakeEngine(step_s=0): the server in a
     subprocess, `streams` concurrent clients here (aiohttp), `tokens` frames each."""
-    server = subprocess.Popen([sys.executable, str(HERE / "frontend_server.py"), str(streams)],
-                              env=mpi_env(), stdout=subprocess.PIPE, text=True)
+    server = subprocess.Popen(
+        [sys.executable, str(HERE / "frontend_server.py"), str(streams)],
+        env=mpi_env(),
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         url = server.stdout.readline().strip()
         return asyncio_streams(url, streams, tokens)
@@ -138,22 +164,43 @@ def main() -> None:
     if "bandwidth" in want:
         r = runs["tp1_b1"]
         frac = median_of(r, lambda x: x["weight_bytes_per_step"] * x["steps_per_s"] / x["copy_bandwidth_Bps"])
-        results.append(report("bandwidth", frac, ">= 0.70", frac >= 0.7,
-                              f"{median_of(r, lambda x: x['steps_per_s']):.1f} steps/s x "
-                              f"{r[0]['weight_bytes_per_step'] / 1e6:.0f} MB / copy "
-                              f"{median_of(r, lambda x: x['copy_bandwidth_Bps']) / 1e9:.1f} GB/s (read+write)"))
+        results.append(
+            report(
+                "bandwidth",
+                frac,
+                ">= 0.70",
+                frac >= 0.7,
+                f"{median_of(r, lambda x: x['steps_per_s']):.1f} steps/s x "
+                f"{r[0]['weight_bytes_per_step'] / 1e6:.0f} MB / copy "
+                f"{median_of(r, lambda x: x['copy_bandwidth_Bps']) / 1e9:.1f} GB/s (read+write)",
+            )
+        )
     if "flops" in want:
         r = runs["tp1_b32"]
         frac = median_of(r, lambda x: x["flops_per_token"] * x["tokens_per_s"] / x["numpy_matmul_flops"])
-        results.append(report("flops", frac, ">= 0.60", frac >= 0.6,
-                              f"{median_of(r, lambda x: x['flops_per_token'] * x['tokens_per_s']) / 1e9:.1f} GFLOP/s "
-                              f"vs numpy {median_of(r, lambda x: x['numpy_matmul_flops']) / 1e9:.1f} GFLOP/s (1 thread)"))
+        results.append(
+            report(
+                "flops",
+                frac,
+                ">= 0.60",
+                frac >= 0.6,
+                f"{median_of(r, lambda x: x['flops_per_token'] * x['tokens_per_s']) / 1e9:.1f} GFLOP/s "
+                f"vs numpy {median_of(r, lambda x: x['numpy_matmul_flops']) / 1e9:.1f} GFLOP/s (1 thread)",
+            )
+        )
     if "overhead" in want:
         r = runs["tp1_b32"]
         frac = median_of(r, lambda x: overhead_ms(x["ms_per_step"]) / (1e3 / x["steps_per_s"]))
-        results.append(report("overhead", frac, "<= 0.10", frac <= 0.1,
-                              f"{median_of(r, lambda x: overhead_ms(x['ms_per_step'])):.2f} ms of "
-                              f"{median_of(r, lambda x: 1e3 / x['steps_per_s']):.1f} ms per step"))
+        results.append(
+            report(
+                "overhead",
+                frac,
+                "<= 0.10",
+                frac <= 0.1,
+                f"{median_of(r, lambda x: overhead_ms(x['ms_per_step'])):.2f} ms of "
+                f"{median_of(r, lambda x: 1e3 / x['steps_per_s']):.1f} ms per step",
+            )
+        )
     if "tp2" in want:
         t1, t2 = (median_of(runs[k], lambda x: x["steps_per_s"]) for k in ("tp1_b1", "tp2_b1"))
         ar = median_of(runs["tp2_b1"], lambda x: x["ms_per_step"]["allreduce"])
@@ -161,20 +208,41 @@ def main() -> None:
         # while both copy) / (one process's alone) times faster than one, whatever the software
         bw2 = median_of(runs["tp2_b1"], lambda x: x.get("copy_bandwidth_concurrent_Bps", 0))
         bw1 = median_of(runs["tp1_b1"], lambda x: x["copy_bandwidth_Bps"])
-        results.append(report("tp2", t2 / t1, ">= 1.6", t2 / t1 >= 1.6,
-                              f"TP=2 {t2:.1f} vs TP=1 {t1:.1f} steps/s; TP=2 allreduce {ar:.1f} ms/step; "
-                              f"memory-bound ceiling {2 * bw2 / bw1:.2f}x (copy {2 * bw2 / 1e9:.1f} GB/s by 2 ranks "
-                              f"at once vs {bw1 / 1e9:.1f} GB/s by 1)"))
+        results.append(
+            report(
+                "tp2",
+                t2 / t1,
+                ">= 1.6",
+                t2 / t1 >= 1.6,
+                f"TP=2 {t2:.1f} vs TP=1 {t1:.1f} steps/s; TP=2 allreduce {ar:.1f} ms/step; "
+                f"memory-bound ceiling {2 * bw2 / bw1:.2f}x (copy {2 * bw2 / 1e9:.1f} GB/s by 2 ranks "
+                f"at once vs {bw1 / 1e9:.1f} GB/s by 1)",
+            )
+        )
     if "paddlenlp" in want:
         ours = median_of(runs["tp1_b32"], lambda x: x["tokens_per_s"])
         ref = paddlenlp_rate(args.paddlenlp_prompts, 16, 48)
-        results.append(report("paddlenlp", ours / ref, ">= 10", ours / ref >= 10,
-                              f"engine {ours:.0f} tok/s at batch 32 vs PaddleNLP generate {ref:.1f} tok/s sequential"))
+        results.append(
+            report(
+                "paddlenlp",
+                ours / ref,
+                ">= 10",
+                ours / ref >= 10,
+                f"engine {ours:.0f} tok/s at batch 32 vs PaddleNLP generate {ref:.1f} tok/s sequential",
+            )
+        )
     if "frontend" in want:
         rates = [frontend_frames_per_s(64, 200) for _ in range(args.reps)]
         fps = statistics.median(rates)
-        results.append(report("frontend", fps, ">= 10000", fps >= 1e4,
-                              f"64 streams x 200 frames, fake engine step_s=0, native NDJSON; runs {rates}"))
+        results.append(
+            report(
+                "frontend",
+                fps,
+                ">= 10000",
+                fps >= 1e4,
+                f"64 streams x 200 frames, fake engine step_s=0, native NDJSON; runs {rates}",
+            )
+        )
     if args.json:
         Path(args.json).write_text(json.dumps({"results": results, "runs": runs}, indent=1))
 

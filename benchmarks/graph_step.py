@@ -11,6 +11,7 @@ on Paddle's per-op profiler (printed at exit: calls per op type over warm-up + r
 counts the ops one run executes; Paddle also writes `profile.log` into the current directory —
 do not commit it).  Used for the before/after of graph changes in RESULTS.md.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -48,12 +49,12 @@ class Graph:
         cfg.set_cpu_math_library_num_threads(threads)
         cfg.enable_mkldnn() if onednn else cfg.disable_mkldnn()
         if man.quant is not None:
-            cfg.delete_pass("constant_folding_pass")   # as worker/model_runner.py loads quantised graphs
+            cfg.delete_pass("constant_folding_pass")  # as worker/model_runner.py loads quantised graphs
         if prof:
             cfg.enable_profile()
         self.p = inference.create_predictor(cfg)
         pool = KVCachePool(man.kv_cache, NUM_BLOCKS, BLOCK)
-        self.pool = pool   # the predictor shares its memory: keep it alive
+        self.pool = pool  # the predictor shares its memory: keep it alive
         for n in self.p.get_input_names():
             if n in pool:
                 self.p.get_input_handle(n).share_external_data(pool.tensor(n))
@@ -75,10 +76,14 @@ def decode_feeds(graphs: list[Graph], batch: int, past: int) -> dict[str, np.nda
     """A decode step of `batch` sequences with `past` tokens each in the cache: every input any of
     `graphs` takes (worker/step_tables.py)."""
     mb = (past + 1 + BLOCK - 1) // BLOCK
-    plan = SimpleNamespace(input_ids=np.full(batch, 5, np.int64), positions=np.full(batch, past, np.int64),
-                           query_lens=np.ones(batch, np.int64), ctx_lens=np.full(batch, past, np.int64),
-                           block_tables=np.arange(batch * mb, dtype=np.int64).reshape(batch, mb) % NUM_BLOCKS)
-    plan.slot_mapping = plan.block_tables[:, past // BLOCK] * BLOCK + past % BLOCK   # the new token's slot
+    plan = SimpleNamespace(
+        input_ids=np.full(batch, 5, np.int64),
+        positions=np.full(batch, past, np.int64),
+        query_lens=np.ones(batch, np.int64),
+        ctx_lens=np.full(batch, past, np.int64),
+        block_tables=np.arange(batch * mb, dtype=np.int64).reshape(batch, mb) % NUM_BLOCKS,
+    )
+    plan.slot_mapping = plan.block_tables[:, past // BLOCK] * BLOCK + past % BLOCK  # the new token's slot
     names = {n for g in graphs for n in g.p.get_input_names()}
     return step_feeds(plan, graphs[0].dims, graphs[0].inv_freq, BLOCK, names)
 
@@ -94,11 +99,11 @@ def main() -> None:
     ap.add_argument("--prof", action="store_true")
     ap.add_argument("--decode", action="store_true", help="the decode graph (spec['decode']) where the export has one")
     args = ap.parse_args()
-    if env_setting("malloc_tuning"):   # as ModelRunner does (SPMD_MALLOC_TUNING=0: glibc defaults)
+    if env_setting("malloc_tuning"):  # as ModelRunner does (SPMD_MALLOC_TUNING=0: glibc defaults)
         tune_malloc()
     graphs = [Graph(d, bool(o), args.threads, args.prof, args.decode) for d in args.dirs for o in args.onednn]
     feeds = decode_feeds(graphs, args.batch, args.past)
-    for _ in range(3):                        # warm-up (oneDNN creates its primitives here)
+    for _ in range(3):  # warm-up (oneDNN creates its primitives here)
         for g in graphs:
             g.run(feeds)
     for g in graphs:
@@ -108,8 +113,11 @@ def main() -> None:
             g.run(feeds)
     for g in graphs:
         ms = 1e3 * np.asarray(g.times)
-        print(f"{g.label} B={args.batch} C={args.past} threads={args.threads}: median {np.median(ms):.2f} ms "
-              f"p25 {np.percentile(ms, 25):.2f} min {ms.min():.2f} ({len(ms)} runs)", flush=True)
+        print(
+            f"{g.label} B={args.batch} C={args.past} threads={args.threads}: median {np.median(ms):.2f} ms "
+            f"p25 {np.percentile(ms, 25):.2f} min {ms.min():.2f} ({len(ms)} runs)",
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ numpy twin) on [batch, vocab] logits, batch 1 and 32, vocab 8000 and 32000, gree
 with `git show REV:spmd_serve/engine/sampler.py > /tmp/old.py`), so before/after runs can be
 interleaved on a shared machine.  Prints one line per case: the median and min in ms per step.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -19,12 +20,13 @@ from spmd_serve.sampling_params import SamplingParams
 from spmd_serve.scheduler.request import Request
 
 CASES = {"greedy": dict(temperature=0.0), "top_p": dict(temperature=0.8, top_p=0.9)}
-GENERATED = 32          # output tokens each request already has (penalty/EOS inputs)
+GENERATED = 32  # output tokens each request already has (penalty/EOS inputs)
 
 
 def load_sample(path: str | None):
     if path is None:
         from spmd_serve.engine.sampler import sample
+
         return sample
     spec = importlib.util.spec_from_file_location("alt_sampler", path)
     mod = importlib.util.module_from_spec(spec)
@@ -36,8 +38,9 @@ def requests(batch: int, vocab: int, case: str) -> list[Request]:
     rng = np.random.default_rng(batch)
     out = []
     for i in range(batch):
-        r = Request(str(i), [1, 2, 3], SamplingParams(seed=i, max_tokens=4096, **CASES[case]),
-                    eos_token_ids=frozenset({2}))
+        r = Request(
+            str(i), [1, 2, 3], SamplingParams(seed=i, max_tokens=4096, **CASES[case]), eos_token_ids=frozenset({2})
+        )
         r.output_token_ids = [int(t) for t in rng.integers(3, vocab, GENERATED)]
         out.append(r)
     return out
@@ -47,7 +50,7 @@ def time_case(sample, batch: int, vocab: int, case: str, repeats: int) -> tuple[
     # logits like a model's: a few strong candidates over a normal background
     logits = (np.random.default_rng(vocab).standard_normal((batch, vocab)) * 2.0).astype(np.float32)
     reqs = requests(batch, vocab, case)
-    sample(logits, reqs)                                 # warm-up
+    sample(logits, reqs)  # warm-up
     times = []
     for _ in range(repeats):
         t0 = time.perf_counter()
@@ -66,8 +69,9 @@ def main() -> None:
         for vocab in (8000, 32000):
             for batch in (1, 32):
                 med, best = time_case(sample, batch, vocab, case, args.repeats)
-                print(f"{case:6s} vocab {vocab:5d} batch {batch:2d}: median {med:8.2f} ms  min {best:8.2f} ms",
-                      flush=True)
+                print(
+                    f"{case:6s} vocab {vocab:5d} batch {batch:2d}: median {med:8.2f} ms  min {best:8.2f} ms", flush=True
+                )
 
 
 if __name__ == "__main__":

@@ -8,11 +8,13 @@ bandwidth.  Decode attention and KV writes are memory bound, so that fraction is
 Sampling (ops/sample*.py) is timed against one read of its logits (goal <= 3x); further kernels
 go in `extra_benches` below.
 """
+
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
@@ -82,8 +84,9 @@ def copy_bandwidth(nbytes: int = 1 << 30) -> float:
     return 2 * nbytes / sec
 
 
-def bench_kv_cache_write(tokens: int, kv_heads: int = 8, head_dim: int = 128, block_size: int = 64,
-                         kv_int8: bool = False) -> Result:
+def bench_kv_cache_write(
+    tokens: int, kv_heads: int = 8, head_dim: int = 128, block_size: int = 64, kv_int8: bool = False
+) -> Result:
     rng, bufs = np.random.default_rng(0), Buffers()
     num_blocks = max(1, -(-tokens // block_size)) * 2
     key = bufs.upload(rng.standard_normal((tokens, kv_heads, head_dim)).astype(np.float16))
@@ -101,8 +104,16 @@ def bench_kv_cache_write(tokens: int, kv_heads: int = 8, head_dim: int = 128, bl
     return Result(name, f"T={tokens} kv={kv_heads}x{head_dim} fp16", sec, nbytes)
 
 
-def bench_paged_attention(batch: int, context: int, q_heads: int = 32, kv_heads: int = 8, head_dim: int = 128,
-                          block_size: int = 64, kv_int8: bool = False, partition_blocks: int | None = None) -> Result:
+def bench_paged_attention(
+    batch: int,
+    context: int,
+    q_heads: int = 32,
+    kv_heads: int = 8,
+    head_dim: int = 128,
+    block_size: int = 64,
+    kv_int8: bool = False,
+    partition_blocks: int | None = None,
+) -> Result:
     rng, bufs = np.random.default_rng(0), Buffers()
     blocks_per_seq = -(-context // block_size)
     num_blocks = batch * blocks_per_seq
@@ -120,31 +131,47 @@ def bench_paged_attention(batch: int, context: int, q_heads: int = 32, kv_heads:
     # Shuffled block tables: real pools are fragmented, so do not let the benchmark read contiguously.
     tables = bufs.upload(rng.permutation(num_blocks).reshape(batch, blocks_per_seq).astype(np.int32))
     lens = bufs.upload(np.full(batch, context, np.int32))
-    sec = time_per_call(lambda: paged_attention_gpu(query, kc, vc, tables, lens, *scales, out=out,
-                                                    partition_blocks=partition_blocks, max_context_len=context))
+    sec = time_per_call(
+        lambda: paged_attention_gpu(
+            query, kc, vc, tables, lens, *scales, out=out, partition_blocks=partition_blocks, max_context_len=context
+        )
+    )
     bufs.free()
     kv_bytes = 2 * batch * context * kv_heads * head_dim * (1 if kv_int8 else 2)
     nbytes = kv_bytes + 2 * batch * q_heads * head_dim * 2 + batch * blocks_per_seq * 4
     split = {None: "auto", 0: "single pass"}.get(partition_blocks, f"split {partition_blocks} blocks")
-    return Result(f"paged_attention{' int8' if kv_int8 else ''} ({split})",
-                  f"B={batch} ctx={context} q/kv={q_heads}/{kv_heads}x{head_dim} bs={block_size} fp16", sec, nbytes)
+    return Result(
+        f"paged_attention{' int8' if kv_int8 else ''} ({split})",
+        f"B={batch} ctx={context} q/kv={q_heads}/{kv_heads}x{head_dim} bs={block_size} fp16",
+        sec,
+        nbytes,
+    )
 
 
 def bench_sample(batch: int, vocab: int, label: str, **over: float) -> Result:
     """ops.sample over [batch, vocab] fp32 logits (normal, scale 2), no penalties; `nbytes` = one
     read of the logits, so 100 / (% copy) is the time in units of one read (goal <= 3)."""
     rng, bufs = np.random.default_rng(0), Buffers()
-    rows = {"temperature": np.float32(over.get("temperature", 1.0)), "top_p": np.float32(over.get("top_p", 1.0)),
-            "top_k": np.int32(over.get("top_k", 0)), "rep_penalty": np.float32(1), "freq_penalty": np.float32(0),
-            "pres_penalty": np.float32(0), "seeds": np.uint64(1), "counters": np.int64(0),
-            "min_tokens": np.int32(0), "num_generated": np.int32(0)}
+    rows = {
+        "temperature": np.float32(over.get("temperature", 1.0)),
+        "top_p": np.float32(over.get("top_p", 1.0)),
+        "top_k": np.int32(over.get("top_k", 0)),
+        "rep_penalty": np.float32(1),
+        "freq_penalty": np.float32(0),
+        "pres_penalty": np.float32(0),
+        "seeds": np.uint64(1),
+        "counters": np.int64(0),
+        "min_tokens": np.int32(0),
+        "num_generated": np.int32(0),
+    }
     args: dict[str, Any] = {k: bufs.upload(np.full(batch, v)) for k, v in rows.items()}
     args["counters"] = bufs.upload(np.arange(batch, dtype=np.int64))
     args["eos_ids"] = bufs.upload(np.full((batch, 1), -1, np.int32))
     args["gen_token_ids"] = bufs.upload(np.full((batch, 0), -1, np.int32))
-    logits = bufs.upload((rng.standard_normal((batch, vocab), dtype=np.float32) * 2))
-    outs: dict[str, Any] = dict(out_tokens=bufs.empty((batch,), np.int32),
-                                out_logprobs=bufs.empty((batch,), np.float32))
+    logits = bufs.upload(rng.standard_normal((batch, vocab), dtype=np.float32) * 2)
+    outs: dict[str, Any] = dict(
+        out_tokens=bufs.empty((batch,), np.int32), out_logprobs=bufs.empty((batch,), np.float32)
+    )
     sec = time_per_call(lambda: sample_gpu(logits, **args, **outs))
     bufs.free()
     return Result(f"sample ({label})", f"B={batch} V={vocab} fp32", sec, batch * vocab * 4)
@@ -153,24 +180,36 @@ def bench_sample(batch: int, vocab: int, label: str, **over: float) -> Result:
 def extra_benches() -> list[Result]:
     """>>> Add benchmarks of further kernels here: return one Result per case, with `nbytes` the
     minimum bytes the kernel must move. <<<"""
-    return [bench_sample(128, 128 * 1024, "greedy", temperature=0.0), bench_sample(128, 128 * 1024, "T=1"),
-            bench_sample(128, 128 * 1024, "top_p=0.9", top_p=0.9),
-            bench_sample(128, 128 * 1024, "top_k=50 top_p=0.9", top_k=50, top_p=0.9)]
+    return [
+        bench_sample(128, 128 * 1024, "greedy", temperature=0.0),
+        bench_sample(128, 128 * 1024, "T=1"),
+        bench_sample(128, 128 * 1024, "top_p=0.9", top_p=0.9),
+        bench_sample(128, 128 * 1024, "top_k=50 top_p=0.9", top_k=50, top_p=0.9),
+    ]
 
 
 def main() -> int:
     if not runtime.gpu_available():
-        print("ops.bench needs an NVIDIA GPU and driver (cuInit failed or no device); nothing to measure.",
-              file=sys.stderr)
+        print(
+            "ops.bench needs an NVIDIA GPU and driver (cuInit failed or no device); nothing to measure.",
+            file=sys.stderr,
+        )
         return 1
     bw = copy_bandwidth()
-    print(f"device {runtime.device_arch()}, {runtime.sm_count()} SMs; copy bandwidth (cuMemcpyDtoD, read+write): "
-          f"{bw / 1e9:.0f} GB/s\n")
+    print(
+        f"device {runtime.device_arch()}, {runtime.sm_count()} SMs; copy bandwidth (cuMemcpyDtoD, read+write): "
+        f"{bw / 1e9:.0f} GB/s\n"
+    )
     results = [
-        bench_kv_cache_write(64), bench_kv_cache_write(8192), bench_kv_cache_write(8192, kv_int8=True),
-        bench_paged_attention(64, 2048, partition_blocks=0), bench_paged_attention(64, 2048, partition_blocks=8),
-        bench_paged_attention(64, 2048), bench_paged_attention(64, 2048, kv_int8=True),
-        bench_paged_attention(64, 2048, q_heads=64, kv_heads=8), bench_paged_attention(4, 32768),
+        bench_kv_cache_write(64),
+        bench_kv_cache_write(8192),
+        bench_kv_cache_write(8192, kv_int8=True),
+        bench_paged_attention(64, 2048, partition_blocks=0),
+        bench_paged_attention(64, 2048, partition_blocks=8),
+        bench_paged_attention(64, 2048),
+        bench_paged_attention(64, 2048, kv_int8=True),
+        bench_paged_attention(64, 2048, q_heads=64, kv_heads=8),
+        bench_paged_attention(4, 32768),
         bench_paged_attention(4, 32768, partition_blocks=0),
     ] + extra_benches()
     print(f"{'kernel':<44} {'shape':<48} {'time us':>9} {'GB/s':>7} {'% copy':>7}")
@@ -178,8 +217,10 @@ def main() -> int:
         gbs = r.nbytes / r.seconds / 1e9
         print(f"{r.name:<44} {r.shape:<48} {r.seconds * 1e6:>9.1f} {gbs:>7.0f} {100 * gbs * 1e9 / bw:>6.1f}%")
     headline = results[5]  # fp16, B=64, ctx 2048, 32/8 heads of 128, automatic split choice
-    print(f"\n{headline.name} {headline.shape}: {100 * headline.nbytes / headline.seconds / bw:.0f}% of copy "
-          f"bandwidth (goal >= 70%)")
+    print(
+        f"\n{headline.name} {headline.shape}: {100 * headline.nbytes / headline.seconds / bw:.0f}% of copy "
+        f"bandwidth (goal >= 70%)"
+    )
     for r in results:
         if r.name.startswith("sample"):
             print(f"{r.name} {r.shape}: {r.seconds * bw / r.nbytes:.2f}x one read of the logits (goal <= 3)")

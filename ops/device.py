@@ -6,6 +6,7 @@ Imports only cuda-python (`cuda.bindings`).  Without an NVIDIA driver `cuInit` r
 (cuda-python cannot load libcuda) instead of returning an error code: `gpu_available()` turns that
 into False so callers pick the numpy path; every other call here then raises a clear RuntimeError.
 """
+
 from __future__ import annotations
 
 import functools
@@ -64,7 +65,7 @@ def _current_context() -> Any:
     return ctx
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _attr(name: str, device: int) -> int:
     attr = getattr(driver.CUdevice_attribute, f"CU_DEVICE_ATTRIBUTE_{name}")
     return int(_check(driver.cuDeviceGetAttribute(attr, device), f"cuDeviceGetAttribute({name})"))

@@ -8,6 +8,7 @@ its numpy twin (`kv_cache_write_cpu`: the CPU path and the test oracle) and the 
 offset.  A negative slot means "padding token, do not store" (vLLM's convention).
 int8: q = clip(round_half_even(x / scale[head]), -127, 127), dequantised as q * scale[head].
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -35,9 +36,15 @@ def quantize_int8(x: np.ndarray, scale: np.ndarray) -> np.ndarray:
     return np.clip(q, -127, 127).astype(np.int8)
 
 
-def kv_cache_write_cpu(key: np.ndarray, value: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray,
-                       slot_mapping: np.ndarray, k_scale: np.ndarray | None = None,
-                       v_scale: np.ndarray | None = None) -> None:
+def kv_cache_write_cpu(
+    key: np.ndarray,
+    value: np.ndarray,
+    k_cache: np.ndarray,
+    v_cache: np.ndarray,
+    slot_mapping: np.ndarray,
+    k_scale: np.ndarray | None = None,
+    v_scale: np.ndarray | None = None,
+) -> None:
     """numpy twin: key/value [T, kv_heads, head_dim] written in place into the pools at the slots."""
     nb, bs, kvh, hd = k_cache.shape
     slots = np.asarray(slot_mapping).astype(np.int64)
@@ -59,8 +66,17 @@ def int8_scale_ptrs(kv_int8: bool, k_scale: Any, v_scale: Any) -> tuple[int, int
     return runtime.as_device_array(k_scale).ptr, runtime.as_device_array(v_scale).ptr
 
 
-def kv_cache_write_gpu(key: Any, value: Any, k_cache: Any, v_cache: Any, slot_mapping: Any,
-                       k_scale: Any = None, v_scale: Any = None, *, stream: Any = 0) -> None:
+def kv_cache_write_gpu(
+    key: Any,
+    value: Any,
+    k_cache: Any,
+    v_cache: Any,
+    slot_mapping: Any,
+    k_scale: Any = None,
+    v_scale: Any = None,
+    *,
+    stream: Any = 0,
+) -> None:
     """The kernel on device arrays (cupy arrays, Paddle GPU tensors or runtime.DeviceArray), in the
     twin's argument order; runs asynchronously on `stream`."""
     k, v, kc, vc, sm = (runtime.as_device_array(a) for a in (key, value, k_cache, v_cache, slot_mapping))
@@ -72,8 +88,10 @@ def kv_cache_write_gpu(key: Any, value: Any, k_cache: Any, v_cache: Any, slot_ma
     if not kv_int8 and kc.dtype != k.dtype:
         raise TypeError(f"KV pool dtype {kc.dtype} does not match key dtype {k.dtype}")
     if hd % 8 or k.shape[1:] != (kvh, hd) or v.shape != k.shape or vc.shape != kc.shape or sm.shape != (t,):
-        raise ValueError(f"bad shapes: key {k.shape} value {v.shape} pools {kc.shape}/{vc.shape} "
-                         f"slots {sm.shape} (head_dim must be a multiple of 8)")
+        raise ValueError(
+            f"bad shapes: key {k.shape} value {v.shape} pools {kc.shape}/{vc.shape} "
+            f"slots {sm.shape} (head_dim must be a multiple of 8)"
+        )
     if sm.dtype != np.int32:
         raise TypeError("slot_mapping must be int32")
     item = k.dtype.itemsize
@@ -89,8 +107,25 @@ def kv_cache_write_gpu(key: Any, value: Any, k_cache: Any, v_cache: Any, slot_ma
     kernel = runtime.load_kernel(SOURCE, "kv_cache_write", compile_options(dtype, kv_int8))
     total = t * kvh * (hd // 8)
     grid = (min((total + 255) // 256, 65535),)
-    kernel.launch(grid, (256,), [k.ptr, v.ptr, kc.ptr, vc.ptr, sm.ptr, ks, vs, np.int32(t), np.int32(kvh),
-                                 np.int32(hd), np.int64(strides[0]), np.int64(strides[1])], stream=stream)
+    kernel.launch(
+        grid,
+        (256,),
+        [
+            k.ptr,
+            v.ptr,
+            kc.ptr,
+            vc.ptr,
+            sm.ptr,
+            ks,
+            vs,
+            np.int32(t),
+            np.int32(kvh),
+            np.int32(hd),
+            np.int64(strides[0]),
+            np.int64(strides[1]),
+        ],
+        stream=stream,
+    )
 
 
 def kv_cache_write(key: Any, *args: Any, **kwargs: Any) -> None:

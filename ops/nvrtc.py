@@ -4,6 +4,7 @@ reporting, and the on-disk cubin cache.
 NVRTC does not need a driver, so `compile_cubin(..., arch="sm_80")` works on CPU-only machines (CI
 compiles every kernel that way); only `arch=None` (the current device's) needs a GPU.
 """
+
 from __future__ import annotations
 
 import functools
@@ -39,8 +40,11 @@ def include_dirs() -> tuple[str, ...]:
     """Directories holding cuda_fp16.h / cuda_bf16.h (cuda.pathfinder, $CUDA_HOME, /usr/local/cuda,
     nvidia-* wheels).  The ops kernels here do not need them (they convert 16-bit types with PTX),
     but other kernels may `#include <cuda_fp16.h>`, so every compile gets whatever is found."""
-    found = [os.environ.get("CUDA_HOME", "") + "/include", os.environ.get("CUDA_PATH", "") + "/include",
-             "/usr/local/cuda/include"]
+    found = [
+        os.environ.get("CUDA_HOME", "") + "/include",
+        os.environ.get("CUDA_PATH", "") + "/include",
+        "/usr/local/cuda/include",
+    ]
     try:
         from cuda import pathfinder
 

@@ -15,6 +15,7 @@ A graph that uses them needs the library registered before `paddle.jit.save` tra
 MPI headers (Debian: `libopenmpi-dev`); `unavailable()` says why not, so callers can fall back.
 Paddle is imported only inside these functions (the package rule, ops/__init__.py).
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -33,10 +34,19 @@ from ops.nvrtc import cache_dir
 KERNELS = Path(__file__).with_name("cpu_kernels")
 LIB_NAME = "spmd_cpu_ops.so"
 # -march=native: the library is built on the machine that runs it (the cache key has its CPU flags).
-CXXFLAGS = ("-O3", "-march=native", "-fPIC", "-shared", "-std=c++17", "-w",
-            "-DPADDLE_NO_PYTHON",          # paddle/extension.h without Python.h (no python3-dev needed)
-            "-DPADDLE_WITH_CUSTOM_KERNEL", "-D_GLIBCXX_USE_CXX11_ABI=1",
-            "-DOMPI_SKIP_MPICXX", "-DMPICH_SKIP_MPICXX")   # the C API of mpi.h only
+CXXFLAGS = (
+    "-O3",
+    "-march=native",
+    "-fPIC",
+    "-shared",
+    "-std=c++17",
+    "-w",
+    "-DPADDLE_NO_PYTHON",  # paddle/extension.h without Python.h (no python3-dev needed)
+    "-DPADDLE_WITH_CUSTOM_KERNEL",
+    "-D_GLIBCXX_USE_CXX11_ABI=1",
+    "-DOMPI_SKIP_MPICXX",
+    "-DMPICH_SKIP_MPICXX",
+)  # the C API of mpi.h only
 
 
 class ExtensionUnavailable(RuntimeError):
@@ -52,11 +62,13 @@ def _mpi_flags() -> tuple[list[str], list[str]]:
     mpicc = shutil.which(os.environ.get("MPICC") or "mpicc")
     if not mpicc:
         raise ExtensionUnavailable("no `mpicc` on PATH for the MPI headers (Debian: apt-get install libopenmpi-dev)")
+
     def ask(*args: str) -> list[str]:
         out = subprocess.run([mpicc, *args], capture_output=True, text=True, timeout=30)
         return shlex.split(out.stdout) if out.returncode == 0 else []
-    compile_, link = ask("--showme:compile"), ask("--showme:link")   # Open MPI
-    if not compile_:                                                  # MPICH: the full command lines
+
+    compile_, link = ask("--showme:compile"), ask("--showme:link")  # Open MPI
+    if not compile_:  # MPICH: the full command lines
         compile_, link = ask("-compile_info")[1:], ask("-link_info")[1:]
     if not compile_ and not link:
         raise ExtensionUnavailable(f"`{mpicc}` does not report its flags (neither Open MPI nor MPICH)")
@@ -84,13 +96,26 @@ def _command(out: Path) -> list[str]:
     root, _ = _paddle_dirs()
     cxx = shutil.which(os.environ["CXX"]) if os.environ.get("CXX") else shutil.which("g++") or shutil.which("c++")
     if not cxx:
-        raise ExtensionUnavailable(f"no C++ compiler ({os.environ.get('CXX') or 'g++'}) on PATH "
-                                   "(Debian: apt-get install g++)")
+        raise ExtensionUnavailable(
+            f"no C++ compiler ({os.environ.get('CXX') or 'g++'}) on PATH (Debian: apt-get install g++)"
+        )
     mpi_compile, mpi_link = _mpi_flags()
     libs = [root / "libs", root / "base"]
-    return [cxx, *CXXFLAGS, f"-I{root / 'include'}", f"-I{root / 'include' / 'third_party'}", *mpi_compile,
-            *map(str, sources()), "-o", str(out), *[f"-L{d}" for d in libs],
-            *[f"-Wl,-rpath,{d}" for d in libs], *mpi_link, "-Wl,--no-as-needed", "-l:libpaddle.so"]
+    return [
+        cxx,
+        *CXXFLAGS,
+        f"-I{root / 'include'}",
+        f"-I{root / 'include' / 'third_party'}",
+        *mpi_compile,
+        *map(str, sources()),
+        "-o",
+        str(out),
+        *[f"-L{d}" for d in libs],
+        *[f"-Wl,-rpath,{d}" for d in libs],
+        *mpi_link,
+        "-Wl,--no-as-needed",
+        "-l:libpaddle.so",
+    ]
 
 
 def library_path() -> Path:
@@ -98,14 +123,19 @@ def library_path() -> Path:
     _, version = _paddle_dirs()
     probe = _command(Path("OUT"))
     key = hashlib.sha256()
-    for part in (*[p.read_bytes() for p in sources()], version.encode(), " ".join(probe).encode(), _cpu_flags().encode()):
+    for part in (
+        *[p.read_bytes() for p in sources()],
+        version.encode(),
+        " ".join(probe).encode(),
+        _cpu_flags().encode(),
+    ):
         key.update(part)
         key.update(b"\x1f")
     target = cache_dir() / "cpu" / key.hexdigest()[:24] / LIB_NAME
     if target.is_file():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
-    with open(target.parent / ".lock", "w") as lock:   # ranks of one job build it once
+    with open(target.parent / ".lock", "w") as lock:  # ranks of one job build it once
         fcntl.flock(lock, fcntl.LOCK_EX)
         if not target.is_file():
             tmp = target.with_suffix(f".{os.getpid()}.tmp")
@@ -122,12 +152,12 @@ def load() -> ctypes.CDLL:
     """Build if needed and register the ops with Paddle in this process (once); the library handle.
     Registering does not initialise MPI (an exporter only traces the ops); whoever *runs* a graph
     with `spmd_allreduce` has initialised it already (mpi4py, under mpirun)."""
-    with warnings.catch_warnings():   # cpp_extension warns at import that ccache is missing
+    with warnings.catch_warnings():  # cpp_extension warns at import that ccache is missing
         warnings.simplefilter("ignore")
         from paddle.utils.cpp_extension.extension_utils import load_op_meta_info_and_register_op
     path = library_path()
     load_op_meta_info_and_register_op(str(path))
-    lib = ctypes.CDLL(str(path))   # the same mapping Paddle opened: reads its counters
+    lib = ctypes.CDLL(str(path))  # the same mapping Paddle opened: reads its counters
     lib.spmd_allreduce_seconds.restype = ctypes.c_double
     lib.spmd_allreduce_calls.restype = ctypes.c_long
     return lib

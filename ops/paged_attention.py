@@ -11,6 +11,7 @@ Query head h reads KV head h // (q_heads // kv_heads); scale 1/sqrt(D); an int8 
 dequantised as q * scale[kv_head].  context_lens counts the tokens in the cache, the current one
 included.  A context length of 0 gives a zero output row.
 """
+
 from __future__ import annotations
 
 import math
@@ -30,8 +31,13 @@ SOURCE = runtime.kernel_source("prelude.cuh", "paged_attention.cu")
 
 
 def compile_options(dtype: str, kv_int8: bool = False, head_dim: int = 128, group: int = 4) -> tuple[str, ...]:
-    return (f"-DDTYPE_ID={runtime.DTYPE_IDS[dtype]}", f"-DKV_INT8={int(kv_int8)}", f"-DHEAD_DIM={head_dim}",
-            f"-DGROUP={group}", f"-DUNROLL={UNROLL}")
+    return (
+        f"-DDTYPE_ID={runtime.DTYPE_IDS[dtype]}",
+        f"-DKV_INT8={int(kv_int8)}",
+        f"-DHEAD_DIM={head_dim}",
+        f"-DGROUP={group}",
+        f"-DUNROLL={UNROLL}",
+    )
 
 
 # The CI compile test builds these (head_dim 128, 4 query heads per KV head); other shapes compile
@@ -47,10 +53,18 @@ def _partials(q: np.ndarray, k: np.ndarray, v: np.ndarray) -> tuple[np.ndarray, 
     return mx, p.sum(axis=-1), np.einsum("hgt,thd->hgd", p, v)
 
 
-def paged_attention_cpu(query: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, block_tables: np.ndarray,
-                        context_lens: np.ndarray, k_scale: np.ndarray | None = None,
-                        v_scale: np.ndarray | None = None, *, partition_blocks: int | None = None,
-                        out: np.ndarray | None = None) -> np.ndarray:
+def paged_attention_cpu(
+    query: np.ndarray,
+    k_cache: np.ndarray,
+    v_cache: np.ndarray,
+    block_tables: np.ndarray,
+    context_lens: np.ndarray,
+    k_scale: np.ndarray | None = None,
+    v_scale: np.ndarray | None = None,
+    *,
+    partition_blocks: int | None = None,
+    out: np.ndarray | None = None,
+) -> np.ndarray:
     """numpy twin (fp32 math).  partition_blocks > 0 runs the split-K algorithm with partitions of
     that many KV blocks (the oracle of paged_attention_split); None/0 a single pass.  Returns `out`
     ([B, q_heads, D], query's dtype unless given)."""
@@ -96,9 +110,21 @@ def choose_partition_blocks(batch: int, kv_heads: int, block_size: int, max_cont
     return part_blocks
 
 
-def paged_attention_gpu(query: Any, k_cache: Any, v_cache: Any, block_tables: Any, context_lens: Any,
-                        k_scale: Any = None, v_scale: Any = None, *, out: Any, partition_blocks: int | None = None,
-                        max_context_len: int | None = None, workspace: Any = None, stream: Any = 0) -> Any:
+def paged_attention_gpu(
+    query: Any,
+    k_cache: Any,
+    v_cache: Any,
+    block_tables: Any,
+    context_lens: Any,
+    k_scale: Any = None,
+    v_scale: Any = None,
+    *,
+    out: Any,
+    partition_blocks: int | None = None,
+    max_context_len: int | None = None,
+    workspace: Any = None,
+    stream: Any = 0,
+) -> Any:
     """The kernels on device arrays (cupy / Paddle GPU tensors / runtime.DeviceArray), twin's order.
 
     `out` [B, q_heads, D] in query's dtype (uint16 = bf16).  partition_blocks: None = heuristic,
@@ -106,21 +132,25 @@ def paged_attention_gpu(query: Any, k_cache: Any, v_cache: Any, block_tables: An
     context length; default max_blocks * block_size) sizes the split grid.  The split path needs
     `workspace` (>= workspace_bytes(...)); without it a per-process scratch buffer is used, which is
     only safe while all calls run on one stream.  Asynchronous on `stream`."""
-    q, kc, vc, bt, cl, o = (runtime.as_device_array(a) for a in (query, k_cache, v_cache, block_tables,
-                                                                   context_lens, out))
+    q, kc, vc, bt, cl, o = (
+        runtime.as_device_array(a) for a in (query, k_cache, v_cache, block_tables, context_lens, out)
+    )
     b_sz, q_heads, hd = q.shape
     _, bs, kvh, _ = kc.shape
     kv_int8 = kc.dtype == np.int8
     if q_heads % kvh or hd & (hd - 1) or not 32 <= hd <= 256 or kc.shape[3] != hd or vc.shape != kc.shape:
-        raise ValueError(f"bad shapes: query {q.shape}, pools {kc.shape}/{vc.shape} (head_dim a power of two "
-                         f"32..256, q_heads a multiple of kv_heads)")
+        raise ValueError(
+            f"bad shapes: query {q.shape}, pools {kc.shape}/{vc.shape} (head_dim a power of two "
+            f"32..256, q_heads a multiple of kv_heads)"
+        )
     if o.shape != q.shape or o.dtype != q.dtype or (not kv_int8 and kc.dtype != q.dtype) or vc.dtype != kc.dtype:
         raise TypeError(f"dtype/shape mismatch: query {q.dtype}{q.shape}, out {o.dtype}{o.shape}, pools {kc.dtype}")
     if bt.dtype != np.int32 or cl.dtype != np.int32 or bt.shape[0] != b_sz or cl.shape != (b_sz,):
         raise TypeError("block_tables [B, max_blocks] and context_lens [B] must be int32")
     for a in (q, kc, vc, bt, cl, o):
-        if a.strides is not None and a.strides != tuple(int(np.prod(a.shape[i + 1:])) * a.dtype.itemsize
-                                                         for i in range(len(a.shape))):
+        if a.strides is not None and a.strides != tuple(
+            int(np.prod(a.shape[i + 1 :])) * a.dtype.itemsize for i in range(len(a.shape))
+        ):
             raise ValueError("paged_attention_gpu needs C-contiguous arrays")
     if any(a.ptr % 16 for a in (q, kc, vc)):
         raise ValueError("query and pools must be 16-byte aligned (vectorised loads)")
@@ -149,11 +179,19 @@ def paged_attention_gpu(query: Any, k_cache: Any, v_cache: Any, block_tables: An
         ws = wa.ptr
     ws_ml, ws_out = ws, ws + b_sz * q_heads * max_parts * 2 * 4  # (max, sum) pairs, then the rows
     split = runtime.load_kernel(SOURCE, "paged_attention_split", opts)
-    split.launch((kvh, b_sz, max_parts), (NUM_THREADS,), [ws_ml, ws_out, q.ptr, kc.ptr, vc.ptr, ks, *common,
-                                                   np.int32(partition_blocks), np.int32(max_parts)], stream=stream)
+    split.launch(
+        (kvh, b_sz, max_parts),
+        (NUM_THREADS,),
+        [ws_ml, ws_out, q.ptr, kc.ptr, vc.ptr, ks, *common, np.int32(partition_blocks), np.int32(max_parts)],
+        stream=stream,
+    )
     reduce = runtime.load_kernel(SOURCE, "paged_attention_reduce", opts)
-    reduce.launch((q_heads, b_sz), (NUM_THREADS,), [o.ptr, ws_ml, ws_out, vs, cl.ptr, np.int32(partition_blocks * bs),
-                                            np.int32(max_parts)], stream=stream)
+    reduce.launch(
+        (q_heads, b_sz),
+        (NUM_THREADS,),
+        [o.ptr, ws_ml, ws_out, vs, cl.ptr, np.int32(partition_blocks * bs), np.int32(max_parts)],
+        stream=stream,
+    )
     return out
 
 

@@ -12,14 +12,15 @@ order, or the device.  Layout (documented contract, shared by ops/sample.py's ke
 numpy: uint64 arrays hold uint32 values so `M * c` (two < 2**32 operands) is exact and gives both
 the high and low words of the 64-bit product (Random123's mulhilo32).
 """
+
 from __future__ import annotations
 
 import numpy as np
 
 from .nvrtc import kernel_source
 
-PHILOX_M0, PHILOX_M1 = 0xD2511F53, 0xCD9E8D57   # round multipliers (PHILOX_M4x32_0/1)
-PHILOX_W0, PHILOX_W1 = 0x9E3779B9, 0xBB67AE85   # Weyl key bumps (golden ratio, sqrt(3) - 1)
+PHILOX_M0, PHILOX_M1 = 0xD2511F53, 0xCD9E8D57  # round multipliers (PHILOX_M4x32_0/1)
+PHILOX_W0, PHILOX_W1 = 0x9E3779B9, 0xBB67AE85  # Weyl key bumps (golden ratio, sqrt(3) - 1)
 _MASK = np.uint64(0xFFFFFFFF)
 _SHIFT = np.uint64(32)
 

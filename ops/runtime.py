@@ -8,24 +8,62 @@ numpy twins and thin wrappers; their CUDA C lives in ops/kernels/.  Imports only
 cuda-python (`cuda.bindings`), never spmd_serve or Paddle.  Wrappers call `runtime.load_kernel`,
 `runtime.scratch` and `runtime.sm_count` through this module, so tests can patch them here.
 """
+
 from __future__ import annotations
 
 import threading
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 
-from .device import (CudaError, _check, _current_context, device_alloc, device_arch, device_attribute,
-                     device_free, driver, gpu_available, nvrtc, scratch, sm_count)
-from .nvrtc import (KERNEL_DIR, NvrtcError, cache_dir, compile_cubin, include_dirs, kernel_source,
-                    nvrtc_version)
+from .device import (
+    CudaError,
+    _check,
+    _current_context,
+    device_alloc,
+    device_arch,
+    device_attribute,
+    device_free,
+    driver,
+    gpu_available,
+    nvrtc,
+    scratch,
+    sm_count,
+)
+from .nvrtc import KERNEL_DIR, NvrtcError, cache_dir, compile_cubin, include_dirs, kernel_source, nvrtc_version
 
-__all__ = ["CUDA_PRELUDE", "DTYPE_IDS", "KERNEL_DIR", "CudaError", "DeviceArray", "Kernel", "NvrtcError",
-           "as_device_array", "bf16_to_float32", "cache_dir", "compile_cubin", "device_alloc", "device_arch",
-           "device_attribute", "device_free", "driver", "dtype_name", "float32_to_bf16", "gpu_available",
-           "include_dirs", "kernel_source", "load_kernel", "nvrtc", "nvrtc_version", "pack_args", "scratch",
-           "sm_count", "stream_handle"]
+__all__ = [
+    "CUDA_PRELUDE",
+    "DTYPE_IDS",
+    "KERNEL_DIR",
+    "CudaError",
+    "DeviceArray",
+    "Kernel",
+    "NvrtcError",
+    "as_device_array",
+    "bf16_to_float32",
+    "cache_dir",
+    "compile_cubin",
+    "device_alloc",
+    "device_arch",
+    "device_attribute",
+    "device_free",
+    "driver",
+    "dtype_name",
+    "float32_to_bf16",
+    "gpu_available",
+    "include_dirs",
+    "kernel_source",
+    "load_kernel",
+    "nvrtc",
+    "nvrtc_version",
+    "pack_args",
+    "scratch",
+    "sm_count",
+    "stream_handle",
+]
 
 # ----------------------------------------------------------------------------- dtypes
 # Kernels take their element type as -DDTYPE_ID=<n>.  16-bit types are stored as unsigned short and
@@ -75,8 +113,12 @@ def as_device_array(x: Any) -> DeviceArray:
     bf16 = "bfloat16" in str(getattr(x, "dtype", ""))  # numpy/cupy have no bf16: its bits go as uint16
     if hasattr(x, "__cuda_array_interface__"):
         cai = x.__cuda_array_interface__
-        return DeviceArray(int(cai["data"][0]), tuple(cai["shape"]), np.dtype(np.uint16 if bf16 else cai["typestr"]),
-                           tuple(cai["strides"]) if cai.get("strides") else None)
+        return DeviceArray(
+            int(cai["data"][0]),
+            tuple(cai["shape"]),
+            np.dtype(np.uint16 if bf16 else cai["typestr"]),
+            tuple(cai["strides"]) if cai.get("strides") else None,
+        )
     if hasattr(x, "data_ptr") and hasattr(x, "shape"):  # Paddle tensor (assumed contiguous)
         dtype = np.dtype(np.uint16 if bf16 else str(x.dtype).split(".")[-1])
         return DeviceArray(int(x.data_ptr()), tuple(x.shape), dtype)
@@ -110,8 +152,12 @@ class Kernel:
         params, _holders = pack_args(args, self.name)  # _holders keeps the values alive until the launch
         g = tuple(int(x) for x in grid) + (1,) * (3 - len(grid))
         b = tuple(int(x) for x in block) + (1,) * (3 - len(block))
-        _check(driver.cuLaunchKernel(self.function, *g, *b, int(shared_mem), driver.CUstream(stream_handle(stream)),
-                                     params.ctypes.data, 0), f"cuLaunchKernel({self.name}, grid={g}, block={b})")
+        _check(
+            driver.cuLaunchKernel(
+                self.function, *g, *b, int(shared_mem), driver.CUstream(stream_handle(stream)), params.ctypes.data, 0
+            ),
+            f"cuLaunchKernel({self.name}, grid={g}, block={b})",
+        )
 
 
 def pack_args(args: Sequence[Any], name: str = "kernel") -> tuple[np.ndarray, list[np.ndarray]]:
@@ -126,8 +172,10 @@ def pack_args(args: Sequence[Any], name: str = "kernel") -> tuple[np.ndarray, li
         elif driver is not None and isinstance(a, driver.CUdeviceptr):
             holders.append(np.array(int(a), dtype=np.uint64))
         else:
-            raise TypeError(f"{name}: argument {i} is {type(a).__name__}; pass a device pointer (int) "
-                            f"or a numpy scalar such as np.int32(x) / np.float32(x)")
+            raise TypeError(
+                f"{name}: argument {i} is {type(a).__name__}; pass a device pointer (int) "
+                f"or a numpy scalar such as np.int32(x) / np.float32(x)"
+            )
     return np.array([h.ctypes.data for h in holders], dtype=np.uint64), holders
 
 

@@ -29,20 +29,51 @@ Semantics per row:
    (sampled: only kept tokens), best first; missing entries are -1 / -inf.
 A row whose maximum is +-inf or NaN after scaling returns its arg-max with logprob NaN.
 """
+
 from __future__ import annotations
 
 from typing import Any
 
 import numpy as np
 
-from .sample_cuda import (CUDA_SOURCE, PARAM_DTYPES, SAMPLE_KERNELS, SOURCE_FILES, THREADS, VARIANTS,
-                          compile_options, hash_bits, sample_gpu, sample_gpu_staged, shared_bytes,
-                          workspace_bytes)
+from .sample_cuda import (
+    CUDA_SOURCE,
+    PARAM_DTYPES,
+    SAMPLE_KERNELS,
+    SOURCE_FILES,
+    THREADS,
+    VARIANTS,
+    compile_options,
+    hash_bits,
+    sample_gpu,
+    sample_gpu_staged,
+    shared_bytes,
+    workspace_bytes,
+)
 from .sample_twin import MAX_TOP_N, MAX_VOCAB, apply_penalties, exp2_weight, float_key, key_float, sample_cpu
 
-__all__ = ["CUDA_SOURCE", "MAX_TOP_N", "MAX_VOCAB", "PARAM_DTYPES", "SAMPLE_KERNELS", "SOURCE_FILES", "THREADS", "VARIANTS",
-           "apply_penalties", "compile_options", "exp2_weight", "float_key", "hash_bits", "key_float", "sample",
-           "sample_cpu", "sample_gpu", "sample_gpu_staged", "shared_bytes", "workspace_bytes"]
+__all__ = [
+    "CUDA_SOURCE",
+    "MAX_TOP_N",
+    "MAX_VOCAB",
+    "PARAM_DTYPES",
+    "SAMPLE_KERNELS",
+    "SOURCE_FILES",
+    "THREADS",
+    "VARIANTS",
+    "apply_penalties",
+    "compile_options",
+    "exp2_weight",
+    "float_key",
+    "hash_bits",
+    "key_float",
+    "sample",
+    "sample_cpu",
+    "sample_gpu",
+    "sample_gpu_staged",
+    "shared_bytes",
+    "workspace_bytes",
+]
 
 
 def sample(logits: Any, *args: Any, **kwargs: Any) -> Any:
@@ -50,11 +81,10 @@ def sample(logits: Any, *args: Any, **kwargs: Any) -> Any:
     and outputs (`sample_gpu`) or, without out_tokens, on numpy parameters with numpy results
     (`sample_gpu_staged`): the twin's call works unchanged on either path."""
     if isinstance(logits, np.ndarray):
-        for gpu_only in ("stream", "workspace", "cap", "out_tokens", "out_logprobs", "out_top_ids",
-                         "out_top_logprobs"):
+        for gpu_only in ("stream", "workspace", "cap", "out_tokens", "out_logprobs", "out_top_ids", "out_top_logprobs"):
             kwargs.pop(gpu_only, None)
         return sample_cpu(logits, *args, **kwargs)
-    kwargs.pop("with_logprobs", None)      # the kernel always computes them (in the same pass)
-    if "out_tokens" not in kwargs:         # host parameters: staged to the device and back
+    kwargs.pop("with_logprobs", None)  # the kernel always computes them (in the same pass)
+    if "out_tokens" not in kwargs:  # host parameters: staged to the device and back
         return sample_gpu_staged(logits, *args, **kwargs)
     return sample_gpu(logits, *args, **kwargs)

@@ -2,9 +2,11 @@
 after the dtype prelude, Philox and the twin's float32 constants as #defines), its launch sizing
 (shared memory, workspace) and the GPU wrapper `sample_gpu`.  Semantics: ops/sample.py's docstring.
 """
+
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
@@ -22,8 +24,10 @@ def _f32_hex(x: np.float32) -> str:
 
 
 def _cuda_source() -> str:
-    consts = "\n".join([f"#define LOG2E {_f32_hex(_LOG2E)}", f"#define LN2_31 {_LN2_31!r}"]
-                       + [f"#define COEF{n} {_f32_hex(c)}" for n, c in enumerate(_COEF)])
+    consts = "\n".join(
+        [f"#define LOG2E {_f32_hex(_LOG2E)}", f"#define LN2_31 {_LN2_31!r}"]
+        + [f"#define COEF{n} {_f32_hex(c)}" for n, c in enumerate(_COEF)]
+    )
     return runtime.CUDA_PRELUDE + PHILOX_CUDA + consts + "\n" + runtime.kernel_source(*SOURCE_FILES)
 
 
@@ -35,8 +39,8 @@ def compile_options(dtype: str) -> tuple[str, ...]:
     return (f"-DDTYPE_ID={runtime.DTYPE_IDS[dtype]}",)
 
 
-VARIANTS = {dt: compile_options(dt) for dt in SAMPLE_KERNELS}   # label -> NVRTC options (CI compiles all)
-_FIXED_SMEM = 8 * (4096 + 1024) + 4 * (4096 + 1024)   # weight + count histograms (12- and 10-bit)
+VARIANTS = {dt: compile_options(dt) for dt in SAMPLE_KERNELS}  # label -> NVRTC options (CI compiles all)
+_FIXED_SMEM = 8 * (4096 + 1024) + 4 * (4096 + 1024)  # weight + count histograms (12- and 10-bit)
 
 
 def shared_bytes(vocab: int, cap: int) -> int:
@@ -54,7 +58,7 @@ def workspace_bytes(batch: int, gen_len: int) -> int:
     return batch * (8 << hash_bits(gen_len)) if gen_len > 0 else 0
 
 
-_smem_limit: dict[int, int] = {}   # id(kernel) -> dynamic shared bytes the kernel may use
+_smem_limit: dict[int, int] = {}  # id(kernel) -> dynamic shared bytes the kernel may use
 
 
 def _dynamic_smem_limit(kernel: runtime.Kernel) -> int:
@@ -62,21 +66,45 @@ def _dynamic_smem_limit(kernel: runtime.Kernel) -> int:
     key = id(kernel)
     if key not in _smem_limit:
         drv = runtime.driver
-        static = runtime._check(drv.cuFuncGetAttribute(
-            drv.CUfunction_attribute.CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES, kernel.function), "cuFuncGetAttribute")
+        static = runtime._check(
+            drv.cuFuncGetAttribute(drv.CUfunction_attribute.CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES, kernel.function),
+            "cuFuncGetAttribute",
+        )
         limit = runtime.device_attribute("MAX_SHARED_MEMORY_PER_BLOCK_OPTIN") - int(static)
-        runtime._check(drv.cuFuncSetAttribute(
-            kernel.function, drv.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, limit),
-            "cuFuncSetAttribute(MAX_DYNAMIC_SHARED_SIZE_BYTES)")
+        runtime._check(
+            drv.cuFuncSetAttribute(
+                kernel.function, drv.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, limit
+            ),
+            "cuFuncSetAttribute(MAX_DYNAMIC_SHARED_SIZE_BYTES)",
+        )
         _smem_limit[key] = limit
     return _smem_limit[key]
 
 
-def sample_gpu(logits: Any, temperature: Any, top_p: Any, top_k: Any, rep_penalty: Any, freq_penalty: Any,
-               pres_penalty: Any, seeds: Any, counters: Any, min_tokens: Any, num_generated: Any, eos_ids: Any,
-               gen_token_ids: Any, num_logprobs: int = 0, *, out_tokens: Any, out_logprobs: Any,
-               out_top_ids: Any = None, out_top_logprobs: Any = None, workspace: Any = None,
-               cap: int | None = None, stream: Any = 0) -> tuple[Any, Any, Any, Any]:
+def sample_gpu(
+    logits: Any,
+    temperature: Any,
+    top_p: Any,
+    top_k: Any,
+    rep_penalty: Any,
+    freq_penalty: Any,
+    pres_penalty: Any,
+    seeds: Any,
+    counters: Any,
+    min_tokens: Any,
+    num_generated: Any,
+    eos_ids: Any,
+    gen_token_ids: Any,
+    num_logprobs: int = 0,
+    *,
+    out_tokens: Any,
+    out_logprobs: Any,
+    out_top_ids: Any = None,
+    out_top_logprobs: Any = None,
+    workspace: Any = None,
+    cap: int | None = None,
+    stream: Any = 0,
+) -> tuple[Any, Any, Any, Any]:
     """The kernel on device arrays (cupy / Paddle GPU tensors / runtime.DeviceArray) in the twin's
     order and dtypes: logits [B, V] float32/float16/uint16(bf16 bits), rows may be strided;
     temperature/top_p/penalties float32 [B]; top_k/min_tokens/num_generated int32 [B]; seeds
@@ -96,12 +124,20 @@ def sample_gpu(logits: Any, temperature: Any, top_p: Any, top_k: Any, rep_penalt
     check_num_logprobs(num_logprobs)
     if not 0 < vocab < MAX_VOCAB:
         raise ValueError(f"vocab {vocab} out of range (1..{MAX_VOCAB - 1})")
-    rows = {"temperature": (temperature, "float32"), "top_p": (top_p, "float32"), "top_k": (top_k, "int32"),
-            "rep_penalty": (rep_penalty, "float32"), "freq_penalty": (freq_penalty, "float32"),
-            "pres_penalty": (pres_penalty, "float32"), "seeds": (seeds, ("uint64", "int64")),
-            "counters": (counters, "int64"), "min_tokens": (min_tokens, "int32"),
-            "num_generated": (num_generated, "int32"), "out_tokens": (out_tokens, "int32"),
-            "out_logprobs": (out_logprobs, "float32")}
+    rows = {
+        "temperature": (temperature, "float32"),
+        "top_p": (top_p, "float32"),
+        "top_k": (top_k, "int32"),
+        "rep_penalty": (rep_penalty, "float32"),
+        "freq_penalty": (freq_penalty, "float32"),
+        "pres_penalty": (pres_penalty, "float32"),
+        "seeds": (seeds, ("uint64", "int64")),
+        "counters": (counters, "int64"),
+        "min_tokens": (min_tokens, "int32"),
+        "num_generated": (num_generated, "int32"),
+        "out_tokens": (out_tokens, "int32"),
+        "out_logprobs": (out_logprobs, "float32"),
+    }
     ptr: dict[str, int] = {}
     for name, (arr, dt) in rows.items():
         a = runtime.as_device_array(arr)
@@ -138,44 +174,112 @@ def sample_gpu(logits: Any, temperature: Any, top_p: Any, top_k: Any, rep_penalt
     if fit < 0:
         raise ValueError(f"vocab {vocab} needs more shared memory than the device has (bitmap)")
     cap = fit if cap is None else min(cap, fit)
-    kernel.launch((b_sz,), (THREADS,), [
-        lg.ptr, np.int64(ld), np.int32(vocab),
-        ptr["temperature"], ptr["top_p"], ptr["top_k"], ptr["rep_penalty"], ptr["freq_penalty"],
-        ptr["pres_penalty"], ptr["seeds"], ptr["counters"], ptr["min_tokens"], ptr["num_generated"],
-        ptr["eos_ids"], np.int32(n_eos), ptr["gen_token_ids"], np.int32(n_gen),
-        ws, np.int32(bits), np.int32(num_logprobs), np.int32(cap),
-        ptr["out_tokens"], ptr["out_logprobs"], ptr.get("out_top_ids", 0), ptr.get("out_top_logprobs", 0),
-    ], stream=stream, shared_mem=shared_bytes(vocab, cap))
+    kernel.launch(
+        (b_sz,),
+        (THREADS,),
+        [
+            lg.ptr,
+            np.int64(ld),
+            np.int32(vocab),
+            ptr["temperature"],
+            ptr["top_p"],
+            ptr["top_k"],
+            ptr["rep_penalty"],
+            ptr["freq_penalty"],
+            ptr["pres_penalty"],
+            ptr["seeds"],
+            ptr["counters"],
+            ptr["min_tokens"],
+            ptr["num_generated"],
+            ptr["eos_ids"],
+            np.int32(n_eos),
+            ptr["gen_token_ids"],
+            np.int32(n_gen),
+            ws,
+            np.int32(bits),
+            np.int32(num_logprobs),
+            np.int32(cap),
+            ptr["out_tokens"],
+            ptr["out_logprobs"],
+            ptr.get("out_top_ids", 0),
+            ptr.get("out_top_logprobs", 0),
+        ],
+        stream=stream,
+        shared_mem=shared_bytes(vocab, cap),
+    )
     return out_tokens, out_logprobs, out_top_ids, out_top_logprobs
 
 
 # Per-row parameters in the order and kernel dtypes of sample_gpu (rows: [B]; eos/gen ids: [B, n]).
-PARAM_DTYPES = (("temperature", np.float32), ("top_p", np.float32), ("top_k", np.int32),
-                ("rep_penalty", np.float32), ("freq_penalty", np.float32), ("pres_penalty", np.float32),
-                ("seeds", np.uint64), ("counters", np.int64), ("min_tokens", np.int32),
-                ("num_generated", np.int32), ("eos_ids", np.int32), ("gen_token_ids", np.int32))
+PARAM_DTYPES = (
+    ("temperature", np.float32),
+    ("top_p", np.float32),
+    ("top_k", np.int32),
+    ("rep_penalty", np.float32),
+    ("freq_penalty", np.float32),
+    ("pres_penalty", np.float32),
+    ("seeds", np.uint64),
+    ("counters", np.int64),
+    ("min_tokens", np.int32),
+    ("num_generated", np.int32),
+    ("eos_ids", np.int32),
+    ("gen_token_ids", np.int32),
+)
 
 
-def sample_gpu_staged(logits: Any, temperature: Any, top_p: Any, top_k: Any, rep_penalty: Any, freq_penalty: Any,
-                      pres_penalty: Any, seeds: Any, counters: Any, min_tokens: Any, num_generated: Any,
-                      eos_ids: Any, gen_token_ids: Any, num_logprobs: int = 0, *, stream: Any = 0
-                      ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+def sample_gpu_staged(
+    logits: Any,
+    temperature: Any,
+    top_p: Any,
+    top_k: Any,
+    rep_penalty: Any,
+    freq_penalty: Any,
+    pres_penalty: Any,
+    seeds: Any,
+    counters: Any,
+    min_tokens: Any,
+    num_generated: Any,
+    eos_ids: Any,
+    gen_token_ids: Any,
+    num_logprobs: int = 0,
+    *,
+    stream: Any = 0,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """The kernel on device logits with host (numpy) per-row parameters, as the twin takes them:
     they are copied to one device buffer on `stream`, the four outputs come back as numpy (the call
     synchronises `stream`).  What a serving loop that builds its parameters per step calls."""
     drv, chk = runtime.driver, runtime._check
     b_sz = runtime.as_device_array(logits).shape[0]
-    given = dict(temperature=temperature, top_p=top_p, top_k=top_k, rep_penalty=rep_penalty,
-                 freq_penalty=freq_penalty, pres_penalty=pres_penalty, seeds=seeds, counters=counters,
-                 min_tokens=min_tokens, num_generated=num_generated, eos_ids=eos_ids, gen_token_ids=gen_token_ids)
-    host = {n: np.ascontiguousarray(np.asarray(given[n]).astype(dt).reshape(b_sz, -1) if n.endswith("_ids")
-                                    else np.asarray(given[n]).astype(dt).reshape(b_sz))
-            for n, dt in PARAM_DTYPES}
-    outs = {"out_tokens": np.zeros(b_sz, np.int32), "out_logprobs": np.zeros(b_sz, np.float32),
-            "out_top_ids": np.zeros((b_sz, num_logprobs), np.int32),
-            "out_top_logprobs": np.zeros((b_sz, num_logprobs), np.float32)}
+    given = dict(
+        temperature=temperature,
+        top_p=top_p,
+        top_k=top_k,
+        rep_penalty=rep_penalty,
+        freq_penalty=freq_penalty,
+        pres_penalty=pres_penalty,
+        seeds=seeds,
+        counters=counters,
+        min_tokens=min_tokens,
+        num_generated=num_generated,
+        eos_ids=eos_ids,
+        gen_token_ids=gen_token_ids,
+    )
+    host = {
+        n: np.ascontiguousarray(
+            np.asarray(given[n]).astype(dt).reshape(b_sz, -1)
+            if n.endswith("_ids")
+            else np.asarray(given[n]).astype(dt).reshape(b_sz)
+        )
+        for n, dt in PARAM_DTYPES
+    }
+    outs = {
+        "out_tokens": np.zeros(b_sz, np.int32),
+        "out_logprobs": np.zeros(b_sz, np.float32),
+        "out_top_ids": np.zeros((b_sz, num_logprobs), np.int32),
+        "out_top_logprobs": np.zeros((b_sz, num_logprobs), np.float32),
+    }
     offsets, size = {}, 0
-    for name, a in (*host.items(), *outs.items()):     # 16-byte aligned slices of one allocation
+    for name, a in (*host.items(), *outs.items()):  # 16-byte aligned slices of one allocation
         offsets[name], size = size, size + -(-a.nbytes // 16) * 16
     base = runtime.device_alloc(size)
     raw = drv.CUstream(runtime.stream_handle(stream))
@@ -184,7 +288,7 @@ def sample_gpu_staged(logits: Any, temperature: Any, top_p: Any, top_k: Any, rep
         for n, a in host.items():
             if a.nbytes:
                 chk(drv.cuMemcpyHtoDAsync(dev[n].ptr, a.ctypes.data, a.nbytes, raw), "cuMemcpyHtoDAsync")
-        kernel: Callable[..., Any] = sample_gpu   # looked up per call (tests substitute it)
+        kernel: Callable[..., Any] = sample_gpu  # looked up per call (tests substitute it)
         kernel(logits, *(dev[n] for n, _ in PARAM_DTYPES), num_logprobs, **{n: dev[n] for n in outs}, stream=stream)
         for n, a in outs.items():
             if a.nbytes:

@@ -2,6 +2,7 @@
 float32 helpers it shares bit for bit with the kernel (order-preserving keys, integer exp2 weights,
 penalties), with the constants the CUDA source embeds.  Semantics: ops/sample.py's docstring.
 """
+
 from __future__ import annotations
 
 import math
@@ -10,15 +11,15 @@ import numpy as np
 
 from .philox import philox_first_word
 
-MAX_TOP_N = 64                 # num_logprobs limit (the kernel collects them in shared memory)
-MAX_VOCAB = 1 << 22            # weights sum below 2**53: exact in float64 for top_p
-_LN2_31 = 31 * math.log(2.0)   # ln(2**31), the same double in the kernel (printed with repr)
+MAX_TOP_N = 64  # num_logprobs limit (the kernel collects them in shared memory)
+MAX_VOCAB = 1 << 22  # weights sum below 2**53: exact in float64 for top_p
+_LN2_31 = 31 * math.log(2.0)  # ln(2**31), the same double in the kernel (printed with repr)
 
 # exp2 polynomial: 2**f = sum_n (f ln 2)**n / n! on [0, 1), Taylor to degree 8 (error ~1e-7, below
 # float32's), positive coefficients so Horner's rule is monotone in f, and P(1) < 2 so weights never
 # decrease across a power of two.  Stored as float32 bit patterns shared with the CUDA source.
 _COEF = [np.float32(math.log(2.0) ** n / math.factorial(n)) for n in range(9)]
-_LOG2E = np.uint32(0x3FB8AA3B).view(np.float32)   # float32(log2(e))
+_LOG2E = np.uint32(0x3FB8AA3B).view(np.float32)  # float32(log2(e))
 
 
 # ----------------------------------------------------------------------------- exact helpers
@@ -57,8 +58,9 @@ def exp2_weight(d: np.ndarray) -> np.ndarray:
     return v.astype(np.uint32).reshape(shape)
 
 
-def apply_penalties(logits: np.ndarray, rep_penalty, freq_penalty, pres_penalty, min_tokens,
-                    num_generated, eos_ids, gen_token_ids) -> np.ndarray:
+def apply_penalties(
+    logits: np.ndarray, rep_penalty, freq_penalty, pres_penalty, min_tokens, num_generated, eos_ids, gen_token_ids
+) -> np.ndarray:
     """Step 1 of the module docstring on a float32 copy of [B, V] logits, all rows at once (each
     (row, token) pair is penalised once, with its count: the same float32 operations per element)."""
     x = np.array(logits, dtype=np.float32)
@@ -67,13 +69,14 @@ def apply_penalties(logits: np.ndarray, rep_penalty, freq_penalty, pres_penalty,
     row = np.broadcast_to(np.arange(b_sz)[:, None], g.shape)
     ok = (g >= 0) & (g < v_sz)
     if ok.any():
-        flat, counts = np.unique(row[ok] * v_sz + g[ok], return_counts=True)   # one per (row, token)
+        flat, counts = np.unique(row[ok] * v_sz + g[ok], return_counts=True)  # one per (row, token)
         r, ids = flat // v_sz, flat % v_sz
         v = x[r, ids]
         rep = np.asarray(rep_penalty, np.float32)[r]
         v = np.where(rep != 1, np.where(v > 0, v / rep, v * rep), v)
-        x[r, ids] = ((v - np.asarray(freq_penalty, np.float32)[r] * counts.astype(np.float32))
-                     - np.asarray(pres_penalty, np.float32)[r])
+        x[r, ids] = (v - np.asarray(freq_penalty, np.float32)[r] * counts.astype(np.float32)) - np.asarray(
+            pres_penalty, np.float32
+        )[r]
     e = np.asarray(eos_ids).astype(np.int64).reshape(b_sz, -1)
     masked = (np.asarray(num_generated) < np.asarray(min_tokens))[:, None] & (e >= 0) & (e < v_sz)
     x[np.broadcast_to(np.arange(b_sz)[:, None], e.shape)[masked], e[masked]] = -np.inf
@@ -91,7 +94,7 @@ def _values_and_argmax(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     the arg-max of the key per row, lowest id on ties).  Without NaN that is x + 0 and argmax (the same
     bits, fewer passes); a row whose argmax meets a NaN takes the keys, where NaNs rank by their bits."""
     s = x + np.float32(0)
-    best = np.argmax(s, axis=1)                      # a NaN in the row -> the first NaN's index
+    best = np.argmax(s, axis=1)  # a NaN in the row -> the first NaN's index
     nan_rows = np.flatnonzero(np.isnan(s[np.arange(len(s)), best]))
     if nan_rows.size:
         keys = float_key(x[nan_rows])
@@ -118,13 +121,14 @@ def _prefix_len(q: np.ndarray, target: int) -> int:
     whole buckets of the weights' float32 exponent, which is monotone in the weight, so the top
     buckets are a prefix of the ranking.  Bucket masses are float64 sums of integers < 2**53: exact."""
     e = (q.astype(np.float32).view(np.uint32) >> np.uint32(23)).astype(np.intp)
-    mass, count = np.bincount(e, weights=q)[::-1], np.bincount(e)[::-1]    # heaviest bucket first
+    mass, count = np.bincount(e, weights=q)[::-1], np.bincount(e)[::-1]  # heaviest bucket first
     i = min(int(np.searchsorted(np.cumsum(mass), target)), len(count) - 1)
     return int(np.cumsum(count)[i])
 
 
-def _draw(s: np.ndarray, q: np.ndarray, top_k: int, top_p: np.float32, x0: int, n: int
-          ) -> tuple[np.ndarray, int, int, int]:
+def _draw(
+    s: np.ndarray, q: np.ndarray, top_k: int, top_p: np.float32, x0: int, n: int
+) -> tuple[np.ndarray, int, int, int]:
     """Step 3's top-k / top-p / draw on one row (values s, weights q) -> (the first ranks' ids, at
     least min(n, kept) of them; the drawn token; the kept weight Q; the kept count).  The positive
     weights are a prefix of the ranking; only the part of it that the steps read is sorted: top_k
@@ -144,17 +148,17 @@ def _draw(s: np.ndarray, q: np.ndarray, top_k: int, top_p: np.float32, x0: int, 
     while True:
         ids = _first_ranks(ranking, m)
         cum = np.cumsum(q[ids].astype(np.uint64))
-        q_k = int(cum[k - 1]) if k <= m else q_all        # k > m only when k = n_pos (all weights)
+        q_k = int(cum[k - 1]) if k <= m else q_all  # k > m only when k = n_pos (all weights)
         kept = k
         if top_p < 1:
             need = int(np.ceil(np.float64(top_p) * np.float64(q_k)))
             kept = int(np.searchsorted(cum[:k], np.uint64(need), side="left")) + 1
-            if kept > m:                                   # the boundary lies beyond the prefix
+            if kept > m:  # the boundary lies beyond the prefix
                 m = min(n_pos, 2 * m)
                 continue
         total = int(cum[kept - 1]) if kept <= m else q_k
-        t = (x0 * total) >> 32                            # floor(u * total), u = x0 / 2**32
-        if int(cum[-1]) <= t:                             # the draw lies beyond the prefix
+        t = (x0 * total) >> 32  # floor(u * total), u = x0 / 2**32
+        if int(cum[-1]) <= t:  # the draw lies beyond the prefix
             m = min(n_pos, 2 * m)
             continue
         return ids, int(ids[int(np.searchsorted(cum, np.uint64(t), side="right"))]), total, kept
@@ -166,7 +170,7 @@ def _greedy_rows(p: np.ndarray, n: int, with_logprobs: bool) -> tuple[np.ndarray
     mx = s[np.arange(len(s)), best].astype(np.float64)
     top_ids = np.full((len(s), n), -1, np.int32)
     top_lps = np.full((len(s), n), -np.inf, np.float32)
-    if not (with_logprobs or n):    # the log-sum-exp over the row is most of a greedy row's cost
+    if not (with_logprobs or n):  # the log-sum-exp over the row is most of a greedy row's cost
         return best, np.full(len(s), np.nan, np.float32), top_ids, top_lps
     with np.errstate(invalid="ignore", over="ignore"):
         lse = mx + np.log(np.sum(np.exp(s.astype(np.float64) - mx[:, None]), axis=1))
@@ -179,11 +183,24 @@ def _greedy_rows(p: np.ndarray, n: int, with_logprobs: bool) -> tuple[np.ndarray
 
 
 # ----------------------------------------------------------------------------- the numpy twin
-def sample_cpu(logits: np.ndarray, temperature: np.ndarray, top_p: np.ndarray, top_k: np.ndarray,
-               rep_penalty: np.ndarray, freq_penalty: np.ndarray, pres_penalty: np.ndarray,
-               seeds: np.ndarray, counters: np.ndarray, min_tokens: np.ndarray, num_generated: np.ndarray,
-               eos_ids: np.ndarray, gen_token_ids: np.ndarray, num_logprobs: int = 0, *,
-               with_logprobs: bool = True) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+def sample_cpu(
+    logits: np.ndarray,
+    temperature: np.ndarray,
+    top_p: np.ndarray,
+    top_k: np.ndarray,
+    rep_penalty: np.ndarray,
+    freq_penalty: np.ndarray,
+    pres_penalty: np.ndarray,
+    seeds: np.ndarray,
+    counters: np.ndarray,
+    min_tokens: np.ndarray,
+    num_generated: np.ndarray,
+    eos_ids: np.ndarray,
+    gen_token_ids: np.ndarray,
+    num_logprobs: int = 0,
+    *,
+    with_logprobs: bool = True,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """logits [B, V] (float32/float16; bf16 callers convert to float32, which is exact) ->
     (tokens [B] int32, logprobs [B] float32, top_ids [B, n] int32, top_logprobs [B, n] float32).
     with_logprobs=False (the CPU path only: a caller that ignores `logprobs`) skips the greedy rows'
@@ -197,8 +214,9 @@ def sample_cpu(logits: np.ndarray, temperature: np.ndarray, top_p: np.ndarray, t
         raise ValueError(f"vocab {v_sz} too large (< {MAX_VOCAB})")
     temperature = np.asarray(temperature, np.float32)
     top_p, top_k = np.asarray(top_p, np.float32), np.asarray(top_k, np.int64)
-    p = apply_penalties(logits, rep_penalty, freq_penalty, pres_penalty, min_tokens, num_generated,
-                        eos_ids, gen_token_ids)
+    p = apply_penalties(
+        logits, rep_penalty, freq_penalty, pres_penalty, min_tokens, num_generated, eos_ids, gen_token_ids
+    )
     n = num_logprobs
     tokens = np.zeros(b_sz, np.int32)
     logprobs = np.zeros(b_sz, np.float32)
@@ -207,8 +225,7 @@ def sample_cpu(logits: np.ndarray, temperature: np.ndarray, top_p: np.ndarray, t
     greedy = ~(temperature > 0) | (top_k == 1) | ~(top_p > 0)
     g = np.flatnonzero(greedy)
     if g.size:
-        tokens[g], logprobs[g], top_ids[g], top_lps[g] = _greedy_rows(p if g.size == b_sz else p[g], n,
-                                                                      with_logprobs)
+        tokens[g], logprobs[g], top_ids[g], top_lps[g] = _greedy_rows(p if g.size == b_sz else p[g], n, with_logprobs)
     rows = np.flatnonzero(~greedy)
     if not rows.size:
         return tokens, logprobs, top_ids, top_lps
@@ -219,7 +236,7 @@ def sample_cpu(logits: np.ndarray, temperature: np.ndarray, top_p: np.ndarray, t
     m = s[np.arange(rows.size), best]
     finite = np.isfinite(m)
     logprobs[rows[~finite]] = np.nan
-    d = s - np.where(finite, m, np.float32(0))[:, None]    # float32, <= 0 on finite rows
+    d = s - np.where(finite, m, np.float32(0))[:, None]  # float32, <= 0 on finite rows
     q = exp2_weight(d)
     for i in np.flatnonzero(finite):
         b = rows[i]

@@ -1,5 +1,6 @@
 """The `spmd_serve` console script: `spmd_serve [flags]` serves (under mpirun);
 `spmd_serve export ...` writes a served model directory; `spmd_serve bench ...` measures a server."""
+
 from __future__ import annotations
 
 import sys

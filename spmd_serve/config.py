@@ -5,6 +5,7 @@ Every rank runs the same checks on the same inputs, so a bad value stops all ran
 one-line `ConfigError` before any of them reaches a collective operation (no rank is left hanging).
 The variables themselves (names, aliases, defaults, ranges) live in `spmd_serve.envs`.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -12,8 +13,9 @@ import functools
 import math
 import os
 import sys
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields, replace
-from typing import Any, Callable, Mapping, TypeVar
+from typing import Any, TypeVar
 
 from spmd_serve.envs import BY_FIELD, ENV_VARS, EnvVar
 
@@ -95,17 +97,16 @@ class ServeConfig:
 
     def _check_cross_field(self) -> None:
         if self.mp_num % self.mp_nnode:
-            raise ConfigError(f"MP_NUM={self.mp_num} is invalid: must be a multiple of "
-                              f"MP_NNODE={self.mp_nnode}")
+            raise ConfigError(f"MP_NUM={self.mp_num} is invalid: must be a multiple of MP_NNODE={self.mp_nnode}")
         if self.pod_ips:
             ips = ",".join(self.pod_ips)
             k = len(self.pod_ips)
             if k != self.mp_nnode:
-                raise ConfigError(f"POD_IPS={ips} is invalid: lists {k} node(s) but "
-                                  f"MP_NNODE={self.mp_nnode} (set MP_NNODE={k})")
+                raise ConfigError(
+                    f"POD_IPS={ips} is invalid: lists {k} node(s) but MP_NNODE={self.mp_nnode} (set MP_NNODE={k})"
+                )
             if self.pod_0_ip is not None and self.pod_0_ip not in self.pod_ips:
-                raise ConfigError(f"POD_0_IP={self.pod_0_ip} is invalid: must be one of "
-                                  f"POD_IPS={ips}")
+                raise ConfigError(f"POD_0_IP={self.pod_0_ip} is invalid: must be one of POD_IPS={ips}")
         # Two listeners on one number would fail to bind at run time, on rank 0 only; say it now.
         seen: dict[int, str] = {}
         for name in ("http_port", "grpc_port", "health_port", "metrics_port", "inter_proc_port"):
@@ -113,8 +114,7 @@ class ServeConfig:
             if port == var.disable_value:
                 continue
             if port in seen:
-                raise ConfigError(f"{var.name}={port} is invalid: must differ from "
-                                  f"{seen[port]}={port}")
+                raise ConfigError(f"{var.name}={port} is invalid: must differ from {seen[port]}={port}")
             seen[port] = var.name
 
     @property
@@ -154,8 +154,12 @@ def _flag_help(var: EnvVar) -> str:
 def add_config_arguments(parser: argparse.ArgumentParser) -> None:
     """One flag per variable; values stay strings here so flags and env share one parser."""
     for var in ENV_VARS:
-        kwargs: dict[str, Any] = {"dest": var.field, "default": None, "help": _flag_help(var),
-                                  "metavar": "0|1" if var.kind == "bool" else var.kind.upper()}
+        kwargs: dict[str, Any] = {
+            "dest": var.field,
+            "default": None,
+            "help": _flag_help(var),
+            "metavar": "0|1" if var.kind == "bool" else var.kind.upper(),
+        }
         if var.kind == "bool":  # `--use-warmup` alone means 1; `--use-warmup 0` also works
             kwargs.update(nargs="?", const="1")
         parser.add_argument(var.flag, **kwargs)
@@ -166,7 +170,8 @@ def build_arg_parser() -> argparse.ArgumentParser:
         prog="spmd_serve",
         description="MPI-launched LLM server: mpirun -n MP_NUM spmd_serve [flags]",
         epilog="Every flag has an environment variable; a flag wins over its variable, a canonical "
-               "variable over its legacy name. Empty values count as unset.")
+        "variable over its legacy name. Empty values count as unset.",
+    )
     add_config_arguments(parser)
     return parser
 
@@ -183,8 +188,7 @@ def _lookup(var: EnvVar, flag_value: str | None, env: Mapping[str, str]) -> tupl
     return None, ""
 
 
-def config_from_args(ns: argparse.Namespace,
-                     environ: Mapping[str, str] | None = None) -> ServeConfig:
+def config_from_args(ns: argparse.Namespace, environ: Mapping[str, str] | None = None) -> ServeConfig:
     """Build the config from parsed flags (see add_config_arguments) plus the environment."""
     env = os.environ if environ is None else environ
     return ServeConfig(**{var.field: _read(var, getattr(ns, var.field, None), env) for var in ENV_VARS})
@@ -208,8 +212,7 @@ def env_setting(field: str, environ: Mapping[str, str] | None = None) -> Any:
     return _read(BY_FIELD[field], None, os.environ if environ is None else environ)
 
 
-def load_config(argv: list[str] | None = None,
-                environ: Mapping[str, str] | None = None) -> ServeConfig:
+def load_config(argv: list[str] | None = None, environ: Mapping[str, str] | None = None) -> ServeConfig:
     """Flags (default sys.argv[1:]) over environment (default os.environ); raises ConfigError."""
     ns = build_arg_parser().parse_args(sys.argv[1:] if argv is None else argv)
     return config_from_args(ns, environ)

@@ -11,6 +11,7 @@ sees half a file; an existing `.part` is resumed with an HTTP Range request (the
 200 instead, then it starts over).  While a download into a folder is unfinished that folder holds
 a `.downloading` marker, which is how `start_server` tells "there" from "half there".
 """
+
 from __future__ import annotations
 
 import argparse
@@ -21,9 +22,9 @@ import os
 import re
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
-from typing import Iterator
 
 import requests
 
@@ -31,12 +32,12 @@ DEFAULT_TAG = "3.0.0.b4"
 DEFAULT_BASE = "https://paddlenlp.bj.bcebos.com/models/static/{tag}"
 INCOMPLETE_MARKER = ".downloading"
 _MD5 = re.compile(r"[0-9a-fA-F]{32}")
-_CHUNK = 1 << 20         # md5 reads
+_CHUNK = 1 << 20  # md5 reads
 # urllib3 gathers a whole chunk before handing it over and drops it if the connection breaks
 # meanwhile, so the network chunk bounds what a drop loses (resume restarts at the last write).
 _NET_CHUNK = 64 << 10
-_ATTEMPTS = 5            # per file: connection drops are resumed this many times
-_TIMEOUT = (10, 60)      # (connect, read) seconds; a stalled read counts as a drop
+_ATTEMPTS = 5  # per file: connection drops are resumed this many times
+_TIMEOUT = (10, 60)  # (connect, read) seconds; a stalled read counts as a drop
 
 
 class DownloadError(Exception):
@@ -46,7 +47,8 @@ class DownloadError(Exception):
 @dataclass(frozen=True)
 class Entry:
     """One line of file_list.txt."""
-    path: str   # relative POSIX path inside the model folder
+
+    path: str  # relative POSIX path inside the model folder
     md5: str
 
 
@@ -100,8 +102,10 @@ def fetch_file_list(session: requests.Session, folder_url: str, model_name: str)
     except requests.RequestException as e:
         raise DownloadError(f"cannot reach {url}: {e}") from None
     if res.status_code in (403, 404):
-        raise DownloadError(f"model {model_name!r} is not published at {url} (HTTP {res.status_code}): "
-                            "unknown model name? check the name, $tag and $MODEL_BASE_URL")
+        raise DownloadError(
+            f"model {model_name!r} is not published at {url} (HTTP {res.status_code}): "
+            "unknown model name? check the name, $tag and $MODEL_BASE_URL"
+        )
     if res.status_code != 200:
         raise DownloadError(f"cannot fetch {url}: HTTP {res.status_code}")
     return parse_file_list(res.text, url)
@@ -155,11 +159,11 @@ def _fetch_part(session: requests.Session, url: str, part: Path, label: str) -> 
         headers = {"Range": f"bytes={have}-"} if have else {}
         try:
             with session.get(url, headers=headers, stream=True, timeout=_TIMEOUT) as res:
-                if res.status_code == 416:       # nothing past `have`: the part is already whole
+                if res.status_code == 416:  # nothing past `have`: the part is already whole
                     return
                 if res.status_code not in (200, 206):
                     raise DownloadError(f"cannot fetch {label} from {url}: HTTP {res.status_code}")
-                if res.status_code == 200:       # the server ignored the Range: start over
+                if res.status_code == 200:  # the server ignored the Range: start over
                     have = 0
                 length = res.headers.get("Content-Length")
                 total = have + int(length) if length and length.isdigit() else None
@@ -192,13 +196,15 @@ def download_file(session: requests.Session, url: str, dest: Path, md5: str) -> 
         _fetch_part(session, url, part, str(dest))
         got = md5_of(part)
         if got == md5:
-            os.replace(part, dest)   # atomic: the final name appears only with verified content
+            os.replace(part, dest)  # atomic: the final name appears only with verified content
             return True
         part.unlink()
-        if fresh or not resumed:     # a resumed file may be stale; a fresh one is really wrong
+        if fresh or not resumed:  # a resumed file may be stale; a fresh one is really wrong
             break
-    raise DownloadError(f"md5 mismatch for {dest} downloaded from {url}: expected {md5}, got {got} "
-                        "(corrupted download or a changed file list; run again)")
+    raise DownloadError(
+        f"md5 mismatch for {dest} downloaded from {url}: expected {md5}, got {got} "
+        "(corrupted download or a changed file list; run again)"
+    )
 
 
 @contextlib.contextmanager
@@ -217,14 +223,19 @@ def download_tree(folder_url: str, dest: Path, model_name: str) -> int:
         marker = dest / INCOMPLETE_MARKER
         marker.write_text(f"{folder_url}\n")
         print(f"{len(entries)} files from {folder_url} into {dest}", file=sys.stderr, flush=True)
-        fetched = sum(download_file(session, f"{folder_url}/{e.path}", dest / e.path, e.md5)
-                      for e in entries)
+        fetched = sum(download_file(session, f"{folder_url}/{e.path}", dest / e.path, e.md5) for e in entries)
         marker.unlink()
     return fetched
 
 
-def download_model(model_name: str, directory: Path, nnodes: int = 1, mode: str = "master",
-                   speculate_model_path: Path | None = None, base: str | None = None) -> Path:
+def download_model(
+    model_name: str,
+    directory: Path,
+    nnodes: int = 1,
+    mode: str = "master",
+    speculate_model_path: Path | None = None,
+    base: str | None = None,
+) -> Path:
     """Download `model_name` into `directory/model_name` (and its draft model into
     `speculate_model_path`); returns the model folder."""
     name = _safe_relpath(model_name.strip("/"), "--model_name")
@@ -237,16 +248,28 @@ def download_model(model_name: str, directory: Path, nnodes: int = 1, mode: str 
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="download_model", description=__doc__.splitlines()[0],
-                                 epilog=f"Base URL: $MODEL_BASE_URL, default {DEFAULT_BASE} with "
-                                        f"$tag (default {DEFAULT_TAG}).")
+    ap = argparse.ArgumentParser(
+        prog="download_model",
+        description=__doc__.splitlines()[0],
+        epilog=f"Base URL: $MODEL_BASE_URL, default {DEFAULT_BASE} with $tag (default {DEFAULT_TAG}).",
+    )
     ap.add_argument("-m", "--model_name", required=True, help="published model name, e.g. org/model/weight_only_int8")
     ap.add_argument("-d", "--dir", default="downloads", type=Path, help="the model goes to DIR/<model_name>")
     ap.add_argument("-n", "--nnodes", type=int, default=1, help="number of nodes the model is split over")
-    ap.add_argument("-M", "--mode", default="master", choices=("master", "slave"),
-                    help="with --nnodes > 1: which node's half to fetch")
-    ap.add_argument("-s", "--speculate_model_path", type=Path, default=None,
-                    help="also fetch the speculative (mtp) draft model into this folder")
+    ap.add_argument(
+        "-M",
+        "--mode",
+        default="master",
+        choices=("master", "slave"),
+        help="with --nnodes > 1: which node's half to fetch",
+    )
+    ap.add_argument(
+        "-s",
+        "--speculate_model_path",
+        type=Path,
+        default=None,
+        help="also fetch the speculative (mtp) draft model into this folder",
+    )
     args = ap.parse_args(argv)
     try:
         dest = download_model(args.model_name, args.dir, args.nnodes, args.mode, args.speculate_model_path)

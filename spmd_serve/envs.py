@@ -6,6 +6,7 @@ table.  Turning the environment and the command line into a validated `ServeConf
 `spmd_serve.config`'s job; keeping the table here, free of logic about sources, lets the CLI
 help, the launcher and a drift test all read one list.
 """
+
 from __future__ import annotations
 
 import math
@@ -140,8 +141,7 @@ def _num(x: float) -> str:
     return str(int(x)) if float(x).is_integer() else str(x)
 
 
-def _v(name: str, default: Any, kind: Kind, help: str, field: str, *aliases: str,
-       **rule: Any) -> EnvVar:
+def _v(name: str, default: Any, kind: Kind, help: str, field: str, *aliases: str, **rule: Any) -> EnvVar:
     return EnvVar(name, tuple(aliases), default, kind, help, field, **rule)
 
 
@@ -150,90 +150,237 @@ _ADDR_RULE = {"pattern": _ADDR, "pattern_help": "a host name or IP address"}
 
 # Every row of CONTRACT §2, in the contract's order; legacy names (in parentheses there) as aliases.
 ENV_VARS: tuple[EnvVar, ...] = (
-    _v("MODEL_DIR", None, "path", "served model directory (unset: the built-in demo model)",
-       "model_dir"),
-    _v("model_name", None, "str", "with start_server: download then serve $MODEL_DIR/$model_name",
-       "model_name"),
-    _v("MP_NUM", 1, "int", "tensor-parallel degree = number of ranks = MPI world size", "mp_num",
-       **_POS),
-    _v("MP_NNODE", 1, "int", "number of nodes; MP_NUM must be a multiple of it", "mp_nnode",
-       **_POS),
-    _v("POD_IPS", (), "list", "multi-node: comma-separated node addresses", "pod_ips",
-       pattern=_ADDR, pattern_help="a comma-separated list of host names or IP addresses"),
-    _v("POD_0_IP", None, "str", "multi-node: the master node's address (must be in POD_IPS)",
-       "pod_0_ip", **_ADDR_RULE),
-    _v("CUDA_VISIBLE_DEVICES", None, "str", "devices; the rank with local index k uses the k-th",
-       "cuda_visible_devices", pattern=r"[A-Za-z0-9_-]+(,[A-Za-z0-9_-]+)*",
-       pattern_help="a comma-separated list of device ids, e.g. 0,1"),
-    _v("SERVICE_HTTP_PORT", 9965, "port", "HTTP API port (native + OpenAI)", "http_port",
-       "PUSH_MODE_HTTP_PORT", disable_value=-1),
-    _v("SERVICE_GRPC_PORT", 8811, "port", "gRPC API port (Triton/KServe v2)", "grpc_port",
-       "GRPC_PORT", disable_value=-1),
+    _v("MODEL_DIR", None, "path", "served model directory (unset: the built-in demo model)", "model_dir"),
+    _v("model_name", None, "str", "with start_server: download then serve $MODEL_DIR/$model_name", "model_name"),
+    _v("MP_NUM", 1, "int", "tensor-parallel degree = number of ranks = MPI world size", "mp_num", **_POS),
+    _v("MP_NNODE", 1, "int", "number of nodes; MP_NUM must be a multiple of it", "mp_nnode", **_POS),
+    _v(
+        "POD_IPS",
+        (),
+        "list",
+        "multi-node: comma-separated node addresses",
+        "pod_ips",
+        pattern=_ADDR,
+        pattern_help="a comma-separated list of host names or IP addresses",
+    ),
+    _v("POD_0_IP", None, "str", "multi-node: the master node's address (must be in POD_IPS)", "pod_0_ip", **_ADDR_RULE),
+    _v(
+        "CUDA_VISIBLE_DEVICES",
+        None,
+        "str",
+        "devices; the rank with local index k uses the k-th",
+        "cuda_visible_devices",
+        pattern=r"[A-Za-z0-9_-]+(,[A-Za-z0-9_-]+)*",
+        pattern_help="a comma-separated list of device ids, e.g. 0,1",
+    ),
+    _v(
+        "SERVICE_HTTP_PORT",
+        9965,
+        "port",
+        "HTTP API port (native + OpenAI)",
+        "http_port",
+        "PUSH_MODE_HTTP_PORT",
+        disable_value=-1,
+    ),
+    _v(
+        "SERVICE_GRPC_PORT",
+        8811,
+        "port",
+        "gRPC API port (Triton/KServe v2)",
+        "grpc_port",
+        "GRPC_PORT",
+        disable_value=-1,
+    ),
     # Health and metrics cannot be disabled: start_server polls /v2/health/ready, and operators
     # expect /metrics wherever the server runs.
-    _v("HEALTH_HTTP_PORT", 8110, "port", "health port (/v2/health/live, /v2/health/ready); "
-       "cannot be disabled", "health_port", "HTTP_PORT"),
-    _v("METRICS_HTTP_PORT", 8722, "port", "Prometheus /metrics port; cannot be disabled",
-       "metrics_port", "METRICS_PORT"),
-    _v("INTER_PROC_PORT", 56666, "port", "internal: rank 0 engine <-> extra HTTP workers; binds "
-       "loopback (127.0.0.1) only, never public", "inter_proc_port",
-       "INTER_QUEUE_PORT", "INFER_QUEUE_PORT"),
+    _v(
+        "HEALTH_HTTP_PORT",
+        8110,
+        "port",
+        "health port (/v2/health/live, /v2/health/ready); cannot be disabled",
+        "health_port",
+        "HTTP_PORT",
+    ),
+    _v(
+        "METRICS_HTTP_PORT",
+        8722,
+        "port",
+        "Prometheus /metrics port; cannot be disabled",
+        "metrics_port",
+        "METRICS_PORT",
+    ),
+    _v(
+        "INTER_PROC_PORT",
+        56666,
+        "port",
+        "internal: rank 0 engine <-> extra HTTP workers; binds loopback (127.0.0.1) only, never public",
+        "inter_proc_port",
+        "INTER_QUEUE_PORT",
+        "INFER_QUEUE_PORT",
+    ),
     _v("HOST", "0.0.0.0", "str", "bind address of the public ports", "host", **_ADDR_RULE),
-    _v("MAX_SEQ_LEN", 8192, "int", "max input tokens (clamped to the model's limit)", "max_seq_len",
-       **_POS),
-    _v("MAX_DEC_LEN", 1024, "int", "max tokens a request may ask to generate", "max_dec_len",
-       **_POS),
+    _v("MAX_SEQ_LEN", 8192, "int", "max input tokens (clamped to the model's limit)", "max_seq_len", **_POS),
+    _v("MAX_DEC_LEN", 1024, "int", "max tokens a request may ask to generate", "max_dec_len", **_POS),
     _v("BATCH_SIZE", 50, "int", "max running sequences", "batch_size", minimum=1, maximum=256),
-    _v("BLOCK_SIZE", 64, "int", "tokens per KV block (the model's config.json may fix it)",
-       "block_size", **_POS),
-    _v("BLOCK_BS", 50, "int", "KV capacity in full-length sequences: total blocks = BLOCK_BS * "
-       "ceil(max(MAX_SEQ_LEN, MAX_DEC_LEN) / BLOCK_SIZE)", "block_bs", **_POS),
-    _v("BLOCK_RATIO", 0.75, "float", "admission watermark: admit new requests only while used "
-       "blocks <= BLOCK_RATIO * total", "block_ratio", minimum=0, maximum=1, min_exclusive=True),
-    _v("MAX_CACHED_TASK_NUM", 128, "int", "waiting-queue capacity; beyond it requests get 429",
-       "max_cached_task_num", **_POS),
-    _v("PUSH_MODE_HTTP_WORKERS", 1, "int", "HTTP worker processes on the master node",
-       "http_workers", minimum=1, maximum=8),
-    _v("DISABLE_STREAMING", False, "bool", "1: native streaming requests get only the final frame",
-       "disable_streaming"),
+    _v("BLOCK_SIZE", 64, "int", "tokens per KV block (the model's config.json may fix it)", "block_size", **_POS),
+    _v(
+        "BLOCK_BS",
+        50,
+        "int",
+        "KV capacity in full-length sequences: total blocks = BLOCK_BS * "
+        "ceil(max(MAX_SEQ_LEN, MAX_DEC_LEN) / BLOCK_SIZE)",
+        "block_bs",
+        **_POS,
+    ),
+    _v(
+        "BLOCK_RATIO",
+        0.75,
+        "float",
+        "admission watermark: admit new requests only while used blocks <= BLOCK_RATIO * total",
+        "block_ratio",
+        minimum=0,
+        maximum=1,
+        min_exclusive=True,
+    ),
+    _v(
+        "MAX_CACHED_TASK_NUM",
+        128,
+        "int",
+        "waiting-queue capacity; beyond it requests get 429",
+        "max_cached_task_num",
+        **_POS,
+    ),
+    _v(
+        "PUSH_MODE_HTTP_WORKERS",
+        1,
+        "int",
+        "HTTP worker processes on the master node",
+        "http_workers",
+        minimum=1,
+        maximum=8,
+    ),
+    _v(
+        "DISABLE_STREAMING", False, "bool", "1: native streaming requests get only the final frame", "disable_streaming"
+    ),
     _v("USE_WARMUP", False, "bool", "1: run warm-up requests before reporting ready", "use_warmup"),
-    _v("USE_HF_TOKENIZER", False, "bool", "1: HuggingFace tokenizer.json instead of the PaddleNLP "
-       "tokenizer", "use_hf_tokenizer"),
+    _v(
+        "USE_HF_TOKENIZER",
+        False,
+        "bool",
+        "1: HuggingFace tokenizer.json instead of the PaddleNLP tokenizer",
+        "use_hf_tokenizer",
+    ),
     _v("USE_CACHE_KV_INT8", False, "bool", "1: int8 KV cache", "use_cache_kv_int8"),
     _v("LOG_DIR", "./log", "path", "logs and pid file", "log_dir", "FD_LOG_DIR"),
-    _v("OUTPUT_LOG_TO_CONSOLE", False, "bool", "1: logs also to the console",
-       "output_log_to_console"),
-    _v("ENABLE_PREFIX_CACHING", True, "bool", "reuse the KV blocks of an identical prompt prefix "
-       "across requests (0: off)", "enable_prefix_caching"),
-    _v("SPECULATE_METHOD", "none", "str", "speculative decoding: none, inference_with_reference "
-       "(alias ngram), mtp, draft_model", "speculate_method",
-       pattern=r"none|inference_with_reference|ngram|mtp|draft_model",
-       pattern_help="one of none, inference_with_reference, ngram, mtp, draft_model"),
-    _v("SPECULATE_MAX_DRAFT_TOKEN_NUM", 1, "int", "draft tokens proposed per sequence and step",
-       "speculate_max_draft_token_num", minimum=1, maximum=8),
-    _v("SPECULATE_MAX_NGRAM_SIZE", 3, "int", "longest n-gram matched by inference_with_reference",
-       "speculate_max_ngram_size", minimum=1, maximum=8),
-    _v("SPECULATE_MODEL_PATH", None, "path", "the draft model directory (SPECULATE_METHOD="
-       "draft_model)", "speculate_model_path"),
-    _v("API_KEY", None, "str", "when set, HTTP and gRPC requests need 'Authorization: Bearer "
-       "<key>'", "api_key", pattern=r"\S+", pattern_help="a non-empty string without whitespace",
-       secret=True),
+    _v("OUTPUT_LOG_TO_CONSOLE", False, "bool", "1: logs also to the console", "output_log_to_console"),
+    _v(
+        "ENABLE_PREFIX_CACHING",
+        True,
+        "bool",
+        "reuse the KV blocks of an identical prompt prefix across requests (0: off)",
+        "enable_prefix_caching",
+    ),
+    _v(
+        "SPECULATE_METHOD",
+        "none",
+        "str",
+        "speculative decoding: none, inference_with_reference (alias ngram), mtp, draft_model",
+        "speculate_method",
+        pattern=r"none|inference_with_reference|ngram|mtp|draft_model",
+        pattern_help="one of none, inference_with_reference, ngram, mtp, draft_model",
+    ),
+    _v(
+        "SPECULATE_MAX_DRAFT_TOKEN_NUM",
+        1,
+        "int",
+        "draft tokens proposed per sequence and step",
+        "speculate_max_draft_token_num",
+        minimum=1,
+        maximum=8,
+    ),
+    _v(
+        "SPECULATE_MAX_NGRAM_SIZE",
+        3,
+        "int",
+        "longest n-gram matched by inference_with_reference",
+        "speculate_max_ngram_size",
+        minimum=1,
+        maximum=8,
+    ),
+    _v(
+        "SPECULATE_MODEL_PATH",
+        None,
+        "path",
+        "the draft model directory (SPECULATE_METHOD=draft_model)",
+        "speculate_model_path",
+    ),
+    _v(
+        "API_KEY",
+        None,
+        "str",
+        "when set, HTTP and gRPC requests need 'Authorization: Bearer <key>'",
+        "api_key",
+        pattern=r"\S+",
+        pattern_help="a non-empty string without whitespace",
+        secret=True,
+    ),
     # Internal knobs (not in the contract).
-    _v("SPMD_MAX_NUM_BATCHED_TOKENS", 512, "int", "internal: token budget of one engine step "
-       "(prefill chunk size)", "max_num_batched_tokens", minimum=16, internal=True),
-    _v("SPMD_NUM_THREADS", 1, "int", "internal: CPU threads per rank for Paddle", "num_threads",
-       minimum=1, internal=True),
-    _v("SPMD_DRAIN_TIMEOUT_S", 60.0, "float", "internal: on SIGTERM, seconds in-flight requests may "
-       "take to finish before they are aborted (a second SIGTERM aborts at once)", "drain_timeout_s",
-       minimum=0, internal=True),
-    _v("SPMD_ONEDNN_MIN_TOKENS", None, "int", "internal: steps of at least this many tokens run on a "
-       "second, oneDNN predictor of each graph (0: none); unset: 5 when a rank's params fit in 2 GiB "
-       "(the twin holds a second copy of the weights), else 0", "onednn_min_tokens", minimum=0,
-       internal=True),
-    _v("SPMD_MALLOC_TUNING", True, "bool", "internal: keep a step's intermediates on the glibc heap "
-       "(mallopt) instead of fresh mmaps", "malloc_tuning", internal=True),
-    _v("SPMD_LOG_STEP_EVERY", 0, "int", "internal: log the per-phase step split every N steps "
-       "(0: never)", "log_step_every", minimum=0, internal=True),
+    _v(
+        "SPMD_MAX_NUM_BATCHED_TOKENS",
+        512,
+        "int",
+        "internal: token budget of one engine step (prefill chunk size)",
+        "max_num_batched_tokens",
+        minimum=16,
+        internal=True,
+    ),
+    _v(
+        "SPMD_NUM_THREADS",
+        1,
+        "int",
+        "internal: CPU threads per rank for Paddle",
+        "num_threads",
+        minimum=1,
+        internal=True,
+    ),
+    _v(
+        "SPMD_DRAIN_TIMEOUT_S",
+        60.0,
+        "float",
+        "internal: on SIGTERM, seconds in-flight requests may "
+        "take to finish before they are aborted (a second SIGTERM aborts at once)",
+        "drain_timeout_s",
+        minimum=0,
+        internal=True,
+    ),
+    _v(
+        "SPMD_ONEDNN_MIN_TOKENS",
+        None,
+        "int",
+        "internal: steps of at least this many tokens run on a "
+        "second, oneDNN predictor of each graph (0: none); unset: 5 when a rank's params fit in 2 GiB "
+        "(the twin holds a second copy of the weights), else 0",
+        "onednn_min_tokens",
+        minimum=0,
+        internal=True,
+    ),
+    _v(
+        "SPMD_MALLOC_TUNING",
+        True,
+        "bool",
+        "internal: keep a step's intermediates on the glibc heap (mallopt) instead of fresh mmaps",
+        "malloc_tuning",
+        internal=True,
+    ),
+    _v(
+        "SPMD_LOG_STEP_EVERY",
+        0,
+        "int",
+        "internal: log the per-phase step split every N steps (0: never)",
+        "log_step_every",
+        minimum=0,
+        internal=True,
+    ),
 )
 
 BY_FIELD: dict[str, EnvVar] = {v.field: v for v in ENV_VARS}

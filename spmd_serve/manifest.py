@@ -12,21 +12,23 @@ token's shape in each (Llama: K and V of [kv_heads, head_dim]).  A new attention
 one latent vector per token and layer) is a new layout value, which the pool, the capacity check
 and the graphs' input names all follow.
 """
+
 from __future__ import annotations
 
 import json
 import math
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
-MANIFEST_VERSION = 2        # 2: typed manifest with the KV layout (`kv_cache`); 1 had none
+MANIFEST_VERSION = 2  # 2: typed manifest with the KV layout (`kv_cache`); 1 had none
 MANIFEST_FILE = "manifest.json"
 QUANT_METHODS = ("weight_only_int8", "weight_only_int4")
-COLLECTIVES = ("none", "graph", "segments")   # tp = 1 / all-reduce ops in the graph / runtime between segments
+COLLECTIVES = ("none", "graph", "segments")  # tp = 1 / all-reduce ops in the graph / runtime between segments
 REEXPORT = "re-export with this version's `spmd_serve export`"
 
 
@@ -37,18 +39,19 @@ class ManifestError(ValueError):
 @dataclass(frozen=True)
 class ShardDims:
     """Per-rank sizes of one tensor-parallel shard (identical on every rank)."""
+
     tp: int
     hidden: int
     head_dim: int
     num_layers: int
-    heads: int            # query heads on this rank
-    kv_heads: int         # KV heads on this rank (1 when replicated)
-    intermediate: int     # MLP units on this rank
-    vocab: int            # real vocabulary size (all ranks)
-    vocab_local: int      # padded vocab / tp
+    heads: int  # query heads on this rank
+    kv_heads: int  # KV heads on this rank (1 when replicated)
+    intermediate: int  # MLP units on this rank
+    vocab: int  # real vocabulary size (all ranks)
+    vocab_local: int  # padded vocab / tp
     rms_norm_eps: float
     rope_theta: float
-    attention_bias: bool = False   # q/k/v biases, split with their columns
+    attention_bias: bool = False  # q/k/v biases, split with their columns
 
     @property
     def group(self) -> int:
@@ -58,7 +61,7 @@ class ShardDims:
 
 # ---------------------------------------------------------------- the KV cache
 
-KV_HEADS = "kv_heads"   # layout kind: K and V per KV head (Llama, Qwen2); written by ops.kv_cache_write
+KV_HEADS = "kv_heads"  # layout kind: K and V per KV head (Llama, Qwen2); written by ops.kv_cache_write
 
 
 @dataclass(frozen=True)
@@ -66,6 +69,7 @@ class CacheTensor:
     """One cache tensor of every layer: graph input `<name>_cache_<l>` ([blocks, block_size, *token_shape]),
     output `<name>_new_<l>` ([T, *token_shape]: this step's entries, when the graph does not write
     them itself), and with an int8 pool input `<name>_scale_<l>` (fp32 dequantisation scales)."""
+
     name: str
     token_shape: tuple[int, ...]
 
@@ -75,13 +79,14 @@ class KVLayout:
     """What the paged pool holds per token and layer.  `kind` names how a step's entries are written
     (the pool's writer) and which host tables address them; `scale_shape` is one layer's and tensor's
     int8 scales (per KV head for `kv_heads`)."""
+
     kind: str
     num_layers: int
     tensors: tuple[CacheTensor, ...]
     scale_shape: tuple[int, ...] = ()
 
     @classmethod
-    def kv_heads(cls, num_layers: int, kv_heads: int, head_dim: int) -> "KVLayout":
+    def kv_heads(cls, num_layers: int, kv_heads: int, head_dim: int) -> KVLayout:
         """Llama's cache: K and V of [kv_heads, head_dim] per token, int8 scales per KV head."""
         shape = (kv_heads, head_dim)
         return cls(KV_HEADS, num_layers, (CacheTensor("k", shape), CacheTensor("v", shape)), (kv_heads,))
@@ -103,29 +108,38 @@ class KVLayout:
         return [f"{t.name}_new_{layer}" for t in self.tensors]
 
     def to_json(self) -> dict[str, Any]:
-        return {"kind": self.kind, "num_layers": self.num_layers, "scale_shape": list(self.scale_shape),
-                "tensors": [{"name": t.name, "token_shape": list(t.token_shape)} for t in self.tensors]}
+        return {
+            "kind": self.kind,
+            "num_layers": self.num_layers,
+            "scale_shape": list(self.scale_shape),
+            "tensors": [{"name": t.name, "token_shape": list(t.token_shape)} for t in self.tensors],
+        }
 
     @classmethod
-    def from_json(cls, obj: Mapping[str, Any]) -> "KVLayout":
-        return cls(obj["kind"], int(obj["num_layers"]),
-                   tuple(CacheTensor(t["name"], tuple(t["token_shape"])) for t in obj["tensors"]),
-                   tuple(obj.get("scale_shape", ())))
+    def from_json(cls, obj: Mapping[str, Any]) -> KVLayout:
+        return cls(
+            obj["kind"],
+            int(obj["num_layers"]),
+            tuple(CacheTensor(t["name"], tuple(t["token_shape"])) for t in obj["tensors"]),
+            tuple(obj.get("scale_shape", ())),
+        )
 
 
 # ---------------------------------------------------------------- segments, quantisation
+
 
 @dataclass(frozen=True)
 class SegmentSpec:
     """What the runtime needs to feed one saved graph (`<name>.json`) and route its outputs.  `params`:
     the .pdiparams prefix when not `name` (a variant shares its base graph's); `decode`: the variant
     traced for steps whose every query is one token, when the export has one."""
+
     name: str
     inputs: tuple[str, ...]
     outputs: tuple[str, ...]
     kv_layers: tuple[int, ...] = ()
     params: str | None = None
-    decode: "SegmentSpec | None" = None
+    decode: SegmentSpec | None = None
 
     @property
     def params_name(self) -> str:
@@ -137,42 +151,63 @@ class SegmentSpec:
         return self.outputs[0] == "logits"
 
     def to_json(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"name": self.name, "inputs": list(self.inputs), "outputs": list(self.outputs),
-                               "kv_layers": list(self.kv_layers), "params": self.params}
+        out: dict[str, Any] = {
+            "name": self.name,
+            "inputs": list(self.inputs),
+            "outputs": list(self.outputs),
+            "kv_layers": list(self.kv_layers),
+            "params": self.params,
+        }
         if self.decode is not None:
             out["decode"] = self.decode.to_json()
         return out
 
     @classmethod
-    def from_json(cls, obj: Mapping[str, Any]) -> "SegmentSpec":
+    def from_json(cls, obj: Mapping[str, Any]) -> SegmentSpec:
         decode = obj.get("decode")
-        return cls(obj["name"], tuple(obj["inputs"]), tuple(obj["outputs"]), tuple(obj.get("kv_layers", ())),
-                   obj.get("params"), None if decode is None else cls.from_json(decode))
+        return cls(
+            obj["name"],
+            tuple(obj["inputs"]),
+            tuple(obj["outputs"]),
+            tuple(obj.get("kv_layers", ())),
+            obj.get("params"),
+            None if decode is None else cls.from_json(decode),
+        )
 
 
 @dataclass(frozen=True)
 class QuantRecord:
     """Weight-only quantisation of an export (config.json's `spmd_serve.quant` and every manifest's `quant`)."""
+
     method: str
     bits: int
     group_size: int | None
-    scales: str                   # in words: per output channel (and input group)
-    tensors: tuple[str, ...]      # which weights are quantised
-    embed: str                    # how the quantised embedding table is held
+    scales: str  # in words: per output channel (and input group)
+    tensors: tuple[str, ...]  # which weights are quantised
+    embed: str  # how the quantised embedding table is held
     unquantised: tuple[str, ...]
 
     @classmethod
-    def from_json(cls, obj: Any) -> "QuantRecord | None":
+    def from_json(cls, obj: Any) -> QuantRecord | None:
         if obj is None:
             return None
         method = obj.get("method") if isinstance(obj, dict) else obj
         if method not in QUANT_METHODS or not isinstance(obj, dict):
-            raise ManifestError(f"quant={obj!r} is not supported by this build "
-                                f"(methods: {', '.join(QUANT_METHODS)}); re-export the model")
+            raise ManifestError(
+                f"quant={obj!r} is not supported by this build "
+                f"(methods: {', '.join(QUANT_METHODS)}); re-export the model"
+            )
         if method == "weight_only_int4" and not obj.get("group_size"):
             raise ManifestError("weight_only_int4 without a group_size; re-export the model")
-        return cls(method, int(obj["bits"]), obj.get("group_size"), obj["scales"], tuple(obj["tensors"]),
-                   obj["embed"], tuple(obj["unquantised"]))
+        return cls(
+            method,
+            int(obj["bits"]),
+            obj.get("group_size"),
+            obj["scales"],
+            tuple(obj["tensors"]),
+            obj["embed"],
+            tuple(obj["unquantised"]),
+        )
 
 
 def plain(value: Any) -> Any:
@@ -182,19 +217,21 @@ def plain(value: Any) -> Any:
 
 # ---------------------------------------------------------------- one rank's manifest
 
+
 @dataclass(frozen=True)
 class Manifest:
     """Everything a rank needs to run its shard, besides the graphs and their params."""
+
     rank: int
     dims: ShardDims
     kv_cache: KVLayout
     segments: tuple[SegmentSpec, ...]
-    collectives: str                  # one of COLLECTIVES
-    custom_ops: tuple[str, ...]       # our C++ ops the graphs call: register the library before loading
+    collectives: str  # one of COLLECTIVES
+    custom_ops: tuple[str, ...]  # our C++ ops the graphs call: register the library before loading
     quant: QuantRecord | None
-    inv_freq: tuple[float, ...]       # RoPE inverse frequencies, scaling applied: the runner builds the tables
-    segments_kv_int8: tuple[SegmentSpec, ...] | None = None   # graphs reading an int8 pool (USE_CACHE_KV_INT8)
-    kv_scales: Mapping[str, Sequence[Sequence[float]]] | None = None   # tensor → layer → KVLayout.scale_shape
+    inv_freq: tuple[float, ...]  # RoPE inverse frequencies, scaling applied: the runner builds the tables
+    segments_kv_int8: tuple[SegmentSpec, ...] | None = None  # graphs reading an int8 pool (USE_CACHE_KV_INT8)
+    kv_scales: Mapping[str, Sequence[Sequence[float]]] | None = None  # tensor → layer → KVLayout.scale_shape
     format: int = MANIFEST_VERSION
 
     @property
@@ -214,10 +251,17 @@ class Manifest:
         return self.segments_kv_int8
 
     def to_json(self) -> dict[str, Any]:
-        out = {"format": self.format, "rank": self.rank, "dims": asdict(self.dims),
-               "kv_cache": self.kv_cache.to_json(), "segments": [s.to_json() for s in self.segments],
-               "collectives": self.collectives, "custom_ops": list(self.custom_ops), "quant": plain(self.quant),
-               "inv_freq": list(self.inv_freq)}
+        out = {
+            "format": self.format,
+            "rank": self.rank,
+            "dims": asdict(self.dims),
+            "kv_cache": self.kv_cache.to_json(),
+            "segments": [s.to_json() for s in self.segments],
+            "collectives": self.collectives,
+            "custom_ops": list(self.custom_ops),
+            "quant": plain(self.quant),
+            "inv_freq": list(self.inv_freq),
+        }
         if self.segments_kv_int8 is not None:
             out["segments_kv_int8"] = [s.to_json() for s in self.segments_kv_int8]
         if self.kv_scales is not None:
@@ -225,19 +269,26 @@ class Manifest:
         return out
 
     @classmethod
-    def from_json(cls, obj: Mapping[str, Any]) -> "Manifest":
+    def from_json(cls, obj: Mapping[str, Any]) -> Manifest:
         if obj["collectives"] not in COLLECTIVES:
             raise ManifestError(f"collectives={obj['collectives']!r} is not one of {', '.join(COLLECTIVES)}")
         int8 = obj.get("segments_kv_int8")
         scales = obj.get("kv_scales")
-        return cls(rank=int(obj["rank"]), dims=ShardDims(**obj["dims"]), kv_cache=KVLayout.from_json(obj["kv_cache"]),
-                   segments=tuple(SegmentSpec.from_json(s) for s in obj["segments"]),
-                   collectives=obj["collectives"], custom_ops=tuple(obj["custom_ops"]),
-                   quant=QuantRecord.from_json(obj["quant"]), inv_freq=tuple(float(x) for x in obj["inv_freq"]),
-                   segments_kv_int8=None if int8 is None else tuple(SegmentSpec.from_json(s) for s in int8),
-                   kv_scales=None if scales is None else {k: tuple(tuple(map(float, layer)) for layer in v)
-                                                          for k, v in scales.items()},
-                   format=int(obj["format"]))
+        return cls(
+            rank=int(obj["rank"]),
+            dims=ShardDims(**obj["dims"]),
+            kv_cache=KVLayout.from_json(obj["kv_cache"]),
+            segments=tuple(SegmentSpec.from_json(s) for s in obj["segments"]),
+            collectives=obj["collectives"],
+            custom_ops=tuple(obj["custom_ops"]),
+            quant=QuantRecord.from_json(obj["quant"]),
+            inv_freq=tuple(float(x) for x in obj["inv_freq"]),
+            segments_kv_int8=None if int8 is None else tuple(SegmentSpec.from_json(s) for s in int8),
+            kv_scales=None
+            if scales is None
+            else {k: tuple(tuple(map(float, layer)) for layer in v) for k, v in scales.items()},
+            format=int(obj["format"]),
+        )
 
 
 def write_manifest(rank_dir: Path, m: Manifest) -> Path:

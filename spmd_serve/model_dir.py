@@ -5,6 +5,7 @@ Every rank runs them on the same inputs before loading anything, so a bad direct
 with the same one-line `ConfigError`.  What the export recorded inside the directory is checked by
 worker/capacity.py (config.json's `spmd_serve` key) and manifest.py (each rank's manifest).
 """
+
 from __future__ import annotations
 
 import json
@@ -24,8 +25,7 @@ def check_model_dir(cfg: ServeConfig, world_size: int) -> dict:
     if n % cfg.mp_nnode:
         raise ConfigError(f"MP_NUM={n} is invalid: must be a multiple of MP_NNODE={cfg.mp_nnode}")
     if n != world_size:
-        raise ConfigError(f"MP_NUM={n} but the MPI world size is {world_size} "
-                          f"(start with mpirun -n {n})")
+        raise ConfigError(f"MP_NUM={n} but the MPI world size is {world_size} (start with mpirun -n {n})")
     if cfg.model_dir is None:
         raise ConfigError("MODEL_DIR is not set (no model directory to check)")
     d = Path(cfg.model_dir)
@@ -42,25 +42,26 @@ def check_model_dir(cfg: ServeConfig, world_size: int) -> dict:
     except (OSError, UnicodeDecodeError) as e:
         raise ConfigError(f"model directory {d}: cannot read config.json ({e})") from None
     except json.JSONDecodeError as e:
-        raise ConfigError(f"model directory {d}: config.json is not valid JSON "
-                          f"({e.msg} at line {e.lineno})") from None
+        raise ConfigError(f"model directory {d}: config.json is not valid JSON ({e.msg} at line {e.lineno})") from None
     if not isinstance(model_config, dict):
         raise ConfigError(f"model directory {d}: config.json must hold a JSON object")
-    ranks = sorted(int(m.group(1)) for p in d.iterdir()
-                   if p.is_dir() and (m := _RANK_RE.fullmatch(p.name)))
+    ranks = sorted(int(m.group(1)) for p in d.iterdir() if p.is_dir() and (m := _RANK_RE.fullmatch(p.name)))
     if not ranks:
         raise ConfigError(f"model directory {d} has no rank_0/ ({hint})")
     for i in range(n):
         if i not in ranks:
-            raise ConfigError(f"model directory {d} has no rank_{i}/ (it has {len(ranks)} rank "
-                              f"folder(s): exported with --tp {len(ranks)}? set MP_NUM to match)")
+            raise ConfigError(
+                f"model directory {d} has no rank_{i}/ (it has {len(ranks)} rank "
+                f"folder(s): exported with --tp {len(ranks)}? set MP_NUM to match)"
+            )
     if len(ranks) != n:
-        raise ConfigError(f"model directory {d} has {len(ranks)} rank folders but MP_NUM={n} "
-                          f"(exported with --tp {len(ranks)}? set MP_NUM={len(ranks)})")
+        raise ConfigError(
+            f"model directory {d} has {len(ranks)} rank folders but MP_NUM={n} "
+            f"(exported with --tp {len(ranks)}? set MP_NUM={len(ranks)})"
+        )
     for i in range(n):
         if not any((d / f"rank_{i}").iterdir()):
-            raise ConfigError(f"model directory {d} has an empty rank_{i}/ "
-                              "(incomplete export or download?)")
+            raise ConfigError(f"model directory {d} has an empty rank_{i}/ (incomplete export or download?)")
     return model_config
 
 

@@ -5,6 +5,7 @@ the plan says and nothing else.  On the wire it is a fixed int64 header (sent wi
 non-blocking Ibcast, so idle workers can sleep between polls) followed by one int64 payload
 (blocking Bcast) holding the arrays back to back.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -15,19 +16,19 @@ import numpy.typing as npt
 I64 = npt.NDArray[np.int64]
 
 RUN, SHUTDOWN = 1, 2
-HEADER_LEN = 6   # [kind, step_id, B, T, MB, payload_len]
+HEADER_LEN = 6  # [kind, step_id, B, T, MB, payload_len]
 
 
 @dataclass(frozen=True)
 class StepPlan:
-    kind: int                    # RUN or SHUTDOWN
-    step_id: int                 # monotonically increasing, for logs and sanity checks
-    input_ids: I64        # [T] int64 token ids of all scheduled tokens, sequence after sequence
-    positions: I64        # [T] int64 absolute position of each token in its sequence
-    query_lens: I64       # [B] int64 new tokens per sequence (1 for decode)
-    ctx_lens: I64         # [B] int64 tokens already in the KV cache per sequence
-    block_tables: I64     # [B, MB] int64 block ids; rows padded with 0 (masked by ctx/query lens)
-    slot_mapping: I64     # [T] int64 cache slot (block * block_size + offset) of each new token
+    kind: int  # RUN or SHUTDOWN
+    step_id: int  # monotonically increasing, for logs and sanity checks
+    input_ids: I64  # [T] int64 token ids of all scheduled tokens, sequence after sequence
+    positions: I64  # [T] int64 absolute position of each token in its sequence
+    query_lens: I64  # [B] int64 new tokens per sequence (1 for decode)
+    ctx_lens: I64  # [B] int64 tokens already in the KV cache per sequence
+    block_tables: I64  # [B, MB] int64 block ids; rows padded with 0 (masked by ctx/query lens)
+    slot_mapping: I64  # [T] int64 cache slot (block * block_size + offset) of each new token
 
     @property
     def num_seqs(self) -> int:
@@ -39,33 +40,54 @@ class StepPlan:
 
     def header(self) -> I64:
         payload_len = 3 * self.num_tokens + 2 * self.num_seqs + self.block_tables.size
-        return np.array([self.kind, self.step_id, self.num_seqs, self.num_tokens,
-                         self.block_tables.shape[1] if self.block_tables.ndim == 2 else 0, payload_len],
-                        dtype=np.int64)
+        return np.array(
+            [
+                self.kind,
+                self.step_id,
+                self.num_seqs,
+                self.num_tokens,
+                self.block_tables.shape[1] if self.block_tables.ndim == 2 else 0,
+                payload_len,
+            ],
+            dtype=np.int64,
+        )
 
     def payload(self) -> I64:
-        parts = [self.input_ids, self.positions, self.slot_mapping, self.query_lens, self.ctx_lens,
-                 self.block_tables.reshape(-1)]
+        parts = [
+            self.input_ids,
+            self.positions,
+            self.slot_mapping,
+            self.query_lens,
+            self.ctx_lens,
+            self.block_tables.reshape(-1),
+        ]
         out: I64 = np.concatenate(parts).astype(np.int64, copy=False)
         return out
 
-    def select(self, seqs: I64, block_size: int) -> "StepPlan":
+    def select(self, seqs: I64, block_size: int) -> StepPlan:
         """The sub-plan of sequences `seqs` (indices, in order), with block tables trimmed to the
         blocks those sequences actually reach (ceil((ctx + query) / block_size))."""
         starts = np.concatenate([[0], np.cumsum(self.query_lens)]).astype(np.int64)
         tokens = np.concatenate([np.arange(starts[i], starts[i + 1]) for i in seqs])
         reach = int(((self.ctx_lens[seqs] + self.query_lens[seqs] + block_size - 1) // block_size).max())
-        return StepPlan(self.kind, self.step_id, self.input_ids[tokens], self.positions[tokens],
-                        self.query_lens[seqs], self.ctx_lens[seqs],
-                        np.ascontiguousarray(self.block_tables[seqs, :reach]), self.slot_mapping[tokens])
+        return StepPlan(
+            self.kind,
+            self.step_id,
+            self.input_ids[tokens],
+            self.positions[tokens],
+            self.query_lens[seqs],
+            self.ctx_lens[seqs],
+            np.ascontiguousarray(self.block_tables[seqs, :reach]),
+            self.slot_mapping[tokens],
+        )
 
     @staticmethod
-    def shutdown(step_id: int) -> "StepPlan":
+    def shutdown(step_id: int) -> StepPlan:
         e = np.zeros(0, np.int64)
         return StepPlan(SHUTDOWN, step_id, e, e, e, e, np.zeros((0, 0), np.int64), e)
 
     @staticmethod
-    def unpack(header: I64, payload: I64) -> "StepPlan":
+    def unpack(header: I64, payload: I64) -> StepPlan:
         kind, step_id, b, t, mb, _ = (int(x) for x in header)
         parts = np.split(payload, np.cumsum([t, t, t, b, b]))
         ids, pos, slots, qlens, ctx, bt = parts
@@ -93,9 +115,9 @@ def grid_indices(query_lens: I64) -> tuple[I64, I64, I64]:
     b = query_lens.shape[0]
     t = int(query_lens.sum())
     s = int(query_lens.max()) if b else 0
-    starts = np.concatenate([[0], np.cumsum(query_lens)[:-1]]).astype(np.int64)   # [B]
-    col = np.arange(s, dtype=np.int64)                                              # [S]
-    valid = col[None, :] < query_lens[:, None]                                      # [B, S]
+    starts = np.concatenate([[0], np.cumsum(query_lens)[:-1]]).astype(np.int64)  # [B]
+    col = np.arange(s, dtype=np.int64)  # [S]
+    valid = col[None, :] < query_lens[:, None]  # [B, S]
     pad_index = np.where(valid, starts[:, None] + col[None, :], t)
     unpad_index = (np.arange(b, dtype=np.int64)[:, None] * s + col[None, :])[valid]
     logits_index = starts + query_lens - 1

@@ -3,10 +3,12 @@
 a directory written by another version is refused with one line telling the user to re-export.
 Pure Python (Paddle is asked about CUDA only for a dtype other than float32).
 """
+
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
-from typing import Any, Mapping
+from typing import Any
 
 from spmd_serve.manifest import MANIFEST_VERSION, REEXPORT, ManifestError, QuantRecord, plain
 
@@ -15,22 +17,30 @@ from spmd_serve.manifest import MANIFEST_VERSION, REEXPORT, ManifestError, Quant
 class ServedConfig:
     """What `spmd_serve export` records in the served directory's config.json (CONTRACT §7).
     `options`: the architecture family's options (e.g. rope_scaling), written next to the fields."""
+
     tp: int
     dtype: str
     quant: QuantRecord | None
     kv_int8: bool
-    graph_ops: str                    # "cpp" or "paddle"
-    source: Mapping[str, Any]         # what was read: format, files, architecture, dtype
+    graph_ops: str  # "cpp" or "paddle"
+    source: Mapping[str, Any]  # what was read: format, files, architecture, dtype
     options: Mapping[str, Any] = field(default_factory=dict)
     format: int = MANIFEST_VERSION
 
     def to_json(self) -> dict[str, Any]:
-        core = {"format": self.format, "tp": self.tp, "dtype": self.dtype, "quant": plain(self.quant),
-                "kv_int8": self.kv_int8, "graph_ops": self.graph_ops, "source": dict(self.source)}
+        core = {
+            "format": self.format,
+            "tp": self.tp,
+            "dtype": self.dtype,
+            "quant": plain(self.quant),
+            "kv_int8": self.kv_int8,
+            "graph_ops": self.graph_ops,
+            "source": dict(self.source),
+        }
         return {**core, **self.options}
 
     @classmethod
-    def from_json(cls, obj: Any) -> "ServedConfig":
+    def from_json(cls, obj: Any) -> ServedConfig:
         """Parse and check what this build can run; ManifestError (one line) otherwise."""
         if not isinstance(obj, dict):
             raise ManifestError("the `spmd_serve` key must hold a JSON object (re-export the model)")
@@ -39,12 +49,19 @@ class ServedConfig:
         quant = QuantRecord.from_json(obj.get("quant"))
         known = {f.name for f in fields(cls)}
         try:
-            return cls(tp=int(obj["tp"]), dtype=obj.get("dtype", "float32"), quant=quant,
-                       kv_int8=bool(obj.get("kv_int8")), graph_ops=obj.get("graph_ops", "paddle"),
-                       source=obj.get("source") or {}, options={k: v for k, v in obj.items() if k not in known})
+            return cls(
+                tp=int(obj["tp"]),
+                dtype=obj.get("dtype", "float32"),
+                quant=quant,
+                kv_int8=bool(obj.get("kv_int8")),
+                graph_ops=obj.get("graph_ops", "paddle"),
+                source=obj.get("source") or {},
+                options={k: v for k, v in obj.items() if k not in known},
+            )
         except (KeyError, TypeError, ValueError) as e:
-            raise ManifestError(f"the `spmd_serve` key is malformed ({e.__class__.__name__}: {e}); "
-                                f"{REEXPORT}") from None
+            raise ManifestError(
+                f"the `spmd_serve` key is malformed ({e.__class__.__name__}: {e}); {REEXPORT}"
+            ) from None
 
 
 DTYPES = ("float32", "float16", "bfloat16")
@@ -65,6 +82,8 @@ def check_dtype_runnable(dtype: str, compiled_with_cuda: bool | None = None) -> 
 
         compiled_with_cuda = bool(paddle.is_compiled_with_cuda())
     if not compiled_with_cuda:
-        raise ManifestError(f"{dtype} needs a GPU build of Paddle: this CPU build has no {dtype} kernels for "
-                            f"{_CPU_MISSING}; use --dtype float32 on CPU")
+        raise ManifestError(
+            f"{dtype} needs a GPU build of Paddle: this CPU build has no {dtype} kernels for "
+            f"{_CPU_MISSING}; use --dtype float32 on CPU"
+        )
     raise ManifestError(f"{dtype} graphs are not built yet (the segments compute in float32); use --dtype float32")

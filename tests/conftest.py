@@ -11,6 +11,7 @@ ranks.
     e2e/      what an operator runs: start_server / stop_server, download_model, Docker files, two nodes
     support/  shared helpers and fixtures, no tests
 """
+
 from __future__ import annotations
 
 import os
@@ -21,7 +22,7 @@ import pytest
 os.environ.setdefault("GLOG_minloglevel", "2")
 
 TIERS = ("unit", "http", "graphs", "kernels", "mpi", "e2e")
-STARTS_MPI = ("mpi", "e2e")   # these tiers' tests launch mpirun (so they also get the `mpi` marker)
+STARTS_MPI = ("mpi", "e2e")  # these tiers' tests launch mpirun (so they also get the `mpi` marker)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -62,8 +63,7 @@ def served_tp2_segments(demo_checkpoint, tmp_path_factory) -> Path:
     """TP=2 with Paddle's own ops only: a graph per stage, mpi4py all-reduces between them."""
     from spmd_serve.export import export_checkpoint
 
-    return export_checkpoint(demo_checkpoint, tmp_path_factory.mktemp("served") / "tp2s", tp=2,
-                             graph_ops="paddle")
+    return export_checkpoint(demo_checkpoint, tmp_path_factory.mktemp("served") / "tp2s", tp=2, graph_ops="paddle")
 
 
 @pytest.fixture

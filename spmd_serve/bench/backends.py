@@ -6,14 +6,16 @@ Every backend forces the output length the same way the field does (vLLM's bench
 goes wrong (refused connection, HTTP error, an error frame mid-stream) becomes a failed
 `RequestResult` with the message, so one bad request cannot stop a run.
 """
+
 from __future__ import annotations
 
 import asyncio
 import json
 import time
 import uuid
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, Awaitable, Callable
+from typing import Any
 
 import aiohttp
 
@@ -26,6 +28,7 @@ BACKENDS = ("openai-completions", "openai-chat", "native", "grpc")
 @dataclass(frozen=True)
 class Target:
     """Where and how to send: `base_url` is http://host:port (gRPC: host:port)."""
+
     backend: str
     base_url: str
     model: str = "default"
@@ -45,17 +48,24 @@ def _fail(res: RequestResult, message: str) -> RequestResult:
     return res
 
 
-async def _post_lines(session: aiohttp.ClientSession, url: str, body: dict, target: Target,
-                      on_line: Callable[[bytes, float], str | None], res: RequestResult) -> RequestResult:
+async def _post_lines(
+    session: aiohttp.ClientSession,
+    url: str,
+    body: dict,
+    target: Target,
+    on_line: Callable[[bytes, float], str | None],
+    res: RequestResult,
+) -> RequestResult:
     """POST `body`, feed each non-empty response line to `on_line` with the seconds since the
     send; `on_line` returns an error message to fail the request."""
     t0 = time.perf_counter()
     try:
-        async with session.post(url, json=body, headers=target.headers(),
-                                timeout=aiohttp.ClientTimeout(total=target.timeout_s)) as resp:
+        async with session.post(
+            url, json=body, headers=target.headers(), timeout=aiohttp.ClientTimeout(total=target.timeout_s)
+        ) as resp:
             if resp.status != 200:
                 return _fail(res, f"HTTP {resp.status}: {(await resp.text())[:300]}")
-            async for raw in resp.content:       # aiohttp splits the body on newlines
+            async for raw in resp.content:  # aiohttp splits the body on newlines
                 line = raw.strip()
                 if line:
                     err = on_line(line, time.perf_counter() - t0)
@@ -74,8 +84,15 @@ async def openai_request(session: aiohttp.ClientSession, target: Target, prompt:
     """POST /v1/completions (token-id prompt) or /v1/chat/completions (text), streamed as SSE."""
     chat = target.backend == "openai-chat"
     n = target.output_len
-    body: dict[str, Any] = {"model": target.model, "max_tokens": n, "min_tokens": n, "ignore_eos": True,
-                            "temperature": 0.0, "stream": True, "stream_options": {"include_usage": True}}
+    body: dict[str, Any] = {
+        "model": target.model,
+        "max_tokens": n,
+        "min_tokens": n,
+        "ignore_eos": True,
+        "temperature": 0.0,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
     if chat:
         body["messages"] = [{"role": "user", "content": prompt.text}]
     else:
@@ -85,7 +102,7 @@ async def openai_request(session: aiohttp.ClientSession, target: Target, prompt:
 
     def on_line(line: bytes, elapsed: float) -> str | None:
         if not line.startswith(b"data:"):
-            return None                         # SSE comments / keep-alives
+            return None  # SSE comments / keep-alives
         data = line[5:].strip()
         if data == b"[DONE]":
             return None
@@ -96,13 +113,13 @@ async def openai_request(session: aiohttp.ClientSession, target: Target, prompt:
             usage.update(chunk["usage"])
         for choice in chunk.get("choices") or []:
             text = (choice.get("delta") or {}).get("content") if chat else choice.get("text")
-            if text:                            # as vLLM: a chunk with output text is a token
+            if text:  # as vLLM: a chunk with output text is a token
                 res.add_chunk(elapsed)
         return None
 
     path = "/v1/chat/completions" if chat else "/v1/completions"
     await _post_lines(session, target.base_url + path, body, target, on_line, res)
-    if usage:   # the server's counts are exact where chunks merge tokens or a template adds some
+    if usage:  # the server's counts are exact where chunks merge tokens or a template adds some
         res.prompt_len = usage.get("prompt_tokens", res.prompt_len)
         res.output_tokens = usage.get("completion_tokens", res.output_tokens)
     return res
@@ -111,9 +128,16 @@ async def openai_request(session: aiohttp.ClientSession, target: Target, prompt:
 def native_body(target: Target, prompt: Prompt) -> dict[str, Any]:
     """The native request (CONTRACT §3) both the native HTTP and the gRPC backends send."""
     n = target.output_len
-    return {"req_id": uuid.uuid4().hex, "input_ids": prompt.token_ids, "min_dec_len": n,
-            "max_dec_len": n, "temperature": 0.0, "stream": True, "return_usage": True,
-            "timeout": target.timeout_s}
+    return {
+        "req_id": uuid.uuid4().hex,
+        "input_ids": prompt.token_ids,
+        "min_dec_len": n,
+        "max_dec_len": n,
+        "temperature": 0.0,
+        "stream": True,
+        "return_usage": True,
+        "timeout": target.timeout_s,
+    }
 
 
 class _NativeFrames:
@@ -138,8 +162,14 @@ async def native_request(session: aiohttp.ClientSession, target: Target, prompt:
     """POST the native protocol (NDJSON stream) to /v1/chat/completions."""
     res = RequestResult(prompt_len=len(prompt.token_ids))
     frames = _NativeFrames(res)
-    await _post_lines(session, target.base_url + "/v1/chat/completions", native_body(target, prompt),
-                      target, lambda line, t: frames.frame(json.loads(line), t), res)
+    await _post_lines(
+        session,
+        target.base_url + "/v1/chat/completions",
+        native_body(target, prompt),
+        target,
+        lambda line, t: frames.frame(json.loads(line), t),
+        res,
+    )
     if res.success and not frames.ended:
         _fail(res, "the stream ended without a final frame")
     return res
@@ -160,12 +190,13 @@ async def grpc_request(client: Any, target: Target, prompt: Prompt) -> RequestRe
 
     async def requests():
         yield {"model_name": "model", "inputs": [inp], "request_id": uuid.uuid4().hex}
-        await done.wait()                       # half-closing early could end the stream
+        await done.wait()  # half-closing early could end the stream
 
     t0 = time.perf_counter()
     try:
-        async for result, error in client.stream_infer(requests(), stream_timeout=target.timeout_s,
-                                                       headers=target.headers()):
+        async for result, error in client.stream_infer(
+            requests(), stream_timeout=target.timeout_s, headers=target.headers()
+        ):
             if error is not None:
                 return _fail(res, f"gRPC {error.status()}: {error.message()}")
             frame = json.loads(result.as_numpy("OUT")[0])[0]
@@ -186,5 +217,9 @@ async def grpc_request(client: Any, target: Target, prompt: Prompt) -> RequestRe
 
 
 def request_fn(backend: str) -> RequestFn:
-    return {"openai-completions": openai_request, "openai-chat": openai_request,
-            "native": native_request, "grpc": grpc_request}[backend]
+    return {
+        "openai-completions": openai_request,
+        "openai-chat": openai_request,
+        "native": native_request,
+        "grpc": grpc_request,
+    }[backend]

@@ -12,6 +12,7 @@ and how many tokens it carried.  From that, over the *successful* requests only:
   total token throughput = (prompt + output tokens) / duration, duration = first send → last end.
 Each distribution is summarised as mean, median, std and p99 (numpy's linear percentile), in ms.
 """
+
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
@@ -24,12 +25,13 @@ PERCENTILES = (99.0,)
 @dataclass
 class RequestResult:
     """What one request did, in seconds of `time.perf_counter()` relative to its send time."""
+
     success: bool = False
-    prompt_len: int = 0            # prompt tokens (the server's count when it reports one)
-    output_tokens: int = 0         # generated tokens (the server's count when it reports one)
+    prompt_len: int = 0  # prompt tokens (the server's count when it reports one)
+    output_tokens: int = 0  # generated tokens (the server's count when it reports one)
     ttft: float = 0.0
-    latency: float = 0.0           # end to end
-    itl: list[float] = field(default_factory=list)   # per-token gaps after the first chunk
+    latency: float = 0.0  # end to end
+    itl: list[float] = field(default_factory=list)  # per-token gaps after the first chunk
     error: str = ""
 
     def add_chunk(self, elapsed: float, tokens: int = 1) -> None:
@@ -59,26 +61,26 @@ def summarize(values_s: list[float]) -> dict[str, float]:
 @dataclass
 class BenchmarkMetrics:
     """One run's aggregate figures (one concurrency level of a sweep)."""
+
     completed: int
     failed: int
     duration_s: float
     total_input_tokens: int
     total_output_tokens: int
-    request_throughput: float          # successful requests / s
-    output_throughput: float           # output tokens / s
-    total_token_throughput: float      # (prompt + output) tokens / s
+    request_throughput: float  # successful requests / s
+    output_throughput: float  # output tokens / s
+    total_token_throughput: float  # (prompt + output) tokens / s
     ttft_ms: dict[str, float]
     tpot_ms: dict[str, float]
     itl_ms: dict[str, float]
     e2el_ms: dict[str, float]
-    errors: list[str]                  # the first few distinct error messages
+    errors: list[str]  # the first few distinct error messages
 
     def as_dict(self) -> dict:
         return asdict(self)
 
 
-def calculate_metrics(results: list[RequestResult], duration_s: float,
-                      max_errors: int = 5) -> BenchmarkMetrics:
+def calculate_metrics(results: list[RequestResult], duration_s: float, max_errors: int = 5) -> BenchmarkMetrics:
     ok = [r for r in results if r.success]
     ttfts = [r.ttft for r in ok]
     tpots = [(r.latency - r.ttft) / (r.output_tokens - 1) for r in ok if r.output_tokens > 1]
@@ -86,14 +88,22 @@ def calculate_metrics(results: list[RequestResult], duration_s: float,
     out_tokens = sum(r.output_tokens for r in ok)
     in_tokens = sum(r.prompt_len for r in ok)
     errors: list[str] = []
-    for r in results:   # distinct messages, in the order they happened to be collected
+    for r in results:  # distinct messages, in the order they happened to be collected
         if not r.success and r.error not in errors and len(errors) < max_errors:
             errors.append(r.error)
     dur = max(duration_s, 1e-9)
     return BenchmarkMetrics(
-        completed=len(ok), failed=len(results) - len(ok), duration_s=duration_s,
-        total_input_tokens=in_tokens, total_output_tokens=out_tokens,
-        request_throughput=len(ok) / dur, output_throughput=out_tokens / dur,
+        completed=len(ok),
+        failed=len(results) - len(ok),
+        duration_s=duration_s,
+        total_input_tokens=in_tokens,
+        total_output_tokens=out_tokens,
+        request_throughput=len(ok) / dur,
+        output_throughput=out_tokens / dur,
         total_token_throughput=(in_tokens + out_tokens) / dur,
-        ttft_ms=summarize(ttfts), tpot_ms=summarize(tpots), itl_ms=summarize(itls),
-        e2el_ms=summarize([r.latency for r in ok]), errors=errors)
+        ttft_ms=summarize(ttfts),
+        tpot_ms=summarize(tpots),
+        itl_ms=summarize(itls),
+        e2el_ms=summarize([r.latency for r in ok]),
+        errors=errors,
+    )

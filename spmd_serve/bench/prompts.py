@@ -7,6 +7,7 @@ as they are, so the server sees exactly `--input-len` tokens.  Chat backends nee
 are decoded, and re-encoding that text may give a slightly different count, and the chat template
 adds its own tokens — the server's own prompt count (usage) is what the report uses then.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -17,6 +18,7 @@ import numpy as np
 
 class Tokenizer(Protocol):
     """What this module needs of a tokenizer (ServingTokenizer, or the tests' fake)."""
+
     @property
     def vocab_size(self) -> int: ...
 
@@ -26,7 +28,7 @@ class Tokenizer(Protocol):
 @dataclass(frozen=True)
 class Prompt:
     token_ids: list[int]
-    text: str                  # the ids decoded (what chat backends send)
+    text: str  # the ids decoded (what chat backends send)
 
 
 def special_ids(tokenizer: Tokenizer) -> set[int]:
@@ -38,8 +40,9 @@ def special_ids(tokenizer: Tokenizer) -> set[int]:
     return ids
 
 
-def synthetic_prompts(tokenizer: Tokenizer, num: int, input_len: int, seed: int = 0,
-                      id_range: tuple[int, int] | None = None) -> list[Prompt]:
+def synthetic_prompts(
+    tokenizer: Tokenizer, num: int, input_len: int, seed: int = 0, id_range: tuple[int, int] | None = None
+) -> list[Prompt]:
     """`num` prompts of exactly `input_len` ordinary token ids each.
 
     `id_range` = [lo, hi) narrows the ids drawn (the tests' character-level fake has a 1.1 M
@@ -64,5 +67,5 @@ def load_tokenizer(model_dir: str) -> Tokenizer:
     """The served model's tokenizer, as the server loads it."""
     from spmd_serve.frontend.text.tokenizer import ServingTokenizer
 
-    tokenizer: Tokenizer = ServingTokenizer.from_model_dir(model_dir)   # vocab_size is a property there
+    tokenizer: Tokenizer = ServingTokenizer.from_model_dir(model_dir)  # vocab_size is a property there
     return tokenizer

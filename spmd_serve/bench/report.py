@@ -3,6 +3,7 @@
 The plots use matplotlib's non-interactive Agg backend (no display on a server), imported only
 when `--plot-dir` is given so the table and JSON work without it.
 """
+
 from __future__ import annotations
 
 import json
@@ -20,9 +21,16 @@ def table(runs: list[RunResult]) -> str:
     rows = []
     for r in runs:
         m = r.metrics
-        rows.append([str(r.concurrency), str(m.completed), str(m.failed), f"{m.request_throughput:.2f}",
-                     f"{m.output_throughput:.1f}"] +
-                    [_triple(getattr(m, key)) for _, key in _DISTS])
+        rows.append(
+            [
+                str(r.concurrency),
+                str(m.completed),
+                str(m.failed),
+                f"{m.request_throughput:.2f}",
+                f"{m.output_throughput:.1f}",
+            ]
+            + [_triple(getattr(m, key)) for _, key in _DISTS]
+        )
     widths = [max(len(x) for x in col) for col in zip(head, *rows)]
     lines = ["  ".join(c.rjust(w) for c, w in zip(row, widths)) for row in [head, *rows]]
     lines.insert(1, "  ".join("-" * w for w in widths))
@@ -32,8 +40,10 @@ def table(runs: list[RunResult]) -> str:
         if r.server_phases:
             p = r.server_phases
             split = " ".join(f"{k}={v:.3f}" for k, v in p["ms_per_step"].items() if v >= 0.0005)
-            lines.append(f"concurrency {r.concurrency}: server ms/step (batch {p['mean_batch']:.1f}, "
-                         f"{p['steps']} steps): {split}")
+            lines.append(
+                f"concurrency {r.concurrency}: server ms/step (batch {p['mean_batch']:.1f}, "
+                f"{p['steps']} steps): {split}"
+            )
     return "\n".join(lines)
 
 
@@ -49,6 +59,7 @@ def plot(plot_dir: str | Path, runs: list[RunResult], title: str = "") -> list[P
     """throughput.png and latency.png against concurrency; ttft_hist.png and itl_hist.png
     (one histogram per concurrency level).  Returns the files written."""
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
@@ -60,8 +71,7 @@ def plot(plot_dir: str | Path, runs: list[RunResult], title: str = "") -> list[P
     fig, ax = plt.subplots(figsize=(6, 4))
     ax.plot(conc, [r.metrics.output_throughput for r in runs], "o-", label="output tokens/s")
     ax2 = ax.twinx()
-    ax2.plot(conc, [r.metrics.request_throughput for r in runs], "s--", color="tab:orange",
-             label="requests/s")
+    ax2.plot(conc, [r.metrics.request_throughput for r in runs], "s--", color="tab:orange", label="requests/s")
     ax.set(xlabel="concurrency", ylabel="output tokens/s", title=f"Throughput {title}".strip())
     ax2.set_ylabel("requests/s")
     fig.legend(loc="upper left")
@@ -76,8 +86,10 @@ def plot(plot_dir: str | Path, runs: list[RunResult], title: str = "") -> list[P
     fig.suptitle(f"Latency {title}".strip())
     written.append(_save(fig, out / "latency.png"))
 
-    for name, values in (("ttft", lambda r: [x.ttft for x in r.results if x.success]),
-                         ("itl", lambda r: [g for x in r.results if x.success for g in x.itl])):
+    for name, values in (
+        ("ttft", lambda r: [x.ttft for x in r.results if x.success]),
+        ("itl", lambda r: [g for x in r.results if x.success for g in x.itl]),
+    ):
         fig, ax = plt.subplots(figsize=(6, 4))
         for r in runs:
             data = [1e3 * v for v in values(r)]

@@ -6,6 +6,7 @@ As vLLM's benchmark: request i is *released* at the i-th arrival of a Poisson pr
 measured duration runs from the first release to the last response.  One session (HTTP
 keep-alive) or one gRPC channel serves the whole run, as a real client would.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -26,16 +27,19 @@ from spmd_serve.bench.prompts import Prompt
 @dataclass
 class RunResult:
     """One concurrency level: the settings, the metrics, the raw samples (for the plots)."""
+
     concurrency: int
     request_rate: float
     metrics: BenchmarkMetrics
     results: list[RequestResult] = field(repr=False, default_factory=list)
-    server_phases: dict[str, Any] | None = None   # per-step split read from /metrics, if asked
+    server_phases: dict[str, Any] | None = None  # per-step split read from /metrics, if asked
 
     def as_dict(self) -> dict:
-        out = {"concurrency": self.concurrency,
-               "request_rate": None if math.isinf(self.request_rate) else self.request_rate,
-               **self.metrics.as_dict()}
+        out = {
+            "concurrency": self.concurrency,
+            "request_rate": None if math.isinf(self.request_rate) else self.request_rate,
+            **self.metrics.as_dict(),
+        }
         if self.server_phases is not None:
             out["server_step_phases"] = self.server_phases
         return out
@@ -46,7 +50,7 @@ def arrival_times(n: int, request_rate: float, seed: int) -> list[float]:
     if math.isinf(request_rate):
         return [0.0] * n
     gaps = np.random.default_rng(seed).exponential(1.0 / request_rate, n)
-    gaps[0] = 0.0                               # the first request goes at once
+    gaps[0] = 0.0  # the first request goes at once
     return np.cumsum(gaps).tolist()
 
 
@@ -57,6 +61,7 @@ class _Progress:
         self._bar = None
         if enabled:
             from tqdm import tqdm
+
             self._bar = tqdm(total=total, desc=desc, file=sys.stderr, unit="req", leave=False)
 
     def update(self) -> None:
@@ -71,20 +76,27 @@ class _Progress:
 async def _open(target: Target) -> Any:
     if target.backend == "grpc":
         import tritonclient.grpc.aio as tga
+
         return tga.InferenceServerClient(target.base_url.removeprefix("grpc://"))
-    return aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0))   # the semaphore limits
+    return aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0))  # the semaphore limits
 
 
 async def _safe(fn: RequestFn, conn: Any, target: Target, prompt: Prompt) -> RequestResult:
     try:
         return await fn(conn, target, prompt)
-    except Exception as e:     # a backend bug must not end the run: count it as a failure
+    except Exception as e:  # a backend bug must not end the run: count it as a failure
         return RequestResult(success=False, error=f"{e.__class__.__name__}: {e}")
 
 
-async def run_once(target: Target, prompts: list[Prompt], concurrency: int, request_rate: float = math.inf,
-                   seed: int = 0, progress: bool = False,
-                   fn: RequestFn | None = None) -> tuple[list[RequestResult], float]:
+async def run_once(
+    target: Target,
+    prompts: list[Prompt],
+    concurrency: int,
+    request_rate: float = math.inf,
+    seed: int = 0,
+    progress: bool = False,
+    fn: RequestFn | None = None,
+) -> tuple[list[RequestResult], float]:
     """Send every prompt; returns (results in prompt order, duration in seconds)."""
     fn = fn or request_fn(target.backend)
     conn = await _open(target)
@@ -100,8 +112,9 @@ async def run_once(target: Target, prompts: list[Prompt], concurrency: int, requ
             bar.update()
             return res
 
-        results = await asyncio.gather(*(one(p, t) for p, t in
-                                         zip(prompts, arrival_times(len(prompts), request_rate, seed))))
+        results = await asyncio.gather(
+            *(one(p, t) for p, t in zip(prompts, arrival_times(len(prompts), request_rate, seed)))
+        )
         duration = time.perf_counter() - start
         bar.close()
         return list(results), duration
@@ -136,15 +149,25 @@ def phase_split(before: dict[str, float], after: dict[str, float]) -> dict[str, 
     per step); io_handoff is per delivered batch."""
     d = {k: after.get(k, 0.0) - before.get(k, 0.0) for k in after}
     steps, handoffs = max(d.get("steps", 0.0), 1.0), max(d.get("handoffs", 0.0), 1.0)
-    ms = {k.removeprefix("phase:"): 1e3 * v / (handoffs if k == "phase:io_handoff" else steps)
-          for k, v in d.items() if k.startswith("phase:")}
-    return {"steps": int(d.get("steps", 0)), "mean_batch": d.get("sampled", 0.0) / steps,
-            "ms_per_step": ms}
+    ms = {
+        k.removeprefix("phase:"): 1e3 * v / (handoffs if k == "phase:io_handoff" else steps)
+        for k, v in d.items()
+        if k.startswith("phase:")
+    }
+    return {"steps": int(d.get("steps", 0)), "mean_batch": d.get("sampled", 0.0) / steps, "ms_per_step": ms}
 
 
-async def sweep(target: Target, prompts: list[Prompt], concurrencies: list[int], request_rate: float,
-                seed: int = 0, progress: bool = False, warmup: int = 1,
-                metrics_url: str | None = None, fn: RequestFn | None = None) -> list[RunResult]:
+async def sweep(
+    target: Target,
+    prompts: list[Prompt],
+    concurrencies: list[int],
+    request_rate: float,
+    seed: int = 0,
+    progress: bool = False,
+    warmup: int = 1,
+    metrics_url: str | None = None,
+    fn: RequestFn | None = None,
+) -> list[RunResult]:
     """One `run_once` per concurrency level, in the order given.
 
     Before each level, `warmup` requests (the first prompts, not counted) go one at a time: they

@@ -5,24 +5,32 @@ The IO side calls `add_request` / `abort` from the event loop; the engine thread
 asyncio queues fed with `loop.call_soon_threadsafe`, so the IO thread never blocks on the engine
 and the engine never touches asyncio objects directly.
 """
+
 from __future__ import annotations
 
 import asyncio
 import collections
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 from spmd_serve.engine.outputs import RequestOutput
 from spmd_serve.sampling_params import SamplingParams
 from spmd_serve.scheduler.scheduler import QueueFullError
 
-__all__ = ["AbortCommand", "AddCommand", "DuplicateRequestError", "EngineClient", "NotReadyError",
-           "QueueFullError", "RequestOutput"]
+__all__ = [
+    "AbortCommand",
+    "AddCommand",
+    "DuplicateRequestError",
+    "EngineClient",
+    "NotReadyError",
+    "QueueFullError",
+    "RequestOutput",
+]
 
 
-HANDOFF_WAIT_S = 0.02     # the engine waits at most this long for the IO thread to take outputs
+HANDOFF_WAIT_S = 0.02  # the engine waits at most this long for the IO thread to take outputs
 
 
 class DuplicateRequestError(Exception):
@@ -44,15 +52,15 @@ class AddCommand:
 @dataclass
 class AbortCommand:
     req_id: str
-    reason: str = "abort"      # "stop": the front end found a stop string (a normal end)
-    requested_at: float = field(default_factory=time.monotonic)   # for the abort-delay metric
+    reason: str = "abort"  # "stop": the front end found a stop string (a normal end)
+    requested_at: float = field(default_factory=time.monotonic)  # for the abort-delay metric
 
 
 class EngineClient:
     """Thread-safe bridge; one instance on rank 0, shared by the IO and engine threads."""
 
     def __init__(self, capacity: int) -> None:
-        self.capacity = capacity                    # BATCH_SIZE + MAX_CACHED_TASK_NUM
+        self.capacity = capacity  # BATCH_SIZE + MAX_CACHED_TASK_NUM
         self._cv = threading.Condition()
         self._commands: collections.deque[AddCommand | AbortCommand] = collections.deque()
         self._streams: dict[str, asyncio.Queue[RequestOutput]] = {}
@@ -64,10 +72,10 @@ class EngineClient:
         self._since: dict[str, int] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
         self._io_thread: int | None = None
-        self.ready = threading.Event()              # set once every rank has loaded its model
-        self.draining = threading.Event()           # set on shutdown: new requests get 503
-        self.heartbeat = time.monotonic()           # engine loop liveness, read by /health/live
-        self.busy_since: float | None = None        # a step in progress (a long prefill is no hang)
+        self.ready = threading.Event()  # set once every rank has loaded its model
+        self.draining = threading.Event()  # set on shutdown: new requests get 503
+        self.heartbeat = time.monotonic()  # engine loop liveness, read by /health/live
+        self.busy_since: float | None = None  # a step in progress (a long prefill is no hang)
         # Set (with `draining`) by the IO thread when the job goes down without rank 0 having
         # decided it, e.g. a rank died: why, for health answers and the requests' error frames.
         self.failure = ""
@@ -81,19 +89,20 @@ class EngineClient:
         self._loop = loop
         self._io_thread = threading.get_ident()
 
-    def add_request(self, req_id: str, prompt_token_ids: list[int],
-                    params: SamplingParams) -> asyncio.Queue[RequestOutput]:
+    def add_request(
+        self, req_id: str, prompt_token_ids: list[int], params: SamplingParams
+    ) -> asyncio.Queue[RequestOutput]:
         """Queue a request; returns the queue its outputs arrive on.  Call from the IO loop."""
         if not self.ready.is_set() or self.draining.is_set():
-            raise NotReadyError("server is not ready" if not self.ready.is_set()
-                                else "server is shutting down")
+            raise NotReadyError("server is not ready" if not self.ready.is_set() else "server is shutting down")
         with self._cv:
             if req_id in self._streams:
                 raise DuplicateRequestError(f"req_id {req_id!r} is already in flight")
             if len(self._streams) >= self.capacity:
                 raise QueueFullError(
                     f"too many requests in flight ({len(self._streams)}); "
-                    f"the limit is BATCH_SIZE + MAX_CACHED_TASK_NUM = {self.capacity}")
+                    f"the limit is BATCH_SIZE + MAX_CACHED_TASK_NUM = {self.capacity}"
+                )
             stream: asyncio.Queue[RequestOutput] = asyncio.Queue()
             self._streams[req_id] = stream
             self._commands.append(AddCommand(req_id, list(prompt_token_ids), params))
@@ -139,7 +148,7 @@ class EngineClient:
             cmds = list(self._commands)
             self._commands.clear()
             self._epoch += 1
-            for cmd in cmds:    # an add whose stream is gone (aborted already) has no epoch
+            for cmd in cmds:  # an add whose stream is gone (aborted already) has no epoch
                 if isinstance(cmd, AddCommand) and cmd.req_id in self._streams:
                     self._since[cmd.req_id] = self._epoch
         return cmds
@@ -153,27 +162,31 @@ class EngineClient:
         the next step would otherwise sit in the IO loop's queue until that step ends — a whole
         step of latency per token, in bursts.  The IO work has to happen anyway; this makes it
         happen now instead of somewhere inside the next step."""
-        loop = self._loop   # read once: the IO thread may detach it while stopping
+        loop = self._loop  # read once: the IO thread may detach it while stopping
         if not outputs or loop is None:
             return
         handed_on = threading.Event()
         try:
             # _epoch is written by this (the engine) thread only: no lock needed to read it
-            loop.call_soon_threadsafe(self._deliver, outputs, self._epoch, time.perf_counter(),
-                                      handed_on)
-        except RuntimeError:   # loop closed during shutdown: nobody is listening any more
+            loop.call_soon_threadsafe(self._deliver, outputs, self._epoch, time.perf_counter(), handed_on)
+        except RuntimeError:  # loop closed during shutdown: nobody is listening any more
             return
-        if threading.get_ident() != self._io_thread:   # never wait for ourselves
+        if threading.get_ident() != self._io_thread:  # never wait for ourselves
             handed_on.wait(HANDOFF_WAIT_S)
 
-    def _deliver(self, outputs: list[RequestOutput], epoch: int, published_at: float = 0.0,
-                 handed_on: threading.Event | None = None) -> None:
+    def _deliver(
+        self,
+        outputs: list[RequestOutput],
+        epoch: int,
+        published_at: float = 0.0,
+        handed_on: threading.Event | None = None,
+    ) -> None:
         if self.on_handoff is not None and published_at:
             self.on_handoff(published_at)
         for out in outputs:
             with self._cv:
                 if self._since.get(out.req_id, epoch + 1) > epoch:
-                    continue        # for an earlier request with this id, aborted since
+                    continue  # for an earlier request with this id, aborted since
                 stream = self._streams.get(out.req_id)
                 if out.finished:
                     self._streams.pop(out.req_id, None)

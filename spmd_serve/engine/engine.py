@@ -2,6 +2,7 @@
 sample → update → publish outputs.  Other ranks: receive the plan → run their shard.  Same
 program on every rank; which loop runs is chosen once at start-up (DESIGN §1–2).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -26,17 +27,25 @@ from spmd_serve.scheduler.request import Request
 from spmd_serve.scheduler.scheduler import QueueFullError, Scheduler, SchedulerConfig, SchedulerOutput
 
 log = logging.getLogger("spmd_serve.engine")
-IDLE_WAIT_S = 0.5          # rank 0 sleeps on the command queue (no MPI) when there is nothing to do
-DEFAULT_DRAIN_TIMEOUT_S = 60.0   # stopping: how long in-flight requests may take (SPMD_DRAIN_TIMEOUT_S)
+IDLE_WAIT_S = 0.5  # rank 0 sleeps on the command queue (no MPI) when there is nothing to do
+DEFAULT_DRAIN_TIMEOUT_S = 60.0  # stopping: how long in-flight requests may take (SPMD_DRAIN_TIMEOUT_S)
 
 
 class Engine:
     """Rank 0's scheduler-driven loop; `runner.execute` includes the other ranks via the plan."""
 
-    def __init__(self, sched_cfg: SchedulerConfig, comm: PlanComm, runner: Runner, client: EngineClient,
-                 eos_token_ids: frozenset[int], log_every: int = 0,
-                 metrics: EngineMetrics | None = None,
-                 drain_timeout_s: float = DEFAULT_DRAIN_TIMEOUT_S, sampler: Sampler | None = None) -> None:
+    def __init__(
+        self,
+        sched_cfg: SchedulerConfig,
+        comm: PlanComm,
+        runner: Runner,
+        client: EngineClient,
+        eos_token_ids: frozenset[int],
+        log_every: int = 0,
+        metrics: EngineMetrics | None = None,
+        drain_timeout_s: float = DEFAULT_DRAIN_TIMEOUT_S,
+        sampler: Sampler | None = None,
+    ) -> None:
         self.scheduler = Scheduler(sched_cfg)
         self.comm, self.runner, self.client = comm, runner, client
         self.sampler = sampler if sampler is not None else Sampler()
@@ -44,7 +53,7 @@ class Engine:
         self.eos = eos_token_ids
         self.stats = StepStats(log_every=log_every, runner=runner.timings)
         self.metrics = metrics if metrics is not None else EngineMetrics()
-        self.metrics.watch_steps(self.stats)          # step phases in /metrics, read at scrape time
+        self.metrics.watch_steps(self.stats)  # step phases in /metrics, read at scrape time
         client.on_handoff = self.stats.record_handoff
         # Stopping is two-staged: stop_event (first SIGTERM) drains — nothing new is admitted (the
         # client answers 503 once `draining` is set), in-flight requests run on until they finish
@@ -62,8 +71,7 @@ class Engine:
         errors: list[RequestOutput] = []
         for cmd in self.client.take_commands():
             if isinstance(cmd, AbortCommand):
-                self.metrics.on_abort(self.scheduler.abort_request(cmd.req_id), cmd.requested_at,
-                                      cmd.reason)
+                self.metrics.on_abort(self.scheduler.abort_request(cmd.req_id), cmd.requested_at, cmd.reason)
                 continue
             err = self._admit(cmd)
             if err is not None:
@@ -72,10 +80,15 @@ class Engine:
 
     def _admit(self, cmd: AddCommand) -> RequestOutput | None:
         params = cmd.params
-        if params.seed is None:   # fix the seed at admission so preemption/recompute can't change tokens
+        if params.seed is None:  # fix the seed at admission so preemption/recompute can't change tokens
             params = dataclasses.replace(params, seed=random.getrandbits(63))
-        req = Request(cmd.req_id, cmd.prompt_token_ids, params,
-                      eos_token_ids=self.eos | frozenset(params.eos_token_ids), arrival_time=cmd.arrival_time)
+        req = Request(
+            cmd.req_id,
+            cmd.prompt_token_ids,
+            params,
+            eos_token_ids=self.eos | frozenset(params.eos_token_ids),
+            arrival_time=cmd.arrival_time,
+        )
         try:
             self.scheduler.add_request(req)
         except QueueFullError as e:
@@ -89,12 +102,12 @@ class Engine:
         while True:
             self.client.heartbeat = time.monotonic()
             self._apply_commands()
-            self.metrics.update_gauges(self.scheduler)   # every turn: a scrape is current when idle too
+            self.metrics.update_gauges(self.scheduler)  # every turn: a scrape is current when idle too
             if self.stop_event.is_set() and self._drained():
                 break
             if self.scheduler.has_unfinished():
                 self.step()
-                if self._empty_steps:   # nothing schedulable: only a new command can change that
+                if self._empty_steps:  # nothing schedulable: only a new command can change that
                     self.client.wait_for_work(0.01)
             else:
                 self.client.wait_for_work(IDLE_WAIT_S)
@@ -116,14 +129,14 @@ class Engine:
         with st.phase("update"):
             done = self._update(out, sampled)
         st.end_step(out.num_tokens, len(sampled.tokens))
-        return self._publish(done, sampled)   # last: a client holding its answer sees this step counted
+        return self._publish(done, sampled)  # last: a client holding its answer sees this step counted
 
     def _schedule(self) -> SchedulerOutput | None:
         """This step's scheduler decision; None when nothing can run."""
         out = self.scheduler.schedule()
         if out.is_empty:
             self._empty_steps += 1
-            if self._empty_steps % 500 == 0:   # ~5 s of unfinished work that cannot be scheduled: say why
+            if self._empty_steps % 500 == 0:  # ~5 s of unfinished work that cannot be scheduled: say why
                 self._report_no_progress()
             return None
         self._empty_steps = 0
@@ -167,18 +180,22 @@ class Engine:
             broken = "scheduler invariants hold"
         except AssertionError as e:
             broken = f"scheduler invariant broken: {e}"
-        log.warning("no progress for %d schedules (%s): running=%s waiting=%s free blocks %d/%d",
-                    self._empty_steps, broken,
-                    [(r.req_id, r.num_computed_tokens, r.num_tokens, len(r.block_ids)) for r in sch.running],
-                    [(r.req_id, r.status.name, r.num_tokens, len(r.block_ids)) for r in list(sch.waiting)[:8]],
-                    sch.block_manager.num_free_blocks, sch.block_manager.num_blocks)
+        log.warning(
+            "no progress for %d schedules (%s): running=%s waiting=%s free blocks %d/%d",
+            self._empty_steps,
+            broken,
+            [(r.req_id, r.num_computed_tokens, r.num_tokens, len(r.block_ids)) for r in sch.running],
+            [(r.req_id, r.status.name, r.num_tokens, len(r.block_ids)) for r in list(sch.waiting)[:8]],
+            sch.block_manager.num_free_blocks,
+            sch.block_manager.num_blocks,
+        )
 
     def warm_up(self, prompt_ids: list[int], max_tokens: int = 4) -> None:
         """USE_WARMUP=1: one short greedy request through every rank before reporting ready, so
         the first user request does not pay for graph initialisation and first-touch of memory."""
         params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
         self.scheduler.add_request(Request("__warmup__", prompt_ids, params))
-        with self.metrics.paused():   # not user traffic
+        with self.metrics.paused():  # not user traffic
             while self.scheduler.has_unfinished():
                 self.step()
 
@@ -189,13 +206,19 @@ class Engine:
         if self._drain_deadline is None:
             self._drain_deadline = now + self.drain_timeout_s
             if self.scheduler.has_unfinished():
-                log.info("draining: %d request(s) in flight may take up to %g s (a second SIGTERM "
-                         "aborts them now)", self._num_in_flight(), self.drain_timeout_s)
+                log.info(
+                    "draining: %d request(s) in flight may take up to %g s (a second SIGTERM aborts them now)",
+                    self._num_in_flight(),
+                    self.drain_timeout_s,
+                )
         if not self.scheduler.has_unfinished():
             return True
         if self.abort_event.is_set() or now >= self._drain_deadline:
-            why = "abort requested" if self.abort_event.is_set() else \
-                f"drain timeout of {self.drain_timeout_s:g} s passed"
+            why = (
+                "abort requested"
+                if self.abort_event.is_set()
+                else f"drain timeout of {self.drain_timeout_s:g} s passed"
+            )
             log.warning("%s: aborting %d request(s) still in flight", why, self._num_in_flight())
             return True
         return False
@@ -208,14 +231,21 @@ class Engine:
         pending = list(self.scheduler.running) + list(self.scheduler.waiting)
         for req in pending:
             self.scheduler.abort_request(req.req_id)
-        msg = ("server is shutting down: the request did not finish within the drain timeout"
-               if self._drain_deadline is not None and time.monotonic() >= self._drain_deadline
-               else "server is shutting down")
+        msg = (
+            "server is shutting down: the request did not finish within the drain timeout"
+            if self._drain_deadline is not None and time.monotonic() >= self._drain_deadline
+            else "server is shutting down"
+        )
         self.client.publish([RequestOutput.error(r.req_id, 503, msg) for r in pending])
         self.comm.send_plan(StepPlan.shutdown(self.step_id + 1))
         bm = self.scheduler.block_manager
-        log.info("engine stopped: kv blocks free %d/%d, preemptions %d; %s", bm.num_free_blocks,
-                 bm.num_blocks, self.num_preemptions, self.stats.summary())
+        log.info(
+            "engine stopped: kv blocks free %d/%d, preemptions %d; %s",
+            bm.num_free_blocks,
+            bm.num_blocks,
+            self.num_preemptions,
+            self.stats.summary(),
+        )
 
 
 def worker_loop(comm: PlanComm, runner: Runner) -> None:

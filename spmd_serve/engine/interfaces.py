@@ -5,6 +5,7 @@ themselves, so that the scheduler-driven loop runs with a fake runner in unit te
 another runner (the GPU one of docs/gpu.md) only has to provide the same methods.  Neither
 `dist/` nor `worker/` imports this module: they match it by shape.
 """
+
 from __future__ import annotations
 
 from typing import Protocol

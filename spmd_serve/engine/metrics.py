@@ -39,12 +39,13 @@ allreduce, gather_logits, kv_write, execute_other), sample, update, io_handoff; 
 `step_sampled_tokens_total`.  Mean ms per step of a phase over a window =
 rate(step_phase_seconds_total[w]) / rate(step_duration_seconds_count[w]).
 """
+
 from __future__ import annotations
 
 import collections
 import contextlib
 import time
-from typing import Callable, Iterator
+from collections.abc import Callable, Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.metrics_core import CounterMetricFamily, Metric
@@ -55,17 +56,81 @@ from spmd_serve.scheduler.request import Request
 from spmd_serve.scheduler.scheduler import Scheduler, SchedulerOutput
 
 PREFIX = "spmd_serve:"
-FINISH_REASONS = ("stop", "length", "abort")      # vLLM's FinishReason values
+FINISH_REASONS = ("stop", "length", "abort")  # vLLM's FinishReason values
 # vLLM's buckets; inter-token latency gains 1 ms and 5 ms because a CPU decode step can be that fast.
-TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0,
-                7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
-ITL_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0,
-               2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0)
-REQUEST_LATENCY_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0,
-                           50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)
+TTFT_BUCKETS = (
+    0.001,
+    0.005,
+    0.01,
+    0.02,
+    0.04,
+    0.06,
+    0.08,
+    0.1,
+    0.25,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+    160.0,
+    640.0,
+    2560.0,
+)
+ITL_BUCKETS = (
+    0.001,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.075,
+    0.1,
+    0.15,
+    0.2,
+    0.3,
+    0.4,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+)
+REQUEST_LATENCY_BUCKETS = (
+    0.3,
+    0.5,
+    0.8,
+    1.0,
+    1.5,
+    2.0,
+    2.5,
+    5.0,
+    10.0,
+    15.0,
+    20.0,
+    30.0,
+    40.0,
+    50.0,
+    60.0,
+    120.0,
+    240.0,
+    480.0,
+    960.0,
+    1920.0,
+    7680.0,
+)
 ABORT_STEP_BUCKETS = (0, 1, 2, 4, 8, 16, 32, 64)
 STEP_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0)
-_RECENT_STEPS = ABORT_STEP_BUCKETS[-1]   # step end times kept: the abort delay saturates here
+_RECENT_STEPS = ABORT_STEP_BUCKETS[-1]  # step end times kept: the abort delay saturates here
 
 
 class OriginalGauges:
@@ -74,6 +139,7 @@ class OriginalGauges:
     A plain `Gauge` cannot express it (its series use different label names), so this is a custom
     collector.  The engine replaces the whole dict at once, so a scrape never sees half an update.
     """
+
     NAME = "inference_server_metrics"
     SERIES = ("batch_size", "block_num", "max_batch_size", "max_block_num", "available_resource")
 
@@ -87,7 +153,7 @@ class OriginalGauges:
         return Metric(self.NAME, "Metrics for monitoring inference server status", "gauge")
 
     def describe(self) -> list[Metric]:
-        return [self._family()]          # lets the registry reject a clashing name up front
+        return [self._family()]  # lets the registry reject a clashing name up front
 
     def collect(self) -> list[Metric]:
         family, values = self._family(), self._values
@@ -103,28 +169,30 @@ class StepPhaseCollector:
         self.stats = stats
 
     def describe(self) -> list[Metric]:
-        return [CounterMetricFamily(PREFIX + n, "") for n in ("step_phase_seconds", "io_handoffs",
-                                                               "step_sampled_tokens")]
+        return [
+            CounterMetricFamily(PREFIX + n, "") for n in ("step_phase_seconds", "io_handoffs", "step_sampled_tokens")
+        ]
 
     def collect(self) -> list[Metric]:
         st = self.stats
-        phases = CounterMetricFamily(PREFIX + "step_phase_seconds",
-                                     "Seconds rank 0 spent in each phase of the engine step (summed).",
-                                     labels=["phase"])
+        phases = CounterMetricFamily(
+            PREFIX + "step_phase_seconds",
+            "Seconds rank 0 spent in each phase of the engine step (summed).",
+            labels=["phase"],
+        )
         for phase, seconds in st.totals().items():
             phases.add_metric([phase], seconds)
-        return [phases,
-                CounterMetricFamily(PREFIX + "io_handoffs", "Output batches the IO thread delivered.",
-                                    value=st.handoffs),
-                CounterMetricFamily(PREFIX + "step_sampled_tokens", "Tokens sampled by engine steps.",
-                                    value=st.sampled)]
+        return [
+            phases,
+            CounterMetricFamily(PREFIX + "io_handoffs", "Output batches the IO thread delivered.", value=st.handoffs),
+            CounterMetricFamily(PREFIX + "step_sampled_tokens", "Tokens sampled by engine steps.", value=st.sampled),
+        ]
 
 
 class EngineMetrics:
     """Every engine metric in one private registry; see the module docstring for definitions."""
 
-    def __init__(self, registry: CollectorRegistry | None = None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, registry: CollectorRegistry | None = None, clock: Callable[[], float] = time.monotonic) -> None:
         self.registry = registry if registry is not None else CollectorRegistry()
         self._clock = clock
         self._paused = False
@@ -133,45 +201,69 @@ class EngineMetrics:
         self._live: dict[str, tuple[float, float | None]] = {}
         self._step_ends: collections.deque[float] = collections.deque(maxlen=_RECENT_STEPS)
         r, p = self.registry, PREFIX
-        self.running = Gauge(p + "num_requests_running", "Number of requests in model execution batches.",
-                             registry=r)
-        self.waiting = Gauge(p + "num_requests_waiting",
-                             "Number of requests waiting to be processed (preempted ones included).",
-                             registry=r)
-        self.kv_usage = Gauge(p + "kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.",
-                              registry=r)
-        self.prompt_tokens = Counter(p + "prompt_tokens", "Number of prefill tokens processed "
-                                     "(once per request, at its first scheduling).", registry=r)
-        self.generation_tokens = Counter(p + "generation_tokens", "Number of generation tokens processed.",
-                                         registry=r)
-        success = Counter(p + "request_success", "Count of successfully processed requests.",
-                          ["finished_reason"], registry=r)
+        self.running = Gauge(p + "num_requests_running", "Number of requests in model execution batches.", registry=r)
+        self.waiting = Gauge(
+            p + "num_requests_waiting",
+            "Number of requests waiting to be processed (preempted ones included).",
+            registry=r,
+        )
+        self.kv_usage = Gauge(p + "kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", registry=r)
+        self.prompt_tokens = Counter(
+            p + "prompt_tokens",
+            "Number of prefill tokens processed (once per request, at its first scheduling).",
+            registry=r,
+        )
+        self.generation_tokens = Counter(p + "generation_tokens", "Number of generation tokens processed.", registry=r)
+        success = Counter(
+            p + "request_success", "Count of successfully processed requests.", ["finished_reason"], registry=r
+        )
         # Created up front so every reason reads 0 before it first happens (rate() needs a start).
         self.success = {reason: success.labels(reason) for reason in FINISH_REASONS}
-        self.preemptions = Counter(p + "num_preemptions", "Cumulative number of preemption from the engine.",
-                                   registry=r)
-        self.steps = Counter(p + "engine_steps", "Engine steps executed (model runs on every rank).",
-                             registry=r)
-        self.ttft = Histogram(p + "time_to_first_token_seconds", "Histogram of time to first token in seconds.",
-                              buckets=TTFT_BUCKETS, registry=r)
-        self.itl = Histogram(p + "inter_token_latency_seconds", "Histogram of inter-token latency in seconds.",
-                             buckets=ITL_BUCKETS, registry=r)
-        self.e2e = Histogram(p + "e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.",
-                             buckets=REQUEST_LATENCY_BUCKETS, registry=r)
-        self.queue_time = Histogram(p + "request_queue_time_seconds",
-                                    "Histogram of time spent in WAITING phase for request.",
-                                    buckets=REQUEST_LATENCY_BUCKETS, registry=r)
-        self.abort_steps = Histogram(p + "abort_to_free_steps",
-                                     "Engine steps completed between an abort being requested and the "
-                                     "request's KV blocks returning to the free pool.",
-                                     buckets=ABORT_STEP_BUCKETS, registry=r)
-        self.step_duration = Histogram(p + "step_duration_seconds",
-                                       "Wall time of one engine step (schedule to update).",
-                                       buckets=STEP_BUCKETS, registry=r)
+        self.preemptions = Counter(
+            p + "num_preemptions", "Cumulative number of preemption from the engine.", registry=r
+        )
+        self.steps = Counter(p + "engine_steps", "Engine steps executed (model runs on every rank).", registry=r)
+        self.ttft = Histogram(
+            p + "time_to_first_token_seconds",
+            "Histogram of time to first token in seconds.",
+            buckets=TTFT_BUCKETS,
+            registry=r,
+        )
+        self.itl = Histogram(
+            p + "inter_token_latency_seconds",
+            "Histogram of inter-token latency in seconds.",
+            buckets=ITL_BUCKETS,
+            registry=r,
+        )
+        self.e2e = Histogram(
+            p + "e2e_request_latency_seconds",
+            "Histogram of e2e request latency in seconds.",
+            buckets=REQUEST_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.queue_time = Histogram(
+            p + "request_queue_time_seconds",
+            "Histogram of time spent in WAITING phase for request.",
+            buckets=REQUEST_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.abort_steps = Histogram(
+            p + "abort_to_free_steps",
+            "Engine steps completed between an abort being requested and the "
+            "request's KV blocks returning to the free pool.",
+            buckets=ABORT_STEP_BUCKETS,
+            registry=r,
+        )
+        self.step_duration = Histogram(
+            p + "step_duration_seconds",
+            "Wall time of one engine step (schedule to update).",
+            buckets=STEP_BUCKETS,
+            registry=r,
+        )
         self._steps_watched: StepPhaseCollector | None = None
         self.original = OriginalGauges()
         r.register(self.original)
-        ProcessCollector(registry=r)     # rank 0's memory, CPU time and open files, as usual
+        ProcessCollector(registry=r)  # rank 0's memory, CPU time and open files, as usual
 
     @contextlib.contextmanager
     def paused(self) -> Iterator[None]:
@@ -198,9 +290,15 @@ class EngineMetrics:
         self.running.set(running)
         self.waiting.set(len(scheduler.waiting))
         self.kv_usage.set((total - free) / total)
-        self.original.set({"batch_size": running, "block_num": free,
-                           "max_batch_size": scheduler.config.max_num_seqs, "max_block_num": total,
-                           "available_resource": free / total})
+        self.original.set(
+            {
+                "batch_size": running,
+                "block_num": free,
+                "max_batch_size": scheduler.config.max_num_seqs,
+                "max_block_num": total,
+                "available_resource": free / total,
+            }
+        )
 
     def on_schedule(self, out: SchedulerOutput) -> None:
         """After a non-empty `scheduler.schedule()`, before the step runs."""
@@ -210,7 +308,7 @@ class EngineMetrics:
         self.preemptions.inc(len(out.preempted))
         for seq in out.seqs:
             req = seq.request
-            if req.req_id not in self._live:      # first scheduling; a preempted one is still live
+            if req.req_id not in self._live:  # first scheduling; a preempted one is still live
                 self._live[req.req_id] = (req.arrival_time, None)
                 self.prompt_tokens.inc(req.num_prompt_tokens)
                 self.queue_time.observe(now - req.arrival_time)

@@ -4,6 +4,7 @@ benchmarks; with `capture_logits` rank 0 also keeps every sampled row of logits.
 
     mpirun -n 2 python -m spmd_serve.engine.offline MODEL_DIR PROMPTS.json OUT.npz
 """
+
 from __future__ import annotations
 
 import json
@@ -30,48 +31,73 @@ class _CapturingSampler(Sampler):
             self.captured[req.req_id].append(row.copy())
 
 
-def generate(model_dir: str, prompts: list[list[int]], params: SamplingParams, *, capture_logits: bool = False,
-             num_blocks: int = 256, block_size: int = 16, max_num_seqs: int = 64, block_ratio: float = 1.0,
-             max_num_batched_tokens: int = 512, eos_token_ids: frozenset[int] = frozenset(),
-             kv_int8: bool | None = None) -> dict[str, Any] | None:
+def generate(
+    model_dir: str,
+    prompts: list[list[int]],
+    params: SamplingParams,
+    *,
+    capture_logits: bool = False,
+    num_blocks: int = 256,
+    block_size: int = 16,
+    max_num_seqs: int = 64,
+    block_ratio: float = 1.0,
+    max_num_batched_tokens: int = 512,
+    eos_token_ids: frozenset[int] = frozenset(),
+    kv_int8: bool | None = None,
+) -> dict[str, Any] | None:
     """Rank 0 returns {"tokens": [[...]], "logits": [array [n, V]], "stats": {...}}; others None.
     `kv_int8`: int8 KV pool (None: the USE_CACHE_KV_INT8 environment variable)."""
+    from spmd_serve.config import env_setting
     from spmd_serve.dist.comm import Comm
     from spmd_serve.engine.client import EngineClient
     from spmd_serve.engine.engine import Engine, worker_loop
     from spmd_serve.protocol import StepPlan
     from spmd_serve.scheduler.scheduler import SchedulerConfig
-    from spmd_serve.config import env_setting
     from spmd_serve.worker.model_runner import ModelRunner
 
     comm = Comm()
-    runner = ModelRunner(model_dir, comm.rank, comm, num_blocks, block_size,
-                         kv_int8=env_setting("use_cache_kv_int8") if kv_int8 is None else kv_int8,
-                         onednn=env_setting("onednn_min_tokens"), malloc_tuning=env_setting("malloc_tuning"))
+    runner = ModelRunner(
+        model_dir,
+        comm.rank,
+        comm,
+        num_blocks,
+        block_size,
+        kv_int8=env_setting("use_cache_kv_int8") if kv_int8 is None else kv_int8,
+        onednn=env_setting("onednn_min_tokens"),
+        malloc_tuning=env_setting("malloc_tuning"),
+    )
     comm.barrier()
     if comm.rank != 0:
         worker_loop(comm, runner)
         return None
     cfg = json.loads(open(f"{model_dir}/config.json").read())
-    sched = SchedulerConfig(max_num_seqs=max_num_seqs, num_blocks=num_blocks, block_size=block_size,
-                            block_ratio=block_ratio, max_waiting=len(prompts) + 1,
-                            max_num_batched_tokens=max_num_batched_tokens,
-                            max_model_len=int(cfg["max_position_embeddings"]))
+    sched = SchedulerConfig(
+        max_num_seqs=max_num_seqs,
+        num_blocks=num_blocks,
+        block_size=block_size,
+        block_ratio=block_ratio,
+        max_waiting=len(prompts) + 1,
+        max_num_batched_tokens=max_num_batched_tokens,
+        max_model_len=int(cfg["max_position_embeddings"]),
+    )
     captured: dict[str, list[npt.NDArray[np.float32]]] = {str(i): [] for i in range(len(prompts))}
     sampler = _CapturingSampler(captured) if capture_logits else None
     engine = Engine(sched, comm, runner, EngineClient(capacity=len(prompts)), eos_token_ids, sampler=sampler)
     reqs = [Request(str(i), list(p), params, eos_token_ids=eos_token_ids) for i, p in enumerate(prompts)]
-    for r in reqs:   # all admitted before the first step, so they are batched together
+    for r in reqs:  # all admitted before the first step, so they are batched together
         engine.scheduler.add_request(r)
     t0 = time.perf_counter()
     while engine.scheduler.has_unfinished():
         engine.step()
     elapsed = time.perf_counter() - t0
     comm.send_plan(StepPlan.shutdown(engine.step_id + 1))
-    return {"tokens": [r.output_token_ids for r in reqs],
-            "logits": [np.stack(captured[r.req_id]) if captured[r.req_id] else np.zeros((0,)) for r in reqs],
-            "preemptions": sum(r.num_preemptions for r in reqs),
-            "elapsed_s": elapsed, "stats": engine.stats.as_dict()}
+    return {
+        "tokens": [r.output_token_ids for r in reqs],
+        "logits": [np.stack(captured[r.req_id]) if captured[r.req_id] else np.zeros((0,)) for r in reqs],
+        "preemptions": sum(r.num_preemptions for r in reqs),
+        "elapsed_s": elapsed,
+        "stats": engine.stats.as_dict(),
+    }
 
 
 def main(argv: list[str]) -> int:
@@ -81,11 +107,18 @@ def main(argv: list[str]) -> int:
     engine_kw = dict(spec.get("engine", {}))
     if "eos_token_ids" in engine_kw:
         engine_kw["eos_token_ids"] = frozenset(engine_kw["eos_token_ids"])
-    res = generate(model_dir, spec["prompts"], SamplingParams(**spec.get("params", {})), capture_logits=True, **engine_kw)
+    res = generate(
+        model_dir, spec["prompts"], SamplingParams(**spec.get("params", {})), capture_logits=True, **engine_kw
+    )
     if res is not None:
-        np.savez(out_path, tokens=np.array(res["tokens"], dtype=object),
-                 logits=np.array(res["logits"], dtype=object), preemptions=res["preemptions"],
-                 stats=json.dumps(res["stats"]), elapsed_s=res["elapsed_s"])
+        np.savez(
+            out_path,
+            tokens=np.array(res["tokens"], dtype=object),
+            logits=np.array(res["logits"], dtype=object),
+            preemptions=res["preemptions"],
+            stats=json.dumps(res["stats"]),
+            elapsed_s=res["elapsed_s"],
+        )
     return 0
 
 

@@ -4,6 +4,7 @@ Built only through its named constructors, so a reader sees *why* an output exis
 step produced for a request (`RequestOutput.step`), or the end of a request that failed
 (`RequestOutput.error`: refused at admission, the server shutting down, a rank gone).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -15,6 +16,7 @@ TokenLogprobs = tuple[float, list[tuple[int, float]]]
 
 class _Stepped(Protocol):
     """What `RequestOutput.step` reads of a scheduler Request after its update."""
+
     @property
     def req_id(self) -> str: ...
 
@@ -34,10 +36,10 @@ class _Stepped(Protocol):
 @dataclass
 class RequestOutput:
     req_id: str
-    new_token_ids: list[int]            # tokens produced this step (usually 0 or 1)
+    new_token_ids: list[int]  # tokens produced this step (usually 0 or 1)
     finished: bool = False
-    finish_reason: str | None = None    # "stop" | "length" | "abort" | "error"
-    error_code: int = 0                 # HTTP-like status when the engine failed the request
+    finish_reason: str | None = None  # "stop" | "length" | "abort" | "error"
+    error_code: int = 0  # HTTP-like status when the engine failed the request
     error_msg: str = ""
     num_prompt_tokens: int = 0
     # One entry per new token when the request asked for logprobs: (chosen logprob, top n).
@@ -46,9 +48,14 @@ class RequestOutput:
     @classmethod
     def step(cls, req: _Stepped, logprobs: TokenLogprobs | None = None) -> RequestOutput:
         """The token this step appended to `req` (and whether that ended it)."""
-        return cls(req.req_id, [req.output_token_ids[-1]], req.is_finished, req.finish_reason,
-                   num_prompt_tokens=req.num_prompt_tokens,
-                   logprobs=None if logprobs is None else [logprobs])
+        return cls(
+            req.req_id,
+            [req.output_token_ids[-1]],
+            req.is_finished,
+            req.finish_reason,
+            num_prompt_tokens=req.num_prompt_tokens,
+            logprobs=None if logprobs is None else [logprobs],
+        )
 
     @classmethod
     def error(cls, req_id: str, error_code: int, error_msg: str) -> RequestOutput:

@@ -10,10 +10,12 @@ draw is keyed by (seed, output index), so a seeded request gets the same tokens 
 shares its batch, and preemption/recompute cannot change them.  Unseeded requests get a random
 seed at admission (Engine._admit); a request that never passed admission (the warm-up) uses 0.
 """
+
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol, Sequence
+from typing import Any, Protocol
 
 import numpy as np
 import numpy.typing as npt
@@ -57,7 +59,7 @@ def sample_arrays(requests: Sequence[SampledRequest]) -> dict[str, npt.NDArray[A
         freq_penalty=np.array([p.frequency_penalty for p in ps], np.float32),
         pres_penalty=np.array([p.presence_penalty for p in ps], np.float32),
         seeds=np.array([p.seed or 0 for p in ps], np.uint64),
-        counters=n_out,                                   # the Philox counter: the output index
+        counters=n_out,  # the Philox counter: the output index
         min_tokens=np.array([0 if p.ignore_eos else p.min_tokens for p in ps], np.int32),
         num_generated=n_out.astype(np.int32),
         eos_ids=_padded([sorted(r.eos_token_ids) for r in requests]),
@@ -84,7 +86,7 @@ def token_logprobs(logits: npt.NDArray[np.floating[Any]], token: int, top_n: int
     top: list[tuple[int, float]] = []
     if top_n:
         idx = np.argpartition(-x, top_n - 1)[:top_n]
-        idx = idx[np.lexsort((idx, -x[idx]))]         # best first, ties by token id
+        idx = idx[np.lexsort((idx, -x[idx]))]  # best first, ties by token id
         top = [(int(i), float(x[i] - lse)) for i in idx]
     return float(x[token] - lse), top
 
@@ -93,9 +95,10 @@ def token_logprobs(logits: npt.NDArray[np.floating[Any]], token: int, top_n: int
 class SampledStep:
     """One step's sampling result: a token for every request whose chunk completed its known
     tokens, in plan order, and the logprobs of those that asked for them."""
+
     requests: list[Request] = field(default_factory=list)
     tokens: list[int] = field(default_factory=list)
-    logprobs: dict[str, TokenLogprobs] = field(default_factory=dict)   # by req_id
+    logprobs: dict[str, TokenLogprobs] = field(default_factory=dict)  # by req_id
 
     def token_by_request(self) -> dict[str, int]:
         return {r.req_id: t for r, t in zip(self.requests, self.tokens)}
@@ -113,8 +116,11 @@ class Sampler:
         reqs = [out.seqs[i].request for i in rows]
         tokens = sample(logits[rows], reqs)
         self.observe(reqs, logits[rows])
-        logprobs = {r.req_id: token_logprobs(logits[i], t, r.params.logprobs)
-                    for i, r, t in zip(rows, reqs, tokens) if r.params.logprobs is not None}
+        logprobs = {
+            r.req_id: token_logprobs(logits[i], t, r.params.logprobs)
+            for i, r, t in zip(rows, reqs, tokens)
+            if r.params.logprobs is not None
+        }
         return SampledStep(reqs, tokens, logprobs)
 
     def observe(self, requests: list[Request], logits: npt.NDArray[np.float32]) -> None:

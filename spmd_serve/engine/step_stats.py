@@ -15,14 +15,16 @@ The sums are plain floats (a phase costs ~0.3 µs); Prometheus reads them at scr
 average of the last N steps, so a change shows up in the next line rather than being diluted by
 the whole run's history.
 """
+
 from __future__ import annotations
 
 import logging
 import threading
 import time
-from dataclasses import dataclass, field
+from collections.abc import Callable
 from contextlib import AbstractContextManager
-from typing import Any, Callable
+from dataclasses import dataclass, field
+from typing import Any
 
 from spmd_serve.timing import PhaseTimer
 
@@ -32,18 +34,18 @@ PHASES = ("schedule", "broadcast", "execute", "sample", "update")
 
 @dataclass
 class StepStats:
-    log_every: int = 0                       # 0: never log
+    log_every: int = 0  # 0: never log
     steps: int = 0
-    tokens: int = 0                          # scheduled tokens (prefill + decode)
-    sampled: int = 0                         # generated tokens
+    tokens: int = 0  # scheduled tokens (prefill + decode)
+    sampled: int = 0  # generated tokens
     timer: PhaseTimer = field(default_factory=lambda: PhaseTimer(PHASES))
-    runner: PhaseTimer | None = None         # the model runner's split of `execute`, if it has one
-    handoff_seconds: float = 0.0             # IO thread: publish → delivered, summed over batches
-    handoffs: int = 0                        # batches delivered
-    on_step: Callable[[float], None] | None = None   # observes each step's wall time (metrics)
+    runner: PhaseTimer | None = None  # the model runner's split of `execute`, if it has one
+    handoff_seconds: float = 0.0  # IO thread: publish → delivered, summed over batches
+    handoffs: int = 0  # batches delivered
+    on_step: Callable[[float], None] | None = None  # observes each step's wall time (metrics)
     _t0: float = 0.0
-    _last: dict[str, float] = field(default_factory=dict)   # totals at the previous log line
-    _lock: threading.Lock = field(default_factory=threading.Lock)   # handoff: IO thread only
+    _last: dict[str, float] = field(default_factory=dict)  # totals at the previous log line
+    _lock: threading.Lock = field(default_factory=threading.Lock)  # handoff: IO thread only
 
     def start(self) -> StepStats:
         """A step begins (its wall time, for `on_step`, runs from here to `end_step`)."""
@@ -81,31 +83,38 @@ class StepStats:
         return out
 
     def _counts(self) -> dict[str, float]:
-        return {"steps": self.steps, "tokens": self.tokens, "sampled": self.sampled,
-                "handoffs": self.handoffs}
+        return {"steps": self.steps, "tokens": self.tokens, "sampled": self.sampled, "handoffs": self.handoffs}
 
     def window_summary(self) -> str:
         """Averages over the steps since the previous call (the log line)."""
         now = {**self.totals(), **{f"n_{k}": v for k, v in self._counts().items()}}
         last, self._last = self._last, now
         d = {k: v - last.get(k, 0.0) for k, v in now.items()}
-        return self._format(d["n_steps"], d["n_tokens"], d["n_sampled"], d["n_handoffs"],
-                            {k: v for k, v in d.items() if not k.startswith("n_")})
+        return self._format(
+            d["n_steps"],
+            d["n_tokens"],
+            d["n_sampled"],
+            d["n_handoffs"],
+            {k: v for k, v in d.items() if not k.startswith("n_")},
+        )
 
     def summary(self) -> str:
         """Averages over the whole run (the shutdown line)."""
         return self._format(self.steps, self.tokens, self.sampled, self.handoffs, self.totals())
 
     @staticmethod
-    def _format(steps: float, tokens: float, sampled: float, handoffs: float,
-                seconds: dict[str, float]) -> str:
+    def _format(steps: float, tokens: float, sampled: float, handoffs: float, seconds: dict[str, float]) -> str:
         n = max(steps, 1)
-        parts = " ".join(f"{p}={1e3 * s / (max(handoffs, 1) if p == 'io_handoff' else n):.3f}ms"
-                         for p, s in seconds.items())
-        return (f"steps={steps:.0f} tokens={tokens:.0f} sampled={sampled:.0f} "
-                f"batch={sampled / n:.1f} per-step: {parts}")
+        parts = " ".join(
+            f"{p}={1e3 * s / (max(handoffs, 1) if p == 'io_handoff' else n):.3f}ms" for p, s in seconds.items()
+        )
+        return f"steps={steps:.0f} tokens={tokens:.0f} sampled={sampled:.0f} batch={sampled / n:.1f} per-step: {parts}"
 
     def as_dict(self) -> dict[str, Any]:
         n = max(self.steps, 1)
-        return {"steps": self.steps, "tokens": self.tokens, "sampled": self.sampled,
-                "ms_per_step": {p: 1e3 * s / n for p, s in self.totals().items()}}
+        return {
+            "steps": self.steps,
+            "tokens": self.tokens,
+            "sampled": self.sampled,
+            "ms_per_step": {p: 1e3 * s / n for p, s in self.totals().items()},
+        }

@@ -15,6 +15,7 @@ What the runtime reads of an export is spmd_serve/manifest.py and served_config.
 package imports this one (the composition roots may: the server makes the demo model on first use).
 Importing it does not import Paddle (tracing does, when it runs).
 """
+
 from __future__ import annotations
 
 from spmd_serve.export.cli import main

@@ -14,6 +14,7 @@ Refused, with the reason: a directory exported by PaddleNLP's static exporter (`
 `model.json` / `inference.json` + `*.pdiparams`: graphs of fused GPU ops, no plain weights), a
 directory `spmd_serve export` wrote itself, unsupported architectures, missing tensors.
 """
+
 from __future__ import annotations
 
 import json
@@ -49,8 +50,10 @@ def read_config(ckpt: Path) -> dict:
     except (OSError, ValueError) as e:
         raise CheckpointError(f"{cfg_path} is unreadable: {e}") from None
     if "spmd_serve" in cfg:
-        raise CheckpointError(f"{ckpt} is already a served directory written by `spmd_serve export`; "
-                              "export from the original checkpoint instead")
+        raise CheckpointError(
+            f"{ckpt} is already a served directory written by `spmd_serve export`; "
+            "export from the original checkpoint instead"
+        )
     static = _static_export_files(ckpt)
     if static:
         fused = sorted(k for k, v in cfg.items() if v is True and ("fuse" in k or "fused" in k))
@@ -58,14 +61,14 @@ def read_config(ckpt: Path) -> dict:
         raise CheckpointError(
             f"{ckpt} was exported by PaddleNLP's static exporter ({', '.join(static[:3])}){why}: its graphs use "
             "PaddleNLP's fused GPU inference ops and hold no plain weights, so spmd_serve cannot re-shard them; "
-            "run `spmd_serve export` on the checkpoint it was made from (safetensors or model_state.pdparams)")
+            "run `spmd_serve export` on the checkpoint it was made from (safetensors or model_state.pdparams)"
+        )
     return cfg
 
 
 # ---------------------------------------------------------------- safetensors without torch
 
-_ST_DTYPES = {"F32": np.float32, "F16": np.float16, "F64": np.float64, "BF16": "bf16",
-              "I64": np.int64, "I32": np.int32}
+_ST_DTYPES = {"F32": np.float32, "F16": np.float16, "F64": np.float64, "BF16": "bf16", "I64": np.int64, "I32": np.int32}
 
 
 def _bf16_to_f32(raw: np.ndarray) -> np.ndarray:
@@ -105,7 +108,7 @@ def _read_pdparams(path: Path) -> dict[str, np.ndarray]:
     out = {}
     for k, v in state.items():
         v = np.asarray(v)
-        out[k] = _bf16_to_f32(v) if v.dtype == np.uint16 else v.astype(np.float32)   # Paddle stores bf16 as uint16
+        out[k] = _bf16_to_f32(v) if v.dtype == np.uint16 else v.astype(np.float32)  # Paddle stores bf16 as uint16
     return out
 
 
@@ -122,8 +125,10 @@ def _weight_files(ckpt: Path) -> list[Path]:
         files = sorted(ckpt.glob(pattern))
         if files:
             return files
-    raise CheckpointError(f"{ckpt} has no weights (model.safetensors, model.safetensors.index.json, "
-                          "model_state.pdparams or model_state.pdparams.index.json)")
+    raise CheckpointError(
+        f"{ckpt} has no weights (model.safetensors, model.safetensors.index.json, "
+        "model_state.pdparams or model_state.pdparams.index.json)"
+    )
 
 
 def load_checkpoint(ckpt: Path) -> tuple[dict, ArchConfig, dict[str, np.ndarray], dict]:
@@ -144,6 +149,10 @@ def load_checkpoint(ckpt: Path) -> tuple[dict, ArchConfig, dict[str, np.ndarray]
     for k, shape in want.items():
         if tuple(weights[k].shape) != shape:
             raise CheckpointError(f"{ckpt}: {k} has shape {list(weights[k].shape)}, config.json implies {list(shape)}")
-    source = {"format": fmt, "files": [f.name for f in files], "architecture": mc.architecture,
-              "source_dtype": cfg.get("torch_dtype") or cfg.get("dtype")}
+    source = {
+        "format": fmt,
+        "files": [f.name for f in files],
+        "architecture": mc.architecture,
+        "source_dtype": cfg.get("torch_dtype") or cfg.get("dtype"),
+    }
     return cfg, mc, {k: weights[k] for k in want}, source

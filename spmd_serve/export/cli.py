@@ -3,6 +3,7 @@
 `--demo tiny|small` first writes a deterministic checkpoint (weights + trained SentencePiece
 tokenizer, export/demo/) so everything works offline.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -20,31 +21,49 @@ from spmd_serve.manifest import QUANT_METHODS
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="spmd_serve export", description=__doc__.splitlines()[0])
     src = ap.add_mutually_exclusive_group(required=True)
-    src.add_argument("--checkpoint", type=Path,
-                     help=f"HuggingFace or PaddleNLP checkpoint directory ({', '.join(SUPPORTED_ARCHS)})")
+    src.add_argument(
+        "--checkpoint", type=Path, help=f"HuggingFace or PaddleNLP checkpoint directory ({', '.join(SUPPORTED_ARCHS)})"
+    )
     src.add_argument("--demo", choices=("tiny", "small"), help="write and export a built-in demo model")
     ap.add_argument("--out", type=Path, required=True, help="served model directory to write")
     ap.add_argument("--tp", type=int, default=1, help="tensor-parallel degree (one rank_<i>/ per rank)")
-    ap.add_argument("--dtype", default="float32", choices=("float32", "float16", "bfloat16"),
-                    help="dtype of the served graphs (what this Paddle build cannot run is refused)")
-    ap.add_argument("--quant", default=None, choices=QUANT_METHODS,
-                    help="weight-only quantisation of q/k/v/o/gate/up/down (int8 per output channel; "
-                         "int4 per output channel and input group)")
-    ap.add_argument("--quant-group", type=int, default=None,
-                    help="int4 group size (input units per scale; default: the largest of 64..8 that divides "
-                         "every per-rank input size)")
-    ap.add_argument("--graph-ops", default="auto", choices=GRAPH_OPS,
-                    help="cpp: our C++ ops in the graphs (all-reduce inside one graph per rank, fused decode "
-                         "attention; built with g++ and the MPI headers); paddle: Paddle's own ops only "
-                         "(tp > 1: a graph per stage); auto: cpp when it builds here")
+    ap.add_argument(
+        "--dtype",
+        default="float32",
+        choices=("float32", "float16", "bfloat16"),
+        help="dtype of the served graphs (what this Paddle build cannot run is refused)",
+    )
+    ap.add_argument(
+        "--quant",
+        default=None,
+        choices=QUANT_METHODS,
+        help="weight-only quantisation of q/k/v/o/gate/up/down (int8 per output channel; "
+        "int4 per output channel and input group)",
+    )
+    ap.add_argument(
+        "--quant-group",
+        type=int,
+        default=None,
+        help="int4 group size (input units per scale; default: the largest of 64..8 that divides "
+        "every per-rank input size)",
+    )
+    ap.add_argument(
+        "--graph-ops",
+        default="auto",
+        choices=GRAPH_OPS,
+        help="cpp: our C++ ops in the graphs (all-reduce inside one graph per rank, fused decode "
+        "attention; built with g++ and the MPI headers); paddle: Paddle's own ops only "
+        "(tp > 1: a graph per stage); auto: cpp when it builds here",
+    )
     return ap
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        opts = dict(tp=args.tp, dtype=args.dtype, quant=args.quant, quant_group=args.quant_group,
-                    graph_ops=args.graph_ops)
+        opts = dict(
+            tp=args.tp, dtype=args.dtype, quant=args.quant, quant_group=args.quant_group, graph_ops=args.graph_ops
+        )
         if args.demo:
             from spmd_serve.export.demo.checkpoint import write_demo_checkpoint
 

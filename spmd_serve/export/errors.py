@@ -3,6 +3,7 @@
 `export_checkpoint` turns every one of them into `ExportError`, which the CLI prints as
 `spmd_serve export: error: <message>` (exit status 2).
 """
+
 from __future__ import annotations
 
 

@@ -2,6 +2,7 @@
 
 A new family is a package defining a `ModelFamily` (export/family.py) and one entry in `FAMILIES`.
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -25,8 +26,9 @@ def architecture_of(cfg: dict[str, Any]) -> str:
 def family_of(architecture: str) -> ModelFamily[Any]:
     family = BY_ARCHITECTURE.get(architecture)
     if family is None:
-        raise UnsupportedModel(f"architecture {architecture!r} is not supported; "
-                               f"supported: {', '.join(SUPPORTED_ARCHS)}")
+        raise UnsupportedModel(
+            f"architecture {architecture!r} is not supported; supported: {', '.join(SUPPORTED_ARCHS)}"
+        )
     return family
 
 

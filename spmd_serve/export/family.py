@@ -8,10 +8,12 @@ Adding one (e.g. DeepSeek: MLA attention, MoE MLP) is a new package defining a `
 one entry in export/families.py; nothing else branches on the architecture.  Llama 2/3 and
 Qwen2/2.5 are one family with options (export/llama/).
 """
+
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import Any, Generic, Mapping, Protocol, TypeVar
+from collections.abc import Mapping
+from typing import Any, Generic, Protocol, TypeVar
 
 import numpy as np
 
@@ -20,6 +22,7 @@ from spmd_serve.manifest import KVLayout, QuantRecord, ShardDims
 
 class ArchConfig(Protocol):
     """What the generic export reads of a family's parsed config (read-only: configs are frozen)."""
+
     @property
     def architecture(self) -> str: ...
 
@@ -36,8 +39,10 @@ C = TypeVar("C", bound=ArchConfig)
 
 
 class ModelFamily(ABC, Generic[C]):
-    """One architecture family, over its parsed config type `C`.  `architectures`: the HF `architectures` names it serves;
-    `model_types`: config.json `model_type` → architecture, for configs without `architectures`."""
+    """One architecture family, over its parsed config type `C`.  `architectures`: the HF
+    `architectures` names it serves; `model_types`: config.json `model_type` → architecture, for
+    configs without `architectures`."""
+
     name: str
     architectures: tuple[str, ...]
     model_types: Mapping[str, str]
@@ -63,8 +68,9 @@ class ModelFamily(ABC, Generic[C]):
         """What one rank's KV pool holds per token and layer."""
 
     @abstractmethod
-    def rank_weights(self, mc: C, hf: dict[str, np.ndarray], dims: ShardDims, rank: int,
-                     quant: str | None, group: int | None) -> dict[str, Any]:
+    def rank_weights(
+        self, mc: C, hf: dict[str, np.ndarray], dims: ShardDims, rank: int, quant: str | None, group: int | None
+    ) -> dict[str, Any]:
         """This rank's weights as its stages take them (quantised with `quant`)."""
 
     @abstractmethod
@@ -76,8 +82,9 @@ class ModelFamily(ABC, Generic[C]):
         """What the manifest and config.json record about the quantisation."""
 
     @abstractmethod
-    def rank_kv_scales(self, mc: C, dims: ShardDims, rank: int,
-                       scales: Mapping[str, np.ndarray]) -> dict[str, list[list[float]]]:
+    def rank_kv_scales(
+        self, mc: C, dims: ShardDims, rank: int, scales: Mapping[str, np.ndarray]
+    ) -> dict[str, list[list[float]]]:
         """This rank's share of the calibrated int8 KV scales ([num_layers, *scale_shape] each, at tp = 1)."""
 
     @abstractmethod

@@ -3,22 +3,23 @@
 The tables themselves (RoPE cos/sin, grid and past indices, mask) are built once per step on the
 host by worker/step_tables.py, which documents their layout.
 """
+
 from __future__ import annotations
 
 import paddle
 
 # Per-step graph inputs (name → dtype, shape); every rank derives them from the StepPlan.
 STEP_INPUTS: dict[str, tuple[str, list[int]]] = {
-    "input_ids": ("int64", [-1]),          # [T] token ids of this step
-    "unpad_index": ("int64", [-1]),        # [T] index into the flattened [B*S] grid
-    "logits_index": ("int64", [-1]),       # [B] index into T of each sequence's last token
-    "block_tables": ("int64", [-1, -1]),   # [B, MB] the plan's (fused decode attention only)
-    "ctx_lens": ("int64", [-1]),           # [B] past tokens of each sequence (idem)
-    "slot_mapping": ("int64", [-1]),       # [T] pool slot of each new token (idem)
+    "input_ids": ("int64", [-1]),  # [T] token ids of this step
+    "unpad_index": ("int64", [-1]),  # [T] index into the flattened [B*S] grid
+    "logits_index": ("int64", [-1]),  # [B] index into T of each sequence's last token
+    "block_tables": ("int64", [-1, -1]),  # [B, MB] the plan's (fused decode attention only)
+    "ctx_lens": ("int64", [-1]),  # [B] past tokens of each sequence (idem)
+    "slot_mapping": ("int64", [-1]),  # [T] pool slot of each new token (idem)
     # per-step tables, built on the host once per step (worker/step_tables.py has their layout)
-    "rope_cos": ("float32", [-1, -1, -1]),     # [T, nh + 2 kvh, d]
-    "rope_sin": ("float32", [-1, -1, -1]),     # [T, nh + 2 kvh, d]
-    "grid_index": ("int64", [-1, -1]),         # [B, S] index into T
+    "rope_cos": ("float32", [-1, -1, -1]),  # [T, nh + 2 kvh, d]
+    "rope_sin": ("float32", [-1, -1, -1]),  # [T, nh + 2 kvh, d]
+    "grid_index": ("int64", [-1, -1]),  # [B, S] index into T
     "past_index": ("int64", [-1, -1, -1, 3]),  # [B, kvh, P, 3]
     "attn_mask": ("float32", [-1, 1, -1, -1]),  # [B, 1, S, P+S]
 }

@@ -1,5 +1,6 @@
 """Which graph ops an export uses: our C++ Paddle ops (ops/paddle_ext.py) or Paddle's own only, and
 which of ours a rank's saved graphs call (recorded in its manifest as `custom_ops`)."""
+
 from __future__ import annotations
 
 import re
@@ -28,8 +29,11 @@ def resolve_graph_ops(choice: str) -> bool:
         return True
     if choice == "cpp":
         raise ExportError(f"--graph-ops cpp: the C++ op library is unavailable: {reason}")
-    print(f"spmd_serve export: warning: C++ graph ops unavailable ({reason.splitlines()[0]}); exporting "
-          "Paddle's own ops only (slower; at tp > 1 one graph per stage)", file=sys.stderr)
+    print(
+        f"spmd_serve export: warning: C++ graph ops unavailable ({reason.splitlines()[0]}); exporting "
+        "Paddle's own ops only (slower; at tp > 1 one graph per stage)",
+        file=sys.stderr,
+    )
     return False
 
 

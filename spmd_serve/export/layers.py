@@ -9,10 +9,12 @@ from the weight's type; the decode graphs' C++ small-batch kernel is the variant
 stream W once for all rows and dequantise int8 in registers; Paddle's matmul is ~20-25 % slower on
 fp32 there and casts the whole int8 W to fp32 first.
 """
+
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import paddle
@@ -26,8 +28,7 @@ from spmd_serve.export.variant import GENERAL, GraphVariant
 
 def make_param(layer: nn.Layer, value: np.ndarray) -> paddle.Tensor:
     """An fp32 parameter of `layer` holding `value` (named after the layer, e.g. `linear_3.w_0`)."""
-    return layer.create_parameter(list(value.shape), dtype="float32",
-                                  default_initializer=nn.initializer.Assign(value))
+    return layer.create_parameter(list(value.shape), dtype="float32", default_initializer=nn.initializer.Assign(value))
 
 
 def hold_quantised(layer: nn.Layer, qw: QuantWeight) -> None:
@@ -41,10 +42,10 @@ def hold_quantised(layer: nn.Layer, qw: QuantWeight) -> None:
 def unpack_int4(q: paddle.Tensor, fan_in: int, group: int) -> paddle.Tensor:
     """Packed int4 [in/2, m] int8 (row 2i low nibble, 2i+1 high) → fp32 [in/group, group, m]."""
     four = paddle.full([1], 4, dtype="int8")
-    lo = paddle.bitwise_right_shift(paddle.bitwise_left_shift(q, four), four)   # sign-extended
-    hi = paddle.bitwise_right_shift(q, four)                                     # arithmetic
-    pairs = paddle.stack([lo, hi], axis=1).astype("float32")                     # [in/2, 2, m]
-    return pairs.reshape([fan_in // group, group, -1])                          # [G, g, m]
+    lo = paddle.bitwise_right_shift(paddle.bitwise_left_shift(q, four), four)  # sign-extended
+    hi = paddle.bitwise_right_shift(q, four)  # arithmetic
+    pairs = paddle.stack([lo, hi], axis=1).astype("float32")  # [in/2, 2, m]
+    return pairs.reshape([fan_in // group, group, -1])  # [G, g, m]
 
 
 class Linear(nn.Layer):
@@ -98,14 +99,17 @@ class Int4Linear(Linear):
 
     def forward(self, x: paddle.Tensor, variant: GraphVariant | None = None) -> paddle.Tensor:
         variant = variant or GENERAL
-        w = unpack_int4(self.qweight, self.fan_in, self.group)                                 # [G, g, out]
+        w = unpack_int4(self.qweight, self.fan_in, self.group)  # [G, g, out]
         n_groups = self.fan_in // self.group
-        xg = x.reshape([-1, n_groups, self.group]).transpose([1, 0, 2])                        # [G, T, g]
-        return (paddle.matmul(xg, w) * self.scale.unsqueeze(1)).sum(axis=0)                    # [T, out]
+        xg = x.reshape([-1, n_groups, self.group]).transpose([1, 0, 2])  # [G, T, g]
+        return (paddle.matmul(xg, w) * self.scale.unsqueeze(1)).sum(axis=0)  # [T, out]
 
 
-_BY_METHOD: dict[str | None, Callable[[Any], Linear]] = {None: DenseLinear, "weight_only_int8": Int8Linear,
-                                                         "weight_only_int4": Int4Linear}
+_BY_METHOD: dict[str | None, Callable[[Any], Linear]] = {
+    None: DenseLinear,
+    "weight_only_int8": Int8Linear,
+    "weight_only_int4": Int4Linear,
+}
 
 
 def make_linear(w: np.ndarray | QuantWeight) -> Linear:
@@ -119,8 +123,9 @@ def fuse_columns(ws: list):
     scales concatenate the same way: the fused weight quantises exactly like the parts."""
     if isinstance(ws[0], np.ndarray):
         return np.concatenate(ws, axis=1)
-    return replace(ws[0], q=np.concatenate([w.q for w in ws], axis=1),
-                   scale=np.concatenate([w.scale for w in ws], axis=-1))
+    return replace(
+        ws[0], q=np.concatenate([w.q for w in ws], axis=1), scale=np.concatenate([w.scale for w in ws], axis=-1)
+    )
 
 
 def rms_norm(x: paddle.Tensor, weight: paddle.Tensor, eps: float) -> paddle.Tensor:

@@ -6,15 +6,17 @@ tensor-parallel rank holding that rank's graph segments (`seg_<k>.json` + `.pdip
 checkpoints are read is export/checkpoint.py's business; what each architecture is, its family's
 (export/families.py).
 """
+
 from __future__ import annotations
 
 import json
 import os
 import shutil
 import tempfile
+from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 import numpy as np
 
@@ -25,14 +27,29 @@ from spmd_serve.export.families import family_of
 from spmd_serve.export.family import ArchConfig, ModelFamily
 from spmd_serve.export.graph_ops import custom_ops_in, resolve_graph_ops
 from spmd_serve.export.variant import GraphVariant
-from spmd_serve.manifest import (MANIFEST_VERSION, QUANT_METHODS, Manifest, ManifestError, SegmentSpec, ShardDims,
-                                 write_manifest)
+from spmd_serve.manifest import (
+    MANIFEST_VERSION,
+    QUANT_METHODS,
+    Manifest,
+    ManifestError,
+    SegmentSpec,
+    ShardDims,
+    write_manifest,
+)
 from spmd_serve.served_config import ServedConfig, check_dtype_runnable
 
 # Copied verbatim from the checkpoint when present (tokenizer + generation defaults).
-AUX_FILES = ("generation_config.json", "tokenizer_config.json", "special_tokens_map.json",
-             "tokenizer.model", "sentencepiece.bpe.model", "tokenizer.json", "added_tokens.json",
-             "vocab.json", "merges.txt")
+AUX_FILES = (
+    "generation_config.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "tokenizer.model",
+    "sentencepiece.bpe.model",
+    "tokenizer.json",
+    "added_tokens.json",
+    "vocab.json",
+    "merges.txt",
+)
 
 
 def _save_variant(seg, dims: ShardDims, rank_dir: Path, variant: GraphVariant) -> SegmentSpec:
@@ -49,9 +66,18 @@ def _save_variant(seg, dims: ShardDims, rank_dir: Path, variant: GraphVariant) -
     return replace(spec, params=None)
 
 
-def export_rank(family: ModelFamily[Any], mc: ArchConfig, weights: dict[str, np.ndarray], dims: ShardDims, rank: int,
-                out: Path, quant: str | None = None, group: int | None = None,
-                kv_scales: Mapping[str, np.ndarray] | None = None, cpp_ops: bool = False) -> Manifest:
+def export_rank(
+    family: ModelFamily[Any],
+    mc: ArchConfig,
+    weights: dict[str, np.ndarray],
+    dims: ShardDims,
+    rank: int,
+    out: Path,
+    quant: str | None = None,
+    group: int | None = None,
+    kv_scales: Mapping[str, np.ndarray] | None = None,
+    cpp_ops: bool = False,
+) -> Manifest:
     """Trace and save rank `rank`'s segments (each attention segment also as its decode graph and,
     with `kv_scales`, both again for an int8 pool) and write its manifest.  `cpp_ops`:
     resolve_graph_ops's answer (tp > 1: one segment with in-graph all-reduces)."""
@@ -64,27 +90,46 @@ def export_rank(family: ModelFamily[Any], mc: ArchConfig, weights: dict[str, np.
     kv8_specs: list[SegmentSpec] = []
     for seg in build_segments(stages, dims, cpp_ops=cpp_ops):
         spec = save_segment(seg, dims, rank_dir)
-        if seg.has_kv:   # the decode graph the runner uses for steps of a few single-token queries
+        if seg.has_kv:  # the decode graph the runner uses for steps of a few single-token queries
             spec = replace(spec, decode=_save_variant(seg, dims, rank_dir, replace(seg.variant, decode=True)))
         specs.append(spec)
         if kv_scales is not None and seg.has_kv:
             kv8 = replace(seg.variant, kv_int8=True)
-            kv8_specs.append(replace(_save_variant(seg, dims, rank_dir, kv8),
-                                     decode=_save_variant(seg, dims, rank_dir, replace(kv8, decode=True))))
+            kv8_specs.append(
+                replace(
+                    _save_variant(seg, dims, rank_dir, kv8),
+                    decode=_save_variant(seg, dims, rank_dir, replace(kv8, decode=True)),
+                )
+            )
         else:
             kv8_specs.append(spec)
     rank_scales = None if kv_scales is None else family.rank_kv_scales(mc, dims, rank, kv_scales)
-    manifest = Manifest(rank=rank, dims=dims, kv_cache=family.kv_layout(dims), segments=tuple(specs),
-                        collectives="none" if dims.tp == 1 else "graph" if cpp_ops else "segments",
-                        custom_ops=custom_ops_in(rank_dir), quant=family.quant_record(quant, group),
-                        inv_freq=tuple(mc.inv_freq().astype(np.float32).tolist()),   # RoPE tables: built by the runner
-                        segments_kv_int8=None if kv_scales is None else tuple(kv8_specs), kv_scales=rank_scales)
+    manifest = Manifest(
+        rank=rank,
+        dims=dims,
+        kv_cache=family.kv_layout(dims),
+        segments=tuple(specs),
+        collectives="none" if dims.tp == 1 else "graph" if cpp_ops else "segments",
+        custom_ops=custom_ops_in(rank_dir),
+        quant=family.quant_record(quant, group),
+        inv_freq=tuple(mc.inv_freq().astype(np.float32).tolist()),  # RoPE tables: built by the runner
+        segments_kv_int8=None if kv_scales is None else tuple(kv8_specs),
+        kv_scales=rank_scales,
+    )
     write_manifest(rank_dir, manifest)
     return manifest
 
 
-def export_checkpoint(ckpt: Path, out: Path, tp: int = 1, dtype: str = "float32", quant: str | None = None,
-                      quant_group: int | None = None, kv_int8: bool = True, graph_ops: str = "auto") -> Path:
+def export_checkpoint(
+    ckpt: Path,
+    out: Path,
+    tp: int = 1,
+    dtype: str = "float32",
+    quant: str | None = None,
+    quant_group: int | None = None,
+    kv_int8: bool = True,
+    graph_ops: str = "auto",
+) -> Path:
     """Export into `out` atomically (a temp dir renamed at the end), so a crash leaves nothing half-made.
     `quant`: weight-only quantisation (export/quant.py); `kv_int8`: also write the int8-KV graph
     variants and their calibrated scales, so the export serves USE_CACHE_KV_INT8=1 too;
@@ -110,9 +155,15 @@ def export_checkpoint(ckpt: Path, out: Path, tp: int = 1, dtype: str = "float32"
         kv_scales = calibrate_kv_scales(family, mc, weights, quant, group) if kv_int8 else None
         for rank in range(tp):
             export_rank(family, mc, weights, dims, rank, tmp, quant, group, kv_scales, cpp_ops)
-        served = ServedConfig(tp=tp, dtype=dtype, quant=family.quant_record(quant, group), kv_int8=kv_int8,
-                              graph_ops="cpp" if cpp_ops else "paddle", source=source,
-                              options=family.served_options(mc))
+        served = ServedConfig(
+            tp=tp,
+            dtype=dtype,
+            quant=family.quant_record(quant, group),
+            kv_int8=kv_int8,
+            graph_ops="cpp" if cpp_ops else "paddle",
+            source=source,
+            options=family.served_options(mc),
+        )
         (tmp / "config.json").write_text(json.dumps(dict(cfg, spmd_serve=served.to_json()), indent=1))
         if out.exists():
             shutil.rmtree(out)

@@ -13,18 +13,29 @@ rank therefore holds exactly the integers the TP=1 export holds, so a TP=N expor
 TP=1 one does.  Which tensors a family quantises: its own module (export/llama/quant.py).  The graph
 side (dequantise right before each matmul, or after the embedding gather) is export/layers.py.
 """
+
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Mapping
 
 import numpy as np
 
 from spmd_serve.export.errors import QuantError
 from spmd_serve.manifest import QUANT_METHODS
 
-__all__ = ["QMAX", "QUANT_METHODS", "QuantError", "QuantWeight", "choose_group", "dequantize", "hf_scales",
-           "quant_weight", "quantize", "quantize_vocab"]
+__all__ = [
+    "QMAX",
+    "QUANT_METHODS",
+    "QuantError",
+    "QuantWeight",
+    "choose_group",
+    "dequantize",
+    "hf_scales",
+    "quant_weight",
+    "quantize",
+    "quantize_vocab",
+]
 QMAX = {"weight_only_int8": 127, "weight_only_int4": 7}
 DEFAULT_INT4_GROUP = 64
 
@@ -33,6 +44,7 @@ DEFAULT_INT4_GROUP = 64
 class QuantWeight:
     """A quantised [in, out] linear weight of one rank: `q` int8 ([in, out], or [in/2, out] packed
     int4) and fp32 `scale` ([out], or [in/group, out])."""
+
     method: str
     q: np.ndarray
     scale: np.ndarray
@@ -49,8 +61,10 @@ def choose_group(ins: Mapping[str, int], tp: int, group: int | None) -> int:
     if group is not None:
         bad = {k: v for k, v in ins.items() if v % group}
         if group < 2 or group % 2 or bad:
-            raise QuantError(f"--quant-group {group} must be even and divide each linear's input size per rank "
-                             f"({', '.join(f'{k} {v}' for k, v in ins.items())} at tp={tp})")
+            raise QuantError(
+                f"--quant-group {group} must be even and divide each linear's input size per rank "
+                f"({', '.join(f'{k} {v}' for k, v in ins.items())} at tp={tp})"
+            )
         return group
     g = DEFAULT_INT4_GROUP
     while g >= 8:
@@ -89,7 +103,7 @@ def dequantize(qw: QuantWeight) -> np.ndarray:
     if qw.method == "weight_only_int8":
         return qw.q.astype(np.float32) * qw.scale[None, :]
     p = qw.q.astype(np.int16)
-    lo, hi = ((p << 12) >> 12), p >> 4             # sign-extend the low nibble; arithmetic shift the high one
+    lo, hi = ((p << 12) >> 12), p >> 4  # sign-extend the low nibble; arithmetic shift the high one
     q = np.stack([lo, hi], axis=1).reshape(-1, qw.q.shape[1]).astype(np.float32)
     return q * np.repeat(qw.scale, _group(qw.group), axis=0)
 

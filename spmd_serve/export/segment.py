@@ -14,6 +14,7 @@ previous stage), plus the per-step inputs its stages need.  Outputs, in order: `
 (`k_new_<l>`, `v_new_<l>` for Llama).  What the runtime needs of that is the manifest's
 `SegmentSpec`; the stages themselves come from the architecture family (export/family.py).
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -33,7 +34,8 @@ class Stage(nn.Layer):
     """One stage of a segment.  `step(h, delta, env, variant)` → (residual stream, this stage's
     output, new cache entries): `delta` is a partial sum over the ranks, or with `gives_logits` the
     vocab-parallel logits."""
-    kv_layer: int | None = None   # the layer whose KV cache the stage reads and writes
+
+    kv_layer: int | None = None  # the layer whose KV cache the stage reads and writes
     gives_logits = False
 
     def inputs(self, variant: GraphVariant) -> list[str]:
@@ -67,12 +69,19 @@ class GraphSegment(nn.Layer):
     """A run of stages traced as one graph variant; `forward` takes the inputs listed in `spec.inputs`,
     in that order.  `with_variant` gives the same stages (same parameters) as another variant."""
 
-    def __init__(self, stages: list[Stage], name: str, takes_hidden: bool, takes_partial: bool,
-                 reduce_in_graph: bool = False, variant: GraphVariant = GENERAL) -> None:
+    def __init__(
+        self,
+        stages: list[Stage],
+        name: str,
+        takes_hidden: bool,
+        takes_partial: bool,
+        reduce_in_graph: bool = False,
+        variant: GraphVariant = GENERAL,
+    ) -> None:
         super().__init__()
         self.stages = nn.LayerList(stages)
         self.takes_hidden, self.takes_partial = takes_hidden, takes_partial
-        self.reduce_in_graph = reduce_in_graph   # sum each stage's partial over the ranks in the graph
+        self.reduce_in_graph = reduce_in_graph  # sum each stage's partial over the ranks in the graph
         self.base_name, self.variant = name, variant
         self.spec = self._spec()
 
@@ -80,9 +89,15 @@ class GraphSegment(nn.Layer):
     def has_kv(self) -> bool:
         return any(st.kv_layer is not None for st in self.stages)
 
-    def with_variant(self, variant: GraphVariant) -> "GraphSegment":
-        return GraphSegment(cast(list[Stage], list(self.stages)), self.base_name, self.takes_hidden, self.takes_partial,
-                            self.reduce_in_graph, variant)
+    def with_variant(self, variant: GraphVariant) -> GraphSegment:
+        return GraphSegment(
+            cast(list[Stage], list(self.stages)),
+            self.base_name,
+            self.takes_hidden,
+            self.takes_partial,
+            self.reduce_in_graph,
+            variant,
+        )
 
     def _spec(self) -> SegmentSpec:
         stages, v = cast(list[Stage], list(self.stages)), self.variant
@@ -91,11 +106,12 @@ class GraphSegment(nn.Layer):
             inputs += [n for n in st.inputs(v) if n not in inputs]
         many = self.takes_partial or len(stages) > 1
         outputs = ["logits"] if stages[-1].gives_logits else ["hidden", "partial"] if many else ["partial"]
-        outputs += [n for st in stages for n in st.new_kv(v)]   # for the runner to write into the pool
+        outputs += [n for st in stages for n in st.new_kv(v)]  # for the runner to write into the pool
         name = v.graph_name(self.base_name)
         kv_layers = tuple(st.kv_layer for st in stages if st.kv_layer is not None)
-        return SegmentSpec(name, tuple(inputs), tuple(outputs), kv_layers,
-                           params=self.base_name if name != self.base_name else None)
+        return SegmentSpec(
+            name, tuple(inputs), tuple(outputs), kv_layers, params=self.base_name if name != self.base_name else None
+        )
 
     def forward(self, args):
         env = dict(zip(self.spec.inputs, args))
@@ -105,7 +121,7 @@ class GraphSegment(nn.Layer):
         for st in self.stages:
             h, delta, kv = st.step(h, delta, env, self.variant)
             if self.reduce_in_graph and not st.gives_logits:
-                delta = paddle_ext.allreduce(delta)                                     # [T, H] sum of shards
+                delta = paddle_ext.allreduce(delta)  # [T, H] sum of shards
             kv_out += kv
         if self.spec.outputs[0] == "logits":
             return [delta, *kv_out]
@@ -129,11 +145,16 @@ def build_segments(stages: list[Stage], dims: ShardDims, cpp_ops: bool = False) 
     tp > 1 one segment with the all-reduces inside; the decode variants' C++ kernels."""
     base = GraphVariant(cpp_ops=cpp_ops)
     if dims.tp == 1 or cpp_ops:
-        return [GraphSegment(stages, "seg_0", takes_hidden=False, takes_partial=False, reduce_in_graph=dims.tp > 1,
-                             variant=base)]
+        return [
+            GraphSegment(
+                stages, "seg_0", takes_hidden=False, takes_partial=False, reduce_in_graph=dims.tp > 1, variant=base
+            )
+        ]
     # one stage per segment: the all-reduce of each partial happens between them
-    return [GraphSegment([st], f"seg_{i}", takes_hidden=i > 1, takes_partial=i > 0, variant=base)
-            for i, st in enumerate(stages)]
+    return [
+        GraphSegment([st], f"seg_{i}", takes_hidden=i > 1, takes_partial=i > 0, variant=base)
+        for i, st in enumerate(stages)
+    ]
 
 
 def save_segment(seg: GraphSegment, dims: ShardDims, rank_dir: Path) -> SegmentSpec:

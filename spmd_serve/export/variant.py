@@ -6,6 +6,7 @@ The variants share the base graph's .pdiparams and are named `<name>.kv8`, `<nam
 `<name>.kv8.dec`.  `cpp_ops` (the export may call ops/paddle_ext.py's C++ ops) decides which C++
 kernels the decode graphs use.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -13,9 +14,9 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class GraphVariant:
-    kv_int8: bool = False    # the pool is int8 with per-head fp32 scales (graph inputs `<t>_scale_<l>`)
-    decode: bool = False     # every sequence of the step has one new token
-    cpp_ops: bool = False    # graphs may call our C++ ops
+    kv_int8: bool = False  # the pool is int8 with per-head fp32 scales (graph inputs `<t>_scale_<l>`)
+    decode: bool = False  # every sequence of the step has one new token
+    cpp_ops: bool = False  # graphs may call our C++ ops
 
     @property
     def fused_decode_attention(self) -> bool:

@@ -9,6 +9,7 @@ How mpirun reaches the other nodes is Open MPI's business: ssh by default (passw
 paths on every node), or any ssh-like command named by `OMPI_MCA_plm_rsh_agent` in the
 environment (mpirun reads `OMPI_MCA_*` itself, and start_server passes the environment on).
 """
+
 from __future__ import annotations
 
 import errno
@@ -23,12 +24,13 @@ HOSTFILE_NAME = "hostfile"
 def node_order(cfg: ServeConfig) -> list[str]:
     """The nodes in launch order, master first; validated (clear one-line ConfigError)."""
     if not cfg.pod_ips:
-        raise ConfigError(f"MP_NNODE={cfg.mp_nnode} needs POD_IPS (the {cfg.mp_nnode} node addresses, "
-                          "comma-separated) and POD_0_IP (the master's, where rank 0 serves)")
+        raise ConfigError(
+            f"MP_NNODE={cfg.mp_nnode} needs POD_IPS (the {cfg.mp_nnode} node addresses, "
+            "comma-separated) and POD_0_IP (the master's, where rank 0 serves)"
+        )
     ips = ",".join(cfg.pod_ips)
     if len(cfg.pod_ips) != cfg.mp_nnode:
-        raise ConfigError(f"POD_IPS={ips} is invalid: lists {len(cfg.pod_ips)} node(s) but "
-                          f"MP_NNODE={cfg.mp_nnode}")
+        raise ConfigError(f"POD_IPS={ips} is invalid: lists {len(cfg.pod_ips)} node(s) but MP_NNODE={cfg.mp_nnode}")
     dups = sorted({a for a in cfg.pod_ips if cfg.pod_ips.count(a) > 1})
     if dups:
         raise ConfigError(f"POD_IPS={ips} is invalid: {','.join(dups)} listed more than once")
@@ -40,8 +42,10 @@ def node_order(cfg: ServeConfig) -> list[str]:
 
 def hostfile_text(cfg: ServeConfig) -> str:
     slots = cfg.ranks_per_node
-    lines = [f"# written by start_server: MP_NUM={cfg.mp_num} over MP_NNODE={cfg.mp_nnode} nodes, "
-             f"{slots} rank(s) each; the first node (POD_0_IP) runs rank 0"]
+    lines = [
+        f"# written by start_server: MP_NUM={cfg.mp_num} over MP_NNODE={cfg.mp_nnode} nodes, "
+        f"{slots} rank(s) each; the first node (POD_0_IP) runs rank 0"
+    ]
     lines += [f"{addr} slots={slots}" for addr in node_order(cfg)]
     return "\n".join(lines) + "\n"
 
@@ -66,6 +70,7 @@ def check_master_is_local(cfg: ServeConfig) -> None:
             s.bind((addr[0], 0))
         except OSError as e:
             if e.errno == errno.EADDRNOTAVAIL:
-                raise ConfigError(f"POD_0_IP={master} is not an address of this machine: run "
-                                  "start_server on the master node") from None
+                raise ConfigError(
+                    f"POD_0_IP={master} is not an address of this machine: run start_server on the master node"
+                ) from None
             raise

@@ -6,6 +6,7 @@ contain the ranks, and a pid alone can be reused by an unrelated process after a
 and records it in the pid file; a process belongs to the job exactly when its environment holds
 that id.  Nothing else on the machine is ever signalled.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -27,6 +28,7 @@ _RANK_VARS = ("OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK")
 class Job:
     """What the pid file records: mpirun's pid (first line, so `kill $(head -1 server.pid)` works)
     and the run id that marks the job's processes."""
+
     pid: int
     run_id: str
 
@@ -78,7 +80,7 @@ def job_processes(job: Job) -> list[psutil.Process]:
         try:
             if p.environ().get(RUN_ID_VAR) == job.run_id and _alive(p):
                 found.append(p)
-        except psutil.Error:   # gone meanwhile, or another user's process we may not read
+        except psutil.Error:  # gone meanwhile, or another user's process we may not read
             continue
     return found
 
@@ -104,14 +106,14 @@ def wait_gone(procs: list[psutil.Process], timeout: float) -> list[psutil.Proces
         time.sleep(0.2)
 
 
-ABORT_GRACE_S = 10.0   # after a second SIGTERM rank 0 fails what is in flight and stops every rank
+ABORT_GRACE_S = 10.0  # after a second SIGTERM rank 0 fails what is in flight and stops every rank
 
 
 @dataclass
 class StopResult:
-    found: int              # processes of the job found running
-    outcome: str            # "drained" | "aborted" (second SIGTERM) | "killed" (SIGKILL needed)
-    killed: int             # processes that needed SIGKILL
+    found: int  # processes of the job found running
+    outcome: str  # "drained" | "aborted" (second SIGTERM) | "killed" (SIGKILL needed)
+    killed: int  # processes that needed SIGKILL
     seconds: float
 
     @property
@@ -122,7 +124,7 @@ class StopResult:
 
 def _signal(procs: list[psutil.Process], sig: int) -> None:
     for p in procs:
-        with contextlib.suppress(psutil.NoSuchProcess):   # ended meanwhile: fine
+        with contextlib.suppress(psutil.NoSuchProcess):  # ended meanwhile: fine
             p.send_signal(sig)
 
 
@@ -137,7 +139,7 @@ def stop_job(job: Job, timeout: float, abort_grace: float = ABORT_GRACE_S) -> St
     if not procs:
         return StopResult(0, "drained", 0, 0.0)
     rank0 = [p for p in procs if rank_of(p) == 0]
-    targets = rank0 or [p for p in procs if p.pid == job.pid] or procs   # ranks not up yet: mpirun
+    targets = rank0 or [p for p in procs if p.pid == job.pid] or procs  # ranks not up yet: mpirun
     _signal(targets, signal.SIGTERM)
     left, outcome = wait_gone(procs, timeout), "drained"
     if left:

@@ -7,6 +7,7 @@ the contract does not use, and routes every line through mpirun's IO forwarding.
 `server.log` (which mpirun's own messages also go to, both in append mode) and rank r > 0 writes
 `workerlog.<r>`; `workerlog.0` is a link to `server.log` made by start_server.
 """
+
 from __future__ import annotations
 
 import os
@@ -26,13 +27,13 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     log_dir, cmd = argv[0], argv[1:]
     rank = mpi_rank(os.environ)
-    os.makedirs(log_dir, exist_ok=True)   # on another node the folder may not exist yet
+    os.makedirs(log_dir, exist_ok=True)  # on another node the folder may not exist yet
     fd = os.open(os.path.join(log_dir, log_name(rank)), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     os.dup2(fd, 1)
     os.dup2(fd, 2)
     os.close(fd)
     os.execvp(cmd[0], cmd)
-    return 127   # not reached: execvp raises on failure
+    return 127  # not reached: execvp raises on failure
 
 
 if __name__ == "__main__":

@@ -10,6 +10,7 @@ Started under mpirun (`mpirun -hostfile hosts -n N start_server`, as the origina
 every rank resolves (and if needed downloads) the model and then execs `spmd_serve` in the
 foreground instead.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -33,7 +34,7 @@ from spmd_serve.launcher.rank_output import log_name
 from spmd_serve.launcher.settings import job_environ, mpi_rank, spmd_serve_command, under_mpi
 
 PORTS = ("http_port", "grpc_port", "health_port", "metrics_port", "inter_proc_port")
-DEFAULT_MODELS_ROOT = "/models"   # where `start_server <model_name>` downloads when MODEL_DIR is unset
+DEFAULT_MODELS_ROOT = "/models"  # where `start_server <model_name>` downloads when MODEL_DIR is unset
 TAIL_LINES = 40
 
 
@@ -63,7 +64,7 @@ def busy_ports(cfg: ServeConfig) -> list[str]:
         port, var = getattr(cfg, name), BY_FIELD[name]
         if port == var.disable_value:
             continue
-        host = "127.0.0.1" if name == "inter_proc_port" else cfg.host   # the internal port is loopback
+        host = "127.0.0.1" if name == "inter_proc_port" else cfg.host  # the internal port is loopback
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         with socket.socket(family, socket.SOCK_STREAM) as s:
             # SO_REUSEADDR as the server sets it: a just-stopped server's TIME_WAIT is no conflict,
@@ -97,28 +98,48 @@ def _mpirun_command(cfg: ServeConfig, env: dict[str, str], log_dir: Path) -> lis
     if mpirun is None:
         raise StartError("mpirun not found on PATH (install Open MPI, e.g. apt-get install openmpi-bin)")
     # -x forwards variables to ranks on other nodes (local ranks inherit the environment anyway).
-    forward = [*cfg.to_environ(), jobs.RUN_ID_VAR, "PATH", "PYTHONPATH", "LD_LIBRARY_PATH",
-               "VIRTUAL_ENV", "GLOG_minloglevel", "PYTHONUNBUFFERED"]
+    forward = [
+        *cfg.to_environ(),
+        jobs.RUN_ID_VAR,
+        "PATH",
+        "PYTHONPATH",
+        "LD_LIBRARY_PATH",
+        "VIRTUAL_ENV",
+        "GLOG_minloglevel",
+        "PYTHONUNBUFFERED",
+    ]
     xflags = [a for name in dict.fromkeys(forward) if name in env for a in ("-x", name)]
     # Several nodes: a hostfile from POD_IPS, master first; mpirun reaches the others with ssh or
     # with the agent the operator names in OMPI_MCA_plm_rsh_agent (read by mpirun from env).
     hosts = ["-hostfile", str(write_hostfile(cfg, log_dir))] if cfg.mp_nnode > 1 else []
-    return [mpirun, "-n", str(cfg.mp_num), *hosts, "--oversubscribe", "--bind-to", "none", *xflags,
-            sys.executable, "-m", "spmd_serve.launcher.rank_output", str(log_dir), *spmd_serve_command()]
+    return [
+        mpirun,
+        "-n",
+        str(cfg.mp_num),
+        *hosts,
+        "--oversubscribe",
+        "--bind-to",
+        "none",
+        *xflags,
+        sys.executable,
+        "-m",
+        "spmd_serve.launcher.rank_output",
+        str(log_dir),
+        *spmd_serve_command(),
+    ]
 
 
 def launch(cfg: ServeConfig, base_env: dict[str, str], log_dir: Path) -> tuple[subprocess.Popen, jobs.Job]:
     """Start mpirun in a session of its own (a Ctrl-C in the operator's shell does not reach it)."""
     run_id = jobs.Job.new_run_id()
     env = job_environ(base_env)
-    env.update(cfg.to_environ())          # canonical names with resolved values (MODEL_DIR, LOG_DIR)
+    env.update(cfg.to_environ())  # canonical names with resolved values (MODEL_DIR, LOG_DIR)
     env[jobs.RUN_ID_VAR] = run_id
     cmd = _mpirun_command(cfg, env, log_dir)
     _prepare_log_dir(log_dir)
     fd = os.open(log_dir / log_name(0), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     try:
-        proc = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, stdout=fd, stderr=fd,
-                                start_new_session=True)
+        proc = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, stdout=fd, stderr=fd, start_new_session=True)
     finally:
         os.close(fd)
     job = jobs.Job(proc.pid, run_id)
@@ -155,8 +176,9 @@ def wait_ready(proc: subprocess.Popen, url: str, timeout: float) -> str | None:
             shown += 1
             print(f"{shown}s" if shown % 10 == 0 else ".", end="", file=sys.stderr, flush=True)
         time.sleep(0.3)
-    print(f" {'ready' if reason is None else 'failed'} after {time.monotonic() - t0:.1f} s",
-          file=sys.stderr, flush=True)
+    print(
+        f" {'ready' if reason is None else 'failed'} after {time.monotonic() - t0:.1f} s", file=sys.stderr, flush=True
+    )
     return reason
 
 
@@ -172,7 +194,8 @@ def _tail(path: Path, n: int) -> list[str]:
 def report_failure(reason: str, log_dir: Path) -> None:
     print(f"start_server: error: {reason}", file=sys.stderr)
     logs = [(log_dir / "server.log", TAIL_LINES)] + [
-        (p, 10) for p in sorted(log_dir.glob("workerlog.*")) if not p.is_symlink()]
+        (p, 10) for p in sorted(log_dir.glob("workerlog.*")) if not p.is_symlink()
+    ]
     for path, n in logs:
         lines = _tail(path, n)
         if lines:
@@ -184,33 +207,39 @@ def report_failure(reason: str, log_dir: Path) -> None:
 def print_endpoints(cfg: ServeConfig, job: jobs.Job, log_dir: Path) -> None:
     h = _client_host(cfg.host)
     if cfg.mp_nnode > 1 and h != cfg.host:
-        h = node_order(cfg)[0]          # several nodes: clients elsewhere reach the master's address
+        h = node_order(cfg)[0]  # several nodes: clients elsewhere reach the master's address
     where = " (listening on all interfaces)" if h != cfg.host else ""
     lines = [f"spmd_serve is ready: {cfg.mp_num} rank(s), model {cfg.model_dir or 'built-in demo'}{where}"]
     if cfg.http_port != -1:
-        lines += [f"  native HTTP:  POST http://{h}:{cfg.http_port}/v1/chat/completions",
-                  f"  OpenAI:       base_url=http://{h}:{cfg.http_port}/v1"]
+        lines += [
+            f"  native HTTP:  POST http://{h}:{cfg.http_port}/v1/chat/completions",
+            f"  OpenAI:       base_url=http://{h}:{cfg.http_port}/v1",
+        ]
     if cfg.grpc_port != -1:
         lines.append(f"  gRPC:         {h}:{cfg.grpc_port} (model 'model')")
-    lines += [f"  health:       http://{h}:{cfg.health_port}/v2/health/ready",
-              f"  metrics:      http://{h}:{cfg.metrics_port}/metrics",
-              f"  logs:         {log_dir}/server.log, workerlog.<rank>; pid file {jobs.pid_path(log_dir)} "
-              f"(mpirun pid {job.pid})",
-              "  stop with:    stop_server [timeout_s]"]
+    lines += [
+        f"  health:       http://{h}:{cfg.health_port}/v2/health/ready",
+        f"  metrics:      http://{h}:{cfg.metrics_port}/metrics",
+        f"  logs:         {log_dir}/server.log, workerlog.<rank>; pid file {jobs.pid_path(log_dir)} "
+        f"(mpirun pid {job.pid})",
+        "  stop with:    stop_server [timeout_s]",
+    ]
     print("\n".join(lines), flush=True)
 
 
 def start_background(env: dict[str, str], wait_timeout: float) -> int:
     cfg = load_config([], env)
     if cfg.mp_nnode > 1:
-        check_master_is_local(cfg)      # validates POD_IPS / POD_0_IP too
+        check_master_is_local(cfg)  # validates POD_IPS / POD_0_IP too
     log_dir = Path(cfg.log_dir).resolve()
     running = jobs.read_pid_file(log_dir)
     if running is not None:
         if jobs.job_processes(running):
-            raise StartError(f"a server started from LOG_DIR={log_dir} is already running (mpirun pid "
-                             f"{running.pid}); stop it with stop_server or use another LOG_DIR")
-        jobs.remove_pid_file(log_dir)   # stale: its job is gone
+            raise StartError(
+                f"a server started from LOG_DIR={log_dir} is already running (mpirun pid "
+                f"{running.pid}); stop it with stop_server or use another LOG_DIR"
+            )
+        jobs.remove_pid_file(log_dir)  # stale: its job is gone
     problems = busy_ports(cfg)
     if problems:
         raise StartError("; ".join(problems) + " (another server running? choose free ports)")
@@ -234,22 +263,25 @@ def start_background(env: dict[str, str], wait_timeout: float) -> int:
 def start_foreground(env: dict[str, str]) -> int:
     """Under mpirun: this process becomes one rank of the server."""
     cfg = load_config([], env)
-    node = mpi_rank(env) // cfg.ranks_per_node   # ranks fill nodes in order (mpirun's default)
+    node = mpi_rank(env) // cfg.ranks_per_node  # ranks fill nodes in order (mpirun's default)
     cfg = resolve_model(cfg, mode="master" if node == 0 else "slave")
     if cfg.model_dir:
         env["MODEL_DIR"] = cfg.model_dir
     cmd = spmd_serve_command()
     os.execvpe(cmd[0], cmd, env)
-    return 127   # not reached
+    return 127  # not reached
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="start_server", description=__doc__.splitlines()[0],
-                                 epilog="Configuration: the environment variables of CONTRACT §2 "
-                                        "(see `spmd_serve --help`).")
+    ap = argparse.ArgumentParser(
+        prog="start_server",
+        description=__doc__.splitlines()[0],
+        epilog="Configuration: the environment variables of CONTRACT §2 (see `spmd_serve --help`).",
+    )
     ap.add_argument("model_name", nargs="?", help="download (if needed) and serve $MODEL_DIR/<model_name>")
-    ap.add_argument("--wait-timeout", type=float, default=1800.0,
-                    help="seconds to wait for /v2/health/ready (default 1800)")
+    ap.add_argument(
+        "--wait-timeout", type=float, default=1800.0, help="seconds to wait for /v2/health/ready (default 1800)"
+    )
     args = ap.parse_args(argv)
     env = dict(os.environ)
     if args.model_name:

@@ -5,6 +5,7 @@ the workers and are indexed with the slot numbers computed here (`slot`).  Block
 between requests (no prefix caching), which keeps the invariants simple enough to check after
 every step in tests.
 """
+
 from __future__ import annotations
 
 from collections.abc import Iterable
@@ -17,8 +18,7 @@ class BlockManager:
 
     def __init__(self, num_blocks: int, block_size: int) -> None:
         if num_blocks < 1 or block_size < 1:
-            raise ValueError(
-                f"num_blocks({num_blocks}) and block_size({block_size}) must both be >= 1")
+            raise ValueError(f"num_blocks({num_blocks}) and block_size({block_size}) must both be >= 1")
         self.num_blocks = num_blocks
         self.block_size = block_size
         # Stack with block 0 on top: LIFO reuse hands back recently freed (cache-warm) blocks
@@ -67,8 +67,10 @@ class BlockManager:
         """Flat cache slot of token `position` of `request` (what the workers write K/V into)."""
         block, offset = divmod(position, self.block_size)
         if position < 0 or block >= len(request.block_ids):
-            raise IndexError(f"position {position} of {request.req_id!r} is outside its "
-                             f"{len(request.block_ids)} blocks of {self.block_size}")
+            raise IndexError(
+                f"position {position} of {request.req_id!r} is outside its "
+                f"{len(request.block_ids)} blocks of {self.block_size}"
+            )
         return request.block_ids[block] * self.block_size + offset
 
     def check_invariants(self, requests: Iterable[Request]) -> None:
@@ -89,4 +91,5 @@ class BlockManager:
                 assert b not in free, f"block {b} owned by {request.req_id!r} is also free"
                 owner[b] = request.req_id
         assert len(free) + len(owner) == self.num_blocks, (
-            f"{len(free)} free + {len(owner)} owned != {self.num_blocks} blocks (leak)")
+            f"{len(free)} free + {len(owner)} owned != {self.num_blocks} blocks (leak)"
+        )

@@ -5,6 +5,7 @@ scheduler (which advances `num_computed_tokens`, appends sampled tokens, sets th
 block manager (which owns the contents of `block_ids`).  It holds no tensors: the K/V themselves
 live on the workers, addressed through `block_ids`.
 """
+
 from __future__ import annotations
 
 import enum
@@ -13,11 +14,11 @@ from spmd_serve.sampling_params import SamplingParams
 
 
 class RequestStatus(enum.Enum):
-    WAITING = enum.auto()           # queued, owns no blocks
-    RUNNING = enum.auto()           # admitted; owns blocks for its computed tokens (+ this step's)
-    PREEMPTED = enum.auto()         # evicted under block pressure; back in waiting, will recompute
+    WAITING = enum.auto()  # queued, owns no blocks
+    RUNNING = enum.auto()  # admitted; owns blocks for its computed tokens (+ this step's)
+    PREEMPTED = enum.auto()  # evicted under block pressure; back in waiting, will recompute
     FINISHED_STOPPED = enum.auto()  # sampled an eos id (after min_tokens)
-    FINISHED_LENGTH = enum.auto()   # hit max_tokens or max_model_len
+    FINISHED_LENGTH = enum.auto()  # hit max_tokens or max_model_len
     FINISHED_ABORTED = enum.auto()  # cancelled by the client / front end
 
     @property
@@ -30,11 +31,12 @@ class RequestStatus(enum.Enum):
         return _FINISH_REASON.get(self)
 
 
-_FINISHED = frozenset({RequestStatus.FINISHED_STOPPED, RequestStatus.FINISHED_LENGTH,
-                       RequestStatus.FINISHED_ABORTED})
-_FINISH_REASON = {RequestStatus.FINISHED_STOPPED: "stop",
-                  RequestStatus.FINISHED_LENGTH: "length",
-                  RequestStatus.FINISHED_ABORTED: "abort"}
+_FINISHED = frozenset({RequestStatus.FINISHED_STOPPED, RequestStatus.FINISHED_LENGTH, RequestStatus.FINISHED_ABORTED})
+_FINISH_REASON = {
+    RequestStatus.FINISHED_STOPPED: "stop",
+    RequestStatus.FINISHED_LENGTH: "length",
+    RequestStatus.FINISHED_ABORTED: "abort",
+}
 
 
 class Request:
@@ -45,8 +47,14 @@ class Request:
     token while running) still has to be fed to the model.
     """
 
-    def __init__(self, req_id: str, prompt_token_ids: list[int], params: SamplingParams,
-                 eos_token_ids: frozenset[int] = frozenset(), arrival_time: float = 0.0) -> None:
+    def __init__(
+        self,
+        req_id: str,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        eos_token_ids: frozenset[int] = frozenset(),
+        arrival_time: float = 0.0,
+    ) -> None:
         self.req_id = req_id
         # Copy so a caller reusing its list cannot change what we have already scheduled.
         self.prompt_token_ids: list[int] = list(prompt_token_ids)
@@ -90,6 +98,8 @@ class Request:
         self.finish_reason = status.finish_reason
 
     def __repr__(self) -> str:
-        return (f"Request({self.req_id!r}, status={self.status.name}, "
-                f"prompt={self.num_prompt_tokens}, output={self.num_output_tokens}, "
-                f"computed={self.num_computed_tokens}, blocks={len(self.block_ids)})")
+        return (
+            f"Request({self.req_id!r}, status={self.status.name}, "
+            f"prompt={self.num_prompt_tokens}, output={self.num_output_tokens}, "
+            f"computed={self.num_computed_tokens}, blocks={len(self.block_ids)})"
+        )

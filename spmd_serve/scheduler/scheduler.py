@@ -6,6 +6,7 @@ each step hands it `num_tokens - num_computed_tokens` more tokens (capped by a p
 That single rule covers prefill, chunked prefill, decode (one token: the last sampled one) and
 recompute after preemption, so there is no separate prefill/decode phase to keep in sync.
 """
+
 from __future__ import annotations
 
 from collections import deque
@@ -21,17 +22,23 @@ class QueueFullError(Exception):
 
 @dataclass
 class SchedulerConfig:
-    max_num_seqs: int            # BATCH_SIZE: most sequences running at once
-    num_blocks: int              # KV-cache blocks in the pool
-    block_size: int              # token slots per block
-    block_ratio: float           # BLOCK_RATIO: admit only while used blocks stay under this share
-    max_waiting: int             # MAX_CACHED_TASK_NUM: waiting-queue capacity
+    max_num_seqs: int  # BATCH_SIZE: most sequences running at once
+    num_blocks: int  # KV-cache blocks in the pool
+    block_size: int  # token slots per block
+    block_ratio: float  # BLOCK_RATIO: admit only while used blocks stay under this share
+    max_waiting: int  # MAX_CACHED_TASK_NUM: waiting-queue capacity
     max_num_batched_tokens: int  # tokens fed to the model per step; prefill is chunked to fit
-    max_model_len: int           # prompt + generated tokens never exceed this
+    max_model_len: int  # prompt + generated tokens never exceed this
 
     def __post_init__(self) -> None:
-        for name in ("max_num_seqs", "num_blocks", "block_size", "max_waiting",
-                     "max_num_batched_tokens", "max_model_len"):
+        for name in (
+            "max_num_seqs",
+            "num_blocks",
+            "block_size",
+            "max_waiting",
+            "max_num_batched_tokens",
+            "max_model_len",
+        ):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)!r}")
         if not self.block_ratio > 0:
@@ -41,14 +48,14 @@ class SchedulerConfig:
 @dataclass
 class ScheduledSeq:
     request: Request
-    start: int           # num_computed_tokens before this step = position of the first new token
+    start: int  # num_computed_tokens before this step = position of the first new token
     num_new_tokens: int
-    samples: bool        # chunk reaches the end of the known tokens, so one token is sampled
+    samples: bool  # chunk reaches the end of the known tokens, so one token is sampled
 
     @property
     def token_ids(self) -> list[int]:
         """The tokens to feed the model for this chunk."""
-        return self.request.all_token_ids[self.start:self.start + self.num_new_tokens]
+        return self.request.all_token_ids[self.start : self.start + self.num_new_tokens]
 
 
 @dataclass
@@ -94,19 +101,20 @@ class Scheduler:
         if total > cfg.max_model_len:
             raise ValueError(
                 f"prompt({request.num_prompt_tokens}) + max_dec_len({request.params.max_tokens})"
-                f" = {total} tokens exceeds max_model_len({cfg.max_model_len})")
+                f" = {total} tokens exceeds max_model_len({cfg.max_model_len})"
+            )
         need = self.block_manager.blocks_for(total)
         if need > cfg.num_blocks:
             # Admitting it could deadlock: even alone in the pool it would preempt itself forever.
             raise ValueError(
                 f"prompt({request.num_prompt_tokens}) + max_dec_len({request.params.max_tokens})"
                 f" = {total} tokens needs {need} blocks of {cfg.block_size}, more than the "
-                f"whole pool of {cfg.num_blocks}")
+                f"whole pool of {cfg.num_blocks}"
+            )
         if request.req_id in self._live:
             raise ValueError(f"request {request.req_id!r} is already queued or running")
         if len(self.waiting) >= cfg.max_waiting:
-            raise QueueFullError(
-                f"waiting queue is full ({len(self.waiting)} >= max_waiting {cfg.max_waiting})")
+            raise QueueFullError(f"waiting queue is full ({len(self.waiting)} >= max_waiting {cfg.max_waiting})")
         request.status = RequestStatus.WAITING
         self.waiting.append(request)
         self._live[request.req_id] = request
@@ -159,8 +167,7 @@ class Scheduler:
         # 2) Admit from the front of waiting.  Skipped after a preemption: the pool just proved
         #    too small, and re-admitting a victim in the same step would only thrash.
         limit = cfg.block_ratio * cfg.num_blocks
-        while (not out.preempted and self.waiting and budget > 0
-               and len(self.running) < cfg.max_num_seqs):
+        while not out.preempted and self.waiting and budget > 0 and len(self.running) < cfg.max_num_seqs:
             request = self.waiting[0]
             n = min(request.num_tokens - request.num_computed_tokens, budget)
             new_blocks = bm.blocks_for(request.num_computed_tokens + n) - len(request.block_ids)
@@ -211,11 +218,9 @@ class Scheduler:
     def _stop_status(self, request: Request, token: int) -> RequestStatus | None:
         params = request.params
         # Stop before length: an eos that is also the last allowed token reports "stop".
-        if (token in request.eos_token_ids and not params.ignore_eos
-                and request.num_output_tokens >= params.min_tokens):
+        if token in request.eos_token_ids and not params.ignore_eos and request.num_output_tokens >= params.min_tokens:
             return RequestStatus.FINISHED_STOPPED
-        if (request.num_output_tokens >= params.max_tokens
-                or request.num_tokens >= self.config.max_model_len):
+        if request.num_output_tokens >= params.max_tokens or request.num_tokens >= self.config.max_model_len:
             return RequestStatus.FINISHED_LENGTH
         return None
 
@@ -223,7 +228,11 @@ class Scheduler:
         """Test hook: block ownership is consistent and every queue holds what its name says."""
         assert len(self.running) <= self.config.max_num_seqs
         assert all(r.status is RequestStatus.RUNNING for r in self.running)
-        assert all(r.status in (RequestStatus.WAITING, RequestStatus.PREEMPTED)
-                   and not r.block_ids and r.num_computed_tokens == 0 for r in self.waiting)
+        assert all(
+            r.status in (RequestStatus.WAITING, RequestStatus.PREEMPTED)
+            and not r.block_ids
+            and r.num_computed_tokens == 0
+            for r in self.waiting
+        )
         assert len(self._live) == len(self.running) + len(self.waiting)
         self.block_manager.check_invariants([*self.running, *self.waiting])

@@ -3,11 +3,12 @@
 BLOCK_BS sizes the KV pool (CONTRACT §2); a pool that cannot fit in memory must fail at start
 with the largest value that fits, not later with an out-of-memory kill mid-request.
 """
+
 from __future__ import annotations
 
 import logging
 import math
-from typing import Mapping
+from collections.abc import Mapping
 
 import psutil
 
@@ -16,7 +17,7 @@ from spmd_serve.manifest import KVLayout, ManifestError
 from spmd_serve.served_config import ServedConfig, check_dtype_runnable
 
 log = logging.getLogger(__name__)
-MEMORY_FRACTION = 0.9      # of available memory per rank, leaving room for activations
+MEMORY_FRACTION = 0.9  # of available memory per rank, leaving room for activations
 
 
 def kv_bytes_per_block(kv: KVLayout | Mapping[str, int], block_size: int, kv_int8: bool = False) -> int:
@@ -35,13 +36,18 @@ def check_kv_fits(cfg, layout: KVLayout, ranks_on_node: int) -> None:
         fits = int(budget // (per_block * blocks_per_seq))
         raise ConfigError(
             f"BLOCK_BS={cfg.block_bs} needs {need / 2**30:.1f} GiB of KV cache per rank but only "
-            f"{budget / 2**30:.1f} GiB is available; the largest BLOCK_BS that fits is {fits}")
+            f"{budget / 2**30:.1f} GiB is available; the largest BLOCK_BS that fits is {fits}"
+        )
 
 
 # Settings of features that are not built yet, with the value that means "off": any other value is
 # refused at start-up (one line naming the variable) rather than silently ignored.
-NOT_BUILT = (("speculate_method", "none"), ("speculate_max_draft_token_num", 1),
-             ("speculate_max_ngram_size", 3), ("speculate_model_path", None))
+NOT_BUILT = (
+    ("speculate_method", "none"),
+    ("speculate_max_draft_token_num", 1),
+    ("speculate_max_ngram_size", 3),
+    ("speculate_model_path", None),
+)
 
 
 def check_supported(cfg) -> None:
@@ -51,18 +57,23 @@ def check_supported(cfg) -> None:
     for field, off in NOT_BUILT:
         value = getattr(cfg, field)
         if value != off:
-            raise ConfigError(f"{BY_FIELD[field].name}={value} is not built yet: speculative decoding "
-                              f"is not implemented in this version (unset it)")
+            raise ConfigError(
+                f"{BY_FIELD[field].name}={value} is not built yet: speculative decoding "
+                f"is not implemented in this version (unset it)"
+            )
     if cfg.http_workers > 1:
-        log.warning("PUSH_MODE_HTTP_WORKERS=%d: extra HTTP worker processes are not implemented yet; "
-                    "serving with one IO thread", cfg.http_workers)
+        log.warning(
+            "PUSH_MODE_HTTP_WORKERS=%d: extra HTTP worker processes are not implemented yet; "
+            "serving with one IO thread",
+            cfg.http_workers,
+        )
 
 
 def check_served_model(model_config: dict) -> None:
     """What `spmd_serve export` recorded in config.json must be runnable by this build (CONTRACT §7)."""
     served = model_config.get("spmd_serve")
     if served is None:
-        return   # not written by `spmd_serve export`: the rank folders' manifests are checked when read
+        return  # not written by `spmd_serve export`: the rank folders' manifests are checked when read
     try:
         record = ServedConfig.from_json(served)
     except ManifestError as e:

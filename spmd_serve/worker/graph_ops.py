@@ -3,6 +3,7 @@
 A graph that calls `spmd_allreduce`, `spmd_decode_attention` or `spmd_linear[_int8]` loads only once
 the op library is registered; the manifest lists the ops a rank's graphs call (`custom_ops`).
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -19,8 +20,10 @@ def register_graph_ops(manifest: Manifest, rank_dir: Path) -> None:
 
     reason = paddle_ext.unavailable()
     if reason is not None:
-        raise ConfigError(f"{rank_dir} uses the C++ graph ops {', '.join(manifest.custom_ops)}, which need "
-                          f"the op library: {reason}; install what it names or re-export with --graph-ops paddle")
+        raise ConfigError(
+            f"{rank_dir} uses the C++ graph ops {', '.join(manifest.custom_ops)}, which need "
+            f"the op library: {reason}; install what it names or re-export with --graph-ops paddle"
+        )
 
 
 def graph_allreduce_clock(manifest: Manifest):

@@ -7,9 +7,10 @@ written in place after the graph ran, addressed by slot (block * block_size + of
 touches only the slots it writes and the blocks it attends to — never the whole pool.  How a
 layout's entries are written is its kind's writer (`WRITERS`): a new layout kind adds one.
 """
+
 from __future__ import annotations
 
-from typing import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -23,19 +24,23 @@ class KVCachePool:
     kernels (q = clip(rint(x / scale[head]), ±127), read back as q * scale[head]).
     `pool.<tensor>[layer]` is one layer's array of a cache tensor, e.g. `pool.k[0]`."""
 
-    def __init__(self, layout: KVLayout, num_blocks: int, block_size: int,
-                 kv_scales: Mapping[str, Sequence] | None = None) -> None:
+    def __init__(
+        self, layout: KVLayout, num_blocks: int, block_size: int, kv_scales: Mapping[str, Sequence] | None = None
+    ) -> None:
         self.layout, self.num_blocks, self.block_size = layout, num_blocks, block_size
         dtype = np.float32 if kv_scales is None else np.int8
         # np.zeros maps lazily: untouched blocks cost no resident memory.
         self.caches: dict[str, list[np.ndarray]] = {
             t.name: [np.zeros((num_blocks, block_size, *t.token_shape), dtype) for _ in range(layout.num_layers)]
-            for t in layout.tensors}
+            for t in layout.tensors
+        }
         self.scales: dict[str, list[np.ndarray]] | None = None
         if kv_scales is not None:
-            self.scales = {t: [np.ascontiguousarray(kv_scales[t][layer], np.float32)
-                               for layer in range(layout.num_layers)] for t in layout.names()}
-        self._arrays: dict[str, np.ndarray] = {}   # graph input name → array
+            self.scales = {
+                t: [np.ascontiguousarray(kv_scales[t][layer], np.float32) for layer in range(layout.num_layers)]
+                for t in layout.names()
+            }
+        self._arrays: dict[str, np.ndarray] = {}  # graph input name → array
         for layer in range(layout.num_layers):
             self._arrays.update(zip(layout.cache_inputs(layer), (self.caches[t][layer] for t in layout.names())))
             if self.scales is not None:

@@ -11,13 +11,14 @@ page-faults in again and is zeroed by the kernel.  At batch 32 that was most of 
 `MALLOC_KEEP_BYTES` of freed heap mapped, so steady-state steps reuse the same pages.
 `SPMD_MALLOC_TUNING=0` leaves glibc's defaults (e.g. to compare, or under another allocator).
 """
+
 from __future__ import annotations
 
 import ctypes
 import ctypes.util
 
-M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3     # glibc <malloc.h>
-MMAP_THRESHOLD_MAX = 32 << 20                    # glibc refuses more on 64-bit (HEAP_MAX_SIZE / 2)
+M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # glibc <malloc.h>
+MMAP_THRESHOLD_MAX = 32 << 20  # glibc refuses more on 64-bit (HEAP_MAX_SIZE / 2)
 MALLOC_KEEP_BYTES = 1 << 30
 
 
@@ -26,7 +27,7 @@ def tune_malloc() -> bool:
     name = ctypes.util.find_library("c")
     try:
         mallopt = ctypes.CDLL(name).mallopt
-    except (OSError, AttributeError, TypeError):   # not glibc (musl, macOS): no mallopt
+    except (OSError, AttributeError, TypeError):  # not glibc (musl, macOS): no mallopt
         return False
     mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
     return bool(mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD_MAX) and mallopt(M_TRIM_THRESHOLD, MALLOC_KEEP_BYTES))

@@ -7,6 +7,7 @@ What a rank loads is its `manifest.json` (spmd_serve/manifest.py): the segments 
 pool (worker/kv_cache.py), and whether its graphs need our C++ op library (worker/graph_ops.py).
 Identical on every rank; only the collective results differ by rank.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -32,20 +33,31 @@ def read_rank_manifest(rank_dir: Path, kv_int8: bool = False) -> Manifest:
     except ManifestError as e:
         raise ConfigError(str(e)) from None
     if kv_int8 and not manifest.has_kv_int8:
-        raise ConfigError(f"USE_CACHE_KV_INT8=1: {rank_dir} has no int8-KV graphs and scales "
-                          "(exported without them); re-export the model with `spmd_serve export`")
+        raise ConfigError(
+            f"USE_CACHE_KV_INT8=1: {rank_dir} has no int8-KV graphs and scales "
+            "(exported without them); re-export the model with `spmd_serve export`"
+        )
     return manifest
 
 
 class ModelRunner:
     """One rank's loaded shard: its segments, its KV pool and the timing of each step's parts."""
 
-    def __init__(self, model_dir: str | Path, rank: int, comm, num_blocks: int, block_size: int,
-                 num_threads: int = 1, kv_int8: bool = False, onednn: int | None = None,
-                 malloc_tuning: bool = True) -> None:
+    def __init__(
+        self,
+        model_dir: str | Path,
+        rank: int,
+        comm,
+        num_blocks: int,
+        block_size: int,
+        num_threads: int = 1,
+        kv_int8: bool = False,
+        onednn: int | None = None,
+        malloc_tuning: bool = True,
+    ) -> None:
         """`onednn`: SPMD_ONEDNN_MIN_TOKENS (None: automatic); `malloc_tuning`: SPMD_MALLOC_TUNING."""
         if malloc_tuning:
-            tune_malloc()   # before the first step: intermediates reuse heap pages
+            tune_malloc()  # before the first step: intermediates reuse heap pages
         rank_dir = Path(model_dir) / f"rank_{rank}"
         self.manifest = manifest = read_rank_manifest(rank_dir, kv_int8)
         self.dims, self.comm = manifest.dims, comm
@@ -53,8 +65,10 @@ class ModelRunner:
         self._graph_allreduce_seconds = graph_allreduce_clock(manifest)
         specs = manifest.specs(kv_int8)
         self.onednn_min_tokens = onednn_min_tokens(rank_dir, specs, onednn)
-        self.segments = [LoadedSegment(rank_dir, spec, num_threads, manifest.quant is not None, self.onednn_min_tokens)
-                         for spec in specs]
+        self.segments = [
+            LoadedSegment(rank_dir, spec, num_threads, manifest.quant is not None, self.onednn_min_tokens)
+            for spec in specs
+        ]
         # where `execute` goes (engine/step_stats.py reads it): each segment, collectives, KV writes
         self.segment_keys = [f"segment_{i}" for i in range(len(self.segments))]
         self.timings = PhaseTimer([*self.segment_keys, "allreduce", "gather_logits", "kv_write"])
@@ -75,7 +89,7 @@ class ModelRunner:
             return None
         logits = np.empty((plan.num_seqs, parts[0].shape[1]), np.float32)
         for g, part in zip(groups, parts):
-            logits[g] = part                                                 # back to plan order
+            logits[g] = part  # back to plan order
         return logits
 
     def _execute(self, plan: StepPlan) -> np.ndarray | None:
@@ -86,23 +100,23 @@ class ModelRunner:
             with timer.phase(key):
                 reduced = clock() if clock is not None else 0.0
                 out = seg.run(feeds, decode)
-            if clock is not None:   # the graph's own all-reduces count as allreduce, not segment
+            if clock is not None:  # the graph's own all-reduces count as allreduce, not segment
                 reduced = clock() - reduced
                 timer.add("allreduce", reduced)
                 timer.add(key, -reduced)
             with timer.phase("kv_write"):
-                for layer in seg.kv_layers:   # this layer's cache is read only by this segment: write now
+                for layer in seg.kv_layers:  # this layer's cache is read only by this segment: write now
                     names = self.pool.layout.new_outputs(layer)
-                    if names[0] in out:   # (a fused decode graph wrote it already)
+                    if names[0] in out:  # (a fused decode graph wrote it already)
                         self.pool.write(layer, plan.slot_mapping, *(out[n] for n in names))
             if seg.gathers_logits:
                 with timer.phase("gather_logits"):
                     logits = self.comm.gather_vocab(out["logits"])
             else:
-                with timer.phase("allreduce"):   # includes waiting for the slowest rank
-                    feeds["partial"] = self.comm.allreduce_(out["partial"])   # [T, H] sum of shards
+                with timer.phase("allreduce"):  # includes waiting for the slowest rank
+                    feeds["partial"] = self.comm.allreduce_(out["partial"])  # [T, H] sum of shards
                 if "hidden" in out:
                     feeds["hidden"] = out["hidden"]
         if logits is None:
             return None
-        return logits[:, : self.dims.vocab]                              # drop vocab padding
+        return logits[:, : self.dims.vocab]  # drop vocab padding

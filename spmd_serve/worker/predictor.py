@@ -7,6 +7,7 @@ copy of the rank's weights, so by default it is made only for ranks whose params
 `ONEDNN_AUTO_MAX_BYTES`.  SPMD_ONEDNN_MIN_TOKENS=N overrides (0: never, one plain predictor of the
 general graph per segment).
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -39,7 +40,7 @@ class Predictor:
         cfg.disable_glog_info()
         cfg.set_cpu_math_library_num_threads(num_threads)
         if onednn:
-            cfg.enable_mkldnn()   # primitives are cached per shape (measured: no re-creation cost per step)
+            cfg.enable_mkldnn()  # primitives are cached per shape (measured: no re-creation cost per step)
         elif hasattr(cfg, "disable_mkldnn"):
             cfg.disable_mkldnn()
         if quantised:
@@ -49,4 +50,4 @@ class Predictor:
         self.predictor = inference.create_predictor(cfg)
         self.inputs = {n: self.predictor.get_input_handle(n) for n in self.predictor.get_input_names()}
         self.outputs = [self.predictor.get_output_handle(n) for n in self.predictor.get_output_names()]
-        self.output_names: tuple[str, ...] = spec.outputs   # a decode graph may have fewer (no K/V to write)
+        self.output_names: tuple[str, ...] = spec.outputs  # a decode graph may have fewer (no K/V to write)

@@ -3,6 +3,7 @@
 The export traced it (export/segment.py: `GraphSegment`); here it is fed named host arrays and
 returns named outputs.  Its KV-cache inputs are bound once to the pool's zero-copy tensors.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -20,15 +21,15 @@ class LoadedSegment:
     plain one for the small steps — loading the segment's decode graph (spec.decode: single-token
     queries, no grid) when the export has one, since the oneDNN predictor runs small prefills."""
 
-    def __init__(self, rank_dir: Path, spec: SegmentSpec, num_threads: int, quantised: bool = False,
-                 onednn_min_tokens: int = 0) -> None:
+    def __init__(
+        self, rank_dir: Path, spec: SegmentSpec, num_threads: int, quantised: bool = False, onednn_min_tokens: int = 0
+    ) -> None:
         decode = spec.decode if onednn_min_tokens > 0 else None
         self.plain = Predictor(rank_dir, decode or spec, num_threads, quantised, onednn=False)
         self.plain_decode_only = decode is not None
-        self.batched = (Predictor(rank_dir, spec, num_threads, quantised, onednn=True)
-                        if onednn_min_tokens > 0 else None)
+        self.batched = Predictor(rank_dir, spec, num_threads, quantised, onednn=True) if onednn_min_tokens > 0 else None
         self.min_tokens = onednn_min_tokens
-        self.inputs: list[str] = list(dict.fromkeys(spec.inputs + (decode or spec).inputs))   # of either graph
+        self.inputs: list[str] = list(dict.fromkeys(spec.inputs + (decode or spec).inputs))  # of either graph
         self.outputs: tuple[str, ...] = spec.outputs
         self.kv_layers: tuple[int, ...] = spec.kv_layers
         self.gathers_logits = spec.gathers_logits

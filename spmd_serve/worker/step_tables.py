@@ -12,6 +12,7 @@ Shapes: T tokens this step, B sequences, S = longest query of the pass, P = past
     past_index   [B, kvh, P, 3] int64      (block, offset, kv head) of each past slot, head-major
     attn_mask    [B, 1, S, P + S] f32      additive: past below ctx_len; new tokens causal and real
 """
+
 from __future__ import annotations
 
 import math
@@ -31,12 +32,12 @@ def rope_tables(positions: np.ndarray, inv_freq: np.ndarray, dims: ShardDims) ->
     * q heads carry the attention scale 1/sqrt(d) (exact for d a power of 4, e.g. 64);
     * v heads get cos = 1, sin = 0: passed through unchanged (x * 1 + y * 0 = x exactly)."""
     nh, kvh, d = dims.heads, dims.kv_heads, dims.head_dim
-    kind = np.repeat([0, 1, 2], [nh, kvh, kvh])                                             # q, k, v per head
+    kind = np.repeat([0, 1, 2], [nh, kvh, kvh])  # q, k, v per head
     mult = np.where(kind == 0, 1.0 / math.sqrt(d), np.where(kind == 1, 1.0, 0.0)).astype(np.float32)[:, None]
-    sign = np.where(np.arange(d) < d // 2, -1.0, 1.0).astype(np.float32)                    # [d]
-    freqs = positions.astype(np.float32)[:, None] * np.asarray(inv_freq, np.float32)[None, :]   # [T, d/2]
-    emb = np.concatenate([freqs, freqs], axis=-1)[:, None, :]                                # [T, 1, d]
-    cos = np.cos(emb) * mult + (kind == 2).astype(np.float32)[:, None]                      # [T, heads, d]
+    sign = np.where(np.arange(d) < d // 2, -1.0, 1.0).astype(np.float32)  # [d]
+    freqs = positions.astype(np.float32)[:, None] * np.asarray(inv_freq, np.float32)[None, :]  # [T, d/2]
+    emb = np.concatenate([freqs, freqs], axis=-1)[:, None, :]  # [T, 1, d]
+    cos = np.cos(emb) * mult + (kind == 2).astype(np.float32)[:, None]  # [T, heads, d]
     sin = np.sin(emb) * (mult * sign)
     return cos, sin
 
@@ -55,9 +56,9 @@ def past_index(block_tables: np.ndarray, block_size: int, kvh: int) -> np.ndarra
 
 def attn_mask(ctx_lens: np.ndarray, query_lens: np.ndarray, p: int, s: int) -> np.ndarray:
     """[B, 1, S, P + S] additive mask: 0 where a query row may attend, NEG_INF elsewhere."""
-    past_ok = np.arange(p)[None, :] < ctx_lens[:, None]                                    # [B, P]
+    past_ok = np.arange(p)[None, :] < ctx_lens[:, None]  # [B, P]
     ar = np.arange(s)
-    cur_ok = (ar[None, :] <= ar[:, None])[None] & (ar[None, :] < query_lens[:, None])[:, None]   # [B, S, S]
+    cur_ok = (ar[None, :] <= ar[:, None])[None] & (ar[None, :] < query_lens[:, None])[:, None]  # [B, S, S]
     ok = np.concatenate([np.broadcast_to(past_ok[:, None, :], (len(ctx_lens), s, p)), cur_ok], axis=2)
     return np.where(ok, np.float32(0), np.float32(NEG_INF))[:, None]
 
@@ -66,9 +67,16 @@ def step_feeds(plan, dims: ShardDims, inv_freq: np.ndarray, block_size: int, nam
     """The graph inputs in `names` for a plan (anything with StepPlan's arrays): the plan's own
     arrays, the grid indices (protocol.grid_indices) and the tables above, each computed once."""
     pad_index, unpad_index, logits_index = grid_indices(plan.query_lens)
-    feeds = {"input_ids": plan.input_ids, "positions": plan.positions, "pad_index": pad_index,
-             "unpad_index": unpad_index, "block_tables": plan.block_tables, "ctx_lens": plan.ctx_lens,
-             "query_lens": plan.query_lens, "logits_index": logits_index}
+    feeds = {
+        "input_ids": plan.input_ids,
+        "positions": plan.positions,
+        "pad_index": pad_index,
+        "unpad_index": unpad_index,
+        "block_tables": plan.block_tables,
+        "ctx_lens": plan.ctx_lens,
+        "query_lens": plan.query_lens,
+        "logits_index": logits_index,
+    }
     names = set(names)
     if "slot_mapping" in names:
         feeds["slot_mapping"] = plan.slot_mapping
@@ -79,6 +87,7 @@ def step_feeds(plan, dims: ShardDims, inv_freq: np.ndarray, block_size: int, nam
     if "past_index" in names:
         feeds["past_index"] = past_index(plan.block_tables, block_size, dims.kv_heads)
     if "attn_mask" in names:
-        feeds["attn_mask"] = attn_mask(plan.ctx_lens, plan.query_lens, plan.block_tables.shape[1] * block_size,
-                                       pad_index.shape[1])
+        feeds["attn_mask"] = attn_mask(
+            plan.ctx_lens, plan.query_lens, plan.block_tables.shape[1] * block_size, pad_index.shape[1]
+        )
     return feeds

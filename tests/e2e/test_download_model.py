@@ -1,6 +1,7 @@
 """`download_model` against a published model tree on a loopback HTTP server (CONTRACT §7): full
 download, resume after a dropped connection and from a leftover `.part`, md5 mismatch caught, an
 unknown model refused; then `start_server <model_name>` serves what was downloaded."""
+
 from __future__ import annotations
 
 import hashlib
@@ -35,7 +36,7 @@ class ModelSite(http.server.ThreadingHTTPServer):
 class _Handler(http.server.BaseHTTPRequestHandler):
     server: ModelSite
 
-    def log_message(self, *_args) -> None:   # keep the test output clean
+    def log_message(self, *_args) -> None:  # keep the test output clean
         pass
 
     def do_GET(self) -> None:
@@ -65,15 +66,18 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         cut = self.server.drop.pop(rel, None)
         self.wfile.write(body if cut is None else body[:cut])
         if cut is not None:
-            self.close_connection = True   # the client sees a short body: a dropped connection
+            self.close_connection = True  # the client sees a short body: a dropped connection
 
 
 def publish(model_dir: Path, root: Path, name: str) -> dict[str, str]:
     """Lay `model_dir` out as `<root>/<name>/model/` with its file_list.txt; returns path -> md5."""
     folder = root / name / "model"
     shutil.copytree(model_dir, folder)
-    md5 = {p.relative_to(folder).as_posix(): hashlib.md5(p.read_bytes()).hexdigest()
-           for p in sorted(folder.rglob("*")) if p.is_file()}
+    md5 = {
+        p.relative_to(folder).as_posix(): hashlib.md5(p.read_bytes()).hexdigest()
+        for p in sorted(folder.rglob("*"))
+        if p.is_file()
+    }
     (folder / "file_list.txt").write_text("".join(f"{k}:{v}\n" for k, v in md5.items()))
     return md5
 
@@ -109,10 +113,11 @@ def test_full_download(site, tmp_path):
     res = download(site, tmp_path)
     assert res.returncode == 0, res.stderr
     assert_complete(site, tmp_path / MODEL)
-    assert f"{len(site.md5)} files from {site.base}/{MODEL}/model" in res.stderr   # progress lines
-    again = download(site, tmp_path)        # already there: verified, nothing fetched again
-    assert again.returncode == 0 and not [r for r in site.requests[len(site.md5) + 1:]
-                                          if not r[0].endswith("file_list.txt")]
+    assert f"{len(site.md5)} files from {site.base}/{MODEL}/model" in res.stderr  # progress lines
+    again = download(site, tmp_path)  # already there: verified, nothing fetched again
+    assert again.returncode == 0 and not [
+        r for r in site.requests[len(site.md5) + 1 :] if not r[0].endswith("file_list.txt")
+    ]
 
 
 def test_dropped_connection_is_resumed_with_range(site, tmp_path):
@@ -122,7 +127,7 @@ def test_dropped_connection_is_resumed_with_range(site, tmp_path):
     res = download(site, tmp_path)
     assert res.returncode == 0, res.stderr
     first, second = [r[1] for r in site.requests if r[0] == f"{MODEL}/model/{big}"]
-    assert first is None and 0 < int(RANGE.match(second).group(1)) <= size // 3   # resumed, not restarted
+    assert first is None and 0 < int(RANGE.match(second).group(1)) <= size // 3  # resumed, not restarted
     assert "resuming" in res.stderr
     assert_complete(site, tmp_path / MODEL)
 
@@ -132,7 +137,7 @@ def test_leftover_part_file_is_resumed(site, tmp_path):
     data = (site.root / MODEL / "model" / big).read_bytes()
     part = tmp_path / MODEL / (big + ".part")
     part.parent.mkdir(parents=True)
-    part.write_bytes(data[:1000])            # what an interrupted earlier run left
+    part.write_bytes(data[:1000])  # what an interrupted earlier run left
     res = download(site, tmp_path)
     assert res.returncode == 0, res.stderr
     assert (f"{MODEL}/model/{big}", "bytes=1000-") in site.requests
@@ -143,14 +148,14 @@ def test_corrupted_file_is_caught_by_md5(site, tmp_path):
     big = biggest(site)
     served = site.root / MODEL / "model" / big
     data = bytearray(served.read_bytes())
-    data[len(data) // 2] ^= 0xFF              # the bucket now serves a damaged copy
+    data[len(data) // 2] ^= 0xFF  # the bucket now serves a damaged copy
     served.write_bytes(bytes(data))
     res = download(site, tmp_path)
     assert res.returncode == 1
     url = f"{site.base}/{MODEL}/model/{big}"
     assert "md5 mismatch" in res.stderr and url in res.stderr and str(tmp_path / MODEL / big) in res.stderr
     assert not (tmp_path / MODEL / big).exists() and not list((tmp_path / MODEL).rglob("*.part"))
-    assert (tmp_path / MODEL / ".downloading").exists()     # start_server will not serve it
+    assert (tmp_path / MODEL / ".downloading").exists()  # start_server will not serve it
 
 
 def test_unknown_model_name_is_refused(site, tmp_path):
@@ -158,7 +163,7 @@ def test_unknown_model_name_is_refused(site, tmp_path):
     assert res.returncode == 1
     assert "nobody/no-such-model" in res.stderr and "HTTP 404" in res.stderr
     assert f"{site.base}/nobody/no-such-model/model/file_list.txt" in res.stderr
-    assert res.stderr.count("\n") == 1                       # one line, no traceback
+    assert res.stderr.count("\n") == 1  # one line, no traceback
 
 
 @pytest.mark.mpi
@@ -170,8 +175,11 @@ def test_start_server_serves_the_downloaded_model(site, tmp_path):
         assert res.returncode == 0, res.stderr + res.stdout
         assert_complete(site, tmp_path / "models" / MODEL)
         assert str(tmp_path / "models" / MODEL) in res.stdout
-        r = requests.post(f"http://127.0.0.1:{env['SERVICE_HTTP_PORT']}/v1/chat/completions",
-                          json={"text": "Hello", "max_dec_len": 8}, timeout=60)
+        r = requests.post(
+            f"http://127.0.0.1:{env['SERVICE_HTTP_PORT']}/v1/chat/completions",
+            json={"text": "Hello", "max_dec_len": 8},
+            timeout=60,
+        )
         assert r.status_code == 200 and r.json()["tokens_all_num"] >= 1
         stop = run("stop_server", env=env, cwd=tmp_path, timeout=120)
         assert stop.returncode == 0 and processes_of(tmp_path / "log") == []
@@ -184,7 +192,7 @@ def test_parts_mtp_and_unsafe_file_lists(site, tmp_path):
     for bad in ("../evil:" + "0" * 32, "/etc/passwd:" + "0" * 32, "config.json:not-an-md5"):
         with pytest.raises(DownloadError, match="file_list.txt line 1"):
             parse_file_list(bad, "http://x/file_list.txt")
-    shutil.copytree(site.root / MODEL / "model", site.root / MODEL / "mtp")   # a draft model part
+    shutil.copytree(site.root / MODEL / "model", site.root / MODEL / "mtp")  # a draft model part
     dest = download_model(MODEL, tmp_path / "m", speculate_model_path=tmp_path / "draft", base=site.base)
     assert_complete(site, dest)
     assert_complete(site, tmp_path / "draft")

@@ -1,6 +1,7 @@
 """`start_server` / `stop_server` as an operator runs them (CONTRACT §1): real processes on loopback,
 from a clean directory; the original docs' streaming example answered; stop leaves no process, pid
 file or open port; a restart right after works; a busy port and a bad MP_NUM fail clearly."""
+
 from __future__ import annotations
 
 import contextlib
@@ -19,8 +20,15 @@ import pytest
 import requests
 
 from spmd_serve.launcher.jobs import rank_of
-from tests.support.launcher_process import (PORT_VARS, always_stopped, command, launcher_env, port_is_free,
-                                    processes_of, run)
+from tests.support.launcher_process import (
+    PORT_VARS,
+    always_stopped,
+    command,
+    launcher_env,
+    port_is_free,
+    processes_of,
+    run,
+)
 from tests.support.server_process import Stream, mpirun
 
 pytestmark = [pytest.mark.mpi, pytest.mark.timeout(600)]
@@ -45,7 +53,7 @@ def start_and_check(env: dict[str, str], cwd: Path) -> None:
     log_dir = Path(env["LOG_DIR"])
     assert f"http://127.0.0.1:{env['SERVICE_HTTP_PORT']}/v1/chat/completions" in res.stdout
     assert f":{env['HEALTH_HTTP_PORT']}/v2/health/ready" in res.stdout
-    assert "ready after" in res.stderr and "." in res.stderr.split("ready after")[0]   # progress shown
+    assert "ready after" in res.stderr and "." in res.stderr.split("ready after")[0]  # progress shown
     assert (log_dir / "server.pid").is_file()
     assert (log_dir / "workerlog.1").is_file() and (log_dir / "workerlog.0").resolve() == log_dir / "server.log"
     assert "ready:" in (log_dir / "server.log").read_text()
@@ -70,12 +78,12 @@ def test_start_request_stop_restart(served_tp2, tmp_path):
     with always_stopped(env, cwd):
         t0 = time.monotonic()
         start_and_check(env, cwd)
-        twice = run("start_server", env=env, cwd=cwd, timeout=60)   # same LOG_DIR: refused
+        twice = run("start_server", env=env, cwd=cwd, timeout=60)  # same LOG_DIR: refused
         assert twice.returncode == 1 and "already running" in twice.stderr
         stop_and_check(env, cwd)
         t1 = time.monotonic()
-        start_and_check(env, cwd)      # same ports, right after
-        assert (tmp_path / "log" / "prev" / "server.log").is_file()   # the first run's log is kept
+        start_and_check(env, cwd)  # same ports, right after
+        assert (tmp_path / "log" / "prev" / "server.log").is_file()  # the first run's log is kept
         stop_and_check(env, cwd, timeout="0")
         print(f"start+request+stop: {t1 - t0:.1f} s, again: {time.monotonic() - t1:.1f} s")
     res = run("stop_server", env=env, cwd=cwd)
@@ -89,7 +97,7 @@ def test_busy_port_fails_fast_naming_it(tmp_path):
         port = busy.getsockname()[1]
         env = launcher_env(tmp_path / "log", MP_NUM="2")
         del env["HEALTH_HTTP_PORT"]
-        env["HTTP_PORT"] = str(port)          # the legacy name of HEALTH_HTTP_PORT
+        env["HTTP_PORT"] = str(port)  # the legacy name of HEALTH_HTTP_PORT
         t0 = time.monotonic()
         res = run("start_server", env=env, cwd=tmp_path, timeout=60)
     assert res.returncode == 1 and time.monotonic() - t0 < 15
@@ -103,7 +111,7 @@ def test_failed_start_exits_nonzero_with_last_log_lines(served_tp2, tmp_path):
         res = run("start_server", env=env, cwd=tmp_path)
     assert res.returncode == 1
     assert "start_server: error: the server exited with status" in res.stderr
-    assert "last lines of" in res.stderr and "spmd_serve: error:" in res.stderr   # the rank's one line
+    assert "last lines of" in res.stderr and "spmd_serve: error:" in res.stderr  # the rank's one line
     assert "has no rank_2/" in res.stderr
     assert not (tmp_path / "log" / "server.pid").exists() and processes_of(tmp_path / "log") == []
 
@@ -148,24 +156,32 @@ def test_stop_with_nothing_running_and_with_a_stale_pid_file(tmp_path):
 def test_under_mpirun_runs_in_the_foreground(served_tp1, tmp_path):
     """`mpirun -n 1 start_server` (the original docs' multi-node form) becomes the server itself."""
     env = launcher_env(tmp_path / "log", MODEL_DIR=str(served_tp1), MP_NUM="1")
-    proc = subprocess.Popen(mpirun(1, *command("start_server")), env=env, cwd=tmp_path,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+    proc = subprocess.Popen(
+        mpirun(1, *command("start_server")),
+        env=env,
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
     try:
         deadline = time.monotonic() + 300
         while time.monotonic() < deadline and proc.poll() is None:
             try:
-                if requests.get(f"http://127.0.0.1:{env['HEALTH_HTTP_PORT']}/v2/health/ready",
-                                timeout=1).status_code == 200:
+                if (
+                    requests.get(f"http://127.0.0.1:{env['HEALTH_HTTP_PORT']}/v2/health/ready", timeout=1).status_code
+                    == 200
+                ):
                     break
             except requests.RequestException:
                 pass
             time.sleep(0.5)
         docs_stream_example(env["SERVICE_HTTP_PORT"])
-        assert not (tmp_path / "log" / "server.pid").exists()   # no background bookkeeping
+        assert not (tmp_path / "log" / "server.pid").exists()  # no background bookkeeping
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
         out = proc.communicate(timeout=60)[0].decode(errors="replace")
-    assert "ready:" in out    # rank output stayed on mpirun's stdout (foreground)
+    assert "ready:" in out  # rank output stayed on mpirun's stdout (foreground)
 
 
 def ready_status(env: dict[str, str]) -> int | str:
@@ -217,7 +233,7 @@ def test_a_killed_rank_takes_the_job_down_and_stop_server_says_why(served_tp2, t
         t0 = time.monotonic()
         while victim.is_running() and victim.status() != psutil.STATUS_ZOMBIE:
             time.sleep(0.01)
-        statuses = []        # (seconds after the kill, readiness) until the job is gone
+        statuses = []  # (seconds after the kill, readiness) until the job is gone
         while processes_of(log_dir) and time.monotonic() - t0 < 30:
             statuses.append((time.monotonic() - t0, ready_status(env)))
             time.sleep(0.05)

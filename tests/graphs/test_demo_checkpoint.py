@@ -1,4 +1,5 @@
 """Tests for spmd_serve.export.demo.checkpoint and the PaddleNLP reference model built from it."""
+
 from __future__ import annotations
 
 import json
@@ -9,11 +10,17 @@ import pytest
 import sentencepiece as spm
 from safetensors.numpy import load_file
 
-from spmd_serve.export.demo.checkpoint import (CHAT_MARKERS, PRESETS, make_config, train_tokenizer,
-                                        write_demo_checkpoint)
+from spmd_serve.export.demo.checkpoint import CHAT_MARKERS, PRESETS, make_config, train_tokenizer, write_demo_checkpoint
 
-FILES = ["config.json", "model.safetensors", "tokenizer.model", "sentencepiece.bpe.model",
-         "tokenizer_config.json", "special_tokens_map.json", "generation_config.json"]
+FILES = [
+    "config.json",
+    "model.safetensors",
+    "tokenizer.model",
+    "sentencepiece.bpe.model",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "generation_config.json",
+]
 
 
 @pytest.fixture(scope="session")
@@ -24,21 +31,29 @@ def tiny_ckpt(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def ref_model(tiny_ckpt: Path):
     from tests.support.paddlenlp_reference import load_reference_model
+
     return load_reference_model(tiny_ckpt)  # asserts no missing/unexpected keys itself
 
 
 def _expected_shapes(cfg: dict) -> dict[str, tuple[int, ...]]:
     h, inter, v = cfg["hidden_size"], cfg["intermediate_size"], cfg["vocab_size"]
     kv = cfg["num_key_value_heads"] * h // cfg["num_attention_heads"]
-    shapes = {"model.embed_tokens.weight": (v, h), "model.norm.weight": (h,),
-              "lm_head.weight": (v, h)}
+    shapes = {"model.embed_tokens.weight": (v, h), "model.norm.weight": (h,), "lm_head.weight": (v, h)}
     for i in range(cfg["num_hidden_layers"]):
         p = f"model.layers.{i}."
-        shapes.update({p + "self_attn.q_proj.weight": (h, h), p + "self_attn.k_proj.weight": (kv, h),
-                       p + "self_attn.v_proj.weight": (kv, h), p + "self_attn.o_proj.weight": (h, h),
-                       p + "mlp.gate_proj.weight": (inter, h), p + "mlp.up_proj.weight": (inter, h),
-                       p + "mlp.down_proj.weight": (h, inter), p + "input_layernorm.weight": (h,),
-                       p + "post_attention_layernorm.weight": (h,)})
+        shapes.update(
+            {
+                p + "self_attn.q_proj.weight": (h, h),
+                p + "self_attn.k_proj.weight": (kv, h),
+                p + "self_attn.v_proj.weight": (kv, h),
+                p + "self_attn.o_proj.weight": (h, h),
+                p + "mlp.gate_proj.weight": (inter, h),
+                p + "mlp.up_proj.weight": (inter, h),
+                p + "mlp.down_proj.weight": (h, inter),
+                p + "input_layernorm.weight": (h,),
+                p + "post_attention_layernorm.weight": (h,),
+            }
+        )
     return shapes
 
 
@@ -57,8 +72,7 @@ def test_files_and_config(tiny_ckpt: Path) -> None:
     assert tok_cfg["tokenizer_class"] == "LlamaTokenizer"
     assert tok_cfg["add_bos_token"] is False and tok_cfg["add_eos_token"] is False
     assert "{{ bos_token }}" in tok_cfg["chat_template"]
-    assert (tiny_ckpt / "tokenizer.model").read_bytes() == \
-        (tiny_ckpt / "sentencepiece.bpe.model").read_bytes()
+    assert (tiny_ckpt / "tokenizer.model").read_bytes() == (tiny_ckpt / "sentencepiece.bpe.model").read_bytes()
 
 
 def test_weight_names_shapes_and_scale(tiny_ckpt: Path) -> None:
@@ -89,8 +103,7 @@ def test_deterministic(tiny_ckpt: Path, tmp_path: Path) -> None:
     for name in FILES:
         assert (again / name).read_bytes() == (tiny_ckpt / name).read_bytes(), name
     other = write_demo_checkpoint(tmp_path / "other", "tiny", seed=1)
-    assert (other / "model.safetensors").read_bytes() != \
-        (tiny_ckpt / "model.safetensors").read_bytes()
+    assert (other / "model.safetensors").read_bytes() != (tiny_ckpt / "model.safetensors").read_bytes()
     # The tokenizer is independent of the weight seed.
     assert (other / "tokenizer.model").read_bytes() == (tiny_ckpt / "tokenizer.model").read_bytes()
 
@@ -113,21 +126,23 @@ PROMPTS = ["Hello world", "今天天气很好 🎉", "Tell me a short story abou
 
 def _prompt_ids(ckpt: Path, text: str) -> list[int]:
     from spmd_serve.frontend.text.tokenizer import ServingTokenizer
+
     return ServingTokenizer.from_model_dir(ckpt).encode_prompt(text=text)
 
 
 def test_reference_model_weights_loaded(tiny_ckpt: Path, ref_model) -> None:
     sd = ref_model.state_dict()
     w = load_file(str(tiny_ckpt / "model.safetensors"))
-    np.testing.assert_array_equal(sd["llama.embed_tokens.weight"].numpy(),
-                                  w["model.embed_tokens.weight"])
-    np.testing.assert_array_equal(sd["llama.layers.1.mlp.down_proj.weight"].numpy(),
-                                  w["model.layers.1.mlp.down_proj.weight"].T)
+    np.testing.assert_array_equal(sd["llama.embed_tokens.weight"].numpy(), w["model.embed_tokens.weight"])
+    np.testing.assert_array_equal(
+        sd["llama.layers.1.mlp.down_proj.weight"].numpy(), w["model.layers.1.mlp.down_proj.weight"].T
+    )
     np.testing.assert_array_equal(sd["lm_head.weight"].numpy(), w["lm_head.weight"].T)
 
 
 def test_reference_logit_scale(tiny_ckpt: Path, ref_model) -> None:
     from tests.support.paddlenlp_reference import reference_greedy
+
     stds = []
     for text in PROMPTS:
         _, logits = reference_greedy(ref_model, _prompt_ids(tiny_ckpt, text), 8)
@@ -139,6 +154,7 @@ def test_reference_logit_scale(tiny_ckpt: Path, ref_model) -> None:
 
 def test_reference_greedy_matches_generate(tiny_ckpt: Path, ref_model) -> None:
     from tests.support.paddlenlp_reference import reference_generate, reference_greedy
+
     saw_eos = False
     for text in PROMPTS:
         ids = _prompt_ids(tiny_ckpt, text)

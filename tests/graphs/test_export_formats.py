@@ -11,6 +11,7 @@
   architectures / rope scalings / activations, float16/bfloat16 on this CPU build (export and
   start-up), incomplete shard sets.
 """
+
 from __future__ import annotations
 
 import json
@@ -27,8 +28,9 @@ from tests.support.model_zoo import ARCHS, FORMATS, make_weights, write
 def sources():
     from tests.support.paddlenlp_reference import reference_from_weights
 
-    return {arch: (cfg, make_weights(cfg), reference_from_weights(cfg, make_weights(cfg)))
-            for arch, cfg in ARCHS.items()}
+    return {
+        arch: (cfg, make_weights(cfg), reference_from_weights(cfg, make_weights(cfg))) for arch, cfg in ARCHS.items()
+    }
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
@@ -41,8 +43,11 @@ def test_every_format_reads_back_the_same_weights(arch, fmt, sources, tmp_path):
     _, mc, got, source = load_checkpoint(ckpt)
     assert source["format"] == ("huggingface" if fmt.startswith("hf") else "paddlenlp")
     assert len(source["files"]) > 1 if fmt.endswith("sharded") else len(source["files"]) == 1
-    assert (mc.architecture, mc.attention_bias, mc.tie_word_embeddings) == \
-        (cfg["architectures"][0], arch.startswith("qwen2"), cfg["tie_word_embeddings"])
+    assert (mc.architecture, mc.attention_bias, mc.tie_word_embeddings) == (
+        cfg["architectures"][0],
+        arch.startswith("qwen2"),
+        cfg["tie_word_embeddings"],
+    )
     assert mc.rope_scaling == cfg.get("rope_scaling") and mc.rope_theta == cfg["rope_theta"]
     assert sorted(got) == sorted(weights)
     for name, arr in weights.items():
@@ -65,11 +70,11 @@ def test_bf16_and_f16_safetensors_read_as_float32(tmp_path):
     from spmd_serve.export.checkpoint import read_safetensors
 
     x = np.random.default_rng(0).standard_normal((3, 5)).astype(np.float32)
-    bf16 = (x.view(np.uint32) >> 16).astype(np.uint16)                    # truncation to bfloat16
+    bf16 = (x.view(np.uint32) >> 16).astype(np.uint16)  # truncation to bfloat16
     _write_st_raw(tmp_path / "m.safetensors", {"a": ("BF16", bf16), "b": ("F16", x.astype(np.float16))})
     got = read_safetensors(tmp_path / "m.safetensors")
     assert got["a"].dtype == np.float32 and np.array_equal(got["a"], (bf16.astype(np.uint32) << 16).view(np.float32))
-    assert np.abs(got["a"] - x).max() <= np.abs(x).max() * 2 ** -7
+    assert np.abs(got["a"] - x).max() <= np.abs(x).max() * 2**-7
     assert np.array_equal(got["b"], x.astype(np.float16).astype(np.float32))
 
 
@@ -86,9 +91,11 @@ def test_bfloat16_paddlenlp_checkpoints_read_exactly(tmp_path, safe):
     _, _, got, source = load_checkpoint(tmp_path)
     assert source["source_dtype"] == "bfloat16"
     want = model.state_dict()
-    for hf, pd, t in (("model.layers.1.self_attn.k_proj.weight", "qwen2.layers.1.self_attn.k_proj.weight", True),
-                      ("model.layers.0.self_attn.q_proj.bias", "qwen2.layers.0.self_attn.q_proj.bias", False),
-                      ("lm_head.weight", "lm_head.weight", True)):
+    for hf, pd, t in (
+        ("model.layers.1.self_attn.k_proj.weight", "qwen2.layers.1.self_attn.k_proj.weight", True),
+        ("model.layers.0.self_attn.q_proj.bias", "qwen2.layers.0.self_attn.q_proj.bias", False),
+        ("lm_head.weight", "lm_head.weight", True),
+    ):
         ref = want[pd].astype("float32").numpy()
         assert np.array_equal(got[hf], ref.T if t else ref), hf
 
@@ -101,8 +108,15 @@ def test_llama3_rope_scaling_equals_paddlenlp():
     cfg = ARCHS["llama3"]
     mc = ModelConfig.from_hf(cfg)
     s = cfg["rope_scaling"]
-    ref = Llama3RotaryEmbedding(mc.head_dim, 128, cfg["rope_theta"], s["factor"], s["low_freq_factor"],
-                                s["high_freq_factor"], s["original_max_position_embeddings"]).inv_freq.numpy()
+    ref = Llama3RotaryEmbedding(
+        mc.head_dim,
+        128,
+        cfg["rope_theta"],
+        s["factor"],
+        s["low_freq_factor"],
+        s["high_freq_factor"],
+        s["original_max_position_embeddings"],
+    ).inv_freq.numpy()
     ours, plain = mc.inv_freq(), ModelConfig.from_hf(dict(cfg, rope_scaling=None)).inv_freq()
     np.testing.assert_allclose(ours, ref, rtol=1e-6)
     ratio = plain / ours
@@ -110,6 +124,7 @@ def test_llama3_rope_scaling_equals_paddlenlp():
 
 
 # ---------------------------------------------------------------- refusals
+
 
 def _one_line_refusal(capsys, argv: list[str], *needles: str) -> str:
     from spmd_serve.export import main
@@ -121,8 +136,14 @@ def _one_line_refusal(capsys, argv: list[str], *needles: str) -> str:
     return err
 
 
-@pytest.mark.parametrize("files", [("model.pdmodel", "model.pdiparams"), ("model.json", "model.pdiparams"),
-                                   ("rank_0/inference.json", "rank_0/inference.pdiparams")])
+@pytest.mark.parametrize(
+    "files",
+    [
+        ("model.pdmodel", "model.pdiparams"),
+        ("model.json", "model.pdiparams"),
+        ("rank_0/inference.json", "rank_0/inference.pdiparams"),
+    ],
+)
 def test_paddlenlp_static_export_is_explained(tmp_path, capsys, files):
     ckpt = tmp_path / "static"
     (ckpt / "rank_0").mkdir(parents=True)
@@ -130,23 +151,33 @@ def test_paddlenlp_static_export_is_explained(tmp_path, capsys, files):
     (ckpt / "config.json").write_text(json.dumps(cfg))
     for f in files:
         (ckpt / f).write_bytes(b"\0")
-    err = _one_line_refusal(capsys, ["--checkpoint", str(ckpt), "--out", str(tmp_path / "out")],
-                            "PaddleNLP's static exporter", "fused GPU", files[0], "use_fused_rope")
+    err = _one_line_refusal(
+        capsys,
+        ["--checkpoint", str(ckpt), "--out", str(tmp_path / "out")],
+        "PaddleNLP's static exporter",
+        "fused GPU",
+        files[0],
+        "use_fused_rope",
+    )
     assert "fuse_attention_qkv" not in err and not (tmp_path / "out").exists()
 
 
 def test_served_directory_is_not_re_exported(tmp_path, capsys, served_tp1):
-    _one_line_refusal(capsys, ["--checkpoint", str(served_tp1), "--out", str(tmp_path / "o")],
-                      "already a served directory")
+    _one_line_refusal(
+        capsys, ["--checkpoint", str(served_tp1), "--out", str(tmp_path / "o")], "already a served directory"
+    )
 
 
-@pytest.mark.parametrize("change,needles", [
-    ({"architectures": ["MistralForCausalLM"]}, ["MistralForCausalLM", "LlamaForCausalLM", "Qwen2ForCausalLM"]),
-    ({"rope_scaling": {"rope_type": "yarn", "factor": 4.0}}, ["'yarn'", "llama3"]),
-    ({"hidden_act": "gelu"}, ["hidden_act='gelu'"]),
-    ({"use_sliding_window": True}, ["use_sliding_window"]),
-    ({"rope_scaling_type": "ntk"}, ["rope_scaling_type='ntk'"]),
-])
+@pytest.mark.parametrize(
+    "change,needles",
+    [
+        ({"architectures": ["MistralForCausalLM"]}, ["MistralForCausalLM", "LlamaForCausalLM", "Qwen2ForCausalLM"]),
+        ({"rope_scaling": {"rope_type": "yarn", "factor": 4.0}}, ["'yarn'", "llama3"]),
+        ({"hidden_act": "gelu"}, ["hidden_act='gelu'"]),
+        ({"use_sliding_window": True}, ["use_sliding_window"]),
+        ({"rope_scaling_type": "ntk"}, ["rope_scaling_type='ntk'"]),
+    ],
+)
 def test_unsupported_models_are_refused(tmp_path, capsys, change, needles):
     cfg = dict(ARCHS["llama2"], **change)
     write("hf", tmp_path / "ckpt", cfg, make_weights(ARCHS["llama2"]))
@@ -157,8 +188,12 @@ def test_incomplete_sharded_checkpoint_is_refused(tmp_path, capsys):
     cfg = ARCHS["qwen2_untied"]
     ckpt = write("hf_sharded", tmp_path / "ckpt", cfg, make_weights(cfg))
     (ckpt / "model-00002-of-00003.safetensors").unlink()
-    _one_line_refusal(capsys, ["--checkpoint", str(ckpt), "--out", str(tmp_path / "out")],
-                      "model-00002-of-00003.safetensors", "incomplete download")
+    _one_line_refusal(
+        capsys,
+        ["--checkpoint", str(ckpt), "--out", str(tmp_path / "out")],
+        "model-00002-of-00003.safetensors",
+        "incomplete download",
+    )
 
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
@@ -167,8 +202,12 @@ def test_half_dtypes_are_refused_on_the_cpu_build(tmp_path, capsys, dtype, demo_
 
     if paddle.is_compiled_with_cuda():
         pytest.skip("CPU build only")
-    _one_line_refusal(capsys, ["--checkpoint", str(demo_checkpoint), "--out", str(tmp_path / "out"), "--dtype", dtype],
-                      f"{dtype} needs a GPU build of Paddle", "use --dtype float32 on CPU")
+    _one_line_refusal(
+        capsys,
+        ["--checkpoint", str(demo_checkpoint), "--out", str(tmp_path / "out"), "--dtype", dtype],
+        f"{dtype} needs a GPU build of Paddle",
+        "use --dtype float32 on CPU",
+    )
     assert not (tmp_path / "out").exists()
 
 
@@ -180,7 +219,7 @@ def test_half_dtype_kernels_are_missing_on_cpu():
         pytest.skip("CPU build only")
     for dtype in ("float16", "bfloat16"):
         x = paddle.ones([2, 2], dtype="float32").astype(dtype)
-        with pytest.raises(Exception):
+        with pytest.raises(Exception):  # noqa: B017  (Paddle raises its own error types)
             paddle.matmul(x, x)
 
 
@@ -191,8 +230,11 @@ def test_startup_checks_what_the_export_recorded(served_tp1):
     cfg = json.loads((served_tp1 / "config.json").read_text())
     assert cfg["spmd_serve"]["dtype"] == "float32" and cfg["spmd_serve"]["source"]["format"] == "huggingface"
     check_served_model(cfg)
-    for change, needle in (({"dtype": "bfloat16"}, "needs a GPU build"), ({"format": 99}, "re-export"),
-                           ({"quant": "weight_only_int8"}, "weight_only_int8")):
+    for change, needle in (
+        ({"dtype": "bfloat16"}, "needs a GPU build"),
+        ({"format": 99}, "re-export"),
+        ({"quant": "weight_only_int8"}, "weight_only_int8"),
+    ):
         bad = dict(cfg, spmd_serve=dict(cfg["spmd_serve"], **change))
         if change.get("dtype") and __import__("paddle").is_compiled_with_cuda():
             continue

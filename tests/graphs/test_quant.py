@@ -7,6 +7,7 @@ and are 47 % of it): whole file int8 0.613 / int4 0.556 of fp32; the quantised l
 (int8 values + fp32 scales) 0.264 (int8) and 0.156 (int4, group 32) of their fp32 bytes: the ¼ and
 ⅛ plus the scales (4/in bytes per weight for int8, 4/group for int4).
 """
+
 from __future__ import annotations
 
 import json
@@ -27,15 +28,18 @@ def exports(tmp_path_factory):
     root = tmp_path_factory.mktemp("quant")
     cfg = ARCHS[ARCH]
     ckpt = write("hf", root / "ckpt", cfg, make_weights(cfg))
-    return {(q, tp): export_checkpoint(ckpt, root / f"{q}-{tp}", tp=tp, quant=q, quant_group=32, kv_int8=False)
-            for q in (None, "weight_only_int8", "weight_only_int4") for tp in (1, 2)}
+    return {
+        (q, tp): export_checkpoint(ckpt, root / f"{q}-{tp}", tp=tp, quant=q, quant_group=32, kv_int8=False)
+        for q in (None, "weight_only_int8", "weight_only_int4")
+        for tp in (1, 2)
+    }
 
 
 @pytest.mark.parametrize("method,group", (("weight_only_int8", None), ("weight_only_int4", 16)))
 def test_quantise_dequantise_roundtrip(method, group):
     from spmd_serve.export.quant import QMAX, QuantWeight, dequantize, hf_scales, quantize
 
-    w_hf = np.random.default_rng(0).standard_normal((24, 64)).astype(np.float32)   # HF [out, in]
+    w_hf = np.random.default_rng(0).standard_normal((24, 64)).astype(np.float32)  # HF [out, in]
     s_hf = hf_scales(w_hf, method, group)
     scale = s_hf if method == "weight_only_int8" else np.ascontiguousarray(s_hf.T)
     qw = QuantWeight(method, quantize(w_hf.T, scale, method, group), scale, group)
@@ -43,7 +47,7 @@ def test_quantise_dequantise_roundtrip(method, group):
     assert qw.q.nbytes == 64 * 24 // (1 if method == "weight_only_int8" else 2)
     back = dequantize(qw)
     step = np.repeat(scale, group, 0) if group else scale[None]
-    assert np.all(np.abs(back - w_hf.T) <= step / 2 + 1e-6)          # round to nearest, nothing clipped
+    assert np.all(np.abs(back - w_hf.T) <= step / 2 + 1e-6)  # round to nearest, nothing clipped
     assert np.abs(back / step).max() == pytest.approx(QMAX[method])  # the channel/group max uses the range
 
 
@@ -75,10 +79,21 @@ def test_quantised_embedding_gathers_owned_rows(method, group, rank):
     from spmd_serve.export.quant import dequantize, quantize_vocab
     from spmd_serve.manifest import ShardDims
 
-    table = np.random.default_rng(3).standard_normal((48, 64)).astype(np.float32)   # [V_local, H]
+    table = np.random.default_rng(3).standard_normal((48, 64)).astype(np.float32)  # [V_local, H]
     qw = quantize_vocab(table, method, group)
-    dims = ShardDims(tp=2, hidden=64, head_dim=16, num_layers=1, heads=2, kv_heads=1, intermediate=64,
-                     vocab=96, vocab_local=48, rms_norm_eps=1e-6, rope_theta=1e4)
+    dims = ShardDims(
+        tp=2,
+        hidden=64,
+        head_dim=16,
+        num_layers=1,
+        heads=2,
+        kv_heads=1,
+        intermediate=64,
+        vocab=96,
+        vocab_local=48,
+        rms_norm_eps=1e-6,
+        rope_theta=1e4,
+    )
     ids = np.array([0, 47, 48, 95, 50, 3], np.int64)
     got = EmbedStage({"embed": qw}, dims, rank)(None, {"input_ids": paddle.to_tensor(ids)})[0].numpy()
     local = ids - 48 * rank
@@ -110,26 +125,31 @@ def test_weight_memory_per_rank(exports, tp):
         shapes = quantised_shapes(dims)
         fp32 = rank_param_bytes(exports[None, tp], rank)
         quantisable = 4 * sum(i * o for i, o in shapes)
-        assert quantisable > 0.95 * fp32          # norms and biases are the rest
-        for q, stored in (("weight_only_int8", sum(i * o + 4 * o for i, o in shapes)),
-                          ("weight_only_int4", sum(i * o // 2 + 4 * (i // 32) * o for i, o in shapes))):
+        assert quantisable > 0.95 * fp32  # norms and biases are the rest
+        for q, stored in (
+            ("weight_only_int8", sum(i * o + 4 * o for i, o in shapes)),
+            ("weight_only_int4", sum(i * o // 2 + 4 * (i // 32) * o for i, o in shapes)),
+        ):
             size = rank_param_bytes(exports[q, tp], rank)
             assert abs((fp32 - size) - (quantisable - stored)) < 2048 * (2 * dims["num_layers"] + 2), (q, size)
             print(f"tp={tp} rank {rank} {q}: {size / fp32:.3f} of fp32 ({size} / {fp32} bytes)")
-        assert rank_param_bytes(exports["weight_only_int8", tp], rank) < 0.28 * fp32   # ¼ + scales (in=64)
-        assert rank_param_bytes(exports["weight_only_int4", tp], rank) < 0.17 * fp32   # ⅛ + scales (g=32)
+        assert rank_param_bytes(exports["weight_only_int8", tp], rank) < 0.28 * fp32  # ¼ + scales (in=64)
+        assert rank_param_bytes(exports["weight_only_int4", tp], rank) < 0.17 * fp32  # ⅛ + scales (g=32)
 
 
 def test_config_records_quant(exports):
     from spmd_serve.worker.capacity import check_served_model
 
-    for (q, tp), d in exports.items():
+    for (q, _tp), d in exports.items():
         served = json.loads((d / "config.json").read_text())
         check_served_model(served)
         rec = served["spmd_serve"]["quant"]
         assert rec == (None if q is None else json.loads((d / "rank_0" / "manifest.json").read_text())["quant"])
         if q is not None:
-            assert {"layers.*.down", "lm_head", "embed"} <= set(rec["tensors"]) and rec["unquantised"] == ["norms", "biases"]
+            assert {"layers.*.down", "lm_head", "embed"} <= set(rec["tensors"]) and rec["unquantised"] == [
+                "norms",
+                "biases",
+            ]
         if q == "weight_only_int4":
             assert rec["group_size"] == 32
 

@@ -1,13 +1,15 @@
 """Tensor-parallel sharding and exported graph segments, without MPI.
 
 Covers spmd_serve/export/segment.py and spmd_serve/worker/model_runner.py (the sharding rules
-and export errors are in tests/unit/test_sharding_rules.py): the tiny demo checkpoint is exported at tp = 1, 2 and 4 (4 >
+and export errors are in tests/unit/test_sharding_rules.py): the tiny demo checkpoint is exported at
+tp = 1, 2 and 4 (4 >
 its 2 KV heads, so KV heads are replicated) and every rank's segments are run in-process, with the
 collectives done by hand (partials summed = allreduce, logits concatenated = gather) and each
 rank's own paged KV pool written at the slot mapping, as ModelRunner.execute does.  A chunked
 prefill and several decode steps of 3 sequences must give the same logits at every tp (≤ 1e-4), the
 same cached K/V, and match a plain numpy Llama forward.
 """
+
 from __future__ import annotations
 
 import json
@@ -16,7 +18,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 
 # ---------------------------------------------------------------- in-process tensor parallelism
 
@@ -33,9 +34,17 @@ def make_plans() -> tuple[list, dict[int, list[int]], list[list[tuple[int, int]]
     from spmd_serve.scheduler.request import Request
     from spmd_serve.scheduler.scheduler import Scheduler, SchedulerConfig
 
-    sched = Scheduler(SchedulerConfig(max_num_seqs=4, num_blocks=NUM_BLOCKS, block_size=BLOCK_SIZE,
-                                      block_ratio=1.0, max_waiting=8, max_num_batched_tokens=24,
-                                      max_model_len=64))
+    sched = Scheduler(
+        SchedulerConfig(
+            max_num_seqs=4,
+            num_blocks=NUM_BLOCKS,
+            block_size=BLOCK_SIZE,
+            block_ratio=1.0,
+            max_waiting=8,
+            max_num_batched_tokens=24,
+            max_model_len=64,
+        )
+    )
     reqs = [Request(str(i), p, SamplingParams(max_tokens=5, min_tokens=5)) for i, p in enumerate(PROMPTS)]
     for r in reqs:
         sched.add_request(r)
@@ -63,10 +72,11 @@ class SimRank:
 
         rank_dir = model_dir / f"rank_{rank}"
         manifest = read_manifest(rank_dir)
-        register_graph_ops(manifest, rank_dir)   # the decode graph's fused attention
+        register_graph_ops(manifest, rank_dir)  # the decode graph's fused attention
         self.dims, self.inv_freq = manifest.dims, manifest.inv_freq_array
-        self.segments = [LoadedSegment(rank_dir, spec, 1, onednn_min_tokens=onednn_min_tokens)
-                         for spec in manifest.segments]
+        self.segments = [
+            LoadedSegment(rank_dir, spec, 1, onednn_min_tokens=onednn_min_tokens) for spec in manifest.segments
+        ]
         self.pool = KVCachePool(manifest.kv_cache, NUM_BLOCKS, BLOCK_SIZE)
         for seg in self.segments:
             seg.bind_cache(self.pool)
@@ -85,11 +95,11 @@ def run_step(ranks: list[SimRank], plan) -> np.ndarray:
         outs = [r.segments[k].run(f, decode) for r, f in zip(ranks, feeds)]
         for r, out in zip(ranks, outs):
             for layer in r.segments[k].kv_layers:
-                if f"k_new_{layer}" in out:   # a fused decode graph writes the pool itself
+                if f"k_new_{layer}" in out:  # a fused decode graph writes the pool itself
                     r.pool.write(layer, plan.slot_mapping, out[f"k_new_{layer}"], out[f"v_new_{layer}"])
         if ranks[0].segments[k].gathers_logits:
             assert k == num_segments - 1
-            logits = np.concatenate([o["logits"] for o in outs], axis=1)        # gather over vocab
+            logits = np.concatenate([o["logits"] for o in outs], axis=1)  # gather over vocab
             return logits[:, : ranks[0].dims.vocab]
         total = np.sum([o["partial"] for o in outs], axis=0, dtype=np.float32)  # allreduce
         for f, o in zip(feeds, outs):
@@ -115,8 +125,8 @@ def reference_logits(ckpt: Path, tokens: list[int]) -> np.ndarray:
     ang = np.arange(t)[:, None] * inv[None]
     cos, sin = np.cos(np.concatenate([ang, ang], 1)), np.sin(np.concatenate([ang, ang], 1))
 
-    def rope(x):                                                # [t, d]
-        return x * cos + np.concatenate([-x[:, d // 2:], x[:, : d // 2]], 1) * sin
+    def rope(x):  # [t, d]
+        return x * cos + np.concatenate([-x[:, d // 2 :], x[:, : d // 2]], 1) * sin
 
     h = w["model.embed_tokens.weight"][tokens]
     for layer in range(cfg["num_hidden_layers"]):
@@ -126,10 +136,10 @@ def reference_logits(ckpt: Path, tokens: list[int]) -> np.ndarray:
         heads = []
         for j in range(nh):
             g = j // (nh // kvh)
-            s = rope(q[:, j * d:(j + 1) * d]) @ rope(k[:, g * d:(g + 1) * d]).T / math.sqrt(d)
+            s = rope(q[:, j * d : (j + 1) * d]) @ rope(k[:, g * d : (g + 1) * d]).T / math.sqrt(d)
             s = np.where(np.tril(np.ones((t, t), bool)), s, -np.inf)
             pr = np.exp(s - s.max(-1, keepdims=True))
-            heads.append(pr / pr.sum(-1, keepdims=True) @ v[:, g * d:(g + 1) * d])
+            heads.append(pr / pr.sum(-1, keepdims=True) @ v[:, g * d : (g + 1) * d])
         h = h + np.concatenate(heads, 1) @ w[p + "self_attn.o_proj.weight"].T
         x = rms(h, w[p + "post_attention_layernorm.weight"])
         gate, up = x @ w[p + "mlp.gate_proj.weight"].T, x @ w[p + "mlp.up_proj.weight"].T
@@ -163,7 +173,7 @@ def test_exported_layout(served_tp4):
         m = json.loads((served_tp4 / f"rank_{r}" / "manifest.json").read_text())
         assert m["rank"] == r and m["dims"]["kv_heads"] == 1 and m["dims"]["heads"] == 1
         names = [s["name"] for s in m["segments"]]
-        assert names == [f"seg_{i}" for i in range(6)]                 # embed, 2×(attn, mlp), head
+        assert names == [f"seg_{i}" for i in range(6)]  # embed, 2×(attn, mlp), head
         assert [s["kv_layers"] for s in m["segments"]] == [[], [0], [], [1], [], []]
         assert m["segments"][-1]["outputs"] == ["logits"]
 
@@ -185,7 +195,7 @@ def test_decode_graphs_and_onednn_predictors_give_the_same_logits(tp_runs, serve
     ranks = [SimRank(Path(served_tp1 if tp == 1 else served_tp2_segments), r, onednn_min_tokens=5) for r in range(tp)]
     assert all(seg.plain_decode_only == bool(seg.kv_layers) for seg in ranks[0].segments)
     kinds = {(p.query_lens.max() == 1 and p.num_tokens < 5, p.num_tokens >= 5) for p in plans}
-    assert (True, False) in kinds and (False, True) in kinds            # both predictors ran
+    assert (True, False) in kinds and (False, True) in kinds  # both predictors ran
     for step, plan in enumerate(plans):
         got, want = run_step(ranks, plan), runs[1][0][step]
         assert np.abs(got - want).max() <= 1e-4, (step, np.abs(got - want).max())
@@ -200,8 +210,9 @@ def test_onednn_predictor_knob(served_tp1):
     auto = ModelRunner(served_tp1, 0, None, 4, BLOCK_SIZE, onednn=env_setting("onednn_min_tokens", {}))
     assert auto.onednn_min_tokens == 5 and auto.segments[0].batched is not None
     assert auto.segments[0].plain_decode_only
-    off = ModelRunner(served_tp1, 0, None, 4, BLOCK_SIZE,
-                      onednn=env_setting("onednn_min_tokens", {"SPMD_ONEDNN_MIN_TOKENS": "0"}))
+    off = ModelRunner(
+        served_tp1, 0, None, 4, BLOCK_SIZE, onednn=env_setting("onednn_min_tokens", {"SPMD_ONEDNN_MIN_TOKENS": "0"})
+    )
     assert off.segments[0].batched is None and not off.segments[0].plain_decode_only
     for bad in ("many", "-1"):
         with pytest.raises(ConfigError, match=f"SPMD_ONEDNN_MIN_TOKENS={bad} is invalid: must be an integer >= 0"):
@@ -216,18 +227,17 @@ def test_tp1_logits_equal_numpy_reference(tp_runs, demo_checkpoint):
     for step, (logits, step_rows) in enumerate(zip(runs[1][0], rows)):
         want = np.stack([ref[i][pos] for i, pos in step_rows])
         assert np.abs(logits - want).max() <= 1e-4, (step, np.abs(logits - want).max())
-        assert logits.std() > 1.0                                      # not a degenerate model
+        assert logits.std() > 1.0  # not a degenerate model
 
 
 @pytest.mark.parametrize("tp", [2, 4])
 def test_each_rank_caches_its_kv_heads(tp_runs, tp):
     _, _, _, runs = tp_runs
-    full = runs[1][1][0].pool                                          # [NB, bs, 2 kv heads, d]
+    full = runs[1][1][0].pool  # [NB, bs, 2 kv heads, d]
     assert np.abs(full.k[0]).max() > 0
     for r, rank in enumerate(runs[tp][1]):
-        head = r * 2 // tp                                             # 2 KV heads over tp ranks
+        head = r * 2 // tp  # 2 KV heads over tp ranks
         for layer in range(2):
             for mine, ref in ((rank.pool.k[layer], full.k[layer]), (rank.pool.v[layer], full.v[layer])):
                 assert mine.shape[2] == 1
-                assert np.abs(mine - ref[:, :, head:head + 1]).max() <= 1e-4
-
+                assert np.abs(mine - ref[:, :, head : head + 1]).max() <= 1e-4

@@ -1,5 +1,6 @@
 """`spmd_serve bench`: the metric math on synthetic timings (exact values), the runner with a stub
 request function, and the real client code against the in-process fake-engine Harness."""
+
 from __future__ import annotations
 
 import asyncio
@@ -15,7 +16,7 @@ from spmd_serve.bench.prompts import Prompt, synthetic_prompts
 from spmd_serve.bench.runner import arrival_times, phase_split, run_once, sweep
 from tests.support.fakes import OFFSET, FakeTokenizer
 
-PRINTABLE = (OFFSET + 33, OFFSET + 127)      # FakeTokenizer ids of '!'..'~': every id has text
+PRINTABLE = (OFFSET + 33, OFFSET + 127)  # FakeTokenizer ids of '!'..'~': every id has text
 
 
 def result(chunks: list[tuple[float, int]], latency: float, prompt_len: int = 4) -> RequestResult:
@@ -32,17 +33,18 @@ def test_request_ttft_and_per_token_itl():
     assert r.ttft == 0.5 and r.output_tokens == 5
     # one gap of 0.2 s, then a 3-token chunk 0.6 s later: three gaps of 0.2 s
     assert r.itl == pytest.approx([0.2, 0.2, 0.2, 0.2])
-    r.add_chunk(2.0, 0)                          # an empty chunk is no token
+    r.add_chunk(2.0, 0)  # an empty chunk is no token
     assert r.output_tokens == 5 and len(r.itl) == 4
 
 
 def test_calculate_metrics_exact():
     a = result([(0.1, 1), (0.2, 1), (0.3, 1), (0.4, 1), (0.5, 1)], latency=0.5, prompt_len=10)
     b = result([(0.3, 1), (0.9, 1)], latency=1.0, prompt_len=20)
-    c = result([(0.2, 1)], latency=0.2, prompt_len=30)       # one token: no TPOT
+    c = result([(0.2, 1)], latency=0.2, prompt_len=30)  # one token: no TPOT
     bad = RequestResult(error="HTTP 400: too long")
-    m = calculate_metrics([a, b, c, bad, RequestResult(error="HTTP 400: too long"),
-                           RequestResult(error="boom")], duration_s=2.0)
+    m = calculate_metrics(
+        [a, b, c, bad, RequestResult(error="HTTP 400: too long"), RequestResult(error="boom")], duration_s=2.0
+    )
     assert (m.completed, m.failed) == (3, 3)
     assert m.errors == ["HTTP 400: too long", "boom"]
     assert (m.total_input_tokens, m.total_output_tokens) == (60, 8)
@@ -75,15 +77,18 @@ def test_phase_split_per_step_and_per_handoff():
     before = {"phase:execute": 1.0, "phase:io_handoff": 0.1, "steps": 10, "handoffs": 10, "sampled": 10}
     after = {"phase:execute": 3.0, "phase:io_handoff": 0.2, "steps": 20, "handoffs": 30, "sampled": 330}
     p = phase_split(before, after)
-    assert p == {"steps": 10, "mean_batch": 32.0, "ms_per_step": {"execute": pytest.approx(200.0),
-                                                                  "io_handoff": pytest.approx(5.0)}}
+    assert p == {
+        "steps": 10,
+        "mean_batch": 32.0,
+        "ms_per_step": {"execute": pytest.approx(200.0), "io_handoff": pytest.approx(5.0)},
+    }
 
 
 def test_synthetic_prompts_exact_length_no_specials_and_seeded():
     tok = FakeTokenizer()
     ps = synthetic_prompts(tok, 5, 17, seed=3, id_range=(0, OFFSET + 50))
     assert all(len(p.token_ids) == 17 for p in ps)
-    assert not {1, 2} & {i for p in ps for i in p.token_ids}           # BOS / EOS never drawn
+    assert not {1, 2} & {i for p in ps for i in p.token_ids}  # BOS / EOS never drawn
     assert ps == synthetic_prompts(tok, 5, 17, seed=3, id_range=(0, OFFSET + 50))
     assert ps[0].text == tok.decode(ps[0].token_ids)
 
@@ -95,8 +100,7 @@ def test_runner_counts_failures_from_a_stub_backend():
         return result([(0.01, 1), (0.02, target.output_len - 1)], 0.03)
 
     prompts = [Prompt([i], "") for i in range(6)]
-    results, duration = asyncio.run(run_once(Target("native", "http://unused", output_len=3), prompts, 2,
-                                             fn=stub))
+    results, duration = asyncio.run(run_once(Target("native", "http://unused", output_len=3), prompts, 2, fn=stub))
     m = calculate_metrics(results, duration)
     assert (m.completed, m.failed, m.total_output_tokens) == (3, 3, 9)
     assert m.errors == ["odd 1", "odd 3", "odd 5"]
@@ -113,7 +117,7 @@ def test_bench_against_harness(srv, backend):
         assert (m.completed, m.failed, m.errors) == (6, 0, [])
         assert m.total_output_tokens == 30 and all(x.output_tokens == 5 for x in r.results)
         assert all(len(x.itl) == 4 and 0 < x.ttft <= x.latency for x in r.results)
-        if backend != "openai-chat":     # exact prompt ids; chat adds the template's tokens
+        if backend != "openai-chat":  # exact prompt ids; chat adds the template's tokens
             assert m.total_input_tokens == 48
         else:
             assert m.total_input_tokens > 48
@@ -128,7 +132,7 @@ def test_bench_counts_server_errors(srv, backend):
     m = runs[0].metrics
     assert (m.completed, m.failed) == (0, 4)
     assert len(m.errors) >= 1 and all(e.startswith("HTTP 400") for e in m.errors)
-    assert "64" in m.errors[0]                  # the message names the limit
+    assert "64" in m.errors[0]  # the message names the limit
 
 
 def test_bench_cli_end_to_end_on_harness(srv, tmp_path, monkeypatch, capsys):
@@ -140,9 +144,29 @@ def test_bench_cli_end_to_end_on_harness(srv, tmp_path, monkeypatch, capsys):
     real = cli.synthetic_prompts
     monkeypatch.setattr(cli, "synthetic_prompts", lambda t, n, L, s: real(t, n, L, s, id_range=PRINTABLE))
     out = tmp_path / "r.json"
-    rc = cli.main(["--backend", "native", "--base-url", srv.base, "--tokenizer", "x", "--input-len", "6",
-                   "--output-len", "4", "--num-prompts", "5", "--concurrency", "1,2", "--json", str(out),
-                   "--plot-dir", str(tmp_path / "plots"), "--no-progress"])
+    rc = cli.main(
+        [
+            "--backend",
+            "native",
+            "--base-url",
+            srv.base,
+            "--tokenizer",
+            "x",
+            "--input-len",
+            "6",
+            "--output-len",
+            "4",
+            "--num-prompts",
+            "5",
+            "--concurrency",
+            "1,2",
+            "--json",
+            str(out),
+            "--plot-dir",
+            str(tmp_path / "plots"),
+            "--no-progress",
+        ]
+    )
     assert rc == 0
     doc = json.loads(out.read_text())
     assert [r["concurrency"] for r in doc["runs"]] == [1, 2]
@@ -150,5 +174,9 @@ def test_bench_cli_end_to_end_on_harness(srv, tmp_path, monkeypatch, capsys):
     assert set(doc["runs"][0]["ttft_ms"]) == {"mean", "median", "std", "p99"}
     assert doc["config"]["input_len"] == 6 and doc["config"]["request_rate"] is None
     assert sorted(p.name for p in (tmp_path / "plots").iterdir()) == [
-        "itl_hist.png", "latency.png", "throughput.png", "ttft_hist.png"]
+        "itl_hist.png",
+        "latency.png",
+        "throughput.png",
+        "ttft_hist.png",
+    ]
     assert "out tok/s" in capsys.readouterr().out

@@ -1,5 +1,6 @@
 """The Triton gRPC door over real sockets: IOServer + GrpcService + FakeEngine, driven by the
 unmodified `tritonclient.grpc` the way its users drive it (no MPI, so each test takes ms)."""
+
 from __future__ import annotations
 
 import asyncio
@@ -31,8 +32,7 @@ class GrpcHarness(Harness):
     def __init__(self, **kw) -> None:
         super().__init__(**kw)
         try:
-            self.service = GrpcService.from_settings(self.client, self.tokenizer,
-                                                     self.server.settings, port=0)
+            self.service = GrpcService.from_settings(self.client, self.tokenizer, self.server.settings, port=0)
             self._on_loop(self.service.start())
         except BaseException:
             super().close()
@@ -97,7 +97,7 @@ def test_unary_infer_equals_native_http_non_stream(srv):
 def test_stream_frames_equal_native_http_stream(srv):
     body = {"text": "Hi there", "max_dec_len": 12, "req_id": "s1", "return_usage": True}
     s = Stream(srv.triton)
-    s.send(body, request_id="triton-id")        # no "stream" key: a stream call streams
+    s.send(body, request_id="triton-id")  # no "stream" key: a stream call streams
     items = s.collect(1)
     srv.triton.stop_stream()
     assert [i[0] for i in items] == ["triton-id"] * 12
@@ -109,7 +109,7 @@ def test_stream_frames_equal_native_http_stream(srv):
 
 
 def test_many_requests_on_one_stream_and_a_refused_one_does_not_kill_them(make_server):
-    h = make_server(step_s=0.01)            # 40 tokens take 0.4 s
+    h = make_server(step_s=0.01)  # 40 tokens take 0.4 s
     s = Stream(h.triton)
     for i in range(3):
         s.send({"text": f"r{i}", "max_dec_len": 40, "req_id": f"m{i}"}, request_id=f"m{i}")
@@ -120,8 +120,7 @@ def test_many_requests_on_one_stream_and_a_refused_one_does_not_kill_them(make_s
     errors = [n for n, i in enumerate(items) if isinstance(i[1], Exception)]
     messages = [str(items[n][1]) for n in errors]
     assert len(errors) == 2 and any("not valid JSON" in m for m in messages)
-    assert any("The parameter max_dec_len(1000000) exceeds the limit MAX_DEC_LEN(64)." in m
-               for m in messages)
+    assert any("The parameter max_dec_len(1000000) exceeds the limit MAX_DEC_LEN(64)." in m for m in messages)
     # the refusals came back while the others were still generating, and did not stop them
     assert max(errors) < min(n for n, i in enumerate(items) if i[2] and i[0].startswith("m"))
     for i in range(3):
@@ -142,7 +141,10 @@ def test_stream_error_response_carries_native_error_for_raw_stub_clients(srv):
         (resp,) = list(stub.ModelStreamInfer(iter([req]), timeout=10))
     assert resp.error_message and resp.infer_response.id == "rid"
     assert out_obj(tg.InferResult(resp.infer_response)) == {
-        "req_id": "z", "error_msg": resp.error_message, "error_code": 400}
+        "req_id": "z",
+        "error_msg": resp.error_message,
+        "error_code": 400,
+    }
 
 
 def test_mid_stream_engine_error_is_a_final_frame(srv):
@@ -155,14 +157,15 @@ def test_mid_stream_engine_error_is_a_final_frame(srv):
     assert len(frames) == 4 and [i[2] for i in items] == [False] * 3 + [True]
     assert frames[-1]["is_end"] == 1 and frames[-1]["error_code"] == 500
     assert frames[-1]["error_msg"] == "fake engine failure"
-    srv.engine.fail_after["boom-unary"] = 3       # unary: nothing was sent yet, so a status
-    assert code_of(srv.triton.infer, "model", in_tensor({"text": "abc", "req_id": "boom-unary"})) \
-        == ("StatusCode.INTERNAL", "fake engine failure")
+    srv.engine.fail_after["boom-unary"] = 3  # unary: nothing was sent yet, so a status
+    assert code_of(srv.triton.infer, "model", in_tensor({"text": "abc", "req_id": "boom-unary"})) == (
+        "StatusCode.INTERNAL",
+        "fake engine failure",
+    )
 
 
 def test_explicit_non_stream_and_disable_streaming_give_one_final_response(make_server):
-    for h, body in ((make_server(), {"stream": False}),
-                    (make_server(disable_streaming=True), {})):
+    for h, body in ((make_server(), {"stream": False}), (make_server(disable_streaming=True), {})):
         s = Stream(h.triton)
         s.send({"text": "abc", "max_dec_len": 5, **body})
         (item,) = s.collect(1)
@@ -175,19 +178,18 @@ def test_status_codes(make_server):
     infer = h.triton.infer
     assert code_of(infer, "model", in_tensor(b"nope"))[0] == "StatusCode.INVALID_ARGUMENT"
     status, msg = code_of(infer, "model", in_tensor({"input_ids": [5] * 257}))
-    assert (status, msg) == ("StatusCode.INVALID_ARGUMENT",
-                             "Length of input token(257) exceeds the limit MAX_SEQ_LEN(256).")
+    assert (status, msg) == (
+        "StatusCode.INVALID_ARGUMENT",
+        "Length of input token(257) exceeds the limit MAX_SEQ_LEN(256).",
+    )
     assert code_of(infer, "other", in_tensor({"text": "x"}))[0] == "StatusCode.NOT_FOUND"
     out = [tg.InferRequestedOutput("NOPE")]
-    assert code_of(infer, "model", in_tensor({"text": "x"}), outputs=out)[0] == \
-        "StatusCode.INVALID_ARGUMENT"
-    s = Stream(h.triton)                       # one request in flight fills capacity=1
+    assert code_of(infer, "model", in_tensor({"text": "x"}), outputs=out)[0] == "StatusCode.INVALID_ARGUMENT"
+    s = Stream(h.triton)  # one request in flight fills capacity=1
     s.send({"text": "long", "max_dec_len": 60, "req_id": "busy"})
     s.got.get(timeout=5)
-    assert code_of(infer, "model", in_tensor({"text": "x", "req_id": "busy"}))[0] == \
-        "StatusCode.ALREADY_EXISTS"
-    assert code_of(infer, "model", in_tensor({"text": "x"}))[0] == \
-        "StatusCode.RESOURCE_EXHAUSTED"
+    assert code_of(infer, "model", in_tensor({"text": "x", "req_id": "busy"}))[0] == "StatusCode.ALREADY_EXISTS"
+    assert code_of(infer, "model", in_tensor({"text": "x"}))[0] == "StatusCode.RESOURCE_EXHAUSTED"
     h.triton.stop_stream(cancel_requests=True)
     assert h.engine.wait_aborted("busy", timeout=5) and wait_idle(h, timeout=5)
     status, msg = code_of(infer, "model", in_tensor({"text": "x", "timeout": 0.01}))
@@ -197,17 +199,17 @@ def test_status_codes(make_server):
 
 
 def test_client_cancel_aborts_unary_and_stream_requests(make_server):
-    h = make_server(step_s=0.05)            # 60 tokens take 3 s: the client leaves long before
-    status, _ = code_of(h.triton.infer, "model", in_tensor({"text": "x", "req_id": "u",
-                                                              "max_dec_len": 60}),
-                        client_timeout=1.0)
+    h = make_server(step_s=0.05)  # 60 tokens take 3 s: the client leaves long before
+    status, _ = code_of(
+        h.triton.infer, "model", in_tensor({"text": "x", "req_id": "u", "max_dec_len": 60}), client_timeout=1.0
+    )
     assert status == "StatusCode.DEADLINE_EXCEEDED"
     assert h.engine.wait_aborted("u", timeout=5)
     s = Stream(h.triton)
     s.send({"text": "x", "req_id": "a", "max_dec_len": 60})
     s.send({"text": "y", "req_id": "b", "max_dec_len": 60})
     started: set[str] = set()
-    while started != {"a", "b"}:            # both are generating
+    while started != {"a", "b"}:  # both are generating
         started.add(s.got.get(timeout=5)[1]["req_id"])
     h.triton.stop_stream(cancel_requests=True)
     assert h.engine.wait_aborted("a", timeout=5) and h.engine.wait_aborted("b", timeout=5)
@@ -219,12 +221,10 @@ def test_api_key(make_server):
     t, good = h.triton, {"authorization": f"Bearer {KEY}"}
     assert t.is_server_live() and t.is_server_ready() and t.is_model_ready("model")
     for headers in (None, {"authorization": "Bearer wrong"}, {"authorization": KEY}):
-        assert code_of(t.get_model_metadata, "model", headers=headers)[0] == \
-            "StatusCode.UNAUTHENTICATED"
-        assert code_of(t.infer, "model", in_tensor({"text": "x"}), headers=headers)[0] == \
-            "StatusCode.UNAUTHENTICATED"
+        assert code_of(t.get_model_metadata, "model", headers=headers)[0] == "StatusCode.UNAUTHENTICATED"
+        assert code_of(t.infer, "model", in_tensor({"text": "x"}), headers=headers)[0] == "StatusCode.UNAUTHENTICATED"
         s = Stream(t, headers=headers)
-        try:    # the call is refused at once: tritonclient may already know the stream is dead
+        try:  # the call is refused at once: tritonclient may already know the stream is dead
             s.send({"text": "x", "max_dec_len": 2})
         except InferenceServerException as e:
             assert "no longer in valid state" in str(e)
@@ -233,8 +233,7 @@ def test_api_key(make_server):
         assert "UNAUTHENTICATED" in str(item[1]) and "API key" in str(item[1])
     assert not h.engine.added, "an unauthenticated request reached the engine"
     assert t.get_model_metadata("model", headers=good).name == "model"
-    assert out_obj(t.infer("model", in_tensor({"text": "x", "max_dec_len": 2}),
-                           headers=good))["tokens_all_num"] == 2
+    assert out_obj(t.infer("model", in_tensor({"text": "x", "max_dec_len": 2}), headers=good))["tokens_all_num"] == 2
     s = Stream(t, headers=good)
     s.send({"text": "x", "max_dec_len": 2})
     assert [i[2] for i in s.collect(1)] == [False, True]
@@ -248,7 +247,6 @@ def test_busy_port_names_the_variable():
         sock.listen()
         port = sock.getsockname()[1]
         svc = GrpcService(client, TOK, Limits(8, 8, 16), host="127.0.0.1", port=port)
-        io = IOServer(client, TOK, host="127.0.0.1", http_port=-1, health_port=-1,
-                      services=[svc])
+        io = IOServer(client, TOK, host="127.0.0.1", http_port=-1, health_port=-1, services=[svc])
         with pytest.raises(OSError, match=f"127.0.0.1:{port} \\(SERVICE_GRPC_PORT\\)"):
             io.start(timeout=5)

@@ -1,6 +1,7 @@
 """The OpenAI routes over real sockets with a fake engine (fast, no MPI): the official client's
 shapes, SSE framing, API key, a client that disconnects, an engine failure mid-stream, and
 the per-choice seeds of n > 1."""
+
 import json
 
 import openai
@@ -17,7 +18,7 @@ def sse_events(res: requests.Response) -> list:
     for line in res.iter_lines():
         if line:
             assert line.startswith(b"data: ")
-            data = line[len(b"data: "):]
+            data = line[len(b"data: ") :]
             events.append(data.decode() if data == b"[DONE]" else json.loads(data))
     return events
 
@@ -31,8 +32,12 @@ def test_completion_text_and_usage(srv):
 
 
 def test_sse_framing_ends_with_done_and_finish_reason_only_last(srv):
-    res = requests.post(srv.base + "/v1/completions", stream=True, timeout=10, json={
-        "model": "default", "prompt": "abc", "max_tokens": 5, "stream": True, "n": 2})
+    res = requests.post(
+        srv.base + "/v1/completions",
+        stream=True,
+        timeout=10,
+        json={"model": "default", "prompt": "abc", "max_tokens": 5, "stream": True, "n": 2},
+    )
     assert res.headers["Content-Type"].startswith("text/event-stream")
     events = sse_events(res)
     assert events[-1] == "[DONE]"
@@ -43,8 +48,11 @@ def test_sse_framing_ends_with_done_and_finish_reason_only_last(srv):
 
 
 def test_n_choices_get_distinct_seeds(srv):
-    requests.post(srv.base + "/v1/completions", timeout=10, json={
-        "model": "default", "prompt": "x", "max_tokens": 1, "n": 3, "seed": 10})
+    requests.post(
+        srv.base + "/v1/completions",
+        timeout=10,
+        json={"model": "default", "prompt": "x", "max_tokens": 1, "n": 3, "seed": 10},
+    )
     seeds = sorted(cmd.params.seed for cmd in srv.engine.added)
     assert seeds == [10, 11, 12]
 
@@ -65,8 +73,12 @@ def test_api_key_guards_openai_routes_but_not_health(make_server):
 
 def test_disconnect_mid_stream_aborts_every_choice(srv):
     srv.engine.step_s = 0.05
-    res = requests.post(srv.base + "/v1/completions", stream=True, timeout=10, json={
-        "model": "default", "prompt": "abc", "max_tokens": 60, "stream": True, "n": 2})
+    res = requests.post(
+        srv.base + "/v1/completions",
+        stream=True,
+        timeout=10,
+        json={"model": "default", "prompt": "abc", "max_tokens": 60, "stream": True, "n": 2},
+    )
     lines = res.iter_lines()
     next(lines)
     res.close()
@@ -79,14 +91,16 @@ def test_engine_failure_mid_stream_is_an_error_event_then_done(srv):
     srv.engine.step_s = 0.01
     c = openai.OpenAI(base_url=srv.base + "/v1", api_key="k", max_retries=0)
     srv.engine.fail_after = {}
-    res = requests.post(srv.base + "/v1/chat/completions", stream=True, timeout=10, json={
-        "model": "default", "messages": [{"role": "user", "content": "hi"}],
-        "max_tokens": 30, "stream": True})
+    res = requests.post(
+        srv.base + "/v1/chat/completions",
+        stream=True,
+        timeout=10,
+        json={"model": "default", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 30, "stream": True},
+    )
     lines = res.iter_lines()
     first = next(line for line in lines if line)
     srv.engine.fail_after[srv.engine.added[-1].req_id] = 3
-    rest = [json.loads(line[6:]) if line[6:] != b"[DONE]" else "[DONE]"
-            for line in lines if line]
+    rest = [json.loads(line[6:]) if line[6:] != b"[DONE]" else "[DONE]" for line in lines if line]
     assert json.loads(first[6:])["choices"][0]["delta"]["role"] == "assistant"
     assert rest[-1] == "[DONE]" and rest[-2]["error"]["code"] == 500
     assert c.completions.create(model="default", prompt="ok", max_tokens=2).choices
@@ -99,29 +113,36 @@ def test_engine_failure_before_any_byte_is_a_status(srv):
     def fail_all(seq):
         srv.engine.fail_after[seq.cmd.req_id] = 0
         return orig(seq)
+
     srv.engine._step = fail_all
-    r = requests.post(srv.base + "/v1/completions", timeout=10, json={
-        "model": "default", "prompt": "x", "max_tokens": 3, "stream": True})
+    r = requests.post(
+        srv.base + "/v1/completions",
+        timeout=10,
+        json={"model": "default", "prompt": "x", "max_tokens": 3, "stream": True},
+    )
     assert r.status_code == 500 and r.json()["error"]["message"] == "fake engine failure"
 
 
 def test_legacy_doubled_paths(srv):
     c = openai.OpenAI(base_url=srv.base + "/v1/chat/completions", api_key="k", max_retries=0)
     assert c.completions.create(model="default", prompt="ab", max_tokens=2).choices[0].text
-    r = c.chat.completions.create(model="default", messages=[{"role": "user", "content": "x"}],
-                                  max_tokens=2)
+    r = c.chat.completions.create(model="default", messages=[{"role": "user", "content": "x"}], max_tokens=2)
     assert r.object == "chat.completion" and r.choices[0].message.role == "assistant"
     assert [m.id for m in c.models.list().data] == ["default"]
 
 
 def test_more_sequences_than_capacity_is_400_not_429(make_server):
     h = make_server(capacity=4)
-    r = requests.post(h.base + "/v1/completions", timeout=10, json={
-        "model": "default", "prompt": ["a", "b", "c"], "n": 2, "max_tokens": 1})
+    r = requests.post(
+        h.base + "/v1/completions",
+        timeout=10,
+        json={"model": "default", "prompt": ["a", "b", "c"], "n": 2, "max_tokens": 1},
+    )
     assert r.status_code == 400 and r.json()["error"]["param"] == "n"
     assert "capacity" in r.json()["error"]["message"]
 
 
 def test_a_vanishing_temperature_is_greedy():
     from spmd_serve.sampling_params import SamplingParams
+
     assert SamplingParams(temperature=1e-320).greedy and not SamplingParams(temperature=0.1).greedy

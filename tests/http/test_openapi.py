@@ -6,6 +6,7 @@ deterministic); a small one runs against `mpirun -n 2 spmd_serve` on the demo mo
 tokenisation, chat template and limits apply.  Streaming is left out of both (a schema variant
 whose `stream` can only be false, plus a filter for the negative cases that flip it).
 """
+
 from __future__ import annotations
 
 import copy
@@ -19,9 +20,11 @@ import schemathesis
 from hypothesis import HealthCheck, assume, given, settings
 from schemathesis import GenerationMode
 from schemathesis.checks import not_a_server_error
-from schemathesis.specs.openapi.checks import (content_type_conformance,
-                                               response_schema_conformance,
-                                               status_code_conformance)
+from schemathesis.specs.openapi.checks import (
+    content_type_conformance,
+    response_schema_conformance,
+    status_code_conformance,
+)
 
 from spmd_serve.frontend.server.app import make_service_app
 from spmd_serve.frontend.server.openapi import openapi_document
@@ -31,7 +34,7 @@ from tests.support.server_process import ServerProcess
 
 # Small budgets keep every fake generation a few milliseconds long.
 SETTINGS = {"max_seq_len": 64, "max_dec_len": 8, "model_max_len": 80}
-SHORT_TIMEOUT_S = 5.0     # a native `timeout` under this may legitimately end in 504
+SHORT_TIMEOUT_S = 5.0  # a native `timeout` under this may legitimately end in 504
 
 
 @pytest.fixture(scope="module")
@@ -50,8 +53,8 @@ def fetch(base: str) -> dict[str, Any]:
 # ---- (a) the document ------------------------------------------------------------------------
 def test_document_is_valid_openapi_and_every_schema_is_valid_json_schema(harness):
     doc = fetch(harness.base)
-    assert doc == openapi_document(harness.server.settings)   # served as built, JSON-clean
-    schemathesis.openapi.from_dict(doc).validate()            # the OpenAPI 3.1 meta-schema
+    assert doc == openapi_document(harness.server.settings)  # served as built, JSON-clean
+    schemathesis.openapi.from_dict(doc).validate()  # the OpenAPI 3.1 meta-schema
     for name, schema in doc["components"]["schemas"].items():
         assert jsonschema_rs.meta.is_valid(schema), name
 
@@ -91,12 +94,11 @@ def test_api_key_adds_security_and_401():
     assert "securitySchemes" not in without["components"]
     assert "401" in keyed["paths"][chat]["post"]["responses"]
     assert keyed["paths"][models]["get"]["security"] == [{"bearer": []}]
-    assert "security" not in keyed["paths"]["/health"]["get"]   # probes stay open
+    assert "security" not in keyed["paths"]["/health"]["get"]  # probes stay open
     h = Harness(api_key="k", **SETTINGS)
     try:
-        doc = fetch(h.base)                  # the document itself needs no key
-        r = requests.post(h.base + "/v1/completions", json={"model": "default", "prompt": "a"},
-                          timeout=10)
+        doc = fetch(h.base)  # the document itself needs no key
+        r = requests.post(h.base + "/v1/completions", json={"model": "default", "prompt": "a"}, timeout=10)
         assert r.status_code == 401
         assert "401" in doc["paths"]["/v1/completions"]["post"]["responses"]
     finally:
@@ -104,19 +106,21 @@ def test_api_key_adds_security_and_401():
 
 
 # ---- bodies that once gave a 500 (found while fuzzing) -----------------------------------------
-BIG = "1" + "0" * 400           # a JSON integer beyond float's range
+BIG = "1" + "0" * 400  # a JSON integer beyond float's range
 ODD_BODIES = [
     ("/v1/chat/completions", '{"text": "hi", "temperature": %s}' % BIG),
     ("/v1/chat/completions", '{"text": "hi", "timeout": %s}' % BIG),
-    ("/v1/chat/completions", '{"text": "hi", "frequency_score": -1e400}'),   # json gives -inf
+    ("/v1/chat/completions", '{"text": "hi", "frequency_score": -1e400}'),  # json gives -inf
     ("/v1/completions", '{"model": "default", "prompt": "hi", "temperature": %s}' % BIG),
-    ("/v1/chat/completions", '{"model": "default", "messages": [{"role": "user", '
-                             '"content": "hi"}], "temperature": %s}' % BIG),
-    ("/v1/completions", '{"model": "default", "prompt": [%s]}' % BIG),       # decoded too early
-    ("/v1/chat/completions", "[" * 100000 + "]" * 100000),                   # RecursionError
+    (
+        "/v1/chat/completions",
+        '{"model": "default", "messages": [{"role": "user", "content": "hi"}], "temperature": %s}' % BIG,
+    ),
+    ("/v1/completions", '{"model": "default", "prompt": [%s]}' % BIG),  # decoded too early
+    ("/v1/chat/completions", "[" * 100000 + "]" * 100000),  # RecursionError
     ("/v1/completions", '{"a": ' * 50000 + "1" + "}" * 50000),
     ("/v1/chat/completions", '{"text": "\\ud800 lone surrogate", "max_dec_len": 2}'),
-    ("/v1/chat/completions", '{"req_id": "\\udfff", "text": 5}'),           # echoed in the error
+    ("/v1/chat/completions", '{"req_id": "\\udfff", "text": 5}'),  # echoed in the error
     ("/v1/completions", '{"model": "default", "prompt": "\\ud800", "max_tokens": 2}'),
 ]
 
@@ -129,7 +133,7 @@ def test_odd_bodies_are_400(harness, path, body):
 
 
 def test_a_surrogate_pair_is_fine(harness):
-    body = b'{"text": "\\ud83d\\ude00", "max_dec_len": 2}'     # one emoji, escaped
+    body = b'{"text": "\\ud83d\\ude00", "max_dec_len": 2}'  # one emoji, escaped
     r = requests.post(harness.url, data=body, timeout=10)
     assert r.status_code == 200 and r.json()["tokens_all_num"] == 2
 
@@ -139,14 +143,19 @@ def no_server_error(ctx: Any, response: Any, case: Any) -> None:
     """not_a_server_error, except a 504 that the request's own short `timeout` asked for."""
     body = case.body if isinstance(case.body, dict) else {}
     t = body.get("timeout")
-    if (response.status_code == 504 and "model" not in body and isinstance(t, (int, float))
-            and not isinstance(t, bool) and math.isfinite(t) and t < SHORT_TIMEOUT_S):
+    if (
+        response.status_code == 504
+        and "model" not in body
+        and isinstance(t, (int, float))
+        and not isinstance(t, bool)
+        and math.isfinite(t)
+        and t < SHORT_TIMEOUT_S
+    ):
         return None
     return not_a_server_error(ctx, response, case)
 
 
-CHECKS = [no_server_error, status_code_conformance, content_type_conformance,
-          response_schema_conformance]
+CHECKS = [no_server_error, status_code_conformance, content_type_conformance, response_schema_conformance]
 
 
 def non_streaming(doc: dict[str, Any]) -> Any:
@@ -170,35 +179,43 @@ def fuzz(base: str, positive: int, negative: int, timeout: float) -> dict[str, i
         if op.body and negative:
             modes.append((GenerationMode.NEGATIVE, negative))
         for mode, n in modes:
+
             @given(case=op.as_strategy(generation_mode=mode))
-            @settings(max_examples=n, deadline=None, derandomize=True, database=None,
-                      suppress_health_check=list(HealthCheck))
+            @settings(
+                max_examples=n, deadline=None, derandomize=True, database=None, suppress_health_check=list(HealthCheck)
+            )
             def run(case: Any) -> None:
                 # negative cases may still flip `stream` to true: streaming is not fuzzed here
                 assume(not (isinstance(case.body, dict) and case.body.get("stream") is True))
                 r = case.call_and_validate(base_url=base, checks=CHECKS, timeout=timeout)
-                key = f"{op.label} {r.status_code}"
+                key = f"{op.label} {r.status_code}"  # noqa: B023  (run() is called right below)
                 seen[key] = seen.get(key, 0) + 1
+
             run()
     return seen
 
 
-POSTS = ("/v1/chat/completions", "/v1/completions", "/v1/chat/completions/completions",
-         "/v1/chat/completions/chat/completions")
+POSTS = (
+    "/v1/chat/completions",
+    "/v1/completions",
+    "/v1/chat/completions/completions",
+    "/v1/chat/completions/chat/completions",
+)
 
 
 def test_schemathesis_fake_engine(harness):
     seen = fuzz(harness.base, 40, 25, timeout=30)
     print(seen)
     assert sum(seen.values()) >= 250
-    assert all(f"POST {p} 200" in seen for p in POSTS), seen   # not only refusals
+    assert all(f"POST {p} 200" in seen for p in POSTS), seen  # not only refusals
     assert_healthy(harness)
 
 
 @pytest.fixture(scope="module")
 def real_server(served_tp2, tmp_path_factory):
-    with ServerProcess(2, served_tp2, tmp_path_factory.mktemp("logs") / "server.log",
-                       MAX_SEQ_LEN="128", MAX_DEC_LEN="8") as srv:
+    with ServerProcess(
+        2, served_tp2, tmp_path_factory.mktemp("logs") / "server.log", MAX_SEQ_LEN="128", MAX_DEC_LEN="8"
+    ) as srv:
         yield srv
 
 

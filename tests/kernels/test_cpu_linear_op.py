@@ -1,6 +1,7 @@
 """The small-batch linear ops (ops/cpu_kernels/linear.cc) against float64 numpy, their errors, and
 their place in an export: only the decode graphs call them, and a decode step gives the logits of
 the general graph (paddle.matmul)."""
+
 from __future__ import annotations
 
 import json
@@ -8,7 +9,7 @@ import json
 import numpy as np
 import pytest
 
-DEMO_SMALL = [(512, 1024), (512, 512), (512, 3072), (1536, 512), (512, 8000)]   # [K, N]: qkv, o, gate_up, down, lm_head
+DEMO_SMALL = [(512, 1024), (512, 512), (512, 3072), (1536, 512), (512, 8000)]  # [K, N]: qkv, o, gate_up, down, lm_head
 
 
 def op(name: str, *arrays: np.ndarray) -> np.ndarray:
@@ -22,8 +23,12 @@ def op(name: str, *arrays: np.ndarray) -> np.ndarray:
 def operands(rows: int, k: int, n: int, seed: int = 0) -> tuple[np.ndarray, ...]:
     """x [rows, k] fp32, fp32 w [k, n], int8 q [k, n], scale [n]."""
     rng = np.random.default_rng(seed)
-    return (rng.standard_normal((rows, k), np.float32), rng.standard_normal((k, n), np.float32),
-            rng.integers(-127, 128, (k, n), dtype=np.int8), (rng.random(n, np.float32) + 0.5) / 127)
+    return (
+        rng.standard_normal((rows, k), np.float32),
+        rng.standard_normal((k, n), np.float32),
+        rng.integers(-127, 128, (k, n), dtype=np.int8),
+        (rng.random(n, np.float32) + 0.5) / 127,
+    )
 
 
 def check(y: np.ndarray, ref: np.ndarray) -> None:
@@ -31,18 +36,18 @@ def check(y: np.ndarray, ref: np.ndarray) -> None:
     np.testing.assert_allclose(y, ref, rtol=1e-4, atol=1e-5 * np.abs(ref).max(initial=0))
 
 
-@pytest.mark.parametrize("rows", range(1, 21))   # the C++ kernel up to 16 rows, Paddle's above
+@pytest.mark.parametrize("rows", range(1, 21))  # the C++ kernel up to 16 rows, Paddle's above
 def test_ragged_shapes_match_float64(rows):
-    x, w, q, scale = operands(rows, 67, 131)   # K and N not multiples of the vector width
+    x, w, q, scale = operands(rows, 67, 131)  # K and N not multiples of the vector width
     check(op("spmd_linear", x, w), x.astype(np.float64) @ w)
     check(op("spmd_linear_int8", x, q, scale), (x.astype(np.float64) @ q) * scale)
 
 
 @pytest.mark.parametrize("rows", (1, 4, 16))
-@pytest.mark.parametrize("k", (1, 7, 8, 9, 16, 23, 24, 40))   # around the 8-row passes and 16-row prefetch
+@pytest.mark.parametrize("k", (1, 7, 8, 9, 16, 23, 24, 40))  # around the 8-row passes and 16-row prefetch
 def test_short_k_around_the_row_pass_match_float64(rows, k):
     x, w, q, scale = operands(rows, k, 67, seed=k)
-    q[0, :3] = -128                                            # the full int8 range, not only the quantiser's
+    q[0, :3] = -128  # the full int8 range, not only the quantiser's
     check(op("spmd_linear", x, w), x.astype(np.float64) @ w)
     check(op("spmd_linear_int8", x, q, scale), (x.astype(np.float64) @ q) * scale)
 
@@ -58,20 +63,27 @@ def test_demo_small_shapes(rows, k, n):
 @pytest.mark.parametrize("lead", ([2, 3], [0], [7]))
 def test_leading_dimensions_and_empty_inputs(lead):
     x, w, q, scale = operands(int(np.prod(lead)), 35, 40)
-    x = x.reshape([*lead, 35])                                                     # [..., K] → [..., N]
+    x = x.reshape([*lead, 35])  # [..., K] → [..., N]
     check(op("spmd_linear", x, w), x.astype(np.float64) @ w)
     check(op("spmd_linear_int8", x, q, scale), (x.astype(np.float64) @ q) * scale)
 
 
-@pytest.mark.parametrize("name,arrays,message", [
-    ("spmd_linear", lambda x, w, q, s: (x.astype(np.float64), w), "x must be float32"),
-    ("spmd_linear", lambda x, w, q, s: (x, w[:-1]), r"x's last dimension \(16\) must equal the weight's rows K \(15\)"),
-    ("spmd_linear", lambda x, w, q, s: (x, w[0]), "the weight must be 2-D"),
-    ("spmd_linear", lambda x, w, q, s: (x, q), "the weight must be float32"),
-    ("spmd_linear_int8", lambda x, w, q, s: (x, w, s), "the weight must be int8"),
-    ("spmd_linear_int8", lambda x, w, q, s: (x, q, s[:-1]), r"scale must be \[N\] = \[24\]"),
-    ("spmd_linear_int8", lambda x, w, q, s: (x, q, s.astype(np.float64)), "scale must be float32"),
-])
+@pytest.mark.parametrize(
+    "name,arrays,message",
+    [
+        ("spmd_linear", lambda x, w, q, s: (x.astype(np.float64), w), "x must be float32"),
+        (
+            "spmd_linear",
+            lambda x, w, q, s: (x, w[:-1]),
+            r"x's last dimension \(16\) must equal the weight's rows K \(15\)",
+        ),
+        ("spmd_linear", lambda x, w, q, s: (x, w[0]), "the weight must be 2-D"),
+        ("spmd_linear", lambda x, w, q, s: (x, q), "the weight must be float32"),
+        ("spmd_linear_int8", lambda x, w, q, s: (x, w, s), "the weight must be int8"),
+        ("spmd_linear_int8", lambda x, w, q, s: (x, q, s[:-1]), r"scale must be \[N\] = \[24\]"),
+        ("spmd_linear_int8", lambda x, w, q, s: (x, q, s.astype(np.float64)), "scale must be float32"),
+    ],
+)
 def test_bad_inputs_are_refused_with_a_reason(name, arrays, message):
     with pytest.raises(Exception, match=message):
         op(name, *arrays(*operands(2, 16, 24)))
@@ -100,8 +112,9 @@ def op_names(graph: str) -> set[str]:
 def served_int8(demo_checkpoint, tmp_path_factory):
     from spmd_serve.export import export_checkpoint
 
-    return export_checkpoint(demo_checkpoint, tmp_path_factory.mktemp("served") / "int8", quant="weight_only_int8",
-                             kv_int8=False)
+    return export_checkpoint(
+        demo_checkpoint, tmp_path_factory.mktemp("served") / "int8", quant="weight_only_int8", kv_int8=False
+    )
 
 
 class OneRank:
@@ -119,13 +132,31 @@ def decode_logits(model_dir, onednn: int | None) -> np.ndarray:
     from spmd_serve.worker.model_runner import ModelRunner
 
     runner = ModelRunner(model_dir, 0, OneRank(), num_blocks=8, block_size=16, onednn=onednn)
-    seqs, blocks = np.arange(3), np.arange(1, 4).reshape(3, 1)                  # sequence i in block i + 1
+    seqs, blocks = np.arange(3), np.arange(1, 4).reshape(3, 1)  # sequence i in block i + 1
     prefill = np.array([[5, 17, 99, 3], [8, 8, 200, 41], [77, 2, 13, 400]], np.int64)
     pos = np.tile(np.arange(4), 3)
-    runner.execute(StepPlan(RUN, 1, prefill.reshape(-1), pos, np.full(3, 4), np.zeros(3, np.int64), blocks,
-                            np.repeat(blocks[:, 0], 4) * 16 + pos))
-    step = StepPlan(RUN, 2, np.array([9, 300, 64]), np.full(3, 4), np.ones(3, np.int64), np.full(3, 4), blocks,
-                    blocks[seqs, 0] * 16 + 4)
+    runner.execute(
+        StepPlan(
+            RUN,
+            1,
+            prefill.reshape(-1),
+            pos,
+            np.full(3, 4),
+            np.zeros(3, np.int64),
+            blocks,
+            np.repeat(blocks[:, 0], 4) * 16 + pos,
+        )
+    )
+    step = StepPlan(
+        RUN,
+        2,
+        np.array([9, 300, 64]),
+        np.full(3, 4),
+        np.ones(3, np.int64),
+        np.full(3, 4),
+        blocks,
+        blocks[seqs, 0] * 16 + 4,
+    )
     return runner.execute(step)
 
 

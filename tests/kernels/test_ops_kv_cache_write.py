@@ -6,6 +6,7 @@ run on the CPU emulation (tests/support/ops_emulation.py) equals the twin.
 GPU (marked `gpu`, skipped without one): the kernel equals its twin bit for bit, on dense and
 strided (fused-QKV slice) inputs.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -14,8 +15,15 @@ import pytest
 from ops import kv_cache_write as kvw
 from ops import runtime
 from tests.support.ops_emulation import emulated  # noqa: F401  (pytest fixture, used by name)
-from tests.support.ops_helpers import ARCHS, assert_compiles, from_storage, needs_gpu, to_storage
-from tests.support.ops_helpers import cupy_device, tmp_kernel_cache  # noqa: F401  (pytest fixtures)
+from tests.support.ops_helpers import (  # noqa: F401  (pytest fixtures)
+    ARCHS,
+    assert_compiles,
+    cupy_device,
+    from_storage,
+    needs_gpu,
+    tmp_kernel_cache,
+    to_storage,
+)
 
 
 # ----------------------------------------------------------------------------- twin
@@ -80,16 +88,20 @@ def test_kv_cache_write_gpu_equals_twin(cupy_device, dtype, kv_int8, strided) ->
     slots[[0, 10]] = -1
     if strided:  # views into one device QKV buffer: row stride 3 * kvh * hd
         base, item = runtime.as_device_array(device.put(stored)), stored.dtype.itemsize
-        key, value = (runtime.DeviceArray(base.ptr + i * kvh * hd * item, (t, kvh, hd), stored.dtype,
-                                          (3 * kvh * hd * item, hd * item, item)) for i in (1, 2))
+        key, value = (
+            runtime.DeviceArray(
+                base.ptr + i * kvh * hd * item, (t, kvh, hd), stored.dtype, (3 * kvh * hd * item, hd * item, item)
+            )
+            for i in (1, 2)
+        )
     else:
-        key, value = device.put(stored[:, kvh:2 * kvh]), device.put(stored[:, 2 * kvh:])
+        key, value = device.put(stored[:, kvh : 2 * kvh]), device.put(stored[:, 2 * kvh :])
     kc, vc = device.put(np.zeros((nb, bs, kvh, hd), pool_dtype)), device.put(np.zeros((nb, bs, kvh, hd), pool_dtype))
     d_scales = [device.put(s) if s is not None else None for s in scales]
     kvw.kv_cache_write_gpu(key, value, kc, vc, device.put(slots), *d_scales)
     ek = np.zeros((nb, bs, kvh, hd), np.int8 if kv_int8 else np.float32)
     ev = np.zeros_like(ek)
-    kvw.kv_cache_write_cpu(values[:, kvh:2 * kvh], values[:, 2 * kvh:], ek, ev, slots, *scales)
+    kvw.kv_cache_write_cpu(values[:, kvh : 2 * kvh], values[:, 2 * kvh :], ek, ev, slots, *scales)
     for got, want in ((device.get(kc), ek), (device.get(vc), ev)):
         np.testing.assert_array_equal(got if kv_int8 else from_storage(got, dtype), want)
 
@@ -104,9 +116,14 @@ def test_kv_cache_write_source_emulated(emulated, dtype, kv_int8) -> None:
     slots = rng.permutation(nb * bs)[:t].astype(np.int32)
     slots[2] = -1
     pools = [np.zeros((nb, bs, kvh, hd), np.int8 if kv_int8 else stored.dtype) for _ in range(2)]
-    kvw.kv_cache_write_gpu(emulated(stored[:, kvh:2 * kvh]), emulated(stored[:, 2 * kvh:]), *map(emulated, pools),
-                           emulated(slots), *[emulated(s) if s is not None else None for s in scales])
+    kvw.kv_cache_write_gpu(
+        emulated(stored[:, kvh : 2 * kvh]),
+        emulated(stored[:, 2 * kvh :]),
+        *map(emulated, pools),
+        emulated(slots),
+        *[emulated(s) if s is not None else None for s in scales],
+    )
     want = [np.zeros((nb, bs, kvh, hd), np.int8 if kv_int8 else np.float32) for _ in range(2)]
-    kvw.kv_cache_write_cpu(values[:, kvh:2 * kvh], values[:, 2 * kvh:], *want, slots, *scales)
+    kvw.kv_cache_write_cpu(values[:, kvh : 2 * kvh], values[:, 2 * kvh :], *want, slots, *scales)
     for got, w in zip(pools, want):
         np.testing.assert_array_equal(got if kv_int8 else from_storage(got, dtype), w)

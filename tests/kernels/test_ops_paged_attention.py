@@ -8,6 +8,7 @@ compiles with NVRTC for sm_80 and sm_90; the CUDA source run on the CPU emulatio
 GPU (marked `gpu`, skipped without one): every kernel against its twin; tolerances relative to the
 output's max magnitude: fp32 1e-4, fp16 2e-3, bf16 2e-2.
 """
+
 from __future__ import annotations
 
 import math
@@ -19,8 +20,15 @@ from ops import kv_cache_write as kvw
 from ops import paged_attention as pa
 from ops import runtime
 from tests.support.ops_emulation import emulated  # noqa: F401  (pytest fixture, used by name)
-from tests.support.ops_helpers import ARCHS, assert_compiles, from_storage, needs_gpu, to_storage
-from tests.support.ops_helpers import cupy_device, tmp_kernel_cache  # noqa: F401  (pytest fixtures)
+from tests.support.ops_helpers import (  # noqa: F401  (pytest fixtures)
+    ARCHS,
+    assert_compiles,
+    cupy_device,
+    from_storage,
+    needs_gpu,
+    tmp_kernel_cache,
+    to_storage,
+)
 
 TOL = {"fp32": 1e-4, "fp16": 2e-3, "bf16": 2e-2}
 
@@ -150,8 +158,17 @@ def test_paged_attention_gpu_equals_twin(cupy_device, dtype, kv_int8, group, hea
         (k_st, k_val), (v_st, v_val) = to_storage(k, dtype), to_storage(v, dtype)
         scales, d_scales = [None, None], [None, None]
     out = device.put(np.full(q.shape, 3, qs.dtype))
-    pa.paged_attention_gpu(device.put(qs), device.put(k_st), device.put(v_st), device.put(tables), device.put(cl),
-                           *d_scales, out=out, partition_blocks=partition_blocks, max_context_len=max(lens))
+    pa.paged_attention_gpu(
+        device.put(qs),
+        device.put(k_st),
+        device.put(v_st),
+        device.put(tables),
+        device.put(cl),
+        *d_scales,
+        out=out,
+        partition_blocks=partition_blocks,
+        max_context_len=max(lens),
+    )
     want = pa.paged_attention_cpu(qv, k_val, v_val, tables, cl, *scales)
     got = from_storage(device.get(out), dtype)
     err = np.abs(got - want).max() / np.abs(want).max()
@@ -175,8 +192,12 @@ def test_paged_attention_source_emulated(emulated, dtype, kv_int8, group, head_d
     want = pa.paged_attention_cpu(qv, k_val, v_val, tables, cl, *scales)
     for partition_blocks in (0, 2):  # single pass, then split-K + reduce
         out = np.full(q.shape, 3, qs.dtype)
-        pa.paged_attention_gpu(*map(emulated, (qs, k_st, v_st, tables, cl)),
-                               *[emulated(s) if s is not None else None for s in scales],
-                               out=emulated(out), partition_blocks=partition_blocks, max_context_len=max(lens))
+        pa.paged_attention_gpu(
+            *map(emulated, (qs, k_st, v_st, tables, cl)),
+            *[emulated(s) if s is not None else None for s in scales],
+            out=emulated(out),
+            partition_blocks=partition_blocks,
+            max_context_len=max(lens),
+        )
         err = np.abs(from_storage(out, dtype) - want).max() / np.abs(want).max()
         assert err <= TOL[dtype], f"partition_blocks={partition_blocks}: max error {err:.2e}"

@@ -1,21 +1,24 @@
 """ops.philox: Philox4x32-10 against the Random123 known-answer vectors and the (seed, index) word
 layout (CI); the same vectors through the CUDA device function (GPU, marked `gpu`).
 """
+
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
 from ops import philox, runtime
-from tests.support.ops_helpers import device, tmp_kernel_cache  # noqa: F401  (pytest fixtures)
-from tests.support.ops_helpers import needs_gpu
+from tests.support.ops_helpers import device, needs_gpu, tmp_kernel_cache  # noqa: F401  (pytest fixtures)
 from tests.support.ops_sample_reference import M32
 
 RANDOM123_KAT = [  # Random123 tests/kat_vectors: philox4x32 10 <ctr x4> <key x2> -> <out x4>
     ((0, 0, 0, 0), (0, 0), (0x6627E8D5, 0xE169C58D, 0xBC57AC4C, 0x9B00DBD8)),
     ((M32,) * 4, (M32,) * 2, (0x408F276D, 0x41C83B0E, 0xA20BC7C6, 0x6D5451FD)),
-    ((0x243F6A88, 0x85A308D3, 0x13198A2E, 0x03707344), (0xA4093822, 0x299F31D0),
-     (0xD16CFE09, 0x94FDCCEB, 0x5001E420, 0x24126EA1)),
+    (
+        (0x243F6A88, 0x85A308D3, 0x13198A2E, 0x03707344),
+        (0xA4093822, 0x299F31D0),
+        (0xD16CFE09, 0x94FDCCEB, 0x5001E420, 0x24126EA1),
+    ),
 ]
 
 

@@ -1,6 +1,7 @@
 """ops/runtime.py with ops/nvrtc.py and ops/device.py: NVRTC compile + disk cache + errors, GPU detection,
 import hygiene (CI, no GPU needed); plus a launch round trip on a real GPU (marked `gpu`, skipped without
 one)."""
+
 from __future__ import annotations
 
 import subprocess
@@ -103,8 +104,13 @@ def test_dtype_helpers() -> None:
 
 def test_as_device_array_reads_cuda_array_interface() -> None:
     class Fake:
-        __cuda_array_interface__ = {"data": (4096, False), "shape": (2, 3), "typestr": "<f2", "strides": None,
-                                    "version": 3}
+        __cuda_array_interface__ = {
+            "data": (4096, False),
+            "shape": (2, 3),
+            "typestr": "<f2",
+            "strides": None,
+            "version": 3,
+        }
 
     a = runtime.as_device_array(Fake())
     assert (a.ptr, a.shape, a.dtype, a.strides) == (4096, (2, 3), np.float16, None)

@@ -6,6 +6,7 @@ The staged dispatch (device logits, numpy parameters and results) on a host-memo
 GPU (marked `gpu`, skipped without one): the kernel equals its twin (tokens exactly, logprobs within
 1e-4), on the on-chip and the multi-pass paths, all dtypes, and through the staged call; a timing print.
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -15,8 +16,7 @@ import pytest
 
 from ops import philox, runtime, sample_cuda, sample_twin
 from ops import sample as sp
-from tests.support.ops_helpers import ARCHS, needs_gpu
-from tests.support.ops_helpers import device, tmp_kernel_cache  # noqa: F401  (pytest fixtures)
+from tests.support.ops_helpers import ARCHS, device, needs_gpu, tmp_kernel_cache  # noqa: F401  (pytest fixtures)
 from tests.support.ops_sample_reference import base_batch, make_batch
 
 
@@ -59,16 +59,18 @@ def test_gpu_wrapper_packs_the_kernel_signature(monkeypatch) -> None:
     b_sz, v_sz, n = 3, 1000, 2
     batch = make_batch(np.random.default_rng(0), b_sz, v_sz)
     dev = {k: runtime.DeviceArray(0x1000 * (i + 1), v.shape, v.dtype) for i, (k, v) in enumerate(batch.items())}
-    outs = dict(out_tokens=runtime.DeviceArray(0x90000, (b_sz,), np.dtype(np.int32)),
-                out_logprobs=runtime.DeviceArray(0x91000, (b_sz,), np.dtype(np.float32)),
-                out_top_ids=runtime.DeviceArray(0x92000, (b_sz, n), np.dtype(np.int32)),
-                out_top_logprobs=runtime.DeviceArray(0x93000, (b_sz, n), np.dtype(np.float32)))
+    outs = dict(
+        out_tokens=runtime.DeviceArray(0x90000, (b_sz,), np.dtype(np.int32)),
+        out_logprobs=runtime.DeviceArray(0x91000, (b_sz,), np.dtype(np.float32)),
+        out_top_ids=runtime.DeviceArray(0x92000, (b_sz, n), np.dtype(np.int32)),
+        out_top_logprobs=runtime.DeviceArray(0x93000, (b_sz, n), np.dtype(np.float32)),
+    )
     sp.sample_gpu(**dev, num_logprobs=n, **outs)
     args = launched["args"]
     assert len(args) == len(params)
     for p, a in zip(params, args):
         if "*" in p:
-            assert isinstance(a, int), p                        # device pointer
+            assert isinstance(a, int), p  # device pointer
         else:
             want = {"int": np.int32, "long long": np.int64}[p.rsplit(" ", 1)[0].replace("const ", "")]
             assert type(a) is want, p
@@ -78,15 +80,18 @@ def test_gpu_wrapper_packs_the_kernel_signature(monkeypatch) -> None:
     assert named["out_top_ids"] == 0x92000 and named["logits"] == dev["logits"].ptr
     assert launched["grid"] == (b_sz,) and launched["block"] == (sp.THREADS,)
     assert launched["shared_mem"] == sp.shared_bytes(v_sz, int(named["cap"])) <= 200 * 1024
-    with pytest.raises(TypeError):                              # wrong dtype is refused
+    with pytest.raises(TypeError):  # wrong dtype is refused
         sp.sample_gpu(**dict(dev, top_k=dev["temperature"]), **outs)
 
 
 def _host_view(a: runtime.DeviceArray) -> np.ndarray:
     """A numpy view of a DeviceArray whose pointer is host memory (the fake device below)."""
     n = int(np.prod(a.shape)) * a.dtype.itemsize
-    return np.frombuffer((ctypes.c_char * n).from_address(a.ptr), a.dtype).reshape(a.shape) if n else \
-        np.zeros(a.shape, a.dtype)
+    return (
+        np.frombuffer((ctypes.c_char * n).from_address(a.ptr), a.dtype).reshape(a.shape)
+        if n
+        else np.zeros(a.shape, a.dtype)
+    )
 
 
 def test_staged_dispatch_copies_host_parameters_and_results(monkeypatch) -> None:
@@ -133,7 +138,7 @@ def test_staged_dispatch_copies_host_parameters_and_results(monkeypatch) -> None
     for g, w in zip(got, want):
         assert isinstance(g, np.ndarray)
         np.testing.assert_array_equal(g, w)
-    assert not bufs                                             # the staging buffer was freed
+    assert not bufs  # the staging buffer was freed
 
 
 # ----------------------------------------------------------------------------- GPU
@@ -142,9 +147,12 @@ def run_gpu(device, batch, n_top=0, logits=None, cap=None):
     dev = {k: device.put(v) for k, v in batch.items()}
     if logits is not None:
         dev["logits"] = device.put(logits)
-    outs = dict(out_tokens=device.empty((b_sz,), np.int32), out_logprobs=device.empty((b_sz,), np.float32),
-                out_top_ids=device.empty((b_sz, n_top), np.int32),
-                out_top_logprobs=device.empty((b_sz, n_top), np.float32))
+    outs = dict(
+        out_tokens=device.empty((b_sz,), np.int32),
+        out_logprobs=device.empty((b_sz,), np.float32),
+        out_top_ids=device.empty((b_sz, n_top), np.int32),
+        out_top_logprobs=device.empty((b_sz, n_top), np.float32),
+    )
     sp.sample_gpu(**dev, num_logprobs=n_top, cap=cap, **outs)
     return tuple(device.get(outs[k]) for k in ("out_tokens", "out_logprobs", "out_top_ids", "out_top_logprobs"))
 
@@ -158,7 +166,7 @@ def assert_same(gpu, cpu) -> None:
 
 @pytest.mark.gpu
 @needs_gpu
-@pytest.mark.parametrize("cap", [None, 0])          # None: on-chip candidates; 0: multi-pass over the row
+@pytest.mark.parametrize("cap", [None, 0])  # None: on-chip candidates; 0: multi-pass over the row
 @pytest.mark.parametrize("v_sz,scale", [(50000, 1.0), (50000, 12.0), (151936, 4.0), (1000, 3.0), (37, 2.0)])
 def test_gpu_equals_twin_fp32(device, cap, v_sz, scale) -> None:
     rng = np.random.default_rng(v_sz + int(scale))
@@ -171,12 +179,17 @@ def test_gpu_equals_twin_fp32(device, cap, v_sz, scale) -> None:
 @pytest.mark.parametrize("cap", [None, 0])
 def test_gpu_equals_twin_edge_cases(device, cap) -> None:
     v_sz = 70000
-    equal = np.zeros((8, v_sz), np.float32)                   # ties everywhere: the id-order paths
-    batch = base_batch(equal, top_k=[0, 3, 10000, 0, 0, 1, 0, 2], top_p=[1, 1, 1, 0.5, 0.3, 1, 0, 0.9],
-                       temperature=[1, 1, 1, 1, 2, 1, 1, 0], counters=np.arange(8))
+    equal = np.zeros((8, v_sz), np.float32)  # ties everywhere: the id-order paths
+    batch = base_batch(
+        equal,
+        top_k=[0, 3, 10000, 0, 0, 1, 0, 2],
+        top_p=[1, 1, 1, 0.5, 0.3, 1, 0, 0.9],
+        temperature=[1, 1, 1, 1, 2, 1, 1, 0],
+        counters=np.arange(8),
+    )
     assert_same(run_gpu(device, batch, n_top=4, cap=cap), sp.sample_cpu(**batch, num_logprobs=4))
     rng = np.random.default_rng(9)
-    batch = make_batch(rng, 32, 4099, gen_len=0, n_eos=0)      # no penalties / EOS arrays at all
+    batch = make_batch(rng, 32, 4099, gen_len=0, n_eos=0)  # no penalties / EOS arrays at all
     assert_same(run_gpu(device, batch, cap=cap), sp.sample_cpu(**batch))
 
 
@@ -188,7 +201,7 @@ def test_gpu_equals_twin_16bit(device, dtype) -> None:
     batch = make_batch(rng, 32, 32003, scale=4.0)
     if dtype == "fp16":
         stored = batch["logits"].astype(np.float16)
-        batch["logits"] = stored.astype(np.float32)          # exact: the twin sees what the kernel sees
+        batch["logits"] = stored.astype(np.float32)  # exact: the twin sees what the kernel sees
     else:
         stored = runtime.float32_to_bf16(batch["logits"])
         batch["logits"] = runtime.bf16_to_float32(stored)
@@ -214,20 +227,27 @@ def test_gpu_timing_against_one_read_of_the_logits(device, capsys) -> None:
         chk(drv.cuEventSynchronize(end), "sync")
         return chk(drv.cuEventElapsedTime(start, end), "elapsed") / iters
 
-    for label, scale, over in (("flat top_p=0.9", 1.0, dict(top_p=0.9)), ("flat T only", 1.0, {}),
-                               ("top_k=50 top_p=0.9", 1.0, dict(top_k=50, top_p=0.9)),
-                               ("peaked top_p=0.9", 8.0, dict(top_p=0.9)), ("greedy", 1.0, dict(temperature=0.0))):
+    for label, scale, over in (
+        ("flat top_p=0.9", 1.0, dict(top_p=0.9)),
+        ("flat T only", 1.0, {}),
+        ("top_k=50 top_p=0.9", 1.0, dict(top_k=50, top_p=0.9)),
+        ("peaked top_p=0.9", 8.0, dict(top_p=0.9)),
+        ("greedy", 1.0, dict(temperature=0.0)),
+    ):
         logits = (rng.standard_normal((b_sz, v_sz)) * scale).astype(np.float32)
         batch = base_batch(logits, counters=np.arange(b_sz), **over)
         dev = {k: device.put(v) for k, v in batch.items()}
         outs = dict(out_tokens=device.empty((b_sz,), np.int32), out_logprobs=device.empty((b_sz,), np.float32))
         copy_dst = device.empty(logits.shape, np.float32)
-        t_sample = timed(lambda: sp.sample_gpu(**dev, **outs))
+        t_sample = timed(lambda: sp.sample_gpu(**dev, **outs))  # noqa: B023  (timed() calls it now)
         # a device-to-device copy reads and writes: half its time is one read of the logits
-        t_read = timed(lambda: chk(drv.cuMemcpyDtoD(copy_dst.ptr, dev["logits"].ptr, logits.nbytes), "DtoD")) / 2
+        copy = lambda: chk(drv.cuMemcpyDtoD(copy_dst.ptr, dev["logits"].ptr, logits.nbytes), "DtoD")  # noqa: B023, E731
+        t_read = timed(copy) / 2
         with capsys.disabled():
-            print(f"\nsample {label}: {t_sample * 1e3:.1f} us, one read {t_read * 1e3:.1f} us, "
-                  f"ratio {t_sample / t_read:.2f} (goal <= 3)")
+            print(
+                f"\nsample {label}: {t_sample * 1e3:.1f} us, one read {t_read * 1e3:.1f} us, "
+                f"ratio {t_sample / t_read:.2f} (goal <= 3)"
+            )
 
 
 @pytest.mark.gpu
@@ -236,5 +256,4 @@ def test_gpu_staged_call_equals_twin(device) -> None:
     """The serving loop's call: device logits, numpy parameters, numpy results."""
     batch = make_batch(np.random.default_rng(16), 48, 32000, scale=3.0, gen_len=20)
     logits = device.put(batch.pop("logits"))
-    assert_same(sp.sample(logits, **batch, num_logprobs=4),
-                sp.sample_cpu(device.get(logits), **batch, num_logprobs=4))
+    assert_same(sp.sample(logits, **batch, num_logprobs=4), sp.sample_cpu(device.get(logits), **batch, num_logprobs=4))

@@ -7,6 +7,7 @@ where only a prefix of the ranking is sorted); penalties against a per-token loo
 on request; same seed -> same token whatever the batch; empirical frequencies against
 the renormalised distribution; top-n logprobs.
 """
+
 from __future__ import annotations
 
 import math
@@ -21,8 +22,12 @@ from tests.support.ops_sample_reference import base_batch, check_against_referen
 # ----------------------------------------------------------------------------- exact helpers
 def test_float_key_orders_like_floats() -> None:
     rng = np.random.default_rng(0)
-    x = np.concatenate([rng.standard_normal(2000).astype(np.float32) * 10,
-                        np.float32([0.0, -0.0, np.inf, -np.inf, 1e-45, -1e-45, 3.4e38, -3.4e38])])
+    x = np.concatenate(
+        [
+            rng.standard_normal(2000).astype(np.float32) * 10,
+            np.float32([0.0, -0.0, np.inf, -np.inf, 1e-45, -1e-45, 3.4e38, -3.4e38]),
+        ]
+    )
     k = sp.float_key(x)
     order = np.argsort(k, kind="stable")
     assert (np.diff(x[order].astype(np.float64)) >= 0).all()
@@ -34,7 +39,7 @@ def test_float_key_orders_like_floats() -> None:
 def test_exp2_weight_is_monotone_accurate_and_cut() -> None:
     assert sp.exp2_weight(np.float32([0.0]))[0] == 2**31
     # every float32 d near each point where d * log2(e) crosses an integer (k ln 2), plus a sweep
-    windows = [-np.logspace(-30, -3, 5000).astype(np.float32)]   # just below 0
+    windows = [-np.logspace(-30, -3, 5000).astype(np.float32)]  # just below 0
     for k in range(1, 34):
         mag = np.float32([k * math.log(2.0) - 2e-4, k * math.log(2.0) + 2e-4]).view(np.int32)
         windows.append(-np.arange(mag[0], mag[1] + 1, dtype=np.int32).view(np.float32))  # every float
@@ -59,7 +64,7 @@ def test_twin_matches_plain_reference(seed) -> None:
 
 def test_twin_matches_reference_on_peaked_and_flat_rows() -> None:
     rng = np.random.default_rng(11)
-    for scale in (0.05, 8.0, 30.0):   # nearly flat, peaked, very peaked (most weights 0)
+    for scale in (0.05, 8.0, 30.0):  # nearly flat, peaked, very peaked (most weights 0)
         check_against_reference(make_batch(rng, 16, 257, scale=scale), n_top=4)
 
 
@@ -67,12 +72,12 @@ def test_twin_matches_reference_on_peaked_and_flat_rows() -> None:
 def test_greedy_shortcuts_are_argmax_lowest_id_on_ties() -> None:
     rng = np.random.default_rng(2)
     logits = rng.standard_normal((6, 50)).astype(np.float32)
-    logits[:, [7, 30]] = 9.0                                   # a tie for the max: id 7 wins
+    logits[:, [7, 30]] = 9.0  # a tie for the max: id 7 wins
     for over in (dict(temperature=0.0), dict(top_k=1), dict(top_p=0.0), dict(temperature=0.0, top_p=0.5)):
         tokens, lps, _, _ = check_against_reference(base_batch(logits, **over))
         assert (tokens == 7).all()
         lse = np.log(np.exp(logits.astype(np.float64)).sum(1))
-        np.testing.assert_allclose(lps, 9.0 - lse, atol=1e-5)   # greedy logprob: log_softmax at T = 1
+        np.testing.assert_allclose(lps, 9.0 - lse, atol=1e-5)  # greedy logprob: log_softmax at T = 1
 
 
 def test_top_p_one_keeps_everything_and_logprobs_are_log_softmax() -> None:
@@ -83,18 +88,21 @@ def test_top_p_one_keeps_everything_and_logprobs_are_log_softmax() -> None:
     ls = logits / t
     log_softmax = ls - np.log(np.exp(ls.astype(np.float64)).sum(1, keepdims=True))
     np.testing.assert_allclose(lps, log_softmax[np.arange(64), tokens], atol=1e-5)
-    assert (top_ids >= 0).all()                                # the whole vocabulary is kept
+    assert (top_ids >= 0).all()  # the whole vocabulary is kept
     np.testing.assert_allclose(top_lps, np.take_along_axis(log_softmax, top_ids, 1), atol=1e-5)
 
 
 def test_all_equal_logits() -> None:
     b_sz, v_sz = 400, 10
     logits = np.zeros((b_sz, v_sz), np.float32)
-    draw = lambda **o: sp.sample_cpu(**base_batch(logits, counters=np.arange(b_sz), **o))[0]
-    assert (draw(temperature=0.0) == 0).all()                   # greedy: lowest id
-    assert set(draw()) == set(range(v_sz))                      # uniform over all
-    assert set(draw(top_k=3)) == {0, 1, 2}                      # ties at the cut: lowest ids kept
-    assert set(draw(top_p=0.5)) == {0, 1, 2, 3, 4}              # mass 0.5 = first 5 ids
+
+    def draw(**o):
+        return sp.sample_cpu(**base_batch(logits, counters=np.arange(b_sz), **o))[0]
+
+    assert (draw(temperature=0.0) == 0).all()  # greedy: lowest id
+    assert set(draw()) == set(range(v_sz))  # uniform over all
+    assert set(draw(top_k=3)) == {0, 1, 2}  # ties at the cut: lowest ids kept
+    assert set(draw(top_p=0.5)) == {0, 1, 2, 3, 4}  # mass 0.5 = first 5 ids
     assert set(draw(top_p=0.51)) == set(range(6))
     _, lps, _, _ = sp.sample_cpu(**base_batch(logits, top_k=4))
     np.testing.assert_allclose(lps, np.log(0.25), atol=1e-6)
@@ -103,18 +111,21 @@ def test_all_equal_logits() -> None:
 
 def test_min_tokens_masks_eos_and_padding_is_ignored() -> None:
     logits = np.zeros((4, 6), np.float32)
-    logits[:, 5] = 20.0                                        # EOS (5) dominates
+    logits[:, 5] = 20.0  # EOS (5) dominates
     eos = np.array([[5, -1, -1]] * 4, np.int32)
-    batch = base_batch(logits, eos_ids=eos, min_tokens=[3, 3, 3, 0], num_generated=[0, 2, 3, 0],
-                       counters=[0, 2, 3, 0])
+    batch = base_batch(logits, eos_ids=eos, min_tokens=[3, 3, 3, 0], num_generated=[0, 2, 3, 0], counters=[0, 2, 3, 0])
     tokens = check_against_reference(batch)[0]
     assert tokens[0] != 5 and tokens[1] != 5 and tokens[2] == 5 and tokens[3] == 5
     # -1 padding and out-of-range ids in eos_ids / gen_token_ids change nothing
     rng = np.random.default_rng(4)
     batch = make_batch(rng, 16, 64)
-    padded = dict(batch, eos_ids=np.pad(batch["eos_ids"], ((0, 0), (0, 3)), constant_values=-1),
-                  gen_token_ids=np.concatenate([batch["gen_token_ids"], np.full((16, 5), -1, np.int32),
-                                                np.full((16, 1), 64, np.int32)], 1))
+    padded = dict(
+        batch,
+        eos_ids=np.pad(batch["eos_ids"], ((0, 0), (0, 3)), constant_values=-1),
+        gen_token_ids=np.concatenate(
+            [batch["gen_token_ids"], np.full((16, 5), -1, np.int32), np.full((16, 1), 64, np.int32)], 1
+        ),
+    )
     for a, b in zip(sp.sample_cpu(**batch, num_logprobs=3), sp.sample_cpu(**padded, num_logprobs=3)):
         np.testing.assert_array_equal(a, b)
 
@@ -126,8 +137,16 @@ def test_penalties_match_a_per_token_loop() -> None:
     rng = np.random.default_rng(5)
     b_sz, v_sz = 12, 80
     batch = make_batch(rng, b_sz, v_sz, gen_len=30)
-    ours = sp.apply_penalties(batch["logits"], batch["rep_penalty"], batch["freq_penalty"], batch["pres_penalty"],
-                              batch["min_tokens"], batch["num_generated"], batch["eos_ids"], batch["gen_token_ids"])
+    ours = sp.apply_penalties(
+        batch["logits"],
+        batch["rep_penalty"],
+        batch["freq_penalty"],
+        batch["pres_penalty"],
+        batch["min_tokens"],
+        batch["num_generated"],
+        batch["eos_ids"],
+        batch["gen_token_ids"],
+    )
     for b in range(b_sz):
         want = batch["logits"][b].astype(np.float64)
         gen = [int(t) for t in batch["gen_token_ids"][b] if 0 <= t < v_sz]
@@ -160,7 +179,7 @@ def test_without_logprobs_only_greedy_logprobs_change() -> None:
         full = sp.sample_cpu(**batch, num_logprobs=n)
         lean = sp.sample(**batch, num_logprobs=n, with_logprobs=False)
         for i, (got, want) in enumerate(zip(lean, full)):
-            if i == 1 and n == 0:                      # the logprobs without top-n
+            if i == 1 and n == 0:  # the logprobs without top-n
                 np.testing.assert_array_equal(got[~greedy], want[~greedy])
                 assert np.isnan(got[greedy]).all()
             else:
@@ -174,7 +193,7 @@ def test_same_seed_same_token_whatever_the_batch() -> None:
     tokens, lps, tops, _ = sp.sample_cpu(**batch, num_logprobs=2)
     perm = rng.permutation(32)
     sub = perm[:11]
-    for rows in (perm, sub, np.concatenate([sub, sub])):        # reordered, subset, duplicated
+    for rows in (perm, sub, np.concatenate([sub, sub])):  # reordered, subset, duplicated
         other = {k: v[rows] for k, v in batch.items()}
         t2, l2, tops2, _ = sp.sample_cpu(**other, num_logprobs=2)
         np.testing.assert_array_equal(t2, tokens[rows])
@@ -189,8 +208,14 @@ def test_same_seed_same_token_whatever_the_batch() -> None:
 def test_empirical_frequencies_match_renormalised_distribution(temp, top_k, top_p) -> None:
     draws, v_sz = 10000, 8
     logits = np.float32([2.0, 1.5, 1.0, 0.5, 0.0, -0.5, -1.0, -3.0])
-    batch = base_batch(np.tile(logits, (draws, 1)), temperature=temp, top_k=top_k, top_p=top_p,
-                       seeds=np.full(draws, 1234, np.uint64), counters=np.arange(draws))
+    batch = base_batch(
+        np.tile(logits, (draws, 1)),
+        temperature=temp,
+        top_k=top_k,
+        top_p=top_p,
+        seeds=np.full(draws, 1234, np.uint64),
+        counters=np.arange(draws),
+    )
     tokens = sp.sample_cpu(**batch)[0]
     # expected: softmax(logits / T), top-k, smallest prefix with mass >= top_p, renormalised (float64)
     z = logits.astype(np.float64) / temp
@@ -212,7 +237,7 @@ def test_top_logprobs_are_sorted_normalised_and_contain_the_token() -> None:
     batch = make_batch(rng, 48, 120)
     tokens, lps, top_ids, top_lps = sp.sample_cpu(**batch, num_logprobs=6)
     listed = top_ids >= 0
-    assert (listed[:, :-1] >= listed[:, 1:]).all()             # missing entries only at the end
+    assert (listed[:, :-1] >= listed[:, 1:]).all()  # missing entries only at the end
     assert (np.where(listed, top_lps, -np.inf) == top_lps).all()
     with np.errstate(invalid="ignore"):
         assert (np.nan_to_num(np.diff(top_lps, axis=1), nan=0.0) <= 0).all()

@@ -1,5 +1,6 @@
 """ops/paddle_ext.py: the C++ graph ops are built, cached and registered; `spmd_allreduce` sums over
 real MPI ranks; without a compiler every user of them says why (export and serving start-up)."""
+
 from __future__ import annotations
 
 import json
@@ -66,8 +67,9 @@ sys.stdout.write(f"SPINS {r} {during}\\n")   # one write per line (see above)
 
 
 def python(code: str, **env: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-c", code], env=dict(mpi_env(), **env), capture_output=True,
-                          text=True, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-c", code], env=dict(mpi_env(), **env), capture_output=True, text=True, timeout=300
+    )
 
 
 def no_compiler(tmp_path) -> dict[str, str]:
@@ -77,17 +79,23 @@ def no_compiler(tmp_path) -> dict[str, str]:
 
 @pytest.mark.mpi
 def test_allreduce_op_sums_over_two_ranks():
-    res = subprocess.run(mpirun(2, sys.executable, "-c", ALLREDUCE_DRIVER), env=mpi_env(), capture_output=True,
-                         text=True, timeout=300)
+    res = subprocess.run(
+        mpirun(2, sys.executable, "-c", ALLREDUCE_DRIVER), env=mpi_env(), capture_output=True, text=True, timeout=300
+    )
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-3000:]
     assert "OK0" in res.stdout and "OK1" in res.stdout, res.stdout[-2000:]
 
 
 @pytest.mark.mpi
 def test_allreduce_releases_the_gil_while_it_waits(tmp_path):
-    (tmp_path / "driver.py").write_text(GIL_DRIVER)   # to_static reads the layer's source from a file
-    res = subprocess.run(mpirun(2, sys.executable, str(tmp_path / "driver.py")), env=mpi_env(), capture_output=True,
-                         text=True, timeout=300)
+    (tmp_path / "driver.py").write_text(GIL_DRIVER)  # to_static reads the layer's source from a file
+    res = subprocess.run(
+        mpirun(2, sys.executable, str(tmp_path / "driver.py")),
+        env=mpi_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-3000:]
     spins = {int(w[1]): int(w[2]) for w in (line.split() for line in res.stdout.splitlines()) if w[:1] == ["SPINS"]}
     # measured: ~2.7 M spins in the 0.5 s; with the GIL held ~65 k (the thread runs one switch interval)
@@ -117,7 +125,7 @@ def test_export_cpp_graph_ops_need_the_library(tmp_path):
     res = subprocess.run([*cmd, "--graph-ops", "cpp"], env=env, capture_output=True, text=True, timeout=300)
     assert res.returncode == 2 and "--graph-ops cpp: the C++ op library is unavailable" in res.stderr
     assert not (tmp_path / "m").exists()
-    res = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)   # auto: falls back
+    res = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)  # auto: falls back
     assert res.returncode == 0, res.stderr[-3000:]
     assert "warning: C++ graph ops unavailable" in res.stderr
     manifest = json.loads((tmp_path / "m" / "rank_0" / "manifest.json").read_text())
@@ -126,8 +134,10 @@ def test_export_cpp_graph_ops_need_the_library(tmp_path):
 
 
 def test_runner_refuses_a_graph_export_without_the_library(served_tp2, tmp_path):
-    code = (f"from spmd_serve.worker.model_runner import ModelRunner\n"
-            f"ModelRunner({str(served_tp2)!r}, 0, None, num_blocks=4, block_size=16)")
+    code = (
+        f"from spmd_serve.worker.model_runner import ModelRunner\n"
+        f"ModelRunner({str(served_tp2)!r}, 0, None, num_blocks=4, block_size=16)"
+    )
     res = python(code, **no_compiler(tmp_path))
     assert res.returncode != 0
     assert "uses the C++ graph ops spmd_allreduce, spmd_decode_attention, spmd_linear" in res.stderr

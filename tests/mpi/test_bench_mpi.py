@@ -1,6 +1,7 @@
 """`spmd_serve bench` end to end against a real `mpirun -n 2` server (demo-tiny TP=2): every
 backend, a tiny load, the JSON fields and counts, the PNGs; and the step-phase metrics in
 /metrics growing with the requests."""
+
 from __future__ import annotations
 
 import json
@@ -30,14 +31,44 @@ def _metrics(server: ServerProcess) -> Samples:
 def test_every_backend_end_to_end(server, served_tp2, tmp_path):
     metrics_url = f"http://127.0.0.1:{server.env['METRICS_HTTP_PORT']}/metrics"
     for backend in BACKENDS:
-        base = (f"127.0.0.1:{server.env['SERVICE_GRPC_PORT']}" if backend == "grpc"
-                else f"http://127.0.0.1:{server.http_port}")
+        base = (
+            f"127.0.0.1:{server.env['SERVICE_GRPC_PORT']}"
+            if backend == "grpc"
+            else f"http://127.0.0.1:{server.http_port}"
+        )
         out, plots = tmp_path / f"{backend}.json", tmp_path / backend
         proc = subprocess.run(
-            [sys.executable, "-m", "spmd_serve", "bench", "--backend", backend, "--base-url", base,
-             "--tokenizer", str(served_tp2), "--input-len", "12", "--output-len", "5", "--num-prompts", "4",
-             "--concurrency", "1,2", "--json", str(out), "--plot-dir", str(plots), "--metrics-url", metrics_url],
-            env=mpi_env(), capture_output=True, text=True, timeout=300)
+            [
+                sys.executable,
+                "-m",
+                "spmd_serve",
+                "bench",
+                "--backend",
+                backend,
+                "--base-url",
+                base,
+                "--tokenizer",
+                str(served_tp2),
+                "--input-len",
+                "12",
+                "--output-len",
+                "5",
+                "--num-prompts",
+                "4",
+                "--concurrency",
+                "1,2",
+                "--json",
+                str(out),
+                "--plot-dir",
+                str(plots),
+                "--metrics-url",
+                metrics_url,
+            ],
+            env=mpi_env(),
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
         assert proc.returncode == 0, proc.stdout + proc.stderr
         doc = json.loads(out.read_text())
         assert doc["config"]["backend"] == backend
@@ -51,10 +82,20 @@ def test_every_backend_end_to_end(server, served_tp2, tmp_path):
                 assert set(run[key]) == {"mean", "median", "std", "p99"} and run[key]["median"] > 0
             assert run["request_throughput"] > 0 and run["output_throughput"] > 0
             phases = run["server_step_phases"]
-            assert phases["steps"] >= 5 and {"schedule", "execute", "allreduce", "gather_logits",
-                                             "segment_0", "io_handoff"} <= set(phases["ms_per_step"])
+            assert phases["steps"] >= 5 and {
+                "schedule",
+                "execute",
+                "allreduce",
+                "gather_logits",
+                "segment_0",
+                "io_handoff",
+            } <= set(phases["ms_per_step"])
         assert sorted(p.name for p in plots.iterdir()) == [
-            "itl_hist.png", "latency.png", "throughput.png", "ttft_hist.png"]
+            "itl_hist.png",
+            "latency.png",
+            "throughput.png",
+            "ttft_hist.png",
+        ]
         assert all(p.stat().st_size > 1000 for p in plots.iterdir())
         assert "out tok/s" in proc.stdout
 
@@ -62,8 +103,19 @@ def test_every_backend_end_to_end(server, served_tp2, tmp_path):
 def test_step_phase_metrics_grow(server):
     before = _metrics(server)
     phases = {dict(k[1]).get("phase") for k in before.values if k[0] == "spmd_serve:step_phase_seconds_total"}
-    assert {"schedule", "broadcast", "execute", "sample", "update", "allreduce", "gather_logits",
-            "kv_write", "execute_other", "io_handoff", "segment_0"} <= phases
+    assert {
+        "schedule",
+        "broadcast",
+        "execute",
+        "sample",
+        "update",
+        "allreduce",
+        "gather_logits",
+        "kv_write",
+        "execute_other",
+        "io_handoff",
+        "segment_0",
+    } <= phases
     r = requests.post(server.url, json={"text": "hi", "max_dec_len": 6, "min_dec_len": 6}, timeout=60)
     assert r.status_code == 200 and r.json()["tokens_all_num"] == 6
     after = _metrics(server)

@@ -1,6 +1,7 @@
 """SIGTERM drains a real `mpirun -n 2 spmd_serve` (CONTRACT §1 stop_server, §3 503, §6 ready):
 new requests and readiness get 503 at once, a request in flight finishes normally when it fits in
 the drain timeout or ends with an error frame (503) when it does not, and the job exits 0."""
+
 from __future__ import annotations
 
 import os
@@ -35,7 +36,7 @@ def assert_refusing(srv: ServerProcess) -> None:
 
 
 def test_sigterm_lets_the_request_in_flight_finish(served_tp2, tmp_path):
-    n = 400        # ~3 s here (8 ms a token at TP=2); well inside the default 60 s drain
+    n = 400  # ~3 s here (8 ms a token at TP=2); well inside the default 60 s drain
     with ServerProcess(2, served_tp2, tmp_path / "server.log") as srv:
         stream = Stream(srv.url, n)
         assert stream.first()["is_end"] == 0
@@ -51,9 +52,10 @@ def test_sigterm_lets_the_request_in_flight_finish(served_tp2, tmp_path):
 
 
 def test_drain_timeout_ends_the_request_with_an_error_frame(served_tp2, tmp_path):
-    n, drain = 1500, 1.0      # ~12 s of decoding, far beyond the 1 s drain timeout
-    with ServerProcess(2, served_tp2, tmp_path / "server.log", SPMD_DRAIN_TIMEOUT_S=str(drain),
-                       MAX_DEC_LEN=str(n)) as srv:
+    n, drain = 1500, 1.0  # ~12 s of decoding, far beyond the 1 s drain timeout
+    with ServerProcess(
+        2, served_tp2, tmp_path / "server.log", SPMD_DRAIN_TIMEOUT_S=str(drain), MAX_DEC_LEN=str(n)
+    ) as srv:
         stream = Stream(srv.url, n)
         stream.first()
         t0 = sigterm_rank0(srv)

@@ -12,20 +12,24 @@ weights, so the served model of each (architecture, format) pair is the same gra
 The reference is PaddleNLP's `LlamaForCausalLM` / `Qwen2ForCausalLM` (plain fp32, no fused ops):
 its `generate()` greedy tokens, and its logits for the served tokens (max |diff| ≤ 1e-4).
 """
-from __future__ import annotations
 
+from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from tests.support.model_zoo import ARCHS, make_weights, write
 from tests.support.export_parity_driver import run_driver
+from tests.support.model_zoo import ARCHS, make_weights, write
 from tests.support.paddlenlp_reference import reference_logits
 
 pytestmark = pytest.mark.mpi
 NEW_TOKENS = 16
-SERVED_FROM = {"llama2": "paddlenlp_sharded", "llama3": "hf_sharded",
-               "qwen2_tied": "paddlenlp_safetensors", "qwen2_untied": "paddlenlp_pdparams"}
+SERVED_FROM = {
+    "llama2": "paddlenlp_sharded",
+    "llama3": "hf_sharded",
+    "qwen2_tied": "paddlenlp_safetensors",
+    "qwen2_untied": "paddlenlp_pdparams",
+}
 # lengths differ; the longest crosses a KV block (block_size 16) and the llama3 low/high
 # frequency bands (original_max_position_embeddings 64)
 PROMPT_LENS = (3, 11, 70)
@@ -60,11 +64,13 @@ def served(zoo, prompts, tmp_path_factory) -> dict[tuple[str, int], tuple[np.nda
     archs = list(zoo)
     res = {}
     for tp in (1, 2):
-        spec = {"models": [str(zoo[a][1][tp]) for a in archs], "prompts": prompts,
-                "params": {"max_tokens": NEW_TOKENS, "min_tokens": NEW_TOKENS, "temperature": 0.0},
-                # small token budget: the long prompt is prefilled in chunks next to decodes
-                "engine": {"block_size": 16, "num_blocks": 64, "max_num_batched_tokens": 32,
-                           "eos_token_ids": [2]}}
+        spec = {
+            "models": [str(zoo[a][1][tp]) for a in archs],
+            "prompts": prompts,
+            "params": {"max_tokens": NEW_TOKENS, "min_tokens": NEW_TOKENS, "temperature": 0.0},
+            # small token budget: the long prompt is prefilled in chunks next to decodes
+            "engine": {"block_size": 16, "num_blocks": 64, "max_num_batched_tokens": 32, "eos_token_ids": [2]},
+        }
         data = run_driver(tp, spec, tmp)
         for i, a in enumerate(archs):
             res[a, tp] = data[f"tokens_{i}"], data[f"logits_{i}"]
@@ -82,11 +88,13 @@ def test_served_greedy_tokens_equal_paddlenlp(arch, tp, zoo, served, prompts):
     for p, toks, ours in zip(prompts, tokens.tolist(), logits):
         ref = reference_logits(ref_model, p, toks)
         worst = max(worst, float(np.abs(ours - ref).max()))
-        expect = reference_generate(ref_model, p, NEW_TOKENS, mask_eos=True)   # min_tokens = max_tokens
+        expect = reference_generate(ref_model, p, NEW_TOKENS, mask_eos=True)  # min_tokens = max_tokens
         for i, (a, b) in enumerate(zip(toks, expect)):
-            if a != b:   # allowed only at a near-tie of PaddleNLP's own logits; then they may diverge
+            if a != b:  # allowed only at a near-tie of PaddleNLP's own logits; then they may diverge
                 gap = abs(float(ref[i][a] - ref[i][b]))
-                assert gap < 1e-4, f"{arch} TP={tp} prompt len {len(p)} token {i}: ours {a}, PaddleNLP {b} (gap {gap:.1e})"
+                assert gap < 1e-4, (
+                    f"{arch} TP={tp} prompt len {len(p)} token {i}: ours {a}, PaddleNLP {b} (gap {gap:.1e})"
+                )
                 break
     print(f"{arch} TP={tp}: max |logit diff| vs PaddleNLP {worst:.2e}")
     assert worst <= 1e-4, f"{arch} TP={tp}: max |logit diff| {worst:.2e}"

@@ -1,5 +1,6 @@
 """How the job fails: bad configuration and broken model directories end every rank fast with one
 clear line (no traceback, no hang); an exception on one rank ends the whole job; idle ranks sleep."""
+
 from __future__ import annotations
 
 import shutil
@@ -14,13 +15,16 @@ from tests.support.server_process import ServerProcess
 pytestmark = pytest.mark.mpi
 
 
-@pytest.mark.parametrize("var,value,expect", [
-    ("BATCH_SIZE", "0", "BATCH_SIZE=0"),
-    ("BLOCK_RATIO", "1.5", "BLOCK_RATIO=1.5"),
-    ("PUSH_MODE_HTTP_PORT", "http", "PUSH_MODE_HTTP_PORT=http"),   # legacy alias, named as given
-    ("BLOCK_BS", "100000000", "largest BLOCK_BS that fits"),       # KV pool larger than memory
-    ("USE_CACHE_KV_INT8", "2", "USE_CACHE_KV_INT8=2 is invalid"),
-])
+@pytest.mark.parametrize(
+    "var,value,expect",
+    [
+        ("BATCH_SIZE", "0", "BATCH_SIZE=0"),
+        ("BLOCK_RATIO", "1.5", "BLOCK_RATIO=1.5"),
+        ("PUSH_MODE_HTTP_PORT", "http", "PUSH_MODE_HTTP_PORT=http"),  # legacy alias, named as given
+        ("BLOCK_BS", "100000000", "largest BLOCK_BS that fits"),  # KV pool larger than memory
+        ("USE_CACHE_KV_INT8", "2", "USE_CACHE_KV_INT8=2 is invalid"),
+    ],
+)
 def test_bad_value_stops_every_rank_with_one_line(served_tp2, var, value, expect):
     t0 = time.monotonic()
     res = run_job(2, MODEL_DIR=str(served_tp2), MP_NUM="2", **{var: value})
@@ -49,7 +53,7 @@ def test_missing_rank_folder_is_named(served_tp2, tmp_path):
 def test_exception_on_one_rank_ends_the_job(served_tp2, tmp_path):
     broken = tmp_path / "model"
     shutil.copytree(served_tp2, broken)
-    (broken / "rank_1" / "seg_0.pdiparams").write_bytes(b"corrupt")   # only rank 1 fails to load
+    (broken / "rank_1" / "seg_0.pdiparams").write_bytes(b"corrupt")  # only rank 1 fails to load
     t0 = time.monotonic()
     res = run_job(2, MODEL_DIR=str(broken), MP_NUM="2")
     assert res.returncode != 0 and time.monotonic() - t0 < 60

@@ -2,6 +2,7 @@
 `tritonclient.grpc`: health, metadata, config, unary infer and streams whose frames equal the
 native HTTP stream's for the same seeded request, errors as gRPC status codes, and the API key
 (the server runs with API_KEY set, so every call below also proves the key is checked)."""
+
 from __future__ import annotations
 
 import json
@@ -19,13 +20,19 @@ from tests.support.triton_helpers import Stream, code_of, in_tensor, out_obj
 pytestmark = pytest.mark.mpi
 
 KEY = "grpc-test-key"
-AUTH = {"authorization": f"Bearer {KEY}"}                  # gRPC metadata keys are lower-case
+AUTH = {"authorization": f"Bearer {KEY}"}  # gRPC metadata keys are lower-case
 
 
 @pytest.fixture(scope="module")
 def server(served_tp2, tmp_path_factory):
-    with ServerProcess(2, served_tp2, tmp_path_factory.mktemp("logs") / "server.log",
-                       API_KEY=KEY, MAX_SEQ_LEN="1024", MAX_DEC_LEN="1024") as srv:
+    with ServerProcess(
+        2,
+        served_tp2,
+        tmp_path_factory.mktemp("logs") / "server.log",
+        API_KEY=KEY,
+        MAX_SEQ_LEN="1024",
+        MAX_DEC_LEN="1024",
+    ) as srv:
         yield srv
 
 
@@ -49,8 +56,9 @@ def grpc_stream(triton: tg.InferenceServerClient, body: dict) -> list[tuple[dict
 
 
 def http_stream(server: ServerProcess, body: dict) -> list[dict]:
-    res = requests.post(server.url, json={**body, "stream": True}, headers={
-        "Authorization": f"Bearer {KEY}"}, stream=True, timeout=60)
+    res = requests.post(
+        server.url, json={**body, "stream": True}, headers={"Authorization": f"Bearer {KEY}"}, stream=True, timeout=60
+    )
     assert res.status_code == 200, res.text
     return [json.loads(line) for line in res.iter_lines()]
 
@@ -68,18 +76,25 @@ def test_health_metadata_config(triton):
     md = triton.get_model_metadata("model", headers=AUTH)
     assert md.name == "model" and list(md.versions) == ["1"]
     assert [(t.name, t.datatype, list(t.shape)) for t in (*md.inputs, *md.outputs)] == [
-        ("IN", "BYTES", [1]), ("OUT", "BYTES", [1])]
+        ("IN", "BYTES", [1]),
+        ("OUT", "BYTES", [1]),
+    ]
     cfg = triton.get_model_config("model", headers=AUTH).config
     assert cfg.model_transaction_policy.decoupled
-    assert [(t.name, list(t.dims)) for t in (*cfg.input, *cfg.output)] == [("IN", [1]),
-                                                                         ("OUT", [1])]
+    assert [(t.name, list(t.dims)) for t in (*cfg.input, *cfg.output)] == [("IN", [1]), ("OUT", [1])]
 
 
-@pytest.mark.parametrize("sampling", [{"temperature": 0.9, "topp": 0.9, "seed": 1234},
-                                      {"temperature": 0}], ids=["seeded", "greedy"])
+@pytest.mark.parametrize(
+    "sampling", [{"temperature": 0.9, "topp": 0.9, "seed": 1234}, {"temperature": 0}], ids=["seeded", "greedy"]
+)
 def test_stream_frames_equal_native_http_stream(server, triton, sampling):
-    body = {"text": "Tell me about the sea.", "req_id": f"cmp-{len(sampling)}",
-            "max_dec_len": 24, "return_usage": True, **sampling}
+    body = {
+        "text": "Tell me about the sea.",
+        "req_id": f"cmp-{len(sampling)}",
+        "max_dec_len": 24,
+        "return_usage": True,
+        **sampling,
+    }
     frames = grpc_stream(triton, body)
     assert [final for _, final in frames] == [False] * (len(frames) - 1) + [True]
     frames = [f for f, _ in frames]
@@ -99,24 +114,23 @@ def test_stream_frames_equal_native_http_stream(server, triton, sampling):
 
 def test_errors_are_grpc_status_codes_and_server_stays_healthy(server, triton):
     infer = triton.infer
-    assert code_of(infer, "model", in_tensor(b"{oops"), headers=AUTH)[0] == \
-        "StatusCode.INVALID_ARGUMENT"
+    assert code_of(infer, "model", in_tensor(b"{oops"), headers=AUTH)[0] == "StatusCode.INVALID_ARGUMENT"
     assert_healthy(triton)
     status, msg = code_of(infer, "model", in_tensor({"input_ids": [5] * 1100}), headers=AUTH)
-    assert (status, msg) == ("StatusCode.INVALID_ARGUMENT",
-                             "Length of input token(1100) exceeds the limit MAX_SEQ_LEN(1024).")
+    assert (status, msg) == (
+        "StatusCode.INVALID_ARGUMENT",
+        "Length of input token(1100) exceeds the limit MAX_SEQ_LEN(1024).",
+    )
     assert_healthy(triton)
-    status, msg = code_of(infer, "model", in_tensor({"text": "x", "max_dec_len": 5000}),
-                          headers=AUTH)
-    assert (status, msg) == ("StatusCode.INVALID_ARGUMENT",
-                             "The parameter max_dec_len(5000) exceeds the limit MAX_DEC_LEN(1024).")
-    assert code_of(infer, "llama", in_tensor({"text": "x"}), headers=AUTH)[0] == \
-        "StatusCode.NOT_FOUND"
+    status, msg = code_of(infer, "model", in_tensor({"text": "x", "max_dec_len": 5000}), headers=AUTH)
+    assert (status, msg) == (
+        "StatusCode.INVALID_ARGUMENT",
+        "The parameter max_dec_len(5000) exceeds the limit MAX_DEC_LEN(1024).",
+    )
+    assert code_of(infer, "llama", in_tensor({"text": "x"}), headers=AUTH)[0] == "StatusCode.NOT_FOUND"
     for headers in (None, {"authorization": "Bearer wrong"}):
-        assert code_of(infer, "model", in_tensor({"text": "x"}), headers=headers)[0] == \
-            "StatusCode.UNAUTHENTICATED"
-        assert code_of(triton.get_model_metadata, "model", headers=headers)[0] == \
-            "StatusCode.UNAUTHENTICATED"
+        assert code_of(infer, "model", in_tensor({"text": "x"}), headers=headers)[0] == "StatusCode.UNAUTHENTICATED"
+        assert code_of(triton.get_model_metadata, "model", headers=headers)[0] == "StatusCode.UNAUTHENTICATED"
     assert_healthy(triton)
 
 
@@ -133,28 +147,26 @@ def test_duplicate_req_id_then_cancel_frees_it(triton, server):
     aborts = aborted(server)
     stream = Stream(triton, headers=AUTH)
     stream.send({"text": "go on", "req_id": "dup", "max_dec_len": 1000, "min_dec_len": 1000})
-    seen = []                                       # arrival time of each of the first frames
+    seen = []  # arrival time of each of the first frames
     for i in range(30):
         _, frame, final = stream.got.get(timeout=60)
         assert frame["send_idx"] == i and not final, frame
         seen.append(time.monotonic())
-    per_token = (seen[-1] - seen[9]) / 20           # decode speed, prefill left out
-    status, msg = code_of(triton.infer, "model", in_tensor({"text": "x", "req_id": "dup"}),
-                          headers=AUTH)
+    per_token = (seen[-1] - seen[9]) / 20  # decode speed, prefill left out
+    status, msg = code_of(triton.infer, "model", in_tensor({"text": "x", "req_id": "dup"}), headers=AUTH)
     assert status == "StatusCode.ALREADY_EXISTS" and "dup" in msg
     cancelled = time.monotonic()
     triton.stop_stream(cancel_requests=True)
     while True:
         try:
-            again = triton.infer("model", in_tensor({"text": "x", "req_id": "dup",
-                                                     "max_dec_len": 2}), headers=AUTH)
+            again = triton.infer("model", in_tensor({"text": "x", "req_id": "dup", "max_dec_len": 2}), headers=AUTH)
             break
         except InferenceServerException as e:
             assert e.status() == "StatusCode.ALREADY_EXISTS" and time.monotonic() - cancelled < 60
             time.sleep(0.02)
     freed_after = time.monotonic() - cancelled
     assert out_obj(again)["tokens_all_num"] == 2
-    assert aborted(server) == aborts + 1          # the cancel ended it, not its max_dec_len
+    assert aborted(server) == aborts + 1  # the cancel ended it, not its max_dec_len
     # Locally freed in 17-26 ms; one CI run took 3 s at 2 ms a token (rank 0's IO thread shares
     # the GIL with a step that holds it: docs/architecture.md).  The floor keeps "long before the
     # end" meaningful as decoding gets faster; the abort count above is what proves the cancel.

@@ -3,6 +3,7 @@ prometheus_client's parser reads it; after native requests of exact lengths the 
 the success counter and the latency histograms have grown by exactly the right amounts; a
 streaming client that hangs up mid-stream has its sequence aborted and its KV blocks back in the
 free pool within one engine step.  API_KEY is set: the API needs it, /metrics stays open."""
+
 from __future__ import annotations
 
 import json
@@ -13,9 +14,9 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import requests
 
+from tests.support.failing_jobs import error_lines, run_with_busy_port
 from tests.support.metrics_scrape import Samples
 from tests.support.server_process import ServerProcess
-from tests.support.failing_jobs import error_lines, run_with_busy_port
 
 pytestmark = pytest.mark.mpi
 KEY = "metrics-test-key"
@@ -25,15 +26,16 @@ AUTH = {"Authorization": f"Bearer {KEY}"}
 @pytest.fixture(scope="module")
 def server(served_tp2, tmp_path_factory):
     # USE_WARMUP=1: the warm-up request runs through the engine but must not show in the metrics
-    with ServerProcess(2, served_tp2, tmp_path_factory.mktemp("logs") / "server.log",
-                       USE_WARMUP="1", API_KEY=KEY) as srv:
+    with ServerProcess(
+        2, served_tp2, tmp_path_factory.mktemp("logs") / "server.log", USE_WARMUP="1", API_KEY=KEY
+    ) as srv:
         srv.metrics_url = f"http://127.0.0.1:{srv.env['METRICS_HTTP_PORT']}/metrics"
         srv.first_scrape = scrape(srv)
         yield srv
 
 
 def scrape(srv: ServerProcess) -> Samples:
-    res = requests.get(srv.metrics_url, timeout=10)                # no API key: metrics are open
+    res = requests.get(srv.metrics_url, timeout=10)  # no API key: metrics are open
     assert res.status_code == 200 and res.headers["Content-Type"].startswith("text/plain"), res.text
     return Samples(res.text)
 
@@ -50,15 +52,24 @@ def wait_scrape(srv: ServerProcess, ok, timeout: float = 15.0) -> Samples:
 
 def idle(s: Samples) -> bool:
     o = s.original()
-    return (s.get("num_requests_running") == s.get("num_requests_waiting") == s.get("kv_cache_usage_perc") == 0
-            and o["batch_size"] == 0 and o["block_num"] == o["max_block_num"] and o["available_resource"] == 1)
+    return (
+        s.get("num_requests_running") == s.get("num_requests_waiting") == s.get("kv_cache_usage_perc") == 0
+        and o["batch_size"] == 0
+        and o["block_num"] == o["max_block_num"]
+        and o["available_resource"] == 1
+    )
 
 
 def test_fresh_server_after_warm_up_reports_idle_and_nothing_counted(server):
     s = server.first_scrape
     assert idle(s) and s.original()["max_batch_size"] == 50 and s.original()["max_block_num"] > 0
-    for name in ("prompt_tokens_total", "generation_tokens_total", "engine_steps_total",
-                 "time_to_first_token_seconds_count", "e2e_request_latency_seconds_count"):
+    for name in (
+        "prompt_tokens_total",
+        "generation_tokens_total",
+        "engine_steps_total",
+        "time_to_first_token_seconds_count",
+        "e2e_request_latency_seconds_count",
+    ):
         assert s.get(name) == 0, name
     assert requests.post(server.url, json={"input_ids": [1, 2], "max_dec_len": 1}, timeout=30).status_code == 401
 
@@ -95,18 +106,21 @@ def test_counters_and_histograms_grow_by_exact_amounts(server):
 
 
 def test_client_hanging_up_mid_stream_frees_its_blocks_within_one_step(server):
-    prompt, max_dec_len = [1, 5, 6, 7, 8, 9], 1024              # ~1024 steps if it were not aborted
+    prompt, max_dec_len = [1, 5, 6, 7, 8, 9], 1024  # ~1024 steps if it were not aborted
     before = wait_scrape(server, idle)
     assert idle(before)
-    body = json.dumps({"input_ids": prompt, "max_dec_len": max_dec_len, "min_dec_len": max_dec_len,
-                       "temperature": 0, "stream": True}).encode()
-    head = (f"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
-            f"Authorization: Bearer {KEY}\r\nContent-Length: {len(body)}\r\n\r\n").encode()
+    body = json.dumps(
+        {"input_ids": prompt, "max_dec_len": max_dec_len, "min_dec_len": max_dec_len, "temperature": 0, "stream": True}
+    ).encode()
+    head = (
+        f"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+        f"Authorization: Bearer {KEY}\r\nContent-Length: {len(body)}\r\n\r\n"
+    ).encode()
     sock = socket.create_connection(("127.0.0.1", server.http_port), timeout=30)
     try:
         sock.sendall(head + body)
         received = b""
-        while received.count(b'"send_idx"') < 2:                 # a couple of frames
+        while received.count(b'"send_idx"') < 2:  # a couple of frames
             chunk = sock.recv(65536)
             assert chunk, received
             received += chunk
@@ -114,7 +128,7 @@ def test_client_hanging_up_mid_stream_frees_its_blocks_within_one_step(server):
         mid = scrape(server)
         assert mid.get("num_requests_running") == 1 and mid.get("kv_cache_usage_perc") > 0
         assert mid.original()["block_num"] < mid.original()["max_block_num"]
-        sock.setblocking(False)                                   # take what has arrived, then hang up
+        sock.setblocking(False)  # take what has arrived, then hang up
         try:
             while chunk := sock.recv(65536):
                 received += chunk

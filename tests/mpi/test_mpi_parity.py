@@ -5,6 +5,7 @@ LlamaForCausalLM on the same weights; logits agree within 1e-4.
 Five prompts of different lengths run concurrently through the real engine (scheduler, paged KV
 cache, chunked prefill mixed with decode), on real MPI ranks and real Paddle graphs.
 """
+
 from __future__ import annotations
 
 import json
@@ -19,10 +20,13 @@ from tests.support.server_process import mpi_env, mpirun
 
 pytestmark = pytest.mark.mpi
 NEW_TOKENS = 12
-TEXTS = ["Hi", "The quick brown fox jumps over the lazy dog.",
-         "Serving large language models needs batching, paging and care. " * 2,
-         "一二三 numbers 12345 and emoji 🙂 in one prompt, then some more words to make it longer. " * 3,
-         "Paris is the capital of France and Berlin is the capital of Germany. " * 5]
+TEXTS = [
+    "Hi",
+    "The quick brown fox jumps over the lazy dog.",
+    "Serving large language models needs batching, paging and care. " * 2,
+    "一二三 numbers 12345 and emoji 🙂 in one prompt, then some more words to make it longer. " * 3,
+    "Paris is the capital of France and Berlin is the capital of Germany. " * 5,
+]
 
 
 @pytest.fixture(scope="module")
@@ -36,14 +40,17 @@ def prompts(demo_checkpoint) -> list[list[int]]:
 
 
 def run_offline(n: int, model_dir, prompts, tmp_path, eos: int) -> tuple[list[list[int]], list[np.ndarray]]:
-    spec = {"prompts": prompts,
-            "params": {"max_tokens": NEW_TOKENS, "min_tokens": NEW_TOKENS, "temperature": 0.0},
-            # a small token budget forces chunked prefill of the long prompts next to decodes
-            "engine": {"block_size": 16, "num_blocks": 64, "max_num_batched_tokens": 48, "eos_token_ids": [eos]}}
+    spec = {
+        "prompts": prompts,
+        "params": {"max_tokens": NEW_TOKENS, "min_tokens": NEW_TOKENS, "temperature": 0.0},
+        # a small token budget forces chunked prefill of the long prompts next to decodes
+        "engine": {"block_size": 16, "num_blocks": 64, "max_num_batched_tokens": 48, "eos_token_ids": [eos]},
+    }
     (tmp_path / f"spec{n}.json").write_text(json.dumps(spec))
     out = tmp_path / f"out{n}.npz"
-    cmd = mpirun(n, sys.executable, "-m", "spmd_serve.engine.offline", str(model_dir),
-                 str(tmp_path / f"spec{n}.json"), str(out))
+    cmd = mpirun(
+        n, sys.executable, "-m", "spmd_serve.engine.offline", str(model_dir), str(tmp_path / f"spec{n}.json"), str(out)
+    )
     res = subprocess.run(cmd, env=mpi_env(), capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-4000:]
     data = np.load(out, allow_pickle=True)
@@ -54,8 +61,12 @@ def run_offline(n: int, model_dir, prompts, tmp_path, eos: int) -> tuple[list[li
 def runs(served_tp1, served_tp2, served_tp2_segments, prompts, tmp_path_factory):
     cfg = json.loads((served_tp1 / "config.json").read_text())
     exports = {1: served_tp1, 2: served_tp2, "2s": served_tp2_segments}
-    return {key: run_offline(2 if key == "2s" else key, d, prompts, tmp_path_factory.mktemp(f"parity{key}"),
-                             cfg["eos_token_id"]) for key, d in exports.items()}
+    return {
+        key: run_offline(
+            2 if key == "2s" else key, d, prompts, tmp_path_factory.mktemp(f"parity{key}"), cfg["eos_token_id"]
+        )
+        for key, d in exports.items()
+    }
 
 
 @pytest.fixture(scope="module")
@@ -79,9 +90,10 @@ def test_tp1_and_tp2_give_identical_tokens(runs, served_tp2, served_tp2_segments
     (t1, _), (t2, l2), (t2s, l2s) = runs[1], runs[2], runs["2s"]
     assert all(len(t) == NEW_TOKENS for t in t1)
     assert t1 == t2 == t2s
-    for a, b in zip(l2, l2s):   # the same sums, reduced in the graph or by mpi4py: [n, V] per prompt
-        np.testing.assert_allclose(np.stack(list(a)).astype(np.float32), np.stack(list(b)).astype(np.float32),
-                                   atol=1e-5)
+    for a, b in zip(l2, l2s):  # the same sums, reduced in the graph or by mpi4py: [n, V] per prompt
+        np.testing.assert_allclose(
+            np.stack(list(a)).astype(np.float32), np.stack(list(b)).astype(np.float32), atol=1e-5
+        )
     manifests = [json.loads((d / "rank_1" / "manifest.json").read_text()) for d in (served_tp2, served_tp2_segments)]
     assert [m["collectives"] for m in manifests] == ["graph", "segments"]
     assert [m["custom_ops"] for m in manifests] == [["spmd_allreduce", "spmd_decode_attention", "spmd_linear"], []]
@@ -105,9 +117,9 @@ def test_tokens_equal_paddlenlp_generate(runs, prompts, reference):
 
     tokens, logits = runs[2]
     for p, toks, ours in zip(prompts, tokens, logits):
-        ref = reference_generate(reference, p, NEW_TOKENS, mask_eos=True)   # min_dec_len = max_dec_len
+        ref = reference_generate(reference, p, NEW_TOKENS, mask_eos=True)  # min_dec_len = max_dec_len
         for i, (a, b) in enumerate(zip(toks, ref)):
-            if a != b:   # allowed only at a near-tie, and then the rest may diverge
+            if a != b:  # allowed only at a near-tie, and then the rest may diverge
                 gap = abs(float(ours[i][a] - ours[i][b]))
                 assert gap < 1e-4, f"prompt len {len(p)} token {i}: ours {a} vs PaddleNLP {b}, gap {gap:.2e}"
                 break

@@ -2,6 +2,7 @@
 completions and chat, streaming and not, with `base_url=.../v1` and with the original docs'
 `base_url=.../v1/chat/completions`; seeds, n, usage, logprobs, echo, greedy settings honoured,
 errors before any SSE byte, and a healthy server after every error."""
+
 from __future__ import annotations
 
 import math
@@ -18,8 +19,9 @@ CHAT = [{"role": "user", "content": "Tell me a story about a cat."}]
 
 @pytest.fixture(scope="module")
 def server(served_tp2, tmp_path_factory):
-    with ServerProcess(2, served_tp2, tmp_path_factory.mktemp("logs") / "server.log",
-                       MAX_SEQ_LEN="200", MAX_DEC_LEN="64") as srv:
+    with ServerProcess(
+        2, served_tp2, tmp_path_factory.mktemp("logs") / "server.log", MAX_SEQ_LEN="200", MAX_DEC_LEN="64"
+    ) as srv:
         yield srv
 
 
@@ -30,14 +32,12 @@ def base(server) -> str:
 
 @pytest.fixture(scope="module", params=["/v1", "/v1/chat/completions"])
 def client(request, base) -> openai.OpenAI:
-    return openai.OpenAI(base_url=base + request.param, api_key="unused", max_retries=0,
-                         timeout=60)
+    return openai.OpenAI(base_url=base + request.param, api_key="unused", max_retries=0, timeout=60)
 
 
 def healthy(base: str) -> None:
     assert requests.get(base + "/v2/health/ready", timeout=10).status_code == 200
-    r = requests.post(base + "/v1/chat/completions", json={"text": "ok", "max_dec_len": 2},
-                      timeout=30)
+    r = requests.post(base + "/v1/chat/completions", json={"text": "ok", "max_dec_len": 2}, timeout=30)
     assert r.status_code == 200 and r.json()["tokens_all_num"] == 2
 
 
@@ -47,8 +47,14 @@ def test_models_lists_the_served_name_and_default(client):
 
 
 def test_completion_stream_equals_non_stream_for_a_seed(client):
-    kw = dict(model="default", prompt="Once upon a time", max_tokens=12, temperature=0.9,
-              seed=1234, extra_body={"ignore_eos": True})
+    kw = dict(
+        model="default",
+        prompt="Once upon a time",
+        max_tokens=12,
+        temperature=0.9,
+        seed=1234,
+        extra_body={"ignore_eos": True},
+    )
     whole = client.completions.create(**kw)
     chunks = list(client.completions.create(stream=True, **kw))
     assert "".join(c.choices[0].text for c in chunks) == whole.choices[0].text
@@ -58,23 +64,24 @@ def test_completion_stream_equals_non_stream_for_a_seed(client):
 
 
 def test_chat_stream_equals_non_stream_and_usage_chunk(client):
-    kw = dict(model="default", messages=CHAT, max_tokens=10, temperature=0.8, seed=7,
-              extra_body={"min_tokens": 10})
+    kw = dict(model="default", messages=CHAT, max_tokens=10, temperature=0.8, seed=7, extra_body={"min_tokens": 10})
     whole = client.chat.completions.create(**kw)
-    chunks = list(client.chat.completions.create(stream=True,
-                                                 stream_options={"include_usage": True}, **kw))
+    chunks = list(client.chat.completions.create(stream=True, stream_options={"include_usage": True}, **kw))
     *content, last = chunks
     assert last.choices == [] and last.usage.completion_tokens == 10
     assert last.usage.prompt_tokens == whole.usage.prompt_tokens
     assert content[0].choices[0].delta.role == "assistant"
-    assert "".join(c.choices[0].delta.content or "" for c in content) == \
-        whole.choices[0].message.content
+    assert "".join(c.choices[0].delta.content or "" for c in content) == whole.choices[0].message.content
     assert all(c.usage is None for c in content)
 
 
 def test_content_as_text_parts_equals_a_string(client):
-    parts = [{"role": "user", "content": [{"type": "text", "text": "Tell me a story "},
-                                          {"type": "text", "text": "about a cat."}]}]
+    parts = [
+        {
+            "role": "user",
+            "content": [{"type": "text", "text": "Tell me a story "}, {"type": "text", "text": "about a cat."}],
+        }
+    ]
     kw = dict(model="default", max_tokens=6, temperature=0, extra_body={"min_tokens": 6})
     a = client.chat.completions.create(messages=parts, **kw)
     b = client.chat.completions.create(messages=CHAT, **kw)
@@ -83,20 +90,24 @@ def test_content_as_text_parts_equals_a_string(client):
 
 
 def test_n_two_choices_with_indices(client):
-    r = client.chat.completions.create(model="default", messages=CHAT, max_tokens=6, n=2,
-                                       temperature=1.0, seed=3)
+    r = client.chat.completions.create(model="default", messages=CHAT, max_tokens=6, n=2, temperature=1.0, seed=3)
     assert sorted(c.index for c in r.choices) == [0, 1]
-    chunks = list(client.completions.create(model="default", prompt="Hi", max_tokens=4, n=2,
-                                            stream=True, seed=3))
+    chunks = list(client.completions.create(model="default", prompt="Hi", max_tokens=4, n=2, stream=True, seed=3))
     assert {c.choices[0].index for c in chunks} == {0, 1}
     for i in (0, 1):
         assert [c.choices[0].finish_reason for c in chunks if c.choices[0].index == i][-1]
 
 
 def test_logprobs_one_per_token_and_exactly_k_top(client):
-    r = client.chat.completions.create(model="default", messages=CHAT, max_tokens=8,
-                                       temperature=0, logprobs=True, top_logprobs=3,
-                                       extra_body={"ignore_eos": True})
+    r = client.chat.completions.create(
+        model="default",
+        messages=CHAT,
+        max_tokens=8,
+        temperature=0,
+        logprobs=True,
+        top_logprobs=3,
+        extra_body={"ignore_eos": True},
+    )
     content = r.choices[0].logprobs.content
     assert len(content) == r.usage.completion_tokens == 8
     for tok in content:
@@ -105,8 +116,15 @@ def test_logprobs_one_per_token_and_exactly_k_top(client):
         assert tops == sorted(tops, reverse=True) and all(t <= 0 for t in tops)
         # greedy without penalties: the chosen token is the distribution's best
         assert math.isclose(tok.logprob, tops[0], abs_tol=1e-6)
-    c = client.completions.create(model="default", prompt="Hello", max_tokens=5, logprobs=2,
-                                  temperature=0.7, seed=11, extra_body={"ignore_eos": True})
+    c = client.completions.create(
+        model="default",
+        prompt="Hello",
+        max_tokens=5,
+        logprobs=2,
+        temperature=0.7,
+        seed=11,
+        extra_body={"ignore_eos": True},
+    )
     lp = c.choices[0].logprobs
     assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == 5
     assert all(v <= 0 for v in lp.token_logprobs)
@@ -114,35 +132,42 @@ def test_logprobs_one_per_token_and_exactly_k_top(client):
 
 
 def test_echo_returns_the_prompt_first(client):
-    r = client.completions.create(model="default", prompt="The quick brown fox", max_tokens=4,
-                                  echo=True, temperature=0)
+    r = client.completions.create(model="default", prompt="The quick brown fox", max_tokens=4, echo=True, temperature=0)
     assert r.choices[0].text.startswith("The quick brown fox")
-    chunks = list(client.completions.create(model="default", prompt="The quick brown fox",
-                                            max_tokens=4, echo=True, temperature=0,
-                                            stream=True))
+    chunks = list(
+        client.completions.create(
+            model="default", prompt="The quick brown fox", max_tokens=4, echo=True, temperature=0, stream=True
+        )
+    )
     assert chunks[0].choices[0].text.startswith("The quick brown fox")
     assert "".join(c.choices[0].text for c in chunks) == r.choices[0].text
 
 
 def test_temperature_zero_and_top_p_zero_are_greedy(client, base):
-    greedy = requests.post(base + "/v1/chat/completions", json={
-        "messages": CHAT, "max_dec_len": 10, "min_dec_len": 10, "temperature": 0}, timeout=60)
+    greedy = requests.post(
+        base + "/v1/chat/completions",
+        json={"messages": CHAT, "max_dec_len": 10, "min_dec_len": 10, "temperature": 0},
+        timeout=60,
+    )
     want = greedy.json()["result"]
     for extra in ({"temperature": 0}, {"top_p": 0, "temperature": 1.5, "seed": 99}):
-        r = client.chat.completions.create(model="default", messages=CHAT, max_tokens=10,
-                                           extra_body={"min_tokens": 10}, **extra)
+        r = client.chat.completions.create(
+            model="default", messages=CHAT, max_tokens=10, extra_body={"min_tokens": 10}, **extra
+        )
         assert r.choices[0].message.content == want, extra
 
 
 def test_stop_string_is_trimmed(client):
-    text = client.completions.create(model="default", prompt="Count", max_tokens=12,
-                                     temperature=0, extra_body={"ignore_eos": True})
+    text = client.completions.create(
+        model="default", prompt="Count", max_tokens=12, temperature=0, extra_body={"ignore_eos": True}
+    )
     text = text.choices[0].text
     stop = text[3:5]
     assert stop.strip(), f"pick a visible stop string from {text!r}"
-    r = client.completions.create(model="default", prompt="Count", max_tokens=12,
-                                  temperature=0, stop=[stop], extra_body={"ignore_eos": True})
-    assert r.choices[0].text == text[:text.index(stop)]
+    r = client.completions.create(
+        model="default", prompt="Count", max_tokens=12, temperature=0, stop=[stop], extra_body={"ignore_eos": True}
+    )
+    assert r.choices[0].text == text[: text.index(stop)]
     assert r.choices[0].finish_reason == "stop"
 
 
@@ -150,22 +175,29 @@ def test_too_long_is_400_before_any_sse_byte(client, base):
     with pytest.raises(openai.BadRequestError) as e:
         client.chat.completions.create(model="default", messages=CHAT, max_tokens=1000)
     assert "MAX_DEC_LEN" in str(e.value)
-    r = requests.post(base + "/v1/completions", stream=True, timeout=30, json={
-        "model": "default", "prompt": "word " * 190, "max_tokens": 60, "stream": True})
+    r = requests.post(
+        base + "/v1/completions",
+        stream=True,
+        timeout=30,
+        json={"model": "default", "prompt": "word " * 190, "max_tokens": 60, "stream": True},
+    )
     assert r.status_code == 400 and r.headers["Content-Type"].startswith("application/json")
     msg = r.json()["error"]["message"]
     assert msg.startswith("This model's maximum") and "tokens" in msg
     healthy(base)
 
 
-@pytest.mark.parametrize("body,status,param", [
-    ({"model": "nope", "prompt": "x"}, 404, "model"),
-    ({"model": "default", "prompt": "x", "temperature": -1}, 400, "temperature"),
-    ({"model": "default", "prompt": "x", "n": 0}, 400, "n"),
-    ({"model": "default", "prompt": [], "max_tokens": 2}, 400, "prompt"),
-    ({"model": "default", "prompt": "x", "logprobs": 99}, 400, "logprobs"),
-    ({"model": "default", "prompt": "x", "logit_bias": {"5": 1}}, 400, "logit_bias"),
-])
+@pytest.mark.parametrize(
+    "body,status,param",
+    [
+        ({"model": "nope", "prompt": "x"}, 404, "model"),
+        ({"model": "default", "prompt": "x", "temperature": -1}, 400, "temperature"),
+        ({"model": "default", "prompt": "x", "n": 0}, 400, "n"),
+        ({"model": "default", "prompt": [], "max_tokens": 2}, 400, "prompt"),
+        ({"model": "default", "prompt": "x", "logprobs": 99}, 400, "logprobs"),
+        ({"model": "default", "prompt": "x", "logit_bias": {"5": 1}}, 400, "logit_bias"),
+    ],
+)
 def test_errors_are_openai_shaped_and_server_stays_healthy(base, body, status, param):
     r = requests.post(base + "/v1/completions", json=body, timeout=30)
     assert r.status_code == status

@@ -27,6 +27,7 @@ The int8-KV scales come from export-time calibration on random tokens (not text)
 TP=2 exports of int8 and int4 serve the same greedy tokens as their TP=1 exports (scales come
 from the unsharded weights, so every rank holds the TP=1 integers, vocab-parallel tables too).
 """
+
 from __future__ import annotations
 
 import json
@@ -40,11 +41,17 @@ from tests.support.trained_model import corpus_prompts, write_trained_checkpoint
 pytestmark = pytest.mark.mpi
 NEW_TOKENS = 32
 NUM_PROMPTS = 20
-GROUP = 32   # int4 group: divides every per-rank input size at TP 1 and 2 (o_proj: 32 at TP 2)
+GROUP = 32  # int4 group: divides every per-rank input size at TP 1 and 2 (o_proj: 32 at TP 2)
 # name → (quant, tp, kv_int8)
-RUNS = {"fp32": (None, 1, False), "int8": ("weight_only_int8", 1, False), "int4": ("weight_only_int4", 1, False),
-        "kv8": (None, 1, True), "int8+kv8": ("weight_only_int8", 1, True),
-        "int8-tp2": ("weight_only_int8", 2, False), "int4-tp2": ("weight_only_int4", 2, False)}
+RUNS = {
+    "fp32": (None, 1, False),
+    "int8": ("weight_only_int8", 1, False),
+    "int4": ("weight_only_int4", 1, False),
+    "kv8": (None, 1, True),
+    "int8+kv8": ("weight_only_int8", 1, True),
+    "int8-tp2": ("weight_only_int8", 2, False),
+    "int4-tp2": ("weight_only_int4", 2, False),
+}
 
 
 @pytest.fixture(scope="module")
@@ -61,9 +68,12 @@ def served(tmp_path_factory) -> dict[str, tuple[list[list[int]], list[np.ndarray
     res = {}
     for tp in (1, 2):
         names = [n for n, (_, t, _) in RUNS.items() if t == tp]
-        spec = {"models": [{"dir": dirs[RUNS[n][0], tp], "kv_int8": RUNS[n][2]} for n in names], "prompts": prompts,
-                "params": {"max_tokens": NEW_TOKENS, "min_tokens": NEW_TOKENS, "temperature": 0.0},
-                "engine": {"block_size": 16, "num_blocks": 128, "eos_token_ids": [2]}}
+        spec = {
+            "models": [{"dir": dirs[RUNS[n][0], tp], "kv_int8": RUNS[n][2]} for n in names],
+            "prompts": prompts,
+            "params": {"max_tokens": NEW_TOKENS, "min_tokens": NEW_TOKENS, "temperature": 0.0},
+            "engine": {"block_size": 16, "num_blocks": 128, "eos_token_ids": [2]},
+        }
         data = run_driver(tp, spec, root)
         for i, n in enumerate(names):
             res[n] = data[f"tokens_{i}"].tolist(), list(data[f"logits_{i}"])
@@ -81,11 +91,13 @@ def compare(served, name: str) -> tuple[float, float, float, float]:
         same = next((i for i, (a, b) in enumerate(zip(rt, t)) if a != b), len(rt) - 1)
         for a, b in zip(rl[: same + 1], lg[: same + 1]):
             cos.append(float(a @ b / (np.linalg.norm(a) * np.linalg.norm(b))))
-        if rt[same] != t[same]:   # how close fp32's own choice was where the two diverged
+        if rt[same] != t[same]:  # how close fp32's own choice was where the two diverged
             gaps.append(float(rl[same][rt[same]] - rl[same][t[same]]))
     figures = (min(cos), float(np.mean(cos)), agree / len(ref_toks), max(gaps))
-    print(f"{name}: min cosine {figures[0]:.5f}, mean {figures[1]:.5f}, agreement {agree}/{len(ref_toks)}, "
-          f"widest fp32 top-2 gap at a divergence {figures[3]:.3f}")
+    print(
+        f"{name}: min cosine {figures[0]:.5f}, mean {figures[1]:.5f}, agreement {agree}/{len(ref_toks)}, "
+        f"widest fp32 top-2 gap at a divergence {figures[3]:.3f}"
+    )
     return figures
 
 
@@ -121,8 +133,7 @@ def test_server_with_int8_kv_cache_answers(served_tp2, tmp_path):
     from tests.support.server_process import ServerProcess
 
     with ServerProcess(2, served_tp2, tmp_path / "server.log", USE_CACHE_KV_INT8="1") as srv:
-        body = {"text": "Hello, how are you?", "max_dec_len": 12, "min_dec_len": 12,
-                "temperature": 0}
+        body = {"text": "Hello, how are you?", "max_dec_len": 12, "min_dec_len": 12, "temperature": 0}
         whole = requests.post(srv.url, json=body, timeout=60).json()
         assert whole["error_code"] == 0 and whole["tokens_all_num"] == 12
         res = requests.post(srv.url, json={**body, "stream": True}, stream=True, timeout=60)

@@ -1,6 +1,7 @@
 """`mpirun -n 2 spmd_serve` end to end: the original docs' request examples read exactly as the
 docs read them, concurrent greedy requests equal PaddleNLP, preemption under a small KV pool is
 invisible to clients, and the job stops as a whole (worker killed, SIGTERM to rank 0)."""
+
 from __future__ import annotations
 
 import json
@@ -61,7 +62,10 @@ def test_docs_multi_turn_messages_stream(server):
             {"role": "system", "content": "I'm a helpful AI assistant."},
             {"role": "user", "content": "List 3 countries and their capitals."},
         ],
-        "req_id": req_id, "max_dec_len": 64, "stream": True}
+        "req_id": req_id,
+        "max_dec_len": 64,
+        "stream": True,
+    }
     res = requests.post(server.url, json=data_multi, stream=True, timeout=60)
     assert res.status_code == 200
     check_stream(read_stream(res), req_id, 64)
@@ -69,8 +73,11 @@ def test_docs_multi_turn_messages_stream(server):
 
 def test_docs_non_stream(server):
     req_id = str(uuid.uuid1())
-    res = requests.post(server.url, json={"text": "Hello, how are you?", "req_id": req_id, "max_dec_len": 20,
-                                          "min_dec_len": 20}, timeout=60)
+    res = requests.post(
+        server.url,
+        json={"text": "Hello, how are you?", "req_id": req_id, "max_dec_len": 20, "min_dec_len": 20},
+        timeout=60,
+    )
     body = res.json()
     assert res.status_code == 200 and body["req_id"] == req_id and body["error_code"] == 0
     assert body["result"] == body["tokens_all"] and body["tokens_all_num"] == 20 == len(body["tokens_all_ids"])
@@ -86,12 +93,16 @@ def test_concurrent_greedy_equals_paddlenlp(server, demo_checkpoint):
     with ThreadPoolExecutor(len(PROMPTS)) as pool:
         served = list(pool.map(lambda p: greedy_ids(server.url, p, 10), PROMPTS))
     model = load_reference_model(demo_checkpoint)
-    assert served == [reference_generate(model, p, 10, mask_eos=True) for p in PROMPTS]   # min_dec_len = max
+    assert served == [reference_generate(model, p, 10, mask_eos=True) for p in PROMPTS]  # min_dec_len = max
 
 
 def test_bad_requests_get_contract_errors_and_server_stays_healthy(server):
-    cases = [({"text": "hi", "max_dec_len": "x"}, 400), ({"text": "hi", "max_dec_len": 10**6}, 400),
-             ({"max_dec_len": 3}, 400), ("not json", 400)]
+    cases = [
+        ({"text": "hi", "max_dec_len": "x"}, 400),
+        ({"text": "hi", "max_dec_len": 10**6}, 400),
+        ({"max_dec_len": 3}, 400),
+        ("not json", 400),
+    ]
     for body, status in cases:
         kw = {"data": body} if isinstance(body, str) else {"json": body}
         res = requests.post(server.url, timeout=30, **kw)
@@ -103,9 +114,17 @@ def test_32_concurrent_requests_under_preemption(served_tp2, tmp_path, server):
     """8 KV blocks of 16 tokens hold only two 50-token sequences: the rest wait or are preempted."""
     n_req, new = 32, 40
     prompts = [[1] + [(7 * i + j) % 900 + 3 for j in range(4 + i % 7)] for i in range(n_req)]
-    expected = [greedy_ids(server.url, p, new) for p in prompts[:4]]     # big pool: no preemption
-    small = ServerProcess(2, served_tp2, tmp_path / "server.log", BLOCK_SIZE="16", BLOCK_BS="2",
-                          MAX_SEQ_LEN="64", MAX_DEC_LEN="64", BATCH_SIZE="32")
+    expected = [greedy_ids(server.url, p, new) for p in prompts[:4]]  # big pool: no preemption
+    small = ServerProcess(
+        2,
+        served_tp2,
+        tmp_path / "server.log",
+        BLOCK_SIZE="16",
+        BLOCK_BS="2",
+        MAX_SEQ_LEN="64",
+        MAX_DEC_LEN="64",
+        BATCH_SIZE="32",
+    )
     with small:
         with ThreadPoolExecutor(n_req) as pool:
             got = list(pool.map(lambda p: greedy_ids(small.url, p, new), prompts))
@@ -144,6 +163,7 @@ def test_sigterm_to_rank0_stops_every_rank(served_tp2, tmp_path):
 
 def test_seeded_sampling_is_reproducible_whatever_the_batch(server):
     """The per-request seed fixes the tokens, alone or batched with other traffic."""
+
     def sampled(seed: int, text: str = "Tell me a story about the sea.") -> list[int]:
         body = {"text": text, "temperature": 0.9, "topp": 0.9, "seed": seed, "max_dec_len": 16, "min_dec_len": 16}
         res = requests.post(server.url, json=body, timeout=60)

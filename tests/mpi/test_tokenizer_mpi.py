@@ -3,6 +3,7 @@ streams frame by frame as valid UTF-8 and joins to the non-streaming text, with 
 SentencePiece tokenizer (default) and with USE_HF_TOKENIZER=1 on a tokenizer.json of the same
 model of SentencePiece/Llama type (Metaspace, byte fallback); a chat template that does not
 compile and USE_HF_TOKENIZER=1 without tokenizer.json stop start-up with one line."""
+
 from __future__ import annotations
 
 import json
@@ -27,14 +28,13 @@ def test_cjk_emoji_stream_equals_non_stream(served_tp1, tmp_path, tokenizer):
         model, env = _with_sentencepiece_tokenizer_json(served_tp1, tmp_path / "model"), {"USE_HF_TOKENIZER": "1"}
     with ServerProcess(1, model, tmp_path / "server.log", **env) as srv:
         plain = requests.post(srv.url, json={**body, "req_id": "plain"}, timeout=120).json()
-        res = requests.post(srv.url, json={**body, "req_id": "s", "stream": True}, stream=True,
-                            timeout=120)
+        res = requests.post(srv.url, json={**body, "req_id": "s", "stream": True}, stream=True, timeout=120)
         frames = []
         for raw in res.iter_lines():
-            frames.append(json.loads(raw.decode("utf-8")))       # strict: each frame is UTF-8
+            frames.append(json.loads(raw.decode("utf-8")))  # strict: each frame is UTF-8
     tokens = [f["token"] for f in frames]
     for t in tokens:
-        t.encode("utf-8")                                          # no lone surrogates
+        t.encode("utf-8")  # no lone surrogates
     assert plain["error_code"] == 0 and frames[-1]["is_end"] == 1
     assert "".join(tokens) == plain["result"] == frames[-1]["tokens_all"]
     assert sum((f["token_ids"] for f in frames), []) == plain["tokens_all_ids"]
@@ -59,8 +59,7 @@ def _with_sentencepiece_tokenizer_json(served: Path, model: Path) -> Path:
 
 
 def _error_lines(res: subprocess.CompletedProcess) -> list[str]:
-    return [ln for ln in (res.stdout + res.stderr).splitlines()
-            if ln.startswith("spmd_serve: error:")]
+    return [ln for ln in (res.stdout + res.stderr).splitlines() if ln.startswith("spmd_serve: error:")]
 
 
 @pytest.mark.parametrize("case", ["bad chat template", "USE_HF_TOKENIZER without tokenizer.json"])
@@ -77,8 +76,9 @@ def test_tokenizer_problems_stop_start_up_with_one_line(served_tp1, tmp_path, ca
         (model / "tokenizer.json").unlink(missing_ok=True)
         env["USE_HF_TOKENIZER"] = "1"
         expect = "USE_HF_TOKENIZER=1 needs"
-    res = subprocess.run(mpirun(1, str(VENV_BIN / "spmd_serve")), env=mpi_env(**env),
-                         capture_output=True, text=True, timeout=120)
+    res = subprocess.run(
+        mpirun(1, str(VENV_BIN / "spmd_serve")), env=mpi_env(**env), capture_output=True, text=True, timeout=120
+    )
     lines = _error_lines(res)
     assert res.returncode != 0 and len(lines) == 1 and expect in lines[0], res.stderr[-2000:]
     assert "cannot load the tokenizer of" in lines[0] and "Traceback" not in res.stderr

@@ -7,6 +7,7 @@ FakeTokenizer has the interface of spmd_serve/frontend/text/tokenizer.py: one id
 Harness runs an IOServer + FakeEngine on free ports; the helpers at the end talk to it.
 FakeComm and FakeRunner stand in for the other ranks under the real Engine loop.
 """
+
 from __future__ import annotations
 
 import json
@@ -19,11 +20,11 @@ import requests
 
 from spmd_serve.engine.client import AbortCommand, AddCommand, EngineClient, RequestOutput
 
-BOS, EOS, OFFSET = 1, 2, 3          # ids below OFFSET are special and decode to ""
+BOS, EOS, OFFSET = 1, 2, 3  # ids below OFFSET are special and decode to ""
 
 
 class FakeDetokenizer:
-    def __init__(self, tok: "FakeTokenizer") -> None:
+    def __init__(self, tok: FakeTokenizer) -> None:
         self._tok = tok
         self.text = ""
 
@@ -55,15 +56,18 @@ class FakeTokenizer:
         turns = ([{"role": "system", "content": system}] if system else []) + list(messages)
         return "".join(f"<{m['role']}>{m['content']}\n" for m in turns) + "<assistant>"
 
-    def encode_prompt(self, *, text: str | None = None, messages: list[dict] | None = None,
-                      system: str | None = None) -> list[int]:
+    def encode_prompt(
+        self, *, text: str | None = None, messages: list[dict] | None = None, system: str | None = None
+    ) -> list[int]:
         if text is not None:
             messages = [{"role": "user", "content": text}]
         # ValueError for every malformed message, as the real ServingTokenizer raises
-        if not messages or any(not isinstance(m, dict)
-                               or m.get("role") not in ("user", "assistant", "system")
-                               or not isinstance(m.get("content"), (str, list))
-                               for m in messages):
+        if not messages or any(
+            not isinstance(m, dict)
+            or m.get("role") not in ("user", "assistant", "system")
+            or not isinstance(m.get("content"), (str, list))
+            for m in messages
+        ):
             raise ValueError("messages: role must be user, assistant or system")
         return [BOS] + self.encode(self.render_chat(messages, system))
 
@@ -85,7 +89,7 @@ class FakeComm:
 class FakeRunner:
     """Logits favouring token 7 for every scheduled sequence; a step takes `step_s`."""
 
-    timings = None   # no split of the execute phase
+    timings = None  # no split of the execute phase
 
     def __init__(self, vocab: int = 32, step_s: float = 0.002) -> None:
         self.vocab, self.step_s = vocab, step_s
@@ -111,13 +115,13 @@ class FakeEngine:
         self.step_s = step_s
         self.aborted: list[str] = []
         self.added: list[AddCommand] = []
-        self.fail_after: dict[str, int] = {}    # req_id -> fail with error after this many tokens
-        self.paused = threading.Event()          # no steps and no heartbeat while set
+        self.fail_after: dict[str, int] = {}  # req_id -> fail with error after this many tokens
+        self.paused = threading.Event()  # no steps and no heartbeat while set
         self._stop = threading.Event()
         self._running: dict[str, _Seq] = {}
         self._thread = threading.Thread(target=self._run, name="fake-engine", daemon=True)
 
-    def start(self, ready: bool = True) -> "FakeEngine":
+    def start(self, ready: bool = True) -> FakeEngine:
         self._thread.start()
         if ready:
             self.client.ready.set()
@@ -163,8 +167,7 @@ class FakeEngine:
         prompt = [i for i in seq.cmd.prompt_token_ids if i != BOS] or [OFFSET]
         if len(seq.out) >= self.fail_after.get(rid, 1 << 30):
             self._running.pop(rid)
-            return RequestOutput(rid, [], True, "error", 500, "fake engine failure",
-                                 len(seq.cmd.prompt_token_ids))
+            return RequestOutput(rid, [], True, "error", 500, "fake engine failure", len(seq.cmd.prompt_token_ids))
         tok = prompt[len(seq.out) % len(prompt)]
         seq.out.append(tok)
         eos = set(params.eos_token_ids) | {EOS}
@@ -176,23 +179,30 @@ class FakeEngine:
         if reason:
             self._running.pop(rid)
         # fake logprobs: the chosen token at -0.5, then ids counting down from it
-        lps = None if params.logprobs is None else [
-            (-0.5, [(tok - k, -0.5 - k) for k in range(params.logprobs)])]
-        return RequestOutput(rid, [tok], reason is not None, reason,
-                             num_prompt_tokens=len(seq.cmd.prompt_token_ids), logprobs=lps)
+        lps = None if params.logprobs is None else [(-0.5, [(tok - k, -0.5 - k) for k in range(params.logprobs)])]
+        return RequestOutput(
+            rid, [tok], reason is not None, reason, num_prompt_tokens=len(seq.cmd.prompt_token_ids), logprobs=lps
+        )
 
 
 class Harness:
     """A running IOServer + FakeEngine on free loopback ports, with URLs for requests."""
 
-    def __init__(self, capacity: int = 16, step_s: float = 0.002, ready: bool = True,
-                 **settings) -> None:
-        from spmd_serve.frontend.server.app import IOServer    # tornado only where a server is wanted
+    def __init__(self, capacity: int = 16, step_s: float = 0.002, ready: bool = True, **settings) -> None:
+        from spmd_serve.frontend.server.app import IOServer  # tornado only where a server is wanted
+
         self.client = EngineClient(capacity)
         self.tokenizer = FakeTokenizer()
         self.engine = FakeEngine(self.client, step_s)
-        settings = {"host": "127.0.0.1", "http_port": 0, "health_port": 0,
-                    "max_seq_len": 256, "max_dec_len": 64, "model_max_len": 300, **settings}
+        settings = {
+            "host": "127.0.0.1",
+            "http_port": 0,
+            "health_port": 0,
+            "max_seq_len": 256,
+            "max_dec_len": 64,
+            "model_max_len": 300,
+            **settings,
+        }
         self.server = IOServer(self.client, self.tokenizer, **settings)
         self.engine.start(ready)
         try:
@@ -219,7 +229,7 @@ def echo(prompt_ids: list[int], n: int) -> str:
 
 
 def stream_lines(url: str, data: dict, **kw) -> list[dict]:
-    res = requests.post(url, json=data, stream=True, timeout=10, **kw)   # as the docs do it
+    res = requests.post(url, json=data, stream=True, timeout=10, **kw)  # as the docs do it
     assert res.status_code == 200, res.text
     assert res.headers["Content-Type"].startswith("application/x-ndjson")
     return [json.loads(line) for line in res.iter_lines()]

@@ -1,20 +1,24 @@
 """Test helper: run the operator commands (`start_server`, `stop_server`, `download_model`) as real
 processes, and make sure a test never leaves a started server behind."""
+
 from __future__ import annotations
 
 import contextlib
 import socket
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import psutil
 
 from tests.support.server_process import VENV_BIN, free_ports, mpi_env
 
-MODULES = {"start_server": "spmd_serve.launcher.start", "stop_server": "spmd_serve.launcher.stop",
-           "download_model": "spmd_serve.download"}
+MODULES = {
+    "start_server": "spmd_serve.launcher.start",
+    "stop_server": "spmd_serve.launcher.stop",
+    "download_model": "spmd_serve.download",
+}
 
 
 def command(name: str) -> list[str]:
@@ -24,8 +28,15 @@ def command(name: str) -> list[str]:
 
 
 def run(name: str, *args: str, env: dict[str, str], cwd: Path, timeout: float = 300) -> subprocess.CompletedProcess:
-    return subprocess.run([*command(name), *args], env=env, cwd=cwd, capture_output=True, text=True,
-                          timeout=timeout, stdin=subprocess.DEVNULL)
+    return subprocess.run(
+        [*command(name), *args],
+        env=env,
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        stdin=subprocess.DEVNULL,
+    )
 
 
 PORT_VARS = ("SERVICE_HTTP_PORT", "SERVICE_GRPC_PORT", "HEALTH_HTTP_PORT", "METRICS_HTTP_PORT", "INTER_PROC_PORT")
@@ -36,8 +47,17 @@ def launcher_env(log_dir: Path, **extra: str) -> dict[str, str]:
     own serving variables leak in."""
     ports = {v: str(p) for v, p in zip(PORT_VARS, free_ports(len(PORT_VARS)))}
     env = mpi_env(HOST="127.0.0.1", LOG_DIR=str(log_dir), **ports)
-    for stray in ("MODEL_DIR", "model_name", "MP_NUM", "MODEL_BASE_URL", "tag", "FD_LOG_DIR",
-                  "OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMI_RANK"):
+    for stray in (
+        "MODEL_DIR",
+        "model_name",
+        "MP_NUM",
+        "MODEL_BASE_URL",
+        "tag",
+        "FD_LOG_DIR",
+        "OMPI_COMM_WORLD_SIZE",
+        "PMIX_RANK",
+        "PMI_RANK",
+    ):
         env.pop(stray, None)
     env.update({k: str(v) for k, v in extra.items()})
     return env
@@ -50,8 +70,11 @@ def processes_of(log_dir: Path) -> list[psutil.Process]:
     for p in psutil.process_iter():
         try:
             env = p.environ()
-            if env.get("SPMD_SERVE_RUN_ID") and env.get("LOG_DIR") == str(log_dir) \
-                    and p.status() != psutil.STATUS_ZOMBIE:
+            if (
+                env.get("SPMD_SERVE_RUN_ID")
+                and env.get("LOG_DIR") == str(log_dir)
+                and p.status() != psutil.STATUS_ZOMBIE
+            ):
                 found.append(p)
         except psutil.Error:
             continue

@@ -1,5 +1,6 @@
 """Test helper: Prometheus text (as `/metrics` serves it) read with prometheus_client's own parser
 into a flat {(sample name, labels): value} view, with deltas between two scrapes."""
+
 from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, generate_latest
@@ -13,11 +14,11 @@ class Samples:
         self.text = text
         self.families = {f.name: f for f in text_string_to_metric_families(text)}
         self.values: dict[tuple[str, frozenset], float] = {
-            (s.name, frozenset(s.labels.items())): s.value
-            for f in self.families.values() for s in f.samples}
+            (s.name, frozenset(s.labels.items())): s.value for f in self.families.values() for s in f.samples
+        }
 
     @classmethod
-    def of(cls, registry: CollectorRegistry) -> "Samples":
+    def of(cls, registry: CollectorRegistry) -> Samples:
         return cls(generate_latest(registry).decode())
 
     def get(self, name: str, **labels: str) -> float:
@@ -29,10 +30,10 @@ class Samples:
         """The `inference_server_metrics` family as {series: value} (label name = its value)."""
         out = {}
         for s in self.families["inference_server_metrics"].samples:
-            (key, val), = s.labels.items()
+            ((key, val),) = s.labels.items()
             assert key == val, s
             out[key] = s.value
         return out
 
-    def delta(self, before: "Samples", name: str, **labels: str) -> float:
+    def delta(self, before: Samples, name: str, **labels: str) -> float:
         return self.get(name, **labels) - before.get(name, **labels)

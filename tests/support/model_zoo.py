@@ -10,6 +10,7 @@
   PaddleNLP directories written by PaddleNLP's own `save_pretrained` (pdparams, sharded, and
   safetensors), from PaddleNLP's model holding the same weights.
 """
+
 from __future__ import annotations
 
 import json
@@ -18,22 +19,65 @@ from pathlib import Path
 
 import numpy as np
 
-_BASE = {"vocab_size": 512, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
-         "max_position_embeddings": 2048, "rms_norm_eps": 1e-6, "bos_token_id": 1, "eos_token_id": 2,
-         "pad_token_id": 0, "torch_dtype": "float32", "hidden_act": "silu"}
+_BASE = {
+    "vocab_size": 512,
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 2,
+    "max_position_embeddings": 2048,
+    "rms_norm_eps": 1e-6,
+    "bos_token_id": 1,
+    "eos_token_id": 2,
+    "pad_token_id": 0,
+    "torch_dtype": "float32",
+    "hidden_act": "silu",
+}
 ARCHS: dict[str, dict] = {
-    "llama2": dict(_BASE, architectures=["LlamaForCausalLM"], model_type="llama", num_attention_heads=4,
-                   num_key_value_heads=4, rope_theta=10000.0, tie_word_embeddings=False),
-    "llama3": dict(_BASE, architectures=["LlamaForCausalLM"], model_type="llama", num_attention_heads=4,
-                   num_key_value_heads=1, rope_theta=500000.0, tie_word_embeddings=False,
-                   rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
-                                 "high_freq_factor": 4.0, "original_max_position_embeddings": 64}),
-    "qwen2_tied": dict(_BASE, architectures=["Qwen2ForCausalLM"], model_type="qwen2", num_attention_heads=4,
-                       num_key_value_heads=2, rope_theta=1000000.0, tie_word_embeddings=True,
-                       use_sliding_window=False),
-    "qwen2_untied": dict(_BASE, architectures=["Qwen2ForCausalLM"], model_type="qwen2", num_attention_heads=4,
-                         num_key_value_heads=2, rope_theta=1000000.0, tie_word_embeddings=False,
-                         use_sliding_window=False),
+    "llama2": dict(
+        _BASE,
+        architectures=["LlamaForCausalLM"],
+        model_type="llama",
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        rope_theta=10000.0,
+        tie_word_embeddings=False,
+    ),
+    "llama3": dict(
+        _BASE,
+        architectures=["LlamaForCausalLM"],
+        model_type="llama",
+        num_attention_heads=4,
+        num_key_value_heads=1,
+        rope_theta=500000.0,
+        tie_word_embeddings=False,
+        rope_scaling={
+            "rope_type": "llama3",
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 64,
+        },
+    ),
+    "qwen2_tied": dict(
+        _BASE,
+        architectures=["Qwen2ForCausalLM"],
+        model_type="qwen2",
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        rope_theta=1000000.0,
+        tie_word_embeddings=True,
+        use_sliding_window=False,
+    ),
+    "qwen2_untied": dict(
+        _BASE,
+        architectures=["Qwen2ForCausalLM"],
+        model_type="qwen2",
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        rope_theta=1000000.0,
+        tie_word_embeddings=False,
+        use_sliding_window=False,
+    ),
 }
 FORMATS = ("hf", "hf_sharded", "paddlenlp_pdparams", "paddlenlp_sharded", "paddlenlp_safetensors")
 
@@ -61,8 +105,11 @@ def make_weights(cfg: dict, seed: int = 0) -> dict[str, np.ndarray]:
         w[a + "q_proj.weight"], w[a + "k_proj.weight"] = linear(h, h), linear(kv, h)
         w[a + "v_proj.weight"], w[a + "o_proj.weight"] = linear(kv, h), linear(h, h)
         if qwen:
-            w[a + "q_proj.bias"], w[a + "k_proj.bias"], w[a + "v_proj.bias"] = \
-                normal((h,), 0.5), normal((kv,), 0.5), normal((kv,), 0.5)
+            w[a + "q_proj.bias"], w[a + "k_proj.bias"], w[a + "v_proj.bias"] = (
+                normal((h,), 0.5),
+                normal((kv,), 0.5),
+                normal((kv,), 0.5),
+            )
         w[m + "gate_proj.weight"], w[m + "up_proj.weight"] = linear(inter, h), linear(inter, h)
         w[m + "down_proj.weight"] = linear(h, inter)
         w[p + "input_layernorm.weight"], w[p + "post_attention_layernorm.weight"] = norm(), norm()

@@ -10,6 +10,7 @@ are started through the agent and reach rank 0 over the veth pair only.  Everyth
 on exit: processes still inside the namespaces (all of them started by the test) are killed, and
 deleting a namespace deletes its end of the veth pair (and so the pair).
 """
+
 from __future__ import annotations
 
 import os
@@ -54,13 +55,13 @@ class TwoNodes:
     def __init__(self, workdir: Path) -> None:
         tag = secrets.token_hex(3)
         self.ns = [f"spmdA{tag}", f"spmdB{tag}"]
-        self.veth = [f"vsA{tag}", f"vsB{tag}"]        # interface names: at most 15 characters
+        self.veth = [f"vsA{tag}", f"vsB{tag}"]  # interface names: at most 15 characters
         third = int(tag[:2], 16) % 250 + 2
         self.ips = [f"{SUBNET}.{third}.1", f"{SUBNET}.{third}.2"]
         self.agent = workdir / "netns_agent.sh"
         self._made: list[str] = []
 
-    def __enter__(self) -> "TwoNodes":
+    def __enter__(self) -> TwoNodes:
         try:
             for ns in self.ns:
                 _ip("netns", "add", ns)
@@ -70,8 +71,20 @@ class TwoNodes:
             detail = getattr(e, "stderr", "") or str(e)
             pytest.skip(f"cannot create network namespaces here: {detail.strip()}")
         try:
-            _ip("link", "add", self.veth[0], "netns", self.ns[0], "type", "veth",
-                "peer", "name", self.veth[1], "netns", self.ns[1])
+            _ip(
+                "link",
+                "add",
+                self.veth[0],
+                "netns",
+                self.ns[0],
+                "type",
+                "veth",
+                "peer",
+                "name",
+                self.veth[1],
+                "netns",
+                self.ns[1],
+            )
             for ns, dev, addr in zip(self.ns, self.veth, self.ips):
                 _ip("-n", ns, "addr", "add", f"{addr}/24", "dev", dev)
                 _ip("-n", ns, "link", "set", dev, "up")
@@ -86,9 +99,20 @@ class TwoNodes:
 
     def mca_args(self) -> list[str]:
         """mpirun flags: launch through the agent, one hop (no tree spawn), TCP over the veth."""
-        return ["--mca", "plm_rsh_agent", str(self.agent), "--mca", "plm_rsh_no_tree_spawn", "1",
-                "--mca", "btl_tcp_if_include", f"{SUBNET}.0.0/16",
-                "--mca", "oob_tcp_if_include", f"{SUBNET}.0.0/16"]
+        return [
+            "--mca",
+            "plm_rsh_agent",
+            str(self.agent),
+            "--mca",
+            "plm_rsh_no_tree_spawn",
+            "1",
+            "--mca",
+            "btl_tcp_if_include",
+            f"{SUBNET}.0.0/16",
+            "--mca",
+            "oob_tcp_if_include",
+            f"{SUBNET}.0.0/16",
+        ]
 
     def mca_environ(self) -> dict[str, str]:
         """The same settings as environment variables (how an operator sets them for start_server)."""

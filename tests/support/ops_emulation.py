@@ -6,6 +6,7 @@ shuffles) and driven through the real GPU wrappers with host memory standing in 
 The `emulated` fixture swaps runtime.load_kernel for that build and returns a host-array -> DeviceArray
 view; tests using it skip without g++ >= 12.
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -102,8 +103,10 @@ def _emulated_loader(tmp_path):
             device_prelude = runtime.CUDA_PRELUDE[: runtime.CUDA_PRELUDE.index("#if DTYPE_ID")]
             body = source.replace(device_prelude, "")  # keep the DTYPE_ID dispatch, drop the PTX helpers
             names = [n for mod in (kvw, pa) if mod.SOURCE == source for n in mod.KERNEL_NAMES]
-            entries = "".join(f'extern "C" void emu_{n}(unsigned* g, unsigned b, void** a) '
-                              f'{{ launch({n}, g, b, a); }}\n' for n in names)
+            entries = "".join(
+                f'extern "C" void emu_{n}(unsigned* g, unsigned b, void** a) {{ launch({n}, g, b, a); }}\n'
+                for n in names
+            )
             cpp = tmp_path / f"emu{len(built)}.cpp"
             cpp.write_text(EMU_SHIM + body + entries + 'extern "C" int emu_bad_shuffles() { return bad_shuffles; }\n')
             so = cpp.with_suffix(".so")
@@ -132,6 +135,7 @@ def emulated(tmp_path, monkeypatch):
     monkeypatch.setattr(runtime, "load_kernel", _emulated_loader(tmp_path))
     monkeypatch.setattr(runtime, "sm_count", lambda: 132)
     keep: list = []
+
     def scratch(nbytes: int) -> int:  # NaN-filled, so a partition the reduce should not read shows up
         keep.append(np.full(nbytes // 4 + 1, np.nan, np.float32))
         return keep[-1].ctypes.data

@@ -2,6 +2,7 @@
 the GPU skip mark, host <-> device buffers for GPU tests, kernel storage dtypes, and the NVRTC
 compile check every kernel module gets.  Test modules import the fixtures they use by name.
 """
+
 from __future__ import annotations
 
 import numpy as np

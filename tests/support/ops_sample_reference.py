@@ -4,6 +4,7 @@
 integers, on top of the primitives tested on their own (philox4x32_10, exp2_weight), so a token must
 equal the twin's exactly; `check_against_reference` runs it against sample_cpu row by row.
 """
+
 from __future__ import annotations
 
 import math
@@ -58,8 +59,11 @@ def ref_row(logits, temp, top_p, top_k, rep, freq, pres, seed, counter, min_tok,
         need = math.ceil(float(f32(top_p)) * cum[k - 1])
         kept = next(i for i in range(k) if cum[i] >= need) + 1
     total = cum[kept - 1]
-    x0 = int(philox.philox4x32_10(np.array([counter & M32, (counter >> 32) & M32, 0, 0]),
-                                  np.array([seed & M32, seed >> 32]))[0])
+    x0 = int(
+        philox.philox4x32_10(
+            np.array([counter & M32, (counter >> 32) & M32, 0, 0]), np.array([seed & M32, seed >> 32])
+        )[0]
+    )
     t = x0 * total >> 32
     tok = ranked[next(i for i in range(n_pos) if cum[i] > t)]
     ln_z = math.log(total) - 31 * math.log(2.0)
@@ -82,8 +86,9 @@ def make_batch(rng, b_sz, v_sz, *, scale=3.0, gen_len=12, n_eos=2):
         min_tokens=rng.integers(0, 4, b_sz).astype(np.int32),
         num_generated=rng.integers(0, 4, b_sz).astype(np.int32),
         eos_ids=np.where(rng.random((b_sz, n_eos)) < 0.3, -1, rng.integers(0, v_sz, (b_sz, n_eos))).astype(np.int32),
-        gen_token_ids=np.where(rng.random((b_sz, gen_len)) < 0.2, -1,
-                               rng.integers(-2, v_sz + 2, (b_sz, gen_len))).astype(np.int32),
+        gen_token_ids=np.where(
+            rng.random((b_sz, gen_len)) < 0.2, -1, rng.integers(-2, v_sz + 2, (b_sz, gen_len))
+        ).astype(np.int32),
     )
 
 
@@ -91,27 +96,51 @@ def check_against_reference(batch, n_top=0) -> tuple:
     out = sp.sample_cpu(**batch, num_logprobs=n_top)
     tokens, lps, top_ids, top_lps = out
     for b in range(len(tokens)):
-        args = [batch[k][b] for k in ("logits", "temperature", "top_p", "top_k", "rep_penalty", "freq_penalty",
-                                      "pres_penalty", "seeds", "counters", "min_tokens", "num_generated",
-                                      "eos_ids", "gen_token_ids")]
+        args = [
+            batch[k][b]
+            for k in (
+                "logits",
+                "temperature",
+                "top_p",
+                "top_k",
+                "rep_penalty",
+                "freq_penalty",
+                "pres_penalty",
+                "seeds",
+                "counters",
+                "min_tokens",
+                "num_generated",
+                "eos_ids",
+                "gen_token_ids",
+            )
+        ]
         args[7], args[8] = int(args[7]), int(args[8])
         tok, lp, tops = ref_row(*args, n_top)
         assert tokens[b] == tok, f"row {b}"
         assert lps[b] == pytest.approx(lp, abs=2e-5), f"row {b}"
         assert [int(i) for i in top_ids[b, : len(tops)]] == [i for i, _ in tops], f"row {b}"
         np.testing.assert_allclose(top_lps[b, : len(tops)], [v for _, v in tops], atol=2e-5)
-        assert (top_ids[b, len(tops):] == -1).all() and (top_lps[b, len(tops):] == -np.inf).all()
+        assert (top_ids[b, len(tops) :] == -1).all() and (top_lps[b, len(tops) :] == -np.inf).all()
     return out
 
 
 def base_batch(logits, **over):
     b_sz, v_sz = logits.shape
-    d = dict(logits=logits, temperature=np.ones(b_sz, np.float32), top_p=np.ones(b_sz, np.float32),
-             top_k=np.zeros(b_sz, np.int32), rep_penalty=np.ones(b_sz, np.float32),
-             freq_penalty=np.zeros(b_sz, np.float32), pres_penalty=np.zeros(b_sz, np.float32),
-             seeds=np.arange(1, b_sz + 1, dtype=np.uint64), counters=np.zeros(b_sz, np.int64),
-             min_tokens=np.zeros(b_sz, np.int32), num_generated=np.zeros(b_sz, np.int32),
-             eos_ids=np.full((b_sz, 1), -1, np.int32), gen_token_ids=np.full((b_sz, 0), -1, np.int32))
+    d = dict(
+        logits=logits,
+        temperature=np.ones(b_sz, np.float32),
+        top_p=np.ones(b_sz, np.float32),
+        top_k=np.zeros(b_sz, np.int32),
+        rep_penalty=np.ones(b_sz, np.float32),
+        freq_penalty=np.zeros(b_sz, np.float32),
+        pres_penalty=np.zeros(b_sz, np.float32),
+        seeds=np.arange(1, b_sz + 1, dtype=np.uint64),
+        counters=np.zeros(b_sz, np.int64),
+        min_tokens=np.zeros(b_sz, np.int32),
+        num_generated=np.zeros(b_sz, np.int32),
+        eos_ids=np.full((b_sz, 1), -1, np.int32),
+        gen_token_ids=np.full((b_sz, 0), -1, np.int32),
+    )
     for k, v in over.items():
         d[k] = np.asarray(v, dtype=d[k].dtype) if np.ndim(v) else np.full(d[k].shape, v, d[k].dtype)
     return d

@@ -13,6 +13,7 @@ This module owns the "ground truth" that spmd_serve's own model code is compared
 * `reference_generate(model, prompt, n)`: PaddleNLP's own `generate()` (KV cache path), used to
   cross-check `reference_greedy`.
 """
+
 from __future__ import annotations
 
 import json
@@ -23,8 +24,10 @@ import paddle
 from paddlenlp.transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 from safetensors.numpy import load_file
 
-ARCHS = {"LlamaForCausalLM": (LlamaConfig, LlamaForCausalLM, "llama."),
-         "Qwen2ForCausalLM": (Qwen2Config, Qwen2ForCausalLM, "qwen2.")}
+ARCHS = {
+    "LlamaForCausalLM": (LlamaConfig, LlamaForCausalLM, "llama."),
+    "Qwen2ForCausalLM": (Qwen2Config, Qwen2ForCausalLM, "qwen2."),
+}
 
 
 def _paddle_name_and_layout(hf_name: str, prefix: str = "llama.", tied: bool = False) -> tuple[str, bool]:
@@ -35,10 +38,10 @@ def _paddle_name_and_layout(hf_name: str, prefix: str = "llama.", tied: bool = F
     2-D weight except the embedding table is transposed.
     """
     if hf_name == "lm_head.weight":
-        return hf_name, not tied   # tied: PaddleNLP's lm_head *is* the [V, H] embedding
+        return hf_name, not tied  # tied: PaddleNLP's lm_head *is* the [V, H] embedding
     if not hf_name.startswith("model."):
         raise KeyError(f"unexpected tensor in checkpoint: {hf_name}")
-    name = prefix + hf_name[len("model."):]
+    name = prefix + hf_name[len("model.") :]
     return name, name.endswith("_proj.weight") and not name.endswith(".bias")
 
 
@@ -74,7 +77,7 @@ def reference_from_weights(hf_cfg: dict, weights: dict[str, np.ndarray]):
 
     expected = model.state_dict()
     weights = dict(weights)
-    if tied:   # one tensor, two names in PaddleNLP's state_dict
+    if tied:  # one tensor, two names in PaddleNLP's state_dict
         weights["lm_head.weight"] = weights["model.embed_tokens.weight"]
     mapped: dict[str, np.ndarray] = {}
     for hf_name, arr in weights.items():
@@ -105,11 +108,12 @@ def reference_logits(model: LlamaForCausalLM, prompt: list[int], generated: list
     """PaddleNLP logits predicting each generated token, from one forward pass: [n, V]."""
     ids = paddle.to_tensor([prompt + generated[:-1]], dtype="int64")
     logits = model(input_ids=ids, use_cache=False, return_dict=True).logits
-    return logits[0, len(prompt) - 1:].numpy()
+    return logits[0, len(prompt) - 1 :].numpy()
 
 
-def reference_greedy(model: LlamaForCausalLM, prompt_ids: list[int], max_new_tokens: int
-                     ) -> tuple[list[int], np.ndarray]:
+def reference_greedy(
+    model: LlamaForCausalLM, prompt_ids: list[int], max_new_tokens: int
+) -> tuple[list[int], np.ndarray]:
     """Greedy decoding by full forward passes (no KV cache), never stopping at EOS.
 
     Returns the generated ids and the logits each one was picked from, [max_new_tokens, vocab].
@@ -124,13 +128,13 @@ def reference_greedy(model: LlamaForCausalLM, prompt_ids: list[int], max_new_tok
         logits.append(step)
         tokens.append(nxt)
         ids.append(nxt)
-    return tokens, np.stack(logits) if logits else np.zeros((0, model.config.vocab_size),
-                                                               np.float32)
+    return tokens, np.stack(logits) if logits else np.zeros((0, model.config.vocab_size), np.float32)
 
 
 @paddle.no_grad()
-def reference_generate(model: LlamaForCausalLM, prompt_ids: list[int], max_new_tokens: int,
-                       mask_eos: bool = False) -> list[int]:
+def reference_generate(
+    model: LlamaForCausalLM, prompt_ids: list[int], max_new_tokens: int, mask_eos: bool = False
+) -> list[int]:
     """PaddleNLP's own greedy generate() (with its KV cache), exactly max_new_tokens tokens.
 
     mask_eos=False never stops at EOS but may pick it (like an engine's ignore_eos);
@@ -144,8 +148,11 @@ def reference_generate(model: LlamaForCausalLM, prompt_ids: list[int], max_new_t
     # logits, which disagrees with reference_greedy whenever EOS is the argmax -- it is, at step
     # 6 of one of the test prompts.
     mask = paddle.ones_like(x, dtype="int64")
-    eos = {"eos_token_id": model.config.eos_token_id, "min_new_tokens": max_new_tokens} if mask_eos \
+    eos = (
+        {"eos_token_id": model.config.eos_token_id, "min_new_tokens": max_new_tokens}
+        if mask_eos
         else {"eos_token_id": -1}
+    )
     out = model.generate(
         input_ids=x,
         attention_mask=mask,

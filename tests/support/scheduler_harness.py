@@ -1,6 +1,7 @@
 """Shared scheduler test harness: request factories, a sequential reference, and a fake model
 that simulates the paged KV cache (deterministic in (prompt, position)), so any schedule -
 chunked, preempted, recomputed - must reproduce the reference token stream exactly."""
+
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -19,17 +20,23 @@ def default_fn(prompt: tuple[int, ...], position: int) -> int:
 
 
 def make_scheduler(**kw) -> Scheduler:
-    cfg = dict(max_num_seqs=8, num_blocks=64, block_size=4, block_ratio=1.0, max_waiting=64,
-               max_num_batched_tokens=64, max_model_len=256)
+    cfg = dict(
+        max_num_seqs=8,
+        num_blocks=64,
+        block_size=4,
+        block_ratio=1.0,
+        max_waiting=64,
+        max_num_batched_tokens=64,
+        max_model_len=256,
+    )
     cfg.update(kw)
     return Scheduler(SchedulerConfig(**cfg))
 
 
 def make_request(req_id: str, prompt_len: int = 4, max_tokens: int = 4, **params) -> Request:
-    base = sum(map(ord, req_id))             # distinct prompts per id => distinct streams
+    base = sum(map(ord, req_id))  # distinct prompts per id => distinct streams
     prompt = [100 + (base + i) % 50 for i in range(prompt_len)]
-    return Request(req_id, prompt, SamplingParams(max_tokens=max_tokens, **params),
-                   eos_token_ids=frozenset({EOS}))
+    return Request(req_id, prompt, SamplingParams(max_tokens=max_tokens, **params), eos_token_ids=frozenset({EOS}))
 
 
 def reference(req: Request, max_model_len: int, fn: TokenFn = default_fn) -> tuple[list[int], str]:
@@ -60,10 +67,10 @@ class FakeModel:
             r = s.request
             assert s.num_new_tokens >= 1 and s.start == r.num_computed_tokens
             toks = r.all_token_ids
-            assert s.token_ids == toks[s.start:s.start + s.num_new_tokens]
+            assert s.token_ids == toks[s.start : s.start + s.num_new_tokens]
             for p in range(s.start, s.start + s.num_new_tokens):
                 self.kv[bm.slot(r, p)] = (r.req_id, p, toks[p])
-            for p in range(s.start + s.num_new_tokens):   # attention reads the whole prefix
+            for p in range(s.start + s.num_new_tokens):  # attention reads the whole prefix
                 assert self.kv[bm.slot(r, p)] == (r.req_id, p, toks[p]), (r, p)
             assert s.samples == (s.start + s.num_new_tokens == r.num_tokens)
             if s.samples:
@@ -71,9 +78,13 @@ class FakeModel:
         return sampled
 
 
-def run(sched: Scheduler, arrivals: dict[int, list[Request]] | None = None,
-        fn: TokenFn = default_fn, aborts: dict[int, list[str]] | None = None,
-        max_steps: int = 10_000) -> list[SchedulerOutput]:
+def run(
+    sched: Scheduler,
+    arrivals: dict[int, list[Request]] | None = None,
+    fn: TokenFn = default_fn,
+    aborts: dict[int, list[str]] | None = None,
+    max_steps: int = 10_000,
+) -> list[SchedulerOutput]:
     """Drive to completion; arrivals/aborts happen before schedule() of the given step."""
     arrivals, aborts = dict(arrivals or {}), dict(aborts or {})
     model, trace, step = FakeModel(sched, fn), [], 0

@@ -1,6 +1,7 @@
 """Test helper: run `mpirun -n N spmd_serve` (or any command) as a real process group on free
 loopback ports, wait for readiness, and always stop it (SIGTERM, then SIGKILL after a timeout);
 read a long native stream in the background while a test stops or breaks the server."""
+
 from __future__ import annotations
 
 import json
@@ -37,8 +38,13 @@ def free_ports(n: int) -> list[int]:
 
 def mpi_env(**extra: str) -> dict[str, str]:
     env = dict(os.environ)
-    env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", GLOG_minloglevel="2",
-               OMPI_MCA_btl_vader_single_copy_mechanism="none", PYTHONUNBUFFERED="1")
+    env.update(
+        OMPI_ALLOW_RUN_AS_ROOT="1",
+        OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
+        GLOG_minloglevel="2",
+        OMPI_MCA_btl_vader_single_copy_mechanism="none",
+        PYTHONUNBUFFERED="1",
+    )
     env["PATH"] = f"{VENV_BIN}{os.pathsep}{env.get('PATH', '')}"
     env.update({k: str(v) for k, v in extra.items()})
     return env
@@ -53,10 +59,15 @@ class ServerProcess:
 
     def __init__(self, n: int, model_dir: str | None, log_path: Path, **env: str) -> None:
         self.http_port, self.health_port, metrics_port, grpc_port = free_ports(4)
-        self.env = mpi_env(MP_NUM=str(n), SERVICE_HTTP_PORT=str(self.http_port),
-                           HEALTH_HTTP_PORT=str(self.health_port), HOST="127.0.0.1",
-                           METRICS_HTTP_PORT=str(metrics_port), SERVICE_GRPC_PORT=str(grpc_port),
-                           **env)
+        self.env = mpi_env(
+            MP_NUM=str(n),
+            SERVICE_HTTP_PORT=str(self.http_port),
+            HEALTH_HTTP_PORT=str(self.health_port),
+            HOST="127.0.0.1",
+            METRICS_HTTP_PORT=str(metrics_port),
+            SERVICE_GRPC_PORT=str(grpc_port),
+            **env,
+        )
         if model_dir:
             self.env["MODEL_DIR"] = str(model_dir)
         self.cmd = mpirun(n, str(VENV_BIN / "spmd_serve"))
@@ -67,10 +78,11 @@ class ServerProcess:
     def url(self) -> str:
         return f"http://127.0.0.1:{self.http_port}/v1/chat/completions"
 
-    def start(self, timeout: float = 120.0) -> "ServerProcess":
+    def start(self, timeout: float = 120.0) -> ServerProcess:
         self._log = open(self.log_path, "wb")
-        self.proc = subprocess.Popen(self.cmd, env=self.env, stdout=self._log, stderr=subprocess.STDOUT,
-                                     start_new_session=True)
+        self.proc = subprocess.Popen(
+            self.cmd, env=self.env, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True
+        )
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
@@ -113,7 +125,7 @@ class ServerProcess:
         finally:
             self.stop()
 
-    def __enter__(self) -> "ServerProcess":
+    def __enter__(self) -> ServerProcess:
         return self.start()
 
     def __exit__(self, *exc) -> None:
@@ -136,8 +148,13 @@ class Stream:
     """A native streaming request (max_dec_len tokens exactly) read in a thread as frames arrive."""
 
     def __init__(self, url: str, max_dec_len: int) -> None:
-        body = {"text": "Tell me a long story.", "max_dec_len": max_dec_len, "min_dec_len": max_dec_len,
-                "stream": True, "req_id": f"long-{max_dec_len}"}
+        body = {
+            "text": "Tell me a long story.",
+            "max_dec_len": max_dec_len,
+            "min_dec_len": max_dec_len,
+            "stream": True,
+            "req_id": f"long-{max_dec_len}",
+        }
         self.res = requests.post(url, json=body, stream=True, timeout=120)
         assert self.res.status_code == 200, self.res.text
         self.frames: queue.Queue[dict] = queue.Queue()
@@ -152,7 +169,7 @@ class Stream:
             for line in self.res.iter_lines():
                 if line:
                     self.frames.put(json.loads(line))
-        except requests.RequestException as e:   # the connection was cut: no final frame
+        except requests.RequestException as e:  # the connection was cut: no final frame
             self.cut = e
         self.ended_at = time.monotonic()
 
@@ -170,7 +187,8 @@ class Stream:
 
 
 def greedy_ids(url: str, prompt_ids: list[int], n: int) -> list[int]:
-    res = requests.post(url, json={"input_ids": prompt_ids, "max_dec_len": n, "min_dec_len": n,
-                                   "temperature": 0}, timeout=120)
+    res = requests.post(
+        url, json={"input_ids": prompt_ids, "max_dec_len": n, "min_dec_len": n, "temperature": 0}, timeout=120
+    )
     assert res.status_code == 200, res.text
     return res.json()["tokens_all_ids"]

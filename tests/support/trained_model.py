@@ -17,6 +17,7 @@ deterministic, in ~40 s on two CPU cores:
 `corpus_prompts` gives byte-id prompts that are prefixes of the training lines: their greedy
 continuations recite the line, with fp32 top-2 margins of ~0.5 at the very least and ~7 typically.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -25,8 +26,8 @@ import numpy as np
 
 from tests.support.model_zoo import ARCHS, make_weights
 
-BYTE_OFFSET = 3           # ids 0, 1, 2 are pad, bos, eos (model_zoo's config)
-VOCAB = 320               # 3 + 256 bytes, padded to a multiple of 64
+BYTE_OFFSET = 3  # ids 0, 1, 2 are pad, bos, eos (model_zoo's config)
+VOCAB = 320  # 3 + 256 bytes, padded to a multiple of 64
 NUM_LINES = 40
 CONFIG = dict(ARCHS["qwen2_untied"], vocab_size=VOCAB)
 
@@ -49,7 +50,7 @@ def train(steps: int = 400, batch: int = 16, window: int = 64, lr: float = 1e-2,
 
     paddle.seed(seed)
     weights = make_weights(CONFIG, seed)
-    weights["lm_head.weight"] /= 3          # start with soft logits; training sharpens them
+    weights["lm_head.weight"] /= 3  # start with soft logits; training sharpens them
     model = reference_from_weights(CONFIG, weights)
     model.train()
     data = np.array(encode(training_text()), np.int64)
@@ -58,7 +59,7 @@ def train(steps: int = 400, batch: int = 16, window: int = 64, lr: float = 1e-2,
     rng = np.random.default_rng(seed)
     for _ in range(steps):
         starts = rng.integers(0, len(data) - window - 1, batch)
-        x = np.stack([data[s: s + window + 1] for s in starts])                     # [B, W+1]
+        x = np.stack([data[s : s + window + 1] for s in starts])  # [B, W+1]
         # PaddleNLP's loss does not shift: labels are the inputs moved one byte on
         out = model(input_ids=paddle.to_tensor(x[:, :-1]), labels=paddle.to_tensor(x[:, 1:]), return_dict=True)
         out.loss.backward()

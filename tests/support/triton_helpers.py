@@ -1,5 +1,6 @@
 """Test helpers for the Triton gRPC door, written against the unmodified `tritonclient.grpc`:
 IN tensors, OUT frames, the final flag, stream collection and error codes."""
+
 from __future__ import annotations
 
 import json
@@ -22,17 +23,25 @@ def in_tensor(body: dict | bytes) -> list[tg.InferInput]:
     return [inp]
 
 
-def client_request(payload: bytes | None, name: str = "IN",
-                   outputs: list | None = None) -> pb.ModelInferRequest:
+def client_request(payload: bytes | None, name: str = "IN", outputs: list | None = None) -> pb.ModelInferRequest:
     """The ModelInferRequest tritonclient itself builds (BYTES go in raw_input_contents)."""
     inputs = []
     if payload is not None:
         inputs = [tg.InferInput(name, [1], "BYTES")]
         inputs[0].set_data_from_numpy(np.array([payload], dtype=object))
-    return _get_inference_request(model_name="model", inputs=inputs, model_version="",
-                                  request_id="rid", outputs=outputs, sequence_id=0,
-                                  sequence_start=False, sequence_end=False, priority=0,
-                                  timeout=None, parameters=None)
+    return _get_inference_request(
+        model_name="model",
+        inputs=inputs,
+        model_version="",
+        request_id="rid",
+        outputs=outputs,
+        sequence_id=0,
+        sequence_start=False,
+        sequence_end=False,
+        priority=0,
+        timeout=None,
+        parameters=None,
+    )
 
 
 def out_obj(result: tg.InferResult) -> dict:

@@ -3,6 +3,7 @@ tokenizer (PaddleNLP, byte fallback) and a byte-level BPE tokenizer.json (USE_HF
 
 For any token sequence fed in any chunking: the deltas add up to decode(all ids), and a delta
 holds U+FFFD only where the full text has one (a character is never emitted half-done)."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -16,21 +17,21 @@ from spmd_serve.frontend.text.tokenizer import ServingTokenizer
 from tests.support.hf_tokenizer_dirs import write_byte_level_dir
 
 CJK_EMOJI = "你好，世界！🌍 Ünïcödé 😊 结束。🧪🧬 👍🏽 ☕️"
-SETTINGS = settings(max_examples=150, deadline=None,
-                    suppress_health_check=[HealthCheck.function_scoped_fixture])
+SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 
 
 @pytest.fixture(scope="module")
 def toks(demo_checkpoint: Path, tmp_path_factory) -> dict[str, ServingTokenizer]:
     qwen = write_byte_level_dir(tmp_path_factory.mktemp("hf") / "qwen2", "qwen2")
-    return {"sentencepiece": ServingTokenizer.from_model_dir(demo_checkpoint),
-            "byte_level": ServingTokenizer.from_model_dir(qwen, use_hf_tokenizer=True)}
+    return {
+        "sentencepiece": ServingTokenizer.from_model_dir(demo_checkpoint),
+        "byte_level": ServingTokenizer.from_model_dir(qwen, use_hf_tokenizer=True),
+    }
 
 
 def _byte_ids(tok: ServingTokenizer) -> list[int]:
     """Ids whose piece is a single byte that is not a whole character (the hard case)."""
-    return [i for i in range(tok.vocab_size)
-            if len(b := tok.token_bytes(i)) == 1 and b[0] >= 0x80]
+    return [i for i in range(tok.vocab_size) if len(b := tok.token_bytes(i)) == 1 and b[0] >= 0x80]
 
 
 def _stream(tok: ServingTokenizer, ids: list[int], chunks: list[int]) -> list[str]:
@@ -39,7 +40,7 @@ def _stream(tok: ServingTokenizer, ids: list[int], chunks: list[int]) -> list[st
     for n in chunks:
         if i >= len(ids):
             break
-        deltas.append(detok.step(ids[i:i + n]))
+        deltas.append(detok.step(ids[i : i + n]))
         i += n
     if i < len(ids):
         deltas.append(detok.step(ids[i:]))
@@ -51,7 +52,7 @@ def _check(tok: ServingTokenizer, ids: list[int], deltas: list[str]) -> None:
     full = tok.decode(ids)
     assert "".join(deltas) == full, ids
     for d in deltas:
-        d.encode("utf-8")                               # no lone surrogates either
+        d.encode("utf-8")  # no lone surrogates either
         if "\ufffd" not in full:
             assert "\ufffd" not in d, ids
 
@@ -69,16 +70,18 @@ def test_random_ids_any_chunking(toks, kind: str, data) -> None:
 
 @pytest.mark.parametrize("kind", ["sentencepiece", "byte_level"])
 @SETTINGS
-@given(text=st.text(st.characters(codec="utf-8", exclude_categories=("Cs",)), max_size=30)
-       | st.sampled_from([CJK_EMOJI, " leading space", "a  b\n 你 🎉"]))
+@given(
+    text=st.text(st.characters(codec="utf-8", exclude_categories=("Cs",)), max_size=30)
+    | st.sampled_from([CJK_EMOJI, " leading space", "a  b\n 你 🎉"])
+)
 def test_valid_text_streams_without_replacement_chars(toks, kind: str, text: str) -> None:
     tok = toks[kind]
     ids = tok.encode(text)
-    if tok.decode(ids) != text:      # SentencePiece normalises some inputs (e.g. NFKC); skip those
+    if tok.decode(ids) != text:  # SentencePiece normalises some inputs (e.g. NFKC); skip those
         return
     deltas = _stream(tok, ids, [1] * len(ids))
     assert "".join(deltas) == text and not any("\ufffd" in d for d in deltas)
-    assert deltas[-1] == ""          # nothing was left held back
+    assert deltas[-1] == ""  # nothing was left held back
 
 
 @pytest.mark.parametrize("kind", ["sentencepiece", "byte_level"])
@@ -92,4 +95,4 @@ def test_output_assembler_frames_cjk_emoji(toks, kind: str) -> None:
     frames = [asm.add([i], finished=n == len(ids) - 1) for n, i in enumerate(ids)]
     assert "".join(frames) == CJK_EMOJI == tok.decode(ids)
     assert all("\ufffd" not in f for f in frames)
-    assert sum(1 for f in frames if f == "") > 0   # the partial characters were held back
+    assert sum(1 for f in frames if f == "") > 0  # the partial characters were held back

@@ -2,6 +2,7 @@
 (in-flight requests finish, new ones get 503), gives up after the drain timeout or on a second
 signal with an error frame (503), and always sends SHUTDOWN; health stays honest when a rank dies or
 a step hangs; stop_server's escalation (SIGTERM, second SIGTERM, SIGKILL) on plain processes."""
+
 from __future__ import annotations
 
 import asyncio
@@ -40,6 +41,7 @@ class LoopThread:
     def call(self, fn, *args):
         async def run():
             return fn(*args)
+
         return asyncio.run_coroutine_threadsafe(run(), self.loop).result(5)
 
     def read_all(self, queue: asyncio.Queue, timeout: float = 20) -> list[RequestOutput]:
@@ -48,6 +50,7 @@ class LoopThread:
             while not (outs and outs[-1].finished):
                 outs.append(await queue.get())
             return outs
+
         return asyncio.run_coroutine_threadsafe(asyncio.wait_for(drain(), timeout), self.loop).result()
 
     def close(self) -> None:
@@ -62,8 +65,15 @@ def rig():
     client = EngineClient(capacity=8)
     client.attach_loop(io.loop)
     client.ready.set()
-    cfg = SchedulerConfig(max_num_seqs=4, num_blocks=512, block_size=4, block_ratio=1.0, max_waiting=8,
-                          max_num_batched_tokens=64, max_model_len=1024)
+    cfg = SchedulerConfig(
+        max_num_seqs=4,
+        num_blocks=512,
+        block_size=4,
+        block_ratio=1.0,
+        max_waiting=8,
+        max_num_batched_tokens=64,
+        max_model_len=1024,
+    )
     comm = FakeComm()
     made: list[tuple[Engine, threading.Thread]] = []
 
@@ -75,7 +85,7 @@ def rig():
 
     yield start, client, io, comm
     for eng, t in made:
-        eng.stop_event.set(), eng.abort_event.set(), client.wake()   # whatever the test did
+        eng.stop_event.set(), eng.abort_event.set(), client.wake()  # whatever the test did
         t.join(10)
         assert not t.is_alive(), "engine loop did not end"
     io.close()
@@ -122,7 +132,7 @@ def test_drain_lets_in_flight_requests_finish_and_refuses_new_ones(rig):
 def test_drain_timeout_aborts_with_an_error_frame(rig):
     start, client, io, comm = rig
     eng = start(drain_timeout_s=0.3)
-    queue = io.call(client.add_request, "long", [3, 4, 5], params(900))   # ~9 s of steps
+    queue = io.call(client.add_request, "long", [3, 4, 5], params(900))  # ~9 s of steps
     wait_running(eng, "long")
     t0 = stop(eng)
     outs = io.read_all(queue)
@@ -165,8 +175,8 @@ def test_stop_when_idle_is_immediate(rig):
 def test_live_turns_503_when_a_step_hangs():
     client = EngineClient(capacity=1)
     client.busy_since = time.monotonic() - 5
-    assert is_live(client, step_limit_s=10) == (True, "")       # a long step is not a hang ...
-    ok, why = is_live(client, step_limit_s=4)                    # ... up to a (generous) bound
+    assert is_live(client, step_limit_s=10) == (True, "")  # a long step is not a hang ...
+    ok, why = is_live(client, step_limit_s=4)  # ... up to a (generous) bound
     assert not ok and "running for 5 s" in why and "stuck" in why
 
 
@@ -183,7 +193,7 @@ def test_peer_watch_fails_everything_when_a_local_rank_dies():
         queue = client.add_request("r", [1, 2], params(4))
         await asyncio.sleep(0.2)
         assert is_ready(client) == (True, "") and is_live(client)[0] and queue.empty()
-        peer.kill()               # a zombie until reaped: already dead for the watch
+        peer.kill()  # a zombie until reaped: already dead for the watch
         out = await asyncio.wait_for(queue.get(), 5)
         assert out.finished and out.error_code == 503 and f"rank 1 (pid {peer.pid})" in out.error_msg
         for check in (is_ready, is_live):
@@ -238,8 +248,10 @@ def test_stop_job_escalates(mode, outcome):
 def test_last_cause_finds_why_the_job_ended(tmp_path):
     log = tmp_path / "server.log"
     assert last_cause(log) is None
-    log.write_text("rank0 INFO ready\n" + "-" * 20 + "\nmpirun noticed that process rank 1 with PID 0 on "
-                   "node vm exited on signal 9 (Killed).\n" + "-" * 20 + "\n")
+    log.write_text(
+        "rank0 INFO ready\n" + "-" * 20 + "\nmpirun noticed that process rank 1 with PID 0 on "
+        "node vm exited on signal 9 (Killed).\n" + "-" * 20 + "\n"
+    )
     assert last_cause(log) == "mpirun noticed that process rank 1 with PID 0 on node vm exited on signal 9 (Killed)."
     Path(log).write_text("all fine\n")
     assert last_cause(log) is None

@@ -2,6 +2,7 @@
 no protocol imports another except triton -> native (Triton carries native requests), no import
 cycle between modules, every module under 300 lines, and no read of tornado's private handler
 state (`_finished`, `_reason`, ...)."""
+
 from __future__ import annotations
 
 import ast
@@ -22,8 +23,15 @@ ALLOWED = {
     "triton": {"triton", "native", "common", "text"},
     "server": {"server", "native", "openai", "triton", "common", "text"},
 }
-TORNADO_PRIVATE = {"_finished", "_reason", "_headers_written", "_status_code", "_write_buffer",
-                   "_transforms", "_auto_finish"}
+TORNADO_PRIVATE = {
+    "_finished",
+    "_reason",
+    "_headers_written",
+    "_status_code",
+    "_write_buffer",
+    "_transforms",
+    "_auto_finish",
+}
 
 
 def _module_name(path: Path) -> str:
@@ -49,8 +57,7 @@ def _imports(name: str, path: Path) -> set[str]:
                 anchor = package.rsplit(".", node.level - 1)[0] if node.level > 1 else package
                 base = f"{anchor}.{base}" if base else anchor
             # `from pkg import mod` names the module itself when there is one
-            found.update(f"{base}.{a.name}" if f"{base}.{a.name}" in MODULES else base
-                         for a in node.names)
+            found.update(f"{base}.{a.name}" if f"{base}.{a.name}" in MODULES else base for a in node.names)
     return {m for m in found if m == PREFIX or m.startswith(PREFIX + ".")}
 
 
@@ -58,7 +65,7 @@ GRAPH = {name: _imports(name, path) for name, path in MODULES.items()}
 
 
 def _layer(module: str) -> str:
-    return module[len(PREFIX) + 1:].split(".")[0]
+    return module[len(PREFIX) + 1 :].split(".")[0]
 
 
 def test_the_expected_packages_exist() -> None:
@@ -67,8 +74,13 @@ def test_the_expected_packages_exist() -> None:
 
 @pytest.mark.parametrize("package", sorted(ALLOWED))
 def test_a_package_imports_only_from_the_layers_below(package: str) -> None:
-    wrong = sorted((m, dep) for m, deps in GRAPH.items() if m != PREFIX and _layer(m) == package
-                   for dep in deps if dep == PREFIX or _layer(dep) not in ALLOWED[package])
+    wrong = sorted(
+        (m, dep)
+        for m, deps in GRAPH.items()
+        if m != PREFIX and _layer(m) == package
+        for dep in deps
+        if dep == PREFIX or _layer(dep) not in ALLOWED[package]
+    )
     assert wrong == []
 
 
@@ -78,7 +90,7 @@ def test_no_import_cycle() -> None:
 
     def visit(module: str, stack: list[str]) -> None:
         if module in stack:
-            cycles.append(stack[stack.index(module):] + [module])
+            cycles.append(stack[stack.index(module) :] + [module])
             return
         if module in done:
             return
@@ -92,13 +104,15 @@ def test_no_import_cycle() -> None:
 
 
 def test_modules_stay_under_300_lines() -> None:
-    long = {name: n for name, path in MODULES.items()
-            if (n := len(path.read_text().splitlines())) >= 300}
+    long = {name: n for name, path in MODULES.items() if (n := len(path.read_text().splitlines())) >= 300}
     assert long == {}
 
 
 def test_no_read_of_tornado_private_handler_state() -> None:
-    reads = sorted((name, node.attr, node.lineno) for name, path in MODULES.items()
-                   for node in ast.walk(ast.parse(path.read_text()))
-                   if isinstance(node, ast.Attribute) and node.attr in TORNADO_PRIVATE)
+    reads = sorted(
+        (name, node.attr, node.lineno)
+        for name, path in MODULES.items()
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.Attribute) and node.attr in TORNADO_PRIVATE
+    )
     assert reads == []

@@ -1,6 +1,7 @@
 """USE_HF_TOKENIZER=1 (tokenizer.json through `tokenizers`), chat templates rendered as the
 tokenizer's own apply_chat_template renders them (HF transformers' and PaddleNLP's), and eos ids
 from generation_config.json.  Every tokenizer directory is written here, offline."""
+
 from __future__ import annotations
 
 import json
@@ -10,16 +11,17 @@ from pathlib import Path
 import pytest
 
 from spmd_serve.frontend.text.tokenizer import ServingTokenizer
-from tests.support.hf_tokenizer_dirs import (FEATURES_TEMPLATE, LLAMA3_TEMPLATE, QWEN2_TEMPLATE,
-                                     write_byte_level_dir)
+from tests.support.hf_tokenizer_dirs import FEATURES_TEMPLATE, LLAMA3_TEMPLATE, QWEN2_TEMPLATE, write_byte_level_dir
 from tests.support.scheduler_harness import default_fn, make_scheduler, run
 
 CJK_EMOJI = "你好，世界！🌍 Ünïcödé test 😊 结束。🧪🧬"
 # system + multi-turn, non-ASCII, surrounding spaces (Llama-3 trims them), HTML-ish characters
-CHAT = [{"role": "system", "content": "Answer briefly & in <b>bold</b>."},
-        {"role": "user", "content": "Hi! 你好 🎉"},
-        {"role": "assistant", "content": "Hello, how can I help?"},
-        {"role": "user", "content": "  What is 2+2?  "}]
+CHAT = [
+    {"role": "system", "content": "Answer briefly & in <b>bold</b>."},
+    {"role": "user", "content": "Hi! 你好 🎉"},
+    {"role": "assistant", "content": "Hello, how can I help?"},
+    {"role": "user", "content": "  What is 2+2?  "},
+]
 
 
 @pytest.fixture(scope="module")
@@ -40,12 +42,12 @@ def qwen(qwen_dir) -> ServingTokenizer:
 def test_hf_tokenizer_loads_specials_and_eos_list(qwen: ServingTokenizer, qwen_dir: Path) -> None:
     vocab = json.loads((qwen_dir / "tokenizer.json").read_text())["model"]["vocab"]
     im_end, eot = vocab["<|im_end|>"], vocab["<|endoftext|>"]
-    assert qwen.eos_token_ids == [im_end, eot]          # generation_config.json's list, in order
-    assert qwen.bos_token_id is None   # Qwen has no bos_token: nothing is prepended
+    assert qwen.eos_token_ids == [im_end, eot]  # generation_config.json's list, in order
+    assert qwen.bos_token_id is None  # Qwen has no bos_token: nothing is prepended
     assert {im_end, eot, vocab["<|im_start|>"]} <= qwen.special_token_ids
     assert qwen.vocab_size == 700
     assert qwen.encode("a<|im_end|>b") == qwen.encode("a") + [im_end] + qwen.encode("b")
-    assert qwen.decode(qwen.encode("<|im_start|>hi<|im_end|>")) == "hi"   # specials skipped
+    assert qwen.decode(qwen.encode("<|im_start|>hi<|im_end|>")) == "hi"  # specials skipped
 
 
 @pytest.mark.parametrize("text", [CJK_EMOJI, " two  spaces\n\ttab", "Hello world, 你好 🎉!"])
@@ -107,8 +109,10 @@ def test_eos_list_stops_generation_at_either(qwen: ServingTokenizer) -> None:
     eos = frozenset(qwen.eos_token_ids)
     assert len(eos) == 2
     for stop_id in sorted(eos):
+
         def fn(prompt, pos, stop_id=stop_id):  # the model emits this eos as its 3rd token
             return stop_id if pos - len(prompt) == 2 else default_fn(prompt, pos)
+
         r = Request(f"r{stop_id}", [5, 6, 7], SamplingParams(max_tokens=10), eos_token_ids=eos)
         run(make_scheduler(), {0: [r]}, fn=fn)
         assert r.finish_reason == "stop" and r.output_token_ids[-1] == stop_id
@@ -125,29 +129,28 @@ def test_eos_single_int_and_config_fallback(qwen_dir: Path, tmp_path: Path) -> N
 
 # ---- chat templates -----------------------------------------------------------------------
 
+
 def _hf_reference(model_dir: Path, messages: list[dict], add_generation_prompt: bool = True) -> str:
     transformers = pytest.importorskip("transformers")
     ref = transformers.AutoTokenizer.from_pretrained(str(model_dir))
-    return ref.apply_chat_template(messages, tokenize=False,
-                                   add_generation_prompt=add_generation_prompt)
+    return ref.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt)
 
 
 # (PaddleNLP has no PreTrainedTokenizerFast, so the Llama-3 directory is only read with
 # USE_HF_TOKENIZER=1; Llama-3's template on PaddleNLP's tokenizer is the next test.)
 @pytest.mark.parametrize("flavour,use_hf", [("qwen2", True), ("qwen2", False), ("llama3", True)])
-def test_template_renders_as_transformers(flavour: str, use_hf: bool, qwen_dir: Path,
-                                          llama3_dir: Path) -> None:
+def test_template_renders_as_transformers(flavour: str, use_hf: bool, qwen_dir: Path, llama3_dir: Path) -> None:
     d = qwen_dir if flavour == "qwen2" else llama3_dir
     tok = ServingTokenizer.from_model_dir(d, use_hf_tokenizer=use_hf)
     for msgs in (CHAT, CHAT[1:], CHAT[:2]):
         assert tok.render_chat(msgs) == _hf_reference(d, msgs)
     assert tok.render_chat(CHAT[1:], system="Be nice.") == _hf_reference(
-        d, [{"role": "system", "content": "Be nice."}] + CHAT[1:])
+        d, [{"role": "system", "content": "Be nice."}] + CHAT[1:]
+    )
 
 
 @pytest.mark.parametrize("template", [QWEN2_TEMPLATE, LLAMA3_TEMPLATE])
-def test_template_renders_as_paddlenlp(template: str, demo_checkpoint: Path, qwen_dir: Path,
-                                       tmp_path: Path) -> None:
+def test_template_renders_as_paddlenlp(template: str, demo_checkpoint: Path, qwen_dir: Path, tmp_path: Path) -> None:
     """PaddleNLP's own apply_chat_template: the demo Llama (SentencePiece) tokenizer carrying a
     real checkpoint's template, and PaddleNLP's Qwen2Tokenizer on the byte-level directory."""
     from paddlenlp.transformers import AutoTokenizer
@@ -161,20 +164,19 @@ def test_template_renders_as_paddlenlp(template: str, demo_checkpoint: Path, qwe
         ours = ServingTokenizer.from_model_dir(model_dir)
         ref = AutoTokenizer.from_pretrained(str(model_dir))
         for msgs in (CHAT, CHAT[1:]):
-            assert ours.render_chat(msgs) == ref.apply_chat_template(
-                msgs, tokenize=False, add_generation_prompt=True)
+            assert ours.render_chat(msgs) == ref.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
 
 
 def test_hf_template_conventions(llama3_dir: Path, tmp_path: Path) -> None:
     """tojson (not HTML-escaped, non-ASCII kept), loop controls, strftime_now, tools=None."""
     d = tmp_path / "m"
     shutil.copytree(llama3_dir, d)
-    (d / "chat_template.jinja").write_text(FEATURES_TEMPLATE)   # overrides tokenizer_config's
+    (d / "chat_template.jinja").write_text(FEATURES_TEMPLATE)  # overrides tokenizer_config's
     tok = ServingTokenizer.from_model_dir(d, use_hf_tokenizer=True)
     msgs = CHAT + [{"role": "user", "content": "STOP"}, {"role": "user", "content": "unseen"}]
     out = tok.render_chat(msgs)
     assert out == _hf_reference(d, msgs)
-    assert '"<b>bold</b>' not in out and '你好 🎉' in out and "unseen" not in out
+    assert '"<b>bold</b>' not in out and "你好 🎉" in out and "unseen" not in out
     assert out.endswith("]<|eot_id|><gen>")
 
 

@@ -2,6 +2,7 @@
 checked step by step against a real Scheduler and a fake clock, the real Engine loop with a fake
 runner (so the hooks sit where the definitions say), and the `/metrics` service over a socket.
 Every scrape goes through prometheus_client's own text parser."""
+
 from __future__ import annotations
 
 import socket
@@ -43,8 +44,9 @@ def step(sched, model: FakeModel, m: EngineMetrics, clock: Clock, step_s: float 
 
 
 def req(req_id: str, prompt_len: int, max_tokens: int, arrival: float = 0.0) -> Request:
-    return Request(req_id, [100 + i for i in range(prompt_len)], SamplingParams(max_tokens=max_tokens),
-                   arrival_time=arrival)
+    return Request(
+        req_id, [100 + i for i in range(prompt_len)], SamplingParams(max_tokens=max_tokens), arrival_time=arrival
+    )
 
 
 def run_all(sched, m: EngineMetrics, clock: Clock) -> None:
@@ -64,13 +66,17 @@ def test_counters_and_latencies_follow_the_definitions():
     assert s.get("prompt_tokens_total") == 10 and s.get("generation_tokens_total") == 5
     assert s.get("engine_steps_total") == 3 and s.get("num_preemptions_total") == 0
     assert s.get("request_success_total", finished_reason="length") == 2
-    assert s.get("request_success_total", finished_reason="stop") == 0     # present before it happens
+    assert s.get("request_success_total", finished_reason="stop") == 0  # present before it happens
     assert s.get("request_success_total", finished_reason="abort") == 0
-    hist = {"time_to_first_token_seconds": (2, 1.5 + 1.0), "inter_token_latency_seconds": (3, 1.5),
-            "e2e_request_latency_seconds": (2, 2.5 + 1.5), "request_queue_time_seconds": (2, 1.0 + 0.5)}
+    hist = {
+        "time_to_first_token_seconds": (2, 1.5 + 1.0),
+        "inter_token_latency_seconds": (3, 1.5),
+        "e2e_request_latency_seconds": (2, 2.5 + 1.5),
+        "request_queue_time_seconds": (2, 1.0 + 0.5),
+    }
     for name, (count, total) in hist.items():
         assert (s.get(name + "_count"), s.get(name + "_sum")) == pytest.approx((count, total)), name
-    assert s.get("time_to_first_token_seconds_bucket", le="1.0") == 1      # b: 1.5 − 0.5
+    assert s.get("time_to_first_token_seconds_bucket", le="1.0") == 1  # b: 1.5 − 0.5
     assert s.get("time_to_first_token_seconds_bucket", le="2.5") == 2
     assert s.get("kv_cache_usage_perc") == 0 and s.get("num_requests_running") == 0
 
@@ -107,7 +113,7 @@ def test_abort_counts_and_the_steps_until_its_blocks_are_free():
     m.on_abort(sched.abort_request("r"), requested)
     # abort of q requested between steps: applied before any further step
     m.on_abort(sched.abort_request("q"), clock.t + 0.01)
-    m.on_abort(sched.abort_request("unknown"), 0.0)         # nothing to free: not counted
+    m.on_abort(sched.abort_request("unknown"), 0.0)  # nothing to free: not counted
     m.update_gauges(sched)
     s = Samples.of(m.registry)
     assert s.get("request_success_total", finished_reason="abort") == 2
@@ -124,7 +130,7 @@ def test_an_abort_for_a_stop_string_counts_as_stop_with_its_latency():
     sched, clock = make_scheduler(), Clock(1.0)
     m = EngineMetrics(clock=clock)
     sched.add_request(req("s", 4, 50, arrival=0.0))
-    step(sched, FakeModel(sched), m, clock)                 # clock 1.5: first token
+    step(sched, FakeModel(sched), m, clock)  # clock 1.5: first token
     m.on_abort(sched.abort_request("s"), clock.t, reason="stop")
     s = Samples.of(m.registry)
     assert s.get("request_success_total", finished_reason="stop") == 1
@@ -137,16 +143,26 @@ def test_gauges_and_the_original_family():
     sched, clock = make_scheduler(max_num_seqs=1, num_blocks=64, block_size=4), Clock()
     m = EngineMetrics(clock=clock)
     m.update_gauges(sched)
-    assert Samples.of(m.registry).original() == {"batch_size": 0, "block_num": 64, "max_batch_size": 1,
-                                                 "max_block_num": 64, "available_resource": 1.0}
+    assert Samples.of(m.registry).original() == {
+        "batch_size": 0,
+        "block_num": 64,
+        "max_batch_size": 1,
+        "max_block_num": 64,
+        "available_resource": 1.0,
+    }
     sched.add_request(req("a", 10, 5))
-    sched.add_request(req("b", 3, 5))                       # waits: BATCH_SIZE is 1
-    step(sched, FakeModel(sched), m, clock)                 # a holds ceil(11 / 4) = 3 blocks
+    sched.add_request(req("b", 3, 5))  # waits: BATCH_SIZE is 1
+    step(sched, FakeModel(sched), m, clock)  # a holds ceil(11 / 4) = 3 blocks
     s = Samples.of(m.registry)
     assert s.get("num_requests_running") == 1 and s.get("num_requests_waiting") == 1
     assert s.get("kv_cache_usage_perc") == pytest.approx(3 / 64)
-    assert s.original() == {"batch_size": 1, "block_num": 61, "max_batch_size": 1, "max_block_num": 64,
-                            "available_resource": pytest.approx(61 / 64)}
+    assert s.original() == {
+        "batch_size": 1,
+        "block_num": 61,
+        "max_batch_size": 1,
+        "max_block_num": 64,
+        "available_resource": pytest.approx(61 / 64),
+    }
     # exactly as the original Triton backend exposed them: one label, named after the series
     assert 'inference_server_metrics{block_num="block_num"} 61.0' in s.text.splitlines()
     assert s.families["inference_server_metrics"].type == "gauge"
@@ -154,7 +170,7 @@ def test_gauges_and_the_original_family():
 
 def test_warm_up_is_not_counted_and_registries_are_private():
     sched, clock = make_scheduler(), Clock()
-    m, other = EngineMetrics(clock=clock), EngineMetrics()   # a second one must not clash
+    m, other = EngineMetrics(clock=clock), EngineMetrics()  # a second one must not clash
     sched.add_request(req("__warmup__", 5, 4))
     with m.paused():
         run_all(sched, m, clock)
@@ -170,8 +186,15 @@ def test_warm_up_is_not_counted_and_registries_are_private():
 def engine():
     client = EngineClient(capacity=8)
     client.ready.set()
-    cfg = SchedulerConfig(max_num_seqs=4, num_blocks=32, block_size=4, block_ratio=1.0, max_waiting=8,
-                          max_num_batched_tokens=64, max_model_len=512)
+    cfg = SchedulerConfig(
+        max_num_seqs=4,
+        num_blocks=32,
+        block_size=4,
+        block_ratio=1.0,
+        max_waiting=8,
+        max_num_batched_tokens=64,
+        max_model_len=512,
+    )
     eng = Engine(cfg, FakeComm(), FakeRunner(), client, frozenset())
     thread = threading.Thread(target=eng.run, name="test-engine", daemon=True)
     thread.start()
@@ -211,7 +234,7 @@ def test_engine_loop_records_requests_and_goes_back_to_idle(engine):
 
 def test_engine_frees_an_aborted_request_within_one_step(engine):
     m, client = engine.metrics, engine.client
-    client.add_request("long", [3, 4, 5], greedy(100))   # 26 of the 32 blocks at most
+    client.add_request("long", [3, 4, 5], greedy(100))  # 26 of the 32 blocks at most
     s = wait_scrape(m, lambda s: s.get("generation_tokens_total") >= 3)
     assert s.get("num_requests_running") == 1 and s.get("kv_cache_usage_perc") > 0
     client.abort("long")
@@ -229,24 +252,39 @@ def start_io(registry, port: int = 0):
     from tests.support.fakes import FakeTokenizer
 
     service = MetricsService(registry, "127.0.0.1", port)
-    io = IOServer(EngineClient(1), FakeTokenizer(), host="127.0.0.1", http_port=-1, health_port=-1,
-                  api_key="secret", services=[service])
+    io = IOServer(
+        EngineClient(1),
+        FakeTokenizer(),
+        host="127.0.0.1",
+        http_port=-1,
+        health_port=-1,
+        api_key="secret",
+        services=[service],
+    )
     io.start(timeout=5)
     return io, f"http://127.0.0.1:{service.port}"
 
 
-CONTRACT = {"num_requests_running": "gauge", "num_requests_waiting": "gauge", "kv_cache_usage_perc": "gauge",
-            "prompt_tokens": "counter", "generation_tokens": "counter", "request_success": "counter",
-            "num_preemptions": "counter", "time_to_first_token_seconds": "histogram",
-            "inter_token_latency_seconds": "histogram", "e2e_request_latency_seconds": "histogram",
-            "request_queue_time_seconds": "histogram"}
+CONTRACT = {
+    "num_requests_running": "gauge",
+    "num_requests_waiting": "gauge",
+    "kv_cache_usage_perc": "gauge",
+    "prompt_tokens": "counter",
+    "generation_tokens": "counter",
+    "request_success": "counter",
+    "num_preemptions": "counter",
+    "time_to_first_token_seconds": "histogram",
+    "inter_token_latency_seconds": "histogram",
+    "e2e_request_latency_seconds": "histogram",
+    "request_queue_time_seconds": "histogram",
+}
 
 
 def test_metrics_endpoint_serves_prometheus_text_without_the_api_key():
     m = EngineMetrics()
     io, base = start_io(m.registry)
     try:
-        res = requests.get(base + "/metrics", timeout=10)      # no Authorization header
+        res = requests.get(base + "/metrics", timeout=10)  # no Authorization header
         assert res.status_code == 200 and res.headers["Content-Type"].startswith("text/plain")
         s = Samples(res.text)
         assert {name: s.families[P + name].type for name in CONTRACT} == CONTRACT

@@ -1,4 +1,5 @@
 """Native request parsing, limits and the stop-string assembler, without a server."""
+
 from __future__ import annotations
 
 import uuid
@@ -7,8 +8,7 @@ import pytest
 
 from spmd_serve.frontend.common.http_base import bearer_ok
 from spmd_serve.frontend.common.parsing import Limits, ProtocolError, decode_body
-from spmd_serve.frontend.native.protocol import (encode_prompt, final_fields, parse_native_request,
-                                                 sampling_params)
+from spmd_serve.frontend.native.protocol import encode_prompt, final_fields, parse_native_request, sampling_params
 from spmd_serve.frontend.text.output_assembler import OutputAssembler
 from tests.support.fakes import BOS, FakeTokenizer
 
@@ -21,12 +21,12 @@ def params(body: dict, input_len: int = 10, limits: Limits = LIMITS):
 
 def test_defaults_match_the_contract():
     req = parse_native_request({"text": "hi"})
-    assert uuid.UUID(req.req_id)                                  # a fresh uuid
+    assert uuid.UUID(req.req_id)  # a fresh uuid
     assert (req.min_dec_len, req.topp, req.temperature, req.penalty_score) == (1, 0.7, 0.95, 1.0)
     assert (req.frequency_score, req.presence_score, req.seed) == (0.0, 0.0, None)
     assert (req.stream, req.timeout, req.return_usage) == (False, 300.0, False)
     p = params({"text": "hi"}, input_len=10)
-    assert p.max_tokens == 50                                     # min(120 - 10, 50)
+    assert p.max_tokens == 50  # min(120 - 10, 50)
     assert params({"text": "hi"}, input_len=90).max_tokens == 30  # min(120 - 90, 50)
     assert (p.min_tokens, p.top_p, p.temperature, p.repetition_penalty) == (1, 0.7, 0.95, 1.0)
 
@@ -36,51 +36,70 @@ def test_aliases(alias):
     p = params({"text": "a", alias: 7, "top_p": 0.3, "infer_seed": 5})
     assert (p.max_tokens, p.top_p, p.seed) == (7, 0.3, 5)
     p = params({"text": "a", "max_dec_len": 9, alias: 7, "topp": 0.1, "top_p": 0.3})
-    assert (p.max_tokens, p.top_p) == (9, 0.1)                    # canonical name wins
+    assert (p.max_tokens, p.top_p) == (9, 0.1)  # canonical name wins
 
 
 def test_mapping_to_sampling_params():
-    p = params({"input_ids": [5, 6], "temperature": 0, "penalty_score": 1.3, "seed": 0,
-                "frequency_score": 0.5, "presence_score": -0.5, "min_dec_len": 2,
-                "eos_token_ids": [7, 8], "stop_sequences": ["\n\n", ""]})
+    p = params(
+        {
+            "input_ids": [5, 6],
+            "temperature": 0,
+            "penalty_score": 1.3,
+            "seed": 0,
+            "frequency_score": 0.5,
+            "presence_score": -0.5,
+            "min_dec_len": 2,
+            "eos_token_ids": [7, 8],
+            "stop_sequences": ["\n\n", ""],
+        }
+    )
     assert p.greedy and p.seed == 0 and p.repetition_penalty == 1.3 and p.min_tokens == 2
     assert (p.frequency_penalty, p.presence_penalty) == (0.5, -0.5)
-    assert p.eos_token_ids == (7, 8) and p.stop_sequences == ("\n\n",)   # "" dropped
+    assert p.eos_token_ids == (7, 8) and p.stop_sequences == ("\n\n",)  # "" dropped
 
 
 def test_nulls_and_unknown_keys_are_ignored():
-    req = parse_native_request({"text": "a", "seed": None, "topp": None, "foo": {"bar": 1},
-                                "messages": None, "req_id": 42})
+    req = parse_native_request(
+        {"text": "a", "seed": None, "topp": None, "foo": {"bar": 1}, "messages": None, "req_id": 42}
+    )
     assert req.seed is None and req.topp == 0.7 and req.req_id == "42"
     assert parse_native_request({"text": "a", "stop_sequences": "END"}).stop_sequences == ("END",)
 
 
-@pytest.mark.parametrize("body,field", [
-    ({"text": "a", "max_dec_len": True}, "max_dec_len"),
-    ({"text": "a", "temperature": "0.5"}, "temperature"),
-    ({"text": "a", "min_dec_len": 1.0}, "min_dec_len"),
-    ({"text": "a", "stream": 1}, "stream"),
-    ({"text": "a", "timeout": 0}, "timeout"),
-    ({"text": "a", "req_id": ""}, "req_id"),
-    ({"messages": [{"role": "user"}]}, "messages"),
-    ({"messages": []}, "messages"),
-    ({"input_ids": []}, "input_ids"),
-    ({"input_ids": [True]}, "input_ids"),
-    ({"input_ids": [-1]}, "input_ids"),
-    ({"text": "a", "eos_token_ids": [1.0]}, "eos_token_ids"),
-])
+@pytest.mark.parametrize(
+    "body,field",
+    [
+        ({"text": "a", "max_dec_len": True}, "max_dec_len"),
+        ({"text": "a", "temperature": "0.5"}, "temperature"),
+        ({"text": "a", "min_dec_len": 1.0}, "min_dec_len"),
+        ({"text": "a", "stream": 1}, "stream"),
+        ({"text": "a", "timeout": 0}, "timeout"),
+        ({"text": "a", "req_id": ""}, "req_id"),
+        ({"messages": [{"role": "user"}]}, "messages"),
+        ({"messages": []}, "messages"),
+        ({"input_ids": []}, "input_ids"),
+        ({"input_ids": [True]}, "input_ids"),
+        ({"input_ids": [-1]}, "input_ids"),
+        ({"text": "a", "eos_token_ids": [1.0]}, "eos_token_ids"),
+    ],
+)
 def test_type_errors_name_the_field(body, field):
     with pytest.raises(ProtocolError) as e:
         parse_native_request(body)
     assert e.value.status == 400 and field in e.value.msg
 
 
-@pytest.mark.parametrize("body,field", [
-    ({"text": "a", "max_dec_len": 0}, "max_dec_len"), ({"text": "a", "topp": -0.1}, "topp"),
-    ({"text": "a", "temperature": -1}, "temperature"), ({"text": "a", "seed": -3}, "seed"),
-    ({"text": "a", "penalty_score": 0}, "penalty_score"),
-    ({"text": "a", "min_dec_len": 20, "max_dec_len": 10}, "min_dec_len"),
-])
+@pytest.mark.parametrize(
+    "body,field",
+    [
+        ({"text": "a", "max_dec_len": 0}, "max_dec_len"),
+        ({"text": "a", "topp": -0.1}, "topp"),
+        ({"text": "a", "temperature": -1}, "temperature"),
+        ({"text": "a", "seed": -3}, "seed"),
+        ({"text": "a", "penalty_score": 0}, "penalty_score"),
+        ({"text": "a", "min_dec_len": 20, "max_dec_len": 10}, "min_dec_len"),
+    ],
+)
 def test_range_errors_name_the_field(body, field):
     with pytest.raises(ProtocolError) as e:
         params(body)
@@ -88,11 +107,17 @@ def test_range_errors_name_the_field(body, field):
 
 
 def test_length_limits_exact_messages():
-    with pytest.raises(ProtocolError, match=r"^Length of input token\(101\) exceeds the limit "
-                                            r"MAX_SEQ_LEN\(100\)\.$"):
+    with pytest.raises(
+        ProtocolError,
+        match=r"^Length of input token\(101\) exceeds the limit "
+        r"MAX_SEQ_LEN\(100\)\.$",
+    ):
         params({"text": "a"}, input_len=101)
-    with pytest.raises(ProtocolError, match=r"^The parameter max_dec_len\(51\) exceeds the "
-                                            r"limit MAX_DEC_LEN\(50\)\.$"):
+    with pytest.raises(
+        ProtocolError,
+        match=r"^The parameter max_dec_len\(51\) exceeds the "
+        r"limit MAX_DEC_LEN\(50\)\.$",
+    ):
         params({"text": "a", "max_dec_len": 51})
     with pytest.raises(ProtocolError, match="max length"):
         params({"text": "a"}, input_len=120, limits=Limits(200, 50, 120))
@@ -126,15 +151,14 @@ class _CharDetok:
 
 def feed(text: str, stops: tuple[str, ...], finish_at_end: bool = True) -> tuple[list[str], OutputAssembler]:
     asm = OutputAssembler(_CharDetok(), stops)
-    deltas = [asm.add([ord(c)], finish_at_end and k == len(text) - 1)
-              for k, c in enumerate(text)]
+    deltas = [asm.add([ord(c)], finish_at_end and k == len(text) - 1) for k, c in enumerate(text)]
     return deltas, asm
 
 
 def test_assembler_holds_back_a_possible_stop_prefix():
     deltas, asm = feed("abcSTOPxyz", ("STOP",), finish_at_end=False)
     assert asm.stopped and asm.text == "abc" and "".join(deltas) == "abc"
-    assert deltas[:4] == ["", "", "", "a"]                        # 3 chars held back
+    assert deltas[:4] == ["", "", "", "a"]  # 3 chars held back
 
 
 def test_assembler_earliest_stop_wins_and_no_stop_passes_through():
@@ -143,7 +167,7 @@ def test_assembler_earliest_stop_wins_and_no_stop_passes_through():
     deltas, asm = feed("no stops here", ("zz",))
     assert not asm.stopped and "".join(deltas) == "no stops here" == asm.text
     deltas, asm = feed("plain", ())
-    assert deltas == list("plain")                                # no holding back at all
+    assert deltas == list("plain")  # no holding back at all
 
 
 def test_final_fields_and_bearer():

@@ -1,5 +1,6 @@
 """OpenAI request parsing (frontend.openai.protocol) without a server: values of 0 honoured, defaults,
 limits with the vLLM-style context-length message, and refusals naming the parameter."""
+
 import pytest
 
 from spmd_serve.frontend.common.parsing import Limits
@@ -24,9 +25,9 @@ def test_defaults_are_openai_s_not_the_native_ones():
     r = parse()
     p = r.params
     assert (p.temperature, p.top_p, p.top_k, p.min_tokens, p.max_tokens) == (1.0, 1.0, 0, 0, 16)
-    assert r.prompts == [[BOS] + TOK.encode("hello")]          # raw text, no chat template
+    assert r.prompts == [[BOS] + TOK.encode("hello")]  # raw text, no chat template
     chat = parse("chat")
-    assert chat.params.max_tokens == 50                         # min(room, MAX_DEC_LEN)
+    assert chat.params.max_tokens == 50  # min(room, MAX_DEC_LEN)
     assert chat.prompts == [TOK.encode_prompt(messages=[{"role": "user", "content": "hi"}])]
 
 
@@ -36,9 +37,21 @@ def test_zero_values_are_honoured():
 
 
 def test_fields_map_to_sampling_params():
-    r = parse("chat", max_completion_tokens=7, top_k=-1, stop="x", seed=-5, n=3,
-              frequency_penalty=1.5, repetition_penalty=1.2, ignore_eos=True, logprobs=True,
-              top_logprobs=4, min_tokens=2, user="u")
+    r = parse(
+        "chat",
+        max_completion_tokens=7,
+        top_k=-1,
+        stop="x",
+        seed=-5,
+        n=3,
+        frequency_penalty=1.5,
+        repetition_penalty=1.2,
+        ignore_eos=True,
+        logprobs=True,
+        top_logprobs=4,
+        min_tokens=2,
+        user="u",
+    )
     p = r.params
     assert (p.max_tokens, p.top_k, p.stop_sequences, p.min_tokens) == (7, 0, ("x",), 2)
     assert p.seed == (-5) % (1 << 63) and r.n == 3 and r.logprobs == 4 == p.logprobs
@@ -51,16 +64,30 @@ def test_prompt_forms():
     assert parse(prompt=[[5], [6, 7]]).prompts == [[5], [6, 7]]
 
 
-@pytest.mark.parametrize("body,param", [
-    ({"model": "x"}, "model"), ({"temperature": -0.1}, "temperature"), ({"top_p": 1.5}, "top_p"),
-    ({"n": 17}, "n"), ({"max_tokens": 0}, "max_tokens"), ({"max_tokens": 51}, "max_tokens"),
-    ({"prompt": [[]]}, "prompt"), ({"prompt": [-1]}, "prompt"), ({"prompt": 5}, "prompt"),
-    ({"stop": [1]}, "stop"), ({"logprobs": 21}, "logprobs"), ({"min_tokens": 17}, "min_tokens"),
-    ({"stream_options": {"include_usage": True}}, "stream_options"),
-    ({"echo": True, "logprobs": 1}, "echo"), ({"tools": [{"type": "function"}]}, "tools"),
-    ({"best_of": 2}, "best_of"), ({"presence_penalty": 3}, "presence_penalty"),
-    ({"temperature": "hot"}, "temperature"), ({"stream": "yes"}, "stream"),
-])
+@pytest.mark.parametrize(
+    "body,param",
+    [
+        ({"model": "x"}, "model"),
+        ({"temperature": -0.1}, "temperature"),
+        ({"top_p": 1.5}, "top_p"),
+        ({"n": 17}, "n"),
+        ({"max_tokens": 0}, "max_tokens"),
+        ({"max_tokens": 51}, "max_tokens"),
+        ({"prompt": [[]]}, "prompt"),
+        ({"prompt": [-1]}, "prompt"),
+        ({"prompt": 5}, "prompt"),
+        ({"stop": [1]}, "stop"),
+        ({"logprobs": 21}, "logprobs"),
+        ({"min_tokens": 17}, "min_tokens"),
+        ({"stream_options": {"include_usage": True}}, "stream_options"),
+        ({"echo": True, "logprobs": 1}, "echo"),
+        ({"tools": [{"type": "function"}]}, "tools"),
+        ({"best_of": 2}, "best_of"),
+        ({"presence_penalty": 3}, "presence_penalty"),
+        ({"temperature": "hot"}, "temperature"),
+        ({"stream": "yes"}, "stream"),
+    ],
+)
 def test_refusals_name_the_parameter(body, param):
     with pytest.raises(OpenAIError) as e:
         parse(**body)
@@ -68,9 +95,12 @@ def test_refusals_name_the_parameter(body, param):
 
 
 def test_chat_specific_refusals():
-    for body, param in (({"top_logprobs": 2}, "top_logprobs"), ({"echo": True}, "echo"),
-                        ({"messages": []}, "messages"),
-                        ({"messages": [{"role": "robot", "content": "x"}]}, "messages")):
+    for body, param in (
+        ({"top_logprobs": 2}, "top_logprobs"),
+        ({"echo": True}, "echo"),
+        ({"messages": []}, "messages"),
+        ({"messages": [{"role": "robot", "content": "x"}]}, "messages"),
+    ):
         with pytest.raises(OpenAIError) as e:
             parse("chat", **body)
         assert e.value.param == param
@@ -79,9 +109,11 @@ def test_chat_specific_refusals():
 def test_context_length_message_is_vllm_s():
     with pytest.raises(OpenAIError) as e:
         parse(prompt=[5] * 90, max_tokens=40)
-    assert e.value.msg.startswith("This model's maximum context length is 120 tokens. However, "
-                                  "you requested 130 tokens (90 in the messages, 40 in the "
-                                  "completion).")
+    assert e.value.msg.startswith(
+        "This model's maximum context length is 120 tokens. However, "
+        "you requested 130 tokens (90 in the messages, 40 in the "
+        "completion)."
+    )
     with pytest.raises(OpenAIError) as e:
         parse(prompt=[5] * 101)
     assert "MAX_SEQ_LEN" in e.value.msg and "101" in e.value.msg

@@ -6,6 +6,7 @@ reference; and `build_plan` on real Scheduler/Request objects over whole runs (c
 decode, preemption/recompute): ids, positions, query/ctx lengths, 0-padded block tables and the
 slot mapping `block_ids[p // bs] * bs + p % bs` of every scheduled position.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -21,10 +22,16 @@ from spmd_serve.scheduler.scheduler import Scheduler, SchedulerConfig
 def random_plan(rng: np.random.Generator, b: int, mb: int, max_q: int = 9) -> StepPlan:
     qlens = rng.integers(1, max_q + 1, b)
     t = int(qlens.sum())
-    return StepPlan(kind=RUN, step_id=int(rng.integers(0, 2**40)),
-                    input_ids=rng.integers(0, 50000, t), positions=rng.integers(0, 4096, t),
-                    query_lens=qlens, ctx_lens=rng.integers(0, 4096, b),
-                    block_tables=rng.integers(0, 1000, (b, mb)), slot_mapping=rng.integers(0, 10**6, t))
+    return StepPlan(
+        kind=RUN,
+        step_id=int(rng.integers(0, 2**40)),
+        input_ids=rng.integers(0, 50000, t),
+        positions=rng.integers(0, 4096, t),
+        query_lens=qlens,
+        ctx_lens=rng.integers(0, 4096, b),
+        block_tables=rng.integers(0, 1000, (b, mb)),
+        slot_mapping=rng.integers(0, 10**6, t),
+    )
 
 
 def over_the_wire(plan: StepPlan) -> StepPlan:
@@ -45,8 +52,7 @@ def assert_plans_equal(a: StepPlan, b: StepPlan) -> None:
         np.testing.assert_array_equal(x, y, err_msg=name)
 
 
-@pytest.mark.parametrize("b,mb,max_q", [(1, 1, 1), (1, 1, 9), (3, 1, 1), (1, 5, 1), (4, 3, 9),
-                                        (7, 12, 30), (32, 2, 1)])
+@pytest.mark.parametrize("b,mb,max_q", [(1, 1, 1), (1, 1, 9), (3, 1, 1), (1, 5, 1), (4, 3, 9), (7, 12, 30), (32, 2, 1)])
 def test_round_trip_shapes(b, mb, max_q):
     rng = np.random.default_rng(b * 100 + mb)
     for _ in range(5):
@@ -76,6 +82,7 @@ def test_shutdown_plan():
 
 
 # ---------------------------------------------------------------- grid_indices
+
 
 def ref_grid(query_lens: list[int]):
     b, t, s = len(query_lens), sum(query_lens), max(query_lens)
@@ -111,6 +118,7 @@ def test_grid_indices_random_and_consistent():
 
 # ---------------------------------------------------------------- build_plan on a real scheduler
 
+
 def check_plan(plan: StepPlan, out, bm, step_id: int) -> None:
     block_size = bm.block_size
     seqs = out.seqs
@@ -136,13 +144,20 @@ def check_plan(plan: StepPlan, out, bm, step_id: int) -> None:
     assert_plans_equal(plan, over_the_wire(plan))
 
 
-@pytest.mark.parametrize("block_size,num_blocks,budget", [(4, 64, 64), (16, 32, 48), (1, 200, 7),
-                                                          (4, 12, 32)])
+@pytest.mark.parametrize("block_size,num_blocks,budget", [(4, 64, 64), (16, 32, 48), (1, 200, 7), (4, 12, 32)])
 def test_build_plan_follows_the_scheduler(block_size, num_blocks, budget):
     rng = np.random.default_rng(block_size * 1000 + num_blocks)
-    sched = Scheduler(SchedulerConfig(max_num_seqs=6, num_blocks=num_blocks, block_size=block_size,
-                                      block_ratio=1.0, max_waiting=100, max_num_batched_tokens=budget,
-                                      max_model_len=256))
+    sched = Scheduler(
+        SchedulerConfig(
+            max_num_seqs=6,
+            num_blocks=num_blocks,
+            block_size=block_size,
+            block_ratio=1.0,
+            max_waiting=100,
+            max_num_batched_tokens=budget,
+            max_model_len=256,
+        )
+    )
     for i in range(10):
         prompt = list(rng.integers(3, 1000, int(rng.integers(1, 30))))
         sched.add_request(Request(f"r{i}", prompt, SamplingParams(max_tokens=int(rng.integers(1, 12)))))
@@ -179,6 +194,6 @@ def test_select_keeps_each_sequences_tokens_and_trims_block_tables():
     sub = plan.select(np.array([0, 2]), bs)
     assert sub.input_ids.tolist() == [100, 106] and sub.slot_mapping.tolist() == [50, 56]
     assert sub.query_lens.tolist() == [1, 1] and sub.ctx_lens.tolist() == [9, 2]
-    assert sub.block_tables.tolist() == [[3, 4, 5], [8, 0, 0]]   # ceil((9 + 1) / 4) = 3 blocks reached
+    assert sub.block_tables.tolist() == [[3, 4, 5], [8, 0, 0]]  # ceil((9 + 1) / 4) = 3 blocks reached
     pre = plan.select(np.array([1]), bs)
     assert pre.input_ids.tolist() == [101, 102, 103, 104, 105] and pre.block_tables.tolist() == [[6, 7]]

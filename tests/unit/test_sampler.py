@@ -7,6 +7,7 @@ output index, penalties over generated tokens only), behaviour through the engin
 distribution), seeded reproducibility whatever the batch and after a recompute, and the raw-logit
 OpenAI logprobs.  Everything is deterministic (fixed numpy seeds).
 """
+
 from __future__ import annotations
 
 import math
@@ -45,23 +46,36 @@ def ref_kept(x, p: SamplingParams) -> dict[int, float]:
 
 # ---------------------------------------------------------------- the arrays
 
+
 def test_arrays_take_each_requests_fields():
-    reqs = [Req(SamplingParams(temperature=1e-6, top_p=0.5, top_k=7, seed=3)),     # below SAMPLING_EPS
-            Req(SamplingParams(temperature=0.7, repetition_penalty=1.2, frequency_penalty=0.5,
-                               presence_penalty=-0.25, min_tokens=4, max_tokens=9, seed=2**63 - 1),
-                [5, 6, 5], frozenset({2, 9})),
-            Req(SamplingParams(min_tokens=4, max_tokens=9, ignore_eos=True), [1], frozenset({2}))]
+    reqs = [
+        Req(SamplingParams(temperature=1e-6, top_p=0.5, top_k=7, seed=3)),  # below SAMPLING_EPS
+        Req(
+            SamplingParams(
+                temperature=0.7,
+                repetition_penalty=1.2,
+                frequency_penalty=0.5,
+                presence_penalty=-0.25,
+                min_tokens=4,
+                max_tokens=9,
+                seed=2**63 - 1,
+            ),
+            [5, 6, 5],
+            frozenset({2, 9}),
+        ),
+        Req(SamplingParams(min_tokens=4, max_tokens=9, ignore_eos=True), [1], frozenset({2})),
+    ]
     a = sample_arrays(reqs)
-    np.testing.assert_array_equal(a["temperature"], np.float32([0.0, 0.7, 1.0]))   # greedy rows get 0
+    np.testing.assert_array_equal(a["temperature"], np.float32([0.0, 0.7, 1.0]))  # greedy rows get 0
     np.testing.assert_array_equal(a["top_p"], np.float32([0.5, 1.0, 1.0]))
     np.testing.assert_array_equal(a["top_k"], [7, 0, 0])
     np.testing.assert_array_equal(a["rep_penalty"], np.float32([1.0, 1.2, 1.0]))
     np.testing.assert_array_equal(a["freq_penalty"], np.float32([0.0, 0.5, 0.0]))
     np.testing.assert_array_equal(a["pres_penalty"], np.float32([0.0, -0.25, 0.0]))
-    assert a["seeds"].dtype == np.uint64 and list(a["seeds"]) == [3, 2**63 - 1, 0]   # unseeded: 0
-    np.testing.assert_array_equal(a["counters"], [0, 3, 1])                         # the output index
+    assert a["seeds"].dtype == np.uint64 and list(a["seeds"]) == [3, 2**63 - 1, 0]  # unseeded: 0
+    np.testing.assert_array_equal(a["counters"], [0, 3, 1])  # the output index
     np.testing.assert_array_equal(a["num_generated"], [0, 3, 1])
-    np.testing.assert_array_equal(a["min_tokens"], [1, 4, 0])                       # ignore_eos: never masked
+    np.testing.assert_array_equal(a["min_tokens"], [1, 4, 0])  # ignore_eos: never masked
     np.testing.assert_array_equal(a["eos_ids"], [[-1, -1], [2, 9], [2, -1]])
     # only the penalised row lists its tokens: neutral penalties leave a row unchanged anyway
     np.testing.assert_array_equal(a["gen_token_ids"], [[-1, -1, -1], [5, 6, 5], [-1, -1, -1]])
@@ -70,8 +84,7 @@ def test_arrays_take_each_requests_fields():
 
 def test_omitting_unpenalised_tokens_changes_no_token():
     rng = np.random.default_rng(0)
-    reqs = [Req(SamplingParams(seed=i, top_p=0.9), list(rng.integers(0, 50, 20)), frozenset({3}))
-            for i in range(16)]
+    reqs = [Req(SamplingParams(seed=i, top_p=0.9), list(rng.integers(0, 50, 20)), frozenset({3})) for i in range(16)]
     logits = (rng.standard_normal((16, 50)) * 3).astype(np.float32)
     full = dict(sample_arrays(reqs), gen_token_ids=np.array([r.output_token_ids for r in reqs], np.int32))
     assert sample(logits, reqs) == list(sample_cpu(logits, **full)[0])
@@ -79,16 +92,17 @@ def test_omitting_unpenalised_tokens_changes_no_token():
 
 # ---------------------------------------------------------------- behaviour
 
+
 def test_sample_penalises_output_tokens_but_not_prompt_tokens():
     logits = np.array([[0.0, 5.0, 4.0, 0.0]], np.float32)
     p = SamplingParams(temperature=0.0, repetition_penalty=2.0)
-    prompt_has_it = Request("a", [1, 1, 1], p)           # token 1 only in the prompt: not penalised
+    prompt_has_it = Request("a", [1, 1, 1], p)  # token 1 only in the prompt: not penalised
     assert sample(logits, [prompt_has_it]) == [1]
     generated_it = Request("b", [3], p)
-    generated_it.output_token_ids = [1]                  # 5 / 2 = 2.5 < 4
+    generated_it.output_token_ids = [1]  # 5 / 2 = 2.5 < 4
     assert sample(logits, [generated_it]) == [2]
     freq = Request("c", [3], SamplingParams(temperature=0.0, frequency_penalty=0.6))
-    freq.output_token_ids = [1, 1]                       # 5 - 2 * 0.6 = 3.8 < 4
+    freq.output_token_ids = [1, 1]  # 5 - 2 * 0.6 = 3.8 < 4
     assert sample(logits, [freq]) == [2]
 
 
@@ -105,18 +119,23 @@ def test_sample_never_picks_eos_before_min_tokens(greedy):
         req.output_token_ids.append(tok)
     assert all(t >= 2 for t in seq[:4]), seq
     assert all(t in (0, 1) for t in seq[4:]), seq
-    ignored = Req(SamplingParams(min_tokens=4, max_tokens=8, temperature=0.0, ignore_eos=True),
-                  eos_token_ids=frozenset({0, 1}))
+    ignored = Req(
+        SamplingParams(min_tokens=4, max_tokens=8, temperature=0.0, ignore_eos=True), eos_token_ids=frozenset({0, 1})
+    )
     assert sample(logits, [ignored]) == [0]
 
 
 def test_greedy_settings_pick_argmax_with_lowest_id_on_ties():
     x = np.array([1.0, 4.0, -2.0, 4.0, 4.0, 0.5], np.float32)
-    for p in (SamplingParams(temperature=0.0), SamplingParams(temperature=1e-7, seed=1),
-              SamplingParams(top_k=1, seed=3), SamplingParams(top_p=0.0, seed=3)):
+    for p in (
+        SamplingParams(temperature=0.0),
+        SamplingParams(temperature=1e-7, seed=1),
+        SamplingParams(top_k=1, seed=3),
+        SamplingParams(top_p=0.0, seed=3),
+    ):
         assert p.greedy
         assert sample(x[None], [Req(p)]) == [1]
-    rows = np.random.default_rng(3).integers(-3, 3, (30, 20)).astype(np.float32)   # many ties
+    rows = np.random.default_rng(3).integers(-3, 3, (30, 20)).astype(np.float32)  # many ties
     got = sample(rows, [Req(SamplingParams(temperature=0.0)) for _ in rows])
     assert got == [int(np.flatnonzero(r == r.max())[0]) for r in rows]
 
@@ -139,6 +158,7 @@ def test_draw_frequencies_match_renormalised_distribution(temperature, top_k, to
 
 # ---------------------------------------------------------------- seeds
 
+
 def _row(req_id: int, step: int) -> np.ndarray:
     """Logits that depend only on (request, step), like a model that sees only its own sequence."""
     return np.random.default_rng([req_id, step]).standard_normal(64).astype(np.float32)
@@ -148,8 +168,10 @@ def _generate(batches: list[list[tuple[int, int]]], steps: int) -> dict[int, lis
     """Run `steps` sampling steps for each batch of (req_id, seed); the tokens per req_id per batch."""
     out: dict[int, list[tuple[int, ...]]] = {}
     for batch in batches:
-        reqs = {rid: Req(SamplingParams(seed=seed, top_k=20, top_p=0.95, temperature=0.9,
-                                        repetition_penalty=1.1)) for rid, seed in batch}
+        reqs = {
+            rid: Req(SamplingParams(seed=seed, top_k=20, top_p=0.95, temperature=0.9, repetition_penalty=1.1))
+            for rid, seed in batch
+        }
         for step in range(steps):
             ids = list(reqs)
             toks = sample(np.stack([_row(r, step) for r in ids]), [reqs[r] for r in ids])
@@ -162,11 +184,11 @@ def _generate(batches: list[list[tuple[int, int]]], steps: int) -> dict[int, lis
 
 def test_same_seed_same_tokens_whatever_the_batch():
     alone = _generate([[(0, 1234)]], steps=20)[0][0]
-    in_batches = _generate([[(5, 1), (0, 1234), (6, 2)],
-                            [(6, 2), (7, 3), (8, 4), (9, 5), (0, 1234)],
-                            [(0, 1234), (5, 1)]], steps=20)[0]
+    in_batches = _generate(
+        [[(5, 1), (0, 1234), (6, 2)], [(6, 2), (7, 3), (8, 4), (9, 5), (0, 1234)], [(0, 1234), (5, 1)]], steps=20
+    )[0]
     assert all(seq == alone for seq in in_batches)
-    assert len(set(alone)) > 3                              # really drawn, not one repeated token
+    assert len(set(alone)) > 3  # really drawn, not one repeated token
     other_seed = _generate([[(0, 4321)]], steps=20)[0][0]
     assert other_seed != alone
 
@@ -176,18 +198,20 @@ def test_recompute_after_preemption_draws_the_same_next_token():
     draw is the same (the counter is the output index, nothing else carries state)."""
     run = _generate([[(0, 99)]], steps=12)[0][0]
     for j in range(12):
-        again = Req(SamplingParams(seed=99, top_k=20, top_p=0.95, temperature=0.9, repetition_penalty=1.1),
-                    list(run[:j]))
+        again = Req(
+            SamplingParams(seed=99, top_k=20, top_p=0.95, temperature=0.9, repetition_penalty=1.1), list(run[:j])
+        )
         assert sample(_row(0, j)[None], [again]) == [run[j]]
 
 
 # ---------------------------------------------------------------- OpenAI logprobs
+
 
 def test_token_logprobs_are_the_raw_logits_log_softmax():
     x = np.array([2.0, 0.5, 2.0, -1.0, 1.0], np.float32)
     lse = math.log(sum(math.exp(v) for v in x))
     chosen, top = token_logprobs(x, 3, 3)
     assert chosen == pytest.approx(-1.0 - lse)
-    assert [i for i, _ in top] == [0, 2, 4]                  # best first, ties by lowest id
+    assert [i for i, _ in top] == [0, 2, 4]  # best first, ties by lowest id
     assert [v for _, v in top] == pytest.approx([2.0 - lse, 2.0 - lse, 1.0 - lse])
     assert token_logprobs(x, 1, 0) == (pytest.approx(0.5 - lse), [])

@@ -6,6 +6,7 @@ recomputed — must reproduce the token stream of a plain sequential reference l
 position the request claims is cached: a block handed to two requests, or a stale block after
 preemption, shows up as a mismatch.
 """
+
 from __future__ import annotations
 
 import subprocess
@@ -16,8 +17,17 @@ import pytest
 from spmd_serve.sampling_params import SamplingParams
 from spmd_serve.scheduler.request import Request, RequestStatus
 from spmd_serve.scheduler.scheduler import QueueFullError
-from tests.support.scheduler_harness import (EOS, FakeModel, TokenFn, default_fn, ids, make_request,
-                                     make_scheduler, reference, run)
+from tests.support.scheduler_harness import (
+    EOS,
+    FakeModel,
+    TokenFn,
+    default_fn,
+    ids,
+    make_request,
+    make_scheduler,
+    reference,
+    run,
+)
 
 
 def test_join_and_leave_between_steps():
@@ -25,7 +35,7 @@ def test_join_and_leave_between_steps():
     a, b = make_request("a", max_tokens=3), make_request("b", max_tokens=3)
     trace = run(sched, {0: [a], 2: [b]})
     assert [ids(o) for o in trace] == [["a"], ["a"], ["a", "b"], ["b"], ["b"]]
-    assert (trace[2].seqs[1].start, trace[2].seqs[1].num_new_tokens) == (0, 4)   # b's prefill
+    assert (trace[2].seqs[1].start, trace[2].seqs[1].num_new_tokens) == (0, 4)  # b's prefill
     for r in (a, b):
         assert (r.output_token_ids, r.finish_reason) == reference(r, 256)
         assert r.status is RequestStatus.FINISHED_LENGTH and r.block_ids == []
@@ -36,7 +46,7 @@ def test_update_returns_requests_that_got_a_token_and_drops_finished():
     a, b = make_request("a", max_tokens=1), make_request("b", prompt_len=8, max_tokens=2)
     sched.add_request(a)
     sched.add_request(b)
-    out = sched.schedule()                    # a: whole prompt; b: 2-token chunk, no sample
+    out = sched.schedule()  # a: whole prompt; b: 2-token chunk, no sample
     got = sched.update(out, FakeModel(sched).step(out))
     assert got == [a] and a.is_finished and sched.running == [b]
 
@@ -56,8 +66,7 @@ def test_max_num_seqs_is_honoured_fcfs():
     trace = run(sched, {0: reqs})
     assert all(len(o.seqs) <= 2 for o in trace)
     assert ids(trace[0]) == ["r0", "r1"]
-    first = {rid: next(i for i, o in enumerate(trace) if rid in ids(o)) for rid in
-             (r.req_id for r in reqs)}
+    first = {rid: next(i for i, o in enumerate(trace) if rid in ids(o)) for rid in (r.req_id for r in reqs)}
     assert [first[f"r{i}"] for i in range(5)] == sorted(first.values())
     assert all(len(r.output_token_ids) == 3 for r in reqs)
 
@@ -76,7 +85,7 @@ def test_watermark_blocks_admission_while_running_grows():
         assert ids(out) == ["a"]
         sched.update(out, model.step(out))
         peak = max(peak, sched.block_manager.num_used_blocks)
-    assert peak > 5                       # running sequences are not held to the watermark
+    assert peak > 5  # running sequences are not held to the watermark
     assert ids(sched.schedule()) == ["b"]  # admitted once nothing runs
 
 
@@ -84,7 +93,7 @@ def test_tiny_block_ratio_never_deadlocks():
     sched = make_scheduler(block_ratio=0.01)
     reqs = [make_request(f"r{i}", prompt_len=9, max_tokens=3) for i in range(3)]
     trace = run(sched, {0: reqs})
-    assert all(len(o.seqs) == 1 for o in trace)   # one at a time, but always progressing
+    assert all(len(o.seqs) == 1 for o in trace)  # one at a time, but always progressing
     assert all(r.finish_reason == "length" for r in reqs)
 
 
@@ -100,7 +109,7 @@ def test_preemption_recomputes_and_matches_unpressured_run():
     reqs = _pressured_workload()
     trace = run(sched, {0: reqs})
     preempted = [r.req_id for o in trace for r in o.preempted]
-    assert preempted and preempted[0] == "p2"      # the youngest goes first
+    assert preempted and preempted[0] == "p2"  # the youngest goes first
     for r, ref in zip(reqs, free_run):
         assert len(r.output_token_ids) == 7
         assert r.output_token_ids == ref.output_token_ids == reference(r, 256)[0]
@@ -131,7 +140,7 @@ def test_preempted_request_goes_to_front_of_waiting():
 
 
 def test_lone_request_never_preempts_itself_forever():
-    sched = make_scheduler(num_blocks=3, block_size=2)   # exactly fits 2 + 4 tokens
+    sched = make_scheduler(num_blocks=3, block_size=2)  # exactly fits 2 + 4 tokens
     r = make_request("solo", prompt_len=2, max_tokens=4)
     run(sched, {0: [r]})
     assert r.num_preemptions == 0 and len(r.output_token_ids) == 4
@@ -142,12 +151,15 @@ def _eos_at(outputs: set[int]) -> TokenFn:
     return lambda prompt, pos: EOS if pos - len(prompt) in outputs else default_fn(prompt, pos)
 
 
-@pytest.mark.parametrize("params, n_out, reason", [
-    (dict(min_tokens=1), 1, "stop"),                     # first eos stops
-    (dict(min_tokens=2), 3, "stop"),                     # eos at index 0 is too early
-    (dict(min_tokens=2, ignore_eos=True), 6, "length"),
-    (dict(min_tokens=5, max_tokens=5), 5, "stop"),       # eos as last allowed token: stop wins
-])
+@pytest.mark.parametrize(
+    "params, n_out, reason",
+    [
+        (dict(min_tokens=1), 1, "stop"),  # first eos stops
+        (dict(min_tokens=2), 3, "stop"),  # eos at index 0 is too early
+        (dict(min_tokens=2, ignore_eos=True), 6, "length"),
+        (dict(min_tokens=5, max_tokens=5), 5, "stop"),  # eos as last allowed token: stop wins
+    ],
+)
 def test_eos_with_min_tokens(params, n_out, reason):
     params.setdefault("max_tokens", 6)
     sched = make_scheduler()
@@ -216,16 +228,18 @@ def test_too_long_and_duplicate_requests_are_rejected():
         sched.add_request(make_request("a", prompt_len=16, max_tokens=5))
     with pytest.raises(ValueError, match=r"17 tokens needs 5 blocks of 4.* pool of 4"):
         sched.add_request(make_request("b", prompt_len=12, max_tokens=5))
-    sched.add_request(make_request("c", prompt_len=12, max_tokens=4))   # exactly the pool
+    sched.add_request(make_request("c", prompt_len=12, max_tokens=4))  # exactly the pool
     with pytest.raises(ValueError, match="already"):
         sched.add_request(make_request("c"))
     assert sched.num_waiting == 1
 
 
 def test_scheduler_imports_no_heavy_dependencies():
-    code = ("import sys, spmd_serve.scheduler.scheduler, spmd_serve.scheduler.block_manager, "
-            "spmd_serve.scheduler.request; "
-            "bad = sorted(m for m in sys.modules if m.split('.')[0] in "
-            "{'paddle', 'mpi4py', 'tornado'}); print(bad); sys.exit(1 if bad else 0)")
+    code = (
+        "import sys, spmd_serve.scheduler.scheduler, spmd_serve.scheduler.block_manager, "
+        "spmd_serve.scheduler.request; "
+        "bad = sorted(m for m in sys.modules if m.split('.')[0] in "
+        "{'paddle', 'mpi4py', 'tornado'}); print(bad); sys.exit(1 if bad else 0)"
+    )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stdout + proc.stderr

@@ -1,5 +1,6 @@
 """Property tests: random workloads (arrivals, lengths, aborts, tiny pools, watermarks, eos)
 driven to completion keep every block-ownership invariant and give every request its reference output."""
+
 from __future__ import annotations
 
 from hypothesis import HealthCheck, given, settings
@@ -23,30 +24,38 @@ def workloads(draw, pressure: bool):
     one of them, all at once and with no watermark, so that most examples preempt."""
     block_size = draw(st.integers(1, 4))
     max_model_len = draw(st.integers(6, 24) if pressure else st.integers(2, 24))
-    specs = []   # (arrival step, total tokens, abort step)
+    specs = []  # (arrival step, total tokens, abort step)
     for _ in range(draw(st.integers(2 if pressure else 1, 8))):
         if pressure:
             total = draw(st.integers(max_model_len // 2, max_model_len))
-        else:   # a third of these may be longer than max_model_len, to exercise rejection
-            total = draw(st.integers(2, max_model_len) | st.integers(2, max_model_len)
-                         | st.integers(2, max_model_len + 3))
-        specs.append((draw(st.integers(0, 1 if pressure else 4)), total,
-                      draw(st.none() | st.none() | st.integers(0, 30))))
+        else:  # a third of these may be longer than max_model_len, to exercise rejection
+            total = draw(
+                st.integers(2, max_model_len) | st.integers(2, max_model_len) | st.integers(2, max_model_len + 3)
+            )
+        specs.append(
+            (draw(st.integers(0, 1 if pressure else 4)), total, draw(st.none() | st.none() | st.integers(0, 30)))
+        )
     # The pool is sized around the largest request; a little short, the largest are rejected.
     biggest = -(-max(min(t, max_model_len) for _, t, _ in specs) // block_size)
     slack = draw(st.integers(0, 2) if pressure else st.integers(-1, 3))
     cfg = SchedulerConfig(
         max_num_seqs=draw(st.integers(2 if pressure else 1, 5)),
-        num_blocks=max(1, biggest + slack), block_size=block_size,
+        num_blocks=max(1, biggest + slack),
+        block_size=block_size,
         block_ratio=1.0 if pressure else draw(st.sampled_from([0.1, 0.6, 1.0])),
         max_waiting=draw(st.integers(1, 8)),
-        max_num_batched_tokens=draw(st.integers(1, 12)), max_model_len=max_model_len)
+        max_num_batched_tokens=draw(st.integers(1, 12)),
+        max_model_len=max_model_len,
+    )
     reqs = []
     for i, (arrival, total, abort_at) in enumerate(specs):
         prompt_len = draw(st.integers(1, total - 1))
         max_tokens = total - prompt_len
-        params = SamplingParams(max_tokens=max_tokens, min_tokens=draw(st.integers(1, max_tokens)),
-                                ignore_eos=pressure or draw(st.booleans()))
+        params = SamplingParams(
+            max_tokens=max_tokens,
+            min_tokens=draw(st.integers(1, max_tokens)),
+            ignore_eos=pressure or draw(st.booleans()),
+        )
         prompt = draw(st.lists(st.integers(100, 200), min_size=prompt_len, max_size=prompt_len))
         reqs.append((arrival, Request(f"r{i}", prompt, params, frozenset({EOS})), abort_at))
     return cfg, reqs
@@ -88,7 +97,7 @@ def check_workload(cfg: SchedulerConfig, reqs: list[tuple[int, Request, int | No
         assert r.is_finished and r.block_ids == []
         if r.req_id in aborted:
             assert r.finish_reason == "abort"
-            assert r.output_token_ids == ref_out[:r.num_output_tokens]
+            assert r.output_token_ids == ref_out[: r.num_output_tokens]
         else:
             assert (r.output_token_ids, r.finish_reason) == (ref_out, ref_reason)
     return sum(r.num_preemptions for r in accepted)

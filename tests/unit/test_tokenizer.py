@@ -1,4 +1,5 @@
 """Tests for spmd_serve.frontend.text.tokenizer (ServingTokenizer) and .detokenizer."""
+
 from __future__ import annotations
 
 import random
@@ -54,34 +55,35 @@ def test_decode_skips_special_and_matches_paddlenlp(tok: ServingTokenizer) -> No
     rng = random.Random(0)
     for _ in range(200):  # the sentencepiece fast path must equal PaddleNLP's own decode
         ids = [rng.randrange(1024) for _ in range(rng.randint(1, 30))]
-        assert tok.decode(ids) == tok._tok.decode(ids, skip_special_tokens=True,
-                                                  clean_up_tokenization_spaces=False)
+        assert tok.decode(ids) == tok._tok.decode(ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)
 
 
-THREE = [{"role": "user", "content": "Hi!"},
-         {"role": "system", "content": "Answer briefly."},
-         {"role": "user", "content": "What is 2+2?"}]
+THREE = [
+    {"role": "user", "content": "Hi!"},
+    {"role": "system", "content": "Answer briefly."},
+    {"role": "user", "content": "What is 2+2?"},
+]
 
 
 def test_chat_template_any_role_order(tok: ServingTokenizer) -> None:
     assert tok.render_chat(THREE) == (
-        "<s><|user|>\nHi!<|end|>\n<|system|>\nAnswer briefly.<|end|>\n"
-        "<|user|>\nWhat is 2+2?<|end|>\n<|assistant|>\n")
+        "<s><|user|>\nHi!<|end|>\n<|system|>\nAnswer briefly.<|end|>\n<|user|>\nWhat is 2+2?<|end|>\n<|assistant|>\n"
+    )
 
 
 def test_chat_system_field_and_parts(tok: ServingTokenizer) -> None:
-    msgs = [{"role": "user", "content": [{"type": "text", "text": "a"},
-                                         {"type": "text", "text": "b"}]},
-            {"role": "assistant", "content": "c"}]
+    msgs = [
+        {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]},
+        {"role": "assistant", "content": "c"},
+    ]
     out = tok.render_chat(msgs, system="S")
-    assert out == ("<s><|system|>\nS<|end|>\n<|user|>\nab<|end|>\n<|assistant|>\nc<|end|>\n"
-                   "<|assistant|>\n")
+    assert out == ("<s><|system|>\nS<|end|>\n<|user|>\nab<|end|>\n<|assistant|>\nc<|end|>\n<|assistant|>\n")
 
 
 def test_encode_prompt(tok: ServingTokenizer) -> None:
     ids = tok.encode_prompt(text="Hello")
     assert ids == tok.encode(tok.render_chat([{"role": "user", "content": "Hello"}]))
-    assert ids[0] == 1 and ids.count(1) == 1          # exactly one BOS, from the template
+    assert ids[0] == 1 and ids.count(1) == 1  # exactly one BOS, from the template
     assert 4 in ids and ids[-2:] == [5, tok.encode("\n")[-1]]  # <|user|> ... <|assistant|>\n
     assert tok.encode_prompt(messages=THREE) == tok.encode(tok.render_chat(THREE))
     plain = ServingTokenizer(tok._tok, None, [2], 1)
@@ -91,21 +93,24 @@ def test_encode_prompt(tok: ServingTokenizer) -> None:
         plain.encode_prompt(messages=THREE)
 
 
-@pytest.mark.parametrize("kwargs", [
-    {"messages": "hi"},
-    {"messages": ["hi"]},
-    {"messages": [{"content": "no role"}]},
-    {"messages": [{"role": 3, "content": "x"}]},
-    {"messages": [{"role": "user"}]},
-    {"messages": [{"role": "user", "content": 5}]},
-    {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": "x"}]}]},
-    {"messages": [{"role": "tool", "content": "x"}]},   # rejected by the template itself
-    {"messages": []},
-    {"messages": [{"role": "user", "content": "x"}], "system": 7},
-    {"text": "a", "messages": [{"role": "user", "content": "x"}]},
-    {},
-    {"text": 12},
-])
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"messages": "hi"},
+        {"messages": ["hi"]},
+        {"messages": [{"content": "no role"}]},
+        {"messages": [{"role": 3, "content": "x"}]},
+        {"messages": [{"role": "user"}]},
+        {"messages": [{"role": "user", "content": 5}]},
+        {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": "x"}]}]},
+        {"messages": [{"role": "tool", "content": "x"}]},  # rejected by the template itself
+        {"messages": []},
+        {"messages": [{"role": "user", "content": "x"}], "system": 7},
+        {"text": "a", "messages": [{"role": "user", "content": "x"}]},
+        {},
+        {"text": 12},
+    ],
+)
 def test_bad_requests_raise_value_error(tok: ServingTokenizer, kwargs: dict) -> None:
     with pytest.raises(ValueError):
         tok.encode_prompt(**kwargs)
@@ -125,7 +130,7 @@ def _stream(tok: ServingTokenizer, ids: list[int], rng: random.Random) -> list[s
     deltas, i = [], 0
     while i < len(ids):
         n = rng.randint(1, 3)
-        deltas.append(detok.step(ids[i:i + n]))
+        deltas.append(detok.step(ids[i : i + n]))
         i += n
     deltas.append(detok.flush())
     assert detok.text == "".join(deltas)
@@ -143,8 +148,7 @@ def test_detokenizer_random_sequences(tok: ServingTokenizer) -> None:
         assert "".join(_stream(tok, ids, rng)) == tok.decode(ids), ids
 
 
-@pytest.mark.parametrize("text", [CJK_EMOJI, " leading space", "Hello world, 你好 🎉!"]
-                         + ROUND_TRIP)
+@pytest.mark.parametrize("text", [CJK_EMOJI, " leading space", "Hello world, 你好 🎉!"] + ROUND_TRIP)
 def test_detokenizer_text_no_partial_chars(tok: ServingTokenizer, text: str) -> None:
     ids = tok.encode(text)
     detok = tok.detokenizer([])
@@ -158,7 +162,7 @@ def test_detokenizer_holds_back_then_flushes(tok: ServingTokenizer) -> None:
     ids = tok.encode("a🧪")
     detok = tok.detokenizer([])
     head = [detok.step([i]) for i in ids[:-1]]
-    assert "".join(head) == "a"                      # the 3 bytes of 🧪 so far are held back
+    assert "".join(head) == "a"  # the 3 bytes of 🧪 so far are held back
     assert detok.step(ids[-1:]) == "🧪"
     # Holding back is per step: a step whose text ends inside a character emits nothing.
     whole = tok.detokenizer([])

@@ -1,5 +1,6 @@
 """frontend.triton.codec without a server: IN/OUT tensors as tritonclient builds and reads them, the
 model check and the status mapping."""
+
 import json
 
 import grpc
@@ -41,19 +42,23 @@ def test_in_raw_is_matched_by_input_position():
     req = pb.ModelInferRequest(model_name="model")
     req.inputs.add(name="OTHER", datatype="BYTES", shape=[1])
     req.inputs.add(name="IN", datatype="BYTES", shape=[1])
-    req.raw_input_contents.extend([codec.pack_bytes_tensor([b"[1]"]),
-                                   codec.pack_bytes_tensor([json.dumps(BODY).encode()])])
+    req.raw_input_contents.extend(
+        [codec.pack_bytes_tensor([b"[1]"]), codec.pack_bytes_tensor([json.dumps(BODY).encode()])]
+    )
     assert codec.read_in(req) == BODY
 
 
-@pytest.mark.parametrize("payload, words", [
-    (b"{not json", "not valid JSON"),
-    (b'{"text": "x", "temperature": NaN}', "NaN is not valid JSON"),
-    (b"\xff\xfe", "not valid JSON"),
-    (b"[]", "one request object"),
-    (json.dumps([BODY, BODY]).encode(), "one request object"),
-    (b'"text"', "one request object"),
-])
+@pytest.mark.parametrize(
+    "payload, words",
+    [
+        (b"{not json", "not valid JSON"),
+        (b'{"text": "x", "temperature": NaN}', "NaN is not valid JSON"),
+        (b"\xff\xfe", "not valid JSON"),
+        (b"[]", "one request object"),
+        (json.dumps([BODY, BODY]).encode(), "one request object"),
+        (b'"text"', "one request object"),
+    ],
+)
 def test_bad_in_payload_is_400(payload, words):
     status, msg = status_of(codec.read_in, client_request(payload))
     assert status == 400 and words in msg
@@ -68,7 +73,7 @@ def test_bad_in_tensor_is_400():
     t = req.inputs.add(name="IN", datatype="BYTES", shape=[2])
     t.contents.bytes_contents.extend([b"{}", b"{}"])
     assert "exactly one element" in status_of(codec.read_in, req)[1]
-    for raw in (b"\x05\x00", b"\x09\x00\x00\x00{}"):    # cut prefix, element longer than data
+    for raw in (b"\x05\x00", b"\x09\x00\x00\x00{}"):  # cut prefix, element longer than data
         req = client_request(b"{}")
         req.raw_input_contents[0] = raw
         assert "truncated" in status_of(codec.read_in, req)[1]
@@ -89,8 +94,10 @@ def test_out_reads_back_with_tritonclient_and_carries_final_flag():
     assert out.shape == (1,) and json.loads(out[0]) == [frame]
     assert resp.id == "rid" and (resp.model_name, resp.model_version) == ("model", "1")
     assert resp.parameters[codec.FINAL_PARAM].bool_param is True
-    assert codec.infer_response(client_request(b"{}"), frame, final=False) \
-        .parameters[codec.FINAL_PARAM].bool_param is False
+    assert (
+        codec.infer_response(client_request(b"{}"), frame, final=False).parameters[codec.FINAL_PARAM].bool_param
+        is False
+    )
     assert codec.FINAL_PARAM not in codec.infer_response(client_request(b"{}"), frame).parameters
 
 
@@ -102,16 +109,23 @@ def test_bytes_tensor_round_trip():
 def test_model_name_and_version():
     codec.check_model("model", "")
     codec.check_model("model", "1")
-    assert status_of(codec.check_model, "llama", "") == (
-        404, "Request for unknown model: 'llama' is not found")
+    assert status_of(codec.check_model, "llama", "") == (404, "Request for unknown model: 'llama' is not found")
     assert status_of(codec.check_model, "model", "2")[0] == 404
 
 
 def test_status_mapping():
     S = grpc.StatusCode
-    expected = {400: S.INVALID_ARGUMENT, 401: S.UNAUTHENTICATED, 404: S.NOT_FOUND,
-                409: S.ALREADY_EXISTS, 429: S.RESOURCE_EXHAUSTED, 503: S.UNAVAILABLE,
-                504: S.DEADLINE_EXCEEDED, 500: S.INTERNAL, 501: S.INTERNAL}
+    expected = {
+        400: S.INVALID_ARGUMENT,
+        401: S.UNAUTHENTICATED,
+        404: S.NOT_FOUND,
+        409: S.ALREADY_EXISTS,
+        429: S.RESOURCE_EXHAUSTED,
+        503: S.UNAVAILABLE,
+        504: S.DEADLINE_EXCEEDED,
+        500: S.INTERNAL,
+        501: S.INTERNAL,
+    }
     assert {k: codec.grpc_status(k) for k in expected} == expected
 
 
@@ -119,8 +133,12 @@ def test_metadata_and_config_describe_one_decoupled_bytes_model():
     md = codec.model_metadata()
     assert (md.name, list(md.versions)) == ("model", ["1"])
     assert [(t.name, t.datatype, list(t.shape)) for t in [*md.inputs, *md.outputs]] == [
-        ("IN", "BYTES", [1]), ("OUT", "BYTES", [1])]
+        ("IN", "BYTES", [1]),
+        ("OUT", "BYTES", [1]),
+    ]
     cfg = codec.model_config().config
     assert cfg.model_transaction_policy.decoupled and cfg.max_batch_size == 0
     assert [(t.name, t.data_type, list(t.dims)) for t in [*cfg.input, *cfg.output]] == [
-        ("IN", mc.TYPE_STRING, [1]), ("OUT", mc.TYPE_STRING, [1])]
+        ("IN", mc.TYPE_STRING, [1]),
+        ("OUT", mc.TYPE_STRING, [1]),
+    ]

@@ -14,6 +14,7 @@ same arguments write byte-identical files.  The tokenizer does not depend on `se
 
     python -m spmd_serve.export.demo.checkpoint OUT_DIR --preset small --seed 0
 """
+
 from __future__ import annotations
 
 import argparse
@@ -29,13 +30,25 @@ from spmd_serve.export.demo.corpus import training_sentences
 
 PRESETS: dict[str, dict[str, int]] = {
     # Seconds to make; used by the unit tests.
-    "tiny": {"vocab_size": 1024, "hidden_size": 64, "intermediate_size": 192,
-             "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
-             "max_position_embeddings": 2048},
+    "tiny": {
+        "vocab_size": 1024,
+        "hidden_size": 64,
+        "intermediate_size": 192,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "max_position_embeddings": 2048,
+    },
     # ~33M parameters: big enough that batching and multi-GPU timings mean something.
-    "small": {"vocab_size": 8000, "hidden_size": 512, "intermediate_size": 1536,
-              "num_hidden_layers": 8, "num_attention_heads": 8, "num_key_value_heads": 4,
-              "max_position_embeddings": 4096},
+    "small": {
+        "vocab_size": 8000,
+        "hidden_size": 512,
+        "intermediate_size": 1536,
+        "num_hidden_layers": 8,
+        "num_attention_heads": 8,
+        "num_key_value_heads": 4,
+        "max_position_embeddings": 4096,
+    },
 }
 
 BOS_TOKEN, EOS_TOKEN, UNK_TOKEN = "<s>", "</s>", "<unk>"
@@ -74,8 +87,11 @@ def train_tokenizer(vocab_size: int) -> bytes:
         model_writer=buf,
         model_type="bpe",
         vocab_size=vocab_size,
-        byte_fallback=True,              # any UTF-8 text encodes, emoji included
-        unk_id=0, bos_id=BOS_ID, eos_id=EOS_ID, pad_id=-1,
+        byte_fallback=True,  # any UTF-8 text encodes, emoji included
+        unk_id=0,
+        bos_id=BOS_ID,
+        eos_id=EOS_ID,
+        pad_id=-1,
         user_defined_symbols=CHAT_MARKERS,
         # Llama-style normalisation: keep text byte-exact (newlines, repeated spaces) so that
         # decode(encode(text)) == text; only the dummy-prefix space is added and removed.
@@ -84,7 +100,7 @@ def train_tokenizer(vocab_size: int) -> bytes:
         add_dummy_prefix=True,
         split_digits=True,
         allow_whitespace_only_pieces=True,
-        character_coverage=0.9995,       # rare characters fall back to bytes (tests rely on it)
+        character_coverage=0.9995,  # rare characters fall back to bytes (tests rely on it)
         max_sentence_length=4096,
         shuffle_input_sentence=False,
         input_sentence_size=0,
@@ -131,7 +147,7 @@ def make_weights(config: dict[str, Any], seed: int) -> dict[str, np.ndarray]:
     kv = config["num_key_value_heads"] * head_dim
 
     def normal(shape: tuple[int, ...], std: float) -> np.ndarray:
-        return (rng.standard_normal(shape, dtype=np.float32) * np.float32(std))
+        return rng.standard_normal(shape, dtype=np.float32) * np.float32(std)
 
     def linear(out_f: int, in_f: int) -> np.ndarray:
         return normal((out_f, in_f), 1.0 / np.sqrt(in_f))
@@ -157,20 +173,27 @@ def make_weights(config: dict[str, Any], seed: int) -> dict[str, np.ndarray]:
 
 
 def _tokenizer_files(config: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    special = {"bos_token": BOS_TOKEN, "eos_token": EOS_TOKEN, "unk_token": UNK_TOKEN,
-               "pad_token": UNK_TOKEN}  # pad_token_id 0 is <unk>: SentencePiece has no pad piece
+    special = {
+        "bos_token": BOS_TOKEN,
+        "eos_token": EOS_TOKEN,
+        "unk_token": UNK_TOKEN,
+        "pad_token": UNK_TOKEN,
+    }  # pad_token_id 0 is <unk>: SentencePiece has no pad piece
     tokenizer_config = {
         "tokenizer_class": "LlamaTokenizer",
         **special,
-        "add_bos_token": False,          # the chat template writes BOS itself
+        "add_bos_token": False,  # the chat template writes BOS itself
         "add_eos_token": False,
         "clean_up_tokenization_spaces": False,
         "model_max_length": config["max_position_embeddings"],
         "chat_template": CHAT_TEMPLATE,
     }
     generation = {"bos_token_id": BOS_ID, "eos_token_id": EOS_ID, "pad_token_id": PAD_ID}
-    return {"tokenizer_config.json": tokenizer_config, "special_tokens_map.json": special,
-            "generation_config.json": generation}
+    return {
+        "tokenizer_config.json": tokenizer_config,
+        "special_tokens_map.json": special,
+        "generation_config.json": generation,
+    }
 
 
 def write_demo_checkpoint(out_dir: str | Path, preset: str = "tiny", seed: int = 0) -> Path:
@@ -182,8 +205,7 @@ def write_demo_checkpoint(out_dir: str | Path, preset: str = "tiny", seed: int =
     out.mkdir(parents=True, exist_ok=True)
 
     def dump(name: str, obj: dict[str, Any]) -> None:
-        (out / name).write_text(json.dumps(obj, indent=2, ensure_ascii=False) + "\n",
-                                encoding="utf-8")
+        (out / name).write_text(json.dumps(obj, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
 
     dump("config.json", config)
     for name, obj in _tokenizer_files(config).items():
@@ -192,8 +214,9 @@ def write_demo_checkpoint(out_dir: str | Path, preset: str = "tiny", seed: int =
     # HF tooling looks for tokenizer.model; PaddleNLP's LlamaTokenizer for sentencepiece.bpe.model.
     for name in ("tokenizer.model", "sentencepiece.bpe.model"):
         (out / name).write_bytes(proto)
-    save_file(make_weights(config, seed), str(out / "model.safetensors"),
-              metadata={"format": "pt"})  # "pt": what HF loaders expect in the header
+    save_file(
+        make_weights(config, seed), str(out / "model.safetensors"), metadata={"format": "pt"}
+    )  # "pt": what HF loaders expect in the header
     # safetensors creates the file 0600; make it readable like the other files (shared mounts).
     os.chmod(out / "model.safetensors", 0o644)
     return out

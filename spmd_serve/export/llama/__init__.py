@@ -5,9 +5,11 @@ config.py parses and refuses, weights.py names tensors, sharding.py splits them 
 quant.py quantises a shard, attention.py and stages.py make the graph stages (Paddle, imported
 only when a graph is built).
 """
+
 from __future__ import annotations
 
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 
@@ -37,8 +39,15 @@ class LlamaFamily(ModelFamily[ModelConfig]):
     def kv_layout(self, dims: ShardDims) -> KVLayout:
         return sharding.kv_layout(dims)
 
-    def rank_weights(self, mc: ModelConfig, hf: dict[str, np.ndarray], dims: ShardDims, rank: int,
-                     method: str | None, group: int | None) -> dict[str, Any]:
+    def rank_weights(
+        self,
+        mc: ModelConfig,
+        hf: dict[str, np.ndarray],
+        dims: ShardDims,
+        rank: int,
+        method: str | None,
+        group: int | None,
+    ) -> dict[str, Any]:
         shard = sharding.shard_weights(hf, mc, dims, rank)
         return quant.quantize_shard(shard, hf, mc, dims, rank, method, group) if method else shard
 
@@ -48,9 +57,10 @@ class LlamaFamily(ModelFamily[ModelConfig]):
     def quant_record(self, method: str | None, group: int | None) -> QuantRecord | None:
         return quant.quant_record(method, group)
 
-    def rank_kv_scales(self, mc: ModelConfig, dims: ShardDims, rank: int,
-                       scales: Mapping[str, np.ndarray]) -> dict[str, list[list[float]]]:
-        heads = sharding.kv_heads_of_rank(mc, dims, rank)          # scales are [num_layers, kv_heads]
+    def rank_kv_scales(
+        self, mc: ModelConfig, dims: ShardDims, rank: int, scales: Mapping[str, np.ndarray]
+    ) -> dict[str, list[list[float]]]:
+        heads = sharding.kv_heads_of_rank(mc, dims, rank)  # scales are [num_layers, kv_heads]
         return {name: sc[:, heads].tolist() for name, sc in scales.items()}
 
     def build_stages(self, w: dict[str, Any], dims: ShardDims, rank: int) -> list:
@@ -64,8 +74,11 @@ class LlamaFamily(ModelFamily[ModelConfig]):
         return stages
 
     def served_options(self, mc: ModelConfig) -> dict[str, Any]:
-        return {"rope_scaling": mc.rope_scaling, "attention_bias": mc.attention_bias,
-                "tie_word_embeddings": mc.tie_word_embeddings}
+        return {
+            "rope_scaling": mc.rope_scaling,
+            "attention_bias": mc.attention_bias,
+            "tie_word_embeddings": mc.tie_word_embeddings,
+        }
 
 
 LLAMA = LlamaFamily()

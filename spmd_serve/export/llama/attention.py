@@ -8,6 +8,7 @@ matmuls: RoPE, the grid gather and the transpose to head-major are one op each f
 The variant (export/variant.py) picks the graph: any query lengths (a padded grid per sequence),
 the decode graph (one token per sequence, no grid), the fused C++ decode attention, an int8 pool.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -24,8 +25,8 @@ from spmd_serve.export.variant import GraphVariant
 from spmd_serve.manifest import ShardDims
 
 _ATTN_INPUTS = ("rope_cos", "rope_sin", "grid_index", "unpad_index", "past_index", "attn_mask")
-_GRID_INPUTS = ("grid_index", "unpad_index")   # not taken by the decode graph
-_FUSED_INPUTS = ("rope_cos", "rope_sin", "block_tables", "ctx_lens", "slot_mapping")   # spmd_decode_attention
+_GRID_INPUTS = ("grid_index", "unpad_index")  # not taken by the decode graph
+_FUSED_INPUTS = ("rope_cos", "rope_sin", "block_tables", "ctx_lens", "slot_mapping")  # spmd_decode_attention
 
 
 class AttentionStage(Stage):
@@ -36,10 +37,13 @@ class AttentionStage(Stage):
         super().__init__()
         p = f"layers.{layer}."
         self.ln = make_param(self, w[p + "ln1"])
-        self.qkv = make_linear(fuse_columns([w[p + n] for n in ("q", "k", "v")]))     # [H, (nh + 2 kvh) d]
+        self.qkv = make_linear(fuse_columns([w[p + n] for n in ("q", "k", "v")]))  # [H, (nh + 2 kvh) d]
         self.o = make_linear(w[p + "o"])
-        self.bias = (make_param(self, np.concatenate([w[p + n] for n in ("q_bias", "k_bias", "v_bias")]))
-                     if dims.attention_bias else None)
+        self.bias = (
+            make_param(self, np.concatenate([w[p + n] for n in ("q_bias", "k_bias", "v_bias")]))
+            if dims.attention_bias
+            else None
+        )
         self.dims, self.layer, self.layout = dims, layer, kv_layout(dims)
         self.kv_layer = layer
 
@@ -62,20 +66,29 @@ class AttentionStage(Stage):
     def forward(self, h, delta, env: dict, variant: GraphVariant):
         dm = self.dims
         nh, kvh, d = dm.heads, dm.kv_heads, dm.head_dim
-        x, h = add_rms_norm(h, delta, self.ln, dm.rms_norm_eps)                          # [T, H]
+        x, h = add_rms_norm(h, delta, self.ln, dm.rms_norm_eps)  # [T, H]
         qkv = self.qkv(x, variant) if self.bias is None else self.qkv(x, variant) + self.bias
-        qkv = qkv.reshape([-1, nh + 2 * kvh, d])                                         # [T, nh + 2 kvh, d]
+        qkv = qkv.reshape([-1, nh + 2 * kvh, d])  # [T, nh + 2 kvh, d]
         kc_name, vc_name = self.layout.cache_inputs(self.layer)
-        if variant.fused_decode_attention:   # ops/cpu_kernels/decode_attention.cc: RoPE, pool write, attention
-            ctx = paddle_ext.run_op("spmd_decode_attention", qkv, env["rope_cos"], env["rope_sin"], env[kc_name],
-                                    env[vc_name], env["block_tables"], env["ctx_lens"], env["slot_mapping"])
-            return h, self.o(ctx, variant), []                                           # K/V already in the pool
-        qkv = qkv * env["rope_cos"] + paddle.roll(qkv, d // 2, axis=-1) * env["rope_sin"]   # RoPE (q, k only)
-        q, k, v = paddle.split(qkv, [nh, kvh, kvh], axis=1)                              # k, v [T, kvh, d] → cache
+        if variant.fused_decode_attention:  # ops/cpu_kernels/decode_attention.cc: RoPE, pool write, attention
+            ctx = paddle_ext.run_op(
+                "spmd_decode_attention",
+                qkv,
+                env["rope_cos"],
+                env["rope_sin"],
+                env[kc_name],
+                env[vc_name],
+                env["block_tables"],
+                env["ctx_lens"],
+                env["slot_mapping"],
+            )
+            return h, self.o(ctx, variant), []  # K/V already in the pool
+        qkv = qkv * env["rope_cos"] + paddle.roll(qkv, d // 2, axis=-1) * env["rope_sin"]  # RoPE (q, k only)
+        q, k, v = paddle.split(qkv, [nh, kvh, kvh], axis=1)  # k, v [T, kvh, d] → cache
         # past, head-major in one gather each: [B, kvh, P, d] (no reshape of the pool: it would copy it)
         k_past = paddle.gather_nd(env[kc_name], env["past_index"])
         v_past = paddle.gather_nd(env[vc_name], env["past_index"])
-        if variant.kv_int8:   # an int8 pool: q * scale[kv head], as ops/paged_attention.py does
+        if variant.kv_int8:  # an int8 pool: q * scale[kv head], as ops/paged_attention.py does
             ks_name, vs_name = self.layout.scale_inputs(self.layer)
             k_past = k_past.astype("float32") * env[ks_name].reshape([1, kvh, 1, 1])
             v_past = v_past.astype("float32") * env[vs_name].reshape([1, kvh, 1, 1])
@@ -86,24 +99,25 @@ class AttentionStage(Stage):
         """One new token per sequence (T = B, S = 1) and few sequences: no grid, and the new K/V
         joined to the past ones (a copy of [B, kvh, P, d], cheap at the batch sizes this graph runs)."""
         kvh, d = self.dims.kv_heads, self.dims.head_dim
-        qh = q.reshape([-1, kvh, self.dims.group, d])                                     # [B, kvh, g, d]
-        keys = paddle.concat([k_past, k.reshape([-1, kvh, 1, d])], axis=2)               # [B, kvh, P+1, d]
+        qh = q.reshape([-1, kvh, self.dims.group, d])  # [B, kvh, g, d]
+        keys = paddle.concat([k_past, k.reshape([-1, kvh, 1, d])], axis=2)  # [B, kvh, P+1, d]
         values = paddle.concat([v_past, v.reshape([-1, kvh, 1, d])], axis=2)
         probs = nn.functional.softmax(paddle.matmul(qh, keys, transpose_y=True) + env["attn_mask"], axis=-1)
-        return paddle.matmul(probs, values).reshape([-1, self.dims.heads * d])            # [B, nh*d]
+        return paddle.matmul(probs, values).reshape([-1, self.dims.heads * d])  # [B, nh*d]
 
     def _grid(self, q, qkv, k, v, k_past, v_past, env):
         """Any query lengths: this step's tokens in a padded grid [B, S] per sequence."""
         nh, kvh, d = self.dims.heads, self.dims.kv_heads, self.dims.head_dim
         p, s = grid_dims(env)
         grid = paddle.gather(qkv, env["grid_index"].reshape([-1]), axis=0)
-        grid = grid.reshape([-1, s, nh + 2 * kvh, d]).transpose([0, 2, 1, 3])              # [B, nh + 2 kvh, S, d]
-        qg, kn, vn = paddle.split(grid, [nh, kvh, kvh], axis=1)                         # kn, vn [B, kvh, S, d]
-        qh = qg.reshape([0, kvh, -1, d])     # query head j uses KV head j // g: [B, kvh, g*S, d], scaled
+        grid = grid.reshape([-1, s, nh + 2 * kvh, d]).transpose([0, 2, 1, 3])  # [B, nh + 2 kvh, S, d]
+        qg, kn, vn = paddle.split(grid, [nh, kvh, kvh], axis=1)  # kn, vn [B, kvh, S, d]
+        qh = qg.reshape([0, kvh, -1, d])  # query head j uses KV head j // g: [B, kvh, g*S, d], scaled
         # softmax over past and new keys without concatenating the (large) keys and values
-        scores = paddle.concat([paddle.matmul(qh, k_past, transpose_y=True),
-                                paddle.matmul(qh, kn, transpose_y=True)], axis=-1)        # [B, kvh, g*S, P+S]
+        scores = paddle.concat(
+            [paddle.matmul(qh, k_past, transpose_y=True), paddle.matmul(qh, kn, transpose_y=True)], axis=-1
+        )  # [B, kvh, g*S, P+S]
         probs = nn.functional.softmax(scores + grouped_mask(env, self.dims.group), axis=-1)
         ctx = paddle.matmul(probs[:, :, :, :p], v_past) + paddle.matmul(probs[:, :, :, p:], vn)
-        ctx = ctx.reshape([0, nh, -1, d]).transpose([0, 2, 1, 3]).reshape([-1, nh * d])   # [B*S, nh*d]
-        return paddle.gather(ctx, env["unpad_index"], axis=0)                             # [T, nh*d]
+        ctx = ctx.reshape([0, nh, -1, d]).transpose([0, 2, 1, 3]).reshape([-1, nh * d])  # [B*S, nh*d]
+        return paddle.gather(ctx, env["unpad_index"], axis=0)  # [T, nh*d]

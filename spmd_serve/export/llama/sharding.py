@@ -6,6 +6,7 @@ When the model has fewer KV heads than ranks, each KV head is replicated on the 
 query heads use it.  Outputs are numpy arrays in Paddle's Linear layout ([in, out]).
 Architecture options (q/k/v biases, tied embeddings, rope scaling) come from `ModelConfig`.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -34,11 +35,22 @@ def shard_dims(cfg: dict | ModelConfig, tp: int) -> ShardDims:
     else:
         raise ShardingError(
             f"num_key_value_heads={kvh} and --tp {tp}: one must divide the other "
-            f"(KV heads are split when tp divides them and replicated when they divide tp)")
-    return ShardDims(tp=tp, hidden=mc.hidden, head_dim=mc.head_dim, num_layers=mc.num_layers,
-                     heads=nh // tp, kv_heads=kv_local, intermediate=inter // tp,
-                     vocab=mc.vocab, vocab_local=-(-mc.vocab // tp),
-                     rms_norm_eps=mc.rms_norm_eps, rope_theta=mc.rope_theta, attention_bias=mc.attention_bias)
+            f"(KV heads are split when tp divides them and replicated when they divide tp)"
+        )
+    return ShardDims(
+        tp=tp,
+        hidden=mc.hidden,
+        head_dim=mc.head_dim,
+        num_layers=mc.num_layers,
+        heads=nh // tp,
+        kv_heads=kv_local,
+        intermediate=inter // tp,
+        vocab=mc.vocab,
+        vocab_local=-(-mc.vocab // tp),
+        rms_norm_eps=mc.rms_norm_eps,
+        rope_theta=mc.rope_theta,
+        attention_bias=mc.attention_bias,
+    )
 
 
 def kv_layout(dims: ShardDims) -> KVLayout:
@@ -67,9 +79,14 @@ def _rows(w_hf: np.ndarray, sl: slice) -> np.ndarray:
 
 # short name → (HF module path, split kind, which slice of `linear_slices`)
 LINEARS: dict[str, tuple[str, str, str]] = {
-    "q": ("self_attn.q_proj", "cols", "q"), "k": ("self_attn.k_proj", "cols", "kv"),
-    "v": ("self_attn.v_proj", "cols", "kv"), "o": ("self_attn.o_proj", "rows", "q"),
-    "gate": ("mlp.gate_proj", "cols", "i"), "up": ("mlp.up_proj", "cols", "i"), "down": ("mlp.down_proj", "rows", "i")}
+    "q": ("self_attn.q_proj", "cols", "q"),
+    "k": ("self_attn.k_proj", "cols", "kv"),
+    "v": ("self_attn.v_proj", "cols", "kv"),
+    "o": ("self_attn.o_proj", "rows", "q"),
+    "gate": ("mlp.gate_proj", "cols", "i"),
+    "up": ("mlp.up_proj", "cols", "i"),
+    "down": ("mlp.down_proj", "rows", "i"),
+}
 
 
 def linear_slices(mc: ModelConfig, dims: ShardDims, rank: int) -> dict[str, slice]:
@@ -77,12 +94,16 @@ def linear_slices(mc: ModelConfig, dims: ShardDims, rank: int) -> dict[str, slic
     by `LINEARS` slice key."""
     d = dims.head_dim
     kv = kv_heads_of_rank(mc, dims, rank)
-    return {"q": slice(rank * dims.heads * d, (rank + 1) * dims.heads * d), "kv": slice(kv.start * d, kv.stop * d),
-            "i": slice(rank * dims.intermediate, (rank + 1) * dims.intermediate)}
+    return {
+        "q": slice(rank * dims.heads * d, (rank + 1) * dims.heads * d),
+        "kv": slice(kv.start * d, kv.stop * d),
+        "i": slice(rank * dims.intermediate, (rank + 1) * dims.intermediate),
+    }
 
 
-def shard_weights(hf: dict[str, np.ndarray], cfg: dict | ModelConfig, dims: ShardDims, rank: int
-                  ) -> dict[str, np.ndarray]:
+def shard_weights(
+    hf: dict[str, np.ndarray], cfg: dict | ModelConfig, dims: ShardDims, rank: int
+) -> dict[str, np.ndarray]:
     """This rank's weights, named `embed`, `layers.{i}.{q,k,v,o,gate,up,down,ln1,ln2}` (and
     `layers.{i}.{q,k,v}_bias` with attention_bias), `norm`, `lm_head`.  (RoPE's inv_freq is not a
     weight: the exporter writes it into the manifest and the runner builds the tables.)"""
@@ -100,16 +121,27 @@ def shard_weights(hf: dict[str, np.ndarray], cfg: dict | ModelConfig, dims: Shar
 
     embed = hf["model.embed_tokens.weight"]
     head = embed if mc.tie_word_embeddings or "lm_head.weight" not in hf else hf["lm_head.weight"]
-    out = {"embed": vocab_rows(embed), "norm": hf["model.norm.weight"],
-           "lm_head": np.ascontiguousarray(vocab_rows(head).T)}
+    out = {
+        "embed": vocab_rows(embed),
+        "norm": hf["model.norm.weight"],
+        "lm_head": np.ascontiguousarray(vocab_rows(head).T),
+    }
     for i in range(dims.num_layers):
         p, a = f"model.layers.{i}.", f"model.layers.{i}.self_attn."
-        out.update({f"layers.{i}.ln1": hf[p + "input_layernorm.weight"],
-                    f"layers.{i}.ln2": hf[p + "post_attention_layernorm.weight"]})
+        out.update(
+            {
+                f"layers.{i}.ln1": hf[p + "input_layernorm.weight"],
+                f"layers.{i}.ln2": hf[p + "post_attention_layernorm.weight"],
+            }
+        )
         for name, (module, kind, key) in LINEARS.items():
             out[f"layers.{i}.{name}"] = (_cols if kind == "cols" else _rows)(hf[f"{p}{module}.weight"], sl[key])
         if dims.attention_bias:
-            out.update({f"layers.{i}.q_bias": hf[a + "q_proj.bias"][q_sl],
-                        f"layers.{i}.k_bias": hf[a + "k_proj.bias"][kv_sl],
-                        f"layers.{i}.v_bias": hf[a + "v_proj.bias"][kv_sl]})
+            out.update(
+                {
+                    f"layers.{i}.q_bias": hf[a + "q_proj.bias"][q_sl],
+                    f"layers.{i}.k_bias": hf[a + "k_proj.bias"][kv_sl],
+                    f"layers.{i}.v_bias": hf[a + "v_proj.bias"][kv_sl],
+                }
+            )
     return {k: np.ascontiguousarray(v, dtype=np.float32) for k, v in out.items()}

@@ -3,14 +3,22 @@
 Each is an export/segment.py `Stage`; the attention stage is export/llama/attention.py.  Weights
 come from `shard_weights` (+ `quantize_shard`), names as there (`embed`, `layers.<i>.gate`, ...).
 """
+
 from __future__ import annotations
 
 import numpy as np
 import paddle
 from paddle import nn
 
-from spmd_serve.export.layers import (add_rms_norm, fuse_columns, hold_quantised, make_linear, make_param, rms_norm,
-                                      unpack_int4)
+from spmd_serve.export.layers import (
+    add_rms_norm,
+    fuse_columns,
+    hold_quantised,
+    make_linear,
+    make_param,
+    rms_norm,
+    unpack_int4,
+)
 from spmd_serve.export.segment import Stage
 from spmd_serve.export.variant import GENERAL, GraphVariant
 from spmd_serve.manifest import ShardDims
@@ -26,9 +34,9 @@ class EmbedStage(Stage):
         super().__init__()
         self.method = getattr(w["embed"], "method", None)
         if self.method is None:
-            self.weight = make_param(self, w["embed"])                     # [V_local, H]
+            self.weight = make_param(self, w["embed"])  # [V_local, H]
         else:
-            hold_quantised(self, w["embed"])                               # [H or H/2, V_local]
+            hold_quantised(self, w["embed"])  # [H or H/2, V_local]
         self.start, self.size = rank * dims.vocab_local, dims.vocab_local
 
     def inputs(self, variant: GraphVariant) -> list[str]:
@@ -40,16 +48,16 @@ class EmbedStage(Stage):
 
     def _rows(self, local):
         if self.method is None:
-            return nn.functional.embedding(local, self.weight)                              # [T, H]
-        cols = paddle.gather(self.qweight, local, axis=1)                                   # [H or H/2, T]
-        scale = paddle.gather(self.scale, local, axis=-1)                                   # [T] or [H/g, T]
+            return nn.functional.embedding(local, self.weight)  # [T, H]
+        cols = paddle.gather(self.qweight, local, axis=1)  # [H or H/2, T]
+        scale = paddle.gather(self.scale, local, axis=-1)  # [T] or [H/g, T]
         if self.method == "weight_only_int8":
-            return (cols.astype("float32") * scale).transpose([1, 0])                        # [T, H]
-        x = unpack_int4(cols, self.fan_in, self.group) * scale.unsqueeze(1)                # [H/g, g, T]
-        return x.reshape([self.fan_in, -1]).transpose([1, 0])                              # [T, H]
+            return (cols.astype("float32") * scale).transpose([1, 0])  # [T, H]
+        x = unpack_int4(cols, self.fan_in, self.group) * scale.unsqueeze(1)  # [H/g, g, T]
+        return x.reshape([self.fan_in, -1]).transpose([1, 0])  # [T, H]
 
     def forward(self, h, env: dict, variant: GraphVariant | None = None):
-        variant = variant or GENERAL   # (None: eager calls; a default value would not survive dy2static)
+        variant = variant or GENERAL  # (None: eager calls; a default value would not survive dy2static)
         local = env["input_ids"] - self.start
         owned = paddle.logical_and(local >= 0, local < self.size)
         local = paddle.where(owned, local, paddle.zeros_like(local))
@@ -63,7 +71,7 @@ class MlpStage(Stage):
         super().__init__()
         p = f"layers.{layer}."
         self.ln = make_param(self, w[p + "ln2"])
-        self.gate_up = make_linear(fuse_columns([w[p + "gate"], w[p + "up"]]))                 # [H, 2 I]
+        self.gate_up = make_linear(fuse_columns([w[p + "gate"], w[p + "up"]]))  # [H, 2 I]
         self.down = make_linear(w[p + "down"])
         self.eps = dims.rms_norm_eps
 
@@ -72,16 +80,17 @@ class MlpStage(Stage):
 
     def forward(self, h, delta, env: dict, variant: GraphVariant):
         x, h = add_rms_norm(h, delta, self.ln, self.eps)
-        return h, self.down(nn.functional.swiglu(self.gate_up(x, variant)), variant), []   # silu(gate) * up
+        return h, self.down(nn.functional.swiglu(self.gate_up(x, variant)), variant), []  # silu(gate) * up
 
 
 class HeadStage(Stage):
     """Final RMSNorm and the vocab-parallel lm_head on each sequence's last token: [B, V_local]."""
+
     gives_logits = True
 
     def __init__(self, w: dict[str, np.ndarray], dims: ShardDims) -> None:
         super().__init__()
-        self.norm, self.lm_head = make_param(self, w["norm"]), make_linear(w["lm_head"])   # [H, V_local]
+        self.norm, self.lm_head = make_param(self, w["norm"]), make_linear(w["lm_head"])  # [H, V_local]
         self.eps = dims.rms_norm_eps
 
     def inputs(self, variant: GraphVariant) -> list[str]:
@@ -95,5 +104,5 @@ class HeadStage(Stage):
         return h, logits, kv
 
     def forward(self, h, env: dict, variant: GraphVariant):
-        last = paddle.gather(h, env["logits_index"], axis=0)                              # [B, H]
+        last = paddle.gather(h, env["logits_index"], axis=0)  # [B, H]
         return self.lm_head(rms_norm(last, self.norm, self.eps), variant), []

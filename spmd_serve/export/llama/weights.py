@@ -4,6 +4,7 @@ names and layout turned into HF's.
 PaddleNLP's `save_pretrained` (3.0.0b4) names tensors `llama.…`/`qwen2.…` and stores linear weights
 and an untied `lm_head` [in, out] (Paddle's Linear layout); HF names them `model.…` and stores [out, in].
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -11,7 +12,7 @@ import numpy as np
 from spmd_serve.export.errors import CheckpointError
 from spmd_serve.export.llama.config import ModelConfig
 
-_PREFIXES = {"llama.": "model.", "qwen2.": "model."}   # PaddleNLP base-model prefixes → HF's
+_PREFIXES = {"llama.": "model.", "qwen2.": "model."}  # PaddleNLP base-model prefixes → HF's
 
 
 def to_hf_layout(weights: dict[str, np.ndarray], mc: ModelConfig) -> tuple[dict[str, np.ndarray], str]:
@@ -19,21 +20,23 @@ def to_hf_layout(weights: dict[str, np.ndarray], mc: ModelConfig) -> tuple[dict[
     if any(k.startswith("model.") for k in weights):
         return weights, "huggingface"
     if not any(k.startswith(tuple(_PREFIXES)) for k in weights):
-        raise CheckpointError(f"unrecognised tensor names (e.g. {next(iter(weights), '?')!r}): expected "
-                              "HuggingFace `model.…` or PaddleNLP `llama.…`/`qwen2.…` names")
+        raise CheckpointError(
+            f"unrecognised tensor names (e.g. {next(iter(weights), '?')!r}): expected "
+            "HuggingFace `model.…` or PaddleNLP `llama.…`/`qwen2.…` names"
+        )
     out = {}
     for name, arr in weights.items():
         if name == "lm_head.weight":
             if mc.tie_word_embeddings:
-                continue   # PaddleNLP saves the tied embedding here too
-            arr = arr.T    # PaddleNLP's LMHead: [hidden, vocab]
+                continue  # PaddleNLP saves the tied embedding here too
+            arr = arr.T  # PaddleNLP's LMHead: [hidden, vocab]
         else:
             prefix = next((p for p in _PREFIXES if name.startswith(p)), None)
             if prefix is None:
                 raise CheckpointError(f"unexpected tensor {name!r} in a PaddleNLP checkpoint")
-            name = _PREFIXES[prefix] + name[len(prefix):]
+            name = _PREFIXES[prefix] + name[len(prefix) :]
             if arr.ndim == 2 and name.endswith("_proj.weight"):
-                arr = arr.T   # Paddle Linear [in, out] → HF [out, in]
+                arr = arr.T  # Paddle Linear [in, out] → HF [out, in]
         out[name] = np.ascontiguousarray(arr)
     return out, "paddlenlp"
 
@@ -46,12 +49,19 @@ def expected_tensors(mc: ModelConfig) -> dict[str, tuple[int, ...]]:
         shapes["lm_head.weight"] = (mc.vocab, h)
     for i in range(mc.num_layers):
         p, a, m = f"model.layers.{i}.", f"model.layers.{i}.self_attn.", f"model.layers.{i}.mlp."
-        shapes.update({p + "input_layernorm.weight": (h,), p + "post_attention_layernorm.weight": (h,),
-                       a + "q_proj.weight": (q, h), a + "k_proj.weight": (kv, h), a + "v_proj.weight": (kv, h),
-                       a + "o_proj.weight": (h, q), m + "gate_proj.weight": (mc.intermediate, h),
-                       m + "up_proj.weight": (mc.intermediate, h), m + "down_proj.weight": (h, mc.intermediate)})
+        shapes.update(
+            {
+                p + "input_layernorm.weight": (h,),
+                p + "post_attention_layernorm.weight": (h,),
+                a + "q_proj.weight": (q, h),
+                a + "k_proj.weight": (kv, h),
+                a + "v_proj.weight": (kv, h),
+                a + "o_proj.weight": (h, q),
+                m + "gate_proj.weight": (mc.intermediate, h),
+                m + "up_proj.weight": (mc.intermediate, h),
+                m + "down_proj.weight": (h, mc.intermediate),
+            }
+        )
         if mc.attention_bias:
             shapes.update({a + "q_proj.bias": (q,), a + "k_proj.bias": (kv,), a + "v_proj.bias": (kv,)})
     return shapes
-
-

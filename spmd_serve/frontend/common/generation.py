@@ -7,15 +7,16 @@ enforces the deadline.  It raises `GenerationError` when the request fails after
 (deadline, engine error); `cancel()` is for a client that went away, `close()` always runs last
 and leaves the engine nothing to compute for the request.
 """
+
 from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import Any, AsyncIterator
+from typing import Any
 
-from spmd_serve.engine.client import (DuplicateRequestError, EngineClient, NotReadyError,
-                                      QueueFullError, RequestOutput)
+from spmd_serve.engine.client import DuplicateRequestError, EngineClient, NotReadyError, QueueFullError, RequestOutput
 from spmd_serve.frontend.common.parsing import ProtocolError
 from spmd_serve.frontend.text.output_assembler import OutputAssembler
 from spmd_serve.sampling_params import SamplingParams
@@ -33,25 +34,34 @@ class GenerationError(Exception):
 
 @dataclass
 class Delta:
-    text: str                               # text that may be sent now
-    token_ids: list[int]                    # the engine's new ids behind it
-    logprobs: list[Any] = field(default_factory=list)   # one entry per id when asked for
-    finish_reason: str | None = None        # set on the last delta: "stop" | "length"
+    text: str  # text that may be sent now
+    token_ids: list[int]  # the engine's new ids behind it
+    logprobs: list[Any] = field(default_factory=list)  # one entry per id when asked for
+    finish_reason: str | None = None  # set on the last delta: "stop" | "length"
 
 
 class Generation:
     """Submit once, read `deltas()` once; `close()` on every path."""
 
-    def __init__(self, client: EngineClient, tokenizer: Any, req_id: str, prompt: list[int],
-                 params: SamplingParams, deadline: float, continue_prompt: bool = False) -> None:
+    def __init__(
+        self,
+        client: EngineClient,
+        tokenizer: Any,
+        req_id: str,
+        prompt: list[int],
+        params: SamplingParams,
+        deadline: float,
+        continue_prompt: bool = False,
+    ) -> None:
         self.client, self.req_id, self.prompt = client, req_id, prompt
         self.params, self.deadline = params, deadline
-        self.asm = OutputAssembler(tokenizer.detokenizer(prompt, continue_prompt=continue_prompt),
-                                   params.stop_sequences)
+        self.asm = OutputAssembler(
+            tokenizer.detokenizer(prompt, continue_prompt=continue_prompt), params.stop_sequences
+        )
         self.first_token_at: float | None = None
         self._queue: asyncio.Queue[RequestOutput | None] | None = None
 
-    def submit(self) -> "Generation":
+    def submit(self) -> Generation:
         """Hand the request to the engine; ProtocolError(503/409/429) when it is refused."""
         try:
             self._queue = self.client.add_request(self.req_id, self.prompt, self.params)  # type: ignore[assignment]
@@ -89,18 +99,18 @@ class Generation:
                 out = await self._next()
             except asyncio.TimeoutError:
                 self.client.abort(self.req_id)
-                raise GenerationError(504, "request exceeded its deadline",
-                                      asm.text[asm.sent:]) from None
-            if out is None:                         # client disconnected
+                raise GenerationError(504, "request exceeded its deadline", asm.text[asm.sent :]) from None
+            if out is None:  # client disconnected
                 return
             if out.finished and out.finish_reason in ("error", "abort"):
                 status = out.error_code or (500 if out.finish_reason == "error" else 503)
-                raise GenerationError(status, out.error_msg or f"request ended: "
-                                      f"{out.finish_reason}", asm.text[asm.sent:])
+                raise GenerationError(
+                    status, out.error_msg or f"request ended: {out.finish_reason}", asm.text[asm.sent :]
+                )
             if out.new_token_ids and self.first_token_at is None:
                 self.first_token_at = time.monotonic()
             text = asm.add(out.new_token_ids, out.finished)
-            if asm.stopped:                         # our stop string: the engine may stop too
+            if asm.stopped:  # our stop string: the engine may stop too
                 self.client.abort(self.req_id, reason="stop")
             reason = None
             if out.finished or asm.stopped:

@@ -6,12 +6,14 @@ or OpenAI) by implementing `send_error_body`.
 Only tornado's public API is used: whether a response has ended is our own `finished` flag (set
 in `on_finish`), and `reason_phrase` rebuilds the reason `send_error` gives a status.
 """
+
 from __future__ import annotations
 
 import hmac
 import re
+from collections.abc import Callable
 from http.client import responses
-from typing import Any, Callable
+from typing import Any
 
 from tornado.http1connection import HTTP1Connection
 from tornado.iostream import StreamClosedError
@@ -27,8 +29,7 @@ def bearer_ok(authorization: str | None, api_key: str | None) -> bool:
     if not api_key:
         return True
     scheme, _, token = (authorization or "").partition(" ")
-    return scheme.lower() == "bearer" and hmac.compare_digest(token.strip().encode(),
-                                                              api_key.encode())
+    return scheme.lower() == "bearer" and hmac.compare_digest(token.strip().encode(), api_key.encode())
 
 
 # RFC 9112's reason-phrase; tornado's send_error turns any other reason into "Unknown".
@@ -51,15 +52,14 @@ def reason_phrase(status_code: int, write_error_kwargs: dict[str, Any]) -> str:
 class JsonBodyHandler(RequestHandler):
     """Body streaming is on only to answer an oversized body with 413 instead of a reset."""
 
-    def initialize(self, max_body_size: int = 8 << 20, api_key: str | None = None,
-                   **kwargs: Any) -> None:
+    def initialize(self, max_body_size: int = 8 << 20, api_key: str | None = None, **kwargs: Any) -> None:
         self.max_body_size, self.api_key = max_body_size, api_key
-        self._chunks: list[bytes] | None = []     # None once the body is known to be too big
+        self._chunks: list[bytes] | None = []  # None once the body is known to be too big
         self._size = 0
-        self.gone = False                          # the client closed the connection
-        self.started = False                       # the response body has begun
-        self.finished = False                      # finish() has ended the response
-        self.on_gone: list[Callable[[], None]] = []   # called once when the client goes away
+        self.gone = False  # the client closed the connection
+        self.started = False  # the response body has begun
+        self.finished = False  # finish() has ended the response
+        self.on_gone: list[Callable[[], None]] = []  # called once when the client goes away
 
     def send_error_body(self, status: int, msg: str) -> None:
         raise NotImplementedError
@@ -79,7 +79,7 @@ class JsonBodyHandler(RequestHandler):
             self.send_error_body(413, self.too_large_msg())
             return
         connection = self.request.connection
-        if isinstance(connection, HTTP1Connection):     # always, under tornado's HTTPServer
+        if isinstance(connection, HTTP1Connection):  # always, under tornado's HTTPServer
             connection.set_max_body_size(8 * self.max_body_size)
 
     def data_received(self, chunk: bytes) -> None:
@@ -104,7 +104,7 @@ class JsonBodyHandler(RequestHandler):
     def on_connection_close(self) -> None:
         # Called by tornado when the client goes away while we wait for the engine: stop the
         # generation now so the handler ends and the engine frees the sequence's blocks.
-        super().on_connection_close()   # fails a half-read body so the handler cannot hang
+        super().on_connection_close()  # fails a half-read body so the handler cannot hang
         if not self.gone:
             self.gone = True
             for callback in self.on_gone:

@@ -8,6 +8,7 @@ live  = the engine loop beat recently, or a step is in progress (a long prefill 
 ready = every rank has loaded its model (`client.ready`), none has died, and the server is not
         draining.
 """
+
 from __future__ import annotations
 
 import time
@@ -20,18 +21,18 @@ DEFAULT_LIVE_THRESHOLD_S = 10.0
 DEFAULT_STEP_LIMIT_S = 300.0
 
 
-def is_live(client: EngineClient, threshold_s: float = DEFAULT_LIVE_THRESHOLD_S,
-            step_limit_s: float = DEFAULT_STEP_LIMIT_S) -> tuple[bool, str]:
+def is_live(
+    client: EngineClient, threshold_s: float = DEFAULT_LIVE_THRESHOLD_S, step_limit_s: float = DEFAULT_STEP_LIMIT_S
+) -> tuple[bool, str]:
     """(alive?, reason when not)."""
     if client.failure:
         return False, client.failure
-    busy_since = client.busy_since          # read once: the engine thread clears it
-    if busy_since is not None:              # inside a step: it beats again when the step ends
+    busy_since = client.busy_since  # read once: the engine thread clears it
+    if busy_since is not None:  # inside a step: it beats again when the step ends
         busy = time.monotonic() - busy_since
         if busy < step_limit_s:
             return True, ""
-        return False, (f"an engine step has been running for {busy:.0f} s (limit "
-                       f"{step_limit_s:g} s): a rank is stuck")
+        return False, (f"an engine step has been running for {busy:.0f} s (limit {step_limit_s:g} s): a rank is stuck")
     age = time.monotonic() - client.heartbeat
     if age < threshold_s:
         return True, ""

@@ -5,6 +5,7 @@ limits a request is checked against (`Limits`), a request body's bytes -> JSON o
 No tornado and no engine here.  A refusal's message goes straight back to the user, so it names
 the field and, for limits, the limit.
 """
+
 from __future__ import annotations
 
 import json
@@ -27,6 +28,7 @@ class ProtocolError(Exception):
 @dataclass(frozen=True)
 class Limits:
     """Length limits a request is checked against (MAX_SEQ_LEN, MAX_DEC_LEN, the model's own)."""
+
     max_seq_len: int
     max_dec_len: int
     model_max_len: int
@@ -45,9 +47,9 @@ def decode_body(raw: bytes) -> dict[str, Any]:
     """Bytes of a request body -> JSON object; anything else is a 400, never a 500."""
     try:
         body = json.loads(raw.decode("utf-8"), parse_constant=reject_json_constant)
-    except (UnicodeDecodeError, ValueError) as e:   # JSONDecodeError is a ValueError
+    except (UnicodeDecodeError, ValueError) as e:  # JSONDecodeError is a ValueError
         raise ProtocolError(400, f"request body is not valid JSON: {e}") from None
-    except RecursionError:                          # e.g. [[[[...]]]] thousands deep
+    except RecursionError:  # e.g. [[[[...]]]] thousands deep
         raise ProtocolError(400, "request body is not valid JSON: nested too deeply") from None
     # "\ud800" without its pair decodes to a str that cannot be encoded again: it would fail
     # later in the tokenizer or while writing a response that echoes it.  Only an escape can
@@ -56,11 +58,11 @@ def decode_body(raw: bytes) -> dict[str, Any]:
         try:
             json.dumps(body, ensure_ascii=False).encode("utf-8")
         except UnicodeEncodeError:
-            raise ProtocolError(400, "request body is not valid JSON: it contains an unpaired "
-                                     "UTF-16 surrogate escape (\\uD800-\\uDFFF)") from None
+            raise ProtocolError(
+                400, "request body is not valid JSON: it contains an unpaired UTF-16 surrogate escape (\\uD800-\\uDFFF)"
+            ) from None
     if not isinstance(body, dict):
-        raise ProtocolError(400, "request body must be a JSON object, got "
-                                 f"{type(body).__name__}")
+        raise ProtocolError(400, f"request body must be a JSON object, got {type(body).__name__}")
     return body
 
 

@@ -6,11 +6,13 @@ chat delegate it was given (the server wires it; this package never imports the 
 checks the API key, and relays a `NativeSession` (parse, submit, stop strings, deadline) as NDJSON
 frames flushed one by one, or as one JSON object.  A client that goes away cancels its session.
 """
+
 from __future__ import annotations
 
 import json
 import logging
-from typing import Any, Awaitable, Callable
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 from tornado.web import RequestHandler
 
@@ -38,8 +40,7 @@ class NotFoundHandler(RequestHandler):
     """The default handler of every IO-server app: 404 with the native error body."""
 
     def prepare(self) -> None:
-        send_native_error(self, 404, f"no such endpoint: {self.request.method} "
-                                     f"{self.request.path}", "")
+        send_native_error(self, 404, f"no such endpoint: {self.request.method} {self.request.path}", "")
 
     def write_error(self, status_code: int, **kwargs: Any) -> None:
         send_native_error(self, status_code, reason_phrase(status_code, kwargs), "")
@@ -47,11 +48,19 @@ class NotFoundHandler(RequestHandler):
 
 class NativeChatHandler(JsonBodyHandler):
     """One native request (or, with "model" in the body, an OpenAI chat request)."""
+
     req_id = ""
 
-    def initialize(self, client: EngineClient, tokenizer: Any, limits: Limits,  # type: ignore[override]
-                   max_body_size: int, openai_chat: OpenAIChat, api_key: str | None = None,
-                   disable_streaming: bool = False) -> None:
+    def initialize(  # type: ignore[override]
+        self,
+        client: EngineClient,
+        tokenizer: Any,
+        limits: Limits,
+        max_body_size: int,
+        openai_chat: OpenAIChat,
+        api_key: str | None = None,
+        disable_streaming: bool = False,
+    ) -> None:
         super().initialize(max_body_size, api_key)
         self.client, self.tokenizer, self.limits = client, tokenizer, limits
         self.disable_streaming, self.openai_chat = disable_streaming, openai_chat
@@ -79,9 +88,9 @@ class NativeChatHandler(JsonBodyHandler):
         self.on_gone.append(session.cancel)
         try:
             await self._relay(session)
-        except ProtocolError as e:          # failed before the first frame: a plain status
+        except ProtocolError as e:  # failed before the first frame: a plain status
             self.send_error_body(e.status, e.msg)
-        except Exception:   # a bug must still end the request cleanly, not hang the client
+        except Exception:  # a bug must still end the request cleanly, not hang the client
             log.exception("native request %s failed", session.req_id)
             if not (self.gone or self.finished or self.started):
                 self.send_error_body(500, "internal server error")

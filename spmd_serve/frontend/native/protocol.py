@@ -6,6 +6,7 @@ with a request raises `ProtocolError(status, message)` (`frontend.common.parsing
 other protocols); the message names the field and, for limits, the limit, because that text goes
 straight back to the user.
 """
+
 from __future__ import annotations
 
 import json
@@ -21,6 +22,7 @@ from spmd_serve.sampling_params import SamplingParams
 @dataclass
 class NativeRequest:
     """A validated native request; optional fields are None when the user left them out."""
+
     req_id: str
     text: str | None = None
     messages: list[dict[str, Any]] | None = None
@@ -50,8 +52,7 @@ _ALIASES: dict[str, tuple[str, ...]] = {
     "seed": ("seed", "infer_seed"),
 }
 _INT_FIELDS = ("max_dec_len", "min_dec_len", "seed")
-_NUM_FIELDS = ("topp", "temperature", "penalty_score", "frequency_score", "presence_score",
-               "timeout")
+_NUM_FIELDS = ("topp", "temperature", "penalty_score", "frequency_score", "presence_score", "timeout")
 _BOOL_FIELDS = ("stream", "return_usage", "return_all_tokens", "benchmark")
 
 
@@ -86,8 +87,7 @@ def parse_native_request(body: dict[str, Any]) -> NativeRequest:
 
     given = [k for k in ("text", "messages", "input_ids") if body.get(k) is not None]
     if len(given) != 1:
-        raise ProtocolError(400, "exactly one of text, messages, input_ids must be given, got "
-                                 f"{given or 'none'}", rid)
+        raise ProtocolError(400, f"exactly one of text, messages, input_ids must be given, got {given or 'none'}", rid)
     if body.get("text") is not None:
         if not isinstance(body["text"], str):
             raise _bad("text", "a string", body["text"], rid)
@@ -95,9 +95,14 @@ def parse_native_request(body: dict[str, Any]) -> NativeRequest:
     elif body.get("messages") is not None:
         msgs = body["messages"]
         # content may also be a list of text parts; the tokenizer checks what is inside
-        if not isinstance(msgs, list) or not msgs or not all(
-                isinstance(m, dict) and isinstance(m.get("role"), str)
-                and isinstance(m.get("content"), (str, list)) for m in msgs):
+        if (
+            not isinstance(msgs, list)
+            or not msgs
+            or not all(
+                isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), (str, list))
+                for m in msgs
+            )
+        ):
             raise _bad("messages", "a non-empty list of {role: str, content: str}", msgs, rid)
         req.messages = msgs
     else:
@@ -137,11 +142,11 @@ def parse_native_request(body: dict[str, Any]) -> NativeRequest:
         req.eos_token_ids = tuple(eos)
     stops = body.get("stop_sequences")
     if stops is not None:
-        if isinstance(stops, str):          # a lone string is an obvious intent; accept it
+        if isinstance(stops, str):  # a lone string is an obvious intent; accept it
             stops = [stops]
         if not isinstance(stops, list) or not all(isinstance(s, str) for s in stops):
             raise _bad("stop_sequences", "a list of strings", stops, rid)
-        req.stop_sequences = tuple(s for s in stops if s)   # "" would match at once
+        req.stop_sequences = tuple(s for s in stops if s)  # "" would match at once
     if not (req.timeout > 0 and math.isfinite(req.timeout)):
         raise _bad("timeout", "a positive number of seconds", req.timeout, rid)
     return req
@@ -153,45 +158,55 @@ def encode_prompt(req: NativeRequest, tokenizer: Any) -> list[int]:
         vocab = getattr(tokenizer, "vocab_size", None)
         if vocab is not None and max(req.input_ids) >= vocab:
             # an id past the embedding table would fail inside every rank's graph
-            raise ProtocolError(400, f"input_ids contains {max(req.input_ids)}, outside the "
-                                     f"vocabulary (size {vocab})", req.req_id)
+            raise ProtocolError(
+                400, f"input_ids contains {max(req.input_ids)}, outside the vocabulary (size {vocab})", req.req_id
+            )
         return list(req.input_ids)
     try:
-        return list(tokenizer.encode_prompt(text=req.text, messages=req.messages,
-                                            system=req.system))
+        return list(tokenizer.encode_prompt(text=req.text, messages=req.messages, system=req.system))
     except ValueError as e:
-        raise ProtocolError(400, f"invalid {'messages' if req.messages else 'text'}: {e}",
-                            req.req_id) from None
+        raise ProtocolError(400, f"invalid {'messages' if req.messages else 'text'}: {e}", req.req_id) from None
 
 
 def sampling_params(req: NativeRequest, input_len: int, limits: Limits) -> SamplingParams:
     """Check the length limits and map native fields to SamplingParams (ValueError -> 400)."""
     rid = req.req_id
     if input_len > limits.max_seq_len:
-        raise ProtocolError(400, f"Length of input token({input_len}) exceeds the limit "
-                                 f"MAX_SEQ_LEN({limits.max_seq_len}).", rid)
+        raise ProtocolError(
+            400, f"Length of input token({input_len}) exceeds the limit MAX_SEQ_LEN({limits.max_seq_len}).", rid
+        )
     room = limits.model_max_len - input_len
     if room < 1:
-        raise ProtocolError(400, f"Length of input token({input_len}) leaves no room to "
-                                 f"generate: the model's max length is {limits.model_max_len}.",
-                            rid)
+        raise ProtocolError(
+            400,
+            f"Length of input token({input_len}) leaves no room to "
+            f"generate: the model's max length is {limits.model_max_len}.",
+            rid,
+        )
     max_dec = req.max_dec_len
     if max_dec is None:
         max_dec = min(room, limits.max_dec_len)
     elif max_dec > limits.max_dec_len:
-        raise ProtocolError(400, f"The parameter max_dec_len({max_dec}) exceeds the limit "
-                                 f"MAX_DEC_LEN({limits.max_dec_len}).", rid)
+        raise ProtocolError(
+            400, f"The parameter max_dec_len({max_dec}) exceeds the limit MAX_DEC_LEN({limits.max_dec_len}).", rid
+        )
     elif max_dec >= 1:
         # Past the model's length the KV cache has no slot: stop there ("length").
         max_dec = min(max_dec, room)
     if req.min_dec_len < 1:
-        raise ProtocolError(400, f"min_dec_len must be an integer >= 1, got {req.min_dec_len}",
-                            rid)
+        raise ProtocolError(400, f"min_dec_len must be an integer >= 1, got {req.min_dec_len}", rid)
     params = SamplingParams(
-        max_tokens=max_dec, min_tokens=req.min_dec_len, temperature=req.temperature,
-        top_p=req.topp, seed=req.seed, repetition_penalty=req.penalty_score,
-        frequency_penalty=req.frequency_score, presence_penalty=req.presence_score,
-        eos_token_ids=req.eos_token_ids, stop_sequences=req.stop_sequences)
+        max_tokens=max_dec,
+        min_tokens=req.min_dec_len,
+        temperature=req.temperature,
+        top_p=req.topp,
+        seed=req.seed,
+        repetition_penalty=req.penalty_score,
+        frequency_penalty=req.frequency_score,
+        presence_penalty=req.presence_score,
+        eos_token_ids=req.eos_token_ids,
+        stop_sequences=req.stop_sequences,
+    )
     try:
         return params.validate()
     except ValueError as e:
@@ -204,16 +219,29 @@ def error_body(req_id: str, status: int, msg: str) -> dict[str, Any]:
 
 def stream_frame(req_id: str, token: str, token_ids: list[int], send_idx: int) -> dict[str, Any]:
     """One streaming line; the caller adds the end-of-stream fields to the last one."""
-    return {"req_id": req_id, "token": token, "token_ids": list(token_ids), "is_end": 0,
-            "send_idx": send_idx, "error_msg": "", "error_code": 0}
+    return {
+        "req_id": req_id,
+        "token": token,
+        "token_ids": list(token_ids),
+        "is_end": 0,
+        "send_idx": send_idx,
+        "error_msg": "",
+        "error_code": 0,
+    }
 
 
-def final_fields(text: str, ids: list[int], finish_reason: str, prompt_len: int,
-                 return_usage: bool) -> dict[str, Any]:
+def final_fields(text: str, ids: list[int], finish_reason: str, prompt_len: int, return_usage: bool) -> dict[str, Any]:
     """Fields shared by the last stream frame and the non-streaming object."""
-    out: dict[str, Any] = {"tokens_all": text, "tokens_all_ids": list(ids),
-                           "tokens_all_num": len(ids), "finish_reason": finish_reason}
+    out: dict[str, Any] = {
+        "tokens_all": text,
+        "tokens_all_ids": list(ids),
+        "tokens_all_num": len(ids),
+        "finish_reason": finish_reason,
+    }
     if return_usage:
-        out["usage"] = {"prompt_tokens": prompt_len, "completion_tokens": len(ids),
-                        "total_tokens": prompt_len + len(ids)}
+        out["usage"] = {
+            "prompt_tokens": prompt_len,
+            "completion_tokens": len(ids),
+            "total_tokens": prompt_len + len(ids),
+        }
     return out

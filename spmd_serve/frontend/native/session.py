@@ -8,10 +8,12 @@ yielded raises `ProtocolError` (the transport answers with a status); after, it 
 frame with `is_end: 1` and a non-zero `error_code`.  `cancel()` is for a client that went away;
 `close()` makes sure the engine has nothing left to compute for the request, whatever happened.
 """
+
 from __future__ import annotations
 
 import time
-from typing import Any, AsyncIterator
+from collections.abc import AsyncIterator
+from typing import Any
 
 from spmd_serve.engine.client import EngineClient
 from spmd_serve.frontend.common.generation import Generation, GenerationError
@@ -23,15 +25,14 @@ from spmd_serve.frontend.native.protocol import NativeRequest
 class NativeSession:
     """One native request: `open(body)` once, then read `results()` once; `close()` on every path."""
 
-    def __init__(self, client: EngineClient, tokenizer: Any, limits: Limits,
-                 disable_streaming: bool = False) -> None:
+    def __init__(self, client: EngineClient, tokenizer: Any, limits: Limits, disable_streaming: bool = False) -> None:
         self.client, self.tokenizer, self.limits = client, tokenizer, limits
         self.disable_streaming = disable_streaming
-        self.req_id = ""                     # known as soon as the body names one
+        self.req_id = ""  # known as soon as the body names one
         self.req: NativeRequest | None = None
         self.prompt: list[int] = []
         self._gen: Generation | None = None
-        self._yielded = 0                    # objects handed to the transport so far
+        self._yielded = 0  # objects handed to the transport so far
         self._arrival = time.monotonic()
 
     @property
@@ -47,8 +48,9 @@ class NativeSession:
         self.req_id = req.req_id
         self.prompt = proto.encode_prompt(req, self.tokenizer)
         params = proto.sampling_params(req, len(self.prompt), self.limits)
-        self._gen = Generation(self.client, self.tokenizer, req.req_id, self.prompt, params,
-                               self._arrival + req.timeout).submit()
+        self._gen = Generation(
+            self.client, self.tokenizer, req.req_id, self.prompt, params, self._arrival + req.timeout
+        ).submit()
         self.req = req
 
     def cancel(self) -> None:
@@ -73,8 +75,7 @@ class NativeSession:
                 elif per_frame and d.token_ids:
                     yield self._frame(d.text, d.token_ids)
         except GenerationError as e:
-            msg = (f"request exceeded its timeout of {req.timeout:g} s" if e.status == 504
-                   else e.msg)
+            msg = f"request exceeded its timeout of {req.timeout:g} s" if e.status == 504 else e.msg
             yield self._error(e.status, msg, e.tail)
 
     def _frame(self, text: str, ids: list[int]) -> dict[str, Any]:
@@ -82,16 +83,14 @@ class NativeSession:
         self._yielded += 1
         return frame
 
-    def _last(self, gen: Generation, delta: str, new_ids: list[int], per_frame: bool,
-              reason: str) -> dict[str, Any]:
+    def _last(self, gen: Generation, delta: str, new_ids: list[int], per_frame: bool, reason: str) -> dict[str, Any]:
         req, asm = self.req, gen.asm
         assert req is not None
         end = proto.final_fields(asm.text, asm.ids, reason, len(self.prompt), req.return_usage)
         if req.benchmark:
             end["benchmark"] = self._timings(gen.first_token_at, len(asm.ids))
         if req.stream:
-            frame = self._frame(delta if per_frame else asm.text,
-                                new_ids if per_frame else asm.ids)
+            frame = self._frame(delta if per_frame else asm.text, new_ids if per_frame else asm.ids)
             return {**frame, "is_end": 1, **end}
         self._yielded += 1
         return {"req_id": req.req_id, "result": asm.text, **end, "error_msg": "", "error_code": 0}
@@ -101,11 +100,12 @@ class NativeSession:
         now = time.monotonic()
         first = first_token_at or now
         decode = now - first
-        return {"time_to_first_token_s": round(first - self._arrival, 6),
-                "total_time_s": round(now - self._arrival, 6),
-                "decode_time_s": round(decode, 6),
-                "decode_tokens_per_s": round((num_tokens - 1) / decode, 3)
-                if num_tokens > 1 and decode > 0 else 0.0}
+        return {
+            "time_to_first_token_s": round(first - self._arrival, 6),
+            "total_time_s": round(now - self._arrival, 6),
+            "decode_time_s": round(decode, 6),
+            "decode_tokens_per_s": round((num_tokens - 1) / decode, 3) if num_tokens > 1 and decode > 0 else 0.0,
+        }
 
     def _error(self, status: int, msg: str, tail: str) -> dict[str, Any]:
         """Before anything was yielded: raise (the transport sends a status); after: a frame."""

@@ -3,6 +3,7 @@ chunks, usage, logprobs in both the legacy completions form and the chat form, a
 
 Pure functions of plain data, so the formats can be unit-tested without a server.
 """
+
 from __future__ import annotations
 
 import time
@@ -18,12 +19,13 @@ TokenLogprobs = tuple[float, list[tuple[int, float]]]
 @dataclass
 class ChoiceState:
     """What one choice has produced so far."""
+
     index: int
     text: str = ""
     num_tokens: int = 0
     finish_reason: str | None = None
-    started: bool = False                  # a chunk of this choice has gone out
-    text_offset: int = 0                   # completions logprobs: characters before the next token
+    started: bool = False  # a chunk of this choice has gone out
+    text_offset: int = 0  # completions logprobs: characters before the next token
     logprobs: list[tuple[int, TokenLogprobs]] = field(default_factory=list)
 
 
@@ -47,12 +49,18 @@ class Formatter:
             content = []
             for tid, (lp, top) in entries:
                 text, raw = self._token(tid)
-                content.append({"token": text, "logprob": lp, "bytes": raw, "top_logprobs": [
-                    {"token": t, "logprob": v, "bytes": b}
-                    for t, b, v in ((*self._token(i), v) for i, v in top)]})
+                content.append(
+                    {
+                        "token": text,
+                        "logprob": lp,
+                        "bytes": raw,
+                        "top_logprobs": [
+                            {"token": t, "logprob": v, "bytes": b} for t, b, v in ((*self._token(i), v) for i, v in top)
+                        ],
+                    }
+                )
             return {"content": content}
-        out: dict[str, list[Any]] = {"tokens": [], "token_logprobs": [], "top_logprobs": [],
-                                "text_offset": []}
+        out: dict[str, list[Any]] = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
         for tid, (lp, top) in entries:
             text, _ = self._token(tid)
             out["tokens"].append(text)
@@ -64,12 +72,14 @@ class Formatter:
 
     def usage(self, completion_tokens: int) -> dict[str, int]:
         prompt = sum(len(p) for p in self.req.prompts)
-        return {"prompt_tokens": prompt, "completion_tokens": completion_tokens,
-                "total_tokens": prompt + completion_tokens}
+        return {
+            "prompt_tokens": prompt,
+            "completion_tokens": completion_tokens,
+            "total_tokens": prompt + completion_tokens,
+        }
 
     def _envelope(self, obj: str, choices: list[dict[str, Any]]) -> dict[str, Any]:
-        return {"id": self.id, "object": obj, "created": self.created, "model": self.model,
-                "choices": choices}
+        return {"id": self.id, "object": obj, "created": self.created, "model": self.model, "choices": choices}
 
     def whole(self, states: list[ChoiceState]) -> dict[str, Any]:
         """The non-streaming response."""
@@ -77,35 +87,39 @@ class Formatter:
         for s in states:
             lp = self.logprobs(s.logprobs, s)
             if self.chat:
-                choices.append({"index": s.index, "message": {"role": "assistant",
-                                                              "content": s.text},
-                                "logprobs": lp, "finish_reason": s.finish_reason})
+                choices.append(
+                    {
+                        "index": s.index,
+                        "message": {"role": "assistant", "content": s.text},
+                        "logprobs": lp,
+                        "finish_reason": s.finish_reason,
+                    }
+                )
             else:
-                text = (self.req.prompt_texts[s.index // self.req.n] if self.req.echo
-                        else "") + s.text
-                choices.append({"index": s.index, "text": text, "logprobs": lp,
-                                "finish_reason": s.finish_reason})
+                text = (self.req.prompt_texts[s.index // self.req.n] if self.req.echo else "") + s.text
+                choices.append({"index": s.index, "text": text, "logprobs": lp, "finish_reason": s.finish_reason})
         body = self._envelope("chat.completion" if self.chat else "text_completion", choices)
         body["usage"] = self.usage(sum(s.num_tokens for s in states))
         return body
 
-    def chunk(self, state: ChoiceState, text: str, entries: list[tuple[int, TokenLogprobs]],
-              finish_reason: str | None) -> dict[str, Any]:
+    def chunk(
+        self, state: ChoiceState, text: str, entries: list[tuple[int, TokenLogprobs]], finish_reason: str | None
+    ) -> dict[str, Any]:
         """One streamed chunk of one choice (its first carries the role / the echoed prompt)."""
         first, state.started = not state.started, True
         lp = self.logprobs(entries, state)
         if self.chat:
-            delta: dict[str, Any] = {"role": "assistant", "content": text} if first else (
-                {"content": text} if text or finish_reason is None else {})
-            choice = {"index": state.index, "delta": delta, "logprobs": lp,
-                      "finish_reason": finish_reason}
+            delta: dict[str, Any] = (
+                {"role": "assistant", "content": text}
+                if first
+                else ({"content": text} if text or finish_reason is None else {})
+            )
+            choice = {"index": state.index, "delta": delta, "logprobs": lp, "finish_reason": finish_reason}
         else:
             if first and self.req.echo:
                 text = self.req.prompt_texts[state.index // self.req.n] + text
-            choice = {"index": state.index, "text": text, "logprobs": lp,
-                      "finish_reason": finish_reason}
-        body = self._envelope("chat.completion.chunk" if self.chat else "text_completion",
-                              [choice])
+            choice = {"index": state.index, "text": text, "logprobs": lp, "finish_reason": finish_reason}
+        body = self._envelope("chat.completion.chunk" if self.chat else "text_completion", [choice])
         if self.req.include_usage:
             body["usage"] = None
         return body
@@ -118,6 +132,17 @@ class Formatter:
 
 def model_list(names: tuple[str, ...], max_model_len: int) -> dict[str, Any]:
     created = int(time.time())
-    return {"object": "list", "data": [
-        {"id": name, "object": "model", "created": created, "owned_by": "spmd_serve",
-         "root": names[0], "max_model_len": max_model_len} for name in names]}
+    return {
+        "object": "list",
+        "data": [
+            {
+                "id": name,
+                "object": "model",
+                "created": created,
+                "owned_by": "spmd_serve",
+                "root": names[0],
+                "max_model_len": max_model_len,
+            }
+            for name in names
+        ],
+    }

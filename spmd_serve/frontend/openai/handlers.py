@@ -8,6 +8,7 @@ deltas as they come, and answer with one object or an SSE stream (`data: {...}`,
 `data: [DONE]`).  Every refusal that can be known before the first byte is an HTTP status with
 an OpenAI error body; a failure after streaming began is an `error` event before `[DONE]`.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -16,7 +17,8 @@ import json
 import logging
 import time
 import uuid
-from typing import Any, AsyncIterator
+from collections.abc import AsyncIterator
+from typing import Any
 
 from tornado.web import RequestHandler
 
@@ -29,11 +31,10 @@ from spmd_serve.frontend.openai.protocol import OpenAIRequest, error_body, parse
 
 log = logging.getLogger(__name__)
 SSE = "text/event-stream; charset=utf-8"
-DEADLINE_S = 3600.0    # OpenAI bodies carry no timeout; this only guarantees that nothing hangs
+DEADLINE_S = 3600.0  # OpenAI bodies carry no timeout; this only guarantees that nothing hangs
 
 
-def send_openai_error(handler: RequestHandler, status: int, msg: str,
-                      param: str | None = None) -> None:
+def send_openai_error(handler: RequestHandler, status: int, msg: str, param: str | None = None) -> None:
     handler.set_status(status)
     handler.set_header("Content-Type", "application/json; charset=utf-8")
     handler.finish(json.dumps(error_body(status, msg, param), ensure_ascii=False))
@@ -76,8 +77,14 @@ async def merged(gens: list[Generation]) -> AsyncIterator[tuple[int, Delta]]:
 class OpenAIServing:
     """What the OpenAI routes share: the engine client, tokenizer, limits and model names."""
 
-    def __init__(self, client: EngineClient, tokenizer: Any, limits: Limits,
-                 model_names: tuple[str, ...], api_key: str | None = None) -> None:
+    def __init__(
+        self,
+        client: EngineClient,
+        tokenizer: Any,
+        limits: Limits,
+        model_names: tuple[str, ...],
+        api_key: str | None = None,
+    ) -> None:
         self.client, self.tokenizer, self.limits = client, tokenizer, limits
         self.model_names, self.api_key = model_names, api_key
 
@@ -89,11 +96,15 @@ class OpenAIServing:
         except ProtocolError as e:
             return send_openai_error(h, e.status, e.msg, getattr(e, "param", None))
         wanted = len(req.prompts) * req.n
-        if wanted > self.client.capacity:     # could never be admitted: not a "try later" 429
+        if wanted > self.client.capacity:  # could never be admitted: not a "try later" 429
             return send_openai_error(
-                h, 400, f"{len(req.prompts)} prompt(s) × n={req.n} = {wanted} sequences exceed "
-                        f"the server's capacity (BATCH_SIZE + MAX_CACHED_TASK_NUM = "
-                        f"{self.client.capacity})", "n")
+                h,
+                400,
+                f"{len(req.prompts)} prompt(s) × n={req.n} = {wanted} sequences exceed "
+                f"the server's capacity (BATCH_SIZE + MAX_CACHED_TASK_NUM = "
+                f"{self.client.capacity})",
+                "n",
+            )
         resp_id = ("cmpl-" if kind == "completion" else "chatcmpl-") + uuid.uuid4().hex
         gens = self._generations(req, resp_id)
         try:
@@ -116,7 +127,7 @@ class OpenAIServing:
                 await self._stream(h, fmt, gens, states)
             else:
                 await self._whole(h, fmt, gens, states)
-        except Exception:   # a bug must still end the request cleanly, not hang the client
+        except Exception:  # a bug must still end the request cleanly, not hang the client
             log.exception("OpenAI request %s failed", resp_id)
             if not (h.gone or h.finished or h.started):
                 send_openai_error(h, 500, "internal server error")
@@ -131,11 +142,19 @@ class OpenAIServing:
             for i in range(req.n):
                 index = p * req.n + i
                 seed = req.params.seed
-                params = dataclasses.replace(
-                    req.params, seed=None if seed is None else (seed + index) % (1 << 63))
+                params = dataclasses.replace(req.params, seed=None if seed is None else (seed + index) % (1 << 63))
                 # completions continue the prompt's text; chat starts a new message
-                gens.append(Generation(self.client, self.tokenizer, f"{resp_id}-{index}",
-                                       prompt, params, deadline, req.kind == "completion"))
+                gens.append(
+                    Generation(
+                        self.client,
+                        self.tokenizer,
+                        f"{resp_id}-{index}",
+                        prompt,
+                        params,
+                        deadline,
+                        req.kind == "completion",
+                    )
+                )
         return gens
 
     @staticmethod
@@ -145,8 +164,9 @@ class OpenAIServing:
         state.finish_reason = d.finish_reason
         return list(zip(d.token_ids, d.logprobs))
 
-    async def _whole(self, h: JsonBodyHandler, fmt: Formatter, gens: list[Generation],
-                     states: list[ChoiceState]) -> None:
+    async def _whole(
+        self, h: JsonBodyHandler, fmt: Formatter, gens: list[Generation], states: list[ChoiceState]
+    ) -> None:
         try:
             async for i, d in merged(gens):
                 states[i].logprobs += self._apply(states[i], d)
@@ -157,18 +177,18 @@ class OpenAIServing:
             h.write(json.dumps(fmt.whole(states), ensure_ascii=False))
             await h.end()
 
-    async def _stream(self, h: JsonBodyHandler, fmt: Formatter, gens: list[Generation],
-                      states: list[ChoiceState]) -> None:
+    async def _stream(
+        self, h: JsonBodyHandler, fmt: Formatter, gens: list[Generation], states: list[ChoiceState]
+    ) -> None:
         try:
             async for i, d in merged(gens):
                 entries = self._apply(states[i], d)
                 if not (d.text or d.finish_reason or entries or not states[i].started):
-                    continue            # text held back for a stop string and nothing else
-                if not await h.send_chunk(sse(fmt.chunk(states[i], d.text, entries,
-                                                        d.finish_reason)), SSE):
+                    continue  # text held back for a stop string and nothing else
+                if not await h.send_chunk(sse(fmt.chunk(states[i], d.text, entries, d.finish_reason)), SSE):
                     return
         except GenerationError as e:
-            if not h.started:           # nothing sent yet: a plain HTTP error
+            if not h.started:  # nothing sent yet: a plain HTTP error
                 return send_openai_error(h, e.status, e.msg)
             await h.send_chunk(sse(error_body(e.status, e.msg)), SSE)
         else:
@@ -181,8 +201,12 @@ class OpenAIServing:
 class OpenAIHandler(JsonBodyHandler):
     """POST /v1/completions, /v1/chat/completions/completions, .../chat/completions."""
 
-    def initialize(self, serving: OpenAIServing, kind: str,  # type: ignore[override]
-                   max_body_size: int) -> None:
+    def initialize(  # type: ignore[override]
+        self,
+        serving: OpenAIServing,
+        kind: str,
+        max_body_size: int,
+    ) -> None:
         super().initialize(max_body_size, serving.api_key)
         self.serving, self.kind = serving, kind
 
@@ -213,10 +237,14 @@ class ModelsHandler(RequestHandler):
 def openai_routes(serving: OpenAIServing, max_body_size: int) -> list[tuple]:
     """Routes of the service app; `/v1/chat/completions` itself stays with the native handler,
     which hands bodies with "model" to `serving.handle`."""
+
     def post(kind: str) -> dict[str, Any]:
         return {"serving": serving, "kind": kind, "max_body_size": max_body_size}
-    return [(r"/v1/completions", OpenAIHandler, post("completion")),
-            (r"/v1/chat/completions/completions", OpenAIHandler, post("completion")),
-            (r"/v1/chat/completions/chat/completions", OpenAIHandler, post("chat")),
-            (r"/v1/models", ModelsHandler, {"serving": serving}),
-            (r"/v1/chat/completions/models", ModelsHandler, {"serving": serving})]
+
+    return [
+        (r"/v1/completions", OpenAIHandler, post("completion")),
+        (r"/v1/chat/completions/completions", OpenAIHandler, post("completion")),
+        (r"/v1/chat/completions/chat/completions", OpenAIHandler, post("chat")),
+        (r"/v1/models", ModelsHandler, {"serving": serving}),
+        (r"/v1/chat/completions/models", ModelsHandler, {"serving": serving}),
+    ]

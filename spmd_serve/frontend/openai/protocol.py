@@ -5,19 +5,31 @@ Values of 0 are honoured (temperature 0 and top_p 0 are greedy), nothing is sile
 a default, and every refusal is an `OpenAIError` naming the parameter, which the handler sends as
 `{"error": {"message", "type", "param", "code"}}`.  No tornado and no engine here.
 """
+
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from spmd_serve.frontend.common.parsing import Limits, ProtocolError, finite_number, is_int
 from spmd_serve.sampling_params import MAX_LOGPROBS, SamplingParams
 
-MAX_N = 16                      # choices per request
-COMPLETIONS_DEFAULT_MAX_TOKENS = 16   # what OpenAI and vLLM use when /v1/completions omits it
+MAX_N = 16  # choices per request
+COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # what OpenAI and vLLM use when /v1/completions omits it
 # Parameters we know and do not implement: refused with 400 rather than ignored.
-UNSUPPORTED = ("suffix", "logit_bias", "tools", "functions", "response_format", "prompt_logprobs",
-               "tool_choice", "function_call", "audio", "prediction")
+UNSUPPORTED = (
+    "suffix",
+    "logit_bias",
+    "tools",
+    "functions",
+    "response_format",
+    "prompt_logprobs",
+    "tool_choice",
+    "function_call",
+    "audio",
+    "prediction",
+)
 
 
 class OpenAIError(ProtocolError):
@@ -28,38 +40,48 @@ class OpenAIError(ProtocolError):
         self.param = param
 
 
-_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
-          409: "invalid_request_error", 413: "invalid_request_error", 429: "rate_limit_error",
-          503: "service_unavailable", 504: "timeout"}
+_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    404: "not_found_error",
+    409: "invalid_request_error",
+    413: "invalid_request_error",
+    429: "rate_limit_error",
+    503: "service_unavailable",
+    504: "timeout",
+}
 
 
 def error_body(status: int, msg: str, param: str | None = None) -> dict[str, Any]:
-    return {"error": {"message": msg, "type": _TYPES.get(status, "server_error"),
-                      "param": param, "code": status}}
+    return {"error": {"message": msg, "type": _TYPES.get(status, "server_error"), "param": param, "code": status}}
 
 
 @dataclass
 class OpenAIRequest:
-    kind: str                            # "completion" | "chat"
+    kind: str  # "completion" | "chat"
     model: str
-    prompts: list[list[int]]             # token ids, one list per prompt (chat: exactly one)
-    prompt_texts: list[str]              # their text, for echo
-    params: SamplingParams               # shared by every choice; the seed varies per choice
+    prompts: list[list[int]]  # token ids, one list per prompt (chat: exactly one)
+    prompt_texts: list[str]  # their text, for echo
+    params: SamplingParams  # shared by every choice; the seed varies per choice
     n: int = 1
     stream: bool = False
     include_usage: bool = False
     echo: bool = False
-    logprobs: int | None = None          # None: none; k: the chosen token's and the top k
+    logprobs: int | None = None  # None: none; k: the chosen token's and the top k
 
 
 # One test per kind, only the one asked for runs: float tests on a huge int would overflow.
 _KIND_OK: dict[str, Callable[[Any], bool]] = {
-    "int": is_int, "bool": lambda x: isinstance(x, bool), "str": lambda x: isinstance(x, str),
-    "num": lambda x: finite_number(x) is not None}
+    "int": is_int,
+    "bool": lambda x: isinstance(x, bool),
+    "str": lambda x: isinstance(x, str),
+    "num": lambda x: finite_number(x) is not None,
+}
 
 
-def _get(body: dict[str, Any], key: str, kind: str, default: Any,
-         lo: float | None = None, hi: float | None = None) -> Any:
+def _get(
+    body: dict[str, Any], key: str, kind: str, default: Any, lo: float | None = None, hi: float | None = None
+) -> Any:
     """body[key] checked for type ("int" | "num" | "bool" | "str") and range; null = absent."""
     v = body.get(key)
     if v is None:
@@ -69,9 +91,11 @@ def _get(body: dict[str, Any], key: str, kind: str, default: Any,
         ok = (lo is None or v >= lo) and (hi is None or v <= hi)
     if not ok:
         want = {"int": "an integer", "num": "a number", "bool": "a boolean", "str": "a string"}
-        rng = "" if lo is None and hi is None else (
-            f" >= {lo:g}" if hi is None else f" in [{lo:g}, {hi:g}]" if lo is not None
-            else f" <= {hi:g}")
+        rng = (
+            ""
+            if lo is None and hi is None
+            else (f" >= {lo:g}" if hi is None else f" in [{lo:g}, {hi:g}]" if lo is not None else f" <= {hi:g}")
+        )
         raise OpenAIError(400, f"{key} must be {want[kind]}{rng}, got {v!r:.80}", key)
     return float(v) if kind == "num" else v
 
@@ -93,14 +117,14 @@ def _check_unsupported(body: dict[str, Any], n: int) -> None:
             raise OpenAIError(400, f"{key} is not supported by this server", key)
     best_of = body.get("best_of")
     if best_of is not None and best_of != n:
-        raise OpenAIError(400, "best_of is not supported (it must be absent or equal to n)",
-                          "best_of")
+        raise OpenAIError(400, "best_of is not supported (it must be absent or equal to n)", "best_of")
 
 
 def _completion_prompts(body: dict[str, Any], tokenizer: Any) -> tuple[list[list[int]], list[str]]:
     p = body.get("prompt")
-    bad = OpenAIError(400, "prompt must be a string, a list of strings, a list of token ids or "
-                           "a list of lists of token ids", "prompt")
+    bad = OpenAIError(
+        400, "prompt must be a string, a list of strings, a list of token ids or a list of lists of token ids", "prompt"
+    )
     if isinstance(p, str):
         p = [p]
     elif isinstance(p, list) and p and all(is_int(t) for t in p):
@@ -111,10 +135,10 @@ def _completion_prompts(body: dict[str, Any], tokenizer: Any) -> tuple[list[list
     ids_list, texts = [], []
     for item in p:
         if isinstance(item, str):
-            ids_list.append(bos + tokenizer.encode(item))   # raw text: no chat template
+            ids_list.append(bos + tokenizer.encode(item))  # raw text: no chat template
             texts.append(item)
         elif isinstance(item, list) and item and all(is_int(t) and t >= 0 for t in item):
-            _check_vocab([item], tokenizer)     # before decode(), which fails on such an id
+            _check_vocab([item], tokenizer)  # before decode(), which fails on such an id
             ids_list.append(list(item))
             texts.append(tokenizer.decode(item))
         else:
@@ -139,8 +163,7 @@ def _check_vocab(prompts: list[list[int]], tokenizer: Any) -> None:
         if not ids:
             raise OpenAIError(400, "the prompt is empty", "prompt")
         if vocab is not None and max(ids) >= vocab:
-            raise OpenAIError(400, f"token id {max(ids)} is outside the vocabulary "
-                                   f"(size {vocab})", "prompt")
+            raise OpenAIError(400, f"token id {max(ids)} is outside the vocabulary (size {vocab})", "prompt")
 
 
 def _max_tokens(body: dict[str, Any], kind: str, prompt_len: int, limits: Limits) -> int:
@@ -148,22 +171,27 @@ def _max_tokens(body: dict[str, Any], kind: str, prompt_len: int, limits: Limits
     key = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
     asked = _get(body, key, "int", None, 1)
     if asked is not None and asked > limits.max_dec_len:
-        raise OpenAIError(400, f"{key}({asked}) exceeds the limit MAX_DEC_LEN"
-                               f"({limits.max_dec_len})", key)
+        raise OpenAIError(400, f"{key}({asked}) exceeds the limit MAX_DEC_LEN({limits.max_dec_len})", key)
     if prompt_len > limits.max_seq_len:
-        raise OpenAIError(400, f"This model's maximum input length is {limits.max_seq_len} "
-                               f"tokens (MAX_SEQ_LEN). However, you requested {prompt_len} "
-                               "tokens in the messages. Please reduce the length of the messages.",
-                          "messages" if kind == "chat" else "prompt")
+        raise OpenAIError(
+            400,
+            f"This model's maximum input length is {limits.max_seq_len} "
+            f"tokens (MAX_SEQ_LEN). However, you requested {prompt_len} "
+            "tokens in the messages. Please reduce the length of the messages.",
+            "messages" if kind == "chat" else "prompt",
+        )
     room = limits.model_max_len - prompt_len
     default = COMPLETIONS_DEFAULT_MAX_TOKENS if kind == "completion" else limits.max_dec_len
     completion = asked if asked is not None else max(1, min(room, default))
     if prompt_len + completion > limits.model_max_len:
-        raise OpenAIError(400, f"This model's maximum context length is {limits.model_max_len} "
-                               f"tokens. However, you requested {prompt_len + completion} tokens "
-                               f"({prompt_len} in the messages, {completion} in the completion). "
-                               "Please reduce the length of the messages or completion.",
-                          "messages" if kind == "chat" else "prompt")
+        raise OpenAIError(
+            400,
+            f"This model's maximum context length is {limits.model_max_len} "
+            f"tokens. However, you requested {prompt_len + completion} tokens "
+            f"({prompt_len} in the messages, {completion} in the completion). "
+            "Please reduce the length of the messages or completion.",
+            "messages" if kind == "chat" else "prompt",
+        )
     return completion
 
 
@@ -179,22 +207,21 @@ def _logprobs(body: dict[str, Any], kind: str) -> int | None:
     return top or 0
 
 
-def parse_openai(kind: str, body: dict[str, Any], tokenizer: Any, limits: Limits,
-                 model_names: tuple[str, ...]) -> OpenAIRequest:
+def parse_openai(
+    kind: str, body: dict[str, Any], tokenizer: Any, limits: Limits, model_names: tuple[str, ...]
+) -> OpenAIRequest:
     """Validate one OpenAI body of `kind` ("completion" | "chat") against our limits."""
     model = body.get("model")
     if not isinstance(model, str):
         raise OpenAIError(400, "model must be a string", "model")
     if model not in model_names:
-        raise OpenAIError(404, f"The model `{model}` does not exist. Served: "
-                               f"{', '.join(model_names)}", "model")
+        raise OpenAIError(404, f"The model `{model}` does not exist. Served: {', '.join(model_names)}", "model")
     n = _get(body, "n", "int", 1, 1, MAX_N)
     _check_unsupported(body, n)
     stream = _get(body, "stream", "bool", False)
     opts = body.get("stream_options")
     if opts is not None and (not stream or not isinstance(opts, dict)):
-        raise OpenAIError(400, "stream_options must be an object and needs stream=true",
-                          "stream_options")
+        raise OpenAIError(400, "stream_options must be an object and needs stream=true", "stream_options")
     include_usage = _get(opts or {}, "include_usage", "bool", False)
     echo = _get(body, "echo", "bool", False)
     if echo and kind == "chat":
@@ -203,25 +230,26 @@ def parse_openai(kind: str, body: dict[str, Any], tokenizer: Any, limits: Limits
     _check_vocab(prompts, tokenizer)
     logprobs = _logprobs(body, kind)
     if echo and logprobs is not None:
-        raise OpenAIError(400, "echo together with logprobs is not supported: prompt logprobs "
-                               "are not computed", "echo")
+        raise OpenAIError(400, "echo together with logprobs is not supported: prompt logprobs are not computed", "echo")
     max_tokens = min(_max_tokens(body, kind, len(p), limits) for p in prompts)
     min_tokens = _get(body, "min_tokens", "int", 0, 0)
     if min_tokens > max_tokens:
-        raise OpenAIError(400, f"min_tokens({min_tokens}) must not exceed max_tokens"
-                               f"({max_tokens})", "min_tokens")
+        raise OpenAIError(400, f"min_tokens({min_tokens}) must not exceed max_tokens({max_tokens})", "min_tokens")
     top_k = _get(body, "top_k", "int", 0, -1)
     seed = _get(body, "seed", "int", None)
     params = SamplingParams(
-        max_tokens=max_tokens, min_tokens=min_tokens,
+        max_tokens=max_tokens,
+        min_tokens=min_tokens,
         temperature=_get(body, "temperature", "num", 1.0, 0),
-        top_p=_get(body, "top_p", "num", 1.0, 0, 1), top_k=max(top_k, 0),
-        seed=None if seed is None else seed % (1 << 63),   # any int64 is a valid OpenAI seed
+        top_p=_get(body, "top_p", "num", 1.0, 0, 1),
+        top_k=max(top_k, 0),
+        seed=None if seed is None else seed % (1 << 63),  # any int64 is a valid OpenAI seed
         repetition_penalty=_get(body, "repetition_penalty", "num", 1.0, 1e-6),
         frequency_penalty=_get(body, "frequency_penalty", "num", 0.0, -2, 2),
         presence_penalty=_get(body, "presence_penalty", "num", 0.0, -2, 2),
-        stop_sequences=_stop(body), ignore_eos=_get(body, "ignore_eos", "bool", False),
-        logprobs=logprobs)
+        stop_sequences=_stop(body),
+        ignore_eos=_get(body, "ignore_eos", "bool", False),
+        logprobs=logprobs,
+    )
     _get(body, "user", "str", None)
-    return OpenAIRequest(kind, model, prompts, texts, params.validate(), n, stream,
-                         include_usage, echo, logprobs)
+    return OpenAIRequest(kind, model, prompts, texts, params.validate(), n, stream, include_usage, echo, logprobs)

@@ -6,6 +6,7 @@ whose outputs arrive here through `loop.call_soon_threadsafe` once `attach_loop`
 This is where the protocols are wired together (the native handler's OpenAI chat delegate); the
 settings are `server.settings.IOSettings`.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -28,8 +29,9 @@ from spmd_serve.frontend.server.settings import IOSettings
 log = logging.getLogger(__name__)
 
 
-def make_service_app(client: EngineClient, tokenizer: Any, settings: IOSettings, *,
-                     extra_handlers: list[tuple] | None = None) -> Application:
+def make_service_app(
+    client: EngineClient, tokenizer: Any, settings: IOSettings, *, extra_handlers: list[tuple] | None = None
+) -> Application:
     """The service port: native API, OpenAI API, health aliases, and `extra_handlers`."""
     key = settings.api_key or None
     openai = OpenAIServing(client, tokenizer, settings.limits, settings.model_names, key)
@@ -37,9 +39,15 @@ def make_service_app(client: EngineClient, tokenizer: Any, settings: IOSettings,
     async def openai_chat(handler: Any, body: dict[str, Any]) -> None:
         await openai.handle(handler, "chat", body)
 
-    native = {"client": client, "tokenizer": tokenizer, "limits": settings.limits,
-              "max_body_size": settings.max_body_size, "api_key": key,
-              "disable_streaming": bool(settings.disable_streaming), "openai_chat": openai_chat}
+    native = {
+        "client": client,
+        "tokenizer": tokenizer,
+        "limits": settings.limits,
+        "max_body_size": settings.max_body_size,
+        "api_key": key,
+        "disable_streaming": bool(settings.disable_streaming),
+        "openai_chat": openai_chat,
+    }
     routes: list[tuple] = [(r"/v1/chat/completions", NativeChatHandler, native)]
     routes += openai_routes(openai, settings.max_body_size) + [openapi_route(settings)]
     routes += list(extra_handlers or [])
@@ -48,12 +56,10 @@ def make_service_app(client: EngineClient, tokenizer: Any, settings: IOSettings,
 
 
 def make_health_app(client: EngineClient, settings: IOSettings) -> Application:
-    return Application(health_routes(client, settings.live_threshold_s),
-                       default_handler_class=NotFoundHandler)
+    return Application(health_routes(client, settings.live_threshold_s), default_handler_class=NotFoundHandler)
 
 
-def listen_http(app: Application, host: str, port: int, what: str,
-                **server_kw: Any) -> tuple[HTTPServer, int]:
+def listen_http(app: Application, host: str, port: int, what: str, **server_kw: Any) -> tuple[HTTPServer, int]:
     """Serve `app` on host:port from the running loop; returns (server, bound port).  A port
     that cannot be bound raises OSError naming it and its variable (`what`), for ConfigError."""
     try:
@@ -77,15 +83,22 @@ class IOService(Protocol):
 class IOServer:
     """Runs both apps on their own loop in a daemon thread.  `start()` returns once listening."""
 
-    def __init__(self, client: EngineClient, tokenizer: Any, settings: IOSettings | None = None,
-                 *, extra_handlers: list[tuple] | None = None,
-                 services: list[IOService] | None = None, **overrides: Any) -> None:
+    def __init__(
+        self,
+        client: EngineClient,
+        tokenizer: Any,
+        settings: IOSettings | None = None,
+        *,
+        extra_handlers: list[tuple] | None = None,
+        services: list[IOService] | None = None,
+        **overrides: Any,
+    ) -> None:
         self.client, self.tokenizer = client, tokenizer
         self.services: list[IOService] = list(services or [])
         self.settings = dataclasses.replace(settings or IOSettings(), **overrides)
         self._extra = extra_handlers
         self.loop: asyncio.AbstractEventLoop | None = None
-        self.http_port: int | None = None     # bound ports (useful when 0 was asked for)
+        self.http_port: int | None = None  # bound ports (useful when 0 was asked for)
         self.health_port: int | None = None
         self._thread: threading.Thread | None = None
         self._listening = threading.Event()
@@ -111,7 +124,7 @@ class IOServer:
         if loop is not None and stop is not None and not loop.is_closed():
             try:
                 loop.call_soon_threadsafe(stop.set)
-            except RuntimeError:        # the loop closed meanwhile: nothing left to stop
+            except RuntimeError:  # the loop closed meanwhile: nothing left to stop
                 pass
         if self._thread is not None:
             self._thread.join(timeout)
@@ -124,7 +137,7 @@ class IOServer:
         self.loop = loop
         try:
             loop.run_until_complete(self._serve())
-        except BaseException as e:          # surface it to start() rather than dying silently
+        except BaseException as e:  # surface it to start() rather than dying silently
             self._error = self._error or e
             log.exception("IO thread failed")
         finally:
@@ -133,8 +146,7 @@ class IOServer:
 
     def _listen(self, app: Application, port: int, what: str) -> tuple[HTTPServer, int]:
         # max_body_size bounds every handler; the native one lifts it per request to send 413.
-        return listen_http(app, self.settings.host, port, what,
-                           max_body_size=self.settings.max_body_size)
+        return listen_http(app, self.settings.host, port, what, max_body_size=self.settings.max_body_size)
 
     async def _serve(self) -> None:
         self._stop = asyncio.Event()
@@ -144,13 +156,13 @@ class IOServer:
         s = self.settings
         try:
             if s.http_port != -1:
-                app = make_service_app(self.client, self.tokenizer, s,
-                                       extra_handlers=self._extra)
+                app = make_service_app(self.client, self.tokenizer, s, extra_handlers=self._extra)
                 server, self.http_port = self._listen(app, s.http_port, "SERVICE_HTTP_PORT")
                 servers.append(server)
             if s.health_port != -1:
-                server, self.health_port = self._listen(make_health_app(self.client, s),
-                                                        s.health_port, "HEALTH_HTTP_PORT")
+                server, self.health_port = self._listen(
+                    make_health_app(self.client, s), s.health_port, "HEALTH_HTTP_PORT"
+                )
                 servers.append(server)
             for service in self.services:
                 await service.start()
@@ -168,15 +180,14 @@ class IOServer:
 
     async def _shutdown(self, servers: list[HTTPServer], grace: float = 2.0) -> None:
         for server in servers:
-            server.stop()                   # no new connections
+            server.stop()  # no new connections
         for service in self.services:
             try:
                 await service.stop(grace)
-            except Exception:               # one service failing to stop must not block the rest
+            except Exception:  # one service failing to stop must not block the rest
                 log.exception("stopping %s failed", type(service).__name__)
-        try:                                # closing a connection aborts its request
-            await asyncio.wait_for(asyncio.gather(*(srv.close_all_connections()
-                                                    for srv in servers)), grace)
+        try:  # closing a connection aborts its request
+            await asyncio.wait_for(asyncio.gather(*(srv.close_all_connections() for srv in servers)), grace)
         except asyncio.TimeoutError:
             log.warning("open connections did not close within %g s", grace)
         # Outputs published from now on must not target a loop that is about to close.

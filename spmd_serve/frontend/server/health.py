@@ -4,6 +4,7 @@ port, `/health`, answering from the rules in `frontend.common.liveness`.
 Both answer 200 with a small JSON body when true and 503 with the native error shape otherwise.
 They never require the API key: load balancers and `start_server` poll them unauthenticated.
 """
+
 from __future__ import annotations
 
 import json
@@ -16,8 +17,7 @@ from spmd_serve.frontend.common.liveness import DEFAULT_LIVE_THRESHOLD_S, is_liv
 
 
 class _HealthHandler(RequestHandler):
-    def initialize(self, client: EngineClient,
-                   live_threshold_s: float = DEFAULT_LIVE_THRESHOLD_S) -> None:
+    def initialize(self, client: EngineClient, live_threshold_s: float = DEFAULT_LIVE_THRESHOLD_S) -> None:
         self.client = client
         self.live_threshold_s = live_threshold_s
 
@@ -26,8 +26,7 @@ class _HealthHandler(RequestHandler):
 
     def _answer(self, body: bool) -> None:
         ok, why = self.check()
-        payload: dict[str, Any] = ({"status": "ok"} if ok
-                                   else {"error_code": 503, "error_msg": why})
+        payload: dict[str, Any] = {"status": "ok"} if ok else {"error_code": 503, "error_msg": why}
         self.set_status(200 if ok else 503)
         self.set_header("Content-Type", "application/json; charset=utf-8")
         # HEAD must carry the status only (probes often use it).
@@ -50,8 +49,9 @@ class ReadyHandler(_HealthHandler):
         return is_ready(self.client)
 
 
-def health_routes(client: EngineClient, live_threshold_s: float = DEFAULT_LIVE_THRESHOLD_S,
-                  with_plain_health: bool = False) -> list[tuple[str, type, dict[str, Any]]]:
+def health_routes(
+    client: EngineClient, live_threshold_s: float = DEFAULT_LIVE_THRESHOLD_S, with_plain_health: bool = False
+) -> list[tuple[str, type, dict[str, Any]]]:
     """Routes for a tornado Application; `/health` (liveness) is added on the service port."""
     kw = {"client": client, "live_threshold_s": live_threshold_s}
     routes: list[tuple[str, type, dict[str, Any]]] = [

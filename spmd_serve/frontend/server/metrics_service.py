@@ -6,6 +6,7 @@ format by default, OpenMetrics when Prometheus negotiates it); the engine thread
 recording (`spmd_serve.engine.metrics`).  Like health, it never asks for the API key: scrapers
 and dashboards read it unauthenticated.  Every other path answers 404.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -33,8 +34,7 @@ class MetricsHandler(RequestHandler):
 
 
 def make_metrics_app(registry: CollectorRegistry) -> Application:
-    return Application([(r"/metrics", MetricsHandler, {"registry": registry})],
-                       default_handler_class=NotFoundHandler)
+    return Application([(r"/metrics", MetricsHandler, {"registry": registry})], default_handler_class=NotFoundHandler)
 
 
 class MetricsService:
@@ -46,15 +46,16 @@ class MetricsService:
 
     async def start(self) -> None:
         # Raises OSError naming METRICS_HTTP_PORT; the server turns it into its one-line error.
-        self._server, self.port = listen_http(make_metrics_app(self.registry), self.host,
-                                              self.port, "METRICS_HTTP_PORT")
+        self._server, self.port = listen_http(
+            make_metrics_app(self.registry), self.host, self.port, "METRICS_HTTP_PORT"
+        )
 
     async def stop(self, grace: float) -> None:
         server, self._server = self._server, None
         if server is None:
             return
         server.stop()
-        try:          # a scrape is short; one stuck past the grace period is simply dropped
+        try:  # a scrape is short; one stuck past the grace period is simply dropped
             await asyncio.wait_for(server.close_all_connections(), grace)
         except asyncio.TimeoutError:
             log.warning("metrics connections did not close within %g s", grace)

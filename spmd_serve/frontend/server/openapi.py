@@ -8,6 +8,7 @@ parsers (native.protocol, openai.protocol) enforce; limits come from this server
 the document describes the running server, not a generic one.  Rules a JSON Schema cannot state
 (prompt length in tokens, min <= max, vocabulary size) are in descriptions and end in a 400.
 """
+
 from __future__ import annotations
 
 import json
@@ -37,13 +38,21 @@ def _opt(schema: Schema) -> Schema:
 
 
 def _int(lo: int | None = None, hi: int | None = None, **kw: Any) -> Schema:
-    return {"type": "integer", **({} if lo is None else {"minimum": lo}),
-            **({} if hi is None else {"maximum": hi}), **kw}
+    return {
+        "type": "integer",
+        **({} if lo is None else {"minimum": lo}),
+        **({} if hi is None else {"maximum": hi}),
+        **kw,
+    }
 
 
 def _num(lo: float | None = None, hi: float | None = None, **kw: Any) -> Schema:
-    return {"type": "number", **({} if lo is None else {"minimum": lo}),
-            **({} if hi is None else {"maximum": hi}), **kw}
+    return {
+        "type": "number",
+        **({} if lo is None else {"minimum": lo}),
+        **({} if hi is None else {"maximum": hi}),
+        **kw,
+    }
 
 
 def _obj(required: list[str], props: dict[str, Schema], **kw: Any) -> Schema:
@@ -55,165 +64,308 @@ def _list(items: Schema, **kw: Any) -> Schema:
 
 
 STR, BOOL, IDS = {"type": "string"}, {"type": "boolean"}, _list(_int(0))
-STRINGS = {"anyOf": [STR, _list(STR)]}     # stop strings: one or a list
+STRINGS = {"anyOf": [STR, _list(STR)]}  # stop strings: one or a list
 FINISH = {"enum": ["stop", "length"]}
 
 
 def _schemas(s: IOSettings) -> dict[str, Schema]:
     lim, dec = s.limits, s.limits.max_dec_len
-    max_input = min(lim.max_seq_len, lim.model_max_len - 1)   # both limits apply to input_ids
-    tokens = _opt(_int(1, dec, description=f"at most MAX_DEC_LEN ({dec}); prompt + completion "
-                                           f"must fit the context ({lim.model_max_len})"))
-    usage = _obj(["prompt_tokens", "completion_tokens", "total_tokens"],
-                 {k: _int(0) for k in ("prompt_tokens", "completion_tokens", "total_tokens")})
-    message = _obj(["role", "content"], {
-        # any role reaches the chat template, and the templates we ship accept these three
-        "role": {"enum": ["system", "user", "assistant"]},
-        "content": {"anyOf": [STR, _list(_obj(["type", "text"], {"type": {"const": "text"},
-                                                                 "text": STR}))]}})
+    max_input = min(lim.max_seq_len, lim.model_max_len - 1)  # both limits apply to input_ids
+    tokens = _opt(
+        _int(
+            1,
+            dec,
+            description=f"at most MAX_DEC_LEN ({dec}); prompt + completion must fit the context ({lim.model_max_len})",
+        )
+    )
+    usage = _obj(
+        ["prompt_tokens", "completion_tokens", "total_tokens"],
+        {k: _int(0) for k in ("prompt_tokens", "completion_tokens", "total_tokens")},
+    )
+    message = _obj(
+        ["role", "content"],
+        {
+            # any role reaches the chat template, and the templates we ship accept these three
+            "role": {"enum": ["system", "user", "assistant"]},
+            "content": {"anyOf": [STR, _list(_obj(["type", "text"], {"type": {"const": "text"}, "text": STR}))]},
+        },
+    )
     native: dict[str, Any] = {
-        "req_id": _opt({"type": ["string", "integer"], "minLength": 1,
-                        "description": "default: a fresh uuid; an id in flight -> 409"}),
-        "text": _opt(STR), "messages": _opt(_list(message, minItems=1)),
-        "input_ids": _opt(_list(_int(0), minItems=1, maxItems=max_input,
-                                description="ids below the vocabulary size")),
+        "req_id": _opt(
+            {
+                "type": ["string", "integer"],
+                "minLength": 1,
+                "description": "default: a fresh uuid; an id in flight -> 409",
+            }
+        ),
+        "text": _opt(STR),
+        "messages": _opt(_list(message, minItems=1)),
+        "input_ids": _opt(_list(_int(0), minItems=1, maxItems=max_input, description="ids below the vocabulary size")),
         "system": _opt(STR),
-        **{k: tokens for k in ("max_dec_len", "seq_len", "max_tokens")},   # aliases
+        **{k: tokens for k in ("max_dec_len", "seq_len", "max_tokens")},  # aliases
         "min_dec_len": _opt(_int(1, dec, default=1)),
         **{k: _opt(_num(0, 1, default=0.7)) for k in ("topp", "top_p")},
         "temperature": _opt(_num(0, default=0.95, description="0 = greedy")),
         "penalty_score": _opt(_num(exclusiveMinimum=0, default=1.0)),
-        "frequency_score": _opt(_num(default=0)), "presence_score": _opt(_num(default=0)),
+        "frequency_score": _opt(_num(default=0)),
+        "presence_score": _opt(_num(default=0)),
         **{k: _opt(_int(0)) for k in ("seed", "infer_seed")},
-        "eos_token_ids": _opt(IDS), "stop_sequences": _opt(STRINGS),
-        "timeout": _opt(_num(exclusiveMinimum=0, default=300,
-                             description="seconds for the whole request; past it -> 504")),
+        "eos_token_ids": _opt(IDS),
+        "stop_sequences": _opt(STRINGS),
+        "timeout": _opt(
+            _num(exclusiveMinimum=0, default=300, description="seconds for the whole request; past it -> 504")
+        ),
         **{k: _opt(BOOL) for k in ("stream", "return_usage", "return_all_tokens", "benchmark")},
-        "model": False,     # a body with "model" is an OpenAI chat request
+        "model": False,  # a body with "model" is an OpenAI chat request
     }
-    common = {   # the sampling fields /v1/completions and OpenAI chat share
+    common = {  # the sampling fields /v1/completions and OpenAI chat share
         "model": {"enum": list(s.model_names)},
-        "max_tokens": tokens, "max_completion_tokens": tokens,
-        "temperature": _opt(_num(0)), "top_p": _opt(_num(0, 1)),
+        "max_tokens": tokens,
+        "max_completion_tokens": tokens,
+        "temperature": _opt(_num(0)),
+        "top_p": _opt(_num(0, 1)),
         "top_k": _opt(_int(-1, description="-1 or 0: disabled")),
-        "n": _opt(_int(1, MAX_N)), "best_of": _opt(_int(1, MAX_N, description="must equal n")),
-        "stop": _opt(STRINGS), "stream": _opt(BOOL),
-        "stream_options": _opt(_obj([], {"include_usage": _opt(BOOL)},
-                                    description="only with stream: true")),
-        "presence_penalty": _opt(_num(-2, 2)), "frequency_penalty": _opt(_num(-2, 2)),
-        "repetition_penalty": _opt(_num(1e-6)), "seed": _opt(_int()),
-        "min_tokens": _opt(_int(0, dec)), "ignore_eos": _opt(BOOL), "user": _opt(STR)}
-    unsupported = ("Refused with 400 when given a non-empty value: " + ", ".join(UNSUPPORTED)
-                   + ". " + NULL_IS_ABSENT)
+        "n": _opt(_int(1, MAX_N)),
+        "best_of": _opt(_int(1, MAX_N, description="must equal n")),
+        "stop": _opt(STRINGS),
+        "stream": _opt(BOOL),
+        "stream_options": _opt(_obj([], {"include_usage": _opt(BOOL)}, description="only with stream: true")),
+        "presence_penalty": _opt(_num(-2, 2)),
+        "frequency_penalty": _opt(_num(-2, 2)),
+        "repetition_penalty": _opt(_num(1e-6)),
+        "seed": _opt(_int()),
+        "min_tokens": _opt(_int(0, dec)),
+        "ignore_eos": _opt(BOOL),
+        "user": _opt(STR),
+    }
+    unsupported = "Refused with 400 when given a non-empty value: " + ", ".join(UNSUPPORTED) + ". " + NULL_IS_ABSENT
     ids_prompt = _list(_int(0), minItems=1)
-    top = _list(_obj(["token", "logprob", "bytes"],
-                     {"token": STR, "logprob": _num(), "bytes": _list(_int(0, 255))}))
-    chat_lp = _opt(_obj(["content"], {"content": _list(_obj(
-        ["token", "logprob", "bytes", "top_logprobs"],
-        {"token": STR, "logprob": _num(), "bytes": _list(_int(0, 255)), "top_logprobs": top}))}))
-    cmpl_lp = _opt(_obj(["tokens", "token_logprobs", "top_logprobs", "text_offset"], {
-        "tokens": _list(STR), "token_logprobs": _list(_num()),
-        "top_logprobs": _list({"type": "object", "additionalProperties": _num()}),
-        "text_offset": _list(_int(0))}))
+    top = _list(_obj(["token", "logprob", "bytes"], {"token": STR, "logprob": _num(), "bytes": _list(_int(0, 255))}))
+    chat_lp = _opt(
+        _obj(
+            ["content"],
+            {
+                "content": _list(
+                    _obj(
+                        ["token", "logprob", "bytes", "top_logprobs"],
+                        {"token": STR, "logprob": _num(), "bytes": _list(_int(0, 255)), "top_logprobs": top},
+                    )
+                )
+            },
+        )
+    )
+    cmpl_lp = _opt(
+        _obj(
+            ["tokens", "token_logprobs", "top_logprobs", "text_offset"],
+            {
+                "tokens": _list(STR),
+                "token_logprobs": _list(_num()),
+                "top_logprobs": _list({"type": "object", "additionalProperties": _num()}),
+                "text_offset": _list(_int(0)),
+            },
+        )
+    )
 
     def envelope(obj: str, choice: Schema, chunk: bool) -> Schema:
-        return _obj(["id", "object", "created", "model", "choices"] + ([] if chunk else ["usage"]),
-                    {"id": STR, "object": {"const": obj}, "created": _int(0), "model": STR,
-                     "choices": _list(choice), "usage": _opt(_ref("Usage")) if chunk
-                     else _ref("Usage")})
+        return _obj(
+            ["id", "object", "created", "model", "choices"] + ([] if chunk else ["usage"]),
+            {
+                "id": STR,
+                "object": {"const": obj},
+                "created": _int(0),
+                "model": STR,
+                "choices": _list(choice),
+                "usage": _opt(_ref("Usage")) if chunk else _ref("Usage"),
+            },
+        )
 
     chat_choice = {"index": _int(0), "logprobs": chat_lp, "finish_reason": _opt(FINISH)}
-    cmpl_choice = {"index": _int(0), "text": STR, "logprobs": cmpl_lp,
-                   "finish_reason": _opt(FINISH)}
-    frame = _obj(["req_id", "token", "token_ids", "is_end", "send_idx", "error_msg", "error_code"],
-                 {"req_id": STR, "token": STR, "token_ids": IDS, "is_end": {"enum": [0, 1]},
-                  "send_idx": _int(0), "error_msg": STR, "error_code": _int(0),
-                  "tokens_all": STR, "tokens_all_ids": IDS, "tokens_all_num": _int(0),
-                  "finish_reason": FINISH, "usage": _ref("Usage"), "benchmark": _ref("Timings")},
-                 description="one line of the stream; the last has is_end 1 and the totals")
+    cmpl_choice = {"index": _int(0), "text": STR, "logprobs": cmpl_lp, "finish_reason": _opt(FINISH)}
+    frame = _obj(
+        ["req_id", "token", "token_ids", "is_end", "send_idx", "error_msg", "error_code"],
+        {
+            "req_id": STR,
+            "token": STR,
+            "token_ids": IDS,
+            "is_end": {"enum": [0, 1]},
+            "send_idx": _int(0),
+            "error_msg": STR,
+            "error_code": _int(0),
+            "tokens_all": STR,
+            "tokens_all_ids": IDS,
+            "tokens_all_num": _int(0),
+            "finish_reason": FINISH,
+            "usage": _ref("Usage"),
+            "benchmark": _ref("Timings"),
+        },
+        description="one line of the stream; the last has is_end 1 and the totals",
+    )
     return {
-        "NativeRequest": _obj([], native, oneOf=[
-            _obj([k], {k: schema}) for k, schema in
-            (("text", STR), ("messages", {"type": "array"}), ("input_ids", {"type": "array"}))],
+        "NativeRequest": _obj(
+            [],
+            native,
+            oneOf=[
+                _obj([k], {k: schema})
+                for k, schema in (("text", STR), ("messages", {"type": "array"}), ("input_ids", {"type": "array"}))
+            ],
             description="Exactly one of text, messages, input_ids. The prompt must be at most "
-                        f"MAX_SEQ_LEN ({lim.max_seq_len}) tokens. " + NULL_IS_ABSENT),
-        "CompletionRequest": _obj(["model", "prompt"], {
-            **common, "prompt": {"anyOf": [STR, _list(STR, minItems=1), ids_prompt,
-                                           _list(ids_prompt, minItems=1)]},
-            "logprobs": _opt(_int(0, MAX_LOGPROBS)), "echo": _opt(BOOL)},
-            description=unsupported),
-        "ChatCompletionRequest": _obj(["model", "messages"], {
-            **common, "messages": _list(message, minItems=1), "logprobs": _opt(BOOL),
-            "top_logprobs": _opt(_int(0, MAX_LOGPROBS, description="needs logprobs: true"))},
-            description=unsupported),
+            f"MAX_SEQ_LEN ({lim.max_seq_len}) tokens. " + NULL_IS_ABSENT,
+        ),
+        "CompletionRequest": _obj(
+            ["model", "prompt"],
+            {
+                **common,
+                "prompt": {"anyOf": [STR, _list(STR, minItems=1), ids_prompt, _list(ids_prompt, minItems=1)]},
+                "logprobs": _opt(_int(0, MAX_LOGPROBS)),
+                "echo": _opt(BOOL),
+            },
+            description=unsupported,
+        ),
+        "ChatCompletionRequest": _obj(
+            ["model", "messages"],
+            {
+                **common,
+                "messages": _list(message, minItems=1),
+                "logprobs": _opt(BOOL),
+                "top_logprobs": _opt(_int(0, MAX_LOGPROBS, description="needs logprobs: true")),
+            },
+            description=unsupported,
+        ),
         "Usage": usage,
-        "Timings": _obj([], {k: _num(0) for k in ("time_to_first_token_s", "total_time_s",
-                                                  "decode_time_s", "decode_tokens_per_s")}),
-        "NativeResult": _obj(["req_id", "result", "tokens_all", "tokens_all_ids",
-                              "tokens_all_num", "finish_reason", "error_msg", "error_code"],
-                             {**{k: frame["properties"][k] for k in (
-                                 "req_id", "tokens_all", "tokens_all_ids", "tokens_all_num",
-                                 "finish_reason", "error_msg", "usage", "benchmark")},
-                              "result": STR, "error_code": {"const": 0}}),
+        "Timings": _obj(
+            [], {k: _num(0) for k in ("time_to_first_token_s", "total_time_s", "decode_time_s", "decode_tokens_per_s")}
+        ),
+        "NativeResult": _obj(
+            [
+                "req_id",
+                "result",
+                "tokens_all",
+                "tokens_all_ids",
+                "tokens_all_num",
+                "finish_reason",
+                "error_msg",
+                "error_code",
+            ],
+            {
+                **{
+                    k: frame["properties"][k]
+                    for k in (
+                        "req_id",
+                        "tokens_all",
+                        "tokens_all_ids",
+                        "tokens_all_num",
+                        "finish_reason",
+                        "error_msg",
+                        "usage",
+                        "benchmark",
+                    )
+                },
+                "result": STR,
+                "error_code": {"const": 0},
+            },
+        ),
         "NativeFrame": frame,
         "Completion": envelope("text_completion", _obj(list(cmpl_choice), cmpl_choice), False),
         "CompletionChunk": envelope("text_completion", _obj(list(cmpl_choice), cmpl_choice), True),
-        "ChatCompletion": envelope("chat.completion", _obj(list(chat_choice) + ["message"], {
-            **chat_choice, "message": _obj(["role", "content"], {
-                "role": {"const": "assistant"}, "content": STR})}), False),
-        "ChatCompletionChunk": envelope("chat.completion.chunk", _obj(
-            list(chat_choice) + ["delta"], {**chat_choice, "delta": _obj([], {
-                "role": {"const": "assistant"}, "content": STR})}), True),
-        "ModelList": _obj(["object", "data"], {"object": {"const": "list"}, "data": _list(_obj(
-            ["id", "object", "created", "owned_by"],
-            {"id": STR, "object": {"const": "model"}, "created": _int(0), "owned_by": STR,
-             "root": STR, "max_model_len": _int(1)}))}),
-        "NativeError": _obj(["req_id", "error_msg", "error_code"],
-                            {"req_id": STR, "error_msg": STR, "error_code": _int(400, 599)}),
-        "OpenAIError": _obj(["error"], {"error": _obj(["message", "type", "param", "code"], {
-            "message": STR, "type": STR, "param": _opt(STR), "code": _int(400, 599)})}),
+        "ChatCompletion": envelope(
+            "chat.completion",
+            _obj(
+                list(chat_choice) + ["message"],
+                {**chat_choice, "message": _obj(["role", "content"], {"role": {"const": "assistant"}, "content": STR})},
+            ),
+            False,
+        ),
+        "ChatCompletionChunk": envelope(
+            "chat.completion.chunk",
+            _obj(
+                list(chat_choice) + ["delta"],
+                {**chat_choice, "delta": _obj([], {"role": {"const": "assistant"}, "content": STR})},
+            ),
+            True,
+        ),
+        "ModelList": _obj(
+            ["object", "data"],
+            {
+                "object": {"const": "list"},
+                "data": _list(
+                    _obj(
+                        ["id", "object", "created", "owned_by"],
+                        {
+                            "id": STR,
+                            "object": {"const": "model"},
+                            "created": _int(0),
+                            "owned_by": STR,
+                            "root": STR,
+                            "max_model_len": _int(1),
+                        },
+                    )
+                ),
+            },
+        ),
+        "NativeError": _obj(
+            ["req_id", "error_msg", "error_code"], {"req_id": STR, "error_msg": STR, "error_code": _int(400, 599)}
+        ),
+        "OpenAIError": _obj(
+            ["error"],
+            {
+                "error": _obj(
+                    ["message", "type", "param", "code"],
+                    {"message": STR, "type": STR, "param": _opt(STR), "code": _int(400, 599)},
+                )
+            },
+        ),
         "HealthOk": _obj(["status"], {"status": {"const": "ok"}}),
-        "HealthError": _obj(["error_code", "error_msg"], {"error_code": {"const": 503},
-                                                          "error_msg": STR}),
+        "HealthError": _obj(["error_code", "error_msg"], {"error_code": {"const": 503}, "error_msg": STR}),
     }
 
 
 # Why each error status happens; the routes pick the ones their code can return.
-_WHY = {400: "invalid field (named in the message), too long, or body not a JSON object",
-        401: "API_KEY is set and the request lacks `Authorization: Bearer <key>`",
-        404: "unknown model", 409: "req_id already in flight",
-        429: "waiting queue full (MAX_CACHED_TASK_NUM)",
-        500: "the engine failed on this request, or an internal error",
-        503: "model not loaded yet, or draining",
-        504: "the request's deadline passed before it finished"}
+_WHY = {
+    400: "invalid field (named in the message), too long, or body not a JSON object",
+    401: "API_KEY is set and the request lacks `Authorization: Bearer <key>`",
+    404: "unknown model",
+    409: "req_id already in flight",
+    429: "waiting queue full (MAX_CACHED_TASK_NUM)",
+    500: "the engine failed on this request, or an internal error",
+    503: "model not loaded yet, or draining",
+    504: "the request's deadline passed before it finished",
+}
 
 
 def _errors(codes: tuple[int, ...], schema: Schema, s: IOSettings) -> dict[str, Any]:
     why = {**_WHY, 413: f"request body larger than {s.max_body_size} bytes"}
-    return {str(c): {"description": why[c], "content": {JSON: {"schema": schema}}}
-            for c in codes if c != 401 or s.api_key}   # 401 only where a key is asked for
+    return {
+        str(c): {"description": why[c], "content": {JSON: {"schema": schema}}} for c in codes if c != 401 or s.api_key
+    }  # 401 only where a key is asked for
 
 
-def _post(summary: str, request: Schema, ok: dict[str, Schema], codes: tuple[int, ...],
-          error: Schema, s: IOSettings) -> dict[str, Any]:
+def _post(
+    summary: str, request: Schema, ok: dict[str, Schema], codes: tuple[int, ...], error: Schema, s: IOSettings
+) -> dict[str, Any]:
     streamed = " or ".join(mt for mt in ok if mt != JSON)
     op: dict[str, Any] = {
         "summary": summary,
         "requestBody": {"required": True, "content": {JSON: {"schema": request}}},
-        "responses": {"200": {"description": f"{JSON}: the whole answer; with stream: true, "
-                                             f"{streamed}, one object per line / event "
-                                             "(SSE ends with `data: [DONE]`)",
-                              "content": {mt: {"schema": sch} for mt, sch in ok.items()}},
-                      **_errors(codes, error, s)}}
+        "responses": {
+            "200": {
+                "description": f"{JSON}: the whole answer; with stream: true, "
+                f"{streamed}, one object per line / event "
+                "(SSE ends with `data: [DONE]`)",
+                "content": {mt: {"schema": sch} for mt, sch in ok.items()},
+            },
+            **_errors(codes, error, s),
+        },
+    }
     if s.api_key:
         op["security"] = [{"bearer": []}]
     return op
 
 
-def _get(summary: str, ok: Schema, errors: dict[str, Any], s: IOSettings,
-         auth: bool = False) -> dict[str, Any]:
-    op: dict[str, Any] = {"summary": summary, "responses": {"200": {"description": "OK", "content": {
-        JSON: {"schema": ok}}}, **errors}}
+def _get(summary: str, ok: Schema, errors: dict[str, Any], s: IOSettings, auth: bool = False) -> dict[str, Any]:
+    op: dict[str, Any] = {
+        "summary": summary,
+        "responses": {"200": {"description": "OK", "content": {JSON: {"schema": ok}}}, **errors},
+    }
     if auth and s.api_key:
         op["security"] = [{"bearer": []}]
     return op
@@ -228,40 +380,66 @@ def openapi_document(s: IOSettings) -> dict[str, Any]:
     either = {"anyOf": [_ref("NativeError"), _ref("OpenAIError")]}
     gen_codes = (400, 401, 404, 413, 429, 500, 503, 504)
     # a failure after the SSE stream began is an OpenAI error object as the last event
-    completion = _post("OpenAI completion", _ref("CompletionRequest"),
-                       {JSON: _ref("Completion"), SSE: _sse("CompletionChunk")},
-                       gen_codes, _ref("OpenAIError"), s)
-    openai_chat = _post("OpenAI chat completion", _ref("ChatCompletionRequest"),
-                        {JSON: _ref("ChatCompletion"), SSE: _sse("ChatCompletionChunk")},
-                        gen_codes, _ref("OpenAIError"), s)
-    chat = _post("Native request (no \"model\") or OpenAI chat completion (with \"model\")",
-                 {"oneOf": [_ref("NativeRequest"), _ref("ChatCompletionRequest")]},
-                 {JSON: {"anyOf": [_ref("NativeResult"), _ref("ChatCompletion")]},
-                  NDJSON: _ref("NativeFrame"), SSE: _sse("ChatCompletionChunk")},
-                 (400, 401, 404, 409, 413, 429, 500, 503, 504), either, s)
-    models = _get("Served model names", _ref("ModelList"),
-                  _errors((401,), _ref("OpenAIError"), s), s, auth=True)
-    down = {"503": {"description": "not live / not ready", "content": {
-        JSON: {"schema": _ref("HealthError")}}}}
+    completion = _post(
+        "OpenAI completion",
+        _ref("CompletionRequest"),
+        {JSON: _ref("Completion"), SSE: _sse("CompletionChunk")},
+        gen_codes,
+        _ref("OpenAIError"),
+        s,
+    )
+    openai_chat = _post(
+        "OpenAI chat completion",
+        _ref("ChatCompletionRequest"),
+        {JSON: _ref("ChatCompletion"), SSE: _sse("ChatCompletionChunk")},
+        gen_codes,
+        _ref("OpenAIError"),
+        s,
+    )
+    chat = _post(
+        'Native request (no "model") or OpenAI chat completion (with "model")',
+        {"oneOf": [_ref("NativeRequest"), _ref("ChatCompletionRequest")]},
+        {
+            JSON: {"anyOf": [_ref("NativeResult"), _ref("ChatCompletion")]},
+            NDJSON: _ref("NativeFrame"),
+            SSE: _sse("ChatCompletionChunk"),
+        },
+        (400, 401, 404, 409, 413, 429, 500, 503, 504),
+        either,
+        s,
+    )
+    models = _get("Served model names", _ref("ModelList"), _errors((401,), _ref("OpenAIError"), s), s, auth=True)
+    down = {"503": {"description": "not live / not ready", "content": {JSON: {"schema": _ref("HealthError")}}}}
     live = _get("Liveness: the engine loop is beating", _ref("HealthOk"), down, s)
     ready = _get("Readiness: model loaded on every rank, not draining", _ref("HealthOk"), down, s)
     # HEAD answers the same statuses without a body (load balancers probe with it)
-    bare = {"responses": {"200": {"description": "live / ready (no body)"},
-                          "503": {"description": "not live / not ready (no body)"}}}
+    bare = {
+        "responses": {
+            "200": {"description": "live / ready (no body)"},
+            "503": {"description": "not live / not ready (no body)"},
+        }
+    }
     doc: dict[str, Any] = {
         "openapi": "3.1.0",
-        "info": {"title": "spmd_serve", "version": __version__,
-                 "description": "Native (CONTRACT §3) and OpenAI-compatible (§4) HTTP API."},
+        "info": {
+            "title": "spmd_serve",
+            "version": __version__,
+            "description": "Native (CONTRACT §3) and OpenAI-compatible (§4) HTTP API.",
+        },
         "paths": {
             "/v1/chat/completions": {"post": chat},
             "/v1/completions": {"post": completion},
             "/v1/chat/completions/completions": {"post": completion},
             "/v1/chat/completions/chat/completions": {"post": openai_chat},
-            "/v1/models": {"get": models}, "/v1/chat/completions/models": {"get": models},
-            "/health": {"get": live, "head": bare}, "/v2/health/live": {"get": live, "head": bare},
+            "/v1/models": {"get": models},
+            "/v1/chat/completions/models": {"get": models},
+            "/health": {"get": live, "head": bare},
+            "/v2/health/live": {"get": live, "head": bare},
             "/v2/health/ready": {"get": ready, "head": bare},
-            "/openapi.json": {"get": _get("This document", {"type": "object"}, {}, s)}},
-        "components": {"schemas": _schemas(s)}}
+            "/openapi.json": {"get": _get("This document", {"type": "object"}, {}, s)},
+        },
+        "components": {"schemas": _schemas(s)},
+    }
     if s.api_key:
         doc["components"]["securitySchemes"] = {"bearer": {"type": "http", "scheme": "bearer"}}
     return doc

@@ -7,6 +7,7 @@ processes of the ranks on this node are alive (`POLL_S`).  When one is gone: the
 health turns 503 naming the rank, and every request in flight ends with an error frame (503) instead
 of a cut connection.  Ranks on other nodes are left to mpirun, whose daemons notice their deaths.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -18,7 +19,7 @@ import psutil
 from spmd_serve.engine.client import EngineClient
 
 log = logging.getLogger(__name__)
-POLL_S = 0.1   # a few /proc reads: ~0.1 % of a core
+POLL_S = 0.1  # a few /proc reads: ~0.1 % of a core
 
 
 class PeerWatch:
@@ -38,12 +39,11 @@ class PeerWatch:
                 procs[rank] = psutil.Process(pid)
             except psutil.NoSuchProcess:
                 procs[rank] = None
-        self._peers = procs   # one assignment: the IO thread sees the old dict or the new one
+        self._peers = procs  # one assignment: the IO thread sees the old dict or the new one
 
     def dead(self) -> list[tuple[int, int | None]]:
         """(rank, pid) of every watched rank whose process is gone (exited, killed, a zombie)."""
-        return [(rank, p.pid if p else None) for rank, p in sorted(self._peers.items())
-                if not _alive(p)]
+        return [(rank, p.pid if p else None) for rank, p in sorted(self._peers.items()) if not _alive(p)]
 
     async def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._run())

@@ -6,6 +6,7 @@ copies the fields it needs from any object (ServeConfig) by name, so nothing in 
 imports the configuration module.  The app (`server.app`), the OpenAPI document
 (`server.openapi`) and the gRPC service read it.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -19,19 +20,19 @@ from spmd_serve.frontend.common.parsing import Limits
 @dataclass(frozen=True)
 class IOSettings:
     host: str = "0.0.0.0"
-    http_port: int = 9965              # SERVICE_HTTP_PORT; -1 disables the service app
-    health_port: int = 8110            # HEALTH_HTTP_PORT; -1 disables the health app
+    http_port: int = 9965  # SERVICE_HTTP_PORT; -1 disables the service app
+    health_port: int = 8110  # HEALTH_HTTP_PORT; -1 disables the health app
     max_seq_len: int = 8192
     max_dec_len: int = 1024
-    model_max_len: int | None = None   # the model's context length; None: max_seq_len + max_dec_len
+    model_max_len: int | None = None  # the model's context length; None: max_seq_len + max_dec_len
     disable_streaming: bool = False
     api_key: str | None = None
-    max_body_size: int = 8 << 20       # bytes; larger bodies get 413
+    max_body_size: int = 8 << 20  # bytes; larger bodies get 413
     live_threshold_s: float = DEFAULT_LIVE_THRESHOLD_S
-    model_names: tuple[str, ...] = ("default",)   # OpenAI `model` values served (first: its name)
+    model_names: tuple[str, ...] = ("default",)  # OpenAI `model` values served (first: its name)
 
     @classmethod
-    def from_config(cls, cfg: Any, **overrides: Any) -> "IOSettings":
+    def from_config(cls, cfg: Any, **overrides: Any) -> IOSettings:
         """Take every field of ours that `cfg` has an attribute for; overrides win."""
         names = {f.name for f in dataclasses.fields(cls)}
         values = {n: getattr(cfg, n) for n in names if hasattr(cfg, n)}

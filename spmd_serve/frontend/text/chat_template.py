@@ -11,6 +11,7 @@ untrusted checkpoints) with `trim_blocks`, `lstrip_blocks`, the loop controls
 that does not HTML-escape, and the variables `messages`, `add_generation_prompt`, `tools=None`,
 `documents=None` and the tokenizer's special-token strings (`bos_token`, `eos_token`, ...).
 """
+
 from __future__ import annotations
 
 import json
@@ -30,11 +31,11 @@ def _raise_exception(message: str) -> None:
     raise jinja2.TemplateError(message)
 
 
-def _tojson(x: Any, ensure_ascii: bool = False, indent: int | None = None,
-            separators: Any = None, sort_keys: bool = False) -> str:
+def _tojson(
+    x: Any, ensure_ascii: bool = False, indent: int | None = None, separators: Any = None, sort_keys: bool = False
+) -> str:
     # HF's override: Jinja's own tojson HTML-escapes '<', '>', '&' and "'".
-    return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators,
-                      sort_keys=sort_keys)
+    return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
 
 
 def _strftime_now(fmt: str) -> str:
@@ -43,8 +44,7 @@ def _strftime_now(fmt: str) -> str:
 
 def compile_template(source: str) -> jinja2.Template:
     """Compile `source` in the sandbox; ValueError (one line) when it is not valid Jinja."""
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
-                                        extensions=[jinja2.ext.loopcontrols])
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols])
     env.filters["tojson"] = _tojson
     env.globals["raise_exception"] = _raise_exception
     env.globals["strftime_now"] = _strftime_now
@@ -68,14 +68,23 @@ def find_template(model_dir: str | Path, tokenizer_config: dict[str, Any]) -> st
         named = {t.get("name"): t.get("template") for t in template if isinstance(t, dict)}
         if isinstance(named.get("default"), str):
             return named["default"]
-        raise ValueError("tokenizer_config.json: chat_template is a list of named templates "
-                         f"without a 'default' one (names: {sorted(map(str, named))})")
-    raise ValueError("tokenizer_config.json: chat_template must be a string or a list of "
-                     f"{{'name', 'template'}} objects, got {type(template).__name__}")
+        raise ValueError(
+            "tokenizer_config.json: chat_template is a list of named templates "
+            f"without a 'default' one (names: {sorted(map(str, named))})"
+        )
+    raise ValueError(
+        "tokenizer_config.json: chat_template must be a string or a list of "
+        f"{{'name', 'template'}} objects, got {type(template).__name__}"
+    )
 
 
-def render(template: jinja2.Template, messages: list[dict[str, Any]],
-           special_tokens: dict[str, Any], add_generation_prompt: bool = True) -> str:
+def render(
+    template: jinja2.Template,
+    messages: list[dict[str, Any]],
+    special_tokens: dict[str, Any],
+    add_generation_prompt: bool = True,
+) -> str:
     """The prompt text; jinja2.TemplateError / TypeError etc. propagate to the caller."""
-    return template.render(messages=messages, tools=None, documents=None,
-                           add_generation_prompt=add_generation_prompt, **special_tokens)
+    return template.render(
+        messages=messages, tools=None, documents=None, add_generation_prompt=add_generation_prompt, **special_tokens
+    )

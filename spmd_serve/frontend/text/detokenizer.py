@@ -15,12 +15,14 @@ where `ids[prefix_offset:read_offset]` were already emitted.  Decoding that alre
 SentencePiece's space handling right: a piece like "▁world" decodes to "world" at the start of a
 decode call but to " world" after other text, and inside the window it is never first.
 """
+
 from __future__ import annotations
 
-from typing import Iterable, Protocol, Sequence
+from collections.abc import Iterable, Sequence
+from typing import Protocol
 
 REPLACEMENT_CHAR = "\ufffd"
-PROMPT_CONTEXT = 5     # prompt ids decoded ahead of the output when continuing a prompt (vLLM's)
+PROMPT_CONTEXT = 5  # prompt ids decoded ahead of the output when continuing a prompt (vLLM's)
 
 
 class _Decoder(Protocol):
@@ -39,21 +41,19 @@ class IncrementalDetokenizer:
     the first output token's SentencePiece space is dropped exactly as decode drops it).
     """
 
-    def __init__(self, tokenizer: _Decoder, prompt_ids: Sequence[int] = (),
-                 continue_prompt: bool = False) -> None:
+    def __init__(self, tokenizer: _Decoder, prompt_ids: Sequence[int] = (), continue_prompt: bool = False) -> None:
         self._tokenizer = tokenizer
         self._special = tokenizer.special_token_ids
         self.prompt_ids: list[int] = list(prompt_ids)
-        self.output_ids: list[int] = []   # every id passed to step(), special ones included
+        self.output_ids: list[int] = []  # every id passed to step(), special ones included
         # continue_prompt: the text continues the prompt's (OpenAI completions, where "Hello" +
         # "▁world" must read " world"), so the window starts with the prompt's last few ids,
         # already "emitted"; otherwise the text is decode(output ids) alone.
-        seed = [i for i in prompt_ids if i not in self._special][-PROMPT_CONTEXT:] \
-            if continue_prompt else []
+        seed = [i for i in prompt_ids if i not in self._special][-PROMPT_CONTEXT:] if continue_prompt else []
         self._seed_text = tokenizer.decode(seed) if seed else ""
         self._ids: list[int] = list(seed)  # ids that produce text (specials removed)
-        self._prefix_offset = 0           # window start: first id of the last emitted delta
-        self._read_offset = len(seed)     # ids before this have been emitted as text
+        self._prefix_offset = 0  # window start: first id of the last emitted delta
+        self._read_offset = len(seed)  # ids before this have been emitted as text
         self._chunks: list[str] = []
         self._text_cache: str | None = ""
 
@@ -72,8 +72,8 @@ class IncrementalDetokenizer:
 
     def _window_delta(self) -> tuple[str, str]:
         """(already-emitted text of the window, full text of the window)."""
-        prefix_text = self._tokenizer.decode(self._ids[self._prefix_offset:self._read_offset])
-        new_text = self._tokenizer.decode(self._ids[self._prefix_offset:])
+        prefix_text = self._tokenizer.decode(self._ids[self._prefix_offset : self._read_offset])
+        new_text = self._tokenizer.decode(self._ids[self._prefix_offset :])
         return prefix_text, new_text
 
     def step(self, new_ids: Iterable[int]) -> str:
@@ -99,7 +99,7 @@ class IncrementalDetokenizer:
             # rewrote earlier text we would rather hold back than emit a wrong delta.
             return ""
         self._prefix_offset, self._read_offset = self._read_offset, len(self._ids)
-        return self._emit(new_text[len(prefix_text):])
+        return self._emit(new_text[len(prefix_text) :])
 
     def flush(self) -> str:
         """At the end of the request: return whatever is still held back (may contain U+FFFD
@@ -109,8 +109,8 @@ class IncrementalDetokenizer:
         if len(new_text) <= len(prefix_text):
             return ""
         if new_text.startswith(prefix_text):
-            return self._emit(new_text[len(prefix_text):])
+            return self._emit(new_text[len(prefix_text) :])
         # Fallback for a non-prefix-stable tokenizer: emit what makes the total text right.
         full = self._tokenizer.decode(self._ids)
         emitted = self._seed_text + self.text
-        return self._emit(full[len(emitted):] if full.startswith(emitted) else "")
+        return self._emit(full[len(emitted) :] if full.startswith(emitted) else "")

@@ -10,6 +10,7 @@ independent of whether PaddleNLP maps the checkpoint's `tokenizer_class`.
 The special-token strings (bos/eos/unk/pad, additional_special_tokens) come from
 tokenizer_config.json, then special_tokens_map.json, like HF's `from_pretrained`.
 """
+
 from __future__ import annotations
 
 import json
@@ -17,15 +18,13 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-SPECIAL_KEYS = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token",
-                "mask_token")
+SPECIAL_KEYS = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
 
 
 @lru_cache(maxsize=1)
 def _byte_decoder() -> dict[str, int]:
     """Inverse of GPT-2's bytes_to_unicode(): the printable character each byte is written as."""
-    bs = (list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1))
-          + list(range(ord("®"), ord("ÿ") + 1)))
+    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
     cs = bs[:]
     n = 0
     for b in range(256):
@@ -53,7 +52,6 @@ def _components(node: Any) -> list[str]:
     return [str(node.get("type"))]
 
 
-
 def sentencepiece_bytes(piece: str, force: bool = False) -> bytes | None:
     """The bytes of a SentencePiece-style piece: byte fallback `<0xHH>` is that byte and the word
     marker is a space; None when the piece is neither (and `force` is not set)."""
@@ -65,6 +63,7 @@ def sentencepiece_bytes(piece: str, force: bool = False) -> bytes | None:
     if force or "\u2581" in piece:
         return piece.replace("\u2581", " ").encode()
     return None
+
 
 class HFTokenizer:
     """A `tokenizers.Tokenizer` with the PaddleNLP-tokenizer attributes ServingTokenizer reads."""
@@ -78,8 +77,7 @@ class HFTokenizer:
             text = _token_text(special.get(key))
             if text is not None:
                 self.special_tokens_map[key] = text
-        extra = [t for t in (_token_text(v) for v in special.get("additional_special_tokens") or [])
-                 if t is not None]
+        extra = [t for t in (_token_text(v) for v in special.get("additional_special_tokens") or []) if t is not None]
         if extra:
             self.special_tokens_map["additional_special_tokens"] = extra
         for key in ("bos_token", "eos_token", "unk_token", "pad_token"):
@@ -87,12 +85,11 @@ class HFTokenizer:
             setattr(self, key, text)
             setattr(self, f"{key}_id", None if text is None else tokenizer.token_to_id(text))
         ids = {i for i, t in self._added.items() if t.special}
-        ids |= {getattr(self, f"{k}_id") for k in ("bos_token", "eos_token", "unk_token",
-                                                   "pad_token")} - {None}
+        ids |= {getattr(self, f"{k}_id") for k in ("bos_token", "eos_token", "unk_token", "pad_token")} - {None}
         self.all_special_ids: list[int] = sorted(ids)
 
     @classmethod
-    def from_model_dir(cls, model_dir: str | Path) -> "HFTokenizer":
+    def from_model_dir(cls, model_dir: str | Path) -> HFTokenizer:
         """Load `tokenizer.json` (+ the special-token strings) of a local model directory;
         FileNotFoundError / ValueError with a one-line message when it is missing or invalid."""
         from tokenizers import Tokenizer
@@ -114,8 +111,9 @@ class HFTokenizer:
             if f.is_file():
                 data = json.loads(f.read_text(encoding="utf-8"))
                 if isinstance(data, dict):
-                    special.update({k: v for k, v in data.items()
-                                    if k in SPECIAL_KEYS or k == "additional_special_tokens"})
+                    special.update(
+                        {k: v for k, v in data.items() if k in SPECIAL_KEYS or k == "additional_special_tokens"}
+                    )
         return cls(tokenizer, spec, special)
 
     def __len__(self) -> int:
@@ -125,8 +123,9 @@ class HFTokenizer:
         """Ids of `text` with no BOS/EOS/post-processing added (added tokens are matched)."""
         return self._tk.encode(text, add_special_tokens=False).ids
 
-    def decode(self, ids: list[int], skip_special_tokens: bool = True,
-               clean_up_tokenization_spaces: bool = False) -> str:
+    def decode(
+        self, ids: list[int], skip_special_tokens: bool = True, clean_up_tokenization_spaces: bool = False
+    ) -> str:
         # The Rust decode never does transformers' "clean-up" of spaces.
         return self._tk.decode([int(i) for i in ids], skip_special_tokens=skip_special_tokens)
 

@@ -4,6 +4,7 @@ Used by every protocol through `frontend.common.generation.Generation`.  Stop st
 on the detokenised text (CONTRACT.md §3: per request, never shared across the batch) and the stop
 text is trimmed.
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -22,12 +23,12 @@ class OutputAssembler:
         self._hold = max((len(s) for s in stop_sequences), default=1) - 1
         self.text = ""
         self.ids: list[int] = []
-        self.sent = 0               # characters of self.text already handed out
-        self.stopped = False        # a stop string was found (text is cut before it)
+        self.sent = 0  # characters of self.text already handed out
+        self.stopped = False  # a stop string was found (text is cut before it)
 
     def add(self, new_ids: list[int], finished: bool) -> str:
         """Feed one engine output; return the text that may be sent now."""
-        if self.stopped:            # the text is final once cut at a stop string
+        if self.stopped:  # the text is final once cut at a stop string
             return ""
         self.ids.extend(new_ids)
         checked = len(self.text)
@@ -39,10 +40,10 @@ class OutputAssembler:
             start = max(0, checked - self._hold)
             hits = [i for i in (self.text.find(s, start) for s in self._stops) if i >= 0]
             if hits:
-                self.text = self.text[:min(hits)]
+                self.text = self.text[: min(hits)]
                 self.stopped = True
         end = len(self.text)
         if not (finished or self.stopped):
             end = max(self.sent, end - self._hold)
-        delta, self.sent = self.text[self.sent:end], end
+        delta, self.sent = self.text[self.sent : end], end
         return delta

@@ -13,6 +13,7 @@ needs:
   ValueError to 400);
 * `detokenizer()`, a streaming decoder whose deltas add up to `decode()` exactly.
 """
+
 from __future__ import annotations
 
 import json
@@ -52,17 +53,19 @@ def _content_text(content: Any, index: int) -> str:
     if isinstance(content, list):
         texts = []
         for part in content:
-            if not (isinstance(part, dict) and part.get("type") == "text"
-                    and isinstance(part.get("text"), str)):
-                raise ValueError(f"messages[{index}].content: only parts of the form "
-                                 "{'type': 'text', 'text': <string>} are supported")
+            if not (isinstance(part, dict) and part.get("type") == "text" and isinstance(part.get("text"), str)):
+                raise ValueError(
+                    f"messages[{index}].content: only parts of the form "
+                    "{'type': 'text', 'text': <string>} are supported"
+                )
             texts.append(part["text"])
         return "".join(texts)
-    raise ValueError(f"messages[{index}].content must be a string or a list of text parts, "
-                     f"got {type(content).__name__}")
+    raise ValueError(
+        f"messages[{index}].content must be a string or a list of text parts, got {type(content).__name__}"
+    )
 
 
-def _added_token_splitter(tok: Any) -> "re.Pattern[str] | None":
+def _added_token_splitter(tok: Any) -> re.Pattern[str] | None:
     """For a PaddleNLP byte-level BPE tokenizer with added tokens (Qwen2's `<|im_start|>`, ...):
     a regex that cuts text at them, so `encode` can do what HF's tokenizers do: every added token
     is one id and the text between them is tokenized as it is.  PaddleNLP's own `tokenize` splits
@@ -78,31 +81,35 @@ def _added_token_splitter(tok: Any) -> "re.Pattern[str] | None":
 class ServingTokenizer:
     """Tokenizer + chat template + EOS ids of one model directory."""
 
-    def __init__(self, tokenizer: Any, chat_template_source: str | None,
-                 eos_token_ids: list[int], bos_token_id: int | None) -> None:
+    def __init__(
+        self, tokenizer: Any, chat_template_source: str | None, eos_token_ids: list[int], bos_token_id: int | None
+    ) -> None:
         self._tok = tokenizer
         self.eos_token_ids = eos_token_ids
         self.bos_token_id = bos_token_id
         # Ids decode() drops (bos/eos/unk/pad); the detokenizer drops them the same way.
-        self.special_token_ids: frozenset[int] = frozenset(
-            int(i) for i in tokenizer.all_special_ids if i is not None)
+        self.special_token_ids: frozenset[int] = frozenset(int(i) for i in tokenizer.all_special_ids if i is not None)
         # Fast path for decode(): for a plain SentencePiece LlamaTokenizer (no added tokens),
         # PaddleNLP's decode with specials skipped is exactly sp_model.decode(ids), at ~1/20 of
         # the cost; streaming calls decode twice per token per request, so this matters.
         sp = getattr(tokenizer, "sp_model", None)
-        self._sp = (sp if type(tokenizer).__name__ == "LlamaTokenizer"
-                    and not getattr(tokenizer, "added_tokens_encoder", None) else None)
+        self._sp = (
+            sp
+            if type(tokenizer).__name__ == "LlamaTokenizer" and not getattr(tokenizer, "added_tokens_encoder", None)
+            else None
+        )
         self._hf = tokenizer if isinstance(tokenizer, HFTokenizer) else None
         self._added_split = None if self._hf is not None else _added_token_splitter(tokenizer)
         # Special-token strings the chat template sees (bos_token, eos_token, ...), as HF passes.
         self._special_strings: dict[str, Any] = {
-            k: v for k, v in dict(getattr(tokenizer, "special_tokens_map", {}) or {}).items()
-            if v is not None}
+            k: v for k, v in dict(getattr(tokenizer, "special_tokens_map", {}) or {}).items() if v is not None
+        }
         self._template: jinja2.Template | None = (
-            chat_template.compile_template(chat_template_source) if chat_template_source else None)
+            chat_template.compile_template(chat_template_source) if chat_template_source else None
+        )
 
     @classmethod
-    def from_model_dir(cls, path: str | Path, use_hf_tokenizer: bool = False) -> "ServingTokenizer":
+    def from_model_dir(cls, path: str | Path, use_hf_tokenizer: bool = False) -> ServingTokenizer:
         """Load from a local HF/PaddleNLP-style model directory (never the network):
         PaddleNLP's tokenizer, or with `use_hf_tokenizer` the directory's tokenizer.json."""
         model_dir = Path(path)
@@ -125,9 +132,11 @@ class ServingTokenizer:
         # generation_config.json is what generation stops on; config.json and the tokenizer's
         # own eos are added in case a model lists several (e.g. end-of-turn tokens).
         eos: list[int] = []
-        for src in (_read_json(model_dir / "generation_config.json").get("eos_token_id"),
-                    _read_json(model_dir / "config.json").get("eos_token_id"),
-                    tok.eos_token_id):
+        for src in (
+            _read_json(model_dir / "generation_config.json").get("eos_token_id"),
+            _read_json(model_dir / "config.json").get("eos_token_id"),
+            tok.eos_token_id,
+        ):
             eos += [i for i in _as_id_list(src) if i not in eos]
         bos = tok.bos_token_id
         return cls(tok, template, eos, None if bos is None else int(bos))
@@ -149,7 +158,7 @@ class ServingTokenizer:
         if self._added_split is None:
             return [int(i) for i in self._tok.convert_tokens_to_ids(self._tok.tokenize(text))]
         ids: list[int] = []
-        for i, part in enumerate(self._added_split.split(text)):   # odd parts are added tokens
+        for i, part in enumerate(self._added_split.split(text)):  # odd parts are added tokens
             if i % 2:
                 ids.append(int(self._tok.added_tokens_encoder[part]))
             elif part:
@@ -164,8 +173,7 @@ class ServingTokenizer:
             return ""
         if self._sp is not None:
             return self._sp.decode(ids)
-        return self._tok.decode(ids, skip_special_tokens=True,
-                                clean_up_tokenization_spaces=False)
+        return self._tok.decode(ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)
 
     def token_bytes(self, token_id: int) -> bytes:
         """The bytes one token contributes to the text (for logprobs): SentencePiece's byte
@@ -216,8 +224,9 @@ class ServingTokenizer:
         except (TypeError, KeyError, AttributeError, IndexError) as e:
             raise ValueError(f"chat template failed on the messages: {e!r}") from e
 
-    def encode_prompt(self, *, text: str | None = None, messages: list[dict] | None = None,
-                      system: str | None = None) -> list[int]:
+    def encode_prompt(
+        self, *, text: str | None = None, messages: list[dict] | None = None, system: str | None = None
+    ) -> list[int]:
         """Prompt ids for a request: exactly one of `text` (one user turn) or `messages`.
 
         With a chat template both go through it (it writes BOS).  Without one, `text` is
@@ -240,8 +249,7 @@ class ServingTokenizer:
         bos = [self.bos_token_id] if self.bos_token_id is not None else []
         return bos + self.encode(text)
 
-    def detokenizer(self, prompt_ids: list[int],
-                    continue_prompt: bool = False) -> IncrementalDetokenizer:
+    def detokenizer(self, prompt_ids: list[int], continue_prompt: bool = False) -> IncrementalDetokenizer:
         """A fresh streaming decoder for one request's output ids (`continue_prompt`: the text
         reads as the prompt's continuation, leading space included)."""
         return IncrementalDetokenizer(self, prompt_ids, continue_prompt)

@@ -6,6 +6,7 @@ frame), the metadata/config messages that describe the served model, and the map
 native protocol's HTTP-like statuses to gRPC status codes.  No gRPC server here, so every rule
 can be unit-tested with plain protobuf messages.
 """
+
 from __future__ import annotations
 
 import json
@@ -21,14 +22,18 @@ from spmd_serve.frontend.common.parsing import ProtocolError, reject_json_consta
 
 MODEL_NAME, MODEL_VERSION = "model", "1"
 IN, OUT = "IN", "OUT"
-FINAL_PARAM = "triton_final_response"       # what Triton sets on a decoupled model's responses
+FINAL_PARAM = "triton_final_response"  # what Triton sets on a decoupled model's responses
 
 # Native status -> gRPC code; 413 is what gRPC itself answers for an oversized message.
 GRPC_STATUS: dict[int, grpc.StatusCode] = {
-    400: grpc.StatusCode.INVALID_ARGUMENT, 401: grpc.StatusCode.UNAUTHENTICATED,
-    404: grpc.StatusCode.NOT_FOUND, 409: grpc.StatusCode.ALREADY_EXISTS,
-    413: grpc.StatusCode.RESOURCE_EXHAUSTED, 429: grpc.StatusCode.RESOURCE_EXHAUSTED,
-    503: grpc.StatusCode.UNAVAILABLE, 504: grpc.StatusCode.DEADLINE_EXCEEDED,
+    400: grpc.StatusCode.INVALID_ARGUMENT,
+    401: grpc.StatusCode.UNAUTHENTICATED,
+    404: grpc.StatusCode.NOT_FOUND,
+    409: grpc.StatusCode.ALREADY_EXISTS,
+    413: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    429: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    503: grpc.StatusCode.UNAVAILABLE,
+    504: grpc.StatusCode.DEADLINE_EXCEEDED,
 }
 
 
@@ -42,8 +47,7 @@ def check_model(name: str, version: str) -> None:
     if name != MODEL_NAME:
         raise ProtocolError(404, f"Request for unknown model: '{name}' is not found")
     if version not in ("", MODEL_VERSION):
-        raise ProtocolError(404, f"Request for unknown model: '{name}' version {version} "
-                                 "is not found")
+        raise ProtocolError(404, f"Request for unknown model: '{name}' version {version} is not found")
 
 
 def unpack_bytes_tensor(raw: bytes) -> list[bytes]:
@@ -55,9 +59,10 @@ def unpack_bytes_tensor(raw: bytes) -> list[bytes]:
         (n,) = struct.unpack_from("<I", raw, pos)
         pos += 4
         if pos + n > len(raw):
-            raise ProtocolError(400, f"input IN: truncated BYTES tensor (element of {n} bytes "
-                                     f"with {len(raw) - pos} left)")
-        items.append(raw[pos:pos + n])
+            raise ProtocolError(
+                400, f"input IN: truncated BYTES tensor (element of {n} bytes with {len(raw) - pos} left)"
+            )
+        items.append(raw[pos : pos + n])
         pos += n
     return items
 
@@ -83,8 +88,7 @@ def read_in(request: pb.ModelInferRequest) -> dict[str, Any]:
     else:
         items = list(tensor.contents.bytes_contents)
     if len(items) != 1:
-        raise ProtocolError(400, f"input IN must hold exactly one element (shape [1]), "
-                                 f"got {len(items)}")
+        raise ProtocolError(400, f"input IN must hold exactly one element (shape [1]), got {len(items)}")
     try:
         # NaN/Infinity are refused as on the HTTP body
         value = json.loads(items[0].decode("utf-8"), parse_constant=reject_json_constant)
@@ -93,23 +97,23 @@ def read_in(request: pb.ModelInferRequest) -> dict[str, Any]:
     if isinstance(value, list) and len(value) == 1:
         value = value[0]
     if not isinstance(value, dict):
-        raise ProtocolError(400, "input IN must be a JSON list holding one request object "
-                                 "(or the object itself)")
+        raise ProtocolError(400, "input IN must be a JSON list holding one request object (or the object itself)")
     return value
 
 
 def check_outputs(request: pb.ModelInferRequest) -> None:
     for out in request.outputs:
         if out.name != OUT:
-            raise ProtocolError(400, f"unexpected inference output '{out.name}' for model "
-                                     f"'{MODEL_NAME}' (it has only {OUT})")
+            raise ProtocolError(
+                400, f"unexpected inference output '{out.name}' for model '{MODEL_NAME}' (it has only {OUT})"
+            )
 
 
-def infer_response(request: pb.ModelInferRequest, obj: dict[str, Any] | None,
-                   final: bool | None = None) -> pb.ModelInferResponse:
+def infer_response(
+    request: pb.ModelInferRequest, obj: dict[str, Any] | None, final: bool | None = None
+) -> pb.ModelInferResponse:
     """A response echoing the request id, with OUT = [obj]; `final` sets the decoupled flag."""
-    resp = pb.ModelInferResponse(model_name=MODEL_NAME, model_version=MODEL_VERSION,
-                                 id=request.id)
+    resp = pb.ModelInferResponse(model_name=MODEL_NAME, model_version=MODEL_VERSION, id=request.id)
     if obj is not None:
         resp.outputs.add(name=OUT, datatype="BYTES", shape=[1])
         data = json.dumps([obj], ensure_ascii=False).encode("utf-8")
@@ -126,16 +130,23 @@ def server_metadata() -> pb.ServerMetadataResponse:
 def model_metadata() -> pb.ModelMetadataResponse:
     tensor = pb.ModelMetadataResponse.TensorMetadata
     return pb.ModelMetadataResponse(
-        name=MODEL_NAME, versions=[MODEL_VERSION], platform="spmd_serve",
+        name=MODEL_NAME,
+        versions=[MODEL_VERSION],
+        platform="spmd_serve",
         inputs=[tensor(name=IN, datatype="BYTES", shape=[1])],
-        outputs=[tensor(name=OUT, datatype="BYTES", shape=[1])])
+        outputs=[tensor(name=OUT, datatype="BYTES", shape=[1])],
+    )
 
 
 def model_config() -> pb.ModelConfigResponse:
     """Decoupled (one request, many responses) like the original tool's Triton model."""
     config = mc.ModelConfig(
-        name=MODEL_NAME, platform="spmd_serve", backend="spmd_serve", max_batch_size=0,
+        name=MODEL_NAME,
+        platform="spmd_serve",
+        backend="spmd_serve",
+        max_batch_size=0,
         input=[mc.ModelInput(name=IN, data_type=mc.TYPE_STRING, dims=[1])],
         output=[mc.ModelOutput(name=OUT, data_type=mc.TYPE_STRING, dims=[1])],
-        model_transaction_policy=mc.ModelTransactionPolicy(decoupled=True))
+        model_transaction_policy=mc.ModelTransactionPolicy(decoupled=True),
+    )
     return pb.ModelConfigResponse(config=config)

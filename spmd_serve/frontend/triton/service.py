@@ -11,13 +11,15 @@ becomes a response with `error_message` (tritonclient hands it to the callback a
 leaves the other requests on the stream running, and a client that cancels the call aborts every
 request still in flight on it.
 """
+
 from __future__ import annotations
 
 import asyncio
 import errno
 import logging
 import socket
-from typing import Any, AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
 
 import grpc
 from tritonclient.grpc import service_pb2 as pb
@@ -44,9 +46,11 @@ class BearerAuth(grpc.aio.ServerInterceptor):
     def __init__(self, api_key: str) -> None:
         self.api_key = api_key
 
-    async def intercept_service(self, continuation: Callable[[grpc.HandlerCallDetails],
-                                                             Awaitable[grpc.RpcMethodHandler]],
-                                details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler:
+    async def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
+        details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler:
         handler = await continuation(details)
         if handler is None or details.method.rsplit("/", 1)[-1] in OPEN_METHODS:
             return handler
@@ -58,11 +62,11 @@ class BearerAuth(grpc.aio.ServerInterceptor):
 
 def _refusing(handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
     """A handler of the same kind as `handler` that answers UNAUTHENTICATED."""
+
     async def deny(_request: Any, context: grpc.aio.ServicerContext) -> None:
         await context.abort(grpc.StatusCode.UNAUTHENTICATED, UNAUTHENTICATED_MSG)
 
-    kw = {"request_deserializer": handler.request_deserializer,
-          "response_serializer": handler.response_serializer}
+    kw = {"request_deserializer": handler.request_deserializer, "response_serializer": handler.response_serializer}
     if handler.request_streaming and handler.response_streaming:
         return grpc.stream_stream_rpc_method_handler(deny, **kw)
     if handler.request_streaming:
@@ -75,9 +79,14 @@ def _refusing(handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
 class TritonServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
     """The v2 methods spmd_serve serves; the rest stay UNIMPLEMENTED (the base class's answer)."""
 
-    def __init__(self, client: EngineClient, tokenizer: Any, limits: Limits,
-                 disable_streaming: bool = False,
-                 live_threshold_s: float = DEFAULT_LIVE_THRESHOLD_S) -> None:
+    def __init__(
+        self,
+        client: EngineClient,
+        tokenizer: Any,
+        limits: Limits,
+        disable_streaming: bool = False,
+        live_threshold_s: float = DEFAULT_LIVE_THRESHOLD_S,
+    ) -> None:
         self.client, self.tokenizer, self.limits = client, tokenizer, limits
         self.disable_streaming, self.live_threshold_s = disable_streaming, live_threshold_s
 
@@ -111,33 +120,34 @@ class TritonServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
         return codec.model_config()
 
     # ---- inference -------------------------------------------------------------------------
-    async def ModelInfer(self, request: pb.ModelInferRequest,
-                         context: grpc.aio.ServicerContext) -> pb.ModelInferResponse:
+    async def ModelInfer(
+        self, request: pb.ModelInferRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ModelInferResponse:
         """The whole result in one response: the native non-stream object."""
         session = self._session()
         try:
             body = _open_body(request)
-            body["stream"] = False          # a unary call has room for one object only
+            body["stream"] = False  # a unary call has room for one object only
             session.open(body)
             result: dict[str, Any] | None = None
             async for obj in session.results():
                 result = obj
-            if result is None:              # only a cancelled session yields nothing
+            if result is None:  # only a cancelled session yields nothing
                 await context.abort(grpc.StatusCode.CANCELLED, "request cancelled")
             return codec.infer_response(request, result)
-        except ProtocolError as e:          # refused (400/409/429/503) or failed (504, engine)
+        except ProtocolError as e:  # refused (400/409/429/503) or failed (504, engine)
             await context.abort(codec.grpc_status(e.status), e.msg)
         except grpc.aio.AbortError:
             raise
-        except Exception:   # a bug: INTERNAL with a clean message, the trace in the log
+        except Exception:  # a bug: INTERNAL with a clean message, the trace in the log
             log.exception("gRPC request %s failed", session.req_id or request.id)
             await context.abort(grpc.StatusCode.INTERNAL, "internal server error")
         finally:
             session.close()
 
-    async def ModelStreamInfer(self, request_iterator: AsyncIterator[pb.ModelInferRequest],
-                               context: grpc.aio.ServicerContext
-                               ) -> AsyncIterator[pb.ModelStreamInferResponse]:
+    async def ModelStreamInfer(
+        self, request_iterator: AsyncIterator[pb.ModelInferRequest], context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[pb.ModelStreamInferResponse]:
         """Requests may arrive while earlier ones still stream: each runs as its own task and
         all of them feed one outgoing queue, which this generator drains in arrival order."""
         outgoing: asyncio.Queue[pb.ModelStreamInferResponse | None] = asyncio.Queue()
@@ -149,7 +159,7 @@ class TritonServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
                     task = asyncio.create_task(self._stream_one(request, outgoing.put_nowait))
                     tasks.add(task)
                     task.add_done_callback(tasks.discard)
-                while tasks:                # the client half-closed: finish what is running
+                while tasks:  # the client half-closed: finish what is running
                     await asyncio.wait(set(tasks))
             finally:
                 outgoing.put_nowait(None)
@@ -158,30 +168,30 @@ class TritonServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
         try:
             while (response := await outgoing.get()) is not None:
                 yield response
-            await reader                    # surfaces a broken request stream as its error
-        finally:                            # the client went away (or we are stopping)
+            await reader  # surfaces a broken request stream as its error
+        finally:  # the client went away (or we are stopping)
             reader.cancel()
             for task in list(tasks):
                 task.cancel()
 
-    async def _stream_one(self, request: pb.ModelInferRequest,
-                          send: Callable[[pb.ModelStreamInferResponse], None]) -> None:
+    async def _stream_one(
+        self, request: pb.ModelInferRequest, send: Callable[[pb.ModelStreamInferResponse], None]
+    ) -> None:
         session = self._session()
         try:
             body = _open_body(request)
-            body.setdefault("stream", True)     # a streaming call streams unless told not to
+            body.setdefault("stream", True)  # a streaming call streams unless told not to
             session.open(body)
             async for obj in session.results():
                 # the last stream frame has is_end=1; a non-stream object is the only response
                 final = bool(obj.get("is_end", 1))
-                send(pb.ModelStreamInferResponse(
-                    infer_response=codec.infer_response(request, obj, final)))
+                send(pb.ModelStreamInferResponse(infer_response=codec.infer_response(request, obj, final)))
         except ProtocolError as e:
             send(_stream_error(request, e.status, e.msg, session.req_id or e.req_id))
-        except Exception:   # a bug fails this request only, never the other ones on the stream
+        except Exception:  # a bug fails this request only, never the other ones on the stream
             log.exception("gRPC stream request %s failed", session.req_id or request.id)
             send(_stream_error(request, 500, "internal server error", session.req_id))
-        finally:                # also when the task is cancelled: the engine stops at once
+        finally:  # also when the task is cancelled: the engine stops at once
             session.close()
 
 
@@ -199,8 +209,7 @@ async def _checked(context: grpc.aio.ServicerContext, fn: Callable[..., Any], *a
         await context.abort(codec.grpc_status(e.status), e.msg)
 
 
-def _stream_error(request: pb.ModelInferRequest, status: int, msg: str,
-                  req_id: str) -> pb.ModelStreamInferResponse:
+def _stream_error(request: pb.ModelInferRequest, status: int, msg: str, req_id: str) -> pb.ModelStreamInferResponse:
     """Triton's per-request stream error: error_message plus the request id.  OUT also carries
     the native error object, so a client reading the response itself sees the status too."""
     response = codec.infer_response(request, proto.error_body(req_id, status, msg), final=True)
@@ -210,29 +219,42 @@ def _stream_error(request: pb.ModelInferRequest, status: int, msg: str,
 class GrpcService:
     """An IOServer service: the Triton gRPC API on `host:port` (0 picks a free port)."""
 
-    def __init__(self, client: EngineClient, tokenizer: Any, limits: Limits, *, host: str,
-                 port: int, api_key: str | None = None, disable_streaming: bool = False,
-                 live_threshold_s: float = DEFAULT_LIVE_THRESHOLD_S,
-                 max_message_size: int = 8 << 20) -> None:
-        self.servicer = TritonServicer(client, tokenizer, limits, disable_streaming,
-                                       live_threshold_s)
+    def __init__(
+        self,
+        client: EngineClient,
+        tokenizer: Any,
+        limits: Limits,
+        *,
+        host: str,
+        port: int,
+        api_key: str | None = None,
+        disable_streaming: bool = False,
+        live_threshold_s: float = DEFAULT_LIVE_THRESHOLD_S,
+        max_message_size: int = 8 << 20,
+    ) -> None:
+        self.servicer = TritonServicer(client, tokenizer, limits, disable_streaming, live_threshold_s)
         self.host, self.port, self.api_key = host, port, api_key
         self.max_message_size = max_message_size
         self._server: grpc.aio.Server | None = None
 
     @classmethod
-    def from_settings(cls, client: EngineClient, tokenizer: Any, settings: Any,
-                      port: int) -> "GrpcService":
+    def from_settings(cls, client: EngineClient, tokenizer: Any, settings: Any, port: int) -> GrpcService:
         """Built from the IOSettings the HTTP side uses, so both doors apply the same limits."""
-        return cls(client, tokenizer, settings.limits, host=settings.host, port=port,
-                   api_key=settings.api_key or None,
-                   disable_streaming=bool(settings.disable_streaming),
-                   live_threshold_s=settings.live_threshold_s,
-                   max_message_size=settings.max_body_size)
+        return cls(
+            client,
+            tokenizer,
+            settings.limits,
+            host=settings.host,
+            port=port,
+            api_key=settings.api_key or None,
+            disable_streaming=bool(settings.disable_streaming),
+            live_threshold_s=settings.live_threshold_s,
+            max_message_size=settings.max_body_size,
+        )
 
     async def start(self) -> None:
         options = [
-            ("grpc.so_reuseport", 0),   # gRPC's default would let a second server share the port
+            ("grpc.so_reuseport", 0),  # gRPC's default would let a second server share the port
             ("grpc.max_receive_message_length", self.max_message_size),
             ("grpc.max_send_message_length", -1),
         ]
@@ -243,10 +265,11 @@ class GrpcService:
         host = f"[{self.host}]" if ":" in self.host else self.host
         try:
             bound = server.add_insecure_port(f"{host}:{self.port}")
-        except RuntimeError:            # grpc's "Failed to bind": name the variable instead
-            raise OSError(errno.EADDRINUSE, f"cannot listen on {self.host}:{self.port} "
-                                            "(SERVICE_GRPC_PORT): address in use or not "
-                                            "available") from None
+        except RuntimeError:  # grpc's "Failed to bind": name the variable instead
+            raise OSError(
+                errno.EADDRINUSE,
+                f"cannot listen on {self.host}:{self.port} (SERVICE_GRPC_PORT): address in use or not available",
+            ) from None
         await server.start()
         self._server, self.port = server, bound
 
@@ -261,9 +284,9 @@ def _check_bindable(host: str, port: int) -> None:
     if port == 0:
         return
     try:
-        with socket.create_server((host, port), family=socket.AF_INET6 if ":" in host
-                                  else socket.AF_INET, reuse_port=False):
+        with socket.create_server(
+            (host, port), family=socket.AF_INET6 if ":" in host else socket.AF_INET, reuse_port=False
+        ):
             pass
     except OSError as e:
-        raise OSError(e.errno, f"cannot listen on {host}:{port} (SERVICE_GRPC_PORT): "
-                               f"{e.strerror or e}") from None
+        raise OSError(e.errno, f"cannot listen on {host}:{port} (SERVICE_GRPC_PORT): {e.strerror or e}") from None
