@@ -16,7 +16,6 @@ and the graphs' input names all follow.
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -24,6 +23,8 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
+
+from spmd_serve.kv_layout import KVLayout
 
 MANIFEST_VERSION = 2  # 2: typed manifest with the KV layout (`kv_cache`); 1 had none
 MANIFEST_FILE = "manifest.json"
@@ -57,72 +58,6 @@ class ShardDims:
     def group(self) -> int:
         """Query heads per KV head (grouped-query attention)."""
         return self.heads // self.kv_heads
-
-
-# ---------------------------------------------------------------- the KV cache
-
-KV_HEADS = "kv_heads"  # layout kind: K and V per KV head (Llama, Qwen2); written by ops.kv_cache_write
-
-
-@dataclass(frozen=True)
-class CacheTensor:
-    """One cache tensor of every layer: graph input `<name>_cache_<l>` ([blocks, block_size, *token_shape]),
-    output `<name>_new_<l>` ([T, *token_shape]: this step's entries, when the graph does not write
-    them itself), and with an int8 pool input `<name>_scale_<l>` (fp32 dequantisation scales)."""
-
-    name: str
-    token_shape: tuple[int, ...]
-
-
-@dataclass(frozen=True)
-class KVLayout:
-    """What the paged pool holds per token and layer.  `kind` names how a step's entries are written
-    (the pool's writer) and which host tables address them; `scale_shape` is one layer's and tensor's
-    int8 scales (per KV head for `kv_heads`)."""
-
-    kind: str
-    num_layers: int
-    tensors: tuple[CacheTensor, ...]
-    scale_shape: tuple[int, ...] = ()
-
-    @classmethod
-    def kv_heads(cls, num_layers: int, kv_heads: int, head_dim: int) -> KVLayout:
-        """Llama's cache: K and V of [kv_heads, head_dim] per token, int8 scales per KV head."""
-        shape = (kv_heads, head_dim)
-        return cls(KV_HEADS, num_layers, (CacheTensor("k", shape), CacheTensor("v", shape)), (kv_heads,))
-
-    def bytes_per_token(self, int8: bool = False) -> int:
-        """Pool bytes per token over every layer (an int8 pool's scales are per layer: negligible)."""
-        return self.num_layers * sum(math.prod(t.token_shape) for t in self.tensors) * (1 if int8 else 4)
-
-    def names(self) -> tuple[str, ...]:
-        return tuple(t.name for t in self.tensors)
-
-    def cache_inputs(self, layer: int) -> list[str]:
-        return [f"{t.name}_cache_{layer}" for t in self.tensors]
-
-    def scale_inputs(self, layer: int) -> list[str]:
-        return [f"{t.name}_scale_{layer}" for t in self.tensors]
-
-    def new_outputs(self, layer: int) -> list[str]:
-        return [f"{t.name}_new_{layer}" for t in self.tensors]
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "kind": self.kind,
-            "num_layers": self.num_layers,
-            "scale_shape": list(self.scale_shape),
-            "tensors": [{"name": t.name, "token_shape": list(t.token_shape)} for t in self.tensors],
-        }
-
-    @classmethod
-    def from_json(cls, obj: Mapping[str, Any]) -> KVLayout:
-        return cls(
-            obj["kind"],
-            int(obj["num_layers"]),
-            tuple(CacheTensor(t["name"], tuple(t["token_shape"])) for t in obj["tensors"]),
-            tuple(obj.get("scale_shape", ())),
-        )
 
 
 # ---------------------------------------------------------------- segments, quantisation

@@ -96,7 +96,7 @@ def read_safetensors(path: Path, u16_is_bf16: bool = False) -> dict[str, np.ndar
             if kind == "bf16":
                 arr = _bf16_to_f32(np.frombuffer(raw, np.uint16))
             else:
-                arr = np.frombuffer(raw, np.dtype(str(kind))).astype(np.float32)
+                arr = np.frombuffer(raw, np.dtype(kind)).astype(np.float32)  # type: ignore[call-overload]
             out[name] = arr.reshape(meta["shape"])
     return out
 

@@ -17,7 +17,8 @@ from typing import Any, Generic, Protocol, TypeVar
 
 import numpy as np
 
-from spmd_serve.manifest import KVLayout, QuantRecord, ShardDims
+from spmd_serve.kv_layout import KVLayout
+from spmd_serve.manifest import QuantRecord, ShardDims
 
 
 class ArchConfig(Protocol):

@@ -27,7 +27,8 @@ from paddle.static import InputSpec
 from ops import paddle_ext
 from spmd_serve.export.graph_inputs import STEP_INPUTS
 from spmd_serve.export.variant import GENERAL, GraphVariant
-from spmd_serve.manifest import KVLayout, SegmentSpec, ShardDims
+from spmd_serve.kv_layout import KVLayout
+from spmd_serve.manifest import SegmentSpec, ShardDims
 
 
 class Stage(nn.Layer):

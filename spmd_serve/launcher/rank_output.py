@@ -5,15 +5,19 @@ CMD (`spmd_serve`), so the rank keeps its pid and signals reach the server itsel
 Why not mpirun's `--output-filename`: Open MPI 4.1 writes `<dir>/1/rank.<r>/stdout|stderr`, names
 the contract does not use, and routes every line through mpirun's IO forwarding.  Here rank 0 writes
 `server.log` (which mpirun's own messages also go to, both in append mode) and rank r > 0 writes
-`workerlog.<r>`; `workerlog.0` is a link to `server.log` made by start_server.
+`workerlog.<r>`; `workerlog.0` is a link to `server.log` made by start_server.  Also what a
+failed start shows of those logs (`report_failure`).
 """
 
 from __future__ import annotations
 
 import os
 import sys
+from pathlib import Path
 
 from spmd_serve.launcher.settings import mpi_rank
+
+TAIL_LINES = 40  # of server.log shown when a start fails (10 of each workerlog)
 
 
 def log_name(rank: int) -> str:
@@ -34,6 +38,28 @@ def main(argv: list[str] | None = None) -> int:
     os.close(fd)
     os.execvp(cmd[0], cmd)
     return 127  # not reached: execvp raises on failure
+
+
+def _tail(path: Path, n: int) -> list[str]:
+    try:
+        with open(path, "rb") as f:
+            f.seek(max(0, f.seek(0, os.SEEK_END) - 64 * 1024))
+            return f.read().decode(errors="replace").splitlines()[-n:]
+    except OSError:
+        return []
+
+
+def report_failure(reason: str, log_dir: Path) -> None:
+    print(f"start_server: error: {reason}", file=sys.stderr)
+    logs = [(log_dir / "server.log", TAIL_LINES)] + [
+        (p, 10) for p in sorted(log_dir.glob("workerlog.*")) if not p.is_symlink()
+    ]
+    for path, n in logs:
+        lines = _tail(path, n)
+        if lines:
+            print(f"--- last lines of {path} ---", file=sys.stderr)
+            print("\n".join(lines), file=sys.stderr)
+    sys.stderr.flush()
 
 
 if __name__ == "__main__":

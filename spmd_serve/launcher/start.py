@@ -30,12 +30,11 @@ from spmd_serve.download import DownloadError, download_model, is_complete
 from spmd_serve.envs import BY_FIELD
 from spmd_serve.launcher import jobs
 from spmd_serve.launcher.hostfile import check_master_is_local, node_order, write_hostfile
-from spmd_serve.launcher.rank_output import log_name
+from spmd_serve.launcher.rank_output import log_name, report_failure
 from spmd_serve.launcher.settings import job_environ, mpi_rank, spmd_serve_command, under_mpi
 
 PORTS = ("http_port", "grpc_port", "health_port", "metrics_port", "inter_proc_port")
 DEFAULT_MODELS_ROOT = "/models"  # where `start_server <model_name>` downloads when MODEL_DIR is unset
-TAIL_LINES = 40
 
 
 class StartError(Exception):
@@ -180,28 +179,6 @@ def wait_ready(proc: subprocess.Popen, url: str, timeout: float) -> str | None:
         f" {'ready' if reason is None else 'failed'} after {time.monotonic() - t0:.1f} s", file=sys.stderr, flush=True
     )
     return reason
-
-
-def _tail(path: Path, n: int) -> list[str]:
-    try:
-        with open(path, "rb") as f:
-            f.seek(max(0, f.seek(0, os.SEEK_END) - 64 * 1024))
-            return f.read().decode(errors="replace").splitlines()[-n:]
-    except OSError:
-        return []
-
-
-def report_failure(reason: str, log_dir: Path) -> None:
-    print(f"start_server: error: {reason}", file=sys.stderr)
-    logs = [(log_dir / "server.log", TAIL_LINES)] + [
-        (p, 10) for p in sorted(log_dir.glob("workerlog.*")) if not p.is_symlink()
-    ]
-    for path, n in logs:
-        lines = _tail(path, n)
-        if lines:
-            print(f"--- last lines of {path} ---", file=sys.stderr)
-            print("\n".join(lines), file=sys.stderr)
-    sys.stderr.flush()
 
 
 def print_endpoints(cfg: ServeConfig, job: jobs.Job, log_dir: Path) -> None:

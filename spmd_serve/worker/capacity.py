@@ -13,7 +13,8 @@ from collections.abc import Mapping
 import psutil
 
 from spmd_serve.config import ConfigError
-from spmd_serve.manifest import KVLayout, ManifestError
+from spmd_serve.kv_layout import KVLayout
+from spmd_serve.manifest import ManifestError
 from spmd_serve.served_config import ServedConfig, check_dtype_runnable
 
 log = logging.getLogger(__name__)

@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping, Sequence
 import numpy as np
 
 from ops.kv_cache_write import kv_cache_write_cpu
-from spmd_serve.manifest import KV_HEADS, KVLayout
+from spmd_serve.kv_layout import KV_HEADS, KVLayout
 
 
 class KVCachePool:

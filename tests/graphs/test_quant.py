@@ -190,7 +190,7 @@ def test_kv_capacity_counts_int8():
 
 def test_int8_pool_writes_through_the_ops_twin():
     from ops.kv_cache_write import quantize_int8
-    from spmd_serve.manifest import KVLayout
+    from spmd_serve.kv_layout import KVLayout
     from spmd_serve.worker.kv_cache import KVCachePool
 
     scales = {"k": [[0.01, 0.02]], "v": [[0.03, 0.04]]}

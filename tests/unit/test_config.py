@@ -1,4 +1,5 @@
-"""spmd_serve.envs/config: defaults, aliases, precedence, messages, model dir, CONTRACT §2."""
+"""spmd_serve.envs/config: defaults, aliases, precedence, cross-field rules, CONTRACT §2 (the
+error messages are in test_config_errors.py, the model directory in test_model_dir.py)."""
 
 from __future__ import annotations
 
@@ -11,9 +12,8 @@ import pytest
 
 from spmd_serve import config as config_mod
 from spmd_serve import envs as envs_mod
-from spmd_serve.config import ConfigError, ServeConfig, build_arg_parser, exit_on_config_error, load_config
+from spmd_serve.config import ConfigError, ServeConfig, build_arg_parser, load_config
 from spmd_serve.envs import BY_NAME, ENV_VARS
-from spmd_serve.model_dir import check_model_dir, clamp_to_model
 from spmd_serve.worker.capacity import check_supported
 
 REPO = Path(__file__).resolve().parents[2]
@@ -202,95 +202,6 @@ def test_flag_beats_env_and_empty_counts_as_unset():
 
 
 @pytest.mark.parametrize(
-    "raw,want",
-    [
-        ("1", True),
-        ("true", True),
-        ("Yes", True),
-        ("TRUE", True),
-        ("0", False),
-        ("false", False),
-        ("NO", False),
-        (" 1 ", True),
-    ],
-)
-def test_bool_spellings(raw, want):
-    assert load_config([], {"DISABLE_STREAMING": raw}).disable_streaming is want
-
-
-@pytest.mark.parametrize(
-    "name,value,rule",
-    [
-        ("BATCH_SIZE", "0", "[1, 256]"),
-        ("BATCH_SIZE", "257", "[1, 256]"),
-        ("BATCH_SIZE", "abc", "integer"),
-        ("BATCH_SIZE", "1.5", "integer"),
-        ("BLOCK_RATIO", "0", "(0, 1]"),
-        ("BLOCK_RATIO", "1.01", "(0, 1]"),
-        ("BLOCK_RATIO", "nan", "(0, 1]"),
-        ("PUSH_MODE_HTTP_WORKERS", "9", "[1, 8]"),
-        ("PUSH_MODE_HTTP_WORKERS", "0", "[1, 8]"),
-        ("USE_WARMUP", "2", "0/1/true/false/yes/no"),
-        ("DISABLE_STREAMING", "on", "0/1"),
-        ("SERVICE_HTTP_PORT", "70000", "-1 to disable"),
-        ("SERVICE_GRPC_PORT", "0", "[1, 65535]"),
-        ("HEALTH_HTTP_PORT", "-1", "[1, 65535]"),
-        ("METRICS_HTTP_PORT", "x", "port"),
-        ("INTER_PROC_PORT", "-1", "[1, 65535]"),
-        ("MAX_SEQ_LEN", "0", ">= 1"),
-        ("MAX_DEC_LEN", "-5", ">= 1"),
-        ("BLOCK_SIZE", "0", ">= 1"),
-        ("BLOCK_BS", "0", ">= 1"),
-        ("MAX_CACHED_TASK_NUM", "0", ">= 1"),
-        ("MP_NUM", "0", ">= 1"),
-        ("MP_NNODE", "two", "integer"),
-        ("SPMD_MAX_NUM_BATCHED_TOKENS", "15", ">= 16"),
-        ("SPMD_NUM_THREADS", "0", ">= 1"),
-        ("SPMD_DRAIN_TIMEOUT_S", "-1", ">= 0"),
-        ("SPMD_DRAIN_TIMEOUT_S", "soon", "must be a number"),
-        ("SPMD_ONEDNN_MIN_TOKENS", "many", "must be an integer >= 0"),
-        ("SPMD_LOG_STEP_EVERY", "-5", ">= 0"),
-        ("POD_IPS", "10.0.0.1,,10.0.0.2", "comma-separated"),
-        ("POD_0_IP", "a b", "host name"),
-        ("CUDA_VISIBLE_DEVICES", "0;1", "device ids"),
-        ("HOST", "0.0.0.0 x", "host name"),
-    ],
-)
-def test_invalid_value_message(name, value, rule):
-    with pytest.raises(ConfigError) as exc:
-        load_config([], {name: value})
-    msg = str(exc.value)
-    assert msg.startswith(f"{name}={value.strip()} is invalid: "), msg
-    assert rule in msg and "\n" not in msg
-
-
-def test_error_message_names_its_source():
-    with pytest.raises(
-        ConfigError,
-        match=r"^BATCH_SIZE=0 \(from --batch-size\) is invalid: "
-        r"must be an integer in \[1, 256\]$",
-    ):
-        load_config(["--batch-size", "0"], {})
-    with pytest.raises(
-        ConfigError,
-        match=r"^PUSH_MODE_HTTP_PORT=abc \(legacy name of "
-        r"SERVICE_HTTP_PORT\) is invalid",
-    ):
-        load_config([], {"PUSH_MODE_HTTP_PORT": "abc"})
-    with pytest.raises(ConfigError, match="unrecognized arguments: --nope"):
-        load_config(["--nope"], {})
-
-
-def test_api_key_is_never_echoed():
-    with pytest.raises(ConfigError) as exc:
-        load_config([], {"API_KEY": "sec ret"})
-    assert "sec" not in str(exc.value) and "API_KEY=<hidden>" in str(exc.value)
-    cfg = load_config([], {"API_KEY": "secret"})
-    assert "secret" not in repr(cfg) and cfg.api_key == "secret"
-    assert "secret" not in build_arg_parser().format_help()
-
-
-@pytest.mark.parametrize(
     "env,fragment",
     [
         ({"MP_NUM": "3", "MP_NNODE": "2"}, "MP_NUM=3 is invalid: must be a multiple of MP_NNODE=2"),
@@ -342,79 +253,6 @@ def test_num_blocks():
     assert cfg.num_blocks() == 3 * 3  # ceil(130 / 64) = 3
     assert cfg.num_blocks(block_size=16) == 3 * 9
     assert ServeConfig(max_seq_len=128, max_dec_len=1, block_size=64, block_bs=1).num_blocks() == 2
-
-
-def _model_dir(
-    tmp_path: Path,
-    ranks: int = 1,
-    config: str | None = '{"max_position_embeddings": 4096}',
-    empty: tuple[int, ...] = (),
-) -> Path:
-    (d := tmp_path / "model").mkdir()
-    if config is not None:
-        (d / "config.json").write_text(config)
-    for i in range(ranks):
-        (d / f"rank_{i}").mkdir()
-        if i not in empty:
-            (d / f"rank_{i}" / "model.pdiparams").write_bytes(b"x")
-    return d
-
-
-def test_check_model_dir_success(tmp_path):
-    cfg = ServeConfig(model_dir=str(_model_dir(tmp_path, ranks=2)), mp_num=2)
-    assert check_model_dir(cfg, world_size=2) == {"max_position_embeddings": 4096}
-
-
-@pytest.mark.parametrize(
-    "ranks,mp_num,world,config,empty,expected",
-    [
-        (1, 2, 1, "{}", (), "MP_NUM=2 but the MPI world size is 1 (start with mpirun -n 2)"),
-        (1, 1, 1, None, (), "has no config.json"),
-        (1, 1, 1, "{oops", (), "config.json is not valid JSON"),
-        (1, 1, 1, "[1, 2]", (), "config.json must hold a JSON object"),
-        (0, 1, 1, "{}", (), "has no rank_0/"),
-        (1, 2, 2, "{}", (), "has no rank_1/ (it has 1 rank folder(s): exported with --tp 1?"),
-        (2, 1, 1, "{}", (), "has 2 rank folders but MP_NUM=1 (exported with --tp 2? set MP_NUM=2)"),
-        (2, 2, 2, "{}", (1,), "has an empty rank_1/"),
-    ],
-)
-def test_check_model_dir_failures(tmp_path, ranks, mp_num, world, config, empty, expected):
-    d = _model_dir(tmp_path, ranks=ranks, config=config, empty=empty)
-    with pytest.raises(ConfigError) as exc:
-        check_model_dir(ServeConfig(model_dir=str(d), mp_num=mp_num), world_size=world)
-    assert expected in str(exc.value) and "\n" not in str(exc.value)
-
-
-def test_check_model_dir_missing_and_not_a_dir(tmp_path):
-    with pytest.raises(ConfigError, match="does not exist"):
-        check_model_dir(ServeConfig(model_dir=str(tmp_path / "nope")), world_size=1)
-    (tmp_path / "f").write_text("")
-    with pytest.raises(ConfigError, match="is not a directory"):
-        check_model_dir(ServeConfig(model_dir=str(tmp_path / "f")), world_size=1)
-    with pytest.raises(ConfigError, match="MODEL_DIR is not set"):
-        check_model_dir(ServeConfig(), world_size=1)
-
-
-def test_clamp_to_model():
-    cfg = ServeConfig(max_seq_len=8192, block_size=64)
-    assert clamp_to_model(cfg, {"max_position_embeddings": 2048}).max_seq_len == 2048
-    assert clamp_to_model(cfg, {"max_position_embeddings": 32768}) == cfg  # never raised
-    assert clamp_to_model(cfg, {}) is cfg
-    fixed = clamp_to_model(cfg, {"max_position_embeddings": 1024, "block_size": 32})
-    assert (fixed.max_seq_len, fixed.block_size) == (1024, 32)
-    with pytest.raises(ConfigError, match="block_size=0"):
-        clamp_to_model(cfg, {"block_size": 0})
-
-
-def test_exit_on_config_error(capsys):
-    @exit_on_config_error
-    def main() -> None:
-        load_config(["--batch-size", "0"], {})
-
-    with pytest.raises(SystemExit, match="^2$"):
-        main()
-    err = capsys.readouterr().err
-    assert err.startswith("spmd_serve: error: BATCH_SIZE=0") and "Traceback" not in err
 
 
 def test_help_lists_every_flag():

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 import spmd_serve.frontend
+from tests.support.import_graph import ImportGraph
 
 ROOT = Path(spmd_serve.frontend.__file__).parent
 PREFIX = "spmd_serve.frontend"
@@ -34,34 +35,8 @@ TORNADO_PRIVATE = {
 }
 
 
-def _module_name(path: Path) -> str:
-    parts = path.relative_to(ROOT).with_suffix("").parts
-    if parts[-1] == "__init__":
-        parts = parts[:-1]
-    return ".".join((PREFIX, *parts))
-
-
-MODULES = {_module_name(p): p for p in sorted(ROOT.rglob("*.py"))}
-
-
-def _imports(name: str, path: Path) -> set[str]:
-    """Front-end modules `name` imports anywhere in its body (lazy imports included)."""
-    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
-    found: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.Import):
-            found.update(a.name for a in node.names)
-        elif isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if node.level:
-                anchor = package.rsplit(".", node.level - 1)[0] if node.level > 1 else package
-                base = f"{anchor}.{base}" if base else anchor
-            # `from pkg import mod` names the module itself when there is one
-            found.update(f"{base}.{a.name}" if f"{base}.{a.name}" in MODULES else base for a in node.names)
-    return {m for m in found if m == PREFIX or m.startswith(PREFIX + ".")}
-
-
-GRAPH = {name: _imports(name, path) for name, path in MODULES.items()}
+GRAPH_OF = ImportGraph.of(ROOT, PREFIX)
+MODULES, GRAPH = GRAPH_OF.modules, GRAPH_OF.edges
 
 
 def _layer(module: str) -> str:
@@ -85,27 +60,11 @@ def test_a_package_imports_only_from_the_layers_below(package: str) -> None:
 
 
 def test_no_import_cycle() -> None:
-    done: set[str] = set()
-    cycles: list[list[str]] = []
-
-    def visit(module: str, stack: list[str]) -> None:
-        if module in stack:
-            cycles.append(stack[stack.index(module) :] + [module])
-            return
-        if module in done:
-            return
-        for dep in sorted(GRAPH.get(module, ())):
-            visit(dep, stack + [module])
-        done.add(module)
-
-    for module in sorted(GRAPH):
-        visit(module, [])
-    assert cycles == []
+    assert GRAPH_OF.cycles() == []
 
 
 def test_modules_stay_under_300_lines() -> None:
-    long = {name: n for name, path in MODULES.items() if (n := len(path.read_text().splitlines())) >= 300}
-    assert long == {}
+    assert GRAPH_OF.long_modules() == {}
 
 
 def test_no_read_of_tornado_private_handler_state() -> None:

@@ -16,7 +16,8 @@ import numpy as np
 from spmd_serve.export.family import ModelFamily
 from spmd_serve.export.llama import quant, sharding, weights
 from spmd_serve.export.llama.config import ARCHITECTURES, MODEL_TYPES, ModelConfig
-from spmd_serve.manifest import KVLayout, QuantRecord, ShardDims
+from spmd_serve.kv_layout import KVLayout
+from spmd_serve.manifest import QuantRecord, ShardDims
 
 
 class LlamaFamily(ModelFamily[ModelConfig]):

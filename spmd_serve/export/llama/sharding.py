@@ -13,7 +13,8 @@ import numpy as np
 
 from spmd_serve.export.errors import ShardingError
 from spmd_serve.export.llama.config import ModelConfig
-from spmd_serve.manifest import KVLayout, ShardDims
+from spmd_serve.kv_layout import KVLayout
+from spmd_serve.manifest import ShardDims
 
 __all__ = ["LINEARS", "ShardingError", "kv_heads_of_rank", "kv_layout", "linear_slices", "shard_dims", "shard_weights"]
 

@@ -202,10 +202,7 @@ class OpenAIHandler(JsonBodyHandler):
     """POST /v1/completions, /v1/chat/completions/completions, .../chat/completions."""
 
     def initialize(  # type: ignore[override]
-        self,
-        serving: OpenAIServing,
-        kind: str,
-        max_body_size: int,
+        self, serving: OpenAIServing, kind: str, max_body_size: int
     ) -> None:
         super().initialize(max_body_size, serving.api_key)
         self.serving, self.kind = serving, kind

@@ -17,309 +17,9 @@ from typing import Any
 from tornado.web import RequestHandler
 
 from spmd_serve import __version__
-from spmd_serve.frontend.openai.protocol import MAX_N, UNSUPPORTED
+from spmd_serve.frontend.server.openapi_schemas import JSON, NDJSON, SSE, Schema, ref, schemas
 from spmd_serve.frontend.server.settings import IOSettings
-from spmd_serve.sampling_params import MAX_LOGPROBS
 
-Schema = dict[str, Any]
-JSON, NDJSON, SSE = "application/json", "application/x-ndjson", "text/event-stream"
-NULL_IS_ABSENT = "JSON null is the same as leaving the field out."
-
-
-def _ref(name: str) -> Schema:
-    return {"$ref": f"#/components/schemas/{name}"}
-
-
-def _opt(schema: Schema) -> Schema:
-    """The parsers treat null as absent, so every optional request field also accepts null."""
-    if isinstance(schema.get("type"), str):
-        return {**schema, "type": [schema["type"], "null"]}
-    return {"anyOf": [schema, {"type": "null"}]}
-
-
-def _int(lo: int | None = None, hi: int | None = None, **kw: Any) -> Schema:
-    return {
-        "type": "integer",
-        **({} if lo is None else {"minimum": lo}),
-        **({} if hi is None else {"maximum": hi}),
-        **kw,
-    }
-
-
-def _num(lo: float | None = None, hi: float | None = None, **kw: Any) -> Schema:
-    return {
-        "type": "number",
-        **({} if lo is None else {"minimum": lo}),
-        **({} if hi is None else {"maximum": hi}),
-        **kw,
-    }
-
-
-def _obj(required: list[str], props: dict[str, Schema], **kw: Any) -> Schema:
-    return {"type": "object", "required": required, "properties": props, **kw}
-
-
-def _list(items: Schema, **kw: Any) -> Schema:
-    return {"type": "array", "items": items, **kw}
-
-
-STR, BOOL, IDS = {"type": "string"}, {"type": "boolean"}, _list(_int(0))
-STRINGS = {"anyOf": [STR, _list(STR)]}  # stop strings: one or a list
-FINISH = {"enum": ["stop", "length"]}
-
-
-def _schemas(s: IOSettings) -> dict[str, Schema]:
-    lim, dec = s.limits, s.limits.max_dec_len
-    max_input = min(lim.max_seq_len, lim.model_max_len - 1)  # both limits apply to input_ids
-    tokens = _opt(
-        _int(
-            1,
-            dec,
-            description=f"at most MAX_DEC_LEN ({dec}); prompt + completion must fit the context ({lim.model_max_len})",
-        )
-    )
-    usage = _obj(
-        ["prompt_tokens", "completion_tokens", "total_tokens"],
-        {k: _int(0) for k in ("prompt_tokens", "completion_tokens", "total_tokens")},
-    )
-    message = _obj(
-        ["role", "content"],
-        {
-            # any role reaches the chat template, and the templates we ship accept these three
-            "role": {"enum": ["system", "user", "assistant"]},
-            "content": {"anyOf": [STR, _list(_obj(["type", "text"], {"type": {"const": "text"}, "text": STR}))]},
-        },
-    )
-    native: dict[str, Any] = {
-        "req_id": _opt(
-            {
-                "type": ["string", "integer"],
-                "minLength": 1,
-                "description": "default: a fresh uuid; an id in flight -> 409",
-            }
-        ),
-        "text": _opt(STR),
-        "messages": _opt(_list(message, minItems=1)),
-        "input_ids": _opt(_list(_int(0), minItems=1, maxItems=max_input, description="ids below the vocabulary size")),
-        "system": _opt(STR),
-        **{k: tokens for k in ("max_dec_len", "seq_len", "max_tokens")},  # aliases
-        "min_dec_len": _opt(_int(1, dec, default=1)),
-        **{k: _opt(_num(0, 1, default=0.7)) for k in ("topp", "top_p")},
-        "temperature": _opt(_num(0, default=0.95, description="0 = greedy")),
-        "penalty_score": _opt(_num(exclusiveMinimum=0, default=1.0)),
-        "frequency_score": _opt(_num(default=0)),
-        "presence_score": _opt(_num(default=0)),
-        **{k: _opt(_int(0)) for k in ("seed", "infer_seed")},
-        "eos_token_ids": _opt(IDS),
-        "stop_sequences": _opt(STRINGS),
-        "timeout": _opt(
-            _num(exclusiveMinimum=0, default=300, description="seconds for the whole request; past it -> 504")
-        ),
-        **{k: _opt(BOOL) for k in ("stream", "return_usage", "return_all_tokens", "benchmark")},
-        "model": False,  # a body with "model" is an OpenAI chat request
-    }
-    common = {  # the sampling fields /v1/completions and OpenAI chat share
-        "model": {"enum": list(s.model_names)},
-        "max_tokens": tokens,
-        "max_completion_tokens": tokens,
-        "temperature": _opt(_num(0)),
-        "top_p": _opt(_num(0, 1)),
-        "top_k": _opt(_int(-1, description="-1 or 0: disabled")),
-        "n": _opt(_int(1, MAX_N)),
-        "best_of": _opt(_int(1, MAX_N, description="must equal n")),
-        "stop": _opt(STRINGS),
-        "stream": _opt(BOOL),
-        "stream_options": _opt(_obj([], {"include_usage": _opt(BOOL)}, description="only with stream: true")),
-        "presence_penalty": _opt(_num(-2, 2)),
-        "frequency_penalty": _opt(_num(-2, 2)),
-        "repetition_penalty": _opt(_num(1e-6)),
-        "seed": _opt(_int()),
-        "min_tokens": _opt(_int(0, dec)),
-        "ignore_eos": _opt(BOOL),
-        "user": _opt(STR),
-    }
-    unsupported = "Refused with 400 when given a non-empty value: " + ", ".join(UNSUPPORTED) + ". " + NULL_IS_ABSENT
-    ids_prompt = _list(_int(0), minItems=1)
-    top = _list(_obj(["token", "logprob", "bytes"], {"token": STR, "logprob": _num(), "bytes": _list(_int(0, 255))}))
-    chat_lp = _opt(
-        _obj(
-            ["content"],
-            {
-                "content": _list(
-                    _obj(
-                        ["token", "logprob", "bytes", "top_logprobs"],
-                        {"token": STR, "logprob": _num(), "bytes": _list(_int(0, 255)), "top_logprobs": top},
-                    )
-                )
-            },
-        )
-    )
-    cmpl_lp = _opt(
-        _obj(
-            ["tokens", "token_logprobs", "top_logprobs", "text_offset"],
-            {
-                "tokens": _list(STR),
-                "token_logprobs": _list(_num()),
-                "top_logprobs": _list({"type": "object", "additionalProperties": _num()}),
-                "text_offset": _list(_int(0)),
-            },
-        )
-    )
-
-    def envelope(obj: str, choice: Schema, chunk: bool) -> Schema:
-        return _obj(
-            ["id", "object", "created", "model", "choices"] + ([] if chunk else ["usage"]),
-            {
-                "id": STR,
-                "object": {"const": obj},
-                "created": _int(0),
-                "model": STR,
-                "choices": _list(choice),
-                "usage": _opt(_ref("Usage")) if chunk else _ref("Usage"),
-            },
-        )
-
-    chat_choice = {"index": _int(0), "logprobs": chat_lp, "finish_reason": _opt(FINISH)}
-    cmpl_choice = {"index": _int(0), "text": STR, "logprobs": cmpl_lp, "finish_reason": _opt(FINISH)}
-    frame = _obj(
-        ["req_id", "token", "token_ids", "is_end", "send_idx", "error_msg", "error_code"],
-        {
-            "req_id": STR,
-            "token": STR,
-            "token_ids": IDS,
-            "is_end": {"enum": [0, 1]},
-            "send_idx": _int(0),
-            "error_msg": STR,
-            "error_code": _int(0),
-            "tokens_all": STR,
-            "tokens_all_ids": IDS,
-            "tokens_all_num": _int(0),
-            "finish_reason": FINISH,
-            "usage": _ref("Usage"),
-            "benchmark": _ref("Timings"),
-        },
-        description="one line of the stream; the last has is_end 1 and the totals",
-    )
-    return {
-        "NativeRequest": _obj(
-            [],
-            native,
-            oneOf=[
-                _obj([k], {k: schema})
-                for k, schema in (("text", STR), ("messages", {"type": "array"}), ("input_ids", {"type": "array"}))
-            ],
-            description="Exactly one of text, messages, input_ids. The prompt must be at most "
-            f"MAX_SEQ_LEN ({lim.max_seq_len}) tokens. " + NULL_IS_ABSENT,
-        ),
-        "CompletionRequest": _obj(
-            ["model", "prompt"],
-            {
-                **common,
-                "prompt": {"anyOf": [STR, _list(STR, minItems=1), ids_prompt, _list(ids_prompt, minItems=1)]},
-                "logprobs": _opt(_int(0, MAX_LOGPROBS)),
-                "echo": _opt(BOOL),
-            },
-            description=unsupported,
-        ),
-        "ChatCompletionRequest": _obj(
-            ["model", "messages"],
-            {
-                **common,
-                "messages": _list(message, minItems=1),
-                "logprobs": _opt(BOOL),
-                "top_logprobs": _opt(_int(0, MAX_LOGPROBS, description="needs logprobs: true")),
-            },
-            description=unsupported,
-        ),
-        "Usage": usage,
-        "Timings": _obj(
-            [], {k: _num(0) for k in ("time_to_first_token_s", "total_time_s", "decode_time_s", "decode_tokens_per_s")}
-        ),
-        "NativeResult": _obj(
-            [
-                "req_id",
-                "result",
-                "tokens_all",
-                "tokens_all_ids",
-                "tokens_all_num",
-                "finish_reason",
-                "error_msg",
-                "error_code",
-            ],
-            {
-                **{
-                    k: frame["properties"][k]
-                    for k in (
-                        "req_id",
-                        "tokens_all",
-                        "tokens_all_ids",
-                        "tokens_all_num",
-                        "finish_reason",
-                        "error_msg",
-                        "usage",
-                        "benchmark",
-                    )
-                },
-                "result": STR,
-                "error_code": {"const": 0},
-            },
-        ),
-        "NativeFrame": frame,
-        "Completion": envelope("text_completion", _obj(list(cmpl_choice), cmpl_choice), False),
-        "CompletionChunk": envelope("text_completion", _obj(list(cmpl_choice), cmpl_choice), True),
-        "ChatCompletion": envelope(
-            "chat.completion",
-            _obj(
-                list(chat_choice) + ["message"],
-                {**chat_choice, "message": _obj(["role", "content"], {"role": {"const": "assistant"}, "content": STR})},
-            ),
-            False,
-        ),
-        "ChatCompletionChunk": envelope(
-            "chat.completion.chunk",
-            _obj(
-                list(chat_choice) + ["delta"],
-                {**chat_choice, "delta": _obj([], {"role": {"const": "assistant"}, "content": STR})},
-            ),
-            True,
-        ),
-        "ModelList": _obj(
-            ["object", "data"],
-            {
-                "object": {"const": "list"},
-                "data": _list(
-                    _obj(
-                        ["id", "object", "created", "owned_by"],
-                        {
-                            "id": STR,
-                            "object": {"const": "model"},
-                            "created": _int(0),
-                            "owned_by": STR,
-                            "root": STR,
-                            "max_model_len": _int(1),
-                        },
-                    )
-                ),
-            },
-        ),
-        "NativeError": _obj(
-            ["req_id", "error_msg", "error_code"], {"req_id": STR, "error_msg": STR, "error_code": _int(400, 599)}
-        ),
-        "OpenAIError": _obj(
-            ["error"],
-            {
-                "error": _obj(
-                    ["message", "type", "param", "code"],
-                    {"message": STR, "type": STR, "param": _opt(STR), "code": _int(400, 599)},
-                )
-            },
-        ),
-        "HealthOk": _obj(["status"], {"status": {"const": "ok"}}),
-        "HealthError": _obj(["error_code", "error_msg"], {"error_code": {"const": 503}, "error_msg": STR}),
-    }
-
-
-# Why each error status happens; the routes pick the ones their code can return.
 _WHY = {
     400: "invalid field (named in the message), too long, or body not a JSON object",
     401: "API_KEY is set and the request lacks `Authorization: Bearer <key>`",
@@ -372,46 +72,46 @@ def _get(summary: str, ok: Schema, errors: dict[str, Any], s: IOSettings, auth: 
 
 
 def _sse(chunk: str) -> Schema:
-    return {"anyOf": [_ref(chunk), _ref("OpenAIError")]}
+    return {"anyOf": [ref(chunk), ref("OpenAIError")]}
 
 
 def openapi_document(s: IOSettings) -> dict[str, Any]:
     """The service port's API as an OpenAPI 3.1 document (plain data, ready for json.dumps)."""
-    either = {"anyOf": [_ref("NativeError"), _ref("OpenAIError")]}
+    either = {"anyOf": [ref("NativeError"), ref("OpenAIError")]}
     gen_codes = (400, 401, 404, 413, 429, 500, 503, 504)
     # a failure after the SSE stream began is an OpenAI error object as the last event
     completion = _post(
         "OpenAI completion",
-        _ref("CompletionRequest"),
-        {JSON: _ref("Completion"), SSE: _sse("CompletionChunk")},
+        ref("CompletionRequest"),
+        {JSON: ref("Completion"), SSE: _sse("CompletionChunk")},
         gen_codes,
-        _ref("OpenAIError"),
+        ref("OpenAIError"),
         s,
     )
     openai_chat = _post(
         "OpenAI chat completion",
-        _ref("ChatCompletionRequest"),
-        {JSON: _ref("ChatCompletion"), SSE: _sse("ChatCompletionChunk")},
+        ref("ChatCompletionRequest"),
+        {JSON: ref("ChatCompletion"), SSE: _sse("ChatCompletionChunk")},
         gen_codes,
-        _ref("OpenAIError"),
+        ref("OpenAIError"),
         s,
     )
     chat = _post(
         'Native request (no "model") or OpenAI chat completion (with "model")',
-        {"oneOf": [_ref("NativeRequest"), _ref("ChatCompletionRequest")]},
+        {"oneOf": [ref("NativeRequest"), ref("ChatCompletionRequest")]},
         {
-            JSON: {"anyOf": [_ref("NativeResult"), _ref("ChatCompletion")]},
-            NDJSON: _ref("NativeFrame"),
+            JSON: {"anyOf": [ref("NativeResult"), ref("ChatCompletion")]},
+            NDJSON: ref("NativeFrame"),
             SSE: _sse("ChatCompletionChunk"),
         },
         (400, 401, 404, 409, 413, 429, 500, 503, 504),
         either,
         s,
     )
-    models = _get("Served model names", _ref("ModelList"), _errors((401,), _ref("OpenAIError"), s), s, auth=True)
-    down = {"503": {"description": "not live / not ready", "content": {JSON: {"schema": _ref("HealthError")}}}}
-    live = _get("Liveness: the engine loop is beating", _ref("HealthOk"), down, s)
-    ready = _get("Readiness: model loaded on every rank, not draining", _ref("HealthOk"), down, s)
+    models = _get("Served model names", ref("ModelList"), _errors((401,), ref("OpenAIError"), s), s, auth=True)
+    down = {"503": {"description": "not live / not ready", "content": {JSON: {"schema": ref("HealthError")}}}}
+    live = _get("Liveness: the engine loop is beating", ref("HealthOk"), down, s)
+    ready = _get("Readiness: model loaded on every rank, not draining", ref("HealthOk"), down, s)
     # HEAD answers the same statuses without a body (load balancers probe with it)
     bare = {
         "responses": {
@@ -438,7 +138,7 @@ def openapi_document(s: IOSettings) -> dict[str, Any]:
             "/v2/health/ready": {"get": ready, "head": bare},
             "/openapi.json": {"get": _get("This document", {"type": "object"}, {}, s)},
         },
-        "components": {"schemas": _schemas(s)},
+        "components": {"schemas": schemas(s)},
     }
     if s.api_key:
         doc["components"]["securitySchemes"] = {"bearer": {"type": "http", "scheme": "bearer"}}

@@ -1,0 +1,73 @@
+"""spmd_serve.model_dir: the served model directory checked on every rank (CONTRACT §7) and the
+settings clamped to the model's limits."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from spmd_serve.config import ConfigError, ServeConfig
+from spmd_serve.model_dir import check_model_dir, clamp_to_model
+
+
+def _model_dir(
+    tmp_path: Path,
+    ranks: int = 1,
+    config: str | None = '{"max_position_embeddings": 4096}',
+    empty: tuple[int, ...] = (),
+) -> Path:
+    (d := tmp_path / "model").mkdir()
+    if config is not None:
+        (d / "config.json").write_text(config)
+    for i in range(ranks):
+        (d / f"rank_{i}").mkdir()
+        if i not in empty:
+            (d / f"rank_{i}" / "model.pdiparams").write_bytes(b"x")
+    return d
+
+
+def test_check_model_dir_success(tmp_path):
+    cfg = ServeConfig(model_dir=str(_model_dir(tmp_path, ranks=2)), mp_num=2)
+    assert check_model_dir(cfg, world_size=2) == {"max_position_embeddings": 4096}
+
+
+@pytest.mark.parametrize(
+    "ranks,mp_num,world,config,empty,expected",
+    [
+        (1, 2, 1, "{}", (), "MP_NUM=2 but the MPI world size is 1 (start with mpirun -n 2)"),
+        (1, 1, 1, None, (), "has no config.json"),
+        (1, 1, 1, "{oops", (), "config.json is not valid JSON"),
+        (1, 1, 1, "[1, 2]", (), "config.json must hold a JSON object"),
+        (0, 1, 1, "{}", (), "has no rank_0/"),
+        (1, 2, 2, "{}", (), "has no rank_1/ (it has 1 rank folder(s): exported with --tp 1?"),
+        (2, 1, 1, "{}", (), "has 2 rank folders but MP_NUM=1 (exported with --tp 2? set MP_NUM=2)"),
+        (2, 2, 2, "{}", (1,), "has an empty rank_1/"),
+    ],
+)
+def test_check_model_dir_failures(tmp_path, ranks, mp_num, world, config, empty, expected):
+    d = _model_dir(tmp_path, ranks=ranks, config=config, empty=empty)
+    with pytest.raises(ConfigError) as exc:
+        check_model_dir(ServeConfig(model_dir=str(d), mp_num=mp_num), world_size=world)
+    assert expected in str(exc.value) and "\n" not in str(exc.value)
+
+
+def test_check_model_dir_missing_and_not_a_dir(tmp_path):
+    with pytest.raises(ConfigError, match="does not exist"):
+        check_model_dir(ServeConfig(model_dir=str(tmp_path / "nope")), world_size=1)
+    (tmp_path / "f").write_text("")
+    with pytest.raises(ConfigError, match="is not a directory"):
+        check_model_dir(ServeConfig(model_dir=str(tmp_path / "f")), world_size=1)
+    with pytest.raises(ConfigError, match="MODEL_DIR is not set"):
+        check_model_dir(ServeConfig(), world_size=1)
+
+
+def test_clamp_to_model():
+    cfg = ServeConfig(max_seq_len=8192, block_size=64)
+    assert clamp_to_model(cfg, {"max_position_embeddings": 2048}).max_seq_len == 2048
+    assert clamp_to_model(cfg, {"max_position_embeddings": 32768}) == cfg  # never raised
+    assert clamp_to_model(cfg, {}) is cfg
+    fixed = clamp_to_model(cfg, {"max_position_embeddings": 1024, "block_size": 32})
+    assert (fixed.max_seq_len, fixed.block_size) == (1024, 32)
+    with pytest.raises(ConfigError, match="block_size=0"):
+        clamp_to_model(cfg, {"block_size": 0})
