@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 KV_HEADS = "kv_heads"  # layout kind: K and V per KV head (Llama, Qwen2); written by ops.kv_cache_write
+MLA_LATENT = "mla_latent"  # layout kind: MLA's compressed latent + shared rope key per token (DeepSeek-V2/V3)
 
 
 @dataclass(frozen=True)
@@ -42,6 +43,12 @@ class KVLayout:
         """Llama's cache: K and V of [kv_heads, head_dim] per token, int8 scales per KV head."""
         shape = (kv_heads, head_dim)
         return cls(KV_HEADS, num_layers, (CacheTensor("k", shape), CacheTensor("v", shape)), (kv_heads,))
+
+    @classmethod
+    def mla_latent(cls, num_layers: int, kv_lora_rank: int, rope_dim: int) -> KVLayout:
+        """DeepSeek's MLA cache: per token and layer one vector, the normalised `kv_lora_rank` latent
+        followed by the shared (roped) `rope_dim` key; no per-head K and V, no int8 scales."""
+        return cls(MLA_LATENT, num_layers, (CacheTensor("latent", (kv_lora_rank + rope_dim,)),))
 
     def bytes_per_token(self, int8: bool = False) -> int:
         """Pool bytes per token over every layer (an int8 pool's scales are per layer: negligible)."""

@@ -39,7 +39,7 @@ def calibrate_kv_scales(
     from spmd_serve.export.segment import build_segments
 
     dims = family.shard_dims(mc, 1)
-    layout = family.kv_layout(dims)
+    layout = family.kv_layout(mc, dims)
     stages = family.build_stages(family.rank_weights(mc, weights, dims, 0, quant, group), dims, 0)
     seg = build_segments(stages, dims)[0]
     seg.eval()

@@ -5,7 +5,9 @@ business (export/family.py); reading the files is the same for every family.
 
 Accepted (CONTRACT §1 `spmd_serve export`):
 * HuggingFace format: `model.safetensors`, or shards listed in `model.safetensors.index.json`;
-  tensor names `model.…`/`lm_head.weight`, linear weights [out, in]; F32, F16 and BF16 tensors.
+  tensor names `model.…`/`lm_head.weight`, linear weights [out, in]; F32, F16 and BF16 tensors, and
+  the published DeepSeek-V3/R1 fp8 layout: F8_E4M3 weights with a `<name>_scale_inv` per block of
+  `quantization_config.weight_block_size` (128 x 128), dequantised here to float32.
 * PaddleNLP format (what `save_pretrained` writes in 3.0.0b4): `model_state.pdparams` (or shards
   listed in `model_state.pdparams.index.json`) or PaddleNLP safetensors (`model.safetensors`, same
   index convention); tensor names `llama.…`/`qwen2.…`, linear weights and an untied `lm_head`
@@ -68,11 +70,47 @@ def read_config(ckpt: Path) -> dict:
 
 # ---------------------------------------------------------------- safetensors without torch
 
-_ST_DTYPES = {"F32": np.float32, "F16": np.float16, "F64": np.float64, "BF16": "bf16", "I64": np.int64, "I32": np.int32}
+_ST_DTYPES = {
+    "F32": np.float32,
+    "F16": np.float16,
+    "F64": np.float64,
+    "BF16": "bf16",
+    "F8_E4M3": "e4m3",
+    "I64": np.int64,
+    "I32": np.int32,
+}
 
 
 def _bf16_to_f32(raw: np.ndarray) -> np.ndarray:
     return (raw.astype(np.uint32) << 16).view(np.float32)
+
+
+def _e4m3_table() -> np.ndarray:
+    """float8_e4m3fn by byte (numpy has no fp8): 1 sign, 4 exponent (bias 7), 3 mantissa bits;
+    exponent 0 is subnormal; S.1111.111 is NaN (no infinities)."""
+    b = np.arange(256)
+    exp, man = (b >> 3) & 0xF, (b & 7).astype(np.float64)
+    mag = np.where(exp == 0, man * 2.0**-9, (8 + man) * 2.0 ** (exp - 10.0))
+    mag = np.where((b & 0x7F) == 0x7F, np.nan, mag)
+    return np.where(b & 0x80, -mag, mag).astype(np.float32)
+
+
+E4M3 = _e4m3_table()
+
+
+def dequantize_fp8_blocks(weights: dict[str, np.ndarray], block: tuple[int, int]) -> dict[str, np.ndarray]:
+    """Every `X` with an `X_scale_inv` [ceil(out/bo), ceil(in/bi)] becomes X * its block's scale
+    (the published fp8 layout); the scale tensors are dropped."""
+    out = {}
+    for name, arr in weights.items():
+        if name.endswith("_scale_inv"):
+            continue
+        scale = weights.get(name + "_scale_inv")
+        if scale is not None:
+            full = np.repeat(np.repeat(scale, block[0], axis=0), block[1], axis=1)[: arr.shape[0], : arr.shape[1]]
+            arr = (arr * full).astype(np.float32)
+        out[name] = arr
+    return out
 
 
 def read_safetensors(path: Path, u16_is_bf16: bool = False) -> dict[str, np.ndarray]:
@@ -95,6 +133,8 @@ def read_safetensors(path: Path, u16_is_bf16: bool = False) -> dict[str, np.ndar
             raw = f.read(end - start)
             if kind == "bf16":
                 arr = _bf16_to_f32(np.frombuffer(raw, np.uint16))
+            elif kind == "e4m3":
+                arr = E4M3[np.frombuffer(raw, np.uint8)]
             else:
                 arr = np.frombuffer(raw, np.dtype(kind)).astype(np.float32)  # type: ignore[call-overload]
             out[name] = arr.reshape(meta["shape"])
@@ -141,6 +181,9 @@ def load_checkpoint(ckpt: Path) -> tuple[dict, ArchConfig, dict[str, np.ndarray]
     bf16 = "bfloat16" in (cfg.get("dtype"), cfg.get("torch_dtype"))
     for f in files:
         raw.update(read_safetensors(f, bf16) if f.suffix == ".safetensors" else _read_pdparams(f))
+    if any(k.endswith("_scale_inv") for k in raw):
+        block = (cfg.get("quantization_config") or {}).get("weight_block_size", [128, 128])
+        raw = dequantize_fp8_blocks(raw, (int(block[0]), int(block[1])))
     weights, fmt = family.to_hf_layout(raw, mc)
     want = family.expected_tensors(mc)
     missing = [k for k in want if k not in weights]
@@ -155,4 +198,4 @@ def load_checkpoint(ckpt: Path) -> tuple[dict, ArchConfig, dict[str, np.ndarray]
         "architecture": mc.architecture,
         "source_dtype": cfg.get("torch_dtype") or cfg.get("dtype"),
     }
-    return cfg, mc, {k: weights[k] for k in want}, source
+    return cfg, mc, {k: weights[k] for k in want} | family.extra_tensors(mc, weights), source

@@ -7,11 +7,12 @@ from __future__ import annotations
 
 from typing import Any
 
+from spmd_serve.export.deepseek import DEEPSEEK
 from spmd_serve.export.errors import UnsupportedModel
 from spmd_serve.export.family import ArchConfig, ModelFamily
 from spmd_serve.export.llama import LLAMA
 
-FAMILIES: tuple[ModelFamily[Any], ...] = (LLAMA,)
+FAMILIES: tuple[ModelFamily[Any], ...] = (LLAMA, DEEPSEEK)
 BY_ARCHITECTURE: dict[str, ModelFamily[Any]] = {arch: f for f in FAMILIES for arch in f.architectures}
 SUPPORTED_ARCHS: tuple[str, ...] = tuple(BY_ARCHITECTURE)
 

@@ -4,15 +4,16 @@ A family owns its config parsing (refusing, in one line, what its stages cannot 
 names (HuggingFace and PaddleNLP), the tensor-parallel split and quantisation of its weights, its KV
 cache layout and the stages its graphs are made of.  The rest of the export (checkpoint reading,
 segment composition, tracing, int8-KV calibration, the manifest) is the same for every family.
-Adding one (e.g. DeepSeek: MLA attention, MoE MLP) is a new package defining a `ModelFamily` and
-one entry in export/families.py; nothing else branches on the architecture.  Llama 2/3 and
-Qwen2/2.5 are one family with options (export/llama/).
+Adding one is a new package defining a `ModelFamily` and one entry in export/families.py; nothing
+else branches on the architecture.  Llama 2/3 and Qwen2/2.5 are one family with options
+(export/llama/); DeepSeek-V2/V3 (MLA attention, MoE) another (export/deepseek/).
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any, Generic, Protocol, TypeVar
 
 import numpy as np
@@ -47,6 +48,7 @@ class ModelFamily(ABC, Generic[C]):
     name: str
     architectures: tuple[str, ...]
     model_types: Mapping[str, str]
+    kv_int8: bool = True  # whether its exports carry the int8-KV graphs and scales (USE_CACHE_KV_INT8)
 
     @abstractmethod
     def parse_config(self, cfg: dict, architecture: str) -> C:
@@ -60,12 +62,20 @@ class ModelFamily(ABC, Generic[C]):
     def expected_tensors(self, mc: C) -> dict[str, tuple[int, ...]]:
         """HF tensor name → shape that a checkpoint of `mc` must provide."""
 
+    def extra_tensors(self, mc: C, hf: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Checkpoint tensors exported besides the served ones (e.g. DeepSeek's MTP layers), checked
+        and kept by the checkpoint reader; none by default."""
+        return {}
+
+    def write_extras(self, mc: C, hf: dict[str, np.ndarray], out: Path) -> None:
+        """Write what the export carries besides the rank graphs (e.g. MTP weights) into `out`."""
+
     @abstractmethod
     def shard_dims(self, mc: C, tp: int) -> ShardDims:
         """Per-rank sizes at `tp` ranks; ShardingError when the model does not split that way."""
 
     @abstractmethod
-    def kv_layout(self, dims: ShardDims) -> KVLayout:
+    def kv_layout(self, mc: C, dims: ShardDims) -> KVLayout:
         """What one rank's KV pool holds per token and layer."""
 
     @abstractmethod

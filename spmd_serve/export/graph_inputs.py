@@ -22,6 +22,9 @@ STEP_INPUTS: dict[str, tuple[str, list[int]]] = {
     "grid_index": ("int64", [-1, -1]),  # [B, S] index into T
     "past_index": ("int64", [-1, -1, -1, 3]),  # [B, kvh, P, 3]
     "attn_mask": ("float32", [-1, 1, -1, -1]),  # [B, 1, S, P+S]
+    "pe_cos": ("float32", [-1, -1]),  # [T, dr] MLA's shared rope key rotation
+    "pe_sin": ("float32", [-1, -1]),  # [T, dr]
+    "latent_index": ("int64", [-1, -1, 2]),  # [B, P, 2] MLA's past latent slots
 }
 
 

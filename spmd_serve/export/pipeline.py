@@ -107,7 +107,7 @@ def export_rank(
     manifest = Manifest(
         rank=rank,
         dims=dims,
-        kv_cache=family.kv_layout(dims),
+        kv_cache=family.kv_layout(mc, dims),
         segments=tuple(specs),
         collectives="none" if dims.tp == 1 else "graph" if cpp_ops else "segments",
         custom_ops=custom_ops_in(rank_dir),
@@ -144,6 +144,7 @@ def export_checkpoint(
         dims = family.shard_dims(mc, tp)
         group = family.quant_group(dims, quant_group) if quant == "weight_only_int4" else None
         cpp_ops = resolve_graph_ops(graph_ops)
+        kv_int8 = kv_int8 and family.kv_int8
     except (*REFUSALS, ManifestError) as e:
         raise ExportError(str(e)) from None
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -155,6 +156,7 @@ def export_checkpoint(
         kv_scales = calibrate_kv_scales(family, mc, weights, quant, group) if kv_int8 else None
         for rank in range(tp):
             export_rank(family, mc, weights, dims, rank, tmp, quant, group, kv_scales, cpp_ops)
+        family.write_extras(mc, weights, tmp)
         served = ServedConfig(
             tp=tp,
             dtype=dtype,

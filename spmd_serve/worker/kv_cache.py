@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping, Sequence
 import numpy as np
 
 from ops.kv_cache_write import kv_cache_write_cpu
-from spmd_serve.kv_layout import KV_HEADS, KVLayout
+from spmd_serve.kv_layout import KV_HEADS, MLA_LATENT, KVLayout
 
 
 class KVCachePool:
@@ -87,4 +87,14 @@ def _write_kv_heads(pool: KVCachePool, layer: int, slots: np.ndarray, new: Seque
     kv_cache_write_cpu(k_new, v_new, pool.caches["k"][layer], pool.caches["v"][layer], slots, *scales)
 
 
-WRITERS: dict[str, Callable[[KVCachePool, int, np.ndarray, Sequence[np.ndarray]], None]] = {KV_HEADS: _write_kv_heads}
+def _write_latent(pool: KVCachePool, layer: int, slots: np.ndarray, new: Sequence[np.ndarray]) -> None:
+    """MLA's latent|rope-key vectors [T, K] at their slots (fp32 pools only: no int8 scales)."""
+    (latent,) = new
+    cache = pool.caches["latent"][layer]
+    cache.reshape(-1, cache.shape[-1])[slots] = latent  # [NB * bs, K] view of the pool
+
+
+WRITERS: dict[str, Callable[[KVCachePool, int, np.ndarray, Sequence[np.ndarray]], None]] = {
+    KV_HEADS: _write_kv_heads,
+    MLA_LATENT: _write_latent,
+}

@@ -11,6 +11,12 @@ Shapes: T tokens this step, B sequences, S = longest query of the pass, P = past
     grid_index   [B, S] int64              token of each grid slot (padding clamped to T - 1)
     past_index   [B, kvh, P, 3] int64      (block, offset, kv head) of each past slot, head-major
     attn_mask    [B, 1, S, P + S] f32      additive: past below ctx_len; new tokens causal and real
+
+MLA (DeepSeek) attends over one latent vector per past slot and rotates one rope key shared by
+every head (dr = its rope dim), so it takes its own two tables next to grid_index and attn_mask:
+
+    pe_cos, pe_sin [T, dr] f32             x * cos + roll(x, dr/2) * sin, the same for every head
+    latent_index [B, P, 2] int64           (block, offset) of each past slot for `gather_nd`
 """
 
 from __future__ import annotations
@@ -23,7 +29,7 @@ from spmd_serve.manifest import ShardDims
 from spmd_serve.protocol import grid_indices
 
 NEG_INF = -1e30  # additive mask; no row is fully masked (every query sees itself)
-TABLES = ("rope_cos", "rope_sin", "grid_index", "past_index", "attn_mask")
+TABLES = ("rope_cos", "rope_sin", "grid_index", "past_index", "attn_mask", "pe_cos", "pe_sin", "latent_index")
 
 
 def rope_tables(positions: np.ndarray, inv_freq: np.ndarray, dims: ShardDims) -> tuple[np.ndarray, np.ndarray]:
@@ -40,6 +46,24 @@ def rope_tables(positions: np.ndarray, inv_freq: np.ndarray, dims: ShardDims) ->
     cos = np.cos(emb) * mult + (kind == 2).astype(np.float32)[:, None]  # [T, heads, d]
     sin = np.sin(emb) * (mult * sign)
     return cos, sin
+
+
+def shared_rope_tables(positions: np.ndarray, inv_freq: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """cos, sin [T, d] (d = 2 len(inv_freq)) of one rotation for all heads; rotate_half's sign in sin."""
+    freqs = positions.astype(np.float32)[:, None] * np.asarray(inv_freq, np.float32)[None, :]  # [T, d/2]
+    emb = np.concatenate([freqs, freqs], axis=-1)
+    sign = np.where(np.arange(emb.shape[1]) < emb.shape[1] // 2, -1.0, 1.0).astype(np.float32)
+    return np.cos(emb), np.sin(emb) * sign
+
+
+def latent_index(block_tables: np.ndarray, block_size: int) -> np.ndarray:
+    """[B, P, 2]: (block, offset) of each past slot for `gather_nd` on a [NB, bs, K] pool."""
+    b, mb = block_tables.shape
+    pos = np.arange(mb * block_size)
+    idx = np.empty((b, pos.size, 2), np.int64)
+    idx[..., 0] = block_tables[:, pos // block_size]
+    idx[..., 1] = (pos % block_size)[None, :]
+    return idx
 
 
 def past_index(block_tables: np.ndarray, block_size: int, kvh: int) -> np.ndarray:
@@ -86,6 +110,10 @@ def step_feeds(plan, dims: ShardDims, inv_freq: np.ndarray, block_size: int, nam
         feeds["grid_index"] = np.minimum(pad_index, max(len(plan.input_ids) - 1, 0))
     if "past_index" in names:
         feeds["past_index"] = past_index(plan.block_tables, block_size, dims.kv_heads)
+    if names & {"pe_cos", "pe_sin"}:
+        feeds["pe_cos"], feeds["pe_sin"] = shared_rope_tables(plan.positions, inv_freq)
+    if "latent_index" in names:
+        feeds["latent_index"] = latent_index(plan.block_tables, block_size)
     if "attn_mask" in names:
         feeds["attn_mask"] = attn_mask(
             plan.ctx_lens, plan.query_lens, plan.block_tables.shape[1] * block_size, pad_index.shape[1]

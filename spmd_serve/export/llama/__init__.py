@@ -37,7 +37,7 @@ class LlamaFamily(ModelFamily[ModelConfig]):
     def shard_dims(self, mc: ModelConfig, tp: int) -> ShardDims:
         return sharding.shard_dims(mc, tp)
 
-    def kv_layout(self, dims: ShardDims) -> KVLayout:
+    def kv_layout(self, mc: ModelConfig, dims: ShardDims) -> KVLayout:
         return sharding.kv_layout(dims)
 
     def rank_weights(

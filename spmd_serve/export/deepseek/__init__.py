@@ -1,0 +1,100 @@
+"""The DeepSeek family: DeepSeek-V2 (incl. Lite) and V3/R1 — Multi-head Latent Attention with its
+compressed cache, a Mixture of Experts with shared and routed experts (expert-parallel over the
+ranks), dense first layers, YaRN rope scaling; MTP layers exported, not served.
+
+config.py parses and refuses, weights.py names tensors, sharding.py splits them over the ranks
+and folds the absorbed MLA forms, mla.py and moe.py are the graph stages (Paddle, imported only
+when a graph is built); the embedding, dense MLP and head stages are the Llama family's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from spmd_serve.export.deepseek import sharding, weights
+from spmd_serve.export.deepseek.config import ARCHITECTURES, MODEL_TYPES, DeepseekConfig
+from spmd_serve.export.errors import QuantError
+from spmd_serve.export.family import ModelFamily
+from spmd_serve.kv_layout import KVLayout
+from spmd_serve.manifest import QuantRecord, ShardDims
+
+
+class DeepseekFamily(ModelFamily[DeepseekConfig]):
+    name = "deepseek"
+    architectures = ARCHITECTURES
+    model_types = MODEL_TYPES
+    kv_int8 = False  # the MLA latent pool is fp32 only (no int8-KV graphs or scales are exported)
+
+    def parse_config(self, cfg: dict, architecture: str) -> DeepseekConfig:
+        return DeepseekConfig.from_hf(cfg, architecture)
+
+    def to_hf_layout(self, w: dict[str, np.ndarray], mc: DeepseekConfig) -> tuple[dict[str, np.ndarray], str]:
+        return weights.to_hf_layout(w, mc)
+
+    def expected_tensors(self, mc: DeepseekConfig) -> dict[str, tuple[int, ...]]:
+        return weights.expected_tensors(mc)
+
+    def extra_tensors(self, mc: DeepseekConfig, hf: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        return weights.mtp_tensors(mc, hf)
+
+    def write_extras(self, mc: DeepseekConfig, hf: dict[str, np.ndarray], out: Path) -> None:
+        weights.write_mtp(mc, hf, out)
+
+    def shard_dims(self, mc: DeepseekConfig, tp: int) -> ShardDims:
+        return sharding.shard_dims(mc, tp)
+
+    def kv_layout(self, mc: DeepseekConfig, dims: ShardDims) -> KVLayout:
+        return sharding.kv_layout(mc)
+
+    def rank_weights(
+        self,
+        mc: DeepseekConfig,
+        hf: dict[str, np.ndarray],
+        dims: ShardDims,
+        rank: int,
+        method: str | None,
+        group: int | None,
+    ) -> dict[str, Any]:
+        if method is not None:
+            raise QuantError(f"--quant {method} is not built for {mc.architecture} yet")
+        return sharding.shard_weights(hf, mc, dims, rank)
+
+    def quant_group(self, dims: ShardDims, requested: int | None) -> int:
+        raise QuantError("weight_only_int4 is not built for DeepSeek yet")
+
+    def quant_record(self, method: str | None, group: int | None) -> QuantRecord | None:
+        return None
+
+    def rank_kv_scales(
+        self, mc: DeepseekConfig, dims: ShardDims, rank: int, scales: Mapping[str, np.ndarray]
+    ) -> dict[str, list[list[float]]]:
+        raise NotImplementedError("the MLA pool has no int8 scales (kv_int8 = False)")
+
+    def build_stages(self, w: dict[str, Any], dims: ShardDims, rank: int) -> list:
+        from spmd_serve.export.deepseek.mla import MlaStage
+        from spmd_serve.export.deepseek.moe import MoeStage
+        from spmd_serve.export.llama.stages import EmbedStage, HeadStage, MlpStage
+
+        mc: DeepseekConfig = w["config"]
+        stages: list = [EmbedStage(w, dims, rank)]
+        for layer in range(dims.num_layers):
+            mlp = MoeStage(w, dims, layer, rank) if mc.is_moe(layer) else MlpStage(w, dims, layer)
+            stages += [MlaStage(w, dims, layer), mlp]
+        stages.append(HeadStage(w, dims))
+        return stages
+
+    def served_options(self, mc: DeepseekConfig) -> dict[str, Any]:
+        return {
+            "rope_scaling": mc.rope_scaling,
+            "kv_cache": "mla_latent",
+            "n_routed_experts": mc.n_routed_experts,
+            "num_nextn_predict_layers": mc.num_nextn_predict_layers,
+            "mtp": weights.mtp_record(mc),
+        }
+
+
+DEEPSEEK = DeepseekFamily()

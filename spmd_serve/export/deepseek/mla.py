@@ -1,0 +1,114 @@
+"""DeepSeek's Multi-head Latent Attention stage, in the absorbed form over the paged latent pool.
+
+residual add + RMSNorm → one fused projection [q_a | kv_a] (or [q | kv_a] without q_lora_rank) →
+latent = RMSNorm(kv_a's first kv_lora_rank units) | RoPE(its last rope units) is what the pool
+keeps per token (KVLayout.mla_latent) → the query in latent space, q_nope @ w_uk | RoPE(q_pe) →
+scores against every past and new cached vector (one dot product over kv_lora_rank + rope: MLA's
+nope and rope terms at once) → the probabilities' weighted sum of cached vectors @ w_uv → o_proj.
+Nothing per head is ever expanded from the cache, for prefill or decode alike; the softmax scale,
+YaRN's mscale and the rope layout are in the weights (export/deepseek/sharding.py).
+
+Shapes: T tokens, B sequences, S longest query, P past slots, h heads of this rank, K = kv_lora_rank
++ rope dim, c = kv_lora_rank.  Tables (worker/step_tables.py): pe_cos/pe_sin, grid_index,
+unpad_index, latent_index, attn_mask.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import paddle
+from paddle import nn
+from paddle.incubate.nn.functional import fused_rms_norm
+from paddle.static import InputSpec
+
+from spmd_serve.export.deepseek.sharding import kv_layout
+from spmd_serve.export.graph_inputs import grouped_mask
+from spmd_serve.export.layers import add_rms_norm, fuse_columns, make_linear, make_param
+from spmd_serve.export.segment import Stage, kv_input_spec
+from spmd_serve.export.variant import GraphVariant
+from spmd_serve.manifest import ShardDims
+
+_INPUTS = ("pe_cos", "pe_sin", "grid_index", "unpad_index", "latent_index", "attn_mask")
+
+
+def _norm(x, weight, eps: float):
+    """RMSNorm of a split's part: `fused_rms_norm` (layers.rms_norm's mean over a split output reads
+    wrong values under oneDNN: measured max error ~15 on the latent)."""
+    return fused_rms_norm(x, weight, None, eps, 1)[0]
+
+
+def _rope(x, cos, sin, d: int):
+    """x * cos + roll(x, d/2) * sin over the last axis (rotate_half's sign is in sin)."""
+    return x * cos + paddle.roll(x, d // 2, axis=-1) * sin
+
+
+class MlaStage(Stage):
+    """Outputs this step's cached vectors `latent_new_<l>` [T, K] for the runner to write."""
+
+    def __init__(self, w: dict[str, Any], dims: ShardDims, layer: int) -> None:
+        super().__init__()
+        mc, p = w["config"], f"layers.{layer}."
+        self.lora = mc.q_lora_rank is not None
+        first = w[p + "q_a"] if self.lora else w[p + "q"]
+        self.proj_a = make_linear(fuse_columns([first, w[p + "kv_a"]]))  # [H, q_a or q | kvr + dr]
+        self.q_width = mc.q_lora_rank if self.lora else dims.heads * mc.q_head_dim
+        if self.lora:
+            self.q_a_ln = make_param(self, w[p + "q_a_ln"])
+            self.q_b = make_linear(w[p + "q_b"])  # [q_lora_rank, h (dn + dr)]
+        self.ln = make_param(self, w[p + "ln1"])
+        self.kv_a_ln = make_param(self, w[p + "kv_a_ln"])
+        self.w_uk = make_param(self, w[p + "w_uk"])  # [h, dn, c]
+        self.w_uv = make_param(self, w[p + "w_uv"])  # [h, K, dv]
+        self.o = make_linear(w[p + "o"])  # [h dv, H]
+        self.heads, self.eps = dims.heads, dims.rms_norm_eps
+        self.dn, self.dr, self.c = mc.qk_nope_head_dim, mc.qk_rope_head_dim, mc.kv_lora_rank
+        self.layout, self.layer = kv_layout(mc), layer
+        self.kv_layer = layer
+
+    def inputs(self, variant: GraphVariant) -> list[str]:
+        return [*_INPUTS, *self.layout.cache_inputs(self.layer)]
+
+    def new_kv(self, variant: GraphVariant) -> list[str]:
+        return self.layout.new_outputs(self.layer)
+
+    def input_spec(self, name: str, variant: GraphVariant) -> InputSpec | None:
+        return kv_input_spec(self.layout, self.layer, name, variant)
+
+    def step(self, h, delta, env: dict, variant: GraphVariant):
+        return self(h, delta, env, variant)
+
+    def forward(self, h, delta, env: dict, variant: GraphVariant):
+        nh, dn, dr, c = self.heads, self.dn, self.dr, self.c
+        x, h = add_rms_norm(h, delta, self.ln, self.eps)  # [T, H]
+        q, kv, k_pe = paddle.split(self.proj_a(x, variant), [self.q_width, c, dr], axis=-1)
+        if self.lora:
+            q = self.q_b(_norm(q, self.q_a_ln, self.eps), variant)
+        q_nope, q_pe = paddle.split(q.reshape([-1, nh, dn + dr]), [dn, dr], axis=-1)  # [T, h, dn], [T, h, dr]
+        cos, sin = env["pe_cos"], env["pe_sin"]  # [T, dr]
+        latent = paddle.concat([_norm(kv, self.kv_a_ln, self.eps), _rope(k_pe, cos, sin, dr)], axis=-1)  # [T, K]
+        q_pe = _rope(q_pe, cos.unsqueeze(1), sin.unsqueeze(1), dr)
+        q_lat = paddle.matmul(q_nope.transpose([1, 0, 2]), self.w_uk)  # [h, T, c]
+        query = paddle.concat([q_lat, q_pe.transpose([1, 0, 2])], axis=-1)  # [h, T, K]
+        ctx = self._attend(query, latent, env)  # [h, T, K]
+        out = paddle.matmul(ctx, self.w_uv).transpose([1, 0, 2]).reshape([-1, nh * self.w_uv.shape[-1]])
+        return h, self.o(out, variant), [latent]
+
+    def _attend(self, query, latent, env):
+        """softmax over past and new cached vectors of each sequence's grid of queries: [h, T, K]."""
+        nh, k = self.heads, self.c + self.dr
+        grid = env["grid_index"]  # [B, S]
+        s = paddle.shape(grid)[1]
+        p = paddle.shape(env["latent_index"])[1]
+        flat = grid.reshape([-1])
+        qg = paddle.gather(query, flat, axis=1).reshape([nh, -1, s, k]).transpose([1, 0, 2, 3])  # [B, h, S, K]
+        qg = qg.reshape([0, 1, -1, k])  # [B, 1, h S, K]: row = head * S + s
+        new = paddle.gather(latent, flat, axis=0).reshape([-1, 1, s, k])  # [B, 1, S, K]
+        past = paddle.gather_nd(env[self.layout.cache_inputs(self.layer)[0]], env["latent_index"]).unsqueeze(1)
+        scores = paddle.concat(
+            [paddle.matmul(qg, past, transpose_y=True), paddle.matmul(qg, new, transpose_y=True)], axis=-1
+        )  # [B, 1, h S, P + S]
+        probs = nn.functional.softmax(scores + grouped_mask(env, nh), axis=-1)
+        ctx = paddle.matmul(probs[:, :, :, :p], past) + paddle.matmul(probs[:, :, :, p:], new)  # [B, 1, h S, K]
+        ctx = ctx.reshape([0, nh, -1, k]).transpose([0, 2, 1, 3]).reshape([-1, nh, k])  # [B S, h, K]
+        return paddle.gather(ctx, env["unpad_index"], axis=0).transpose([1, 0, 2])  # [h, T, K]

@@ -1,0 +1,167 @@
+"""The DeepSeek family's split over the ranks, and the weight forms its stages take.
+
+* Attention is tensor-parallel by heads: q_b_proj (or q_proj) and kv_b_proj by head columns,
+  o_proj by head rows.  q_a_proj and kv_a_proj_with_mqa (small, feeding every head) are replicated,
+  so every rank computes the same latent and holds the whole MLA cache.
+* Routed experts are expert-parallel: rank r owns experts [r E/tp, (r+1) E/tp) whole; the router is
+  replicated (every rank routes every token the same way).  Shared experts and the dense layers'
+  MLPs are tensor-parallel (gate/up by columns, down by rows).  Every stage's output is a partial
+  sum over the ranks, reduced by the segment's all-reduce.
+* Vocab-parallel embedding and lm_head, as Llama.
+
+Folded at export (exact up to fp32 rounding): PaddleNLP's interleaved rope layout (the rope columns
+of the query and of kv_a permuted to the half-split layout), YaRN's cos/sin multiplier (on those
+columns) and the softmax scale (on every query column).  kv_b_proj becomes the absorbed forms:
+`w_uk` [heads, nope, kv_lora_rank] (q_nope → latent space) and `w_uv` [heads, kv_lora_rank + rope,
+v] (latent → v; zero rows for the rope part of the cached vector).  Outputs are numpy in Paddle's
+Linear layout ([in, out]).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from spmd_serve.export.deepseek.config import DeepseekConfig
+from spmd_serve.export.errors import ShardingError
+from spmd_serve.kv_layout import KVLayout
+from spmd_serve.manifest import ShardDims
+
+
+def shard_dims(mc: DeepseekConfig, tp: int) -> ShardDims:
+    """Per-rank sizes (`head_dim` is the rope dim, `kv_heads` 1: MLA's one latent for all heads)."""
+    if tp < 1:
+        raise ShardingError(f"--tp must be >= 1, got {tp}")
+    checks = {
+        "num_attention_heads": mc.heads,
+        "intermediate_size": mc.intermediate,
+        "n_routed_experts": mc.n_routed_experts or tp,
+        "moe_intermediate_size * n_shared_experts": mc.shared_intermediate or tp,
+    }
+    for name, value in checks.items():
+        if value % tp:
+            raise ShardingError(f"{name}={value} is not divisible by --tp {tp}")
+    return ShardDims(
+        tp=tp,
+        hidden=mc.hidden,
+        head_dim=mc.qk_rope_head_dim,
+        num_layers=mc.num_layers,
+        heads=mc.heads // tp,
+        kv_heads=1,
+        intermediate=mc.intermediate // tp,
+        vocab=mc.vocab,
+        vocab_local=-(-mc.vocab // tp),
+        rms_norm_eps=mc.rms_norm_eps,
+        rope_theta=mc.rope_theta,
+    )
+
+
+def kv_layout(mc: DeepseekConfig) -> KVLayout:
+    return KVLayout.mla_latent(mc.num_layers, mc.kv_lora_rank, mc.qk_rope_head_dim)
+
+
+def experts_of_rank(mc: DeepseekConfig, tp: int, rank: int) -> range:
+    per = (mc.n_routed_experts or 0) // tp
+    return range(rank * per, (rank + 1) * per)
+
+
+def rope_perm(d: int) -> np.ndarray:
+    """PaddleNLP's apply_rotary_pos_emb reorders x [.., d] as x.reshape(d/2, 2).T: evens then odds."""
+    return np.concatenate([np.arange(0, d, 2), np.arange(1, d, 2)])
+
+
+def _query(w_hf: np.ndarray, mc: DeepseekConfig, heads: slice) -> np.ndarray:
+    """q_b_proj / q_proj [nh * (nope + rope), in] → this rank's heads, rope permuted and scaled by
+    mscale, every column by the softmax scale: Paddle [in, heads_local * (nope + rope)]."""
+    dn, dr = mc.qk_nope_head_dim, mc.qk_rope_head_dim
+    w = w_hf.reshape(mc.heads, dn + dr, -1)[heads].astype(np.float64)  # [h, dn + dr, in]
+    w = np.concatenate([w[:, :dn], w[:, dn:][:, rope_perm(dr)] * mc.rope_mscale()], axis=1) * mc.softmax_scale()
+    return np.ascontiguousarray(w.reshape(-1, w.shape[-1]).T, np.float32)
+
+
+def _kv_a(w_hf: np.ndarray, mc: DeepseekConfig) -> np.ndarray:
+    """kv_a_proj_with_mqa [kvr + rope, H] → Paddle [H, kvr + rope], rope columns permuted and scaled."""
+    kvr, dr = mc.kv_lora_rank, mc.qk_rope_head_dim
+    pe = w_hf[kvr:][rope_perm(dr)].astype(np.float64) * mc.rope_mscale()
+    return np.ascontiguousarray(np.concatenate([w_hf[:kvr], pe]).T, np.float32)
+
+
+def _absorbed(w_hf: np.ndarray, mc: DeepseekConfig, heads: slice) -> tuple[np.ndarray, np.ndarray]:
+    """kv_b_proj [nh * (nope + v), kvr] → (w_uk [h, nope, kvr], w_uv [h, kvr + rope, v]) of `heads`:
+    score = (q_nope @ w_uk) . latent, output = (probs @ cached vector) @ w_uv."""
+    dn, dv, kvr = mc.qk_nope_head_dim, mc.v_head_dim, mc.kv_lora_rank
+    w = w_hf.reshape(mc.heads, dn + dv, kvr)[heads]
+    uv = np.zeros((w.shape[0], kvr + mc.qk_rope_head_dim, dv), np.float32)
+    uv[:, :kvr] = w[:, dn:].transpose(0, 2, 1)
+    return np.ascontiguousarray(w[:, :dn]), uv
+
+
+def _cols(w_hf: np.ndarray, sl: slice) -> np.ndarray:
+    return np.ascontiguousarray(w_hf[sl].T)
+
+
+def _rows(w_hf: np.ndarray, sl: slice) -> np.ndarray:
+    return np.ascontiguousarray(w_hf[:, sl].T)
+
+
+def _mlp(hf: dict[str, np.ndarray], src: str, dst: str, sl: slice) -> dict[str, np.ndarray]:
+    """A SwiGLU MLP's gate / up column shards and down row shard `sl` of its units."""
+    return {
+        dst + "gate": _cols(hf[src + "gate_proj.weight"], sl),
+        dst + "up": _cols(hf[src + "up_proj.weight"], sl),
+        dst + "down": _rows(hf[src + "down_proj.weight"], sl),
+    }
+
+
+def _units(total: int, tp: int, rank: int) -> slice:
+    per = total // tp
+    return slice(rank * per, (rank + 1) * per)
+
+
+def shard_weights(hf: dict[str, np.ndarray], mc: DeepseekConfig, dims: ShardDims, rank: int) -> dict[str, Any]:
+    """This rank's weights: `embed`, `norm`, `lm_head`; per layer `layers.<i>.` + `ln1`, `ln2`, `q`
+    or `q_a`, `q_a_ln`, `q_b`; `kv_a`, `kv_a_ln`, `w_uk`, `w_uv`, `o`; dense: `gate`, `up`, `down`;
+    MoE: `router`, `router_bias`, `experts.gate`, `experts.up` [E_local, H, I], `experts.down`
+    [E_local, I, H], `shared.{gate,up,down}`.  `config` is the model's DeepseekConfig."""
+    tp = dims.tp
+    heads = _units(mc.heads, tp, rank)
+    vocab = slice(rank * dims.vocab_local, (rank + 1) * dims.vocab_local)
+
+    def vocab_rows(w: np.ndarray) -> np.ndarray:  # [V, H] → this rank's [V_local, H], zero-padded
+        out = np.zeros((dims.vocab_local, w.shape[1]), np.float32)
+        part = w[vocab]
+        out[: part.shape[0]] = part
+        return out
+
+    out: dict[str, Any] = {
+        "config": mc,
+        "embed": vocab_rows(hf["model.embed_tokens.weight"]),
+        "norm": hf["model.norm.weight"],
+        "lm_head": np.ascontiguousarray(vocab_rows(hf["lm_head.weight"]).T),
+    }
+    for i in range(mc.num_layers):
+        p, a, m, d = f"model.layers.{i}.", f"model.layers.{i}.self_attn.", f"model.layers.{i}.mlp.", f"layers.{i}."
+        out[d + "ln1"], out[d + "ln2"] = hf[p + "input_layernorm.weight"], hf[p + "post_attention_layernorm.weight"]
+        if mc.q_lora_rank is None:
+            out[d + "q"] = _query(hf[a + "q_proj.weight"], mc, heads)
+        else:
+            out[d + "q_a"] = np.ascontiguousarray(hf[a + "q_a_proj.weight"].T)
+            out[d + "q_a_ln"] = hf[a + "q_a_layernorm.weight"]
+            out[d + "q_b"] = _query(hf[a + "q_b_proj.weight"], mc, heads)
+        out[d + "kv_a"] = _kv_a(hf[a + "kv_a_proj_with_mqa.weight"], mc)
+        out[d + "kv_a_ln"] = hf[a + "kv_a_layernorm.weight"]
+        out[d + "w_uk"], out[d + "w_uv"] = _absorbed(hf[a + "kv_b_proj.weight"], mc, heads)
+        out[d + "o"] = _rows(hf[a + "o_proj.weight"], slice(heads.start * mc.v_head_dim, heads.stop * mc.v_head_dim))
+        if not mc.is_moe(i):
+            out |= _mlp(hf, m, d, _units(mc.intermediate, tp, rank))
+            continue
+        out[d + "router"] = np.ascontiguousarray(hf[m + "gate.weight"].T)  # [H, E], replicated
+        if mc.topk_method == "noaux_tc":
+            out[d + "router_bias"] = hf[m + "gate.e_score_correction_bias"]
+        own = experts_of_rank(mc, tp, rank)
+        for part in ("gate", "up", "down"):
+            out[f"{d}experts.{part}"] = np.stack([hf[f"{m}experts.{e}.{part}_proj.weight"].T for e in own])
+        if mc.n_shared_experts:
+            out |= _mlp(hf, m + "shared_experts.", d + "shared.", _units(mc.shared_intermediate, tp, rank))
+    return {k: v if k == "config" else np.ascontiguousarray(v, dtype=np.float32) for k, v in out.items()}

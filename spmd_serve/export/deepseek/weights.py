@@ -1,0 +1,148 @@
+"""The DeepSeek family's tensor names: what a checkpoint must hold (HF names and shapes), the MTP
+layers' tensors, and PaddleNLP's names and layout turned into HF's.
+
+HF: `model.layers.<i>.self_attn.{q_proj | q_a_proj, q_a_layernorm, q_b_proj}`, `kv_a_proj_with_mqa`,
+`kv_a_layernorm`, `kv_b_proj`, `o_proj`; `mlp.{gate,up,down}_proj` (dense layers) or `mlp.gate`
+(router [experts, hidden]), `mlp.gate.e_score_correction_bias` (noaux_tc), `mlp.experts.<e>.*`,
+`mlp.shared_experts.*`; linear weights [out, in].  MTP layers are `model.layers.<L + j>.*` (a MoE
+decoder layer plus `embed_tokens`, `enorm`, `hnorm`, `eh_proj`, `shared_head.{norm,head}`).
+PaddleNLP's `save_pretrained` (3.0.0b4) names them `deepseek_v2.…` / `deepseek_v3.…` and stores
+every 2-D weight but the embeddings transposed ([in, out]; the router [hidden, experts]; the
+lm_head [hidden, vocab]).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from spmd_serve.export.deepseek.config import DeepseekConfig
+from spmd_serve.export.errors import CheckpointError
+
+_PREFIXES = ("deepseek_v2.", "deepseek_v3.")
+
+
+def to_hf_layout(weights: dict[str, np.ndarray], mc: DeepseekConfig) -> tuple[dict[str, np.ndarray], str]:
+    """Rename / transpose PaddleNLP tensors to HF's; returns (weights, 'huggingface' | 'paddlenlp')."""
+    if any(k.startswith("model.") for k in weights):
+        return weights, "huggingface"
+    if not any(k.startswith(_PREFIXES) for k in weights):
+        raise CheckpointError(
+            f"unrecognised tensor names (e.g. {next(iter(weights), '?')!r}): expected "
+            "HuggingFace `model.…` or PaddleNLP `deepseek_v2.…`/`deepseek_v3.…` names"
+        )
+    out = {}
+    for name, arr in weights.items():
+        if name != "lm_head.weight":
+            prefix = next((p for p in _PREFIXES if name.startswith(p)), None)
+            if prefix is None:
+                raise CheckpointError(f"unexpected tensor {name!r} in a PaddleNLP checkpoint")
+            name = "model." + name[len(prefix) :]
+        if arr.ndim == 2 and not name.endswith("embed_tokens.weight"):
+            arr = arr.T  # Paddle [in, out] → HF [out, in]
+        out[name] = np.ascontiguousarray(arr)
+    return out, "paddlenlp"
+
+
+def _mlp(prefix: str, inter: int, h: int) -> dict[str, tuple[int, ...]]:
+    return {
+        prefix + "gate_proj.weight": (inter, h),
+        prefix + "up_proj.weight": (inter, h),
+        prefix + "down_proj.weight": (h, inter),
+    }
+
+
+def layer_tensors(mc: DeepseekConfig, i: int, moe: bool) -> dict[str, tuple[int, ...]]:
+    """HF name → shape of decoder layer `i`'s tensors (attention, norms, dense MLP or MoE)."""
+    h, nh, kvr, dr = mc.hidden, mc.heads, mc.kv_lora_rank, mc.qk_rope_head_dim
+    p, a, m = f"model.layers.{i}.", f"model.layers.{i}.self_attn.", f"model.layers.{i}.mlp."
+    shapes: dict[str, tuple[int, ...]] = {
+        p + "input_layernorm.weight": (h,),
+        p + "post_attention_layernorm.weight": (h,),
+    }
+    if mc.q_lora_rank is None:
+        shapes[a + "q_proj.weight"] = (nh * mc.q_head_dim, h)
+    else:
+        qr = mc.q_lora_rank
+        shapes[a + "q_a_proj.weight"], shapes[a + "q_a_layernorm.weight"] = (qr, h), (qr,)
+        shapes[a + "q_b_proj.weight"] = (nh * mc.q_head_dim, qr)
+    shapes.update(
+        {
+            a + "kv_a_proj_with_mqa.weight": (kvr + dr, h),
+            a + "kv_a_layernorm.weight": (kvr,),
+            a + "kv_b_proj.weight": (nh * (mc.qk_nope_head_dim + mc.v_head_dim), kvr),
+            a + "o_proj.weight": (h, nh * mc.v_head_dim),
+        }
+    )
+    if not moe:
+        return shapes | _mlp(m, mc.intermediate, h)
+    e = mc.n_routed_experts or 0
+    shapes[m + "gate.weight"] = (e, h)
+    if mc.topk_method == "noaux_tc":
+        shapes[m + "gate.e_score_correction_bias"] = (e,)
+    for x in range(e):
+        shapes |= _mlp(f"{m}experts.{x}.", mc.moe_intermediate, h)
+    if mc.n_shared_experts:
+        shapes |= _mlp(m + "shared_experts.", mc.shared_intermediate, h)
+    return shapes
+
+
+def expected_tensors(mc: DeepseekConfig) -> dict[str, tuple[int, ...]]:
+    """HF tensor name → shape that a checkpoint of `mc` must provide (the served layers; MTP layers'
+    tensors are `mtp_tensors`)."""
+    h = mc.hidden
+    shapes: dict[str, tuple[int, ...]] = {
+        "model.embed_tokens.weight": (mc.vocab, h),
+        "model.norm.weight": (h,),
+        "lm_head.weight": (mc.vocab, h),
+    }
+    for i in range(mc.num_layers):
+        shapes |= layer_tensors(mc, i, mc.is_moe(i))
+    return shapes
+
+
+def mtp_tensors(mc: DeepseekConfig, weights: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The checkpoint's MTP-layer tensors (`model.layers.<L + j>.*`, j < num_nextn_predict_layers),
+    as found: HF checkpoints hold their own embed_tokens / shared_head, PaddleNLP's share the
+    model's and add an eh_proj bias.  CheckpointError when a layer's decoder part is missing."""
+    out: dict[str, np.ndarray] = {}
+    for j in range(mc.num_nextn_predict_layers):
+        prefix = f"model.layers.{mc.num_layers + j}."
+        found = {k: v for k, v in weights.items() if k.startswith(prefix)}
+        need = [*layer_tensors(mc, mc.num_layers + j, True), prefix + "eh_proj.weight"]
+        missing = [k for k in need if k not in found]
+        if missing:
+            raise CheckpointError(f"num_nextn_predict_layers={mc.num_nextn_predict_layers}: {missing[0]} is missing")
+        out |= found
+    return out
+
+
+MTP_FILE = "mtp/model.safetensors"
+
+
+def write_mtp(mc: DeepseekConfig, hf: dict[str, np.ndarray], out: Path) -> None:
+    """The MTP layers' tensors, HF names and layout, float32, in `out/MTP_FILE` (unsharded: the
+    speculative-decoding issue will trace them; nothing serves them yet)."""
+    if not mc.num_nextn_predict_layers:
+        return
+    from safetensors.numpy import save_file
+
+    path = out / MTP_FILE
+    path.parent.mkdir(parents=True, exist_ok=True)
+    save_file({k: np.ascontiguousarray(v, np.float32) for k, v in mtp_tensors(mc, hf).items()}, str(path))
+
+
+def mtp_record(mc: DeepseekConfig) -> dict | None:
+    """config.json's description of the exported MTP weights (None without MTP layers)."""
+    if not mc.num_nextn_predict_layers:
+        return None
+    first = mc.num_layers
+    return {
+        "file": MTP_FILE,
+        "layers": list(range(first, first + mc.num_nextn_predict_layers)),
+        "names": "HuggingFace names and [out, in] layout, float32: model.layers.<i>.{self_attn,mlp,"
+        "input_layernorm,post_attention_layernorm,enorm,hnorm,eh_proj,shared_head,embed_tokens}.* as the "
+        "checkpoint held them (DeepSeek-V3: h' = eh_proj(concat(enorm(embed(t+1)), hnorm(h))))",
+        "served": False,
+    }

@@ -1,0 +1,198 @@
+"""DeepSeek-V2/V3 export (issue 14): checkpoints read back exactly, the fp8 layout dequantises to
+its weights, the references agree, the MLA pool's bytes, MTP weights exported, refusals (no MPI).
+
+* every format (HF single / sharded safetensors, PaddleNLP's own save_pretrained, with MTP layers)
+  reads back to exactly the HF weights the checkpoint was made from;
+* the published fp8 layout (float8_e4m3fn + 128x128 `weight_scale_inv`, tiled when a weight spans
+  several blocks) reads back as the exact decode, within fp8 rounding of the weights it was made
+  from; the exporter's e4m3 table equals one written independently from the format;
+* PaddleNLP's DeepseekV2/V3ForCausalLM (with this repo's shims) and an independent float64 numpy
+  implementation written from DeepSeek's published modeling code agree to 1e-4 on both configs;
+* the pool holds layers x (kv_lora_rank + qk_rope_head_dim) floats per token, and a context that
+  would not fit as expanded per-head K/V fits;
+* refused in one line: unsupported routing / scoring / rope scaling / activations, a split that
+  does not divide, missing MTP tensors.
+"""
+
+from __future__ import annotations
+
+import json
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from tests.support.deepseek_zoo import CONFIGS, FORMATS, fp8_e4m3_table, make_weights, to_fp8, write, write_fp8
+
+
+@pytest.fixture(scope="module")
+def sources():
+    from tests.support.deepseek_reference import reference_from_weights
+
+    out = {}
+    for name, cfg in CONFIGS.items():
+        weights = make_weights(cfg)
+        out[name] = (cfg, weights, reference_from_weights(cfg, weights, keep_mtp=True))
+    return out
+
+
+@pytest.mark.parametrize("fmt", FORMATS[:2] + ("paddlenlp_safetensors", "paddlenlp_pdparams"))
+@pytest.mark.parametrize("name", list(CONFIGS))
+def test_every_format_reads_back_the_same_weights(name, fmt, sources, tmp_path):
+    from spmd_serve.export.checkpoint import load_checkpoint
+
+    cfg, weights, ref = sources[name]
+    ckpt = write(fmt, tmp_path / "ckpt", cfg, weights, ref)
+    _, mc, got, source = load_checkpoint(ckpt)
+    assert source["format"] == ("huggingface" if fmt.startswith("hf") else "paddlenlp")
+    assert (mc.architecture, mc.q_lora_rank, mc.topk_method) == (
+        cfg["architectures"][0],
+        cfg["q_lora_rank"],
+        cfg["topk_method"],
+    )
+    # PaddleNLP's MTP layer uses the model's embedding, norm and head (and has an eh_proj bias)
+    mtp = f"model.layers.{cfg['num_hidden_layers']}."
+    shared = (mtp + "embed_tokens.weight", mtp + "shared_head.head.weight", mtp + "shared_head.norm.weight")
+    want = {k: v for k, v in weights.items() if fmt.startswith("hf") or k not in shared}
+    assert sorted(k for k in got if k != mtp + "eh_proj.bias") == sorted(want)
+    for k, v in want.items():
+        assert np.array_equal(got[k], v), k
+
+
+def test_e4m3_tables_agree():
+    from spmd_serve.export.checkpoint import E4M3
+
+    ours, independent = E4M3, fp8_e4m3_table()
+    assert np.array_equal(np.isnan(ours), np.isnan(independent))
+    assert np.array_equal(ours[~np.isnan(ours)], independent[~np.isnan(independent)])
+    assert ours[0x7E] == 448 and ours[0x01] == 2.0**-9 and ours[0xB8] == -1.0
+
+
+@pytest.mark.parametrize("block", [128, 16])
+def test_fp8_layout_dequantises_to_its_weights(block, tmp_path):
+    """128: the published block (each tiny weight is one block); 16: several blocks per weight, so
+    the scales' tiling is exercised.  Exact decode, and within fp8 rounding of the source weights."""
+    from spmd_serve.export.checkpoint import load_checkpoint
+
+    cfg = CONFIGS["v3"]
+    weights = make_weights(cfg)
+    ckpt, decoded = write_fp8(tmp_path / "fp8", cfg, weights, block)
+    _, _, got, _ = load_checkpoint(ckpt)
+    assert not any(k.endswith("_scale_inv") for k in got)
+    for k in got:
+        assert np.array_equal(got[k], decoded[k]), k
+    w = weights["model.layers.1.mlp.experts.3.down_proj.weight"]  # [64, 32]
+    q, scale = to_fp8(w, block)
+    assert scale.shape == (-(-64 // block), -(-32 // block))
+    full = np.repeat(np.repeat(scale, block, 0), block, 1)[:64, :32]
+    # e4m3 keeps 3 mantissa bits: half a step is <= 2^-4 of the value's binade
+    assert np.all(np.abs(got["model.layers.1.mlp.experts.3.down_proj.weight"] - w) <= np.abs(w) * 2**-4 + full * 2**-10)
+
+
+@pytest.mark.parametrize("name", list(CONFIGS))
+def test_numpy_float64_reference_agrees_with_paddlenlp(name, sources):
+    import paddle
+
+    from tests.support.deepseek_numpy import forward_logits
+    from tests.support.deepseek_reference import reference_from_weights
+
+    cfg, weights, _ = sources[name]
+    ref = reference_from_weights(cfg, weights)
+    ids = [1, *np.random.default_rng(3).integers(3, 512, 69).tolist()]  # past YaRN's original context
+    with paddle.no_grad():
+        theirs = ref(input_ids=paddle.to_tensor([ids]), use_cache=False, return_dict=True).logits[0].numpy()
+    ours = forward_logits(cfg, weights, ids)
+    assert np.abs(theirs - ours).max() <= 1e-4, np.abs(theirs - ours).max()
+
+
+@pytest.fixture(scope="module")
+def exported(sources, tmp_path_factory):
+    from spmd_serve.export import export_checkpoint
+
+    cfg, weights, ref = sources["v3"]
+    root = tmp_path_factory.mktemp("v3")
+    return export_checkpoint(write("hf", root / "ckpt", cfg, weights), root / "served", tp=2), weights
+
+
+def test_mla_pool_bytes_per_token_and_capacity(exported, monkeypatch):
+    from spmd_serve.kv_layout import CacheTensor, KVLayout
+    from spmd_serve.manifest import read_manifest
+    from spmd_serve.worker import capacity
+
+    out, _ = exported
+    cfg = CONFIGS["v3"]
+    layout = read_manifest(out / "rank_1").kv_cache
+    layers, latent = cfg["num_hidden_layers"], cfg["kv_lora_rank"] + cfg["qk_rope_head_dim"]
+    assert layout.bytes_per_token() == layers * latent * 4 == 480
+    nh = cfg["num_attention_heads"]
+    expanded = layers * nh * (cfg["qk_nope_head_dim"] + cfg["qk_rope_head_dim"] + cfg["v_head_dim"]) * 4
+    assert expanded == 4 * layout.bytes_per_token()  # 1920 vs 480 bytes here; 71x for V3 (61 layers x 128 heads)
+    serve = SimpleNamespace(
+        block_size=16, block_bs=8, max_seq_len=4096, max_dec_len=512, use_cache_kv_int8=False, num_blocks=lambda: 2048
+    )
+    budget = 2048 * 16 * 1000  # bytes: 1000 per token of the 32768-token pool
+    monkeypatch.setattr(capacity.psutil, "virtual_memory", lambda: SimpleNamespace(available=budget / 0.9))
+    capacity.check_kv_fits(serve, layout, 1)  # 480 bytes per token: fits
+    k, v = CacheTensor("k", (nh, cfg["qk_nope_head_dim"] + cfg["qk_rope_head_dim"])), CacheTensor("v", (nh, 16))
+    expanded_layout = KVLayout("kv_heads", layers, (k, v))  # per-head K and V, as the reference caches
+    assert expanded_layout.bytes_per_token() == expanded
+    with pytest.raises(capacity.ConfigError, match="largest BLOCK_BS that fits"):
+        capacity.check_kv_fits(serve, expanded_layout, 1)
+
+
+def test_mtp_weights_are_exported_and_described(exported):
+    from safetensors.numpy import load_file
+
+    out, weights = exported
+    served = json.loads((out / "config.json").read_text())["spmd_serve"]
+    mtp = served["mtp"]
+    assert mtp["layers"] == [3] and mtp["served"] is False
+    got = load_file(str(out / mtp["file"]))
+    want = {k: v for k, v in weights.items() if k.startswith("model.layers.3.")}
+    assert sorted(got) == sorted(want) and all(np.array_equal(got[k], v) for k, v in want.items())
+    assert served["kv_int8"] is False  # the MLA pool is fp32 only
+
+
+# ---------------------------------------------------------------- refusals
+
+
+@pytest.mark.parametrize(
+    "change, needle",
+    [
+        ({"topk_method": "top2"}, "topk_method='top2' is not supported"),
+        ({"scoring_func": "tanh"}, "scoring_func='tanh' is not supported"),
+        ({"rope_scaling": {"type": "linear", "factor": 2.0}}, "rope_scaling type 'linear'"),
+        ({"hidden_act": "gelu"}, "hidden_act='gelu'"),
+        ({"n_group": 3}, "the groups must split the experts evenly"),
+        ({"tie_word_embeddings": True}, "tie_word_embeddings=true"),
+    ],
+)
+def test_unsupported_configs_are_refused(change, needle, tmp_path, capsys):
+    from spmd_serve.export import main
+
+    cfg = dict(CONFIGS["v2"], **change)
+    ckpt = write("hf", tmp_path / "ckpt", cfg, make_weights(CONFIGS["v2"]))
+    assert main(["--checkpoint", str(ckpt), "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("spmd_serve export: error:") and err.count("\n") == 1 and needle in err, err
+
+
+@pytest.mark.parametrize(
+    "tp, needle", [(3, "num_attention_heads=4 is not divisible by --tp 3"), (8, "num_attention_heads=4")]
+)
+def test_splits_that_do_not_divide_are_refused(tp, needle, tmp_path, capsys):
+    from spmd_serve.export import main
+
+    ckpt = write("hf", tmp_path / "ckpt", CONFIGS["v2"], make_weights(CONFIGS["v2"]))
+    assert main(["--checkpoint", str(ckpt), "--out", str(tmp_path / "out"), "--tp", str(tp)]) == 2
+    assert needle in capsys.readouterr().err
+
+
+def test_missing_mtp_layer_is_refused(tmp_path, capsys):
+    from spmd_serve.export import main
+
+    cfg = CONFIGS["v3"]
+    weights = {k: v for k, v in make_weights(cfg).items() if not k.startswith("model.layers.3.self_attn")}
+    ckpt = write("hf", tmp_path / "ckpt", cfg, weights)
+    assert main(["--checkpoint", str(ckpt), "--out", str(tmp_path / "out")]) == 2
+    assert "num_nextn_predict_layers=1: model.layers.3.self_attn" in capsys.readouterr().err
