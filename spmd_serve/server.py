@@ -172,7 +172,8 @@ def _run_rank0(cfg, comm, runner, fe: Frontend) -> None:
         engine.warm_up(fe.tokenizer.encode("Warm-up request: hello world.") or [fe.tokenizer.bos_token_id or 1])
     client.ready.set()
     log.info(
-        "ready: %d rank(s), model %s, HTTP %s:%s, gRPC %s:%s, health %s:%s, metrics %s:%s, %d KV blocks of %d tokens",
+        "ready: %d rank(s), model %s, HTTP %s:%s, gRPC %s:%s, health %s:%s, metrics %s:%s, %d KV blocks of %d tokens"
+        ", %d KV bytes per token on each rank (%s cache)",
         comm.size,
         cfg.model_dir,
         cfg.host,
@@ -185,6 +186,8 @@ def _run_rank0(cfg, comm, runner, fe: Frontend) -> None:
         cfg.metrics_port,
         cfg.num_blocks(),
         cfg.block_size,
+        runner.pool.layout.bytes_per_token(runner.pool.int8),
+        runner.pool.layout.kind,
     )
     try:
         engine.run()

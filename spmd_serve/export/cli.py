@@ -1,6 +1,6 @@
-"""`spmd_serve export`: a HuggingFace or PaddleNLP Llama/Qwen2 checkpoint → the served model directory.
+"""`spmd_serve export`: a HuggingFace or PaddleNLP Llama/Qwen2/DeepSeek checkpoint → the served model directory.
 
-`--demo tiny|small` first writes a deterministic checkpoint (weights + trained SentencePiece
+`--demo tiny|small|deepseek-tiny` first writes a deterministic checkpoint (weights + trained SentencePiece
 tokenizer, export/demo/) so everything works offline.
 """
 
@@ -11,6 +11,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from spmd_serve.export.demo.checkpoint import DEMO_PRESETS
 from spmd_serve.export.errors import ExportError
 from spmd_serve.export.families import SUPPORTED_ARCHS
 from spmd_serve.export.graph_ops import GRAPH_OPS
@@ -24,7 +25,7 @@ def build_parser() -> argparse.ArgumentParser:
     src.add_argument(
         "--checkpoint", type=Path, help=f"HuggingFace or PaddleNLP checkpoint directory ({', '.join(SUPPORTED_ARCHS)})"
     )
-    src.add_argument("--demo", choices=("tiny", "small"), help="write and export a built-in demo model")
+    src.add_argument("--demo", choices=DEMO_PRESETS, help="write and export a built-in demo model")
     ap.add_argument("--out", type=Path, required=True, help="served model directory to write")
     ap.add_argument("--tp", type=int, default=1, help="tensor-parallel degree (one rank_<i>/ per rank)")
     ap.add_argument(

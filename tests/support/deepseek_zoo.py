@@ -6,7 +6,8 @@
   weights, YaRN rope scaling with mscale != mscale_all_dim (both), dense first layers
   (first_k_dense_replace = 1) and an MTP layer (V3, num_nextn_predict_layers = 1);
 * `make_weights(cfg)`: deterministic random HF-named float32 weights (MTP layer included), scaled
-  so that logits have std ~3 and the router's choices are not near ties;
+  so that logits have std ~3 and the router's choices are not near ties (the deepseek-tiny
+  demo's, spmd_serve/export/demo/deepseek.py);
 * `write(fmt, dir, cfg, weights)`: the checkpoint a user would have: HF single / sharded
   safetensors, the published fp8 layout (float8_e4m3fn + 128x128 `weight_scale_inv`), PaddleNLP's
   own `save_pretrained`.
@@ -19,7 +20,10 @@ from pathlib import Path
 
 import numpy as np
 
+from spmd_serve.export.demo.deepseek import make_weights
 from tests.support.model_zoo import write_hf
+
+__all__ = ["CONFIGS", "FORMATS", "make_weights", "write", "write_bf16", "write_fp8"]
 
 _BASE = {
     "vocab_size": 512,
@@ -95,84 +99,6 @@ CONFIGS: dict[str, dict] = {
     ),
 }
 FORMATS = ("hf", "hf_sharded", "hf_fp8", "paddlenlp_safetensors")
-
-
-def _layer_weights(cfg: dict, i: int, normal, moe: bool) -> dict[str, np.ndarray]:
-    h, nh = cfg["hidden_size"], cfg["num_attention_heads"]
-    dn, dr, dv, kvr = cfg["qk_nope_head_dim"], cfg["qk_rope_head_dim"], cfg["v_head_dim"], cfg["kv_lora_rank"]
-
-    def linear(o, i_):
-        return normal((o, i_), 1.0 / np.sqrt(i_))
-
-    def norm(n):
-        return (1.0 + normal((n,), 0.05)).astype(np.float32)
-
-    p, a, m = f"model.layers.{i}.", f"model.layers.{i}.self_attn.", f"model.layers.{i}.mlp."
-    w = {p + "input_layernorm.weight": norm(h), p + "post_attention_layernorm.weight": norm(h)}
-    if cfg["q_lora_rank"] is None:
-        w[a + "q_proj.weight"] = linear(nh * (dn + dr), h)
-    else:
-        qr = cfg["q_lora_rank"]
-        w[a + "q_a_proj.weight"], w[a + "q_a_layernorm.weight"] = linear(qr, h), norm(qr)
-        w[a + "q_b_proj.weight"] = linear(nh * (dn + dr), qr)
-    w[a + "kv_a_proj_with_mqa.weight"], w[a + "kv_a_layernorm.weight"] = linear(kvr + dr, h), norm(kvr)
-    w[a + "kv_b_proj.weight"] = linear(nh * (dn + dv), kvr)
-    w[a + "o_proj.weight"] = linear(h, nh * dv)
-    if not moe:
-        inter = cfg["intermediate_size"]
-        w[m + "gate_proj.weight"], w[m + "up_proj.weight"] = linear(inter, h), linear(inter, h)
-        w[m + "down_proj.weight"] = linear(h, inter)
-        return w
-    e, mi = cfg["n_routed_experts"], cfg["moe_intermediate_size"]
-    w[m + "gate.weight"] = normal((e, h), 2.0 / np.sqrt(h))  # router logits std ~2: few near ties
-    if cfg["topk_method"] == "noaux_tc":
-        w[m + "gate.e_score_correction_bias"] = normal((e,), 0.05)
-    for x in range(e):
-        q = f"{m}experts.{x}."
-        w[q + "gate_proj.weight"], w[q + "up_proj.weight"] = linear(mi, h), linear(mi, h)
-        w[q + "down_proj.weight"] = linear(h, mi)
-    si = mi * cfg["n_shared_experts"]
-    s = m + "shared_experts."
-    w[s + "gate_proj.weight"], w[s + "up_proj.weight"], w[s + "down_proj.weight"] = (
-        linear(si, h),
-        linear(si, h),
-        linear(h, si),
-    )
-    return w
-
-
-def is_moe_layer(cfg: dict, i: int) -> bool:
-    return i >= cfg["first_k_dense_replace"] and i % cfg["moe_layer_freq"] == 0
-
-
-def make_weights(cfg: dict, seed: int = 0) -> dict[str, np.ndarray]:
-    """HF-named float32 weights of `cfg`, its MTP layers (`model.layers.<L + j>.*`) included."""
-    rng = np.random.default_rng(seed)
-    h, vocab, n = cfg["hidden_size"], cfg["vocab_size"], cfg["num_hidden_layers"]
-
-    def normal(shape, std):
-        return rng.standard_normal(shape, dtype=np.float32) * np.float32(std)
-
-    w = {"model.embed_tokens.weight": normal((vocab, h), 1.0)}
-    for i in range(n):
-        w.update(_layer_weights(cfg, i, normal, is_moe_layer(cfg, i)))
-    for j in range(cfg.get("num_nextn_predict_layers", 0)):  # MTP: a MoE decoder layer + its own parts
-        i = n + j
-        w.update(_layer_weights(cfg, i, normal, True))
-        p = f"model.layers.{i}."
-        w.update(
-            {
-                p + "embed_tokens.weight": w["model.embed_tokens.weight"],
-                p + "enorm.weight": (1.0 + normal((h,), 0.05)),
-                p + "hnorm.weight": (1.0 + normal((h,), 0.05)),
-                p + "eh_proj.weight": normal((h, 2 * h), 1.0 / np.sqrt(2 * h)),
-                p + "shared_head.norm.weight": (1.0 + normal((h,), 0.05)),
-                p + "shared_head.head.weight": normal((vocab, h), 3.0 / np.sqrt(h)),
-            }
-        )
-    w["model.norm.weight"] = (1.0 + normal((h,), 0.05)).astype(np.float32)
-    w["lm_head.weight"] = normal((vocab, h), 3.0 / np.sqrt(h))
-    return w
 
 
 # ---------------------------------------------------------------- the published fp8 layout

@@ -1,4 +1,5 @@
-"""Offline demo checkpoint: a random-weight HuggingFace-format Llama plus a locally trained tokenizer.
+"""Offline demo checkpoint: a random-weight HuggingFace-format Llama (or DeepSeek-V3-shaped model,
+`deepseek-tiny`) plus a locally trained tokenizer.
 
 This module owns `write_demo_checkpoint()`, which makes a complete model directory with no network
 access (config.json, model.safetensors, a SentencePiece BPE tokenizer with a chat template, and
@@ -26,6 +27,7 @@ from typing import Any
 
 import numpy as np
 
+from spmd_serve.export.demo import deepseek
 from spmd_serve.export.demo.corpus import training_sentences
 
 PRESETS: dict[str, dict[str, int]] = {
@@ -51,6 +53,7 @@ PRESETS: dict[str, dict[str, int]] = {
     },
 }
 
+DEMO_PRESETS = (*PRESETS, *deepseek.PRESETS)  # deepseek-tiny: export/demo/deepseek.py, with the tiny tokenizer
 BOS_TOKEN, EOS_TOKEN, UNK_TOKEN = "<s>", "</s>", "<unk>"
 BOS_ID, EOS_ID, PAD_ID = 1, 2, 0
 # Chat markers are SentencePiece user-defined symbols: they always encode to exactly one id
@@ -200,7 +203,14 @@ def write_demo_checkpoint(out_dir: str | Path, preset: str = "tiny", seed: int =
     """Write the demo checkpoint for `preset` into `out_dir` (created if needed); return it."""
     from safetensors.numpy import save_file
 
-    config = make_config(preset)
+    if preset in deepseek.PRESETS:
+        ids = {"bos_token_id": BOS_ID, "eos_token_id": EOS_ID, "pad_token_id": PAD_ID}
+        config = deepseek.make_config(preset, PRESETS["tiny"]["vocab_size"], ids)
+        config["max_position_embeddings"] = PRESETS["tiny"]["max_position_embeddings"]
+        weights = deepseek.make_weights(config, seed)
+    else:
+        config = make_config(preset)
+        weights = make_weights(config, seed)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
 
@@ -214,9 +224,7 @@ def write_demo_checkpoint(out_dir: str | Path, preset: str = "tiny", seed: int =
     # HF tooling looks for tokenizer.model; PaddleNLP's LlamaTokenizer for sentencepiece.bpe.model.
     for name in ("tokenizer.model", "sentencepiece.bpe.model"):
         (out / name).write_bytes(proto)
-    save_file(
-        make_weights(config, seed), str(out / "model.safetensors"), metadata={"format": "pt"}
-    )  # "pt": what HF loaders expect in the header
+    save_file(weights, str(out / "model.safetensors"), metadata={"format": "pt"})  # "pt": what HF loaders expect
     # safetensors creates the file 0600; make it readable like the other files (shared mounts).
     os.chmod(out / "model.safetensors", 0o644)
     return out
@@ -225,7 +233,7 @@ def write_demo_checkpoint(out_dir: str | Path, preset: str = "tiny", seed: int =
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description="Write the offline demo Llama checkpoint.")
     ap.add_argument("out_dir")
-    ap.add_argument("--preset", default="tiny", choices=sorted(PRESETS))
+    ap.add_argument("--preset", default="tiny", choices=DEMO_PRESETS)
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
     print(write_demo_checkpoint(args.out_dir, args.preset, args.seed))
