@@ -92,7 +92,8 @@ def _check_against_reference(name: str, tp: int, ref_model, tokens, logits, prom
         choice[:, EOS] = -np.inf
         for i, (a, b) in enumerate(zip(toks, choice.argmax(axis=1).tolist())):
             gap = float(ref[i][b] - ref[i][a])
-            assert a == b or gap < 1e-4, f"{name} TP={tp} prompt len {len(p)} token {i}: ours {a}, PaddleNLP {b} ({gap=:.1e})"
+            where = f"{name} TP={tp} prompt len {len(p)} token {i}"
+            assert a == b or gap < 1e-4, f"{where}: ours {a}, PaddleNLP {b} ({gap=:.1e})"
     print(f"{name} TP={tp}: max |logit diff| vs PaddleNLP {worst:.2e}")
     return worst
 
