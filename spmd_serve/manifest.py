@@ -67,7 +67,9 @@ class ShardDims:
 class SegmentSpec:
     """What the runtime needs to feed one saved graph (`<name>.json`) and route its outputs.  `params`:
     the .pdiparams prefix when not `name` (a variant shares its base graph's); `decode`: the variant
-    traced for steps whose every query is one token, when the export has one."""
+    traced for steps whose every query is one token, when the export has one.  `stats`: outputs
+    that are per-step statistics for /metrics, named `<metric>:<layer>` (e.g. `moe_expert_tokens:3`,
+    tokens routed to each expert of layer 3 this step)."""
 
     name: str
     inputs: tuple[str, ...]
@@ -75,6 +77,7 @@ class SegmentSpec:
     kv_layers: tuple[int, ...] = ()
     params: str | None = None
     decode: SegmentSpec | None = None
+    stats: tuple[str, ...] = ()
 
     @property
     def params_name(self) -> str:
@@ -95,6 +98,8 @@ class SegmentSpec:
         }
         if self.decode is not None:
             out["decode"] = self.decode.to_json()
+        if self.stats:
+            out["stats"] = list(self.stats)
         return out
 
     @classmethod
@@ -107,6 +112,7 @@ class SegmentSpec:
             tuple(obj.get("kv_layers", ())),
             obj.get("params"),
             None if decode is None else cls.from_json(decode),
+            tuple(obj.get("stats", ())),
         )
 
 

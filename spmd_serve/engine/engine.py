@@ -158,6 +158,7 @@ class Engine:
         try:
             logits = self.runner.execute(plan)
             assert logits is not None, "rank 0's runner returns the logits"
+            self.metrics.on_model_stats(self.runner.take_stats())
             return logits
         finally:
             self.client.busy_since = None

@@ -8,6 +8,7 @@ another runner (the GPU one of docs/gpu.md) only has to provide the same methods
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Protocol
 
 import numpy as np
@@ -33,3 +34,8 @@ class Runner(Protocol):
         """Its split of the `execute` phase, if it keeps one (engine/step_stats.py reads it)."""
 
     def execute(self, plan: StepPlan) -> npt.NDArray[np.float32] | None: ...
+
+    def take_stats(self) -> Mapping[str, npt.NDArray[np.int64]]:
+        """Per-step model statistics since the last call, `<metric>:<layer>` → values (e.g. tokens
+        routed to each expert of a MoE layer), for /metrics; cleared on read."""
+        ...

@@ -28,6 +28,8 @@ moment the IO thread handed the request to the EngineClient):
   `abort_to_free_steps` observes
   how many engine steps completed between the abort being requested and the request's KV blocks
   returning to the free pool (the loop applies aborts before every step, so 0 or 1).
+* per executed step (`on_model_stats`, the runner's `take_stats()`): MoE models add the tokens
+  routed to each expert to `moe_expert_tokens_total{layer, expert}` (warm-up included).
 Warm-up traffic (`paused()`) is not user traffic and is not counted.
 
 Step phases (`watch_steps`, read from the engine's StepStats at scrape time, so recording costs the
@@ -45,7 +47,8 @@ from __future__ import annotations
 import collections
 import contextlib
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.metrics_core import CounterMetricFamily, Metric
@@ -161,6 +164,8 @@ class EngineMetrics:
             p + "num_preemptions", "Cumulative number of preemption from the engine.", registry=r
         )
         self.steps = Counter(p + "engine_steps", "Engine steps executed (model runs on every rank).", registry=r)
+        moe = Counter(p + "moe_expert_tokens", "Tokens routed to each MoE expert.", ["layer", "expert"], registry=r)
+        self.stat_counters = {"moe_expert_tokens": moe}  # Runner.take_stats names → counters (layer, index)
         self.ttft = Histogram(
             p + "time_to_first_token_seconds",
             "Histogram of time to first token in seconds.",
@@ -250,6 +255,13 @@ class EngineMetrics:
                 self._live[req.req_id] = (req.arrival_time, None)
                 self.prompt_tokens.inc(req.num_prompt_tokens)
                 self.queue_time.observe(now - req.arrival_time)
+
+    def on_model_stats(self, stats: Mapping[str, Any]) -> None:
+        """A step's `Runner.take_stats()`: `<metric>:<layer>` → a count per index (e.g. expert)."""
+        for name, values in stats.items():
+            metric, layer = name.split(":")
+            for index, n in enumerate(values.tolist()):
+                self.stat_counters[metric].labels(layer, str(index)).inc(n)
 
     def on_update(self, got_token: list[Request]) -> None:
         """After `scheduler.update()`: each request in `got_token` has one new token."""

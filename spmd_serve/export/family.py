@@ -85,7 +85,7 @@ class ModelFamily(ABC, Generic[C]):
         """This rank's weights as its stages take them (quantised with `quant`)."""
 
     @abstractmethod
-    def quant_group(self, dims: ShardDims, requested: int | None) -> int:
+    def quant_group(self, mc: C, dims: ShardDims, requested: int | None) -> int:
         """The int4 group size at these dims (`requested` checked); QuantError when none fits."""
 
     @abstractmethod

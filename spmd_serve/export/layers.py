@@ -40,12 +40,13 @@ def hold_quantised(layer: nn.Layer, qw: QuantWeight) -> None:
 
 
 def unpack_int4(q: paddle.Tensor, fan_in: int, group: int) -> paddle.Tensor:
-    """Packed int4 [in/2, m] int8 (row 2i low nibble, 2i+1 high) → fp32 [in/group, group, m]."""
+    """Packed int4 [..., in/2, m] int8 (row 2i low nibble, 2i+1 high) → fp32 [..., in/group, group, m]
+    (leading dims: a stack of weights, e.g. experts)."""
     four = paddle.full([1], 4, dtype="int8")
     lo = paddle.bitwise_right_shift(paddle.bitwise_left_shift(q, four), four)  # sign-extended
     hi = paddle.bitwise_right_shift(q, four)  # arithmetic
-    pairs = paddle.stack([lo, hi], axis=1).astype("float32")  # [in/2, 2, m]
-    return pairs.reshape([fan_in // group, group, -1])  # [G, g, m]
+    pairs = paddle.stack([lo, hi], axis=-2).astype("float32")  # [..., in/2, 2, m]
+    return pairs.reshape([*q.shape[:-2], fan_in // group, group, -1])  # [..., G, g, m]
 
 
 class Linear(nn.Layer):

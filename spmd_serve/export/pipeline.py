@@ -142,7 +142,7 @@ def export_checkpoint(
         cfg, mc, weights, source = load_checkpoint(ckpt)
         family = family_of(mc.architecture)
         dims = family.shard_dims(mc, tp)
-        group = family.quant_group(dims, quant_group) if quant == "weight_only_int4" else None
+        group = family.quant_group(mc, dims, quant_group) if quant == "weight_only_int4" else None
         cpp_ops = resolve_graph_ops(graph_ops)
         kv_int8 = kv_int8 and family.kv_int8
     except (*REFUSALS, ManifestError) as e:

@@ -11,8 +11,9 @@ The segment boundary stays the one explicit, swappable place where a runtime col
 Segment inputs: optional `hidden` (residual stream) and `partial` (the reduced output of the
 previous stage), plus the per-step inputs its stages need.  Outputs, in order: `hidden` and
 `partial` (or `logits` for the last segment), then each attention layer's new cache entries
-(`k_new_<l>`, `v_new_<l>` for Llama).  What the runtime needs of that is the manifest's
-`SegmentSpec`; the stages themselves come from the architecture family (export/family.py).
+(`k_new_<l>`, `v_new_<l>` for Llama), then per-step statistics (`SegmentSpec.stats`).  What the
+runtime needs of that is the manifest's `SegmentSpec`; the stages themselves come from the
+architecture family (export/family.py).
 """
 
 from __future__ import annotations
@@ -33,8 +34,8 @@ from spmd_serve.manifest import SegmentSpec, ShardDims
 
 class Stage(nn.Layer):
     """One stage of a segment.  `step(h, delta, env, variant)` → (residual stream, this stage's
-    output, new cache entries): `delta` is a partial sum over the ranks, or with `gives_logits` the
-    vocab-parallel logits."""
+    output, new cache entries then its `stats`): `delta` is a partial sum over the ranks, or with
+    `gives_logits` the vocab-parallel logits."""
 
     kv_layer: int | None = None  # the layer whose KV cache the stage reads and writes
     gives_logits = False
@@ -50,6 +51,10 @@ class Stage(nn.Layer):
     def input_spec(self, name: str, variant: GraphVariant) -> InputSpec | None:
         """The spec of an input of its own (not a STEP_INPUT), e.g. a cache; None if not its input."""
         return None
+
+    def stats(self) -> list[str]:
+        """Per-step statistics it outputs after its new cache entries (SegmentSpec.stats names)."""
+        return []
 
     def step(self, h, delta, env: dict, variant: GraphVariant):
         raise NotImplementedError
@@ -108,25 +113,26 @@ class GraphSegment(nn.Layer):
         many = self.takes_partial or len(stages) > 1
         outputs = ["logits"] if stages[-1].gives_logits else ["hidden", "partial"] if many else ["partial"]
         outputs += [n for st in stages for n in st.new_kv(v)]  # for the runner to write into the pool
+        stats = tuple(n for st in stages for n in st.stats())
         name = v.graph_name(self.base_name)
         kv_layers = tuple(st.kv_layer for st in stages if st.kv_layer is not None)
-        return SegmentSpec(
-            name, tuple(inputs), tuple(outputs), kv_layers, params=self.base_name if name != self.base_name else None
-        )
+        params = self.base_name if name != self.base_name else None
+        return SegmentSpec(name, tuple(inputs), (*outputs, *stats), kv_layers, params=params, stats=stats)
 
     def forward(self, args):
         env = dict(zip(self.spec.inputs, args))
         h = env["hidden"] if self.takes_hidden else None
         delta = env["partial"] if self.takes_partial else None
-        kv_out = []
+        kv_out, stats = [], []
         for st in self.stages:
             h, delta, kv = st.step(h, delta, env, self.variant)
             if self.reduce_in_graph and not st.gives_logits:
                 delta = paddle_ext.allreduce(delta)  # [T, H] sum of shards
-            kv_out += kv
+            n = len(kv) - len(st.stats())
+            kv_out, stats = kv_out + kv[:n], stats + kv[n:]
         if self.spec.outputs[0] == "logits":
-            return [delta, *kv_out]
-        return ([h, delta] if self.spec.outputs[0] == "hidden" else [delta]) + kv_out
+            return [delta, *kv_out, *stats]
+        return ([h, delta] if self.spec.outputs[0] == "hidden" else [delta]) + kv_out + stats
 
     def input_specs(self, dims: ShardDims) -> list[InputSpec]:
         specs = []

@@ -78,6 +78,12 @@ class ModelRunner:
         # what step_feeds builds once per step for all segments
         self.inv_freq = manifest.inv_freq_array
         self.input_names = {n for seg in self.segments for n in seg.inputs}
+        self._stats: dict[str, np.ndarray] = {}  # this step's graph statistics, summed over its passes
+
+    def take_stats(self) -> dict[str, np.ndarray]:
+        """The statistics the graphs output since the last call (SegmentSpec.stats), then cleared."""
+        stats, self._stats = self._stats, {}
+        return stats
 
     def execute(self, plan: StepPlan) -> np.ndarray | None:
         """Run the plan on this rank's shard; [B, vocab] float32 logits on rank 0, None elsewhere."""
@@ -109,6 +115,8 @@ class ModelRunner:
                     names = self.pool.layout.new_outputs(layer)
                     if names[0] in out:  # (a fused decode graph wrote it already)
                         self.pool.write(layer, plan.slot_mapping, *(out[n] for n in names))
+            for name in seg.stats:
+                self._stats[name] = self._stats[name] + out[name] if name in self._stats else out[name]
             if seg.gathers_logits:
                 with timer.phase("gather_logits"):
                     logits = self.comm.gather_vocab(out["logits"])

@@ -33,6 +33,7 @@ class LoadedSegment:
         self.outputs: tuple[str, ...] = spec.outputs
         self.kv_layers: tuple[int, ...] = spec.kv_layers
         self.gathers_logits = spec.gathers_logits
+        self.stats: tuple[str, ...] = spec.stats
 
     def bind_cache(self, pool: KVCachePool) -> None:
         """Share the pool's arrays with the cache (and int8 scale) inputs of every predictor."""

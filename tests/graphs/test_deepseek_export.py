@@ -196,3 +196,50 @@ def test_missing_mtp_layer_is_refused(tmp_path, capsys):
     ckpt = write("hf", tmp_path / "ckpt", cfg, weights)
     assert main(["--checkpoint", str(ckpt), "--out", str(tmp_path / "out")]) == 2
     assert "num_nextn_predict_layers=1: model.layers.3.self_attn" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------- weight-only quantisation
+
+
+@pytest.mark.parametrize("method", ["weight_only_int8", "weight_only_int4"])
+def test_quantised_graph_computes_the_dequantised_weights(method, sources):
+    """The quantised stages (attention, w_uk / w_uv, routed and shared experts, dense MLP, embedding,
+    lm_head) compute what fp32 stages holding the numpy-dequantised weights compute."""
+    from spmd_serve.export.deepseek.batched import QuantStack
+    from spmd_serve.export.families import parse_model_config
+    from spmd_serve.export.quant import QuantWeight
+    from tests.support.deepseek_eager import dequantised, eager_logits
+
+    cfg, weights, _ = sources["v3"]
+    family, mc = parse_model_config(cfg)
+    dims = family.shard_dims(mc, 1)
+    group = family.quant_group(mc, dims, None) if method == "weight_only_int4" else None
+    rank = family.rank_weights(mc, weights, dims, 0, method, group)
+    kinds = {k: type(v).__name__ for k, v in rank.items() if k.startswith("layers.1.")}
+    assert {k for k, t in kinds.items() if t == "QuantStack"} == {
+        f"layers.1.{n}" for n in ("w_uk", "w_uv", "experts.gate_up", "experts.down")
+    }
+    assert kinds["layers.1.router"] == "ndarray" and isinstance(rank["lm_head"], QuantWeight)
+    assert all(isinstance(rank[f"layers.0.{n}"], QuantWeight) for n in ("q_a", "q_b", "kv_a", "o", "gate", "down"))
+    assert isinstance(rank["layers.2.experts.down"], QuantStack)
+    ids = [1, *range(50, 80)]
+    got, want = eager_logits(cfg, rank, ids), eager_logits(cfg, dequantised(rank), ids)
+    assert np.abs(got - want).max() <= 1e-4, np.abs(got - want).max()
+    # and the integers are the served fp32 weights' within half a quantisation step (the scales
+    # belong to their weights: row-parallel ones from the unsharded weight).  The logits are not
+    # compared with fp32's: on random weights the router flips on such perturbations (bf16
+    # rounding moves this model's logits by ~4).
+    fp32, qmax = family.rank_weights(mc, weights, dims, 0, None, None), 127 if group is None else 7
+    for k, deq in dequantised(rank).items():
+        if k != "config":
+            err, amax = np.abs(deq - fp32[k]).max(), np.abs(fp32[k]).max()
+            assert err <= amax / qmax * 0.5001, (k, err, amax)
+
+
+def test_int4_group_must_divide_every_per_rank_input(tmp_path, capsys):
+    from spmd_serve.export import main
+
+    ckpt = write("hf", tmp_path / "ckpt", CONFIGS["v3"], make_weights(CONFIGS["v3"]))
+    quant = ["--quant", "weight_only_int4", "--quant-group", "32"]
+    assert main(["--checkpoint", str(ckpt), "--out", str(tmp_path / "o"), *quant]) == 2
+    assert "kv_lora_rank + qk_rope_head_dim (w_uv) 40" in capsys.readouterr().err

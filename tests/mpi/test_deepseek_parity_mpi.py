@@ -9,7 +9,9 @@ correction bias, normalised and scaled weights, YaRN, a dense first layer and an
 (served from PaddleNLP's own save_pretrained, MTP weights included); V2 without q_lora_rank,
 group-limited greedy routing, softmax scoring, YaRN with mscale != mscale_all_dim, a dense first
 layer (served from sharded HF safetensors).  At TP 2 and 4 attention and shared experts are
-split by heads / units and the routed experts by rank (expert parallelism).
+split by heads / units and the routed experts by rank (expert parallelism).  int8 and int4
+exports of V3 at TP 2 serve their TP 1 tokens (every rank holds the TP 1 integers; that the
+quantised graphs compute their dequantised weights is test_deepseek_export.py's).
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ TPS = (1, 2, 4)
 SERVED_FROM = {"v3": "paddlenlp_safetensors", "v2": "hf_sharded"}
 # the longest prompt crosses two KV blocks (block_size 16) and YaRN's original context (32, 64)
 PROMPT_LENS = (3, 11, 70)
+QUANTS = ("weight_only_int8", "weight_only_int4")
 
 
 @pytest.fixture(scope="module")
@@ -51,6 +54,9 @@ def zoo(tmp_path_factory):
         assert_drops_nothing(ref)
         ckpt = write(SERVED_FROM[name], root / f"{name}-ckpt", cfg, weights)
         out[name] = (ref, {tp: export_checkpoint(ckpt, root / f"{name}-tp{tp}", tp=tp) for tp in TPS})
+        if name == "v3":  # quantised: every rank holds the TP=1 integers
+            for q in QUANTS:
+                out[q] = (None, {tp: export_checkpoint(ckpt, root / f"{q}-tp{tp}", tp=tp, quant=q) for tp in (1, 2)})
     cfg = CONFIGS["v3"]
     fp8_dir, decoded = write_fp8(root / "fp8-ckpt", cfg, make_weights(cfg, seed=1))
     bf16_dir = write_bf16(root / "bf16-ckpt", cfg, decoded)
@@ -109,6 +115,12 @@ def test_served_greedy_tokens_equal_paddlenlp(name, tp, zoo, served, prompts):
 @pytest.mark.parametrize("name", list(CONFIGS))
 def test_every_tp_serves_the_same_tokens(name, served):
     assert served[name, 1][0].tolist() == served[name, 2][0].tolist() == served[name, 4][0].tolist()
+
+
+@pytest.mark.parametrize("quant", QUANTS)
+def test_tp2_quantised_export_serves_the_tp1_tokens(quant, served):
+    assert served[quant, 2][0].tolist() == served[quant, 1][0].tolist()
+    assert float(np.abs(served[quant, 2][1] - served[quant, 1][1]).max()) < 1e-4
 
 
 def test_fp8_checkpoint_serves_the_tokens_of_its_bf16_twin(zoo, served, prompts):

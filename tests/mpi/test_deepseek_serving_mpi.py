@@ -2,7 +2,8 @@
 experts split by heads / units, routed experts by rank) through the official `openai` client and
 the native protocol: greedy tokens equal PaddleNLP's DeepseekV3ForCausalLM on the demo weights,
 and under a small KV pool requests are preempted, finish with the tokens they get from a big pool,
-and every block is free afterwards.  The start-up log names the MLA cache's bytes per token."""
+and every block is free afterwards.  The start-up log names the MLA cache's bytes per token, and
+/metrics counts the tokens routed to each expert of each MoE layer."""
 
 from __future__ import annotations
 
@@ -86,3 +87,32 @@ def test_preemption_under_a_small_pool_frees_every_block(served, server, tmp_pat
     assert m, small.log()[-2000:]
     free, total, preemptions = map(int, m.groups())
     assert free == total and preemptions > 0, (free, total, preemptions)
+
+
+def test_metrics_count_the_tokens_routed_to_each_expert(server):
+    """moe_expert_tokens_total{layer, expert}: a request of n prompt tokens and m new ones runs
+    n + m - 1 tokens through each MoE layer (1 and 2; layer 0 is dense), each to k = 2 experts."""
+    import requests
+
+    from tests.support.metrics_scrape import P, Samples
+
+    url = f"http://127.0.0.1:{server.env['METRICS_HTTP_PORT']}/metrics"
+
+    def per_layer() -> dict[str, float]:
+        fam = Samples(requests.get(url, timeout=10).text).families[P + "moe_expert_tokens"]
+        out: dict[str, float] = {}
+        for s in fam.samples:
+            if s.name.endswith("_total"):
+                assert 0 <= int(s.labels["expert"]) < 8
+                out[s.labels["layer"]] = out.get(s.labels["layer"], 0.0) + s.value
+        return out
+
+    before = per_layer()
+    prompt, new = [1, *range(200, 219)], 9
+    greedy_ids(server.url, prompt, new)
+    after = per_layer()
+    assert sorted(after) == ["1", "2"]
+    assert {layer: after[layer] - before.get(layer, 0.0) for layer in after} == {
+        "1": 2 * (len(prompt) + new - 1),
+        "2": 2 * (len(prompt) + new - 1),
+    }

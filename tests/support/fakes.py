@@ -94,6 +94,9 @@ class FakeRunner:
     def __init__(self, vocab: int = 32, step_s: float = 0.002) -> None:
         self.vocab, self.step_s = vocab, step_s
 
+    def take_stats(self) -> dict:
+        return {}  # a dense model: no per-step statistics
+
     def execute(self, plan) -> np.ndarray:
         time.sleep(self.step_s)
         logits = np.zeros((plan.num_seqs, self.vocab), np.float32)

@@ -15,9 +15,8 @@ from typing import Any
 
 import numpy as np
 
-from spmd_serve.export.deepseek import sharding, weights
+from spmd_serve.export.deepseek import quant, sharding, weights
 from spmd_serve.export.deepseek.config import ARCHITECTURES, MODEL_TYPES, DeepseekConfig
-from spmd_serve.export.errors import QuantError
 from spmd_serve.export.family import ModelFamily
 from spmd_serve.kv_layout import KVLayout
 from spmd_serve.manifest import QuantRecord, ShardDims
@@ -59,15 +58,14 @@ class DeepseekFamily(ModelFamily[DeepseekConfig]):
         method: str | None,
         group: int | None,
     ) -> dict[str, Any]:
-        if method is not None:
-            raise QuantError(f"--quant {method} is not built for {mc.architecture} yet")
-        return sharding.shard_weights(hf, mc, dims, rank)
+        shard = sharding.shard_weights(hf, mc, dims, rank)
+        return quant.quantize_shard(shard, hf, mc, dims, rank, method, group) if method else shard
 
-    def quant_group(self, dims: ShardDims, requested: int | None) -> int:
-        raise QuantError("weight_only_int4 is not built for DeepSeek yet")
+    def quant_group(self, mc: DeepseekConfig, dims: ShardDims, requested: int | None) -> int:
+        return quant.quant_group(mc, dims, requested)
 
     def quant_record(self, method: str | None, group: int | None) -> QuantRecord | None:
-        return None
+        return quant.quant_record(method, group)
 
     def rank_kv_scales(
         self, mc: DeepseekConfig, dims: ShardDims, rank: int, scales: Mapping[str, np.ndarray]

@@ -22,6 +22,7 @@ from paddle import nn
 from paddle.incubate.nn.functional import fused_rms_norm
 from paddle.static import InputSpec
 
+from spmd_serve.export.deepseek.batched import BatchedLinear
 from spmd_serve.export.deepseek.sharding import kv_layout
 from spmd_serve.export.graph_inputs import grouped_mask
 from spmd_serve.export.layers import add_rms_norm, fuse_columns, make_linear, make_param
@@ -58,11 +59,11 @@ class MlaStage(Stage):
             self.q_b = make_linear(w[p + "q_b"])  # [q_lora_rank, h (dn + dr)]
         self.ln = make_param(self, w[p + "ln1"])
         self.kv_a_ln = make_param(self, w[p + "kv_a_ln"])
-        self.w_uk = make_param(self, w[p + "w_uk"])  # [h, dn, c]
-        self.w_uv = make_param(self, w[p + "w_uv"])  # [h, K, dv]
+        self.w_uk = BatchedLinear(w[p + "w_uk"])  # [h, dn, c]
+        self.w_uv = BatchedLinear(w[p + "w_uv"])  # [h, K, dv]
         self.o = make_linear(w[p + "o"])  # [h dv, H]
         self.heads, self.eps = dims.heads, dims.rms_norm_eps
-        self.dn, self.dr, self.c = mc.qk_nope_head_dim, mc.qk_rope_head_dim, mc.kv_lora_rank
+        self.dn, self.dr, self.c, self.dv = mc.qk_nope_head_dim, mc.qk_rope_head_dim, mc.kv_lora_rank, mc.v_head_dim
         self.layout, self.layer = kv_layout(mc), layer
         self.kv_layer = layer
 
@@ -88,10 +89,10 @@ class MlaStage(Stage):
         cos, sin = env["pe_cos"], env["pe_sin"]  # [T, dr]
         latent = paddle.concat([_norm(kv, self.kv_a_ln, self.eps), _rope(k_pe, cos, sin, dr)], axis=-1)  # [T, K]
         q_pe = _rope(q_pe, cos.unsqueeze(1), sin.unsqueeze(1), dr)
-        q_lat = paddle.matmul(q_nope.transpose([1, 0, 2]), self.w_uk)  # [h, T, c]
+        q_lat = self.w_uk(q_nope.transpose([1, 0, 2]))  # [h, T, c]
         query = paddle.concat([q_lat, q_pe.transpose([1, 0, 2])], axis=-1)  # [h, T, K]
         ctx = self._attend(query, latent, env)  # [h, T, K]
-        out = paddle.matmul(ctx, self.w_uv).transpose([1, 0, 2]).reshape([-1, nh * self.w_uv.shape[-1]])
+        out = self.w_uv(ctx).transpose([1, 0, 2]).reshape([-1, nh * self.dv])  # [T, h dv]
         return h, self.o(out, variant), [latent]
 
     def _attend(self, query, latent, env):

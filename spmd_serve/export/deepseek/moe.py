@@ -17,10 +17,10 @@ from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
 import paddle
 from paddle import nn
 
+from spmd_serve.export.deepseek.batched import BatchedLinear
 from spmd_serve.export.deepseek.sharding import experts_of_rank
 from spmd_serve.export.layers import add_rms_norm, fuse_columns, make_linear, make_param
 from spmd_serve.export.segment import Stage
@@ -73,13 +73,16 @@ class MoeStage(Stage):
         self.router = Router(w, layer)
         own = experts_of_rank(mc, dims.tp, rank)
         self.first, self.count, self.total = own.start, len(own), mc.n_routed_experts
-        self.gate_up = make_param(self, np.concatenate([w[p + "experts.gate"], w[p + "experts.up"]], axis=2))
-        self.down = make_param(self, w[p + "experts.down"])  # [E_local, I, H]
+        self.gate_up = BatchedLinear(w[p + "experts.gate_up"])  # [E_local, H, 2 I]
+        self.down = BatchedLinear(w[p + "experts.down"])  # [E_local, I, H]
         self.shared = mc.n_shared_experts is not None and mc.n_shared_experts > 0
         if self.shared:
             self.shared_gate_up = make_linear(fuse_columns([w[p + "shared.gate"], w[p + "shared.up"]]))
             self.shared_down = make_linear(w[p + "shared.down"])
-        self.eps = dims.rms_norm_eps
+        self.eps, self.layer = dims.rms_norm_eps, layer
+
+    def stats(self) -> list[str]:
+        return [f"moe_expert_tokens:{self.layer}"]  # [E] int64: tokens routed to each expert this step
 
     def step(self, h, delta, env: dict, variant: GraphVariant):
         return self(h, delta, env, variant)
@@ -87,10 +90,11 @@ class MoeStage(Stage):
     def forward(self, h, delta, env: dict, variant: GraphVariant):
         x, h = add_rms_norm(h, delta, self.ln, self.eps)  # [T, H]
         idx, weights = self.router(x)
-        combine = (nn.functional.one_hot(idx, self.total) * weights.unsqueeze(-1)).sum(axis=1)  # [T, E]
+        routed = nn.functional.one_hot(idx, self.total)  # [T, k, E]
+        combine = (routed * weights.unsqueeze(-1)).sum(axis=1)  # [T, E]
         local = combine[:, self.first : self.first + self.count].transpose([1, 0]).unsqueeze(-1)  # [E_l, T, 1]
-        act = nn.functional.swiglu(paddle.matmul(x.unsqueeze(0), self.gate_up))  # [E_l, T, I]
-        out = (paddle.matmul(act, self.down) * local).sum(axis=0)  # [T, H]
+        act = nn.functional.swiglu(self.gate_up(x.unsqueeze(0)))  # [E_l, T, I]
+        out = (self.down(act) * local).sum(axis=0)  # [T, H]
         if self.shared:
             out = out + self.shared_down(nn.functional.swiglu(self.shared_gate_up(x, variant)), variant)
-        return h, out, []
+        return h, out, [routed.sum(axis=[0, 1]).astype("int64")]  # tokens per expert

@@ -114,6 +114,11 @@ def _mlp(hf: dict[str, np.ndarray], src: str, dst: str, sl: slice) -> dict[str, 
     }
 
 
+def _stack(hf: dict[str, np.ndarray], pattern: str, experts: range) -> np.ndarray:
+    """Experts' HF [out, in] weights → one [E_local, in, out] stack."""
+    return np.stack([hf[pattern.format(e)].T for e in experts])
+
+
 def _units(total: int, tp: int, rank: int) -> slice:
     per = total // tp
     return slice(rank * per, (rank + 1) * per)
@@ -122,8 +127,8 @@ def _units(total: int, tp: int, rank: int) -> slice:
 def shard_weights(hf: dict[str, np.ndarray], mc: DeepseekConfig, dims: ShardDims, rank: int) -> dict[str, Any]:
     """This rank's weights: `embed`, `norm`, `lm_head`; per layer `layers.<i>.` + `ln1`, `ln2`, `q`
     or `q_a`, `q_a_ln`, `q_b`; `kv_a`, `kv_a_ln`, `w_uk`, `w_uv`, `o`; dense: `gate`, `up`, `down`;
-    MoE: `router`, `router_bias`, `experts.gate`, `experts.up` [E_local, H, I], `experts.down`
-    [E_local, I, H], `shared.{gate,up,down}`.  `config` is the model's DeepseekConfig."""
+    MoE: `router`, `router_bias`, `experts.gate_up` [E_local, H, 2 I], `experts.down` [E_local, I, H],
+    `shared.{gate,up,down}`.  `config` is the model's DeepseekConfig."""
     tp = dims.tp
     heads = _units(mc.heads, tp, rank)
     vocab = slice(rank * dims.vocab_local, (rank + 1) * dims.vocab_local)
@@ -160,8 +165,9 @@ def shard_weights(hf: dict[str, np.ndarray], mc: DeepseekConfig, dims: ShardDims
         if mc.topk_method == "noaux_tc":
             out[d + "router_bias"] = hf[m + "gate.e_score_correction_bias"]
         own = experts_of_rank(mc, tp, rank)
-        for part in ("gate", "up", "down"):
-            out[f"{d}experts.{part}"] = np.stack([hf[f"{m}experts.{e}.{part}_proj.weight"].T for e in own])
+        gate, up, down = (_stack(hf, f"{m}experts.{{}}.{part}_proj.weight", own) for part in ("gate", "up", "down"))
+        out[d + "experts.gate_up"] = np.concatenate([gate, up], axis=2)  # silu(gate) * up
+        out[d + "experts.down"] = down
         if mc.n_shared_experts:
             out |= _mlp(hf, m + "shared_experts.", d + "shared.", _units(mc.shared_intermediate, tp, rank))
     return {k: v if k == "config" else np.ascontiguousarray(v, dtype=np.float32) for k, v in out.items()}

@@ -52,7 +52,7 @@ class LlamaFamily(ModelFamily[ModelConfig]):
         shard = sharding.shard_weights(hf, mc, dims, rank)
         return quant.quantize_shard(shard, hf, mc, dims, rank, method, group) if method else shard
 
-    def quant_group(self, dims: ShardDims, requested: int | None) -> int:
+    def quant_group(self, mc: ModelConfig, dims: ShardDims, requested: int | None) -> int:
         return quant.quant_group(dims, requested)
 
     def quant_record(self, method: str | None, group: int | None) -> QuantRecord | None:
