@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from spmd_serve.export.errors import QuantError
-from spmd_serve.manifest import QUANT_METHODS
+from spmd_serve.manifest import QUANT_METHODS, QuantRecord
 
 __all__ = [
     "QMAX",
@@ -35,6 +35,7 @@ __all__ = [
     "quant_weight",
     "quantize",
     "quantize_vocab",
+    "record",
 ]
 QMAX = {"weight_only_int8": 127, "weight_only_int4": 7}
 DEFAULT_INT4_GROUP = 64
@@ -118,3 +119,21 @@ def quantize_vocab(w_hf: np.ndarray, method: str, group: int | None) -> QuantWei
     """A rank's [V_local, H] embedding or lm_head rows → the QuantWeight of the [H, V_local] linear.
     Every vocab row lives whole on one rank, so scales computed here are the unsharded ones."""
     return quant_weight(np.ascontiguousarray(w_hf.T), hf_scales(w_hf, method, group), method, group)
+
+
+def record(method: str | None, group: int | None, tensors: tuple[str, ...], unquantised: tuple[str, ...]):
+    """What config.json's `spmd_serve.quant` (and each rank's manifest.json) holds for an export whose
+    family quantises `tensors` (lm_head and the embedding table, held as below, included)."""
+    if method is None:
+        return None
+    return QuantRecord(
+        method=method,
+        bits=8 if method == "weight_only_int8" else 4,
+        group_size=group if method == "weight_only_int4" else None,
+        scales="per output channel" + (f" and group of {group} input units" if group else ""),
+        tensors=(*tensors, "lm_head", "embed"),
+        embed="held as the [hidden, vocab] linear (scale per vocab row"
+        + (", per group" if group else "")
+        + "); a step's rows are gathered, then dequantised",
+        unquantised=unquantised,
+    )

@@ -10,7 +10,9 @@ YaRN's mscale and the rope layout are in the weights (export/deepseek/sharding.p
 
 Shapes: T tokens, B sequences, S longest query, P past slots, h heads of this rank, K = kv_lora_rank
 + rope dim, c = kv_lora_rank.  Tables (worker/step_tables.py): pe_cos/pe_sin, grid_index,
-unpad_index, latent_index, attn_mask.
+unpad_index, latent_index, attn_mask.  The fused decode graph (C++ ops, one token per sequence)
+instead hands query, new vectors and the pool to `spmd_mla_decode` (ops/cpu_kernels/mla_decode.cc),
+which writes the new vectors into the pool and attends; it has no `latent_new` output.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from paddle import nn
 from paddle.incubate.nn.functional import fused_rms_norm
 from paddle.static import InputSpec
 
+from ops import paddle_ext
 from spmd_serve.export.deepseek.batched import BatchedLinear
 from spmd_serve.export.deepseek.sharding import kv_layout
 from spmd_serve.export.graph_inputs import grouped_mask
@@ -31,6 +34,7 @@ from spmd_serve.export.variant import GraphVariant
 from spmd_serve.manifest import ShardDims
 
 _INPUTS = ("pe_cos", "pe_sin", "grid_index", "unpad_index", "latent_index", "attn_mask")
+_FUSED_INPUTS = ("pe_cos", "pe_sin", "block_tables", "ctx_lens", "slot_mapping")  # spmd_mla_decode
 
 
 def _norm(x, weight, eps: float):
@@ -68,10 +72,11 @@ class MlaStage(Stage):
         self.kv_layer = layer
 
     def inputs(self, variant: GraphVariant) -> list[str]:
-        return [*_INPUTS, *self.layout.cache_inputs(self.layer)]
+        tables = _FUSED_INPUTS if variant.fused_decode_attention else _INPUTS
+        return [*tables, *self.layout.cache_inputs(self.layer)]
 
     def new_kv(self, variant: GraphVariant) -> list[str]:
-        return self.layout.new_outputs(self.layer)
+        return [] if variant.fused_decode_attention else self.layout.new_outputs(self.layer)
 
     def input_spec(self, name: str, variant: GraphVariant) -> InputSpec | None:
         return kv_input_spec(self.layout, self.layer, name, variant)
@@ -91,9 +96,14 @@ class MlaStage(Stage):
         q_pe = _rope(q_pe, cos.unsqueeze(1), sin.unsqueeze(1), dr)
         q_lat = self.w_uk(q_nope.transpose([1, 0, 2]))  # [h, T, c]
         query = paddle.concat([q_lat, q_pe.transpose([1, 0, 2])], axis=-1)  # [h, T, K]
-        ctx = self._attend(query, latent, env)  # [h, T, K]
+        if variant.fused_decode_attention:  # ops/cpu_kernels/mla_decode.cc: pool write + attention
+            cache = env[self.layout.cache_inputs(self.layer)[0]]
+            args = (env["block_tables"], env["ctx_lens"], env["slot_mapping"])
+            ctx = paddle_ext.run_op("spmd_mla_decode", query, latent, cache, *args)  # [h, B, K]
+        else:
+            ctx = self._attend(query, latent, env)  # [h, T, K]
         out = self.w_uv(ctx).transpose([1, 0, 2]).reshape([-1, nh * self.dv])  # [T, h dv]
-        return h, self.o(out, variant), [latent]
+        return h, self.o(out, variant), [] if variant.fused_decode_attention else [latent]
 
     def _attend(self, query, latent, env):
         """softmax over past and new cached vectors of each sequence's grid of queries: [h, T, K]."""

@@ -9,8 +9,10 @@ normalised when norm_topk_prob (k > 1), times routed_scaling_factor.  Every rank
 token identically (the router is replicated) and runs its own experts (expert parallelism), so the
 combine is the segment's all-reduce of partial outputs.
 
-Routed experts run as one batched matmul over this rank's experts ([E_local, T, H] @ [E_local, H,
-2I]) weighted by the combine matrix [T, E_local] (0 where not routed): no Python loop over experts.
+Routed experts, with the C++ ops (fp32 weights): `spmd_moe_experts`, each expert over the tokens
+routed to it in one grouped pass.  Otherwise (Paddle's ops only, or quantised stacks): one batched
+matmul over this rank's experts ([E_local, T, H] @ [E_local, H, 2I]) weighted by the combine
+matrix [T, E_local] (0 where not routed).  No Python loop over experts either way.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from typing import Any
 import paddle
 from paddle import nn
 
+from ops import paddle_ext
 from spmd_serve.export.deepseek.batched import BatchedLinear
 from spmd_serve.export.deepseek.sharding import experts_of_rank
 from spmd_serve.export.layers import add_rms_norm, fuse_columns, make_linear, make_param
@@ -91,10 +94,14 @@ class MoeStage(Stage):
         x, h = add_rms_norm(h, delta, self.ln, self.eps)  # [T, H]
         idx, weights = self.router(x)
         routed = nn.functional.one_hot(idx, self.total)  # [T, k, E]
-        combine = (routed * weights.unsqueeze(-1)).sum(axis=1)  # [T, E]
-        local = combine[:, self.first : self.first + self.count].transpose([1, 0]).unsqueeze(-1)  # [E_l, T, 1]
-        act = nn.functional.swiglu(self.gate_up(x.unsqueeze(0)))  # [E_l, T, I]
-        out = (self.down(act) * local).sum(axis=0)  # [T, H]
+        if variant.cpp_ops and self.gate_up.method is None:  # ops/cpu_kernels/moe_experts.cc: grouped
+            local_idx = idx - self.first  # other ranks' experts fall outside [0, E_local): ignored
+            out = paddle_ext.run_op("spmd_moe_experts", x, local_idx, weights, self.gate_up.weight, self.down.weight)
+        else:  # every local expert over every token, weighted by the combine matrix (0: not routed)
+            combine = (routed * weights.unsqueeze(-1)).sum(axis=1)  # [T, E]
+            local = combine[:, self.first : self.first + self.count].transpose([1, 0]).unsqueeze(-1)  # [E_l, T, 1]
+            act = nn.functional.swiglu(self.gate_up(x.unsqueeze(0)))  # [E_l, T, I]
+            out = (self.down(act) * local).sum(axis=0)  # [T, H]
         if self.shared:
             out = out + self.shared_down(nn.functional.swiglu(self.shared_gate_up(x, variant)), variant)
         return h, out, [routed.sum(axis=[0, 1]).astype("int64")]  # tokens per expert

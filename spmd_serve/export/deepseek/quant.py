@@ -18,7 +18,15 @@ import numpy as np
 
 from spmd_serve.export.deepseek.batched import quantize_stack
 from spmd_serve.export.deepseek.config import DeepseekConfig
-from spmd_serve.export.quant import QUANT_METHODS, QuantError, choose_group, hf_scales, quant_weight, quantize_vocab
+from spmd_serve.export.quant import (
+    QUANT_METHODS,
+    QuantError,
+    choose_group,
+    hf_scales,
+    quant_weight,
+    quantize_vocab,
+    record,
+)
 from spmd_serve.manifest import QuantRecord, ShardDims
 
 # served tensor → the HF weight whose rows it splits (row-parallel: scales from the unsharded weight)
@@ -80,16 +88,5 @@ def quantize_shard(
 
 
 def quant_record(method: str | None, group: int | None) -> QuantRecord | None:
-    if method is None:
-        return None
-    return QuantRecord(
-        method=method,
-        bits=8 if method == "weight_only_int8" else 4,
-        group_size=group if method == "weight_only_int4" else None,
-        scales="per output channel" + (f" and group of {group} input units" if group else ""),
-        tensors=(*(f"layers.*.{n}" for n in (*_COLUMNS, *_STACKS, *_ROWS)), "lm_head", "embed"),
-        embed="held as the [hidden, vocab] linear (scale per vocab row"
-        + (", per group" if group else "")
-        + "); a step's rows are gathered, then dequantised",
-        unquantised=("norms", "router", "router_bias"),
-    )
+    names = tuple(f"layers.*.{n}" for n in (*_COLUMNS, *_STACKS, *_ROWS))
+    return record(method, group, names, ("norms", "router", "router_bias"))

@@ -25,6 +25,7 @@ import numpy as np
 
 from spmd_serve.export.deepseek.config import DeepseekConfig
 from spmd_serve.export.errors import ShardingError
+from spmd_serve.export.llama.sharding import vocab_rows
 from spmd_serve.kv_layout import KVLayout
 from spmd_serve.manifest import ShardDims
 
@@ -131,19 +132,11 @@ def shard_weights(hf: dict[str, np.ndarray], mc: DeepseekConfig, dims: ShardDims
     `shared.{gate,up,down}`.  `config` is the model's DeepseekConfig."""
     tp = dims.tp
     heads = _units(mc.heads, tp, rank)
-    vocab = slice(rank * dims.vocab_local, (rank + 1) * dims.vocab_local)
-
-    def vocab_rows(w: np.ndarray) -> np.ndarray:  # [V, H] → this rank's [V_local, H], zero-padded
-        out = np.zeros((dims.vocab_local, w.shape[1]), np.float32)
-        part = w[vocab]
-        out[: part.shape[0]] = part
-        return out
-
     out: dict[str, Any] = {
         "config": mc,
-        "embed": vocab_rows(hf["model.embed_tokens.weight"]),
+        "embed": vocab_rows(hf["model.embed_tokens.weight"], dims, rank),
         "norm": hf["model.norm.weight"],
-        "lm_head": np.ascontiguousarray(vocab_rows(hf["lm_head.weight"]).T),
+        "lm_head": np.ascontiguousarray(vocab_rows(hf["lm_head.weight"], dims, rank).T),
     }
     for i in range(mc.num_layers):
         p, a, m, d = f"model.layers.{i}.", f"model.layers.{i}.self_attn.", f"model.layers.{i}.mlp.", f"layers.{i}."

@@ -12,7 +12,15 @@ import numpy as np
 
 from spmd_serve.export.llama.config import ModelConfig
 from spmd_serve.export.llama.sharding import LINEARS, linear_slices
-from spmd_serve.export.quant import QUANT_METHODS, QuantError, choose_group, hf_scales, quant_weight, quantize_vocab
+from spmd_serve.export.quant import (
+    QUANT_METHODS,
+    QuantError,
+    choose_group,
+    hf_scales,
+    quant_weight,
+    quantize_vocab,
+    record,
+)
 from spmd_serve.manifest import QuantRecord, ShardDims
 
 
@@ -49,16 +57,4 @@ def quantize_shard(
 
 def quant_record(method: str | None, group: int | None) -> QuantRecord | None:
     """What config.json's `spmd_serve.quant` (and each rank's manifest.json) holds for an export."""
-    if method is None:
-        return None
-    return QuantRecord(
-        method=method,
-        bits=8 if method == "weight_only_int8" else 4,
-        group_size=group if method == "weight_only_int4" else None,
-        scales="per output channel" + (f" and group of {group} input units" if group else ""),
-        tensors=(*(f"layers.*.{n}" for n in LINEARS), "lm_head", "embed"),
-        embed="held as the [hidden, vocab] linear (scale per vocab row"
-        + (", per group" if group else "")
-        + "); a step's rows are gathered, then dequantised",
-        unquantised=("norms", "biases"),
-    )
+    return record(method, group, tuple(f"layers.*.{n}" for n in LINEARS), ("norms", "biases"))

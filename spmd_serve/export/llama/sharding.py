@@ -16,7 +16,16 @@ from spmd_serve.export.llama.config import ModelConfig
 from spmd_serve.kv_layout import KVLayout
 from spmd_serve.manifest import ShardDims
 
-__all__ = ["LINEARS", "ShardingError", "kv_heads_of_rank", "kv_layout", "linear_slices", "shard_dims", "shard_weights"]
+__all__ = [
+    "LINEARS",
+    "ShardingError",
+    "kv_heads_of_rank",
+    "kv_layout",
+    "linear_slices",
+    "shard_dims",
+    "shard_weights",
+    "vocab_rows",
+]
 
 
 def shard_dims(cfg: dict | ModelConfig, tp: int) -> ShardDims:
@@ -68,6 +77,14 @@ def kv_heads_of_rank(mc: ModelConfig, dims: ShardDims, rank: int) -> slice:
     return slice(head, head + 1)
 
 
+def vocab_rows(w: np.ndarray, dims: ShardDims, rank: int) -> np.ndarray:
+    """[V, H] → this rank's vocab-parallel rows [V_local, H], zero-padded past the vocabulary."""
+    out = np.zeros((dims.vocab_local, w.shape[1]), np.float32)
+    part = w[rank * dims.vocab_local : (rank + 1) * dims.vocab_local]
+    out[: part.shape[0]] = part
+    return out
+
+
 def _cols(w_hf: np.ndarray, sl: slice) -> np.ndarray:
     """HF [out, in] → Paddle [in, out], keeping output units `sl`."""
     return np.ascontiguousarray(w_hf[sl].T)
@@ -112,20 +129,12 @@ def shard_weights(
     r = rank
     sl = linear_slices(mc, dims, r)
     q_sl, kv_sl = sl["q"], sl["kv"]
-    v_sl = slice(r * dims.vocab_local, (r + 1) * dims.vocab_local)
-
-    def vocab_rows(w: np.ndarray) -> np.ndarray:  # [V, H] → this rank's [V_local, H], zero-padded
-        out = np.zeros((dims.vocab_local, w.shape[1]), np.float32)
-        part = w[v_sl]
-        out[: part.shape[0]] = part
-        return out
-
     embed = hf["model.embed_tokens.weight"]
     head = embed if mc.tie_word_embeddings or "lm_head.weight" not in hf else hf["lm_head.weight"]
     out = {
-        "embed": vocab_rows(embed),
+        "embed": vocab_rows(embed, dims, r),
         "norm": hf["model.norm.weight"],
-        "lm_head": np.ascontiguousarray(vocab_rows(head).T),
+        "lm_head": np.ascontiguousarray(vocab_rows(head, dims, r).T),
     }
     for i in range(dims.num_layers):
         p, a = f"model.layers.{i}.", f"model.layers.{i}.self_attn."
