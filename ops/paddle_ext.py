@@ -9,6 +9,8 @@ graphs on the CPU build, where Paddle lacks what the engine needs:
   (fp32, or int8 dequantised in registers); only the decode graphs use them (spmd_serve/export/layers.py).
 * `spmd_decode_attention` — a decode step's RoPE, K/V write into the paged pool and GQA attention
   over the past in one op (~20 Paddle ops a layer before); the fp32-pool decode graphs use it.
+* `spmd_mla_decode`, `spmd_moe_experts` — DeepSeek's decode attention in latent space over the
+  paged latent pool (with its pool write), and the routed experts each over its own tokens.
 
 A graph that uses them needs the library registered before `paddle.jit.save` traces it and before
 `paddle.inference` loads it: call `load()` first.  Building needs a C++17 compiler (`g++`) and the
