@@ -33,7 +33,7 @@ from ops.nvrtc import cache_dir
 KERNELS = Path(__file__).with_name("cpu_kernels")
 LIB_NAME = "spmd_cpu_ops.so"
 # -march=native: the library is built on the machine that runs it (the cache key has its CPU flags).
-CXXFLAGS = ("-O3", "-march=native", "-fPIC", "-shared", "-std=c++17", "-w",
+CXXFLAGS = ("-O3", "-march=native", "-fPIC", "-shared", "-std=c++17", "-pthread", "-w",
             "-DPADDLE_NO_PYTHON",          # paddle/extension.h without Python.h (no python3-dev needed)
             "-DPADDLE_WITH_CUSTOM_KERNEL", "-D_GLIBCXX_USE_CXX11_ABI=1",
             "-DOMPI_SKIP_MPICXX", "-DMPICH_SKIP_MPICXX")   # the C API of mpi.h only
@@ -44,7 +44,13 @@ class ExtensionUnavailable(RuntimeError):
 
 
 def sources() -> list[Path]:
+    """The translation units compiled into the library."""
     return sorted(KERNELS.glob("*.cc"))
+
+
+def headers() -> list[Path]:
+    """What the sources include from here: part of the cache key, not of the command line."""
+    return sorted(KERNELS.glob("*.h"))
 
 
 def _mpi_flags() -> tuple[list[str], list[str]]:
@@ -98,7 +104,7 @@ def library_path() -> Path:
     _, version = _paddle_dirs()
     probe = _command(Path("OUT"))
     key = hashlib.sha256()
-    for part in (*[p.read_bytes() for p in sources()], version.encode(), " ".join(probe).encode(), _cpu_flags().encode()):
+    for part in (*[p.read_bytes() for p in (*sources(), *headers())], version.encode(), " ".join(probe).encode(), _cpu_flags().encode()):
         key.update(part)
         key.update(b"\x1f")
     target = cache_dir() / "cpu" / key.hexdigest()[:24] / LIB_NAME
@@ -130,7 +136,20 @@ def load() -> ctypes.CDLL:
     lib = ctypes.CDLL(str(path))   # the same mapping Paddle opened: reads its counters
     lib.spmd_allreduce_seconds.restype = ctypes.c_double
     lib.spmd_allreduce_calls.restype = ctypes.c_long
+    lib.spmd_set_num_threads.argtypes = [ctypes.c_int]
+    lib.spmd_get_num_threads.restype = ctypes.c_int
     return lib
+
+
+def set_num_threads(n: int) -> None:
+    """Threads the ops use in this process, the calling thread included (default 1).  The workers
+    are created here, once, and persist (they spin ~0.2 ms after an op, then sleep); they inherit
+    the caller's CPU affinity, so call it after the rank is bound.  Not while an op runs."""
+    load().spmd_set_num_threads(int(n))
+
+
+def num_threads() -> int:
+    return load().spmd_get_num_threads()
 
 
 def unavailable() -> str | None:
