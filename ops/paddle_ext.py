@@ -5,10 +5,13 @@ The CUDA kernels of this package run on raw device pointers; these run *inside* 
 graphs on the CPU build, where Paddle lacks what the engine needs:
 * `spmd_allreduce` — an MPI_Allreduce in the graph (Paddle's CPU collective goes through gloo at
   ~2 ms a call), so a tensor-parallel rank runs one graph per step instead of one per stage.
-* `spmd_linear`, `spmd_linear_int8` — x @ W for the 1-4 rows of a decode step, one pass over W
-  (fp32, or int8 dequantised in registers); only the decode graphs use them (models/llama.py).
-* `spmd_decode_attention` — a decode step's RoPE, K/V write into the paged pool and GQA attention
-  over the past in one op (~20 Paddle ops a layer before); the fp32-pool decode graphs use it.
+* `spmd_linear`, `spmd_linear_int8`, `spmd_linear_int4` — x[T, K] @ W for every T: one pass over W
+  for decode steps, a packed register-blocked micro-kernel for prefill chunks (gemm.h), fp32 or
+  quantised weights in the export's layout, dequantised in registers.
+* `spmd_paged_attention` — any step's (prefill chunks, decodes, mixed) RoPE, K/V write into the
+  paged pool and causal GQA attention over the flat token layout; `spmd_decode_attention` — the
+  decode graphs' form of it (RoPE from per-step tables), on the same core (attention.h).
+The kernels run on a persistent thread pool in the library, sized by `set_num_threads` (default 1).
 
 A graph that uses them needs the library registered before `paddle.jit.save` traces it and before
 `paddle.inference` loads it: call `load()` first.  Building needs a C++17 compiler (`g++`) and the
@@ -33,7 +36,9 @@ from ops.nvrtc import cache_dir
 KERNELS = Path(__file__).with_name("cpu_kernels")
 LIB_NAME = "spmd_cpu_ops.so"
 # -march=native: the library is built on the machine that runs it (the cache key has its CPU flags).
-CXXFLAGS = ("-O3", "-march=native", "-fPIC", "-shared", "-std=c++17", "-pthread", "-w",
+# SPMD_OPS_MARCH overrides it, to build and test the other code paths of the kernels here (simd.h):
+# x86-64-v3 (AVX2 + FMA, no AVX-512), x86-64 (the plain C++ fallback).
+CXXFLAGS = ("-O3", "-fPIC", "-shared", "-std=c++17", "-pthread", "-w",
             "-DPADDLE_NO_PYTHON",          # paddle/extension.h without Python.h (no python3-dev needed)
             "-DPADDLE_WITH_CUSTOM_KERNEL", "-D_GLIBCXX_USE_CXX11_ABI=1",
             "-DOMPI_SKIP_MPICXX", "-DMPICH_SKIP_MPICXX")   # the C API of mpi.h only
@@ -94,7 +99,8 @@ def _command(out: Path) -> list[str]:
                                    "(Debian: apt-get install g++)")
     mpi_compile, mpi_link = _mpi_flags()
     libs = [root / "libs", root / "base"]
-    return [cxx, *CXXFLAGS, f"-I{root / 'include'}", f"-I{root / 'include' / 'third_party'}", *mpi_compile,
+    march = f"-march={os.environ.get('SPMD_OPS_MARCH') or 'native'}"
+    return [cxx, march, *CXXFLAGS, f"-I{root / 'include'}", f"-I{root / 'include' / 'third_party'}", *mpi_compile,
             *map(str, sources()), "-o", str(out), *[f"-L{d}" for d in libs],
             *[f"-Wl,-rpath,{d}" for d in libs], *mpi_link, "-Wl,--no-as-needed", "-l:libpaddle.so"]
 
@@ -104,7 +110,8 @@ def library_path() -> Path:
     _, version = _paddle_dirs()
     probe = _command(Path("OUT"))
     key = hashlib.sha256()
-    for part in (*[p.read_bytes() for p in (*sources(), *headers())], version.encode(), " ".join(probe).encode(), _cpu_flags().encode()):
+    parts = [p.read_bytes() for p in (*sources(), *headers())]
+    for part in (*parts, version.encode(), " ".join(probe).encode(), _cpu_flags().encode()):
         key.update(part)
         key.update(b"\x1f")
     target = cache_dir() / "cpu" / key.hexdigest()[:24] / LIB_NAME
@@ -144,7 +151,8 @@ def load() -> ctypes.CDLL:
 def set_num_threads(n: int) -> None:
     """Threads the ops use in this process, the calling thread included (default 1).  The workers
     are created here, once, and persist (they spin ~0.2 ms after an op, then sleep); they inherit
-    the caller's CPU affinity, so call it after the rank is bound.  Not while an op runs."""
+    the caller's CPU affinity, so call it after the rank is bound.  Call it once, at start-up
+    (safe at any time: an op already running finishes on the old workers)."""
     load().spmd_set_num_threads(int(n))
 
 

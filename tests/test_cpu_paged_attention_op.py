@@ -48,7 +48,7 @@ def reference(qkv, k_cache, v_cache, tables, ctx, qlens, slots, nh, scale):
     for b, (c, n) in enumerate(zip(ctx, qlens)):
         past = [(tables[b, p // bs], p % bs) for p in range(c)]
         tok = slice(starts[b], starts[b + 1])
-        keys = np.concatenate([np.array([k_pool[i, j] for i, j in past]).reshape(c, kvh, d), k_new[tok]])   # [c+n, kvh, d]
+        keys = np.concatenate([np.array([k_pool[i, j] for i, j in past]).reshape(c, kvh, d), k_new[tok]])  # [c+n,kvh,d]
         vals = np.concatenate([np.array([v_pool[i, j] for i, j in past]).reshape(c, kvh, d), v_new[tok]])
         causal = np.arange(c + n)[None, :] <= c + np.arange(n)[:, None]                         # [n, c+n]
         for h in range(nh):

@@ -93,7 +93,8 @@ void run_item(const Item& it, const float* q, int64_t q_stride, int64_t nh, cons
     }
   }
   std::vector<float> inv(rows);
-  for (int64_t r = 0; r < rows; ++r) inv[r] = 1.f / softmax_numerators(scores.data() + r * ld, past + it.i0 + r / g + 1);
+  for (int64_t r = 0; r < rows; ++r)   // row r sees the keys up to its own position
+    inv[r] = 1.f / softmax_numerators(scores.data() + r * ld, past + it.i0 + r / g + 1);
   for (int64_t p = 0; p < keys; ++p) {
     const float* v = pool.v + key_row(pool, st, it.seq, p, it.head);
     for (int64_t r = first_row(p); r < rows; ++r) axpy(scores[r * ld + p], v, acc.data() + r * d, d);
@@ -130,7 +131,8 @@ StepTokens tokens_of(const char* op, const paddle::Tensor& block_tables, const p
           slot_mapping.data<int64_t>(), {}};
 }
 
-std::vector<std::vector<int64_t>> attention_shape(const std::vector<int64_t>& qkv, const std::vector<int64_t>& k_cache) {
+std::vector<std::vector<int64_t>> attention_shape(const std::vector<int64_t>& qkv,
+                                                  const std::vector<int64_t>& k_cache) {
   const int64_t nh = qkv[1] < 0 || k_cache[2] < 0 ? -1 : qkv[1] - 2 * k_cache[2];
   return {{qkv[0], nh < 0 || qkv[2] < 0 ? -1 : nh * qkv[2]}};
 }

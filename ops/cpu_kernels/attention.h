@@ -42,7 +42,8 @@ StepTokens tokens_of(const char* op, const paddle::Tensor& block_tables, const p
                      const paddle::Tensor& query_lens, const paddle::Tensor& slot_mapping);
 
 // Shape inference of both attention ops: [T, nh * d], nh = qkv heads - 2 kv_heads (-1: unknown).
-std::vector<std::vector<int64_t>> attention_shape(const std::vector<int64_t>& qkv, const std::vector<int64_t>& k_cache);
+std::vector<std::vector<int64_t>> attention_shape(const std::vector<int64_t>& qkv,
+                                                  const std::vector<int64_t>& k_cache);
 
 // Checks the layout against the pool (throws with `op`'s name: call before any write) and fills
 // `start`; returns T.

@@ -192,7 +192,7 @@ void gemm(const float* x, const Src& w, const float* scale, int64_t T, int64_t K
   // thread (a thread that wakes late, or is preempted, leaves its second one to the others)
   const int64_t unit = T <= kStreamRows ? kWidth : kNR;
   const int64_t cap = T <= kStreamRows ? N : kNC;
-  const int64_t per = threads == 1 ? N : T <= kStreamRows ? (N + threads - 1) / threads : (N + 2 * threads - 1) / (2 * threads);
+  const int64_t per = threads == 1 ? N : (N + 2 * threads - 1) / (2 * threads);
   const int64_t width = std::clamp((per + unit - 1) / unit * unit, unit, std::max(unit, cap / unit * unit));
   const int64_t tasks = (N + width - 1) / width;
   parallel_for(tasks, [&](int64_t i) {

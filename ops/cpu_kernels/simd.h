@@ -70,7 +70,11 @@ struct Vec { float v[kWidth]; };
 inline Vec vzero() { return Vec{}; }
 inline Vec vset1(float s) { Vec r; for (auto& e : r.v) e = s; return r; }
 template <typename W>
-inline Vec vload(const W* p) { Vec r; for (int64_t i = 0; i < kWidth; ++i) r.v[i] = static_cast<float>(p[i]); return r; }
+inline Vec vload(const W* p) {
+  Vec r;
+  for (int64_t i = 0; i < kWidth; ++i) r.v[i] = static_cast<float>(p[i]);
+  return r;
+}
 inline void vstore(float* p, Vec a) { std::memcpy(p, a.v, sizeof a.v); }
 #define SPMD_LANES(expr) do { for (int64_t i = 0; i < kWidth; ++i) expr; } while (0)
 inline Vec vfma(Vec a, Vec b, Vec c) { SPMD_LANES(c.v[i] += a.v[i] * b.v[i]); return c; }
