@@ -1,15 +1,18 @@
 // The attention core of attention.h.
 //
-// A work item is (sequence, KV head, tile of query tokens): its R = tile x g query rows share every
-// key and value they read.  Keys are taken kKeys at a time, transposed into kt[d][kKeys], so that
-// one row's kKeys scores are d vector FMAs (no horizontal sums); each row's softmax runs over the
-// keys it may see (causal: fewer for earlier rows of the tile); then every value row is read once
-// and added into the R output rows it contributes to.  Rows are computed the same way whatever
-// thread runs the item or how many threads there are: results are bit-equal for 1 and n threads.
+// A work item is (sequence, KV head, tile of query tokens): its rows (tile x g query heads) share
+// every key and value they read.  Rows go kWidth at a time into the lanes of a vector ("a row
+// block"): q is transposed into qt[d][kWidth] once, so a key's kWidth scores are d FMAs with the
+// key's elements broadcast (keys read as they lie in the pool, 8 at a time for independent
+// chains); the softmax runs across lanes, keys past a lane's causal limit masked to weight 0; then
+// each value row is read once per group of rows and accumulated in registers.  Every lane's
+// arithmetic is its own row's, in key order, whatever the block, item or thread: results are
+// bit-equal for 1 and n threads, and a row does not depend on the rows it is computed with.
 #include "attention.h"
 
 #include <algorithm>
 #include <cmath>
+#include <utility>
 #include <vector>
 
 #include "paddle/extension.h"
@@ -19,8 +22,8 @@
 namespace spmd {
 namespace {
 
-constexpr int64_t kKeys = 2 * kWidth;   // keys per transposed block (two vectors of scores per row)
-constexpr int64_t kTileRows = 16;       // query rows (tokens x g) per work item, about
+constexpr int64_t kTileRows = kWidth;   // query rows (tokens x g) per work item, about: one row block
+constexpr int64_t kKeyChains = 8;       // keys scored at once (independent FMA chains)
 
 struct Item {
   int64_t seq, head, i0, i1;
@@ -34,75 +37,132 @@ inline int64_t key_row(const PagedPool& pool, const StepTokens& st, int64_t b, i
   return (slot * pool.kv_heads + h) * pool.head_dim;
 }
 
-// y[0:d] += a * x[0:d]
-inline void axpy(float a, const float* x, float* y, int64_t d) {
-  int64_t c = 0;
-  for (const Vec va = vset1(a); c + kWidth <= d; c += kWidth) vstore(y + c, vfma(va, vload(x + c), vload(y + c)));
-  for (; c < d; ++c) y[c] = fmadd(a, x[c], y[c]);
+// s[p * kWidth + l] = q_l . k_p for p in [0, n): qt [d][kWidth], J keys at a time
+template <int J>
+void score_keys(const float* qt, const float* const* k, int64_t d, float* s) {
+  Vec acc[J];
+  for (int j = 0; j < J; ++j) acc[j] = vzero();
+  for (int64_t c = 0; c < d; ++c) {
+    const Vec qc = vload(qt + c * kWidth);
+    for (int j = 0; j < J; ++j) acc[j] = vfma(qc, vset1(k[j][c]), acc[j]);
+  }
+  for (int j = 0; j < J; ++j) vstore(s + j * kWidth, acc[j]);
 }
 
-// s[0:n] = exp(s - max s); returns the sum
-float softmax_numerators(float* s, int64_t n) {
-  Vec vm = vset1(-INFINITY);
-  int64_t p = 0;
-  for (; p + kWidth <= n; p += kWidth) vm = vmax(vm, vload(s + p));
-  float m = vhmax(vm);
-  for (; p < n; ++p) m = std::max(m, s[p]);
-  Vec vs = vzero();
-  const Vec vmx = vset1(m);
-  for (p = 0; p + kWidth <= n; p += kWidth) {
-    const Vec e = vexp(vsub(vload(s + p), vmx));
-    vstore(s + p, e);
-    vs = vadd(vs, e);
+template <int... J>
+void score_dispatch(int64_t j, std::integer_sequence<int, J...>, const float* qt, const float* const* k, int64_t d,
+                    float* s) {
+  ((j == J + 1 ? score_keys<J + 1>(qt, k, d, s) : void()), ...);
+}
+
+// o[r][0:NV*kWidth] = sum_p s[p * kWidth + l0 + r] * v_p for G rows from lane l0, keys [0, n)
+template <int NV, int G>
+void weigh_values(const float* s, int64_t l0, const float* const* v, int64_t n, float* o, int64_t ldo) {
+  Vec acc[G][NV];
+  for (int r = 0; r < G; ++r)
+    for (int i = 0; i < NV; ++i) acc[r][i] = vzero();
+  for (int64_t p = 0; p < n; ++p) {
+    Vec vv[NV];
+    for (int i = 0; i < NV; ++i) vv[i] = vload(v[p] + i * kWidth);
+    for (int r = 0; r < G; ++r) {
+      const Vec w = vset1(s[p * kWidth + l0 + r]);
+      for (int i = 0; i < NV; ++i) acc[r][i] = vfma(w, vv[i], acc[r][i]);
+    }
   }
-  float sum = vsum(vs);
-  for (; p < n; ++p) sum += (s[p] = std::exp(s[p] - m));
-  return sum;
+  for (int r = 0; r < G; ++r)
+    for (int i = 0; i < NV; ++i) vstore(o + r * ldo + i * kWidth, acc[r][i]);
+}
+
+// the same for any d (a row at a time, d not a whole number of vectors)
+void weigh_values_any(const float* s, int64_t l, const float* const* v, int64_t n, int64_t d, float* o) {
+  std::fill(o, o + d, 0.f);
+  for (int64_t p = 0; p < n; ++p) {
+    const float w = s[p * kWidth + l];
+    int64_t c = 0;
+    for (const Vec vw = vset1(w); c + kWidth <= d; c += kWidth) vstore(o + c, vfma(vw, vload(v[p] + c), vload(o + c)));
+    for (; c < d; ++c) o[c] = fmadd(w, v[p][c], o[c]);
+  }
+}
+
+template <int NV>
+void weigh_rows(const float* s, int64_t lanes, const float* const* v, const int64_t* reach, float* o, int64_t ldo) {
+  constexpr int G = NV <= 4 ? 4 : 2;   // G x NV accumulators in registers
+  int64_t l = 0;
+  for (; l + G <= lanes; l += G) weigh_values<NV, G>(s, l, v, reach[l + G - 1], o + l * ldo, ldo);
+  for (; l < lanes; ++l) weigh_values<NV, 1>(s, l, v, reach[l], o + l * ldo, ldo);
+}
+
+// softmax across lanes over keys [0, n): lane l sees keys p < limit[l] (all see [0, common));
+// s becomes the weights (0 past a lane's limit), inv[l] = 1 / their sum
+void softmax_lanes(float* s, int64_t n, int64_t common, const Vec limit, float* inv) {
+  const Vec none = vset1(-INFINITY);
+  Vec m = none;
+  for (int64_t p = 0; p < n; ++p) {
+    const Vec x = vload(s + p * kWidth);
+    m = vmax(m, p < common ? x : vselect_lt(vset1(static_cast<float>(p)), limit, x, none));
+  }
+  Vec sum = vzero();
+  for (int64_t p = 0; p < n; ++p) {
+    Vec e = vexp(vsub(vload(s + p * kWidth), m));
+    if (p >= common) e = vselect_lt(vset1(static_cast<float>(p)), limit, e, vzero());
+    vstore(s + p * kWidth, e);
+    sum = vadd(sum, e);
+  }
+  vstore(inv, sum);
+  for (int64_t l = 0; l < kWidth; ++l) inv[l] = 1.f / inv[l];
+}
+
+// the rows [rb, rb + lanes) of an item
+void run_block(const Item& it, int64_t rb, int64_t lanes, const float* q, int64_t q_stride, int64_t nh,
+               const PagedPool& pool, const StepTokens& st, float* out) {
+  const int64_t d = pool.head_dim, g = nh / pool.kv_heads, past = st.ctx_lens[it.seq];
+  const int64_t first = st.start[it.seq] + it.i0;          // the item's first token
+  auto token = [&](int64_t l) { return it.i0 + (rb + l) / g; };   // lane l's token within its sequence
+  const int64_t n = past + token(lanes - 1) + 1;           // keys the block's last row sees
+  thread_local std::vector<float> qt, s, o;
+  thread_local std::vector<const float*> k, v;
+  qt.assign(d * kWidth, 0.f);
+  for (int64_t l = 0; l < lanes; ++l) {
+    const float* qr = q + (first + (rb + l) / g) * q_stride + (it.head * g + (rb + l) % g) * d;
+    for (int64_t c = 0; c < d; ++c) qt[c * kWidth + l] = qr[c];
+  }
+  k.resize(n + kKeyChains);
+  v.resize(n);
+  for (int64_t p = 0; p < n; ++p) {
+    const int64_t row = key_row(pool, st, it.seq, p, it.head);
+    k[p] = pool.k + row;
+    v[p] = pool.v + row;
+  }
+  s.resize(n * kWidth);
+  for (int64_t p = 0; p < n; p += kKeyChains)
+    score_dispatch(std::min(kKeyChains, n - p), std::make_integer_sequence<int, kKeyChains>{}, qt.data(), &k[p], d,
+                   s.data() + p * kWidth);
+  float limit[kWidth], inv[kWidth];
+  int64_t reach[kWidth];
+  for (int64_t l = 0; l < kWidth; ++l) {
+    reach[l] = l < lanes ? past + token(l) + 1 : n;         // absent lanes: any finite weights
+    limit[l] = static_cast<float>(reach[l]);
+  }
+  softmax_lanes(s.data(), n, reach[0], vload(limit), inv);
+  o.resize(lanes * d);
+  const int64_t nv = d % kWidth == 0 ? d / kWidth : 0;
+  if (nv == 1) weigh_rows<1>(s.data(), lanes, v.data(), reach, o.data(), d);
+  else if (nv == 2) weigh_rows<2>(s.data(), lanes, v.data(), reach, o.data(), d);
+  else if (nv == 4) weigh_rows<4>(s.data(), lanes, v.data(), reach, o.data(), d);
+  else if (nv == 8) weigh_rows<8>(s.data(), lanes, v.data(), reach, o.data(), d);
+  else
+    for (int64_t l = 0; l < lanes; ++l) weigh_values_any(s.data(), l, v.data(), reach[l], d, o.data() + l * d);
+  for (int64_t l = 0; l < lanes; ++l) {
+    float* dst = out + (first + (rb + l) / g) * nh * d + (it.head * g + (rb + l) % g) * d;
+    for (int64_t c = 0; c < d; ++c) dst[c] = o[l * d + c] * inv[l];
+  }
 }
 
 void run_item(const Item& it, const float* q, int64_t q_stride, int64_t nh, const PagedPool& pool,
               const StepTokens& st, float* out) {
-  const int64_t d = pool.head_dim, g = nh / pool.kv_heads, past = st.ctx_lens[it.seq];
-  const int64_t rows = (it.i1 - it.i0) * g, keys = past + it.i1;   // the last row sees `keys` keys
-  const int64_t ld = (keys + kKeys - 1) / kKeys * kKeys;
-  thread_local std::vector<float> scores, kt, acc;
-  scores.resize(rows * ld);
-  kt.resize(d * kKeys);
-  acc.assign(rows * d, 0.f);
-  auto qrow = [&](int64_t r) {   // row r = (token i0 + r / g, query head head * g + r % g)
-    return q + (st.start[it.seq] + it.i0 + r / g) * q_stride + (it.head * g + r % g) * d;
-  };
-  auto first_row = [&](int64_t p) {   // rows that see key p: tokens i >= p - past
-    return std::max<int64_t>(0, p - past - it.i0) * g;
-  };
-  for (int64_t p0 = 0; p0 < keys; p0 += kKeys) {
-    for (int64_t j = 0; j < kKeys; ++j) {       // kt[c][j] = K[p0 + j][c], zero past the last key
-      const float* k = p0 + j < keys ? pool.k + key_row(pool, st, it.seq, p0 + j, it.head) : nullptr;
-      for (int64_t c = 0; c < d; ++c) kt[c * kKeys + j] = k ? k[c] : 0.f;
-    }
-    for (int64_t r = first_row(p0); r < rows; ++r) {
-      const float* qr = qrow(r);
-      Vec s0 = vzero(), s1 = vzero();
-      for (int64_t c = 0; c < d; ++c) {
-        const Vec qc = vset1(qr[c]);
-        s0 = vfma(qc, vload(kt.data() + c * kKeys), s0);
-        s1 = vfma(qc, vload(kt.data() + c * kKeys + kWidth), s1);
-      }
-      vstore(scores.data() + r * ld + p0, s0);
-      vstore(scores.data() + r * ld + p0 + kWidth, s1);
-    }
-  }
-  std::vector<float> inv(rows);
-  for (int64_t r = 0; r < rows; ++r)   // row r sees the keys up to its own position
-    inv[r] = 1.f / softmax_numerators(scores.data() + r * ld, past + it.i0 + r / g + 1);
-  for (int64_t p = 0; p < keys; ++p) {
-    const float* v = pool.v + key_row(pool, st, it.seq, p, it.head);
-    for (int64_t r = first_row(p); r < rows; ++r) axpy(scores[r * ld + p], v, acc.data() + r * d, d);
-  }
-  for (int64_t r = 0; r < rows; ++r) {
-    float* o = out + (st.start[it.seq] + it.i0 + r / g) * nh * d + (it.head * g + r % g) * d;
-    for (int64_t c = 0; c < d; ++c) o[c] = acc[r * d + c] * inv[r];
-  }
+  const int64_t rows = (it.i1 - it.i0) * (nh / pool.kv_heads);
+  for (int64_t rb = 0; rb < rows; rb += kWidth)
+    run_block(it, rb, std::min(kWidth, rows - rb), q, q_stride, nh, pool, st, out);
 }
 
 }  // namespace

@@ -34,6 +34,9 @@ inline float vsum(Vec a) { return _mm512_reduce_add_ps(a); }
 inline float vhmax(Vec a) { return _mm512_reduce_max_ps(a); }
 inline Vec vround(Vec a) { return _mm512_roundscale_ps(a, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
 inline Vec vpow2i(Vec p, Vec n) { return _mm512_scalef_ps(p, n); }  // p * 2^n, n integral
+inline Vec vselect_lt(Vec a, Vec b, Vec x, Vec y) {  // per lane: a < b ? x : y
+  return _mm512_mask_blend_ps(_mm512_cmp_ps_mask(a, b, _CMP_LT_OQ), y, x);
+}
 #elif defined(__AVX2__) && defined(__FMA__)
 constexpr int64_t kWidth = 8;
 using Vec = __m256;
@@ -60,6 +63,7 @@ inline float vhmax(Vec a) {
   return _mm_cvtss_f32(_mm_max_ss(s, _mm_movehdup_ps(s)));
 }
 inline Vec vround(Vec a) { return _mm256_round_ps(a, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
+inline Vec vselect_lt(Vec a, Vec b, Vec x, Vec y) { return _mm256_blendv_ps(y, x, _mm256_cmp_ps(a, b, _CMP_LT_OQ)); }
 inline Vec vpow2i(Vec p, Vec n) {  // p * 2^n for integral n in [-126, 127]: n into the exponent bits
   const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
   return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
@@ -86,6 +90,7 @@ inline float vsum(Vec a) { float s = 0.f; SPMD_LANES(s += a.v[i]); return s; }
 inline float vhmax(Vec a) { float s = a.v[0]; SPMD_LANES(s = s > a.v[i] ? s : a.v[i]); return s; }
 inline Vec vround(Vec a) { SPMD_LANES(a.v[i] = std::nearbyint(a.v[i])); return a; }
 inline Vec vpow2i(Vec p, Vec n) { SPMD_LANES(p.v[i] = std::ldexp(p.v[i], static_cast<int>(n.v[i]))); return p; }
+inline Vec vselect_lt(Vec a, Vec b, Vec x, Vec y) { SPMD_LANES(x.v[i] = a.v[i] < b.v[i] ? x.v[i] : y.v[i]); return x; }
 #undef SPMD_LANES
 #endif
 
