@@ -27,9 +27,11 @@ inline Vec vload(const int8_t* p) {  // 16 int8 → 16 fp32
 inline void vstore(float* p, Vec v) { _mm512_storeu_ps(p, v); }
 inline Vec vfma(Vec a, Vec b, Vec c) { return _mm512_fmadd_ps(a, b, c); }
 inline Vec vmul(Vec a, Vec b) { return _mm512_mul_ps(a, b); }
+inline Vec vdiv(Vec a, Vec b) { return _mm512_div_ps(a, b); }
 inline Vec vsub(Vec a, Vec b) { return _mm512_sub_ps(a, b); }
 inline Vec vadd(Vec a, Vec b) { return _mm512_add_ps(a, b); }
 inline Vec vmax(Vec a, Vec b) { return _mm512_max_ps(a, b); }
+inline Vec vmin(Vec a, Vec b) { return _mm512_min_ps(a, b); }
 inline float vsum(Vec a) { return _mm512_reduce_add_ps(a); }
 inline float vhmax(Vec a) { return _mm512_reduce_max_ps(a); }
 inline Vec vround(Vec a) { return _mm512_roundscale_ps(a, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
@@ -49,9 +51,11 @@ inline Vec vload(const int8_t* p) {  // 8 int8 → 8 fp32
 inline void vstore(float* p, Vec v) { _mm256_storeu_ps(p, v); }
 inline Vec vfma(Vec a, Vec b, Vec c) { return _mm256_fmadd_ps(a, b, c); }
 inline Vec vmul(Vec a, Vec b) { return _mm256_mul_ps(a, b); }
+inline Vec vdiv(Vec a, Vec b) { return _mm256_div_ps(a, b); }
 inline Vec vsub(Vec a, Vec b) { return _mm256_sub_ps(a, b); }
 inline Vec vadd(Vec a, Vec b) { return _mm256_add_ps(a, b); }
 inline Vec vmax(Vec a, Vec b) { return _mm256_max_ps(a, b); }
+inline Vec vmin(Vec a, Vec b) { return _mm256_min_ps(a, b); }
 inline float vsum(Vec a) {
   __m128 s = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
   s = _mm_add_ps(s, _mm_movehl_ps(s, s));
@@ -83,9 +87,11 @@ inline void vstore(float* p, Vec a) { std::memcpy(p, a.v, sizeof a.v); }
 #define SPMD_LANES(expr) do { for (int64_t i = 0; i < kWidth; ++i) expr; } while (0)
 inline Vec vfma(Vec a, Vec b, Vec c) { SPMD_LANES(c.v[i] += a.v[i] * b.v[i]); return c; }
 inline Vec vmul(Vec a, Vec b) { SPMD_LANES(a.v[i] *= b.v[i]); return a; }
+inline Vec vdiv(Vec a, Vec b) { SPMD_LANES(a.v[i] /= b.v[i]); return a; }
 inline Vec vsub(Vec a, Vec b) { SPMD_LANES(a.v[i] -= b.v[i]); return a; }
 inline Vec vadd(Vec a, Vec b) { SPMD_LANES(a.v[i] += b.v[i]); return a; }
 inline Vec vmax(Vec a, Vec b) { SPMD_LANES(a.v[i] = a.v[i] > b.v[i] ? a.v[i] : b.v[i]); return a; }
+inline Vec vmin(Vec a, Vec b) { SPMD_LANES(a.v[i] = a.v[i] < b.v[i] ? a.v[i] : b.v[i]); return a; }
 inline float vsum(Vec a) { float s = 0.f; SPMD_LANES(s += a.v[i]); return s; }
 inline float vhmax(Vec a) { float s = a.v[0]; SPMD_LANES(s = s > a.v[i] ? s : a.v[i]); return s; }
 inline Vec vround(Vec a) { SPMD_LANES(a.v[i] = std::nearbyint(a.v[i])); return a; }
@@ -103,10 +109,11 @@ inline float fmadd(float a, float b, float c) {
 #endif
 }
 
-// exp(x) for x <= 0 (softmax after subtracting the max): Cephes' expf polynomial on x - n ln 2,
-// times 2^n; relative error ~2e-7.  Inputs below -87 give ~0 (not denormals).
+// exp(x): Cephes' expf polynomial on x - n ln 2, times 2^n; relative error ~2e-7.  x is clamped
+// to [-87, 88]: below gives ~1e-38 (not denormals), above ~1.6e38 (not inf).
 inline Vec vexp(Vec x) {
   x = vmax(x, vset1(-87.0f));
+  x = vmin(x, vset1(88.0f));
   const Vec n = vround(vmul(x, vset1(1.44269504088896341f)));
   Vec r = vfma(n, vset1(-0.693359375f), x);                 // x - n ln2, in two parts
   r = vfma(n, vset1(2.12194440e-4f), r);
