@@ -7,9 +7,13 @@ runner loads graphs) and numpy (OpenBLAS), on the linear layers of one decoder l
 
 One pass = x[T, K] @ W for the fused q|k|v, o, fused gate|up and down weights of a layer.  For each
 model and T, every (kernel, threads) pair runs --passes passes per round, all pairs interleaved in
-each of --rounds rounds (this machine is shared: compare within a run).  Prints a JSON line per
-(model, T, kernel, threads): median ms per pass, GFLOP/s and weight GB/s (bytes of W read once).
-With --attention also times `spmd_paged_attention` on a prefill chunk and on decodes of each model.
+each of --rounds rounds, pass by pass (this machine is shared: compare within a run).  Prints a JSON
+line per (model, T, kernel, threads): median and best ms per pass, GFLOP/s and weight GB/s (bytes of
+W read once) of the median.
+With --attention also times `spmd_paged_attention` on a prefill chunk and on decodes of each model;
+with --elementwise, `spmd_add_rms_norm` and `spmd_swiglu` against Paddle's fused_rms_norm / swiglu.
+The process keeps freed memory in its heap (paddle_ext.retain_freed_memory, as a worker should),
+unless --malloc-default.
 
     python benchmarks/gemm_op.py [--models small 1b] [--rows 1 4 16 64 256 512] [--threads 1 2]
 """
@@ -85,12 +89,10 @@ def kernels(ws: list[np.ndarray], threads: list[int], work: Path) -> dict:
     preds = predictors(ws, threads, work)
 
     def ours(th, xs):
-        paddle_ext.set_num_threads(th)
         for w in pw:
             paddle_ext.run_op("spmd_linear", xs["pd"][w.shape[0]], w)
 
     def ours_int8(th, xs):
-        paddle_ext.set_num_threads(th)
         for q, s in q8:
             paddle_ext.run_op("spmd_linear_int8", xs["pd"][q.shape[0]], q, s)
 
@@ -103,12 +105,30 @@ def kernels(ws: list[np.ndarray], threads: list[int], work: Path) -> dict:
         return run
 
     def numpy_(th, xs):
-        with threadpool_limits(th):
-            for w in ws:
-                xs["np"][w.shape[0]] @ w
+        for w in ws:
+            xs["np"][w.shape[0]] @ w
 
     return {"spmd_linear": ours, "spmd_linear_int8": ours_int8, "predictor_onednn": predictor(True),
             "predictor_plain": predictor(False), "numpy": numpy_}
+
+
+def timed_rounds(fns: dict, args, passes: int, xs=None) -> dict[tuple[str, int], list[float]]:
+    """Seconds of each pass of each (kernel, threads): per round, a block per thread count (our
+    pool and numpy's BLAS set once for it), kernels interleaved pass by pass within it, so that
+    every kernel meets the same machine load."""
+    times: dict[tuple[str, int], list[float]] = {}
+    for _ in range(args.rounds):
+        for th in args.threads:
+            paddle_ext.set_num_threads(th)
+            with threadpool_limits(th):
+                for fn in fns.values():
+                    fn(th, xs)   # warm-up (predictor: the shape's first run builds its kernels)
+                for _ in range(passes):
+                    for name, fn in fns.items():
+                        t = time.perf_counter()
+                        fn(th, xs)
+                        times.setdefault((name, th), []).append(time.perf_counter() - t)
+    return times
 
 
 def bench_model(model: str, args) -> None:
@@ -121,22 +141,14 @@ def bench_model(model: str, args) -> None:
             xn = {k: rng.standard_normal((rows, k), np.float32) for k in {w.shape[0] for w in ws}}
             xs = {"np": xn, "pd": {k: paddle.to_tensor(v) for k, v in xn.items()}}
             passes = max(1, min(args.passes, int(args.passes * 16 / rows)))
-            times: dict[tuple[str, int], list[float]] = {}
-            for _ in range(args.rounds):
-                for name, fn in fns.items():
-                    for th in args.threads:
-                        fn(th, xs)   # warm-up (predictor: the shape's first run builds its kernels)
-                        t = time.perf_counter()
-                        for _ in range(passes):
-                            fn(th, xs)
-                        times.setdefault((name, th), []).append((time.perf_counter() - t) / passes)
+            times = timed_rounds(fns, args, passes, xs)
             for (name, th), ts in times.items():
                 med = statistics.median(ts)
                 nbytes = params * (1 if name.endswith("int8") else 4)
                 print(json.dumps({"model": model, "rows": rows, "kernel": name, "threads": th,
                                   "ms": round(med * 1e3, 3), "GFLOP_s": round(2 * rows * params / med / 1e9, 1),
                                   "weight_GB_s": round(nbytes / med / 1e9, 1),
-                                  "ms_range": [round(min(ts) * 1e3, 3), round(max(ts) * 1e3, 3)]}), flush=True)
+                                  "ms_best": round(min(ts) * 1e3, 3), "passes": len(ts)}), flush=True)
 
 
 def bench_attention(model: str, args) -> None:
@@ -152,18 +164,29 @@ def bench_attention(model: str, args) -> None:
         feeds = [paddle.to_tensor(a) for a in (rng.standard_normal((sum(qlens), nh + 2 * kvh, d)).astype(np.float32),
                                                (1.0 / 10000 ** (np.arange(0, d, 2) / d)).astype(np.float32))]
         tail = [paddle.to_tensor(a) for a in (tables, np.array(ctx, np.int64), np.array(qlens, np.int64), slots)]
-        times: dict[int, list[float]] = {}
-        for _ in range(args.rounds):
-            for th in args.threads:
-                paddle_ext.set_num_threads(th)
-                paddle_ext.run_op("spmd_paged_attention", *feeds, *pool, *tail, d ** -0.5)
-                t = time.perf_counter()
-                for _ in range(args.passes):
-                    paddle_ext.run_op("spmd_paged_attention", *feeds, *pool, *tail, d ** -0.5)
-                times.setdefault(th, []).append((time.perf_counter() - t) / args.passes)
-        for th, ts in times.items():
+        op = lambda th, _: paddle_ext.run_op("spmd_paged_attention", *feeds, *pool, *tail, d ** -0.5)   # noqa: E731
+        for (_, th), ts in timed_rounds({"attention": op}, args, args.passes).items():
             print(json.dumps({"model": model, "attention": label, "threads": th,
-                              "ms": round(statistics.median(ts) * 1e3, 3)}), flush=True)
+                              "ms": round(statistics.median(ts) * 1e3, 3), "ms_best": round(min(ts) * 1e3, 3)}),
+                  flush=True)
+
+
+def bench_elementwise(model: str, args) -> None:
+    """A layer's add + RMSNorm (twice) and SwiGLU: ours (threads) against Paddle's CPU kernels."""
+    from paddle.incubate.nn.functional import fused_rms_norm
+
+    h, i = MODELS[model][:2]
+    for rows in args.rows:
+        hs, delta, gu = paddle.randn([rows, h]), paddle.randn([rows, h]), paddle.randn([rows, 2 * i])
+        w = paddle.ones([h])
+        fns = {"paddle": lambda th, _: (fused_rms_norm(delta, w, None, 1e-5, 1, residual=hs),
+                                        paddle.nn.functional.swiglu(gu)),
+               "spmd": lambda th, _: (paddle_ext.run_op("spmd_add_rms_norm", hs, delta, w, 1e-5),
+                                      paddle_ext.run_op("spmd_swiglu", gu))}
+        for (name, th), ts in timed_rounds(fns, args, args.passes).items():
+            if name == "spmd" or th == args.threads[0]:   # Paddle's kernels: one thread whatever the setting
+                print(json.dumps({"model": model, "rows": rows, "elementwise": f"{name} add_rms_norm + swiglu",
+                                  "threads": th, "ms": round(statistics.median(ts) * 1e3, 3)}), flush=True)
 
 
 def main() -> None:
@@ -174,13 +197,19 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--passes", type=int, default=10, help="passes per round at T <= 16 (fewer above)")
     ap.add_argument("--attention", action="store_true")
+    ap.add_argument("--elementwise", action="store_true")
+    ap.add_argument("--malloc-default", action="store_true", help="do not call paddle_ext.retain_freed_memory")
     args = ap.parse_args()
     paddle.set_device("cpu")
     paddle_ext.load()
+    if not args.malloc_default:
+        paddle_ext.retain_freed_memory()
     for model in args.models:
         bench_model(model, args)
         if args.attention:
             bench_attention(model, args)
+        if args.elementwise:
+            bench_elementwise(model, args)
     paddle_ext.set_num_threads(1)
 
 

@@ -153,6 +153,8 @@ using spmd::futex_wake;
 extern "C" void spmd_set_num_threads(int n) {
   std::lock_guard<std::mutex> lock(spmd::config);
   n = std::max(1, n);
+  Pool* now = spmd::pool.load();
+  if (n == spmd::threads.load() && (n == 1 || (now != nullptr && now->pid == getpid()))) return;   // as it is
   if (Pool* old = spmd::pool.exchange(nullptr)) {
     std::lock_guard<std::mutex> idle(old->busy);         // no job in flight; later callers go inline
     if (old->pid == getpid()) {                         // after fork() its workers are gone
