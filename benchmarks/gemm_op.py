@@ -12,8 +12,8 @@ line per (model, T, kernel, threads): median and best ms per pass, GFLOP/s and w
 W read once) of the median.
 With --attention also times `spmd_paged_attention` on a prefill chunk and on decodes of each model;
 with --elementwise, `spmd_add_rms_norm` and `spmd_swiglu` against Paddle's fused_rms_norm / swiglu.
-The process keeps freed memory in its heap (paddle_ext.retain_freed_memory, as a worker should),
-unless --malloc-default.
+malloc is tuned as the runner tunes it (worker/model_runner.tune_malloc: large activations are not
+page-faulted in afresh every pass), unless --malloc-default.
 
     python benchmarks/gemm_op.py [--models small 1b] [--rows 1 4 16 64 256 512] [--threads 1 2]
 """
@@ -198,12 +198,14 @@ def main() -> None:
     ap.add_argument("--passes", type=int, default=10, help="passes per round at T <= 16 (fewer above)")
     ap.add_argument("--attention", action="store_true")
     ap.add_argument("--elementwise", action="store_true")
-    ap.add_argument("--malloc-default", action="store_true", help="do not call paddle_ext.retain_freed_memory")
+    ap.add_argument("--malloc-default", action="store_true", help="glibc's malloc defaults (no tune_malloc)")
     args = ap.parse_args()
     paddle.set_device("cpu")
     paddle_ext.load()
     if not args.malloc_default:
-        paddle_ext.retain_freed_memory()
+        from spmd_serve.worker.model_runner import tune_malloc
+
+        tune_malloc()
     for model in args.models:
         bench_model(model, args)
         if args.attention:

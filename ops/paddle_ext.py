@@ -162,21 +162,6 @@ def num_threads() -> int:
     return load().spmd_get_num_threads()
 
 
-def retain_freed_memory() -> bool:
-    """Keep freed blocks of up to 32 MiB (glibc's largest mmap threshold) in this process's heap.
-
-    Paddle's CPU allocator mallocs and frees every tensor; glibc serves blocks above its mmap
-    threshold (128 KiB at first) with mmap and returns them on free, so each step page-faults every
-    large activation afresh: spmd_swiglu on [512, 16384] took 8.7 ms, 1.6 ms with this (eager;
-    ~0.25-0.5 us a 4 KiB page).  The cost: the heap keeps its high-water mark (what a server wants).
-    A worker calls it once at start-up; True when glibc took both settings."""
-    libc = ctypes.CDLL(None)
-    m_trim_threshold, m_mmap_threshold = -1, -3              # <malloc.h>
-    mmap_ok = libc.mallopt(m_mmap_threshold, 32 << 20)       # the largest glibc accepts on 64-bit
-    trim_ok = libc.mallopt(m_trim_threshold, 1 << 30)        # do not give the heap's top back below 1 GiB
-    return bool(mmap_ok and trim_ok)
-
-
 def unavailable() -> str | None:
     """None when the ops can be used here, else why not."""
     try:
