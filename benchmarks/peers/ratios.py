@@ -24,6 +24,7 @@ def level_stats(bench_jsons: Iterable[dict]) -> dict[int, dict]:
                 "completed": ok, "failed": run["failed"],
                 "prompt_tokens_per_request": run["total_input_tokens"] / ok if ok else 0.0,
                 "output_tokens_per_request": run["total_output_tokens"] / ok if ok else 0.0,
+                "foreign_cpu": run.get("foreign_cpu"),
             }
     return out
 

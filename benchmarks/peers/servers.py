@@ -51,6 +51,7 @@ class Server:
     ready_url: str
     metrics_url: str | None = None
     info: dict = field(default_factory=dict)     # what the report records about this server
+    pid: int | None = None                        # set while running (the process group's leader)
 
 
 def spmd_serve(name: str, model_dir: Path, ranks: int, threads: int, batch: int, max_len: int,
@@ -113,6 +114,7 @@ def running(server: Server, log_path: Path, timeout_s: float = 600.0) -> Iterato
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(server.cmd, env=server.env, stdout=log, stderr=subprocess.STDOUT,
                                 start_new_session=True)
+        server.pid = proc.pid
         try:
             deadline = time.monotonic() + timeout_s
             while _status(server.ready_url) != 200:
