@@ -147,7 +147,8 @@ def probe(server: servers.Server, texts: list[str], prompt_ids: list[list[int]],
     return {"prompt_tokens": counts, "greedy_text": greedy}
 
 
-def bench_level(server: servers.Server, args: argparse.Namespace, tokenizer_dir: Path, conc: int, out: Path) -> dict:
+def bench_level(server: servers.Server, args: argparse.Namespace, tokenizer_dir: Path, conc: int,
+                out: Path) -> dict:
     """One `spmd_serve bench` run of one concurrency level; its JSON."""
     n = args.num_prompts_c1 if conc == 1 else args.num_prompts
     script = servers.spmd_serve_cmd()
@@ -222,6 +223,26 @@ def summarize_checks(names: list[str], probes: dict[str, dict]) -> dict:
     return out
 
 
+def merge_report(report: dict, old: dict) -> None:
+    """Fold an earlier run's report into this one: rows only it has are taken as they are; for rows
+    both have, each level keeps the measurement other processes disturbed least."""
+    def undisturbed(level: dict) -> float:
+        return 1.0 if level.get("foreign_cpu") is None else level["foreign_cpu"]
+
+    report.setdefault("merged_from", []).append(old.get("command"))
+    if old.get("checks"):                        # the earlier run's server checks, kept beside this run's
+        report.setdefault("checks_merged", []).append(old["checks"])
+    for key, entry in old["rows"].items():
+        entry["levels"] = {int(c): v for c, v in entry["levels"].items()}
+        mine = report["rows"].setdefault(key, entry)
+        if mine is not entry:
+            for c, level in entry["levels"].items():
+                if c not in mine["levels"] or undisturbed(level) < undisturbed(mine["levels"][c]):
+                    mine["levels"][c] = level
+    order = [r.key for r in ROWS]
+    report["rows"] = dict(sorted(report["rows"].items(), key=lambda kv: order.index(kv[0])))
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -250,6 +271,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--retries", type=int, default=2, help="repeats of a disturbed level (the cleanest is kept)")
     ap.add_argument("--budget-min", type=float, default=30.0, help="after this many minutes, no more waiting for "
                     "quiet cores nor repeats: the rest is measured once")
+    ap.add_argument("--merge", type=Path, default=None, help="an earlier run's JSON: keep its rows, and per level "
+                    "the less disturbed of its and this run's measurements")
     ap.add_argument("--fresh", action="store_true", help="remake the checkpoint, exports and GGUFs")
     ap.add_argument("--json", type=Path, default=None, help="write everything here (default: in the work dir)")
     args = ap.parse_args(argv)
@@ -294,6 +317,8 @@ def main(argv: list[str] | None = None) -> int:
                                     "levels": ratios.level_stats(docs)})
     for entry in report["rows"].values():
         entry["levels"] = ratios.best_of([r["levels"] for r in entry["rounds"]])
+    if args.merge:
+        merge_report(report, json.loads(args.merge.read_text()))
     stats = {r["name"]: r["levels"] for r in report["rows"].values()}
     report["ratios"] = {f"{report['rows'][a]['name']} ÷ {report['rows'][b]['name']}":
                         ratios.ratio_row(report["rows"][a]["levels"], report["rows"][b]["levels"], levels)
