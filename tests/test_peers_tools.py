@@ -151,3 +151,23 @@ def test_best_of_rounds_keeps_each_level_whole():
     fast = ratios.level_stats([_bench_doc({1: (100.0, 9.0, 120.0), 8: (250.0, 25.0, 400.0)})])
     best = ratios.best_of([slow, fast])
     assert best[1] == fast[1] and best[8] == slow[8]      # by output tok/s, TTFT of the same run
+
+
+def test_merge_keeps_the_least_disturbed_level():
+    from benchmarks.peers.compare import merge_report
+
+    def row(name, levels):
+        return {"name": name, "levels": levels}
+
+    lvl = {1: {"output_tok_s": 10.0, "foreign_cpu": 0.3}, 8: {"output_tok_s": 50.0, "foreign_cpu": 0.0}}
+    report = {"rows": {"ours-f32": row("a", lvl)}}
+    old = json.loads(json.dumps({"command": "earlier", "checks": {"reference": "a"}, "rows": {
+        "ours-f32": row("a", {1: {"output_tok_s": 12.0, "foreign_cpu": 0.05}, 8: {"output_tok_s": 60.0,
+                                                                                   "foreign_cpu": 0.2}}),
+        "llama-f32": row("b", {1: {"output_tok_s": 30.0, "foreign_cpu": 0.0}})}}))
+    merge_report(report, old)
+    assert list(report["rows"]) == ["ours-f32", "llama-f32"]
+    assert report["rows"]["ours-f32"]["levels"][1]["output_tok_s"] == 12.0      # less disturbed
+    assert report["rows"]["ours-f32"]["levels"][8]["output_tok_s"] == 50.0
+    assert report["rows"]["llama-f32"]["levels"] == {1: {"output_tok_s": 30.0, "foreign_cpu": 0.0}}
+    assert report["merged_from"] == ["earlier"] and report["checks_merged"] == [{"reference": "a"}]

@@ -9,7 +9,9 @@ and convert it to GGUF F32 / F16 / Q8_0 (gguf_convert); then for each row start 
 (servers.running: free 127.0.0.1 ports, always stopped), check it (prompt token counts of text
 prompts against the other servers, greedy continuations), run `spmd_serve bench` (OpenAI
 completions, token-id prompts, ignore_eos + min_tokens = max_tokens, temperature 0) at each
-concurrency, and stop it.  Never two servers at once: the machine has two cores.
+concurrency, and stop it.  Never two servers at once: the machine has two cores.  Other jobs on
+those cores are measured during each level (machine.ForeignCpu) and a disturbed level is
+repeated (--max-foreign, --retries, --budget-min); --merge folds in an earlier run's JSON.
 
 Everything generated lives under `$SPMD_SERVE_CACHE/peers/work/demo-<size>/` (reused by later
 runs; --fresh remakes it).  Not in CI.
@@ -171,7 +173,8 @@ def bench_level(server: servers.Server, args: argparse.Namespace, tokenizer_dir:
 def bench(server: servers.Server, args: argparse.Namespace, tokenizer_dir: Path, out_dir: Path) -> list[dict]:
     """Each concurrency level (1: --num-prompts-c1 prompts, others: --num-prompts), repeated up to
     --retries times while other processes took more than --max-foreign of the cores during it
-    (no waiting nor repeating past --budget-min); the attempt kept is the cleanest.  Every attempt is recorded ("attempts" in each run)."""
+    (no waiting nor repeating past --budget-min); the attempt kept is the least disturbed.  Every
+    attempt is recorded ("attempts" in each run)."""
     docs = []
     out_dir.mkdir(parents=True, exist_ok=True)
     for conc in (int(c) for c in args.concurrency.split(",")):
