@@ -332,7 +332,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\n{lc.describe()}; {args.threads} threads; {args.input_len} in / {args.output_len} out; "
           f"{args.num_prompts_c1} prompts at c=1, {args.num_prompts} otherwise\n\n{raw}\n\n{ratio}\n")
     for r in report["rows"].values():
-        foreign = {c: f"{v['foreign_cpu']:.0%}" for c, v in r["levels"].items()}
+        foreign = {c: "?" if v["foreign_cpu"] is None else f"{v['foreign_cpu']:.0%}" for c, v in r["levels"].items()}
         print(f"{r['name']}: other processes' share of the cores during each level kept {foreign}, "
               f"1-min load average after each round {[round(x['loadavg_after'][0], 1) for x in r['rounds']]}")
     for r in report["rows"].values():
