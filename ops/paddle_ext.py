@@ -5,12 +5,18 @@ The CUDA kernels of this package run on raw device pointers; these run *inside* 
 graphs on the CPU build, where Paddle lacks what the engine needs:
 * `spmd_allreduce` — an MPI_Allreduce in the graph (Paddle's CPU collective goes through gloo at
   ~2 ms a call), so a tensor-parallel rank runs one graph per step instead of one per stage.
-* `spmd_linear`, `spmd_linear_int8` — x @ W for the 1-4 rows of a decode step, one pass over W
-  (fp32, or int8 dequantised in registers); only the decode graphs use them (spmd_serve/export/layers.py).
-* `spmd_decode_attention` — a decode step's RoPE, K/V write into the paged pool and GQA attention
-  over the past in one op (~20 Paddle ops a layer before); the fp32-pool decode graphs use it.
+* `spmd_linear`, `spmd_linear_int8`, `spmd_linear_int4` — x[T, K] @ W for every T: one pass over W
+  for decode steps, a packed register-blocked micro-kernel for prefill chunks (gemm.h), fp32 or
+  quantised weights in the export's layout, dequantised in registers.
+* `spmd_paged_attention` — any step's (prefill chunks, decodes, mixed) RoPE, K/V write into the
+  paged pool and causal GQA attention over the flat token layout; `spmd_decode_attention` — the
+  decode graphs' form of it (RoPE from per-step tables), on the same core (attention.h).
+* `spmd_rms_norm`, `spmd_add_rms_norm`, `spmd_swiglu` — the layer's elementwise steps, threaded
+  (Paddle's CPU kernels for them are single-threaded; swiglu's is scalar).
 * `spmd_mla_decode`, `spmd_moe_experts` — DeepSeek's decode attention in latent space over the
-  paged latent pool (with its pool write), and the routed experts each over its own tokens.
+  paged latent pool (with its pool write), and the routed experts each over its own tokens
+  (single-threaded).
+The kernels run on a persistent thread pool in the library, sized by `set_num_threads` (default 1).
 
 A graph that uses them needs the library registered before `paddle.jit.save` traces it and before
 `paddle.inference` loads it: call `load()` first.  Building needs a C++17 compiler (`g++`) and the
@@ -36,12 +42,14 @@ from ops.nvrtc import cache_dir
 KERNELS = Path(__file__).with_name("cpu_kernels")
 LIB_NAME = "spmd_cpu_ops.so"
 # -march=native: the library is built on the machine that runs it (the cache key has its CPU flags).
+# SPMD_OPS_MARCH overrides it, to build and test the other code paths of the kernels here (simd.h):
+# x86-64-v3 (AVX2 + FMA, no AVX-512), x86-64 (the plain C++ fallback).
 CXXFLAGS = (
     "-O3",
-    "-march=native",
     "-fPIC",
     "-shared",
     "-std=c++17",
+    "-pthread",
     "-w",
     "-DPADDLE_NO_PYTHON",  # paddle/extension.h without Python.h (no python3-dev needed)
     "-DPADDLE_WITH_CUSTOM_KERNEL",
@@ -56,7 +64,13 @@ class ExtensionUnavailable(RuntimeError):
 
 
 def sources() -> list[Path]:
+    """The translation units compiled into the library."""
     return sorted(KERNELS.glob("*.cc"))
+
+
+def headers() -> list[Path]:
+    """What the sources include from here: part of the cache key, not of the command line."""
+    return sorted(KERNELS.glob("*.h"))
 
 
 def _mpi_flags() -> tuple[list[str], list[str]]:
@@ -103,8 +117,10 @@ def _command(out: Path) -> list[str]:
         )
     mpi_compile, mpi_link = _mpi_flags()
     libs = [root / "libs", root / "base"]
+    march = f"-march={os.environ.get('SPMD_OPS_MARCH') or 'native'}"
     return [
         cxx,
+        march,
         *CXXFLAGS,
         f"-I{root / 'include'}",
         f"-I{root / 'include' / 'third_party'}",
@@ -125,12 +141,8 @@ def library_path() -> Path:
     _, version = _paddle_dirs()
     probe = _command(Path("OUT"))
     key = hashlib.sha256()
-    for part in (
-        *[p.read_bytes() for p in sources()],
-        version.encode(),
-        " ".join(probe).encode(),
-        _cpu_flags().encode(),
-    ):
+    parts = [p.read_bytes() for p in (*sources(), *headers())]
+    for part in (*parts, version.encode(), " ".join(probe).encode(), _cpu_flags().encode()):
         key.update(part)
         key.update(b"\x1f")
     target = cache_dir() / "cpu" / key.hexdigest()[:24] / LIB_NAME
@@ -162,7 +174,21 @@ def load() -> ctypes.CDLL:
     lib = ctypes.CDLL(str(path))  # the same mapping Paddle opened: reads its counters
     lib.spmd_allreduce_seconds.restype = ctypes.c_double
     lib.spmd_allreduce_calls.restype = ctypes.c_long
+    lib.spmd_set_num_threads.argtypes = [ctypes.c_int]
+    lib.spmd_get_num_threads.restype = ctypes.c_int
     return lib
+
+
+def set_num_threads(n: int) -> None:
+    """Threads the ops use in this process, the calling thread included (default 1).  The workers
+    are created here, once, and persist (they spin ~0.2 ms after an op, then sleep); they inherit
+    the caller's CPU affinity, so call it after the rank is bound.  Call it once, at start-up
+    (safe at any time: an op already running finishes on the old workers)."""
+    load().spmd_set_num_threads(int(n))
+
+
+def num_threads() -> int:
+    return load().spmd_get_num_threads()
 
 
 def unavailable() -> str | None:

@@ -36,7 +36,7 @@ def check(y: np.ndarray, ref: np.ndarray) -> None:
     np.testing.assert_allclose(y, ref, rtol=1e-4, atol=1e-5 * np.abs(ref).max(initial=0))
 
 
-@pytest.mark.parametrize("rows", range(1, 21))  # the C++ kernel up to 16 rows, Paddle's above
+@pytest.mark.parametrize("rows", range(1, 21))  # the streaming kernel up to 8 rows, the blocked one above
 def test_ragged_shapes_match_float64(rows):
     x, w, q, scale = operands(rows, 67, 131)  # K and N not multiples of the vector width
     check(op("spmd_linear", x, w), x.astype(np.float64) @ w)

@@ -86,3 +86,10 @@ def test_engine_step_reads_aloud() -> None:
     assert len(body) <= 15, "\n".join(lines)
     order = [p for p in ("schedule", "broadcast", "execute", "sample", "update", "publish") if p in "".join(lines)]
     assert order == ["schedule", "broadcast", "execute", "sample", "update", "publish"]
+
+
+def test_no_test_module_imports_another() -> None:
+    """Shared test helpers live in tests/support/, so each test module stands alone."""
+    tests = ImportGraph.of(Path(spmd_serve.__file__).parents[1] / "tests", "tests")
+    wrong = sorted((m, d) for m, deps in tests.edges.items() for d in deps if d.rpartition(".")[2].startswith("test_"))
+    assert wrong == []

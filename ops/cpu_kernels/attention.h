@@ -1,0 +1,57 @@
+// The attention core shared by spmd_paged_attention and spmd_decode_attention (attention.cc):
+// causal GQA attention of a step's query tokens over the paged K/V pool, threaded over
+// (sequence, KV head, tile of query rows) work items.
+//
+// A step's tokens are flat, sequence after sequence ([T] = the StepPlan's layout, no padded grid):
+// sequence b owns tokens [start_b, start_b + query_lens[b]), token i of it sits at position
+// ctx_lens[b] + i and attends to the keys at positions 0 .. ctx_lens[b] + i.  Past keys (p <
+// ctx_lens[b]) are read through the block table; the step's own keys must already be in the pool,
+// at their slot_mapping slots (each op writes them first, then calls attend()).
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "paddle/extension.h"
+
+namespace spmd {
+
+struct PagedPool {          // one layer's pool, [num_blocks, block_size, kv_heads, head_dim] fp32 each
+  float* k;
+  float* v;
+  int64_t blocks, block_size, kv_heads, head_dim;
+};
+
+struct StepTokens {         // the step's flat token layout (protocol.StepPlan)
+  int64_t seqs;             // B
+  const int64_t* query_lens;  // [B]
+  const int64_t* ctx_lens;    // [B]
+  const int64_t* block_tables;  // [B, max_blocks]
+  int64_t max_blocks;
+  const int64_t* slots;     // [T] pool slot (block * block_size + offset) of each new token
+  std::vector<int64_t> start;   // [B + 1] first token of each sequence, then T
+};
+
+// The pool tensors of an op (checked: fp32, [NB, bs, kvh, head_dim], on the CPU).  The op writes
+// the step's K/V into them in place: they are the runner's buffers, bound zero-copy to the graph,
+// and the op's output is used, so Paddle never prunes it.
+PagedPool pool_of(const char* op, const paddle::Tensor& k_cache, const paddle::Tensor& v_cache, int64_t head_dim);
+
+// The step's tables from the op's int64 inputs (checked: dtypes and shapes; call check_tokens next).
+StepTokens tokens_of(const char* op, const paddle::Tensor& block_tables, const paddle::Tensor& ctx_lens,
+                     const paddle::Tensor& query_lens, const paddle::Tensor& slot_mapping);
+
+// Shape inference of both attention ops: [T, nh * d], nh = qkv heads - 2 kv_heads (-1: unknown).
+std::vector<std::vector<int64_t>> attention_shape(const std::vector<int64_t>& qkv,
+                                                  const std::vector<int64_t>& k_cache);
+
+// Checks the layout against the pool (throws with `op`'s name: call before any write) and fills
+// `start`; returns T.
+int64_t check_tokens(const char* op, StepTokens& step, const PagedPool& pool, int64_t tokens);
+
+// out[t, (h * g + j) * d ...] = softmax(q_t,hg+j . K_h) V_h for every token t and query head (nh of
+// them, g = nh / kv_heads per KV head).  q: [T, nh, d] rows `q_stride` floats apart, already
+// rotated and scaled; out: [T, nh * d].
+void attend(const float* q, int64_t q_stride, int64_t nh, const PagedPool& pool, const StepTokens& step, float* out);
+
+}  // namespace spmd

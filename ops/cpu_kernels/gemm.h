@@ -1,0 +1,213 @@
+// y[T, N] = x[T, K] @ W[K, N] (W one of weights.h's layouts, times a per-column scale for int8),
+// multi-threaded over output columns, for every T: one kernel choice by T alone, never by size.
+//
+// * T <= kStreamRows (decode steps): memory-bound, the time is one pass over W.  stream_tile keeps
+//   T x tile accumulators (the output rows) in L1 and multiplies kPassRows rows of W at a time into
+//   them, reading W row by row in long contiguous runs (what the prefetchers follow best), with a
+//   software prefetch kPrefetchRows rows ahead (int8: it issues four 16-byte loads a line, so the
+//   out-of-order window alone holds too few lines in flight; RESULTS.md "Speed change 4b").
+// * T > kStreamRows (prefill chunks, batched decodes): compute-bound.  A task owns kNC columns;
+//   per kKC rows of W it converts its [kKC, kNC] block to fp32 micro-panels [kKC][kNR] (in L2;
+//   int8/int4 are dequantised here, once per call) and runs a kMR x kNR register-blocked
+//   micro-kernel over all T rows for each micro-panel while that panel stays in L1.  The packing
+//   is a per-call scratch buffer: no second copy of the weights is kept.
+//
+// Every output element is the same fp32 chain, acc = fma(x[t,k], w[k,n], acc) for k = 0..K-1 from
+// acc = 0 (then * scale[n] for int8), in both paths and in the scalar tails: results are bit-equal
+// whatever the thread count, tile sizes, or the T of the call a row came in.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <utility>
+#include <vector>
+
+#include "simd.h"
+#include "thread_pool.h"
+#include "weights.h"
+
+namespace spmd {
+
+constexpr int64_t kStreamRows = 8;          // T above: the blocked path (CPU time equal at T ~ 12; 8 below)
+constexpr int64_t kAccFloats = 16384;       // stream: T x tile accumulators, 64 KiB (4096: 5-10 % slower at T=1, 8)
+constexpr int64_t kPassRows = 8;            // stream: weight rows per pass over the accumulators
+constexpr int64_t kPrefetchRows = 16;       // stream: software prefetch distance, in weight rows
+constexpr int64_t kMR = 6;                  // blocked: rows of x per micro-kernel
+#if defined(__AVX512F__)
+constexpr int64_t kNV = 4;                  // blocked: vectors of columns per micro-kernel (6 x 4 accumulators)
+#else
+constexpr int64_t kNV = 2;                  // AVX2's 16 registers: 6 x 2 accumulators
+#endif
+constexpr int64_t kNR = kNV * kWidth;       // blocked: columns per micro-panel
+constexpr int64_t kKC = 128;                // blocked: rows of W per packed block (a micro-panel: 32 KiB)
+constexpr int64_t kNC = 256;                // blocked: columns per task, at most
+constexpr int64_t kPackPrefetchRows = 8;    // blocked: software prefetch distance of the packing
+
+// ---------------------------------------------------------------- T <= kStreamRows
+
+// y[t, n0:n0+nb] = x[t, :] @ w[:, n0:n0+nb] for the T rows of x (nb a multiple of kWidth).
+template <int T, typename Src>
+void stream_tile(const float* x, const Src& w, int64_t K, int64_t N, int64_t n0, int64_t nb, float* y) {
+  // fp32 at T=1 (one 64-byte load per line, a short loop): the hardware prefetchers keep up and the
+  // prefetches only cost issue slots (29 vs 26 GB/s without them); int8, or T >= 2, gain from them
+  constexpr bool kPrefetch = Src::kPrefetchOneRow || T > 1;
+  for (int t = 0; t < T; ++t)
+    for (int64_t j = 0; j < nb; j += kWidth) vstore(y + t * N + n0 + j, vzero());
+  int64_t k = 0;
+  for (; k + kPassRows <= K; k += kPassRows) {  // kPassRows weight rows per pass over the accumulators
+    const int64_t pf = std::min(k + kPrefetchRows, K - kPassRows);   // clamped: re-prefetching is harmless
+    Vec xb[T][kPassRows];
+    for (int t = 0; t < T; ++t)
+      for (int i = 0; i < kPassRows; ++i) xb[t][i] = vset1(x[t * K + k + i]);
+    for (int64_t j = 0; j < nb; j += kWidth) {
+      if (kPrefetch && j % Src::kLine == 0)
+        for (int i = 0; i < kPassRows; ++i) __builtin_prefetch(w.at(pf + i, n0 + j));
+      Vec wv[kPassRows];
+      for (int i = 0; i < kPassRows; ++i) wv[i] = w.vec(k + i, n0 + j);
+      for (int t = 0; t < T; ++t) {
+        float* acc = y + t * N + n0 + j;
+        Vec a = vload(acc);
+        for (int i = 0; i < kPassRows; ++i) a = vfma(xb[t][i], wv[i], a);  // a chain: a tree was slower
+        vstore(acc, a);
+      }
+    }
+  }
+  for (; k < K; ++k)  // the last K % kPassRows rows
+    for (int64_t j = 0; j < nb; j += kWidth) {
+      const Vec wv = w.vec(k, n0 + j);
+      for (int t = 0; t < T; ++t) {
+        float* acc = y + t * N + n0 + j;
+        vstore(acc, vfma(vset1(x[t * K + k]), wv, vload(acc)));
+      }
+    }
+}
+
+// y[:, c0:c1] for T rows: tiles of full vectors, then (if c1 is past the last one) scalar columns
+template <int T, typename Src>
+void stream_columns(const float* x, const Src& w, int64_t K, int64_t N, int64_t c0, int64_t c1, float* y) {
+  const int64_t full = std::min(c1, N / kWidth * kWidth);
+  const int64_t nb = std::max<int64_t>(kWidth, kAccFloats / T / kWidth * kWidth);
+  for (int64_t n0 = c0; n0 < full; n0 += nb) stream_tile<T>(x, w, K, N, n0, std::min(nb, full - n0), y);
+  for (int t = 0; t < T; ++t)
+    for (int64_t n = std::max(c0, full); n < c1; ++n) {
+      float s = 0.f;
+      for (int64_t k = 0; k < K; ++k) s = fmadd(x[t * K + k], w.one(k, n), s);
+      y[t * N + n] = s;
+    }
+}
+
+template <typename Src, int... R>
+void stream_dispatch(int64_t T, std::integer_sequence<int, R...>, const float* x, const Src& w, int64_t K,
+                     int64_t N, int64_t c0, int64_t c1, float* y) {
+  // T a template argument: the loops over rows unroll and x's broadcasts stay in registers
+  ((T == R + 1 ? stream_columns<R + 1>(x, w, K, N, c0, c1, y) : void()), ...);
+}
+
+// ---------------------------------------------------------------- T > kStreamRows
+
+// [kb, nb] block of W from (k0, n0) → fp32 micro-panels dst[nb / kNR rounded up][kb][kNR], zero-padded
+template <typename Src>
+void pack(const Src& w, int64_t k0, int64_t kb, int64_t n0, int64_t nb, int64_t K, float* dst) {
+  const int64_t full = nb / kWidth * kWidth;
+  for (int64_t k = 0; k < kb; ++k) {
+    // a task reads W in short runs (nb columns of each row): without the prefetch, one row ahead
+    // per cache line, the hardware prefetchers leave it latency-bound
+    if (k0 + k + kPackPrefetchRows < K)
+      for (int64_t j = 0; j < nb; j += Src::kLine) __builtin_prefetch(w.at(k0 + k + kPackPrefetchRows, n0 + j));
+    for (int64_t j = 0; j < full; j += kWidth)
+      vstore(dst + (j / kNR) * kb * kNR + k * kNR + j % kNR, w.vec(k0 + k, n0 + j));
+    for (int64_t j = full; j < (nb + kNR - 1) / kNR * kNR; ++j)
+      dst[(j / kNR) * kb * kNR + k * kNR + j % kNR] = j < nb ? w.one(k0 + k, n0 + j) : 0.f;
+  }
+}
+
+// c[M, kNR] (row stride ldc) = (zero ? 0 : c) + x[M, kb] (row stride ldx) @ panel[kb, kNR]
+template <int M>
+void micro(const float* x, int64_t ldx, const float* panel, int64_t kb, float* c, int64_t ldc, bool zero) {
+  Vec acc[M][kNV];
+  for (int m = 0; m < M; ++m)
+    for (int v = 0; v < kNV; ++v) acc[m][v] = zero ? vzero() : vload(c + m * ldc + v * kWidth);
+  for (int64_t k = 0; k < kb; ++k) {
+    Vec wv[kNV];
+    for (int v = 0; v < kNV; ++v) wv[v] = vload(panel + k * kNR + v * kWidth);
+    for (int m = 0; m < M; ++m) {
+      const Vec xb = vset1(x[m * ldx + k]);
+      for (int v = 0; v < kNV; ++v) acc[m][v] = vfma(xb, wv[v], acc[m][v]);
+    }
+  }
+  for (int m = 0; m < M; ++m)
+    for (int v = 0; v < kNV; ++v) vstore(c + m * ldc + v * kWidth, acc[m][v]);
+}
+
+template <int... M>
+void micro_dispatch(int64_t m, std::integer_sequence<int, M...>, const float* x, int64_t ldx, const float* panel,
+                    int64_t kb, float* c, int64_t ldc, bool zero) {
+  ((m == M + 1 ? micro<M + 1>(x, ldx, panel, kb, c, ldc, zero) : void()), ...);
+}
+
+// y[:, n0:n0+nb] for all T rows (one task of the blocked path); buf holds kKC x kNC floats
+template <typename Src>
+void blocked_columns(const float* x, const Src& w, int64_t T, int64_t K, int64_t N, int64_t n0, int64_t nb,
+                     float* buf, float* y) {
+  constexpr auto kRows = std::make_integer_sequence<int, kMR>{};
+  float edge[kMR * kNR];   // the last micro-panel when nb is not a multiple of kNR
+  for (int64_t k0 = 0; k0 < K; k0 += kKC) {
+    const int64_t kb = std::min(kKC, K - k0);
+    pack(w, k0, kb, n0, nb, K, buf);
+    for (int64_t j = 0; j < nb; j += kNR) {
+      const float* panel = buf + (j / kNR) * kb * kNR;
+      const int64_t cols = std::min(kNR, nb - j);
+      for (int64_t t0 = 0; t0 < T; t0 += kMR) {
+        const int64_t m = std::min(kMR, T - t0);
+        float* c = y + t0 * N + n0 + j;
+        if (cols == kNR) {
+          micro_dispatch(m, kRows, x + t0 * K + k0, K, panel, kb, c, N, k0 == 0);
+          continue;
+        }
+        for (int64_t r = 0; r < m && k0 > 0; ++r) std::copy_n(c + r * N, cols, edge + r * kNR);
+        micro_dispatch(m, kRows, x + t0 * K + k0, K, panel, kb, edge, kNR, k0 == 0);
+        for (int64_t r = 0; r < m; ++r) std::copy_n(edge + r * kNR, cols, c + r * N);
+      }
+    }
+  }
+}
+
+// ---------------------------------------------------------------- both
+
+inline void scale_columns(float* y, const float* scale, int64_t T, int64_t N, int64_t c0, int64_t c1) {
+  for (int64_t t = 0; t < T; ++t) {
+    float* yt = y + t * N;
+    int64_t n = c0;
+    for (; n + kWidth <= c1; n += kWidth) vstore(yt + n, vmul(vload(yt + n), vload(scale + n)));
+    for (; n < c1; ++n) yt[n] *= scale[n];
+  }
+}
+
+// y[T, N] = (x[T, K] @ w) * scale[N] (scale may be null), on the op library's threads
+template <typename Src>
+void gemm(const float* x, const Src& w, const float* scale, int64_t T, int64_t K, int64_t N, float* y) {
+  if (T == 0 || N == 0) return;
+  const int64_t threads = num_threads();
+  // columns per task: a multiple of the vector (micro-panel) width; with threads, about two tasks a
+  // thread (a thread that wakes late, or is preempted, leaves its second one to the others)
+  const int64_t unit = T <= kStreamRows ? kWidth : kNR;
+  const int64_t cap = T <= kStreamRows ? N : kNC;
+  const int64_t per = threads == 1 ? N : (N + 2 * threads - 1) / (2 * threads);
+  const int64_t width = std::clamp((per + unit - 1) / unit * unit, unit, std::max(unit, cap / unit * unit));
+  const int64_t tasks = (N + width - 1) / width;
+  parallel_for(tasks, [&](int64_t i) {
+    const int64_t c0 = i * width, c1 = std::min(N, c0 + width);
+    if (T <= kStreamRows) {
+      stream_dispatch(T, std::make_integer_sequence<int, kStreamRows>{}, x, w, K, N, c0, c1, y);
+    } else {
+      thread_local std::vector<float> buf;
+      buf.resize(kKC * width);
+      if (K == 0)
+        for (int64_t t = 0; t < T; ++t) std::fill(y + t * N + c0, y + t * N + c1, 0.f);
+      blocked_columns(x, w, T, K, N, c0, c1 - c0, buf.data(), y);
+    }
+    if (scale != nullptr) scale_columns(y, scale, T, N, c0, c1);
+  });
+}
+
+}  // namespace spmd

@@ -1,0 +1,108 @@
+// spmd_paged_attention: one attention layer's core for any step — prefill chunks, decodes, or both
+// in one step — as one Paddle CPU op: RoPE, the write of the step's K/V into the paged pool, and
+// causal GQA attention over the past and the step's own tokens (attention.h), on the op library's
+// threads.  The step's tokens are flat (the StepPlan's layout, no padded [B, S] grid):
+//
+//   qkv           [T, nh + 2 kvh, d] f32   fused q|k|v projections, before RoPE
+//   inv_freq      [d / 2] f32              RoPE frequencies, scaling (e.g. llama3) already applied
+//   k/v_cache     [NB, bs, kvh, d]   f32   the pool: the step's K/V are WRITTEN into it at slot_mapping
+//   block_tables  [B, MB] i64, ctx_lens [B] i64 (tokens already in the pool), query_lens [B] i64
+//   slot_mapping  [T] i64                  pool slot (block * bs + offset) of each token
+//   attr scale    float                    softmax scale (1 / sqrt(d) for Llama)
+// Output [T, nh * d] f32; query head j attends with KV head j / (nh / kvh).  Token i of sequence b
+// is at position ctx_lens[b] + i (RoPE's angle and the causal limit).
+//
+// RoPE is the rotate-half form, x * cos + rotate_half(x) * sin on each head of q and k, with
+// angles fl(fl(position) * inv_freq) as step_tables.rope_tables computes them, q then times scale.
+#include <cmath>
+#include <vector>
+
+#include "attention.h"
+#include "paddle/extension.h"
+#include "thread_pool.h"
+
+namespace {
+
+constexpr int64_t kRopeTokens = 8;   // tokens per RoPE task
+
+}  // namespace
+
+std::vector<paddle::Tensor> PagedAttentionForward(const paddle::Tensor& qkv, const paddle::Tensor& inv_freq,
+                                                  const paddle::Tensor& k_cache, const paddle::Tensor& v_cache,
+                                                  const paddle::Tensor& block_tables, const paddle::Tensor& ctx_lens,
+                                                  const paddle::Tensor& query_lens,
+                                                  const paddle::Tensor& slot_mapping, float scale) {
+  const char* op = "spmd_paged_attention";
+  PD_CHECK(qkv.dtype() == paddle::DataType::FLOAT32 && inv_freq.dtype() == paddle::DataType::FLOAT32, op,
+           ": qkv and inv_freq must be float32");
+  const auto qs = qkv.shape();
+  PD_CHECK(qs.size() == 3 && qs[2] % 2 == 0, op, ": qkv must be [T, nh + 2 kvh, d] with d even");
+  const int64_t T = qs[0], d = qs[2], half = d / 2;
+  const spmd::PagedPool pool = spmd::pool_of(op, k_cache, v_cache, d);
+  const int64_t kvh = pool.kv_heads, nh = qs[1] - 2 * kvh, heads = qs[1];
+  PD_CHECK(kvh > 0 && nh > 0 && nh % kvh == 0, op, ": query heads (", nh, ") must be a multiple of KV heads (", kvh,
+           ")");
+  PD_CHECK(inv_freq.numel() == half, op, ": inv_freq must be [d / 2] = [", half, "]");
+  PD_CHECK(slot_mapping.numel() == T, op, ": one slot per token");
+  spmd::StepTokens st = spmd::tokens_of(op, block_tables, ctx_lens, query_lens, slot_mapping);
+  spmd::check_tokens(op, st, pool, T);
+
+  const paddle::Tensor xc = qkv.contiguous(), fc = inv_freq.contiguous();
+  const float *x_all = xc.data<float>(), *freq = fc.data<float>();
+  std::vector<int64_t> position(T);
+  for (int64_t b = 0; b < st.seqs; ++b)
+    for (int64_t t = st.start[b]; t < st.start[b + 1]; ++t) position[t] = st.ctx_lens[b] + t - st.start[b];
+  std::vector<float> q(T * nh * d);   // rotated, scaled queries [T, nh, d]
+  spmd::parallel_for((T + kRopeTokens - 1) / kRopeTokens, [&](int64_t task) {
+    std::vector<float> cs(d);   // cos | sin of this token's angles
+    for (int64_t t = task * kRopeTokens; t < std::min(T, (task + 1) * kRopeTokens); ++t) {
+      for (int64_t c = 0; c < half; ++c) {
+        const float angle = static_cast<float>(position[t]) * freq[c];
+        cs[c] = std::cos(angle);
+        cs[half + c] = std::sin(angle);
+      }
+      const int64_t slot = st.slots[t];
+      for (int64_t h = 0; h < heads; ++h) {
+        const float* x = x_all + (t * heads + h) * d;
+        float* y = h < nh ? q.data() + (t * nh + h) * d
+                          : (h < nh + kvh ? pool.k : pool.v) + (slot * kvh + (h - nh) % kvh) * d;
+        if (h >= nh + kvh) {                          // v: as it is
+          std::copy_n(x, d, y);
+          continue;
+        }
+        const float s = h < nh ? scale : 1.f;
+        for (int64_t c = 0; c < half; ++c) {
+          const float lo = x[c] * cs[c] - x[half + c] * cs[half + c];
+          const float hi = x[half + c] * cs[c] + x[c] * cs[half + c];
+          y[c] = lo * s;
+          y[half + c] = hi * s;
+        }
+      }
+    }
+  });
+  auto out = paddle::empty({T, nh * d}, paddle::DataType::FLOAT32, qkv.place());
+  spmd::attend(q.data(), nh * d, nh, pool, st, out.data<float>());
+  return {out};
+}
+
+std::vector<std::vector<int64_t>> PagedAttentionShape(
+    const std::vector<int64_t>& qkv, const std::vector<int64_t>&, const std::vector<int64_t>& kc,
+    const std::vector<int64_t>&, const std::vector<int64_t>&, const std::vector<int64_t>&,
+    const std::vector<int64_t>&, const std::vector<int64_t>&) {
+  return spmd::attention_shape(qkv, kc);
+}
+
+std::vector<paddle::DataType> PagedAttentionDtype(
+    const paddle::DataType& qkv, const paddle::DataType&, const paddle::DataType&,
+    const paddle::DataType&, const paddle::DataType&, const paddle::DataType&,
+    const paddle::DataType&, const paddle::DataType&) {
+  return {qkv};
+}
+
+PD_BUILD_OP(spmd_paged_attention)
+    .Inputs({"QKV", "InvFreq", "KCache", "VCache", "BlockTables", "CtxLens", "QueryLens", "SlotMapping"})
+    .Outputs({"Out"})
+    .Attrs({"scale: float"})
+    .SetKernelFn(PD_KERNEL(PagedAttentionForward))
+    .SetInferShapeFn(PD_INFER_SHAPE(PagedAttentionShape))
+    .SetInferDtypeFn(PD_INFER_DTYPE(PagedAttentionDtype));

@@ -1,0 +1,130 @@
+// One SIMD vector of floats for the op kernels: AVX-512, AVX2 + FMA, or a plain array the compiler
+// vectorises (so the library builds on any CPU; it is compiled with -march=native on the machine
+// that runs it).  Every kernel is written once against these few functions.
+//
+// fmadd / vfma is a fused multiply-add wherever the CPU has one: the GEMM paths rely on every
+// output being the same chain of fmas over k in order, whatever the path, tile or thread that
+// computes it (linear.cc), so the scalar tails use the same operation as the vector bodies.
+#pragma once
+
+#include <immintrin.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+
+namespace spmd {
+
+#if defined(__AVX512F__)
+constexpr int64_t kWidth = 16;
+using Vec = __m512;
+inline Vec vzero() { return _mm512_setzero_ps(); }
+inline Vec vset1(float v) { return _mm512_set1_ps(v); }
+inline Vec vload(const float* p) { return _mm512_loadu_ps(p); }
+inline Vec vload(const int8_t* p) {  // 16 int8 → 16 fp32
+  return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+}
+inline void vstore(float* p, Vec v) { _mm512_storeu_ps(p, v); }
+inline Vec vfma(Vec a, Vec b, Vec c) { return _mm512_fmadd_ps(a, b, c); }
+inline Vec vmul(Vec a, Vec b) { return _mm512_mul_ps(a, b); }
+inline Vec vdiv(Vec a, Vec b) { return _mm512_div_ps(a, b); }
+inline Vec vsub(Vec a, Vec b) { return _mm512_sub_ps(a, b); }
+inline Vec vadd(Vec a, Vec b) { return _mm512_add_ps(a, b); }
+inline Vec vmax(Vec a, Vec b) { return _mm512_max_ps(a, b); }
+inline Vec vmin(Vec a, Vec b) { return _mm512_min_ps(a, b); }
+inline float vsum(Vec a) { return _mm512_reduce_add_ps(a); }
+inline float vhmax(Vec a) { return _mm512_reduce_max_ps(a); }
+inline Vec vround(Vec a) { return _mm512_roundscale_ps(a, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
+inline Vec vpow2i(Vec p, Vec n) { return _mm512_scalef_ps(p, n); }  // p * 2^n, n integral
+inline Vec vselect_lt(Vec a, Vec b, Vec x, Vec y) {  // per lane: a < b ? x : y
+  return _mm512_mask_blend_ps(_mm512_cmp_ps_mask(a, b, _CMP_LT_OQ), y, x);
+}
+#elif defined(__AVX2__) && defined(__FMA__)
+constexpr int64_t kWidth = 8;
+using Vec = __m256;
+inline Vec vzero() { return _mm256_setzero_ps(); }
+inline Vec vset1(float v) { return _mm256_set1_ps(v); }
+inline Vec vload(const float* p) { return _mm256_loadu_ps(p); }
+inline Vec vload(const int8_t* p) {  // 8 int8 → 8 fp32
+  return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
+}
+inline void vstore(float* p, Vec v) { _mm256_storeu_ps(p, v); }
+inline Vec vfma(Vec a, Vec b, Vec c) { return _mm256_fmadd_ps(a, b, c); }
+inline Vec vmul(Vec a, Vec b) { return _mm256_mul_ps(a, b); }
+inline Vec vdiv(Vec a, Vec b) { return _mm256_div_ps(a, b); }
+inline Vec vsub(Vec a, Vec b) { return _mm256_sub_ps(a, b); }
+inline Vec vadd(Vec a, Vec b) { return _mm256_add_ps(a, b); }
+inline Vec vmax(Vec a, Vec b) { return _mm256_max_ps(a, b); }
+inline Vec vmin(Vec a, Vec b) { return _mm256_min_ps(a, b); }
+inline float vsum(Vec a) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
+}
+inline float vhmax(Vec a) {
+  __m128 s = _mm_max_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+  s = _mm_max_ps(s, _mm_movehl_ps(s, s));
+  return _mm_cvtss_f32(_mm_max_ss(s, _mm_movehdup_ps(s)));
+}
+inline Vec vround(Vec a) { return _mm256_round_ps(a, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
+inline Vec vselect_lt(Vec a, Vec b, Vec x, Vec y) { return _mm256_blendv_ps(y, x, _mm256_cmp_ps(a, b, _CMP_LT_OQ)); }
+inline Vec vpow2i(Vec p, Vec n) {  // p * 2^n for integral n in [-126, 127]: n into the exponent bits
+  const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
+}
+#else
+constexpr int64_t kWidth = 8;
+struct Vec { float v[kWidth]; };
+inline Vec vzero() { return Vec{}; }
+inline Vec vset1(float s) { Vec r; for (auto& e : r.v) e = s; return r; }
+template <typename W>
+inline Vec vload(const W* p) {
+  Vec r;
+  for (int64_t i = 0; i < kWidth; ++i) r.v[i] = static_cast<float>(p[i]);
+  return r;
+}
+inline void vstore(float* p, Vec a) { std::memcpy(p, a.v, sizeof a.v); }
+#define SPMD_LANES(expr) do { for (int64_t i = 0; i < kWidth; ++i) expr; } while (0)
+inline Vec vfma(Vec a, Vec b, Vec c) { SPMD_LANES(c.v[i] += a.v[i] * b.v[i]); return c; }
+inline Vec vmul(Vec a, Vec b) { SPMD_LANES(a.v[i] *= b.v[i]); return a; }
+inline Vec vdiv(Vec a, Vec b) { SPMD_LANES(a.v[i] /= b.v[i]); return a; }
+inline Vec vsub(Vec a, Vec b) { SPMD_LANES(a.v[i] -= b.v[i]); return a; }
+inline Vec vadd(Vec a, Vec b) { SPMD_LANES(a.v[i] += b.v[i]); return a; }
+inline Vec vmax(Vec a, Vec b) { SPMD_LANES(a.v[i] = a.v[i] > b.v[i] ? a.v[i] : b.v[i]); return a; }
+inline Vec vmin(Vec a, Vec b) { SPMD_LANES(a.v[i] = a.v[i] < b.v[i] ? a.v[i] : b.v[i]); return a; }
+inline float vsum(Vec a) { float s = 0.f; SPMD_LANES(s += a.v[i]); return s; }
+inline float vhmax(Vec a) { float s = a.v[0]; SPMD_LANES(s = s > a.v[i] ? s : a.v[i]); return s; }
+inline Vec vround(Vec a) { SPMD_LANES(a.v[i] = std::nearbyint(a.v[i])); return a; }
+inline Vec vpow2i(Vec p, Vec n) { SPMD_LANES(p.v[i] = std::ldexp(p.v[i], static_cast<int>(n.v[i]))); return p; }
+inline Vec vselect_lt(Vec a, Vec b, Vec x, Vec y) { SPMD_LANES(x.v[i] = a.v[i] < b.v[i] ? x.v[i] : y.v[i]); return x; }
+#undef SPMD_LANES
+#endif
+
+// a * b + c with the rounding of the vector bodies (one rounding where the CPU has FMA)
+inline float fmadd(float a, float b, float c) {
+#if defined(__FMA__)
+  return std::fma(a, b, c);
+#else
+  return a * b + c;
+#endif
+}
+
+// exp(x): Cephes' expf polynomial on x - n ln 2, times 2^n; relative error ~2e-7.  x is clamped
+// to [-87, 88]: below gives ~1e-38 (not denormals), above ~1.6e38 (not inf).
+inline Vec vexp(Vec x) {
+  x = vmax(x, vset1(-87.0f));
+  x = vmin(x, vset1(88.0f));
+  const Vec n = vround(vmul(x, vset1(1.44269504088896341f)));
+  Vec r = vfma(n, vset1(-0.693359375f), x);                 // x - n ln2, in two parts
+  r = vfma(n, vset1(2.12194440e-4f), r);
+  Vec p = vset1(1.9875691500e-4f);
+  p = vfma(p, r, vset1(1.3981999507e-3f));
+  p = vfma(p, r, vset1(8.3334519073e-3f));
+  p = vfma(p, r, vset1(4.1665795894e-2f));
+  p = vfma(p, r, vset1(1.6666665459e-1f));
+  p = vfma(p, r, vset1(5.0000001201e-1f));
+  p = vfma(p, vmul(r, r), vadd(r, vset1(1.0f)));
+  return vpow2i(p, n);
+}
+
+}  // namespace spmd

@@ -1,0 +1,70 @@
+// The three layouts of a linear layer's [K, N] weight the GEMM (gemm.h) reads, as one interface:
+// element (k, n) as fp32, kWidth consecutive columns of a row as a Vec, and its address (for
+// prefetching).  The int8/int4 layouts are spmd_serve's quantised exports (models/quant.py):
+//   F32W  float32 [K, N]
+//   I8W   int8 [K, N]; the per-column scale is applied to the output (gemm.h), not here
+//   I4W   int8 [K/2, N], two signed nibbles a byte (row 2i low, 2i+1 high), times the fp32 scale
+//         [K/group, N] of its group of input rows: an element is fl(q * scale), as the graph's
+//         dequantisation computes it.
+#pragma once
+
+#include <cstdint>
+
+#include "simd.h"
+
+namespace spmd {
+
+struct F32W {
+  const float* w;
+  int64_t N;
+  static constexpr int64_t kLine = 16;             // elements per 64-byte cache line
+  static constexpr bool kPrefetchOneRow = false;   // see gemm.h, stream_tile
+  const void* at(int64_t k, int64_t n) const { return w + k * N + n; }
+  Vec vec(int64_t k, int64_t n) const { return vload(w + k * N + n); }
+  float one(int64_t k, int64_t n) const { return w[k * N + n]; }
+};
+
+struct I8W {
+  const int8_t* q;
+  int64_t N;
+  static constexpr int64_t kLine = 64;
+  static constexpr bool kPrefetchOneRow = true;
+  const void* at(int64_t k, int64_t n) const { return q + k * N + n; }
+  Vec vec(int64_t k, int64_t n) const { return vload(q + k * N + n); }
+  float one(int64_t k, int64_t n) const { return static_cast<float>(q[k * N + n]); }
+};
+
+// kWidth signed nibbles (the high ones if `high`) of kWidth bytes → fp32
+inline Vec vload_nibbles(const int8_t* p, bool high) {
+#if defined(__AVX512F__)
+  const __m512i b = _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  return _mm512_cvtepi32_ps(high ? _mm512_srai_epi32(b, 4) : _mm512_srai_epi32(_mm512_slli_epi32(b, 28), 28));
+#elif defined(__AVX2__) && defined(__FMA__)
+  const __m256i b = _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
+  return _mm256_cvtepi32_ps(high ? _mm256_srai_epi32(b, 4) : _mm256_srai_epi32(_mm256_slli_epi32(b, 28), 28));
+#else
+  Vec r;
+  for (int64_t i = 0; i < kWidth; ++i)
+    r.v[i] = static_cast<float>(high ? p[i] >> 4 : static_cast<int8_t>(static_cast<uint8_t>(p[i]) << 4) >> 4);
+  return r;
+#endif
+}
+
+struct I4W {
+  const int8_t* q;
+  const float* scale;   // [K / group, N]
+  int64_t N, group;
+  static constexpr int64_t kLine = 64;
+  static constexpr bool kPrefetchOneRow = true;
+  const void* at(int64_t k, int64_t n) const { return q + (k >> 1) * N + n; }
+  Vec vec(int64_t k, int64_t n) const {
+    return vmul(vload_nibbles(q + (k >> 1) * N + n, k & 1), vload(scale + k / group * N + n));
+  }
+  float one(int64_t k, int64_t n) const {
+    const int8_t b = q[(k >> 1) * N + n];
+    const int v = k & 1 ? b >> 4 : static_cast<int8_t>(static_cast<uint8_t>(b) << 4) >> 4;
+    return static_cast<float>(v) * scale[k / group * N + n];
+  }
+};
+
+}  // namespace spmd

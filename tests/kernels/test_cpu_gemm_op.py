@@ -1,0 +1,106 @@
+"""The linear ops at every row count (ops/cpu_kernels/gemm.h: the streaming kernel up to 8 rows,
+the blocked micro-kernel above) against float64 numpy, with fp32, int8 and packed int4 weights;
+and their threading: every output is the same fp32 chain of fmas whatever the thread count or the
+rows it came with, so results are compared bit for bit."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from spmd_serve.export.quant import QuantWeight, dequantize
+
+ROWS = (1, 2, 5, 8, 9, 13, 16, 47, 64, 130, 256, 512)  # both paths and their edges (6-row micro-kernel)
+
+
+@pytest.fixture(scope="module")
+def ext():
+    from ops import paddle_ext
+
+    paddle_ext.load()
+    yield paddle_ext
+    paddle_ext.set_num_threads(1)
+
+
+def linear(ext, name: str, x: np.ndarray, *w: np.ndarray, threads: int = 1) -> np.ndarray:
+    import paddle
+
+    ext.set_num_threads(threads)
+    return ext.run_op(name, *[paddle.to_tensor(a) for a in (x, *w)]).numpy()
+
+
+def weights(k: int, n: int, seed: int, group: int = 8) -> dict[str, tuple]:
+    """The op's arguments and the float64 [K, N] weight they stand for, per op."""
+    rng = np.random.default_rng(seed)
+    w = rng.standard_normal((k, n), np.float32)
+    q8 = rng.integers(-128, 128, (k, n), dtype=np.int8)  # the full range, -128 included
+    s8 = (rng.random(n, np.float32) + 0.5) / 127
+    ops = {"spmd_linear": ((w,), w.astype(np.float64)), "spmd_linear_int8": ((q8, s8), q8.astype(np.float64) * s8)}
+    if k % group:  # int4 needs whole groups
+        return ops
+    q4 = rng.integers(-8, 8, (k, n), dtype=np.int8)  # nibbles, -8 included
+    packed = ((q4[0::2].astype(np.uint8) & 0x0F) | (q4[1::2].astype(np.uint8) << 4)).view(np.int8)
+    s4 = (rng.random((k // group, n), np.float32) + 0.5) / 7
+    w4 = dequantize(QuantWeight("weight_only_int4", packed, s4, group))  # quant.py's reading of the nibbles
+    assert (w4 == np.repeat(s4, group, axis=0) * q4).all()
+    return {**ops, "spmd_linear_int4": ((packed, s4), w4.astype(np.float64))}
+
+
+def check(y: np.ndarray, ref: np.ndarray) -> None:
+    assert y.dtype == np.float32 and y.shape == ref.shape
+    np.testing.assert_allclose(y, ref, rtol=2e-4, atol=2e-5 * np.abs(ref).max(initial=1.0))
+
+
+@pytest.mark.parametrize("rows", ROWS)
+def test_every_row_count_matches_float64(ext, rows):
+    k, n = 72, 131  # N not a multiple of the vector or micro-panel
+    x = np.random.default_rng(rows).standard_normal((rows, k), np.float32)
+    for name, (args, w) in weights(k, n, rows).items():
+        check(linear(ext, name, x, *args), x.astype(np.float64) @ w)
+
+
+@pytest.mark.parametrize("k,n", [(1, 1), (2, 15), (130, 17), (258, 64), (300, 257), (16, 1000)])
+@pytest.mark.parametrize("rows", (1, 7, 9, 70))
+def test_odd_shapes_around_the_blocks_match_float64(ext, k, n, rows):
+    # K around the 8-row passes and the 128-row packed blocks, N around 16/64-column panels
+    x = np.random.default_rng(k * n).standard_normal((rows, k), np.float32)
+    for name, (args, w) in weights(k, n, k + n, group=2).items():
+        check(linear(ext, name, x, *args), x.astype(np.float64) @ w)
+
+
+@pytest.mark.parametrize("name", ("spmd_linear", "spmd_linear_int8", "spmd_linear_int4"))
+def test_threads_and_batching_do_not_change_a_bit(ext, name):
+    k, n = 264, 700
+    x = np.random.default_rng(3).standard_normal((300, k), np.float32)
+    args, _ = weights(k, n, 4)[name]
+    for rows in (1, 3, 8, 9, 64, 300):
+        one = linear(ext, name, x[:rows], *args, threads=1)
+        for threads in (2, 3):
+            assert np.array_equal(linear(ext, name, x[:rows], *args, threads=threads), one), (rows, threads)
+        # a row's output does not depend on the rows it was computed with (either kernel)
+        assert np.array_equal(one[-1:], linear(ext, name, x[rows - 1 : rows], *args))
+
+
+def test_leading_dimensions_zero_rows_and_zero_k(ext):
+    args, w = weights(16, 40, 5)["spmd_linear"]
+    x = np.random.default_rng(5).standard_normal((2, 3, 4, 16), np.float32)  # [..., K] → [..., N]
+    check(linear(ext, "spmd_linear", x, *args), x.astype(np.float64) @ w)
+    assert linear(ext, "spmd_linear", x[:0], *args).shape == (0, 3, 4, 40)
+    for rows in (1, 20):
+        assert (linear(ext, "spmd_linear", np.zeros((rows, 0), np.float32), np.zeros((0, 9), np.float32)) == 0).all()
+
+
+@pytest.mark.parametrize(
+    "arrays,message",
+    [
+        (lambda x, q, s: (x[:, :-2], q, s), r"x's last dimension \(30\) must equal the weight's rows K \(32\)"),
+        (lambda x, q, s: (x, q, s[:, :-1]), r"scale must be \[K / group, N\]"),
+        (lambda x, q, s: (x, q, s[:3]), r"scale must be \[K / group, N\]"),  # 32 / 3: no group
+        (lambda x, q, s: (x, q.astype(np.int16), s), "the weight must be int8"),
+    ],
+)
+def test_int4_bad_inputs_are_refused_with_a_reason(ext, arrays, message):
+    args, _ = weights(32, 24, 6)["spmd_linear_int4"]
+    x = np.ones((2, 32), np.float32)
+    with pytest.raises(Exception, match=message):
+        linear(ext, "spmd_linear_int4", *arrays(x, *args))

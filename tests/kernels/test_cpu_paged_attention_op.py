@@ -1,0 +1,143 @@
+"""`spmd_paged_attention` (ops/cpu_kernels/paged_attention.cc) against a float64 numpy reference:
+steps that mix decodes, prefills from scratch and chunks after a past, in the StepPlan's flat
+token layout; RoPE from inv_freq, the step's K/V written into the paged pool at their slots, causal
+GQA over the past (block tables, blocks scattered, contexts ending on and around block edges) and
+the step's own tokens.  The threaded op equals the one-thread op bit for bit, and the decode op
+(per-step RoPE tables) agrees with it on a decode step."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from spmd_serve.manifest import ShardDims
+from spmd_serve.worker.step_tables import rope_tables
+from tests.support.paged_attention_reference import inv_freq, make_step, reference
+
+
+@pytest.fixture(scope="module")
+def ext():
+    from ops import paddle_ext
+
+    paddle_ext.load()
+    yield paddle_ext
+    paddle_ext.set_num_threads(1)
+
+
+def run(ext, step, nh, threads=1):
+    """(output, K pool, V pool) of the op on copies of the step's pools."""
+    import paddle
+
+    qkv, kc, vc, tables, ctx, qlens, slots = step
+    ext.set_num_threads(threads)
+    kt, vt = paddle.to_tensor(kc.copy()), paddle.to_tensor(vc.copy())
+    out = ext.run_op(
+        "spmd_paged_attention",
+        paddle.to_tensor(qkv),
+        paddle.to_tensor(inv_freq(qkv.shape[2])),
+        kt,
+        vt,
+        *map(paddle.to_tensor, (tables, ctx, qlens, slots)),
+        float(qkv.shape[2]) ** -0.5,
+    )
+    return out.numpy(), kt.numpy(), vt.numpy()
+
+
+CASES = [  # (ctx_lens, query_lens, nh, kvh, d, block size)
+    ([5, 0, 35, 16], [1, 37, 20, 1], 8, 2, 64, 16),  # decode, prefill, chunk after a past, decode at a block edge
+    ([0, 3, 7], [9, 1, 4], 4, 4, 20, 4),  # no GQA, d not a multiple of the vector width
+    ([12, 0], [3, 11], 6, 2, 32, 8),  # g = 3
+    ([0], [1], 2, 1, 8, 1),  # block size 1, a lone first token
+]
+
+
+@pytest.mark.parametrize("ctx,qlens,nh,kvh,d,bs", CASES)
+def test_mixed_steps_match_float64(ext, ctx, qlens, nh, kvh, d, bs):
+    step = make_step(ctx, qlens, nh, kvh, d, bs, seed=d)
+    out, kp, vp = run(ext, step, nh)
+    want, want_k, want_v = reference(*step, nh, d**-0.5)
+    assert out.shape == want.shape and out.dtype == np.float32
+    np.testing.assert_allclose(out, want, rtol=1e-4, atol=2e-5)
+    np.testing.assert_allclose(kp, want_k, rtol=1e-5, atol=1e-5)  # the step's K/V, written in place
+    np.testing.assert_allclose(vp, want_v, rtol=0, atol=0)
+    assert (
+        np.delete(kp.reshape(-1, kvh, d), step[-1], axis=0) == np.delete(step[1].reshape(-1, kvh, d), step[-1], axis=0)
+    ).all()  # and nothing else
+
+
+@pytest.mark.parametrize("ctx,qlens", [([0], [512]), ([300], [212]), ([0, 100, 90], [200, 1, 311])])
+def test_long_chunks_match_float64_and_threads_change_no_bit(ext, ctx, qlens):
+    step = make_step(ctx, qlens, 8, 2, 64, 16, seed=len(ctx))
+    one = run(ext, step, 8)
+    np.testing.assert_allclose(one[0], reference(*step, 8, 0.125)[0], rtol=1e-4, atol=2e-5)
+    for threads in (2, 3):
+        assert all(np.array_equal(a, b) for a, b in zip(run(ext, step, 8, threads), one))
+
+
+def test_decode_op_agrees_on_a_decode_step(ext):
+    import paddle
+
+    nh, kvh, d = 8, 2, 64
+    step = make_step([0, 17, 40], [1, 1, 1], nh, kvh, d, 16, seed=9)
+    qkv, kc, vc, tables, ctx, _, slots = step
+    dims = ShardDims(
+        tp=1,
+        hidden=nh * d,
+        head_dim=d,
+        num_layers=1,
+        heads=nh,
+        kv_heads=kvh,
+        intermediate=8,
+        vocab=16,
+        vocab_local=16,
+        rms_norm_eps=1e-6,
+        rope_theta=1e4,
+    )
+    cos, sin = rope_tables(ctx, inv_freq(d), dims)
+    paged = run(ext, step, nh, threads=2)
+    kt, vt = paddle.to_tensor(kc.copy()), paddle.to_tensor(vc.copy())
+    dec = ext.run_op(
+        "spmd_decode_attention",
+        *map(paddle.to_tensor, (qkv, cos, sin)),
+        kt,
+        vt,
+        *map(paddle.to_tensor, (tables, ctx, slots)),
+    ).numpy()
+    np.testing.assert_allclose(dec, paged[0], rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(kt.numpy(), paged[1], rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize(
+    "change,message",
+    [
+        (lambda s: {**s, "qlens": s["qlens"] + 1}, "query lengths sum to 5, not the 3 tokens"),
+        (lambda s: {**s, "slots": s["slots"] + 10_000}, "slot outside the pool"),
+        (lambda s: {**s, "ctx": s["ctx"] + 100}, "context longer than its block table"),
+        (lambda s: {**s, "tables": s["tables"] - 100}, "outside the pool"),
+        (lambda s: {**s, "ctx": s["ctx"].astype(np.int32)}, "must be int64"),
+        (lambda s: {**s, "qkv": s["qkv"][:, :-1]}, "must be a multiple of KV heads"),
+    ],
+)
+def test_bad_inputs_are_refused_with_a_reason(ext, change, message):
+    qkv, kc, vc, tables, ctx, qlens, slots = make_step([4, 20], [2, 1], 4, 2, 8, 4)
+    s = change({"qkv": qkv, "tables": tables, "ctx": ctx, "qlens": qlens, "slots": slots})
+    with pytest.raises(Exception, match=message):
+        run(ext, (s["qkv"], kc, vc, s["tables"], s["ctx"], s["qlens"], s["slots"]), 4)
+
+
+def test_traced_graphs_get_the_output_shape(ext):
+    """Shape inference (static graphs, unknown T): [T, nh * d] for both attention ops."""
+    import paddle
+
+    paddle.enable_static()
+    try:
+        with paddle.static.program_guard(paddle.static.Program()):
+            data = lambda name, shape, dtype="float32": paddle.static.data(name, shape, dtype)  # noqa: E731
+            qkv, pool = data("qkv", [-1, 12, 64]), data("pool", [-1, 16, 2, 64])
+            ids = [data(n, [-1], "int64") for n in ("ctx", "qlens", "slots")]
+            tables = data("tables", [-1, -1], "int64")
+            paged = ext.run_op("spmd_paged_attention", qkv, data("freq", [32]), pool, pool, tables, *ids, 0.125)
+            decode = ext.run_op("spmd_decode_attention", qkv, qkv, qkv, pool, pool, tables, ids[0], ids[2])
+            assert list(paged.shape) == list(decode.shape) == [-1, 8 * 64]
+    finally:
+        paddle.disable_static()
