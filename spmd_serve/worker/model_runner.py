@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from spmd_serve.config import ConfigError
+from spmd_serve.kv_layout import KV_HEADS
 from spmd_serve.manifest import Manifest, ManifestError, read_manifest
 from spmd_serve.protocol import StepPlan, split_by_query_len
 from spmd_serve.timing import PhaseTimer
@@ -32,6 +33,11 @@ def read_rank_manifest(rank_dir: Path, kv_int8: bool = False) -> Manifest:
         manifest = read_manifest(rank_dir)
     except ManifestError as e:
         raise ConfigError(str(e)) from None
+    if kv_int8 and manifest.kv_cache.kind != KV_HEADS:
+        raise ConfigError(
+            f"USE_CACHE_KV_INT8=1: the {manifest.kv_cache.kind} KV cache of {rank_dir} has no int8 form "
+            "in this version (DeepSeek's MLA latent pool is fp32 only); unset USE_CACHE_KV_INT8"
+        )
     if kv_int8 and not manifest.has_kv_int8:
         raise ConfigError(
             f"USE_CACHE_KV_INT8=1: {rank_dir} has no int8-KV graphs and scales "

@@ -153,6 +153,14 @@ def test_mtp_weights_are_exported_and_described(exported):
     assert served["kv_int8"] is False  # the MLA pool is fp32 only
 
 
+def test_int8_kv_cache_is_refused_with_the_reason(exported):
+    from spmd_serve.config import ConfigError
+    from spmd_serve.worker.model_runner import read_rank_manifest
+
+    with pytest.raises(ConfigError, match="the mla_latent KV cache .* has no int8 form"):
+        read_rank_manifest(exported[0] / "rank_0", kv_int8=True)
+
+
 # ---------------------------------------------------------------- refusals
 
 
