@@ -1,7 +1,25 @@
 #!/usr/bin/env bash
-# Runs the whole test suite with the venv's tools; MPI tests launch real `mpirun` jobs.
+# Runs the test suite with the venv's tools; MPI tests launch real `mpirun` jobs.
+#   launch/run_tests.sh                 every tier, fastest first, each in its own pytest process
+#   launch/run_tests.sh tests/unit -x   what you name, in one pytest process
+# One process per tier: the kernels tier drives CUDA kernels' CPU emulation and C++ ops through raw
+# pointers, and a fault there must fail that tier, not surface as a corrupted object in another
+# tier's test (docs/architecture.md, "Tests").  Every tier runs even when an earlier one fails.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PATH="$PWD/.venv/bin:$PATH" GLOG_minloglevel=2 PYTHONUNBUFFERED=1
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-exec .venv/bin/python -m pytest -q -p no:cacheprovider "$@"
+pytest=(.venv/bin/python -m pytest -q -p no:cacheprovider)
+if [ $# -gt 0 ]; then
+  exec "${pytest[@]}" "$@"
+fi
+failed=()
+for tier in unit http graphs kernels mpi e2e; do
+  echo "== tests/$tier"
+  "${pytest[@]}" "tests/$tier" || failed+=("$tier")
+done
+if [ ${#failed[@]} -gt 0 ]; then
+  echo "== failed tiers: ${failed[*]}"
+  exit 1
+fi
+echo "== every tier passed"
