@@ -62,6 +62,13 @@ def check_model_dir(cfg: ServeConfig, world_size: int) -> dict:
     for i in range(n):
         if not any((d / f"rank_{i}").iterdir()):
             raise ConfigError(f"model directory {d} has an empty rank_{i}/ (incomplete export or download?)")
+    r0 = d / "rank_0"
+    static = (r0 / "model.pdiparams").is_file() and any((r0 / f).is_file() for f in ("model.json", "model.pdmodel"))
+    if static and not (r0 / "manifest.json").is_file():
+        raise ConfigError(
+            f"model directory {d} is the original tool's static inference model: convert it once with "
+            f"`spmd_serve export --checkpoint {d} --out <dir> --tp {n}` and serve <dir> (start_server does both)"
+        )
     return model_config
 
 

@@ -3,6 +3,8 @@
     cli.py          the `spmd_serve export` command
     pipeline.py     export_checkpoint / export_rank / ensure_demo_model: the directory, atomically
     checkpoint.py   reading HF / PaddleNLP checkpoints (safetensors, pdparams; sharded or not)
+    static_model.py the original tool's static inference models (static_files.py reads their files,
+                    weight_layout.py undoes weight_quantize's int8/int4 packing)
     family.py       what an architecture family provides; families.py: the registry
     llama/          the Llama family (Llama 2/3, Qwen2/2.5): config, tensor names, sharding, quant, stages
     deepseek/       the DeepSeek family (V2, V3/R1): MLA, MoE with expert parallelism, MTP weights

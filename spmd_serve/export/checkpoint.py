@@ -12,9 +12,10 @@ Accepted (CONTRACT §1 `spmd_serve export`):
   listed in `model_state.pdparams.index.json`) or PaddleNLP safetensors (`model.safetensors`, same
   index convention); tensor names `llama.…`/`qwen2.…`, linear weights and an untied `lm_head`
   stored [in, out] (Paddle's Linear layout).  They are renamed and transposed to HF's.
-Refused, with the reason: a directory exported by PaddleNLP's static exporter (`*.pdmodel` /
-`model.json` / `inference.json` + `*.pdiparams`: graphs of fused GPU ops, no plain weights), a
-directory `spmd_serve export` wrote itself, unsupported architectures, missing tensors.
+* The original tool's static inference models (`rank_<i>/model.json|model.pdmodel + model.pdiparams`,
+  what `download_model` fetches): converted by export/static_model.py.
+Refused, with the reason: a directory `spmd_serve export` wrote itself, unsupported architectures,
+missing tensors.
 """
 
 from __future__ import annotations
@@ -22,22 +23,15 @@ from __future__ import annotations
 import json
 import struct
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from spmd_serve.export.errors import CheckpointError
 from spmd_serve.export.families import parse_model_config
-from spmd_serve.export.family import ArchConfig
-
-_STATIC_MARKERS = ("*.pdmodel", "model.json", "inference.json", "*.pdiparams")
-
-
-def _static_export_files(ckpt: Path) -> list[str]:
-    found = []
-    for d in [ckpt, *sorted(p for p in ckpt.glob("rank_*") if p.is_dir())]:
-        for pattern in _STATIC_MARKERS:
-            found += [str(p.relative_to(ckpt)) for p in d.glob(pattern)]
-    return found
+from spmd_serve.export.family import ArchConfig, ModelFamily
+from spmd_serve.export.static_files import is_static_export
+from spmd_serve.export.static_model import load_static, served_config, static_config
 
 
 def read_config(ckpt: Path) -> dict:
@@ -55,15 +49,6 @@ def read_config(ckpt: Path) -> dict:
         raise CheckpointError(
             f"{ckpt} is already a served directory written by `spmd_serve export`; "
             "export from the original checkpoint instead"
-        )
-    static = _static_export_files(ckpt)
-    if static:
-        fused = sorted(k for k, v in cfg.items() if v is True and ("fuse" in k or "fused" in k))
-        why = f" (config.json sets {', '.join(fused)})" if fused else ""
-        raise CheckpointError(
-            f"{ckpt} was exported by PaddleNLP's static exporter ({', '.join(static[:3])}){why}: its graphs use "
-            "PaddleNLP's fused GPU inference ops and hold no plain weights, so spmd_serve cannot re-shard them; "
-            "run `spmd_serve export` on the checkpoint it was made from (safetensors or model_state.pdparams)"
         )
     return cfg
 
@@ -174,6 +159,12 @@ def _weight_files(ckpt: Path) -> list[Path]:
 def load_checkpoint(ckpt: Path) -> tuple[dict, ArchConfig, dict[str, np.ndarray], dict]:
     """(config.json, its family's parsed config, float32 weights in HF names/layout, what was read)."""
     ckpt = Path(ckpt)
+    if is_static_export(ckpt):
+        static_cfg = static_config(ckpt)
+        cfg = served_config(static_cfg)
+        family, mc = parse_model_config(cfg)
+        weights, source = load_static(ckpt, static_cfg, family, mc)
+        return cfg, mc, _checked(ckpt, family, mc, weights), source
     cfg = read_config(ckpt)
     family, mc = parse_model_config(cfg)
     files = _weight_files(ckpt)
@@ -185,6 +176,19 @@ def load_checkpoint(ckpt: Path) -> tuple[dict, ArchConfig, dict[str, np.ndarray]
         block = (cfg.get("quantization_config") or {}).get("weight_block_size", [128, 128])
         raw = dequantize_fp8_blocks(raw, (int(block[0]), int(block[1])))
     weights, fmt = family.to_hf_layout(raw, mc)
+    source = {
+        "format": fmt,
+        "files": [f.name for f in files],
+        "architecture": mc.architecture,
+        "source_dtype": cfg.get("torch_dtype") or cfg.get("dtype"),
+    }
+    return cfg, mc, _checked(ckpt, family, mc, weights), source
+
+
+def _checked(
+    ckpt: Path, family: ModelFamily[Any], mc: ArchConfig, weights: dict[str, np.ndarray]
+) -> dict[str, np.ndarray]:
+    """The tensors the family serves (names and shapes checked against config.json) and its extras."""
     want = family.expected_tensors(mc)
     missing = [k for k in want if k not in weights]
     if missing:
@@ -192,10 +196,4 @@ def load_checkpoint(ckpt: Path) -> tuple[dict, ArchConfig, dict[str, np.ndarray]
     for k, shape in want.items():
         if tuple(weights[k].shape) != shape:
             raise CheckpointError(f"{ckpt}: {k} has shape {list(weights[k].shape)}, config.json implies {list(shape)}")
-    source = {
-        "format": fmt,
-        "files": [f.name for f in files],
-        "architecture": mc.architecture,
-        "source_dtype": cfg.get("torch_dtype") or cfg.get("dtype"),
-    }
-    return cfg, mc, {k: weights[k] for k in want} | family.extra_tensors(mc, weights), source
+    return {k: weights[k] for k in want} | family.extra_tensors(mc, weights)

@@ -1,5 +1,8 @@
 """`spmd_serve export`: a HuggingFace or PaddleNLP Llama/Qwen2/DeepSeek checkpoint → the served model directory.
 
+It also converts the original tool's static inference models (what `download_model` fetches; Llama
+and Qwen2), keeping their weight-only quantisation unless `--quant` says otherwise.
+
 `--demo tiny|small|deepseek-tiny` first writes a deterministic checkpoint (weights + trained SentencePiece
 tokenizer, export/demo/) so everything works offline.
 """
@@ -7,6 +10,7 @@ tokenizer, export/demo/) so everything works offline.
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import tempfile
 from pathlib import Path
@@ -15,15 +19,19 @@ from spmd_serve.export.demo.checkpoint import DEMO_PRESETS
 from spmd_serve.export.errors import ExportError
 from spmd_serve.export.families import SUPPORTED_ARCHS
 from spmd_serve.export.graph_ops import GRAPH_OPS
-from spmd_serve.export.pipeline import export_checkpoint
+from spmd_serve.export.pipeline import SOURCE_QUANT, export_checkpoint
 from spmd_serve.manifest import QUANT_METHODS
+from spmd_serve.served_config import ServedConfig
 
 
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="spmd_serve export", description=__doc__.splitlines()[0])
     src = ap.add_mutually_exclusive_group(required=True)
     src.add_argument(
-        "--checkpoint", type=Path, help=f"HuggingFace or PaddleNLP checkpoint directory ({', '.join(SUPPORTED_ARCHS)})"
+        "--checkpoint",
+        type=Path,
+        help="HuggingFace or PaddleNLP checkpoint directory, or the original tool's static inference model "
+        f"({', '.join(SUPPORTED_ARCHS)})",
     )
     src.add_argument("--demo", choices=DEMO_PRESETS, help="write and export a built-in demo model")
     ap.add_argument("--out", type=Path, required=True, help="served model directory to write")
@@ -36,10 +44,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     ap.add_argument(
         "--quant",
-        default=None,
-        choices=QUANT_METHODS,
+        default=SOURCE_QUANT,
+        choices=(SOURCE_QUANT, "none", *QUANT_METHODS),
         help="weight-only quantisation of q/k/v/o/gate/up/down (int8 per output channel; "
-        "int4 per output channel and input group)",
+        "int4 per output channel and input group); source (default): as the checkpoint is (a static "
+        "inference model's weight_only_int8/int4, else none)",
     )
     ap.add_argument(
         "--quant-group",
@@ -62,9 +71,8 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        opts = dict(
-            tp=args.tp, dtype=args.dtype, quant=args.quant, quant_group=args.quant_group, graph_ops=args.graph_ops
-        )
+        quant = None if args.quant == "none" else args.quant
+        opts = dict(tp=args.tp, dtype=args.dtype, quant=quant, quant_group=args.quant_group, graph_ops=args.graph_ops)
         if args.demo:
             from spmd_serve.export.demo.checkpoint import write_demo_checkpoint
 
@@ -76,5 +84,6 @@ def main(argv: list[str] | None = None) -> int:
     except (ExportError, FileNotFoundError) as e:
         print(f"spmd_serve export: error: {e}", file=sys.stderr)
         return 2
-    print(f"exported to {args.out} (tp={args.tp}, dtype={args.dtype}, quant={args.quant})")
+    served = ServedConfig.from_json(json.loads((args.out / "config.json").read_text())["spmd_serve"])
+    print(f"exported to {args.out} (tp={args.tp}, dtype={args.dtype}, quant={served.quant and served.quant.method})")
     return 0

@@ -14,12 +14,16 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Generic, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
 import numpy as np
 
+from spmd_serve.export.errors import CheckpointError
 from spmd_serve.kv_layout import KVLayout
 from spmd_serve.manifest import QuantRecord, ShardDims
+
+if TYPE_CHECKING:
+    from spmd_serve.export.static_params import StaticParams
 
 
 class ArchConfig(Protocol):
@@ -61,6 +65,14 @@ class ModelFamily(ABC, Generic[C]):
     @abstractmethod
     def expected_tensors(self, mc: C) -> dict[str, tuple[int, ...]]:
         """HF tensor name → shape that a checkpoint of `mc` must provide."""
+
+    def static_to_hf(self, params: StaticParams, mc: C) -> dict[str, np.ndarray]:
+        """The original tool's static inference model (export/static_params.py: its fused per-rank
+        parameters, taken by name) → HF names and layout, float32; refused unless the family maps them."""
+        raise CheckpointError(
+            f"{mc.architecture}: the original tool's static inference models of the {self.name} family cannot be "
+            "converted yet; export from the checkpoint they were made from"
+        )
 
     def extra_tensors(self, mc: C, hf: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Checkpoint tensors exported besides the served ones (e.g. DeepSeek's MTP layers), checked

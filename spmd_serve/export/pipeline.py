@@ -38,6 +38,8 @@ from spmd_serve.manifest import (
 )
 from spmd_serve.served_config import ServedConfig, check_dtype_runnable
 
+SOURCE_QUANT = "source"  # export_checkpoint(quant=SOURCE_QUANT): quantised as the checkpoint itself is
+
 # Copied verbatim from the checkpoint when present (tokenizer + generation defaults).
 AUX_FILES = (
     "generation_config.json",
@@ -131,15 +133,18 @@ def export_checkpoint(
     graph_ops: str = "auto",
 ) -> Path:
     """Export into `out` atomically (a temp dir renamed at the end), so a crash leaves nothing half-made.
-    `quant`: weight-only quantisation (export/quant.py); `kv_int8`: also write the int8-KV graph
+    `quant`: weight-only quantisation (export/quant.py), or SOURCE_QUANT: the checkpoint's own (a static
+    model's weight-only form, its int4 group too; none for others); `kv_int8`: also write the int8-KV graph
     variants and their calibrated scales, so the export serves USE_CACHE_KV_INT8=1 too;
     `graph_ops`: see resolve_graph_ops."""
     ckpt = Path(ckpt)
     try:
         check_dtype_runnable(dtype)
-        if quant is not None and quant not in QUANT_METHODS:
+        if quant is not None and quant not in (*QUANT_METHODS, SOURCE_QUANT):
             raise QuantError(f"--quant {quant!r} is not one of {', '.join(QUANT_METHODS)}")
         cfg, mc, weights, source = load_checkpoint(ckpt)
+        if quant == SOURCE_QUANT:
+            quant, quant_group = source.get("quant"), quant_group or source.get("quant_group")
         family = family_of(mc.architecture)
         dims = family.shard_dims(mc, tp)
         group = family.quant_group(mc, dims, quant_group) if quant == "weight_only_int4" else None

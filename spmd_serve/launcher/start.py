@@ -1,7 +1,8 @@
 """`start_server [model_name]`: start `mpirun -n MP_NUM spmd_serve` in the background (CONTRACT §1).
 
 Reads the environment (legacy names too, through `spmd_serve.config`), downloads `model_name` into
-`$MODEL_DIR/<model_name>` (MODEL_DIR defaulting to /models then) unless it is already there, checks
+`$MODEL_DIR/<model_name>` (MODEL_DIR defaulting to /models then) unless it is already there, converts
+it once if it is the original tool's static inference model (launcher/convert.py), checks
 that the five ports are free, starts the job in its own session with logs in LOG_DIR and a pid file,
 waits for `/v2/health/ready` with visible progress, and prints the endpoints.  A failed start ends
 the job, prints the last log lines and exits 1; configuration errors exit 2.
@@ -29,6 +30,7 @@ from spmd_serve.config import ConfigError, ServeConfig, load_config
 from spmd_serve.download import DownloadError, download_model, is_complete
 from spmd_serve.envs import BY_FIELD
 from spmd_serve.launcher import jobs
+from spmd_serve.launcher.convert import ConversionError, served_model_dir
 from spmd_serve.launcher.hostfile import check_master_is_local, node_order, write_hostfile
 from spmd_serve.launcher.rank_output import log_name, report_failure
 from spmd_serve.launcher.settings import job_environ, mpi_rank, spmd_serve_command, under_mpi
@@ -43,17 +45,20 @@ class StartError(Exception):
 
 def resolve_model(cfg: ServeConfig, mode: str = "master") -> ServeConfig:
     """With model_name: $MODEL_DIR/<model_name>, downloaded first unless complete; without: MODEL_DIR
-    as an absolute path (the ranks may run elsewhere), or unset for the built-in demo model."""
+    as an absolute path (the ranks may run elsewhere), or unset for the built-in demo model.  A static
+    inference model (what download_model fetches) is served from its conversion, made once."""
     if cfg.model_name:
         root = Path(cfg.model_dir or DEFAULT_MODELS_ROOT)
         folder = root / cfg.model_name.strip("/")
         if not is_complete(folder):
             print(f"start_server: downloading {cfg.model_name} into {folder}", file=sys.stderr, flush=True)
             download_model(cfg.model_name, root, nnodes=cfg.mp_nnode, mode=mode)
-        return dataclasses.replace(cfg, model_dir=str(folder.resolve()))
-    if cfg.model_dir:
-        return dataclasses.replace(cfg, model_dir=str(Path(cfg.model_dir).resolve()))
-    return cfg
+    elif cfg.model_dir:
+        folder = Path(cfg.model_dir)
+    else:
+        return cfg
+    served = served_model_dir(folder.resolve(), cfg.mp_num, cfg.mp_nnode) if folder.is_dir() else folder.resolve()
+    return dataclasses.replace(cfg, model_dir=str(served))
 
 
 def busy_ports(cfg: ServeConfig) -> list[str]:
@@ -268,7 +273,7 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as e:
         print(f"start_server: error: {e}", file=sys.stderr)
         return 2
-    except (StartError, DownloadError) as e:
+    except (StartError, DownloadError, ConversionError) as e:
         print(f"start_server: error: {e}", file=sys.stderr)
         return 1
 

@@ -1,23 +1,26 @@
 """The Llama family: Llama 2/3 (Llama-3.1 rope scaling) and Qwen2/2.5 (q/k/v biases, tied or untied
 embeddings) as options of one decoder (RMSNorm, RoPE, GQA attention, SwiGLU MLP).
 
-config.py parses and refuses, weights.py names tensors, sharding.py splits them over the ranks,
-quant.py quantises a shard, attention.py and stages.py make the graph stages (Paddle, imported
-only when a graph is built).
+config.py parses and refuses, weights.py names tensors (static.py: those of the original tool's
+static inference models), sharding.py splits them over the ranks, quant.py quantises a shard,
+attention.py and stages.py make the graph stages (Paddle, imported only when a graph is built).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from spmd_serve.export.family import ModelFamily
-from spmd_serve.export.llama import quant, sharding, weights
+from spmd_serve.export.llama import quant, sharding, static, weights
 from spmd_serve.export.llama.config import ARCHITECTURES, MODEL_TYPES, ModelConfig
 from spmd_serve.kv_layout import KVLayout
 from spmd_serve.manifest import QuantRecord, ShardDims
+
+if TYPE_CHECKING:
+    from spmd_serve.export.static_params import StaticParams
 
 
 class LlamaFamily(ModelFamily[ModelConfig]):
@@ -30,6 +33,9 @@ class LlamaFamily(ModelFamily[ModelConfig]):
 
     def to_hf_layout(self, w: dict[str, np.ndarray], mc: ModelConfig) -> tuple[dict[str, np.ndarray], str]:
         return weights.to_hf_layout(w, mc)
+
+    def static_to_hf(self, params: StaticParams, mc: ModelConfig) -> dict[str, np.ndarray]:
+        return static.static_to_hf(params, mc)
 
     def expected_tensors(self, mc: ModelConfig) -> dict[str, tuple[int, ...]]:
         return weights.expected_tensors(mc)
