@@ -29,6 +29,8 @@ class FakeDetokenizer:
         self.text = ""
 
     def step(self, new_ids: list[int]) -> str:
+        if self._tok.poison & set(new_ids):  # a request whose detokenisation fails
+            raise ValueError("undecodable fake token")
         delta = self._tok.decode(new_ids)
         self.text += delta
         return delta
@@ -42,6 +44,7 @@ class FakeTokenizer:
     bos_token_id = BOS
     has_chat_template = True
     vocab_size = 0x110000 + OFFSET
+    poison: frozenset[int] = frozenset()  # ids the detokenizer fails on
 
     def token_bytes(self, token_id: int) -> bytes:
         return self.decode([token_id]).encode()

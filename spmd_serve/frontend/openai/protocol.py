@@ -12,8 +12,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from spmd_serve.frontend.common.parsing import Limits, ProtocolError, finite_number, is_int
-from spmd_serve.sampling_params import MAX_LOGPROBS, SamplingParams
+from spmd_serve.frontend.common.parsing import Limits, ProtocolError, finite_number, is_int, show
+from spmd_serve.sampling_params import FLOAT32_MAX, INT32_MAX, INT64_MAX, MAX_LOGPROBS, SamplingParams
 
 MAX_N = 16  # choices per request
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # what OpenAI and vLLM use when /v1/completions omits it
@@ -82,22 +82,27 @@ _KIND_OK: dict[str, Callable[[Any], bool]] = {
 def _get(
     body: dict[str, Any], key: str, kind: str, default: Any, lo: float | None = None, hi: float | None = None
 ) -> Any:
-    """body[key] checked for type ("int" | "num" | "bool" | "str") and range; null = absent."""
+    """body[key] checked for type ("int" | "num" | "bool" | "str") and range; null = absent.
+    Numbers are bounded by what the engine holds them in even where the API sets no limit: an
+    int64 for integers, a float32 for the rest."""
     v = body.get(key)
     if v is None:
         return default
     ok = _KIND_OK[kind](v)
-    if ok and kind in ("int", "num"):
-        ok = (lo is None or v >= lo) and (hi is None or v <= hi)
+    if kind in ("int", "num"):
+        top = INT64_MAX if kind == "int" else FLOAT32_MAX
+        lo = -top - (kind == "int") if lo is None else lo
+        hi = top if hi is None else hi
+        ok = ok and lo <= v <= hi
     if not ok:
         want = {"int": "an integer", "num": "a number", "bool": "a boolean", "str": "a string"}
-        rng = (
-            ""
-            if lo is None and hi is None
-            else (f" >= {lo:g}" if hi is None else f" in [{lo:g}, {hi:g}]" if lo is not None else f" <= {hi:g}")
-        )
-        raise OpenAIError(400, f"{key} must be {want[kind]}{rng}, got {v!r:.80}", key)
+        rng = f" in [{_num(lo)}, {_num(hi)}]" if kind in ("int", "num") else ""
+        raise OpenAIError(400, f"{key} must be {want[kind]}{rng}, got {show(v)}", key)
     return float(v) if kind == "num" else v
+
+
+def _num(x: Any) -> str:
+    return str(x) if is_int(x) else f"{x:.7g}"
 
 
 def _stop(body: dict[str, Any]) -> tuple[str, ...]:
@@ -235,7 +240,7 @@ def parse_openai(
     min_tokens = _get(body, "min_tokens", "int", 0, 0)
     if min_tokens > max_tokens:
         raise OpenAIError(400, f"min_tokens({min_tokens}) must not exceed max_tokens({max_tokens})", "min_tokens")
-    top_k = _get(body, "top_k", "int", 0, -1)
+    top_k = _get(body, "top_k", "int", 0, -1, INT32_MAX)
     seed = _get(body, "seed", "int", None)
     params = SamplingParams(
         max_tokens=max_tokens,
