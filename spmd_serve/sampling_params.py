@@ -33,6 +33,10 @@ class SamplingParams:
     presence_penalty: float = 0.0  # native presence_score
     eos_token_ids: tuple[int, ...] = ()  # this request's stop token ids (model's own added by the engine)
     stop_sequences: tuple[str, ...] = ()  # checked on detokenised text by the front end
+    # OpenAI's stop_token_ids (vLLM): stop like eos ids, even with ignore_eos; their text is left
+    # out of the output unless include_stop_str_in_output, which also keeps a stop string's text
+    stop_token_ids: tuple[int, ...] = ()
+    include_stop_str_in_output: bool = False
     ignore_eos: bool = False
     logprobs: int | None = None  # None: no logprobs; k >= 0: the chosen token's + top k
 
@@ -65,9 +69,10 @@ class SamplingParams:
             raise ValueError(f"logprobs must be an integer in [0, {MAX_LOGPROBS}], got {self.logprobs!r}")
         if self.seed is not None and (not _is_int(self.seed) or not 0 <= self.seed <= INT64_MAX):
             raise ValueError(f"seed must be an integer in [0, {INT64_MAX}], got {self.seed!r}")
-        bad = [i for i in self.eos_token_ids if not (_is_int(i) and 0 <= i <= INT32_MAX)]
-        if bad:
-            raise ValueError(f"eos_token_ids must be integers in [0, {INT32_MAX}], got {bad[0]!r}")
+        for name, ids in (("eos_token_ids", self.eos_token_ids), ("stop_token_ids", self.stop_token_ids)):
+            bad = [i for i in ids if not (_is_int(i) and 0 <= i <= INT32_MAX)]
+            if bad:
+                raise ValueError(f"{name} must be integers in [0, {INT32_MAX}], got {bad[0]!r}")
         if not all(isinstance(s, str) for s in self.stop_sequences):
             raise ValueError("stop_sequences must be strings")
         return self

@@ -95,7 +95,7 @@ class Engine:
             cmd.req_id,
             cmd.prompt_token_ids,
             params,
-            eos_token_ids=self.eos | frozenset(params.eos_token_ids),
+            eos_token_ids=self.eos | frozenset(params.eos_token_ids) | frozenset(params.stop_token_ids),
             arrival_time=cmd.arrival_time,
         )
         try:

@@ -49,6 +49,15 @@ def _padded(rows: list[list[int]]) -> npt.NDArray[np.int32]:
     return out
 
 
+def _eos_masking(r: SampledRequest) -> tuple[int, list[int]]:
+    """(min_tokens, the ids masked until then): ignore_eos unmasks the eos ids (they stop nothing)
+    but not the request's stop_token_ids, which still stop it."""
+    p = r.params
+    if p.ignore_eos:
+        return (p.min_tokens, sorted(p.stop_token_ids)) if p.stop_token_ids else (0, sorted(r.eos_token_ids))
+    return p.min_tokens, sorted(r.eos_token_ids)
+
+
 def _penalised(p: SamplingParams) -> bool:
     return p.repetition_penalty != 1.0 or bool(p.frequency_penalty) or bool(p.presence_penalty)
 
@@ -56,6 +65,7 @@ def _penalised(p: SamplingParams) -> bool:
 def sample_arrays(requests: Sequence[SampledRequest]) -> dict[str, npt.NDArray[Any]]:
     """The per-row parameters of ops.sample (its names and dtypes) from the requests' fields."""
     ps = [r.params for r in requests]
+    masking = [_eos_masking(r) for r in requests]
     n_out = np.array([len(r.output_token_ids) for r in requests], np.int64)
     return dict(
         # SamplingParams.greedy also covers temperatures below SAMPLING_EPS, which ops.sample
@@ -68,9 +78,9 @@ def sample_arrays(requests: Sequence[SampledRequest]) -> dict[str, npt.NDArray[A
         pres_penalty=np.array([p.presence_penalty for p in ps], np.float32),
         seeds=np.array([p.seed or 0 for p in ps], np.uint64),
         counters=n_out,  # the Philox counter: the output index
-        min_tokens=np.array([0 if p.ignore_eos else p.min_tokens for p in ps], np.int32),
+        min_tokens=np.array([m for m, _ in masking], np.int32),
         num_generated=n_out.astype(np.int32),
-        eos_ids=_padded([sorted(r.eos_token_ids) for r in requests]),
+        eos_ids=_padded([ids for _, ids in masking]),
         # neutral penalties leave a row exactly as it is, so only penalised rows list their tokens
         gen_token_ids=_padded([r.output_token_ids if _penalised(r.params) else [] for r in requests]),
     )

@@ -58,7 +58,10 @@ class Generation:
         self.client, self.req_id, self.prompt = client, req_id, prompt
         self.params, self.deadline = params, deadline
         self.asm = OutputAssembler(
-            tokenizer.detokenizer(prompt, continue_prompt=continue_prompt), params.stop_sequences
+            tokenizer.detokenizer(prompt, continue_prompt=continue_prompt),
+            params.stop_sequences,
+            params.include_stop_str_in_output,
+            frozenset(() if params.include_stop_str_in_output else params.stop_token_ids),
         )
         self.first_token_at: float | None = None
         self._queue: asyncio.Queue[RequestOutput | None] | None = None
