@@ -2,13 +2,19 @@
 
 Everything a request asks for travels with the request (eos ids, stop strings, seed, penalties);
 nothing here is shared across the batch.  Validation raises ValueError whose message names the
-field, so the front end can answer 400 with it.
+field, so the front end can answer 400 with it.  It also bounds every number by what the sampler
+holds it in (ops.sample's per-row arrays: int32 counts, top-k and eos ids, float32 temperature,
+top-p and penalties, a 64-bit seed): a value that passed `validate` cannot overflow there, so one
+request's parameters can never fail the batched sampling call of a whole step.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+INT32_MAX = 2**31 - 1  # token counts, top_k and eos ids are int32 rows in ops.sample
+INT64_MAX = 2**63 - 1  # seeds: the engine's own draws are 63-bit; a user's must fit an int64 too
+FLOAT32_MAX = 3.4028234663852886e38  # temperature, top_p and the penalties are float32 rows
 SAMPLING_EPS = 1e-5  # temperatures below this are greedy (as vLLM)
 MAX_LOGPROBS = 20  # top-n logprobs a request may ask for (OpenAI's own limit)
 
@@ -27,32 +33,60 @@ class SamplingParams:
     presence_penalty: float = 0.0  # native presence_score
     eos_token_ids: tuple[int, ...] = ()  # this request's stop token ids (model's own added by the engine)
     stop_sequences: tuple[str, ...] = ()  # checked on detokenised text by the front end
+    # OpenAI's stop_token_ids (vLLM): stop like eos ids, even with ignore_eos; their text is left
+    # out of the output unless include_stop_str_in_output, which also keeps a stop string's text
+    stop_token_ids: tuple[int, ...] = ()
+    include_stop_str_in_output: bool = False
     ignore_eos: bool = False
     logprobs: int | None = None  # None: no logprobs; k >= 0: the chosen token's + top k
 
     def validate(self) -> SamplingParams:
         """Raise ValueError naming the first bad field; return self for chaining."""
-        if not isinstance(self.max_tokens, int) or self.max_tokens < 1:
-            raise ValueError(f"max_dec_len must be an integer >= 1, got {self.max_tokens!r}")
-        if not isinstance(self.min_tokens, int) or self.min_tokens < 0:
+        if not _is_int(self.max_tokens) or not 1 <= self.max_tokens <= INT32_MAX:
+            raise ValueError(f"max_dec_len must be an integer in [1, {INT32_MAX}], got {self.max_tokens!r}")
+        if not _is_int(self.min_tokens) or self.min_tokens < 0:
             raise ValueError(f"min_tokens must be an integer >= 0, got {self.min_tokens!r}")
         if self.min_tokens > self.max_tokens:
             raise ValueError(f"min_dec_len({self.min_tokens}) must not exceed max_dec_len({self.max_tokens})")
+        for name, value in (
+            ("temperature", self.temperature),
+            ("topp", self.top_p),
+            ("penalty_score", self.repetition_penalty),
+            ("frequency_score", self.frequency_penalty),
+            ("presence_score", self.presence_penalty),
+        ):
+            if not _is_float32(value):
+                raise ValueError(f"{name} must be a number of magnitude <= {FLOAT32_MAX:.7g}, got {value!r}")
         if not self.temperature >= 0:
             raise ValueError(f"temperature must be >= 0, got {self.temperature!r}")
         if not 0 <= self.top_p <= 1:
             raise ValueError(f"topp must be in [0, 1], got {self.top_p!r}")
-        if not isinstance(self.top_k, int) or self.top_k < 0:
-            raise ValueError(f"top_k must be an integer >= 0, got {self.top_k!r}")
+        if not _is_int(self.top_k) or not 0 <= self.top_k <= INT32_MAX:
+            raise ValueError(f"top_k must be an integer in [0, {INT32_MAX}], got {self.top_k!r}")
         if not self.repetition_penalty > 0:
             raise ValueError(f"penalty_score must be > 0, got {self.repetition_penalty!r}")
-        if self.logprobs is not None and not (isinstance(self.logprobs, int) and 0 <= self.logprobs <= MAX_LOGPROBS):
+        if self.logprobs is not None and not (_is_int(self.logprobs) and 0 <= self.logprobs <= MAX_LOGPROBS):
             raise ValueError(f"logprobs must be an integer in [0, {MAX_LOGPROBS}], got {self.logprobs!r}")
-        if self.seed is not None and (not isinstance(self.seed, int) or self.seed < 0):
-            raise ValueError(f"seed must be a non-negative integer, got {self.seed!r}")
+        if self.seed is not None and (not _is_int(self.seed) or not 0 <= self.seed <= INT64_MAX):
+            raise ValueError(f"seed must be an integer in [0, {INT64_MAX}], got {self.seed!r}")
+        for name, ids in (("eos_token_ids", self.eos_token_ids), ("stop_token_ids", self.stop_token_ids)):
+            bad = [i for i in ids if not (_is_int(i) and 0 <= i <= INT32_MAX)]
+            if bad:
+                raise ValueError(f"{name} must be integers in [0, {INT32_MAX}], got {bad[0]!r}")
+        if not all(isinstance(s, str) for s in self.stop_sequences):
+            raise ValueError("stop_sequences must be strings")
         return self
 
     @property
     def greedy(self) -> bool:
         # Below SAMPLING_EPS, logits / temperature overflows: such a temperature means greedy.
         return self.temperature < SAMPLING_EPS or self.top_p == 0 or self.top_k == 1
+
+
+def _is_int(v: object) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_float32(v: object) -> bool:
+    """A real number that float32 holds without overflowing (NaN is not one)."""
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and abs(v) <= FLOAT32_MAX

@@ -1,6 +1,11 @@
 """The step loop.  Rank 0: take new requests → schedule → broadcast the plan → run its shard →
 sample → update → publish outputs.  Other ranks: receive the plan → run their shard.  Same
 program on every rank; which loop runs is chosen once at start-up (DESIGN §1–2).
+
+What belongs to one request fails that request only: its parameters are validated again at
+admission (400), and a request whose sampling fails (`SampledStep.failed`) ends with an error
+output while the step goes on for every other one.  An exception anywhere else in the step (the
+graphs, the collectives, the scheduler's own state) is not a request's and ends the job.
 """
 
 from __future__ import annotations
@@ -80,13 +85,17 @@ class Engine:
 
     def _admit(self, cmd: AddCommand) -> RequestOutput | None:
         params = cmd.params
+        try:  # whatever sent it: a request that passed cannot overflow the sampler's arrays
+            params.validate()
+        except ValueError as e:
+            return RequestOutput.error(cmd.req_id, 400, str(e))
         if params.seed is None:  # fix the seed at admission so preemption/recompute can't change tokens
             params = dataclasses.replace(params, seed=random.getrandbits(63))
         req = Request(
             cmd.req_id,
             cmd.prompt_token_ids,
             params,
-            eos_token_ids=self.eos | frozenset(params.eos_token_ids),
+            eos_token_ids=self.eos | frozenset(params.eos_token_ids) | frozenset(params.stop_token_ids),
             arrival_time=cmd.arrival_time,
         )
         try:
@@ -164,10 +173,22 @@ class Engine:
             self.client.busy_since = None
 
     def _update(self, out: SchedulerOutput, sampled: SampledStep) -> list[Request]:
-        """Append the sampled tokens and apply the stop rules (metrics recorded)."""
+        """End the requests whose sampling failed, append the sampled tokens and apply the stop
+        rules (metrics recorded)."""
+        self._fail(sampled.failed)
         done = self.scheduler.update(out, sampled.token_by_request())
         self.metrics.on_update(done)
         return done
+
+    def _fail(self, failed: dict[str, str]) -> None:
+        """End the requests whose own sampling failed, with an error output; the step and every
+        other request carry on (the scheduler skips aborted requests in its update)."""
+        if not failed:
+            return
+        for req_id, why in failed.items():
+            log.error("request %s failed: %s", req_id, why)
+            self.metrics.on_abort(self.scheduler.abort_request(req_id), time.monotonic(), "error")
+        self.client.publish([RequestOutput.error(req_id, 500, why) for req_id, why in failed.items()])
 
     def _publish(self, done: list[Request], sampled: SampledStep) -> list[Request]:
         """Stream one output per request that got a token (waits for the IO side's hand-off)."""

@@ -9,10 +9,16 @@ takes the numpy twin, device arrays the CUDA kernel; both pick the same token bi
 draw is keyed by (seed, output index), so a seeded request gets the same tokens whatever else
 shares its batch, and preemption/recompute cannot change them.  Unseeded requests get a random
 seed at admission (Engine._admit); a request that never passed admission (the warm-up) uses 0.
+
+One request's failure stays that request's: should the batched call raise (parameters that
+escaped validation) or a row come back outside the vocabulary, the rows are sampled one by one and
+each failing request is reported in `SampledStep.failed` for the engine to end with an error, while
+every other request gets its token as usual.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -25,6 +31,8 @@ from spmd_serve.engine.outputs import TokenLogprobs
 from spmd_serve.sampling_params import SamplingParams
 from spmd_serve.scheduler.request import Request
 from spmd_serve.scheduler.scheduler import SchedulerOutput
+
+log = logging.getLogger(__name__)
 
 
 class SampledRequest(Protocol):
@@ -41,6 +49,15 @@ def _padded(rows: list[list[int]]) -> npt.NDArray[np.int32]:
     return out
 
 
+def _eos_masking(r: SampledRequest) -> tuple[int, list[int]]:
+    """(min_tokens, the ids masked until then): ignore_eos unmasks the eos ids (they stop nothing)
+    but not the request's stop_token_ids, which still stop it."""
+    p = r.params
+    if p.ignore_eos:
+        return (p.min_tokens, sorted(p.stop_token_ids)) if p.stop_token_ids else (0, sorted(r.eos_token_ids))
+    return p.min_tokens, sorted(r.eos_token_ids)
+
+
 def _penalised(p: SamplingParams) -> bool:
     return p.repetition_penalty != 1.0 or bool(p.frequency_penalty) or bool(p.presence_penalty)
 
@@ -48,6 +65,7 @@ def _penalised(p: SamplingParams) -> bool:
 def sample_arrays(requests: Sequence[SampledRequest]) -> dict[str, npt.NDArray[Any]]:
     """The per-row parameters of ops.sample (its names and dtypes) from the requests' fields."""
     ps = [r.params for r in requests]
+    masking = [_eos_masking(r) for r in requests]
     n_out = np.array([len(r.output_token_ids) for r in requests], np.int64)
     return dict(
         # SamplingParams.greedy also covers temperatures below SAMPLING_EPS, which ops.sample
@@ -60,9 +78,9 @@ def sample_arrays(requests: Sequence[SampledRequest]) -> dict[str, npt.NDArray[A
         pres_penalty=np.array([p.presence_penalty for p in ps], np.float32),
         seeds=np.array([p.seed or 0 for p in ps], np.uint64),
         counters=n_out,  # the Philox counter: the output index
-        min_tokens=np.array([0 if p.ignore_eos else p.min_tokens for p in ps], np.int32),
+        min_tokens=np.array([m for m, _ in masking], np.int32),
         num_generated=n_out.astype(np.int32),
-        eos_ids=_padded([sorted(r.eos_token_ids) for r in requests]),
+        eos_ids=_padded([ids for _, ids in masking]),
         # neutral penalties leave a row exactly as it is, so only penalised rows list their tokens
         gen_token_ids=_padded([r.output_token_ids if _penalised(r.params) else [] for r in requests]),
     )
@@ -94,14 +112,20 @@ def token_logprobs(logits: npt.NDArray[np.floating[Any]], token: int, top_n: int
 @dataclass(frozen=True)
 class SampledStep:
     """One step's sampling result: a token for every request whose chunk completed its known
-    tokens, in plan order, and the logprobs of those that asked for them."""
+    tokens, in plan order, and the logprobs of those that asked for them; `failed` names the
+    requests whose own sampling failed this step (req_id -> why), which got no token."""
 
     requests: list[Request] = field(default_factory=list)
     tokens: list[int] = field(default_factory=list)
     logprobs: dict[str, TokenLogprobs] = field(default_factory=dict)  # by req_id
+    failed: dict[str, str] = field(default_factory=dict)  # by req_id
 
     def token_by_request(self) -> dict[str, int]:
         return {r.req_id: t for r, t in zip(self.requests, self.tokens)}
+
+
+def _why(e: Exception) -> str:
+    return f"sampling failed for this request: {type(e).__name__}: {e}"[:300]
 
 
 class Sampler:
@@ -114,14 +138,33 @@ class Sampler:
         if not rows:
             return SampledStep()
         reqs = [out.seqs[i].request for i in rows]
-        tokens = sample(logits[rows], reqs)
-        self.observe(reqs, logits[rows])
-        logprobs = {
-            r.req_id: token_logprobs(logits[i], t, r.params.logprobs)
-            for i, r, t in zip(rows, reqs, tokens)
-            if r.params.logprobs is not None
-        }
-        return SampledStep(reqs, tokens, logprobs)
+        failed: dict[str, str] = {}
+        try:
+            tokens = sample(logits[rows], reqs)
+        except Exception:  # some row's parameters: find which, sample the others
+            log.exception("batched sampling failed; sampling the %d rows one by one", len(rows))
+            tokens = []
+            for i, r in zip(rows, reqs):
+                try:
+                    tokens.append(sample(logits[i : i + 1], [r])[0])
+                except Exception as e:
+                    failed[r.req_id] = _why(e)
+                    tokens.append(-1)
+        vocab = logits.shape[-1]
+        for r, t in zip(reqs, tokens):
+            if r.req_id not in failed and not 0 <= t < vocab:  # would fail every rank's next graph
+                failed[r.req_id] = f"sampling failed for this request: token {t} is outside the vocabulary ({vocab})"
+        logprobs: dict[str, TokenLogprobs] = {}
+        for i, r, t in zip(rows, reqs, tokens):
+            if r.params.logprobs is not None and r.req_id not in failed:
+                try:
+                    logprobs[r.req_id] = token_logprobs(logits[i], t, r.params.logprobs)
+                except Exception as e:
+                    failed[r.req_id] = _why(e)
+        kept = [k for k, r in enumerate(reqs) if r.req_id not in failed]
+        ok_reqs = [reqs[k] for k in kept]
+        self.observe(ok_reqs, logits[[rows[k] for k in kept]])
+        return SampledStep(ok_reqs, [tokens[k] for k in kept], logprobs, failed)
 
     def observe(self, requests: list[Request], logits: npt.NDArray[np.float32]) -> None:
         """Called with the sampled rows' logits [N, V] each step; nothing by default."""

@@ -217,8 +217,13 @@ class Scheduler:
 
     def _stop_status(self, request: Request, token: int) -> RequestStatus | None:
         params = request.params
-        # Stop before length: an eos that is also the last allowed token reports "stop".
-        if token in request.eos_token_ids and not params.ignore_eos and request.num_output_tokens >= params.min_tokens:
+        # Stop before length: an eos that is also the last allowed token reports "stop".  ignore_eos
+        # ignores the eos ids, not the stop_token_ids a request asked for (vLLM's rule).
+        if (
+            token in request.eos_token_ids
+            and (not params.ignore_eos or token in params.stop_token_ids)
+            and request.num_output_tokens >= params.min_tokens
+        ):
             return RequestStatus.FINISHED_STOPPED
         if request.num_output_tokens >= params.max_tokens or request.num_tokens >= self.config.max_model_len:
             return RequestStatus.FINISHED_LENGTH

@@ -166,3 +166,17 @@ def test_engine_error_before_and_after_first_frame(srv):
     frames = stream_lines(srv.url, {"text": "a", "req_id": "e3", "stream": True})
     assert len(frames) == 4 and frames[-1]["is_end"] == 1 and frames[-1]["error_code"] == 500
     assert_healthy(srv)
+
+
+def test_a_request_whose_detokenisation_fails_ends_alone_with_an_error(srv):
+    """Its own text is the request's failure: an error frame (or a 500 before any), the engine
+    told to stop it, every other request unaffected."""
+    srv.tokenizer.poison = frozenset(srv.tokenizer.encode("~"))
+    ids = srv.tokenizer.encode("ab~")  # echoed by the fake engine
+    frames = stream_lines(srv.url, {"input_ids": ids, "req_id": "d1", "stream": True, "max_dec_len": 8})
+    assert frames[-1]["is_end"] == 1 and frames[-1]["error_code"] == 500 and "text" in frames[-1]["error_msg"]
+    assert "".join(f["token"] for f in frames) == "ab"
+    assert srv.engine.wait_aborted("d1")
+    r = requests.post(srv.url, json={"input_ids": ids[2:], "req_id": "d2"}, timeout=10)
+    assert r.status_code == 500 and r.json()["error_code"] == 500
+    assert_healthy(srv)

@@ -29,6 +29,8 @@ class FakeDetokenizer:
         self.text = ""
 
     def step(self, new_ids: list[int]) -> str:
+        if self._tok.poison & set(new_ids):  # a request whose detokenisation fails
+            raise ValueError("undecodable fake token")
         delta = self._tok.decode(new_ids)
         self.text += delta
         return delta
@@ -42,12 +44,14 @@ class FakeTokenizer:
     bos_token_id = BOS
     has_chat_template = True
     vocab_size = 0x110000 + OFFSET
+    poison: frozenset[int] = frozenset()  # ids the detokenizer fails on
 
     def token_bytes(self, token_id: int) -> bytes:
         return self.decode([token_id]).encode()
 
-    def encode(self, text: str) -> list[int]:
-        return [ord(c) + OFFSET for c in text]
+    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
+        # a tokenizer whose settings add BOS (tokenizer_config's add_bos_token: true)
+        return [BOS] * add_special_tokens + [ord(c) + OFFSET for c in text]
 
     def decode(self, ids: list[int]) -> str:
         return "".join(chr(i - OFFSET) for i in ids if i >= OFFSET)
@@ -173,7 +177,7 @@ class FakeEngine:
             return RequestOutput(rid, [], True, "error", 500, "fake engine failure", len(seq.cmd.prompt_token_ids))
         tok = prompt[len(seq.out) % len(prompt)]
         seq.out.append(tok)
-        eos = set(params.eos_token_ids) | {EOS}
+        eos = set(params.eos_token_ids) | set(params.stop_token_ids) | {EOS}
         reason = None
         if tok in eos and len(seq.out) >= params.min_tokens:
             reason = "stop"

@@ -9,14 +9,13 @@ import asyncio
 import os
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
 import psutil
 import pytest
 
-from spmd_serve.engine.client import EngineClient, NotReadyError, RequestOutput
+from spmd_serve.engine.client import EngineClient, NotReadyError
 from spmd_serve.engine.engine import Engine
 from spmd_serve.frontend.common.liveness import is_live, is_ready
 from spmd_serve.frontend.server.peer_watch import PeerWatch
@@ -24,71 +23,15 @@ from spmd_serve.launcher import jobs
 from spmd_serve.launcher.stop import last_cause
 from spmd_serve.protocol import SHUTDOWN
 from spmd_serve.sampling_params import SamplingParams
-from spmd_serve.scheduler.scheduler import SchedulerConfig
-from tests.support.fakes import FakeComm, FakeRunner
+from tests.support.engine_rig import engine_rig
 
 STEP_S = 0.01
-
-
-class LoopThread:
-    """An asyncio loop in a thread, as rank 0's IO thread: requests are added and read there."""
-
-    def __init__(self) -> None:
-        self.loop = asyncio.new_event_loop()
-        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
-        self.thread.start()
-
-    def call(self, fn, *args):
-        async def run():
-            return fn(*args)
-
-        return asyncio.run_coroutine_threadsafe(run(), self.loop).result(5)
-
-    def read_all(self, queue: asyncio.Queue, timeout: float = 20) -> list[RequestOutput]:
-        async def drain() -> list[RequestOutput]:
-            outs = []
-            while not (outs and outs[-1].finished):
-                outs.append(await queue.get())
-            return outs
-
-        return asyncio.run_coroutine_threadsafe(asyncio.wait_for(drain(), timeout), self.loop).result()
-
-    def close(self) -> None:
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(5)
 
 
 @pytest.fixture
 def rig():
     """A real Engine (fake ranks, STEP_S per step) running in a thread, its client on an IO loop."""
-    io = LoopThread()
-    client = EngineClient(capacity=8)
-    client.attach_loop(io.loop)
-    client.ready.set()
-    cfg = SchedulerConfig(
-        max_num_seqs=4,
-        num_blocks=512,
-        block_size=4,
-        block_ratio=1.0,
-        max_waiting=8,
-        max_num_batched_tokens=64,
-        max_model_len=1024,
-    )
-    comm = FakeComm()
-    made: list[tuple[Engine, threading.Thread]] = []
-
-    def start(drain_timeout_s: float = 60.0) -> Engine:
-        eng = Engine(cfg, comm, FakeRunner(step_s=STEP_S), client, frozenset(), drain_timeout_s=drain_timeout_s)
-        made.append((eng, threading.Thread(target=eng.run, daemon=True)))
-        made[-1][1].start()
-        return eng
-
-    yield start, client, io, comm
-    for eng, t in made:
-        eng.stop_event.set(), eng.abort_event.set(), client.wake()  # whatever the test did
-        t.join(10)
-        assert not t.is_alive(), "engine loop did not end"
-    io.close()
+    yield from engine_rig(STEP_S)
 
 
 def stop(eng: Engine) -> float:

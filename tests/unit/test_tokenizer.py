@@ -88,7 +88,9 @@ def test_encode_prompt(tok: ServingTokenizer) -> None:
     assert tok.encode_prompt(messages=THREE) == tok.encode(tok.render_chat(THREE))
     plain = ServingTokenizer(tok._tok, None, [2], 1)
     assert not plain.has_chat_template
-    assert plain.encode_prompt(text="Hello") == [1] + tok.encode("Hello")
+    # without a template: the tokenizer's own special tokens (issue 17; the original tool's
+    # add_special_tokens), and the demo's tokenizer_config.json says add_bos_token: false
+    assert plain.encode_prompt(text="Hello") == tok.encode("Hello", add_special_tokens=True) == tok.encode("Hello")
     with pytest.raises(ValueError, match="no chat template"):
         plain.encode_prompt(messages=THREE)
 

@@ -4,13 +4,14 @@
 EngineClient (refusals become `ProtocolError` with the contract's status), turns engine outputs
 into `Delta`s through the request's `OutputAssembler` (stop strings cut, held-back text), and
 enforces the deadline.  It raises `GenerationError` when the request fails after submission
-(deadline, engine error); `cancel()` is for a client that went away, `close()` always runs last
-and leaves the engine nothing to compute for the request.
+(deadline, engine error, its own detokenisation); `cancel()` is for a client that went away,
+`close()` always runs last and leaves the engine nothing to compute for the request.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -21,6 +22,7 @@ from spmd_serve.frontend.common.parsing import ProtocolError
 from spmd_serve.frontend.text.output_assembler import OutputAssembler
 from spmd_serve.sampling_params import SamplingParams
 
+log = logging.getLogger(__name__)
 _SUBMIT_ERRORS = ((NotReadyError, 503), (DuplicateRequestError, 409), (QueueFullError, 429))
 
 
@@ -56,7 +58,10 @@ class Generation:
         self.client, self.req_id, self.prompt = client, req_id, prompt
         self.params, self.deadline = params, deadline
         self.asm = OutputAssembler(
-            tokenizer.detokenizer(prompt, continue_prompt=continue_prompt), params.stop_sequences
+            tokenizer.detokenizer(prompt, continue_prompt=continue_prompt),
+            params.stop_sequences,
+            params.include_stop_str_in_output,
+            frozenset(() if params.include_stop_str_in_output else params.stop_token_ids),
         )
         self.first_token_at: float | None = None
         self._queue: asyncio.Queue[RequestOutput | None] | None = None
@@ -109,7 +114,12 @@ class Generation:
                 )
             if out.new_token_ids and self.first_token_at is None:
                 self.first_token_at = time.monotonic()
-            text = asm.add(out.new_token_ids, out.finished)
+            try:
+                text = asm.add(out.new_token_ids, out.finished)
+            except Exception as e:  # this request's detokenisation or stop strings: it alone fails
+                log.exception("request %s: turning tokens into text failed", self.req_id)
+                self.client.abort(self.req_id)
+                raise GenerationError(500, f"turning the output into text failed: {type(e).__name__}") from None
             if asm.stopped:  # our stop string: the engine may stop too
                 self.client.abort(self.req_id, reason="stop")
             reason = None

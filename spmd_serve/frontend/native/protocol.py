@@ -9,13 +9,12 @@ straight back to the user.
 
 from __future__ import annotations
 
-import json
 import math
 import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from spmd_serve.frontend.common.parsing import Limits, ProtocolError, finite_number, is_int
+from spmd_serve.frontend.common.parsing import Limits, ProtocolError, check_in_vocab, finite_number, is_int, show
 from spmd_serve.sampling_params import SamplingParams
 
 
@@ -71,7 +70,7 @@ def _pick(body: dict[str, Any], name: str) -> tuple[str, Any]:
 
 
 def _bad(key: str, want: str, value: Any, req_id: str) -> ProtocolError:
-    return ProtocolError(400, f"{key} must be {want}, got {json.dumps(value)[:80]}", req_id)
+    return ProtocolError(400, f"{key} must be {want}, got {show(value)}", req_id)
 
 
 def parse_native_request(body: dict[str, Any]) -> NativeRequest:
@@ -153,14 +152,12 @@ def parse_native_request(body: dict[str, Any]) -> NativeRequest:
 
 
 def encode_prompt(req: NativeRequest, tokenizer: Any) -> list[int]:
-    """Prompt token ids: input_ids as given, text/messages through the tokenizer's template."""
+    """Prompt token ids: input_ids as given, text/messages through the tokenizer's template.
+    Every id the request names (input_ids, eos_token_ids) is checked against the vocabulary."""
+    vocab = getattr(tokenizer, "vocab_size", None)
+    check_in_vocab("eos_token_ids", list(req.eos_token_ids), vocab, req.req_id)
     if req.input_ids is not None:
-        vocab = getattr(tokenizer, "vocab_size", None)
-        if vocab is not None and max(req.input_ids) >= vocab:
-            # an id past the embedding table would fail inside every rank's graph
-            raise ProtocolError(
-                400, f"input_ids contains {max(req.input_ids)}, outside the vocabulary (size {vocab})", req.req_id
-            )
+        check_in_vocab("input_ids", req.input_ids, vocab, req.req_id)
         return list(req.input_ids)
     try:
         return list(tokenizer.encode_prompt(text=req.text, messages=req.messages, system=req.system))

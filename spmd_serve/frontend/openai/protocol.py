@@ -2,8 +2,9 @@
 `/v1/completions` and `/v1/chat/completions` bodies into prompts and `SamplingParams`.
 
 Values of 0 are honoured (temperature 0 and top_p 0 are greedy), nothing is silently replaced by
-a default, and every refusal is an `OpenAIError` naming the parameter, which the handler sends as
-`{"error": {"message", "type", "param", "code"}}`.  No tornado and no engine here.
+a default, no field is silently ignored (openai.fields: honoured, or refused by name unless it has
+its neutral value), and every refusal is an `OpenAIError` naming the parameter, which the handler
+sends as `{"error": {"message", "type", "param", "code"}}`.  No tornado and no engine here.
 """
 
 from __future__ import annotations
@@ -12,24 +13,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from spmd_serve.frontend.common.parsing import Limits, ProtocolError, finite_number, is_int
-from spmd_serve.sampling_params import MAX_LOGPROBS, SamplingParams
+from spmd_serve.frontend.common.parsing import Limits, ProtocolError, check_in_vocab, finite_number, is_int, show
+from spmd_serve.frontend.openai.fields import FieldError, check_fields
+from spmd_serve.sampling_params import FLOAT32_MAX, INT32_MAX, INT64_MAX, MAX_LOGPROBS, SamplingParams
 
 MAX_N = 16  # choices per request
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # what OpenAI and vLLM use when /v1/completions omits it
-# Parameters we know and do not implement: refused with 400 rather than ignored.
-UNSUPPORTED = (
-    "suffix",
-    "logit_bias",
-    "tools",
-    "functions",
-    "response_format",
-    "prompt_logprobs",
-    "tool_choice",
-    "function_call",
-    "audio",
-    "prediction",
-)
 
 
 class OpenAIError(ProtocolError):
@@ -82,22 +71,27 @@ _KIND_OK: dict[str, Callable[[Any], bool]] = {
 def _get(
     body: dict[str, Any], key: str, kind: str, default: Any, lo: float | None = None, hi: float | None = None
 ) -> Any:
-    """body[key] checked for type ("int" | "num" | "bool" | "str") and range; null = absent."""
+    """body[key] checked for type ("int" | "num" | "bool" | "str") and range; null = absent.
+    Numbers are bounded by what the engine holds them in even where the API sets no limit: an
+    int64 for integers, a float32 for the rest."""
     v = body.get(key)
     if v is None:
         return default
     ok = _KIND_OK[kind](v)
-    if ok and kind in ("int", "num"):
-        ok = (lo is None or v >= lo) and (hi is None or v <= hi)
+    if kind in ("int", "num"):
+        top = INT64_MAX if kind == "int" else FLOAT32_MAX
+        lo = -top - (kind == "int") if lo is None else lo
+        hi = top if hi is None else hi
+        ok = ok and lo <= v <= hi
     if not ok:
         want = {"int": "an integer", "num": "a number", "bool": "a boolean", "str": "a string"}
-        rng = (
-            ""
-            if lo is None and hi is None
-            else (f" >= {lo:g}" if hi is None else f" in [{lo:g}, {hi:g}]" if lo is not None else f" <= {hi:g}")
-        )
-        raise OpenAIError(400, f"{key} must be {want[kind]}{rng}, got {v!r:.80}", key)
+        rng = f" in [{_num(lo)}, {_num(hi)}]" if kind in ("int", "num") else ""
+        raise OpenAIError(400, f"{key} must be {want[kind]}{rng}, got {show(v)}", key)
     return float(v) if kind == "num" else v
+
+
+def _num(x: Any) -> str:
+    return str(x) if is_int(x) else f"{x:.7g}"
 
 
 def _stop(body: dict[str, Any]) -> tuple[str, ...]:
@@ -111,10 +105,7 @@ def _stop(body: dict[str, Any]) -> tuple[str, ...]:
     return tuple(s for s in stop if s)
 
 
-def _check_unsupported(body: dict[str, Any], n: int) -> None:
-    for key in UNSUPPORTED:
-        if body.get(key) not in (None, [], {}, "", "none", {"type": "text"}):
-            raise OpenAIError(400, f"{key} is not supported by this server", key)
+def _check_best_of(body: dict[str, Any], n: int) -> None:
     best_of = body.get("best_of")
     if best_of is not None and best_of != n:
         raise OpenAIError(400, "best_of is not supported (it must be absent or equal to n)", "best_of")
@@ -131,11 +122,12 @@ def _completion_prompts(body: dict[str, Any], tokenizer: Any) -> tuple[list[list
         p = [p]
     if not isinstance(p, list) or not p:
         raise bad
-    bos = [tokenizer.bos_token_id] if getattr(tokenizer, "bos_token_id", None) is not None else []
+    # raw text, no chat template; the tokenizer's own BOS/EOS unless add_special_tokens is false (vLLM)
+    special = _get(body, "add_special_tokens", "bool", True)
     ids_list, texts = [], []
     for item in p:
         if isinstance(item, str):
-            ids_list.append(bos + tokenizer.encode(item))  # raw text: no chat template
+            ids_list.append(tokenizer.encode(item, add_special_tokens=special))
             texts.append(item)
         elif isinstance(item, list) and item and all(is_int(t) and t >= 0 for t in item):
             _check_vocab([item], tokenizer)  # before decode(), which fails on such an id
@@ -157,6 +149,15 @@ def _chat_prompt(body: dict[str, Any], tokenizer: Any) -> tuple[list[list[int]],
     return [list(ids)], [""]
 
 
+def _truncated(body: dict[str, Any], prompts: list[list[int]], texts: list[str], tokenizer: Any) -> None:
+    """vLLM's truncate_prompt_tokens: keep each prompt's last k tokens (echo shows what is kept)."""
+    k = _get(body, "truncate_prompt_tokens", "int", None, 1)
+    for i, ids in enumerate(prompts):
+        if k is not None and len(ids) > k:
+            prompts[i] = ids[-k:]
+            texts[i] = tokenizer.decode(prompts[i]) if texts[i] else ""
+
+
 def _check_vocab(prompts: list[list[int]], tokenizer: Any) -> None:
     vocab = getattr(tokenizer, "vocab_size", None)
     for ids in prompts:
@@ -164,6 +165,20 @@ def _check_vocab(prompts: list[list[int]], tokenizer: Any) -> None:
             raise OpenAIError(400, "the prompt is empty", "prompt")
         if vocab is not None and max(ids) >= vocab:
             raise OpenAIError(400, f"token id {max(ids)} is outside the vocabulary (size {vocab})", "prompt")
+
+
+def _stop_token_ids(body: dict[str, Any], tokenizer: Any) -> tuple[int, ...]:
+    ids = body.get("stop_token_ids")
+    if ids is None:
+        return ()
+    if not isinstance(ids, list) or not all(is_int(i) and i >= 0 for i in ids):
+        msg = f"stop_token_ids must be a list of non-negative integers, got {show(ids)}"
+        raise OpenAIError(400, msg, "stop_token_ids")
+    try:
+        check_in_vocab("stop_token_ids", ids, getattr(tokenizer, "vocab_size", None))
+    except ProtocolError as e:
+        raise OpenAIError(400, e.msg, "stop_token_ids") from None
+    return tuple(ids)
 
 
 def _max_tokens(body: dict[str, Any], kind: str, prompt_len: int, limits: Limits) -> int:
@@ -175,9 +190,9 @@ def _max_tokens(body: dict[str, Any], kind: str, prompt_len: int, limits: Limits
     if prompt_len > limits.max_seq_len:
         raise OpenAIError(
             400,
-            f"This model's maximum input length is {limits.max_seq_len} "
-            f"tokens (MAX_SEQ_LEN). However, you requested {prompt_len} "
-            "tokens in the messages. Please reduce the length of the messages.",
+            f"This model's maximum context length is {limits.max_seq_len} tokens for the prompt "
+            f"(MAX_SEQ_LEN). However, you requested {prompt_len} tokens in the messages. "
+            "Please reduce the length of the messages.",
             "messages" if kind == "chat" else "prompt",
         )
     room = limits.model_max_len - prompt_len
@@ -216,17 +231,20 @@ def parse_openai(
         raise OpenAIError(400, "model must be a string", "model")
     if model not in model_names:
         raise OpenAIError(404, f"The model `{model}` does not exist. Served: {', '.join(model_names)}", "model")
+    try:
+        check_fields(body, kind)
+    except FieldError as e:
+        raise OpenAIError(400, e.msg, e.param) from None
     n = _get(body, "n", "int", 1, 1, MAX_N)
-    _check_unsupported(body, n)
+    _check_best_of(body, n)
     stream = _get(body, "stream", "bool", False)
     opts = body.get("stream_options")
     if opts is not None and (not stream or not isinstance(opts, dict)):
         raise OpenAIError(400, "stream_options must be an object and needs stream=true", "stream_options")
     include_usage = _get(opts or {}, "include_usage", "bool", False)
-    echo = _get(body, "echo", "bool", False)
-    if echo and kind == "chat":
-        raise OpenAIError(400, "echo is only supported by /v1/completions", "echo")
+    echo = _get(body, "echo", "bool", False)  # chat: refused by check_fields unless false
     prompts, texts = (_completion_prompts if kind == "completion" else _chat_prompt)(body, tokenizer)
+    _truncated(body, prompts, texts, tokenizer)
     _check_vocab(prompts, tokenizer)
     logprobs = _logprobs(body, kind)
     if echo and logprobs is not None:
@@ -235,7 +253,7 @@ def parse_openai(
     min_tokens = _get(body, "min_tokens", "int", 0, 0)
     if min_tokens > max_tokens:
         raise OpenAIError(400, f"min_tokens({min_tokens}) must not exceed max_tokens({max_tokens})", "min_tokens")
-    top_k = _get(body, "top_k", "int", 0, -1)
+    top_k = _get(body, "top_k", "int", 0, -1, INT32_MAX)
     seed = _get(body, "seed", "int", None)
     params = SamplingParams(
         max_tokens=max_tokens,
@@ -248,6 +266,8 @@ def parse_openai(
         frequency_penalty=_get(body, "frequency_penalty", "num", 0.0, -2, 2),
         presence_penalty=_get(body, "presence_penalty", "num", 0.0, -2, 2),
         stop_sequences=_stop(body),
+        stop_token_ids=_stop_token_ids(body, tokenizer),
+        include_stop_str_in_output=_get(body, "include_stop_str_in_output", "bool", False),
         ignore_eos=_get(body, "ignore_eos", "bool", False),
         logprobs=logprobs,
     )

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from spmd_serve.frontend.openai.protocol import MAX_N, UNSUPPORTED
+from spmd_serve.frontend.openai.fields import NEUTRAL
+from spmd_serve.frontend.openai.protocol import MAX_N
 from spmd_serve.frontend.server.settings import IOSettings
 from spmd_serve.sampling_params import MAX_LOGPROBS
 
@@ -101,13 +102,21 @@ def schemas(s: IOSettings) -> dict[str, Schema]:
         "top_k": _opt(_int(-1, description="-1 or 0: disabled")),
         "n": _opt(_int(1, MAX_N)), "best_of": _opt(_int(1, MAX_N, description="must equal n")),
         "stop": _opt(STRINGS), "stream": _opt(BOOL),
-        "stream_options": _opt(_obj([], {"include_usage": _opt(BOOL)},
-                                    description="only with stream: true")),
+        "stream_options": _opt(_obj([], {"include_usage": _opt(BOOL),
+                                         "continuous_usage_stats": {"enum": [False, None]}},
+                                    description="only with stream: true", additionalProperties=False)),
         "presence_penalty": _opt(_num(-2, 2)), "frequency_penalty": _opt(_num(-2, 2)),
         "repetition_penalty": _opt(_num(1e-6)), "seed": _opt(_int()),
-        "min_tokens": _opt(_int(0, dec)), "ignore_eos": _opt(BOOL), "user": _opt(STR)}
-    unsupported = ("Refused with 400 when given a non-empty value: " + ", ".join(UNSUPPORTED)
-                   + ". " + NULL_IS_ABSENT)
+        "min_tokens": _opt(_int(0, dec)), "ignore_eos": _opt(BOOL), "user": _opt(STR),
+        "stop_token_ids": _opt(_list(_int(0), description="ids below the vocabulary size")),
+        "include_stop_str_in_output": _opt(BOOL),
+        "truncate_prompt_tokens": _opt(_int(1, description="keep the prompt's last N tokens"))}
+
+    def neutral(kind: str) -> dict[str, Schema]:   # known fields, accepted only with these values
+        return {k: {"enum": [*v, None], "description": "not supported: only this value"}
+                for k, v in NEUTRAL[kind].items()}
+
+    unsupported = ("Any other field is refused with 400 naming it. " + NULL_IS_ABSENT)
     ids_prompt = _list(_int(0), minItems=1)
     top = _list(_obj(["token", "logprob", "bytes"],
                      {"token": STR, "logprob": _num(), "bytes": _list(_int(0, 255))}))
@@ -141,14 +150,15 @@ def schemas(s: IOSettings) -> dict[str, Schema]:
             description="Exactly one of text, messages, input_ids. The prompt must be at most "
                         f"MAX_SEQ_LEN ({lim.max_seq_len}) tokens. " + NULL_IS_ABSENT),
         "CompletionRequest": _obj(["model", "prompt"], {
-            **common, "prompt": {"anyOf": [STR, _list(STR, minItems=1), ids_prompt,
-                                           _list(ids_prompt, minItems=1)]},
-            "logprobs": _opt(_int(0, MAX_LOGPROBS)), "echo": _opt(BOOL)},
-            description=unsupported),
+            **common, **neutral("completion"),
+            "prompt": {"anyOf": [STR, _list(STR, minItems=1), ids_prompt, _list(ids_prompt, minItems=1)]},
+            "logprobs": _opt(_int(0, MAX_LOGPROBS)), "echo": _opt(BOOL),
+            "add_special_tokens": _opt(BOOL | {"description": "the tokenizer's own BOS/EOS (default true)"})},
+            description=unsupported, additionalProperties=False),
         "ChatCompletionRequest": _obj(["model", "messages"], {
-            **common, "messages": _list(message, minItems=1), "logprobs": _opt(BOOL),
+            **common, **neutral("chat"), "messages": _list(message, minItems=1), "logprobs": _opt(BOOL),
             "top_logprobs": _opt(_int(0, MAX_LOGPROBS, description="needs logprobs: true"))},
-            description=unsupported),
+            description=unsupported, additionalProperties=False),
         "Usage": usage,
         "Timings": _obj([], {k: _num(0) for k in ("time_to_first_token_s", "total_time_s",
                                                   "decode_time_s", "decode_tokens_per_s")}),

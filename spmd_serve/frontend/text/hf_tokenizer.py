@@ -123,6 +123,16 @@ class HFTokenizer:
         """Ids of `text` with no BOS/EOS/post-processing added (added tokens are matched)."""
         return self._tk.encode(text, add_special_tokens=False).ids
 
+    def with_special_tokens(self, ids: list[int]) -> list[int]:
+        """`ids` framed as tokenizer.json's post-processor frames one sequence (BOS / EOS ...),
+        found by encoding a probe text with and without it."""
+        plain = self._tk.encode("hello", add_special_tokens=False).ids
+        full = self._tk.encode("hello", add_special_tokens=True).ids
+        for at in range(len(full) - len(plain) + 1):
+            if plain and full[at : at + len(plain)] == plain:
+                return full[:at] + list(ids) + full[at + len(plain) :]
+        return full + list(ids)  # the probe vanished (never seen): take what was added as a prefix
+
     def decode(
         self, ids: list[int], skip_special_tokens: bool = True, clean_up_tokenization_spaces: bool = False
     ) -> str:

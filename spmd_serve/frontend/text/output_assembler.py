@@ -2,7 +2,9 @@
 
 Used by every protocol through `frontend.common.generation.Generation`.  Stop strings are checked
 on the detokenised text (CONTRACT.md §3: per request, never shared across the batch) and the stop
-text is trimmed.
+text is trimmed, unless the request keeps it (OpenAI's include_stop_str_in_output).  A request
+that ended on one of its `hidden_stop_ids` (OpenAI's stop_token_ids) leaves that token's text out
+in the same way (vLLM's rule); the ids themselves are all reported.
 """
 
 from __future__ import annotations
@@ -17,9 +19,17 @@ class OutputAssembler:
     become the start of a stop string, and text once sent cannot be taken back.
     """
 
-    def __init__(self, detokenizer: Any, stop_sequences: tuple[str, ...]) -> None:
+    def __init__(
+        self,
+        detokenizer: Any,
+        stop_sequences: tuple[str, ...],
+        include_stop: bool = False,
+        hidden_stop_ids: frozenset[int] = frozenset(),
+    ) -> None:
         self._detok = detokenizer
         self._stops = stop_sequences
+        self._include_stop = include_stop
+        self._hidden = hidden_stop_ids
         self._hold = max((len(s) for s in stop_sequences), default=1) - 1
         self.text = ""
         self.ids: list[int] = []
@@ -32,15 +42,18 @@ class OutputAssembler:
             return ""
         self.ids.extend(new_ids)
         checked = len(self.text)
+        if finished and new_ids and new_ids[-1] in self._hidden:  # the stop token ended it
+            new_ids = new_ids[:-1]
         self.text += self._detok.step(new_ids)
         if finished:
             self.text += self._detok.flush()
         if self._stops:
             # A stop string starting before checked - hold would already have been found.
             start = max(0, checked - self._hold)
-            hits = [i for i in (self.text.find(s, start) for s in self._stops) if i >= 0]
+            hits = [(i, -len(s)) for i, s in ((self.text.find(s, start), s) for s in self._stops) if i >= 0]
             if hits:
-                self.text = self.text[: min(hits)]
+                at, minus_len = min(hits)  # the first stop string, the longest of those there
+                self.text = self.text[: at - minus_len if self._include_stop else at]
                 self.stopped = True
         end = len(self.text)
         if not (finished or self.stopped):

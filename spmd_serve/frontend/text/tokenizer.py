@@ -7,6 +7,9 @@ the directory's HuggingFace tokenizer.json (`hf_tokenizer.HFTokenizer`), and add
 needs:
 
 * the model's EOS ids gathered from generation_config.json, config.json and the tokenizer;
+* the special tokens the tokenizer itself puts around a text (`encode(text, add_special_tokens=True)`:
+  its BOS / EOS as tokenizer_config.json's `add_bos_token` / `add_eos_token` say, as HF's
+  `tokenizer(text)`, vLLM's completions and llama.cpp do; never one the model's config did not ask for);
 * the chat template (`chat_template`: found and rendered as HuggingFace does, in a *sandboxed*
   Jinja environment because templates ship with possibly untrusted checkpoints);
 * request validation that raises ValueError with a readable message (the HTTP layer maps
@@ -78,15 +81,46 @@ def _added_token_splitter(tok: Any) -> re.Pattern[str] | None:
     return re.compile("(" + "|".join(re.escape(t) for t in sorted(added, key=len, reverse=True)) + ")")
 
 
+_PROBE = -(2**40)  # an id no tokenizer has: where the text's own ids go in the probe
+
+
+def _around_text(tok: Any, tok_cfg: dict[str, Any]) -> tuple[list[int], list[int]]:
+    """The ids a tokenizer puts before and after a text's own when asked to add special tokens:
+    PaddleNLP's `build_inputs_with_special_tokens` (which follows add_bos_token / add_eos_token),
+    tokenizer.json's post-processor; tokenizer_config.json's explicit add_bos_token /
+    add_eos_token win, as transformers rebuilds the post-processor from them."""
+    if isinstance(tok, HFTokenizer):
+        ids = tok.with_special_tokens([_PROBE])
+    else:
+        ids = [int(i) for i in tok.build_inputs_with_special_tokens([_PROBE])]
+    at = ids.index(_PROBE)
+    prefix, suffix = ids[:at], ids[at + 1 :]
+    edges = (("add_bos_token", tok.bos_token_id, prefix), ("add_eos_token", tok.eos_token_id, suffix))
+    for key, special, edge in edges:
+        flag = tok_cfg.get(key)
+        if isinstance(flag, bool) and special is not None:
+            edge[:] = [i for i in edge if i != special]
+            if flag:
+                edge.insert(0 if edge is prefix else len(edge), int(special))
+    return prefix, suffix
+
+
 class ServingTokenizer:
     """Tokenizer + chat template + EOS ids of one model directory."""
 
     def __init__(
-        self, tokenizer: Any, chat_template_source: str | None, eos_token_ids: list[int], bos_token_id: int | None
+        self,
+        tokenizer: Any,
+        chat_template_source: str | None,
+        eos_token_ids: list[int],
+        bos_token_id: int | None,
+        around_text: tuple[list[int], list[int]] | None = None,
     ) -> None:
         self._tok = tokenizer
         self.eos_token_ids = eos_token_ids
         self.bos_token_id = bos_token_id
+        # what encode(add_special_tokens=True) adds (from_model_dir passes tokenizer_config's say)
+        self._prefix, self._suffix = around_text if around_text is not None else _around_text(tokenizer, {})
         # Ids decode() drops (bos/eos/unk/pad); the detokenizer drops them the same way.
         self.special_token_ids: frozenset[int] = frozenset(int(i) for i in tokenizer.all_special_ids if i is not None)
         # Fast path for decode(): for a plain SentencePiece LlamaTokenizer (no added tokens),
@@ -139,7 +173,7 @@ class ServingTokenizer:
         ):
             eos += [i for i in _as_id_list(src) if i not in eos]
         bos = tok.bos_token_id
-        return cls(tok, template, eos, None if bos is None else int(bos))
+        return cls(tok, template, eos, None if bos is None else int(bos), _around_text(tok, tok_cfg))
 
     @property
     def has_chat_template(self) -> bool:
@@ -149,8 +183,11 @@ class ServingTokenizer:
     def vocab_size(self) -> int:
         return len(self._tok)
 
-    def encode(self, text: str) -> list[int]:
-        """Token ids of `text`, no BOS/EOS added (special-token strings in it are recognised)."""
+    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
+        """Token ids of `text` (special-token strings in it are recognised); with
+        `add_special_tokens`, inside the BOS / EOS the tokenizer's own settings add."""
+        if add_special_tokens:
+            return self._prefix + self.encode(text) + self._suffix
         if not isinstance(text, str):
             raise ValueError(f"text must be a string, got {type(text).__name__}")
         if self._hf is not None:
@@ -230,8 +267,9 @@ class ServingTokenizer:
         """Prompt ids for a request: exactly one of `text` (one user turn) or `messages`.
 
         With a chat template both go through it (it writes BOS).  Without one, `text` is
-        encoded with BOS prepended (and `system`, if any, prepended as plain text on its own
-        line); `messages` then have no defined rendering and are rejected.
+        encoded with the special tokens the tokenizer adds itself, as the original tool does
+        (and `system`, if any, prepended as plain text on its own line); `messages` then have no
+        defined rendering and are rejected.
         """
         if (text is None) == (messages is None):
             raise ValueError("exactly one of 'text' and 'messages' must be given")
@@ -246,8 +284,7 @@ class ServingTokenizer:
             if not isinstance(system, str):
                 raise ValueError(f"system must be a string, got {type(system).__name__}")
             text = f"{system}\n{text}"
-        bos = [self.bos_token_id] if self.bos_token_id is not None else []
-        return bos + self.encode(text)
+        return self.encode(text, add_special_tokens=True)
 
     def detokenizer(self, prompt_ids: list[int], continue_prompt: bool = False) -> IncrementalDetokenizer:
         """A fresh streaming decoder for one request's output ids (`continue_prompt`: the text

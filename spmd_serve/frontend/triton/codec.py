@@ -18,7 +18,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 from tritonclient.grpc import service_pb2 as pb
 
 from spmd_serve import __version__
-from spmd_serve.frontend.common.parsing import ProtocolError, reject_json_constant
+from spmd_serve.frontend.common.parsing import ProtocolError, decode_json
 
 MODEL_NAME, MODEL_VERSION = "model", "1"
 IN, OUT = "IN", "OUT"
@@ -89,11 +89,7 @@ def read_in(request: pb.ModelInferRequest) -> dict[str, Any]:
         items = list(tensor.contents.bytes_contents)
     if len(items) != 1:
         raise ProtocolError(400, f"input IN must hold exactly one element (shape [1]), got {len(items)}")
-    try:
-        # NaN/Infinity are refused as on the HTTP body
-        value = json.loads(items[0].decode("utf-8"), parse_constant=reject_json_constant)
-    except (UnicodeDecodeError, ValueError) as e:
-        raise ProtocolError(400, f"input IN is not valid JSON: {e}") from None
+    value = decode_json(items[0], "input IN")  # the HTTP body's rules: no NaN, depth, surrogates
     if isinstance(value, list) and len(value) == 1:
         value = value[0]
     if not isinstance(value, dict):

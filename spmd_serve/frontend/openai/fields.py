@@ -1,0 +1,101 @@
+"""Which fields an OpenAI request body may carry (CONTRACT.md §4: no field silently ignored but
+`user`), as tables: those the parser honours, per endpoint, and those known from OpenAI's API or
+vLLM's extras that this server does not implement, accepted only with their neutral value (the
+one that changes nothing, e.g. `min_p: 0`, `logit_bias: {}`) and otherwise refused by name.  A
+field in neither table is refused with OpenAI's own wording for an unknown argument.
+
+JSON null is the same as leaving a field out.  Pure data and one check; the parser
+(openai.protocol) reads the honoured fields' values.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from spmd_serve.frontend.common.parsing import ProtocolError, show
+
+_COMMON = frozenset(
+    {
+        "model", "max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k", "n", "best_of", "stop",
+        "stream", "stream_options", "presence_penalty", "frequency_penalty", "repetition_penalty", "seed",
+        "min_tokens", "ignore_eos", "user", "logprobs",
+        # vLLM's extras we honour
+        "stop_token_ids", "include_stop_str_in_output", "truncate_prompt_tokens",
+    }
+)  # fmt: skip
+HONOURED: dict[str, frozenset[str]] = {
+    "completion": _COMMON | {"prompt", "echo", "add_special_tokens"},
+    "chat": _COMMON | {"messages", "top_logprobs"},
+}
+STREAM_OPTIONS = {"include_usage": (), "continuous_usage_stats": (False,)}  # the same rule, inside stream_options
+
+# field -> its neutral values (JSON null always counts as absent)
+_NEUTRAL_COMMON: dict[str, tuple[Any, ...]] = {
+    # sampling (vLLM): not in this server's sampler
+    "min_p": (0,), "logit_bias": ({},), "allowed_token_ids": (), "bad_words": ([],), "prompt_logprobs": (),
+    "use_beam_search": (False,), "length_penalty": (1,), "logits_processors": ([],),
+    # detokenisation (vLLM): special tokens are always skipped
+    "skip_special_tokens": (True,), "spaces_between_special_tokens": (True,),
+    "return_tokens_as_token_ids": (False,),
+    # structured output, tools
+    "response_format": ({"type": "text"},), "guided_json": (), "guided_regex": (), "guided_choice": (),
+    "guided_grammar": (), "guided_decoding_backend": (), "guided_whitespace_pattern": (), "structural_tag": (),
+    "tools": ([],), "tool_choice": ("none",), "functions": ([],), "function_call": ("none",),
+    "parallel_tool_calls": (),
+    # serving (vLLM, OpenAI): no priorities, stored completions, salted caches, ...
+    "priority": (0,), "request_id": (), "cache_salt": (), "kv_transfer_params": (), "vllm_xargs": ({},),
+    "mm_processor_kwargs": ({},), "store": (False,), "metadata": ({},), "service_tier": ("auto", "default"),
+    "reasoning_effort": (), "modalities": (["text"],), "audio": (), "prediction": (), "web_search_options": (),
+}  # fmt: skip
+NEUTRAL: dict[str, dict[str, tuple[Any, ...]]] = {
+    "completion": {**_NEUTRAL_COMMON, "suffix": ("",)},
+    "chat": {
+        **_NEUTRAL_COMMON,
+        "echo": (False,),  # vLLM's chat echo (repeat the last message) is not built
+        "add_generation_prompt": (True,),
+        "continue_final_message": (False,),
+        "add_special_tokens": (False,),
+        "documents": (),
+        "chat_template": (),
+        "chat_template_kwargs": ({},),
+    },
+}
+
+
+class FieldError(ProtocolError):
+    """A refused field; `param` names it (the OpenAI error body's `param`)."""
+
+    def __init__(self, msg: str, param: str) -> None:
+        super().__init__(400, msg)
+        self.param = param
+
+
+def _same(value: Any, neutral: Any) -> bool:
+    """Equal as JSON values: true is not 1, 0.0 is 0."""
+    if isinstance(value, bool) or isinstance(neutral, bool):
+        return type(value) is type(neutral) and value == neutral
+    if isinstance(value, (int, float)) and isinstance(neutral, (int, float)):
+        return value == neutral
+    return type(value) is type(neutral) and bool(value == neutral)
+
+
+def _check(obj: dict[str, Any], honoured: frozenset[str], neutral: dict[str, tuple[Any, ...]], where: str) -> None:
+    for key, value in obj.items():
+        if value is None or key in honoured:
+            continue
+        if key not in neutral:
+            raise FieldError(f"Unrecognized request argument supplied: {where}{key}", where + key)
+        if not any(_same(value, n) for n in neutral[key]):
+            accepted = " or ".join(show(n) for n in neutral[key]) or "only null"
+            raise FieldError(
+                f"{where}{key}={show(value, 40)} is not supported by this server (accepted: {accepted})", where + key
+            )
+
+
+def check_fields(body: dict[str, Any], kind: str) -> None:
+    """Refuse, naming it, every field of a `kind` ("completion" | "chat") body that is neither
+    honoured nor given its neutral value; the same inside stream_options."""
+    _check(body, HONOURED[kind], NEUTRAL[kind], "")
+    opts = body.get("stream_options")
+    if isinstance(opts, dict):
+        _check(opts, frozenset(k for k, v in STREAM_OPTIONS.items() if not v), STREAM_OPTIONS, "stream_options.")
