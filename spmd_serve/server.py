@@ -137,6 +137,9 @@ def _run_rank0(cfg, comm, runner, fe: Frontend) -> None:
         max_waiting=cfg.max_cached_task_num,
         max_num_batched_tokens=cfg.max_num_batched_tokens,
         max_model_len=fe.max_model_len,
+        enable_prefix_caching=cfg.enable_prefix_caching,
+        # a block's K/V depend on the model and on how the pool stores them
+        cache_salt=f"{cfg.model_dir}|kv_int8={int(cfg.use_cache_kv_int8)}",
     )
     engine = Engine(
         sched,
@@ -172,7 +175,8 @@ def _run_rank0(cfg, comm, runner, fe: Frontend) -> None:
         engine.warm_up(fe.tokenizer.encode("Warm-up request: hello world.") or [fe.tokenizer.bos_token_id or 1])
     client.ready.set()
     log.info(
-        "ready: %d rank(s), model %s, HTTP %s:%s, gRPC %s:%s, health %s:%s, metrics %s:%s, %d KV blocks of %d tokens",
+        "ready: %d rank(s), model %s, HTTP %s:%s, gRPC %s:%s, health %s:%s, metrics %s:%s, %d KV blocks of %d tokens"
+        " (prefix caching %s)",
         comm.size,
         cfg.model_dir,
         cfg.host,
@@ -185,6 +189,7 @@ def _run_rank0(cfg, comm, runner, fe: Frontend) -> None:
         cfg.metrics_port,
         cfg.num_blocks(),
         cfg.block_size,
+        "on" if cfg.enable_prefix_caching else "off",
     )
     try:
         engine.run()

@@ -44,9 +44,12 @@ def generate(
     max_num_batched_tokens: int = 512,
     eos_token_ids: frozenset[int] = frozenset(),
     kv_int8: bool | None = None,
+    enable_prefix_caching: bool = False,
 ) -> dict[str, Any] | None:
     """Rank 0 returns {"tokens": [[...]], "logits": [array [n, V]], "stats": {...}}; others None.
-    `kv_int8`: int8 KV pool (None: the USE_CACHE_KV_INT8 environment variable)."""
+    `kv_int8`: int8 KV pool (None: the USE_CACHE_KV_INT8 environment variable).  Prefix caching is
+    off unless asked for: every prompt is admitted before the first step, so it would only matter
+    for prompts admitted late, and the parity tests compare full prefills."""
     from spmd_serve.config import env_setting
     from spmd_serve.dist.comm import Comm
     from spmd_serve.engine.client import EngineClient
@@ -79,6 +82,7 @@ def generate(
         max_waiting=len(prompts) + 1,
         max_num_batched_tokens=max_num_batched_tokens,
         max_model_len=int(cfg["max_position_embeddings"]),
+        enable_prefix_caching=enable_prefix_caching,
     )
     captured: dict[str, list[npt.NDArray[np.float32]]] = {str(i): [] for i in range(len(prompts))}
     sampler = _CapturingSampler(captured) if capture_logits else None

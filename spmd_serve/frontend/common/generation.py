@@ -38,6 +38,7 @@ class Delta:
     token_ids: list[int]  # the engine's new ids behind it
     logprobs: list[Any] = field(default_factory=list)  # one entry per id when asked for
     finish_reason: str | None = None  # set on the last delta: "stop" | "length"
+    num_cached_tokens: int = 0  # prompt tokens the engine found in its prefix cache
 
 
 class Generation:
@@ -59,6 +60,7 @@ class Generation:
             tokenizer.detokenizer(prompt, continue_prompt=continue_prompt), params.stop_sequences
         )
         self.first_token_at: float | None = None
+        self.num_cached_tokens = 0  # known from the first output on
         self._queue: asyncio.Queue[RequestOutput | None] | None = None
 
     def submit(self) -> Generation:
@@ -109,12 +111,13 @@ class Generation:
                 )
             if out.new_token_ids and self.first_token_at is None:
                 self.first_token_at = time.monotonic()
+                self.num_cached_tokens = out.num_cached_tokens
             text = asm.add(out.new_token_ids, out.finished)
             if asm.stopped:  # our stop string: the engine may stop too
                 self.client.abort(self.req_id, reason="stop")
             reason = None
             if out.finished or asm.stopped:
                 reason = "stop" if asm.stopped else (out.finish_reason or "stop")
-            yield Delta(text, list(out.new_token_ids), list(out.logprobs or []), reason)
+            yield Delta(text, list(out.new_token_ids), list(out.logprobs or []), reason, self.num_cached_tokens)
             if reason is not None:
                 return
