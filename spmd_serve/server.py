@@ -101,7 +101,7 @@ def _load(cfg, comm):
     from spmd_serve.worker.model_runner import ModelRunner, read_rank_manifest
 
     if cfg.model_dir is None:  # CONTRACT §2: the built-in demo model, made on first use
-        demo = node_local_first(comm, lambda: str(ensure_demo_model("tiny", tp=cfg.mp_num)))
+        demo = node_local_first(comm, lambda: str(ensure_demo_model(tp=cfg.mp_num)))
         cfg = dataclasses.replace(cfg, model_dir=demo)
     check_supported(cfg)
     model_config = check_model_dir(cfg, comm.size)

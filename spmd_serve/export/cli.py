@@ -1,7 +1,7 @@
 """`spmd_serve export`: a HuggingFace or PaddleNLP Llama/Qwen2 checkpoint → the served model directory.
 
-`--demo tiny|small` first writes a deterministic checkpoint (weights + trained SentencePiece
-tokenizer, export/demo/) so everything works offline.
+`--demo chat|tiny|small` first writes a demo checkpoint (export/demo/: the trained chat model, or
+deterministic random weights, with a trained SentencePiece tokenizer) so everything works offline.
 """
 
 from __future__ import annotations
@@ -24,7 +24,9 @@ def build_parser() -> argparse.ArgumentParser:
     src.add_argument(
         "--checkpoint", type=Path, help=f"HuggingFace or PaddleNLP checkpoint directory ({', '.join(SUPPORTED_ARCHS)})"
     )
-    src.add_argument("--demo", choices=("tiny", "small"), help="write and export a built-in demo model")
+    src.add_argument(
+        "--demo", choices=("chat", "tiny", "small"), help="write and export a built-in demo model (chat: trained)"
+    )
     ap.add_argument("--out", type=Path, required=True, help="served model directory to write")
     ap.add_argument("--tp", type=int, default=1, help="tensor-parallel degree (one rank_<i>/ per rank)")
     ap.add_argument(

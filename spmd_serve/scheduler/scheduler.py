@@ -184,10 +184,11 @@ class Scheduler:
             cached = bm.match_prefix(request)  # waiting requests own no blocks and computed nothing
             computed = len(cached) * cfg.block_size
             n = min(request.num_tokens - computed, budget)
-            new_blocks = bm.blocks_for(computed + n) - len(cached) + bm.num_reclaimed(cached)
+            # blocks this admission turns from free to used: new ones and free cached ones it hits
+            taken = bm.blocks_for(computed + n) - len(cached) + bm.num_reclaimed(cached)
             # Watermark leaves room for running sequences to grow; waived when nothing runs so
             # a small block_ratio can never stall the server.
-            if self.running and bm.num_used_blocks + new_blocks > limit:
+            if self.running and bm.num_used_blocks + taken > limit:
                 break
             if not bm.allocate(request, computed + n, cached):
                 break  # strict FCFS: never let a smaller request overtake the head
