@@ -101,7 +101,7 @@ def _load(cfg, comm):
     from spmd_serve.worker.model_runner import ModelRunner, read_rank_manifest
 
     if cfg.model_dir is None:  # CONTRACT §2: the built-in demo model, made on first use
-        demo = node_local_first(comm, lambda: str(ensure_demo_model("tiny", tp=cfg.mp_num)))
+        demo = node_local_first(comm, lambda: str(ensure_demo_model(tp=cfg.mp_num)))
         cfg = dataclasses.replace(cfg, model_dir=demo)
     check_supported(cfg)
     model_config = check_model_dir(cfg, comm.size)
@@ -137,6 +137,9 @@ def _run_rank0(cfg, comm, runner, fe: Frontend) -> None:
         max_waiting=cfg.max_cached_task_num,
         max_num_batched_tokens=cfg.max_num_batched_tokens,
         max_model_len=fe.max_model_len,
+        enable_prefix_caching=cfg.enable_prefix_caching,
+        # a block's K/V depend on the model and on how the pool stores them
+        cache_salt=f"{cfg.model_dir}|kv_int8={int(cfg.use_cache_kv_int8)}",
     )
     engine = Engine(
         sched,
@@ -173,7 +176,7 @@ def _run_rank0(cfg, comm, runner, fe: Frontend) -> None:
     client.ready.set()
     log.info(
         "ready: %d rank(s), model %s, HTTP %s:%s, gRPC %s:%s, health %s:%s, metrics %s:%s, %d KV blocks of %d tokens"
-        ", %d KV bytes per token on each rank (%s cache)",
+        ", %d KV bytes per token on each rank (%s cache), prefix caching %s",
         comm.size,
         cfg.model_dir,
         cfg.host,
@@ -188,6 +191,7 @@ def _run_rank0(cfg, comm, runner, fe: Frontend) -> None:
         cfg.block_size,
         runner.pool.layout.bytes_per_token(runner.pool.int8),
         runner.pool.layout.kind,
+        "on" if cfg.enable_prefix_caching else "off",
     )
     try:
         engine.run()

@@ -16,7 +16,9 @@ moment the IO thread handed the request to the EngineClient):
   blocks, `available_resource` = free / total blocks.
 * at a request's first scheduling (`on_schedule`; a recompute after preemption is not a first):
   `prompt_tokens_total` += its prompt length, `request_queue_time_seconds` observes now − arrival.
-  Every non-empty schedule adds its preemptions to `num_preemptions_total`.
+  Every non-empty schedule adds its preemptions to `num_preemptions_total`, and (prefix caching
+  on) at every admission, a re-admission after preemption included, `prefix_cache_queries_total`
+  += the request's tokens and `prefix_cache_hits_total` += those found cached (vLLM's definitions).
 * per sampled token (`on_update`): `generation_tokens_total` += 1; the request's first token
   observes `time_to_first_token_seconds` (now − arrival), each later one
   `inter_token_latency_seconds` (now − its previous token).  A request finished by the engine
@@ -163,6 +165,8 @@ class EngineMetrics:
         self.preemptions = Counter(
             p + "num_preemptions", "Cumulative number of preemption from the engine.", registry=r
         )
+        self.prefix_queries = Counter(p + "prefix_cache_queries", "Prefix cache queries, in tokens.", registry=r)
+        self.prefix_hits = Counter(p + "prefix_cache_hits", "Prefix cache hits, in tokens.", registry=r)
         self.steps = Counter(p + "engine_steps", "Engine steps executed (model runs on every rank).", registry=r)
         moe = Counter(p + "moe_expert_tokens", "Tokens routed to each MoE expert.", ["layer", "expert"], registry=r)
         self.stat_counters = {"moe_expert_tokens": moe}  # Runner.take_stats names → counters (layer, index)
@@ -249,6 +253,8 @@ class EngineMetrics:
             return
         now = self._clock()
         self.preemptions.inc(len(out.preempted))
+        self.prefix_queries.inc(out.prefix_queries)
+        self.prefix_hits.inc(out.prefix_hits)
         for seq in out.seqs:
             req = seq.request
             if req.req_id not in self._live:  # first scheduling; a preempted one is still live

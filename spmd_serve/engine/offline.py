@@ -10,7 +10,8 @@ from __future__ import annotations
 import json
 import sys
 import time
-from typing import Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import numpy.typing as npt
@@ -18,6 +19,11 @@ import numpy.typing as npt
 from spmd_serve.engine.sampler import Sampler
 from spmd_serve.sampling_params import SamplingParams
 from spmd_serve.scheduler.request import Request
+
+if TYPE_CHECKING:
+    from spmd_serve.dist.comm import Comm
+    from spmd_serve.engine.engine import Engine
+    from spmd_serve.worker.model_runner import ModelRunner
 
 
 class _CapturingSampler(Sampler):
@@ -31,28 +37,33 @@ class _CapturingSampler(Sampler):
             self.captured[req.req_id].append(row.copy())
 
 
-def generate(
-    model_dir: str,
-    prompts: list[list[int]],
-    params: SamplingParams,
-    *,
-    capture_logits: bool = False,
-    num_blocks: int = 256,
-    block_size: int = 16,
-    max_num_seqs: int = 64,
-    block_ratio: float = 1.0,
-    max_num_batched_tokens: int = 512,
-    eos_token_ids: frozenset[int] = frozenset(),
-    kv_int8: bool | None = None,
-) -> dict[str, Any] | None:
-    """Rank 0 returns {"tokens": [[...]], "logits": [array [n, V]], "stats": {...}}; others None.
-    `kv_int8`: int8 KV pool (None: the USE_CACHE_KV_INT8 environment variable)."""
+@dataclass
+class EngineSettings:
+    """The scheduler and pool settings of an offline engine (the server's come from ServeConfig)."""
+
+    num_blocks: int = 256
+    block_size: int = 16
+    max_num_seqs: int = 64
+    block_ratio: float = 1.0
+    max_num_batched_tokens: int = 512
+    eos_token_ids: frozenset[int] = frozenset()
+    kv_int8: bool | None = None  # int8 KV pool (None: the USE_CACHE_KV_INT8 environment variable)
+    # Off unless asked for: `generate` admits every prompt before the first step, so it would only
+    # matter for prompts admitted late, and the parity tests compare full prefills.
+    enable_prefix_caching: bool = False
+
+    @property
+    def use_kv_int8(self) -> bool:
+        from spmd_serve.config import env_setting
+
+        return bool(env_setting("use_cache_kv_int8")) if self.kv_int8 is None else self.kv_int8
+
+
+def open_ranks(model_dir: str, s: EngineSettings) -> tuple[Comm, ModelRunner]:
+    """Every rank: its shard loaded and the start barrier passed.  Ranks 1..N-1 then call
+    `worker_loop`; rank 0 builds engines (`make_engine`) and sends SHUTDOWN when done."""
     from spmd_serve.config import env_setting
     from spmd_serve.dist.comm import Comm
-    from spmd_serve.engine.client import EngineClient
-    from spmd_serve.engine.engine import Engine, worker_loop
-    from spmd_serve.protocol import StepPlan
-    from spmd_serve.scheduler.scheduler import SchedulerConfig
     from spmd_serve.worker.model_runner import ModelRunner
 
     comm = Comm()
@@ -60,30 +71,57 @@ def generate(
         model_dir,
         comm.rank,
         comm,
-        num_blocks,
-        block_size,
-        kv_int8=env_setting("use_cache_kv_int8") if kv_int8 is None else kv_int8,
+        s.num_blocks,
+        s.block_size,
+        kv_int8=s.use_kv_int8,
         onednn=env_setting("onednn_min_tokens"),
         malloc_tuning=env_setting("malloc_tuning"),
     )
     comm.barrier()
+    return comm, runner
+
+
+def make_engine(
+    comm: Comm, runner: ModelRunner, model_dir: str, s: EngineSettings, capacity: int, sampler: Sampler | None = None
+) -> Engine:
+    """Rank 0: an engine over ranks opened by `open_ranks` (several may run one after the other;
+    they share the pool, each with its own block accounting)."""
+    from spmd_serve.engine.client import EngineClient
+    from spmd_serve.engine.engine import Engine
+    from spmd_serve.scheduler.scheduler import SchedulerConfig
+
+    cfg = json.loads(open(f"{model_dir}/config.json").read())
+    sched = SchedulerConfig(
+        max_num_seqs=s.max_num_seqs,
+        num_blocks=s.num_blocks,
+        block_size=s.block_size,
+        block_ratio=s.block_ratio,
+        max_waiting=capacity + 1,
+        max_num_batched_tokens=s.max_num_batched_tokens,
+        max_model_len=int(cfg["max_position_embeddings"]),
+        enable_prefix_caching=s.enable_prefix_caching,
+        cache_salt=f"{model_dir}|kv_int8={int(s.use_kv_int8)}",
+    )
+    return Engine(sched, comm, runner, EngineClient(capacity=capacity), s.eos_token_ids, sampler=sampler)
+
+
+def generate(
+    model_dir: str, prompts: list[list[int]], params: SamplingParams, *, capture_logits: bool = False, **settings: Any
+) -> dict[str, Any] | None:
+    """Rank 0 returns {"tokens": [[...]], "logits": [array [n, V]], "stats": {...}}; others None.
+    `settings`: the fields of `EngineSettings`."""
+    from spmd_serve.engine.engine import worker_loop
+    from spmd_serve.protocol import StepPlan
+
+    s = EngineSettings(**settings)
+    comm, runner = open_ranks(model_dir, s)
     if comm.rank != 0:
         worker_loop(comm, runner)
         return None
-    cfg = json.loads(open(f"{model_dir}/config.json").read())
-    sched = SchedulerConfig(
-        max_num_seqs=max_num_seqs,
-        num_blocks=num_blocks,
-        block_size=block_size,
-        block_ratio=block_ratio,
-        max_waiting=len(prompts) + 1,
-        max_num_batched_tokens=max_num_batched_tokens,
-        max_model_len=int(cfg["max_position_embeddings"]),
-    )
     captured: dict[str, list[npt.NDArray[np.float32]]] = {str(i): [] for i in range(len(prompts))}
     sampler = _CapturingSampler(captured) if capture_logits else None
-    engine = Engine(sched, comm, runner, EngineClient(capacity=len(prompts)), eos_token_ids, sampler=sampler)
-    reqs = [Request(str(i), list(p), params, eos_token_ids=eos_token_ids) for i, p in enumerate(prompts)]
+    engine = make_engine(comm, runner, model_dir, s, len(prompts), sampler)
+    reqs = [Request(str(i), list(p), params, eos_token_ids=s.eos_token_ids) for i, p in enumerate(prompts)]
     for r in reqs:  # all admitted before the first step, so they are batched together
         engine.scheduler.add_request(r)
     t0 = time.perf_counter()
@@ -98,6 +136,28 @@ def generate(
         "elapsed_s": elapsed,
         "stats": engine.stats.as_dict(),
     }
+
+
+def run_chats(
+    engine: Engine, system: list[int], turns: list[list[list[int]]], params: SamplingParams
+) -> list[list[Request]]:
+    """Multi-turn chats that share a system prompt: round k submits every chat's turn k — its whole
+    history (the system prompt, the earlier user turns and answers) plus `turns[chat][k]` — and
+    steps the engine until all are answered, as chat clients do.  Returns the requests by round."""
+    histories = [list(system) for _ in turns]
+    rounds: list[list[Request]] = []
+    for k in range(len(turns[0])):
+        reqs = []
+        for c, chat in enumerate(turns):
+            histories[c] += chat[k]
+            reqs.append(Request(f"chat{c}-turn{k}", histories[c], params, eos_token_ids=engine.eos))
+            engine.scheduler.add_request(reqs[-1])
+        while engine.scheduler.has_unfinished():
+            engine.step()
+        for c, r in enumerate(reqs):
+            histories[c] += r.output_token_ids
+        rounds.append(reqs)
+    return rounds
 
 
 def main(argv: list[str]) -> int:

@@ -32,6 +32,9 @@ class _Stepped(Protocol):
     @property
     def is_finished(self) -> bool: ...
 
+    @property
+    def num_cached_tokens(self) -> int | None: ...
+
 
 @dataclass
 class RequestOutput:
@@ -42,6 +45,7 @@ class RequestOutput:
     error_code: int = 0  # HTTP-like status when the engine failed the request
     error_msg: str = ""
     num_prompt_tokens: int = 0
+    num_cached_tokens: int = 0  # prompt tokens whose K/V came from the prefix cache
     # One entry per new token when the request asked for logprobs: (chosen logprob, top n).
     logprobs: list[TokenLogprobs] | None = None
 
@@ -54,6 +58,7 @@ class RequestOutput:
             req.is_finished,
             req.finish_reason,
             num_prompt_tokens=req.num_prompt_tokens,
+            num_cached_tokens=req.num_cached_tokens or 0,
             logprobs=None if logprobs is None else [logprobs],
         )
 

@@ -3,8 +3,8 @@
 It also converts the original tool's static inference models (what `download_model` fetches; Llama
 and Qwen2), keeping their weight-only quantisation unless `--quant` says otherwise.
 
-`--demo tiny|small|deepseek-tiny` first writes a deterministic checkpoint (weights + trained SentencePiece
-tokenizer, export/demo/) so everything works offline.
+`--demo chat|tiny|small|deepseek-tiny` first writes a demo checkpoint (export/demo/: the trained chat
+model, or deterministic random weights, with a trained SentencePiece tokenizer) so everything works offline.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="HuggingFace or PaddleNLP checkpoint directory, or the original tool's static inference model "
         f"({', '.join(SUPPORTED_ARCHS)})",
     )
-    src.add_argument("--demo", choices=DEMO_PRESETS, help="write and export a built-in demo model")
+    src.add_argument("--demo", choices=DEMO_PRESETS, help="write and export a built-in demo model (chat: trained)")
     ap.add_argument("--out", type=Path, required=True, help="served model directory to write")
     ap.add_argument("--tp", type=int, default=1, help="tensor-parallel degree (one rank_<i>/ per rank)")
     ap.add_argument(

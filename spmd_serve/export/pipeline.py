@@ -181,7 +181,10 @@ def export_checkpoint(
     return out
 
 
-def ensure_demo_model(preset: str = "tiny", tp: int = 1, root: Path | None = None) -> Path:
+DEMO_PRESET = "chat"  # the trained demo model (export/demo/train.py): it answers in English
+
+
+def ensure_demo_model(preset: str = DEMO_PRESET, tp: int = 1, root: Path | None = None) -> Path:
     """The built-in demo model, exported once under ~/.cache/spmd_serve/ (CONTRACT §2 MODEL_DIR); the
     directory is named with the export format, so versions that write different ones do not share it."""
     root = root or Path(os.environ.get("SPMD_SERVE_CACHE", Path.home() / ".cache" / "spmd_serve"))

@@ -65,6 +65,13 @@ class Request:
         self.output_token_ids: list[int] = []
         self.num_computed_tokens = 0
         self.block_ids: list[int] = []
+        # Prefix caching (owned by the BlockManager): the chained hashes of the leading full blocks
+        # of all_token_ids computed so far (tokens only ever append, so they stay valid across
+        # preemption), and how many leading block_ids are already offered to the cache.
+        self.block_hashes: list[bytes] = []
+        self.num_committed_blocks = 0
+        # Prompt tokens whose K/V came from the prefix cache at the first admission (None before it).
+        self.num_cached_tokens: int | None = None
         self.status = RequestStatus.WAITING
         self.finish_reason: str | None = None
         self.num_preemptions = 0

@@ -5,6 +5,11 @@ This module owns `SchedulerConfig`, `ScheduledSeq`, `SchedulerOutput`, `Schedule
 each step hands it `num_tokens - num_computed_tokens` more tokens (capped by a per-step budget).
 That single rule covers prefill, chunked prefill, decode (one token: the last sampled one) and
 recompute after preemption, so there is no separate prefill/decode phase to keep in sync.
+
+Prefix caching (`enable_prefix_caching`): a request's admission starts after the longest prefix
+whose full blocks are cached (its own, after a preemption, or another request's); the rest is the
+same rule.  For the admission watermark (`BLOCK_RATIO`) a cached block nobody uses counts as free
+(the pool can take it back at any time), and taking one on a hit counts as using a new block.
 """
 
 from __future__ import annotations
@@ -29,6 +34,8 @@ class SchedulerConfig:
     max_waiting: int  # MAX_CACHED_TASK_NUM: waiting-queue capacity
     max_num_batched_tokens: int  # tokens fed to the model per step; prefill is chunked to fit
     max_model_len: int  # prompt + generated tokens never exceed this
+    enable_prefix_caching: bool = False  # ENABLE_PREFIX_CACHING: share full blocks of equal prefixes
+    cache_salt: str = ""  # what else decides a block's K/V (model, KV format): part of every block hash
 
     def __post_init__(self) -> None:
         for name in (
@@ -62,6 +69,9 @@ class ScheduledSeq:
 class SchedulerOutput:
     seqs: list[ScheduledSeq] = field(default_factory=list)
     preempted: list[Request] = field(default_factory=list)  # evicted this step; caches are stale
+    # Prefix caching, over this step's admissions: tokens looked up and tokens found cached.
+    prefix_queries: int = 0
+    prefix_hits: int = 0
 
     @property
     def is_empty(self) -> bool:
@@ -75,7 +85,9 @@ class SchedulerOutput:
 class Scheduler:
     def __init__(self, config: SchedulerConfig) -> None:
         self.config = config
-        self.block_manager = BlockManager(config.num_blocks, config.block_size)
+        self.block_manager = BlockManager(
+            config.num_blocks, config.block_size, config.enable_prefix_caching, config.cache_salt
+        )
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []  # admission order: the tail is preempted first
         self._live: dict[str, Request] = {}  # req_id -> unfinished request, for abort and dedup
@@ -169,15 +181,24 @@ class Scheduler:
         limit = cfg.block_ratio * cfg.num_blocks
         while not out.preempted and self.waiting and budget > 0 and len(self.running) < cfg.max_num_seqs:
             request = self.waiting[0]
-            n = min(request.num_tokens - request.num_computed_tokens, budget)
-            new_blocks = bm.blocks_for(request.num_computed_tokens + n) - len(request.block_ids)
+            cached = bm.match_prefix(request)  # waiting requests own no blocks and computed nothing
+            computed = len(cached) * cfg.block_size
+            n = min(request.num_tokens - computed, budget)
+            # blocks this admission turns from free to used: new ones and free cached ones it hits
+            taken = bm.blocks_for(computed + n) - len(cached) + bm.num_reclaimed(cached)
             # Watermark leaves room for running sequences to grow; waived when nothing runs so
             # a small block_ratio can never stall the server.
-            if self.running and bm.num_used_blocks + new_blocks > limit:
+            if self.running and bm.num_used_blocks + taken > limit:
                 break
-            if not bm.allocate(request, request.num_computed_tokens + n):
+            if not bm.allocate(request, computed + n, cached):
                 break  # strict FCFS: never let a smaller request overtake the head
             self.waiting.popleft()
+            request.num_computed_tokens = computed
+            if request.num_cached_tokens is None:  # the first admission's hit is what usage reports
+                request.num_cached_tokens = computed
+            if bm.cache is not None:
+                out.prefix_queries += request.num_tokens
+                out.prefix_hits += computed
             request.status = RequestStatus.RUNNING
             self.running.append(request)
             out.seqs.append(self._seq(request, n))
@@ -198,6 +219,7 @@ class Scheduler:
             if request.is_finished:
                 continue  # aborted between schedule() and update(); its blocks are already gone
             request.num_computed_tokens += seq.num_new_tokens
+            self.block_manager.commit(request)  # its blocks completed this step become shareable
             if not seq.samples:
                 continue
             if request.req_id not in sampled:

@@ -45,7 +45,23 @@ def test_non_streaming_with_usage_and_system(srv):
     assert body["result"] == body["tokens_all"] == echo(prompt, 10)
     assert body["tokens_all_num"] == 10 and body["finish_reason"] == "length"
     assert body["error_code"] == 0 and body["error_msg"] == "" and body["req_id"]
-    assert body["usage"] == {"prompt_tokens": len(prompt), "completion_tokens": 10, "total_tokens": len(prompt) + 10}
+    assert body["usage"] == {
+        "prompt_tokens": len(prompt),
+        "completion_tokens": 10,
+        "total_tokens": len(prompt) + 10,
+        "cached_tokens": 0,
+    }
+
+
+def test_usage_reports_the_cached_prompt_tokens_of_a_repeated_prefix(srv):
+    """The fake engine caches like the real one (tests/support/fakes.py); the number reaches usage."""
+    srv.engine.prefix_cache = True
+    body = {"text": "a shared system prompt, then a question", "max_dec_len": 3, "return_usage": True}
+    first = requests.post(srv.url, json=body, timeout=10).json()
+    again = stream_lines(srv.url, dict(body, stream=True))[-1]
+    prompt = TOK.encode_prompt(text=body["text"])
+    assert first["usage"]["cached_tokens"] == 0
+    assert again["usage"]["cached_tokens"] == (len(prompt) - 1) // 4 * 4 > 0
 
 
 def test_input_ids_eos_and_min_dec_len(srv):

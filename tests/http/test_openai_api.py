@@ -31,6 +31,18 @@ def test_completion_text_and_usage(srv):
     assert r.choices[0].finish_reason == "length" and r.object == "text_completion"
 
 
+def test_usage_reports_cached_prompt_tokens_once_per_prompt(srv):
+    srv.engine.prefix_cache = True  # the fake engine caches like the real one (tests/support/fakes.py)
+    c = openai.OpenAI(base_url=srv.base + "/v1", api_key="k", max_retries=0)
+    prompt = "the same long prefix, twice over"
+    first = c.completions.create(model="default", prompt=prompt, max_tokens=2)
+    again = c.completions.create(model="default", prompt=[prompt, prompt + " and more"], max_tokens=2, n=2)
+    n_ids = 1 + len(TOK.encode(prompt))
+    assert first.usage.prompt_tokens_details.cached_tokens == 0
+    # each prompt counts once whatever n: (n_ids - 1) rounded to the fake's blocks of 4, then n_ids rounded
+    assert again.usage.prompt_tokens_details.cached_tokens == (n_ids - 1) // 4 * 4 + n_ids // 4 * 4
+
+
 def test_sse_framing_ends_with_done_and_finish_reason_only_last(srv):
     res = requests.post(
         srv.base + "/v1/completions",

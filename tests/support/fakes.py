@@ -11,6 +11,7 @@ FakeComm and FakeRunner stand in for the other ranks under the real Engine loop.
 from __future__ import annotations
 
 import json
+import os
 import threading
 import time
 from dataclasses import dataclass, field
@@ -112,6 +113,17 @@ class FakeRunner:
 class _Seq:
     cmd: AddCommand
     out: list[int] = field(default_factory=list)
+    cached: int = 0  # prompt tokens "found" in the fake prefix cache
+
+
+FAKE_CACHE_BLOCK = 4
+
+
+def fake_cached_tokens(prompt: list[int], earlier: list[list[int]]) -> int:
+    """The real engine's rule on whole earlier prompts: the longest common prefix, in full blocks of
+    FAKE_CACHE_BLOCK, never the last token."""
+    common = max((len(os.path.commonprefix([prompt, e])) for e in earlier), default=0)
+    return min(common, len(prompt) - 1) // FAKE_CACHE_BLOCK * FAKE_CACHE_BLOCK
 
 
 class FakeEngine:
@@ -123,6 +135,7 @@ class FakeEngine:
         self.aborted: list[str] = []
         self.added: list[AddCommand] = []
         self.fail_after: dict[str, int] = {}  # req_id -> fail with error after this many tokens
+        self.prefix_cache = False  # report cached prompt tokens as the real engine would
         self.paused = threading.Event()  # no steps and no heartbeat while set
         self._stop = threading.Event()
         self._running: dict[str, _Seq] = {}
@@ -162,8 +175,10 @@ class FakeEngine:
                     self.aborted.append(cmd.req_id)
                     self._running.pop(cmd.req_id, None)
                 else:
+                    earlier = [c.prompt_token_ids for c in self.added] if self.prefix_cache else []
+                    cached = fake_cached_tokens(cmd.prompt_token_ids, earlier)
                     self.added.append(cmd)
-                    self._running[cmd.req_id] = _Seq(cmd)
+                    self._running[cmd.req_id] = _Seq(cmd, cached=cached)
             self.client.busy_since = time.monotonic()
             outputs = [self._step(seq) for seq in list(self._running.values())]
             self.client.busy_since = None
@@ -188,7 +203,13 @@ class FakeEngine:
         # fake logprobs: the chosen token at -0.5, then ids counting down from it
         lps = None if params.logprobs is None else [(-0.5, [(tok - k, -0.5 - k) for k in range(params.logprobs)])]
         return RequestOutput(
-            rid, [tok], reason is not None, reason, num_prompt_tokens=len(seq.cmd.prompt_token_ids), logprobs=lps
+            rid,
+            [tok],
+            reason is not None,
+            reason,
+            num_prompt_tokens=len(seq.cmd.prompt_token_ids),
+            num_cached_tokens=seq.cached,
+            logprobs=lps,
         )
 
 

@@ -111,6 +111,15 @@ def reference_logits(model: LlamaForCausalLM, prompt: list[int], generated: list
     return logits[0, len(prompt) - 1 :].numpy()
 
 
+@paddle.no_grad()
+def token_nll(model: LlamaForCausalLM, ids: list[int]) -> np.ndarray:
+    """Negative log-likelihood of each of ids[1:] given the ones before it, one forward pass: [n-1]."""
+    logits = model(input_ids=paddle.to_tensor([ids], dtype="int64"), use_cache=False, return_dict=True).logits[0]
+    x = logits.numpy()[:-1].astype(np.float64)
+    lse = x.max(1) + np.log(np.exp(x - x.max(1, keepdims=True)).sum(1))
+    return lse - x[np.arange(len(ids) - 1), ids[1:]]
+
+
 def reference_greedy(
     model: LlamaForCausalLM, prompt_ids: list[int], max_new_tokens: int
 ) -> tuple[list[int], np.ndarray]:

@@ -53,9 +53,18 @@ def reference(req: Request, max_model_len: int, fn: TokenFn = default_fn) -> tup
 
 
 class FakeModel:
+    """Writes what each slot's K/V stand for and checks every read.  Without prefix caching a slot
+    holds (req_id, position, token): a block handed to two requests shows up.  With it, blocks are
+    shared on purpose, so a slot holds the whole token prefix up to its position (what real K/V
+    depend on): a cached block matched by any other prefix shows up."""
+
     def __init__(self, sched: Scheduler, fn: TokenFn = default_fn) -> None:
         self.sched, self.fn = sched, fn
-        self.kv: dict[int, tuple[str, int, int]] = {}
+        self.kv: dict[int, tuple] = {}
+        self.shared = sched.config.enable_prefix_caching
+
+    def _content(self, r: Request, p: int, toks: list[int]) -> tuple:
+        return tuple(toks[: p + 1]) if self.shared else (r.req_id, p, toks[p])
 
     def step(self, out: SchedulerOutput) -> dict[str, int]:
         bm, cfg = self.sched.block_manager, self.sched.config
@@ -69,9 +78,11 @@ class FakeModel:
             toks = r.all_token_ids
             assert s.token_ids == toks[s.start : s.start + s.num_new_tokens]
             for p in range(s.start, s.start + s.num_new_tokens):
-                self.kv[bm.slot(r, p)] = (r.req_id, p, toks[p])
+                # never written while someone else reads it: only the writer holds a block it fills
+                assert bm.ref_count(r.block_ids[p // bm.block_size]) == 1, (r, p)
+                self.kv[bm.slot(r, p)] = self._content(r, p, toks)
             for p in range(s.start + s.num_new_tokens):  # attention reads the whole prefix
-                assert self.kv[bm.slot(r, p)] == (r.req_id, p, toks[p]), (r, p)
+                assert self.kv[bm.slot(r, p)] == self._content(r, p, toks), (r, p)
             assert s.samples == (s.start + s.num_new_tokens == r.num_tokens)
             if s.samples:
                 sampled[r.req_id] = self.fn(tuple(r.prompt_token_ids), r.num_tokens)

@@ -88,6 +88,18 @@ def test_preemption_counts_the_prompt_once_and_every_generated_token_once():
     assert s.get("inter_token_latency_seconds_count") == 14 and s.get("e2e_request_latency_seconds_count") == 2
 
 
+def test_prefix_cache_queries_and_hits_count_tokens_per_admission():
+    sched, clock = make_scheduler(enable_prefix_caching=True, block_size=4), Clock()
+    m = EngineMetrics(clock=clock)
+    model = FakeModel(sched)  # one model for both: b reads the K/V a wrote
+    for r in (req("a", 10, 2), req("b", 10, 2)):  # b comes after a has finished
+        sched.add_request(r)
+        while sched.has_unfinished():
+            step(sched, model, m, clock)
+    s = Samples.of(m.registry)
+    assert s.get("prefix_cache_queries_total") == 20 and s.get("prefix_cache_hits_total") == 8
+
+
 def test_abort_counts_and_the_steps_until_its_blocks_are_free():
     sched, clock = make_scheduler(), Clock()
     m = EngineMetrics(clock=clock)

@@ -171,8 +171,8 @@ def test_assembler_earliest_stop_wins_and_no_stop_passes_through():
 
 
 def test_final_fields_and_bearer():
-    f = final_fields("ab", [1, 2], "length", 5, True)
-    assert f["usage"] == {"prompt_tokens": 5, "completion_tokens": 2, "total_tokens": 7}
+    f = final_fields("ab", [1, 2], "length", 5, True, 4)
+    assert f["usage"] == {"prompt_tokens": 5, "completion_tokens": 2, "total_tokens": 7, "cached_tokens": 4}
     assert "usage" not in final_fields("ab", [1, 2], "stop", 5, False)
     assert bearer_ok(None, None) and bearer_ok("Bearer k", "k") and bearer_ok("bearer  k", "k")
     assert not bearer_ok(None, "k") and not bearer_ok("Bearer x", "k") and not bearer_ok("k", "k")

@@ -1,9 +1,11 @@
-"""Offline demo checkpoint: a random-weight HuggingFace-format Llama (or DeepSeek-V3-shaped model,
-`deepseek-tiny`) plus a locally trained tokenizer.
+"""Offline demo checkpoints: HuggingFace-format Llamas (or a DeepSeek-V3-shaped model, `deepseek-tiny`)
+plus a locally trained tokenizer.
 
 This module owns `write_demo_checkpoint()`, which makes a complete model directory with no network
 access (config.json, model.safetensors, a SentencePiece BPE tokenizer with a chat template, and
-generation_config.json), so the server, the tests and the docs all have a model to load.
+generation_config.json), so the server, the tests and the docs all have a model to load.  The
+"chat" preset is a model trained on the demo corpus (`train.py`; its weights and tokenizer are
+committed in `trained/`), the default demo: it answers in English.  The others have random weights.
 
 The weights are random but *not* arbitrary: they are scaled so that the final logits have a
 standard deviation of about 3, which keeps greedy decoding away from near-ties; tests compare
@@ -20,8 +22,10 @@ from __future__ import annotations
 
 import argparse
 import io
+import itertools
 import json
 import os
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -51,7 +55,20 @@ PRESETS: dict[str, dict[str, int]] = {
         "num_key_value_heads": 4,
         "max_position_embeddings": 4096,
     },
+    # Trained (train.py, weights in trained/): small enough to commit, big enough to write English.
+    "chat": {
+        "vocab_size": 2048,
+        "hidden_size": 128,
+        "intermediate_size": 384,
+        "num_hidden_layers": 4,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "max_position_embeddings": 2048,
+    },
 }
+TRAINED_PRESET = "chat"
+TRAINED_DIR = Path(__file__).with_name("trained")  # its committed weights and tokenizer (train.py)
+END_OF_TURN_ID = 6  # <|end|>: the trained model ends its answer with it, so it stops generation
 
 DEMO_PRESETS = (*PRESETS, *deepseek.PRESETS)  # deepseek-tiny: export/demo/deepseek.py, with the tiny tokenizer
 BOS_TOKEN, EOS_TOKEN, UNK_TOKEN = "<s>", "</s>", "<unk>"
@@ -74,8 +91,9 @@ CHAT_TEMPLATE = (
 )
 
 
-def train_tokenizer(vocab_size: int) -> bytes:
-    """Train the demo SentencePiece BPE model in memory and return its serialized proto.
+def train_tokenizer(vocab_size: int, extra: list[str] | tuple[str, ...] = ()) -> bytes:
+    """Train the demo SentencePiece BPE model in memory and return its serialized proto
+    (`extra`: more training sentences, after the usual ones).
 
     Training from an iterator into a BytesIO keeps temp-file names (which SentencePiece would
     record in the proto's trainer_spec) out of the model, so the bytes are reproducible.
@@ -86,7 +104,7 @@ def train_tokenizer(vocab_size: int) -> bytes:
     spm.set_random_generator_seed(1234)
     buf = io.BytesIO()
     spm.SentencePieceTrainer.train(
-        sentence_iterator=training_sentences(n_synthetic=2 * vocab_size),
+        sentence_iterator=itertools.chain(training_sentences(n_synthetic=2 * vocab_size), extra),
         model_writer=buf,
         model_type="bpe",
         vocab_size=vocab_size,
@@ -132,7 +150,7 @@ def make_config(preset: str) -> dict[str, Any]:
         "bos_token_id": BOS_ID,
         "eos_token_id": EOS_ID,
         "pad_token_id": PAD_ID,
-        "torch_dtype": "float32",
+        "torch_dtype": "float16" if preset == TRAINED_PRESET else "float32",  # as model.safetensors stores it
     }
 
 
@@ -175,7 +193,7 @@ def make_weights(config: dict[str, Any], seed: int) -> dict[str, np.ndarray]:
     return w
 
 
-def _tokenizer_files(config: dict[str, Any]) -> dict[str, dict[str, Any]]:
+def _tokenizer_files(config: dict[str, Any], eos: int | list[int] = EOS_ID) -> dict[str, dict[str, Any]]:
     special = {
         "bos_token": BOS_TOKEN,
         "eos_token": EOS_TOKEN,
@@ -191,7 +209,7 @@ def _tokenizer_files(config: dict[str, Any]) -> dict[str, dict[str, Any]]:
         "model_max_length": config["max_position_embeddings"],
         "chat_template": CHAT_TEMPLATE,
     }
-    generation = {"bos_token_id": BOS_ID, "eos_token_id": EOS_ID, "pad_token_id": PAD_ID}
+    generation = {"bos_token_id": BOS_ID, "eos_token_id": eos, "pad_token_id": PAD_ID}
     return {
         "tokenizer_config.json": tokenizer_config,
         "special_tokens_map.json": special,
@@ -207,10 +225,10 @@ def write_demo_checkpoint(out_dir: str | Path, preset: str = "tiny", seed: int =
         ids = {"bos_token_id": BOS_ID, "eos_token_id": EOS_ID, "pad_token_id": PAD_ID}
         config = deepseek.make_config(preset, PRESETS["tiny"]["vocab_size"], ids)
         config["max_position_embeddings"] = PRESETS["tiny"]["max_position_embeddings"]
-        weights = deepseek.make_weights(config, seed)
+        make = deepseek.make_weights
     else:
         config = make_config(preset)
-        weights = make_weights(config, seed)
+        make = make_weights
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
 
@@ -218,13 +236,21 @@ def write_demo_checkpoint(out_dir: str | Path, preset: str = "tiny", seed: int =
         (out / name).write_text(json.dumps(obj, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
 
     dump("config.json", config)
-    for name, obj in _tokenizer_files(config).items():
+    trained = preset == TRAINED_PRESET
+    for name, obj in _tokenizer_files(config, [EOS_ID, END_OF_TURN_ID] if trained else EOS_ID).items():
         dump(name, obj)
-    proto = train_tokenizer(config["vocab_size"])
+    if trained:
+        if not (TRAINED_DIR / "model.safetensors").is_file():
+            missing = TRAINED_DIR / "model.safetensors"
+            raise FileNotFoundError(f"{missing} is missing: run python -m spmd_serve.export.demo.train")
+        proto = (TRAINED_DIR / "tokenizer.model").read_bytes()
+        shutil.copyfile(TRAINED_DIR / "model.safetensors", out / "model.safetensors")
+    else:
+        proto = train_tokenizer(config["vocab_size"])
+        save_file(make(config, seed), str(out / "model.safetensors"), metadata={"format": "pt"})  # what HF expects
     # HF tooling looks for tokenizer.model; PaddleNLP's LlamaTokenizer for sentencepiece.bpe.model.
     for name in ("tokenizer.model", "sentencepiece.bpe.model"):
         (out / name).write_bytes(proto)
-    save_file(weights, str(out / "model.safetensors"), metadata={"format": "pt"})  # "pt": what HF loaders expect
     # safetensors creates the file 0600; make it readable like the other files (shared mounts).
     os.chmod(out / "model.safetensors", 0o644)
     return out

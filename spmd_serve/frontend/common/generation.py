@@ -40,6 +40,7 @@ class Delta:
     token_ids: list[int]  # the engine's new ids behind it
     logprobs: list[Any] = field(default_factory=list)  # one entry per id when asked for
     finish_reason: str | None = None  # set on the last delta: "stop" | "length"
+    num_cached_tokens: int = 0  # prompt tokens the engine found in its prefix cache
 
 
 class Generation:
@@ -64,6 +65,7 @@ class Generation:
             frozenset(() if params.include_stop_str_in_output else params.stop_token_ids),
         )
         self.first_token_at: float | None = None
+        self.num_cached_tokens = 0  # known from the first output on
         self._queue: asyncio.Queue[RequestOutput | None] | None = None
 
     def submit(self) -> Generation:
@@ -114,6 +116,7 @@ class Generation:
                 )
             if out.new_token_ids and self.first_token_at is None:
                 self.first_token_at = time.monotonic()
+                self.num_cached_tokens = out.num_cached_tokens
             try:
                 text = asm.add(out.new_token_ids, out.finished)
             except Exception as e:  # this request's detokenisation or stop strings: it alone fails
@@ -125,6 +128,6 @@ class Generation:
             reason = None
             if out.finished or asm.stopped:
                 reason = "stop" if asm.stopped else (out.finish_reason or "stop")
-            yield Delta(text, list(out.new_token_ids), list(out.logprobs or []), reason)
+            yield Delta(text, list(out.new_token_ids), list(out.logprobs or []), reason, self.num_cached_tokens)
             if reason is not None:
                 return

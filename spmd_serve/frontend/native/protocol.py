@@ -227,8 +227,11 @@ def stream_frame(req_id: str, token: str, token_ids: list[int], send_idx: int) -
     }
 
 
-def final_fields(text: str, ids: list[int], finish_reason: str, prompt_len: int, return_usage: bool) -> dict[str, Any]:
-    """Fields shared by the last stream frame and the non-streaming object."""
+def final_fields(
+    text: str, ids: list[int], finish_reason: str, prompt_len: int, return_usage: bool, cached_tokens: int = 0
+) -> dict[str, Any]:
+    """Fields shared by the last stream frame and the non-streaming object (`cached_tokens`: prompt
+    tokens served from the prefix cache)."""
     out: dict[str, Any] = {
         "tokens_all": text,
         "tokens_all_ids": list(ids),
@@ -240,5 +243,6 @@ def final_fields(text: str, ids: list[int], finish_reason: str, prompt_len: int,
             "prompt_tokens": prompt_len,
             "completion_tokens": len(ids),
             "total_tokens": prompt_len + len(ids),
+            "cached_tokens": cached_tokens,
         }
     return out

@@ -86,7 +86,7 @@ class NativeSession:
     def _last(self, gen: Generation, delta: str, new_ids: list[int], per_frame: bool, reason: str) -> dict[str, Any]:
         req, asm = self.req, gen.asm
         assert req is not None
-        end = proto.final_fields(asm.text, asm.ids, reason, len(self.prompt), req.return_usage)
+        end = proto.final_fields(asm.text, asm.ids, reason, len(self.prompt), req.return_usage, gen.num_cached_tokens)
         if req.benchmark:
             end["benchmark"] = self._timings(gen.first_token_at, len(asm.ids))
         if req.stream:

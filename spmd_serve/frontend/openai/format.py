@@ -27,6 +27,7 @@ class ChoiceState:
     started: bool = False  # a chunk of this choice has gone out
     text_offset: int = 0  # completions logprobs: characters before the next token
     logprobs: list[tuple[int, TokenLogprobs]] = field(default_factory=list)
+    cached_tokens: int = 0  # of its prompt, served from the prefix cache
 
 
 class Formatter:
@@ -70,12 +71,16 @@ class Formatter:
             state.text_offset += len(text)
         return out
 
-    def usage(self, completion_tokens: int) -> dict[str, int]:
+    def usage(self, states: list[ChoiceState]) -> dict[str, Any]:
+        """Each prompt counts once, whatever `n` (so do its cached tokens: its first choice's)."""
         prompt = sum(len(p) for p in self.req.prompts)
+        completion = sum(s.num_tokens for s in states)
+        cached = sum(s.cached_tokens for s in states if s.index % self.req.n == 0)
         return {
             "prompt_tokens": prompt,
-            "completion_tokens": completion_tokens,
-            "total_tokens": prompt + completion_tokens,
+            "completion_tokens": completion,
+            "total_tokens": prompt + completion,
+            "prompt_tokens_details": {"cached_tokens": cached},
         }
 
     def _envelope(self, obj: str, choices: list[dict[str, Any]]) -> dict[str, Any]:
@@ -99,7 +104,7 @@ class Formatter:
                 text = (self.req.prompt_texts[s.index // self.req.n] if self.req.echo else "") + s.text
                 choices.append({"index": s.index, "text": text, "logprobs": lp, "finish_reason": s.finish_reason})
         body = self._envelope("chat.completion" if self.chat else "text_completion", choices)
-        body["usage"] = self.usage(sum(s.num_tokens for s in states))
+        body["usage"] = self.usage(states)
         return body
 
     def chunk(
@@ -126,7 +131,7 @@ class Formatter:
 
     def usage_chunk(self, states: list[ChoiceState]) -> dict[str, Any]:
         body = self._envelope("chat.completion.chunk" if self.chat else "text_completion", [])
-        body["usage"] = self.usage(sum(s.num_tokens for s in states))
+        body["usage"] = self.usage(states)
         return body
 
 

@@ -162,6 +162,7 @@ class OpenAIServing:
         state.text += d.text
         state.num_tokens += len(d.token_ids)
         state.finish_reason = d.finish_reason
+        state.cached_tokens = d.num_cached_tokens
         return list(zip(d.token_ids, d.logprobs))
 
     async def _whole(

@@ -68,8 +68,11 @@ def schemas(s: IOSettings) -> dict[str, Schema]:
     max_input = min(lim.max_seq_len, lim.model_max_len - 1)   # both limits apply to input_ids
     tokens = _opt(_int(1, dec, description=f"at most MAX_DEC_LEN ({dec}); prompt + completion "
                                            f"must fit the context ({lim.model_max_len})"))
-    usage = _obj(["prompt_tokens", "completion_tokens", "total_tokens"],
-                 {k: _int(0) for k in ("prompt_tokens", "completion_tokens", "total_tokens")})
+    counts = {k: _int(0) for k in ("prompt_tokens", "completion_tokens", "total_tokens")}
+    cached = _int(0, description="prompt tokens served from the prefix cache")
+    usage = _obj([*counts, "prompt_tokens_details"],
+                 {**counts, "prompt_tokens_details": _obj(["cached_tokens"], {"cached_tokens": cached})})
+    native_usage = _obj([*counts, "cached_tokens"], {**counts, "cached_tokens": cached})
     message = _obj(["role", "content"], {
         # any role reaches the chat template, and the templates we ship accept these three
         "role": {"enum": ["system", "user", "assistant"]},
@@ -141,7 +144,7 @@ def schemas(s: IOSettings) -> dict[str, Schema]:
                  {"req_id": STR, "token": STR, "token_ids": IDS, "is_end": {"enum": [0, 1]},
                   "send_idx": _int(0), "error_msg": STR, "error_code": _int(0),
                   "tokens_all": STR, "tokens_all_ids": IDS, "tokens_all_num": _int(0),
-                  "finish_reason": FINISH, "usage": ref("Usage"), "benchmark": ref("Timings")},
+                  "finish_reason": FINISH, "usage": ref("NativeUsage"), "benchmark": ref("Timings")},
                  description="one line of the stream; the last has is_end 1 and the totals")
     return {
         "NativeRequest": _obj([], native, oneOf=[
@@ -160,6 +163,7 @@ def schemas(s: IOSettings) -> dict[str, Schema]:
             "top_logprobs": _opt(_int(0, MAX_LOGPROBS, description="needs logprobs: true"))},
             description=unsupported, additionalProperties=False),
         "Usage": usage,
+        "NativeUsage": native_usage,
         "Timings": _obj([], {k: _num(0) for k in ("time_to_first_token_s", "total_time_s",
                                                   "decode_time_s", "decode_tokens_per_s")}),
         "NativeResult": _obj(["req_id", "result", "tokens_all", "tokens_all_ids",

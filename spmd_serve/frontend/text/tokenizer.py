@@ -121,8 +121,12 @@ class ServingTokenizer:
         self.bos_token_id = bos_token_id
         # what encode(add_special_tokens=True) adds (from_model_dir passes tokenizer_config's say)
         self._prefix, self._suffix = around_text if around_text is not None else _around_text(tokenizer, {})
-        # Ids decode() drops (bos/eos/unk/pad); the detokenizer drops them the same way.
-        self.special_token_ids: frozenset[int] = frozenset(int(i) for i in tokenizer.all_special_ids if i is not None)
+        # Ids decode() drops (bos/eos/unk/pad); the detokenizer drops them the same way.  Every eos
+        # id too: a model whose answer ends with an end-of-turn piece (the demo's <|end|>) stops on
+        # it, and like vLLM we do not return the text of the token that stopped generation.
+        self.special_token_ids: frozenset[int] = frozenset(
+            int(i) for i in [*tokenizer.all_special_ids, *eos_token_ids] if i is not None
+        )
         # Fast path for decode(): for a plain SentencePiece LlamaTokenizer (no added tokens),
         # PaddleNLP's decode with specials skipped is exactly sp_model.decode(ids), at ~1/20 of
         # the cost; streaming calls decode twice per token per request, so this matters.

@@ -1,0 +1,101 @@
+"""Automatic prefix caching: the content hash of a full KV block, and the blocks cached by hash.
+
+This module owns `chain_hashes` and `PrefixCache`.  A full block's K/V is a function of every token
+up to its end (attention mixes the whole prefix into each position), of the model and of how the
+pool stores K/V (int8-KV), so its identity is a hash chain: block i's hash is
+sha256(block i-1's hash || block i's token ids), and the chain starts from sha256(salt), the salt
+naming the model and the KV format.  sha256 rather than Python's `hash`: two different prefixes
+must never share a block, and a 256-bit collision is not a case worth handling.
+
+`PrefixCache` only maps hashes to block ids and keeps the *free* cached blocks in least-recently
+used order; reference counts and ownership stay with the `BlockManager`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from array import array
+from collections import OrderedDict
+from collections.abc import Sequence
+
+
+def chain_hashes(parent: bytes, token_ids: Sequence[int], block_size: int) -> list[bytes]:
+    """Hashes of the full blocks of `token_ids` (a trailing partial block has none), chained
+    from `parent` (the hash of the block before `token_ids[0]`, or the root)."""
+    out: list[bytes] = []
+    for start in range(0, len(token_ids) - block_size + 1, block_size):
+        # int64 bytes: token ids are exact, and one buffer per block keeps the hashing cheap
+        parent = hashlib.sha256(parent + array("q", token_ids[start : start + block_size]).tobytes()).digest()
+        out.append(parent)
+    return out
+
+
+class PrefixCache:
+    """hash → block for full blocks whose K/V are computed; the free ones are kept, in LRU order,
+    until the pool needs them (`evict`)."""
+
+    def __init__(self, salt: str) -> None:
+        self.root = hashlib.sha256(b"spmd_serve prefix cache\0" + salt.encode("utf-8")).digest()
+        self._block_of: dict[bytes, int] = {}
+        self._hash_of: dict[int, bytes] = {}
+        # Free cached blocks, least recently freed first: the next to be evicted.
+        self._evictable: OrderedDict[int, None] = OrderedDict()
+
+    @property
+    def num_cached(self) -> int:
+        return len(self._block_of)
+
+    @property
+    def num_evictable(self) -> int:
+        return len(self._evictable)
+
+    def is_cached(self, block: int) -> bool:
+        return block in self._hash_of
+
+    def is_evictable(self, block: int) -> bool:
+        return block in self._evictable
+
+    def hash_of(self, block: int) -> bytes | None:
+        return self._hash_of.get(block)
+
+    def lookup(self, hashes: Sequence[bytes]) -> list[int]:
+        """The blocks of the longest run of leading `hashes` that are cached (the chain makes a
+        later hit without the earlier ones impossible to use, so the walk stops at the first miss)."""
+        hit: list[int] = []
+        for h in hashes:
+            block = self._block_of.get(h)
+            if block is None:
+                break
+            hit.append(block)
+        return hit
+
+    def register(self, block: int, block_hash: bytes) -> bool:
+        """Cache an owned, fully computed block under its hash.  False when another block already
+        holds that content (two requests computed the same prefix at once): this one stays uncached
+        and returns to the plain free list when its owner lets go."""
+        if block_hash in self._block_of or block in self._hash_of:
+            return False
+        self._block_of[block_hash] = block
+        self._hash_of[block] = block_hash
+        return True
+
+    def park(self, block: int) -> None:
+        """A cached block's last owner let go: keep its K/V, most recently used last."""
+        self._evictable[block] = None
+
+    def unpark(self, block: int) -> None:
+        """A free cached block is used again (a prefix hit): it is no longer evictable."""
+        del self._evictable[block]
+
+    def evict(self) -> int:
+        """Forget the least recently used free cached block and return it for reuse."""
+        block, _ = self._evictable.popitem(last=False)
+        del self._block_of[self._hash_of.pop(block)]
+        return block
+
+    def check_invariants(self, free: set[int]) -> None:
+        """The two maps mirror each other; evictable blocks are cached and not on the free list."""
+        assert len(self._block_of) == len(self._hash_of), "hash maps disagree in size"
+        assert all(self._hash_of.get(b) == h for h, b in self._block_of.items()), "hash maps disagree"
+        assert all(b in self._hash_of for b in self._evictable), "an evictable block is not cached"
+        assert not free & self._hash_of.keys(), "a cached block is on the uncached free list"
