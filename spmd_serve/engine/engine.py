@@ -14,8 +14,8 @@ import time
 import numpy as np
 import numpy.typing as npt
 
-from spmd_serve.engine.client import AbortCommand, AddCommand, EngineClient
-from spmd_serve.engine.interfaces import PlanComm, Runner
+from spmd_serve.engine.client import AbortCommand, AddCommand
+from spmd_serve.engine.interfaces import FrontEnd, PlanComm, Runner
 from spmd_serve.engine.metrics import EngineMetrics
 from spmd_serve.engine.outputs import RequestOutput
 from spmd_serve.engine.plan_builder import build_plan
@@ -39,7 +39,7 @@ class Engine:
         sched_cfg: SchedulerConfig,
         comm: PlanComm,
         runner: Runner,
-        client: EngineClient,
+        client: FrontEnd,
         eos_token_ids: frozenset[int],
         log_every: int = 0,
         metrics: EngineMetrics | None = None,

@@ -48,6 +48,7 @@ import time
 from collections.abc import Callable, Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.exposition import choose_encoder
 from prometheus_client.metrics_core import CounterMetricFamily, Metric
 from prometheus_client.process_collector import ProcessCollector
 
@@ -283,3 +284,9 @@ class EngineMetrics:
         if reason == "stop":
             self.e2e.observe(self._clock() - arrival)
         self.abort_steps.observe(sum(1 for t in self._step_ends if t > requested_at))
+
+
+def render(registry: CollectorRegistry, accept: str) -> tuple[bytes, str]:
+    """The registry as the scraper asked for it (its Accept header): (body, content type)."""
+    encode, content_type = choose_encoder(accept)
+    return encode(registry), content_type

@@ -56,12 +56,12 @@ class StepStats:
         """`with stats.phase("execute"): ...` (one of PHASES)."""
         return self.timer.phase(name)
 
-    def record_handoff(self, published_at: float) -> None:
-        """Called on the IO thread when a published batch is delivered (perf_counter clock)."""
-        dt = time.perf_counter() - published_at
+    def record_handoff(self, seconds: float, batches: int = 1) -> None:
+        """`batches` published batches were delivered `seconds` (summed) after their publication:
+        called on the IO thread, or by the hub with a worker process's report."""
         with self._lock:
-            self.handoff_seconds += dt
-            self.handoffs += 1
+            self.handoff_seconds += seconds
+            self.handoffs += batches
 
     def end_step(self, num_tokens: int, num_sampled: int) -> None:
         self.steps += 1

@@ -62,12 +62,6 @@ def check_supported(cfg) -> None:
                 f"{BY_FIELD[field].name}={value} is not built yet: speculative decoding "
                 f"is not implemented in this version (unset it)"
             )
-    if cfg.http_workers > 1:
-        log.warning(
-            "PUSH_MODE_HTTP_WORKERS=%d: extra HTTP worker processes are not implemented yet; "
-            "serving with one IO thread",
-            cfg.http_workers,
-        )
 
 
 def check_served_model(model_config: dict) -> None:

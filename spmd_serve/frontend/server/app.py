@@ -59,11 +59,14 @@ def make_health_app(client: EngineClient, settings: IOSettings) -> Application:
     return Application(health_routes(client, settings.live_threshold_s), default_handler_class=NotFoundHandler)
 
 
-def listen_http(app: Application, host: str, port: int, what: str, **server_kw: Any) -> tuple[HTTPServer, int]:
+def listen_http(
+    app: Application, host: str, port: int, what: str, *, reuse_port: bool = False, **server_kw: Any
+) -> tuple[HTTPServer, int]:
     """Serve `app` on host:port from the running loop; returns (server, bound port).  A port
-    that cannot be bound raises OSError naming it and its variable (`what`), for ConfigError."""
+    that cannot be bound raises OSError naming it and its variable (`what`), for ConfigError.
+    `reuse_port`: several HTTP worker processes listen on the port (SO_REUSEPORT)."""
     try:
-        socks = bind_sockets(port, host)
+        socks = bind_sockets(port, host, reuse_port=reuse_port)
     except OSError as e:
         raise OSError(e.errno, f"cannot listen on {host}:{port} ({what}): {e.strerror or e}") from None
     server = HTTPServer(app, **server_kw)
@@ -146,7 +149,8 @@ class IOServer:
 
     def _listen(self, app: Application, port: int, what: str) -> tuple[HTTPServer, int]:
         # max_body_size bounds every handler; the native one lifts it per request to send 413.
-        return listen_http(app, self.settings.host, port, what, max_body_size=self.settings.max_body_size)
+        s = self.settings
+        return listen_http(app, s.host, port, what, reuse_port=s.reuse_port, max_body_size=s.max_body_size)
 
     async def _serve(self) -> None:
         self._stop = asyncio.Event()
