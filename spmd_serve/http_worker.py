@@ -72,7 +72,11 @@ def main() -> int:
     # ^C in a terminal reaches the whole process group: rank 0 drains and then says bye.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     log = logging.getLogger("spmd_serve.http_worker")
-    sock = socket.create_connection(("127.0.0.1", setup["port"]), timeout=30)
+    try:
+        sock = socket.create_connection(("127.0.0.1", setup["port"]), timeout=30)
+    except OSError as e:  # started just as rank 0 stopped: nothing to serve
+        log.warning("cannot reach rank 0 on INTER_PROC_PORT %s (%s): exiting", setup["port"], e)
+        return 1
     try:
         io, link = _serve(setup, sock)
     except (OSError, ValueError, TimeoutError) as e:
