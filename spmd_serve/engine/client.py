@@ -1,4 +1,7 @@
-"""The hand-off between rank 0's IO thread (asyncio: HTTP, gRPC) and its engine thread (MPI).
+"""The hand-off between an IO thread (asyncio: HTTP, gRPC) and an engine thread in one process:
+the in-process mode, which the http-tier tests run over a fake engine.  The server itself runs its
+front end in HTTP worker processes (engine/remote_client.py, engine/frontend_hub.py), which keep
+this interface and share `check_admission`.
 
 The IO side calls `add_request` / `abort` from the event loop; the engine thread calls
 `wait_for_work`, `take_commands` and `publish`.  Outputs reach the IO side through per-request
@@ -76,7 +79,7 @@ class AbortCommand:
 
 
 class EngineClient:
-    """Thread-safe bridge; one instance on rank 0, shared by the IO and engine threads."""
+    """Thread-safe bridge, shared by the IO and engine threads of one process."""
 
     def __init__(self, capacity: int) -> None:
         self.capacity = capacity  # BATCH_SIZE + MAX_CACHED_TASK_NUM

@@ -66,7 +66,7 @@ class Engine:
         self.num_preemptions = 0
         self._empty_steps = 0
 
-    # ---- commands from the IO thread ------------------------------------------------------
+    # ---- commands from the front end ------------------------------------------------------
     def _apply_commands(self) -> None:
         errors: list[RequestOutput] = []
         for cmd in self.client.take_commands():

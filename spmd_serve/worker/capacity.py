@@ -6,7 +6,6 @@ with the largest value that fits, not later with an out-of-memory kill mid-reque
 
 from __future__ import annotations
 
-import logging
 import math
 from collections.abc import Mapping
 
@@ -17,7 +16,6 @@ from spmd_serve.kv_layout import KVLayout
 from spmd_serve.manifest import ManifestError
 from spmd_serve.served_config import ServedConfig, check_dtype_runnable
 
-log = logging.getLogger(__name__)
 MEMORY_FRACTION = 0.9  # of available memory per rank, leaving room for activations
 
 

@@ -1,8 +1,10 @@
-"""Rank 0's IO thread: the Tornado applications (service and health) and `IOServer`, which runs
-them on a fresh asyncio loop in a thread of its own.
+"""An HTTP worker's IO thread: the Tornado applications (service and health) and `IOServer`, which
+runs them on a fresh asyncio loop in a thread of its own.
 
-The engine thread owns MPI; this thread owns every socket.  They meet only in the EngineClient,
-whose outputs arrive here through `loop.call_soon_threadsafe` once `attach_loop` has been called.
+This thread owns every public socket of its process.  It meets the engine only in the
+EngineClient: in a worker process the `RemoteEngineClient` (engine/remote_client.py), whose link
+to rank 0 is one of this loop's services; in the tests' in-process mode an `EngineClient` whose
+outputs arrive through `loop.call_soon_threadsafe` once `attach_loop` has been called.
 This is where the protocols are wired together (the native handler's OpenAI chat delegate); the
 settings are `server.settings.IOSettings`.
 """
