@@ -9,9 +9,11 @@ on both sides alike.  Nothing here asserts on time.
 
 Per server (`mpirun -n 1 spmd_serve` with the tree on PYTHONPATH, BATCH_SIZE=32): `spmd_serve
 bench` (openai-completions, input 128 / output 64, 32 prompts released at once, concurrency 32:
-TTFT, ITL, output tok/s), then the cancel latency of tests/mpi/test_grpc_mpi.py's flaky test — a
-gRPC stream cancelled after 30 frames, and the time until its req_id is accepted again — measured
-`--cancels` times while `--load` native streams keep the engine and the front end busy.
+TTFT, ITL, output tok/s); then, while `--load` native streams keep the engine and the front end
+busy, the latency of `GET /v2/health/live` (`--probes` times: an answer that needs no engine, so
+it shows how long the front end itself waits) and the cancel latency of tests/mpi/test_grpc_mpi.py's
+flaky test — a gRPC stream cancelled after 30 frames, and the time until its req_id is accepted
+again (`--cancels` times).
 """
 
 from __future__ import annotations
@@ -123,6 +125,17 @@ def background_streams(server: Server, n: int, stop: threading.Event) -> list[th
     return threads
 
 
+def probe_latencies(server: Server, n: int) -> list[float]:
+    """Seconds per health check, one fresh connection each, 20 ms apart."""
+    out = []
+    for _ in range(n):
+        t0 = time.monotonic()
+        requests.get(f"http://127.0.0.1:{server.health}/v2/health/live", timeout=30)
+        out.append(time.monotonic() - t0)
+        time.sleep(0.02)
+    return out
+
+
 def cancel_latencies(server: Server, n: int) -> list[float]:
     """tests/mpi/test_grpc_mpi.py's scenario, n times: seconds from the cancel to the id's reuse."""
     import tritonclient.grpc as tg
@@ -159,24 +172,29 @@ def measure(name: str, tree: Path, extra: dict[str, str], args: argparse.Namespa
         stop = threading.Event()
         threads = background_streams(server, args.load, stop)
         time.sleep(3)  # the load's prefills are done: decoding at batch load + 1
+        probes = probe_latencies(server, args.probes)
         cancels = cancel_latencies(server, args.cancels)
         stop.set()
         for t in threads:
             t.join(30)
     finally:
         server.stop()
-    return {"tree": name, "bench": run, "cancel_s": cancels}
+    return {"tree": name, "bench": run, "probe_s": probes, "cancel_s": cancels}
 
 
-HEADER = "| front end | TTFT ms mean / median / p99 | ITL ms mean / median / p99 | out tok/s | cancel ms median / max |"
+HEADER = (
+    "| front end | TTFT ms mean / median / p99 | ITL ms mean / median / p99 | out tok/s "
+    "| health ms median / p99 | cancel ms median / max |"
+)
 
 
 def row(r: dict) -> str:
-    b, c = r["bench"], r["cancel_s"]
+    b, c, h = r["bench"], r["cancel_s"], sorted(r["probe_s"])
     ttft, itl = b["ttft_ms"], b["itl_ms"]
     return (
         f"| {r['tree']} | {ttft['mean']:.0f} / {ttft['median']:.0f} / {ttft['p99']:.0f} "
         f"| {itl['mean']:.1f} / {itl['median']:.1f} / {itl['p99']:.0f} | {b['output_throughput']:.1f} "
+        f"| {1e3 * statistics.median(h):.1f} / {1e3 * h[int(0.99 * (len(h) - 1))]:.1f} "
         f"| {1e3 * statistics.median(c):.0f} / {1e3 * max(c):.0f} |"
     )
 
@@ -188,6 +206,7 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--load", type=int, default=16, help="native streams running during the cancels")
     p.add_argument("--cancels", type=int, default=10)
+    p.add_argument("--probes", type=int, default=200)
     p.add_argument("--json")
     args = p.parse_args()
     trees = []

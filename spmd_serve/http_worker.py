@@ -83,7 +83,9 @@ def main() -> int:
         report_start_failure(sock, worker, token, str(e))
         return 2
     log.info("serving (pid %d)", os.getpid())
-    link.done.wait()
+    while not link.done.wait(1.0):
+        if not io.running:  # the IO thread failed (logged): exit, and rank 0 starts another worker
+            return 1
     io.stop()
     return 0 if link.stopped_cleanly else 1
 

@@ -123,6 +123,11 @@ class IOServer:
             self._thread.join(timeout)
             raise self._error
 
+    @property
+    def running(self) -> bool:
+        """The IO thread is serving (False once it stopped or failed)."""
+        return self._thread is not None and self._thread.is_alive()
+
     def stop(self, timeout: float = 5.0) -> None:
         """Close listeners and open connections (in-flight requests are aborted), join."""
         loop, stop = self.loop, self._stop
