@@ -13,7 +13,8 @@ TTFT, ITL, output tok/s); then, while `--load` native streams keep the engine an
 busy, the latency of `GET /v2/health/live` (`--probes` times: an answer that needs no engine, so
 it shows how long the front end itself waits) and the cancel latency of tests/mpi/test_grpc_mpi.py's
 flaky test — a gRPC stream cancelled after 30 frames, and the time until its req_id is accepted
-again (`--cancels` times).
+again (`--cancels` times); last, health checks again for `--prefill-s` seconds while prompts of
+`--prefill-len` tokens are prefilled one after another (graphs of ~0.5 s that hold rank 0's GIL).
 """
 
 from __future__ import annotations
@@ -125,15 +126,39 @@ def background_streams(server: Server, n: int, stop: threading.Event) -> list[th
     return threads
 
 
-def probe_latencies(server: Server, n: int) -> list[float]:
-    """Seconds per health check, one fresh connection each, 20 ms apart."""
-    out = []
-    for _ in range(n):
+def probe_latencies(server: Server, n: int, seconds: float = float("inf")) -> list[float]:
+    """Seconds per health check (n of them, or as many as `seconds` allow), 20 ms apart."""
+    out: list[float] = []
+    end = time.monotonic() + seconds
+    while len(out) < n and time.monotonic() < end:
         t0 = time.monotonic()
         requests.get(f"http://127.0.0.1:{server.health}/v2/health/live", timeout=30)
         out.append(time.monotonic() - t0)
         time.sleep(0.02)
     return out
+
+
+def during_prefills(server: Server, prompt_len: int, seconds: float) -> tuple[list[float], list[float]]:
+    """(health check seconds, long-prompt request seconds) while long prompts run back to back."""
+    stop, done = threading.Event(), []
+
+    def prefills() -> None:
+        k = 0
+        while not stop.is_set():
+            ids = [5 + (7 * i + k) % 900 for i in range(prompt_len)]
+            t0 = time.monotonic()
+            url = f"http://127.0.0.1:{server.http}/v1/chat/completions"
+            requests.post(url, json={"input_ids": ids, "max_dec_len": 1}, timeout=300).raise_for_status()
+            done.append(time.monotonic() - t0)
+            k += 1
+
+    thread = threading.Thread(target=prefills, daemon=True)
+    thread.start()
+    time.sleep(2)
+    probes = probe_latencies(server, 1 << 30, seconds)
+    stop.set()
+    thread.join(300)
+    return probes, done
 
 
 def cancel_latencies(server: Server, n: int) -> list[float]:
@@ -177,25 +202,39 @@ def measure(name: str, tree: Path, extra: dict[str, str], args: argparse.Namespa
         stop.set()
         for t in threads:
             t.join(30)
+        prefill_probes, prefills = during_prefills(server, args.prefill_len, args.prefill_s)
     finally:
         server.stop()
-    return {"tree": name, "bench": run, "probe_s": probes, "cancel_s": cancels}
+    return {
+        "tree": name,
+        "bench": run,
+        "probe_s": probes,
+        "cancel_s": cancels,
+        "prefill_probe_s": prefill_probes,
+        "prefill_s": prefills,
+    }
+
+
+def ms(values: list[float]) -> str:
+    """median / p99 / max, in ms"""
+    v = sorted(values)
+    return f"{1e3 * statistics.median(v):.1f} / {1e3 * v[int(0.99 * (len(v) - 1))]:.1f} / {1e3 * v[-1]:.0f}"
 
 
 HEADER = (
     "| front end | TTFT ms mean / median / p99 | ITL ms mean / median / p99 | out tok/s "
-    "| health ms median / p99 | cancel ms median / max |"
+    "| health ms (decode load) | cancel ms | health ms (long prefills) | long prompt ms |"
 )
 
 
 def row(r: dict) -> str:
-    b, c, h = r["bench"], r["cancel_s"], sorted(r["probe_s"])
+    b = r["bench"]
     ttft, itl = b["ttft_ms"], b["itl_ms"]
     return (
         f"| {r['tree']} | {ttft['mean']:.0f} / {ttft['median']:.0f} / {ttft['p99']:.0f} "
         f"| {itl['mean']:.1f} / {itl['median']:.1f} / {itl['p99']:.0f} | {b['output_throughput']:.1f} "
-        f"| {1e3 * statistics.median(h):.1f} / {1e3 * h[int(0.99 * (len(h) - 1))]:.1f} "
-        f"| {1e3 * statistics.median(c):.0f} / {1e3 * max(c):.0f} |"
+        f"| {ms(r['probe_s'])} | {ms(r['cancel_s'])} | {ms(r['prefill_probe_s'])} "
+        f"| {1e3 * statistics.median(r['prefill_s']):.0f} |"
     )
 
 
@@ -207,6 +246,8 @@ def main() -> None:
     p.add_argument("--load", type=int, default=16, help="native streams running during the cancels")
     p.add_argument("--cancels", type=int, default=10)
     p.add_argument("--probes", type=int, default=200)
+    p.add_argument("--prefill-len", type=int, default=1000, help="prompt tokens of the long prompts")
+    p.add_argument("--prefill-s", type=float, default=30.0)
     p.add_argument("--json")
     args = p.parse_args()
     trees = []
