@@ -155,6 +155,8 @@ class FrontendHub:
         if self._closed:
             return
         self._closed = True
+        # requests that reached the hub after the engine's last turn: never admitted, still owed an end
+        self.publish([RequestOutput.error(req_id, 503, "server is shutting down") for req_id in list(self._routes)])
         self._sync_state()
         for link in list(self.workers.values()):
             try:

@@ -9,6 +9,8 @@ every request in flight ends with a 503 error frame."""
 from __future__ import annotations
 
 import json
+import threading
+import time
 
 import pytest
 import requests
@@ -26,7 +28,18 @@ def harness():
         h.close()
 
 
-def long_stream(url: str, req_id: str, n: int = 60) -> requests.Response:
+def scrape_through_hub(h: RemoteHarness, w) -> requests.Response:
+    """GET a worker's /metrics while this thread polls the hub (its engine thread stopped)."""
+    got: list[requests.Response] = []
+    scrape = threading.Thread(target=lambda: got.append(requests.get(w.metrics_url, timeout=10)))
+    scrape.start()
+    while scrape.is_alive():
+        h.hub.wait_for_work(0.02)
+    return got[0]
+
+
+def long_stream(url: str, req_id: str, n: int = 1 << 20) -> requests.Response:
+    """A stream that runs until the test closes it (or the server ends it)."""
     body = {"text": "abc", "req_id": req_id, "max_dec_len": n, "min_dec_len": n, "stream": True}
     res = requests.post(url, json=body, stream=True, timeout=10)
     assert res.status_code == 200, res.text
@@ -51,8 +64,8 @@ def test_a_req_id_in_flight_on_one_worker_is_409_on_the_other(harness):
     stream = long_stream(w0.url, "dup")
     res = requests.post(w1.url, json={"text": "x", "req_id": "dup", "max_dec_len": 2}, timeout=10)
     assert res.status_code == 409 and res.json()["error_msg"] == "req_id 'dup' is already in flight"
-    lines = [json.loads(line) for line in stream.iter_lines()]
-    assert lines[-1]["is_end"] == 1 and lines[-1]["tokens_all_num"] == 60
+    assert json.loads(next(stream.iter_lines()))["req_id"] == "dup"  # still streaming
+    stream.close()
     wait_for(lambda: h.hub.num_in_flight == 0, what="the stream's end at the hub")
     again = requests.post(w1.url, json={"text": "x", "req_id": "dup", "max_dec_len": 2}, timeout=10)
     assert again.status_code == 200 and again.json()["tokens_all_num"] == 2
@@ -96,11 +109,13 @@ def test_readiness_draining_and_liveness_come_from_the_engine(harness):
     assert res.status_code == 503 and res.json()["error_msg"] == "server is shutting down"
     # the engine's heartbeats keep it live; beats that stop make it not live after the threshold
     assert requests.get(w.health + "/v2/health/live", timeout=5).status_code == 200
-    h.engine.paused.set()
-    w.client.heartbeat -= 60  # as if the last beat were a minute old
+    h.engine.stop()  # no more beats; this thread drives the hub from now on
+    assert scrape_through_hub(h, w).status_code == 200  # a round trip: the last beat has been read
+    w.client.heartbeat -= 60  # as if that beat were a minute old
+    w.client.busy_since = None
     live = requests.get(w.health + "/v2/health/live", timeout=5)
     assert live.status_code == 503 and "engine loop has not reported" in live.json()["error_msg"]
-    h.engine.paused.clear()
+    h.hub.heartbeat = time.monotonic() + 1  # the engine loop turns again: a beat goes out
     wait_for(lambda: requests.get(w.health + "/v2/health/live", timeout=5).status_code == 200, what="live again")
 
 
@@ -149,7 +164,7 @@ def test_a_worker_that_disconnects_has_its_requests_aborted(harness):
     raw = RawWorker(h.hub)
     raw.send({"t": "hello", "worker": 7, "pid": 1, "token": h.hub.token, "ok": True})
     assert raw.recv_until("state")["ready"] is True
-    raw.send({"t": "add", "n": 1, "id": "raw", "prompt": [1, 4, 5], "params": {"max_tokens": 50}, "at": 0.0})
+    raw.send({"t": "add", "n": 1, "id": "raw", "prompt": [1, 4, 5], "params": {"max_tokens": 1 << 20}, "at": 0.0})
     assert raw.recv_until("out")["o"][0][0] == 1  # the worker's own number for the request
     raw.close()
     assert h.engine.wait_aborted("raw", timeout=5)
@@ -163,3 +178,17 @@ def test_a_connection_without_the_token_is_closed_and_adds_nothing(harness):
     raw.send({"t": "add", "n": 1, "id": "evil", "prompt": [1], "params": {}, "at": 0.0})
     assert raw.closed_by_hub()
     assert 3 not in h.hub.workers and not any(cmd.req_id == "evil" for cmd in h.engine.added)
+
+
+def test_a_request_the_engine_never_took_still_ends_when_the_hub_closes(harness):
+    h = harness(workers=1)
+    raw = RawWorker(h.hub)
+    raw.send({"t": "hello", "worker": 5, "pid": 1, "token": h.hub.token, "ok": True})
+    raw.recv_until("state")
+    h.engine.stop()  # the engine loop has ended: nothing takes commands any more
+    raw.send({"t": "add", "n": 1, "id": "late", "prompt": [1, 4], "params": {"max_tokens": 5}, "at": 0.0})
+    wait_for(lambda: h.hub.wait_for_work(0.05) or h.hub.num_in_flight == 1, what="the add read by the hub")
+    h.hub.close()
+    out = raw.recv_until("out")["o"][0]
+    assert out[0] == 1 and out[2] is True and (out[4], out[5]) == (503, "server is shutting down")
+    raw.recv_until("bye")

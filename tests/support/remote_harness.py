@@ -36,7 +36,8 @@ class Worker:
         self.client = RemoteEngineClient(capacity)
         self.link = EngineLink(self.client, socket.create_connection(("127.0.0.1", hub.port)), index, hub.token)
         self.metrics = MetricsService(self.client.fetch_metrics, "127.0.0.1", 0)
-        settings = {"host": "127.0.0.1", "http_port": 0, "health_port": 0, "max_seq_len": 256, "max_dec_len": 64}
+        # streams as long as a test wants: it ends them by closing them, not by waiting for them
+        settings = {"host": "127.0.0.1", "http_port": 0, "health_port": 0, "max_seq_len": 256, "max_dec_len": 1 << 20}
         self.server = IOServer(self.client, FakeTokenizer(), services=[self.metrics, self.link], **settings)
         self.server.start(timeout=5)
         self.base = f"http://127.0.0.1:{self.server.http_port}"
@@ -94,6 +95,7 @@ class RawWorker:
     def __init__(self, hub: FrontendHub) -> None:
         self.sock = socket.create_connection(("127.0.0.1", hub.port), timeout=5)
         self.decoder = FrameDecoder()
+        self.pending: list[Message] = []  # received, not yet asked for
 
     def send(self, msg: Message) -> None:
         self.sock.sendall(encode(msg))
@@ -101,16 +103,15 @@ class RawWorker:
     def recv_until(self, kind: str, timeout: float = 5.0) -> Message:
         """The first message of `kind` (others skipped); AssertionError at EOF or timeout."""
         deadline = time.monotonic() + timeout
-        pending: list[Message] = []
         while True:
-            while pending:
-                msg = pending.pop(0)
+            while self.pending:
+                msg = self.pending.pop(0)
                 if msg["t"] == kind:
                     return msg
             self.sock.settimeout(max(deadline - time.monotonic(), 0.01))
             data = self.sock.recv(1 << 16)
             assert data, f"the hub closed the connection before a {kind!r} message"
-            pending += self.decoder.feed(data)
+            self.pending += self.decoder.feed(data)
 
     def closed_by_hub(self, timeout: float = 5.0) -> bool:
         self.sock.settimeout(timeout)
