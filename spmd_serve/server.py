@@ -1,8 +1,9 @@
 """`mpirun -n N spmd_serve`: the per-rank entry point.
 
 Every rank: read and validate the configuration, check the model directory, load its shard,
-agree with the others that loading worked.  Then rank 0 starts the IO thread (HTTP, gRPC) and runs the
-engine loop in the main thread (so signals reach it); the other ranks run the worker loop.  Any
+agree with the others that loading worked.  Rank 0 starts its front end first (rank0_frontend.py: the
+HTTP worker processes and the hub they talk to) and then runs the engine loop in its main (only)
+thread, so signals reach it; the other ranks run the worker loop.  Any
 exception on any rank is logged and ends the whole job (MPI Abort): no rank is left hanging.
 """
 
@@ -15,16 +16,11 @@ import os
 import signal
 import sys
 import traceback
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # imported where used: a rank must not load these before its checks
-    from spmd_serve.engine.client import EngineClient
-    from spmd_serve.engine.metrics import EngineMetrics
-    from spmd_serve.frontend.server.app import IOServer
-    from spmd_serve.frontend.server.peer_watch import PeerWatch
-    from spmd_serve.frontend.text.tokenizer import ServingTokenizer
+    from spmd_serve.rank0_frontend import Frontend
 
 log = logging.getLogger("spmd_serve")
 
@@ -42,53 +38,6 @@ def _setup_logging(rank: int) -> None:
 def _quiet_paddle() -> None:
     os.environ.setdefault("GLOG_minloglevel", "2")  # Paddle's C++ INFO logs drown ours
     os.environ.setdefault("FLAGS_use_mkldnn", "0")
-
-
-@dataclass
-class Frontend:
-    """Rank 0's IO side, started before the model loads so that port and tokenizer problems join
-    the start-up agreement and health answers (503, not ready) while the shards load."""
-
-    tokenizer: ServingTokenizer
-    client: EngineClient
-    io: IOServer
-    max_model_len: int
-    metrics: EngineMetrics  # recorded by the engine, served by the IO thread
-    peers: PeerWatch  # fails everything when a rank on this node dies
-
-
-def _start_frontend(cfg, model_config: dict) -> Frontend:
-    from spmd_serve.config import ConfigError
-    from spmd_serve.engine.client import EngineClient
-    from spmd_serve.engine.metrics import EngineMetrics
-    from spmd_serve.frontend.server.app import IOServer
-    from spmd_serve.frontend.server.metrics_service import MetricsService
-    from spmd_serve.frontend.server.peer_watch import PeerWatch
-    from spmd_serve.frontend.server.settings import IOSettings
-    from spmd_serve.frontend.text.tokenizer import ServingTokenizer
-
-    try:
-        tokenizer = ServingTokenizer.from_model_dir(cfg.model_dir, cfg.use_hf_tokenizer)
-    except (OSError, ValueError) as e:
-        raise ConfigError(f"cannot load the tokenizer of {cfg.model_dir}: {e}") from None
-    max_model_len = int(model_config.get("max_position_embeddings", cfg.max_seq_len + cfg.max_dec_len))
-    client = EngineClient(capacity=cfg.batch_size + cfg.max_cached_task_num)
-    # OpenAI `model`: the served directory's name, or "default" (CONTRACT §4)
-    names = (Path(cfg.model_dir).resolve().name or "default", "default")
-    settings = IOSettings.from_config(cfg, model_max_len=max_model_len, model_names=names)
-    metrics = EngineMetrics()
-    peers = PeerWatch(client)
-    services: list = [MetricsService(metrics.registry, cfg.host, cfg.metrics_port), peers]
-    if cfg.grpc_port != -1:
-        from spmd_serve.frontend.triton.service import GrpcService
-
-        services.append(GrpcService.from_settings(client, tokenizer, settings, cfg.grpc_port))
-    io = IOServer(client, tokenizer, settings, services=services)
-    try:
-        io.start()
-    except OSError as e:  # a busy port: the message names it
-        raise ConfigError(str(e)) from None
-    return Frontend(tokenizer, client, io, max_model_len, metrics, peers)
 
 
 def _load(cfg, comm):
@@ -109,7 +58,11 @@ def _load(cfg, comm):
     cfg = clamp_to_model(cfg, model_config)
     manifest = read_rank_manifest(Path(cfg.model_dir) / f"rank_{comm.rank}", cfg.use_cache_kv_int8)
     check_kv_fits(cfg, manifest.kv_cache, comm.ranks_on_node())
-    frontend = _start_frontend(cfg, model_config) if comm.rank == 0 else None
+    frontend = None
+    if comm.rank == 0:
+        from spmd_serve.rank0_frontend import start_frontend
+
+        frontend = start_frontend(cfg, model_config)
     runner = ModelRunner(
         cfg.model_dir,
         comm.rank,
@@ -121,6 +74,12 @@ def _load(cfg, comm):
         onednn=cfg.onednn_min_tokens,
         malloc_tuning=cfg.malloc_tuning,
     )
+    if frontend is not None:  # the HTTP workers started meanwhile: each has said hello, or why not
+        try:
+            frontend.wait_started()
+        except BaseException:
+            frontend.stop()
+            raise
     return cfg, runner, frontend
 
 
@@ -128,7 +87,7 @@ def _run_rank0(cfg, comm, runner, fe: Frontend) -> None:
     from spmd_serve.engine.engine import Engine
     from spmd_serve.scheduler.scheduler import SchedulerConfig
 
-    client = fe.client
+    client = fe.hub
     sched = SchedulerConfig(
         max_num_seqs=cfg.batch_size,
         num_blocks=cfg.num_blocks(),
@@ -175,9 +134,10 @@ def _run_rank0(cfg, comm, runner, fe: Frontend) -> None:
         engine.warm_up(fe.tokenizer.encode("Warm-up request: hello world.") or [fe.tokenizer.bos_token_id or 1])
     client.ready.set()
     log.info(
-        "ready: %d rank(s), model %s, HTTP %s:%s, gRPC %s:%s, health %s:%s, metrics %s:%s, %d KV blocks of %d tokens"
-        ", %d KV bytes per token on each rank (%s cache), prefix caching %s",
+        "ready: %d rank(s), %d HTTP worker(s), model %s, HTTP %s:%s, gRPC %s:%s, health %s:%s, metrics %s:%s, "
+        "%d KV blocks of %d tokens, %d KV bytes per token on each rank (%s cache), prefix caching %s",
         comm.size,
+        fe.workers.count,
         cfg.model_dir,
         cfg.host,
         cfg.http_port,
@@ -193,10 +153,11 @@ def _run_rank0(cfg, comm, runner, fe: Frontend) -> None:
         runner.pool.layout.kind,
         "on" if cfg.enable_prefix_caching else "off",
     )
+    client.tick = fe.workers.check  # a worker that dies is started again
     try:
         engine.run()
     finally:
-        fe.io.stop()
+        fe.stop()
 
 
 def serve(cfg) -> int:
@@ -218,7 +179,7 @@ def serve(cfg) -> int:
         failed = [(r, msg) for r, (ok, msg) in enumerate(results) if not ok]
         if failed:
             if frontend is not None:
-                frontend.io.stop()
+                frontend.stop()
             if comm.rank == 0:  # one line, from one rank, without MPI_Abort (which can eat it)
                 where = "" if len(failed) == comm.size else f" (on ranks {[r for r, _ in failed]})"
                 print(f"spmd_serve: error: {failed[0][1]}{where}", file=sys.stderr, flush=True)
@@ -226,7 +187,7 @@ def serve(cfg) -> int:
         peer_pids = comm.local_peer_pids()
         if comm.rank == 0:
             assert frontend is not None, "rank 0 started its front end in _load"
-            frontend.peers.watch(peer_pids)
+            frontend.hub.set_peers(peer_pids)  # the workers' PeerWatch
             _run_rank0(cfg, comm, runner, frontend)
         else:
             # Workers leave signals to rank 0, which stops everyone with a SHUTDOWN plan.

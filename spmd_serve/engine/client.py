@@ -1,4 +1,7 @@
-"""The hand-off between rank 0's IO thread (asyncio: HTTP, gRPC) and its engine thread (MPI).
+"""The hand-off between an IO thread (asyncio: HTTP, gRPC) and an engine thread in one process:
+the in-process mode, which the http-tier tests run over a fake engine.  The server itself runs its
+front end in HTTP worker processes (engine/remote_client.py, engine/frontend_hub.py), which keep
+this interface and share `check_admission`.
 
 The IO side calls `add_request` / `abort` from the event loop; the engine thread calls
 `wait_for_work`, `take_commands` and `publish`.  Outputs reach the IO side through per-request
@@ -12,7 +15,7 @@ import asyncio
 import collections
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 
 from spmd_serve.engine.outputs import RequestOutput
@@ -20,6 +23,7 @@ from spmd_serve.sampling_params import SamplingParams
 from spmd_serve.scheduler.scheduler import QueueFullError
 
 __all__ = [
+    "REFUSAL_STATUS",
     "AbortCommand",
     "AddCommand",
     "DuplicateRequestError",
@@ -27,6 +31,7 @@ __all__ = [
     "NotReadyError",
     "QueueFullError",
     "RequestOutput",
+    "check_admission",
 ]
 
 
@@ -39,6 +44,23 @@ class DuplicateRequestError(Exception):
 
 class NotReadyError(Exception):
     """The engine is not ready or is draining (HTTP 503)."""
+
+
+REFUSAL_STATUS: dict[type[Exception], int] = {NotReadyError: 503, DuplicateRequestError: 409, QueueFullError: 429}
+
+
+def check_admission(req_id: str, ready: bool, draining: bool, in_flight: Collection[str], capacity: int) -> None:
+    """May a request with this id be submitted now?  Raises one of REFUSAL_STATUS's errors if not.
+    The one rule for the in-process client and for rank 0's hub over several HTTP workers."""
+    if not ready or draining:
+        raise NotReadyError("server is not ready" if not ready else "server is shutting down")
+    if req_id in in_flight:
+        raise DuplicateRequestError(f"req_id {req_id!r} is already in flight")
+    if len(in_flight) >= capacity:
+        raise QueueFullError(
+            f"too many requests in flight ({len(in_flight)}); "
+            f"the limit is BATCH_SIZE + MAX_CACHED_TASK_NUM = {capacity}"
+        )
 
 
 @dataclass
@@ -57,7 +79,7 @@ class AbortCommand:
 
 
 class EngineClient:
-    """Thread-safe bridge; one instance on rank 0, shared by the IO and engine threads."""
+    """Thread-safe bridge, shared by the IO and engine threads of one process."""
 
     def __init__(self, capacity: int) -> None:
         self.capacity = capacity  # BATCH_SIZE + MAX_CACHED_TASK_NUM
@@ -79,9 +101,9 @@ class EngineClient:
         # Set (with `draining`) by the IO thread when the job goes down without rank 0 having
         # decided it, e.g. a rank died: why, for health answers and the requests' error frames.
         self.failure = ""
-        # Called on the IO thread with the perf_counter time a delivered batch was published
-        # (the engine sets it: the io_handoff step phase).
-        self.on_handoff: Callable[[float], None] | None = None
+        # Called on the IO thread with the seconds from publishing a batch to its delivery, and
+        # the number of batches (the engine sets it: the io_handoff step phase).
+        self.on_handoff: Callable[[float, int], None] | None = None
 
     # ---- IO thread -------------------------------------------------------------------------
     def attach_loop(self, loop: asyncio.AbstractEventLoop | None) -> None:
@@ -93,16 +115,8 @@ class EngineClient:
         self, req_id: str, prompt_token_ids: list[int], params: SamplingParams
     ) -> asyncio.Queue[RequestOutput]:
         """Queue a request; returns the queue its outputs arrive on.  Call from the IO loop."""
-        if not self.ready.is_set() or self.draining.is_set():
-            raise NotReadyError("server is not ready" if not self.ready.is_set() else "server is shutting down")
         with self._cv:
-            if req_id in self._streams:
-                raise DuplicateRequestError(f"req_id {req_id!r} is already in flight")
-            if len(self._streams) >= self.capacity:
-                raise QueueFullError(
-                    f"too many requests in flight ({len(self._streams)}); "
-                    f"the limit is BATCH_SIZE + MAX_CACHED_TASK_NUM = {self.capacity}"
-                )
+            check_admission(req_id, self.ready.is_set(), self.draining.is_set(), self._streams, self.capacity)
             stream: asyncio.Queue[RequestOutput] = asyncio.Queue()
             self._streams[req_id] = stream
             self._commands.append(AddCommand(req_id, list(prompt_token_ids), params))
@@ -182,7 +196,7 @@ class EngineClient:
         handed_on: threading.Event | None = None,
     ) -> None:
         if self.on_handoff is not None and published_at:
-            self.on_handoff(published_at)
+            self.on_handoff(time.perf_counter() - published_at, 1)
         for out in outputs:
             with self._cv:
                 if self._since.get(out.req_id, epoch + 1) > epoch:

@@ -19,8 +19,8 @@ import time
 import numpy as np
 import numpy.typing as npt
 
-from spmd_serve.engine.client import AbortCommand, AddCommand, EngineClient
-from spmd_serve.engine.interfaces import PlanComm, Runner
+from spmd_serve.engine.client import AbortCommand, AddCommand
+from spmd_serve.engine.interfaces import FrontEnd, PlanComm, Runner
 from spmd_serve.engine.metrics import EngineMetrics
 from spmd_serve.engine.outputs import RequestOutput
 from spmd_serve.engine.plan_builder import build_plan
@@ -44,7 +44,7 @@ class Engine:
         sched_cfg: SchedulerConfig,
         comm: PlanComm,
         runner: Runner,
-        client: EngineClient,
+        client: FrontEnd,
         eos_token_ids: frozenset[int],
         log_every: int = 0,
         metrics: EngineMetrics | None = None,
@@ -71,7 +71,7 @@ class Engine:
         self.num_preemptions = 0
         self._empty_steps = 0
 
-    # ---- commands from the IO thread ------------------------------------------------------
+    # ---- commands from the front end ------------------------------------------------------
     def _apply_commands(self) -> None:
         errors: list[RequestOutput] = []
         for cmd in self.client.take_commands():

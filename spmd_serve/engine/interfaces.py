@@ -1,4 +1,5 @@
-"""What the engine needs of the MPI layer and of a model runner, as structural types.
+"""What the engine needs of the MPI layer, of a model runner and of the front end's hand-off, as
+structural types.
 
 The engine is written against these, not against `dist.comm.Comm` and `worker.ModelRunner`
 themselves, so that the scheduler-driven loop runs with a fake runner in unit tests and so that
@@ -8,12 +9,14 @@ another runner (the GPU one of docs/gpu.md) only has to provide the same methods
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Protocol
 
 import numpy as np
 import numpy.typing as npt
 
+from spmd_serve.engine.client import AbortCommand, AddCommand
+from spmd_serve.engine.outputs import RequestOutput
 from spmd_serve.protocol import StepPlan
 from spmd_serve.timing import PhaseTimer
 
@@ -39,3 +42,18 @@ class Runner(Protocol):
         """Per-step model statistics since the last call, `<metric>:<layer>` → values (e.g. tokens
         routed to each expert of a MoE layer), for /metrics; cleared on read."""
         ...
+
+
+class FrontEnd(Protocol):
+    """The engine thread's side of the hand-off with the front end: the in-process EngineClient
+    (tests, the offline engine) or rank 0's FrontendHub, which talks to the HTTP worker processes."""
+
+    heartbeat: float  # set every loop turn: health's liveness
+    busy_since: float | None  # set while a step executes (a long prefill is no hang)
+    on_handoff: Callable[[float, int], None] | None  # (seconds, batches) publish → delivered
+
+    def take_commands(self) -> list[AddCommand | AbortCommand]: ...
+
+    def publish(self, outputs: list[RequestOutput]) -> None: ...
+
+    def wait_for_work(self, timeout: float) -> None: ...

@@ -2,11 +2,12 @@
 
 This module owns `EngineMetrics`: a private `CollectorRegistry` (never the global one, so several
 engines in one test process cannot clash) and the hooks the engine loop calls.  Only the engine
-thread writes; the IO thread only renders the registry for `/metrics` (prometheus_client's
-metrics are thread-safe, and the original-tool gauges are swapped in as one dict).
+thread writes, and renders the registry between two steps when an HTTP worker forwards a scrape
+of `/metrics` (`render`; FrontendHub).
 
 When each metric changes (times are `time.monotonic()`; "arrival" is `Request.arrival_time`, the
-moment the IO thread handed the request to the EngineClient):
+moment the front end handed the request to its EngineClient, on the host's monotonic clock,
+which every process shares):
 * gauges (`update_gauges`, once per engine-loop turn, so a scrape is current even when idle):
   `spmd_serve:num_requests_running` = len(scheduler.running), `..._waiting` = len(waiting)
   (preempted requests included), `kv_cache_usage_perc` = used / total blocks (0..1, as vLLM);
@@ -39,7 +40,7 @@ step nothing beyond its perf_counter laps; warm-up steps included): counter
 `step_phase_seconds_total{phase}` for schedule, broadcast, execute (and its parts segment_<i>,
 allreduce, gather_logits, kv_write, execute_other), sample, update, io_handoff; histogram
 `step_duration_seconds` (one observation per executed step: its `_count` is the step count);
-`io_handoffs_total` (batches the IO thread delivered: divide io_handoff by it);
+`io_handoffs_total` (batches the front end delivered: divide io_handoff by it);
 `step_sampled_tokens_total`.  Mean ms per step of a phase over a window =
 rate(step_phase_seconds_total[w]) / rate(step_duration_seconds_count[w]).
 """
@@ -53,6 +54,7 @@ from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.exposition import choose_encoder
 from prometheus_client.metrics_core import CounterMetricFamily, Metric
 from prometheus_client.process_collector import ProcessCollector
 
@@ -127,7 +129,7 @@ class StepPhaseCollector:
             phases.add_metric([phase], seconds)
         return [
             phases,
-            CounterMetricFamily(PREFIX + "io_handoffs", "Output batches the IO thread delivered.", value=st.handoffs),
+            CounterMetricFamily(PREFIX + "io_handoffs", "Output batches the front end delivered.", value=st.handoffs),
             CounterMetricFamily(PREFIX + "step_sampled_tokens", "Tokens sampled by engine steps.", value=st.sampled),
         ]
 
@@ -301,3 +303,9 @@ class EngineMetrics:
         if reason == "stop":
             self.e2e.observe(self._clock() - arrival)
         self.abort_steps.observe(sum(1 for t in self._step_ends if t > requested_at))
+
+
+def render(registry: CollectorRegistry, accept: str) -> tuple[bytes, str]:
+    """The registry as the scraper asked for it (its Accept header): (body, content type)."""
+    encode, content_type = choose_encoder(accept)
+    return encode(registry), content_type

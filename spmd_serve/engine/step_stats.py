@@ -6,9 +6,10 @@ Phases of one step (DESIGN §2), each timed by rank 0's engine thread with `with
 by the ModelRunner into its own `PhaseTimer` (every graph segment, the allreduce / logits gather
 collectives, the KV-cache writes); `execute_other` is what is left of `execute` (feed building, the
 grid split).  A step ends once its metrics are recorded; only then are its outputs published, so a
-client that holds its answer also finds the step in /metrics.  `io_handoff` is measured on the IO
-thread: from `EngineClient.publish` to the event loop delivering that batch — it grows when the GIL
-or the loop is the bottleneck.
+client that holds its answer also finds the step in /metrics.  `io_handoff` is measured where the
+outputs arrive: from the engine publishing a batch to the front end's loop delivering it into the
+requests' queues (an HTTP worker reports its sums to rank 0 every 0.2 s and before answering a
+scrape) — it grows when a worker's loop is the bottleneck.
 
 The sums are plain floats (a phase costs ~0.3 µs); Prometheus reads them at scrape time through
 `EngineMetrics.watch_steps`, and the optional log line (SPMD_LOG_STEP_EVERY=N) prints the
@@ -40,12 +41,12 @@ class StepStats:
     sampled: int = 0  # generated tokens
     timer: PhaseTimer = field(default_factory=lambda: PhaseTimer(PHASES))
     runner: PhaseTimer | None = None  # the model runner's split of `execute`, if it has one
-    handoff_seconds: float = 0.0  # IO thread: publish → delivered, summed over batches
+    handoff_seconds: float = 0.0  # publish → delivered on the front end's loop, summed over batches
     handoffs: int = 0  # batches delivered
     on_step: Callable[[float], None] | None = None  # observes each step's wall time (metrics)
     _t0: float = 0.0
     _last: dict[str, float] = field(default_factory=dict)  # totals at the previous log line
-    _lock: threading.Lock = field(default_factory=threading.Lock)  # handoff: IO thread only
+    _lock: threading.Lock = field(default_factory=threading.Lock)  # handoff: from an IO thread too
 
     def start(self) -> StepStats:
         """A step begins (its wall time, for `on_step`, runs from here to `end_step`)."""
@@ -56,12 +57,12 @@ class StepStats:
         """`with stats.phase("execute"): ...` (one of PHASES)."""
         return self.timer.phase(name)
 
-    def record_handoff(self, published_at: float) -> None:
-        """Called on the IO thread when a published batch is delivered (perf_counter clock)."""
-        dt = time.perf_counter() - published_at
+    def record_handoff(self, seconds: float, batches: int = 1) -> None:
+        """`batches` published batches were delivered `seconds` (summed) after their publication:
+        called on the IO thread, or by the hub with a worker process's report."""
         with self._lock:
-            self.handoff_seconds += dt
-            self.handoffs += 1
+            self.handoff_seconds += seconds
+            self.handoffs += batches
 
     def end_step(self, num_tokens: int, num_sampled: int) -> None:
         self.steps += 1

@@ -1,4 +1,7 @@
-"""Rank 0's front end: every socket of the server, run on the IO thread.
+"""The front end: every public socket of the server, run on an IO thread of each HTTP worker
+process (`spmd_serve.http_worker`; PUSH_MODE_HTTP_WORKERS of them on the master node), which
+reaches rank 0's engine through an `EngineClient` (`engine.remote_client` over INTER_PROC_PORT; the
+in-process `engine.client` in the tests with a fake engine).
 
 Packages, lowest first; each imports only from the ones above it in this list:
 

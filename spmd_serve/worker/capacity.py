@@ -6,7 +6,6 @@ with the largest value that fits, not later with an out-of-memory kill mid-reque
 
 from __future__ import annotations
 
-import logging
 import math
 from collections.abc import Mapping
 
@@ -17,7 +16,6 @@ from spmd_serve.kv_layout import KVLayout
 from spmd_serve.manifest import ManifestError
 from spmd_serve.served_config import ServedConfig, check_dtype_runnable
 
-log = logging.getLogger(__name__)
 MEMORY_FRACTION = 0.9  # of available memory per rank, leaving room for activations
 
 
@@ -62,12 +60,6 @@ def check_supported(cfg) -> None:
                 f"{BY_FIELD[field].name}={value} is not built yet: speculative decoding "
                 f"is not implemented in this version (unset it)"
             )
-    if cfg.http_workers > 1:
-        log.warning(
-            "PUSH_MODE_HTTP_WORKERS=%d: extra HTTP worker processes are not implemented yet; "
-            "serving with one IO thread",
-            cfg.http_workers,
-        )
 
 
 def check_served_model(model_config: dict) -> None:

@@ -58,7 +58,7 @@ class ServerProcess:
     """`mpirun -n N spmd_serve` on free ports; use as a context manager."""
 
     def __init__(self, n: int, model_dir: str | None, log_path: Path, **env: str) -> None:
-        self.http_port, self.health_port, metrics_port, grpc_port = free_ports(4)
+        self.http_port, self.health_port, metrics_port, grpc_port, inter_proc_port = free_ports(5)
         self.env = mpi_env(
             MP_NUM=str(n),
             SERVICE_HTTP_PORT=str(self.http_port),
@@ -66,6 +66,7 @@ class ServerProcess:
             HOST="127.0.0.1",
             METRICS_HTTP_PORT=str(metrics_port),
             SERVICE_GRPC_PORT=str(grpc_port),
+            INTER_PROC_PORT=str(inter_proc_port),
             **env,
         )
         if model_dir:
@@ -101,8 +102,11 @@ class ServerProcess:
 
     def rank_pids(self) -> list[int]:
         """PIDs of the spmd_serve rank processes (children of mpirun)."""
-        out = subprocess.run(["pgrep", "-P", str(self.proc.pid)], capture_output=True, text=True).stdout
-        return [int(p) for p in out.split()]
+        return children(self.proc.pid)
+
+    def http_worker_pids(self) -> list[int]:
+        """PIDs of the HTTP worker processes (children of rank 0)."""
+        return children(rank_pid(self, 0))
 
     def stop(self, timeout: float = 30.0) -> int | None:
         if self.proc is None or self.proc.poll() is not None:
@@ -130,6 +134,11 @@ class ServerProcess:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+def children(pid: int) -> list[int]:
+    out = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True).stdout
+    return [int(p) for p in out.split()]
 
 
 def rank_pid(server: ServerProcess, rank: int) -> int:

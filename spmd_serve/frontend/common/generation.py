@@ -17,13 +17,19 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from spmd_serve.engine.client import DuplicateRequestError, EngineClient, NotReadyError, QueueFullError, RequestOutput
+from spmd_serve.engine.client import (
+    REFUSAL_STATUS,
+    DuplicateRequestError,
+    EngineClient,
+    NotReadyError,
+    QueueFullError,
+    RequestOutput,
+)
 from spmd_serve.frontend.common.parsing import ProtocolError
 from spmd_serve.frontend.text.output_assembler import OutputAssembler
 from spmd_serve.sampling_params import SamplingParams
 
 log = logging.getLogger(__name__)
-_SUBMIT_ERRORS = ((NotReadyError, 503), (DuplicateRequestError, 409), (QueueFullError, 429))
 
 
 class GenerationError(Exception):
@@ -73,8 +79,7 @@ class Generation:
         try:
             self._queue = self.client.add_request(self.req_id, self.prompt, self.params)  # type: ignore[assignment]
         except (NotReadyError, DuplicateRequestError, QueueFullError) as e:
-            status = next(s for kind, s in _SUBMIT_ERRORS if isinstance(e, kind))
-            raise ProtocolError(status, str(e), self.req_id) from None
+            raise ProtocolError(REFUSAL_STATUS[type(e)], str(e), self.req_id) from None
         return self
 
     def cancel(self) -> None:

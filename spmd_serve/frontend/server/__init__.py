@@ -1,4 +1,4 @@
-"""Rank 0's IO server, the leaf of the front end: the IO thread and its tornado apps (`app`), its
+"""An HTTP worker's IO server, the leaf of the front end: the IO thread and its tornado apps (`app`), its
 settings (`settings`), the health routes (`health`), `/metrics` (`metrics_service`), the OpenAPI
 document (`openapi`) and the watch over the node's other ranks (`peer_watch`).
 

@@ -1,8 +1,10 @@
-"""Rank 0's IO thread: the Tornado applications (service and health) and `IOServer`, which runs
-them on a fresh asyncio loop in a thread of its own.
+"""An HTTP worker's IO thread: the Tornado applications (service and health) and `IOServer`, which
+runs them on a fresh asyncio loop in a thread of its own.
 
-The engine thread owns MPI; this thread owns every socket.  They meet only in the EngineClient,
-whose outputs arrive here through `loop.call_soon_threadsafe` once `attach_loop` has been called.
+This thread owns every public socket of its process.  It meets the engine only in the
+EngineClient: in a worker process the `RemoteEngineClient` (engine/remote_client.py), whose link
+to rank 0 is one of this loop's services; in the tests' in-process mode an `EngineClient` whose
+outputs arrive through `loop.call_soon_threadsafe` once `attach_loop` has been called.
 This is where the protocols are wired together (the native handler's OpenAI chat delegate); the
 settings are `server.settings.IOSettings`.
 """
@@ -59,11 +61,14 @@ def make_health_app(client: EngineClient, settings: IOSettings) -> Application:
     return Application(health_routes(client, settings.live_threshold_s), default_handler_class=NotFoundHandler)
 
 
-def listen_http(app: Application, host: str, port: int, what: str, **server_kw: Any) -> tuple[HTTPServer, int]:
+def listen_http(
+    app: Application, host: str, port: int, what: str, *, reuse_port: bool = False, **server_kw: Any
+) -> tuple[HTTPServer, int]:
     """Serve `app` on host:port from the running loop; returns (server, bound port).  A port
-    that cannot be bound raises OSError naming it and its variable (`what`), for ConfigError."""
+    that cannot be bound raises OSError naming it and its variable (`what`), for ConfigError.
+    `reuse_port`: several HTTP worker processes listen on the port (SO_REUSEPORT)."""
     try:
-        socks = bind_sockets(port, host)
+        socks = bind_sockets(port, host, reuse_port=reuse_port)
     except OSError as e:
         raise OSError(e.errno, f"cannot listen on {host}:{port} ({what}): {e.strerror or e}") from None
     server = HTTPServer(app, **server_kw)
@@ -118,6 +123,11 @@ class IOServer:
             self._thread.join(timeout)
             raise self._error
 
+    @property
+    def running(self) -> bool:
+        """The IO thread is serving (False once it stopped or failed)."""
+        return self._thread is not None and self._thread.is_alive()
+
     def stop(self, timeout: float = 5.0) -> None:
         """Close listeners and open connections (in-flight requests are aborted), join."""
         loop, stop = self.loop, self._stop
@@ -146,7 +156,8 @@ class IOServer:
 
     def _listen(self, app: Application, port: int, what: str) -> tuple[HTTPServer, int]:
         # max_body_size bounds every handler; the native one lifts it per request to send 413.
-        return listen_http(app, self.settings.host, port, what, max_body_size=self.settings.max_body_size)
+        s = self.settings
+        return listen_http(app, s.host, port, what, reuse_port=s.reuse_port, max_body_size=s.max_body_size)
 
     async def _serve(self) -> None:
         self._stop = asyncio.Event()

@@ -1,8 +1,8 @@
-"""Rank 0's watch over the other ranks on its node, from the IO thread.
+"""An HTTP worker's watch over the ranks on its node (rank 0 sends their pids once all loaded).
 
 When a rank dies, mpirun notices and ends the whole job, but that takes it a second or two, and
 meanwhile rank 0's engine thread may be blocked in a collective with the dead rank: it can neither
-answer nor fail its requests.  The IO thread is never blocked, so it checks every `poll_s` that the
+answer nor fail its requests.  A worker's IO thread is never blocked, so it checks every `poll_s` that the
 processes of the ranks on this node are alive (`POLL_S`).  When one is gone: the server stops admitting (503),
 health turns 503 naming the rank, and every request in flight ends with an error frame (503) instead
 of a cut connection.  Ranks on other nodes are left to mpirun, whose daemons notice their deaths.

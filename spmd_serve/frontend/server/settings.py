@@ -30,6 +30,7 @@ class IOSettings:
     max_body_size: int = 8 << 20  # bytes; larger bodies get 413
     live_threshold_s: float = DEFAULT_LIVE_THRESHOLD_S
     model_names: tuple[str, ...] = ("default",)  # OpenAI `model` values served (first: its name)
+    reuse_port: bool = False  # SO_REUSEPORT on every public port: one of several HTTP worker processes
 
     @classmethod
     def from_config(cls, cfg: Any, **overrides: Any) -> IOSettings:

@@ -231,10 +231,11 @@ class GrpcService:
         disable_streaming: bool = False,
         live_threshold_s: float = DEFAULT_LIVE_THRESHOLD_S,
         max_message_size: int = 8 << 20,
+        reuse_port: bool = False,
     ) -> None:
         self.servicer = TritonServicer(client, tokenizer, limits, disable_streaming, live_threshold_s)
         self.host, self.port, self.api_key = host, port, api_key
-        self.max_message_size = max_message_size
+        self.max_message_size, self.reuse_port = max_message_size, reuse_port
         self._server: grpc.aio.Server | None = None
 
     @classmethod
@@ -250,18 +251,20 @@ class GrpcService:
             disable_streaming=bool(settings.disable_streaming),
             live_threshold_s=settings.live_threshold_s,
             max_message_size=settings.max_body_size,
+            reuse_port=settings.reuse_port,
         )
 
     async def start(self) -> None:
         options = [
-            ("grpc.so_reuseport", 0),  # gRPC's default would let a second server share the port
+            # gRPC's default would let any second server share the port; HTTP workers do on purpose
+            ("grpc.so_reuseport", int(self.reuse_port)),
             ("grpc.max_receive_message_length", self.max_message_size),
             ("grpc.max_send_message_length", -1),
         ]
         interceptors = [BearerAuth(self.api_key)] if self.api_key else []
         server = grpc.aio.server(options=options, interceptors=interceptors)
         service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(self.servicer, server)
-        _check_bindable(self.host, self.port)
+        _check_bindable(self.host, self.port, self.reuse_port)
         host = f"[{self.host}]" if ":" in self.host else self.host
         try:
             bound = server.add_insecure_port(f"{host}:{self.port}")
@@ -279,14 +282,16 @@ class GrpcService:
             self._server = None
 
 
-def _check_bindable(host: str, port: int) -> None:
-    """Bind a plain socket first: the OS's own reason, and none of gRPC's C-core log noise."""
+def _check_bindable(host: str, port: int, reuse_port: bool = False) -> None:
+    """Bind a socket first (without listening: no connection can land on it): the OS's own
+    reason, and none of gRPC's C-core log noise."""
     if port == 0:
         return
     try:
-        with socket.create_server(
-            (host, port), family=socket.AF_INET6 if ":" in host else socket.AF_INET, reuse_port=False
-        ):
-            pass
+        with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if reuse_port:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+            sock.bind((host, port))
     except OSError as e:
         raise OSError(e.errno, f"cannot listen on {host}:{port} (SERVICE_GRPC_PORT): {e.strerror or e}") from None

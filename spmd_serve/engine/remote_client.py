@@ -1,0 +1,220 @@
+"""An HTTP worker process's `EngineClient`: the same interface for the front end, forwarded over
+INTER_PROC_PORT to rank 0's `FrontendHub` (engine/frontend_hub.py).
+
+The front end (native, OpenAI, gRPC, health, PeerWatch) calls `add_request`, `abort`,
+`fail_all`, reads `ready` / `draining` / `heartbeat` / `busy_since` / `failure`, and reads outputs
+from per-request asyncio queues exactly as in process.  Here everything runs on the worker's IO
+loop: `add_request` checks what this worker can know (ready, draining, its own ids and capacity)
+and writes an `add` frame; the hub repeats the checks over all workers and answers a refusal as the
+request's only output (409, 429, 503).  Each request gets this worker's own number `n`, so the
+outputs of an aborted request can never reach a later one with the same req_id.  The engine
+thread's half of the base class (`take_commands`, `publish`, ...) is not used in a worker.
+
+`EngineLink` is the IO service that owns the connection: hello, the reader task, and the end —
+`bye` (the server is stopping: wait for the open requests to answer) or EOF (rank 0 is gone:
+fail every request with 503).  `done` is set then, and the worker process exits.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import socket
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from spmd_serve.engine.client import EngineClient, NotReadyError, check_admission
+from spmd_serve.engine.outputs import RequestOutput
+from spmd_serve.engine.wire import (
+    HEADER_SIZE,
+    Message,
+    WireError,
+    decode_body,
+    encode,
+    header_size,
+    output_from_wire,
+    params_to_wire,
+)
+from spmd_serve.sampling_params import SamplingParams
+
+HANDOFF_REPORT_S = 0.2  # how often the hand-off times go back to the engine's /metrics
+STOP_GRACE_S = 5.0  # after `bye`: how long the open requests may take to write their last frame
+
+
+class RemoteEngineClient(EngineClient):
+    """The front end's engine, in a worker process; use on the IO loop only."""
+
+    def __init__(self, capacity: int) -> None:
+        super().__init__(capacity)
+        self._writer: asyncio.StreamWriter | None = None
+        self._n = 0
+        self._ids: dict[str, int] = {}  # req_id -> n, while its outputs may come
+        self._by_n: dict[int, str] = {}
+        self._open: set[str] = set()  # submitted and not yet closed by its handler
+        self._metrics: dict[int, asyncio.Future[tuple[bytes, str]]] = {}
+        self._handoff = [0.0, 0]  # seconds, batches not yet reported
+        self._report: asyncio.TimerHandle | None = None
+        self.on_peers: Callable[[dict[int, int]], None] | None = None
+
+    # ---- the front end's interface ----------------------------------------------------------
+    def add_request(
+        self, req_id: str, prompt_token_ids: list[int], params: SamplingParams
+    ) -> asyncio.Queue[RequestOutput]:
+        check_admission(req_id, self.ready.is_set(), self.draining.is_set(), self._streams, self.capacity)
+        if self._writer is None:
+            raise NotReadyError("server is not ready")
+        self._n += 1
+        n = self._n
+        stream: asyncio.Queue[RequestOutput] = asyncio.Queue()
+        self._streams[req_id], self._ids[req_id], self._by_n[n] = stream, n, req_id
+        self._open.add(req_id)
+        add = {"n": n, "id": req_id, "prompt": list(prompt_token_ids), "params": params_to_wire(params)}
+        self._send({"t": "add", **add, "at": time.monotonic()})
+        return stream
+
+    def abort(self, req_id: str, reason: str = "abort") -> None:
+        self._open.discard(req_id)
+        if self._streams.pop(req_id, None) is not None:
+            n = self._ids.pop(req_id)
+            del self._by_n[n]
+            self._send({"t": "abort", "n": n, "reason": reason, "at": time.monotonic()})
+
+    def fail_all(self, error_code: int, error_msg: str) -> None:
+        """End every request in flight with an error now (a rank died); the engine is told to
+        drop them too, in case it is still there to hear it."""
+        for req_id, stream in list(self._streams.items()):
+            self.abort(req_id)
+            self._open.add(req_id)  # its handler has yet to write the error
+            stream.put_nowait(RequestOutput.error(req_id, error_code, error_msg))
+
+    async def fetch_metrics(self, accept: str, timeout: float = 10.0) -> tuple[bytes, str]:
+        """The engine's /metrics text, rendered on rank 0; NotReadyError or TimeoutError."""
+        if self._writer is None:
+            raise NotReadyError("the engine is not connected")
+        self._report_handoff()  # this worker's pending hand-off times count in this scrape
+        q = self._n = self._n + 1
+        future: asyncio.Future[tuple[bytes, str]] = asyncio.get_running_loop().create_future()
+        self._metrics[q] = future
+        self._send({"t": "metrics", "q": q, "accept": accept})
+        try:
+            return await asyncio.wait_for(future, timeout)
+        finally:
+            self._metrics.pop(q, None)
+
+    @property
+    def num_open(self) -> int:
+        """Requests whose handlers have not closed them yet."""
+        return len(self._open)
+
+    # ---- from the engine ---------------------------------------------------------------------
+    def connected(self, writer: asyncio.StreamWriter | None) -> None:
+        self._writer = writer
+
+    def on_message(self, msg: Message) -> None:
+        kind = msg["t"]
+        if kind == "out":
+            self._deliver_items(msg["o"], float(msg["at"]))
+        elif kind == "beat":
+            now = time.monotonic()
+            self.heartbeat, self.busy_since = now, now if msg["busy"] else None
+        elif kind == "state":
+            (self.ready.set if msg["ready"] else self.ready.clear)()
+            if msg["draining"]:
+                self.draining.set()
+            self.failure = self.failure or str(msg["failure"])
+        elif kind == "peers" and self.on_peers is not None:
+            self.on_peers({int(r): int(pid) for r, pid in msg["peers"].items()})
+        elif kind == "metrics":
+            future = self._metrics.get(int(msg["q"]))
+            if future is not None and not future.done():
+                future.set_result((str(msg["body"]).encode(), str(msg["type"])))
+        elif kind != "peers":
+            raise WireError(f"unknown message {kind!r}")
+
+    def _deliver_items(self, items: list[Any], published_at: float) -> None:
+        self._handoff[0] += time.monotonic() - published_at
+        self._handoff[1] += 1
+        if self._report is None:
+            self._report = asyncio.get_running_loop().call_later(HANDOFF_REPORT_S, self._report_handoff)
+        for item in items:
+            req_id = self._by_n.get(item[0])
+            if req_id is None:
+                continue  # aborted here meanwhile
+            out = output_from_wire(item, req_id)
+            stream = self._streams[req_id]
+            if out.finished:
+                del self._streams[req_id], self._ids[req_id], self._by_n[item[0]]
+            stream.put_nowait(out)
+
+    def _report_handoff(self) -> None:
+        if self._report is not None:
+            self._report.cancel()
+            self._report = None
+        (seconds, batches), self._handoff = self._handoff, [0.0, 0]
+        if batches:
+            self._send({"t": "handoff", "s": seconds, "n": batches})
+
+    def _send(self, msg: Message) -> None:
+        if self._writer is not None and not self._writer.is_closing():
+            self._writer.write(encode(msg))
+
+
+class EngineLink:
+    """The IO service that connects a worker's client to rank 0 (started last: the ports are
+    bound by then, and the hello says so)."""
+
+    def __init__(self, client: RemoteEngineClient, sock: socket.socket, worker: int, token: str) -> None:
+        self.client, self.sock, self.worker, self.token = client, sock, worker, token
+        self.done = threading.Event()  # the server is stopping or rank 0 is gone: exit
+        self.stopped_cleanly = False
+        self._task: asyncio.Task[None] | None = None
+        self._writer: asyncio.StreamWriter | None = None
+
+    async def start(self) -> None:
+        reader, self._writer = await asyncio.open_connection(sock=self.sock)
+        self.client.connected(self._writer)
+        self.client._send({"t": "hello", "worker": self.worker, "pid": os.getpid(), "token": self.token, "ok": True})
+        self._task = asyncio.get_running_loop().create_task(self._run(reader))
+
+    async def stop(self, grace: float) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        self.client.connected(None)
+        if self._writer is not None:
+            self._writer.close()
+
+    async def _run(self, reader: asyncio.StreamReader) -> None:
+        why = "connection closed"
+        try:
+            while True:
+                size = header_size(await reader.readexactly(HEADER_SIZE))
+                msg = decode_body(await reader.readexactly(size))
+                if msg["t"] == "bye":
+                    self.stopped_cleanly = True
+                    break
+                self.client.on_message(msg)
+        except (asyncio.IncompleteReadError, ConnectionError, WireError, KeyError, TypeError, ValueError) as e:
+            why = str(e) or type(e).__name__
+        client = self.client
+        client.draining.set()
+        if not self.stopped_cleanly:
+            if not client.failure:
+                client.failure = f"rank 0 (pid {os.getppid()}) exited unexpectedly ({why}): the server is going down"
+            client.fail_all(503, client.failure)
+        deadline = time.monotonic() + STOP_GRACE_S  # let the handlers write their last frames
+        while client.num_open and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+        self.done.set()
+
+
+def report_start_failure(sock: socket.socket, worker: int, token: str, error: str) -> None:
+    """The hello of a worker that could not start (a busy port, a bad tokenizer): rank 0 prints it
+    as its one start-up error line."""
+    hello = {"t": "hello", "worker": worker, "pid": os.getpid(), "token": token, "ok": False, "error": error}
+    with contextlib.suppress(OSError):
+        sock.sendall(encode(hello))

@@ -1,0 +1,128 @@
+"""The messages between rank 0's engine and the HTTP worker processes (INTER_PROC_PORT, loopback).
+
+This module owns the wire format both ends share: a frame is a 4-byte big-endian length and that
+many bytes of one UTF-8 JSON object whose "t" names its kind.  JSON, never pickle: a frame from a
+socket is data, and decoding it can run no code.  `FrameDecoder` cuts frames out of a byte
+stream (the engine side reads non-blocking sockets), `encode` makes one; the request fields travel
+as `params_to_wire` / `params_from_wire` and `output_to_wire` / `output_from_wire`.
+
+Messages (worker → engine): `hello` {worker, pid, token, ok, error}, `add` {n, id, prompt, params,
+at}, `abort` {n, reason, at}, `handoff` {s, n}, `metrics` {q, accept}.
+(engine → worker): `state` {ready, draining, failure}, `peers` {peers}, `beat` {busy}, `out` {at,
+o: [output...]}, `metrics` {q, body, type}, `bye`.
+`n` is the worker's own number for a request (a req_id may be reused as soon as its request is
+aborted: outputs still on their way for the old one must not reach the new one); `at` a
+time.monotonic() instant, which every process on the host reads from the same clock.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import struct
+from typing import Any
+
+from spmd_serve.engine.outputs import RequestOutput, TokenLogprobs
+from spmd_serve.sampling_params import SamplingParams
+
+MAX_FRAME = 64 << 20  # bytes: far above any request the front end accepts (MAX_SEQ_LEN ids)
+_HEADER = struct.Struct(">I")
+_PARAM_FIELDS = {f.name for f in dataclasses.fields(SamplingParams)}
+_TUPLE_FIELDS = ("eos_token_ids", "stop_sequences")
+
+Message = dict[str, Any]
+
+
+class WireError(Exception):
+    """A frame that is not one of ours: the connection is closed."""
+
+
+def encode(msg: Message) -> bytes:
+    """One frame: length prefix + compact JSON."""
+    body = json.dumps(msg, separators=(",", ":"), ensure_ascii=False).encode()
+    if len(body) > MAX_FRAME:
+        raise WireError(f"a {msg.get('t')!r} message of {len(body)} bytes exceeds the frame limit")
+    return _HEADER.pack(len(body)) + body
+
+
+class FrameDecoder:
+    """Bytes in (any cut), whole messages out."""
+
+    def __init__(self) -> None:
+        self._buf = bytearray()
+
+    def feed(self, data: bytes) -> list[Message]:
+        self._buf += data
+        out: list[Message] = []
+        while len(self._buf) >= _HEADER.size:
+            (size,) = _HEADER.unpack_from(self._buf)
+            if size > MAX_FRAME:
+                raise WireError(f"frame of {size} bytes exceeds the limit of {MAX_FRAME}")
+            end = _HEADER.size + size
+            if len(self._buf) < end:
+                break
+            out.append(decode_body(bytes(self._buf[_HEADER.size : end])))
+            del self._buf[:end]
+        return out
+
+
+def decode_body(body: bytes) -> Message:
+    try:
+        msg = json.loads(body)
+    except (UnicodeDecodeError, ValueError) as e:
+        raise WireError(f"undecodable frame: {e}") from None
+    if not isinstance(msg, dict) or not isinstance(msg.get("t"), str):
+        raise WireError("a frame must be a JSON object with a string 't'")
+    return msg
+
+
+def header_size(data: bytes) -> int:
+    """The body length announced by a 4-byte header (asyncio readers read it, then the body)."""
+    (size,) = _HEADER.unpack(data)
+    if size > MAX_FRAME:
+        raise WireError(f"frame of {size} bytes exceeds the limit of {MAX_FRAME}")
+    return int(size)
+
+
+HEADER_SIZE = _HEADER.size
+
+
+# ---- request fields ---------------------------------------------------------------------------
+def params_to_wire(params: SamplingParams) -> Message:
+    return dataclasses.asdict(params)
+
+
+def params_from_wire(data: Any) -> SamplingParams:
+    """The worker validated them (its parsers); here only the shape is checked."""
+    if not isinstance(data, dict) or not set(data) <= _PARAM_FIELDS:
+        raise WireError(f"bad sampling parameters: {data!r:.200}")
+    fields: dict[str, Any] = {k: tuple(v) if k in _TUPLE_FIELDS else v for k, v in data.items()}
+    return SamplingParams(**fields)
+
+
+def output_to_wire(out: RequestOutput, n: int) -> list[Any]:
+    """One output as a positional list (this is the per-token traffic: keep it small)."""
+    return [
+        n,
+        out.new_token_ids,
+        out.finished,
+        out.finish_reason,
+        out.error_code,
+        out.error_msg,
+        out.num_prompt_tokens,
+        out.num_cached_tokens,
+        out.logprobs,
+    ]
+
+
+def output_from_wire(item: Any, req_id: str) -> RequestOutput:
+    """The list `output_to_wire` made, for the request the worker knows as `req_id`."""
+    if not isinstance(item, list) or len(item) != 9:
+        raise WireError(f"bad output: {item!r:.200}")
+    _, ids, finished, reason, code, msg, num_prompt, num_cached, logprobs = item
+    lps: list[TokenLogprobs] | None = None
+    if logprobs is not None:
+        lps = [(chosen, [(int(t), lp) for t, lp in top]) for chosen, top in logprobs]
+    return RequestOutput(
+        req_id, list(ids), bool(finished), reason, int(code), str(msg), int(num_prompt), int(num_cached), lps
+    )
