@@ -26,7 +26,9 @@ import numpy.typing as npt
 
 from spmd_serve.kv_layout import KVLayout
 
-MANIFEST_VERSION = 2  # 2: typed manifest with the KV layout (`kv_cache`); 1 had none
+# 3: one graph per segment for every step (the C++ paged attention; no decode-graph variants);
+# 2: typed manifest with the KV layout (`kv_cache`); 1 had none
+MANIFEST_VERSION = 3
 MANIFEST_FILE = "manifest.json"
 QUANT_METHODS = ("weight_only_int8", "weight_only_int4")
 COLLECTIVES = ("none", "graph", "segments")  # tp = 1 / all-reduce ops in the graph / runtime between segments
@@ -66,15 +68,13 @@ class ShardDims:
 @dataclass(frozen=True)
 class SegmentSpec:
     """What the runtime needs to feed one saved graph (`<name>.json`) and route its outputs.  `params`:
-    the .pdiparams prefix when not `name` (a variant shares its base graph's); `decode`: the variant
-    traced for steps whose every query is one token, when the export has one."""
+    the .pdiparams prefix when not `name` (a variant shares its base graph's)."""
 
     name: str
     inputs: tuple[str, ...]
     outputs: tuple[str, ...]
     kv_layers: tuple[int, ...] = ()
     params: str | None = None
-    decode: SegmentSpec | None = None
 
     @property
     def params_name(self) -> str:
@@ -86,27 +86,18 @@ class SegmentSpec:
         return self.outputs[0] == "logits"
 
     def to_json(self) -> dict[str, Any]:
-        out: dict[str, Any] = {
+        return {
             "name": self.name,
             "inputs": list(self.inputs),
             "outputs": list(self.outputs),
             "kv_layers": list(self.kv_layers),
             "params": self.params,
         }
-        if self.decode is not None:
-            out["decode"] = self.decode.to_json()
-        return out
 
     @classmethod
     def from_json(cls, obj: Mapping[str, Any]) -> SegmentSpec:
-        decode = obj.get("decode")
         return cls(
-            obj["name"],
-            tuple(obj["inputs"]),
-            tuple(obj["outputs"]),
-            tuple(obj.get("kv_layers", ())),
-            obj.get("params"),
-            None if decode is None else cls.from_json(decode),
+            obj["name"], tuple(obj["inputs"]), tuple(obj["outputs"]), tuple(obj.get("kv_layers", ())), obj.get("params")
         )
 
 

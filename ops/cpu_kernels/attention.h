@@ -1,4 +1,4 @@
-// The attention core shared by spmd_paged_attention and spmd_decode_attention (attention.cc):
+// The attention core of spmd_paged_attention (attention.cc):
 // causal GQA attention of a step's query tokens over the paged K/V pool, threaded over
 // (sequence, KV head, tile of query rows) work items.
 //

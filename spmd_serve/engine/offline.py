@@ -54,16 +54,18 @@ def generate(
     from spmd_serve.protocol import StepPlan
     from spmd_serve.scheduler.scheduler import SchedulerConfig
     from spmd_serve.worker.model_runner import ModelRunner
+    from spmd_serve.worker.rank_cpus import setup_rank_cpus
 
     comm = Comm()
+    cpus = setup_rank_cpus(comm, env_setting("num_threads"), env_setting("bind_cores"))
     runner = ModelRunner(
         model_dir,
         comm.rank,
         comm,
         num_blocks,
         block_size,
+        cpus.threads,
         kv_int8=env_setting("use_cache_kv_int8") if kv_int8 is None else kv_int8,
-        onednn=env_setting("onednn_min_tokens"),
         malloc_tuning=env_setting("malloc_tuning"),
     )
     comm.barrier()
@@ -97,6 +99,7 @@ def generate(
         "preemptions": sum(r.num_preemptions for r in reqs),
         "elapsed_s": elapsed,
         "stats": engine.stats.as_dict(),
+        "op_threads": runner.op_threads,  # the C++ graph ops' threads on rank 0 (0: Paddle's ops only)
     }
 
 
@@ -118,6 +121,7 @@ def main(argv: list[str]) -> int:
             preemptions=res["preemptions"],
             stats=json.dumps(res["stats"]),
             elapsed_s=res["elapsed_s"],
+            op_threads=res["op_threads"],
         )
     return 0
 

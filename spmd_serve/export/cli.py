@@ -51,8 +51,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--graph-ops",
         default="auto",
         choices=GRAPH_OPS,
-        help="cpp: our C++ ops in the graphs (all-reduce inside one graph per rank, fused decode "
-        "attention; built with g++ and the MPI headers); paddle: Paddle's own ops only "
+        help="cpp: our C++ ops in the graphs (threaded GEMMs, norms and paged attention for every step, "
+        "all-reduce inside one graph per rank; built with g++ and the MPI headers); paddle: Paddle's own ops only "
         "(tp > 1: a graph per stage); auto: cpp when it builds here",
     )
     return ap

@@ -2,16 +2,13 @@
 steps that mix decodes, prefills from scratch and chunks after a past, in the StepPlan's flat
 token layout; RoPE from inv_freq, the step's K/V written into the paged pool at their slots, causal
 GQA over the past (block tables, blocks scattered, contexts ending on and around block edges) and
-the step's own tokens.  The threaded op equals the one-thread op bit for bit, and the decode op
-(per-step RoPE tables) agrees with it on a decode step."""
+the step's own tokens.  The threaded op equals the one-thread op bit for bit."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from spmd_serve.manifest import ShardDims
-from spmd_serve.worker.step_tables import rope_tables
 from tests.support.paged_attention_reference import inv_freq, make_step, reference
 
 
@@ -74,39 +71,6 @@ def test_long_chunks_match_float64_and_threads_change_no_bit(ext, ctx, qlens):
         assert all(np.array_equal(a, b) for a, b in zip(run(ext, step, 8, threads), one))
 
 
-def test_decode_op_agrees_on_a_decode_step(ext):
-    import paddle
-
-    nh, kvh, d = 8, 2, 64
-    step = make_step([0, 17, 40], [1, 1, 1], nh, kvh, d, 16, seed=9)
-    qkv, kc, vc, tables, ctx, _, slots = step
-    dims = ShardDims(
-        tp=1,
-        hidden=nh * d,
-        head_dim=d,
-        num_layers=1,
-        heads=nh,
-        kv_heads=kvh,
-        intermediate=8,
-        vocab=16,
-        vocab_local=16,
-        rms_norm_eps=1e-6,
-        rope_theta=1e4,
-    )
-    cos, sin = rope_tables(ctx, inv_freq(d), dims)
-    paged = run(ext, step, nh, threads=2)
-    kt, vt = paddle.to_tensor(kc.copy()), paddle.to_tensor(vc.copy())
-    dec = ext.run_op(
-        "spmd_decode_attention",
-        *map(paddle.to_tensor, (qkv, cos, sin)),
-        kt,
-        vt,
-        *map(paddle.to_tensor, (tables, ctx, slots)),
-    ).numpy()
-    np.testing.assert_allclose(dec, paged[0], rtol=1e-5, atol=1e-6)
-    np.testing.assert_allclose(kt.numpy(), paged[1], rtol=1e-6, atol=1e-6)
-
-
 @pytest.mark.parametrize(
     "change,message",
     [
@@ -126,7 +90,7 @@ def test_bad_inputs_are_refused_with_a_reason(ext, change, message):
 
 
 def test_traced_graphs_get_the_output_shape(ext):
-    """Shape inference (static graphs, unknown T): [T, nh * d] for both attention ops."""
+    """Shape inference (static graphs, unknown T): [T, nh * d]."""
     import paddle
 
     paddle.enable_static()
@@ -137,7 +101,6 @@ def test_traced_graphs_get_the_output_shape(ext):
             ids = [data(n, [-1], "int64") for n in ("ctx", "qlens", "slots")]
             tables = data("tables", [-1, -1], "int64")
             paged = ext.run_op("spmd_paged_attention", qkv, data("freq", [32]), pool, pool, tables, *ids, 0.125)
-            decode = ext.run_op("spmd_decode_attention", qkv, qkv, qkv, pool, pool, tables, ids[0], ids[2])
-            assert list(paged.shape) == list(decode.shape) == [-1, 8 * 64]
+            assert list(paged.shape) == [-1, 8 * 64]
     finally:
         paddle.disable_static()

@@ -17,6 +17,7 @@ from spmd_serve.export.layers import (
     make_linear,
     make_param,
     rms_norm,
+    swiglu,
     unpack_int4,
 )
 from spmd_serve.export.segment import Stage
@@ -79,8 +80,8 @@ class MlpStage(Stage):
         return self(h, delta, env, variant)
 
     def forward(self, h, delta, env: dict, variant: GraphVariant):
-        x, h = add_rms_norm(h, delta, self.ln, self.eps)
-        return h, self.down(nn.functional.swiglu(self.gate_up(x, variant)), variant), []  # silu(gate) * up
+        x, h = add_rms_norm(h, delta, self.ln, self.eps, variant)
+        return h, self.down(swiglu(self.gate_up(x, variant), variant), variant), []  # silu(gate) * up
 
 
 class HeadStage(Stage):
@@ -105,4 +106,4 @@ class HeadStage(Stage):
 
     def forward(self, h, env: dict, variant: GraphVariant):
         last = paddle.gather(h, env["logits_index"], axis=0)  # [B, H]
-        return self.lm_head(rms_norm(last, self.norm, self.eps), variant), []
+        return self.lm_head(rms_norm(last, self.norm, self.eps, variant), variant), []
