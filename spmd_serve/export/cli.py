@@ -1,6 +1,6 @@
 """`spmd_serve export`: a HuggingFace or PaddleNLP Llama/Qwen2 checkpoint → the served model directory.
 
-`--demo tiny|small` first writes a deterministic checkpoint (weights + trained SentencePiece
+`--demo tiny|small|1b` first writes a deterministic checkpoint (weights + trained SentencePiece
 tokenizer, export/demo/) so everything works offline.
 """
 
@@ -13,6 +13,7 @@ from pathlib import Path
 
 from spmd_serve.export.errors import ExportError
 from spmd_serve.export.families import SUPPORTED_ARCHS
+from spmd_serve.export.demo.checkpoint import PRESETS as DEMO_PRESETS
 from spmd_serve.export.graph_ops import GRAPH_OPS
 from spmd_serve.export.pipeline import export_checkpoint
 from spmd_serve.manifest import QUANT_METHODS
@@ -24,7 +25,11 @@ def build_parser() -> argparse.ArgumentParser:
     src.add_argument(
         "--checkpoint", type=Path, help=f"HuggingFace or PaddleNLP checkpoint directory ({', '.join(SUPPORTED_ARCHS)})"
     )
-    src.add_argument("--demo", choices=("tiny", "small"), help="write and export a built-in demo model")
+    src.add_argument(
+        "--demo",
+        choices=tuple(DEMO_PRESETS),
+        help="write and export a built-in demo model (1b: Llama-3.2-1B's shape, ~4 GB in fp32)",
+    )
     ap.add_argument("--out", type=Path, required=True, help="served model directory to write")
     ap.add_argument("--tp", type=int, default=1, help="tensor-parallel degree (one rank_<i>/ per rank)")
     ap.add_argument(

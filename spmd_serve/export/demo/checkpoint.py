@@ -49,6 +49,17 @@ PRESETS: dict[str, dict[str, int]] = {
         "num_key_value_heads": 4,
         "max_position_embeddings": 4096,
     },
+    # Llama-3.2-1B's shape with the demo tokenizer: ~1.0B parameters (4 GB in fp32), a realistic
+    # size for speed figures (memory-bound decode).  Never built by the tests (tiny and small are).
+    "1b": {
+        "vocab_size": 8000,
+        "hidden_size": 2048,
+        "intermediate_size": 8192,
+        "num_hidden_layers": 16,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 8,
+        "max_position_embeddings": 4096,
+    },
 }
 
 BOS_TOKEN, EOS_TOKEN, UNK_TOKEN = "<s>", "</s>", "<unk>"
