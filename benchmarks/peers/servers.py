@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator
 
-from tests.server_process import free_ports   # the project's free-loopback-ports helper
+from tests.support.server_process import free_ports  # the project's free-loopback-ports helper
 
 ROOT = Path(__file__).resolve().parents[2]
 
