@@ -193,8 +193,11 @@ StepTokens tokens_of(const char* op, const paddle::Tensor& block_tables, const p
 
 std::vector<std::vector<int64_t>> attention_shape(const std::vector<int64_t>& qkv,
                                                   const std::vector<int64_t>& k_cache) {
-  const int64_t nh = qkv[1] < 0 || k_cache[2] < 0 ? -1 : qkv[1] - 2 * k_cache[2];
-  return {{qkv[0], nh < 0 || qkv[2] < 0 ? -1 : nh * qkv[2]}};
+  // qkv [T, heads, d] or [T, heads * d] (d = the pool's head_dim); out [T, (heads - 2 kvh) d]
+  const int64_t d = qkv.size() == 3 ? qkv[2] : k_cache[3];
+  const int64_t width = qkv.size() == 3 ? (qkv[1] < 0 || d < 0 ? -1 : qkv[1] * d) : qkv[1];
+  const bool known = width >= 0 && k_cache[2] >= 0 && d >= 0;
+  return {{qkv[0], known ? width - 2 * k_cache[2] * d : -1}};
 }
 
 int64_t check_tokens(const char* op, StepTokens& st, const PagedPool& pool, int64_t tokens) {

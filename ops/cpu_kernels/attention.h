@@ -41,7 +41,8 @@ PagedPool pool_of(const char* op, const paddle::Tensor& k_cache, const paddle::T
 StepTokens tokens_of(const char* op, const paddle::Tensor& block_tables, const paddle::Tensor& ctx_lens,
                      const paddle::Tensor& query_lens, const paddle::Tensor& slot_mapping);
 
-// Shape inference of both attention ops: [T, nh * d], nh = qkv heads - 2 kv_heads (-1: unknown).
+// Shape inference: [T, nh * d], nh = qkv heads - 2 kv_heads (-1: unknown); qkv [T, heads, d] or
+// [T, heads * d].
 std::vector<std::vector<int64_t>> attention_shape(const std::vector<int64_t>& qkv,
                                                   const std::vector<int64_t>& k_cache);
 

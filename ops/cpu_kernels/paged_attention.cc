@@ -3,7 +3,8 @@
 // causal GQA attention over the past and the step's own tokens (attention.h), on the op library's
 // threads.  The step's tokens are flat (the StepPlan's layout, no padded [B, S] grid):
 //
-//   qkv           [T, nh + 2 kvh, d] f32   fused q|k|v projections, before RoPE
+//   qkv           [T, nh + 2 kvh, d] f32   fused q|k|v projections, before RoPE (or [T, (nh + 2 kvh) d]:
+//                                          the linear's output as it is, d read from the pool)
 //   inv_freq      [d / 2] f32              RoPE frequencies, scaling (e.g. llama3) already applied
 //   k/v_cache     [NB, bs, kvh, d]   f32   the pool: the step's K/V are WRITTEN into it at slot_mapping
 //   block_tables  [B, MB] i64, ctx_lens [B] i64 (tokens already in the pool), query_lens [B] i64
@@ -35,11 +36,14 @@ std::vector<paddle::Tensor> PagedAttentionForward(const paddle::Tensor& qkv, con
   const char* op = "spmd_paged_attention";
   PD_CHECK(qkv.dtype() == paddle::DataType::FLOAT32 && inv_freq.dtype() == paddle::DataType::FLOAT32, op,
            ": qkv and inv_freq must be float32");
-  const auto qs = qkv.shape();
-  PD_CHECK(qs.size() == 3 && qs[2] % 2 == 0, op, ": qkv must be [T, nh + 2 kvh, d] with d even");
-  const int64_t T = qs[0], d = qs[2], half = d / 2;
+  const auto qs = qkv.shape(), cs = k_cache.shape();
+  PD_CHECK(cs.size() == 4, op, ": the K/V pools must be [num_blocks, block_size, kv_heads, head_dim]");
+  PD_CHECK((qs.size() == 3 || (qs.size() == 2 && qs[1] % cs[3] == 0)) && qs.back() > 0, op,
+           ": qkv must be [T, nh + 2 kvh, d] or [T, (nh + 2 kvh) d] with d the pool's head_dim");
+  const int64_t T = qs[0], d = qs.size() == 3 ? qs[2] : cs[3], half = d / 2;
+  PD_CHECK(d % 2 == 0, op, ": head_dim must be even");
   const spmd::PagedPool pool = spmd::pool_of(op, k_cache, v_cache, d);
-  const int64_t kvh = pool.kv_heads, nh = qs[1] - 2 * kvh, heads = qs[1];
+  const int64_t heads = qs.size() == 3 ? qs[1] : qs[1] / d, kvh = pool.kv_heads, nh = heads - 2 * kvh;
   PD_CHECK(kvh > 0 && nh > 0 && nh % kvh == 0, op, ": query heads (", nh, ") must be a multiple of KV heads (", kvh,
            ")");
   PD_CHECK(inv_freq.numel() == half, op, ": inv_freq must be [d / 2] = [", half, "]");

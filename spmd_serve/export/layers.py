@@ -143,11 +143,14 @@ def rms_norm(x: paddle.Tensor, weight: paddle.Tensor, eps: float, variant: Graph
 
 def add_rms_norm(h, delta, weight: paddle.Tensor, eps: float, variant: GraphVariant | None = None):
     """(RMSNorm(h + delta), h + delta) in one fused op; `h` None starts the residual stream at
-    `delta` (a copy: Paddle rejects a graph whose output is one of its inputs unchanged)."""
+    `delta` (Paddle's ops: a copy, as a graph whose output is one of its inputs unchanged is
+    rejected; the C++ ops' graphs are one segment, where `delta` is never an input)."""
     cpp = variant is not None and variant.cpp_ops
+    if h is None and cpp:
+        return rms_norm(delta, weight, eps, variant), delta
     if h is None:
         h = paddle.assign(delta)
-        return (rms_norm(h, weight, eps, variant) if cpp else fused_rms_norm(h, weight, None, eps, 1)[0]), h
+        return fused_rms_norm(h, weight, None, eps, 1)[0], h
     if cpp:
         out, h = paddle_ext.run_op("spmd_add_rms_norm", h, delta, weight, eps)
     else:

@@ -21,8 +21,9 @@ def ext():
     paddle_ext.set_num_threads(1)
 
 
-def run(ext, step, nh, threads=1):
-    """(output, K pool, V pool) of the op on copies of the step's pools."""
+def run(ext, step, nh, threads=1, flat=False):
+    """(output, K pool, V pool) of the op on copies of the step's pools; `flat`: qkv passed as the
+    linear's [T, heads * d], as the export does."""
     import paddle
 
     qkv, kc, vc, tables, ctx, qlens, slots = step
@@ -30,7 +31,7 @@ def run(ext, step, nh, threads=1):
     kt, vt = paddle.to_tensor(kc.copy()), paddle.to_tensor(vc.copy())
     out = ext.run_op(
         "spmd_paged_attention",
-        paddle.to_tensor(qkv),
+        paddle.to_tensor(qkv.reshape(len(qkv), -1) if flat else qkv),
         paddle.to_tensor(inv_freq(qkv.shape[2])),
         kt,
         vt,
@@ -71,6 +72,13 @@ def test_long_chunks_match_float64_and_threads_change_no_bit(ext, ctx, qlens):
         assert all(np.array_equal(a, b) for a, b in zip(run(ext, step, 8, threads), one))
 
 
+@pytest.mark.parametrize("ctx,qlens,nh,kvh,d,bs", CASES[:3])
+def test_flat_qkv_is_the_same_step(ext, ctx, qlens, nh, kvh, d, bs):
+    """qkv as the q|k|v linear's [T, (nh + 2 kvh) d] output (head_dim from the pool): same bits."""
+    step = make_step(ctx, qlens, nh, kvh, d, bs, seed=d)
+    assert all(np.array_equal(a, b) for a, b in zip(run(ext, step, nh, flat=True), run(ext, step, nh)))
+
+
 @pytest.mark.parametrize(
     "change,message",
     [
@@ -101,6 +109,9 @@ def test_traced_graphs_get_the_output_shape(ext):
             ids = [data(n, [-1], "int64") for n in ("ctx", "qlens", "slots")]
             tables = data("tables", [-1, -1], "int64")
             paged = ext.run_op("spmd_paged_attention", qkv, data("freq", [32]), pool, pool, tables, *ids, 0.125)
-            assert list(paged.shape) == [-1, 8 * 64]
+            flat = ext.run_op(
+                "spmd_paged_attention", data("flat", [-1, 12 * 64]), data("freq", [32]), pool, pool, tables, *ids, 0.125
+            )
+            assert list(paged.shape) == list(flat.shape) == [-1, 8 * 64]
     finally:
         paddle.disable_static()

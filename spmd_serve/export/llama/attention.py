@@ -2,7 +2,7 @@
 attention_bias) → RoPE → paged attention (GQA) → o_proj (row shard).
 
 With the C++ ops (fp32 pool) the step's tokens stay flat ([T, ...], the StepPlan's layout, any mix
-of prefill chunks and decodes): `spmd_paged_attention` takes q|k|v as one [T, nh + 2 kvh, d] tensor,
+of prefill chunks and decodes): `spmd_paged_attention` takes q|k|v as the linear's [T, (nh + 2 kvh) d],
 the plan's block tables, lengths and slots, and RoPE's `inv_freq` (a persistable [d/2] buffer,
 scaling applied); it rotates q and k, writes this step's K/V into the pool (bound zero-copy: the
 graph has no K/V outputs) and attends over the pool.  No per-step tables, no padding.
@@ -73,13 +73,12 @@ class AttentionStage(Stage):
         dm = self.dims
         nh, kvh, d = dm.heads, dm.kv_heads, dm.head_dim
         x, h = add_rms_norm(h, delta, self.ln, dm.rms_norm_eps, variant)  # [T, H]
-        qkv = self.qkv(x, variant) if self.bias is None else self.qkv(x, variant) + self.bias
-        qkv = qkv.reshape([-1, nh + 2 * kvh, d])  # [T, nh + 2 kvh, d]
+        qkv = self.qkv(x, variant) if self.bias is None else self.qkv(x, variant) + self.bias  # [T, (nh + 2 kvh) d]
         kc_name, vc_name = self.layout.cache_inputs(self.layer)
         if variant.paged_attention:  # ops/cpu_kernels/paged_attention.cc: RoPE, pool write, attention
             ctx = paddle_ext.run_op(
                 "spmd_paged_attention",
-                qkv,
+                qkv,  # (no reshape op: it reads the heads as [T, nh + 2 kvh, d])
                 self.inv_freq,
                 env[kc_name],
                 env[vc_name],
@@ -87,6 +86,7 @@ class AttentionStage(Stage):
                 1.0 / math.sqrt(d),
             )  # [T, nh * d]
             return h, self.o(ctx, variant), []  # K/V already in the pool
+        qkv = qkv.reshape([-1, nh + 2 * kvh, d])  # [T, nh + 2 kvh, d]
         qkv = qkv * env["rope_cos"] + paddle.roll(qkv, d // 2, axis=-1) * env["rope_sin"]  # RoPE (q, k only)
         _, k, v = paddle.split(qkv, [nh, kvh, kvh], axis=1)  # k, v [T, kvh, d] → cache
         # past, head-major in one gather each: [B, kvh, P, d] (no reshape of the pool: it would copy it)
