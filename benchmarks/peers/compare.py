@@ -106,8 +106,11 @@ def prepare(args: argparse.Namespace, rows: list[Row], lc: LlamaCpp, work: Path)
     for row in rows:
         if row.model in paths:
             continue
-        if row.kind == "ours":
-            paths[row.model] = export(ckpt, work / f"ours-{row.model}", EXPORT_ARGS[row.model])
+        if row.kind == "ours":  # named with this checkout's export format: checkouts of other formats make their own
+            from spmd_serve.manifest import MANIFEST_VERSION
+
+            out = work / f"ours-{row.model}-v{MANIFEST_VERSION}"
+            paths[row.model] = export(ckpt, out, EXPORT_ARGS[row.model])
         else:
             out = work / f"model-{row.model}.gguf"
             if not out.is_file():

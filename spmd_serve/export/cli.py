@@ -11,9 +11,9 @@ import sys
 import tempfile
 from pathlib import Path
 
+from spmd_serve.export.demo.checkpoint import PRESETS as DEMO_PRESETS
 from spmd_serve.export.errors import ExportError
 from spmd_serve.export.families import SUPPORTED_ARCHS
-from spmd_serve.export.demo.checkpoint import PRESETS as DEMO_PRESETS
 from spmd_serve.export.graph_ops import GRAPH_OPS
 from spmd_serve.export.pipeline import export_checkpoint
 from spmd_serve.manifest import QUANT_METHODS
