@@ -1,6 +1,7 @@
 """The pure-Python parts of benchmarks/peers (the llama.cpp comparison), without building llama.cpp:
 the GGUF conversion's q/k permutation (against both RoPE conventions), its tensor names, its
 SentencePiece reader (against sentencepiece itself), the ratio tables, the sdist's commit."""
+
 from __future__ import annotations
 
 import json
@@ -13,7 +14,7 @@ from benchmarks.peers.build_llama import vendored_commit
 
 
 def _rope_freqs(d: int, pos: int, theta: float = 10000.0) -> tuple[np.ndarray, np.ndarray]:
-    ang = pos * theta ** (-np.arange(0, d, 2, dtype=np.float64) / d)            # [d/2]
+    ang = pos * theta ** (-np.arange(0, d, 2, dtype=np.float64) / d)  # [d/2]
     return np.cos(ang), np.sin(ang)
 
 
@@ -21,7 +22,7 @@ def rope_hf(x: np.ndarray, pos: int) -> np.ndarray:
     """HF Llama: each head [d] rotates (x[j], x[j + d/2]) pairs (rotate_half)."""
     d = x.shape[-1]
     cos, sin = _rope_freqs(d, pos)
-    a, b = x[..., : d // 2], x[..., d // 2:]
+    a, b = x[..., : d // 2], x[..., d // 2 :]
     return np.concatenate([a * cos - b * sin, a * sin + b * cos], axis=-1)
 
 
@@ -52,7 +53,7 @@ def test_permuted_qk_give_the_same_attention_scores_under_llama_cpp_rope(n_head,
     np.testing.assert_allclose(scores_gg, scores_hf, rtol=1e-10, atol=1e-10)
     # and the rotated vectors are the same numbers, interleaved
     np.testing.assert_allclose(q_gg[:, 0::2], q_hf[:, : d // 2], atol=1e-10)
-    np.testing.assert_allclose(q_gg[:, 1::2], q_hf[:, d // 2:], atol=1e-10)
+    np.testing.assert_allclose(q_gg[:, 1::2], q_hf[:, d // 2 :], atol=1e-10)
 
 
 def test_unpermuted_weights_would_not_match():
@@ -116,10 +117,19 @@ def test_convert_tensors_with_gguf_py_when_installed(demo_checkpoint):
 
 
 def _bench_doc(levels: dict[int, tuple[float, float, float]], failed: int = 0) -> dict:
-    runs = [{"concurrency": c, "completed": 8, "failed": failed, "output_throughput": tok_s,
-             "total_input_tokens": 8 * 128, "total_output_tokens": 8 * 128,
-             "ttft_ms": {"mean": 0, "median": ttft / 2, "p99": ttft}, "tpot_ms": {"mean": 0, "median": tpot, "p99": 0}}
-            for c, (tok_s, tpot, ttft) in levels.items()]
+    runs = [
+        {
+            "concurrency": c,
+            "completed": 8,
+            "failed": failed,
+            "output_throughput": tok_s,
+            "total_input_tokens": 8 * 128,
+            "total_output_tokens": 8 * 128,
+            "ttft_ms": {"mean": 0, "median": ttft / 2, "p99": ttft},
+            "tpot_ms": {"mean": 0, "median": tpot, "p99": 0},
+        }
+        for c, (tok_s, tpot, ttft) in levels.items()
+    ]
     return json.loads(json.dumps({"config": {}, "runs": runs}))
 
 
@@ -138,9 +148,11 @@ def test_ratio_tables():
 
 
 def test_vendored_commit_from_changelog():
-    log = ("# Changelog\n\n## [Unreleased]\n\n## [0.3.36]\n\n"
-           "- feat: update llama.cpp to ggml-org/llama.cpp@0c1e57098\n\n"
-           "## [0.3.35]\n\n- feat: update llama.cpp to ggml-org/llama.cpp@4df29be4f\n- fix: x\n")
+    log = (
+        "# Changelog\n\n## [Unreleased]\n\n## [0.3.36]\n\n"
+        "- feat: update llama.cpp to ggml-org/llama.cpp@0c1e57098\n\n"
+        "## [0.3.35]\n\n- feat: update llama.cpp to ggml-org/llama.cpp@4df29be4f\n- fix: x\n"
+    )
     assert vendored_commit(log, "0.3.36") == "0c1e57098"
     assert vendored_commit(log, "0.3.35") == "4df29be4f"
     assert vendored_commit(log, "0.3.1") == "unknown"
@@ -150,7 +162,7 @@ def test_best_of_rounds_keeps_each_level_whole():
     slow = ratios.level_stats([_bench_doc({1: (80.0, 12.0, 90.0), 8: (300.0, 20.0, 500.0)})])
     fast = ratios.level_stats([_bench_doc({1: (100.0, 9.0, 120.0), 8: (250.0, 25.0, 400.0)})])
     best = ratios.best_of([slow, fast])
-    assert best[1] == fast[1] and best[8] == slow[8]      # by output tok/s, TTFT of the same run
+    assert best[1] == fast[1] and best[8] == slow[8]  # by output tok/s, TTFT of the same run
 
 
 def test_merge_keeps_the_least_disturbed_level():
@@ -161,13 +173,24 @@ def test_merge_keeps_the_least_disturbed_level():
 
     lvl = {1: {"output_tok_s": 10.0, "foreign_cpu": 0.3}, 8: {"output_tok_s": 50.0, "foreign_cpu": 0.0}}
     report = {"rows": {"ours-f32": row("a", lvl)}}
-    old = json.loads(json.dumps({"command": "earlier", "checks": {"reference": "a"}, "rows": {
-        "ours-f32": row("a", {1: {"output_tok_s": 12.0, "foreign_cpu": 0.05}, 8: {"output_tok_s": 60.0,
-                                                                                   "foreign_cpu": 0.2}}),
-        "llama-f32": row("b", {1: {"output_tok_s": 30.0, "foreign_cpu": 0.0}})}}))
+    old = json.loads(
+        json.dumps(
+            {
+                "command": "earlier",
+                "checks": {"reference": "a"},
+                "rows": {
+                    "ours-f32": row(
+                        "a",
+                        {1: {"output_tok_s": 12.0, "foreign_cpu": 0.05}, 8: {"output_tok_s": 60.0, "foreign_cpu": 0.2}},
+                    ),
+                    "llama-f32": row("b", {1: {"output_tok_s": 30.0, "foreign_cpu": 0.0}}),
+                },
+            }
+        )
+    )
     merge_report(report, old)
     assert list(report["rows"]) == ["ours-f32", "llama-f32"]
-    assert report["rows"]["ours-f32"]["levels"][1]["output_tok_s"] == 12.0      # less disturbed
+    assert report["rows"]["ours-f32"]["levels"][1]["output_tok_s"] == 12.0  # less disturbed
     assert report["rows"]["ours-f32"]["levels"][8]["output_tok_s"] == 50.0
     assert report["rows"]["llama-f32"]["levels"] == {1: {"output_tok_s": 30.0, "foreign_cpu": 0.0}}
     assert report["merged_from"] == ["earlier"] and report["checks_merged"] == [{"reference": "a"}]
