@@ -20,9 +20,9 @@ class GraphVariant:
     @property
     def paged_attention(self) -> bool:
         """RoPE, the pool write and attention in the one `spmd_paged_attention` op over the flat
-        token layout: the graph writes this step's K/V itself, so it has no `<t>_new_<l>` outputs.
-        (fp32 pools only: an int8 pool's graphs keep Paddle's attention over a padded grid.)"""
-        return self.cpp_ops and not self.kv_int8
+        token layout (`spmd_paged_attention_int8` for an int8 pool): the graph writes this step's K/V
+        itself, so it has no `<t>_new_<l>` outputs."""
+        return self.cpp_ops
 
     def graph_name(self, base: str) -> str:
         return base + (".kv8" if self.kv_int8 else "")

@@ -72,6 +72,44 @@ def test_long_chunks_match_float64_and_threads_change_no_bit(ext, ctx, qlens):
         assert all(np.array_equal(a, b) for a, b in zip(run(ext, step, 8, threads), one))
 
 
+def run_int8(ext, step, nh, k_scale, v_scale, threads=1):
+    """(output, K pool, V pool) of spmd_paged_attention_int8 on copies of the step's int8 pools."""
+    import paddle
+
+    qkv, kc, vc, tables, ctx, qlens, slots = step
+    ext.set_num_threads(threads)
+    kt, vt = paddle.to_tensor(kc.copy()), paddle.to_tensor(vc.copy())
+    out = ext.run_op(
+        "spmd_paged_attention_int8",
+        paddle.to_tensor(qkv.reshape(len(qkv), -1)),
+        paddle.to_tensor(inv_freq(qkv.shape[2])),
+        kt,
+        vt,
+        *map(paddle.to_tensor, (tables, ctx, qlens, slots, k_scale, v_scale)),
+        float(qkv.shape[2]) ** -0.5,
+    )
+    return out.numpy(), kt.numpy(), vt.numpy()
+
+
+@pytest.mark.parametrize("ctx,qlens,nh,kvh,d,bs", CASES)
+def test_int8_pool_matches_float64(ext, ctx, qlens, nh, kvh, d, bs):
+    """An int8 pool (USE_CACHE_KV_INT8): past read as q * scale[head], the step's K/V stored as
+    clip(rint(x / scale)), as ops/kv_cache_write.py writes them, and attended to in fp32 within the
+    step; threads change no bit."""
+    qkv, kc, vc, *rest = make_step(ctx, qlens, nh, kvh, d, bs, seed=d + 1)
+    rng = np.random.default_rng(d)
+    k8, v8 = (rng.integers(-127, 128, kc.shape, dtype=np.int8) for _ in range(2))
+    ks, vs = ((rng.random(kvh, np.float32) + 0.5) / 40 for _ in range(2))  # |x| up to ~4 fits
+    step = (qkv, k8, v8, *rest)
+    out, kp, vp = run_int8(ext, step, nh, ks, vs)
+    want, want_k, want_v = reference(*step, nh, d**-0.5, k_scale=ks, v_scale=vs)
+    np.testing.assert_allclose(out, want, rtol=1e-3, atol=1e-4)
+    np.testing.assert_allclose(kp * ks[:, None], want_k, rtol=0, atol=1.01 * ks.max())  # a rint tie at most
+    np.testing.assert_allclose(vp * vs[:, None], want_v, rtol=0, atol=1e-6)
+    assert kp.dtype == np.int8 and (kp != k8).any()
+    assert all(np.array_equal(a, b) for a, b in zip(run_int8(ext, step, nh, ks, vs, threads=3), (out, kp, vp)))
+
+
 @pytest.mark.parametrize("ctx,qlens,nh,kvh,d,bs", CASES[:3])
 def test_flat_qkv_is_the_same_step(ext, ctx, qlens, nh, kvh, d, bs):
     """qkv as the q|k|v linear's [T, (nh + 2 kvh) d] output (head_dim from the pool): same bits."""

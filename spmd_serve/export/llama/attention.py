@@ -1,14 +1,15 @@
 """The Llama family's attention stage: residual add + RMSNorm → fused q|k|v (column shard, + bias with
 attention_bias) → RoPE → paged attention (GQA) → o_proj (row shard).
 
-With the C++ ops (fp32 pool) the step's tokens stay flat ([T, ...], the StepPlan's layout, any mix
+With the C++ ops the step's tokens stay flat ([T, ...], the StepPlan's layout, any mix
 of prefill chunks and decodes): `spmd_paged_attention` takes q|k|v as the linear's [T, (nh + 2 kvh) d],
 the plan's block tables, lengths and slots, and RoPE's `inv_freq` (a persistable [d/2] buffer,
 scaling applied); it rotates q and k, writes this step's K/V into the pool (bound zero-copy: the
 graph has no K/V outputs) and attends over the pool.  No per-step tables, no padding.
 
-Otherwise (`--graph-ops paddle`, or an int8 pool) Paddle's ops attend over a padded grid [B, S] per
-sequence, with RoPE's tables, the grid and past indices and the mask built once per step on the host
+An int8 pool (USE_CACHE_KV_INT8) takes `spmd_paged_attention_int8` and the pool's per-KV-head scales.
+
+Without them (`--graph-ops paddle`) Paddle's ops attend over a padded grid [B, S] per sequence, with RoPE's tables, the grid and past indices and the mask built once per step on the host
 (worker/step_tables.py; v heads get the identity rotation, 1/sqrt(d) is folded into the q heads),
 and return this step's K/V for the runner to write.
 """
@@ -55,10 +56,11 @@ class AttentionStage(Stage):
         self.kv_layer = layer
 
     def inputs(self, variant: GraphVariant) -> list[str]:
-        caches = self.layout.cache_inputs(self.layer)
-        if variant.paged_attention:
-            return [*_PAGED_INPUTS, *caches]
-        return [*_GRID_INPUTS, *caches, *(self.layout.scale_inputs(self.layer) if variant.kv_int8 else ())]
+        caches = [
+            *self.layout.cache_inputs(self.layer),
+            *(self.layout.scale_inputs(self.layer) if variant.kv_int8 else ()),
+        ]
+        return [*(_PAGED_INPUTS if variant.paged_attention else _GRID_INPUTS), *caches]
 
     def new_kv(self, variant: GraphVariant) -> list[str]:
         return [] if variant.paged_attention else self.layout.new_outputs(self.layer)
@@ -75,14 +77,16 @@ class AttentionStage(Stage):
         x, h = add_rms_norm(h, delta, self.ln, dm.rms_norm_eps, variant)  # [T, H]
         qkv = self.qkv(x, variant) if self.bias is None else self.qkv(x, variant) + self.bias  # [T, (nh + 2 kvh) d]
         kc_name, vc_name = self.layout.cache_inputs(self.layer)
+        scales = [env[n] for n in self.layout.scale_inputs(self.layer)] if variant.kv_int8 else []
         if variant.paged_attention:  # ops/cpu_kernels/paged_attention.cc: RoPE, pool write, attention
             ctx = paddle_ext.run_op(
-                "spmd_paged_attention",
+                "spmd_paged_attention_int8" if variant.kv_int8 else "spmd_paged_attention",
                 qkv,  # (no reshape op: it reads the heads as [T, nh + 2 kvh, d])
                 self.inv_freq,
                 env[kc_name],
                 env[vc_name],
                 *(env[n] for n in _PAGED_INPUTS),
+                *scales,  # an int8 pool's [kvh] k and v scales
                 1.0 / math.sqrt(d),
             )  # [T, nh * d]
             return h, self.o(ctx, variant), []  # K/V already in the pool
@@ -93,9 +97,8 @@ class AttentionStage(Stage):
         k_past = paddle.gather_nd(env[kc_name], env["past_index"])
         v_past = paddle.gather_nd(env[vc_name], env["past_index"])
         if variant.kv_int8:  # an int8 pool: q * scale[kv head], as ops/paged_attention.py does
-            ks_name, vs_name = self.layout.scale_inputs(self.layer)
-            k_past = k_past.astype("float32") * env[ks_name].reshape([1, kvh, 1, 1])
-            v_past = v_past.astype("float32") * env[vs_name].reshape([1, kvh, 1, 1])
+            k_past = k_past.astype("float32") * scales[0].reshape([1, kvh, 1, 1])
+            v_past = v_past.astype("float32") * scales[1].reshape([1, kvh, 1, 1])
         return h, self.o(self._grid(qkv, k_past, v_past, env), variant), [k, v]
 
     def _grid(self, qkv, k_past, v_past, env):
