@@ -75,6 +75,8 @@ def demo_writer():
 
 
 def write_checkpoint(size: str, out: Path) -> Path:
+    if (out / "config.json").is_file():  # written once (also by another checkout, which may know more sizes)
+        return out
     mod = demo_writer()
     presets = getattr(mod, "PRESETS", {})
     if size not in presets:
