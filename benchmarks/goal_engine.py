@@ -83,14 +83,7 @@ def run(model_dir: str, batch: int, input_len: int, output_len: int, num_threads
     comm = Comm()
     num_blocks, block_size = 512, 64
     runner = ModelRunner(
-        model_dir,
-        comm.rank,
-        comm,
-        num_blocks,
-        block_size,
-        num_threads,
-        onednn=env_setting("onednn_min_tokens"),
-        malloc_tuning=env_setting("malloc_tuning"),
+        model_dir, comm.rank, comm, num_blocks, block_size, num_threads, malloc_tuning=env_setting("malloc_tuning")
     )
     comm.barrier()
     if comm.rank != 0:
@@ -153,7 +146,7 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--input-len", type=int, default=16)
     ap.add_argument("--output-len", type=int, default=48)
-    ap.add_argument("--threads", type=int, default=1, help="Paddle CPU threads per rank")
+    ap.add_argument("--threads", type=int, default=1, help="threads per rank (the C++ graph ops')")
     args = ap.parse_args()
     res = run(args.model_dir, args.batch, args.input_len, args.output_len, args.threads)
     if res is not None:

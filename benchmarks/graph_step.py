@@ -4,7 +4,7 @@ oneDNN settings) the runs alternate A, B, A, B, ... in one process, so a noisy s
 slows every variant alike; each prints its median, 25th percentile and minimum.
 
     python benchmarks/graph_step.py DIR [DIR ...] --batch B --past C [--onednn 0 1] [--threads 1]
-                                    [--runs 40] [--prof] [--decode]
+                                    [--runs 40] [--prof]
 
 `--onednn 0 1` runs every directory with oneDNN off and on (one predictor each).  `--prof` turns
 on Paddle's per-op profiler (printed at exit: calls per op type over warm-up + runs, so it also
@@ -35,18 +35,17 @@ BLOCK, NUM_BLOCKS = 64, 256
 class Graph:
     """One predictor of `model_dir`'s rank-0 segment 0, bound to its own KV pool."""
 
-    def __init__(self, model_dir: str, onednn: bool, threads: int, prof: bool, decode: bool = False) -> None:
+    def __init__(self, model_dir: str, onednn: bool, threads: int, prof: bool) -> None:
         rank_dir = Path(model_dir) / "rank_0"
         man = read_manifest(rank_dir)
-        register_graph_ops(man, rank_dir)
+        ops = register_graph_ops(man, rank_dir, threads)  # the C++ ops get the threads, as in ModelRunner
         self.dims, spec = man.dims, man.segments[0]
-        spec = (spec.decode or spec) if decode else spec
         self.inv_freq = man.inv_freq_array
         self.label = f"{model_dir} {spec.name} onednn={int(onednn)}"
         cfg = inference.Config(str(rank_dir / f"{spec.name}.json"), str(rank_dir / f"{spec.params_name}.pdiparams"))
         cfg.disable_gpu()
         cfg.disable_glog_info()
-        cfg.set_cpu_math_library_num_threads(threads)
+        cfg.set_cpu_math_library_num_threads(1 if ops else threads)
         cfg.enable_mkldnn() if onednn else cfg.disable_mkldnn()
         if man.quant is not None:
             cfg.delete_pass("constant_folding_pass")  # as worker/model_runner.py loads quantised graphs
@@ -97,11 +96,10 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--runs", type=int, default=40)
     ap.add_argument("--prof", action="store_true")
-    ap.add_argument("--decode", action="store_true", help="the decode graph (spec['decode']) where the export has one")
     args = ap.parse_args()
     if env_setting("malloc_tuning"):  # as ModelRunner does (SPMD_MALLOC_TUNING=0: glibc defaults)
         tune_malloc()
-    graphs = [Graph(d, bool(o), args.threads, args.prof, args.decode) for d in args.dirs for o in args.onednn]
+    graphs = [Graph(d, bool(o), args.threads, args.prof) for d in args.dirs for o in args.onednn]
     feeds = decode_feeds(graphs, args.batch, args.past)
     for _ in range(3):  # warm-up (oneDNN creates its primitives here)
         for g in graphs:

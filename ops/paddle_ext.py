@@ -9,8 +9,7 @@ graphs on the CPU build, where Paddle lacks what the engine needs:
   for decode steps, a packed register-blocked micro-kernel for prefill chunks (gemm.h), fp32 or
   quantised weights in the export's layout, dequantised in registers.
 * `spmd_paged_attention` — any step's (prefill chunks, decodes, mixed) RoPE, K/V write into the
-  paged pool and causal GQA attention over the flat token layout; `spmd_decode_attention` — the
-  decode graphs' form of it (RoPE from per-step tables), on the same core (attention.h).
+  paged pool and causal GQA attention over the flat token layout (the core: attention.h).
 * `spmd_rms_norm`, `spmd_add_rms_norm`, `spmd_swiglu` — the layer's elementwise steps, threaded
   (Paddle's CPU kernels for them are single-threaded; swiglu's is scalar).
 * `spmd_mla_decode`, `spmd_moe_experts` — DeepSeek's decode attention in latent space over the

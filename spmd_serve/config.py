@@ -77,9 +77,9 @@ class ServeConfig:
     speculate_model_path: str | None = _default("speculate_model_path")
     api_key: str | None = _default("api_key")
     max_num_batched_tokens: int = _default("max_num_batched_tokens")
-    num_threads: int = _default("num_threads")
+    num_threads: str = _default("num_threads")
+    bind_cores: bool = _default("bind_cores")
     drain_timeout_s: float = _default("drain_timeout_s")
-    onednn_min_tokens: int | None = _default("onednn_min_tokens")
     malloc_tuning: bool = _default("malloc_tuning")
     log_step_every: int = _default("log_step_every")
 

@@ -223,15 +223,14 @@ ENV_VARS: tuple[EnvVar, ...] = (
     # Internal knobs (not in the contract).
     _v("SPMD_MAX_NUM_BATCHED_TOKENS", 512, "int", "internal: token budget of one engine step "
        "(prefill chunk size)", "max_num_batched_tokens", minimum=16, internal=True),
-    _v("SPMD_NUM_THREADS", 1, "int", "internal: CPU threads per rank for Paddle", "num_threads",
-       minimum=1, internal=True),
+    _v("SPMD_NUM_THREADS", "auto", "str", "internal: CPU threads per rank for the graph ops; auto: the "
+       "cores this node gives the job divided by the ranks on it", "num_threads",
+       pattern=r"auto|[1-9][0-9]*", pattern_help="auto or an integer >= 1", internal=True),
+    _v("SPMD_BIND_CORES", True, "bool", "internal: bind each rank on a node to its own cores (when "
+       "the launcher left every rank all of them)", "bind_cores", internal=True),
     _v("SPMD_DRAIN_TIMEOUT_S", 60.0, "float", "internal: on SIGTERM, seconds in-flight requests may "
        "take to finish before they are aborted (a second SIGTERM aborts at once)", "drain_timeout_s",
        minimum=0, internal=True),
-    _v("SPMD_ONEDNN_MIN_TOKENS", None, "int", "internal: steps of at least this many tokens run on a "
-       "second, oneDNN predictor of each graph (0: none); unset: 5 when a rank's params fit in 2 GiB "
-       "(the twin holds a second copy of the weights), else 0", "onednn_min_tokens", minimum=0,
-       internal=True),
     _v("SPMD_MALLOC_TUNING", True, "bool", "internal: keep a step's intermediates on the glibc heap "
        "(mallopt) instead of fresh mmaps", "malloc_tuning", internal=True),
     _v("SPMD_LOG_STEP_EVERY", 0, "int", "internal: log the per-phase step split every N steps "

@@ -48,6 +48,7 @@ def _load(cfg, comm):
     from spmd_serve.model_dir import check_model_dir, clamp_to_model
     from spmd_serve.worker.capacity import check_kv_fits, check_served_model, check_supported
     from spmd_serve.worker.model_runner import ModelRunner, read_rank_manifest
+    from spmd_serve.worker.rank_cpus import setup_rank_cpus
 
     if cfg.model_dir is None:  # CONTRACT §2: the built-in demo model, made on first use
         demo = node_local_first(comm, lambda: str(ensure_demo_model(tp=cfg.mp_num)))
@@ -58,6 +59,8 @@ def _load(cfg, comm):
     cfg = clamp_to_model(cfg, model_config)
     manifest = read_rank_manifest(Path(cfg.model_dir) / f"rank_{comm.rank}", cfg.use_cache_kv_int8)
     check_kv_fits(cfg, manifest.kv_cache, comm.ranks_on_node())
+    # collective on the node, like ranks_on_node; before the IO thread starts, which inherits the binding
+    cpus = setup_rank_cpus(comm, cfg.num_threads, cfg.bind_cores)
     frontend = None
     if comm.rank == 0:
         from spmd_serve.rank0_frontend import start_frontend
@@ -69,9 +72,8 @@ def _load(cfg, comm):
         comm,
         cfg.num_blocks(),
         cfg.block_size,
-        cfg.num_threads,
+        cpus.threads,
         kv_int8=cfg.use_cache_kv_int8,
-        onednn=cfg.onednn_min_tokens,
         malloc_tuning=cfg.malloc_tuning,
     )
     if frontend is not None:  # the HTTP workers started meanwhile: each has said hello, or why not

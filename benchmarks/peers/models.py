@@ -28,6 +28,8 @@ def demo_writer():
 
 
 def write_checkpoint(size: str, out: Path) -> Path:
+    if (out / "config.json").is_file():  # written once (also by another checkout, which may know more sizes)
+        return out
     mod = demo_writer()
     presets = getattr(mod, "PRESETS", {})
     if size not in presets:
@@ -61,8 +63,10 @@ def prepare(args: argparse.Namespace, rows: list[Row], lc: LlamaCpp, work: Path)
     for row in rows:
         if row.model in paths:
             continue
-        if row.kind == "ours":
-            paths[row.model] = export(ckpt, work / f"ours-{row.model}", EXPORT_ARGS[row.model])
+        if row.kind == "ours":  # named with this checkout's export format: checkouts of other formats make their own
+            from spmd_serve.manifest import MANIFEST_VERSION
+
+            paths[row.model] = export(ckpt, work / f"ours-{row.model}-v{MANIFEST_VERSION}", EXPORT_ARGS[row.model])
         else:
             out = work / f"model-{row.model}.gguf"
             if not out.is_file():

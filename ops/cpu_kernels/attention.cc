@@ -8,10 +8,17 @@
 // each value row is read once per group of rows and accumulated in registers.  Every lane's
 // arithmetic is its own row's, in key order, whatever the block, item or thread: results are
 // bit-equal for 1 and n threads, and a row does not depend on the rows it is computed with.
+//
+// Keys come in two runs: the past (p < ctx_len, through the block table) and the step's own.  An
+// int8 pool's past (E = int8_t) is read the same way, each element converted to fp32 as it is
+// loaded, its per-KV-head scales folded into a copy of the queries (K) and into the past's weights
+// (V); the step's own keys and values are its fp32 ones (as Paddle's attention did: only what
+// comes back from the pool is quantised).  An fp32 pool's own keys are read from the pool.
 #include "attention.h"
 
 #include <algorithm>
 #include <cmath>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -38,29 +45,29 @@ inline int64_t key_row(const PagedPool& pool, const StepTokens& st, int64_t b, i
 }
 
 // s[p * kWidth + l] = q_l . k_p for p in [0, n): qt [d][kWidth], J keys at a time
-template <int J>
-void score_keys(const float* qt, const float* const* k, int64_t d, float* s) {
+template <int J, typename E>
+void score_keys(const float* qt, const E* const* k, int64_t d, float* s) {
   Vec acc[J];
   for (int j = 0; j < J; ++j) acc[j] = vzero();
   for (int64_t c = 0; c < d; ++c) {
     const Vec qc = vload(qt + c * kWidth);
-    for (int j = 0; j < J; ++j) acc[j] = vfma(qc, vset1(k[j][c]), acc[j]);
+    for (int j = 0; j < J; ++j) acc[j] = vfma(qc, vset1(static_cast<float>(k[j][c])), acc[j]);
   }
   for (int j = 0; j < J; ++j) vstore(s + j * kWidth, acc[j]);
 }
 
-template <int... J>
-void score_dispatch(int64_t j, std::integer_sequence<int, J...>, const float* qt, const float* const* k, int64_t d,
+template <typename E, int... J>
+void score_dispatch(int64_t j, std::integer_sequence<int, J...>, const float* qt, const E* const* k, int64_t d,
                     float* s) {
   ((j == J + 1 ? score_keys<J + 1>(qt, k, d, s) : void()), ...);
 }
 
-// o[r][0:NV*kWidth] = sum_p s[p * kWidth + l0 + r] * v_p for G rows from lane l0, keys [0, n)
-template <int NV, int G>
-void weigh_values(const float* s, int64_t l0, const float* const* v, int64_t n, float* o, int64_t ldo) {
+// o[r][0:NV*kWidth] (+)= sum_p s[p * kWidth + l0 + r] * v_p for G rows from lane l0, keys [0, n)
+template <int NV, int G, typename E>
+void weigh_values(const float* s, int64_t l0, const E* const* v, int64_t n, float* o, int64_t ldo, bool add) {
   Vec acc[G][NV];
   for (int r = 0; r < G; ++r)
-    for (int i = 0; i < NV; ++i) acc[r][i] = vzero();
+    for (int i = 0; i < NV; ++i) acc[r][i] = add ? vload(o + r * ldo + i * kWidth) : vzero();
   for (int64_t p = 0; p < n; ++p) {
     Vec vv[NV];
     for (int i = 0; i < NV; ++i) vv[i] = vload(v[p] + i * kWidth);
@@ -74,22 +81,44 @@ void weigh_values(const float* s, int64_t l0, const float* const* v, int64_t n, 
 }
 
 // the same for any d (a row at a time, d not a whole number of vectors)
-void weigh_values_any(const float* s, int64_t l, const float* const* v, int64_t n, int64_t d, float* o) {
-  std::fill(o, o + d, 0.f);
+template <typename E>
+void weigh_values_any(const float* s, int64_t l, const E* const* v, int64_t n, int64_t d, float* o, bool add) {
+  if (!add) std::fill(o, o + d, 0.f);
   for (int64_t p = 0; p < n; ++p) {
     const float w = s[p * kWidth + l];
     int64_t c = 0;
     for (const Vec vw = vset1(w); c + kWidth <= d; c += kWidth) vstore(o + c, vfma(vw, vload(v[p] + c), vload(o + c)));
-    for (; c < d; ++c) o[c] = fmadd(w, v[p][c], o[c]);
+    for (; c < d; ++c) o[c] = fmadd(w, static_cast<float>(v[p][c]), o[c]);
   }
 }
 
-template <int NV>
-void weigh_rows(const float* s, int64_t lanes, const float* const* v, const int64_t* reach, float* o, int64_t ldo) {
+template <int NV, typename E>
+void weigh_rows(const float* s, int64_t lanes, const E* const* v, const int64_t* reach, float* o, int64_t ldo,
+                bool add) {
   constexpr int G = NV <= 4 ? 4 : 2;   // G x NV accumulators in registers
   int64_t l = 0;
-  for (; l + G <= lanes; l += G) weigh_values<NV, G>(s, l, v, reach[l + G - 1], o + l * ldo, ldo);
-  for (; l < lanes; ++l) weigh_values<NV, 1>(s, l, v, reach[l], o + l * ldo, ldo);
+  for (; l + G <= lanes; l += G) weigh_values<NV, G>(s, l, v, reach[l + G - 1], o + l * ldo, ldo, add);
+  for (; l < lanes; ++l) weigh_values<NV, 1>(s, l, v, reach[l], o + l * ldo, ldo, add);
+}
+
+// o[lanes][d] (+)= the weights s (rows kWidth apart) times the values v[p], lane l over p < reach[l]
+template <typename E>
+void weigh(const float* s, int64_t lanes, const E* const* v, const int64_t* reach, int64_t d, float* o, bool add) {
+  const int64_t nv = d % kWidth == 0 ? d / kWidth : 0;
+  if (nv == 1) weigh_rows<1>(s, lanes, v, reach, o, d, add);
+  else if (nv == 2) weigh_rows<2>(s, lanes, v, reach, o, d, add);
+  else if (nv == 4) weigh_rows<4>(s, lanes, v, reach, o, d, add);
+  else if (nv == 8) weigh_rows<8>(s, lanes, v, reach, o, d, add);
+  else
+    for (int64_t l = 0; l < lanes; ++l) weigh_values_any(s, l, v, reach[l], d, o + l * d, add);
+}
+
+// s[p * kWidth ...] for keys [0, n), kKeyChains at a time
+template <typename E>
+void score(const float* qt, const E* const* k, int64_t n, int64_t d, float* s) {
+  for (int64_t p = 0; p < n; p += kKeyChains)
+    score_dispatch(std::min(kKeyChains, n - p), std::make_integer_sequence<int, kKeyChains>{}, qt, &k[p], d,
+                   s + p * kWidth);
 }
 
 // softmax across lanes over keys [0, n): lane l sees keys p < limit[l] (all see [0, common));
@@ -113,70 +142,107 @@ void softmax_lanes(float* s, int64_t n, int64_t common, const Vec limit, float* 
 }
 
 // the rows [rb, rb + lanes) of an item
+template <typename E>
 void run_block(const Item& it, int64_t rb, int64_t lanes, const float* q, int64_t q_stride, int64_t nh,
-               const PagedPool& pool, const StepTokens& st, float* out) {
-  const int64_t d = pool.head_dim, g = nh / pool.kv_heads, past = st.ctx_lens[it.seq];
+               const PagedPool& pool, const StepTokens& st, const OwnKV& own, float* out) {
+  constexpr bool kInt8 = std::is_same_v<E, int8_t>;
+  const int64_t d = pool.head_dim, kvh = pool.kv_heads, g = nh / kvh, past = st.ctx_lens[it.seq];
   const int64_t first = st.start[it.seq] + it.i0;          // the item's first token
   auto token = [&](int64_t l) { return it.i0 + (rb + l) / g; };   // lane l's token within its sequence
   const int64_t n = past + token(lanes - 1) + 1;           // keys the block's last row sees
-  thread_local std::vector<float> qt, s, o;
-  thread_local std::vector<const float*> k, v;
+  thread_local std::vector<float> qt, qs, s, o;           // qs: an int8 past's queries, times k_scale
+  thread_local std::vector<const E*> kp, vp;              // the past in the pool
+  thread_local std::vector<const float*> kn, vn;          // the step's own keys and values
   qt.assign(d * kWidth, 0.f);
   for (int64_t l = 0; l < lanes; ++l) {
     const float* qr = q + (first + (rb + l) / g) * q_stride + (it.head * g + (rb + l) % g) * d;
     for (int64_t c = 0; c < d; ++c) qt[c * kWidth + l] = qr[c];
   }
-  k.resize(n + kKeyChains);
-  v.resize(n);
-  for (int64_t p = 0; p < n; ++p) {
+  if constexpr (kInt8) {                                   // q . (k8 * ks) = (q * ks) . k8
+    qs.resize(d * kWidth);
+    for (int64_t i = 0; i < d * kWidth; ++i) qs[i] = qt[i] * pool.k_scale[it.head];
+  }
+  kp.resize(past + kKeyChains);
+  vp.resize(past);
+  for (int64_t p = 0; p < past; ++p) {
     const int64_t row = key_row(pool, st, it.seq, p, it.head);
-    k[p] = pool.k + row;
-    v[p] = pool.v + row;
+    kp[p] = static_cast<const E*>(pool.k) + row;
+    vp[p] = static_cast<const E*>(pool.v) + row;
+  }
+  kn.resize(n - past + kKeyChains);
+  vn.resize(n - past);
+  for (int64_t p = past; p < n; ++p) {
+    const int64_t row = kInt8 ? ((st.start[it.seq] + p - past) * kvh + it.head) * d : key_row(pool, st, it.seq, p,
+                                                                                                  it.head);
+    kn[p - past] = (kInt8 ? own.k : static_cast<const float*>(pool.k)) + row;
+    vn[p - past] = (kInt8 ? own.v : static_cast<const float*>(pool.v)) + row;
   }
   s.resize(n * kWidth);
-  for (int64_t p = 0; p < n; p += kKeyChains)
-    score_dispatch(std::min(kKeyChains, n - p), std::make_integer_sequence<int, kKeyChains>{}, qt.data(), &k[p], d,
-                   s.data() + p * kWidth);
+  score(kInt8 ? qs.data() : qt.data(), kp.data(), past, d, s.data());
+  score(qt.data(), kn.data(), n - past, d, s.data() + past * kWidth);
   float limit[kWidth], inv[kWidth];
-  int64_t reach[kWidth];
+  int64_t reach[kWidth], in_past[kWidth], in_own[kWidth];
   for (int64_t l = 0; l < kWidth; ++l) {
     reach[l] = l < lanes ? past + token(l) + 1 : n;         // absent lanes: any finite weights
     limit[l] = static_cast<float>(reach[l]);
+    in_past[l] = past;
+    in_own[l] = reach[l] - past;
   }
   softmax_lanes(s.data(), n, reach[0], vload(limit), inv);
+  if constexpr (kInt8) {                                   // sum w (v8 * vs) = sum (w * vs) v8
+    const float vs = pool.v_scale[it.head];
+    for (int64_t i = 0; i < past * kWidth; ++i) s[i] *= vs;
+  }
   o.resize(lanes * d);
-  const int64_t nv = d % kWidth == 0 ? d / kWidth : 0;
-  if (nv == 1) weigh_rows<1>(s.data(), lanes, v.data(), reach, o.data(), d);
-  else if (nv == 2) weigh_rows<2>(s.data(), lanes, v.data(), reach, o.data(), d);
-  else if (nv == 4) weigh_rows<4>(s.data(), lanes, v.data(), reach, o.data(), d);
-  else if (nv == 8) weigh_rows<8>(s.data(), lanes, v.data(), reach, o.data(), d);
-  else
-    for (int64_t l = 0; l < lanes; ++l) weigh_values_any(s.data(), l, v.data(), reach[l], d, o.data() + l * d);
+  weigh(s.data(), lanes, vp.data(), in_past, d, o.data(), false);
+  weigh(s.data() + past * kWidth, lanes, vn.data(), in_own, d, o.data(), true);
   for (int64_t l = 0; l < lanes; ++l) {
     float* dst = out + (first + (rb + l) / g) * nh * d + (it.head * g + (rb + l) % g) * d;
     for (int64_t c = 0; c < d; ++c) dst[c] = o[l * d + c] * inv[l];
   }
 }
 
+template <typename E>
 void run_item(const Item& it, const float* q, int64_t q_stride, int64_t nh, const PagedPool& pool,
-              const StepTokens& st, float* out) {
+              const StepTokens& st, const OwnKV& own, float* out) {
   const int64_t rows = (it.i1 - it.i0) * (nh / pool.kv_heads);
   for (int64_t rb = 0; rb < rows; rb += kWidth)
-    run_block(it, rb, std::min(kWidth, rows - rb), q, q_stride, nh, pool, st, out);
+    run_block<E>(it, rb, std::min(kWidth, rows - rb), q, q_stride, nh, pool, st, own, out);
 }
 
 }  // namespace
 
-PagedPool pool_of(const char* op, const paddle::Tensor& k_cache, const paddle::Tensor& v_cache, int64_t head_dim) {
+PagedPool pool_of(const char* op, const paddle::Tensor& k_cache, const paddle::Tensor& v_cache, int64_t head_dim,
+                  const paddle::Tensor* k_scale, const paddle::Tensor* v_scale) {
   const auto cs = k_cache.shape();
+  const bool int8 = k_scale != nullptr;
+  const auto dtype = int8 ? paddle::DataType::INT8 : paddle::DataType::FLOAT32;
   PD_CHECK(k_cache.is_cpu() && v_cache.is_cpu(), op, ": CPU tensors only");
-  PD_CHECK(k_cache.dtype() == paddle::DataType::FLOAT32 && v_cache.dtype() == paddle::DataType::FLOAT32, op,
-           ": the K/V pools must be float32");
+  PD_CHECK(k_cache.dtype() == dtype && v_cache.dtype() == dtype, op, ": the K/V pools must be ",
+           int8 ? "int8" : "float32");
   PD_CHECK(cs.size() == 4 && cs[3] == head_dim && v_cache.shape() == cs, op,
            ": the K/V pools must both be [num_blocks, block_size, kv_heads, head_dim = ", head_dim, "]");
-  // written in place (see attention.h)
-  return {const_cast<float*>(k_cache.data<float>()), const_cast<float*>(v_cache.data<float>()), cs[0], cs[1],
-          cs[2], cs[3]};
+  PagedPool pool{const_cast<void*>(k_cache.data()), const_cast<void*>(v_cache.data()),   // written in place
+                 int8, nullptr, nullptr, cs[0], cs[1], cs[2], cs[3]};
+  if (int8) {
+    for (const paddle::Tensor* t : {k_scale, v_scale})
+      PD_CHECK(t->is_cpu() && t->dtype() == paddle::DataType::FLOAT32 && t->numel() == cs[2], op,
+               ": the int8 pool's scales must be float32 [kv_heads] = [", cs[2], "]");
+    pool.k_scale = k_scale->data<float>();
+    pool.v_scale = v_scale->data<float>();
+  }
+  return pool;
+}
+
+void store_row(const PagedPool& pool, bool is_v, int64_t row, int64_t head, const float* x) {
+  const int64_t d = pool.head_dim;
+  if (!pool.int8) {
+    std::copy_n(x, d, static_cast<float*>(is_v ? pool.v : pool.k) + row);
+    return;
+  }
+  const float s = (is_v ? pool.v_scale : pool.k_scale)[head];
+  int8_t* y = static_cast<int8_t*>(is_v ? pool.v : pool.k) + row;
+  for (int64_t c = 0; c < d; ++c) y[c] = static_cast<int8_t>(std::clamp(std::nearbyint(x[c] / s), -127.f, 127.f));
 }
 
 StepTokens tokens_of(const char* op, const paddle::Tensor& block_tables, const paddle::Tensor& ctx_lens,
@@ -193,8 +259,11 @@ StepTokens tokens_of(const char* op, const paddle::Tensor& block_tables, const p
 
 std::vector<std::vector<int64_t>> attention_shape(const std::vector<int64_t>& qkv,
                                                   const std::vector<int64_t>& k_cache) {
-  const int64_t nh = qkv[1] < 0 || k_cache[2] < 0 ? -1 : qkv[1] - 2 * k_cache[2];
-  return {{qkv[0], nh < 0 || qkv[2] < 0 ? -1 : nh * qkv[2]}};
+  // qkv [T, heads, d] or [T, heads * d] (d = the pool's head_dim); out [T, (heads - 2 kvh) d]
+  const int64_t d = qkv.size() == 3 ? qkv[2] : k_cache[3];
+  const int64_t width = qkv.size() == 3 ? (qkv[1] < 0 || d < 0 ? -1 : qkv[1] * d) : qkv[1];
+  const bool known = width >= 0 && k_cache[2] >= 0 && d >= 0;
+  return {{qkv[0], known ? width - 2 * k_cache[2] * d : -1}};
 }
 
 int64_t check_tokens(const char* op, StepTokens& st, const PagedPool& pool, int64_t tokens) {
@@ -217,7 +286,9 @@ int64_t check_tokens(const char* op, StepTokens& st, const PagedPool& pool, int6
   return tokens;
 }
 
-void attend(const float* q, int64_t q_stride, int64_t nh, const PagedPool& pool, const StepTokens& st, float* out) {
+void attend(const float* q, int64_t q_stride, int64_t nh, const PagedPool& pool, const StepTokens& st, float* out,
+            const OwnKV& own) {
+  PD_CHECK(!pool.int8 || (own.k != nullptr && own.v != nullptr), "attend: an int8 pool needs the step's own K/V");
   const int64_t g = nh / pool.kv_heads, tile = std::max<int64_t>(1, kTileRows / g);
   std::vector<Item> items;
   for (int64_t b = 0; b < st.seqs; ++b)
@@ -227,8 +298,10 @@ void attend(const float* q, int64_t q_stride, int64_t nh, const PagedPool& pool,
   std::stable_sort(items.begin(), items.end(), [&](const Item& a, const Item& b) {
     return st.ctx_lens[a.seq] + a.i1 > st.ctx_lens[b.seq] + b.i1;
   });
-  parallel_for(static_cast<int64_t>(items.size()),
-               [&](int64_t i) { run_item(items[i], q, q_stride, nh, pool, st, out); });
+  parallel_for(static_cast<int64_t>(items.size()), [&](int64_t i) {
+    if (pool.int8) run_item<int8_t>(items[i], q, q_stride, nh, pool, st, own, out);
+    else run_item<float>(items[i], q, q_stride, nh, pool, st, own, out);
+  });
 }
 
 }  // namespace spmd

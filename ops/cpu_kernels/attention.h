@@ -1,4 +1,4 @@
-// The attention core shared by spmd_paged_attention and spmd_decode_attention (attention.cc):
+// The attention core of spmd_paged_attention (attention.cc):
 // causal GQA attention of a step's query tokens over the paged K/V pool, threaded over
 // (sequence, KV head, tile of query rows) work items.
 //
@@ -16,9 +16,12 @@
 
 namespace spmd {
 
-struct PagedPool {          // one layer's pool, [num_blocks, block_size, kv_heads, head_dim] fp32 each
-  float* k;
-  float* v;
+struct PagedPool {          // one layer's pool, [num_blocks, block_size, kv_heads, head_dim] each
+  void* k;                  // float, or int8_t with per-KV-head scales (value = q * scale[head])
+  void* v;
+  bool int8;
+  const float* k_scale;     // [kv_heads], int8 pools only
+  const float* v_scale;
   int64_t blocks, block_size, kv_heads, head_dim;
 };
 
@@ -32,16 +35,22 @@ struct StepTokens {         // the step's flat token layout (protocol.StepPlan)
   std::vector<int64_t> start;   // [B + 1] first token of each sequence, then T
 };
 
-// The pool tensors of an op (checked: fp32, [NB, bs, kvh, head_dim], on the CPU).  The op writes
-// the step's K/V into them in place: they are the runner's buffers, bound zero-copy to the graph,
-// and the op's output is used, so Paddle never prunes it.
-PagedPool pool_of(const char* op, const paddle::Tensor& k_cache, const paddle::Tensor& v_cache, int64_t head_dim);
+// The pool tensors of an op (checked: [NB, bs, kvh, head_dim] on the CPU, fp32 without scales, int8
+// with fp32 [kvh] scales).  The op writes the step's K/V into them in place: they are the runner's
+// buffers, bound zero-copy to the graph, and the op's output is used, so Paddle never prunes it.
+PagedPool pool_of(const char* op, const paddle::Tensor& k_cache, const paddle::Tensor& v_cache, int64_t head_dim,
+                  const paddle::Tensor* k_scale = nullptr, const paddle::Tensor* v_scale = nullptr);
+
+// Store one head's row x[d] at pool row `row` (element offset) of `cache` (k or v): as it is, or
+// quantised with the head's scale as ops/kv_cache_write.py does (clip(rint(x / scale), +-127)).
+void store_row(const PagedPool& pool, bool is_v, int64_t row, int64_t head, const float* x);
 
 // The step's tables from the op's int64 inputs (checked: dtypes and shapes; call check_tokens next).
 StepTokens tokens_of(const char* op, const paddle::Tensor& block_tables, const paddle::Tensor& ctx_lens,
                      const paddle::Tensor& query_lens, const paddle::Tensor& slot_mapping);
 
-// Shape inference of both attention ops: [T, nh * d], nh = qkv heads - 2 kv_heads (-1: unknown).
+// Shape inference: [T, nh * d], nh = qkv heads - 2 kv_heads (-1: unknown); qkv [T, heads, d] or
+// [T, heads * d].
 std::vector<std::vector<int64_t>> attention_shape(const std::vector<int64_t>& qkv,
                                                   const std::vector<int64_t>& k_cache);
 
@@ -49,9 +58,16 @@ std::vector<std::vector<int64_t>> attention_shape(const std::vector<int64_t>& qk
 // `start`; returns T.
 int64_t check_tokens(const char* op, StepTokens& step, const PagedPool& pool, int64_t tokens);
 
+struct OwnKV {              // the step's own K (rotated) and V, [T, kv_heads, head_dim] fp32: an int8 pool's
+  const float* k = nullptr;
+  const float* v = nullptr;
+};
+
 // out[t, (h * g + j) * d ...] = softmax(q_t,hg+j . K_h) V_h for every token t and query head (nh of
 // them, g = nh / kv_heads per KV head).  q: [T, nh, d] rows `q_stride` floats apart, already
-// rotated and scaled; out: [T, nh * d].
-void attend(const float* q, int64_t q_stride, int64_t nh, const PagedPool& pool, const StepTokens& step, float* out);
+// rotated and scaled; out: [T, nh * d].  An int8 pool's past is dequantised as it is read (scales
+// folded into q and the weights); the step's own keys and values then come from `own`.
+void attend(const float* q, int64_t q_stride, int64_t nh, const PagedPool& pool, const StepTokens& step, float* out,
+            const OwnKV& own = {});
 
 }  // namespace spmd

@@ -76,6 +76,15 @@ class Comm:
         finally:
             local.Free()
 
+    def node_allgather(self, value):
+        """(this rank's index among the ranks on its node, every such rank's `value` in that order)
+        (collective: every rank calls it)."""
+        local = self.comm.Split_type(MPI.COMM_TYPE_SHARED)
+        try:
+            return local.Get_rank(), local.allgather(value)
+        finally:
+            local.Free()
+
     def local_peer_pids(self) -> dict[int, int]:
         """World rank -> pid of the other ranks on this node (collective: every rank calls it)."""
         local = self.comm.Split_type(MPI.COMM_TYPE_SHARED)

@@ -65,16 +65,18 @@ def open_ranks(model_dir: str, s: EngineSettings) -> tuple[Comm, ModelRunner]:
     from spmd_serve.config import env_setting
     from spmd_serve.dist.comm import Comm
     from spmd_serve.worker.model_runner import ModelRunner
+    from spmd_serve.worker.rank_cpus import setup_rank_cpus
 
     comm = Comm()
+    cpus = setup_rank_cpus(comm, env_setting("num_threads"), env_setting("bind_cores"))
     runner = ModelRunner(
         model_dir,
         comm.rank,
         comm,
         s.num_blocks,
         s.block_size,
+        cpus.threads,
         kv_int8=s.use_kv_int8,
-        onednn=env_setting("onednn_min_tokens"),
         malloc_tuning=env_setting("malloc_tuning"),
     )
     comm.barrier()
@@ -135,6 +137,7 @@ def generate(
         "preemptions": sum(r.num_preemptions for r in reqs),
         "elapsed_s": elapsed,
         "stats": engine.stats.as_dict(),
+        "op_threads": runner.op_threads,  # the C++ graph ops' threads on rank 0 (0: Paddle's ops only)
     }
 
 
@@ -178,6 +181,7 @@ def main(argv: list[str]) -> int:
             preemptions=res["preemptions"],
             stats=json.dumps(res["stats"]),
             elapsed_s=res["elapsed_s"],
+            op_threads=res["op_threads"],
         )
     return 0
 

@@ -3,7 +3,7 @@
 It also converts the original tool's static inference models (what `download_model` fetches; Llama
 and Qwen2), keeping their weight-only quantisation unless `--quant` says otherwise.
 
-`--demo chat|tiny|small|deepseek-tiny` first writes a demo checkpoint (export/demo/: the trained chat
+`--demo chat|tiny|small|1b|deepseek-tiny` first writes a demo checkpoint (export/demo/: the trained chat
 model, or deterministic random weights, with a trained SentencePiece tokenizer) so everything works offline.
 """
 
@@ -33,7 +33,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="HuggingFace or PaddleNLP checkpoint directory, or the original tool's static inference model "
         f"({', '.join(SUPPORTED_ARCHS)})",
     )
-    src.add_argument("--demo", choices=DEMO_PRESETS, help="write and export a built-in demo model (chat: trained)")
+    src.add_argument(
+        "--demo",
+        choices=DEMO_PRESETS,
+        help="write and export a built-in demo model (chat: trained; 1b: Llama-3.2-1B's shape, ~4 GB in fp32)",
+    )
     ap.add_argument("--out", type=Path, required=True, help="served model directory to write")
     ap.add_argument("--tp", type=int, default=1, help="tensor-parallel degree (one rank_<i>/ per rank)")
     ap.add_argument(
@@ -61,8 +65,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--graph-ops",
         default="auto",
         choices=GRAPH_OPS,
-        help="cpp: our C++ ops in the graphs (all-reduce inside one graph per rank, fused decode "
-        "attention; built with g++ and the MPI headers); paddle: Paddle's own ops only "
+        help="cpp: our C++ ops in the graphs (threaded GEMMs, norms and paged attention for every step, "
+        "all-reduce inside one graph per rank; built with g++ and the MPI headers); paddle: Paddle's own ops only "
         "(tp > 1: a graph per stage); auto: cpp when it builds here",
     )
     return ap

@@ -53,6 +53,9 @@ class ModelFamily(ABC, Generic[C]):
     architectures: tuple[str, ...]
     model_types: Mapping[str, str]
     kv_int8: bool = True  # whether its exports carry the int8-KV graphs and scales (USE_CACHE_KV_INT8)
+    # whether its attention segments are also traced as decode graphs (export/variant.py): for an
+    # attention with a C++ op for single-token queries only
+    decode_graphs: bool = False
 
     @abstractmethod
     def parse_config(self, cfg: dict, architecture: str) -> C:

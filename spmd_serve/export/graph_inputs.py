@@ -1,7 +1,8 @@
 """The per-step inputs every graph may take, and the graph-side helpers that read the host tables.
 
-The tables themselves (RoPE cos/sin, grid and past indices, mask) are built once per step on the
-host by worker/step_tables.py, which documents their layout.
+Graphs with the C++ paged attention take the plan's own arrays only.  Paddle's attention (the
+`--graph-ops paddle` export, an int8 pool) also takes tables (RoPE cos/sin, grid and past indices,
+mask) built once per step on the host by worker/step_tables.py, which documents their layout.
 """
 
 from __future__ import annotations
@@ -13,8 +14,9 @@ STEP_INPUTS: dict[str, tuple[str, list[int]]] = {
     "input_ids": ("int64", [-1]),  # [T] token ids of this step
     "unpad_index": ("int64", [-1]),  # [T] index into the flattened [B*S] grid
     "logits_index": ("int64", [-1]),  # [B] index into T of each sequence's last token
-    "block_tables": ("int64", [-1, -1]),  # [B, MB] the plan's (fused decode attention only)
+    "block_tables": ("int64", [-1, -1]),  # [B, MB] the plan's (paged attention)
     "ctx_lens": ("int64", [-1]),  # [B] past tokens of each sequence (idem)
+    "query_lens": ("int64", [-1]),  # [B] new tokens of each sequence (idem)
     "slot_mapping": ("int64", [-1]),  # [T] pool slot of each new token (idem)
     # per-step tables, built on the host once per step (worker/step_tables.py has their layout)
     "rope_cos": ("float32", [-1, -1, -1]),  # [T, nh + 2 kvh, d]

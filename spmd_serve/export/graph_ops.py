@@ -14,7 +14,7 @@ GRAPH_OPS = ("auto", "cpp", "paddle")
 
 def resolve_graph_ops(choice: str) -> bool:
     """Whether the graphs use our C++ Paddle ops (ops/paddle_ext.py): the all-reduce inside the graph
-    (tp > 1: one predictor run per step instead of 2 L + 2) and the fused decode attention.
+    (tp > 1: one predictor run per step instead of 2 L + 2) and the fast kernels of every step.
     "paddle": Paddle's own ops only (any Paddle can load the export; tp > 1 runs a graph per stage
     with mpi4py between them); "cpp": ours, an error if they cannot be built here; "auto": ours
     when they build."""

@@ -1,13 +1,15 @@
 """Graph building blocks shared by the architecture families: parameters, the linear layers (dense and
-weight-only quantised, one class each), RMSNorm and the fused residual-add + RMSNorm.
+weight-only quantised, one class each), RMSNorm, the fused residual-add + RMSNorm and SwiGLU.
 
-Quantised weights (`quant.QuantWeight`) stay int8 in the graph's params (persistable buffers) and are
-dequantised to fp32 right before the matmul: this CPU build has no int8/int4 matmul kernel (on GPU,
-`paddle.nn.quant.weight_only_linear` would take the same buffers).  `make_linear` picks the class
-from the weight's type; the decode graphs' C++ small-batch kernel is the variant's choice
-(`GraphVariant.small_batch_linear`): `spmd_linear` / `spmd_linear_int8` (ops/cpu_kernels/linear.cc)
-stream W once for all rows and dequantise int8 in registers; Paddle's matmul is ~20-25 % slower on
-fp32 there and casts the whole int8 W to fp32 first.
+Quantised weights (`quant.QuantWeight`) stay int8 in the graph's params (persistable buffers).
+`make_linear` picks the class from the weight's type.  With the C++ ops (`GraphVariant.cpp_ops`)
+every linear is its weight type's op (ops/cpu_kernels/linear.cc: `spmd_linear`, `spmd_linear_int8`,
+`spmd_linear_int4`), for every number of rows: one pass over W for decode steps, a packed
+micro-kernel for prefill chunks, int8/int4 dequantised in registers, on the op library's threads;
+the norms and SwiGLU are `spmd_rms_norm`, `spmd_add_rms_norm`, `spmd_swiglu`.  Nothing is chosen
+by the model's size.  Without them (`--graph-ops paddle`), Paddle's ops: quantised weights are
+dequantised to fp32 right before its matmul (on GPU, `paddle.nn.quant.weight_only_linear` would take
+the same buffers).
 """
 
 from __future__ import annotations
@@ -71,7 +73,7 @@ class DenseLinear(Linear):
 
     def forward(self, x: paddle.Tensor, variant: GraphVariant | None = None) -> paddle.Tensor:
         variant = variant or GENERAL
-        if variant.small_batch_linear:
+        if variant.cpp_ops:
             return paddle_ext.run_op("spmd_linear", x, self.weight)
         return paddle.matmul(x, self.weight)
 
@@ -85,14 +87,15 @@ class Int8Linear(Linear):
 
     def forward(self, x: paddle.Tensor, variant: GraphVariant | None = None) -> paddle.Tensor:
         variant = variant or GENERAL
-        if variant.small_batch_linear:
+        if variant.cpp_ops:
             return paddle_ext.run_op("spmd_linear_int8", x, self.qweight, self.scale)
         return paddle.matmul(x, self.qweight.astype("float32")) * self.scale
 
 
 class Int4Linear(Linear):
-    """weight_only_int4: nibbles unpacked with bit shifts, then per input group (x_g @ q_g) * scale_g
-    summed, so no weight-sized multiply.  No C++ kernel: every variant runs the same graph."""
+    """weight_only_int4: x @ dequant(q, scale) with scales per output channel and input group.  Paddle's
+    form: nibbles unpacked with bit shifts, then per input group (x_g @ q_g) * scale_g summed, so no
+    weight-sized multiply."""
 
     def __init__(self, qw: QuantWeight) -> None:
         super().__init__()
@@ -100,6 +103,8 @@ class Int4Linear(Linear):
 
     def forward(self, x: paddle.Tensor, variant: GraphVariant | None = None) -> paddle.Tensor:
         variant = variant or GENERAL
+        if variant.cpp_ops:  # the packed layout of export/quant.py, scale [in / group, out]
+            return paddle_ext.run_op("spmd_linear_int4", x, self.qweight, self.scale)
         w = unpack_int4(self.qweight, self.fan_in, self.group)  # [G, g, out]
         n_groups = self.fan_in // self.group
         xg = x.reshape([-1, n_groups, self.group]).transpose([1, 0, 2])  # [G, T, g]
@@ -129,17 +134,33 @@ def fuse_columns(ws: list):
     )
 
 
-def rms_norm(x: paddle.Tensor, weight: paddle.Tensor, eps: float) -> paddle.Tensor:
+def rms_norm(x: paddle.Tensor, weight: paddle.Tensor, eps: float, variant: GraphVariant | None = None):
+    if variant is not None and variant.cpp_ops:
+        return paddle_ext.run_op("spmd_rms_norm", x, weight, eps)
     # Same order of operations as PaddleNLP's LlamaRMSNorm (fp32), so logits match to 1e-6.
     variance = x.pow(2).mean(-1, keepdim=True)
     return paddle.rsqrt(variance + eps) * x * weight
 
 
-def add_rms_norm(h, delta, weight: paddle.Tensor, eps: float):
+def add_rms_norm(h, delta, weight: paddle.Tensor, eps: float, variant: GraphVariant | None = None):
     """(RMSNorm(h + delta), h + delta) in one fused op; `h` None starts the residual stream at
-    `delta` (a copy: Paddle rejects a graph whose output is one of its inputs unchanged)."""
+    `delta` (Paddle's ops: a copy, as a graph whose output is one of its inputs unchanged is
+    rejected; the C++ ops' graphs are one segment, where `delta` is never an input)."""
+    cpp = variant is not None and variant.cpp_ops
+    if h is None and cpp:
+        return rms_norm(delta, weight, eps, variant), delta
     if h is None:
         h = paddle.assign(delta)
         return fused_rms_norm(h, weight, None, eps, 1)[0], h
-    out, h = fused_rms_norm(delta, weight, None, eps, 1, residual=h)
+    if cpp:
+        out, h = paddle_ext.run_op("spmd_add_rms_norm", h, delta, weight, eps)
+    else:
+        out, h = fused_rms_norm(delta, weight, None, eps, 1, residual=h)
     return out, h
+
+
+def swiglu(x: paddle.Tensor, variant: GraphVariant) -> paddle.Tensor:
+    """silu(x[..., :I]) * x[..., I:] of the fused gate|up output [..., 2I]."""
+    if variant.cpp_ops:
+        return paddle_ext.run_op("spmd_swiglu", x)
+    return nn.functional.swiglu(x)

@@ -55,9 +55,9 @@ AUX_FILES = (
 
 
 def _save_variant(seg, dims: ShardDims, rank_dir: Path, variant: GraphVariant) -> SegmentSpec:
-    """Trace a variant of an attention segment next to its base graph (int8 KV pool and/or the
-    decode graph, see export/variant.py); it has the same parameters, so its .pdiparams is
-    dropped when byte-identical and the base graph's is loaded."""
+    """Trace a variant of an attention segment next to its base graph (an int8 KV pool or a decode
+    graph, see export/variant.py); it has the same parameters, so its .pdiparams is dropped when byte-identical
+    and the base graph's is loaded."""
     from spmd_serve.export.segment import save_segment
 
     spec = save_segment(seg.with_variant(variant), dims, rank_dir)
@@ -80,9 +80,10 @@ def export_rank(
     kv_scales: Mapping[str, np.ndarray] | None = None,
     cpp_ops: bool = False,
 ) -> Manifest:
-    """Trace and save rank `rank`'s segments (each attention segment also as its decode graph and,
-    with `kv_scales`, both again for an int8 pool) and write its manifest.  `cpp_ops`:
-    resolve_graph_ops's answer (tp > 1: one segment with in-graph all-reduces)."""
+    """Trace and save rank `rank`'s segments (with `kv_scales`, each attention segment again for an
+    int8 pool; for a family with `decode_graphs`, also as its decode graph) and write its manifest.
+    `cpp_ops`: resolve_graph_ops's answer (the C++ ops in every graph; tp > 1: one segment with
+    in-graph all-reduces)."""
     from spmd_serve.export.segment import build_segments, save_segment
 
     rank_dir = out / f"rank_{rank}"
@@ -92,17 +93,11 @@ def export_rank(
     kv8_specs: list[SegmentSpec] = []
     for seg in build_segments(stages, dims, cpp_ops=cpp_ops):
         spec = save_segment(seg, dims, rank_dir)
-        if seg.has_kv:  # the decode graph the runner uses for steps of a few single-token queries
+        if family.decode_graphs and seg.has_kv:  # the runner's graph for steps that are all decodes
             spec = replace(spec, decode=_save_variant(seg, dims, rank_dir, replace(seg.variant, decode=True)))
         specs.append(spec)
         if kv_scales is not None and seg.has_kv:
-            kv8 = replace(seg.variant, kv_int8=True)
-            kv8_specs.append(
-                replace(
-                    _save_variant(seg, dims, rank_dir, kv8),
-                    decode=_save_variant(seg, dims, rank_dir, replace(kv8, decode=True)),
-                )
-            )
+            kv8_specs.append(_save_variant(seg, dims, rank_dir, replace(seg.variant, kv_int8=True)))
         else:
             kv8_specs.append(spec)
     rank_scales = None if kv_scales is None else family.rank_kv_scales(mc, dims, rank, kv_scales)

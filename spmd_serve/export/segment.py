@@ -11,9 +11,10 @@ The segment boundary stays the one explicit, swappable place where a runtime col
 Segment inputs: optional `hidden` (residual stream) and `partial` (the reduced output of the
 previous stage), plus the per-step inputs its stages need.  Outputs, in order: `hidden` and
 `partial` (or `logits` for the last segment), then each attention layer's new cache entries
-(`k_new_<l>`, `v_new_<l>` for Llama), then per-step statistics (`SegmentSpec.stats`).  What the
-runtime needs of that is the manifest's `SegmentSpec`; the stages themselves come from the
-architecture family (export/family.py).
+(`k_new_<l>`, `v_new_<l>` for Llama) unless the graph writes them into the pool itself (the C++
+paged attention), then per-step statistics (`SegmentSpec.stats`).  What the runtime needs of that
+is the manifest's `SegmentSpec`; the stages themselves come from the architecture family
+(export/family.py).
 """
 
 from __future__ import annotations
@@ -148,8 +149,8 @@ class GraphSegment(nn.Layer):
 
 
 def build_segments(stages: list[Stage], dims: ShardDims, cpp_ops: bool = False) -> list[GraphSegment]:
-    """A rank's segments of its stages.  `cpp_ops`: graphs may use ops/paddle_ext.py's C++ ops — at
-    tp > 1 one segment with the all-reduces inside; the decode variants' C++ kernels."""
+    """A rank's segments of its stages.  `cpp_ops`: graphs use ops/paddle_ext.py's C++ ops — every
+    step's GEMMs, norms and attention, and at tp > 1 one segment with the all-reduces inside."""
     base = GraphVariant(cpp_ops=cpp_ops)
     if dims.tp == 1 or cpp_ops:
         return [

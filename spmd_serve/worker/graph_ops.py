@@ -1,7 +1,8 @@
-"""Registering our C++ graph ops (ops/paddle_ext.py) in a rank process before its graphs load.
+"""Registering our C++ graph ops (ops/paddle_ext.py) in a rank process before its graphs load, and
+sizing their thread pool.
 
-A graph that calls `spmd_allreduce`, `spmd_decode_attention` or `spmd_linear[_int8]` loads only once
-the op library is registered; the manifest lists the ops a rank's graphs call (`custom_ops`).
+A graph that calls `spmd_allreduce`, `spmd_paged_attention`, `spmd_linear*` or the norms loads only
+once the op library is registered; the manifest lists the ops a rank's graphs call (`custom_ops`).
 """
 
 from __future__ import annotations
@@ -12,10 +13,12 @@ from spmd_serve.config import ConfigError
 from spmd_serve.manifest import Manifest
 
 
-def register_graph_ops(manifest: Manifest, rank_dir: Path) -> None:
-    """Register the op library when the rank's graphs need it, or say why it cannot be (ConfigError)."""
+def register_graph_ops(manifest: Manifest, rank_dir: Path, num_threads: int = 1) -> int:
+    """Register the op library when the rank's graphs need it and give its thread pool `num_threads`
+    (the workers are made once, here, and inherit the rank's CPU binding); or say why it cannot be
+    (ConfigError).  The pool's threads as the library reports them; 0 when the graphs do not use it."""
     if not manifest.custom_ops:
-        return
+        return 0
     from ops import paddle_ext
 
     reason = paddle_ext.unavailable()
@@ -24,6 +27,8 @@ def register_graph_ops(manifest: Manifest, rank_dir: Path) -> None:
             f"{rank_dir} uses the C++ graph ops {', '.join(manifest.custom_ops)}, which need "
             f"the op library: {reason}; install what it names or re-export with --graph-ops paddle"
         )
+    paddle_ext.set_num_threads(num_threads)
+    return paddle_ext.num_threads()
 
 
 def graph_allreduce_clock(manifest: Manifest):

@@ -3,8 +3,11 @@
 the graph did), and return the full-vocab logits on rank 0.
 
 What a rank loads is its `manifest.json` (spmd_serve/manifest.py): the segments (worker/segment.py:
-`paddle.inference` predictors, see export/segment.py for their inputs/outputs), the KV layout of its
-pool (worker/kv_cache.py), and whether its graphs need our C++ op library (worker/graph_ops.py).
+one `paddle.inference` predictor each, see export/segment.py for their inputs/outputs), the KV
+layout of its pool (worker/kv_cache.py), and whether its graphs need our C++ op library
+(worker/graph_ops.py), whose thread pool gets the rank's threads.  A plan runs in one pass over the
+flat tokens when the graphs use the C++ paged attention; graphs with Paddle's attention over a
+padded grid run decodes and prefill chunks as separate passes (protocol.split_by_query_len).
 Identical on every rank; only the collective results differ by rank.
 """
 
@@ -22,7 +25,6 @@ from spmd_serve.timing import PhaseTimer
 from spmd_serve.worker.graph_ops import graph_allreduce_clock, register_graph_ops
 from spmd_serve.worker.kv_cache import KVCachePool
 from spmd_serve.worker.malloc import tune_malloc
-from spmd_serve.worker.predictor import onednn_min_tokens
 from spmd_serve.worker.segment import LoadedSegment
 from spmd_serve.worker.step_tables import step_feeds
 
@@ -58,23 +60,21 @@ class ModelRunner:
         block_size: int,
         num_threads: int = 1,
         kv_int8: bool = False,
-        onednn: int | None = None,
         malloc_tuning: bool = True,
     ) -> None:
-        """`onednn`: SPMD_ONEDNN_MIN_TOKENS (None: automatic); `malloc_tuning`: SPMD_MALLOC_TUNING."""
+        """`num_threads`: the rank's threads (SPMD_NUM_THREADS resolved); `malloc_tuning`:
+        SPMD_MALLOC_TUNING."""
         if malloc_tuning:
             tune_malloc()  # before the first step: intermediates reuse heap pages
         rank_dir = Path(model_dir) / f"rank_{rank}"
         self.manifest = manifest = read_rank_manifest(rank_dir, kv_int8)
         self.dims, self.comm = manifest.dims, comm
-        register_graph_ops(manifest, rank_dir)
+        # the C++ ops get the threads; Paddle's own kernels only where the graphs are Paddle's alone
+        self.op_threads = register_graph_ops(manifest, rank_dir, num_threads)
+        paddle_threads = 1 if self.op_threads else num_threads
         self._graph_allreduce_seconds = graph_allreduce_clock(manifest)
         specs = manifest.specs(kv_int8)
-        self.onednn_min_tokens = onednn_min_tokens(rank_dir, specs, onednn)
-        self.segments = [
-            LoadedSegment(rank_dir, spec, num_threads, manifest.quant is not None, self.onednn_min_tokens)
-            for spec in specs
-        ]
+        self.segments = [LoadedSegment(rank_dir, spec, paddle_threads, manifest.quant is not None) for spec in specs]
         # where `execute` goes (engine/step_stats.py reads it): each segment, collectives, KV writes
         self.segment_keys = [f"segment_{i}" for i in range(len(self.segments))]
         self.timings = PhaseTimer([*self.segment_keys, "allreduce", "gather_logits", "kv_write"])
@@ -84,6 +84,7 @@ class ModelRunner:
         # what step_feeds builds once per step for all segments
         self.inv_freq = manifest.inv_freq_array
         self.input_names = {n for seg in self.segments for n in seg.inputs}
+        self.padded_grid = "grid_index" in self.input_names  # Paddle's attention: one pass per query kind
         self._stats: dict[str, np.ndarray] = {}  # this step's graph statistics, summed over its passes
 
     def take_stats(self) -> dict[str, np.ndarray]:
@@ -93,8 +94,8 @@ class ModelRunner:
 
     def execute(self, plan: StepPlan) -> np.ndarray | None:
         """Run the plan on this rank's shard; [B, vocab] float32 logits on rank 0, None elsewhere."""
-        groups = split_by_query_len(plan.query_lens)
-        if len(groups) == 1:
+        groups = split_by_query_len(plan.query_lens) if self.padded_grid else []
+        if len(groups) <= 1:
             return self._execute(plan)
         parts = [self._execute(plan.select(g, self.pool.block_size)) for g in groups]
         if parts[0] is None:
@@ -119,7 +120,7 @@ class ModelRunner:
             with timer.phase("kv_write"):
                 for layer in seg.kv_layers:  # this layer's cache is read only by this segment: write now
                     names = self.pool.layout.new_outputs(layer)
-                    if names[0] in out:  # (a fused decode graph wrote it already)
+                    if names[0] in out:  # (the paged attention or MLA decode op wrote it already)
                         self.pool.write(layer, plan.slot_mapping, *(out[n] for n in names))
             for name in seg.stats:
                 self._stats[name] = self._stats[name] + out[name] if name in self._stats else out[name]

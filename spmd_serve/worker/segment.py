@@ -1,7 +1,11 @@
-"""`LoadedSegment`: one graph segment of a rank (manifest `SegmentSpec`) loaded as predictors.
+"""`LoadedSegment`: one graph segment of a rank (manifest `SegmentSpec`) loaded as a predictor.
 
 The export traced it (export/segment.py: `GraphSegment`); here it is fed named host arrays and
-returns named outputs.  Its KV-cache inputs are bound once to the pool's zero-copy tensors.
+returns named outputs.  Its KV-cache inputs are bound once to the pool's zero-copy tensors.  One
+predictor runs every step (prefill chunks, decodes, mixed): nothing is chosen by the step's or the
+model's size.  A family whose attention has no C++ op for chunks of queries (DeepSeek's MLA) also
+exports a decode graph (`spec.decode`: every query one token), loaded as a second predictor for
+the steps that are all decodes.
 """
 
 from __future__ import annotations
@@ -16,36 +20,27 @@ from spmd_serve.worker.predictor import Predictor
 
 
 class LoadedSegment:
-    """One loaded graph segment and its manifest entry.  With `onednn_min_tokens` > 0 it has two
-    predictors: a oneDNN one for steps of >= that many tokens and any step it alone can run, and a
-    plain one for the small steps — loading the segment's decode graph (spec.decode: single-token
-    queries, no grid) when the export has one, since the oneDNN predictor runs small prefills."""
+    """One loaded graph segment and its manifest entry."""
 
-    def __init__(
-        self, rank_dir: Path, spec: SegmentSpec, num_threads: int, quantised: bool = False, onednn_min_tokens: int = 0
-    ) -> None:
-        decode = spec.decode if onednn_min_tokens > 0 else None
-        self.plain = Predictor(rank_dir, decode or spec, num_threads, quantised, onednn=False)
-        self.plain_decode_only = decode is not None
-        self.batched = Predictor(rank_dir, spec, num_threads, quantised, onednn=True) if onednn_min_tokens > 0 else None
-        self.min_tokens = onednn_min_tokens
-        self.inputs: list[str] = list(dict.fromkeys(spec.inputs + (decode or spec).inputs))  # of either graph
+    def __init__(self, rank_dir: Path, spec: SegmentSpec, paddle_threads: int = 1, quantised: bool = False) -> None:
+        self.predictor = Predictor(rank_dir, spec, paddle_threads, quantised)
+        self.decode = None if spec.decode is None else Predictor(rank_dir, spec.decode, paddle_threads, quantised)
+        self.inputs: list[str] = list(dict.fromkeys(spec.inputs + (spec.decode or spec).inputs))  # of either graph
         self.outputs: tuple[str, ...] = spec.outputs
         self.kv_layers: tuple[int, ...] = spec.kv_layers
         self.gathers_logits = spec.gathers_logits
         self.stats: tuple[str, ...] = spec.stats
 
     def bind_cache(self, pool: KVCachePool) -> None:
-        """Share the pool's arrays with the cache (and int8 scale) inputs of every predictor."""
-        for pred in [p for p in (self.plain, self.batched) if p is not None]:
+        """Share the pool's arrays with the cache (and int8 scale) inputs of the predictors."""
+        for pred in [p for p in (self.predictor, self.decode) if p is not None]:
             for name, handle in pred.inputs.items():
                 if name in pool:
                     handle.share_external_data(pool.tensor(name))
 
     def run(self, feeds: dict[str, np.ndarray], decode: bool = False) -> dict[str, np.ndarray]:
-        """`decode`: every sequence of this step has one new token."""
-        small = len(feeds["input_ids"]) < self.min_tokens and (decode or not self.plain_decode_only)
-        pred = self.plain if self.batched is None or small else self.batched
+        """`decode`: every sequence of this step has one new token (the decode graph runs it, if any)."""
+        pred = self.decode if decode and self.decode is not None else self.predictor
         for name, h in pred.inputs.items():
             if name in feeds:
                 h.reshape(list(feeds[name].shape))

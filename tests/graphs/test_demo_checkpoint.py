@@ -116,6 +116,15 @@ def test_small_preset_size_and_vocab() -> None:
     assert spm.SentencePieceProcessor(model_proto=proto).get_piece_size() == 8000
 
 
+def test_1b_preset_has_llama_3_2_1b_shape() -> None:
+    """The config only: its weights (4 GB) are never built in the tests."""
+    cfg = make_config("1b")
+    assert (cfg["hidden_size"], cfg["num_hidden_layers"], cfg["num_attention_heads"]) == (2048, 16, 32)
+    assert (cfg["num_key_value_heads"], cfg["intermediate_size"], cfg["vocab_size"]) == (8, 8192, 8000)
+    n_params = sum(int(np.prod(s)) for s in _expected_shapes(cfg).values())
+    assert 0.95e9 < n_params < 1.05e9
+
+
 def test_unknown_preset() -> None:
     with pytest.raises(ValueError, match="unknown preset"):
         make_config("huge")

@@ -64,7 +64,7 @@ class SimRank:
     """One rank's loaded segments and its own KV pool (what ModelRunner holds); collectives between
     segments are played in this process, so TP > 1 exports here have a graph per stage."""
 
-    def __init__(self, model_dir: Path, rank: int, onednn_min_tokens: int = 0) -> None:
+    def __init__(self, model_dir: Path, rank: int) -> None:
         from spmd_serve.manifest import read_manifest
         from spmd_serve.worker.graph_ops import register_graph_ops
         from spmd_serve.worker.kv_cache import KVCachePool
@@ -72,11 +72,9 @@ class SimRank:
 
         rank_dir = model_dir / f"rank_{rank}"
         manifest = read_manifest(rank_dir)
-        register_graph_ops(manifest, rank_dir)  # the decode graph's fused attention
+        register_graph_ops(manifest, rank_dir)  # a C++-ops export's GEMMs and paged attention
         self.dims, self.inv_freq = manifest.dims, manifest.inv_freq_array
-        self.segments = [
-            LoadedSegment(rank_dir, spec, 1, onednn_min_tokens=onednn_min_tokens) for spec in manifest.segments
-        ]
+        self.segments = [LoadedSegment(rank_dir, spec) for spec in manifest.segments]
         self.pool = KVCachePool(manifest.kv_cache, NUM_BLOCKS, BLOCK_SIZE)
         for seg in self.segments:
             seg.bind_cache(self.pool)
@@ -90,12 +88,11 @@ def run_step(ranks: list[SimRank], plan) -> np.ndarray:
     feeds = [dict(base) for _ in ranks]
     num_segments = len(ranks[0].segments)
     assert all(len(r.segments) == num_segments for r in ranks)
-    decode = bool(plan.query_lens.max() == 1)
     for k in range(num_segments):
-        outs = [r.segments[k].run(f, decode) for r, f in zip(ranks, feeds)]
+        outs = [r.segments[k].run(f) for r, f in zip(ranks, feeds)]
         for r, out in zip(ranks, outs):
             for layer in r.segments[k].kv_layers:
-                if f"k_new_{layer}" in out:  # a fused decode graph writes the pool itself
+                if f"k_new_{layer}" in out:  # the C++ paged attention writes the pool itself
                     r.pool.write(layer, plan.slot_mapping, out[f"k_new_{layer}"], out[f"v_new_{layer}"])
         if ranks[0].segments[k].gathers_logits:
             assert k == num_segments - 1
@@ -185,39 +182,6 @@ def test_tensor_parallel_logits_equal_tp1(tp_runs, tp):
     for step, (plan, a, b) in enumerate(zip(plans, base, got)):
         assert a.shape == b.shape == (plan.num_seqs, 1024), step
         assert np.abs(a - b).max() <= 1e-4, (step, np.abs(a - b).max())
-
-
-@pytest.mark.parametrize("tp", [1, 2])
-def test_decode_graphs_and_onednn_predictors_give_the_same_logits(tp_runs, served_tp1, served_tp2_segments, tp):
-    """With a oneDNN twin (as ModelRunner loads by default), steps of < 5 single-token queries run
-    the decode graph and every other step the general graph on oneDNN: same logits as plain."""
-    plans, _, _, runs = tp_runs
-    ranks = [SimRank(Path(served_tp1 if tp == 1 else served_tp2_segments), r, onednn_min_tokens=5) for r in range(tp)]
-    assert all(seg.plain_decode_only == bool(seg.kv_layers) for seg in ranks[0].segments)
-    kinds = {(p.query_lens.max() == 1 and p.num_tokens < 5, p.num_tokens >= 5) for p in plans}
-    assert (True, False) in kinds and (False, True) in kinds  # both predictors ran
-    for step, plan in enumerate(plans):
-        got, want = run_step(ranks, plan), runs[1][0][step]
-        assert np.abs(got - want).max() <= 1e-4, (step, np.abs(got - want).max())
-
-
-def test_onednn_predictor_knob(served_tp1):
-    """SPMD_ONEDNN_MIN_TOKENS: unset = automatic (on for a small model), 0 = one plain predictor
-    of the general graph, anything but a count = a one-line configuration error naming it."""
-    from spmd_serve.config import ConfigError, env_setting, load_config
-    from spmd_serve.worker.model_runner import ModelRunner
-
-    auto = ModelRunner(served_tp1, 0, None, 4, BLOCK_SIZE, onednn=env_setting("onednn_min_tokens", {}))
-    assert auto.onednn_min_tokens == 5 and auto.segments[0].batched is not None
-    assert auto.segments[0].plain_decode_only
-    off = ModelRunner(
-        served_tp1, 0, None, 4, BLOCK_SIZE, onednn=env_setting("onednn_min_tokens", {"SPMD_ONEDNN_MIN_TOKENS": "0"})
-    )
-    assert off.segments[0].batched is None and not off.segments[0].plain_decode_only
-    for bad in ("many", "-1"):
-        with pytest.raises(ConfigError, match=f"SPMD_ONEDNN_MIN_TOKENS={bad} is invalid: must be an integer >= 0"):
-            env_setting("onednn_min_tokens", {"SPMD_ONEDNN_MIN_TOKENS": bad})
-    assert load_config(["--onednn-min-tokens", "7"], {}).onednn_min_tokens == 7
 
 
 def test_tp1_logits_equal_numpy_reference(tp_runs, demo_checkpoint):

@@ -1,6 +1,6 @@
-"""The small-batch linear ops (ops/cpu_kernels/linear.cc) against float64 numpy, their errors, and
-their place in an export: only the decode graphs call them, and a decode step gives the logits of
-the general graph (paddle.matmul)."""
+"""The linear ops (ops/cpu_kernels/linear.cc) against float64 numpy, their errors, and their place in
+an export: every graph of a C++-ops export calls its weight type's op (fp32, int8, int4), and a
+prefill and a decode step give the logits of the same model exported with Paddle's ops only."""
 
 from __future__ import annotations
 
@@ -8,6 +8,8 @@ import json
 
 import numpy as np
 import pytest
+
+from tests.support.saved_graphs import op_names
 
 DEMO_SMALL = [(512, 1024), (512, 512), (512, 3072), (1536, 512), (512, 8000)]  # [K, N]: qkv, o, gate_up, down, lm_head
 
@@ -89,32 +91,22 @@ def test_bad_inputs_are_refused_with_a_reason(name, arrays, message):
         op(name, *arrays(*operands(2, 16, 24)))
 
 
-def op_names(graph: str) -> set[str]:
-    """The operator names of a saved PIR graph (.json): "<dialect id>.<name>" entries under "#"."""
-    names: set[str] = set()
-
-    def walk(node) -> None:
-        if isinstance(node, dict):
-            if isinstance(node.get("#"), str) and "." in node["#"]:
-                names.add(node["#"].split(".", 1)[1])
-            for v in node.values():
-                walk(v)
-        elif isinstance(node, list):
-            for v in node:
-                walk(v)
-
-    with open(graph) as f:
-        walk(json.load(f))
-    return names
-
-
 @pytest.fixture(scope="module")
-def served_int8(demo_checkpoint, tmp_path_factory):
+def export(demo_checkpoint, tmp_path_factory):
+    """(quant, graph ops) → the tiny demo exported so, made once."""
     from spmd_serve.export import export_checkpoint
 
-    return export_checkpoint(
-        demo_checkpoint, tmp_path_factory.mktemp("served") / "int8", quant="weight_only_int8", kv_int8=False
-    )
+    made: dict = {}
+
+    def get(quant: str | None, graph_ops: str):
+        if (quant, graph_ops) not in made:
+            out = tmp_path_factory.mktemp("served") / f"{quant}-{graph_ops}"
+            made[quant, graph_ops] = export_checkpoint(
+                demo_checkpoint, out, quant=quant, kv_int8=False, graph_ops=graph_ops
+            )
+        return made[quant, graph_ops]
+
+    return get
 
 
 class OneRank:
@@ -125,17 +117,16 @@ class OneRank:
         return logits
 
 
-def decode_logits(model_dir, onednn: int | None) -> np.ndarray:
-    """Logits of a decode step of 3 sequences after a 4-token prefill each.  `onednn` None: the
-    runner's default, decode step on the `.dec` graph; 0: on the general graph."""
+def step_logits(model_dir) -> tuple[np.ndarray, np.ndarray]:
+    """Logits of a 4-token prefill of 3 sequences, then of a decode step of the 3."""
     from spmd_serve.protocol import RUN, StepPlan
     from spmd_serve.worker.model_runner import ModelRunner
 
-    runner = ModelRunner(model_dir, 0, OneRank(), num_blocks=8, block_size=16, onednn=onednn)
+    runner = ModelRunner(model_dir, 0, OneRank(), num_blocks=8, block_size=16)
     seqs, blocks = np.arange(3), np.arange(1, 4).reshape(3, 1)  # sequence i in block i + 1
     prefill = np.array([[5, 17, 99, 3], [8, 8, 200, 41], [77, 2, 13, 400]], np.int64)
     pos = np.tile(np.arange(4), 3)
-    runner.execute(
+    first = runner.execute(
         StepPlan(
             RUN,
             1,
@@ -157,18 +148,19 @@ def decode_logits(model_dir, onednn: int | None) -> np.ndarray:
         blocks,
         blocks[seqs, 0] * 16 + 4,
     )
-    return runner.execute(step)
+    return first, runner.execute(step)
 
 
-@pytest.mark.parametrize("quant", (None, "weight_only_int8"))
-def test_only_decode_graphs_use_the_ops_with_the_same_logits(quant, served_tp1, served_int8):
-    model = served_tp1 if quant is None else served_int8
-    name = "spmd_linear" if quant is None else "spmd_linear_int8"
-    rank = model / "rank_0"
-    manifest = json.loads((rank / "manifest.json").read_text())
-    spec = manifest["segments"][0]
-    assert name in op_names(rank / f"{spec['decode']['name']}.json")
-    assert not any(n.startswith("spmd_linear") for n in op_names(rank / f"{spec['name']}.json"))
-    fast, general = decode_logits(model, None), decode_logits(model, 0)
-    np.testing.assert_allclose(fast, general, rtol=1e-4, atol=1e-4 * np.abs(general).max())
-    assert (fast.argmax(-1) == general.argmax(-1)).all()
+@pytest.mark.parametrize("quant", (None, "weight_only_int8", "weight_only_int4"))
+def test_every_graph_uses_the_ops_with_paddles_logits(quant, export):
+    name = {None: "spmd_linear", "weight_only_int8": "spmd_linear_int8", "weight_only_int4": "spmd_linear_int4"}[quant]
+    cpp, paddle_ops = export(quant, "cpp"), export(quant, "paddle")
+    manifest = json.loads((cpp / "rank_0" / "manifest.json").read_text())
+    assert [s["name"] for s in manifest["segments"]] == ["seg_0"]  # one graph for every step
+    ops = op_names(cpp / "rank_0" / "seg_0.json")
+    assert {name, "spmd_paged_attention", "spmd_add_rms_norm", "spmd_swiglu", "spmd_rms_norm"} <= ops
+    assert not {"matmul", "fused_rms_norm", "swiglu", "gather_nd"} & ops  # no Paddle GEMM or attention left
+    assert not any(n.startswith("spmd_") for n in op_names(paddle_ops / "rank_0" / "seg_0.json"))
+    for fast, general in zip(step_logits(cpp), step_logits(paddle_ops)):
+        np.testing.assert_allclose(fast, general, rtol=1e-4, atol=1e-4 * np.abs(general).max())
+        assert (fast.argmax(-1) == general.argmax(-1)).all()

@@ -2,16 +2,13 @@
 steps that mix decodes, prefills from scratch and chunks after a past, in the StepPlan's flat
 token layout; RoPE from inv_freq, the step's K/V written into the paged pool at their slots, causal
 GQA over the past (block tables, blocks scattered, contexts ending on and around block edges) and
-the step's own tokens.  The threaded op equals the one-thread op bit for bit, and the decode op
-(per-step RoPE tables) agrees with it on a decode step."""
+the step's own tokens.  The threaded op equals the one-thread op bit for bit."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from spmd_serve.manifest import ShardDims
-from spmd_serve.worker.step_tables import rope_tables
 from tests.support.paged_attention_reference import inv_freq, make_step, reference
 
 
@@ -24,8 +21,9 @@ def ext():
     paddle_ext.set_num_threads(1)
 
 
-def run(ext, step, nh, threads=1):
-    """(output, K pool, V pool) of the op on copies of the step's pools."""
+def run(ext, step, nh, threads=1, flat=False):
+    """(output, K pool, V pool) of the op on copies of the step's pools; `flat`: qkv passed as the
+    linear's [T, heads * d], as the export does."""
     import paddle
 
     qkv, kc, vc, tables, ctx, qlens, slots = step
@@ -33,7 +31,7 @@ def run(ext, step, nh, threads=1):
     kt, vt = paddle.to_tensor(kc.copy()), paddle.to_tensor(vc.copy())
     out = ext.run_op(
         "spmd_paged_attention",
-        paddle.to_tensor(qkv),
+        paddle.to_tensor(qkv.reshape(len(qkv), -1) if flat else qkv),
         paddle.to_tensor(inv_freq(qkv.shape[2])),
         kt,
         vt,
@@ -74,37 +72,49 @@ def test_long_chunks_match_float64_and_threads_change_no_bit(ext, ctx, qlens):
         assert all(np.array_equal(a, b) for a, b in zip(run(ext, step, 8, threads), one))
 
 
-def test_decode_op_agrees_on_a_decode_step(ext):
+def run_int8(ext, step, nh, k_scale, v_scale, threads=1):
+    """(output, K pool, V pool) of spmd_paged_attention_int8 on copies of the step's int8 pools."""
     import paddle
 
-    nh, kvh, d = 8, 2, 64
-    step = make_step([0, 17, 40], [1, 1, 1], nh, kvh, d, 16, seed=9)
-    qkv, kc, vc, tables, ctx, _, slots = step
-    dims = ShardDims(
-        tp=1,
-        hidden=nh * d,
-        head_dim=d,
-        num_layers=1,
-        heads=nh,
-        kv_heads=kvh,
-        intermediate=8,
-        vocab=16,
-        vocab_local=16,
-        rms_norm_eps=1e-6,
-        rope_theta=1e4,
-    )
-    cos, sin = rope_tables(ctx, inv_freq(d), dims)
-    paged = run(ext, step, nh, threads=2)
+    qkv, kc, vc, tables, ctx, qlens, slots = step
+    ext.set_num_threads(threads)
     kt, vt = paddle.to_tensor(kc.copy()), paddle.to_tensor(vc.copy())
-    dec = ext.run_op(
-        "spmd_decode_attention",
-        *map(paddle.to_tensor, (qkv, cos, sin)),
+    out = ext.run_op(
+        "spmd_paged_attention_int8",
+        paddle.to_tensor(qkv.reshape(len(qkv), -1)),
+        paddle.to_tensor(inv_freq(qkv.shape[2])),
         kt,
         vt,
-        *map(paddle.to_tensor, (tables, ctx, slots)),
-    ).numpy()
-    np.testing.assert_allclose(dec, paged[0], rtol=1e-5, atol=1e-6)
-    np.testing.assert_allclose(kt.numpy(), paged[1], rtol=1e-6, atol=1e-6)
+        *map(paddle.to_tensor, (tables, ctx, qlens, slots, k_scale, v_scale)),
+        float(qkv.shape[2]) ** -0.5,
+    )
+    return out.numpy(), kt.numpy(), vt.numpy()
+
+
+@pytest.mark.parametrize("ctx,qlens,nh,kvh,d,bs", CASES)
+def test_int8_pool_matches_float64(ext, ctx, qlens, nh, kvh, d, bs):
+    """An int8 pool (USE_CACHE_KV_INT8): past read as q * scale[head], the step's K/V stored as
+    clip(rint(x / scale)), as ops/kv_cache_write.py writes them, and attended to in fp32 within the
+    step; threads change no bit."""
+    qkv, kc, vc, *rest = make_step(ctx, qlens, nh, kvh, d, bs, seed=d + 1)
+    rng = np.random.default_rng(d)
+    k8, v8 = (rng.integers(-127, 128, kc.shape, dtype=np.int8) for _ in range(2))
+    ks, vs = ((rng.random(kvh, np.float32) + 0.5) / 40 for _ in range(2))  # |x| up to ~4 fits
+    step = (qkv, k8, v8, *rest)
+    out, kp, vp = run_int8(ext, step, nh, ks, vs)
+    want, want_k, want_v = reference(*step, nh, d**-0.5, k_scale=ks, v_scale=vs)
+    np.testing.assert_allclose(out, want, rtol=1e-3, atol=1e-4)
+    np.testing.assert_allclose(kp * ks[:, None], want_k, rtol=0, atol=1.01 * ks.max())  # a rint tie at most
+    np.testing.assert_allclose(vp * vs[:, None], want_v, rtol=0, atol=1e-6)
+    assert kp.dtype == np.int8 and (kp != k8).any()
+    assert all(np.array_equal(a, b) for a, b in zip(run_int8(ext, step, nh, ks, vs, threads=3), (out, kp, vp)))
+
+
+@pytest.mark.parametrize("ctx,qlens,nh,kvh,d,bs", CASES[:3])
+def test_flat_qkv_is_the_same_step(ext, ctx, qlens, nh, kvh, d, bs):
+    """qkv as the q|k|v linear's [T, (nh + 2 kvh) d] output (head_dim from the pool): same bits."""
+    step = make_step(ctx, qlens, nh, kvh, d, bs, seed=d)
+    assert all(np.array_equal(a, b) for a, b in zip(run(ext, step, nh, flat=True), run(ext, step, nh)))
 
 
 @pytest.mark.parametrize(
@@ -126,7 +136,7 @@ def test_bad_inputs_are_refused_with_a_reason(ext, change, message):
 
 
 def test_traced_graphs_get_the_output_shape(ext):
-    """Shape inference (static graphs, unknown T): [T, nh * d] for both attention ops."""
+    """Shape inference (static graphs, unknown T): [T, nh * d]."""
     import paddle
 
     paddle.enable_static()
@@ -137,7 +147,9 @@ def test_traced_graphs_get_the_output_shape(ext):
             ids = [data(n, [-1], "int64") for n in ("ctx", "qlens", "slots")]
             tables = data("tables", [-1, -1], "int64")
             paged = ext.run_op("spmd_paged_attention", qkv, data("freq", [32]), pool, pool, tables, *ids, 0.125)
-            decode = ext.run_op("spmd_decode_attention", qkv, qkv, qkv, pool, pool, tables, ids[0], ids[2])
-            assert list(paged.shape) == list(decode.shape) == [-1, 8 * 64]
+            flat = ext.run_op(
+                "spmd_paged_attention", data("flat", [-1, 12 * 64]), data("freq", [32]), pool, pool, tables, *ids, 0.125
+            )
+            assert list(paged.shape) == list(flat.shape) == [-1, 8 * 64]
     finally:
         paddle.disable_static()

@@ -140,5 +140,5 @@ def test_runner_refuses_a_graph_export_without_the_library(served_tp2, tmp_path)
     )
     res = python(code, **no_compiler(tmp_path))
     assert res.returncode != 0
-    assert "uses the C++ graph ops spmd_allreduce, spmd_decode_attention, spmd_linear" in res.stderr
+    assert "uses the C++ graph ops spmd_add_rms_norm, spmd_allreduce, spmd_linear, spmd_paged_attention" in res.stderr
     assert "--graph-ops paddle" in res.stderr

@@ -1,6 +1,6 @@
-"""Greedy output of `mpirun -n 1` (TP=1) and `mpirun -n 2` (TP=2, all-reduces in the graph or
-between per-stage graphs) is token-for-token identical, and identical to PaddleNLP's own
-LlamaForCausalLM on the same weights; logits agree within 1e-4.
+"""Greedy output of `mpirun -n 1` (TP=1, its graph ops on two threads) and `mpirun -n 2` (TP=2, one
+thread each, all-reduces in the graph or between per-stage graphs) is token-for-token identical,
+and identical to PaddleNLP's own LlamaForCausalLM on the same weights; logits agree within 1e-4.
 
 Five prompts of different lengths run concurrently through the real engine (scheduler, paged KV
 cache, chunked prefill mixed with decode), on real MPI ranks and real Paddle graphs.
@@ -20,6 +20,8 @@ from tests.support.server_process import mpi_env, mpirun
 
 pytestmark = pytest.mark.mpi
 NEW_TOKENS = 12
+# what a C++-ops export's graphs call (the manifest's sorted `custom_ops`)
+CPP_OPS = ("spmd_add_rms_norm", "spmd_allreduce", "spmd_linear", "spmd_paged_attention", "spmd_rms_norm", "spmd_swiglu")
 TEXTS = [
     "Hi",
     "The quick brown fox jumps over the lazy dog.",
@@ -39,7 +41,7 @@ def prompts(demo_checkpoint) -> list[list[int]]:
     return out
 
 
-def run_offline(n: int, model_dir, prompts, tmp_path, eos: int) -> tuple[list[list[int]], list[np.ndarray]]:
+def run_offline(n: int, model_dir, prompts, tmp_path, eos: int, threads: int) -> tuple[list, list[np.ndarray]]:
     spec = {
         "prompts": prompts,
         "params": {"max_tokens": NEW_TOKENS, "min_tokens": NEW_TOKENS, "temperature": 0.0},
@@ -51,9 +53,11 @@ def run_offline(n: int, model_dir, prompts, tmp_path, eos: int) -> tuple[list[li
     cmd = mpirun(
         n, sys.executable, "-m", "spmd_serve.engine.offline", str(model_dir), str(tmp_path / f"spec{n}.json"), str(out)
     )
-    res = subprocess.run(cmd, env=mpi_env(), capture_output=True, text=True, timeout=300)
+    res = subprocess.run(cmd, env=mpi_env(SPMD_NUM_THREADS=threads), capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-4000:]
     data = np.load(out, allow_pickle=True)
+    uses_ops = bool(json.loads((model_dir / "rank_0" / "manifest.json").read_text())["custom_ops"])
+    assert int(data["op_threads"]) == (threads if uses_ops else 0)  # the threads the graph ops really ran on
     return [list(map(int, t)) for t in data["tokens"]], list(data["logits"])
 
 
@@ -61,12 +65,12 @@ def run_offline(n: int, model_dir, prompts, tmp_path, eos: int) -> tuple[list[li
 def runs(served_tp1, served_tp2, served_tp2_segments, prompts, tmp_path_factory):
     cfg = json.loads((served_tp1 / "config.json").read_text())
     exports = {1: served_tp1, 2: served_tp2, "2s": served_tp2_segments}
-    return {
-        key: run_offline(
-            2 if key == "2s" else key, d, prompts, tmp_path_factory.mktemp(f"parity{key}"), cfg["eos_token_id"]
-        )
-        for key, d in exports.items()
-    }
+    out = {}
+    for key, d in exports.items():
+        n = 2 if key == "2s" else int(key)
+        # -n 1 runs its graph ops on 2 threads, each rank of -n 2 on 1
+        out[key] = run_offline(n, d, prompts, tmp_path_factory.mktemp(f"parity{key}"), cfg["eos_token_id"], 2 // n)
+    return out
 
 
 @pytest.fixture(scope="module")
@@ -96,7 +100,7 @@ def test_tp1_and_tp2_give_identical_tokens(runs, served_tp2, served_tp2_segments
         )
     manifests = [json.loads((d / "rank_1" / "manifest.json").read_text()) for d in (served_tp2, served_tp2_segments)]
     assert [m["collectives"] for m in manifests] == ["graph", "segments"]
-    assert [m["custom_ops"] for m in manifests] == [["spmd_allreduce", "spmd_decode_attention", "spmd_linear"], []]
+    assert [m["custom_ops"] for m in manifests] == [list(CPP_OPS), []]
     assert [len(m["segments"]) for m in manifests] == [1, 2 * manifests[0]["dims"]["num_layers"] + 2]
 
 

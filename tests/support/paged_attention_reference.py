@@ -18,8 +18,10 @@ def rotate(x: np.ndarray, pos: np.ndarray, freq: np.ndarray) -> np.ndarray:
     return np.concatenate([lo * np.cos(ang) - hi * np.sin(ang), hi * np.cos(ang) + lo * np.sin(ang)], axis=-1)
 
 
-def reference(qkv, k_cache, v_cache, tables, ctx, qlens, slots, nh, scale):
-    """(output [T, nh * d], pools after the step's write), in float64."""
+def reference(qkv, k_cache, v_cache, tables, ctx, qlens, slots, nh, scale, k_scale=None, v_scale=None):
+    """(output [T, nh * d], pools after the step's write), in float64.  With `k_scale`, `v_scale`
+    ([kvh]) the pools are int8: the past read as q * scale, the step's K/V stored quantised (the
+    returned pools are the dequantised values) but attended to as they are."""
     t_all, heads, d = qkv.shape
     kvh, bs, g = (heads - nh) // 2, k_cache.shape[1], nh // ((heads - nh) // 2)
     starts = np.concatenate([[0], np.cumsum(qlens)])
@@ -28,7 +30,13 @@ def reference(qkv, k_cache, v_cache, tables, ctx, qlens, slots, nh, scale):
     q = rotate(x[:, :nh], pos, inv_freq(d)) * scale
     k_new, v_new = rotate(x[:, nh : nh + kvh], pos, inv_freq(d)), x[:, nh + kvh :]
     k_pool, v_pool = k_cache.astype(np.float64), v_cache.astype(np.float64)
-    k_pool[slots // bs, slots % bs], v_pool[slots // bs, slots % bs] = k_new, v_new
+    k_store, v_store = k_new, v_new
+    if k_scale is not None:
+        ks, vs = (np.asarray(s, np.float64)[:, None] for s in (k_scale, v_scale))  # [kvh, 1]
+        k_pool, v_pool = k_pool * ks, v_pool * vs
+        k_store = np.clip(np.rint(k_new.astype(np.float32) / ks.astype(np.float32)), -127, 127) * ks
+        v_store = np.clip(np.rint(v_new.astype(np.float32) / vs.astype(np.float32)), -127, 127) * vs
+    k_pool[slots // bs, slots % bs], v_pool[slots // bs, slots % bs] = k_store, v_store
     out = np.zeros((t_all, nh, d))
     for b, (c, n) in enumerate(zip(ctx, qlens)):
         past = [(tables[b, p // bs], p % bs) for p in range(c)]

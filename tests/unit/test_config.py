@@ -55,9 +55,9 @@ CONTRACT_DEFAULTS = {
     "speculate_model_path": None,
     "api_key": None,
     "max_num_batched_tokens": 512,
-    "num_threads": 1,
+    "num_threads": "auto",
+    "bind_cores": True,
     "drain_timeout_s": 60.0,
-    "onednn_min_tokens": None,
     "malloc_tuning": True,
     "log_step_every": 0,
 }
@@ -98,9 +98,9 @@ SAMPLES = {
     "SPECULATE_MODEL_PATH": ("/m/draft", "/m/draft"),
     "API_KEY": ("sk-123", "sk-123"),
     "SPMD_MAX_NUM_BATCHED_TOKENS": ("16", 16),
-    "SPMD_NUM_THREADS": ("8", 8),
+    "SPMD_NUM_THREADS": ("8", "8"),
+    "SPMD_BIND_CORES": ("0", False),
     "SPMD_DRAIN_TIMEOUT_S": ("2.5", 2.5),
-    "SPMD_ONEDNN_MIN_TOKENS": ("0", 0),
     "SPMD_MALLOC_TUNING": ("no", False),
     "SPMD_LOG_STEP_EVERY": ("50", 50),
 }
@@ -152,8 +152,8 @@ def test_defaults_equal_contract():
     assert [v.name for v in ENV_VARS if v.internal] == [
         "SPMD_MAX_NUM_BATCHED_TOKENS",
         "SPMD_NUM_THREADS",
+        "SPMD_BIND_CORES",
         "SPMD_DRAIN_TIMEOUT_S",
-        "SPMD_ONEDNN_MIN_TOKENS",
         "SPMD_MALLOC_TUNING",
         "SPMD_LOG_STEP_EVERY",
     ]

@@ -26,6 +26,7 @@ import itertools
 import json
 import os
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -64,6 +65,17 @@ PRESETS: dict[str, dict[str, int]] = {
         "num_attention_heads": 4,
         "num_key_value_heads": 2,
         "max_position_embeddings": 2048,
+    },
+    # Llama-3.2-1B's shape with the demo tokenizer: ~1.0B parameters (4 GB in fp32), a realistic
+    # size for speed figures (memory-bound decode).  Never built by the tests (tiny and small are).
+    "1b": {
+        "vocab_size": 8000,
+        "hidden_size": 2048,
+        "intermediate_size": 8192,
+        "num_hidden_layers": 16,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 8,
+        "max_position_embeddings": 4096,
     },
 }
 TRAINED_PRESET = "chat"
@@ -221,6 +233,7 @@ def write_demo_checkpoint(out_dir: str | Path, preset: str = "tiny", seed: int =
     """Write the demo checkpoint for `preset` into `out_dir` (created if needed); return it."""
     from safetensors.numpy import save_file
 
+    make: Callable[[dict[str, Any], int], dict[str, np.ndarray]]
     if preset in deepseek.PRESETS:
         ids = {"bos_token_id": BOS_ID, "eos_token_id": EOS_ID, "pad_token_id": PAD_ID}
         config = deepseek.make_config(preset, PRESETS["tiny"]["vocab_size"], ids)

@@ -56,7 +56,9 @@ class LlamaFamily(ModelFamily[ModelConfig]):
         group: int | None,
     ) -> dict[str, Any]:
         shard = sharding.shard_weights(hf, mc, dims, rank)
-        return quant.quantize_shard(shard, hf, mc, dims, rank, method, group) if method else shard
+        if method:
+            shard = quant.quantize_shard(shard, hf, mc, dims, rank, method, group)
+        return dict(shard, inv_freq=mc.inv_freq().astype(np.float32))  # RoPE's, for the paged attention op
 
     def quant_group(self, mc: ModelConfig, dims: ShardDims, requested: int | None) -> int:
         return quant.quant_group(dims, requested)

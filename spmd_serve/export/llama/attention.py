@@ -1,15 +1,23 @@
 """The Llama family's attention stage: residual add + RMSNorm → fused q|k|v (column shard, + bias with
 attention_bias) → RoPE → paged attention (GQA) → o_proj (row shard).
 
-RoPE's tables are graph inputs (worker/step_tables.py; the exporter records inv_freq, rope scaling
-applied, in the manifest).  q, k and v stay one [T, nh + 2 kvh, d] tensor until the attention
-matmuls: RoPE, the grid gather and the transpose to head-major are one op each for all three
-(step_tables.rope_tables gives v heads the identity rotation and folds 1/sqrt(d) into the q heads).
-The variant (export/variant.py) picks the graph: any query lengths (a padded grid per sequence),
-the decode graph (one token per sequence, no grid), the fused C++ decode attention, an int8 pool.
+With the C++ ops the step's tokens stay flat ([T, ...], the StepPlan's layout, any mix
+of prefill chunks and decodes): `spmd_paged_attention` takes q|k|v as the linear's [T, (nh + 2 kvh) d],
+the plan's block tables, lengths and slots, and RoPE's `inv_freq` (a persistable [d/2] buffer,
+scaling applied); it rotates q and k, writes this step's K/V into the pool (bound zero-copy: the
+graph has no K/V outputs) and attends over the pool.  No per-step tables, no padding.
+
+An int8 pool (USE_CACHE_KV_INT8) takes `spmd_paged_attention_int8` and the pool's per-KV-head scales.
+
+Without them (`--graph-ops paddle`) Paddle's ops attend over a padded grid [B, S] per sequence,
+with RoPE's tables, the grid and past indices and the mask built once per step on the host
+(worker/step_tables.py; v heads get the identity rotation, 1/sqrt(d) is folded into the q heads),
+and return this step's K/V for the runner to write.
 """
 
 from __future__ import annotations
+
+import math
 
 import numpy as np
 import paddle
@@ -24,14 +32,13 @@ from spmd_serve.export.segment import Stage, kv_input_spec
 from spmd_serve.export.variant import GraphVariant
 from spmd_serve.manifest import ShardDims
 
-_ATTN_INPUTS = ("rope_cos", "rope_sin", "grid_index", "unpad_index", "past_index", "attn_mask")
-_GRID_INPUTS = ("grid_index", "unpad_index")  # not taken by the decode graph
-_FUSED_INPUTS = ("rope_cos", "rope_sin", "block_tables", "ctx_lens", "slot_mapping")  # spmd_decode_attention
+_GRID_INPUTS = ("rope_cos", "rope_sin", "grid_index", "unpad_index", "past_index", "attn_mask")
+_PAGED_INPUTS = ("block_tables", "ctx_lens", "query_lens", "slot_mapping")  # spmd_paged_attention's
 
 
 class AttentionStage(Stage):
-    """Outputs this step's K and V [T, kvh, d] for the runner to write into the pool, except in the
-    fused decode graph, whose `spmd_decode_attention` op writes them itself."""
+    """Outputs this step's K and V [T, kvh, d] for the runner to write into the pool, except with
+    `spmd_paged_attention`, which writes them itself."""
 
     def __init__(self, w: dict[str, np.ndarray], dims: ShardDims, layer: int) -> None:
         super().__init__()
@@ -44,18 +51,20 @@ class AttentionStage(Stage):
             if dims.attention_bias
             else None
         )
+        # [d/2] RoPE frequencies (scaling applied), for the paged attention op
+        self.register_buffer("inv_freq", paddle.to_tensor(np.asarray(w["inv_freq"], np.float32)), persistable=True)
         self.dims, self.layer, self.layout = dims, layer, kv_layout(dims)
         self.kv_layer = layer
 
     def inputs(self, variant: GraphVariant) -> list[str]:
-        caches = self.layout.cache_inputs(self.layer)
-        if variant.fused_decode_attention:
-            return [*_FUSED_INPUTS, *caches]
-        tables = [n for n in _ATTN_INPUTS if not (variant.decode and n in _GRID_INPUTS)]
-        return [*tables, *caches, *(self.layout.scale_inputs(self.layer) if variant.kv_int8 else ())]
+        caches = [
+            *self.layout.cache_inputs(self.layer),
+            *(self.layout.scale_inputs(self.layer) if variant.kv_int8 else ()),
+        ]
+        return [*(_PAGED_INPUTS if variant.paged_attention else _GRID_INPUTS), *caches]
 
     def new_kv(self, variant: GraphVariant) -> list[str]:
-        return [] if variant.fused_decode_attention else self.layout.new_outputs(self.layer)
+        return [] if variant.paged_attention else self.layout.new_outputs(self.layer)
 
     def input_spec(self, name: str, variant: GraphVariant) -> InputSpec | None:
         return kv_input_spec(self.layout, self.layer, name, variant)
@@ -66,46 +75,34 @@ class AttentionStage(Stage):
     def forward(self, h, delta, env: dict, variant: GraphVariant):
         dm = self.dims
         nh, kvh, d = dm.heads, dm.kv_heads, dm.head_dim
-        x, h = add_rms_norm(h, delta, self.ln, dm.rms_norm_eps)  # [T, H]
-        qkv = self.qkv(x, variant) if self.bias is None else self.qkv(x, variant) + self.bias
-        qkv = qkv.reshape([-1, nh + 2 * kvh, d])  # [T, nh + 2 kvh, d]
+        x, h = add_rms_norm(h, delta, self.ln, dm.rms_norm_eps, variant)  # [T, H]
+        qkv = self.qkv(x, variant) if self.bias is None else self.qkv(x, variant) + self.bias  # [T, (nh + 2 kvh) d]
         kc_name, vc_name = self.layout.cache_inputs(self.layer)
-        if variant.fused_decode_attention:  # ops/cpu_kernels/decode_attention.cc: RoPE, pool write, attention
+        scales = [env[n] for n in self.layout.scale_inputs(self.layer)] if variant.kv_int8 else []
+        if variant.paged_attention:  # ops/cpu_kernels/paged_attention.cc: RoPE, pool write, attention
             ctx = paddle_ext.run_op(
-                "spmd_decode_attention",
-                qkv,
-                env["rope_cos"],
-                env["rope_sin"],
+                "spmd_paged_attention_int8" if variant.kv_int8 else "spmd_paged_attention",
+                qkv,  # (no reshape op: it reads the heads as [T, nh + 2 kvh, d])
+                self.inv_freq,
                 env[kc_name],
                 env[vc_name],
-                env["block_tables"],
-                env["ctx_lens"],
-                env["slot_mapping"],
-            )
+                *(env[n] for n in _PAGED_INPUTS),
+                *scales,  # an int8 pool's [kvh] k and v scales
+                1.0 / math.sqrt(d),
+            )  # [T, nh * d]
             return h, self.o(ctx, variant), []  # K/V already in the pool
+        qkv = qkv.reshape([-1, nh + 2 * kvh, d])  # [T, nh + 2 kvh, d]
         qkv = qkv * env["rope_cos"] + paddle.roll(qkv, d // 2, axis=-1) * env["rope_sin"]  # RoPE (q, k only)
-        q, k, v = paddle.split(qkv, [nh, kvh, kvh], axis=1)  # k, v [T, kvh, d] → cache
+        _, k, v = paddle.split(qkv, [nh, kvh, kvh], axis=1)  # k, v [T, kvh, d] → cache
         # past, head-major in one gather each: [B, kvh, P, d] (no reshape of the pool: it would copy it)
         k_past = paddle.gather_nd(env[kc_name], env["past_index"])
         v_past = paddle.gather_nd(env[vc_name], env["past_index"])
         if variant.kv_int8:  # an int8 pool: q * scale[kv head], as ops/paged_attention.py does
-            ks_name, vs_name = self.layout.scale_inputs(self.layer)
-            k_past = k_past.astype("float32") * env[ks_name].reshape([1, kvh, 1, 1])
-            v_past = v_past.astype("float32") * env[vs_name].reshape([1, kvh, 1, 1])
-        attend = self._decode if variant.decode else self._grid
-        return h, self.o(attend(q, qkv, k, v, k_past, v_past, env), variant), [k, v]
+            k_past = k_past.astype("float32") * scales[0].reshape([1, kvh, 1, 1])
+            v_past = v_past.astype("float32") * scales[1].reshape([1, kvh, 1, 1])
+        return h, self.o(self._grid(qkv, k_past, v_past, env), variant), [k, v]
 
-    def _decode(self, q, qkv, k, v, k_past, v_past, env):
-        """One new token per sequence (T = B, S = 1) and few sequences: no grid, and the new K/V
-        joined to the past ones (a copy of [B, kvh, P, d], cheap at the batch sizes this graph runs)."""
-        kvh, d = self.dims.kv_heads, self.dims.head_dim
-        qh = q.reshape([-1, kvh, self.dims.group, d])  # [B, kvh, g, d]
-        keys = paddle.concat([k_past, k.reshape([-1, kvh, 1, d])], axis=2)  # [B, kvh, P+1, d]
-        values = paddle.concat([v_past, v.reshape([-1, kvh, 1, d])], axis=2)
-        probs = nn.functional.softmax(paddle.matmul(qh, keys, transpose_y=True) + env["attn_mask"], axis=-1)
-        return paddle.matmul(probs, values).reshape([-1, self.dims.heads * d])  # [B, nh*d]
-
-    def _grid(self, q, qkv, k, v, k_past, v_past, env):
+    def _grid(self, qkv, k_past, v_past, env):
         """Any query lengths: this step's tokens in a padded grid [B, S] per sequence."""
         nh, kvh, d = self.dims.heads, self.dims.kv_heads, self.dims.head_dim
         p, s = grid_dims(env)

@@ -124,7 +124,7 @@ def shard_weights(
 ) -> dict[str, np.ndarray]:
     """This rank's weights, named `embed`, `layers.{i}.{q,k,v,o,gate,up,down,ln1,ln2}` (and
     `layers.{i}.{q,k,v}_bias` with attention_bias), `norm`, `lm_head`.  (RoPE's inv_freq is not a
-    weight: the exporter writes it into the manifest and the runner builds the tables.)"""
+    weight of the checkpoint: LlamaFamily.rank_weights adds it, and the manifest records it.)"""
     mc = cfg if isinstance(cfg, ModelConfig) else ModelConfig.from_hf(cfg)
     r = rank
     sl = linear_slices(mc, dims, r)

@@ -17,6 +17,7 @@ from spmd_serve.export.layers import (
     make_linear,
     make_param,
     rms_norm,
+    swiglu,
     unpack_int4,
 )
 from spmd_serve.export.segment import Stage
@@ -25,10 +26,10 @@ from spmd_serve.manifest import ShardDims
 
 
 class EmbedStage(Stage):
-    """Vocab-parallel embedding: rows this rank does not own contribute zeros to the sum.  A
-    quantised table is held transposed, as the `QuantWeight` of an [H, V_local] linear (scale per
-    vocab row, and per group of H for int4): only this step's T columns are gathered and
-    dequantised."""
+    """Vocab-parallel embedding: rows this rank does not own contribute zeros to the sum (at tp = 1
+    the rank owns every id: a plain lookup, ~7 ops fewer).  A quantised table is held transposed,
+    as the `QuantWeight` of an [H, V_local] linear (scale per vocab row, and per group of H for
+    int4): only this step's T columns are gathered and dequantised."""
 
     def __init__(self, w: dict, dims: ShardDims, rank: int) -> None:
         super().__init__()
@@ -38,6 +39,7 @@ class EmbedStage(Stage):
         else:
             hold_quantised(self, w["embed"])  # [H or H/2, V_local]
         self.start, self.size = rank * dims.vocab_local, dims.vocab_local
+        self.whole = dims.tp == 1
 
     def inputs(self, variant: GraphVariant) -> list[str]:
         return ["input_ids"]
@@ -58,6 +60,8 @@ class EmbedStage(Stage):
 
     def forward(self, h, env: dict, variant: GraphVariant | None = None):
         variant = variant or GENERAL  # (None: eager calls; a default value would not survive dy2static)
+        if self.whole:
+            return self._rows(env["input_ids"]), []
         local = env["input_ids"] - self.start
         owned = paddle.logical_and(local >= 0, local < self.size)
         local = paddle.where(owned, local, paddle.zeros_like(local))
@@ -79,8 +83,8 @@ class MlpStage(Stage):
         return self(h, delta, env, variant)
 
     def forward(self, h, delta, env: dict, variant: GraphVariant):
-        x, h = add_rms_norm(h, delta, self.ln, self.eps)
-        return h, self.down(nn.functional.swiglu(self.gate_up(x, variant)), variant), []  # silu(gate) * up
+        x, h = add_rms_norm(h, delta, self.ln, self.eps, variant)
+        return h, self.down(swiglu(self.gate_up(x, variant), variant), variant), []  # silu(gate) * up
 
 
 class HeadStage(Stage):
@@ -97,6 +101,9 @@ class HeadStage(Stage):
         return ["logits_index"]
 
     def step(self, h, delta, env: dict, variant: GraphVariant):
+        if variant.cpp_ops and h is not None:
+            logits, kv = self.add_norm_forward(h, delta, env, variant)
+            return h, logits, kv
         # residual add of the reduced partial; a copy when it starts the stream, because Paddle
         # rejects a graph whose output is one of its inputs unchanged
         h = paddle.assign(delta) if h is None else h + delta
@@ -105,4 +112,10 @@ class HeadStage(Stage):
 
     def forward(self, h, env: dict, variant: GraphVariant):
         last = paddle.gather(h, env["logits_index"], axis=0)  # [B, H]
-        return self.lm_head(rms_norm(last, self.norm, self.eps), variant), []
+        return self.lm_head(rms_norm(last, self.norm, self.eps, variant), variant), []
+
+    def add_norm_forward(self, h, delta, env: dict, variant: GraphVariant):
+        """The C++ ops' form: the residual add fused into the norm, over all T rows (cheap), then
+        each sequence's last row: two ops instead of three."""
+        x, _ = add_rms_norm(h, delta, self.norm, self.eps, variant)  # [T, H]
+        return self.lm_head(paddle.gather(x, env["logits_index"], axis=0), variant), []
