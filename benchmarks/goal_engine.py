@@ -20,19 +20,31 @@ import time
 import numpy as np
 
 
-def copy_bandwidth(nbytes: int = 256 << 20, reps: int = 7, sync=None) -> float:
-    """STREAM-style copy bandwidth (bytes read + bytes written per second), median of `reps`.
+def copy_bandwidth(nbytes: int = 256 << 20, reps: int = 7, sync=None, threads: int = 1) -> float:
+    """STREAM-style copy bandwidth (bytes read + bytes written per second), median of `reps`, with
+    `threads` threads each copying its share (numpy releases the GIL while it copies).
     `sync` (e.g. an MPI barrier) is called once the arrays are paged in, so that ranks copying
     "at the same time" really do (paging 512 MB in takes longer than the timed copies)."""
+    import threading
+
     src = np.ones(nbytes // 4, np.float32)
     dst = np.empty_like(src)
     np.copyto(dst, src)
     if sync is not None:
         sync()
+    edges = np.linspace(0, src.size, threads + 1).astype(int)
+
+    def part(i: int) -> None:
+        np.copyto(dst[edges[i] : edges[i + 1]], src[edges[i] : edges[i + 1]])
+
     times = []
     for _ in range(reps):
         t = time.perf_counter()
-        np.copyto(dst, src)
+        workers = [threading.Thread(target=part, args=(i,)) for i in range(threads)]
+        for w in workers:
+            w.start()
+        for w in workers:
+            w.join()
         times.append(time.perf_counter() - t)
     return 2 * nbytes / float(np.median(times))
 
@@ -136,6 +148,7 @@ def run(model_dir: str, batch: int, input_len: int, output_len: int, num_threads
         "flops_per_token": 2 * sum(i * o for i, o in shard_matmuls(dims)),
         "copy_bandwidth_concurrent_Bps": concurrent_bw,  # while every rank of the job copies
         "copy_bandwidth_Bps": copy_bandwidth(),
+        "copy_bandwidth_threads_Bps": copy_bandwidth(threads=num_threads),  # with the rank's threads
         "numpy_matmul_flops": numpy_matmul_flops(dims, batch),
     }
 
