@@ -55,14 +55,13 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.exposition import choose_encoder
-from prometheus_client.metrics_core import CounterMetricFamily, Metric
 from prometheus_client.process_collector import ProcessCollector
 
+from spmd_serve.engine.collectors import PREFIX, OriginalGauges, StepPhaseCollector
 from spmd_serve.engine.step_stats import StepStats
 from spmd_serve.scheduler.request import Request
 from spmd_serve.scheduler.scheduler import Scheduler, SchedulerOutput
 
-PREFIX = "spmd_serve:"
 FINISH_REASONS = ("stop", "length", "abort")  # vLLM's FinishReason values
 # vLLM's buckets; inter-token latency gains 1 ms and 5 ms because a CPU decode step can be that fast.
 # fmt: off
@@ -76,62 +75,6 @@ REQUEST_LATENCY_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 2
 ABORT_STEP_BUCKETS = (0, 1, 2, 4, 8, 16, 32, 64)
 STEP_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0)
 _RECENT_STEPS = ABORT_STEP_BUCKETS[-1]  # step end times kept: the abort delay saturates here
-
-
-class OriginalGauges:
-    """The original tool's `inference_server_metrics` family, series by series as it exposed them.
-
-    A plain `Gauge` cannot express it (its series use different label names), so this is a custom
-    collector.  The engine replaces the whole dict at once, so a scrape never sees half an update.
-    """
-
-    NAME = "inference_server_metrics"
-    SERIES = ("batch_size", "block_num", "max_batch_size", "max_block_num", "available_resource")
-
-    def __init__(self) -> None:
-        self._values: dict[str, float] = dict.fromkeys(self.SERIES, 0.0)
-
-    def set(self, values: dict[str, float]) -> None:
-        self._values = {name: float(values[name]) for name in self.SERIES}
-
-    def _family(self) -> Metric:
-        return Metric(self.NAME, "Metrics for monitoring inference server status", "gauge")
-
-    def describe(self) -> list[Metric]:
-        return [self._family()]  # lets the registry reject a clashing name up front
-
-    def collect(self) -> list[Metric]:
-        family, values = self._family(), self._values
-        for name in self.SERIES:
-            family.add_sample(self.NAME, {name: name}, values[name])
-        return [family]
-
-
-class StepPhaseCollector:
-    """Exposes a StepStats' cumulative sums; the engine thread never touches Prometheus for them."""
-
-    def __init__(self, stats: StepStats) -> None:
-        self.stats = stats
-
-    def describe(self) -> list[Metric]:
-        return [
-            CounterMetricFamily(PREFIX + n, "") for n in ("step_phase_seconds", "io_handoffs", "step_sampled_tokens")
-        ]
-
-    def collect(self) -> list[Metric]:
-        st = self.stats
-        phases = CounterMetricFamily(
-            PREFIX + "step_phase_seconds",
-            "Seconds rank 0 spent in each phase of the engine step (summed).",
-            labels=["phase"],
-        )
-        for phase, seconds in st.totals().items():
-            phases.add_metric([phase], seconds)
-        return [
-            phases,
-            CounterMetricFamily(PREFIX + "io_handoffs", "Output batches the front end delivered.", value=st.handoffs),
-            CounterMetricFamily(PREFIX + "step_sampled_tokens", "Tokens sampled by engine steps.", value=st.sampled),
-        ]
 
 
 class EngineMetrics:

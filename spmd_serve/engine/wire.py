@@ -28,7 +28,8 @@ from spmd_serve.sampling_params import SamplingParams
 MAX_FRAME = 64 << 20  # bytes: far above any request the front end accepts (MAX_SEQ_LEN ids)
 _HEADER = struct.Struct(">I")
 _PARAM_FIELDS = {f.name for f in dataclasses.fields(SamplingParams)}
-_TUPLE_FIELDS = ("eos_token_ids", "stop_sequences")
+# tuples in SamplingParams, lists in msgpack/JSON: turned back by their declared type
+_TUPLE_FIELDS = {f.name for f in dataclasses.fields(SamplingParams) if str(f.type).startswith("tuple")}
 
 Message = dict[str, Any]
 
