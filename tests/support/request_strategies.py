@@ -1,65 +1,66 @@
-"""Hypothesis strategies for request bodies of every protocol (native, OpenAI completions and chat,
-gRPC's IN tensor): every field the parsers read, each drawn from values that make sense (so many
-bodies pass validation and reach the engine) or from junk — extreme integers and floats, NaN and
-infinities, unicode, wrong types, nesting, unknown keys — plus bodies that are not JSON objects at
-all.  Used by the campaign in tests/mpi/test_request_fuzz_mpi.py.
+"""Hypothesis strategies for request bodies of every protocol (native — also what gRPC's IN tensor
+carries — and OpenAI completions and chat), used by the campaign in tests/mpi/test_request_fuzz_mpi.py.
+
+Every field a parser knows has a `Field`: values that make sense (`good`, so bodies pass validation
+and reach the engine) and values aimed at its bounds (`bad`: extreme integers and floats, NaN and
+infinities, unicode, wrong types, nesting).  `body_varying(name)` is a sensible body whose field
+`name` is drawn from both (twice as often bad); `mixed_body` draws every field at random, with
+unknown keys now and then; `encoded` writes a body as the bytes sent, or bytes that are no JSON
+object at all.  FIELDS lists every field per protocol, checked against the parsers' own tables.
 """
 
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from typing import Any
 
 from hypothesis import strategies as st
 
+from spmd_serve.frontend.openai.fields import HONOURED, NEUTRAL
+
 VOCAB = 1024  # the demo model's (spmd_serve/export/demo/checkpoint.py, preset "tiny")
 
-EXTREMES = [
-    2**63 - 1, 2**63, -(2**63) - 1, 2**64, 2**31 - 1, 2**31, -(2**31), 10**30, -1, 0, 1, VOCAB, VOCAB - 1,
-    1e308, -1e308, 5e-324, 3.5e38, -0.0, 1e-45, float("nan"), float("inf"), float("-inf"),
-    "", "0", "1.5", "\u0000", "\ud7ff\ue000", True, False, None, [], {}, [None], {"": None},
-]  # fmt: skip
-
-JSON_LEAF = st.one_of(
-    st.none(), st.booleans(), st.integers(), st.floats(), st.text(max_size=12), st.sampled_from(EXTREMES)
-)
+INTS = [2**63 - 1, 2**63, -(2**63) - 1, 2**64, 2**31 - 1, 2**31, -(2**31), 10**30, -1, 0, 1, VOCAB, VOCAB - 1]
+FLOATS = [1e308, -1e308, 5e-324, 3.5e38, 3.4028235e38, -0.0, 1e-45, float("nan"), float("inf"), float("-inf")]
+OTHERS = ["", "0", "1.5", "\u0000", "\u202e\ud7ff\ue000🙂", True, False, None, [], {}, [None], {"": None}]
+LEAF = st.one_of(st.none(), st.booleans(), st.integers(), st.floats(), st.text(max_size=12), st.sampled_from(OTHERS))
 NESTED = st.recursive(
-    JSON_LEAF,
+    LEAF,
     lambda inner: st.one_of(st.lists(inner, max_size=4), st.dictionaries(st.text(max_size=6), inner, max_size=4)),
     max_leaves=12,
 )
 # junk of any kind: what a field of another type, range or shape gets
-JUNK = st.one_of(st.sampled_from(EXTREMES), st.integers(), st.floats(), st.text(max_size=20), NESTED)
+JUNK = st.one_of(st.sampled_from(INTS + FLOATS + OTHERS), st.integers(), st.floats(), st.text(max_size=20), NESTED)
 TEXT = st.text(max_size=40)  # any unicode (no lone surrogates: json.dumps would escape them as valid pairs)
 TOKEN = st.one_of(st.integers(0, VOCAB - 1), st.sampled_from([0, 1, 2, VOCAB - 1]))
-# ids a request names besides its prompt (eos / stop token ids): some beyond every bound
-ANY_ID = st.one_of(TOKEN, TOKEN, st.sampled_from([e for e in EXTREMES if type(e) is int]))
-SMALL_COUNT = st.integers(0, 10)
 
 
-def field(good: st.SearchStrategy[Any]) -> st.SearchStrategy[Any]:
-    """A field's value: usually a sensible one, sometimes junk."""
-    return st.one_of(good, good, good, JUNK)
+@dataclass(frozen=True)
+class Field:
+    good: st.SearchStrategy[Any]
+    bad: st.SearchStrategy[Any] = JUNK
 
 
-@st.composite
-def body_of(draw: st.DrawFn, fields: dict[str, st.SearchStrategy[Any]], required: tuple[str, ...]) -> dict:
-    """A JSON object: the `required` fields and some of the others.  Half the bodies are sensible
-    throughout (so they reach the engine), most others have one junk field, a few are junk all
-    over; now and then a key nobody defined is added."""
-    names = list(required) + [n for n in fields if n not in required and draw(st.integers(0, 9)) < 2]
-    body = {n: draw(fields[n]) for n in names}
-    mode = draw(st.integers(0, 9))
-    if mode in (5, 6, 7, 8):  # one field junk (or absent)
-        name = draw(st.sampled_from(sorted(fields)))
-        body[name] = draw(JUNK)
-    elif mode == 9:
-        body = {n: draw(field(fields[n])) for n in names}
-    if draw(st.integers(0, 9)) == 0:
-        body[draw(st.text(min_size=1, max_size=10))] = draw(JUNK)
-    return body
+def integer(lo: int, hi: int) -> Field:
+    return Field(st.integers(lo, hi), st.one_of(st.sampled_from(INTS), st.integers(), JUNK))
 
 
+def number(lo: float, hi: float) -> Field:
+    return Field(st.floats(lo, hi), st.one_of(st.sampled_from(FLOATS + INTS), st.floats(), JUNK))
+
+
+def ids(min_size: int, max_size: int) -> Field:
+    """A list of token ids; bad lists hold ids beyond every bound (the eos 2**64 that once killed the server)."""
+    beyond = st.lists(st.one_of(TOKEN, st.sampled_from(INTS)), min_size=1, max_size=4)
+    return Field(st.lists(TOKEN, min_size=min_size, max_size=max_size), st.one_of(beyond, beyond, JUNK))
+
+
+def strings() -> Field:
+    return Field(st.one_of(TEXT, st.lists(TEXT, max_size=3)), st.one_of(st.lists(JUNK, min_size=1, max_size=3), JUNK))
+
+
+BOOL = Field(st.booleans())
 PART = st.fixed_dictionaries({"type": st.just("text"), "text": TEXT})
 MESSAGE = st.fixed_dictionaries(
     {
@@ -67,105 +68,101 @@ MESSAGE = st.fixed_dictionaries(
         "content": st.one_of(TEXT, st.lists(PART, max_size=2)),
     }
 )
-MESSAGES = st.lists(MESSAGE, min_size=1, max_size=4)
-IDS = st.lists(TOKEN, min_size=1, max_size=20)
-PROB = st.floats(0, 1)
-TEMPERATURE = st.one_of(st.just(0.0), st.floats(0, 2))
-PENALTY = st.floats(-2, 2)
+MESSAGES = Field(
+    st.lists(MESSAGE, min_size=1, max_size=4),
+    st.one_of(st.lists(st.one_of(MESSAGE, st.dictionaries(st.text(max_size=8), JUNK, max_size=3), JUNK)), JUNK),
+)
 
-NATIVE_FIELDS: dict[str, st.SearchStrategy[Any]] = {
-    "req_id": st.one_of(st.uuids().map(str), st.integers(0, 2**40)),
-    "text": TEXT,
+NATIVE = {
+    "req_id": Field(st.one_of(st.uuids().map(str), st.integers(0, 2**40))),
+    "text": Field(TEXT),
     "messages": MESSAGES,
-    "input_ids": IDS,
-    "system": TEXT,
-    "max_dec_len": st.integers(1, 8),
-    "seq_len": st.integers(1, 8),
-    "max_tokens": st.integers(1, 8),
-    "min_dec_len": st.integers(1, 4),
-    "topp": PROB,
-    "top_p": PROB,
-    "temperature": TEMPERATURE,
-    "penalty_score": st.floats(0.5, 2),
-    "frequency_score": PENALTY,
-    "presence_score": PENALTY,
-    "seed": st.integers(0, 2**63 - 1),
-    "infer_seed": st.integers(0, 2**63 - 1),
-    "eos_token_ids": st.lists(ANY_ID, max_size=3),
-    "stop_sequences": st.one_of(TEXT, st.lists(TEXT, max_size=3)),
-    "stream": st.booleans(),
-    "timeout": st.one_of(st.floats(0.001, 60), st.just(300)),
-    "return_usage": st.booleans(),
-    "return_all_tokens": st.booleans(),
-    "benchmark": st.booleans(),
+    "input_ids": ids(1, 20),
+    "system": Field(TEXT),
+    **{k: integer(1, 8) for k in ("max_dec_len", "seq_len", "max_tokens")},
+    "min_dec_len": integer(1, 4),
+    **{k: number(0, 1) for k in ("topp", "top_p")},
+    "temperature": number(0, 2),
+    "penalty_score": number(0.5, 2),
+    **{k: number(-2, 2) for k in ("frequency_score", "presence_score")},
+    **{k: integer(0, 2**63 - 1) for k in ("seed", "infer_seed")},
+    "eos_token_ids": ids(0, 3),
+    "stop_sequences": strings(),
+    "timeout": number(0.001, 60),
+    **{k: BOOL for k in ("stream", "return_usage", "return_all_tokens", "benchmark")},
 }
+NATIVE_PROMPTS = ("text", "messages", "input_ids")
 
-COMMON_OPENAI_FIELDS: dict[str, st.SearchStrategy[Any]] = {
-    "model": st.sampled_from(["default", "default", "default", "no-such-model"]),
-    "max_tokens": st.integers(1, 8),
-    "max_completion_tokens": st.integers(1, 8),
-    "temperature": TEMPERATURE,
-    "top_p": PROB,
-    "top_k": st.integers(-1, 50),
-    "n": st.integers(1, 3),
-    "stop": st.one_of(TEXT, st.lists(TEXT, max_size=3)),
-    "stream": st.booleans(),
-    "stream_options": st.fixed_dictionaries({"include_usage": st.booleans()}),
-    "presence_penalty": PENALTY,
-    "frequency_penalty": PENALTY,
-    "repetition_penalty": st.floats(0.5, 2),
-    "seed": st.integers(-(2**63), 2**63 - 1),
-    "min_tokens": st.integers(0, 4),
-    "ignore_eos": st.booleans(),
-    "user": TEXT,
-    "best_of": st.integers(1, 3),
-    "logit_bias": st.dictionaries(TOKEN.map(str), PENALTY, max_size=2),
-    "response_format": st.sampled_from([{"type": "text"}, {"type": "json_object"}]),
-    "min_p": PROB,
-    "stop_token_ids": st.lists(ANY_ID, max_size=3),
-    "include_stop_str_in_output": st.booleans(),
-    "skip_special_tokens": st.booleans(),
-    "spaces_between_special_tokens": st.booleans(),
-    "truncate_prompt_tokens": st.integers(1, 20),
+_OPENAI_COMMON = {
+    "model": Field(st.sampled_from(["default", "default", "default", "no-such-model"])),
+    **{k: integer(1, 8) for k in ("max_tokens", "max_completion_tokens")},
+    "temperature": number(0, 2),
+    "top_p": number(0, 1),
+    "top_k": integer(-1, 50),
+    "n": integer(1, 3),
+    "best_of": integer(1, 3),
+    "stop": strings(),
+    "stream": BOOL,
+    "stream_options": Field(st.fixed_dictionaries({"include_usage": st.booleans()})),
+    **{k: number(-2, 2) for k in ("presence_penalty", "frequency_penalty")},
+    "repetition_penalty": number(0.5, 2),
+    "seed": integer(-(2**63), 2**63 - 1),
+    "min_tokens": integer(0, 4),
+    "ignore_eos": BOOL,
+    "user": Field(TEXT),
+    "stop_token_ids": ids(0, 3),
+    "include_stop_str_in_output": BOOL,
+    "truncate_prompt_tokens": integer(1, 20),
 }
-
-COMPLETION_FIELDS = {
-    **COMMON_OPENAI_FIELDS,
-    "prompt": st.one_of(TEXT, st.lists(TEXT, min_size=1, max_size=2), IDS, st.lists(IDS, min_size=1, max_size=2)),
-    "echo": st.booleans(),
-    "logprobs": st.integers(0, 5),
-    "suffix": TEXT,
+OPENAI = {
+    "completion": {
+        **_OPENAI_COMMON,
+        "prompt": Field(st.one_of(TEXT, st.lists(TEXT, min_size=1, max_size=2), ids(1, 20).good)),
+        "echo": BOOL,
+        "logprobs": integer(0, 5),
+        "add_special_tokens": BOOL,
+    },
+    "chat": {**_OPENAI_COMMON, "messages": MESSAGES, "logprobs": BOOL, "top_logprobs": integer(0, 5)},
 }
-CHAT_FIELDS = {
-    **COMMON_OPENAI_FIELDS,
-    "messages": MESSAGES,
-    "logprobs": st.booleans(),
-    "top_logprobs": st.integers(0, 5),
-    "tools": st.just([]),
-}
+for _kind, _fields in OPENAI.items():  # the known unsupported ones: their neutral values, or anything else
+    for _name, _neutral in NEUTRAL[_kind].items():
+        _fields[_name] = Field(st.sampled_from([*_neutral, None]))
+OPENAI_REQUIRED = {"completion": ("model", "prompt", "max_tokens"), "chat": ("model", "messages", "max_tokens")}
+assert all(set(OPENAI[k]) == HONOURED[k] | set(NEUTRAL[k]) for k in OPENAI), "a field has no strategy"
 
 
 @st.composite
-def native_bodies(draw: st.DrawFn) -> dict:
-    prompt = draw(st.sampled_from(["text", "messages", "input_ids"]))
-    others = {k: v for k, v in NATIVE_FIELDS.items() if k not in {"text", "messages", "input_ids"} - {prompt}}
-    body: dict = draw(body_of(others, (prompt, "max_dec_len")))
+def body_varying(draw: st.DrawFn, protocol: str, name: str) -> dict[str, Any]:
+    """A sensible body of `protocol` ("native" | "completion" | "chat") whose field `name` takes
+    a good value one time in three and a bad one otherwise."""
+    fields = NATIVE if protocol == "native" else OPENAI[protocol]
+    if protocol == "native":
+        prompt = name if name in NATIVE_PROMPTS else draw(st.sampled_from(NATIVE_PROMPTS))
+        required: tuple[str, ...] = (prompt, "max_dec_len")
+    else:
+        required = OPENAI_REQUIRED[protocol]
+    body = {n: draw(fields[n].good) for n in required}
+    f = fields[name]
+    body[name] = draw(st.one_of(f.good, f.bad, f.bad))
     return body
 
 
-def completion_bodies() -> st.SearchStrategy[dict]:
-    return body_of(COMPLETION_FIELDS, ("model", "prompt", "max_tokens"))
-
-
-def chat_bodies() -> st.SearchStrategy[dict]:
-    return body_of(CHAT_FIELDS, ("model", "messages", "max_tokens"))
+@st.composite
+def mixed_body(draw: st.DrawFn, protocol: str) -> dict[str, Any]:
+    """Any fields of `protocol`, each good or bad, and now and then a key nobody defined."""
+    fields = NATIVE if protocol == "native" else OPENAI[protocol]
+    names = draw(st.lists(st.sampled_from(sorted(fields)), max_size=8, unique=True))
+    body = {n: draw(st.one_of(fields[n].good, fields[n].good, fields[n].bad)) for n in names}
+    if draw(st.integers(0, 4)) == 0:
+        body[draw(st.text(min_size=1, max_size=10))] = draw(JUNK)
+    return body
 
 
 @st.composite
 def encoded(draw: st.DrawFn, bodies: st.SearchStrategy[Any]) -> bytes:
     """A body as the bytes sent (NaN and infinities written as Python's json does, which JSON
-    forbids), or one time in ten bytes that are no JSON object at all."""
-    kind = draw(st.integers(0, 19))
+    forbids), or one time in five bytes that are no JSON object at all."""
+    kind = draw(st.integers(0, 14))
     if kind == 0:
         return draw(st.binary(max_size=40))
     if kind == 1:
