@@ -85,23 +85,29 @@ def _load(cfg, comm):
     return cfg, runner, frontend
 
 
-def _run_rank0(cfg, comm, runner, fe: Frontend) -> None:
-    from spmd_serve.engine.engine import Engine
+def scheduler_config(cfg, max_model_len: int):
+    """The scheduler's settings from the served configuration (CONTRACT §2)."""
     from spmd_serve.scheduler.scheduler import SchedulerConfig
 
-    client = fe.hub
-    sched = SchedulerConfig(
+    return SchedulerConfig(
         max_num_seqs=cfg.batch_size,
         num_blocks=cfg.num_blocks(),
         block_size=cfg.block_size,
         block_ratio=cfg.block_ratio,
         max_waiting=cfg.max_cached_task_num,
         max_num_batched_tokens=cfg.max_num_batched_tokens,
-        max_model_len=fe.max_model_len,
+        max_model_len=max_model_len,
         enable_prefix_caching=cfg.enable_prefix_caching,
         # a block's K/V depend on the model and on how the pool stores them
         cache_salt=f"{cfg.model_dir}|kv_int8={int(cfg.use_cache_kv_int8)}",
     )
+
+
+def _run_rank0(cfg, comm, runner, fe: Frontend) -> None:
+    from spmd_serve.engine.engine import Engine
+
+    client = fe.hub
+    sched = scheduler_config(cfg, fe.max_model_len)
     engine = Engine(
         sched,
         comm,
