@@ -5,10 +5,11 @@
 Admits `--batch` prompts at once, runs the engine until every request has its first token (the
 prefill steps), then measures the remaining decode steps only: steps/s, output tokens/s and the
 per-step phase split (engine/step_stats.py) diffed over exactly those steps; and the whole run from
-admission to the last token (`whole_tokens_per_s`: the work a `generate()` call does, prefill included).  Also times, in the
-same process and with the same thread count, a numpy float32 matmul of this rank's decode shapes
-and a numpy copy of a buffer larger than the caches, so every ratio is taken on one machine state.
-Rank 0 prints one JSON line; `benchmarks/goals.py` runs this and judges the figures.
+admission to the last token (`whole_tokens_per_s`: the work a `generate()` call does, prefill
+included).  Also times, in the same process and with the same thread count, a numpy float32
+matmul of this rank's decode shapes and a numpy copy of a buffer larger than the caches, so every
+ratio is taken on one machine state.  Rank 0 prints one JSON line; `benchmarks/goals.py` runs this
+and judges the figures.
 """
 
 from __future__ import annotations

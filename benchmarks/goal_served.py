@@ -62,7 +62,9 @@ def served_overhead(model_dir: str, n: int, batch: int, input_words: int, output
     d = {k: p1[k] - p0.get(k, 0.0) for k in p1}
     steps = steps1 - steps0
     step_s = sum(d[k] for k in STEP)
-    graph_s = sum(v for k, v in d.items() if k.startswith("segment_")) + d.get("allreduce", 0) + d.get("gather_logits", 0)
+    graph_s = (
+        sum(v for k, v in d.items() if k.startswith("segment_")) + d.get("allreduce", 0) + d.get("gather_logits", 0)
+    )
     return {
         "model_dir": model_dir,
         "ranks": n,

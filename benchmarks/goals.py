@@ -12,8 +12,9 @@ and 32 concurrent HTTP requests, phases from /metrics: benchmarks/goal_served.py
 TP=1 batch-1 decode speed, `paddlenlp` engine output throughput at concurrency 32 vs PaddleNLP's
 own `generate` serving the same prompts one after another — both timed over the same work, prefill
 and 48 forced output tokens of the same 16-token prompts (the engine from admission to its last
-token) —, `frontend` frames/s of the HTTP front end over a fake engine.  Engine goals run benchmarks/goal_engine.py under mpirun (`--reps` times,
-median); each reference figure is taken in the same run as the figure it divides.
+token) —, `frontend` frames/s of the HTTP front end over a fake engine.  Engine goals run
+benchmarks/goal_engine.py under mpirun (`--reps` times, median); each reference figure is taken
+in the same run as the figure it divides.
 """
 
 from __future__ import annotations

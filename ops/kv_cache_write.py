@@ -38,7 +38,9 @@ def quantize_int8(x: np.ndarray, scale: np.ndarray) -> np.ndarray:
 
 def count_clipped(x: np.ndarray, scale: np.ndarray) -> int:
     """How many entries of x [..., kv_heads, head_dim] `quantize_int8` clips (|rint(x / scale)| > 127)."""
-    return int(np.count_nonzero(np.abs(np.rint(np.asarray(x, np.float32) / np.asarray(scale, np.float32)[:, None])) > 127))
+    return int(
+        np.count_nonzero(np.abs(np.rint(np.asarray(x, np.float32) / np.asarray(scale, np.float32)[:, None])) > 127)
+    )
 
 
 def kv_cache_write_cpu(
@@ -141,4 +143,5 @@ def kv_cache_write(key: Any, *args: Any, **kwargs: Any) -> tuple[int, int] | Non
     """Dispatch: numpy inputs take the CPU twin, device arrays the CUDA kernel."""
     if isinstance(key, np.ndarray):
         return kv_cache_write_cpu(key, *args, **kwargs)
-    return kv_cache_write_gpu(key, *args, **kwargs)
+    kv_cache_write_gpu(key, *args, **kwargs)
+    return None

@@ -87,7 +87,9 @@ def _write_kv_heads(pool: KVCachePool, layer: int, slots: np.ndarray, new: Seque
     `kv_cache_write` kernel on GPU pools."""
     k_new, v_new = new
     scales = (pool.scales["k"][layer], pool.scales["v"][layer]) if pool.scales is not None else (None, None)
-    k_clipped, v_clipped = kv_cache_write_cpu(k_new, v_new, pool.caches["k"][layer], pool.caches["v"][layer], slots, *scales)
+    k_clipped, v_clipped = kv_cache_write_cpu(
+        k_new, v_new, pool.caches["k"][layer], pool.caches["v"][layer], slots, *scales
+    )
     pool.clipped["k"] += k_clipped
     pool.clipped["v"] += v_clipped
 

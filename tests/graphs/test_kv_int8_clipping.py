@@ -61,4 +61,6 @@ def test_clipped_int8_kv_entries_reach_the_metrics(exports, demo_checkpoint, gra
     for stats in (calm, hot):
         metrics.on_model_stats(stats)
     s = Samples.of(metrics.registry)
-    assert s.get("kv_cache_int8_clipped_total", tensor="k") == k and s.get("kv_cache_int8_clipped_total", tensor="v") == v
+    assert (
+        s.get("kv_cache_int8_clipped_total", tensor="k") == k and s.get("kv_cache_int8_clipped_total", tensor="v") == v
+    )

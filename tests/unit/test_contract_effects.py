@@ -29,7 +29,10 @@ FAILURES = "tests/mpi/test_failures_mpi.py"
 NETNS = "tests/e2e/test_multinode_netns.py::test_start_server_builds_the_hostfile_from_pod_ips"
 PREEMPTION = "tests/mpi/test_server_mpi.py::test_32_concurrent_requests_under_preemption"
 EFFECTS: dict[str, list[str]] = {
-    "MODEL_DIR": [f"{START}::test_start_request_stop_restart", "tests/mpi/test_demo_chat_mpi.py::test_bare_server_answers_hello_in_english"],
+    "MODEL_DIR": [
+        f"{START}::test_start_request_stop_restart",
+        "tests/mpi/test_demo_chat_mpi.py::test_bare_server_answers_hello_in_english",
+    ],
     "model_name": ["tests/e2e/test_download_model.py::test_start_server_serves_the_downloaded_model"],
     "MP_NUM": [f"{FAILURES}::test_world_size_must_match_mp_num", f"{FAILURES}::test_missing_rank_folder_is_named"],
     "MP_NNODE": [NETNS, "tests/e2e/test_multinode_hostfile.py::test_single_node_has_no_hostfile"],
@@ -38,16 +41,31 @@ EFFECTS: dict[str, list[str]] = {
     "SERVICE_HTTP_PORT": [f"{FAILURES}::test_busy_port_is_named", FRONT_END],
     "SERVICE_GRPC_PORT": ["tests/mpi/test_grpc_mpi.py::test_busy_grpc_port_is_named"],
     "HEALTH_HTTP_PORT": [f"{START}::test_busy_port_fails_fast_naming_it", FRONT_END],
-    "METRICS_HTTP_PORT": ["tests/mpi/test_metrics_mpi.py::test_busy_metrics_port_stops_the_job_with_one_line_naming_it"],
+    "METRICS_HTTP_PORT": [
+        "tests/mpi/test_metrics_mpi.py::test_busy_metrics_port_stops_the_job_with_one_line_naming_it"
+    ],
     "INTER_PROC_PORT": ["tests/mpi/test_http_workers_mpi.py::test_a_busy_port_is_one_line_naming_it"],
     "HOST": ["tests/e2e/test_multinode_netns.py::test_mpirun_hostfile_across_two_namespaces", FRONT_END],
-    "MAX_SEQ_LEN": ["tests/mpi/test_grpc_mpi.py::test_errors_are_grpc_status_codes_and_server_stays_healthy", FRONT_END],
-    "MAX_DEC_LEN": ["tests/mpi/test_grpc_mpi.py::test_errors_are_grpc_status_codes_and_server_stays_healthy", FRONT_END],
-    "BATCH_SIZE": [PREEMPTION, "tests/http/test_http_workers.py::test_the_capacity_counts_the_requests_of_every_worker", SCHEDULER],
+    "MAX_SEQ_LEN": [
+        "tests/mpi/test_grpc_mpi.py::test_errors_are_grpc_status_codes_and_server_stays_healthy",
+        FRONT_END,
+    ],
+    "MAX_DEC_LEN": [
+        "tests/mpi/test_grpc_mpi.py::test_errors_are_grpc_status_codes_and_server_stays_healthy",
+        FRONT_END,
+    ],
+    "BATCH_SIZE": [
+        PREEMPTION,
+        "tests/http/test_http_workers.py::test_the_capacity_counts_the_requests_of_every_worker",
+        SCHEDULER,
+    ],
     "BLOCK_SIZE": [PREEMPTION, SCHEDULER],
     "BLOCK_BS": [PREEMPTION, f"{FAILURES}::test_bad_value_stops_every_rank_with_one_line", SCHEDULER],
     "BLOCK_RATIO": ["tests/unit/test_scheduler.py::test_watermark_blocks_admission_while_running_grows", SCHEDULER],
-    "MAX_CACHED_TASK_NUM": ["tests/http/test_http_workers.py::test_the_capacity_counts_the_requests_of_every_worker", SCHEDULER],
+    "MAX_CACHED_TASK_NUM": [
+        "tests/http/test_http_workers.py::test_the_capacity_counts_the_requests_of_every_worker",
+        SCHEDULER,
+    ],
     "PUSH_MODE_HTTP_WORKERS": ["tests/mpi/test_http_workers_mpi.py::test_two_worker_processes_that_are_no_ranks"],
     "DISABLE_STREAMING": [
         "tests/http/test_native_api.py::test_disable_streaming_sends_only_final_frame",
@@ -61,14 +79,21 @@ EFFECTS: dict[str, list[str]] = {
         "tests/mpi/test_kv_int8_long_mpi.py::test_int8_kv_agrees_with_fp32_at_long_positions",
         SCHEDULER,
     ],
-    "LOG_DIR": [f"{START}::test_start_request_stop_restart", f"{START}::test_output_log_to_console_copies_the_rank_logs_to_the_console"],
+    "LOG_DIR": [
+        f"{START}::test_start_request_stop_restart",
+        f"{START}::test_output_log_to_console_copies_the_rank_logs_to_the_console",
+    ],
     "OUTPUT_LOG_TO_CONSOLE": [f"{START}::test_output_log_to_console_copies_the_rank_logs_to_the_console"],
     "ENABLE_PREFIX_CACHING": [
         "tests/mpi/test_prefix_cache_mpi.py::test_multi_turn_chats_give_the_same_greedy_tokens_with_and_without_caching",
         "tests/mpi/test_prefix_cache_mpi.py::test_a_repeated_prompt_reports_its_cached_tokens_everywhere",
         SCHEDULER,
     ],
-    "API_KEY": ["tests/mpi/test_grpc_mpi.py::test_health_metadata_config", "tests/mpi/test_metrics_mpi.py::test_counters_and_histograms_grow_by_exact_amounts", FRONT_END],
+    "API_KEY": [
+        "tests/mpi/test_grpc_mpi.py::test_health_metadata_config",
+        "tests/mpi/test_metrics_mpi.py::test_counters_and_histograms_grow_by_exact_amounts",
+        FRONT_END,
+    ],
 }
 PENDING = {  # variables whose effect belongs to an open item of issue 17 (another change adds the test)
     "CUDA_VISIBLE_DEVICES": "item 2, the GPU runner's device selection",
