@@ -257,9 +257,10 @@ def main() -> None:
         print(json.dumps({k: result[k] for k in ("tally", "all_blocks_free")}), flush=True)
         if args.json:
             Path(args.json).write_text(json.dumps(result, indent=1) + "\n")
-
     finally:
         srv.stop()
+    if row["errors"] or not result["all_blocks_free"]:
+        raise SystemExit("soak: failed requests or KV blocks still in use after the load (see above)")
 
 
 if __name__ == "__main__":
