@@ -9,11 +9,13 @@ client loops over a random mix: native streams read to the end, native and OpenA
 after a few frames (the client closes the socket), native and OpenAI requests without streaming,
 and junk bodies (bad JSON, wrong types, out-of-range numbers, unknown fields: each must be a 4xx).
 
-Every `--sample-s` the soak reads each rank's VmRSS and the HTTP workers' from /proc, the
-`inference_server_metrics` block gauges from /metrics, and each rank's malloc heap: `kill -USR2`
-makes a rank print `heap-report {json}` (worker/malloc.py) — `in_use` (what the program holds) grows
-only with a leak, `free_held` (freed pages glibc keeps, up to MALLOC_KEEP_BYTES per arena) is
-retention.  At the end it waits for the engine to go idle and checks every KV block is free.
+Every `--sample-s` the soak reads the `inference_server_metrics` block gauges from /metrics and, for
+each rank and HTTP worker, its VmRSS from /proc and its heap: `kill -USR2` makes the process print
+`heap-report {json}` (worker/malloc.py) — `in_use` (what C/C++ code holds) and `py_blocks`
+(Python's live small objects) grow with a leak, `free_held` (freed pages glibc keeps, up to
+MALLOC_KEEP_BYTES per arena) is retention.  Columns: MB, and thousands of Python blocks.  At the end
+it waits for the engine to go idle and checks every KV block is free (exit 1 otherwise, or on a
+failed request).
 """
 
 from __future__ import annotations
@@ -156,34 +158,40 @@ class Client(threading.Thread):
 
 
 class Sampler:
-    """The curve: one row per sample of every rank's RSS and heap, the HTTP workers' RSS and the KV blocks."""
+    """The curve: one row per sample of every process's RSS and heap report (the two ranks and rank 0's
+    HTTP worker), and the KV blocks."""
 
     def __init__(self, srv: ServerProcess, metrics_url: str) -> None:
         self.srv, self.metrics_url, self.rows = srv, metrics_url, []  # type: ignore[var-annotated]
-        self.pids = [rank_pid(srv, r) for r in (0, 1)]
+        self.ranks = {f"rank{r}": rank_pid(srv, r) for r in (0, 1)}
         self.log_seen = 0
 
-    def heap(self) -> dict[int, dict]:
-        """Asks each rank for its heap report and reads the answers out of the job's log."""
-        for pid in self.pids:
+    def processes(self) -> dict[str, int]:
+        """who → pid, the HTTP workers found again each time (rank 0 restarts one that exits)."""
+        return self.ranks | {f"http{i}": pid for i, pid in enumerate(sorted(self.srv.http_worker_pids()))}
+
+    def heap(self, procs: dict[str, int]) -> dict[str, dict]:
+        """Asks each process for its heap report and reads the answers out of the job's log."""
+        for pid in procs.values():
             os.kill(pid, signal.SIGUSR2)
-        got: dict[int, dict] = {}
+        got: dict[str, dict] = {}
         end = time.monotonic() + 30  # a rank answers between graphs: within a step
-        while len(got) < len(self.pids) and time.monotonic() < end:
+        while len(got) < len(procs) and time.monotonic() < end:
             time.sleep(0.2)
             text = self.srv.log()
-            for m in HEAP_REPORT.finditer(text, self.log_seen):  # the ranks' lines may interleave
+            for m in HEAP_REPORT.finditer(text, self.log_seen):  # the processes' lines may interleave
                 rep = json.loads(m.group(1))
-                got[rep["rank"]] = rep
-            if len(got) == len(self.pids):
+                got[rep["who"]] = rep
+            if len(got) == len(procs):
                 self.log_seen = len(text)
         return got
 
     def sample(self, t0: float, tally: Counter) -> dict:
         m = Samples(requests.get(self.metrics_url, timeout=30).text).original()
-        heap = self.heap()
+        procs = self.processes()
+        heap = self.heap(procs)
         mb = 1 / 2**20
-        row = {
+        row: dict = {
             "t_min": round((time.monotonic() - t0) / 60, 2),
             "requests": sum(v for k, v in tally.items() if not k.endswith("_error")),
             "errors": sum(v for k, v in tally.items() if k.endswith("_error")),
@@ -191,21 +199,21 @@ class Sampler:
             "running": int(m["batch_size"]),
             "free_blocks": int(m["block_num"]),
             "total_blocks": int(m["max_block_num"]),
-            "http_workers_rss_mb": round(sum(rss(p) for p in self.srv.http_worker_pids()) * mb, 1),
         }
-        for r, pid in enumerate(self.pids):
-            h = heap.get(r, {})
-            row[f"rank{r}_rss_mb"] = round(rss(pid) * mb, 1)
-            row[f"rank{r}_in_use_mb"] = round(h.get("in_use", -1) * mb, 1)
-            row[f"rank{r}_free_held_mb"] = round(h.get("free_held", -1) * mb, 1)
+        for who, pid in procs.items():  # -1: no answer (the process did not report in 30 s)
+            h = heap.get(who, {})
+            row[f"{who}_rss_mb"] = round(rss(pid) * mb, 1)
+            row[f"{who}_in_use_mb"] = round(h.get("in_use", -mb) * mb, 1)
+            row[f"{who}_free_held_mb"] = round(h.get("free_held", -mb) * mb, 1)
+            row[f"{who}_py_kblocks"] = round(h.get("py_blocks", -1000) / 1000, 1)
         self.rows.append(row)
         return row
 
 
 def print_row(row: dict, header: bool) -> None:
     if header:
-        print("  ".join(f"{k:>12}" for k in row), flush=True)
-    print("  ".join(f"{v!s:>12}" for v in row.values()), flush=True)
+        print(" ".join(f"{k.removesuffix('_mb'):>{max(7, len(k) - 3)}}" for k in row), flush=True)
+    print(" ".join(f"{v!s:>{max(7, len(k) - 3)}}" for k, v in row.items()), flush=True)
 
 
 def main() -> None:

@@ -30,7 +30,7 @@ def _setup_logging(rank: int) -> None:
     faulthandler.register(signal.SIGUSR1, all_threads=True)
     from spmd_serve.worker.malloc import install_heap_report
 
-    install_heap_report(rank)  # `kill -USR2 <pid>`: the malloc heap, in use vs kept (benchmarks/soak.py)
+    install_heap_report(f"rank{rank}")  # `kill -USR2 <pid>`: the malloc heap, in use vs kept (benchmarks/soak.py)
     logging.basicConfig(
         level=os.environ.get("SPMD_LOG_LEVEL", "INFO"),
         stream=sys.stderr,

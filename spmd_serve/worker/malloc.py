@@ -89,17 +89,19 @@ def rss_bytes() -> int:
     return 0
 
 
-def heap_report(rank: int) -> dict[str, object]:
-    """`heap_stats` and RSS of this rank, for the soak (benchmarks/soak.py) to tell a leak (`in_use`
-    grows) from glibc keeping freed pages (`free_held` grows, `in_use` flat)."""
-    return {"rank": rank, "rss": rss_bytes(), **(heap_stats() or {})}
+def heap_report(who: str) -> dict[str, object]:
+    """`heap_stats`, RSS and Python's own small-object count of this process (`who`: "rank0",
+    "http1", ...), for the soak (benchmarks/soak.py) to tell a leak from retention: a C/C++ leak
+    grows `in_use`, a Python one `py_blocks` (pymalloc's arenas are mmapped, outside malloc's
+    counts); glibc keeping freed pages grows `free_held` only."""
+    return {"who": who, "rss": rss_bytes(), "py_blocks": sys.getallocatedblocks(), **(heap_stats() or {})}
 
 
-def install_heap_report(rank: int, signum: int = signal.SIGUSR2) -> None:
-    """`kill -USR2 <rank pid>` prints `heap-report {json}` (`heap_report`) on the rank's stderr.  The
+def install_heap_report(who: str, signum: int = signal.SIGUSR2) -> None:
+    """`kill -USR2 <pid>` prints `heap-report {json}` (`heap_report`) on the process's stderr.  The
     handler runs in the main thread between bytecodes (Python's signal handling), never inside a graph."""
 
     def report(_signum: int, _frame: object) -> None:
-        print("heap-report " + json.dumps(heap_report(rank)), file=sys.stderr, flush=True)
+        print("heap-report " + json.dumps(heap_report(who)), file=sys.stderr, flush=True)
 
     signal.signal(signum, report)

@@ -1,6 +1,7 @@
 """benchmarks/soak.py for a few seconds against `mpirun -n 2`: the mixed load runs without a failed
-request, every rank answers the heap report (SIGUSR2, worker/malloc.py) while it serves and stays up,
-and every KV block is free afterwards.  The 30-minute run's curve is in benchmarks/RESULTS.md."""
+request, every rank and the HTTP worker answer the heap report (SIGUSR2, worker/malloc.py) while
+they serve and stay up, and every KV block is free afterwards.  The 30-minute run's curve is in
+benchmarks/RESULTS.md."""
 
 from __future__ import annotations
 
@@ -34,6 +35,6 @@ def test_short_soak_reports_every_ranks_heap(served_tp2, tmp_path):
     assert rows[-1]["requests"] > 0 and all(row["errors"] == 0 for row in rows)
     assert not [k for k in result["tally"] if k.endswith("_error")]
     for row in rows:  # -1 would mean a rank did not answer its SIGUSR2
-        for r in (0, 1):
-            assert row[f"rank{r}_in_use_mb"] > 0 and row[f"rank{r}_free_held_mb"] >= 0
-            assert row[f"rank{r}_rss_mb"] > 0
+        for who in ("rank0", "rank1", "http0"):
+            assert row[f"{who}_in_use_mb"] > 0 and row[f"{who}_free_held_mb"] >= 0
+            assert row[f"{who}_rss_mb"] > 0 and row[f"{who}_py_kblocks"] > 0
