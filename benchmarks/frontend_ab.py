@@ -7,6 +7,8 @@ on both sides alike.  Nothing here asserts on time.
     python benchmarks/frontend_ab.py --model /tmp/small-tp1 --tree before=/tmp/before --tree after=. \\
         [--tree after2=.:PUSH_MODE_HTTP_WORKERS=2] [--rounds 2] [--json out.json]
 
+A tree whose export format differs from --model's gets its own: `--tree before=/tmp/before:MODEL_DIR=/tmp/old`.
+
 Per server (`mpirun -n 1 spmd_serve` with the tree on PYTHONPATH, BATCH_SIZE=32): `spmd_serve
 bench` (openai-completions, input 128 / output 64, 32 prompts released at once, concurrency 32:
 TTFT, ITL, output tok/s); then, while `--load` native streams keep the engine and the front end
@@ -71,8 +73,8 @@ class Server:
             MAX_SEQ_LEN="1024",
             MAX_DEC_LEN="2048",
             BLOCK_BS="40",
-            **extra,
         )
+        self.env.update(extra)  # a tree's own settings win (e.g. its MODEL_DIR: exports are per version)
         self.log = tempfile.NamedTemporaryFile("wb", prefix="frontend_ab_", suffix=".log", delete=False)
         cmd = ["mpirun", "-n", "1", "--bind-to", "none", sys.executable, "-m", "spmd_serve"]
         self.proc = subprocess.Popen(cmd, env=self.env, stdout=self.log, stderr=subprocess.STDOUT)
