@@ -87,6 +87,7 @@ def _load(cfg, comm):
 
 def _run_rank0(cfg, comm, runner, fe: Frontend) -> None:
     from spmd_serve.engine.engine import Engine
+    from spmd_serve.engine.speculative import make_speculator
     from spmd_serve.scheduler.scheduler import SchedulerConfig
 
     client = fe.hub
@@ -111,6 +112,9 @@ def _run_rank0(cfg, comm, runner, fe: Frontend) -> None:
         log_every=cfg.log_step_every,
         metrics=fe.metrics,
         drain_timeout_s=cfg.drain_timeout_s,
+        speculator=make_speculator(
+            cfg.speculate_method, cfg.speculate_max_draft_token_num, cfg.speculate_max_ngram_size
+        ),
     )
 
     def stop(signum, _frame) -> None:

@@ -25,6 +25,7 @@ from spmd_serve.engine.metrics import EngineMetrics
 from spmd_serve.engine.outputs import RequestOutput
 from spmd_serve.engine.plan_builder import build_plan
 from spmd_serve.engine.sampler import SampledStep, Sampler
+from spmd_serve.engine.speculative import Speculator
 from spmd_serve.engine.step_stats import StepStats
 from spmd_serve.protocol import SHUTDOWN, StepPlan
 from spmd_serve.sampling_params import SamplingParams
@@ -50,10 +51,14 @@ class Engine:
         metrics: EngineMetrics | None = None,
         drain_timeout_s: float = DEFAULT_DRAIN_TIMEOUT_S,
         sampler: Sampler | None = None,
+        speculator: Speculator | None = None,
     ) -> None:
         self.scheduler = Scheduler(sched_cfg)
         self.comm, self.runner, self.client = comm, runner, client
         self.sampler = sampler if sampler is not None else Sampler()
+        self.speculator = speculator  # SPECULATE_METHOD: drafts proposed before each schedule
+        if speculator is not None:
+            self.sampler.draft_probs = speculator.proposer.draft_probs
         self.block_size = sched_cfg.block_size
         self.eos = eos_token_ids
         self.stats = StepStats(log_every=log_every, runner=runner.timings)
@@ -137,11 +142,13 @@ class Engine:
             sampled = self.sampler.sample(out, logits)
         with st.phase("update"):
             done = self._update(out, sampled)
-        st.end_step(out.num_tokens, len(sampled.tokens))
+        st.end_step(out.num_tokens, sum(r.num_new_tokens for r in done), sampled.num_draft, sampled.num_accepted)
         return self._publish(done, sampled)  # last: a client holding its answer sees this step counted
 
     def _schedule(self) -> SchedulerOutput | None:
-        """This step's scheduler decision; None when nothing can run."""
+        """This step's scheduler decision (after the proposer's drafts); None when nothing can run."""
+        if self.speculator is not None:
+            self.speculator.propose(self.scheduler.running)
         out = self.scheduler.schedule()
         if out.is_empty:
             self._empty_steps += 1
@@ -178,6 +185,8 @@ class Engine:
         self._fail(sampled.failed)
         done = self.scheduler.update(out, sampled.token_by_request())
         self.metrics.on_update(done)
+        if self.speculator is not None:
+            self.metrics.on_spec(self.speculator.method, sampled.num_verifying, sampled.num_draft, sampled.num_accepted)
         return done
 
     def _fail(self, failed: dict[str, str]) -> None:

@@ -51,6 +51,11 @@ class EngineSettings:
     # Off unless asked for: `generate` admits every prompt before the first step, so it would only
     # matter for prompts admitted late, and the parity tests compare full prefills.
     enable_prefix_caching: bool = False
+    # speculative decoding (SPECULATE_METHOD and its sizes; max_batch: the per-step rule's limit)
+    speculate_method: str = "none"
+    speculate_max_draft_token_num: int = 1
+    speculate_max_ngram_size: int = 3
+    speculate_max_batch: int | None = None
 
     @property
     def use_kv_int8(self) -> bool:
@@ -90,6 +95,7 @@ def make_engine(
     they share the pool, each with its own block accounting)."""
     from spmd_serve.engine.client import EngineClient
     from spmd_serve.engine.engine import Engine
+    from spmd_serve.engine.speculative import make_speculator
     from spmd_serve.scheduler.scheduler import SchedulerConfig
 
     cfg = json.loads(open(f"{model_dir}/config.json").read())
@@ -104,7 +110,14 @@ def make_engine(
         enable_prefix_caching=s.enable_prefix_caching,
         cache_salt=f"{model_dir}|kv_int8={int(s.use_kv_int8)}",
     )
-    return Engine(sched, comm, runner, EngineClient(capacity=capacity), s.eos_token_ids, sampler=sampler)
+    spec = make_speculator(
+        s.speculate_method,
+        s.speculate_max_draft_token_num,
+        s.speculate_max_ngram_size,
+        *([] if s.speculate_max_batch is None else [s.speculate_max_batch]),
+    )
+    client = EngineClient(capacity=capacity)
+    return Engine(sched, comm, runner, client, s.eos_token_ids, sampler=sampler, speculator=spec)
 
 
 def generate(
