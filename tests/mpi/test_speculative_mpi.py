@@ -1,0 +1,69 @@
+"""Speculative decoding on real ranks (issue 15): multi-turn chats whose answers repeat (the same
+question asked again, so n-gram drafts are mostly right) give exactly the tokens of plain decoding
+with `inference_with_reference` on, at TP 1 and 2 (one graph per rank, and Paddle's own ops with
+a graph per stage, whose padded attention runs the verifying sequences as a separate pass), with
+prefix caching, with a pool small enough to preempt, greedy and seeded sampling alike."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from tests.support.server_process import mpi_env, mpirun
+
+pytestmark = pytest.mark.mpi
+SYSTEM = "You are a careful assistant. Repeat your answer when asked again. "
+QUESTIONS = [["What is a lantern?", "What is a lantern?"], ["Name a river.", "Name a river."]]
+NGRAM = {"speculate_method": "inference_with_reference", "speculate_max_draft_token_num": 4}
+SETTINGS = [
+    {},  # plain decoding, roomy pool: the reference
+    NGRAM,
+    {**NGRAM, "enable_prefix_caching": True, "speculate_max_draft_token_num": 2, "speculate_max_ngram_size": 1},
+    {**NGRAM, "num_blocks": 12},  # 12 blocks of 16 cannot hold both chats' second turns: preemption
+]
+
+
+@pytest.fixture(scope="module")
+def tok(demo_checkpoint):
+    from spmd_serve.frontend.text.tokenizer import ServingTokenizer
+
+    return ServingTokenizer.from_model_dir(demo_checkpoint)
+
+
+def run(n: int, model_dir, tok, tmp_path, params: dict) -> list[dict]:
+    spec = {
+        "system": [tok.bos_token_id] + tok.encode(SYSTEM),
+        "turns": [[tok.encode(" User: " + q + " Assistant:") for q in chat] for chat in QUESTIONS],
+        "params": params,
+        "engine": {"block_size": 16, "num_blocks": 64, "max_num_batched_tokens": 32, "max_num_seqs": 2},
+        "settings": SETTINGS,
+    }
+    (tmp_path / "spec.json").write_text(json.dumps(spec))
+    out = tmp_path / "out.json"
+    cmd = mpirun(n, sys.executable, "-m", "tests.support.spec_driver", str(model_dir), str(tmp_path / "spec.json"), str(out))
+    res = subprocess.run(cmd, env=mpi_env(), capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-4000:]
+    return json.loads(out.read_text())
+
+
+PARAMS = {
+    "greedy": {"max_tokens": 40, "min_tokens": 40, "temperature": 0.0},
+    "seeded": {"max_tokens": 40, "min_tokens": 40, "temperature": 0.3, "top_k": 3, "top_p": 0.95, "seed": 11},
+}
+
+
+@pytest.mark.parametrize("params", list(PARAMS), ids=list(PARAMS))
+@pytest.mark.parametrize("served", ["tp1", "tp2", "tp2_segments"])
+def test_speculation_gives_the_tokens_of_plain_decoding(served, params, request, tok, tmp_path):
+    model_dir = request.getfixturevalue(f"served_{served}")
+    plain, *spec = run(1 if served == "tp1" else 2, model_dir, tok, tmp_path, PARAMS[params])
+    assert plain["drafts"] == 0 and plain["preemptions"] == 0
+    for got, setting in zip(spec, SETTINGS[1:]):
+        assert got["tokens"] == plain["tokens"]
+        assert got["accepted"] > 0  # some drafts were right
+        assert got["free_blocks"] == setting.get("num_blocks", 64)  # every block back (cached ones are free)
+    assert spec[0]["steps"] < plain["steps"] and spec[1]["steps"] < plain["steps"]  # accepted drafts saved steps
+    assert spec[2]["preemptions"] > 0  # the small pool preempted, with drafts in flight
