@@ -38,9 +38,14 @@ log = logging.getLogger(__name__)
 
 
 class SampledRequest(Protocol):
-    params: SamplingParams
-    output_token_ids: list[int]
-    eos_token_ids: frozenset[int]
+    @property
+    def params(self) -> SamplingParams: ...
+
+    @property
+    def output_token_ids(self) -> list[int]: ...
+
+    @property
+    def eos_token_ids(self) -> frozenset[int]: ...
 
 
 def _padded(rows: list[list[int]]) -> npt.NDArray[np.int32]:
@@ -154,7 +159,8 @@ class Sampler:
         row = 0
         for s in out.seqs:
             if s.samples:
-                jobs.append((s.request, list(range(row, row + 1 + s.num_draft)), s.request.draft_token_ids[: s.num_draft]))
+                drafts = s.request.draft_token_ids[: s.num_draft]
+                jobs.append((s.request, list(range(row, row + 1 + s.num_draft)), drafts))
             row += 1 + s.num_draft
         if not jobs:
             return SampledStep()
@@ -174,7 +180,9 @@ class Sampler:
         for (r, _, _), ts in zip(jobs, tokens):
             bad = [t for t in ts if not 0 <= t < vocab]
             if r.req_id not in failed and bad:  # would fail every rank's next graph
-                failed[r.req_id] = f"sampling failed for this request: token {bad[0]} is outside the vocabulary ({vocab})"
+                failed[r.req_id] = (
+                    f"sampling failed for this request: token {bad[0]} is outside the vocabulary ({vocab})"
+                )
         logprobs: dict[str, list[TokenLogprobs]] = {}
         for (r, rows, _), ts in zip(jobs, tokens):
             if r.params.logprobs is not None and r.req_id not in failed:
@@ -203,7 +211,10 @@ class Sampler:
         views: list[SampledRequest] = []
         for r, idx, drafts in jobs:
             rows += idx
-            views += position_rows(r.params, r.output_token_ids, r.eos_token_ids, drafts) if drafts else [r]
+            if drafts:
+                views += position_rows(r.params, r.output_token_ids, r.eos_token_ids, drafts)
+            else:
+                views.append(r)
         targets = sample(logits[rows], views)
         out: list[list[int]] = []
         k = 0
@@ -213,7 +224,7 @@ class Sampler:
                 out.append(accept_matching(drafts, targets[k : k + len(idx)]))
             else:
                 pos = views[k : k + len(idx)]
-                p = target_probs(logits[idx], pos, sample_arrays(pos))
+                p = target_probs(logits[idx], [v.params for v in pos], sample_arrays(pos))
                 out.append(rejection_sample(p, q, drafts, r.params.seed or 0, len(r.output_token_ids)))
             k += len(idx)
         return out

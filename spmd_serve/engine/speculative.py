@@ -153,7 +153,9 @@ class Speculator:
         self.proposer.propose(decoding, self.cfg.num_draft)
 
 
-def make_speculator(method: str, num_draft: int, max_ngram: int, max_batch: int = DEFAULT_MAX_BATCH) -> Speculator | None:
+def make_speculator(
+    method: str, num_draft: int, max_ngram: int, max_batch: int = DEFAULT_MAX_BATCH
+) -> Speculator | None:
     """The engine's Speculator for SPECULATE_METHOD and its sizes; None for "none"."""
     method = canonical_method(method)
     if method == "none":

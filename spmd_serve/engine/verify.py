@@ -28,6 +28,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -67,11 +68,13 @@ def accept_matching(drafts: Sequence[int], targets: Sequence[int]) -> list[int]:
     return [*drafts[:a], targets[a]]
 
 
-def target_probs(logits: npt.NDArray[np.floating], rows: Sequence[PositionRow], a: dict[str, npt.NDArray]) -> F64:
+def target_probs(
+    logits: npt.NDArray[np.float32], params: Sequence[SamplingParams], a: dict[str, npt.NDArray[Any]]
+) -> F64:
     """[R, V] float64: the distribution ops.sample draws each row's token from (penalties, EOS
     masking, temperature, top-k, top-p; one-hot at the arg-max for greedy rows), up to ops.sample's
-    own integer weights' rounding (~2**-31 relative).  `a`: the rows' ops.sample parameter arrays
-    (engine/sampler.sample_arrays)."""
+    own integer weights' rounding (~2**-31 relative).  `params`: each row's; `a`: the rows'
+    ops.sample parameter arrays (engine/sampler.sample_arrays)."""
     x = apply_penalties(
         logits,
         a["rep_penalty"],
@@ -83,7 +86,7 @@ def target_probs(logits: npt.NDArray[np.floating], rows: Sequence[PositionRow], 
         a["gen_token_ids"],
     ).astype(np.float64)
     out = np.zeros(x.shape, np.float64)
-    for i, p in enumerate(r.params for r in rows):
+    for i, p in enumerate(params):
         if a["temperature"][i] <= 0 or p.top_k == 1 or p.top_p <= 0:
             out[i, int(np.argmax(x[i]))] = 1.0
             continue

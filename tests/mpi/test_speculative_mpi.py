@@ -6,13 +6,9 @@ prefix caching, with a pool small enough to preempt, greedy and seeded sampling 
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-
 import pytest
 
-from tests.support.server_process import mpi_env, mpirun
+from tests.support.spec_driver import run_driver
 
 pytestmark = pytest.mark.mpi
 SYSTEM = "You are a careful assistant. Repeat your answer when asked again. "
@@ -41,12 +37,7 @@ def run(n: int, model_dir, tok, tmp_path, params: dict) -> list[dict]:
         "engine": {"block_size": 16, "num_blocks": 64, "max_num_batched_tokens": 32, "max_num_seqs": 2},
         "settings": SETTINGS,
     }
-    (tmp_path / "spec.json").write_text(json.dumps(spec))
-    out = tmp_path / "out.json"
-    cmd = mpirun(n, sys.executable, "-m", "tests.support.spec_driver", str(model_dir), str(tmp_path / "spec.json"), str(out))
-    res = subprocess.run(cmd, env=mpi_env(), capture_output=True, text=True, timeout=300)
-    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-4000:]
-    return json.loads(out.read_text())
+    return run_driver(n, "tests.support.spec_driver", model_dir, spec, tmp_path)
 
 
 PARAMS = {

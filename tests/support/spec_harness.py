@@ -37,19 +37,12 @@ class SpecFakeModel(FakeModel):
             r.draft_token_ids = drafts
 
     def step(self, out: SchedulerOutput) -> dict[str, list[int]]:  # type: ignore[override]
-        bm, cfg = self.sched.block_manager, self.sched.config
-        assert out.num_tokens <= cfg.max_num_batched_tokens
+        assert out.num_tokens <= self.sched.config.max_num_batched_tokens
         sampled: dict[str, list[int]] = {}
         for s in out.seqs:
             r = s.request
             assert s.start == r.num_computed_tokens and len(s.token_ids) == s.num_new_tokens
-            toks = r.all_token_ids + r.draft_token_ids[: s.num_draft]  # what the model sees this step
-            assert s.token_ids == toks[s.start : s.start + s.num_new_tokens]
-            for p in range(s.start, s.start + s.num_new_tokens):
-                assert bm.ref_count(r.block_ids[p // bm.block_size]) == 1, (r, p)
-                self.kv[bm.slot(r, p)] = self._content(r, p, toks)
-            for p in range(s.start + s.num_new_tokens):  # attention reads the whole prefix
-                assert self.kv[bm.slot(r, p)] == self._content(r, p, toks), (r, p)
+            self.attend(s, r.all_token_ids + r.draft_token_ids[: s.num_draft])  # drafts after the known tokens
             if s.samples:
                 prompt, known = tuple(r.prompt_token_ids), r.all_token_ids
                 drafts = r.draft_token_ids[: s.num_draft]

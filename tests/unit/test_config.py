@@ -180,8 +180,10 @@ def test_unbuilt_proposers_are_refused_at_start(method):
         check_supported(load_config([], {"SPECULATE_METHOD": method}))
 
 
-@pytest.mark.parametrize("name,value", [("SPECULATE_MAX_DRAFT_TOKEN_NUM", "9"), ("SPECULATE_MAX_DRAFT_TOKEN_NUM", "0"),
-                                        ("SPECULATE_MAX_NGRAM_SIZE", "9")])
+@pytest.mark.parametrize(
+    "name,value",
+    [("SPECULATE_MAX_DRAFT_TOKEN_NUM", "9"), ("SPECULATE_MAX_DRAFT_TOKEN_NUM", "0"), ("SPECULATE_MAX_NGRAM_SIZE", "9")],
+)
 def test_speculation_sizes_out_of_range_are_refused(name, value):
     with pytest.raises(ConfigError, match=name):
         load_config([], {"SPECULATE_METHOD": "ngram", name: value})

@@ -66,7 +66,8 @@ def workloads(draw):
         )
         reqs.append(Request(f"r{i}", prompt, params, frozenset({EOS})))
     aborts = {draw(st.integers(0, 30)): f"r{draw(st.integers(0, n - 1))}" for _ in range(draw(st.integers(0, 2)))}
-    model = dict(k=draw(st.integers(1, 5)), accuracy=draw(st.sampled_from([0.0, 0.5, 0.9, 1.0])), seed=draw(st.integers(0, 99)))
+    accuracy = draw(st.sampled_from([0.0, 0.5, 0.9, 1.0]))
+    model = dict(k=draw(st.integers(1, 5)), accuracy=accuracy, seed=draw(st.integers(0, 99)))
     return cfg, reqs, aborts, model
 
 

@@ -65,7 +65,7 @@ def test_target_probs_is_the_distribution_ops_sample_draws_from(params):
     rng = np.random.default_rng(2)
     logits = rng.normal(0, 1.5, (1, V)).astype(np.float32)
     rows = position_rows(params, [3, 3, 1], frozenset({5}), [])
-    p = target_probs(logits, rows, sample_arrays(rows))[0]
+    p = target_probs(logits, [params], sample_arrays(rows))[0]
     counts = np.zeros(V)
     for seed in range(6000):
         row = position_rows(params.__class__(**{**params.__dict__, "seed": seed}), [3, 3, 1], frozenset({5}), [])
