@@ -186,6 +186,10 @@ class Engine:
         done = self.scheduler.update(out, sampled.token_by_request())
         self.metrics.on_update(done)
         if self.speculator is not None:
+            got = sampled.token_by_request()
+            self.speculator.on_verdicts(
+                [(s.request, s.num_draft, len(got.get(s.request.req_id, [0])) - 1) for s in out.seqs if s.num_draft]
+            )
             self.metrics.on_spec(self.speculator.method, sampled.num_verifying, sampled.num_draft, sampled.num_accepted)
         return done
 

@@ -51,11 +51,11 @@ class EngineSettings:
     # Off unless asked for: `generate` admits every prompt before the first step, so it would only
     # matter for prompts admitted late, and the parity tests compare full prefills.
     enable_prefix_caching: bool = False
-    # speculative decoding (SPECULATE_METHOD and its sizes; max_batch: the per-step rule's limit)
+    # speculative decoding (SPECULATE_METHOD and its sizes; min_acceptance: the per-step rule's threshold)
     speculate_method: str = "none"
     speculate_max_draft_token_num: int = 1
     speculate_max_ngram_size: int = 3
-    speculate_max_batch: int | None = None
+    speculate_min_acceptance: float | None = None
 
     @property
     def use_kv_int8(self) -> bool:
@@ -114,7 +114,7 @@ def make_engine(
         s.speculate_method,
         s.speculate_max_draft_token_num,
         s.speculate_max_ngram_size,
-        *([] if s.speculate_max_batch is None else [s.speculate_max_batch]),
+        *([] if s.speculate_min_acceptance is None else [s.speculate_min_acceptance]),
     )
     client = EngineClient(capacity=capacity)
     return Engine(sched, comm, runner, client, s.eos_token_ids, sampler=sampler, speculator=spec)
