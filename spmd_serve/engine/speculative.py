@@ -20,10 +20,11 @@ The per-step rule: drafts cost query tokens in the step whether they are accepte
 batch 1 that is nearly free (the step is launch- and weight-bound), but in a full batch drafts that
 are mostly rejected make every step slower for nothing, while drafts that are mostly accepted pay
 at any batch size (measured: benchmarks/RESULTS.md "Speculative decoding").  So each request keeps
-a running acceptance rate of its drafts (an exponential average, starting at 0.5, so that one
-wrong verdict stops it and one right one keeps it going); a request whose rate is below
-`min_acceptance` gets no drafts, except a single-draft probe every `PROBE_EVERY` steps so that it
-can earn them back when its text starts repeating.
+a running acceptance rate of its drafts (an exponential average); a request whose rate is below
+`min_acceptance` gets no drafts, except a single draft every `PROBE_EVERY` steps, which earns it
+full drafts again when accepted (its text started repeating).  A request starts as if it had
+failed: its first decode step probes, so text that never repeats pays one draft token now and
+then, not k of them in its first step (at batch 32 that first step alone cost ~10 %).
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ METHODS = {"inference_with_reference": NGRAM, NGRAM: NGRAM, "draft_model": "draf
 # Below this running acceptance rate a request stops drafting (benchmarks/RESULTS.md "Speculative
 # decoding": at batch 32 drafts accepted ~7 % of the time cost 24 %, ~87 % gained 84 %; even ~25 %).
 DEFAULT_MIN_ACCEPTANCE = 0.3
-PROBE_EVERY = 8  # decode steps between two probes of a request that stopped drafting
+PROBE_EVERY = 16  # decode steps between two probes of a request that is not drafting
 
 
 @dataclass(frozen=True)
@@ -141,8 +142,8 @@ def make_proposer(cfg: SpecConfig) -> Proposer:
 class _Record:
     """One request's drafting record: the running acceptance rate and steps since it drafted."""
 
-    rate: float = 0.5
-    idle: int = 0
+    rate: float = 0.0
+    idle: int = PROBE_EVERY - 1  # the first decode step probes
 
 
 class Speculator:
