@@ -13,6 +13,9 @@ pytest=(.venv/bin/python -m pytest -q -p no:cacheprovider)
 if [ $# -gt 0 ]; then
   exec "${pytest[@]}" "$@"
 fi
+# The C++ op library compiles once per source version (ops/paddle_ext.py caches it): build it here,
+# so that no test's server start-up timeout includes a compile of a minute or more on a busy machine.
+.venv/bin/python -W ignore -c "from ops import paddle_ext; print('C++ ops:', paddle_ext.library_path())"
 failed=()
 for tier in unit http graphs kernels mpi e2e; do
   echo "== tests/$tier"

@@ -36,6 +36,13 @@ def quantize_int8(x: np.ndarray, scale: np.ndarray) -> np.ndarray:
     return np.clip(q, -127, 127).astype(np.int8)
 
 
+def count_clipped(x: np.ndarray, scale: np.ndarray) -> int:
+    """How many entries of x [..., kv_heads, head_dim] `quantize_int8` clips (|rint(x / scale)| > 127)."""
+    return int(
+        np.count_nonzero(np.abs(np.rint(np.asarray(x, np.float32) / np.asarray(scale, np.float32)[:, None])) > 127)
+    )
+
+
 def kv_cache_write_cpu(
     key: np.ndarray,
     value: np.ndarray,
@@ -44,16 +51,20 @@ def kv_cache_write_cpu(
     slot_mapping: np.ndarray,
     k_scale: np.ndarray | None = None,
     v_scale: np.ndarray | None = None,
-) -> None:
-    """numpy twin: key/value [T, kv_heads, head_dim] written in place into the pools at the slots."""
+) -> tuple[int, int]:
+    """numpy twin: key/value [T, kv_heads, head_dim] written in place into the pools at the slots.
+    Returns how many K and V entries an int8 pool clipped to +-127 ((0, 0) for a float pool)."""
     nb, bs, kvh, hd = k_cache.shape
     slots = np.asarray(slot_mapping).astype(np.int64)
     keep = slots >= 0
+    clipped = []
     for new, pool, scale in ((key, k_cache, k_scale), (value, v_cache, v_scale)):
         if not pool.flags.c_contiguous:
             raise ValueError("KV pool must be C-contiguous (it is written through a reshaped view)")
         rows = np.asarray(new)[keep]
         pool.reshape(nb * bs, kvh, hd)[slots[keep]] = rows if scale is None else quantize_int8(rows, scale)
+        clipped.append(0 if scale is None else count_clipped(rows, scale))
+    return clipped[0], clipped[1]
 
 
 def int8_scale_ptrs(kv_int8: bool, k_scale: Any, v_scale: Any) -> tuple[int, int]:
@@ -128,8 +139,9 @@ def kv_cache_write_gpu(
     )
 
 
-def kv_cache_write(key: Any, *args: Any, **kwargs: Any) -> None:
+def kv_cache_write(key: Any, *args: Any, **kwargs: Any) -> tuple[int, int] | None:
     """Dispatch: numpy inputs take the CPU twin, device arrays the CUDA kernel."""
     if isinstance(key, np.ndarray):
         return kv_cache_write_cpu(key, *args, **kwargs)
-    return kv_cache_write_gpu(key, *args, **kwargs)
+    kv_cache_write_gpu(key, *args, **kwargs)
+    return None

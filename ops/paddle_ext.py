@@ -175,6 +175,8 @@ def load() -> ctypes.CDLL:
     lib.spmd_allreduce_calls.restype = ctypes.c_long
     lib.spmd_set_num_threads.argtypes = [ctypes.c_int]
     lib.spmd_get_num_threads.restype = ctypes.c_int
+    lib.spmd_kv_int8_clipped.argtypes = [ctypes.c_int]
+    lib.spmd_kv_int8_clipped.restype = ctypes.c_long
     return lib
 
 
@@ -212,6 +214,14 @@ def run_op(name: str, *args):
 def allreduce(x):
     """Sum of `x` over all MPI ranks (MPI must be initialised before it runs)."""
     return run_op("spmd_allreduce", x)
+
+
+def kv_int8_clipped() -> tuple[int, int]:
+    """(K, V) entries the int8 paged-attention op clipped to +-127 in this process, every pool
+    together ((0, 0) before `load`)."""
+    if not load.cache_info().currsize:
+        return 0, 0
+    return load().spmd_kv_int8_clipped(0), load().spmd_kv_int8_clipped(1)
 
 
 def allreduce_seconds() -> float:

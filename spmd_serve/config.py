@@ -82,6 +82,7 @@ class ServeConfig:
     drain_timeout_s: float = _default("drain_timeout_s")
     malloc_tuning: bool = _default("malloc_tuning")
     log_step_every: int = _default("log_step_every")
+    device: str = _default("device")
 
     def __post_init__(self) -> None:
         # Re-checked here (not only when parsing) so that configs built in code or via

@@ -235,6 +235,9 @@ ENV_VARS: tuple[EnvVar, ...] = (
        "(mallopt) instead of fresh mmaps", "malloc_tuning", internal=True),
     _v("SPMD_LOG_STEP_EVERY", 0, "int", "internal: log the per-phase step split every N steps "
        "(0: never)", "log_step_every", minimum=0, internal=True),
+    _v("SPMD_DEVICE", "auto", "str", "internal: the ranks' runner: auto (GPU when Paddle is built with "
+       "CUDA; the GPU runner is not built yet and refuses, docs/gpu.md), cpu or gpu", "device",
+       pattern=r"auto|cpu|gpu", pattern_help="auto, cpu or gpu", internal=True),
 )
 # fmt: on
 

@@ -69,6 +69,9 @@ def main() -> int:
     setup = json.loads(sys.stdin.buffer.read())  # from rank 0, never from the network
     worker, token = int(setup["worker"]), str(setup["token"])
     _setup_logging(worker)
+    from spmd_serve.worker.malloc import install_heap_report
+
+    install_heap_report(f"http{worker}")  # `kill -USR2 <pid>`: heap and Python objects (benchmarks/soak.py)
     # ^C in a terminal reaches the whole process group: rank 0 drains and then says bye.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     log = logging.getLogger("spmd_serve.http_worker")

@@ -28,6 +28,9 @@ log = logging.getLogger("spmd_serve")
 def _setup_logging(rank: int) -> None:
     # `kill -USR1 <pid>` dumps every thread's stack: how to see where a stuck rank is.
     faulthandler.register(signal.SIGUSR1, all_threads=True)
+    from spmd_serve.worker.malloc import install_heap_report
+
+    install_heap_report(f"rank{rank}")  # `kill -USR2 <pid>`: the malloc heap, in use vs kept (benchmarks/soak.py)
     logging.basicConfig(
         level=os.environ.get("SPMD_LOG_LEVEL", "INFO"),
         stream=sys.stderr,
@@ -47,8 +50,9 @@ def _load(cfg, comm):
     from spmd_serve.export import ensure_demo_model
     from spmd_serve.model_dir import check_model_dir, clamp_to_model
     from spmd_serve.worker.capacity import check_kv_fits, check_served_model, check_supported
-    from spmd_serve.worker.model_runner import ModelRunner, read_rank_manifest
+    from spmd_serve.worker.model_runner import read_rank_manifest
     from spmd_serve.worker.rank_cpus import setup_rank_cpus
+    from spmd_serve.worker.runners import make_runner
 
     if cfg.model_dir is None:  # CONTRACT §2: the built-in demo model, made on first use
         demo = node_local_first(comm, lambda: str(ensure_demo_model(tp=cfg.mp_num)))
@@ -66,43 +70,51 @@ def _load(cfg, comm):
         from spmd_serve.rank0_frontend import start_frontend
 
         frontend = start_frontend(cfg, model_config)
-    runner = ModelRunner(
-        cfg.model_dir,
-        comm.rank,
-        comm,
-        cfg.num_blocks(),
-        cfg.block_size,
-        cpus.threads,
-        kv_int8=cfg.use_cache_kv_int8,
-        malloc_tuning=cfg.malloc_tuning,
-    )
-    if frontend is not None:  # the HTTP workers started meanwhile: each has said hello, or why not
-        try:
+    try:
+        runner = make_runner(
+            cfg.device,
+            cfg.model_dir,
+            comm.rank,
+            comm,
+            cfg.num_blocks(),
+            cfg.block_size,
+            cpus.threads,
+            kv_int8=cfg.use_cache_kv_int8,
+            malloc_tuning=cfg.malloc_tuning,
+        )
+        if frontend is not None:  # the HTTP workers started meanwhile: each has said hello, or why not
             frontend.wait_started()
-        except BaseException:
+    except BaseException:
+        if frontend is not None:  # a runner that refuses (the GPU one) leaves no HTTP worker behind
             frontend.stop()
-            raise
+        raise
     return cfg, runner, frontend
 
 
-def _run_rank0(cfg, comm, runner, fe: Frontend) -> None:
-    from spmd_serve.engine.engine import Engine
-    from spmd_serve.engine.speculative import make_speculator
+def scheduler_config(cfg, max_model_len: int):
+    """The scheduler's settings from the served configuration (CONTRACT §2)."""
     from spmd_serve.scheduler.scheduler import SchedulerConfig
 
-    client = fe.hub
-    sched = SchedulerConfig(
+    return SchedulerConfig(
         max_num_seqs=cfg.batch_size,
         num_blocks=cfg.num_blocks(),
         block_size=cfg.block_size,
         block_ratio=cfg.block_ratio,
         max_waiting=cfg.max_cached_task_num,
         max_num_batched_tokens=cfg.max_num_batched_tokens,
-        max_model_len=fe.max_model_len,
+        max_model_len=max_model_len,
         enable_prefix_caching=cfg.enable_prefix_caching,
         # a block's K/V depend on the model and on how the pool stores them
         cache_salt=f"{cfg.model_dir}|kv_int8={int(cfg.use_cache_kv_int8)}",
     )
+
+
+def _run_rank0(cfg, comm, runner, fe: Frontend) -> None:
+    from spmd_serve.engine.engine import Engine
+    from spmd_serve.engine.speculative import make_speculator
+
+    client = fe.hub
+    sched = scheduler_config(cfg, fe.max_model_len)
     engine = Engine(
         sched,
         comm,

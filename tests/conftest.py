@@ -66,6 +66,14 @@ def served_tp2_segments(demo_checkpoint, tmp_path_factory) -> Path:
     return export_checkpoint(demo_checkpoint, tmp_path_factory.mktemp("served") / "tp2s", tp=2, graph_ops="paddle")
 
 
+@pytest.fixture(scope="session")
+def trained_checkpoint(tmp_path_factory) -> Path:
+    """tests/support/trained_model.py's tiny Qwen2 trained on corpus lines (~40 s on an idle machine), once."""
+    from tests.support.trained_model import write_trained_checkpoint
+
+    return write_trained_checkpoint(tmp_path_factory.mktemp("trained") / "ckpt")
+
+
 @pytest.fixture
 def make_server():
     """IOServer + FakeEngine harnesses (tests/support/fakes.py) on free ports, closed after the test."""

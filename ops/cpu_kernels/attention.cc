@@ -17,6 +17,7 @@
 #include "attention.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <type_traits>
 #include <utility>
@@ -212,6 +213,9 @@ void run_item(const Item& it, const float* q, int64_t q_stride, int64_t nh, cons
 
 }  // namespace
 
+// Entries clipped by store_row since the library loaded, K then V (every int8 pool of the process).
+std::atomic<long> g_kv_int8_clipped[2];
+
 PagedPool pool_of(const char* op, const paddle::Tensor& k_cache, const paddle::Tensor& v_cache, int64_t head_dim,
                   const paddle::Tensor* k_scale, const paddle::Tensor* v_scale) {
   const auto cs = k_cache.shape();
@@ -242,7 +246,13 @@ void store_row(const PagedPool& pool, bool is_v, int64_t row, int64_t head, cons
   }
   const float s = (is_v ? pool.v_scale : pool.k_scale)[head];
   int8_t* y = static_cast<int8_t*>(is_v ? pool.v : pool.k) + row;
-  for (int64_t c = 0; c < d; ++c) y[c] = static_cast<int8_t>(std::clamp(std::nearbyint(x[c] / s), -127.f, 127.f));
+  long clipped = 0;
+  for (int64_t c = 0; c < d; ++c) {
+    const float q = std::nearbyint(x[c] / s);
+    clipped += std::fabs(q) > 127.f;
+    y[c] = static_cast<int8_t>(std::clamp(q, -127.f, 127.f));
+  }
+  if (clipped != 0) g_kv_int8_clipped[is_v].fetch_add(clipped, std::memory_order_relaxed);   // rare: no contention
 }
 
 StepTokens tokens_of(const char* op, const paddle::Tensor& block_tables, const paddle::Tensor& ctx_lens,
@@ -305,3 +315,6 @@ void attend(const float* q, int64_t q_stride, int64_t nh, const PagedPool& pool,
 }
 
 }  // namespace spmd
+
+// Read by ops/paddle_ext.py through ctypes (spmd_serve:kv_cache_int8_clipped_total in /metrics).
+extern "C" long spmd_kv_int8_clipped(int is_v) { return spmd::g_kv_int8_clipped[is_v != 0].load(); }

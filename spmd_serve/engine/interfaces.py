@@ -40,7 +40,8 @@ class Runner(Protocol):
 
     def take_stats(self) -> Mapping[str, npt.NDArray[np.int64]]:
         """Per-step model statistics since the last call, `<metric>:<layer>` → values (e.g. tokens
-        routed to each expert of a MoE layer), for /metrics; cleared on read."""
+        routed to each expert of a MoE layer, int8 KV entries clipped per cache tensor), for
+        /metrics; cleared on read."""
         ...
 
 

@@ -34,7 +34,10 @@ which every process shares):
   returning to the free pool (the loop applies aborts before every step, so 0 or 1).
 * speculative decoding (`on_spec`, engine/spec_metrics.py): drafts verified and accepted per method.
 * per executed step (`on_model_stats`, the runner's `take_stats()`): MoE models add the tokens
-  routed to each expert to `moe_expert_tokens_total{layer, expert}` (warm-up included).
+  routed to each expert to `moe_expert_tokens_total{layer, expert}` (warm-up included); an int8 KV
+  pool (USE_CACHE_KV_INT8) adds the entries its writes clipped to ±127 to
+  `kv_cache_int8_clipped_total{tensor="k"|"v"}` (rank 0's shard of the KV heads; 0 while every
+  value is within the export's calibrated scales and their margin).
 Warm-up traffic (`paused()`) is not user traffic and is not counted.
 
 Step phases (`watch_steps`, read from the engine's StepStats at scrape time, so recording costs the
@@ -118,6 +121,14 @@ class EngineMetrics:
         self.steps = Counter(p + "engine_steps", "Engine steps executed (model runs on every rank).", registry=r)
         moe = Counter(p + "moe_expert_tokens", "Tokens routed to each MoE expert.", ["layer", "expert"], registry=r)
         self.stat_counters = {"moe_expert_tokens": moe}  # Runner.take_stats names → counters (layer, index)
+        clipped = Counter(
+            p + "kv_cache_int8_clipped",
+            "Int8 KV cache entries clipped to +-127 on write (beyond the export's calibrated scales), "
+            "per cache tensor; rank 0's KV heads (all of them at TP=1).",
+            ["tensor"],
+            registry=r,
+        )
+        self.stat_totals = {"kv_cache_int8_clipped": clipped}  # take_stats names → counters (label)
         self.ttft = Histogram(
             p + "time_to_first_token_seconds",
             "Histogram of time to first token in seconds.",
@@ -212,9 +223,13 @@ class EngineMetrics:
                 self.queue_time.observe(now - req.arrival_time)
 
     def on_model_stats(self, stats: Mapping[str, Any]) -> None:
-        """A step's `Runner.take_stats()`: `<metric>:<layer>` → a count per index (e.g. expert)."""
+        """A step's `Runner.take_stats()`: `<metric>:<layer>` → a count per index (e.g. expert), or
+        `<metric>:<label>` → one count (e.g. int8 KV entries clipped, per cache tensor)."""
         for name, values in stats.items():
             metric, layer = name.split(":")
+            if metric in self.stat_totals:
+                self.stat_totals[metric].labels(layer).inc(int(values.sum()))
+                continue
             for index, n in enumerate(values.tolist()):
                 self.stat_counters[metric].labels(layer, str(index)).inc(n)
 

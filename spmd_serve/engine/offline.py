@@ -69,12 +69,13 @@ def open_ranks(model_dir: str, s: EngineSettings) -> tuple[Comm, ModelRunner]:
     `worker_loop`; rank 0 builds engines (`make_engine`) and sends SHUTDOWN when done."""
     from spmd_serve.config import env_setting
     from spmd_serve.dist.comm import Comm
-    from spmd_serve.worker.model_runner import ModelRunner
     from spmd_serve.worker.rank_cpus import setup_rank_cpus
+    from spmd_serve.worker.runners import make_runner
 
     comm = Comm()
     cpus = setup_rank_cpus(comm, env_setting("num_threads"), env_setting("bind_cores"))
-    runner = ModelRunner(
+    runner = make_runner(
+        env_setting("device"),
         model_dir,
         comm.rank,
         comm,

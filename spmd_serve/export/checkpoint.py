@@ -150,6 +150,13 @@ def _weight_files(ckpt: Path) -> list[Path]:
         files = sorted(ckpt.glob(pattern))
         if files:
             return files
+    other = sorted(str(p.relative_to(ckpt)) for p in ckpt.glob("**/*.pdiparams"))
+    if other:  # e.g. PaddleNLP's own static exporter (inference.*): not the layout download_model fetches
+        raise CheckpointError(
+            f"{ckpt} holds Paddle inference files ({other[0]}) but not the original tool's static layout "
+            "(rank_<i>/model.json or model.pdmodel, and model.pdiparams) nor checkpoint weights; export from "
+            "the checkpoint they were made from"
+        )
     raise CheckpointError(
         f"{ckpt} has no weights (model.safetensors, model.safetensors.index.json, "
         "model_state.pdparams or model_state.pdparams.index.json)"

@@ -20,7 +20,8 @@ from typing import Any
 
 import numpy as np
 
-from spmd_serve.export.calibrate import calibrate_kv_scales
+from spmd_serve.export.calibrate import KV_SCALE_MARGIN, calibrate_kv_scales
+from spmd_serve.export.calibration_text import calibration_windows
 from spmd_serve.export.checkpoint import load_checkpoint
 from spmd_serve.export.errors import REFUSALS, ExportError, QuantError
 from spmd_serve.export.families import family_of
@@ -153,7 +154,13 @@ def export_checkpoint(
         for name in AUX_FILES:
             if (ckpt / name).is_file():
                 shutil.copy2(ckpt / name, tmp / name)
-        kv_scales = calibrate_kv_scales(family, mc, weights, quant, group) if kv_int8 else None
+        kv_scales, options = None, dict(family.served_options(mc))
+        if kv_int8:
+            context = int(cfg.get("max_position_embeddings") or 2048)
+            windows, text = calibration_windows(ckpt, mc.vocab, context)
+            kv_scales = calibrate_kv_scales(family, mc, weights, windows, quant, group)
+            spans = [[w.start, w.start + len(w.ids) - 1] for w in windows]  # first and last position of each
+            options["kv_int8_calibration"] = {"text": text, "positions": spans, "margin": KV_SCALE_MARGIN}
         for rank in range(tp):
             export_rank(family, mc, weights, dims, rank, tmp, quant, group, kv_scales, cpp_ops)
         family.write_extras(mc, weights, tmp)
@@ -164,7 +171,7 @@ def export_checkpoint(
             kv_int8=kv_int8,
             graph_ops="cpp" if cpp_ops else "paddle",
             source=source,
-            options=family.served_options(mc),
+            options=options,
         )
         (tmp / "config.json").write_text(json.dumps(dict(cfg, spmd_serve=served.to_json()), indent=1))
         if out.exists():

@@ -128,6 +128,7 @@ def _mpirun_command(cfg: ServeConfig, env: dict[str, str], log_dir: Path) -> lis
         sys.executable,
         "-m",
         "spmd_serve.launcher.rank_output",
+        *(["--console"] if cfg.output_log_to_console else []),
         str(log_dir),
         *spmd_serve_command(),
     ]
@@ -142,8 +143,11 @@ def launch(cfg: ServeConfig, base_env: dict[str, str], log_dir: Path) -> tuple[s
     cmd = _mpirun_command(cfg, env, log_dir)
     _prepare_log_dir(log_dir)
     fd = os.open(log_dir / log_name(0), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    # OUTPUT_LOG_TO_CONSOLE=1: mpirun keeps this console (the ranks copy their logs to it and to
+    # their files, launcher/rank_output.py); else mpirun's own messages go to server.log too
+    out = None if cfg.output_log_to_console else fd
     try:
-        proc = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, stdout=fd, stderr=fd, start_new_session=True)
+        proc = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=out, start_new_session=True)
     finally:
         os.close(fd)
     job = jobs.Job(proc.pid, run_id)

@@ -39,3 +39,13 @@ def graph_allreduce_clock(manifest: Manifest):
     from ops import paddle_ext
 
     return paddle_ext.allreduce_seconds
+
+
+def graph_kv_int8_clipped(manifest: Manifest):
+    """The op library's running (K, V) counts of int8 pool entries its paged-attention op clipped,
+    or None when this rank's graphs do not write the pool themselves (the runner's pool counts)."""
+    if "spmd_paged_attention_int8" not in manifest.custom_ops:
+        return None
+    from ops import paddle_ext
+
+    return paddle_ext.kv_int8_clipped

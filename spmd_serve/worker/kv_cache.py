@@ -21,7 +21,9 @@ from spmd_serve.kv_layout import KV_HEADS, MLA_LATENT, KVLayout
 class KVCachePool:
     """`kv_scales` = {tensor: [scales of `layout.scale_shape`] per layer} makes an int8 pool
     (USE_CACHE_KV_INT8): static fp32 scales from the export's calibration, the layout of the ops/
-    kernels (q = clip(rint(x / scale[head]), ±127), read back as q * scale[head]).
+    kernels (q = clip(rint(x / scale[head]), ±127), read back as q * scale[head]); `clipped` counts
+    per cache tensor the entries this pool's own writes clipped (a graph's paged-attention op that
+    writes the pool itself counts in the op library: ops.paddle_ext.kv_int8_clipped).
     `pool.<tensor>[layer]` is one layer's array of a cache tensor, e.g. `pool.k[0]`."""
 
     def __init__(
@@ -35,6 +37,7 @@ class KVCachePool:
             for t in layout.tensors
         }
         self.scales: dict[str, list[np.ndarray]] | None = None
+        self.clipped = dict.fromkeys(layout.names(), 0)
         if kv_scales is not None:
             self.scales = {
                 t: [np.ascontiguousarray(kv_scales[t][layer], np.float32) for layer in range(layout.num_layers)]
@@ -84,7 +87,11 @@ def _write_kv_heads(pool: KVCachePool, layer: int, slots: np.ndarray, new: Seque
     `kv_cache_write` kernel on GPU pools."""
     k_new, v_new = new
     scales = (pool.scales["k"][layer], pool.scales["v"][layer]) if pool.scales is not None else (None, None)
-    kv_cache_write_cpu(k_new, v_new, pool.caches["k"][layer], pool.caches["v"][layer], slots, *scales)
+    k_clipped, v_clipped = kv_cache_write_cpu(
+        k_new, v_new, pool.caches["k"][layer], pool.caches["v"][layer], slots, *scales
+    )
+    pool.clipped["k"] += k_clipped
+    pool.clipped["v"] += v_clipped
 
 
 def _write_latent(pool: KVCachePool, layer: int, slots: np.ndarray, new: Sequence[np.ndarray]) -> None:

@@ -16,6 +16,9 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import json
+import signal
+import sys
 
 M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # glibc <malloc.h>
 MMAP_THRESHOLD_MAX = 32 << 20  # glibc refuses more on 64-bit (HEAP_MAX_SIZE / 2)
@@ -31,3 +34,74 @@ def tune_malloc() -> bool:
         return False
     mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
     return bool(mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD_MAX) and mallopt(M_TRIM_THRESHOLD, MALLOC_KEEP_BYTES))
+
+
+class _MallInfo2(ctypes.Structure):
+    # glibc >= 2.33 <malloc.h> struct mallinfo2: every field a size_t
+    _fields_ = [
+        (name, ctypes.c_size_t)
+        for name in (
+            "arena",
+            "ordblks",
+            "smblks",
+            "hblks",
+            "hblkhd",
+            "usmblks",
+            "fsmblks",
+            "uordblks",
+            "fordblks",
+            "keepcost",
+        )
+    ]
+
+
+def _libc() -> ctypes.CDLL | None:
+    try:
+        return ctypes.CDLL(ctypes.util.find_library("c"))
+    except (OSError, TypeError):
+        return None
+
+
+def heap_stats() -> dict[str, int] | None:
+    """The process's malloc heap, all arenas summed (glibc's `mallinfo2`), or None without it.
+
+    `in_use` is what the program holds (heap chunks + mmapped blocks): it grows only with live
+    objects, so a leak shows here.  `free_held` is freed memory glibc keeps mapped for reuse
+    (`MALLOC_KEEP_BYTES` allows up to 1 GiB of it per arena): it makes RSS grow without a leak."""
+    libc = _libc()
+    fn = getattr(libc, "mallinfo2", None)
+    if fn is None:
+        return None
+    fn.restype = _MallInfo2
+    m = fn()
+    return {"in_use": m.uordblks + m.hblkhd, "free_held": m.fordblks, "mmapped": m.hblkhd, "heap": m.arena}
+
+
+def rss_bytes() -> int:
+    """This process's resident set (VmRSS), 0 where /proc is missing."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
+def heap_report(who: str) -> dict[str, object]:
+    """`heap_stats`, RSS and Python's own small-object count of this process (`who`: "rank0",
+    "http1", ...), for the soak (benchmarks/soak.py) to tell a leak from retention: a C/C++ leak
+    grows `in_use`, a Python one `py_blocks` (pymalloc's arenas are mmapped, outside malloc's
+    counts); glibc keeping freed pages grows `free_held` only."""
+    return {"who": who, "rss": rss_bytes(), "py_blocks": sys.getallocatedblocks(), **(heap_stats() or {})}
+
+
+def install_heap_report(who: str, signum: int = signal.SIGUSR2) -> None:
+    """`kill -USR2 <pid>` prints `heap-report {json}` (`heap_report`) on the process's stderr.  The
+    handler runs in the main thread between bytecodes (Python's signal handling), never inside a graph."""
+
+    def report(_signum: int, _frame: object) -> None:
+        print("heap-report " + json.dumps(heap_report(who)), file=sys.stderr, flush=True)
+
+    signal.signal(signum, report)

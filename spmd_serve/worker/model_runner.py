@@ -22,7 +22,7 @@ from spmd_serve.kv_layout import KV_HEADS
 from spmd_serve.manifest import Manifest, ManifestError, read_manifest
 from spmd_serve.protocol import StepPlan, split_by_query_len
 from spmd_serve.timing import PhaseTimer
-from spmd_serve.worker.graph_ops import graph_allreduce_clock, register_graph_ops
+from spmd_serve.worker.graph_ops import graph_allreduce_clock, graph_kv_int8_clipped, register_graph_ops
 from spmd_serve.worker.kv_cache import KVCachePool
 from spmd_serve.worker.malloc import tune_malloc
 from spmd_serve.worker.segment import LoadedSegment
@@ -86,11 +86,25 @@ class ModelRunner:
         self.input_names = {n for seg in self.segments for n in seg.inputs}
         self.padded_grid = "grid_index" in self.input_names  # Paddle's attention: one pass per query kind
         self._stats: dict[str, np.ndarray] = {}  # this step's graph statistics, summed over its passes
+        # int8 pool entries clipped on write: the pool's own writes plus the op library's process-wide
+        # counts (baselined here: an earlier runner of this process may have counted some)
+        self._op_clipped = graph_kv_int8_clipped(manifest) if kv_int8 else None
+        self._clipped_seen = self._clipped_totals()
 
     def take_stats(self) -> dict[str, np.ndarray]:
         """The statistics the graphs output since the last call (SegmentSpec.stats), then cleared."""
         stats, self._stats = self._stats, {}
+        if self.pool.int8:  # every step, zeros too: the counter shows once an int8 pool has run
+            totals = self._clipped_totals()
+            for t, n in totals.items():
+                stats[f"kv_cache_int8_clipped:{t}"] = np.array([n - self._clipped_seen[t]], np.int64)
+            self._clipped_seen = totals
         return stats
+
+    def _clipped_totals(self) -> dict[str, int]:
+        """Int8 KV entries clipped so far, per cache tensor (k, v)."""
+        op = self._op_clipped() if self._op_clipped is not None else (0, 0)
+        return {t: self.pool.clipped[t] + n for t, n in zip(self.pool.layout.names(), op)}
 
     def execute(self, plan: StepPlan) -> np.ndarray | None:
         """Run the plan on this rank's shard; [R, vocab] float32 logits on rank 0 (R = plan.num_rows:

@@ -202,3 +202,12 @@ def test_entrypoint_serves_then_stops_on_sigterm(served_tp1, tmp_path):
             proc.wait(10)
         for p in processes_of(log_dir):
             p.kill()
+
+
+@pytest.mark.parametrize("name", DOCKERFILES)
+def test_images_serve_on_the_cpu_until_the_gpu_runner_exists(name):
+    """The images install paddlepaddle-gpu, with which SPMD_DEVICE=auto picks the GPU runner, which is
+    not built and refuses (docs/gpu.md): they set SPMD_DEVICE=cpu, and their README says the CPU serves."""
+    env = " ".join(a for i, a in instructions(DOCKERFILES[name]) if i == "ENV")
+    assert re.search(r"(^|\s)SPMD_DEVICE=cpu(\s|$)", env), env
+    assert "runs on the CPU" in (ROOT / "docker" / "README.md").read_text()

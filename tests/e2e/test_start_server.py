@@ -116,6 +116,20 @@ def test_failed_start_exits_nonzero_with_last_log_lines(served_tp2, tmp_path):
     assert not (tmp_path / "log" / "server.pid").exists() and processes_of(tmp_path / "log") == []
 
 
+@pytest.mark.parametrize("console", ["0", "1"])
+def test_output_log_to_console_copies_the_rank_logs_to_the_console(served_tp2, tmp_path, console):
+    """OUTPUT_LOG_TO_CONSOLE=1: the ranks' output is in their LOG_DIR files and also on the console
+    start_server was run from (its stdout); 0: in the files only.  A start that fails (MP_NUM=3,
+    two rank folders: rank 0 says why) shows it without a server left running."""
+    env = launcher_env(tmp_path / "log", MODEL_DIR=str(served_tp2), MP_NUM="3", OUTPUT_LOG_TO_CONSOLE=console)
+    with always_stopped(env, tmp_path):
+        res = run("start_server", env=env, cwd=tmp_path)
+    assert res.returncode == 1
+    assert "has no rank_2/" in (tmp_path / "log" / "server.log").read_text()  # rank 0's error line, in its file
+    assert all((tmp_path / "log" / f"workerlog.{r}").is_file() for r in (1, 2))
+    assert ("spmd_serve: error: model directory" in res.stdout) == (console == "1"), res.stdout
+
+
 @pytest.mark.parametrize("case", ["missing rank_1/", "MP_NUM=1 for a TP=2 model"])
 def test_bad_model_layout_fails_fast_with_one_clear_line(served_tp2, tmp_path, case):
     model, mp_num, expect = served_tp2, "1", "has 2 rank folders but MP_NUM=1"

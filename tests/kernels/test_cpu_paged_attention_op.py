@@ -110,6 +110,27 @@ def test_int8_pool_matches_float64(ext, ctx, qlens, nh, kvh, d, bs):
     assert all(np.array_equal(a, b) for a, b in zip(run_int8(ext, step, nh, ks, vs, threads=3), (out, kp, vp)))
 
 
+def test_int8_pool_counts_the_entries_it_clips(ext):
+    """The op adds the K and V entries it clipped to ±127 to the library's counters
+    (paddle_ext.kv_int8_clipped, read into /metrics by the runner): V exactly as the numpy writer
+    counts them; K (rotated by RoPE in fp32) up to entries within 1e-3 of the rounding edge."""
+    from ops.kv_cache_write import count_clipped
+    from tests.support.paged_attention_reference import rotate
+
+    nh, kvh, d = 4, 2, 16
+    qkv, kc, vc, tables, ctx, qlens, slots = make_step([3, 0], [2, 5], nh, kvh, d, 4, seed=9)
+    ks, vs = np.array([1.2, 2.0], np.float32) / 127, np.array([1.0, 1.8], np.float32) / 127
+    k8, v8 = np.zeros(kc.shape, np.int8), np.zeros(vc.shape, np.int8)
+    before = ext.kv_int8_clipped()
+    run_int8(ext, (qkv, k8, v8, tables, ctx, qlens, slots), nh, ks, vs, threads=2)
+    got_k, got_v = (a - b for a, b in zip(ext.kv_int8_clipped(), before))
+    pos = np.concatenate([c + np.arange(n) for c, n in zip(ctx, qlens)])
+    k = rotate(qkv[:, nh : nh + kvh].astype(np.float64), pos, inv_freq(d)) / ks[:, None]  # [T, kvh, d] in steps
+    assert got_v == count_clipped(qkv[:, nh + kvh :], vs) > 0
+    edge = int((np.abs(np.abs(k) - 127.5) < 1e-3).sum())
+    assert abs(got_k - int((np.abs(np.rint(k)) > 127).sum())) <= edge and got_k > 0
+
+
 @pytest.mark.parametrize("ctx,qlens,nh,kvh,d,bs", CASES[:3])
 def test_flat_qkv_is_the_same_step(ext, ctx, qlens, nh, kvh, d, bs):
     """qkv as the q|k|v linear's [T, (nh + 2 kvh) d] output (head_dim from the pool): same bits."""

@@ -62,6 +62,25 @@ def test_kv_cache_write_int8_round_trip_error_within_half_scale() -> None:
     assert np.all(kvw.quantize_int8(big, k_scale) == 127) and np.all(kvw.quantize_int8(-big, k_scale) == -127)
 
 
+def test_kv_cache_write_int8_counts_what_it_clips() -> None:
+    """The writer returns how many K and V entries it clipped (/metrics' kv_cache_int8_clipped):
+    those with |x / scale| past 127.5, padding slots not counted, none for a float pool."""
+    rng = np.random.default_rng(3)
+    kvh, hd, t = 2, 16, 12
+    key, value = (rng.standard_normal((t, kvh, hd)).astype(np.float32) for _ in range(2))
+    scale = np.array([1.5, 2.5], np.float32) / 127  # clips |x| > 1.5 in head 0, > 2.5 in head 1
+    slots = np.arange(t, dtype=np.int64)
+    slots[3] = -1  # a padding token: neither stored nor counted
+    kept = slots >= 0
+    want = [int((np.abs(x[kept]) > np.array([1.5, 2.5])[:, None] * 127.5 / 127).sum()) for x in (key, value)]
+    assert min(want) > 0
+    kc, vc = np.zeros((2, 8, kvh, hd), np.int8), np.zeros((2, 8, kvh, hd), np.int8)
+    assert kvw.kv_cache_write_cpu(key, value, kc, vc, slots, scale, scale) == tuple(want)
+    assert kvw.count_clipped(key[kept], scale) == want[0]
+    kf, vf = np.zeros((2, 8, kvh, hd), np.float32), np.zeros((2, 8, kvh, hd), np.float32)
+    assert kvw.kv_cache_write_cpu(key * 1e3, value, kf, vf, slots) == (0, 0)
+
+
 # ----------------------------------------------------------------------------- NVRTC compile (CI)
 @pytest.mark.parametrize("arch", ARCHS)
 @pytest.mark.parametrize("label", list(kvw.VARIANTS))

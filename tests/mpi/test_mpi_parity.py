@@ -21,7 +21,16 @@ from tests.support.server_process import mpi_env, mpirun
 pytestmark = pytest.mark.mpi
 NEW_TOKENS = 12
 # what a C++-ops export's graphs call (the manifest's sorted `custom_ops`)
-CPP_OPS = ("spmd_add_rms_norm", "spmd_allreduce", "spmd_linear", "spmd_paged_attention", "spmd_rms_norm", "spmd_swiglu")
+# the int8 attention is called by the int8-KV graphs (`seg_0.kv8`) every export carries
+CPP_OPS = (
+    "spmd_add_rms_norm",
+    "spmd_allreduce",
+    "spmd_linear",
+    "spmd_paged_attention",
+    "spmd_paged_attention_int8",
+    "spmd_rms_norm",
+    "spmd_swiglu",
+)
 TEXTS = [
     "Hi",
     "The quick brown fox jumps over the lazy dog.",

@@ -12,7 +12,8 @@ deterministic, in ~40 s on two CPU cores:
 * training: PaddleNLP's own dygraph `Qwen2ForCausalLM` (the parity reference, so the served model
   computes the same function), AdamW with a one-cycle schedule, random 64-byte windows;
 * output: the directory PaddleNLP's `save_pretrained` writes (safetensors), which `spmd_serve
-  export` reads like any user's PaddleNLP checkpoint.
+  export` reads like any user's PaddleNLP checkpoint, plus the byte vocabulary as a HuggingFace
+  `tokenizer.json` (byte-level, no merges), so the export calibrates its int8-KV scales on text.
 
 `corpus_prompts` gives byte-id prompts that are prefixes of the training lines: their greedy
 continuations recite the line, with fp32 top-2 margins of ~0.5 at the very least and ~7 typically.
@@ -71,11 +72,31 @@ def train(steps: int = 400, batch: int = 16, window: int = 64, lr: float = 1e-2,
     return model
 
 
+def write_byte_tokenizer(out: Path) -> Path:
+    """`out/tokenizer.json`: the byte vocabulary (`encode`) as a byte-level BPE without merges."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+    # GPT-2's printable stand-in of each byte (what a byte-level tokenizer's vocabulary holds)
+    printable = [*range(33, 127), *range(161, 173), *range(174, 256)]
+    stand_in = {b: chr(b) for b in printable}
+    stand_in.update({b: chr(256 + i) for i, b in enumerate(b for b in range(256) if b not in stand_in)})
+    vocab = {"<pad>": 0, "<s>": 1, "</s>": 2, **{stand_in[b]: b + BYTE_OFFSET for b in range(256)}}
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.add_special_tokens(["<pad>", "<s>", "</s>"])
+    tok.save(str(Path(out) / "tokenizer.json"))
+    return Path(out) / "tokenizer.json"
+
+
 def write_trained_checkpoint(out: Path, **train_kw) -> Path:
-    """Train (see `train`) and write PaddleNLP's save_pretrained directory into `out`."""
+    """Train (see `train`) and write PaddleNLP's save_pretrained directory into `out`, with the
+    byte tokenizer."""
     from tests.support.model_zoo import write_paddlenlp
 
-    return write_paddlenlp(Path(out), train(**train_kw), "paddlenlp_safetensors")
+    write_paddlenlp(Path(out), train(**train_kw), "paddlenlp_safetensors")
+    write_byte_tokenizer(Path(out))
+    return Path(out)
 
 
 def corpus_prompts(n: int, seed: int = 11) -> list[list[int]]:
@@ -86,3 +107,19 @@ def corpus_prompts(n: int, seed: int = 11) -> list[list[int]]:
     lines = base_sentences()[:NUM_LINES]
     picks = rng.choice(len(lines), n, replace=False)
     return [encode(lines[i].encode("utf-8")[: int(k)]) for i, k in zip(picks, rng.integers(4, 25, n))]
+
+
+def long_prompts(n: int, lo: int, hi: int, seed: int = 5) -> list[list[int]]:
+    """`n` prompts of `lo`..`hi` bytes: training lines back to back from a random line on, cut
+    mid-line, so the greedy continuation (which recites the line) runs at positions past `lo`."""
+    from spmd_serve.export.demo.corpus import base_sentences
+
+    rng = np.random.default_rng(seed)
+    lines = base_sentences()[:NUM_LINES]
+    prompts = []
+    for first, size in zip(rng.integers(0, NUM_LINES, n), rng.integers(lo, hi, n)):
+        text, k = b"", int(first)
+        while len(text) < size:
+            text, k = text + lines[k % NUM_LINES].encode("utf-8") + b"\n", k + 1
+        prompts.append(encode(text[: int(size)]))
+    return prompts

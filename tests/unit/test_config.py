@@ -60,6 +60,7 @@ CONTRACT_DEFAULTS = {
     "drain_timeout_s": 60.0,
     "malloc_tuning": True,
     "log_step_every": 0,
+    "device": "auto",
 }
 
 # A valid non-default raw value for every variable, and what it parses to.
@@ -103,6 +104,7 @@ SAMPLES = {
     "SPMD_DRAIN_TIMEOUT_S": ("2.5", 2.5),
     "SPMD_MALLOC_TUNING": ("no", False),
     "SPMD_LOG_STEP_EVERY": ("50", 50),
+    "SPMD_DEVICE": ("cpu", "cpu"),
 }
 ALIASES = [(v.name, alias) for v in ENV_VARS for alias in v.aliases]
 
@@ -156,6 +158,7 @@ def test_defaults_equal_contract():
         "SPMD_DRAIN_TIMEOUT_S",
         "SPMD_MALLOC_TUNING",
         "SPMD_LOG_STEP_EVERY",
+        "SPMD_DEVICE",
     ]
 
 
