@@ -1,7 +1,8 @@
 """Speculative decoding on real ranks (issue 15): multi-turn chats whose answers repeat (the same
 question asked again, so n-gram drafts are mostly right) give exactly the tokens of plain decoding
 with `inference_with_reference` on, at TP 1 and 2 (one graph per rank, and Paddle's own ops with
-a graph per stage, whose padded attention runs the verifying sequences as a separate pass), with
+a graph per stage, whose padded attention runs the verifying sequences as a separate pass; and
+DeepSeek's MLA at TP 2), with
 prefix caching, with a pool small enough to preempt, greedy and seeded sampling alike."""
 
 from __future__ import annotations
@@ -20,6 +21,15 @@ SETTINGS = [
     {**NGRAM, "enable_prefix_caching": True, "speculate_max_draft_token_num": 2, "speculate_max_ngram_size": 1},
     {**NGRAM, "num_blocks": 12},  # 12 blocks of 16 cannot hold both chats' second turns: preemption
 ]
+
+
+@pytest.fixture(scope="module")
+def served_deepseek(tmp_path_factory):
+    """deepseek-tiny at TP 2 (the tiny demo's tokenizer): its decode graph runs plain decode steps,
+    the general graph the speculative ones."""
+    from spmd_serve.export import ensure_demo_model
+
+    return ensure_demo_model("deepseek-tiny", tp=2, root=tmp_path_factory.mktemp("cache"))
 
 
 @pytest.fixture(scope="module")
@@ -46,8 +56,11 @@ PARAMS = {
 }
 
 
-@pytest.mark.parametrize("params", list(PARAMS), ids=list(PARAMS))
-@pytest.mark.parametrize("served", ["tp1", "tp2", "tp2_segments"])
+# (deepseek-tiny's sampled answers repeat nothing for the proposer to find: greedy only)
+CASES = [(s, p) for s in ("tp1", "tp2", "tp2_segments") for p in PARAMS] + [("deepseek", "greedy")]
+
+
+@pytest.mark.parametrize("served,params", CASES, ids=[f"{s}-{p}" for s, p in CASES])
 def test_speculation_gives_the_tokens_of_plain_decoding(served, params, request, tok, tmp_path):
     model_dir = request.getfixturevalue(f"served_{served}")
     plain, *spec = run(1 if served == "tp1" else 2, model_dir, tok, tmp_path, PARAMS[params])
