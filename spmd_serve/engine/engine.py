@@ -168,8 +168,9 @@ class Engine:
         return plan
 
     def _execute(self, plan: StepPlan) -> npt.NDArray[np.float32]:
-        """This rank's shard of the plan (the others run theirs from the broadcast); [B, V] logits,
-        this step's sequences in order.  `busy_since` tells health a long step is not a hang."""
+        """This rank's shard of the plan (the others run theirs from the broadcast); [R, V] logits,
+        this step's sequences in order (a sequence verifying d drafts has 1 + d rows).  `busy_since`
+        tells health a long step is not a hang."""
         self.client.busy_since = time.monotonic()
         try:
             logits = self.runner.execute(plan)
@@ -186,12 +187,16 @@ class Engine:
         done = self.scheduler.update(out, sampled.token_by_request())
         self.metrics.on_update(done)
         if self.speculator is not None:
-            got = sampled.token_by_request()
-            self.speculator.on_verdicts(
-                [(s.request, s.num_draft, len(got.get(s.request.req_id, [0])) - 1) for s in out.seqs if s.num_draft]
-            )
-            self.metrics.on_spec(self.speculator.method, sampled.num_verifying, sampled.num_draft, sampled.num_accepted)
+            self._record_verdicts(self.speculator, out, sampled)
         return done
+
+    def _record_verdicts(self, spec: Speculator, out: SchedulerOutput, sampled: SampledStep) -> None:
+        """The step's drafts verified and accepted: per request for the per-step rule, per method
+        for the metrics."""
+        got = sampled.token_by_request()  # a request whose sampling failed accepted nothing
+        verdicts = [(s.request, s.num_draft, len(got.get(s.request.req_id, [0])) - 1) for s in out.seqs if s.num_draft]
+        spec.on_verdicts(verdicts)
+        self.metrics.on_spec(spec.method, sampled.num_verifying, sampled.num_draft, sampled.num_accepted)
 
     def _fail(self, failed: dict[str, str]) -> None:
         """End the requests whose own sampling failed, with an error output; the step and every
