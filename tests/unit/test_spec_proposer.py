@@ -71,3 +71,16 @@ def test_prefills_get_no_drafts_and_none_means_off():
     assert r.draft_token_ids == []
     with pytest.raises(ValueError, match="SPECULATE_MAX_DRAFT_TOKEN_NUM"):
         SpecConfig("ngram", num_draft=9)
+
+
+def test_the_speculator_settings_come_from_the_environment():
+    """What the server's engine is built with (server.speculator): SPECULATE_METHOD (the alias
+    too), SPECULATE_MAX_DRAFT_TOKEN_NUM, SPECULATE_MAX_NGRAM_SIZE."""
+    from spmd_serve.config import load_config
+    from spmd_serve.server import speculator
+
+    assert speculator(load_config([], {})) is None
+    env = {"SPECULATE_METHOD": "inference_with_reference", "SPECULATE_MAX_DRAFT_TOKEN_NUM": "3"}
+    spec = speculator(load_config([], {**env, "SPECULATE_MAX_NGRAM_SIZE": "2"}))
+    assert spec is not None and (spec.cfg.method, spec.cfg.num_draft, spec.cfg.max_ngram) == ("ngram", 3, 2)
+    assert spec.proposer.max_ngram == 2  # type: ignore[attr-defined]
