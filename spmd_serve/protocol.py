@@ -16,7 +16,7 @@ import numpy.typing as npt
 I64 = npt.NDArray[np.int64]
 
 RUN, SHUTDOWN = 1, 2
-HEADER_LEN = 6  # [kind, step_id, B, T, MB, payload_len]
+HEADER_LEN = 6  # [kind, step_id, B, T, MB, payload_len]; payload_len also says whether logits_lens follows
 
 
 @dataclass(frozen=True)
@@ -29,6 +29,29 @@ class StepPlan:
     ctx_lens: I64  # [B] int64 tokens already in the KV cache per sequence
     block_tables: I64  # [B, MB] int64 block ids; rows padded with 0 (masked by ctx/query lens)
     slot_mapping: I64  # [T] int64 cache slot (block * block_size + offset) of each new token
+    # [B] int64 logits rows wanted per sequence: those of its last n tokens (1; 1 + drafts for a
+    # speculative step, whose every draft position is scored).  None: 1 for every sequence.
+    logits_lens: I64 | None = None
+
+    def __post_init__(self) -> None:
+        if self.logits_lens is None:
+            object.__setattr__(self, "logits_lens", np.ones(self.query_lens.shape[0], np.int64))
+
+    @property
+    def row_lens(self) -> I64:
+        """`logits_lens` as an array (never None after construction)."""
+        assert self.logits_lens is not None
+        return self.logits_lens
+
+    @property
+    def speculative(self) -> bool:
+        """Some sequence wants more than its last token's logits (it verifies drafts)."""
+        return bool((self.row_lens != 1).any())
+
+    @property
+    def num_rows(self) -> int:
+        """Rows of logits the step returns: sum of `logits_lens`."""
+        return int(self.row_lens.sum())
 
     @property
     def num_seqs(self) -> int:
@@ -40,6 +63,8 @@ class StepPlan:
 
     def header(self) -> I64:
         payload_len = 3 * self.num_tokens + 2 * self.num_seqs + self.block_tables.size
+        if self.speculative:
+            payload_len += self.num_seqs
         return np.array(
             [
                 self.kind,
@@ -61,6 +86,8 @@ class StepPlan:
             self.ctx_lens,
             self.block_tables.reshape(-1),
         ]
+        if self.speculative:  # only speculative steps carry their logits rows (the length says so)
+            parts.append(self.row_lens)
         out: I64 = np.concatenate(parts).astype(np.int64, copy=False)
         return out
 
@@ -79,6 +106,7 @@ class StepPlan:
             self.ctx_lens[seqs],
             np.ascontiguousarray(self.block_tables[seqs, :reach]),
             self.slot_mapping[tokens],
+            self.row_lens[seqs],
         )
 
     @staticmethod
@@ -88,10 +116,11 @@ class StepPlan:
 
     @staticmethod
     def unpack(header: I64, payload: I64) -> StepPlan:
-        kind, step_id, b, t, mb, _ = (int(x) for x in header)
-        parts = np.split(payload, np.cumsum([t, t, t, b, b]))
-        ids, pos, slots, qlens, ctx, bt = parts
-        return StepPlan(kind, step_id, ids, pos, qlens, ctx, bt.reshape(b, mb), slots)
+        kind, step_id, b, t, mb, length = (int(x) for x in header)
+        parts = np.split(payload, np.cumsum([t, t, t, b, b, b * mb]))
+        ids, pos, slots, qlens, ctx, bt, rows = parts
+        speculative = length == 3 * t + 3 * b + b * mb and b > 0
+        return StepPlan(kind, step_id, ids, pos, qlens, ctx, bt.reshape(b, mb), slots, rows if speculative else None)
 
 
 def split_by_query_len(query_lens: I64) -> list[I64]:
@@ -122,3 +151,12 @@ def grid_indices(query_lens: I64) -> tuple[I64, I64, I64]:
     unpad_index = (np.arange(b, dtype=np.int64)[:, None] * s + col[None, :])[valid]
     logits_index = starts + query_lens - 1
     return pad_index.astype(np.int64), unpad_index.astype(np.int64), logits_index.astype(np.int64)
+
+
+def logits_index(query_lens: I64, logits_lens: I64) -> I64:
+    """[sum(logits_lens)] index into T of every token whose logits are wanted: the last
+    logits_lens[i] tokens of sequence i, in order (plain steps: each sequence's last token)."""
+    ends = np.cumsum(query_lens).astype(np.int64)  # [B] one past each sequence's last token
+    if bool((logits_lens == 1).all()):
+        return ends - 1
+    return np.concatenate([np.arange(e - n, e, dtype=np.int64) for e, n in zip(ends, logits_lens)])

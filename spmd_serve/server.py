@@ -109,6 +109,13 @@ def scheduler_config(cfg, max_model_len: int):
     )
 
 
+def speculator(cfg):
+    """The engine's Speculator from SPECULATE_METHOD and its sizes (CONTRACT §2); None when off."""
+    from spmd_serve.engine.speculative import make_speculator
+
+    return make_speculator(cfg.speculate_method, cfg.speculate_max_draft_token_num, cfg.speculate_max_ngram_size)
+
+
 def _run_rank0(cfg, comm, runner, fe: Frontend) -> None:
     from spmd_serve.engine.engine import Engine
 
@@ -123,6 +130,7 @@ def _run_rank0(cfg, comm, runner, fe: Frontend) -> None:
         log_every=cfg.log_step_every,
         metrics=fe.metrics,
         drain_timeout_s=cfg.drain_timeout_s,
+        speculator=speculator(cfg),
     )
 
     def stop(signum, _frame) -> None:

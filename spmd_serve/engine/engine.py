@@ -25,6 +25,7 @@ from spmd_serve.engine.metrics import EngineMetrics
 from spmd_serve.engine.outputs import RequestOutput
 from spmd_serve.engine.plan_builder import build_plan
 from spmd_serve.engine.sampler import SampledStep, Sampler
+from spmd_serve.engine.speculative import Speculator
 from spmd_serve.engine.step_stats import StepStats
 from spmd_serve.protocol import SHUTDOWN, StepPlan
 from spmd_serve.sampling_params import SamplingParams
@@ -50,10 +51,14 @@ class Engine:
         metrics: EngineMetrics | None = None,
         drain_timeout_s: float = DEFAULT_DRAIN_TIMEOUT_S,
         sampler: Sampler | None = None,
+        speculator: Speculator | None = None,
     ) -> None:
         self.scheduler = Scheduler(sched_cfg)
         self.comm, self.runner, self.client = comm, runner, client
         self.sampler = sampler if sampler is not None else Sampler()
+        self.speculator = speculator  # SPECULATE_METHOD: drafts proposed before each schedule
+        if speculator is not None:
+            self.sampler.draft_probs = speculator.proposer.draft_probs
         self.block_size = sched_cfg.block_size
         self.eos = eos_token_ids
         self.stats = StepStats(log_every=log_every, runner=runner.timings)
@@ -137,11 +142,13 @@ class Engine:
             sampled = self.sampler.sample(out, logits)
         with st.phase("update"):
             done = self._update(out, sampled)
-        st.end_step(out.num_tokens, len(sampled.tokens))
+        st.end_step(out.num_tokens, sum(r.num_new_tokens for r in done), sampled.num_draft, sampled.num_accepted)
         return self._publish(done, sampled)  # last: a client holding its answer sees this step counted
 
     def _schedule(self) -> SchedulerOutput | None:
-        """This step's scheduler decision; None when nothing can run."""
+        """This step's scheduler decision (after the proposer's drafts); None when nothing can run."""
+        if self.speculator is not None:
+            self.speculator.propose(self.scheduler.running)
         out = self.scheduler.schedule()
         if out.is_empty:
             self._empty_steps += 1
@@ -161,8 +168,9 @@ class Engine:
         return plan
 
     def _execute(self, plan: StepPlan) -> npt.NDArray[np.float32]:
-        """This rank's shard of the plan (the others run theirs from the broadcast); [B, V] logits,
-        this step's sequences in order.  `busy_since` tells health a long step is not a hang."""
+        """This rank's shard of the plan (the others run theirs from the broadcast); [R, V] logits,
+        this step's sequences in order (a sequence verifying d drafts has 1 + d rows).  `busy_since`
+        tells health a long step is not a hang."""
         self.client.busy_since = time.monotonic()
         try:
             logits = self.runner.execute(plan)
@@ -178,7 +186,17 @@ class Engine:
         self._fail(sampled.failed)
         done = self.scheduler.update(out, sampled.token_by_request())
         self.metrics.on_update(done)
+        if self.speculator is not None:
+            self._record_verdicts(self.speculator, out, sampled)
         return done
+
+    def _record_verdicts(self, spec: Speculator, out: SchedulerOutput, sampled: SampledStep) -> None:
+        """The step's drafts verified and accepted: per request for the per-step rule, per method
+        for the metrics."""
+        got = sampled.token_by_request()  # a request whose sampling failed accepted nothing
+        verdicts = [(s.request, s.num_draft, len(got.get(s.request.req_id, [0])) - 1) for s in out.seqs if s.num_draft]
+        spec.on_verdicts(verdicts)
+        self.metrics.on_spec(spec.method, sampled.num_verifying, sampled.num_draft, sampled.num_accepted)
 
     def _fail(self, failed: dict[str, str]) -> None:
         """End the requests whose own sampling failed, with an error output; the step and every

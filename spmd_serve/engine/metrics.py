@@ -20,7 +20,8 @@ which every process shares):
   Every non-empty schedule adds its preemptions to `num_preemptions_total`, and (prefix caching
   on) at every admission, a re-admission after preemption included, `prefix_cache_queries_total`
   += the request's tokens and `prefix_cache_hits_total` += those found cached (vLLM's definitions).
-* per sampled token (`on_update`): `generation_tokens_total` += 1; the request's first token
+* per sampled token (`on_update`): `generation_tokens_total` += 1 (a speculative step may give a
+  request several); the request's first token
   observes `time_to_first_token_seconds` (now − arrival), each later one
   `inter_token_latency_seconds` (now − its previous token).  A request finished by the engine
   counts in `request_success_total{finished_reason="stop"|"length"}` and observes
@@ -31,6 +32,7 @@ which every process shares):
   `abort_to_free_steps` observes
   how many engine steps completed between the abort being requested and the request's KV blocks
   returning to the free pool (the loop applies aborts before every step, so 0 or 1).
+* speculative decoding (`on_spec`, engine/spec_metrics.py): drafts verified and accepted per method.
 * per executed step (`on_model_stats`, the runner's `take_stats()`): MoE models add the tokens
   routed to each expert to `moe_expert_tokens_total{layer, expert}` (warm-up included); an int8 KV
   pool (USE_CACHE_KV_INT8) adds the entries its writes clipped to ±127 to
@@ -61,6 +63,7 @@ from prometheus_client.exposition import choose_encoder
 from prometheus_client.process_collector import ProcessCollector
 
 from spmd_serve.engine.collectors import PREFIX, OriginalGauges, StepPhaseCollector
+from spmd_serve.engine.spec_metrics import SpecMetrics
 from spmd_serve.engine.step_stats import StepStats
 from spmd_serve.scheduler.request import Request
 from spmd_serve.scheduler.scheduler import Scheduler, SchedulerOutput
@@ -163,6 +166,7 @@ class EngineMetrics:
             buckets=STEP_BUCKETS,
             registry=r,
         )
+        self.spec = SpecMetrics(r)
         self._steps_watched: StepPhaseCollector | None = None
         self.original = OriginalGauges()
         r.register(self.original)
@@ -236,7 +240,7 @@ class EngineMetrics:
         now = self._clock()
         self.steps.inc()
         self._step_ends.append(now)
-        self.generation_tokens.inc(len(got_token))
+        self.generation_tokens.inc(sum(req.num_new_tokens for req in got_token))
         for req in got_token:
             arrival, last = self._live.get(req.req_id, (req.arrival_time, None))
             if last is None:
@@ -249,6 +253,11 @@ class EngineMetrics:
                 self._live.pop(req.req_id, None)
             else:
                 self._live[req.req_id] = (arrival, now)
+
+    def on_spec(self, method: str, num_seqs: int, num_draft: int, num_accepted: int) -> None:
+        """After a step's update: draft tokens verified and accepted by `num_seqs` sequences."""
+        if not self._paused:
+            self.spec.on_step(method, num_seqs, num_draft, num_accepted)
 
     def on_abort(self, req: Request | None, requested_at: float, reason: str = "abort") -> None:
         """After `scheduler.abort_request()`, given its result (None: already gone, nothing freed),

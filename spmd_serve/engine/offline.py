@@ -51,6 +51,11 @@ class EngineSettings:
     # Off unless asked for: `generate` admits every prompt before the first step, so it would only
     # matter for prompts admitted late, and the parity tests compare full prefills.
     enable_prefix_caching: bool = False
+    # speculative decoding (SPECULATE_METHOD and its sizes; min_acceptance: the per-step rule's threshold)
+    speculate_method: str = "none"
+    speculate_max_draft_token_num: int = 1
+    speculate_max_ngram_size: int = 3
+    speculate_min_acceptance: float | None = None
 
     @property
     def use_kv_int8(self) -> bool:
@@ -91,6 +96,7 @@ def make_engine(
     they share the pool, each with its own block accounting)."""
     from spmd_serve.engine.client import EngineClient
     from spmd_serve.engine.engine import Engine
+    from spmd_serve.engine.speculative import make_speculator
     from spmd_serve.scheduler.scheduler import SchedulerConfig
 
     cfg = json.loads(open(f"{model_dir}/config.json").read())
@@ -105,7 +111,14 @@ def make_engine(
         enable_prefix_caching=s.enable_prefix_caching,
         cache_salt=f"{model_dir}|kv_int8={int(s.use_kv_int8)}",
     )
-    return Engine(sched, comm, runner, EngineClient(capacity=capacity), s.eos_token_ids, sampler=sampler)
+    spec = make_speculator(
+        s.speculate_method,
+        s.speculate_max_draft_token_num,
+        s.speculate_max_ngram_size,
+        *([] if s.speculate_min_acceptance is None else [s.speculate_min_acceptance]),
+    )
+    client = EngineClient(capacity=capacity)
+    return Engine(sched, comm, runner, client, s.eos_token_ids, sampler=sampler, speculator=spec)
 
 
 def generate(

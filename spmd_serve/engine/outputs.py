@@ -35,11 +35,14 @@ class _Stepped(Protocol):
     @property
     def num_cached_tokens(self) -> int | None: ...
 
+    @property
+    def num_new_tokens(self) -> int: ...
+
 
 @dataclass
 class RequestOutput:
     req_id: str
-    new_token_ids: list[int]  # tokens produced this step (usually 0 or 1)
+    new_token_ids: list[int]  # tokens produced this step (0 or 1; several when drafts were accepted)
     finished: bool = False
     finish_reason: str | None = None  # "stop" | "length" | "abort" | "error"
     error_code: int = 0  # HTTP-like status when the engine failed the request
@@ -50,16 +53,18 @@ class RequestOutput:
     logprobs: list[TokenLogprobs] | None = None
 
     @classmethod
-    def step(cls, req: _Stepped, logprobs: TokenLogprobs | None = None) -> RequestOutput:
-        """The token this step appended to `req` (and whether that ended it)."""
+    def step(cls, req: _Stepped, logprobs: list[TokenLogprobs] | None = None) -> RequestOutput:
+        """The tokens this step appended to `req` (and whether that ended it); `logprobs`: one
+        entry per token sampled for it (a stop may have dropped the last ones)."""
+        n = max(req.num_new_tokens, 1)
         return cls(
             req.req_id,
-            [req.output_token_ids[-1]],
+            req.output_token_ids[-n:],
             req.is_finished,
             req.finish_reason,
             num_prompt_tokens=req.num_prompt_tokens,
             num_cached_tokens=req.num_cached_tokens or 0,
-            logprobs=None if logprobs is None else [logprobs],
+            logprobs=None if logprobs is None else logprobs[:n],
         )
 
     @classmethod

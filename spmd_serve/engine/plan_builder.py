@@ -1,4 +1,5 @@
-"""Turns the scheduler's decision for one step into the StepPlan every rank executes."""
+"""Turns the scheduler's decision for one step into the StepPlan every rank executes (a sequence
+that verifies drafts feeds them after its known tokens and wants the logits of every position)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ def build_plan(out: SchedulerOutput, step_id: int, block_size: int) -> StepPlan:
     positions = []
     for s in seqs:
         r, start, n = s.request, s.start, s.num_new_tokens
-        ids.extend(r.all_token_ids[start : start + n])
+        ids.extend(s.token_ids)
         pos = np.arange(start, start + n, dtype=np.int64)
         positions.append(pos)
         blocks = np.asarray(r.block_ids, np.int64)
@@ -33,4 +34,5 @@ def build_plan(out: SchedulerOutput, step_id: int, block_size: int) -> StepPlan:
         ctx_lens=np.array([s.start for s in seqs], np.int64),
         block_tables=tables,
         slot_mapping=np.asarray(slots, np.int64),
+        logits_lens=np.array([1 + s.num_draft for s in seqs], np.int64),
     )

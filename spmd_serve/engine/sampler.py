@@ -1,6 +1,7 @@
 """Rank 0's sampling adapter: the requests whose chunk completes this step → ops.sample's per-row
 arrays → one token per request, in one batched call; plus the OpenAI logprobs of the chosen tokens.
-`Sampler.sample` returns both as one `SampledStep`.
+`Sampler.sample` returns both as one `SampledStep`.  A request that verifies speculative drafts
+has a row per position and gets its accepted drafts plus one token (engine/verify.py).
 
 The sampling itself (penalties over the tokens the request generated, EOS masking until
 min_tokens, greedy arg-max or temperature → top-k → top-p → a Philox draw) is ops.sample's, whose
@@ -19,7 +20,7 @@ every other request gets its token as usual.
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -28,6 +29,7 @@ import numpy.typing as npt
 
 import ops.sample
 from spmd_serve.engine.outputs import TokenLogprobs
+from spmd_serve.engine.verify import accept_matching, position_rows, rejection_sample, target_probs
 from spmd_serve.sampling_params import SamplingParams
 from spmd_serve.scheduler.request import Request
 from spmd_serve.scheduler.scheduler import SchedulerOutput
@@ -36,9 +38,14 @@ log = logging.getLogger(__name__)
 
 
 class SampledRequest(Protocol):
-    params: SamplingParams
-    output_token_ids: list[int]
-    eos_token_ids: frozenset[int]
+    @property
+    def params(self) -> SamplingParams: ...
+
+    @property
+    def output_token_ids(self) -> list[int]: ...
+
+    @property
+    def eos_token_ids(self) -> frozenset[int]: ...
 
 
 def _padded(rows: list[list[int]]) -> npt.NDArray[np.int32]:
@@ -111,16 +118,21 @@ def token_logprobs(logits: npt.NDArray[np.floating[Any]], token: int, top_n: int
 
 @dataclass(frozen=True)
 class SampledStep:
-    """One step's sampling result: a token for every request whose chunk completed its known
-    tokens, in plan order, and the logprobs of those that asked for them; `failed` names the
-    requests whose own sampling failed this step (req_id -> why), which got no token."""
+    """One step's sampling result: the tokens of every request whose chunk completed its known
+    tokens (one, or its accepted drafts plus one), in plan order, and the logprobs of those that
+    asked for them (one entry per token); `failed` names the requests whose own sampling failed
+    this step (req_id -> why), which got no token.  `num_draft` / `num_accepted`: drafts verified
+    and accepted this step."""
 
     requests: list[Request] = field(default_factory=list)
-    tokens: list[int] = field(default_factory=list)
-    logprobs: dict[str, TokenLogprobs] = field(default_factory=dict)  # by req_id
+    tokens: list[list[int]] = field(default_factory=list)
+    logprobs: dict[str, list[TokenLogprobs]] = field(default_factory=dict)  # by req_id
     failed: dict[str, str] = field(default_factory=dict)  # by req_id
+    num_draft: int = 0
+    num_accepted: int = 0
+    num_verifying: int = 0  # requests that verified drafts
 
-    def token_by_request(self) -> dict[str, int]:
+    def token_by_request(self) -> dict[str, list[int]]:
         return {r.req_id: t for r, t in zip(self.requests, self.tokens)}
 
 
@@ -128,43 +140,95 @@ def _why(e: Exception) -> str:
     return f"sampling failed for this request: {type(e).__name__}: {e}"[:300]
 
 
+# One request to verify: the request, its rows of logits, its drafts.
+_Job = tuple[Request, list[int], list[int]]
+
+
 class Sampler:
     """Rank 0's step sampler.  A subclass may observe the logits of every sampled row
-    (`observe`: the offline engine's capture for the parity tests) without the engine knowing."""
+    (`observe`: the offline engine's capture for the parity tests) without the engine knowing.
+    `draft_probs`: the proposer's distributions of a request's drafts when they were sampled
+    (None: deterministic drafts)."""
+
+    draft_probs: Callable[[Request], Any] | None = None
 
     def sample(self, out: SchedulerOutput, logits: npt.NDArray[np.float32]) -> SampledStep:
-        """logits [B, V]: one row per scheduled sequence, in plan order."""
-        rows = [i for i, s in enumerate(out.seqs) if s.samples]
-        if not rows:
+        """logits [R, V]: one row per scheduled sequence (1 + its drafts when it verifies drafts),
+        in plan order."""
+        jobs: list[_Job] = []
+        row = 0
+        for s in out.seqs:
+            if s.samples:
+                drafts = s.request.draft_token_ids[: s.num_draft]
+                jobs.append((s.request, list(range(row, row + 1 + s.num_draft)), drafts))
+            row += 1 + s.num_draft
+        if not jobs:
             return SampledStep()
-        reqs = [out.seqs[i].request for i in rows]
         failed: dict[str, str] = {}
         try:
-            tokens = sample(logits[rows], reqs)
+            tokens = self._verify(logits, jobs)
         except Exception:  # some row's parameters: find which, sample the others
-            log.exception("batched sampling failed; sampling the %d rows one by one", len(rows))
+            log.exception("batched sampling failed; sampling the %d requests one by one", len(jobs))
             tokens = []
-            for i, r in zip(rows, reqs):
+            for job in jobs:
                 try:
-                    tokens.append(sample(logits[i : i + 1], [r])[0])
+                    tokens.append(self._verify(logits, [job])[0])
                 except Exception as e:
-                    failed[r.req_id] = _why(e)
-                    tokens.append(-1)
+                    failed[job[0].req_id] = _why(e)
+                    tokens.append([])
         vocab = logits.shape[-1]
-        for r, t in zip(reqs, tokens):
-            if r.req_id not in failed and not 0 <= t < vocab:  # would fail every rank's next graph
-                failed[r.req_id] = f"sampling failed for this request: token {t} is outside the vocabulary ({vocab})"
-        logprobs: dict[str, TokenLogprobs] = {}
-        for i, r, t in zip(rows, reqs, tokens):
+        for (r, _, _), ts in zip(jobs, tokens):
+            bad = [t for t in ts if not 0 <= t < vocab]
+            if r.req_id not in failed and bad:  # would fail every rank's next graph
+                failed[r.req_id] = (
+                    f"sampling failed for this request: token {bad[0]} is outside the vocabulary ({vocab})"
+                )
+        logprobs: dict[str, list[TokenLogprobs]] = {}
+        for (r, rows, _), ts in zip(jobs, tokens):
             if r.params.logprobs is not None and r.req_id not in failed:
                 try:
-                    logprobs[r.req_id] = token_logprobs(logits[i], t, r.params.logprobs)
+                    logprobs[r.req_id] = [token_logprobs(logits[i], t, r.params.logprobs) for i, t in zip(rows, ts)]
                 except Exception as e:
                     failed[r.req_id] = _why(e)
-        kept = [k for k, r in enumerate(reqs) if r.req_id not in failed]
-        ok_reqs = [reqs[k] for k in kept]
-        self.observe(ok_reqs, logits[[rows[k] for k in kept]])
-        return SampledStep(ok_reqs, [tokens[k] for k in kept], logprobs, failed)
+        kept = [k for k, (r, _, _) in enumerate(jobs) if r.req_id not in failed]
+        self.observe(
+            [jobs[k][0] for k in kept for _ in tokens[k]],
+            logits[[i for k in kept for i in jobs[k][1][: len(tokens[k])]]],
+        )
+        return SampledStep(
+            [jobs[k][0] for k in kept],
+            [tokens[k] for k in kept],
+            logprobs,
+            failed,
+            num_draft=sum(len(jobs[k][2]) for k in kept),
+            num_accepted=sum(len(tokens[k]) - 1 for k in kept),
+            num_verifying=sum(1 for k in kept if jobs[k][2]),
+        )
+
+    def _verify(self, logits: npt.NDArray[np.float32], jobs: list[_Job]) -> list[list[int]]:
+        """Every job's tokens: one batched draw over all their rows, then each job's verdict."""
+        rows: list[int] = []
+        views: list[SampledRequest] = []
+        for r, idx, drafts in jobs:
+            rows += idx
+            if drafts:
+                views += position_rows(r.params, r.output_token_ids, r.eos_token_ids, drafts)
+            else:
+                views.append(r)
+        targets = sample(logits[rows], views)
+        out: list[list[int]] = []
+        k = 0
+        for r, idx, drafts in jobs:
+            q = self.draft_probs(r) if drafts and self.draft_probs is not None and not r.params.greedy else None
+            if q is None:
+                out.append(accept_matching(drafts, targets[k : k + len(idx)]))
+            else:
+                pos = views[k : k + len(idx)]
+                p = target_probs(logits[idx], [v.params for v in pos], sample_arrays(pos))
+                out.append(rejection_sample(p, q, drafts, r.params.seed or 0, len(r.output_token_ids)))
+            k += len(idx)
+        return out
 
     def observe(self, requests: list[Request], logits: npt.NDArray[np.float32]) -> None:
-        """Called with the sampled rows' logits [N, V] each step; nothing by default."""
+        """Called each step with one row of logits [N, V] per sampled token (a request that got
+        several tokens is listed once per token); nothing by default."""

@@ -39,6 +39,8 @@ class StepStats:
     steps: int = 0
     tokens: int = 0  # scheduled tokens (prefill + decode)
     sampled: int = 0  # generated tokens
+    drafts: int = 0  # speculative draft tokens verified
+    accepted: int = 0  # ... and accepted
     timer: PhaseTimer = field(default_factory=lambda: PhaseTimer(PHASES))
     runner: PhaseTimer | None = None  # the model runner's split of `execute`, if it has one
     handoff_seconds: float = 0.0  # publish → delivered on the front end's loop, summed over batches
@@ -64,10 +66,12 @@ class StepStats:
             self.handoff_seconds += seconds
             self.handoffs += batches
 
-    def end_step(self, num_tokens: int, num_sampled: int) -> None:
+    def end_step(self, num_tokens: int, num_sampled: int, num_drafts: int = 0, num_accepted: int = 0) -> None:
         self.steps += 1
         self.tokens += num_tokens
         self.sampled += num_sampled
+        self.drafts += num_drafts
+        self.accepted += num_accepted
         if self.on_step is not None:
             self.on_step(time.perf_counter() - self._t0)
         if self.log_every and self.steps % self.log_every == 0:
@@ -84,7 +88,14 @@ class StepStats:
         return out
 
     def _counts(self) -> dict[str, float]:
-        return {"steps": self.steps, "tokens": self.tokens, "sampled": self.sampled, "handoffs": self.handoffs}
+        return {
+            "steps": self.steps,
+            "tokens": self.tokens,
+            "sampled": self.sampled,
+            "handoffs": self.handoffs,
+            "drafts": self.drafts,
+            "accepted": self.accepted,
+        }
 
     def window_summary(self) -> str:
         """Averages over the steps since the previous call (the log line)."""
@@ -97,19 +108,32 @@ class StepStats:
             d["n_sampled"],
             d["n_handoffs"],
             {k: v for k, v in d.items() if not k.startswith("n_")},
+            (d["n_drafts"], d["n_accepted"]),
         )
 
     def summary(self) -> str:
         """Averages over the whole run (the shutdown line)."""
-        return self._format(self.steps, self.tokens, self.sampled, self.handoffs, self.totals())
+        spec = (float(self.drafts), float(self.accepted))
+        return self._format(self.steps, self.tokens, self.sampled, self.handoffs, self.totals(), spec)
 
     @staticmethod
-    def _format(steps: float, tokens: float, sampled: float, handoffs: float, seconds: dict[str, float]) -> str:
+    def _format(
+        steps: float,
+        tokens: float,
+        sampled: float,
+        handoffs: float,
+        seconds: dict[str, float],
+        spec: tuple[float, float] = (0.0, 0.0),
+    ) -> str:
+        """`batch` is generated tokens per step; with speculation also the drafts verified and
+        accepted (per step)."""
         n = max(steps, 1)
         parts = " ".join(
             f"{p}={1e3 * s / (max(handoffs, 1) if p == 'io_handoff' else n):.3f}ms" for p, s in seconds.items()
         )
-        return f"steps={steps:.0f} tokens={tokens:.0f} sampled={sampled:.0f} batch={sampled / n:.1f} per-step: {parts}"
+        drafts = f" drafts={spec[0] / n:.2f} accepted={spec[1] / n:.2f}" if spec[0] else ""
+        line = f"steps={steps:.0f} tokens={tokens:.0f} sampled={sampled:.0f} batch={sampled / n:.1f}{drafts}"
+        return f"{line} per-step: {parts}"
 
     def as_dict(self) -> dict[str, Any]:
         n = max(self.steps, 1)
@@ -117,5 +141,7 @@ class StepStats:
             "steps": self.steps,
             "tokens": self.tokens,
             "sampled": self.sampled,
+            "drafts": self.drafts,
+            "accepted": self.accepted,
             "ms_per_step": {p: 1e3 * s / n for p, s in self.totals().items()},
         }

@@ -143,6 +143,17 @@ class BlockManager:
         request.block_ids.clear()
         request.num_committed_blocks = 0
 
+    def trim(self, request: Request, num_tokens: int) -> None:
+        """Free the request's blocks past the first `blocks_for(num_tokens)`: a speculative step's
+        rejected drafts reached them.  They are private and hold no final token, so never cached."""
+        keep = self.blocks_for(num_tokens)
+        assert keep >= request.num_committed_blocks, "trimming would drop a committed block"
+        while len(request.block_ids) > keep:
+            b = request.block_ids.pop()
+            assert self._refs[b] == 1 and (self.cache is None or not self.cache.is_cached(b)), f"block {b} is shared"
+            self._refs[b] = 0
+            self._free.append(b)
+
     def slot(self, request: Request, position: int) -> int:
         """Flat cache slot of token `position` of `request` (what the workers write K/V into)."""
         block, offset = divmod(position, self.block_size)

@@ -72,6 +72,11 @@ class Request:
         self.num_committed_blocks = 0
         # Prompt tokens whose K/V came from the prefix cache at the first admission (None before it).
         self.num_cached_tokens: int | None = None
+        # Speculative decoding: the draft tokens a proposer offers for the next step (verified by
+        # it, then cleared: they are never part of all_token_ids), and how many tokens the last
+        # update appended (1 + accepted drafts; a frame may carry several).
+        self.draft_token_ids: list[int] = []
+        self.num_new_tokens = 0
         self.status = RequestStatus.WAITING
         self.finish_reason: str | None = None
         self.num_preemptions = 0

@@ -10,15 +10,20 @@ Prefix caching (`enable_prefix_caching`): a request's admission starts after the
 whose full blocks are cached (its own, after a preemption, or another request's); the rest is the
 same rule.  For the admission watermark (`BLOCK_RATIO`) a cached block nobody uses counts as free
 (the pool can take it back at any time), and taking one on a hit counts as using a new block.
+
+Speculative decoding (scheduler/speculation.py): a decode also feeds its draft tokens, within the
+budget; a step's drafts never preempt anyone (they are dropped first when the pool is short).
 """
 
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from spmd_serve.scheduler.block_manager import BlockManager
 from spmd_serve.scheduler.request import Request, RequestStatus
+from spmd_serve.scheduler.speculation import apply_verdict, num_drafts_to_verify
 
 
 class QueueFullError(Exception):
@@ -56,13 +61,15 @@ class SchedulerConfig:
 class ScheduledSeq:
     request: Request
     start: int  # num_computed_tokens before this step = position of the first new token
-    num_new_tokens: int
+    num_new_tokens: int  # fed to the model this step, the drafts included
     samples: bool  # chunk reaches the end of the known tokens, so one token is sampled
+    num_draft: int = 0  # speculative: the request's draft tokens verified this step (they follow the known ones)
 
     @property
     def token_ids(self) -> list[int]:
-        """The tokens to feed the model for this chunk."""
-        return self.request.all_token_ids[self.start : self.start + self.num_new_tokens]
+        """The tokens to feed the model for this chunk: known tokens, then the drafts."""
+        known = self.request.all_token_ids[self.start : self.start + self.num_new_tokens - self.num_draft]
+        return known + self.request.draft_token_ids[: self.num_draft]
 
 
 @dataclass
@@ -149,6 +156,7 @@ class Scheduler:
         self.block_manager.free(request)
         request.num_computed_tokens = 0
         request.status = RequestStatus.PREEMPTED
+        request.draft_token_ids.clear()
         request.num_preemptions += 1
         self.waiting.appendleft(request)
 
@@ -162,7 +170,12 @@ class Scheduler:
         while i < len(self.running) and budget > 0:
             request = self.running[i]
             n = min(request.num_tokens - request.num_computed_tokens, budget)
-            while not bm.allocate(request, request.num_computed_tokens + n):
+            d = num_drafts_to_verify(request, n, budget - n, cfg.max_model_len)
+            while not bm.allocate(request, request.num_computed_tokens + n + d):
+                if d:  # speculation never preempts anyone: without the drafts first
+                    d = 0
+                    request.draft_token_ids.clear()
+                    continue
                 # Evict the youngest: it has the least sunk work.  It sits after index i, so it
                 # has not been scheduled this step; if it is `request` itself the loop ends.
                 victim = self.running.pop()
@@ -171,8 +184,8 @@ class Scheduler:
                 if victim is request:
                     break
             else:
-                out.seqs.append(self._seq(request, n))
-                budget -= n
+                out.seqs.append(self._seq(request, n, d))
+                budget -= n + d
                 i += 1
         # Each victim went to the front of waiting youngest-first, so the oldest ends up first.
 
@@ -181,6 +194,7 @@ class Scheduler:
         limit = cfg.block_ratio * cfg.num_blocks
         while not out.preempted and self.waiting and budget > 0 and len(self.running) < cfg.max_num_seqs:
             request = self.waiting[0]
+            request.draft_token_ids.clear()  # drafts only for requests that decode
             cached = bm.match_prefix(request)  # waiting requests own no blocks and computed nothing
             computed = len(cached) * cfg.block_size
             n = min(request.num_tokens - computed, budget)
@@ -206,28 +220,45 @@ class Scheduler:
         return out
 
     @staticmethod
-    def _seq(request: Request, n: int) -> ScheduledSeq:
+    def _seq(request: Request, n: int, d: int = 0) -> ScheduledSeq:
         start = request.num_computed_tokens
-        return ScheduledSeq(request, start, n, samples=start + n == request.num_tokens)
+        return ScheduledSeq(request, start, n + d, samples=start + n == request.num_tokens, num_draft=d)
 
-    def update(self, out: SchedulerOutput, sampled: dict[str, int]) -> list[Request]:
-        """Apply one step's results; return the requests that got a token (finished included)."""
+    def update(self, out: SchedulerOutput, sampled: Mapping[str, int | Sequence[int]]) -> list[Request]:
+        """Apply one step's results; return the requests that got tokens (finished included).
+
+        `sampled`: per sampling request its token, or for a speculative one its tokens: the
+        accepted drafts then the target's own token.  Rejected drafts are rolled back: their K/V
+        slots count as not computed and the blocks only they reached are freed, so the request
+        holds exactly what one-token-at-a-time decoding would have left it."""
         got_token: list[Request] = []
         finished: set[int] = set()
         for seq in out.seqs:
             request = seq.request
             if request.is_finished:
                 continue  # aborted between schedule() and update(); its blocks are already gone
-            request.num_computed_tokens += seq.num_new_tokens
+            request.num_computed_tokens += seq.num_new_tokens - seq.num_draft
+            tokens: Sequence[int] = ()
+            if seq.samples:
+                if request.req_id not in sampled:
+                    raise KeyError(f"no sampled token for {request.req_id!r}, which sampled this step")
+                got = sampled[request.req_id]
+                tokens = [got] if isinstance(got, int) else got
+                apply_verdict(self.block_manager, request, seq.num_draft, tokens)
+            status: RequestStatus | None = None
+            request.num_new_tokens = 0
+            for token in tokens:
+                request.output_token_ids.append(token)
+                request.num_new_tokens += 1
+                status = self._stop_status(request, token)
+                if status is not None:  # the tokens after a stop are dropped, as if never sampled
+                    break
+            # (a stop inside the accepted drafts leaves K/V computed past the kept tokens)
+            request.num_computed_tokens = min(request.num_computed_tokens, request.num_tokens)
             self.block_manager.commit(request)  # its blocks completed this step become shareable
-            if not seq.samples:
+            if not tokens:
                 continue
-            if request.req_id not in sampled:
-                raise KeyError(f"no sampled token for {request.req_id!r}, which sampled this step")
-            token = sampled[request.req_id]
-            request.output_token_ids.append(token)
             got_token.append(request)
-            status = self._stop_status(request, token)
             if status is not None:
                 request.finish(status)
                 self.block_manager.free(request)

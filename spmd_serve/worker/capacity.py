@@ -39,27 +39,26 @@ def check_kv_fits(cfg, layout: KVLayout, ranks_on_node: int) -> None:
         )
 
 
-# Settings of features that are not built yet, with the value that means "off": any other value is
-# refused at start-up (one line naming the variable) rather than silently ignored.
-NOT_BUILT = (
-    ("speculate_method", "none"),
-    ("speculate_max_draft_token_num", 1),
-    ("speculate_max_ngram_size", 3),
-    ("speculate_model_path", None),
-)
+# SPECULATE_METHOD values this build cannot serve yet, with why (the rest of the feature is built).
+NOT_BUILT_METHODS = {
+    "mtp": "the MTP proposer needs the target's last hidden state out of the graphs (docs/architecture.md)",
+    "draft_model": "a draft model's proposer (its own runner and KV pool on every rank)",
+}
 
 
 def check_supported(cfg) -> None:
     """Refuse settings whose feature this build lacks, rather than silently ignoring them."""
-    from spmd_serve.envs import BY_FIELD
-
-    for field, off in NOT_BUILT:
-        value = getattr(cfg, field)
-        if value != off:
-            raise ConfigError(
-                f"{BY_FIELD[field].name}={value} is not built yet: speculative decoding "
-                f"is not implemented in this version (unset it)"
-            )
+    method = cfg.speculate_method
+    if method in NOT_BUILT_METHODS:
+        raise ConfigError(
+            f"SPECULATE_METHOD={method} is not built yet: {NOT_BUILT_METHODS[method]}; "
+            "use inference_with_reference (ngram) or unset it"
+        )
+    if cfg.speculate_model_path is not None and method != "draft_model":
+        raise ConfigError(
+            f"SPECULATE_MODEL_PATH={cfg.speculate_model_path} has no effect unless SPECULATE_METHOD=draft_model "
+            f"(it is {method})"
+        )
 
 
 def check_served_model(model_config: dict) -> None:

@@ -107,16 +107,19 @@ class ModelRunner:
         return {t: self.pool.clipped[t] + n for t, n in zip(self.pool.layout.names(), op)}
 
     def execute(self, plan: StepPlan) -> np.ndarray | None:
-        """Run the plan on this rank's shard; [B, vocab] float32 logits on rank 0, None elsewhere."""
+        """Run the plan on this rank's shard; [R, vocab] float32 logits on rank 0 (R = plan.num_rows:
+        each sequence's `logits_lens` last tokens, in plan order), None elsewhere."""
         groups = split_by_query_len(plan.query_lens) if self.padded_grid else []
         if len(groups) <= 1:
             return self._execute(plan)
         parts = [self._execute(plan.select(g, self.pool.block_size)) for g in groups]
         if parts[0] is None:
             return None
-        logits = np.empty((plan.num_seqs, parts[0].shape[1]), np.float32)
+        logits = np.empty((plan.num_rows, parts[0].shape[1]), np.float32)
+        first = np.concatenate([[0], np.cumsum(plan.row_lens)]).astype(np.int64)  # [B + 1] row starts
         for g, part in zip(groups, parts):
-            logits[g] = part  # back to plan order
+            rows = np.concatenate([np.arange(first[i], first[i + 1]) for i in g])
+            logits[rows] = part  # back to plan order
         return logits
 
     def _execute(self, plan: StepPlan) -> np.ndarray | None:

@@ -26,7 +26,7 @@ import math
 import numpy as np
 
 from spmd_serve.manifest import ShardDims
-from spmd_serve.protocol import grid_indices
+from spmd_serve.protocol import grid_indices, logits_index
 
 NEG_INF = -1e30  # additive mask; no row is fully masked (every query sees itself)
 TABLES = ("rope_cos", "rope_sin", "grid_index", "past_index", "attn_mask", "pe_cos", "pe_sin", "latent_index")
@@ -90,7 +90,8 @@ def attn_mask(ctx_lens: np.ndarray, query_lens: np.ndarray, p: int, s: int) -> n
 def step_feeds(plan, dims: ShardDims, inv_freq: np.ndarray, block_size: int, names) -> dict[str, np.ndarray]:
     """The graph inputs in `names` for a plan (anything with StepPlan's arrays): the plan's own
     arrays, the grid indices (protocol.grid_indices) and the tables above, each computed once."""
-    pad_index, unpad_index, logits_index = grid_indices(plan.query_lens)
+    pad_index, unpad_index, last_index = grid_indices(plan.query_lens)
+    rows = getattr(plan, "logits_lens", None)  # a speculative step scores every draft position
     feeds = {
         "input_ids": plan.input_ids,
         "positions": plan.positions,
@@ -99,7 +100,7 @@ def step_feeds(plan, dims: ShardDims, inv_freq: np.ndarray, block_size: int, nam
         "block_tables": plan.block_tables,
         "ctx_lens": plan.ctx_lens,
         "query_lens": plan.query_lens,
-        "logits_index": logits_index,
+        "logits_index": last_index if rows is None else logits_index(plan.query_lens, rows),
     }
     names = set(names)
     if "slot_mapping" in names:

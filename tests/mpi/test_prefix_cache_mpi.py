@@ -5,16 +5,13 @@ cached prompt tokens in native and OpenAI usage and in /metrics."""
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-
 import openai
 import pytest
 import requests
 
 from tests.support.metrics_scrape import Samples
-from tests.support.server_process import ServerProcess, mpi_env, mpirun
+from tests.support.server_process import ServerProcess
+from tests.support.spec_driver import run_driver
 
 pytestmark = pytest.mark.mpi
 SYSTEM = "You are a careful assistant. Answer in one short sentence, and never repeat the question. "
@@ -41,13 +38,7 @@ def run_chats(n: int, model_dir, tok, tmp_path) -> dict:
         # 32-token steps chunk every prefill; 16 blocks of 16 cannot hold three growing last turns
         "engine": {"block_size": BLOCK, "num_blocks": 16, "max_num_batched_tokens": 32, "max_num_seqs": 3},
     }
-    (tmp_path / "spec.json").write_text(json.dumps(spec))
-    out = tmp_path / "out.json"
-    driver = ("-m", "tests.support.prefix_chat_driver")
-    cmd = mpirun(n, sys.executable, *driver, str(model_dir), str(tmp_path / "spec.json"), str(out))
-    res = subprocess.run(cmd, env=mpi_env(), capture_output=True, text=True, timeout=300)
-    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-4000:]
-    return json.loads(out.read_text())
+    return run_driver(n, "tests.support.prefix_chat_driver", model_dir, spec, tmp_path)
 
 
 @pytest.mark.parametrize("tp", [1, 2])

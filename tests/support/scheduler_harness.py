@@ -8,7 +8,7 @@ from collections.abc import Callable
 
 from spmd_serve.sampling_params import SamplingParams
 from spmd_serve.scheduler.request import Request
-from spmd_serve.scheduler.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
+from spmd_serve.scheduler.scheduler import ScheduledSeq, Scheduler, SchedulerConfig, SchedulerOutput
 
 EOS = 1
 TokenFn = Callable[[tuple[int, ...], int], int]
@@ -66,8 +66,20 @@ class FakeModel:
     def _content(self, r: Request, p: int, toks: list[int]) -> tuple:
         return tuple(toks[: p + 1]) if self.shared else (r.req_id, p, toks[p])
 
+    def attend(self, s: ScheduledSeq, toks: list[int]) -> None:
+        """One sequence's step: write the fed positions' K/V, then check every position it reads
+        (`toks`: the tokens the model sees, known ones then any drafts)."""
+        r, bm = s.request, self.sched.block_manager
+        assert s.token_ids == toks[s.start : s.start + s.num_new_tokens]
+        for p in range(s.start, s.start + s.num_new_tokens):
+            # never written while someone else reads it: only the writer holds a block it fills
+            assert bm.ref_count(r.block_ids[p // bm.block_size]) == 1, (r, p)
+            self.kv[bm.slot(r, p)] = self._content(r, p, toks)
+        for p in range(s.start + s.num_new_tokens):  # attention reads the whole prefix
+            assert self.kv[bm.slot(r, p)] == self._content(r, p, toks), (r, p)
+
     def step(self, out: SchedulerOutput) -> dict[str, int]:
-        bm, cfg = self.sched.block_manager, self.sched.config
+        cfg = self.sched.config
         assert out.num_tokens <= cfg.max_num_batched_tokens
         assert len({id(s.request) for s in out.seqs}) == len(out.seqs), "scheduled twice"
         assert not {id(r) for r in out.preempted} & {id(s.request) for s in out.seqs}
@@ -75,14 +87,7 @@ class FakeModel:
         for s in out.seqs:
             r = s.request
             assert s.num_new_tokens >= 1 and s.start == r.num_computed_tokens
-            toks = r.all_token_ids
-            assert s.token_ids == toks[s.start : s.start + s.num_new_tokens]
-            for p in range(s.start, s.start + s.num_new_tokens):
-                # never written while someone else reads it: only the writer holds a block it fills
-                assert bm.ref_count(r.block_ids[p // bm.block_size]) == 1, (r, p)
-                self.kv[bm.slot(r, p)] = self._content(r, p, toks)
-            for p in range(s.start + s.num_new_tokens):  # attention reads the whole prefix
-                assert self.kv[bm.slot(r, p)] == self._content(r, p, toks), (r, p)
+            self.attend(s, r.all_token_ids)
             assert s.samples == (s.start + s.num_new_tokens == r.num_tokens)
             if s.samples:
                 sampled[r.req_id] = self.fn(tuple(r.prompt_token_ids), r.num_tokens)

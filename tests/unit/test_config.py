@@ -169,15 +169,32 @@ def test_each_variable_by_env_and_flag(name):
     assert getattr(load_config([var.flag, raw], {}), var.field) == want
 
 
-@pytest.mark.parametrize(
-    "name", ["SPECULATE_METHOD", "SPECULATE_MAX_DRAFT_TOKEN_NUM", "SPECULATE_MAX_NGRAM_SIZE", "SPECULATE_MODEL_PATH"]
-)
-def test_unbuilt_features_are_refused_at_start(name):
-    """Speculative decoding is not built yet: asking for it stops start-up with one line naming
-    the variable, rather than being silently ignored; its defaults (off) are accepted."""
+@pytest.mark.parametrize("method", ["inference_with_reference", "ngram"])
+def test_ngram_speculation_is_accepted_with_any_k(method):
     check_supported(load_config([], {}))
-    with pytest.raises(ConfigError, match=rf"^{name}=\S+ is not built yet"):
-        check_supported(load_config([], {name: SAMPLES[name][0]}))
+    for k in ("1", "8"):
+        check_supported(load_config([], {"SPECULATE_METHOD": method, "SPECULATE_MAX_DRAFT_TOKEN_NUM": k}))
+
+
+@pytest.mark.parametrize("method", ["mtp", "draft_model"])
+def test_unbuilt_proposers_are_refused_at_start(method):
+    """A proposer that is not built yet stops start-up with one line naming the variable."""
+    with pytest.raises(ConfigError, match=rf"^SPECULATE_METHOD={method} is not built yet"):
+        check_supported(load_config([], {"SPECULATE_METHOD": method}))
+
+
+@pytest.mark.parametrize(
+    "name,value",
+    [("SPECULATE_MAX_DRAFT_TOKEN_NUM", "9"), ("SPECULATE_MAX_DRAFT_TOKEN_NUM", "0"), ("SPECULATE_MAX_NGRAM_SIZE", "9")],
+)
+def test_speculation_sizes_out_of_range_are_refused(name, value):
+    with pytest.raises(ConfigError, match=name):
+        load_config([], {"SPECULATE_METHOD": "ngram", name: value})
+
+
+def test_a_draft_model_path_without_draft_model_is_refused():
+    with pytest.raises(ConfigError, match="^SPECULATE_MODEL_PATH=.* has no effect"):
+        check_supported(load_config([], {"SPECULATE_METHOD": "ngram", "SPECULATE_MODEL_PATH": "/m/draft"}))
 
 
 @pytest.mark.parametrize("canonical,alias", ALIASES)

@@ -24,6 +24,7 @@ HERE = "tests/unit/test_contract_effects.py"
 
 FRONT_END = f"{HERE}::test_front_end_settings_come_from_the_environment"
 SCHEDULER = f"{HERE}::test_scheduler_settings_come_from_the_environment"
+SPECULATOR = "tests/unit/test_spec_proposer.py::test_the_speculator_settings_come_from_the_environment"
 START = "tests/e2e/test_start_server.py"
 FAILURES = "tests/mpi/test_failures_mpi.py"
 NETNS = "tests/e2e/test_multinode_netns.py::test_start_server_builds_the_hostfile_from_pod_ips"
@@ -89,6 +90,20 @@ EFFECTS: dict[str, list[str]] = {
         "tests/mpi/test_prefix_cache_mpi.py::test_a_repeated_prompt_reports_its_cached_tokens_everywhere",
         SCHEDULER,
     ],
+    "SPECULATE_METHOD": [
+        "tests/mpi/test_speculative_server_mpi.py::test_frames_carry_the_accepted_tokens_and_add_up_to_the_answer",
+        "tests/unit/test_config.py::test_unbuilt_proposers_are_refused_at_start",
+        SPECULATOR,
+    ],
+    "SPECULATE_MAX_DRAFT_TOKEN_NUM": [
+        "tests/mpi/test_speculative_server_mpi.py::test_frames_carry_the_accepted_tokens_and_add_up_to_the_answer",
+        "tests/unit/test_spec_scheduler.py::test_drafts_never_pass_max_tokens_and_a_stop_drops_the_rest",
+        SPECULATOR,
+    ],
+    "SPECULATE_MAX_NGRAM_SIZE": [
+        "tests/unit/test_spec_proposer.py::test_ngram_index_matches_the_definition_as_tokens_arrive",
+        SPECULATOR,
+    ],
     "API_KEY": [
         "tests/mpi/test_grpc_mpi.py::test_health_metadata_config",
         "tests/mpi/test_metrics_mpi.py::test_counters_and_histograms_grow_by_exact_amounts",
@@ -97,10 +112,7 @@ EFFECTS: dict[str, list[str]] = {
 }
 PENDING = {  # variables whose effect belongs to an open item of issue 17 (another change adds the test)
     "CUDA_VISIBLE_DEVICES": "item 2, the GPU runner's device selection",
-    "SPECULATE_METHOD": "speculative decoding",
-    "SPECULATE_MAX_DRAFT_TOKEN_NUM": "speculative decoding",
-    "SPECULATE_MAX_NGRAM_SIZE": "speculative decoding",
-    "SPECULATE_MODEL_PATH": "speculative decoding",
+    "SPECULATE_MODEL_PATH": "issue 15, the draft_model proposer (refused at start until it is built)",
 }
 
 

@@ -40,6 +40,13 @@ class OutputAssembler:
         """Feed one engine output; return the text that may be sent now."""
         if self.stopped:  # the text is final once cut at a stop string
             return ""
+        if len(new_ids) > 1:  # a speculative step's tokens: one at a time, so that the ids end at
+            delta = ""  # the token that completed a stop string, as they would without speculation
+            for i, token in enumerate(new_ids):
+                delta += self.add([token], finished and i == len(new_ids) - 1)
+                if self.stopped:
+                    break
+            return delta
         self.ids.extend(new_ids)
         checked = len(self.text)
         if finished and new_ids and new_ids[-1] in self._hidden:  # the stop token ended it

@@ -1,0 +1,139 @@
+"""Speculative decoding, measured on the offline engine (no HTTP) of a served model (issue 15).
+
+    mpirun -n 1 python benchmarks/speculative.py [MODEL_DIR] [--trials 3] [--json OUT]
+
+MODEL_DIR defaults to the trained demo model (`ensure_demo_model`, one rank).  Workload: text that
+repeats its prompt — a chat whose user asks again the question just answered ([user Q, assistant A,
+user Q], Q and A a pair of the demo's chats.txt), so the model's answer repeats A from its prompt.
+(Its other text it does not copy: the 4-layer demo model recites what it memorised, and a repeated
+corpus or licence passage inside a prompt derails it rather than being copied.)  Greedy, up to
+`--max-tokens` tokens, ending at the model's EOS.  Decode speed is timed from the step where every
+request has its first token to the end: tokens after the first ÷ that time.  Prints one JSON object:
+
+* `batch1`: one request at a time (the first `--singles` chats, averaged), per setting (plain,
+  n-gram with k = 1, 2, 4, 8): decode tokens per second, the acceptance rate (accepted /
+  verified drafts), the mean tokens per step, and the speed-up over plain decoding.  Settings
+  alternate within a trial (machine noise hits all alike); medians.
+* `batch<B>` for B in `--sizes` and `--batch`: B chats at once, plain vs n-gram k=4 with the
+  per-step rule (a request drafts while its running acceptance rate is >= DEFAULT_MIN_ACCEPTANCE)
+  and with drafting forced on (threshold 0).
+* `fresh_batch<B>`: the same at B = `--batch` on chats that ask each question once ([user Q]):
+  the answers repeat nothing, drafts are mostly wrong — what speculation costs a full batch, with
+  and without the rule.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import statistics
+import time
+from typing import Any
+
+from spmd_serve.engine.offline import EngineSettings, make_engine, open_ranks
+from spmd_serve.sampling_params import SamplingParams
+from spmd_serve.scheduler.request import Request
+
+EOS = frozenset({2, 6})  # the demo tokenizer's </s> and <|end|>
+
+
+def run(comm: Any, runner: Any, model_dir: str, s: EngineSettings, prompts: list[list[int]], n: int) -> dict:
+    """All `prompts` at once to completion: decode seconds (after every first token), decode
+    tokens, drafts verified and accepted, decode steps."""
+    engine = make_engine(comm, runner, model_dir, s, len(prompts))
+    params = SamplingParams(max_tokens=n, temperature=0.0)
+    reqs = [Request(str(i), p, params, eos_token_ids=EOS) for i, p in enumerate(prompts)]
+    for r in reqs:
+        engine.scheduler.add_request(r)
+    while any(r.num_output_tokens == 0 for r in reqs):  # the prefills
+        engine.step()
+    st = engine.stats
+    before = (st.drafts, st.accepted, st.steps)
+    t0 = time.perf_counter()
+    while engine.scheduler.has_unfinished():
+        engine.step()
+    return {
+        "wall": time.perf_counter() - t0,
+        "tokens": sum(r.num_output_tokens - 1 for r in reqs),
+        "drafts": st.drafts - before[0],
+        "accepted": st.accepted - before[1],
+        "steps": st.steps - before[2],
+        "out": [r.output_token_ids for r in reqs],
+    }
+
+
+def summarise(runs: list[dict], base: list[dict] | None) -> dict:
+    tps = statistics.median(r["tokens"] / r["wall"] for r in runs)
+    out = {"tokens_per_s": round(tps, 1), "tokens_per_step": round(runs[0]["tokens"] / runs[0]["steps"], 2)}
+    if runs[0]["drafts"]:
+        out["acceptance_rate"] = round(sum(r["accepted"] for r in runs) / sum(r["drafts"] for r in runs), 3)
+    if base is not None:
+        out["speed_up"] = round(tps / statistics.median(r["tokens"] / r["wall"] for r in base), 2)
+        out["same_tokens"] = all(r["out"] == b["out"] for r, b in zip(runs, base))
+    return out
+
+
+def measure(comm: Any, runner: Any, model_dir: str, s: EngineSettings, prompts: list, settings: dict, args) -> dict:
+    runs: dict[str, list[dict]] = {k: [] for k in settings}
+    for _ in range(args.trials):
+        for name, changes in settings.items():
+            runs[name].append(run(comm, runner, model_dir, dataclasses.replace(s, **changes), prompts, args.max_tokens))
+    return {k: summarise(v, None if k == "plain" else runs["plain"]) for k, v in runs.items()}
+
+
+def ngram(k: int, **kw: Any) -> dict:
+    return {"speculate_method": "ngram", "speculate_max_draft_token_num": k, **kw}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("model_dir", nargs="?")
+    ap.add_argument("--trials", type=int, default=3)
+    ap.add_argument("--max-tokens", type=int, default=64)
+    ap.add_argument("--singles", type=int, default=8)
+    ap.add_argument("--batch", type=int, default=32)
+    ap.add_argument("--sizes", default="4,8,16")
+    ap.add_argument("--json", help="also write the result here")
+    args = ap.parse_args()
+    from spmd_serve.engine.engine import worker_loop
+    from spmd_serve.protocol import StepPlan
+
+    model_dir = args.model_dir
+    if model_dir is None:
+        from spmd_serve.export import ensure_demo_model
+
+        model_dir = str(ensure_demo_model())
+    s = EngineSettings(num_blocks=1024, block_size=16, max_num_seqs=args.batch)
+    comm, runner = open_ranks(model_dir, s)
+    if comm.rank != 0:
+        worker_loop(comm, runner)
+        return
+    from spmd_serve.export.demo.training_data import chat_pairs, chat_text
+    from spmd_serve.frontend.text.tokenizer import ServingTokenizer
+
+    tok = ServingTokenizer.from_model_dir(model_dir)
+    pairs = chat_pairs()[: args.batch]
+    chats = [[("user", q), ("assistant", a), ("user", q)] for q, a in pairs]  # the same question again
+    prompts = [[1] + tok.encode(chat_text(c) + "<|assistant|>\n") for c in chats]
+    fresh = [[1] + tok.encode(chat_text(c[:1]) + "<|assistant|>\n") for c in chats]
+    run(comm, runner, model_dir, s, prompts[:2], 8)  # warm-up
+    single = {"plain": {}, **{f"ngram_k{k}": ngram(k) for k in (1, 2, 4, 8)}}
+    result: dict[str, Any] = {"model_dir": model_dir, "max_tokens": args.max_tokens, "trials": args.trials}
+    per_prompt = [measure(comm, runner, model_dir, s, [p], single, args) for p in prompts[: args.singles]]
+    result["batch1"] = {
+        k: {m: round(statistics.mean(pp[k][m] for pp in per_prompt), 3) for m in per_prompt[0][k]} for k in single
+    }
+    batched = {"plain": {}, "ngram_k4_rule": ngram(4), "ngram_k4_forced": ngram(4, speculate_min_acceptance=0.0)}
+    for b in [*map(int, args.sizes.split(",")), args.batch]:
+        result[f"batch{b}"] = measure(comm, runner, model_dir, s, prompts[:b], batched, args)
+    result[f"fresh_batch{args.batch}"] = measure(comm, runner, model_dir, s, fresh, batched, args)
+    comm.send_plan(StepPlan.shutdown(1 << 30))
+    print(json.dumps(result, indent=1))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(result, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,61 @@
+"""Speculative decoding over the scheduler test harness's fake model: a proposer whose drafts are
+right with a chosen probability, and a step that writes every fed position's fake K/V (drafts
+included), checks every read, and verifies the drafts against the reference token function the way
+engine/verify.py does for deterministic drafts (`accept_matching`).
+
+A rejected draft leaves a wrong entry in its slot; a read of it before the slot is written again,
+or a block holding it being shared through the prefix cache, shows up as a failed read check."""
+
+from __future__ import annotations
+
+import random
+
+from spmd_serve.engine.verify import accept_matching
+from spmd_serve.scheduler.scheduler import Scheduler, SchedulerOutput
+from tests.support.scheduler_harness import FakeModel, TokenFn, default_fn
+
+
+class SpecFakeModel(FakeModel):
+    def __init__(self, sched: Scheduler, fn: TokenFn = default_fn, k: int = 3, accuracy: float = 0.6, seed: int = 0):
+        super().__init__(sched, fn)
+        self.k, self.accuracy, self.rng = k, accuracy, random.Random(seed)
+        self.drafted = self.accepted = 0
+
+    def _next(self, prompt: tuple[int, ...], tokens: list[int]) -> int:
+        return self.fn(prompt, len(tokens))
+
+    def propose(self) -> None:
+        """Drafts for the running requests that decode: each right with probability `accuracy`
+        (a draft after a wrong one continues the wrong history, as a real proposer's would)."""
+        for r in self.sched.running:
+            if r.num_tokens - r.num_computed_tokens != 1:
+                continue
+            prompt, toks, drafts = tuple(r.prompt_token_ids), r.all_token_ids, []
+            for _ in range(self.rng.randint(0, self.k)):
+                t = self._next(prompt, toks + drafts)
+                drafts.append(t if self.rng.random() < self.accuracy else 5000 + self.rng.randint(0, 9))
+            r.draft_token_ids = drafts
+
+    def step(self, out: SchedulerOutput) -> dict[str, list[int]]:  # type: ignore[override]
+        assert out.num_tokens <= self.sched.config.max_num_batched_tokens
+        sampled: dict[str, list[int]] = {}
+        for s in out.seqs:
+            r = s.request
+            assert s.start == r.num_computed_tokens and len(s.token_ids) == s.num_new_tokens
+            self.attend(s, r.all_token_ids + r.draft_token_ids[: s.num_draft])  # drafts after the known tokens
+            if s.samples:
+                prompt, known = tuple(r.prompt_token_ids), r.all_token_ids
+                drafts = r.draft_token_ids[: s.num_draft]
+                targets = [self._next(prompt, known + drafts[:j]) for j in range(len(drafts) + 1)]
+                sampled[r.req_id] = accept_matching(drafts, targets)
+                self.drafted += len(drafts)
+                self.accepted += len(sampled[r.req_id]) - 1
+        return sampled
+
+
+def check_exact_blocks(sched: Scheduler) -> None:
+    """After an update every running request holds exactly the blocks of its computed tokens:
+    what one-token-at-a-time decoding would have left it, rejected drafts rolled back."""
+    bm = sched.block_manager
+    for r in sched.running:
+        assert len(r.block_ids) == bm.blocks_for(r.num_computed_tokens), r
