@@ -15,9 +15,9 @@ from spmd_serve import envs as envs_mod
 from spmd_serve.config import ConfigError, ServeConfig, build_arg_parser, load_config
 from spmd_serve.envs import BY_NAME, ENV_VARS
 from spmd_serve.worker.capacity import check_supported
+from tests.support import contract
 
 REPO = Path(__file__).resolve().parents[2]
-CONTRACT = REPO.parent / "shared" / "CONTRACT.md"
 
 # The contract's default column, as typed values.
 CONTRACT_DEFAULTS = {
@@ -111,8 +111,7 @@ ALIASES = [(v.name, alias) for v in ENV_VARS for alias in v.aliases]
 
 def _contract_rows() -> list[tuple[list[str], list[str], str]]:
     """(canonical names, legacy names in parentheses, default cell) of each row of the §2 table."""
-    text = CONTRACT.read_text(encoding="utf-8")
-    section = text.split("\n## 2.", 1)[1].split("\n## 3.", 1)[0]
+    section = contract.env_section()
     rows = []
     for line in section.splitlines():
         if not line.startswith("|"):
@@ -125,7 +124,6 @@ def _contract_rows() -> list[tuple[list[str], list[str], str]]:
     return rows
 
 
-@pytest.mark.skipif(not CONTRACT.exists(), reason="CONTRACT.md not beside the repo")
 def test_every_contract_variable_is_in_the_table():
     rows = _contract_rows()
     assert len(rows) >= 20
@@ -145,6 +143,13 @@ def test_every_contract_variable_is_in_the_table():
     listed = {n for canonical, legacy, _ in rows for n in canonical + legacy}
     assert {n for n, v in BY_NAME.items() if not v.internal} == listed
     assert [v.name for v in ENV_VARS if not v.internal] == [n for c, _, _ in rows for n in c]
+
+
+def test_contract_copy_is_current():
+    """tests/support/contract_env.md is ../shared/CONTRACT.md's §2 (where the contract is present)."""
+    shared = contract.shared_env_section()
+    assert contract.COPY.read_text(encoding="utf-8") == (shared or contract.COPY.read_text(encoding="utf-8"))
+    assert "## 2." in contract.env_section() and "`MODEL_DIR`" in contract.env_section()
 
 
 def test_defaults_equal_contract():

@@ -14,12 +14,10 @@ import ast
 import re
 from pathlib import Path
 
-import pytest
-
 from spmd_serve.config import load_config
+from tests.support import contract
 
 REPO = Path(__file__).resolve().parents[2]
-CONTRACT = REPO.parent / "shared" / "CONTRACT.md"
 HERE = "tests/unit/test_contract_effects.py"
 
 FRONT_END = f"{HERE}::test_front_end_settings_come_from_the_environment"
@@ -30,6 +28,10 @@ FAILURES = "tests/mpi/test_failures_mpi.py"
 NETNS = "tests/e2e/test_multinode_netns.py::test_start_server_builds_the_hostfile_from_pod_ips"
 PREEMPTION = "tests/mpi/test_server_mpi.py::test_32_concurrent_requests_under_preemption"
 EFFECTS: dict[str, list[str]] = {
+    "CUDA_VISIBLE_DEVICES": [
+        "tests/unit/test_device_select.py::test_local_rank_takes_kth_visible_device",
+        "tests/unit/test_device_select.py::test_rank_device_reads_the_launchers_environment",
+    ],
     "MODEL_DIR": [
         f"{START}::test_start_request_stop_restart",
         "tests/mpi/test_demo_chat_mpi.py::test_bare_server_answers_hello_in_english",
@@ -111,18 +113,16 @@ EFFECTS: dict[str, list[str]] = {
     ],
 }
 PENDING = {  # variables whose effect belongs to an open item of issue 17 (another change adds the test)
-    "CUDA_VISIBLE_DEVICES": "item 2, the GPU runner's device selection",
-    "SPECULATE_MODEL_PATH": "issue 15, the draft_model proposer (refused at start until it is built)",
+    "SPECULATE_MODEL_PATH": "issue 15, the draft_model proposer (refused at start until it is built)"
 }
 
 
 def contract_variables() -> list[str]:
-    section = CONTRACT.read_text(encoding="utf-8").split("\n## 2.", 1)[1].split("\n## 3.", 1)[0]
+    section = contract.env_section()
     rows = [line.strip().strip("|").split("|")[0] for line in section.splitlines() if line.startswith("|")]
     return [name for cell in rows for name in re.findall(r"`([^`]+)`", cell.partition("(")[0])]
 
 
-@pytest.mark.skipif(not CONTRACT.exists(), reason="CONTRACT.md not beside the repo")
 def test_every_contract_variable_has_an_effect_test():
     names = contract_variables()
     assert len(names) >= 30
