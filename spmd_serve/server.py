@@ -205,6 +205,10 @@ def serve(cfg) -> int:
             if comm.rank == 0:  # one line, from one rank, without MPI_Abort (which can eat it)
                 where = "" if len(failed) == comm.size else f" (on ranks {[r for r, _ in failed]})"
                 print(f"spmd_serve: error: {failed[0][1]}{where}", file=sys.stderr, flush=True)
+            # mpirun terminates the other ranks once one exits non-zero; a rank still inside
+            # MPI_Finalize then got Paddle's SIGTERM handler, which prints a C++ traceback under the
+            # one line.  The job is over by agreement: let SIGTERM end this rank quietly.
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
             sys.exit(2)
         peer_pids = comm.local_peer_pids()
         if comm.rank == 0:
