@@ -5,23 +5,24 @@ non-blocking Ibcast on the small header plus Test() and a short sleep, because a
 plain MPI receive busy-polls a whole core (DESIGN §2); the payload then follows with a blocking
 Bcast, which is fast because rank 0 sends it right after the header.
 """
+
 from __future__ import annotations
 
 import logging
 import os
 import sys
 import time
+from collections.abc import Callable
+from typing import TypeVar
 
 import numpy as np
-from typing import Callable, TypeVar
-
 from mpi4py import MPI
 
 from spmd_serve.protocol import HEADER_LEN, StepPlan
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
-IDLE_POLL_S = 0.0005   # worker sleep between Test() calls while idle (~4 % CPU, DESIGN §2)
+IDLE_POLL_S = 0.0005  # worker sleep between Test() calls while idle (~4 % CPU, DESIGN §2)
 
 
 class Comm:
@@ -66,7 +67,7 @@ class Comm:
         self.comm.Gather(logits_local, buf, root=0)
         if buf is None:
             return None
-        return np.concatenate(list(buf), axis=1)          # [size, B, Vl] → [B, size*Vl]
+        return np.concatenate(list(buf), axis=1)  # [size, B, Vl] → [B, size*Vl]
 
     def ranks_on_node(self) -> int:
         """How many ranks of this job share this node (and its memory)."""
