@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
-from pathlib import Path
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
 import numpy as np
@@ -42,6 +42,19 @@ class ArchConfig(Protocol):
 
 
 C = TypeVar("C", bound=ArchConfig)
+
+
+@dataclass(frozen=True)
+class Companion:
+    """A model exported beside the target (`ModelFamily.companions`): `folder` under the target's
+    directory, holding its own rank folders and a config.json made of `hf_config` and the usual
+    `spmd_serve` key (its family's `served_options` included)."""
+
+    folder: str
+    family: ModelFamily[Any]
+    config: ArchConfig
+    weights: dict[str, np.ndarray]
+    hf_config: dict[str, Any]
 
 
 class ModelFamily(ABC, Generic[C]):
@@ -82,8 +95,10 @@ class ModelFamily(ABC, Generic[C]):
         and kept by the checkpoint reader; none by default."""
         return {}
 
-    def write_extras(self, mc: C, hf: dict[str, np.ndarray], out: Path) -> None:
-        """Write what the export carries besides the rank graphs (e.g. MTP weights) into `out`."""
+    def companions(self, mc: C, hf: dict[str, np.ndarray], cfg: dict[str, Any]) -> list[Companion]:
+        """Exports written beside the target's, each in its own folder at the same tp, quantisation
+        and graph ops (e.g. DeepSeek's MTP layer as a draft model); none by default."""
+        return []
 
     @abstractmethod
     def shard_dims(self, mc: C, tp: int) -> ShardDims:

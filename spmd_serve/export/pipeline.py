@@ -118,6 +118,25 @@ def export_rank(
     return manifest
 
 
+def _export_model(
+    family: ModelFamily[Any],
+    mc: ArchConfig,
+    weights: dict[str, np.ndarray],
+    dims: ShardDims,
+    out: Path,
+    cfg: dict,
+    served: ServedConfig,
+    quant: str | None,
+    group: int | None,
+    kv_scales: Mapping[str, np.ndarray] | None,
+    cpp_ops: bool,
+) -> None:
+    """Every rank's folder and config.json (`cfg` with the `spmd_serve` key) of one model in `out`."""
+    for rank in range(dims.tp):
+        export_rank(family, mc, weights, dims, rank, out, quant, group, kv_scales, cpp_ops)
+    (out / "config.json").write_text(json.dumps(dict(cfg, spmd_serve=served.to_json()), indent=1))
+
+
 def export_checkpoint(
     ckpt: Path,
     out: Path,
@@ -146,6 +165,7 @@ def export_checkpoint(
         group = family.quant_group(mc, dims, quant_group) if quant == "weight_only_int4" else None
         cpp_ops = resolve_graph_ops(graph_ops)
         kv_int8 = kv_int8 and family.kv_int8
+        companions = [(c, c.family.shard_dims(c.config, tp)) for c in family.companions(mc, weights, cfg)]
     except (*REFUSALS, ManifestError) as e:
         raise ExportError(str(e)) from None
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -161,9 +181,6 @@ def export_checkpoint(
             kv_scales = calibrate_kv_scales(family, mc, weights, windows, quant, group)
             spans = [[w.start, w.start + len(w.ids) - 1] for w in windows]  # first and last position of each
             options["kv_int8_calibration"] = {"text": text, "positions": spans, "margin": KV_SCALE_MARGIN}
-        for rank in range(tp):
-            export_rank(family, mc, weights, dims, rank, tmp, quant, group, kv_scales, cpp_ops)
-        family.write_extras(mc, weights, tmp)
         served = ServedConfig(
             tp=tp,
             dtype=dtype,
@@ -173,7 +190,11 @@ def export_checkpoint(
             source=source,
             options=options,
         )
-        (tmp / "config.json").write_text(json.dumps(dict(cfg, spmd_serve=served.to_json()), indent=1))
+        _export_model(family, mc, weights, dims, tmp, cfg, served, quant, group, kv_scales, cpp_ops)
+        for comp, comp_dims in companions:
+            comp_served = replace(served, kv_int8=False, options=comp.family.served_options(comp.config))
+            args = (comp.weights, comp_dims, tmp / comp.folder, comp.hf_config, comp_served, quant, group)
+            _export_model(comp.family, comp.config, *args, None, cpp_ops)
         if out.exists():
             shutil.rmtree(out)
         os.replace(tmp, out)

@@ -40,6 +40,9 @@ class Stage(nn.Layer):
 
     kv_layer: int | None = None  # the layer whose KV cache the stage reads and writes
     gives_logits = False
+    # it neither starts nor carries the residual stream (its `h` is None): the embedding, DeepSeek
+    # MTP's input projection; the first stage after them starts the stream from their partial
+    streamless = False
 
     def inputs(self, variant: GraphVariant) -> list[str]:
         """Graph inputs it reads besides `hidden` / `partial` (step inputs, its caches)."""
@@ -52,6 +55,11 @@ class Stage(nn.Layer):
     def input_spec(self, name: str, variant: GraphVariant) -> InputSpec | None:
         """The spec of an input of its own (not a STEP_INPUT), e.g. a cache; None if not its input."""
         return None
+
+    def outputs(self, variant: GraphVariant) -> list[str]:
+        """Further outputs it returns after its new cache entries, before its stats (e.g. the
+        head's hidden rows for an MTP draft)."""
+        return []
 
     def stats(self) -> list[str]:
         """Per-step statistics it outputs after its new cache entries (SegmentSpec.stats names)."""
@@ -111,9 +119,9 @@ class GraphSegment(nn.Layer):
         inputs = (["hidden"] if self.takes_hidden else []) + (["partial"] if self.takes_partial else [])
         for st in stages:
             inputs += [n for n in st.inputs(v) if n not in inputs]
-        many = self.takes_partial or len(stages) > 1
-        outputs = ["logits"] if stages[-1].gives_logits else ["hidden", "partial"] if many else ["partial"]
-        outputs += [n for st in stages for n in st.new_kv(v)]  # for the runner to write into the pool
+        stream = self.takes_hidden or not all(st.streamless for st in stages)
+        outputs = ["logits"] if stages[-1].gives_logits else ["hidden", "partial"] if stream else ["partial"]
+        outputs += [n for st in stages for n in (*st.new_kv(v), *st.outputs(v))]  # new_kv: for the pool
         stats = tuple(n for st in stages for n in st.stats())
         name = v.graph_name(self.base_name)
         kv_layers = tuple(st.kv_layer for st in stages if st.kv_layer is not None)
@@ -158,9 +166,12 @@ def build_segments(stages: list[Stage], dims: ShardDims, cpp_ops: bool = False) 
                 stages, "seg_0", takes_hidden=False, takes_partial=False, reduce_in_graph=dims.tp > 1, variant=base
             )
         ]
-    # one stage per segment: the all-reduce of each partial happens between them
+    # one stage per segment: the all-reduce of each partial happens between them; a segment takes
+    # the residual stream once a stage before it has started it
     return [
-        GraphSegment([st], f"seg_{i}", takes_hidden=i > 1, takes_partial=i > 0, variant=base)
+        GraphSegment(
+            [st], f"seg_{i}", takes_hidden=not all(s.streamless for s in stages[:i]), takes_partial=i > 0, variant=base
+        )
         for i, st in enumerate(stages)
     ]
 

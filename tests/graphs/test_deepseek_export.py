@@ -1,5 +1,5 @@
 """DeepSeek-V2/V3 export (issue 14): checkpoints read back exactly, the fp8 layout dequantises to
-its weights, the references agree, the MLA pool's bytes, MTP weights exported, refusals (no MPI).
+its weights, the references agree, the MLA pool's bytes, the MTP draft exported, refusals (no MPI).
 
 * every format (HF single / sharded safetensors, PaddleNLP's own save_pretrained, with MTP layers)
   reads back to exactly the HF weights the checkpoint was made from;
@@ -9,7 +9,7 @@ its weights, the references agree, the MLA pool's bytes, MTP weights exported, r
 * PaddleNLP's DeepseekV2/V3ForCausalLM (with this repo's shims) and an independent float64 numpy
   implementation written from DeepSeek's published modeling code agree to 1e-4 on both configs;
 * the pool holds layers x (kv_lora_rank + qk_rope_head_dim) floats per token, and a context that
-  would not fit as expanded per-head K/V fits;
+  would not fit as expanded per-head K/V fits; the MTP layer is exported as a draft model (`mtp/`);
 * refused in one line: unsupported routing / scoring / rope scaling / activations, a split that
   does not divide, missing MTP tensors.
 """
@@ -140,16 +140,22 @@ def test_mla_pool_bytes_per_token_and_capacity(exported, monkeypatch):
         capacity.check_kv_fits(serve, expanded_layout, 1)
 
 
-def test_mtp_weights_are_exported_and_described(exported):
-    from safetensors.numpy import load_file
+def test_mtp_layer_is_exported_as_a_draft_model(exported):
+    """The MTP layer is `mtp/`, a one-layer export of its own at the target's tp (its numbers:
+    tests/graphs/test_mtp_export.py); the target's head also outputs the hidden rows it reads."""
+    from spmd_serve.manifest import read_manifest
 
-    out, weights = exported
+    out, _ = exported
     served = json.loads((out / "config.json").read_text())["spmd_serve"]
-    mtp = served["mtp"]
-    assert mtp["layers"] == [3] and mtp["served"] is False
-    got = load_file(str(out / mtp["file"]))
-    want = {k: v for k, v in weights.items() if k.startswith("model.layers.3.")}
-    assert sorted(got) == sorted(want) and all(np.array_equal(got[k], v) for k, v in want.items())
+    assert served["mtp"] == {"folder": "mtp", "layer": 3, "served": True}
+    draft = json.loads((out / "mtp" / "config.json").read_text())
+    assert draft["num_hidden_layers"] == 1 and draft["spmd_serve"]["tp"] == 2
+    assert draft["spmd_serve"]["mtp_draft"]["convention"] == "huggingface"
+    for rank in range(2):
+        m = read_manifest(out / "mtp" / f"rank_{rank}")
+        assert m.kv_cache.num_layers == 1 and m.dims.num_layers == 1
+        assert "prev_hidden" in m.segments[0].inputs and "hidden_rows" in m.segments[-1].outputs
+        assert "hidden_rows" in read_manifest(out / f"rank_{rank}").segments[-1].outputs
     assert served["kv_int8"] is False  # the MLA pool is fp32 only
 
 

@@ -19,7 +19,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-# ---------------------------------------------------------------- in-process tensor parallelism
+from tests.support.sim_ranks import SimRank, run_step
+
+# ------------------------------------------------ in-process tensor parallelism (tests/support/sim_ranks.py)
 
 BLOCK_SIZE, NUM_BLOCKS = 4, 32
 PROMPTS = [[1, 17, 300, 5, 999], [1] + list(range(40, 50)), [1] + list(range(700, 716))]
@@ -58,52 +60,6 @@ def make_plans() -> tuple[list, dict[int, list[int]], list[list[tuple[int, int]]
     assert any(p.query_lens.max() > 1 and p.ctx_lens.max() > 0 for p in plans), "no chunked prefill step"
     assert any(p.block_tables.shape[1] > 1 for p in plans)
     return plans, {i: r.all_token_ids for i, r in enumerate(reqs)}, rows
-
-
-class SimRank:
-    """One rank's loaded segments and its own KV pool (what ModelRunner holds); collectives between
-    segments are played in this process, so TP > 1 exports here have a graph per stage."""
-
-    def __init__(self, model_dir: Path, rank: int) -> None:
-        from spmd_serve.manifest import read_manifest
-        from spmd_serve.worker.graph_ops import register_graph_ops
-        from spmd_serve.worker.kv_cache import KVCachePool
-        from spmd_serve.worker.segment import LoadedSegment
-
-        rank_dir = model_dir / f"rank_{rank}"
-        manifest = read_manifest(rank_dir)
-        register_graph_ops(manifest, rank_dir)  # a C++-ops export's GEMMs and paged attention
-        self.dims, self.inv_freq = manifest.dims, manifest.inv_freq_array
-        self.segments = [LoadedSegment(rank_dir, spec) for spec in manifest.segments]
-        self.pool = KVCachePool(manifest.kv_cache, NUM_BLOCKS, BLOCK_SIZE)
-        for seg in self.segments:
-            seg.bind_cache(self.pool)
-
-
-def run_step(ranks: list[SimRank], plan) -> np.ndarray:
-    from spmd_serve.worker.step_tables import step_feeds
-
-    names = {n for seg in ranks[0].segments for n in seg.inputs}
-    base = step_feeds(plan, ranks[0].dims, ranks[0].inv_freq, BLOCK_SIZE, names)
-    feeds = [dict(base) for _ in ranks]
-    num_segments = len(ranks[0].segments)
-    assert all(len(r.segments) == num_segments for r in ranks)
-    for k in range(num_segments):
-        outs = [r.segments[k].run(f) for r, f in zip(ranks, feeds)]
-        for r, out in zip(ranks, outs):
-            for layer in r.segments[k].kv_layers:
-                if f"k_new_{layer}" in out:  # the C++ paged attention writes the pool itself
-                    r.pool.write(layer, plan.slot_mapping, out[f"k_new_{layer}"], out[f"v_new_{layer}"])
-        if ranks[0].segments[k].gathers_logits:
-            assert k == num_segments - 1
-            logits = np.concatenate([o["logits"] for o in outs], axis=1)  # gather over vocab
-            return logits[:, : ranks[0].dims.vocab]
-        total = np.sum([o["partial"] for o in outs], axis=0, dtype=np.float32)  # allreduce
-        for f, o in zip(feeds, outs):
-            f["partial"] = total.copy()
-            if "hidden" in o:
-                f["hidden"] = o["hidden"]
-    raise AssertionError("no segment produced logits")
 
 
 def reference_logits(ckpt: Path, tokens: list[int]) -> np.ndarray:
@@ -158,7 +114,7 @@ def tp_runs(served_tp1, served_tp2_segments, served_tp4):
     plans, tokens, rows = make_plans()
     runs = {}
     for tp, model_dir in ((1, served_tp1), (2, served_tp2_segments), (4, served_tp4)):
-        ranks = [SimRank(Path(model_dir), r) for r in range(tp)]
+        ranks = [SimRank(Path(model_dir), r, NUM_BLOCKS, BLOCK_SIZE) for r in range(tp)]
         runs[tp] = ([run_step(ranks, plan) for plan in plans], ranks)
     return plans, tokens, rows, runs
 

@@ -1,6 +1,6 @@
 """The DeepSeek family: DeepSeek-V2 (incl. Lite) and V3/R1 — Multi-head Latent Attention with its
 compressed cache, a Mixture of Experts with shared and routed experts (expert-parallel over the
-ranks), dense first layers, YaRN rope scaling; MTP layers exported, not served.
+ranks), dense first layers, YaRN rope scaling; the MTP layer exported as a draft model (mtp.py).
 
 config.py parses and refuses, weights.py names tensors, sharding.py splits them over the ranks
 and folds the absorbed MLA forms, mla.py and moe.py are the graph stages (Paddle, imported only
@@ -10,14 +10,14 @@ when a graph is built); the embedding, dense MLP and head stages are the Llama f
 from __future__ import annotations
 
 from collections.abc import Mapping
-from pathlib import Path
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
 
 from spmd_serve.export.deepseek import quant, sharding, weights
 from spmd_serve.export.deepseek.config import ARCHITECTURES, MODEL_TYPES, DeepseekConfig
-from spmd_serve.export.family import ModelFamily
+from spmd_serve.export.family import Companion, ModelFamily
 from spmd_serve.kv_layout import KVLayout
 from spmd_serve.manifest import QuantRecord, ShardDims
 
@@ -41,8 +41,10 @@ class DeepseekFamily(ModelFamily[DeepseekConfig]):
     def extra_tensors(self, mc: DeepseekConfig, hf: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         return weights.mtp_tensors(mc, hf)
 
-    def write_extras(self, mc: DeepseekConfig, hf: dict[str, np.ndarray], out: Path) -> None:
-        weights.write_mtp(mc, hf, out)
+    def companions(self, mc: DeepseekConfig, hf: dict[str, np.ndarray], cfg: dict[str, Any]) -> list[Companion]:
+        from spmd_serve.export.deepseek import mtp  # (it subclasses this family)
+
+        return mtp.companions(mc, hf, cfg)
 
     def shard_dims(self, mc: DeepseekConfig, tp: int) -> ShardDims:
         return sharding.shard_dims(mc, tp)
@@ -59,7 +61,9 @@ class DeepseekFamily(ModelFamily[DeepseekConfig]):
         method: str | None,
         group: int | None,
     ) -> dict[str, Any]:
-        shard = sharding.shard_weights(hf, mc, dims, rank)
+        # the head's hidden rows for the MTP draft, as the checkpoint's MTP convention reads them
+        hidden_out = mc.hidden_out or weights.TARGET_HIDDEN[weights.mtp_convention(mc, hf)]
+        shard = dict(sharding.shard_weights(hf, mc, dims, rank), config=replace(mc, hidden_out=hidden_out))
         return quant.quantize_shard(shard, hf, mc, dims, rank, method, group) if method else shard
 
     def quant_group(self, mc: DeepseekConfig, dims: ShardDims, requested: int | None) -> int:
@@ -83,7 +87,7 @@ class DeepseekFamily(ModelFamily[DeepseekConfig]):
         for layer in range(dims.num_layers):
             mlp = MoeStage(w, dims, layer, rank) if mc.is_moe(layer) else MlpStage(w, dims, layer)
             stages += [MlaStage(w, dims, layer), mlp]
-        stages.append(HeadStage(w, dims))
+        stages.append(HeadStage(w, dims, mc.hidden_out))
         return stages
 
     def served_options(self, mc: DeepseekConfig) -> dict[str, Any]:

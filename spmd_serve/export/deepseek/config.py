@@ -54,6 +54,9 @@ class DeepseekConfig:
     routed_scaling_factor: float
     rope_scaling: dict | None  # YaRN: {"type": "yarn", "factor", "original_max_position_embeddings", ...}
     num_nextn_predict_layers: int = 0
+    # the head's second output for an MTP draft (HeadStage.hidden_out): set from the checkpoint's
+    # MTP convention by the family's rank_weights (export/deepseek/mtp.py), None without MTP layers
+    hidden_out: str | None = None
 
     @classmethod
     def from_hf(cls, cfg: dict, architecture: str) -> DeepseekConfig:

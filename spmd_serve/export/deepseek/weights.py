@@ -5,15 +5,14 @@ HF: `model.layers.<i>.self_attn.{q_proj | q_a_proj, q_a_layernorm, q_b_proj}`, `
 `kv_a_layernorm`, `kv_b_proj`, `o_proj`; `mlp.{gate,up,down}_proj` (dense layers) or `mlp.gate`
 (router [experts, hidden]), `mlp.gate.e_score_correction_bias` (noaux_tc), `mlp.experts.<e>.*`,
 `mlp.shared_experts.*`; linear weights [out, in].  MTP layers are `model.layers.<L + j>.*` (a MoE
-decoder layer plus `embed_tokens`, `enorm`, `hnorm`, `eh_proj`, `shared_head.{norm,head}`).
+decoder layer plus `embed_tokens`, `enorm`, `hnorm`, `eh_proj`, `shared_head.{norm,head}`; whose
+conventions they follow: `mtp_convention`).
 PaddleNLP's `save_pretrained` (3.0.0b4) names them `deepseek_v2.…` / `deepseek_v3.…` and stores
 every 2-D weight but the embeddings transposed ([in, out]; the router [hidden, experts]; the
 lm_head [hidden, vocab]).
 """
 
 from __future__ import annotations
-
-from pathlib import Path
 
 import numpy as np
 
@@ -110,7 +109,7 @@ def mtp_tensors(mc: DeepseekConfig, weights: dict[str, np.ndarray]) -> dict[str,
     for j in range(mc.num_nextn_predict_layers):
         prefix = f"model.layers.{mc.num_layers + j}."
         found = {k: v for k, v in weights.items() if k.startswith(prefix)}
-        need = [*layer_tensors(mc, mc.num_layers + j, True), prefix + "eh_proj.weight"]
+        need = [*layer_tensors(mc, mc.num_layers + j, mc.is_moe(mc.num_layers + j)), prefix + "eh_proj.weight"]
         missing = [k for k in need if k not in found]
         if missing:
             raise CheckpointError(f"num_nextn_predict_layers={mc.num_nextn_predict_layers}: {missing[0]} is missing")
@@ -118,31 +117,25 @@ def mtp_tensors(mc: DeepseekConfig, weights: dict[str, np.ndarray]) -> dict[str,
     return out
 
 
-MTP_FILE = "mtp/model.safetensors"
+MTP_FOLDER = "mtp"  # the MTP draft's export, beside the target's rank folders (export/deepseek/mtp.py)
+PADDLENLP, HUGGINGFACE = "paddlenlp", "huggingface"
+# the target's hidden rows an MTP layer reads, per convention (HeadStage.hidden_out)
+TARGET_HIDDEN = {PADDLENLP: "pre_norm", HUGGINGFACE: "post_norm", None: None}
 
 
-def write_mtp(mc: DeepseekConfig, hf: dict[str, np.ndarray], out: Path) -> None:
-    """The MTP layers' tensors, HF names and layout, float32, in `out/MTP_FILE` (unsharded: the
-    speculative-decoding issue will trace them; nothing serves them yet)."""
+def mtp_convention(mc: DeepseekConfig, weights: dict[str, np.ndarray]) -> str | None:
+    """Whose code the checkpoint's MTP layer follows; None without MTP layers.  PaddleNLP's
+    `DeepseekV2MTPLayer` (its eh_proj an nn.Linear with a bias, sharing the model's embedding, final
+    norm and head) reads the target's hidden rows before the final norm, eh_proj(concat(hnorm(h),
+    enorm(e))); the published V3 weights (no bias, their own `shared_head`) are read as vLLM /
+    SGLang do: rows after the final norm, eh_proj(concat(enorm(e), hnorm(h)))."""
     if not mc.num_nextn_predict_layers:
-        return
-    from safetensors.numpy import save_file
-
-    path = out / MTP_FILE
-    path.parent.mkdir(parents=True, exist_ok=True)
-    save_file({k: np.ascontiguousarray(v, np.float32) for k, v in mtp_tensors(mc, hf).items()}, str(path))
+        return None
+    return PADDLENLP if f"model.layers.{mc.num_layers}.eh_proj.bias" in weights else HUGGINGFACE
 
 
 def mtp_record(mc: DeepseekConfig) -> dict | None:
-    """config.json's description of the exported MTP weights (None without MTP layers)."""
+    """config.json's pointer to the MTP draft export (None without MTP layers)."""
     if not mc.num_nextn_predict_layers:
         return None
-    first = mc.num_layers
-    return {
-        "file": MTP_FILE,
-        "layers": list(range(first, first + mc.num_nextn_predict_layers)),
-        "names": "HuggingFace names and [out, in] layout, float32: model.layers.<i>.{self_attn,mlp,"
-        "input_layernorm,post_attention_layernorm,enorm,hnorm,eh_proj,shared_head,embed_tokens}.* as the "
-        "checkpoint held them (DeepSeek-V3: h' = eh_proj(concat(enorm(embed(t+1)), hnorm(h))))",
-        "served": False,
-    }
+    return {"folder": MTP_FOLDER, "layer": mc.num_layers, "served": True}

@@ -24,12 +24,17 @@ from spmd_serve.export.segment import Stage
 from spmd_serve.export.variant import GENERAL, GraphVariant
 from spmd_serve.manifest import ShardDims
 
+HIDDEN_ROWS = "hidden_rows"  # the head's second output, for an MTP draft (HeadStage)
+HIDDEN_OUT = (None, "pre_norm", "post_norm")
+
 
 class EmbedStage(Stage):
     """Vocab-parallel embedding: rows this rank does not own contribute zeros to the sum (at tp = 1
     the rank owns every id: a plain lookup, ~7 ops fewer).  A quantised table is held transposed,
     as the `QuantWeight` of an [H, V_local] linear (scale per vocab row, and per group of H for
     int4): only this step's T columns are gathered and dequantised."""
+
+    streamless = True
 
     def __init__(self, w: dict, dims: ShardDims, rank: int) -> None:
         super().__init__()
@@ -88,27 +93,44 @@ class MlpStage(Stage):
 
 
 class HeadStage(Stage):
-    """Final RMSNorm and the vocab-parallel lm_head on each sequence's last token: [B, V_local]."""
+    """Final RMSNorm and the vocab-parallel lm_head on each sequence's last token: [B, V_local].
+    `hidden_out` (an export serving an MTP draft, export/deepseek/mtp.py): a second output
+    `hidden_rows` [T, H], the residual stream of every token before the final norm ("pre_norm")
+    or after it ("post_norm"), replicated on every rank."""
 
     gives_logits = True
 
-    def __init__(self, w: dict[str, np.ndarray], dims: ShardDims) -> None:
+    def __init__(self, w: dict[str, np.ndarray], dims: ShardDims, hidden_out: str | None = None) -> None:
         super().__init__()
         self.norm, self.lm_head = make_param(self, w["norm"]), make_linear(w["lm_head"])  # [H, V_local]
         self.eps = dims.rms_norm_eps
+        assert hidden_out in HIDDEN_OUT, hidden_out
+        self.hidden_out = hidden_out
 
     def inputs(self, variant: GraphVariant) -> list[str]:
         return ["logits_index"]
 
+    def outputs(self, variant: GraphVariant) -> list[str]:
+        return [] if self.hidden_out is None else [HIDDEN_ROWS]
+
     def step(self, h, delta, env: dict, variant: GraphVariant):
         if variant.cpp_ops and h is not None:
-            logits, kv = self.add_norm_forward(h, delta, env, variant)
-            return h, logits, kv
+            logits, x, h = self.add_norm_forward(h, delta, env, variant)
+            return h, logits, self._rows(h, x, variant)
         # residual add of the reduced partial; a copy when it starts the stream, because Paddle
         # rejects a graph whose output is one of its inputs unchanged
         h = paddle.assign(delta) if h is None else h + delta
         logits, kv = self(h, env, variant)
-        return h, logits, kv
+        return h, logits, self._rows(h, None, variant)
+
+    def _rows(self, h, normed, variant: GraphVariant) -> list:
+        """[hidden_rows] per `hidden_out` ([] without): `normed` is the final norm of all T rows when
+        the graph computed it already."""
+        if self.hidden_out is None:
+            return []
+        if self.hidden_out == "pre_norm":
+            return [h]
+        return [normed if normed is not None else rms_norm(h, self.norm, self.eps, variant)]
 
     def forward(self, h, env: dict, variant: GraphVariant):
         last = paddle.gather(h, env["logits_index"], axis=0)  # [B, H]
@@ -116,6 +138,6 @@ class HeadStage(Stage):
 
     def add_norm_forward(self, h, delta, env: dict, variant: GraphVariant):
         """The C++ ops' form: the residual add fused into the norm, over all T rows (cheap), then
-        each sequence's last row: two ops instead of three."""
-        x, _ = add_rms_norm(h, delta, self.norm, self.eps, variant)  # [T, H]
-        return self.lm_head(paddle.gather(x, env["logits_index"], axis=0), variant), []
+        each sequence's last row: two ops instead of three.  Returns (logits, normed rows, h + delta)."""
+        x, h = add_rms_norm(h, delta, self.norm, self.eps, variant)  # [T, H]
+        return self.lm_head(paddle.gather(x, env["logits_index"], axis=0), variant), x, h
