@@ -41,8 +41,7 @@ def check_kv_fits(cfg, layout: KVLayout, ranks_on_node: int) -> None:
 
 # SPECULATE_METHOD values this build cannot serve yet, with why (the rest of the feature is built).
 NOT_BUILT_METHODS = {
-    "mtp": "the MTP proposer needs the target's last hidden state out of the graphs (docs/architecture.md)",
-    "draft_model": "a draft model's proposer (its own runner and KV pool on every rank)",
+    "mtp": "the MTP proposer needs the target's last hidden state out of the graphs (docs/architecture.md)"
 }
 
 
