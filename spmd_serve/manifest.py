@@ -34,6 +34,9 @@ MANIFEST_FILE = "manifest.json"
 QUANT_METHODS = ("weight_only_int8", "weight_only_int4")
 COLLECTIVES = ("none", "graph", "segments")  # tp = 1 / all-reduce ops in the graph / runtime between segments
 REEXPORT = "re-export with this version's `spmd_serve export`"
+# An MTP draft (export/deepseek/mtp.py): the target's head graph outputs HIDDEN_ROWS [T, H] next to
+# its logits, and the draft's graph takes the rows it reads as its input PREV_HIDDEN [T, H].
+HIDDEN_ROWS, PREV_HIDDEN = "hidden_rows", "prev_hidden"
 
 
 class ManifestError(ValueError):

@@ -150,3 +150,22 @@ def check_draft_dir(cfg: ServeConfig, model_config: dict) -> dict:
             f"{cfg.block_size} (its pool mirrors the target's blocks)"
         )
     return draft
+
+
+MTP_FOLDER = "mtp"  # the MTP draft's export inside the target's (export/deepseek/mtp.py)
+
+
+def check_mtp_dir(cfg: ServeConfig, model_config: dict) -> Path:
+    """SPECULATE_METHOD=mtp: the target's MTP draft, `<MODEL_DIR>/mtp/`, which `spmd_serve export`
+    writes for a DeepSeek checkpoint with MTP layers (num_nextn_predict_layers >= 1).  Returns its
+    directory; one line saying why not otherwise."""
+    d = Path(str(cfg.model_dir)) / MTP_FOLDER
+    record = (model_config.get("spmd_serve") or {}).get("mtp") or {}
+    if not record.get("served") or not (d / "config.json").is_file():
+        raise ConfigError(
+            f"SPECULATE_METHOD=mtp: MODEL_DIR={cfg.model_dir} has no MTP draft ({MTP_FOLDER}/): only a DeepSeek "
+            "export of a checkpoint with MTP layers (num_nextn_predict_layers >= 1) has one; use "
+            "inference_with_reference (ngram) or draft_model"
+        )
+    check_model_dir(replace(cfg, model_dir=str(d)), cfg.mp_num)
+    return d

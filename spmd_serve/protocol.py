@@ -14,6 +14,7 @@ import numpy as np
 import numpy.typing as npt
 
 I64 = npt.NDArray[np.int64]
+F32 = npt.NDArray[np.float32]
 
 RUN, SHUTDOWN = 1, 2
 # A plan for the rank's *draft runner* (speculative decoding's second model: draft_model, mtp), not
@@ -35,6 +36,9 @@ class StepPlan:
     # [B] int64 logits rows wanted per sequence: those of its last n tokens (1; 1 + drafts for a
     # speculative step, whose every draft position is scored).  None: 1 for every sequence.
     logits_lens: I64 | None = None
+    # [T, H] float32 hidden rows a draft plan feeds (the MTP draft's `prev_hidden`: RUN_DRAFT only,
+    # travelling in the payload as [H, the rows' bytes as int64 words])
+    hidden: F32 | None = None
 
     def __post_init__(self) -> None:
         if self.logits_lens is None:
@@ -68,6 +72,8 @@ class StepPlan:
         payload_len = 3 * self.num_tokens + 2 * self.num_seqs + self.block_tables.size
         if self.speculative:
             payload_len += self.num_seqs
+        if self.hidden is not None:
+            payload_len += 1 + -(-self.hidden.size // 2)
         return np.array(
             [
                 self.kind,
@@ -91,6 +97,11 @@ class StepPlan:
         ]
         if self.speculative:  # only speculative steps carry their logits rows (the length says so)
             parts.append(self.row_lens)
+        if self.hidden is not None:
+            assert self.kind == RUN_DRAFT and not self.speculative, "hidden rows travel in draft plans only"
+            rows = np.ascontiguousarray(self.hidden, np.float32).reshape(-1)
+            rows = np.concatenate([rows, np.zeros(rows.size % 2, np.float32)])  # whole int64 words
+            parts += [np.array([self.hidden.shape[1]], np.int64), rows.view(np.int64)]
         out: I64 = np.concatenate(parts).astype(np.int64, copy=False)
         return out
 
@@ -110,6 +121,7 @@ class StepPlan:
             np.ascontiguousarray(self.block_tables[seqs, :reach]),
             self.slot_mapping[tokens],
             self.row_lens[seqs],
+            None if self.hidden is None else self.hidden[tokens],
         )
 
     @staticmethod
@@ -121,9 +133,13 @@ class StepPlan:
     def unpack(header: I64, payload: I64) -> StepPlan:
         kind, step_id, b, t, mb, length = (int(x) for x in header)
         parts = np.split(payload, np.cumsum([t, t, t, b, b, b * mb]))
-        ids, pos, slots, qlens, ctx, bt, rows = parts
-        speculative = length == 3 * t + 3 * b + b * mb and b > 0
-        return StepPlan(kind, step_id, ids, pos, qlens, ctx, bt.reshape(b, mb), slots, rows if speculative else None)
+        ids, pos, slots, qlens, ctx, bt, rest = parts
+        hidden = None
+        if kind == RUN_DRAFT and rest.size:  # [H, rows as int64 words]
+            hidden = rest[1:].view(np.float32)[: t * int(rest[0])].reshape(t, int(rest[0]))
+        speculative = length == 3 * t + 3 * b + b * mb and b > 0 and hidden is None
+        rows = rest if speculative else None
+        return StepPlan(kind, step_id, ids, pos, qlens, ctx, bt.reshape(b, mb), slots, rows, hidden)
 
 
 def split_by_query_len(query_lens: I64) -> list[I64]:

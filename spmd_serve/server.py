@@ -49,7 +49,7 @@ def _load(cfg, comm):
     from spmd_serve.dist.comm import node_local_first
     from spmd_serve.engine.draft_model import draft_pool_blocks
     from spmd_serve.export import ensure_demo_model
-    from spmd_serve.model_dir import check_draft_dir, check_model_dir, clamp_to_model
+    from spmd_serve.model_dir import check_draft_dir, check_model_dir, check_mtp_dir, clamp_to_model
     from spmd_serve.worker.capacity import check_kv_fits, check_served_model, check_supported
     from spmd_serve.worker.model_runner import read_rank_manifest
     from spmd_serve.worker.rank_cpus import setup_rank_cpus
@@ -66,6 +66,7 @@ def _load(cfg, comm):
     check_served_model(model_config)
     cfg = clamp_to_model(cfg, model_config)
     draft_config = check_draft_dir(cfg, model_config) if cfg.speculate_method == "draft_model" else None
+    mtp_dir = check_mtp_dir(cfg, model_config) if cfg.speculate_method == "mtp" else None
     manifest = read_rank_manifest(Path(cfg.model_dir) / f"rank_{comm.rank}", cfg.use_cache_kv_int8)
     check_kv_fits(cfg, manifest.kv_cache, comm.ranks_on_node())
     # collective on the node, like ranks_on_node; before the IO thread starts, which inherits the binding
@@ -86,13 +87,15 @@ def _load(cfg, comm):
             cpus.threads,
             kv_int8=cfg.use_cache_kv_int8,
             malloc_tuning=cfg.malloc_tuning,
+            keep_hidden=mtp_dir is not None and comm.rank == 0,  # what the MTP draft reads
         )
         draft_runner = None
-        if draft_config is not None:
+        if draft_config is not None or mtp_dir is not None:  # draft_model's export, or the MTP layer's
             k = cfg.speculate_max_draft_token_num
             draft_blocks = draft_pool_blocks(cfg.num_blocks(), cfg.batch_size, k, cfg.block_size)
+            draft_dir = mtp_dir or cfg.speculate_model_path
             draft_runner = make_draft_runner(
-                cfg.device, cfg.speculate_model_path, comm.rank, comm, draft_blocks, cfg.block_size, cpus.threads
+                cfg.device, draft_dir, comm.rank, comm, draft_blocks, cfg.block_size, cpus.threads
             )
         if frontend is not None:  # the HTTP workers started meanwhile: each has said hello, or why not
             frontend.wait_started()
@@ -121,16 +124,19 @@ def scheduler_config(cfg, max_model_len: int):
     )
 
 
-def speculator(cfg, comm, draft_runner):
+def speculator(cfg, comm, runner, draft_runner):
     """The engine's Speculator from SPECULATE_METHOD and its sizes (CONTRACT §2); None when off.
-    draft_model's proposer runs its plans on the ranks' draft runners."""
+    draft_model's and mtp's proposers run their plans on the ranks' draft runners."""
     from spmd_serve.engine.draft_model import make_draft_proposer
+    from spmd_serve.engine.mtp_proposer import make_mtp_proposer
     from spmd_serve.engine.speculative import make_speculator
     from spmd_serve.model_dir import max_positions
 
     k = cfg.speculate_max_draft_token_num
     proposer = None
-    if draft_runner is not None:
+    if cfg.speculate_method == "mtp":
+        proposer = make_mtp_proposer(comm, draft_runner, runner, cfg.block_size, cfg.num_blocks(), k)
+    elif draft_runner is not None:
         positions = max_positions(cfg.speculate_model_path)
         proposer = make_draft_proposer(comm, draft_runner, cfg.block_size, cfg.num_blocks(), k, positions)
     return make_speculator(cfg.speculate_method, k, cfg.speculate_max_ngram_size, proposer=proposer)
@@ -150,7 +156,7 @@ def _run_rank0(cfg, comm, runner, fe: Frontend, draft_runner) -> None:
         log_every=cfg.log_step_every,
         metrics=fe.metrics,
         drain_timeout_s=cfg.drain_timeout_s,
-        speculator=speculator(cfg, comm, draft_runner),
+        speculator=speculator(cfg, comm, runner, draft_runner),
     )
 
     def stop(signum, _frame) -> None:

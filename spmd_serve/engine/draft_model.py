@@ -56,6 +56,18 @@ def draft_pool_blocks(num_blocks: int, max_num_seqs: int, num_draft: int, block_
     return num_blocks + max_num_seqs * scratch_per_seq(num_draft, block_size)
 
 
+def choose_drafts(logits: npt.NDArray[np.float32], requests: Sequence[Request]) -> list[int]:
+    """Each request's next draft from its row of draft logits: its sampling parameters at the
+    draft's output index, on the Philox draw the target's verification uses there (the arg-max
+    should a row's parameters fail, which the target's sampling then reports)."""
+    views = [PositionRow(r.params, r.output_token_ids + r.draft_token_ids, r.eos_token_ids) for r in requests]
+    try:
+        return sample(logits, views)
+    except Exception:
+        log.exception("draft sampling failed; drafting the arg-max")
+        return [int(t) for t in np.argmax(logits, axis=-1)]
+
+
 @dataclass
 class _DraftKV:
     """One request's draft K/V: its leading `count` tokens are in its mirrored blocks, written
@@ -113,22 +125,11 @@ class DraftModelProposer:
             if not live:
                 break
             logits = self.run([rows[i] for i in live])  # [len(live), V]
-            tokens = self._choose(logits, [requests[i] for i in live])
+            tokens = choose_drafts(logits, [requests[i] for i in live])
             for i, t in zip(live, tokens):
                 requests[i].draft_token_ids.append(t)
                 row = rows[i]
                 rows[i] = DraftRow([t], row.start + len(row.token_ids), row.block_table)
-
-    def _choose(self, logits: npt.NDArray[np.float32], requests: Sequence[Request]) -> list[int]:
-        """Each request's next draft: its sampling parameters at the draft's output index, on the
-        Philox draw the target's verification uses there (the arg-max should a row's parameters
-        fail, which the target's sampling then reports)."""
-        views = [PositionRow(r.params, r.output_token_ids + r.draft_token_ids, r.eos_token_ids) for r in requests]
-        try:
-            return sample(logits, views)
-        except Exception:
-            log.exception("draft sampling failed; drafting the arg-max")
-            return [int(t) for t in np.argmax(logits, axis=-1)]
 
     def draft_probs(self, request: Request) -> None:
         """None: the drafts are verified by matching (the module docstring says why that is exact)."""

@@ -30,8 +30,11 @@ class DraftRow:
     block_table: Sequence[int]
 
 
-def build_draft_plan(rows: Sequence[DraftRow], block_size: int, step_id: int) -> StepPlan:
-    """The RUN_DRAFT plan feeding `rows` (one logits row per sequence: its last token's)."""
+def build_draft_plan(
+    rows: Sequence[DraftRow], block_size: int, step_id: int, hidden: npt.NDArray[np.float32] | None = None
+) -> StepPlan:
+    """The RUN_DRAFT plan feeding `rows` (one logits row per sequence: its last token's); `hidden`:
+    [T, H] a hidden row per fed token, for a draft whose graph reads them (the MTP layer)."""
     qlens = np.array([len(r.token_ids) for r in rows], np.int64)  # [B]
     width = max(len(r.block_table) for r in rows)
     tables = np.zeros((len(rows), width), np.int64)  # [B, MB], rows padded with 0
@@ -49,6 +52,7 @@ def build_draft_plan(rows: Sequence[DraftRow], block_size: int, step_id: int) ->
         np.array([r.start for r in rows], np.int64),
         tables,
         slots.astype(np.int64),
+        hidden=hidden,
     )
 
 
@@ -60,9 +64,11 @@ class DraftExecutor:
         self.comm, self.runner, self.block_size = comm, draft_runner, block_size
         self.plans = 0  # draft plans run so far (their step ids)
 
-    def __call__(self, rows: Sequence[DraftRow]) -> npt.NDArray[np.float32]:
+    def __call__(
+        self, rows: Sequence[DraftRow], hidden: npt.NDArray[np.float32] | None = None
+    ) -> npt.NDArray[np.float32]:
         self.plans += 1
-        plan = build_draft_plan(rows, self.block_size, self.plans)
+        plan = build_draft_plan(rows, self.block_size, self.plans, hidden)
         self.comm.send_plan(plan)
         logits = self.runner.execute(plan)
         assert logits is not None, "rank 0's draft runner returns the logits"

@@ -15,6 +15,8 @@ import logging
 import random
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import numpy as np
 import numpy.typing as npt
@@ -161,12 +163,17 @@ class Engine:
         return out
 
     def _propose(self, spec: Speculator) -> None:
-        """The proposer's drafts (a draft model runs its own plans on every rank here): timed as
-        the step's "draft" phase, taken out of the "schedule" phase that encloses it."""
+        """The proposer's drafts (a draft model runs its own plans on every rank here)."""
+        with self._drafting("schedule"):
+            spec.propose(self.scheduler.running)
+
+    @contextmanager
+    def _drafting(self, enclosing: str) -> Iterator[None]:
+        """Timed as the step's "draft" phase, taken out of the `enclosing` phase."""
         t0 = time.perf_counter()
         with self.stats.phase("draft"):
-            spec.propose(self.scheduler.running)
-        self.stats.timer.add("schedule", t0 - time.perf_counter())
+            yield
+        self.stats.timer.add(enclosing, t0 - time.perf_counter())
 
     def _broadcast(self, out: SchedulerOutput) -> StepPlan:
         """The decision as the StepPlan every rank runs, sent to the other ranks."""
@@ -196,6 +203,8 @@ class Engine:
         self.metrics.on_update(done)
         if self.speculator is not None:
             self._record_verdicts(self.speculator, out, sampled)
+            with self._drafting("update"):  # a proposer that follows every step (mtp) sees this one
+                self.speculator.on_step(out)
         return done
 
     def _record_verdicts(self, spec: Speculator, out: SchedulerOutput, sampled: SampledStep) -> None:

@@ -10,13 +10,15 @@ from __future__ import annotations
 import json
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import numpy.typing as npt
 
 from spmd_serve.engine.sampler import Sampler
+from spmd_serve.model_dir import MTP_FOLDER
 from spmd_serve.sampling_params import SamplingParams
 from spmd_serve.scheduler.request import Request
 
@@ -68,7 +70,9 @@ class EngineSettings:
 
 def open_ranks(model_dir: str, s: EngineSettings) -> tuple[Comm, ModelRunner]:
     """Every rank: its shard loaded and the start barrier passed.  Ranks 1..N-1 then call
-    `worker_loop`; rank 0 builds engines (`make_engine`) and sends SHUTDOWN when done."""
+    `worker_loop`; rank 0 builds engines (`make_engine`) and sends SHUTDOWN when done.  A
+    `speculate_model_path` that is the export's own MTP draft (`<model_dir>/mtp`) is its
+    SPECULATE_METHOD=mtp draft (`with_mtp` sets it)."""
     from spmd_serve.config import env_setting
     from spmd_serve.dist.comm import Comm
     from spmd_serve.worker.rank_cpus import setup_rank_cpus
@@ -76,6 +80,7 @@ def open_ranks(model_dir: str, s: EngineSettings) -> tuple[Comm, ModelRunner]:
 
     comm = Comm()
     cpus = setup_rank_cpus(comm, env_setting("num_threads"), env_setting("bind_cores"))
+    mtp = s.speculate_model_path is not None and Path(s.speculate_model_path) == Path(model_dir) / MTP_FOLDER
     runner = make_runner(
         env_setting("device"),
         model_dir,
@@ -86,6 +91,7 @@ def open_ranks(model_dir: str, s: EngineSettings) -> tuple[Comm, ModelRunner]:
         cpus.threads,
         kv_int8=s.use_kv_int8,
         malloc_tuning=env_setting("malloc_tuning"),
+        keep_hidden=mtp and comm.rank == 0,  # what the export's MTP layer drafts from
     )
     comm.barrier()
     return comm, runner
@@ -112,19 +118,34 @@ def open_draft(comm: Comm, s: EngineSettings) -> ModelRunner | None:
     return runner
 
 
-def _draft_proposer(comm: Comm, draft_runner: ModelRunner | None, s: EngineSettings) -> Proposer | None:
-    """draft_model's proposer over the ranks' draft runners (None for the other methods)."""
+def with_mtp(model_dir: str, s: EngineSettings) -> EngineSettings:
+    """SPECULATE_METHOD=mtp: the settings with the export's MTP draft as the draft model."""
+    from spmd_serve.engine.speculative import canonical_method
+
+    if canonical_method(s.speculate_method) != "mtp" or s.speculate_model_path is not None:
+        return s
+    return replace(s, speculate_model_path=str(Path(model_dir) / MTP_FOLDER))
+
+
+def _draft_proposer(
+    comm: Comm, runner: ModelRunner, draft_runner: ModelRunner | None, s: EngineSettings
+) -> Proposer | None:
+    """draft_model's or mtp's proposer over the ranks' draft runners (None for the other methods)."""
     from spmd_serve.engine.draft_model import make_draft_proposer, scratch_per_seq
+    from spmd_serve.engine.mtp_proposer import make_mtp_proposer
     from spmd_serve.engine.speculative import canonical_method
     from spmd_serve.model_dir import max_positions
 
-    if canonical_method(s.speculate_method) != "draft_model":
+    method = canonical_method(s.speculate_method)
+    if method not in ("draft_model", "mtp"):
         return None
-    assert draft_runner is not None and s.speculate_model_path is not None, "draft_model needs open_draft's runner"
+    assert draft_runner is not None and s.speculate_model_path is not None, f"{method} needs open_draft's runner"
     k = s.speculate_max_draft_token_num
     need = s.num_blocks + s.max_num_seqs * scratch_per_seq(k, s.block_size)
     have = draft_runner.pool.num_blocks
     assert need <= have, f"the draft pool has {have} blocks, {need} needed"
+    if method == "mtp":
+        return make_mtp_proposer(comm, draft_runner, runner, s.block_size, s.num_blocks, k)
     positions = max_positions(s.speculate_model_path)
     return make_draft_proposer(comm, draft_runner, s.block_size, s.num_blocks, k, positions)
 
@@ -162,7 +183,7 @@ def make_engine(
         s.speculate_max_draft_token_num,
         s.speculate_max_ngram_size,
         s.speculate_min_acceptance if s.speculate_min_acceptance is not None else DEFAULT_MIN_ACCEPTANCE,
-        _draft_proposer(comm, draft_runner, s),
+        _draft_proposer(comm, runner, draft_runner, s),
     )
     client = EngineClient(capacity=capacity)
     return Engine(sched, comm, runner, client, s.eos_token_ids, sampler=sampler, speculator=spec)
@@ -176,7 +197,7 @@ def generate(
     from spmd_serve.engine.engine import worker_loop
     from spmd_serve.protocol import StepPlan
 
-    s = EngineSettings(**settings)
+    s = with_mtp(model_dir, EngineSettings(**settings))
     comm, runner = open_ranks(model_dir, s)
     draft_runner = open_draft(comm, s)
     if comm.rank != 0:

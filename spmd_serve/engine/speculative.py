@@ -14,9 +14,10 @@ Proposers:
   with the new tokens only, so a proposal costs O(max_ngram) dict look-ups, not a scan.
 * `DraftModelProposer` (`draft_model`, engine/draft_model.py): a small model of the same tokenizer
   run on every rank (draft plans, engine/draft_plans.py), made where that model is loaded and
-  passed to `make_speculator`.  `mtp` will implement the same `Proposer` protocol (not built yet:
-  docs/architecture.md "Speculative decoding"); a proposer whose drafts are sampled from a
-  distribution q of their own returns it (`draft_probs`) for rejection sampling.
+  passed to `make_speculator`.  `MtpProposer` (`mtp`, engine/mtp_proposer.py) likewise, over the
+  DeepSeek export's MTP layer; it also follows every target step (`on_step`).  A proposer whose
+  drafts are sampled from a distribution q of their own returns it (`draft_probs`) for rejection
+  sampling.
 
 The per-step rule: drafts cost query tokens in the step whether they are accepted or not.  At
 batch 1 that is nearly free (the step is launch- and weight-bound), but in a full batch drafts that
@@ -37,6 +38,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from spmd_serve.scheduler.request import Request
+from spmd_serve.scheduler.scheduler import SchedulerOutput
 
 NGRAM = "ngram"  # canonical name of inference_with_reference
 METHODS = {"inference_with_reference": NGRAM, NGRAM: NGRAM, "draft_model": "draft_model", "mtp": "mtp"}
@@ -183,6 +185,13 @@ class Speculator:
             self.proposer.propose(chosen, self.cfg.num_draft)
         if probes:
             self.proposer.propose(probes, 1)
+
+    def on_step(self, out: SchedulerOutput) -> None:
+        """After every target step's update: the proposer's `on_step`, if it has one (mtp feeds
+        its layer the positions the step made final)."""
+        follow = getattr(self.proposer, "on_step", None)
+        if follow is not None:
+            follow(out)
 
     def on_verdicts(self, verdicts: Sequence[tuple[Request, int, int]]) -> None:
         """(request, drafts verified, drafts accepted) of this step's verifying requests."""

@@ -39,20 +39,9 @@ def check_kv_fits(cfg, layout: KVLayout, ranks_on_node: int) -> None:
         )
 
 
-# SPECULATE_METHOD values this build cannot serve yet, with why (the rest of the feature is built).
-NOT_BUILT_METHODS = {
-    "mtp": "the MTP proposer needs the target's last hidden state out of the graphs (docs/architecture.md)"
-}
-
-
 def check_supported(cfg) -> None:
     """Refuse settings whose feature this build lacks, rather than silently ignoring them."""
     method = cfg.speculate_method
-    if method in NOT_BUILT_METHODS:
-        raise ConfigError(
-            f"SPECULATE_METHOD={method} is not built yet: {NOT_BUILT_METHODS[method]}; "
-            "use inference_with_reference (ngram) or unset it"
-        )
     if cfg.speculate_model_path is not None and method != "draft_model":
         raise ConfigError(
             f"SPECULATE_MODEL_PATH={cfg.speculate_model_path} has no effect unless SPECULATE_METHOD=draft_model "

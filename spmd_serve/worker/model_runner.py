@@ -19,7 +19,7 @@ import numpy as np
 
 from spmd_serve.config import ConfigError
 from spmd_serve.kv_layout import KV_HEADS
-from spmd_serve.manifest import Manifest, ManifestError, read_manifest
+from spmd_serve.manifest import HIDDEN_ROWS, Manifest, ManifestError, read_manifest
 from spmd_serve.protocol import StepPlan, split_by_query_len
 from spmd_serve.timing import PhaseTimer
 from spmd_serve.worker.graph_ops import graph_allreduce_clock, graph_kv_int8_clipped, register_graph_ops
@@ -61,9 +61,11 @@ class ModelRunner:
         num_threads: int = 1,
         kv_int8: bool = False,
         malloc_tuning: bool = True,
+        keep_hidden: bool = False,
     ) -> None:
         """`num_threads`: the rank's threads (SPMD_NUM_THREADS resolved); `malloc_tuning`:
-        SPMD_MALLOC_TUNING."""
+        SPMD_MALLOC_TUNING; `keep_hidden`: keep each step's `hidden_rows` (rank 0 of a target
+        drafted for by its MTP layer, and of the MTP draft itself), else they are not copied out."""
         if malloc_tuning:
             tune_malloc()  # before the first step: intermediates reuse heap pages
         rank_dir = Path(model_dir) / f"rank_{rank}"
@@ -90,6 +92,9 @@ class ModelRunner:
         # counts (baselined here: an earlier runner of this process may have counted some)
         self._op_clipped = graph_kv_int8_clipped(manifest) if kv_int8 else None
         self._clipped_seen = self._clipped_totals()
+        self._skip = () if keep_hidden else (HIDDEN_ROWS,)
+        # [T, H] the last plan's hidden rows in plan order (graphs that output them, `keep_hidden`)
+        self.hidden_rows: np.ndarray | None = None
 
     def take_stats(self) -> dict[str, np.ndarray]:
         """The statistics the graphs output since the last call (SegmentSpec.stats), then cleared."""
@@ -110,9 +115,19 @@ class ModelRunner:
         """Run the plan on this rank's shard; [R, vocab] float32 logits on rank 0 (R = plan.num_rows:
         each sequence's `logits_lens` last tokens, in plan order), None elsewhere."""
         groups = split_by_query_len(plan.query_lens) if self.padded_grid else []
+        self.hidden_rows = None
         if len(groups) <= 1:
             return self._execute(plan)
-        parts = [self._execute(plan.select(g, self.pool.block_size)) for g in groups]
+        parts: list[np.ndarray | None] = []
+        hidden: list[np.ndarray | None] = []
+        for g in groups:
+            parts.append(self._execute(plan.select(g, self.pool.block_size)))
+            hidden.append(self.hidden_rows)
+        if hidden[0] is not None:  # back to plan order
+            starts = np.concatenate([[0], np.cumsum(plan.query_lens)]).astype(np.int64)
+            tokens = np.concatenate([np.arange(starts[i], starts[i + 1]) for g in groups for i in g])
+            self.hidden_rows = np.empty((plan.num_tokens, hidden[0].shape[1]), np.float32)
+            self.hidden_rows[tokens] = np.concatenate([h for h in hidden if h is not None])
         if parts[0] is None:
             return None
         logits = np.empty((plan.num_rows, parts[0].shape[1]), np.float32)
@@ -129,7 +144,7 @@ class ModelRunner:
         for key, seg in zip(self.segment_keys, self.segments):
             with timer.phase(key):
                 reduced = clock() if clock is not None else 0.0
-                out = seg.run(feeds, decode)
+                out = seg.run(feeds, decode, self._skip)
             if clock is not None:  # the graph's own all-reduces count as allreduce, not segment
                 reduced = clock() - reduced
                 timer.add("allreduce", reduced)
@@ -141,6 +156,8 @@ class ModelRunner:
                         self.pool.write(layer, plan.slot_mapping, *(out[n] for n in names))
             for name in seg.stats:
                 self._stats[name] = self._stats[name] + out[name] if name in self._stats else out[name]
+            if HIDDEN_ROWS in out:
+                self.hidden_rows = out[HIDDEN_ROWS]
             if seg.gathers_logits:
                 with timer.phase("gather_logits"):
                     logits = self.comm.gather_vocab(out["logits"])

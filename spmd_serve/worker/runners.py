@@ -55,5 +55,7 @@ def make_draft_runner(
 ) -> Any:
     """The rank's draft runner: `num_blocks` is engine/draft_model.draft_pool_blocks (the target's
     block ids mirrored, then scratch); its pool is float32 whatever USE_CACHE_KV_INT8 says (a draft's
-    K/V only steer its proposals), and the heap tuning is the target runner's, already done."""
-    return make_runner(device, draft_dir, rank, comm, num_blocks, block_size, num_threads, malloc_tuning=False)
+    K/V only steer its proposals), and the heap tuning is the target runner's, already done.  Rank 0's
+    keeps its hidden rows where its graphs output them (an MTP draft, SPECULATE_METHOD=mtp)."""
+    args = (draft_dir, rank, comm, num_blocks, block_size, num_threads)
+    return make_runner(device, *args, malloc_tuning=False, keep_hidden=rank == 0)  # (an MTP draft chains on them)

@@ -38,12 +38,15 @@ class LoadedSegment:
                 if name in pool:
                     handle.share_external_data(pool.tensor(name))
 
-    def run(self, feeds: dict[str, np.ndarray], decode: bool = False) -> dict[str, np.ndarray]:
-        """`decode`: every sequence of this step has one new token (the decode graph runs it, if any)."""
+    def run(
+        self, feeds: dict[str, np.ndarray], decode: bool = False, skip: tuple[str, ...] = ()
+    ) -> dict[str, np.ndarray]:
+        """`decode`: every sequence of this step has one new token (the decode graph runs it, if any);
+        outputs named in `skip` are not copied out (e.g. hidden rows nobody reads)."""
         pred = self.decode if decode and self.decode is not None else self.predictor
         for name, h in pred.inputs.items():
             if name in feeds:
                 h.reshape(list(feeds[name].shape))
                 h.copy_from_cpu(feeds[name])
         pred.predictor.run()
-        return {n: h.copy_to_cpu() for n, h in zip(pred.output_names, pred.outputs)}
+        return {n: h.copy_to_cpu() for n, h in zip(pred.output_names, pred.outputs) if n not in skip}

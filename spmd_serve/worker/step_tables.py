@@ -25,7 +25,7 @@ import math
 
 import numpy as np
 
-from spmd_serve.manifest import ShardDims
+from spmd_serve.manifest import PREV_HIDDEN, ShardDims
 from spmd_serve.protocol import grid_indices, logits_index
 
 NEG_INF = -1e30  # additive mask; no row is fully masked (every query sees itself)
@@ -103,6 +103,9 @@ def step_feeds(plan, dims: ShardDims, inv_freq: np.ndarray, block_size: int, nam
         "logits_index": last_index if rows is None else logits_index(plan.query_lens, rows),
     }
     names = set(names)
+    hidden = getattr(plan, "hidden", None)  # an MTP draft plan's rows (protocol.StepPlan.hidden)
+    if hidden is not None and PREV_HIDDEN in names:
+        feeds[PREV_HIDDEN] = hidden
     if "slot_mapping" in names:
         feeds["slot_mapping"] = plan.slot_mapping
     if names & {"rope_cos", "rope_sin"}:

@@ -7,7 +7,9 @@ prefix caching, with a pool small enough to preempt, greedy and seeded sampling 
 
 The same with `draft_model`: the served export drafting for itself (every draft of a greedy
 request must then be accepted: the draft's K/V, its catch-up and its scratch blocks are right), and
-a noisy copy of its weights (some drafts rejected: the rollback and the draft's K/V count after it)."""
+a noisy copy of its weights (some drafts rejected: the rollback and the draft's K/V count after it).
+And with `mtp`: deepseek-tiny's MTP layer (its `mtp/` export) drafting at TP 1 and 2, every step (its
+random weights draft noise: every rejection path runs)."""
 
 from __future__ import annotations
 
@@ -22,6 +24,7 @@ NGRAM = {"speculate_method": "inference_with_reference", "speculate_max_draft_to
 DRAFT = {"speculate_method": "draft_model", "speculate_max_draft_token_num": 3}
 # a draft of other weights is often wrong: drafting every step (no per-step rule) exercises rejection
 OTHER = {**DRAFT, "speculate_min_acceptance": 0.0}
+MTP = {"speculate_method": "mtp", "speculate_max_draft_token_num": 3, "speculate_min_acceptance": 0.0}
 
 
 def settings(method: dict) -> list[dict]:
@@ -43,6 +46,13 @@ def served_deepseek(tmp_path_factory):
     from spmd_serve.export import ensure_demo_model
 
     return ensure_demo_model("deepseek-tiny", tp=2, root=tmp_path_factory.mktemp("cache"))
+
+
+@pytest.fixture(scope="module")
+def served_deepseek1(tmp_path_factory):
+    from spmd_serve.export import ensure_demo_model
+
+    return ensure_demo_model("deepseek-tiny", tp=1, root=tmp_path_factory.mktemp("cache"))
 
 
 @pytest.fixture(scope="module")
@@ -103,14 +113,16 @@ def test_speculation_gives_the_tokens_of_plain_decoding(served, params, request,
     check_parity(run(1 if served == "tp1" else 2, model_dir, tok, tmp_path, PARAMS[params]), SETTINGS)
 
 
-def check_parity(results: list[dict], setting_list: list[dict], saves_steps: bool = True) -> list[dict]:
+def check_parity(
+    results: list[dict], setting_list: list[dict], saves_steps: bool = True, accepts: bool = True
+) -> list[dict]:
     """Every speculative setting gave the reference's tokens, returned every block, and the small
-    pool preempted; the speculative results."""
+    pool preempted; the speculative results.  `accepts`: some drafts were right (else: some drafted)."""
     plain, *spec = results
     assert plain["drafts"] == 0 and plain["preemptions"] == 0
     for got, setting in zip(spec, setting_list[1:]):
         assert got["tokens"] == plain["tokens"]
-        assert got["accepted"] > 0  # some drafts were right
+        assert got["accepted"] > 0 if accepts else got["drafts"] > 0  # some drafts were right / made
         assert got["free_blocks"] == setting.get("num_blocks", 64)  # every block back (cached ones are free)
     if saves_steps:  # accepted drafts saved steps
         assert spec[0]["steps"] < plain["steps"] and spec[1]["steps"] < plain["steps"]
@@ -140,3 +152,12 @@ def test_a_draft_of_other_weights_gives_the_tokens_of_plain_decoding(n, params, 
         run(n, model_dir, tok, tmp_path, PARAMS[params], draft_settings, other_weights[n]), draft_settings, False
     )
     assert all(got["accepted"] < got["drafts"] for got in spec), spec  # rejections happened
+
+
+@pytest.mark.parametrize("n", [1, 2])
+@pytest.mark.parametrize("params", list(PARAMS))
+def test_the_mtp_layer_drafting_gives_the_tokens_of_plain_decoding(n, params, request, tok, tmp_path):
+    model_dir = request.getfixturevalue("served_deepseek1" if n == 1 else "served_deepseek")
+    mtp_settings = settings(MTP)
+    results = run(n, model_dir, tok, tmp_path, PARAMS[params], mtp_settings, model_dir / "mtp")
+    check_parity(results, mtp_settings, saves_steps=False, accepts=False)

@@ -33,9 +33,8 @@ from spmd_serve.export.deepseek import DeepseekFamily, weights
 from spmd_serve.export.deepseek.config import DeepseekConfig
 from spmd_serve.export.errors import ShardingError
 from spmd_serve.export.family import Companion
-from spmd_serve.manifest import ShardDims
+from spmd_serve.manifest import PREV_HIDDEN, ShardDims
 
-PREV_HIDDEN = "prev_hidden"  # the graph input: [T, H] the hidden row each token's draft reads
 _OWN = ("enorm.weight", "hnorm.weight", "eh_proj.weight", "eh_proj.bias", "embed_tokens.weight")
 _SHARED_HEAD = {"shared_head.norm.weight": "model.norm.weight", "shared_head.head.weight": "lm_head.weight"}
 

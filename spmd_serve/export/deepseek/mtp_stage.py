@@ -12,11 +12,10 @@ from __future__ import annotations
 import paddle
 from paddle.static import InputSpec
 
-from spmd_serve.export.deepseek.mtp import PREV_HIDDEN
 from spmd_serve.export.layers import make_linear, make_param, rms_norm
 from spmd_serve.export.segment import Stage
 from spmd_serve.export.variant import GraphVariant
-from spmd_serve.manifest import ShardDims
+from spmd_serve.manifest import PREV_HIDDEN, ShardDims
 
 
 class MtpInputStage(Stage):

@@ -22,9 +22,8 @@ from spmd_serve.export.layers import (
 )
 from spmd_serve.export.segment import Stage
 from spmd_serve.export.variant import GENERAL, GraphVariant
-from spmd_serve.manifest import ShardDims
+from spmd_serve.manifest import HIDDEN_ROWS, ShardDims
 
-HIDDEN_ROWS = "hidden_rows"  # the head's second output, for an MTP draft (HeadStage)
 HIDDEN_OUT = (None, "pre_norm", "post_norm")
 
 
