@@ -121,7 +121,7 @@ def scheduler_config(cfg, max_model_len: int):
     )
 
 
-def speculator(cfg, comm, draft_runner):
+def speculator(cfg, comm=None, draft_runner=None):
     """The engine's Speculator from SPECULATE_METHOD and its sizes (CONTRACT §2); None when off.
     draft_model's proposer runs its plans on the ranks' draft runners."""
     from spmd_serve.engine.draft_model import make_draft_proposer
