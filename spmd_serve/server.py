@@ -124,7 +124,7 @@ def scheduler_config(cfg, max_model_len: int):
     )
 
 
-def speculator(cfg, comm, runner, draft_runner):
+def speculator(cfg, comm=None, draft_runner=None, runner=None):
     """The engine's Speculator from SPECULATE_METHOD and its sizes (CONTRACT §2); None when off.
     draft_model's and mtp's proposers run their plans on the ranks' draft runners."""
     from spmd_serve.engine.draft_model import make_draft_proposer
@@ -156,7 +156,7 @@ def _run_rank0(cfg, comm, runner, fe: Frontend, draft_runner) -> None:
         log_every=cfg.log_step_every,
         metrics=fe.metrics,
         drain_timeout_s=cfg.drain_timeout_s,
-        speculator=speculator(cfg, comm, runner, draft_runner),
+        speculator=speculator(cfg, comm, draft_runner, runner),
     )
 
     def stop(signum, _frame) -> None:

@@ -66,17 +66,6 @@ PRESETS: dict[str, dict[str, int]] = {
         "num_key_value_heads": 2,
         "max_position_embeddings": 2048,
     },
-    # The chat model's draft for speculative decoding (SPECULATE_METHOD=draft_model): the same
-    # tokenizer, ~1/5 of its parameters (train.py --preset chat-draft; weights in trained/draft/).
-    "chat-draft": {
-        "vocab_size": 2048,
-        "hidden_size": 64,
-        "intermediate_size": 192,
-        "num_hidden_layers": 2,
-        "num_attention_heads": 4,
-        "num_key_value_heads": 2,
-        "max_position_embeddings": 2048,
-    },
     # Llama-3.2-1B's shape with the demo tokenizer: ~1.0B parameters (4 GB in fp32), a realistic
     # size for speed figures (memory-bound decode).  Never built by the tests (tiny and small are).
     "1b": {
@@ -89,6 +78,9 @@ PRESETS: dict[str, dict[str, int]] = {
         "max_position_embeddings": 4096,
     },
 }
+# The chat model's draft for speculative decoding (SPECULATE_METHOD=draft_model): the tiny shape at
+# the chat model's vocabulary, ~1/4 of its parameters (train.py --preset chat-draft; trained/draft/).
+PRESETS["chat-draft"] = {**PRESETS["tiny"], "vocab_size": PRESETS["chat"]["vocab_size"]}
 TRAINED_PRESET = "chat"
 TRAINED_DIR = Path(__file__).with_name("trained")  # its committed weights and tokenizer (train.py)
 # Every trained preset → where its committed weights are (train.py writes them); all of them use
