@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from spmd_serve.config import ConfigError, ServeConfig
-from spmd_serve.model_dir import check_draft_dir, check_model_dir, clamp_to_model, max_positions
+from spmd_serve.model_dir import check_draft_dir, check_model_dir, check_mtp_dir, clamp_to_model, max_positions
 
 
 def _model_dir(
@@ -117,3 +117,22 @@ def test_a_draft_that_cannot_draft_for_the_target_is_refused_in_one_line(tmp_pat
     assert expected in str(exc.value) and "\n" not in str(exc.value)
     if path is not None:
         assert str(exc.value).startswith(f"SPECULATE_MODEL_PATH={path}")
+
+
+def test_mtp_on_an_export_without_its_mtp_draft_is_refused_in_one_line(tmp_path):
+    """SPECULATE_METHOD=mtp drafts with `<MODEL_DIR>/mtp/`, which only a DeepSeek export with MTP
+    layers has (tests/graphs/test_mtp_export.py makes real ones)."""
+    target = _export(tmp_path, "target")
+    cfg = ServeConfig(model_dir=str(target), mp_num=2, speculate_method="mtp")
+    with pytest.raises(ConfigError) as exc:
+        check_mtp_dir(cfg, {"vocab_size": 100})
+    msg = str(exc.value)
+    assert msg.startswith(f"SPECULATE_METHOD=mtp: MODEL_DIR={target} has no MTP draft (mtp/)") and "\n" not in msg
+    served = {"spmd_serve": {"mtp": {"folder": "mtp", "layer": 3, "served": True}}}
+    with pytest.raises(ConfigError, match="has no MTP draft"):  # recorded, but the folder is gone
+        check_mtp_dir(cfg, served)
+    for rank in range(2):  # the folder as the export writes it: config.json and the rank folders
+        (target / "mtp" / f"rank_{rank}").mkdir(parents=True)
+        (target / "mtp" / f"rank_{rank}" / "seg_0.pdiparams").write_bytes(b"x")
+    (target / "mtp" / "config.json").write_text("{}")
+    assert check_mtp_dir(cfg, served) == target / "mtp"

@@ -9,11 +9,13 @@ slot mapping `block_ids[p // bs] * bs + p % bs` of every scheduled position.
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
 from spmd_serve.engine.plan_builder import build_plan
-from spmd_serve.protocol import HEADER_LEN, RUN, SHUTDOWN, StepPlan, grid_indices
+from spmd_serve.protocol import HEADER_LEN, RUN, RUN_DRAFT, SHUTDOWN, StepPlan, grid_indices
 from spmd_serve.sampling_params import SamplingParams
 from spmd_serve.scheduler.request import Request
 from spmd_serve.scheduler.scheduler import Scheduler, SchedulerConfig
@@ -70,6 +72,25 @@ def test_round_trip_random_shapes():
     for _ in range(200):
         plan = random_plan(rng, int(rng.integers(1, 20)), int(rng.integers(1, 20)), int(rng.integers(1, 40)))
         assert_plans_equal(plan, over_the_wire(plan))
+
+
+@pytest.mark.parametrize("h", [1, 3, 64])
+def test_draft_plans_carry_their_hidden_rows(h):
+    """An MTP draft plan's [T, H] float32 rows travel in the int64 payload, bit for bit (T * H odd
+    too); a speculative RUN plan of the same length is not mistaken for one."""
+    rng = np.random.default_rng(h)
+    for b, mb in ((1, 1), (3, 2), (5, 4)):
+        base = random_plan(rng, b, mb)
+        rows = rng.standard_normal((base.num_tokens, h)).astype(np.float32)
+        plan = dataclasses.replace(base, kind=RUN_DRAFT, hidden=rows)
+        got = over_the_wire(plan)
+        assert_plans_equal(plan, got)
+        assert got.hidden is not None and got.hidden.shape == rows.shape and got.hidden.dtype == np.float32
+        assert got.hidden.tobytes() == rows.tobytes() and not got.speculative
+        assert plan.header()[5] == 3 * plan.num_tokens + 2 * b + b * mb + 1 + -(-rows.size // 2)
+        assert over_the_wire(base).hidden is None
+        sub = plan.select(np.array([b - 1]), 16)  # a pass of its last sequence keeps that one's rows
+        assert sub.hidden is not None and np.array_equal(sub.hidden, rows[-int(base.query_lens[-1]) :])
 
 
 def test_shutdown_plan():
