@@ -4,7 +4,9 @@ drafts unusable is the reference: the engine test tier proves tokens equal plain
 stop string ends the text and the token count where it would without speculation; /metrics
 counts the drafts verified and accepted, by method.  SPECULATE_METHOD=draft_model too: the served
 model drafting for itself gives the same answer with every greedy draft accepted, counted under
-method="draft_model", its draft plans timed as the step's "draft" phase."""
+method="draft_model", its draft plans timed as the step's "draft" phase.  SPECULATE_METHOD=mtp on
+deepseek-tiny (its MTP layer's `mtp/` export) answers as plain decoding does, counted under
+method="mtp"; on an export without an MTP layer it is refused at start in one line."""
 
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ import json
 import pytest
 import requests
 
+from tests.support.failing_jobs import error_lines, run_job
 from tests.support.metrics_scrape import Samples
 from tests.support.server_process import ServerProcess
 
@@ -87,3 +90,34 @@ def test_a_draft_model_gives_the_answer_of_plain_decoding_counted_by_method(serv
     drafts, accepted = (s.get(f"spec_decode_num_{k}_tokens_total", method="draft_model") for k in ("draft", "accepted"))
     assert 0 < accepted == drafts  # the model drafting for itself: every greedy draft is right
     assert s.get("step_phase_seconds_total", phase="draft") > 0
+
+
+@pytest.fixture(scope="module")
+def mtp_servers(tmp_path_factory):
+    """deepseek-tiny at TP 1 served plainly and with its MTP layer drafting."""
+    from spmd_serve.export import ensure_demo_model
+
+    model = ensure_demo_model("deepseek-tiny", tp=1, root=tmp_path_factory.mktemp("cache"))
+    logs = tmp_path_factory.mktemp("logs")
+    env = {"SPECULATE_METHOD": "mtp", "SPECULATE_MAX_DRAFT_TOKEN_NUM": "2"}
+    with ServerProcess(1, model, logs / "plain.log") as plain, ServerProcess(1, model, logs / "mtp.log", **env) as mtp:
+        mtp.metrics_url = f"http://127.0.0.1:{mtp.env['METRICS_HTTP_PORT']}/metrics"
+        yield plain, mtp
+
+
+def test_the_mtp_layer_gives_the_answer_of_plain_decoding_counted_by_method(mtp_servers):
+    plain, mtp = mtp_servers
+    body = {**BODY, "max_dec_len": 40, "min_dec_len": 40}
+    want = requests.post(plain.url, json=body, timeout=120).json()
+    got = requests.post(mtp.url, json=body, timeout=120).json()
+    assert got["error_code"] == 0 and got["tokens_all_ids"] == want["tokens_all_ids"]
+    s = Samples(requests.get(mtp.metrics_url, timeout=10).text)
+    assert s.get("spec_decode_num_draft_tokens_total", method="mtp") > 0
+    assert s.get("step_phase_seconds_total", phase="draft") > 0
+
+
+def test_mtp_on_a_model_without_an_mtp_layer_is_refused_at_start(served_tp1):
+    res = run_job(1, MODEL_DIR=str(served_tp1), MP_NUM="1", SPECULATE_METHOD="mtp")
+    lines = error_lines(res)
+    assert res.returncode != 0 and len(lines) == 1, res.stderr[-2000:]
+    assert f"SPECULATE_METHOD=mtp: MODEL_DIR={served_tp1} has no MTP draft (mtp/)" in lines[0]
