@@ -26,6 +26,8 @@ L, H = CFG["num_hidden_layers"], CFG["hidden_size"]
 N, P = 21, 20  # tokens of the sequence; the MTP's prefill, then one step reading its KV
 BLOCK_SIZE, NUM_BLOCKS = 16, 4
 TOL = 1e-4
+TOL_ENGINE = 1e-3  # steps of other shapes (chunks, decode graphs) than one whole-sequence pass
+K = 3  # drafts per propose in the engine test: the first, then two chain steps
 
 
 def _plan(ids: np.ndarray, start: int):
@@ -126,3 +128,101 @@ def test_target_head_outputs_the_rows_its_mtp_reads(case, exports, conv):
     assert np.abs(out["hidden_rows"] - rows[conv]).max() <= TOL, np.abs(out["hidden_rows"] - rows[conv]).max()
     served = json.loads((target / "config.json").read_text())["spmd_serve"]
     assert served["mtp"] == {"folder": "mtp", "layer": L, "served": True}
+
+
+# ---------------------------------------------------------------- the proposer on the exported graphs
+
+
+class _Solo:
+    """One rank's collectives: nothing to send, gather or sum."""
+
+    size, rank = 1, 0
+
+    def send_plan(self, plan) -> None:
+        pass
+
+    def gather_vocab(self, logits):
+        return logits
+
+    def allreduce_(self, x):
+        return x
+
+
+def _ideal(target: SimRank, mtp: SimRank, tokens: list[int], chain: list[tuple[int, np.ndarray]]):
+    """What the MTP predicts over a whole sequence in one pass each: the target's hidden rows of
+    `tokens` (of the convention's kind), the MTP's logits and own rows at every position; `chain`:
+    further (token, the MTP's own row feeding it) rows after the last."""
+    c = len(tokens) - 1  # the rows of positions 0..c-1 read token i + 1
+    hidden = run_outputs([target], _plan(np.asarray(tokens[:c]), 0))["hidden_rows"]
+    ids = np.asarray(tokens[1:] + [t for t, _ in chain])
+    prev = np.concatenate([hidden, *[h[None] for _, h in chain]]) if chain else hidden
+    return run_outputs([mtp], _plan(ids, 0), {"prev_hidden": prev})
+
+
+@pytest.mark.parametrize("conv", ["paddlenlp", "huggingface"])
+def test_the_proposer_drafts_what_the_mtp_layer_predicts(case, exports, conv):
+    """An engine (TP 1, chunked prefill, drafts every step) with the MTP proposer: at every propose,
+    each request's first draft comes from the MTP's logits at its last computed position, equal to
+    one whole-sequence pass of the target then the MTP over its tokens (so every target step's rows
+    were fed, at the right positions, rejected drafts' rows left out); each further draft's logits
+    equal that pass with the earlier drafts fed after, each on the MTP's own row before it."""
+    from spmd_serve.engine.draft_model import draft_pool_blocks
+    from spmd_serve.engine.offline import EngineSettings, make_engine
+    from spmd_serve.sampling_params import SamplingParams
+    from spmd_serve.scheduler.request import Request
+    from spmd_serve.worker.model_runner import ModelRunner
+
+    model = exports[(conv, 1)]
+    s = EngineSettings(
+        num_blocks=8,
+        block_size=BLOCK_SIZE,
+        max_num_seqs=2,
+        max_num_batched_tokens=8,  # prompts prefilled in chunks
+        speculate_method="mtp",
+        speculate_max_draft_token_num=K,
+        speculate_min_acceptance=0.0,
+        speculate_model_path=str(model / "mtp"),
+    )
+    comm = _Solo()
+    runner = ModelRunner(model, 0, comm, s.num_blocks, s.block_size, keep_hidden=True)
+    pool = draft_pool_blocks(s.num_blocks, s.max_num_seqs, K, s.block_size)
+    draft = ModelRunner(model / "mtp", 0, comm, pool, s.block_size, malloc_tuning=False, keep_hidden=True)
+    engine = make_engine(comm, runner, str(model), s, 2, draft_runner=draft)
+    prop = engine.speculator.proposer
+    calls = []  # per propose call: [(tokens known, kept logits)] of its drafting requests, its chain runs
+    run, propose = prop.run, prop.propose
+
+    def recording_run(rows, hidden):
+        logits = run(rows, hidden)
+        if calls and calls[-1][2]:  # inside propose: a chain step
+            calls[-1][1].append(([r.token_ids[0] for r in rows], logits.copy()))
+        return logits
+
+    def recording_propose(requests, k):
+        live = [r for r in requests if (n := prop._next.get(r)) is not None and n.position == r.num_computed_tokens - 1]
+        calls.append(([(list(r.all_token_ids), prop._next[r].logits.copy()) for r in live], [], True))
+        propose(requests, k)
+        calls[-1] = (*calls[-1][:2], False)
+
+    prop.run, prop.propose = recording_run, recording_propose
+    ids = case[0]
+    params = SamplingParams(max_tokens=10, min_tokens=10, temperature=0.0)
+    for i, prompt in enumerate(([int(t) for t in ids[:13]], [int(t) for t in ids[5:N]])):
+        engine.scheduler.add_request(Request(str(i), prompt, params))
+    while engine.scheduler.has_unfinished():
+        engine.step()
+    drafting = [c for c in calls if c[0]]
+    assert engine.stats.drafts > 0 and sum(len(c[0]) for c in drafting) >= 10
+    assert all(len(chain) == K - 1 for _, chain, _ in drafting)  # a chain step per further draft
+    target, mtp = (SimRank(d, 0, NUM_BLOCKS, BLOCK_SIZE) for d in (model, model / "mtp"))
+    for live, chain, _ in drafting:
+        for i, (tokens, kept) in enumerate(live):
+            fed: list[tuple[int, np.ndarray]] = []  # (draft, the MTP's own row before it)
+            whole, got = _ideal(target, mtp, tokens, fed), kept
+            for drafts, logits in chain:
+                err = np.abs(got - whole["logits"][-1]).max()
+                assert err <= TOL_ENGINE, (len(tokens), len(fed), err)
+                assert drafts[i] == int(np.argmax(got))  # greedy: the arg-max
+                fed.append((drafts[i], whole["hidden_rows"][-1]))
+                whole, got = _ideal(target, mtp, tokens, fed), logits[i]
+            assert np.abs(got - whole["logits"][-1]).max() <= TOL_ENGINE
