@@ -164,8 +164,8 @@ def check_mtp_dir(cfg: ServeConfig, model_config: dict) -> Path:
     if not record.get("served") or not (d / "config.json").is_file():
         raise ConfigError(
             f"SPECULATE_METHOD=mtp: MODEL_DIR={cfg.model_dir} has no MTP draft ({MTP_FOLDER}/): only a DeepSeek "
-            "export of a checkpoint with MTP layers (num_nextn_predict_layers >= 1) has one; use "
-            "inference_with_reference (ngram) or draft_model"
+            "export of a checkpoint with MTP layers (num_nextn_predict_layers >= 1) has one (re-export one made "
+            "before this version); use inference_with_reference (ngram) or draft_model"
         )
     check_model_dir(replace(cfg, model_dir=str(d)), cfg.mp_num)
     return d

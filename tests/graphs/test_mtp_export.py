@@ -90,11 +90,15 @@ def exports(case, tmp_path_factory):
 
     _, _, by_conv = case
     root = tmp_path_factory.mktemp("served")
-    return {
+    out = {
         (conv, tp): export_checkpoint(ckpt, root / f"{conv}{tp}", tp=tp, graph_ops="auto" if tp == 1 else "paddle")
         for conv, (ckpt, _, _) in by_conv.items()
         for tp in (1, 2)
     }
+    # Paddle's attention: a step's decodes and prefill chunks run as separate passes (hidden rows reassembled)
+    hf = by_conv["huggingface"][0]
+    out[("huggingface", "paddle")] = export_checkpoint(hf, root / "hf-paddle", graph_ops="paddle")
+    return out
 
 
 @pytest.mark.parametrize("tp", [1, 2])
@@ -159,9 +163,10 @@ def _ideal(target: SimRank, mtp: SimRank, tokens: list[int], chain: list[tuple[i
     return run_outputs([mtp], _plan(ids, 0), {"prev_hidden": prev})
 
 
-@pytest.mark.parametrize("conv", ["paddlenlp", "huggingface"])
-def test_the_proposer_drafts_what_the_mtp_layer_predicts(case, exports, conv):
-    """An engine (TP 1, chunked prefill, drafts every step) with the MTP proposer: at every propose,
+@pytest.mark.parametrize("conv, kind", [("paddlenlp", 1), ("huggingface", 1), ("huggingface", "paddle")])
+def test_the_proposer_drafts_what_the_mtp_layer_predicts(case, exports, conv, kind):
+    """An engine (TP 1, chunked prefill, drafts every step; C++ ops, and Paddle's whose decodes and
+    prefill chunks run as separate passes) with the MTP proposer: at every propose,
     each request's first draft comes from the MTP's logits at its last computed position, equal to
     one whole-sequence pass of the target then the MTP over its tokens (so every target step's rows
     were fed, at the right positions, rejected drafts' rows left out); each further draft's logits
@@ -172,7 +177,7 @@ def test_the_proposer_drafts_what_the_mtp_layer_predicts(case, exports, conv):
     from spmd_serve.scheduler.request import Request
     from spmd_serve.worker.model_runner import ModelRunner
 
-    model = exports[(conv, 1)]
+    model = exports[(conv, kind)]
     s = EngineSettings(
         num_blocks=8,
         block_size=BLOCK_SIZE,
