@@ -67,7 +67,11 @@ def _load(cfg, comm):
     cfg = clamp_to_model(cfg, model_config)
     draft_config = check_draft_dir(cfg, model_config) if cfg.speculate_method == "draft_model" else None
     manifest = read_rank_manifest(Path(cfg.model_dir) / f"rank_{comm.rank}", cfg.use_cache_kv_int8)
-    check_kv_fits(cfg, manifest.kv_cache, comm.ranks_on_node())
+    draft_layout, k = None, cfg.speculate_max_draft_token_num
+    if draft_config is not None:
+        draft_layout = read_rank_manifest(Path(str(cfg.speculate_model_path)) / f"rank_{comm.rank}").kv_cache
+    draft_blocks = draft_pool_blocks(cfg.num_blocks(), cfg.batch_size, k, cfg.block_size)
+    check_kv_fits(cfg, manifest.kv_cache, comm.ranks_on_node(), draft_layout, draft_blocks - cfg.num_blocks())
     # collective on the node, like ranks_on_node; before the IO thread starts, which inherits the binding
     cpus = setup_rank_cpus(comm, cfg.num_threads, cfg.bind_cores)
     frontend = None
@@ -89,8 +93,6 @@ def _load(cfg, comm):
         )
         draft_runner = None
         if draft_config is not None:
-            k = cfg.speculate_max_draft_token_num
-            draft_blocks = draft_pool_blocks(cfg.num_blocks(), cfg.batch_size, k, cfg.block_size)
             draft_runner = make_draft_runner(
                 cfg.device, cfg.speculate_model_path, comm.rank, comm, draft_blocks, cfg.block_size, cpus.threads
             )
