@@ -97,8 +97,10 @@ def main() -> None:
             base = float(np.median(times["A before"]))
             for name, ts in times.items():
                 med, q25 = float(np.median(ts)), float(np.percentile(ts, 25))
-                print(f"batch {batch:3d} past {args.past}: {name:14s} median {med * 1e3:.3f} ms  p25 "
-                      f"{q25 * 1e3:.3f} ms  ({med / base:.3f}x A)")
+                print(
+                    f"batch {batch:3d} past {args.past}: {name:14s} median {med * 1e3:.3f} ms  p25 "
+                    f"{q25 * 1e3:.3f} ms  ({med / base:.3f}x A)"
+                )
 
 
 if __name__ == "__main__":

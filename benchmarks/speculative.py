@@ -26,7 +26,8 @@ With `--draft DRAFT_DIR` (a draft model's export, e.g. the `chat-draft` demo's) 
 only, on three workloads (`batch1`: the repeated question, `fresh_batch1`: asked once — both
 answers the two models memorised from chats.txt — and `heldout_batch1`: the first 32 tokens of a
 held-out licence paragraph, never trained on, continued): plain, n-gram k=4, and draft_model with
-k = 1, 2, 4, interleaved as above.
+k = 1, 2, 4, interleaved as above; then plain vs draft_model k=4 (the per-step rule on) with all
+`--batch` repeated-question chats at once and with all the held-out prefixes at once.
 """
 
 from __future__ import annotations
@@ -145,6 +146,9 @@ def main() -> None:
 
         held = [[1] + tok.encode(t)[:32] for t in held_out_texts()["licences"] if len(t) > 300]
         result["heldout_batch1"] = batch1(comm, runner, model_dir, s, held[: args.singles], single, args)
+        batched = {"plain": {}, "draft_k4": drafted["draft_k4"]}
+        result[f"batch{args.batch}"] = measure(comm, runner, model_dir, s, prompts, batched, args)
+        result[f"heldout_batch{len(held)}"] = measure(comm, runner, model_dir, s, held, batched, args)
         return finish(comm, result, args)
     single = {"plain": {}, **{f"ngram_k{k}": ngram(k) for k in (1, 2, 4, 8)}}
     result["batch1"] = batch1(comm, runner, model_dir, s, prompts[: args.singles], single, args)

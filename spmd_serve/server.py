@@ -67,8 +67,14 @@ def _load(cfg, comm):
     cfg = clamp_to_model(cfg, model_config)
     draft_config = check_draft_dir(cfg, model_config) if cfg.speculate_method == "draft_model" else None
     mtp_dir = check_mtp_dir(cfg, model_config) if cfg.speculate_method == "mtp" else None
+    # the draft runner's export: draft_model's, or the MTP layer's (the target export's mtp/)
+    draft_dir = mtp_dir or (cfg.speculate_model_path if draft_config is not None else None)
     manifest = read_rank_manifest(Path(cfg.model_dir) / f"rank_{comm.rank}", cfg.use_cache_kv_int8)
-    check_kv_fits(cfg, manifest.kv_cache, comm.ranks_on_node())
+    draft_layout, k = None, cfg.speculate_max_draft_token_num
+    if draft_dir is not None:
+        draft_layout = read_rank_manifest(Path(str(draft_dir)) / f"rank_{comm.rank}").kv_cache
+    draft_blocks = draft_pool_blocks(cfg.num_blocks(), cfg.batch_size, k, cfg.block_size)
+    check_kv_fits(cfg, manifest.kv_cache, comm.ranks_on_node(), draft_layout, draft_blocks - cfg.num_blocks())
     # collective on the node, like ranks_on_node; before the IO thread starts, which inherits the binding
     cpus = setup_rank_cpus(comm, cfg.num_threads, cfg.bind_cores)
     frontend = None
@@ -90,10 +96,7 @@ def _load(cfg, comm):
             keep_hidden=mtp_dir is not None and comm.rank == 0,  # what the MTP draft reads
         )
         draft_runner = None
-        if draft_config is not None or mtp_dir is not None:  # draft_model's export, or the MTP layer's
-            k = cfg.speculate_max_draft_token_num
-            draft_blocks = draft_pool_blocks(cfg.num_blocks(), cfg.batch_size, k, cfg.block_size)
-            draft_dir = mtp_dir or cfg.speculate_model_path
+        if draft_dir is not None:
             draft_runner = make_draft_runner(
                 cfg.device, draft_dir, comm.rank, comm, draft_blocks, cfg.block_size, cpus.threads
             )

@@ -117,11 +117,11 @@ class DraftModelProposer:
         for i, r in enumerate(requests):
             r.draft_token_ids = []
             n = r.num_tokens
-            budget[i] = min(k, self.max_positions - n + 1)  # fed positions end at n + k - 2
-            if budget[i] <= 0:
-                continue
             bs, held = self.block_size, len(r.block_ids)
-            assert held * bs >= n - 1, f"{r.req_id} decodes without blocks for its computed tokens"
+            budget[i] = min(k, self.max_positions - n + 1)  # fed positions end at n + k - 2
+            # (a decoding request holds the blocks of its computed tokens; the scratch covers the rest)
+            if budget[i] <= 0 or held * bs < n - 1:
+                continue
             table = [*r.block_ids, *range(self.num_blocks + i * self.scratch, self.num_blocks + (i + 1) * self.scratch)]
             start = self.known(r)
             rows[i] = DraftRow(r.all_token_ids[start:], start, table)

@@ -67,8 +67,14 @@ class DraftExecutor:
     def __call__(
         self, rows: Sequence[DraftRow], hidden: npt.NDArray[np.float32] | None = None
     ) -> npt.NDArray[np.float32]:
+        """The plan feeding `rows` (`hidden`: a hidden row per fed token, for the MTP draft), run:
+        [len(rows), V] logits, each row's last token's."""
         self.plans += 1
-        plan = build_draft_plan(rows, self.block_size, self.plans, hidden)
+        return self.run_plan(build_draft_plan(rows, self.block_size, self.plans, hidden))
+
+    def run_plan(self, plan: StepPlan) -> npt.NDArray[np.float32]:
+        """Any RUN_DRAFT plan (a proposer that builds its own, e.g. with more logits rows)."""
+        assert plan.kind == RUN_DRAFT, "the workers hand only RUN_DRAFT plans to their draft runner"
         self.comm.send_plan(plan)
         logits = self.runner.execute(plan)
         assert logits is not None, "rank 0's draft runner returns the logits"

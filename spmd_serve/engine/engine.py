@@ -15,8 +15,6 @@ import logging
 import random
 import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 
 import numpy as np
 import numpy.typing as npt
@@ -29,7 +27,7 @@ from spmd_serve.engine.plan_builder import build_plan
 from spmd_serve.engine.sampler import SampledStep, Sampler
 from spmd_serve.engine.speculative import Speculator
 from spmd_serve.engine.step_stats import StepStats
-from spmd_serve.protocol import RUN_DRAFT, SHUTDOWN, StepPlan
+from spmd_serve.protocol import RUN, RUN_DRAFT, SHUTDOWN, StepPlan
 from spmd_serve.sampling_params import SamplingParams
 from spmd_serve.scheduler.request import Request
 from spmd_serve.scheduler.scheduler import QueueFullError, Scheduler, SchedulerConfig, SchedulerOutput
@@ -150,7 +148,8 @@ class Engine:
     def _schedule(self) -> SchedulerOutput | None:
         """This step's scheduler decision (after the proposer's drafts); None when nothing can run."""
         if self.speculator is not None:
-            self._propose(self.speculator)
+            with self.stats.phase("draft"):  # a part of "schedule", as the runner's parts are of "execute"
+                self.speculator.propose(self.scheduler.running)
         out = self.scheduler.schedule()
         if out.is_empty:
             self._empty_steps += 1
@@ -161,19 +160,6 @@ class Engine:
         self.num_preemptions += len(out.preempted)
         self.metrics.on_schedule(out)
         return out
-
-    def _propose(self, spec: Speculator) -> None:
-        """The proposer's drafts (a draft model runs its own plans on every rank here)."""
-        with self._drafting("schedule"):
-            spec.propose(self.scheduler.running)
-
-    @contextmanager
-    def _drafting(self, enclosing: str) -> Iterator[None]:
-        """Timed as the step's "draft" phase, taken out of the `enclosing` phase."""
-        t0 = time.perf_counter()
-        with self.stats.phase("draft"):
-            yield
-        self.stats.timer.add(enclosing, t0 - time.perf_counter())
 
     def _broadcast(self, out: SchedulerOutput) -> StepPlan:
         """The decision as the StepPlan every rank runs, sent to the other ranks."""
@@ -203,7 +189,7 @@ class Engine:
         self.metrics.on_update(done)
         if self.speculator is not None:
             self._record_verdicts(self.speculator, out, sampled)
-            with self._drafting("update"):  # a proposer that follows every step (mtp) sees this one
+            with self.stats.phase("draft"):  # a proposer that follows every step (mtp) sees it: part of "update"
                 self.speculator.on_step(out)
         return done
 
@@ -308,12 +294,6 @@ class Engine:
 def worker_loop(comm: PlanComm, runner: Runner, draft_runner: Runner | None = None) -> None:
     """Ranks 1..N-1: execute plans until SHUTDOWN, RUN_DRAFT ones on the draft runner (speculative
     decoding's second model).  Stateless: the plan says everything."""
-    while True:
-        plan = comm.recv_plan()
-        if plan.kind == SHUTDOWN:
-            return
-        if plan.kind == RUN_DRAFT:
-            assert draft_runner is not None, "a draft plan on a rank without a draft runner"
-            draft_runner.execute(plan)
-        else:
-            runner.execute(plan)
+    runners = {RUN: runner} if draft_runner is None else {RUN: runner, RUN_DRAFT: draft_runner}
+    while (plan := comm.recv_plan()).kind != SHUTDOWN:
+        runners[plan.kind].execute(plan)

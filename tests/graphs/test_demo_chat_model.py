@@ -33,22 +33,25 @@ def chat_ckpt(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def model(chat_ckpt: Path):
-    from tests.support.paddlenlp_reference import load_reference_model
-
-    return load_reference_model(chat_ckpt)
-
-
-@pytest.fixture(scope="module")
 def draft_ckpt(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return write_demo_checkpoint(tmp_path_factory.mktemp("demo") / "chat-draft", "chat-draft")
 
 
-@pytest.fixture(scope="module")
-def draft_model(draft_ckpt: Path):
+def _reference(ckpt: Path):
+    """PaddleNLP's own model on a checkpoint's weights."""
     from tests.support.paddlenlp_reference import load_reference_model
 
-    return load_reference_model(draft_ckpt)
+    return load_reference_model(ckpt)
+
+
+@pytest.fixture(scope="module")
+def model(chat_ckpt: Path):
+    return _reference(chat_ckpt)
+
+
+@pytest.fixture(scope="module")
+def draft_model(draft_ckpt: Path):
+    return _reference(draft_ckpt)
 
 
 def test_committed_tokenizer_is_what_the_recipe_trains() -> None:

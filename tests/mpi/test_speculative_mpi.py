@@ -139,8 +139,10 @@ def test_a_model_drafting_for_itself_gives_the_tokens_of_plain_decoding(served, 
     n = 1 if served == "tp1" else 2
     draft_settings = settings(DRAFT)
     spec = check_parity(run(n, model_dir, tok, tmp_path, PARAMS[params], draft_settings, model_dir), draft_settings)
-    if params == "greedy":  # the draft computes what the target does: every greedy draft is right
-        assert all(got["accepted"] == got["drafts"] for got in spec), spec
+    # the draft computes what the target does: every greedy draft is right, and a seeded one is
+    # drawn on the draw the target verifies it with (up to the float rounding of 1 vs 1 + d query rows)
+    share = 1.0 if params == "greedy" else 0.95
+    assert all(got["accepted"] >= share * got["drafts"] for got in spec), spec
 
 
 @pytest.mark.parametrize("n", [1, 2])

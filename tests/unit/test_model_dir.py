@@ -119,6 +119,24 @@ def test_a_draft_that_cannot_draft_for_the_target_is_refused_in_one_line(tmp_pat
         assert str(exc.value).startswith(f"SPECULATE_MODEL_PATH={path}")
 
 
+def test_the_draft_models_pool_counts_in_the_memory_check(monkeypatch):
+    """check_kv_fits: a target pool that fits alone is refused once the draft's pool joins it."""
+    from types import SimpleNamespace
+
+    from spmd_serve.kv_layout import KVLayout
+    from spmd_serve.worker import capacity
+
+    serve = SimpleNamespace(
+        block_size=16, block_bs=8, max_seq_len=2048, max_dec_len=512, use_cache_kv_int8=False, num_blocks=lambda: 1024
+    )
+    target, draft = KVLayout.kv_heads(4, 2, 32), KVLayout.kv_heads(2, 2, 16)  # 2048 and 512 bytes per token
+    budget = 1024 * 16 * 2304  # bytes: the target's pool and less than half the draft's
+    monkeypatch.setattr(capacity.psutil, "virtual_memory", lambda: SimpleNamespace(available=budget / 0.9))
+    capacity.check_kv_fits(serve, target, 1)
+    with pytest.raises(ConfigError, match=r"^BLOCK_BS=8 needs .* \(the draft model’s included\).* that fits is 7$"):
+        capacity.check_kv_fits(serve, target, 1, draft, scratch=64)
+
+
 def test_mtp_on_an_export_without_its_mtp_draft_is_refused_in_one_line(tmp_path):
     """SPECULATE_METHOD=mtp drafts with `<MODEL_DIR>/mtp/`, which only a DeepSeek export with MTP
     layers has (tests/graphs/test_mtp_export.py makes real ones)."""
