@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from spmd_serve.export.deepseek import quant, sharding, weights
+from spmd_serve.export.deepseek import mtp, quant, sharding, weights
 from spmd_serve.export.deepseek.config import ARCHITECTURES, MODEL_TYPES, DeepseekConfig
 from spmd_serve.export.family import Companion, ModelFamily
 from spmd_serve.kv_layout import KVLayout
@@ -42,11 +42,11 @@ class DeepseekFamily(ModelFamily[DeepseekConfig]):
         return weights.mtp_tensors(mc, hf)
 
     def companions(self, mc: DeepseekConfig, hf: dict[str, np.ndarray], cfg: dict[str, Any]) -> list[Companion]:
-        from spmd_serve.export.deepseek import mtp  # (it subclasses this family)
-
-        return mtp.companions(mc, hf, cfg)
+        return mtp.companions(self, mc, hf, cfg)
 
     def shard_dims(self, mc: DeepseekConfig, tp: int) -> ShardDims:
+        if mc.mtp_draft is not None:
+            mtp.check_split(mc, tp)
         return sharding.shard_dims(mc, tp)
 
     def kv_layout(self, mc: DeepseekConfig, dims: ShardDims) -> KVLayout:
@@ -64,7 +64,9 @@ class DeepseekFamily(ModelFamily[DeepseekConfig]):
         # the head's hidden rows for the MTP draft, as the checkpoint's MTP convention reads them
         hidden_out = mc.hidden_out or weights.TARGET_HIDDEN[weights.mtp_convention(mc, hf)]
         shard = dict(sharding.shard_weights(hf, mc, dims, rank), config=replace(mc, hidden_out=hidden_out))
-        return quant.quantize_shard(shard, hf, mc, dims, rank, method, group) if method else shard
+        if method:
+            shard = quant.quantize_shard(shard, hf, mc, dims, rank, method, group)
+        return shard | (mtp.input_weights(hf, mc, dims, rank) if mc.mtp_draft is not None else {})
 
     def quant_group(self, mc: DeepseekConfig, dims: ShardDims, requested: int | None) -> int:
         return quant.quant_group(mc, dims, requested)
@@ -88,16 +90,23 @@ class DeepseekFamily(ModelFamily[DeepseekConfig]):
             mlp = MoeStage(w, dims, layer, rank) if mc.is_moe(layer) else MlpStage(w, dims, layer)
             stages += [MlaStage(w, dims, layer), mlp]
         stages.append(HeadStage(w, dims, mc.hidden_out))
+        if mc.mtp_draft is not None:  # the MTP layer's input projection after the embedding
+            from spmd_serve.export.deepseek.mtp_stage import MtpInputStage
+
+            stages.insert(1, MtpInputStage(w, dims, rank))
         return stages
 
     def served_options(self, mc: DeepseekConfig) -> dict[str, Any]:
-        return {
+        options = {
             "rope_scaling": mc.rope_scaling,
             "kv_cache": "mla_latent",
             "n_routed_experts": mc.n_routed_experts,
             "num_nextn_predict_layers": mc.num_nextn_predict_layers,
-            "mtp": weights.mtp_record(mc),
+            "mtp": weights.mtp_record(mc),  # the target's pointer to its MTP draft (None in the draft)
         }
+        if mc.mtp_draft is not None:
+            options["mtp_draft"] = mtp.draft_record(mc.mtp_draft)
+        return options
 
 
 DEEPSEEK = DeepseekFamily()

@@ -26,6 +26,15 @@ def yarn_get_mscale(scale: float, mscale: float) -> float:
 
 
 @dataclass(frozen=True)
+class MtpDraft:
+    """What makes a one-layer config its target's MTP draft: the target's layer `layer`, read with
+    `convention`'s rules ("paddlenlp" or "huggingface": export/deepseek/weights.mtp_convention)."""
+
+    layer: int
+    convention: str
+
+
+@dataclass(frozen=True)
 class DeepseekConfig:
     architecture: str
     hidden: int
@@ -57,6 +66,7 @@ class DeepseekConfig:
     # the head's second output for an MTP draft (HeadStage.hidden_out): set from the checkpoint's
     # MTP convention by the family's rank_weights (export/deepseek/mtp.py), None without MTP layers
     hidden_out: str | None = None
+    mtp_draft: MtpDraft | None = None  # this config is the MTP draft of a target (export/deepseek/mtp.py)
 
     @classmethod
     def from_hf(cls, cfg: dict, architecture: str) -> DeepseekConfig:

@@ -8,10 +8,12 @@ DeepSeek whose layer 0 is layer L, so every stage but one is the family's own:
                             ├ concat ─ eh_proj ─ MLA + MoE (layer L, its own KV pool) ─ norm ─ head
     prev_hidden h_i ─ hnorm ┘                                                         └ hidden_rows
 
-`prev_hidden` [T, H] is a new graph input; `MtpInputStage` (export/deepseek/mtp_stage.py) does
-the norms and eh_proj, row-parallel over the concatenation (each rank its 2H / tp inputs, a partial
-sum like every stage's).  The head also outputs the MTP's own rows before the norm
-(`hidden_rows`): further drafts chain on them, as vLLM does with one MTP layer.
+The draft is the family's own model with `DeepseekConfig.mtp_draft` set: the family then adds
+`MtpInputStage` (export/deepseek/mtp_stage.py) and its weights (`input_weights`).  It reads the new
+graph input `prev_hidden` [T, H] and does the norms and eh_proj, row-parallel over the
+concatenation (each rank its 2H / tp inputs, a partial sum like every stage's).  The head also
+outputs the MTP's own rows before the norm (`hidden_rows`): further drafts chain on them, as vLLM
+does with one MTP layer.
 
 Whose conventions (weights.mtp_convention): a PaddleNLP checkpoint follows `DeepseekV2MTPLayer`
 (the target's rows before its final norm, concat(hnorm(h), enorm(e)), an eh_proj bias, the
@@ -29,10 +31,10 @@ from typing import Any
 
 import numpy as np
 
-from spmd_serve.export.deepseek import DeepseekFamily, weights
-from spmd_serve.export.deepseek.config import DeepseekConfig
+from spmd_serve.export.deepseek import weights
+from spmd_serve.export.deepseek.config import DeepseekConfig, MtpDraft
 from spmd_serve.export.errors import ShardingError
-from spmd_serve.export.family import Companion
+from spmd_serve.export.family import Companion, ModelFamily
 from spmd_serve.manifest import PREV_HIDDEN, ShardDims
 
 _OWN = ("enorm.weight", "hnorm.weight", "eh_proj.weight", "eh_proj.bias", "embed_tokens.weight")
@@ -45,6 +47,8 @@ def draft_checkpoint(mc: DeepseekConfig, hf: dict[str, np.ndarray]) -> tuple[Dee
     rows embedding first, and `mtp.*` for the input stage."""
     layer = mc.num_layers
     src, dst = f"model.layers.{layer}.", "model.layers.0."
+    convention = weights.mtp_convention(mc, hf)
+    assert convention is not None, "a checkpoint without MTP layers has no MTP draft"
     draft_mc = replace(
         mc,
         num_layers=1,
@@ -52,6 +56,7 @@ def draft_checkpoint(mc: DeepseekConfig, hf: dict[str, np.ndarray]) -> tuple[Dee
         moe_layer_freq=1,
         num_nextn_predict_layers=0,
         hidden_out="pre_norm",  # chained drafts read the MTP's own rows before its norm
+        mtp_draft=MtpDraft(layer, convention),
     )
     out = {dst + k[len(src) :]: v for k, v in hf.items() if k.startswith(src) and not k.endswith(_OWN)}
     out = {k: v for k, v in out.items() if not k.startswith(dst + "shared_head.")}
@@ -60,7 +65,7 @@ def draft_checkpoint(mc: DeepseekConfig, hf: dict[str, np.ndarray]) -> tuple[Dee
         out[target] = hf.get(src + own, hf[target])
     h = mc.hidden
     w = hf[src + "eh_proj.weight"]  # [H, 2H] HF layout
-    if weights.mtp_convention(mc, hf) == weights.PADDLENLP:
+    if convention == weights.PADDLENLP:
         w = np.concatenate([w[:, h:], w[:, :h]], axis=1)  # PaddleNLP's concat(h, e) → (e, h)
     out["mtp.eh_proj"] = w
     out["mtp.eh_bias"] = hf.get(src + "eh_proj.bias", np.zeros(h, np.float32))
@@ -68,57 +73,41 @@ def draft_checkpoint(mc: DeepseekConfig, hf: dict[str, np.ndarray]) -> tuple[Dee
     return draft_mc, out
 
 
-class DeepseekMtpFamily(DeepseekFamily):
-    """The MTP draft's export: the family's stages with `MtpInputStage` after the embedding."""
-
-    def __init__(self, convention: str, layer: int) -> None:
-        self.convention, self.layer = convention, layer
-
-    def shard_dims(self, mc: DeepseekConfig, tp: int) -> ShardDims:
-        if 2 * mc.hidden % tp:
-            raise ShardingError(f"MTP eh_proj input 2 * hidden_size={2 * mc.hidden} is not divisible by --tp {tp}")
-        return super().shard_dims(mc, tp)
-
-    def rank_weights(self, mc: DeepseekConfig, hf: dict[str, np.ndarray], dims: ShardDims, rank: int, *quant: Any):
-        """The family's shard of layer 0, plus `mtp.{enorm,hnorm}`, this rank's rows of eh_proj
-        (Paddle layout [2H / tp, H]) and its bias (on rank 0 only: the ranks' partials are summed)."""
-        out = super().rank_weights(mc, hf, dims, rank, *quant)
-        per = 2 * mc.hidden // dims.tp
-        rows = slice(rank * per, (rank + 1) * per)
-        bias = hf["mtp.eh_bias"] if rank == 0 else np.zeros_like(hf["mtp.eh_bias"])
-        extra = {
-            "mtp.enorm": hf["mtp.enorm"],
-            "mtp.hnorm": hf["mtp.hnorm"],
-            "mtp.eh_proj": hf["mtp.eh_proj"].T[rows],
-            "mtp.eh_bias": bias,
-        }
-        return out | {k: np.ascontiguousarray(v, np.float32) for k, v in extra.items()}
-
-    def build_stages(self, w: dict[str, Any], dims: ShardDims, rank: int) -> list:
-        from spmd_serve.export.deepseek.mtp_stage import MtpInputStage
-
-        stages = super().build_stages(w, dims, rank)
-        return [stages[0], MtpInputStage(w, dims, rank), *stages[1:]]
-
-    def served_options(self, mc: DeepseekConfig) -> dict[str, Any]:
-        hidden = weights.TARGET_HIDDEN[self.convention]
-        order = "concat(hnorm(h), enorm(e))" if self.convention == weights.PADDLENLP else "concat(enorm(e), hnorm(h))"
-        draft = {
-            "of": "..",  # the target: the directory above
-            "layer": self.layer,
-            "convention": self.convention,
-            "input": PREV_HIDDEN,
-            "target_hidden": hidden,  # which rows of the target the first draft reads (hidden_rows)
-            "chained_hidden": "pre_norm",  # further drafts read this graph's own hidden_rows
-            "eh_proj": f"{order} as the checkpoint's code computes it; stored embedding rows first",
-        }
-        return dict(super().served_options(mc), mtp=None, mtp_draft=draft)
+def check_split(mc: DeepseekConfig, tp: int) -> None:
+    """eh_proj is row-parallel over its 2H inputs: ShardingError unless tp divides them."""
+    if 2 * mc.hidden % tp:
+        raise ShardingError(f"MTP eh_proj input 2 * hidden_size={2 * mc.hidden} is not divisible by --tp {tp}")
 
 
-def companions(mc: DeepseekConfig, hf: dict[str, np.ndarray], cfg: dict[str, Any]) -> list[Companion]:
-    """The MTP draft beside the target (none without MTP layers)."""
-    convention = weights.mtp_convention(mc, hf)
-    if convention is None:
+def input_weights(hf: dict[str, np.ndarray], mc: DeepseekConfig, dims: ShardDims, rank: int) -> dict[str, np.ndarray]:
+    """`MtpInputStage`'s weights on `rank`: `mtp.{enorm,hnorm}`, its rows of eh_proj (Paddle layout
+    [2H / tp, H]) and the bias (rank 0's only: the ranks' partials are summed)."""
+    per = 2 * mc.hidden // dims.tp
+    rows = slice(rank * per, (rank + 1) * per)
+    bias = hf["mtp.eh_bias"] if rank == 0 else np.zeros_like(hf["mtp.eh_bias"])
+    extra = {"mtp.enorm": hf["mtp.enorm"], "mtp.hnorm": hf["mtp.hnorm"], "mtp.eh_proj": hf["mtp.eh_proj"].T[rows]}
+    return {k: np.ascontiguousarray(v, np.float32) for k, v in (extra | {"mtp.eh_bias": bias}).items()}
+
+
+def draft_record(draft: MtpDraft) -> dict[str, Any]:
+    """mtp/config.json's `mtp_draft`: what the draft reads and whose conventions it follows."""
+    order = "concat(hnorm(h), enorm(e))" if draft.convention == weights.PADDLENLP else "concat(enorm(e), hnorm(h))"
+    return {
+        "of": "..",  # the target: the directory above
+        "layer": draft.layer,
+        "convention": draft.convention,
+        "input": PREV_HIDDEN,
+        "target_hidden": weights.TARGET_HIDDEN[draft.convention],  # the target's hidden_rows the first draft reads
+        "chained_hidden": "pre_norm",  # further drafts read this graph's own hidden_rows
+        "eh_proj": f"{order} as the checkpoint's code computes it; stored embedding rows first",
+    }
+
+
+def companions(
+    family: ModelFamily[DeepseekConfig], mc: DeepseekConfig, hf: dict[str, np.ndarray], cfg: dict[str, Any]
+) -> list[Companion]:
+    """The MTP draft beside the target (none without MTP layers), exported by the same family."""
+    if weights.mtp_convention(mc, hf) is None:
         return []
     draft_mc, draft = draft_checkpoint(mc, hf)
     hf_config = dict(
@@ -128,4 +117,4 @@ def companions(mc: DeepseekConfig, hf: dict[str, np.ndarray], cfg: dict[str, Any
         first_k_dense_replace=draft_mc.first_k_dense_replace,
         moe_layer_freq=1,
     )
-    return [Companion(weights.MTP_FOLDER, DeepseekMtpFamily(convention, mc.num_layers), draft_mc, draft, hf_config)]
+    return [Companion(weights.MTP_FOLDER, family, draft_mc, draft, hf_config)]
