@@ -94,7 +94,8 @@ EFFECTS: dict[str, list[str]] = {
     ],
     "SPECULATE_METHOD": [
         "tests/mpi/test_speculative_server_mpi.py::test_frames_carry_the_accepted_tokens_and_add_up_to_the_answer",
-        "tests/unit/test_config.py::test_unbuilt_proposers_are_refused_at_start",
+        "tests/mpi/test_speculative_server_mpi.py::test_the_mtp_layer_gives_the_answer_of_plain_decoding_counted_by_method",
+        "tests/mpi/test_speculative_server_mpi.py::test_mtp_on_a_model_without_an_mtp_layer_is_refused_at_start",
         SPECULATOR,
     ],
     "SPECULATE_MAX_DRAFT_TOKEN_NUM": [
