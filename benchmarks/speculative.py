@@ -1,6 +1,7 @@
 """Speculative decoding, measured on the offline engine (no HTTP) of a served model (issue 15).
 
     mpirun -n 1 python benchmarks/speculative.py [MODEL_DIR] [--trials 3] [--json OUT]
+    mpirun -n 1 python benchmarks/speculative.py [MODEL_DIR] --draft DRAFT_DIR [--trials 5]
 
 MODEL_DIR defaults to the trained demo model (`ensure_demo_model`, one rank).  Workload: text that
 repeats its prompt — a chat whose user asks again the question just answered ([user Q, assistant A,
@@ -20,6 +21,13 @@ request has its first token to the end: tokens after the first ÷ that time.  Pr
 * `fresh_batch<B>`: the same at B = `--batch` on chats that ask each question once ([user Q]):
   the answers repeat nothing, drafts are mostly wrong — what speculation costs a full batch, with
   and without the rule.
+
+With `--draft DRAFT_DIR` (a draft model's export, e.g. the `chat-draft` demo's) it measures batch 1
+only, on three workloads (`batch1`: the repeated question, `fresh_batch1`: asked once — both
+answers the two models memorised from chats.txt — and `heldout_batch1`: the first 32 tokens of a
+held-out licence paragraph, never trained on, continued): plain, n-gram k=4, and draft_model with
+k = 1, 2, 4, interleaved as above; then plain vs draft_model k=4 (the per-step rule on) with all
+`--batch` repeated-question chats at once and with all the held-out prefixes at once.
 """
 
 from __future__ import annotations
@@ -31,7 +39,7 @@ import statistics
 import time
 from typing import Any
 
-from spmd_serve.engine.offline import EngineSettings, make_engine, open_ranks
+from spmd_serve.engine.offline import EngineSettings, make_engine, open_draft, open_ranks
 from spmd_serve.sampling_params import SamplingParams
 from spmd_serve.scheduler.request import Request
 
@@ -40,8 +48,8 @@ EOS = frozenset({2, 6})  # the demo tokenizer's </s> and <|end|>
 
 def run(comm: Any, runner: Any, model_dir: str, s: EngineSettings, prompts: list[list[int]], n: int) -> dict:
     """All `prompts` at once to completion: decode seconds (after every first token), decode
-    tokens, drafts verified and accepted, decode steps."""
-    engine = make_engine(comm, runner, model_dir, s, len(prompts))
+    tokens, drafts verified and accepted, decode steps.  `runner`: (target, draft or None)."""
+    engine = make_engine(comm, runner[0], model_dir, s, len(prompts), draft_runner=runner[1])
     params = SamplingParams(max_tokens=n, temperature=0.0)
     reqs = [Request(str(i), p, params, eos_token_ids=EOS) for i, p in enumerate(prompts)]
     for r in reqs:
@@ -86,6 +94,13 @@ def ngram(k: int, **kw: Any) -> dict:
     return {"speculate_method": "ngram", "speculate_max_draft_token_num": k, **kw}
 
 
+def batch1(comm: Any, runner: Any, model_dir: str, s: EngineSettings, prompts: list, settings: dict, args) -> dict:
+    """Each prompt alone (`settings` interleaved per trial), averaged over the prompts."""
+    per_prompt = [measure(comm, runner, model_dir, s, [p], settings, args) for p in prompts]
+    mean = statistics.mean
+    return {k: {m: round(mean(pp[k][m] for pp in per_prompt), 3) for m in per_prompt[0][k]} for k in settings}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("model_dir", nargs="?")
@@ -95,20 +110,22 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--sizes", default="4,8,16")
     ap.add_argument("--json", help="also write the result here")
+    ap.add_argument("--draft", help="a draft model's export: measure draft_model at batch 1")
     args = ap.parse_args()
     from spmd_serve.engine.engine import worker_loop
-    from spmd_serve.protocol import StepPlan
 
     model_dir = args.model_dir
     if model_dir is None:
         from spmd_serve.export import ensure_demo_model
 
         model_dir = str(ensure_demo_model())
-    s = EngineSettings(num_blocks=1024, block_size=16, max_num_seqs=args.batch)
-    comm, runner = open_ranks(model_dir, s)
+    s = EngineSettings(num_blocks=1024, block_size=16, max_num_seqs=args.batch, speculate_model_path=args.draft)
+    comm, target = open_ranks(model_dir, s)
+    draft = open_draft(comm, s)
     if comm.rank != 0:
-        worker_loop(comm, runner)
+        worker_loop(comm, target, draft)
         return
+    runner = (target, draft)
     from spmd_serve.export.demo.training_data import chat_pairs, chat_text
     from spmd_serve.frontend.text.tokenizer import ServingTokenizer
 
@@ -118,16 +135,33 @@ def main() -> None:
     prompts = [[1] + tok.encode(chat_text(c) + "<|assistant|>\n") for c in chats]
     fresh = [[1] + tok.encode(chat_text(c[:1]) + "<|assistant|>\n") for c in chats]
     run(comm, runner, model_dir, s, prompts[:2], 8)  # warm-up
-    single = {"plain": {}, **{f"ngram_k{k}": ngram(k) for k in (1, 2, 4, 8)}}
     result: dict[str, Any] = {"model_dir": model_dir, "max_tokens": args.max_tokens, "trials": args.trials}
-    per_prompt = [measure(comm, runner, model_dir, s, [p], single, args) for p in prompts[: args.singles]]
-    result["batch1"] = {
-        k: {m: round(statistics.mean(pp[k][m] for pp in per_prompt), 3) for m in per_prompt[0][k]} for k in single
-    }
+    if args.draft:
+        drafted = {f"draft_k{k}": {**ngram(k), "speculate_method": "draft_model"} for k in (1, 2, 4)}
+        single = {"plain": {}, "ngram_k4": ngram(4), **drafted}
+        result["draft"] = args.draft
+        result["batch1"] = batch1(comm, runner, model_dir, s, prompts[: args.singles], single, args)
+        result["fresh_batch1"] = batch1(comm, runner, model_dir, s, fresh[: args.singles], single, args)
+        from spmd_serve.export.demo.training_data import held_out_texts
+
+        held = [[1] + tok.encode(t)[:32] for t in held_out_texts()["licences"] if len(t) > 300]
+        result["heldout_batch1"] = batch1(comm, runner, model_dir, s, held[: args.singles], single, args)
+        batched = {"plain": {}, "draft_k4": drafted["draft_k4"]}
+        result[f"batch{args.batch}"] = measure(comm, runner, model_dir, s, prompts, batched, args)
+        result[f"heldout_batch{len(held)}"] = measure(comm, runner, model_dir, s, held, batched, args)
+        return finish(comm, result, args)
+    single = {"plain": {}, **{f"ngram_k{k}": ngram(k) for k in (1, 2, 4, 8)}}
+    result["batch1"] = batch1(comm, runner, model_dir, s, prompts[: args.singles], single, args)
     batched = {"plain": {}, "ngram_k4_rule": ngram(4), "ngram_k4_forced": ngram(4, speculate_min_acceptance=0.0)}
     for b in [*map(int, args.sizes.split(",")), args.batch]:
         result[f"batch{b}"] = measure(comm, runner, model_dir, s, prompts[:b], batched, args)
     result[f"fresh_batch{args.batch}"] = measure(comm, runner, model_dir, s, fresh, batched, args)
+    finish(comm, result, args)
+
+
+def finish(comm: Any, result: dict, args) -> None:
+    from spmd_serve.protocol import StepPlan
+
     comm.send_plan(StepPlan.shutdown(1 << 30))
     print(json.dumps(result, indent=1))
     if args.json:

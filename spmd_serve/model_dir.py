@@ -81,6 +81,13 @@ def _model_int(model_config: dict, key: str) -> int | None:
     return value
 
 
+def max_positions(model_dir: str | Path) -> int:
+    """The longest sequence a checked model directory's graphs take (config.json's
+    max_position_embeddings; unlimited if it records none)."""
+    model_config = json.loads((Path(model_dir) / "config.json").read_text(encoding="utf-8"))
+    return _model_int(model_config, "max_position_embeddings") or 1 << 62
+
+
 def clamp_to_model(cfg: ServeConfig, model_config: dict) -> ServeConfig:
     """Fit the config to the model: MAX_SEQ_LEN <= max_position_embeddings; the model's block_size
     (if its config.json fixes one) replaces BLOCK_SIZE because the exported graph depends on it."""
@@ -92,3 +99,54 @@ def clamp_to_model(cfg: ServeConfig, model_config: dict) -> ServeConfig:
     if block_size is not None and block_size != cfg.block_size:
         changes["block_size"] = block_size
     return replace(cfg, **changes) if changes else cfg
+
+
+# The files that define a tokenizer's ids (export/pipeline.py copies them from the checkpoint).
+TOKENIZER_FILES = ("tokenizer.model", "sentencepiece.bpe.model", "tokenizer.json", "vocab.json", "merges.txt")
+
+
+def _rank_folders(d: Path) -> int:
+    return sum(1 for p in d.iterdir() if p.is_dir() and _RANK_RE.fullmatch(p.name))
+
+
+def check_draft_dir(cfg: ServeConfig, model_config: dict) -> dict:
+    """SPECULATE_METHOD=draft_model: the draft export (SPECULATE_MODEL_PATH) must be a served model
+    directory for the same ranks, with the target's vocabulary, tokenizer and KV block size (its
+    drafts are the target's token ids; its pool mirrors the target's block ids).  Returns its
+    config.json; every refusal is one line naming SPECULATE_MODEL_PATH."""
+    path = cfg.speculate_model_path
+    if path is None:
+        raise ConfigError(
+            "SPECULATE_METHOD=draft_model needs SPECULATE_MODEL_PATH, the draft model's export "
+            f"(e.g. `spmd_serve export --demo chat-draft --out DIR --tp {cfg.mp_num}`)"
+        )
+    d = Path(path)
+    what = f"SPECULATE_MODEL_PATH={d}"
+    if d.is_dir() and (d / "config.json").is_file() and 0 < _rank_folders(d) != cfg.mp_num:
+        raise ConfigError(
+            f"{what} was exported for {_rank_folders(d)} rank(s) but the target runs on MP_NUM={cfg.mp_num}: "
+            f"the draft runs with the target's tensor parallelism (export it with --tp {cfg.mp_num})"
+        )
+    try:
+        draft = check_model_dir(replace(cfg, model_dir=str(d)), cfg.mp_num)
+    except ConfigError as e:
+        raise ConfigError(f"{what} is not a draft model export: {e}") from None
+    if draft.get("vocab_size") != model_config.get("vocab_size"):
+        raise ConfigError(
+            f"{what}: the draft's vocab_size {draft.get('vocab_size')} differs from the target's "
+            f"{model_config.get('vocab_size')} (a draft must use the target's tokenizer)"
+        )
+    target_dir = Path(str(cfg.model_dir))
+    for name in TOKENIZER_FILES:
+        mine, theirs = d / name, target_dir / name
+        if mine.is_file() != theirs.is_file() or (mine.is_file() and mine.read_bytes() != theirs.read_bytes()):
+            raise ConfigError(
+                f"{what}: the draft's tokenizer differs from the target's ({name}); use a draft of the same tokenizer"
+            )
+    block_size = _model_int(draft, "block_size")
+    if block_size is not None and block_size != cfg.block_size:
+        raise ConfigError(
+            f"{what}: the draft was exported for KV blocks of {block_size} tokens, the target serves "
+            f"{cfg.block_size} (its pool mirrors the target's blocks)"
+        )
+    return draft

@@ -16,12 +16,15 @@ import numpy.typing as npt
 I64 = npt.NDArray[np.int64]
 
 RUN, SHUTDOWN = 1, 2
+# A plan for the rank's *draft runner* (speculative decoding's second model: draft_model, mtp), not
+# its target: the same fields, executed by `worker_loop`'s draft runner on every rank.
+RUN_DRAFT = 3
 HEADER_LEN = 6  # [kind, step_id, B, T, MB, payload_len]; payload_len also says whether logits_lens follows
 
 
 @dataclass(frozen=True)
 class StepPlan:
-    kind: int  # RUN or SHUTDOWN
+    kind: int  # RUN, RUN_DRAFT or SHUTDOWN
     step_id: int  # monotonically increasing, for logs and sanity checks
     input_ids: I64  # [T] int64 token ids of all scheduled tokens, sequence after sequence
     positions: I64  # [T] int64 absolute position of each token in its sequence

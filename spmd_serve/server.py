@@ -45,24 +45,33 @@ def _quiet_paddle() -> None:
 
 def _load(cfg, comm):
     """Checks, rank 0's front end, shard load; returns (cfg clamped to the model, runner,
-    front end or None)."""
+    front end or None, draft runner or None)."""
     from spmd_serve.dist.comm import node_local_first
+    from spmd_serve.engine.draft_model import draft_pool_blocks
     from spmd_serve.export import ensure_demo_model
-    from spmd_serve.model_dir import check_model_dir, clamp_to_model
+    from spmd_serve.model_dir import check_draft_dir, check_model_dir, clamp_to_model
     from spmd_serve.worker.capacity import check_kv_fits, check_served_model, check_supported
     from spmd_serve.worker.model_runner import read_rank_manifest
     from spmd_serve.worker.rank_cpus import setup_rank_cpus
-    from spmd_serve.worker.runners import make_runner
+    from spmd_serve.worker.runners import make_draft_runner, make_runner
 
     if cfg.model_dir is None:  # CONTRACT §2: the built-in demo model, made on first use
         demo = node_local_first(comm, lambda: str(ensure_demo_model(tp=cfg.mp_num)))
         cfg = dataclasses.replace(cfg, model_dir=demo)
+        if cfg.speculate_method == "draft_model" and cfg.speculate_model_path is None:  # and its draft
+            draft = node_local_first(comm, lambda: str(ensure_demo_model("chat-draft", tp=cfg.mp_num)))
+            cfg = dataclasses.replace(cfg, speculate_model_path=draft)
     check_supported(cfg)
     model_config = check_model_dir(cfg, comm.size)
     check_served_model(model_config)
     cfg = clamp_to_model(cfg, model_config)
+    draft_config = check_draft_dir(cfg, model_config) if cfg.speculate_method == "draft_model" else None
     manifest = read_rank_manifest(Path(cfg.model_dir) / f"rank_{comm.rank}", cfg.use_cache_kv_int8)
-    check_kv_fits(cfg, manifest.kv_cache, comm.ranks_on_node())
+    draft_layout, k = None, cfg.speculate_max_draft_token_num
+    if draft_config is not None:
+        draft_layout = read_rank_manifest(Path(str(cfg.speculate_model_path)) / f"rank_{comm.rank}").kv_cache
+    draft_blocks = draft_pool_blocks(cfg.num_blocks(), cfg.batch_size, k, cfg.block_size)
+    check_kv_fits(cfg, manifest.kv_cache, comm.ranks_on_node(), draft_layout, draft_blocks - cfg.num_blocks())
     # collective on the node, like ranks_on_node; before the IO thread starts, which inherits the binding
     cpus = setup_rank_cpus(comm, cfg.num_threads, cfg.bind_cores)
     frontend = None
@@ -82,13 +91,18 @@ def _load(cfg, comm):
             kv_int8=cfg.use_cache_kv_int8,
             malloc_tuning=cfg.malloc_tuning,
         )
+        draft_runner = None
+        if draft_config is not None:
+            draft_runner = make_draft_runner(
+                cfg.device, cfg.speculate_model_path, comm.rank, comm, draft_blocks, cfg.block_size, cpus.threads
+            )
         if frontend is not None:  # the HTTP workers started meanwhile: each has said hello, or why not
             frontend.wait_started()
     except BaseException:
         if frontend is not None:  # a runner that refuses (the GPU one) leaves no HTTP worker behind
             frontend.stop()
         raise
-    return cfg, runner, frontend
+    return cfg, runner, frontend, draft_runner
 
 
 def scheduler_config(cfg, max_model_len: int):
@@ -109,14 +123,22 @@ def scheduler_config(cfg, max_model_len: int):
     )
 
 
-def speculator(cfg):
-    """The engine's Speculator from SPECULATE_METHOD and its sizes (CONTRACT §2); None when off."""
+def speculator(cfg, comm=None, draft_runner=None):
+    """The engine's Speculator from SPECULATE_METHOD and its sizes (CONTRACT §2); None when off.
+    draft_model's proposer runs its plans on the ranks' draft runners."""
+    from spmd_serve.engine.draft_model import make_draft_proposer
     from spmd_serve.engine.speculative import make_speculator
+    from spmd_serve.model_dir import max_positions
 
-    return make_speculator(cfg.speculate_method, cfg.speculate_max_draft_token_num, cfg.speculate_max_ngram_size)
+    k = cfg.speculate_max_draft_token_num
+    proposer = None
+    if draft_runner is not None:
+        positions = max_positions(cfg.speculate_model_path)
+        proposer = make_draft_proposer(comm, draft_runner, cfg.block_size, cfg.num_blocks(), k, positions)
+    return make_speculator(cfg.speculate_method, k, cfg.speculate_max_ngram_size, proposer=proposer)
 
 
-def _run_rank0(cfg, comm, runner, fe: Frontend) -> None:
+def _run_rank0(cfg, comm, runner, fe: Frontend, draft_runner) -> None:
     from spmd_serve.engine.engine import Engine
 
     client = fe.hub
@@ -130,7 +152,7 @@ def _run_rank0(cfg, comm, runner, fe: Frontend) -> None:
         log_every=cfg.log_step_every,
         metrics=fe.metrics,
         drain_timeout_s=cfg.drain_timeout_s,
-        speculator=speculator(cfg),
+        speculator=speculator(cfg, comm, draft_runner),
     )
 
     def stop(signum, _frame) -> None:
@@ -193,7 +215,7 @@ def serve(cfg) -> NoReturn:
 
         problem, frontend = "", None
         try:
-            cfg, runner, frontend = _load(cfg, comm)
+            cfg, runner, frontend, draft_runner = _load(cfg, comm)
         except ConfigError as e:
             problem = str(e)
         # Start barrier and agreement in one: every rank learns whether every rank loaded.
@@ -214,12 +236,12 @@ def serve(cfg) -> NoReturn:
         if comm.rank == 0:
             assert frontend is not None, "rank 0 started its front end in _load"
             frontend.hub.set_peers(peer_pids)  # the workers' PeerWatch
-            _run_rank0(cfg, comm, runner, frontend)
+            _run_rank0(cfg, comm, runner, frontend, draft_runner)
         else:
             # Workers leave signals to rank 0, which stops everyone with a SHUTDOWN plan.
             signal.signal(signal.SIGINT, signal.SIG_IGN)
             signal.signal(signal.SIGTERM, signal.SIG_IGN)
-            worker_loop(comm, runner)
+            worker_loop(comm, runner, draft_runner)
     except SystemExit:
         raise
     except BaseException:

@@ -27,7 +27,7 @@ from spmd_serve.engine.plan_builder import build_plan
 from spmd_serve.engine.sampler import SampledStep, Sampler
 from spmd_serve.engine.speculative import Speculator
 from spmd_serve.engine.step_stats import StepStats
-from spmd_serve.protocol import SHUTDOWN, StepPlan
+from spmd_serve.protocol import RUN, RUN_DRAFT, SHUTDOWN, StepPlan
 from spmd_serve.sampling_params import SamplingParams
 from spmd_serve.scheduler.request import Request
 from spmd_serve.scheduler.scheduler import QueueFullError, Scheduler, SchedulerConfig, SchedulerOutput
@@ -148,7 +148,8 @@ class Engine:
     def _schedule(self) -> SchedulerOutput | None:
         """This step's scheduler decision (after the proposer's drafts); None when nothing can run."""
         if self.speculator is not None:
-            self.speculator.propose(self.scheduler.running)
+            with self.stats.phase("draft"):  # a part of "schedule", as the runner's parts are of "execute"
+                self.speculator.propose(self.scheduler.running)
         out = self.scheduler.schedule()
         if out.is_empty:
             self._empty_steps += 1
@@ -288,10 +289,9 @@ class Engine:
         )
 
 
-def worker_loop(comm: PlanComm, runner: Runner) -> None:
-    """Ranks 1..N-1: execute plans until SHUTDOWN.  Stateless: the plan says everything."""
-    while True:
-        plan = comm.recv_plan()
-        if plan.kind == SHUTDOWN:
-            return
-        runner.execute(plan)
+def worker_loop(comm: PlanComm, runner: Runner, draft_runner: Runner | None = None) -> None:
+    """Ranks 1..N-1: execute plans until SHUTDOWN, RUN_DRAFT ones on the draft runner (speculative
+    decoding's second model).  Stateless: the plan says everything."""
+    runners = {RUN: runner} if draft_runner is None else {RUN: runner, RUN_DRAFT: draft_runner}
+    while (plan := comm.recv_plan()).kind != SHUTDOWN:
+        runners[plan.kind].execute(plan)

@@ -23,6 +23,7 @@ from spmd_serve.scheduler.request import Request
 if TYPE_CHECKING:
     from spmd_serve.dist.comm import Comm
     from spmd_serve.engine.engine import Engine
+    from spmd_serve.engine.speculative import Proposer
     from spmd_serve.worker.model_runner import ModelRunner
 
 
@@ -56,6 +57,7 @@ class EngineSettings:
     speculate_max_draft_token_num: int = 1
     speculate_max_ngram_size: int = 3
     speculate_min_acceptance: float | None = None
+    speculate_model_path: str | None = None  # the draft model's export (opened by `open_draft`)
 
     @property
     def use_kv_int8(self) -> bool:
@@ -89,14 +91,58 @@ def open_ranks(model_dir: str, s: EngineSettings) -> tuple[Comm, ModelRunner]:
     return comm, runner
 
 
+def open_draft(comm: Comm, s: EngineSettings) -> ModelRunner | None:
+    """Every rank, after `open_ranks`: the draft runner of `s.speculate_model_path` (None if unset),
+    its pool the mirror of `s.num_blocks` plus scratch for `s.max_num_seqs` requests drafting up to
+    the most tokens a setting may ask for; then `worker_loop(comm, runner, draft_runner)`."""
+    from spmd_serve.config import env_setting
+    from spmd_serve.engine.draft_model import draft_pool_blocks
+    from spmd_serve.engine.speculative import MAX_DRAFT_TOKENS
+    from spmd_serve.worker.rank_cpus import setup_rank_cpus
+    from spmd_serve.worker.runners import make_draft_runner
+
+    if s.speculate_model_path is None:
+        return None
+    cpus = setup_rank_cpus(comm, env_setting("num_threads"), env_setting("bind_cores"))
+    blocks = draft_pool_blocks(s.num_blocks, s.max_num_seqs, MAX_DRAFT_TOKENS, s.block_size)
+    runner: ModelRunner = make_draft_runner(
+        env_setting("device"), s.speculate_model_path, comm.rank, comm, blocks, s.block_size, cpus.threads
+    )
+    comm.barrier()
+    return runner
+
+
+def _draft_proposer(comm: Comm, draft_runner: ModelRunner | None, s: EngineSettings) -> Proposer | None:
+    """draft_model's proposer over the ranks' draft runners (None for the other methods)."""
+    from spmd_serve.engine.draft_model import make_draft_proposer, scratch_per_seq
+    from spmd_serve.engine.speculative import canonical_method
+    from spmd_serve.model_dir import max_positions
+
+    if canonical_method(s.speculate_method) != "draft_model":
+        return None
+    assert draft_runner is not None and s.speculate_model_path is not None, "draft_model needs open_draft's runner"
+    k = s.speculate_max_draft_token_num
+    need = s.num_blocks + s.max_num_seqs * scratch_per_seq(k, s.block_size)
+    have = draft_runner.pool.num_blocks
+    assert need <= have, f"the draft pool has {have} blocks, {need} needed"
+    positions = max_positions(s.speculate_model_path)
+    return make_draft_proposer(comm, draft_runner, s.block_size, s.num_blocks, k, positions)
+
+
 def make_engine(
-    comm: Comm, runner: ModelRunner, model_dir: str, s: EngineSettings, capacity: int, sampler: Sampler | None = None
+    comm: Comm,
+    runner: ModelRunner,
+    model_dir: str,
+    s: EngineSettings,
+    capacity: int,
+    sampler: Sampler | None = None,
+    draft_runner: ModelRunner | None = None,
 ) -> Engine:
     """Rank 0: an engine over ranks opened by `open_ranks` (several may run one after the other;
-    they share the pool, each with its own block accounting)."""
+    they share the pool, each with its own block accounting); `draft_runner`: `open_draft`'s."""
     from spmd_serve.engine.client import EngineClient
     from spmd_serve.engine.engine import Engine
-    from spmd_serve.engine.speculative import make_speculator
+    from spmd_serve.engine.speculative import DEFAULT_MIN_ACCEPTANCE, make_speculator
     from spmd_serve.scheduler.scheduler import SchedulerConfig
 
     cfg = json.loads(open(f"{model_dir}/config.json").read())
@@ -115,7 +161,8 @@ def make_engine(
         s.speculate_method,
         s.speculate_max_draft_token_num,
         s.speculate_max_ngram_size,
-        *([] if s.speculate_min_acceptance is None else [s.speculate_min_acceptance]),
+        s.speculate_min_acceptance if s.speculate_min_acceptance is not None else DEFAULT_MIN_ACCEPTANCE,
+        _draft_proposer(comm, draft_runner, s),
     )
     client = EngineClient(capacity=capacity)
     return Engine(sched, comm, runner, client, s.eos_token_ids, sampler=sampler, speculator=spec)
@@ -131,12 +178,13 @@ def generate(
 
     s = EngineSettings(**settings)
     comm, runner = open_ranks(model_dir, s)
+    draft_runner = open_draft(comm, s)
     if comm.rank != 0:
-        worker_loop(comm, runner)
+        worker_loop(comm, runner, draft_runner)
         return None
     captured: dict[str, list[npt.NDArray[np.float32]]] = {str(i): [] for i in range(len(prompts))}
     sampler = _CapturingSampler(captured) if capture_logits else None
-    engine = make_engine(comm, runner, model_dir, s, len(prompts), sampler)
+    engine = make_engine(comm, runner, model_dir, s, len(prompts), sampler, draft_runner)
     reqs = [Request(str(i), list(p), params, eos_token_ids=s.eos_token_ids) for i, p in enumerate(prompts)]
     for r in reqs:  # all admitted before the first step, so they are batched together
         engine.scheduler.add_request(r)

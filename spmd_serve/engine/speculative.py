@@ -12,9 +12,11 @@ Proposers:
   followed that earlier occurrence (its latest) are the drafts.  Deterministic drafts (a one-hot
   draft distribution).  An index of every n-gram's latest end is kept per request and extended
   with the new tokens only, so a proposal costs O(max_ngram) dict look-ups, not a scan.
-* `draft_model` and `mtp` implement the same `Proposer` protocol; a proposer whose drafts are
-  sampled also returns their distributions (`Drafts.probs`) for rejection sampling.  Neither is
-  built yet (see docs/architecture.md "Speculative decoding").
+* `DraftModelProposer` (`draft_model`, engine/draft_model.py): a small model of the same tokenizer
+  run on every rank (draft plans, engine/draft_plans.py), made where that model is loaded and
+  passed to `make_speculator`.  `mtp` will implement the same `Proposer` protocol (not built yet:
+  docs/architecture.md "Speculative decoding"); a proposer whose drafts are sampled from a
+  distribution q of their own returns it (`draft_probs`) for rejection sampling.
 
 The per-step rule: drafts cost query tokens in the step whether they are accepted or not.  At
 batch 1 that is nearly free (the step is launch- and weight-bound), but in a full batch drafts that
@@ -42,6 +44,7 @@ METHODS = {"inference_with_reference": NGRAM, NGRAM: NGRAM, "draft_model": "draf
 # decoding": at batch 32 drafts accepted ~7 % of the time cost 24 %, ~87 % gained 84 %; even ~25 %).
 DEFAULT_MIN_ACCEPTANCE = 0.3
 PROBE_EVERY = 16  # decode steps between two probes of a request that is not drafting
+MAX_DRAFT_TOKENS = 8  # SPECULATE_MAX_DRAFT_TOKEN_NUM's upper bound
 
 
 @dataclass(frozen=True)
@@ -55,8 +58,8 @@ class SpecConfig:
     min_acceptance: float = DEFAULT_MIN_ACCEPTANCE
 
     def __post_init__(self) -> None:
-        if not 1 <= self.num_draft <= 8:
-            raise ValueError(f"SPECULATE_MAX_DRAFT_TOKEN_NUM must be 1..8, got {self.num_draft}")
+        if not 1 <= self.num_draft <= MAX_DRAFT_TOKENS:
+            raise ValueError(f"SPECULATE_MAX_DRAFT_TOKEN_NUM must be 1..{MAX_DRAFT_TOKENS}, got {self.num_draft}")
         if not 1 <= self.max_ngram <= 8:
             raise ValueError(f"SPECULATE_MAX_NGRAM_SIZE must be 1..8, got {self.max_ngram}")
 
@@ -135,7 +138,7 @@ def make_proposer(cfg: SpecConfig) -> Proposer:
     """The proposer of `cfg.method` (those that need a model are made where the model is loaded)."""
     if cfg.method == NGRAM:
         return NgramProposer(cfg.max_ngram)
-    raise ValueError(f"SPECULATE_METHOD={cfg.method} is not built yet")
+    raise ValueError(f"SPECULATE_METHOD={cfg.method}: its proposer is made where its model is loaded")
 
 
 @dataclass
@@ -190,10 +193,15 @@ class Speculator:
 
 
 def make_speculator(
-    method: str, num_draft: int, max_ngram: int, min_acceptance: float = DEFAULT_MIN_ACCEPTANCE
+    method: str,
+    num_draft: int,
+    max_ngram: int,
+    min_acceptance: float = DEFAULT_MIN_ACCEPTANCE,
+    proposer: Proposer | None = None,
 ) -> Speculator | None:
-    """The engine's Speculator for SPECULATE_METHOD and its sizes; None for "none"."""
+    """The engine's Speculator for SPECULATE_METHOD and its sizes; None for "none".  `proposer`:
+    the one of a method that needs a model (made where the model is loaded)."""
     method = canonical_method(method)
     if method == "none":
         return None
-    return Speculator(SpecConfig(method, num_draft, max_ngram, min_acceptance))
+    return Speculator(SpecConfig(method, num_draft, max_ngram, min_acceptance), proposer)

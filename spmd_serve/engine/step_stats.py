@@ -1,7 +1,8 @@
 """Per-step timing of the engine loop, so a regression can be located without a profiler.
 
 Phases of one step (DESIGN §2), each timed by rank 0's engine thread with `with stats.phase(p):`
-(timing.py's `PhaseTimer`): `schedule`, `broadcast` (building the StepPlan and sending it),
+(timing.py's `PhaseTimer`): `schedule` (and within it `draft`: the speculative proposer, with a
+draft model's own plans on every rank; 0 without speculation), `broadcast` (building the StepPlan and sending it),
 `execute`, `sample`, `update` (the scheduler's update and the metrics).  `execute` is split further
 by the ModelRunner into its own `PhaseTimer` (every graph segment, the allreduce / logits gather
 collectives, the KV-cache writes); `execute_other` is what is left of `execute` (feed building, the
@@ -30,7 +31,7 @@ from typing import Any
 from spmd_serve.timing import PhaseTimer
 
 log = logging.getLogger("spmd_serve.engine")
-PHASES = ("schedule", "broadcast", "execute", "sample", "update")
+PHASES = ("schedule", "draft", "broadcast", "execute", "sample", "update")
 
 
 @dataclass

@@ -16,7 +16,8 @@ n + j < min_tokens, temperature, top-k, top-p; `position_rows`).
   as p_j without d_j, renormalised — the residual norm(max(0, p - q)).  Because it uses the same
   draws as plain decoding, a request's tokens are the same with and without speculation (greedy:
   the arg-max; seeded: the same draws), and never depend on what else shares the batch.
-* Drafts sampled from a distribution q (a draft model at temperature > 0; `rejection_sample`):
+* Drafts sampled from a distribution q on streams of the proposer's own (`rejection_sample`; the
+  draft_model proposer instead draws on the target's own draws, so its drafts are matched):
   the standard rule.  Draft j is accepted when u_j * q_j(d_j) < p_j(d_j), u_j uniform from Philox
   keyed (seed, n + j) on its own counter stream; the first rejected one is replaced by a draw from
   norm(max(0, p_j - q_j)); if every draft is accepted a bonus token is drawn from the last row.

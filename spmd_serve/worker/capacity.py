@@ -26,23 +26,27 @@ def kv_bytes_per_block(kv: KVLayout | Mapping[str, int], block_size: int, kv_int
     return block_size * layout.bytes_per_token(kv_int8)
 
 
-def check_kv_fits(cfg, layout: KVLayout, ranks_on_node: int) -> None:
+def check_kv_fits(cfg, layout: KVLayout, ranks_on_node: int, draft: KVLayout | None = None, scratch: int = 0) -> None:
+    """The rank's KV pool, and a draft model's (`draft`: its layout, fp32; a block per target block
+    plus `scratch` blocks: engine/draft_model.draft_pool_blocks), must fit in its share of memory."""
     per_block = kv_bytes_per_block(layout, cfg.block_size, cfg.use_cache_kv_int8)
-    need = per_block * cfg.num_blocks()
+    draft_block = kv_bytes_per_block(draft, cfg.block_size) if draft is not None else 0
+    per_block += draft_block
+    need = per_block * cfg.num_blocks() + draft_block * scratch
     budget = psutil.virtual_memory().available * MEMORY_FRACTION / max(ranks_on_node, 1)
     if need > budget:
         blocks_per_seq = math.ceil(max(cfg.max_seq_len, cfg.max_dec_len) / cfg.block_size)
         fits = int(budget // (per_block * blocks_per_seq))
         raise ConfigError(
-            f"BLOCK_BS={cfg.block_bs} needs {need / 2**30:.1f} GiB of KV cache per rank but only "
+            f"BLOCK_BS={cfg.block_bs} needs {need / 2**30:.1f} GiB of KV cache per rank"
+            f"{' (the draft model’s included)' if draft is not None else ''} but only "
             f"{budget / 2**30:.1f} GiB is available; the largest BLOCK_BS that fits is {fits}"
         )
 
 
 # SPECULATE_METHOD values this build cannot serve yet, with why (the rest of the feature is built).
 NOT_BUILT_METHODS = {
-    "mtp": "the MTP proposer needs the target's last hidden state out of the graphs (docs/architecture.md)",
-    "draft_model": "a draft model's proposer (its own runner and KV pool on every rank)",
+    "mtp": "the MTP proposer needs the target's last hidden state out of the graphs (docs/architecture.md)"
 }
 
 

@@ -7,6 +7,8 @@ Paddle was compiled with, unless `SPMD_DEVICE` says otherwise.
     SPMD_DEVICE=gpu   the GPU runner; refused on a Paddle built without CUDA
 
 Both runners take the same arguments and provide the engine's `Runner` interface (engine/interfaces.py).
+`make_draft_runner` is the same choice for speculative decoding's draft model (SPECULATE_METHOD=
+draft_model): a second runner on every rank over the draft's export, with a KV pool of its own.
 """
 
 from __future__ import annotations
@@ -46,3 +48,12 @@ def make_runner(device: str, *args: Any, **kwargs: Any) -> Any:
     from spmd_serve.worker.model_runner import ModelRunner
 
     return ModelRunner(*args, **kwargs)
+
+
+def make_draft_runner(
+    device: str, draft_dir: Any, rank: int, comm: Any, num_blocks: int, block_size: int, num_threads: int
+) -> Any:
+    """The rank's draft runner: `num_blocks` is engine/draft_model.draft_pool_blocks (the target's
+    block ids mirrored, then scratch); its pool is float32 whatever USE_CACHE_KV_INT8 says (a draft's
+    K/V only steer its proposals), and the heap tuning is the target runner's, already done."""
+    return make_runner(device, draft_dir, rank, comm, num_blocks, block_size, num_threads, malloc_tuning=False)

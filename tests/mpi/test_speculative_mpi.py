@@ -3,7 +3,11 @@ question asked again, so n-gram drafts are mostly right) give exactly the tokens
 with `inference_with_reference` on, at TP 1 and 2 (one graph per rank, and Paddle's own ops with
 a graph per stage, whose padded attention runs the verifying sequences as a separate pass; and
 DeepSeek's MLA at TP 2), with
-prefix caching, with a pool small enough to preempt, greedy and seeded sampling alike."""
+prefix caching, with a pool small enough to preempt, greedy and seeded sampling alike.
+
+The same with `draft_model`: the served export drafting for itself (every draft of a greedy
+request must then be accepted: the draft's K/V, its catch-up and its scratch blocks are right), and
+a noisy copy of its weights (some drafts rejected: the rollback and the draft's K/V count after it)."""
 
 from __future__ import annotations
 
@@ -15,12 +19,21 @@ pytestmark = pytest.mark.mpi
 SYSTEM = "You are a careful assistant. Repeat your answer when asked again. "
 QUESTIONS = [["What is a lantern?", "What is a lantern?"], ["Name a river.", "Name a river."]]
 NGRAM = {"speculate_method": "inference_with_reference", "speculate_max_draft_token_num": 4}
-SETTINGS = [
-    {},  # plain decoding, roomy pool: the reference
-    NGRAM,
-    {**NGRAM, "enable_prefix_caching": True, "speculate_max_draft_token_num": 2, "speculate_max_ngram_size": 1},
-    {**NGRAM, "num_blocks": 12},  # 12 blocks of 16 cannot hold both chats' second turns: preemption
-]
+DRAFT = {"speculate_method": "draft_model", "speculate_max_draft_token_num": 3}
+# a draft of other weights is often wrong: drafting every step (no per-step rule) exercises rejection
+OTHER = {**DRAFT, "speculate_min_acceptance": 0.0}
+
+
+def settings(method: dict) -> list[dict]:
+    return [
+        {},  # plain decoding, roomy pool: the reference
+        method,
+        {**method, "enable_prefix_caching": True, "speculate_max_draft_token_num": 2, "speculate_max_ngram_size": 1},
+        {**method, "num_blocks": 12},  # 12 blocks of 16 cannot hold both chats' second turns: preemption
+    ]
+
+
+SETTINGS = settings(NGRAM)
 
 
 @pytest.fixture(scope="module")
@@ -39,13 +52,37 @@ def tok(demo_checkpoint):
     return ServingTokenizer.from_model_dir(demo_checkpoint)
 
 
-def run(n: int, model_dir, tok, tmp_path, params: dict) -> list[dict]:
+NOISE = 0.3  # of each weight tensor's standard deviation: the draft agrees with the target, often
+
+
+@pytest.fixture(scope="module")
+def other_weights(demo_checkpoint, tmp_path_factory):
+    """The tiny demo with its weights perturbed by noise (the same tokenizer), at TP 1 and 2."""
+    import shutil
+
+    import numpy as np
+    from safetensors.numpy import load_file, save_file
+
+    from spmd_serve.export import export_checkpoint
+
+    ckpt = tmp_path_factory.mktemp("ckpt") / "tiny-noisy"
+    shutil.copytree(demo_checkpoint, ckpt)
+    rng = np.random.default_rng(1)
+    weights = load_file(ckpt / "model.safetensors")
+    noisy = {k: w + (NOISE * w.std() * rng.standard_normal(w.shape)).astype(w.dtype) for k, w in weights.items()}
+    save_file(noisy, str(ckpt / "model.safetensors"))
+    out = tmp_path_factory.mktemp("served")
+    return {n: export_checkpoint(ckpt, out / f"tp{n}", tp=n, graph_ops="cpp") for n in (1, 2)}
+
+
+def run(n: int, model_dir, tok, tmp_path, params: dict, setting_list=SETTINGS, draft=None) -> list[dict]:
+    engine = {"block_size": 16, "num_blocks": 64, "max_num_batched_tokens": 32, "max_num_seqs": 2}
     spec = {
         "system": [tok.bos_token_id] + tok.encode(SYSTEM),
         "turns": [[tok.encode(" User: " + q + " Assistant:") for q in chat] for chat in QUESTIONS],
         "params": params,
-        "engine": {"block_size": 16, "num_blocks": 64, "max_num_batched_tokens": 32, "max_num_seqs": 2},
-        "settings": SETTINGS,
+        "engine": {**engine, **({"speculate_model_path": str(draft)} if draft is not None else {})},
+        "settings": setting_list,
     }
     return run_driver(n, "tests.support.spec_driver", model_dir, spec, tmp_path)
 
@@ -63,11 +100,45 @@ CASES = [(s, p) for s in ("tp1", "tp2", "tp2_segments") for p in PARAMS] + [("de
 @pytest.mark.parametrize("served,params", CASES, ids=[f"{s}-{p}" for s, p in CASES])
 def test_speculation_gives_the_tokens_of_plain_decoding(served, params, request, tok, tmp_path):
     model_dir = request.getfixturevalue(f"served_{served}")
-    plain, *spec = run(1 if served == "tp1" else 2, model_dir, tok, tmp_path, PARAMS[params])
+    check_parity(run(1 if served == "tp1" else 2, model_dir, tok, tmp_path, PARAMS[params]), SETTINGS)
+
+
+def check_parity(results: list[dict], setting_list: list[dict], saves_steps: bool = True) -> list[dict]:
+    """Every speculative setting gave the reference's tokens, returned every block, and the small
+    pool preempted; the speculative results."""
+    plain, *spec = results
     assert plain["drafts"] == 0 and plain["preemptions"] == 0
-    for got, setting in zip(spec, SETTINGS[1:]):
+    for got, setting in zip(spec, setting_list[1:]):
         assert got["tokens"] == plain["tokens"]
         assert got["accepted"] > 0  # some drafts were right
         assert got["free_blocks"] == setting.get("num_blocks", 64)  # every block back (cached ones are free)
-    assert spec[0]["steps"] < plain["steps"] and spec[1]["steps"] < plain["steps"]  # accepted drafts saved steps
+    if saves_steps:  # accepted drafts saved steps
+        assert spec[0]["steps"] < plain["steps"] and spec[1]["steps"] < plain["steps"]
     assert spec[2]["preemptions"] > 0  # the small pool preempted, with drafts in flight
+    return spec
+
+
+DRAFT_CASES = [(s, p) for s in ("tp1", "tp2", "tp2_segments") for p in PARAMS]
+
+
+@pytest.mark.parametrize("served,params", DRAFT_CASES, ids=[f"{s}-{p}" for s, p in DRAFT_CASES])
+def test_a_model_drafting_for_itself_gives_the_tokens_of_plain_decoding(served, params, request, tok, tmp_path):
+    model_dir = request.getfixturevalue(f"served_{served}")
+    n = 1 if served == "tp1" else 2
+    draft_settings = settings(DRAFT)
+    spec = check_parity(run(n, model_dir, tok, tmp_path, PARAMS[params], draft_settings, model_dir), draft_settings)
+    # the draft computes what the target does: every greedy draft is right, and a seeded one is
+    # drawn on the draw the target verifies it with (up to the float rounding of 1 vs 1 + d query rows)
+    share = 1.0 if params == "greedy" else 0.95
+    assert all(got["accepted"] >= share * got["drafts"] for got in spec), spec
+
+
+@pytest.mark.parametrize("n", [1, 2])
+@pytest.mark.parametrize("params", list(PARAMS))
+def test_a_draft_of_other_weights_gives_the_tokens_of_plain_decoding(n, params, other_weights, request, tok, tmp_path):
+    model_dir = request.getfixturevalue(f"served_tp{n}")
+    draft_settings = settings(OTHER)
+    spec = check_parity(
+        run(n, model_dir, tok, tmp_path, PARAMS[params], draft_settings, other_weights[n]), draft_settings, False
+    )
+    assert all(got["accepted"] < got["drafts"] for got in spec), spec  # rejections happened

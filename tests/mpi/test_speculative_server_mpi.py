@@ -2,7 +2,9 @@
 and add up to the non-streamed answer, which is plain decoding's (the same server's answer with
 drafts unusable is the reference: the engine test tier proves tokens equal plain decoding's); a
 stop string ends the text and the token count where it would without speculation; /metrics
-counts the drafts verified and accepted, by method."""
+counts the drafts verified and accepted, by method.  SPECULATE_METHOD=draft_model too: the served
+model drafting for itself gives the same answer with every greedy draft accepted, counted under
+method="draft_model", its draft plans timed as the step's "draft" phase."""
 
 from __future__ import annotations
 
@@ -23,6 +25,14 @@ BODY = {"text": "Tell me about bread.", "temperature": 0, "max_dec_len": 128, "m
 @pytest.fixture(scope="module")
 def server(served_tp1, tmp_path_factory):
     env = {"SPECULATE_METHOD": "ngram", "SPECULATE_MAX_DRAFT_TOKEN_NUM": "4"}
+    with ServerProcess(1, served_tp1, tmp_path_factory.mktemp("logs") / "server.log", **env) as srv:
+        srv.metrics_url = f"http://127.0.0.1:{srv.env['METRICS_HTTP_PORT']}/metrics"
+        yield srv
+
+
+@pytest.fixture(scope="module")
+def draft_server(served_tp1, tmp_path_factory):
+    env = {"SPECULATE_METHOD": "draft_model", "SPECULATE_MODEL_PATH": str(served_tp1)}
     with ServerProcess(1, served_tp1, tmp_path_factory.mktemp("logs") / "server.log", **env) as srv:
         srv.metrics_url = f"http://127.0.0.1:{srv.env['METRICS_HTTP_PORT']}/metrics"
         yield srv
@@ -64,3 +74,16 @@ def test_a_stop_string_ends_where_it_would_without_speculation(server, tok):
     for got in (requests.post(server.url, json=body, timeout=120).json(), stream(server, body)[-1]):
         assert got["tokens_all"] == text[: text.index(stop)]
         assert got["tokens_all_num"] == need and got["tokens_all_ids"] == ids[:need]
+
+
+def test_a_draft_model_gives_the_answer_of_plain_decoding_counted_by_method(server, draft_server):
+    want = requests.post(server.url, json=BODY, timeout=120).json()  # plain decoding's tokens (above)
+    got = requests.post(draft_server.url, json={**BODY, "max_dec_len": 40, "min_dec_len": 40}, timeout=120).json()
+    assert got["error_code"] == 0 and got["tokens_all_ids"] == want["tokens_all_ids"][:40]
+    frames = stream(draft_server, BODY)
+    assert [t for f in frames for t in f["token_ids"]] == want["tokens_all_ids"]
+    assert max(len(f["token_ids"]) for f in frames) == 2  # SPECULATE_MAX_DRAFT_TOKEN_NUM=1: a draft + the target's
+    s = Samples(requests.get(draft_server.metrics_url, timeout=10).text)
+    drafts, accepted = (s.get(f"spec_decode_num_{k}_tokens_total", method="draft_model") for k in ("draft", "accepted"))
+    assert 0 < accepted == drafts  # the model drafting for itself: every greedy draft is right
+    assert s.get("step_phase_seconds_total", phase="draft") > 0

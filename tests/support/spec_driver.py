@@ -7,7 +7,8 @@ SPEC: {"system": [ids], "turns": [[[ids] per turn] per chat], "params": {...}, "
 "settings": [{EngineSettings fields that differ}, ...]}.  Every rank opens its shard once (the
 pool sized by "engine"); rank 0 runs one engine per setting over the same ranks (the workers stay
 in their plan loop throughout) and writes, per setting, each request's tokens, the preemptions,
-the drafts verified and accepted, the steps and the free blocks at the end.
+the drafts verified and accepted, the steps and the free blocks at the end.  "engine" may name a
+draft model (`speculate_model_path`), opened once on every rank for the settings that use it.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ def drive_settings(
     import dataclasses
 
     from spmd_serve.engine.engine import worker_loop
-    from spmd_serve.engine.offline import EngineSettings, make_engine, open_ranks, run_chats
+    from spmd_serve.engine.offline import EngineSettings, make_engine, open_draft, open_ranks, run_chats
     from spmd_serve.protocol import StepPlan
     from spmd_serve.sampling_params import SamplingParams
 
@@ -33,12 +34,14 @@ def drive_settings(
     engine_kw["eos_token_ids"] = frozenset(engine_kw.get("eos_token_ids", ()))
     base = EngineSettings(**engine_kw)
     comm, runner = open_ranks(model_dir, base)
+    draft_runner = open_draft(comm, base)  # engine.speculate_model_path: a draft model for every setting
     if comm.rank != 0:
-        worker_loop(comm, runner)
+        worker_loop(comm, runner, draft_runner)
         return None
     out, step_id = [], 0
     for changes in settings:
-        engine = make_engine(comm, runner, model_dir, dataclasses.replace(base, **changes), len(spec["turns"]))
+        s = dataclasses.replace(base, **changes)
+        engine = make_engine(comm, runner, model_dir, s, len(spec["turns"]), draft_runner=draft_runner)
         engine.step_id = step_id
         rounds = run_chats(engine, spec["system"], spec["turns"], SamplingParams(**spec["params"]))
         engine.scheduler.check_invariants()

@@ -10,9 +10,13 @@ from __future__ import annotations
 
 import random
 
+from hypothesis import strategies as st
+
 from spmd_serve.engine.verify import accept_matching
-from spmd_serve.scheduler.scheduler import Scheduler, SchedulerOutput
-from tests.support.scheduler_harness import FakeModel, TokenFn, default_fn
+from spmd_serve.sampling_params import SamplingParams
+from spmd_serve.scheduler.request import Request
+from spmd_serve.scheduler.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
+from tests.support.scheduler_harness import EOS, FakeModel, TokenFn, default_fn
 
 
 class SpecFakeModel(FakeModel):
@@ -59,3 +63,57 @@ def check_exact_blocks(sched: Scheduler) -> None:
     bm = sched.block_manager
     for r in sched.running:
         assert len(r.block_ids) == bm.blocks_for(r.num_computed_tokens), r
+
+
+def drive(sched: Scheduler, model: SpecFakeModel, reqs: list[Request], aborts: dict[int, str]) -> set[str]:
+    """Every request to its end (`aborts`: step → request aborted then), invariants and exact
+    blocks checked after every step, the pool whole at the end; returns the aborted requests."""
+    for r in reqs:
+        sched.add_request(r)
+    aborted, step = set(), 0
+    while sched.has_unfinished():
+        assert step < 5_000, "no progress"
+        if step in aborts and sched.abort_request(aborts[step]) is not None:
+            aborted.add(aborts[step])
+        model.propose()
+        out = sched.schedule()
+        sched.update(out, model.step(out))
+        sched.check_invariants()
+        check_exact_blocks(sched)
+        step += 1
+    assert sched.block_manager.num_free_blocks == sched.config.num_blocks
+    return aborted
+
+
+@st.composite
+def workloads(draw):
+    """(scheduler config, requests, aborts by step, SpecFakeModel keywords): random workloads on
+    tight pools (preemption, dropped drafts), with or without prefix caching."""
+    block_size = draw(st.integers(1, 4))
+    max_model_len = draw(st.integers(8, 40))
+    n = draw(st.integers(1, 6))
+    totals = [draw(st.integers(3, max_model_len)) for _ in range(n)]
+    biggest = -(-max(totals) // block_size)
+    cfg = SchedulerConfig(
+        max_num_seqs=draw(st.integers(1, 4)),
+        num_blocks=biggest + draw(st.integers(0, 6)),  # tight: preemption and dropped drafts happen
+        block_size=block_size,
+        block_ratio=1.0,
+        max_waiting=16,
+        max_num_batched_tokens=draw(st.integers(2, 16)),
+        max_model_len=max_model_len,
+        enable_prefix_caching=draw(st.booleans()),
+    )
+    shared = draw(st.lists(st.integers(100, 104), min_size=0, max_size=6))  # a common prefix
+    reqs = []
+    for i, total in enumerate(totals):
+        plen = draw(st.integers(1, total - 1))
+        prompt = (shared + draw(st.lists(st.integers(100, 104), min_size=plen, max_size=plen)))[:plen]
+        params = SamplingParams(
+            max_tokens=total - plen, min_tokens=draw(st.integers(0, total - plen)), ignore_eos=draw(st.booleans())
+        )
+        reqs.append(Request(f"r{i}", prompt, params, frozenset({EOS})))
+    aborts = {draw(st.integers(0, 30)): f"r{draw(st.integers(0, n - 1))}" for _ in range(draw(st.integers(0, 2)))}
+    accuracy = draw(st.sampled_from([0.0, 0.5, 0.9, 1.0]))
+    model = dict(k=draw(st.integers(1, 5)), accuracy=accuracy, seed=draw(st.integers(0, 99)))
+    return cfg, reqs, aborts, model

@@ -181,7 +181,7 @@ def test_ngram_speculation_is_accepted_with_any_k(method):
         check_supported(load_config([], {"SPECULATE_METHOD": method, "SPECULATE_MAX_DRAFT_TOKEN_NUM": k}))
 
 
-@pytest.mark.parametrize("method", ["mtp", "draft_model"])
+@pytest.mark.parametrize("method", ["mtp"])
 def test_unbuilt_proposers_are_refused_at_start(method):
     """A proposer that is not built yet stops start-up with one line naming the variable."""
     with pytest.raises(ConfigError, match=rf"^SPECULATE_METHOD={method} is not built yet"):

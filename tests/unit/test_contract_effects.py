@@ -106,15 +106,17 @@ EFFECTS: dict[str, list[str]] = {
         "tests/unit/test_spec_proposer.py::test_ngram_index_matches_the_definition_as_tokens_arrive",
         SPECULATOR,
     ],
+    "SPECULATE_MODEL_PATH": [
+        "tests/mpi/test_speculative_server_mpi.py::test_a_draft_model_gives_the_answer_of_plain_decoding_counted_by_method",
+        "tests/unit/test_model_dir.py::test_a_draft_that_cannot_draft_for_the_target_is_refused_in_one_line",
+    ],
     "API_KEY": [
         "tests/mpi/test_grpc_mpi.py::test_health_metadata_config",
         "tests/mpi/test_metrics_mpi.py::test_counters_and_histograms_grow_by_exact_amounts",
         FRONT_END,
     ],
 }
-PENDING = {  # variables whose effect belongs to an open item of issue 17 (another change adds the test)
-    "SPECULATE_MODEL_PATH": "issue 15, the draft_model proposer (refused at start until it is built)"
-}
+PENDING: dict[str, str] = {}  # variables whose effect belongs to an open item (another change adds the test)
 
 
 def contract_variables() -> list[str]:

@@ -6,69 +6,16 @@ holding exactly the blocks of its computed tokens after every step (rejections r
 from __future__ import annotations
 
 from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
 
-from spmd_serve.sampling_params import SamplingParams
-from spmd_serve.scheduler.request import Request
-from spmd_serve.scheduler.scheduler import Scheduler, SchedulerConfig
+from spmd_serve.scheduler.scheduler import Scheduler
 from tests.support.scheduler_harness import EOS, make_request, make_scheduler, reference
-from tests.support.spec_harness import SpecFakeModel, check_exact_blocks
+from tests.support.spec_harness import SpecFakeModel, drive, workloads
 
 
 def _fn(prompt: tuple[int, ...], pos: int) -> int:
     """EOS about one time in twelve; tokens repeat with a short period so drafts can be right."""
     h = (sum(prompt) * 131 + (pos % 7) * 29 + pos // 40) % 1000
     return EOS if h % 12 == 0 else 100 + h
-
-
-def drive(sched: Scheduler, model: SpecFakeModel, reqs: list[Request], aborts: dict[int, str]) -> set[str]:
-    for r in reqs:
-        sched.add_request(r)
-    aborted, step = set(), 0
-    while sched.has_unfinished():
-        assert step < 5_000, "no progress"
-        if step in aborts and sched.abort_request(aborts[step]) is not None:
-            aborted.add(aborts[step])
-        model.propose()
-        out = sched.schedule()
-        sched.update(out, model.step(out))
-        sched.check_invariants()
-        check_exact_blocks(sched)
-        step += 1
-    assert sched.block_manager.num_free_blocks == sched.config.num_blocks
-    return aborted
-
-
-@st.composite
-def workloads(draw):
-    block_size = draw(st.integers(1, 4))
-    max_model_len = draw(st.integers(8, 40))
-    n = draw(st.integers(1, 6))
-    totals = [draw(st.integers(3, max_model_len)) for _ in range(n)]
-    biggest = -(-max(totals) // block_size)
-    cfg = SchedulerConfig(
-        max_num_seqs=draw(st.integers(1, 4)),
-        num_blocks=biggest + draw(st.integers(0, 6)),  # tight: preemption and dropped drafts happen
-        block_size=block_size,
-        block_ratio=1.0,
-        max_waiting=16,
-        max_num_batched_tokens=draw(st.integers(2, 16)),
-        max_model_len=max_model_len,
-        enable_prefix_caching=draw(st.booleans()),
-    )
-    shared = draw(st.lists(st.integers(100, 104), min_size=0, max_size=6))  # a common prefix
-    reqs = []
-    for i, total in enumerate(totals):
-        plen = draw(st.integers(1, total - 1))
-        prompt = (shared + draw(st.lists(st.integers(100, 104), min_size=plen, max_size=plen)))[:plen]
-        params = SamplingParams(
-            max_tokens=total - plen, min_tokens=draw(st.integers(0, total - plen)), ignore_eos=draw(st.booleans())
-        )
-        reqs.append(Request(f"r{i}", prompt, params, frozenset({EOS})))
-    aborts = {draw(st.integers(0, 30)): f"r{draw(st.integers(0, n - 1))}" for _ in range(draw(st.integers(0, 2)))}
-    accuracy = draw(st.sampled_from([0.0, 0.5, 0.9, 1.0]))
-    model = dict(k=draw(st.integers(1, 5)), accuracy=accuracy, seed=draw(st.integers(0, 99)))
-    return cfg, reqs, aborts, model
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])

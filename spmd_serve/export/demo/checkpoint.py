@@ -78,8 +78,14 @@ PRESETS: dict[str, dict[str, int]] = {
         "max_position_embeddings": 4096,
     },
 }
+# The chat model's draft for speculative decoding (SPECULATE_METHOD=draft_model): the tiny shape at
+# the chat model's vocabulary, ~1/4 of its parameters (train.py --preset chat-draft; trained/draft/).
+PRESETS["chat-draft"] = {**PRESETS["tiny"], "vocab_size": PRESETS["chat"]["vocab_size"]}
 TRAINED_PRESET = "chat"
 TRAINED_DIR = Path(__file__).with_name("trained")  # its committed weights and tokenizer (train.py)
+# Every trained preset → where its committed weights are (train.py writes them); all of them use
+# the chat preset's tokenizer (TRAINED_DIR/tokenizer.model), so a draft proposes the target's ids.
+TRAINED_DIRS = {TRAINED_PRESET: TRAINED_DIR, "chat-draft": TRAINED_DIR / "draft"}
 END_OF_TURN_ID = 6  # <|end|>: the trained model ends its answer with it, so it stops generation
 
 DEMO_PRESETS = (*PRESETS, *deepseek.PRESETS)  # deepseek-tiny: export/demo/deepseek.py, with the tiny tokenizer
@@ -162,7 +168,7 @@ def make_config(preset: str) -> dict[str, Any]:
         "bos_token_id": BOS_ID,
         "eos_token_id": EOS_ID,
         "pad_token_id": PAD_ID,
-        "torch_dtype": "float16" if preset == TRAINED_PRESET else "float32",  # as model.safetensors stores it
+        "torch_dtype": "float16" if preset in TRAINED_DIRS else "float32",  # as model.safetensors stores it
     }
 
 
@@ -249,15 +255,17 @@ def write_demo_checkpoint(out_dir: str | Path, preset: str = "tiny", seed: int =
         (out / name).write_text(json.dumps(obj, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
 
     dump("config.json", config)
-    trained = preset == TRAINED_PRESET
+    trained = TRAINED_DIRS.get(preset)
     for name, obj in _tokenizer_files(config, [EOS_ID, END_OF_TURN_ID] if trained else EOS_ID).items():
         dump(name, obj)
-    if trained:
-        if not (TRAINED_DIR / "model.safetensors").is_file():
-            missing = TRAINED_DIR / "model.safetensors"
-            raise FileNotFoundError(f"{missing} is missing: run python -m spmd_serve.export.demo.train")
+    if trained is not None:
+        if not (trained / "model.safetensors").is_file():
+            missing = trained / "model.safetensors"
+            raise FileNotFoundError(
+                f"{missing} is missing: run python -m spmd_serve.export.demo.train --preset {preset}"
+            )
         proto = (TRAINED_DIR / "tokenizer.model").read_bytes()
-        shutil.copyfile(TRAINED_DIR / "model.safetensors", out / "model.safetensors")
+        shutil.copyfile(trained / "model.safetensors", out / "model.safetensors")
     else:
         proto = train_tokenizer(config["vocab_size"])
         save_file(make(config, seed), str(out / "model.safetensors"), metadata={"format": "pt"})  # what HF expects

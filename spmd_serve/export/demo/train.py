@@ -1,11 +1,15 @@
-"""Trains the demo chat model: a small Llama that answers in recognisable English (issue 15).
+"""Trains the demo chat model: a small Llama that answers in recognisable English (issue 15), and
+its draft model for speculative decoding.
 
-This module owns the training recipe of the "chat" demo preset, whose result is committed in
-`trained/` (`model.safetensors` in float16, `tokenizer.model`, `training.json`), so serving it costs
-nothing at first use.  It reproduces those files on a machine with the same source texts
-(training.json records their sha256):
+This module owns the training recipe of the trained demo presets (checkpoint.TRAINED_DIRS), whose
+results are committed: "chat" in `trained/` (`model.safetensors` in float16, `tokenizer.model`,
+`training.json`), "chat-draft" in `trained/draft/` (the same recipe at a smaller size and fewer
+steps, with the chat model's tokenizer, so its ids are the target's), so serving them costs nothing
+at first use.  It reproduces those files on a machine with the same source texts (training.json
+records their sha256):
 
-    python -m spmd_serve.export.demo.train            # ~15 min on one CPU core; --out DIR elsewhere
+    python -m spmd_serve.export.demo.train                       # ~25 min on one CPU core
+    python -m spmd_serve.export.demo.train --preset chat-draft   # ~7 CPU-minutes; --out DIR elsewhere
 
 * data: training_data.py (corpus, licences, template sentences, chats; held-out parts never seen);
 * tokenizer: the demo SentencePiece recipe with that text added to its training sentences;
@@ -30,7 +34,15 @@ from typing import Any
 
 import numpy as np
 
-from spmd_serve.export.demo.checkpoint import BOS_ID, EOS_ID, TRAINED_DIR, make_config, train_tokenizer
+from spmd_serve.export.demo.checkpoint import (
+    BOS_ID,
+    EOS_ID,
+    TRAINED_DIR,
+    TRAINED_DIRS,
+    TRAINED_PRESET,
+    make_config,
+    train_tokenizer,
+)
 from spmd_serve.export.demo.training_data import (
     chat_documents,
     held_out_texts,
@@ -40,6 +52,9 @@ from spmd_serve.export.demo.training_data import (
 )
 
 CHAT_SHARE = 0.3  # of each batch's windows come from the chat stream
+# Training steps per trained preset.  The draft's are what ~8 CPU-minutes allow on the development
+# machine (a step of the smaller model is ~4x cheaper than the chat model's).
+DEFAULT_STEPS = {TRAINED_PRESET: 1000, "chat-draft": 1600}
 
 
 def _paddle_to_hf(state: dict[str, Any]) -> dict[str, np.ndarray]:
@@ -127,14 +142,20 @@ def main(argv: list[str] | None = None) -> None:
     import sentencepiece as spm
     from safetensors.numpy import save_file
 
-    ap = argparse.ArgumentParser(description="Train the demo chat model (writes trained/).")
-    ap.add_argument("--out", type=Path, default=TRAINED_DIR)
-    ap.add_argument("--steps", type=int, default=1000)
+    ap = argparse.ArgumentParser(description="Train a trained demo preset (writes trained/ or trained/draft/).")
+    ap.add_argument("--preset", default=TRAINED_PRESET, choices=sorted(TRAINED_DIRS))
+    ap.add_argument("--out", type=Path, default=None, help="default: the preset's committed folder")
+    ap.add_argument("--steps", type=int, default=None, help="default: DEFAULT_STEPS of the preset")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
+    args.out = args.out or TRAINED_DIRS[args.preset]
+    args.steps = args.steps or DEFAULT_STEPS[args.preset]
 
-    config = make_config("chat")
-    proto = train_tokenizer(config["vocab_size"], tokenizer_extra())
+    config = make_config(args.preset)
+    if args.preset == TRAINED_PRESET:
+        proto = train_tokenizer(config["vocab_size"], tokenizer_extra())
+    else:  # a draft shares the chat model's tokenizer: the same ids, byte for byte
+        proto = (TRAINED_DIR / "tokenizer.model").read_bytes()
     sp = spm.SentencePieceProcessor(model_proto=proto)
 
     def encode(texts: list[str]) -> list[list[int]]:
@@ -145,10 +166,12 @@ def main(argv: list[str] | None = None) -> None:
     t0 = time.perf_counter()
     weights, losses = train(config, prose, chats, args.steps, seed=args.seed, held_out=held_out)
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "tokenizer.model").write_bytes(proto)
+    if args.preset == TRAINED_PRESET:  # the drafts use this one (checkpoint.write_demo_checkpoint)
+        (args.out / "tokenizer.model").write_bytes(proto)
     save_file(weights, str(args.out / "model.safetensors"), metadata={"format": "pt"})
     os.chmod(args.out / "model.safetensors", 0o644)  # safetensors writes 0600
     record = {
+        "preset": args.preset,
         "steps": args.steps,
         "seed": args.seed,
         "prose_tokens": sum(map(len, prose)),
