@@ -44,6 +44,8 @@ def bench(server: servers.Server, tokenizer: Path, conc: int, prompts: int, out:
         str(prompts),
         "--concurrency",
         str(conc),
+        "--seed",  # prompts of its own per level: a repeated prompt would be answered from the prefix cache
+        str(conc),
         "--no-progress",
         "--json",
         str(out),

@@ -94,4 +94,6 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from spmd_serve.fast_exit import flush_and_exit
+
+    flush_and_exit(main())  # rank 0 waits for its workers to exit: no seconds of Paddle teardown

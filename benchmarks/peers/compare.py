@@ -59,8 +59,12 @@ DEFAULT_ROWS = ("ours-f32", "llama-f32", "llama-f16", "ours-int8", "llama-q8_0")
 PAIRS = (("ours-f32", "llama-f32"), ("ours-f32", "llama-f16"), ("ours-int8", "llama-q8_0"), ("ours-tp2", "llama-f32"))
 
 
-def bench_level(server: servers.Server, args: argparse.Namespace, tokenizer_dir: Path, conc: int, out: Path) -> dict:
-    """One `spmd_serve bench` run of one concurrency level; its JSON."""
+def bench_level(
+    server: servers.Server, args: argparse.Namespace, tokenizer_dir: Path, conc: int, attempt: int, out: Path
+) -> dict:
+    """One `spmd_serve bench` run of one concurrency level; its JSON.  Every level and attempt sends
+    prompts of its own (the seed says which), the same ones to every server: no server answers a
+    prompt it has seen before from its prompt cache."""
     n = args.num_prompts_c1 if conc == 1 else args.num_prompts
     script = servers.spmd_serve_cmd()
     # fresh_connections: llama-server drops kept-alive connections after streams (see there)
@@ -85,7 +89,7 @@ def bench_level(server: servers.Server, args: argparse.Namespace, tokenizer_dir:
         "--concurrency",
         str(conc),
         "--seed",
-        str(args.seed),
+        str(args.seed + 1000 * conc + attempt),
         "--no-progress",
         "--json",
         str(out),
@@ -113,7 +117,7 @@ def bench(server: servers.Server, args: argparse.Namespace, tokenizer_dir: Path,
             left = args.deadline - time.monotonic()
             before = wait_quiet(server.pid, args.max_busy, max(0.0, min(args.quiet_timeout, left)))
             meter = ForeignCpu(server.pid)
-            doc = bench_level(server, args, tokenizer_dir, conc, out_dir / f"bench-c{conc}-{attempt}.json")
+            doc = bench_level(server, args, tokenizer_dir, conc, attempt, out_dir / f"bench-c{conc}-{attempt}.json")
             foreign = meter.share()
             attempts.append((foreign, doc))
             print(

@@ -101,12 +101,14 @@ def main(argv: list[str] | None = None) -> int:
     if not args.tokenizer:
         print("spmd_serve bench: --tokenizer MODEL_DIR (or $MODEL_DIR) is needed to build the prompts", file=sys.stderr)
         return 2
-    if args.input_len < 1 or args.output_len < 1 or args.num_prompts < 1:
-        print("spmd_serve bench: --input-len, --output-len and --num-prompts must be >= 1", file=sys.stderr)
+    if args.input_len < 1 or args.output_len < 1 or args.num_prompts < 1 or args.warmup < 0:
+        print("spmd_serve bench: --input-len, --output-len, --num-prompts must be >= 1, --warmup >= 0", file=sys.stderr)
         return 2
     base = args.base_url or DEFAULT_URLS.get(args.backend, "http://127.0.0.1:9965")
     target = Target(args.backend, base.rstrip("/"), args.model, args.output_len, args.api_key, args.timeout)
-    prompts = synthetic_prompts(load_tokenizer(args.tokenizer), args.num_prompts, args.input_len, args.seed)
+    # fresh prompts for every level and its warm-up (runner.sweep: a repeated prompt measures a cache)
+    total = len(args.concurrency) * (args.warmup + args.num_prompts)
+    prompts = synthetic_prompts(load_tokenizer(args.tokenizer), total, args.input_len, args.seed)
     runs = asyncio.run(
         sweep(
             target,

@@ -168,19 +168,26 @@ async def sweep(
     metrics_url: str | None = None,
     fn: RequestFn | None = None,
 ) -> list[RunResult]:
-    """One `run_once` per concurrency level, in the order given.
+    """One `run_once` per concurrency level, in the order given, each on prompts of its own.
 
-    Before each level, `warmup` requests (the first prompts, not counted) go one at a time: they
-    wake a cold server and show a misconfiguration before the measured run starts."""
+    `prompts` holds len(concurrencies) equal slices, one per level: a slice's first `warmup`
+    prompts go one at a time, uncounted (they wake a cold server and show a misconfiguration before
+    the measured run), the rest are the level's measured requests.  No prompt is sent twice: a
+    server with a prompt cache (ours, llama-server's slots) would otherwise answer a repeated
+    prompt from it and its TTFT would measure the cache, not the prefill."""
+    per = len(prompts) // max(len(concurrencies), 1)
+    if per <= warmup or per * len(concurrencies) != len(prompts):
+        raise ValueError(f"{len(prompts)} prompts do not split into {len(concurrencies)} levels of {warmup} + n")
     runs = []
-    for c in concurrencies:
+    for i, c in enumerate(concurrencies):
+        level = prompts[i * per : (i + 1) * per]
         if warmup:
-            warm, _ = await run_once(target, prompts[:warmup], 1, math.inf, seed, False, fn)
+            warm, _ = await run_once(target, level[:warmup], 1, math.inf, seed, False, fn)
             for w in warm:
                 if not w.success:
                     print(f"warning: warm-up request failed: {w.error}", file=sys.stderr)
         before = await scrape_step_phases(metrics_url) if metrics_url else None
-        results, duration = await run_once(target, prompts, c, request_rate, seed, progress, fn)
+        results, duration = await run_once(target, level[warmup:], c, request_rate, seed, progress, fn)
         run = RunResult(c, request_rate, calculate_metrics(results, duration), results)
         if metrics_url and before is not None:
             run.server_phases = phase_split(before, await scrape_step_phases(metrics_url))

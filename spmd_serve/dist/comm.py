@@ -13,11 +13,12 @@ import os
 import sys
 import time
 from collections.abc import Callable
-from typing import TypeVar
+from typing import NoReturn, TypeVar
 
 import numpy as np
 from mpi4py import MPI
 
+from spmd_serve.fast_exit import flush_and_exit
 from spmd_serve.protocol import HEADER_LEN, StepPlan
 
 log = logging.getLogger(__name__)
@@ -101,6 +102,11 @@ class Comm:
     def allgather_flags(self, ok: bool, message: str) -> list[tuple[bool, str]]:
         """Start-up agreement: every rank learns whether every other rank loaded fine."""
         return self.comm.allgather((ok, message))
+
+    def exit_now(self, code: int = 0) -> NoReturn:
+        """End this rank after a clean stop, MPI finalised first (mpirun counts a rank that exits
+        without it as failed), without the interpreter's teardown (spmd_serve/fast_exit.py)."""
+        flush_and_exit(code, finalize=MPI.Finalize)
 
     def abort(self, code: int = 1) -> None:
         """End the whole job now (an error on one rank must never leave the others hanging)."""

@@ -220,10 +220,17 @@ def started_with_a_stream(env: dict[str, str], cwd: Path, max_dec_len: int):
 
 
 def test_stop_server_timeout_aborts_what_is_still_in_flight(served_tp2, tmp_path):
-    """`stop_server 1` with a request needing ~8 s: after 1 s a second SIGTERM makes rank 0 end it
-    with an error frame and stop; stop_server says so; nothing is left."""
-    env, log_dir = launcher_env(tmp_path / "log", MODEL_DIR=str(served_tp2), MP_NUM="2"), tmp_path / "log"
-    with started_with_a_stream(env, tmp_path, 1000) as stream:
+    """`stop_server 1` with a request needing several seconds: after 1 s a second SIGTERM makes
+    rank 0 end it with an error frame and stop; stop_server says so; nothing is left."""
+    n = 2000  # the tiny model's context is 2048
+    env = launcher_env(tmp_path / "log", MODEL_DIR=str(served_tp2), MP_NUM="2", MAX_DEC_LEN=str(n))
+    log_dir = tmp_path / "log"
+    with started_with_a_stream(env, tmp_path, n) as stream:
+        # 15 more such streams make each step slower: a lone 1000-token request (~1.5 ms a token
+        # here) once finished while stop_server was still starting, so nothing was left to abort
+        others = [Stream(service_url(env), n, req_id=f"other-{i}") for i in range(15)]
+        for other in others:
+            other.first()
         t0 = time.monotonic()
         res = run("stop_server", "1", env=env, cwd=tmp_path, timeout=60)
         took = time.monotonic() - t0

@@ -109,7 +109,7 @@ def test_runner_counts_failures_from_a_stub_backend():
 # ---- against the fake-engine Harness (real HTTP server, real client code) -----------------------
 @pytest.mark.parametrize("backend", ["openai-completions", "openai-chat", "native"])
 def test_bench_against_harness(srv, backend):
-    prompts = synthetic_prompts(srv.tokenizer, 6, 8, seed=1, id_range=PRINTABLE)
+    prompts = synthetic_prompts(srv.tokenizer, 14, 8, seed=1, id_range=PRINTABLE)  # 2 levels x (1 warm-up + 6)
     runs = asyncio.run(sweep(Target(backend, srv.base, output_len=5), prompts, [1, 3], math.inf))
     assert [r.concurrency for r in runs] == [1, 3]
     for r in runs:
@@ -122,6 +122,15 @@ def test_bench_against_harness(srv, backend):
         else:
             assert m.total_input_tokens > 48
     assert all(cmd.params.min_tokens == 5 for cmd in srv.engine.added)
+    # every level and warm-up on prompts of its own: a repeated prompt would measure a prompt cache
+    sent = [tuple(cmd.prompt_token_ids) for cmd in srv.engine.added]
+    assert len(sent) == 14 and len(set(sent)) == 14
+
+
+def test_sweep_refuses_prompts_that_do_not_split_into_levels(srv):
+    prompts = synthetic_prompts(srv.tokenizer, 5, 8, seed=1, id_range=PRINTABLE)
+    with pytest.raises(ValueError, match="do not split into 2 levels"):
+        asyncio.run(sweep(Target("native", srv.base, output_len=5), prompts, [1, 3], math.inf))
 
 
 @pytest.mark.parametrize("backend", ["openai-completions", "openai-chat", "native"])

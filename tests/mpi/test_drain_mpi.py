@@ -36,7 +36,7 @@ def assert_refusing(srv: ServerProcess) -> None:
 
 
 def test_sigterm_lets_the_request_in_flight_finish(served_tp2, tmp_path):
-    n = 400  # ~3 s here (8 ms a token at TP=2); well inside the default 60 s drain
+    n = 400  # ~1 s here (~1.5-8 ms a token at TP=2); well inside the default 60 s drain
     with ServerProcess(2, served_tp2, tmp_path / "server.log") as srv:
         stream = Stream(srv.url, n)
         assert stream.first()["is_end"] == 0
@@ -52,7 +52,7 @@ def test_sigterm_lets_the_request_in_flight_finish(served_tp2, tmp_path):
 
 
 def test_drain_timeout_ends_the_request_with_an_error_frame(served_tp2, tmp_path):
-    n, drain = 1500, 1.0  # ~12 s of decoding, far beyond the 1 s drain timeout
+    n, drain = 2000, 1.0  # ~3 s of decoding (~1.5 ms a token alone here), beyond the 1 s drain timeout
     with ServerProcess(
         2, served_tp2, tmp_path / "server.log", SPMD_DRAIN_TIMEOUT_S=str(drain), MAX_DEC_LEN=str(n)
     ) as srv:

@@ -156,13 +156,13 @@ def rank_pid(server: ServerProcess, rank: int) -> int:
 class Stream:
     """A native streaming request (max_dec_len tokens exactly) read in a thread as frames arrive."""
 
-    def __init__(self, url: str, max_dec_len: int) -> None:
+    def __init__(self, url: str, max_dec_len: int, req_id: str = "") -> None:
         body = {
             "text": "Tell me a long story.",
             "max_dec_len": max_dec_len,
             "min_dec_len": max_dec_len,
             "stream": True,
-            "req_id": f"long-{max_dec_len}",
+            "req_id": req_id or f"long-{max_dec_len}",
         }
         self.res = requests.post(url, json=body, stream=True, timeout=120)
         assert self.res.status_code == 200, self.res.text
