@@ -34,8 +34,7 @@ import numpy.typing as npt
 
 from spmd_serve.engine.draft_model import choose_drafts, scratch_per_seq
 from spmd_serve.engine.draft_plans import DraftExecutor, DraftRow
-from spmd_serve.engine.interfaces import PlanComm
-from spmd_serve.protocol import StepPlan
+from spmd_serve.engine.interfaces import PlanComm, Runner
 from spmd_serve.scheduler.request import Request
 from spmd_serve.scheduler.scheduler import SchedulerOutput
 
@@ -43,12 +42,10 @@ MTP = "mtp"
 F32 = npt.NDArray[np.float32]
 
 
-class HiddenRunner(Protocol):
+class HiddenRunner(Runner, Protocol):
     """A rank-0 runner keeping its last plan's `hidden_rows` [T, H] (ModelRunner(keep_hidden=True))."""
 
     hidden_rows: F32 | None
-
-    def execute(self, plan: StepPlan) -> F32 | None: ...
 
 
 @dataclass
@@ -153,5 +150,5 @@ def make_mtp_proposer(
     comm: PlanComm, draft_runner: HiddenRunner, target_runner: HiddenRunner, block_size: int, num_blocks: int, k: int
 ) -> MtpProposer:
     """Rank 0's proposer over the ranks' MTP runners (pools of draft_model.draft_pool_blocks)."""
-    run = DraftExecutor(comm, draft_runner, block_size)  # type: ignore[arg-type]
+    run = DraftExecutor(comm, draft_runner, block_size)
     return MtpProposer(run, draft_runner, target_runner, block_size, num_blocks, k)
