@@ -7,7 +7,8 @@
                     weight_layout.py undoes weight_quantize's int8/int4 packing)
     family.py       what an architecture family provides; families.py: the registry
     llama/          the Llama family (Llama 2/3, Qwen2/2.5): config, tensor names, sharding, quant, stages
-    deepseek/       the DeepSeek family (V2, V3/R1): MLA, MoE with expert parallelism, MTP weights
+    deepseek/       the DeepSeek family (V2, V3/R1): MLA, MoE with expert parallelism, the MTP layer as a
+                    draft export beside the target (`mtp/`, a family `Companion`)
     quant.py        weight-only int8/int4 arithmetic (numpy)
     segment.py      stages → graph segments between collectives, traced per `GraphVariant` (variant.py)
     layers.py       linear layers (dense, int8, int4), norms; graph_inputs.py: per-step graph inputs

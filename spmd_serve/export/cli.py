@@ -90,4 +90,6 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     served = ServedConfig.from_json(json.loads((args.out / "config.json").read_text())["spmd_serve"])
     print(f"exported to {args.out} (tp={args.tp}, dtype={args.dtype}, quant={served.quant and served.quant.method})")
+    if (served.options.get("mtp") or {}).get("served"):
+        print(f"its MTP layer as a draft model in {args.out / 'mtp'} (SPECULATE_METHOD=mtp)")
     return 0
