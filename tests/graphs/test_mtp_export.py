@@ -163,10 +163,13 @@ def _ideal(target: SimRank, mtp: SimRank, tokens: list[int], chain: list[tuple[i
     return run_outputs([mtp], _plan(ids, 0), {"prev_hidden": prev})
 
 
-@pytest.mark.parametrize("conv, kind", [("paddlenlp", 1), ("huggingface", 1), ("huggingface", "paddle")])
-def test_the_proposer_drafts_what_the_mtp_layer_predicts(case, exports, conv, kind):
+ENGINE_CASES = [("paddlenlp", 1, 8), ("huggingface", 1, 8), ("huggingface", "paddle", 8), ("huggingface", 1, 3)]
+
+
+@pytest.mark.parametrize("conv, kind, blocks", ENGINE_CASES, ids=[f"{c}-{k}-{b}" for c, k, b in ENGINE_CASES])
+def test_the_proposer_drafts_what_the_mtp_layer_predicts(case, exports, conv, kind, blocks):
     """An engine (TP 1, chunked prefill, drafts every step; C++ ops, and Paddle's whose decodes and
-    prefill chunks run as separate passes) with the MTP proposer: at every propose,
+    prefill chunks run as separate passes; a pool that preempts) with the MTP proposer: at every propose,
     each request's first draft comes from the MTP's logits at its last computed position, equal to
     one whole-sequence pass of the target then the MTP over its tokens (so every target step's rows
     were fed, at the right positions, rejected drafts' rows left out); each further draft's logits
@@ -179,7 +182,7 @@ def test_the_proposer_drafts_what_the_mtp_layer_predicts(case, exports, conv, ki
 
     model = exports[(conv, kind)]
     s = EngineSettings(
-        num_blocks=8,
+        num_blocks=blocks,  # 3: the two requests cannot hold their 2 blocks each at once (preemption)
         block_size=BLOCK_SIZE,
         max_num_seqs=2,
         max_num_batched_tokens=8,  # prompts prefilled in chunks
@@ -218,6 +221,7 @@ def test_the_proposer_drafts_what_the_mtp_layer_predicts(case, exports, conv, ki
         engine.step()
     drafting = [c for c in calls if c[0]]
     assert engine.stats.drafts > 0 and sum(len(c[0]) for c in drafting) >= 10
+    assert (engine.num_preemptions > 0) == (blocks == 3)
     assert all(len(chain) == K - 1 for _, chain, _ in drafting)  # a chain step per further draft
     target, mtp = (SimRank(d, 0, NUM_BLOCKS, BLOCK_SIZE) for d in (model, model / "mtp"))
     for live, chain, _ in drafting:
