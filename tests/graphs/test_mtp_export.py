@@ -122,11 +122,14 @@ def test_mtp_graphs_equal_paddlenlp_mtp_layer(case, exports, conv, tp):
     assert want_logits.std() > 1.0  # not a degenerate layer
 
 
-@pytest.mark.parametrize("conv", ["paddlenlp", "huggingface"])
-def test_target_head_outputs_the_rows_its_mtp_reads(case, exports, conv):
+TARGETS = [("paddlenlp", 1), ("huggingface", 1), ("huggingface", "paddle"), ("paddlenlp", 2), ("huggingface", 2)]
+
+
+@pytest.mark.parametrize("conv, kind", TARGETS, ids=[f"{c}-{k}" for c, k in TARGETS])
+def test_target_head_outputs_the_rows_its_mtp_reads(case, exports, conv, kind):
     ids, rows, _ = case
-    target = exports[(conv, 1)]
-    ranks = [SimRank(target, 0, NUM_BLOCKS, BLOCK_SIZE)]
+    target = exports[(conv, kind)]
+    ranks = [SimRank(target, r, NUM_BLOCKS, BLOCK_SIZE) for r in range(2 if kind == 2 else 1)]
     out = run_outputs(ranks, _plan(ids[:N], 0))
     assert out["hidden_rows"].shape == (N, H)
     assert np.abs(out["hidden_rows"] - rows[conv]).max() <= TOL, np.abs(out["hidden_rows"] - rows[conv]).max()
