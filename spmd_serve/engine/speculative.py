@@ -181,9 +181,15 @@ class Speculator:
             elif rec.idle >= PROBE_EVERY:
                 rec.idle = 0
                 probes.append(r)
+        # One proposer call a step: a model proposer runs k draft plans per call, so a second call
+        # for the probes would cost one plan more; the probes' drafts are cut to one instead (the
+        # draft K/V past a verdict is the proposer's to discard anyway, and q rows past the drafts
+        # are never read)
         if chosen:
-            self.proposer.propose(chosen, self.cfg.num_draft)
-        if probes:
+            self.proposer.propose(chosen + probes, self.cfg.num_draft)
+            for r in probes:
+                del r.draft_token_ids[1:]
+        elif probes:
             self.proposer.propose(probes, 1)
 
     def on_step(self, out: SchedulerOutput) -> None:

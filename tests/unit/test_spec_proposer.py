@@ -63,6 +63,31 @@ def test_requests_whose_drafts_fail_stop_drafting_but_probe_again():
     assert 40 // PROBE_EVERY - 1 <= drafted["b"] <= 40 // PROBE_EVERY + 3  # a few misses, then probes only
 
 
+def test_one_proposer_call_a_step_and_probes_get_one_draft():
+    """A model proposer pays k draft plans per call: the requests that draft and those that probe
+    share one call, the probes keep their first draft only."""
+    calls: list[tuple[list[str], int]] = []
+
+    class Counting(NgramProposer):
+        def propose(self, requests, k):
+            calls.append(([r.req_id for r in requests], k))
+            super().propose(requests, k)
+
+    spec = Speculator(SpecConfig("ngram", num_draft=4, min_acceptance=0.3), Counting(3))
+    good, bad = decoding("g", [1, 2, 3] * 5), decoding("b", [4, 5, 6] * 5)
+    shared = 0
+    for _ in range(3 * PROBE_EVERY):
+        calls.clear()
+        spec.propose([good, bad])
+        assert len(calls) <= 1
+        assert len(bad.draft_token_ids) <= 1 or not calls or calls[0][1] == 1
+        if calls and calls[0] == (["g", "b"], 4):  # good drafts while bad probes: one call
+            shared += 1
+            assert len(good.draft_token_ids) > 1 and len(bad.draft_token_ids) == 1
+        spec.on_verdicts([(good, len(good.draft_token_ids), len(good.draft_token_ids)), (bad, 1, 0)])
+    assert shared >= 2
+
+
 def test_prefills_get_no_drafts_and_none_means_off():
     spec = make_speculator("inference_with_reference", 2, 3)
     assert spec is not None and spec.method == "ngram" and make_speculator("none", 1, 3) is None
