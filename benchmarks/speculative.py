@@ -2,6 +2,7 @@
 
     mpirun -n 1 python benchmarks/speculative.py [MODEL_DIR] [--trials 3] [--json OUT]
     mpirun -n 1 python benchmarks/speculative.py [MODEL_DIR] --draft DRAFT_DIR [--trials 5]
+    mpirun -n 1 python benchmarks/speculative.py [MODEL_DIR] --mtp [--trials 5]
 
 MODEL_DIR defaults to the trained demo model (`ensure_demo_model`, one rank).  Workload: text that
 repeats its prompt — a chat whose user asks again the question just answered ([user Q, assistant A,
@@ -22,12 +23,14 @@ request has its first token to the end: tokens after the first ÷ that time.  Pr
   the answers repeat nothing, drafts are mostly wrong — what speculation costs a full batch, with
   and without the rule.
 
-With `--draft DRAFT_DIR` (a draft model's export, e.g. the `chat-draft` demo's) it measures batch 1
-only, on three workloads (`batch1`: the repeated question, `fresh_batch1`: asked once — both
-answers the two models memorised from chats.txt — and `heldout_batch1`: the first 32 tokens of a
-held-out licence paragraph, never trained on, continued): plain, n-gram k=4, and draft_model with
-k = 1, 2, 4, interleaved as above; then plain vs draft_model k=4 (the per-step rule on) with all
-`--batch` repeated-question chats at once and with all the held-out prefixes at once.
+With `--draft DRAFT_DIR` (a draft model's export, e.g. the `chat-draft` demo's), or with `--mtp`
+(the `mtp` proposer: the export's own MTP layer, `MODEL_DIR/mtp`; MODEL_DIR defaults to the trained
+`chat-deepseek` demo), it measures batch 1 only, on three workloads (`batch1`: the repeated
+question, `fresh_batch1`: asked once — both answers the models memorised from chats.txt — and
+`heldout_batch1`: the first 32 tokens of a held-out licence paragraph, never trained on,
+continued): plain, n-gram k=4, and the proposer with k = 1, 2, 4 (`draft_k*` / `mtp_k*`),
+interleaved as above; then plain vs the proposer at k=4 (the per-step rule on) with all `--batch`
+repeated-question chats at once and with all the held-out prefixes at once.
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ import dataclasses
 import json
 import statistics
 import time
+from pathlib import Path
 from typing import Any
 
 from spmd_serve.engine.offline import EngineSettings, make_engine, open_draft, open_ranks
@@ -111,14 +115,18 @@ def main() -> None:
     ap.add_argument("--sizes", default="4,8,16")
     ap.add_argument("--json", help="also write the result here")
     ap.add_argument("--draft", help="a draft model's export: measure draft_model at batch 1")
+    ap.add_argument("--mtp", action="store_true", help="measure the mtp proposer (MODEL_DIR/mtp) at batch 1")
     args = ap.parse_args()
     from spmd_serve.engine.engine import worker_loop
+    from spmd_serve.model_dir import MTP_FOLDER
 
     model_dir = args.model_dir
     if model_dir is None:
         from spmd_serve.export import ensure_demo_model
 
-        model_dir = str(ensure_demo_model())
+        model_dir = str(ensure_demo_model("chat-deepseek" if args.mtp else "chat"))
+    # mtp's draft is the export's own MTP layer; naming it also makes rank 0 keep the hidden rows
+    args.draft = str(Path(model_dir) / MTP_FOLDER) if args.mtp else args.draft
     s = EngineSettings(num_blocks=1024, block_size=16, max_num_seqs=args.batch, speculate_model_path=args.draft)
     comm, target = open_ranks(model_dir, s)
     draft = open_draft(comm, s)
@@ -137,7 +145,8 @@ def main() -> None:
     run(comm, runner, model_dir, s, prompts[:2], 8)  # warm-up
     result: dict[str, Any] = {"model_dir": model_dir, "max_tokens": args.max_tokens, "trials": args.trials}
     if args.draft:
-        drafted = {f"draft_k{k}": {**ngram(k), "speculate_method": "draft_model"} for k in (1, 2, 4)}
+        method, name = ("mtp", "mtp") if args.mtp else ("draft_model", "draft")
+        drafted = {f"{name}_k{k}": {**ngram(k), "speculate_method": method} for k in (1, 2, 4)}
         single = {"plain": {}, "ngram_k4": ngram(4), **drafted}
         result["draft"] = args.draft
         result["batch1"] = batch1(comm, runner, model_dir, s, prompts[: args.singles], single, args)
@@ -146,7 +155,7 @@ def main() -> None:
 
         held = [[1] + tok.encode(t)[:32] for t in held_out_texts()["licences"] if len(t) > 300]
         result["heldout_batch1"] = batch1(comm, runner, model_dir, s, held[: args.singles], single, args)
-        batched = {"plain": {}, "draft_k4": drafted["draft_k4"]}
+        batched = {"plain": {}, f"{name}_k4": drafted[f"{name}_k4"]}
         result[f"batch{args.batch}"] = measure(comm, runner, model_dir, s, prompts, batched, args)
         result[f"heldout_batch{len(held)}"] = measure(comm, runner, model_dir, s, held, batched, args)
         return finish(comm, result, args)
