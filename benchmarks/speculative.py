@@ -14,7 +14,8 @@ request has its first token to the end: tokens after the first ÷ that time.  Pr
 
 * `batch1`: one request at a time (the first `--singles` chats, averaged), per setting (plain,
   n-gram with k = 1, 2, 4, 8): decode tokens per second, the acceptance rate (accepted /
-  verified drafts), the mean tokens per step, and the speed-up over plain decoding.  Settings
+  verified drafts), the mean tokens per step, the milliseconds per step of the engine's execute
+  and draft phases, and the speed-up over plain decoding.  Settings
   alternate within a trial (machine noise hits all alike); medians.
 * `batch<B>` for B in `--sizes` and `--batch`: B chats at once, plain vs n-gram k=4 with the
   per-step rule (a request drafts while its running acceptance rate is >= DEFAULT_MIN_ACCEPTANCE)
@@ -61,12 +62,14 @@ def run(comm: Any, runner: Any, model_dir: str, s: EngineSettings, prompts: list
     while any(r.num_output_tokens == 0 for r in reqs):  # the prefills
         engine.step()
     st = engine.stats
-    before = (st.drafts, st.accepted, st.steps)
+    before, phases = (st.drafts, st.accepted, st.steps), st.timer.snapshot()
     t0 = time.perf_counter()
     while engine.scheduler.has_unfinished():
         engine.step()
+    steps = max(st.steps - before[2], 1)
     return {
         "wall": time.perf_counter() - t0,
+        "ms_per_step": {k: (v - phases[k]) * 1e3 / steps for k, v in st.timer.snapshot().items()},
         "tokens": sum(r.num_output_tokens - 1 for r in reqs),
         "drafts": st.drafts - before[0],
         "accepted": st.accepted - before[1],
@@ -78,6 +81,8 @@ def run(comm: Any, runner: Any, model_dir: str, s: EngineSettings, prompts: list
 def summarise(runs: list[dict], base: list[dict] | None) -> dict:
     tps = statistics.median(r["tokens"] / r["wall"] for r in runs)
     out = {"tokens_per_s": round(tps, 1), "tokens_per_step": round(runs[0]["tokens"] / runs[0]["steps"], 2)}
+    # the engine's step phases (engine/step_stats.py; "draft" is the proposer's share), medians
+    out |= {f"{k}_ms": round(statistics.median(r["ms_per_step"][k] for r in runs), 3) for k in ("execute", "draft")}
     if runs[0]["drafts"]:
         out["acceptance_rate"] = round(sum(r["accepted"] for r in runs) / sum(r["drafts"] for r in runs), 3)
     if base is not None:
@@ -102,7 +107,9 @@ def batch1(comm: Any, runner: Any, model_dir: str, s: EngineSettings, prompts: l
     """Each prompt alone (`settings` interleaved per trial), averaged over the prompts."""
     per_prompt = [measure(comm, runner, model_dir, s, [p], settings, args) for p in prompts]
     mean = statistics.mean
-    return {k: {m: round(mean(pp[k][m] for pp in per_prompt), 3) for m in per_prompt[0][k]} for k in settings}
+    # a prompt whose setting made no draft has no acceptance rate: averaged over those that have one
+    keys = {k: dict.fromkeys(m for pp in per_prompt for m in pp[k]) for k in settings}
+    return {k: {m: round(mean(pp[k][m] for pp in per_prompt if m in pp[k]), 3) for m in keys[k]} for k in settings}
 
 
 def main() -> None:
