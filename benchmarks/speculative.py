@@ -30,8 +30,9 @@ With `--draft DRAFT_DIR` (a draft model's export, e.g. the `chat-draft` demo's),
 question, `fresh_batch1`: asked once — both answers the models memorised from chats.txt — and
 `heldout_batch1`: the first 32 tokens of a held-out licence paragraph, never trained on,
 continued): plain, n-gram k=4, and the proposer with k = 1, 2, 4 (`draft_k*` / `mtp_k*`),
-interleaved as above; then plain vs the proposer at k=4 (the per-step rule on) with all `--batch`
-repeated-question chats at once and with all the held-out prefixes at once.
+interleaved as above; then plain vs the proposer at k=1 and 4, with the per-step rule and forced
+(`_forced`: drafting every step), with all `--batch` repeated-question chats at once and with all
+the held-out prefixes at once.
 """
 
 from __future__ import annotations
@@ -162,7 +163,9 @@ def main() -> None:
 
         held = [[1] + tok.encode(t)[:32] for t in held_out_texts()["licences"] if len(t) > 300]
         result["heldout_batch1"] = batch1(comm, runner, model_dir, s, held[: args.singles], single, args)
-        batched = {"plain": {}, f"{name}_k4": drafted[f"{name}_k4"]}
+        forced = {"speculate_min_acceptance": 0.0}  # drafting every step: what the per-step rule saves or costs
+        batched = {"plain": {}, **{f"{name}_k{k}": drafted[f"{name}_k{k}"] for k in (1, 4)}}
+        batched |= {f"{name}_k{k}_forced": {**drafted[f"{name}_k{k}"], **forced} for k in (1, 4)}
         result[f"batch{args.batch}"] = measure(comm, runner, model_dir, s, prompts, batched, args)
         result[f"heldout_batch{len(held)}"] = measure(comm, runner, model_dir, s, held, batched, args)
         return finish(comm, result, args)
