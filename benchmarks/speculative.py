@@ -2,6 +2,7 @@
 
     mpirun -n 1 python benchmarks/speculative.py [MODEL_DIR] [--trials 3] [--json OUT]
     mpirun -n 1 python benchmarks/speculative.py [MODEL_DIR] --draft DRAFT_DIR [--trials 5]
+    mpirun -n 1 python benchmarks/speculative.py [MODEL_DIR] --mtp [--trials 5]
 
 MODEL_DIR defaults to the trained demo model (`ensure_demo_model`, one rank).  Workload: text that
 repeats its prompt — a chat whose user asks again the question just answered ([user Q, assistant A,
@@ -13,7 +14,8 @@ request has its first token to the end: tokens after the first ÷ that time.  Pr
 
 * `batch1`: one request at a time (the first `--singles` chats, averaged), per setting (plain,
   n-gram with k = 1, 2, 4, 8): decode tokens per second, the acceptance rate (accepted /
-  verified drafts), the mean tokens per step, and the speed-up over plain decoding.  Settings
+  verified drafts), the mean tokens per step, the milliseconds per step of the engine's execute
+  and draft phases, and the speed-up over plain decoding.  Settings
   alternate within a trial (machine noise hits all alike); medians.
 * `batch<B>` for B in `--sizes` and `--batch`: B chats at once, plain vs n-gram k=4 with the
   per-step rule (a request drafts while its running acceptance rate is >= DEFAULT_MIN_ACCEPTANCE)
@@ -22,12 +24,15 @@ request has its first token to the end: tokens after the first ÷ that time.  Pr
   the answers repeat nothing, drafts are mostly wrong — what speculation costs a full batch, with
   and without the rule.
 
-With `--draft DRAFT_DIR` (a draft model's export, e.g. the `chat-draft` demo's) it measures batch 1
-only, on three workloads (`batch1`: the repeated question, `fresh_batch1`: asked once — both
-answers the two models memorised from chats.txt — and `heldout_batch1`: the first 32 tokens of a
-held-out licence paragraph, never trained on, continued): plain, n-gram k=4, and draft_model with
-k = 1, 2, 4, interleaved as above; then plain vs draft_model k=4 (the per-step rule on) with all
-`--batch` repeated-question chats at once and with all the held-out prefixes at once.
+With `--draft DRAFT_DIR` (a draft model's export, e.g. the `chat-draft` demo's), or with `--mtp`
+(the `mtp` proposer: the export's own MTP layer, `MODEL_DIR/mtp`; MODEL_DIR defaults to the trained
+`chat-deepseek` demo), it measures batch 1 only, on three workloads (`batch1`: the repeated
+question, `fresh_batch1`: asked once — both answers the models memorised from chats.txt — and
+`heldout_batch1`: the first 32 tokens of a held-out licence paragraph, never trained on,
+continued): plain, n-gram k=4, and the proposer with k = 1, 2, 4 (`draft_k*` / `mtp_k*`),
+interleaved as above; then plain vs the proposer at k=1 and 4, with the per-step rule and forced
+(`_forced`: drafting every step), with all `--batch` repeated-question chats at once and with all
+the held-out prefixes at once.
 """
 
 from __future__ import annotations
@@ -37,6 +42,7 @@ import dataclasses
 import json
 import statistics
 import time
+from pathlib import Path
 from typing import Any
 
 from spmd_serve.engine.offline import EngineSettings, make_engine, open_draft, open_ranks
@@ -57,12 +63,14 @@ def run(comm: Any, runner: Any, model_dir: str, s: EngineSettings, prompts: list
     while any(r.num_output_tokens == 0 for r in reqs):  # the prefills
         engine.step()
     st = engine.stats
-    before = (st.drafts, st.accepted, st.steps)
+    before, phases = (st.drafts, st.accepted, st.steps), st.timer.snapshot()
     t0 = time.perf_counter()
     while engine.scheduler.has_unfinished():
         engine.step()
+    steps = max(st.steps - before[2], 1)
     return {
         "wall": time.perf_counter() - t0,
+        "ms_per_step": {k: (v - phases[k]) * 1e3 / steps for k, v in st.timer.snapshot().items()},
         "tokens": sum(r.num_output_tokens - 1 for r in reqs),
         "drafts": st.drafts - before[0],
         "accepted": st.accepted - before[1],
@@ -74,6 +82,8 @@ def run(comm: Any, runner: Any, model_dir: str, s: EngineSettings, prompts: list
 def summarise(runs: list[dict], base: list[dict] | None) -> dict:
     tps = statistics.median(r["tokens"] / r["wall"] for r in runs)
     out = {"tokens_per_s": round(tps, 1), "tokens_per_step": round(runs[0]["tokens"] / runs[0]["steps"], 2)}
+    # the engine's step phases (engine/step_stats.py; "draft" is the proposer's share), medians
+    out |= {f"{k}_ms": round(statistics.median(r["ms_per_step"][k] for r in runs), 3) for k in ("execute", "draft")}
     if runs[0]["drafts"]:
         out["acceptance_rate"] = round(sum(r["accepted"] for r in runs) / sum(r["drafts"] for r in runs), 3)
     if base is not None:
@@ -98,7 +108,9 @@ def batch1(comm: Any, runner: Any, model_dir: str, s: EngineSettings, prompts: l
     """Each prompt alone (`settings` interleaved per trial), averaged over the prompts."""
     per_prompt = [measure(comm, runner, model_dir, s, [p], settings, args) for p in prompts]
     mean = statistics.mean
-    return {k: {m: round(mean(pp[k][m] for pp in per_prompt), 3) for m in per_prompt[0][k]} for k in settings}
+    # a prompt whose setting made no draft has no acceptance rate: averaged over those that have one
+    keys = {k: dict.fromkeys(m for pp in per_prompt for m in pp[k]) for k in settings}
+    return {k: {m: round(mean(pp[k][m] for pp in per_prompt if m in pp[k]), 3) for m in keys[k]} for k in settings}
 
 
 def main() -> None:
@@ -111,14 +123,18 @@ def main() -> None:
     ap.add_argument("--sizes", default="4,8,16")
     ap.add_argument("--json", help="also write the result here")
     ap.add_argument("--draft", help="a draft model's export: measure draft_model at batch 1")
+    ap.add_argument("--mtp", action="store_true", help="measure the mtp proposer (MODEL_DIR/mtp) at batch 1")
     args = ap.parse_args()
     from spmd_serve.engine.engine import worker_loop
+    from spmd_serve.model_dir import MTP_FOLDER
 
     model_dir = args.model_dir
     if model_dir is None:
         from spmd_serve.export import ensure_demo_model
 
-        model_dir = str(ensure_demo_model())
+        model_dir = str(ensure_demo_model("chat-deepseek" if args.mtp else "chat"))
+    # mtp's draft is the export's own MTP layer; naming it also makes rank 0 keep the hidden rows
+    args.draft = str(Path(model_dir) / MTP_FOLDER) if args.mtp else args.draft
     s = EngineSettings(num_blocks=1024, block_size=16, max_num_seqs=args.batch, speculate_model_path=args.draft)
     comm, target = open_ranks(model_dir, s)
     draft = open_draft(comm, s)
@@ -137,7 +153,8 @@ def main() -> None:
     run(comm, runner, model_dir, s, prompts[:2], 8)  # warm-up
     result: dict[str, Any] = {"model_dir": model_dir, "max_tokens": args.max_tokens, "trials": args.trials}
     if args.draft:
-        drafted = {f"draft_k{k}": {**ngram(k), "speculate_method": "draft_model"} for k in (1, 2, 4)}
+        method, name = ("mtp", "mtp") if args.mtp else ("draft_model", "draft")
+        drafted = {f"{name}_k{k}": {**ngram(k), "speculate_method": method} for k in (1, 2, 4)}
         single = {"plain": {}, "ngram_k4": ngram(4), **drafted}
         result["draft"] = args.draft
         result["batch1"] = batch1(comm, runner, model_dir, s, prompts[: args.singles], single, args)
@@ -146,7 +163,9 @@ def main() -> None:
 
         held = [[1] + tok.encode(t)[:32] for t in held_out_texts()["licences"] if len(t) > 300]
         result["heldout_batch1"] = batch1(comm, runner, model_dir, s, held[: args.singles], single, args)
-        batched = {"plain": {}, "draft_k4": drafted["draft_k4"]}
+        forced = {"speculate_min_acceptance": 0.0}  # drafting every step: what the per-step rule saves or costs
+        batched = {"plain": {}, **{f"{name}_k{k}": drafted[f"{name}_k{k}"] for k in (1, 4)}}
+        batched |= {f"{name}_k{k}_forced": {**drafted[f"{name}_k{k}"], **forced} for k in (1, 4)}
         result[f"batch{args.batch}"] = measure(comm, runner, model_dir, s, prompts, batched, args)
         result[f"heldout_batch{len(held)}"] = measure(comm, runner, model_dir, s, held, batched, args)
         return finish(comm, result, args)

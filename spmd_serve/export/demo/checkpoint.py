@@ -85,7 +85,11 @@ TRAINED_PRESET = "chat"
 TRAINED_DIR = Path(__file__).with_name("trained")  # its committed weights and tokenizer (train.py)
 # Every trained preset → where its committed weights are (train.py writes them); all of them use
 # the chat preset's tokenizer (TRAINED_DIR/tokenizer.model), so a draft proposes the target's ids.
-TRAINED_DIRS = {TRAINED_PRESET: TRAINED_DIR, "chat-draft": TRAINED_DIR / "draft"}
+TRAINED_DIRS = {
+    TRAINED_PRESET: TRAINED_DIR,
+    "chat-draft": TRAINED_DIR / "draft",
+    "chat-deepseek": TRAINED_DIR / "deepseek",
+}
 END_OF_TURN_ID = 6  # <|end|>: the trained model ends its answer with it, so it stops generation
 
 DEMO_PRESETS = (*PRESETS, *deepseek.PRESETS)  # deepseek-tiny: export/demo/deepseek.py, with the tiny tokenizer
@@ -155,9 +159,14 @@ def train_tokenizer(vocab_size: int, extra: list[str] | tuple[str, ...] = ()) ->
 
 
 def make_config(preset: str) -> dict[str, Any]:
-    """The HF config.json contents for a preset."""
+    """The HF config.json contents for a preset (a DeepSeek one's: export/demo/deepseek.py)."""
+    dtype = "float16" if preset in TRAINED_DIRS else "float32"  # as model.safetensors stores it
+    if preset in deepseek.PRESETS:  # the trained one has the chat tokenizer, deepseek-tiny the tiny one's
+        vocab = PRESETS[TRAINED_PRESET if preset in TRAINED_DIRS else "tiny"]["vocab_size"]
+        ids = {"bos_token_id": BOS_ID, "eos_token_id": EOS_ID, "pad_token_id": PAD_ID}
+        return deepseek.make_config(preset, vocab, ids) | {"torch_dtype": dtype}
     if preset not in PRESETS:
-        raise ValueError(f"unknown preset {preset!r}; choose from {sorted(PRESETS)}")
+        raise ValueError(f"unknown preset {preset!r}; choose from {sorted(DEMO_PRESETS)}")
     return {
         "architectures": ["LlamaForCausalLM"],
         "model_type": "llama",
@@ -168,7 +177,7 @@ def make_config(preset: str) -> dict[str, Any]:
         "bos_token_id": BOS_ID,
         "eos_token_id": EOS_ID,
         "pad_token_id": PAD_ID,
-        "torch_dtype": "float16" if preset in TRAINED_DIRS else "float32",  # as model.safetensors stores it
+        "torch_dtype": dtype,
     }
 
 
@@ -239,15 +248,9 @@ def write_demo_checkpoint(out_dir: str | Path, preset: str = "tiny", seed: int =
     """Write the demo checkpoint for `preset` into `out_dir` (created if needed); return it."""
     from safetensors.numpy import save_file
 
+    config = make_config(preset)
     make: Callable[[dict[str, Any], int], dict[str, np.ndarray]]
-    if preset in deepseek.PRESETS:
-        ids = {"bos_token_id": BOS_ID, "eos_token_id": EOS_ID, "pad_token_id": PAD_ID}
-        config = deepseek.make_config(preset, PRESETS["tiny"]["vocab_size"], ids)
-        config["max_position_embeddings"] = PRESETS["tiny"]["max_position_embeddings"]
-        make = deepseek.make_weights
-    else:
-        config = make_config(preset)
-        make = make_weights
+    make = deepseek.make_weights if preset in deepseek.PRESETS else make_weights
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
 

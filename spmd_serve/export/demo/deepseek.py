@@ -1,7 +1,9 @@
-"""The `deepseek-tiny` demo: a random-weight DeepSeek-V3-shaped checkpoint (MLA with q_lora_rank,
-noaux_tc routing over 8 experts in 4 groups with sigmoid scores and a correction bias, one shared
-expert, a dense first layer, YaRN, one MTP layer) for the demo tokenizer, so the family runs
-offline, in tests and in `spmd_serve bench`.
+"""The DeepSeek demo presets.  `deepseek-tiny`: a random-weight DeepSeek-V3-shaped checkpoint (MLA
+with q_lora_rank, noaux_tc routing over 8 experts in 4 groups with sigmoid scores and a correction
+bias, one shared expert, a dense first layer, YaRN, one MTP layer) for the demo tokenizer, so the
+family runs offline, in tests and in `spmd_serve bench`.  `chat-deepseek`: the same attention and
+MTP layer on dense layers, trained on the chat demo's data (train.py; weights committed in
+trained/deepseek/), so the `mtp` proposer's drafts can be measured on a model that writes text.
 
 `make_weights(config, seed)` is also what the tests' tiny DeepSeek checkpoints are made of
 (tests/support/deepseek_zoo.py): linears ~ N(0, 1/fan_in), norms 1 + small noise, the router's
@@ -14,13 +16,26 @@ from typing import Any
 
 import numpy as np
 
-PRESETS = ("deepseek-tiny",)
+PRESETS = ("deepseek-tiny", "chat-deepseek")
+# chat-deepseek's changes to deepseek-tiny's shape: no routed experts (every layer, the MTP layer
+# included, a dense MLP: what ~10 CPU-minutes of training can fit), 2 layers + the MTP layer,
+# ~1.06 M parameters (2.1 MB in float16).
+_CHAT_SHAPE = {
+    "architectures": ["DeepseekV2ForCausalLM"],  # PaddleNLP's class that train.py trains
+    "model_type": "deepseek_v2",
+    "hidden_size": 128,
+    "intermediate_size": 320,
+    "num_hidden_layers": 2,
+    "q_lora_rank": 64,
+    "v_head_dim": 32,
+    "n_routed_experts": None,
+}
 
 
 def make_config(preset: str, vocab_size: int, ids: dict[str, int]) -> dict[str, Any]:
     if preset not in PRESETS:
         raise ValueError(f"unknown preset {preset!r}; choose from {PRESETS}")
-    return {
+    tiny = {
         "architectures": ["DeepseekV3ForCausalLM"],
         "model_type": "deepseek_v3",
         "vocab_size": vocab_size,
@@ -65,6 +80,7 @@ def make_config(preset: str, vocab_size: int, ids: dict[str, int]) -> dict[str, 
         **ids,
         "torch_dtype": "float32",
     }
+    return tiny | _CHAT_SHAPE if preset == "chat-deepseek" else tiny
 
 
 def _layer(cfg: dict[str, Any], i: int, normal, moe: bool) -> dict[str, np.ndarray]:
@@ -109,7 +125,9 @@ def _layer(cfg: dict[str, Any], i: int, normal, moe: bool) -> dict[str, np.ndarr
 
 
 def is_moe_layer(cfg: dict[str, Any], i: int) -> bool:
-    return i >= cfg["first_k_dense_replace"] and i % cfg["moe_layer_freq"] == 0
+    return (
+        cfg.get("n_routed_experts") is not None and i >= cfg["first_k_dense_replace"] and i % cfg["moe_layer_freq"] == 0
+    )
 
 
 def make_weights(cfg: dict[str, Any], seed: int = 0) -> dict[str, np.ndarray]:
