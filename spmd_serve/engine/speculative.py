@@ -27,16 +27,21 @@ a running acceptance rate of its drafts (an exponential average); a request whos
 `min_acceptance` gets no drafts, except a single draft every `PROBE_EVERY` steps, which earns it
 full drafts again when accepted (its text started repeating).  A request starts as if it had
 failed: its first decode step probes, so text that never repeats pays one draft token now and
-then, not k of them in its first step (at batch 32 that first step alone cost ~10 %).
+then, not k of them in its first step (at batch 32 that first step alone cost ~10 %).  Above that
+rule, the step gate (engine/spec_gate.py) decides whether a step speculates at all, by measured
+seconds per generated token of each mode: a model proposer's drafts can be right and still cost
+more than they save.
 """
 
 from __future__ import annotations
 
+import time
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from spmd_serve.engine.spec_gate import StepGate
 from spmd_serve.scheduler.request import Request
 from spmd_serve.scheduler.scheduler import SchedulerOutput
 
@@ -152,23 +157,37 @@ class _Record:
 
 
 class Speculator:
-    """The engine's speculation: which requests get drafts this step (the per-step rule), from
-    its proposer, and what their verdicts teach the rule."""
+    """The engine's speculation: whether a step speculates at all (engine/spec_gate.py), which
+    requests get drafts (the per-request rule), from its proposer, and what the verdicts and the
+    step's time teach both rules."""
 
-    def __init__(self, cfg: SpecConfig, proposer: Proposer | None = None) -> None:
+    def __init__(
+        self, cfg: SpecConfig, proposer: Proposer | None = None, clock: Callable[[], float] = time.perf_counter
+    ) -> None:
         self.cfg = cfg
         self.proposer = proposer if proposer is not None else make_proposer(cfg)
         self._records: weakref.WeakKeyDictionary[Request, _Record] = weakref.WeakKeyDictionary()
+        # min_acceptance 0 means "always draft" (benchmarks' forced runs): no gate then
+        self.gate = StepGate() if cfg.min_acceptance > 0 else None
+        self.clock = clock
+        self._next = True  # the gate's choice for the next step
+        self._started: float | None = None  # when this step's propose began
+        self._carry = 0.0  # the proposer's follow-up after the last step, paid for this step's drafts
+        self._accepted = 0  # drafts accepted this step
 
     @property
     def method(self) -> str:
         return self.proposer.method
 
     def propose(self, running: Sequence[Request]) -> None:
-        """Drafts for the running requests that decode and whose drafts have been paying."""
+        """Drafts for the running requests that decode and whose drafts have been paying, when
+        the gate lets this step speculate."""
+        self._started, self._accepted = self.clock(), 0
         chosen, probes = [], []
         for r in running:
             r.draft_token_ids = []
+            if not self._next:
+                continue
             if r.num_tokens - r.num_computed_tokens != 1:
                 continue
             rec = self._records.get(r)
@@ -193,15 +212,28 @@ class Speculator:
             self.proposer.propose(probes, 1)
 
     def on_step(self, out: SchedulerOutput) -> None:
-        """After every target step's update: the proposer's `on_step`, if it has one (mtp feeds
-        its layer the positions the step made final)."""
+        """After every target step's update: the step's cost per token to the gate (decode-only
+        steps), the gate's choice for the next step, then the proposer's `on_step` if it has one
+        (mtp feeds its layer the positions the step made final) — skipped after a decode-only step
+        when the next one will not speculate (prompt chunks are always followed: their positions
+        are the context of every later draft); its time is charged to the next step."""
+        decoding = bool(out.seqs) and all(s.samples and s.num_new_tokens - s.num_draft == 1 for s in out.seqs)
+        if self.gate is not None and decoding and self._started is not None:
+            speculated = any(s.num_draft for s in out.seqs)
+            seconds = self._carry + self.clock() - self._started
+            self.gate.record(len(out.seqs), speculated, seconds, len(out.seqs) + self._accepted)
+        self._next = self.gate is None or self.gate.decide(len(out.seqs))
+        self._carry = 0.0
         follow = getattr(self.proposer, "on_step", None)
-        if follow is not None:
+        if follow is not None and (self._next or not decoding):
+            began = self.clock()
             follow(out)
+            self._carry = self.clock() - began if decoding else 0.0
 
     def on_verdicts(self, verdicts: Sequence[tuple[Request, int, int]]) -> None:
         """(request, drafts verified, drafts accepted) of this step's verifying requests."""
         for r, drafted, accepted in verdicts:
+            self._accepted += accepted
             rec = self._records.get(r)
             if rec is not None and drafted:
                 rec.rate = 0.5 * rec.rate + 0.5 * accepted / drafted

@@ -1,0 +1,123 @@
+"""The step-level rule of speculative decoding (spmd_serve/engine/spec_gate.py and its use by the
+Speculator): a step speculates only while that generates tokens faster, measured on a clock the
+test drives, so nothing here depends on this machine's timing."""
+
+from __future__ import annotations
+
+from spmd_serve.engine.spec_gate import EXPLORE_EVERY, GATE_MIN_BATCH, MIN_SAMPLES, WINDOW, StepGate
+from spmd_serve.engine.speculative import NgramProposer, SpecConfig, Speculator
+from spmd_serve.sampling_params import SamplingParams
+from spmd_serve.scheduler.request import Request
+from spmd_serve.scheduler.scheduler import ScheduledSeq, SchedulerOutput
+
+
+def test_the_gate_takes_the_cheaper_mode_and_tries_the_other_again():
+    gate = StepGate()
+    for _ in range(MIN_SAMPLES):
+        assert gate.decide(32) is True  # speculation not measured enough yet: try it
+        gate.record(32, True, 1.0, 32)
+    for _ in range(MIN_SAMPLES):
+        assert gate.decide(32) is False  # then plain
+        gate.record(32, False, 0.5, 32)
+    choices = [gate.decide(32) for _ in range(4 * EXPLORE_EVERY)]
+    # plain, speculation tried after EXPLORE_EVERY steps, then after twice as many: it kept losing
+    assert [i + 1 for i, c in enumerate(choices) if c] == [EXPLORE_EVERY, 3 * EXPLORE_EVERY]
+    for _ in range(WINDOW):  # the text starts repeating: speculative steps now give 4 tokens each
+        gate.record(32, True, 1.0, 128)
+    assert sum(gate.decide(32) for _ in range(4 * EXPLORE_EVERY)) == 4 * EXPLORE_EVERY - 2  # the watch restarts
+
+
+def test_one_slow_step_does_not_decide():
+    """A graph's first run or a preempted core: one step 10x slower must not make a mode lose."""
+    gate = StepGate()
+    for seconds in (1.0, 1.0, 1.0):
+        gate.record(8, True, seconds, 16)  # 1/16 s/token
+    for seconds in (10.0, 0.4, 0.4):
+        gate.record(8, False, seconds, 8)  # 1/20 s/token but for the first step
+    assert gate.cost(8, False) == 0.05 and gate.decide(8) is False
+
+
+def test_each_batch_size_class_has_its_own_costs_and_small_batches_always_speculate():
+    gate = StepGate()
+    for _ in range(MIN_SAMPLES):
+        gate.record(8, True, 1.0, 24)  # batch 8: drafts pay
+        gate.record(8, False, 1.0, 8)
+        gate.record(32, True, 3.0, 40)  # batch 32: they do not
+        gate.record(32, False, 1.0, 32)
+        gate.record(1, True, 9.0, 1)  # below GATE_MIN_BATCH: neither measured nor gated
+        gate.record(1, False, 1.0, 1)
+    assert gate.batch_class(40) == gate.batch_class(32) != gate.batch_class(20)
+    assert gate.decide(8) is True and gate.decide(40) is False
+    assert gate.decide(20) is True and gate.decide(100) is False  # unmeasured: the nearest measured class
+    assert gate.cost(8, True) == 1.0 / 24 and gate.cost(1, True) is None and gate.decide(GATE_MIN_BATCH - 1)
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class CostlyProposer(NgramProposer):
+    """n-gram drafts whose proposal costs `cost` seconds of the test's clock; counts its follow-ups."""
+
+    def __init__(self, clock: Clock, cost: float) -> None:
+        super().__init__(3)
+        self.clock, self.cost, self.followed = clock, cost, 0
+
+    def propose(self, requests, k):
+        self.clock.now += self.cost
+        super().propose(requests, k)
+
+    def on_step(self, out):
+        self.followed += 1
+
+
+def run_steps(spec: Speculator, clock: Clock, requests: list[Request], steps: int) -> list[bool]:
+    """Decode-only steps of 1 time unit in which every draft is accepted; whether each speculated."""
+    speculated = []
+    for _ in range(steps):
+        spec.propose(requests)
+        seqs = [
+            ScheduledSeq(r, r.num_computed_tokens, 1 + len(r.draft_token_ids), True, len(r.draft_token_ids))
+            for r in requests
+        ]
+        clock.now += 1.0
+        spec.on_verdicts([(s.request, s.num_draft, s.num_draft) for s in seqs if s.num_draft])
+        spec.on_step(SchedulerOutput(seqs))
+        speculated.append(any(s.num_draft for s in seqs))
+    return speculated
+
+
+def decoding(i: int) -> Request:
+    tokens = [1, 2, 3, 4] * 6  # repeats: n-gram drafts of 4 tokens, all "accepted" here
+    r = Request(f"r{i}", tokens, SamplingParams(max_tokens=100))
+    r.num_computed_tokens = len(tokens) - 1
+    return r
+
+
+def test_right_but_costly_drafts_are_turned_off_and_cheap_ones_kept():
+    clock = Clock()
+    costly = CostlyProposer(clock, cost=20.0)  # a draft plan per step far dearer than the step
+    spec = Speculator(SpecConfig("ngram", num_draft=4), costly, clock=clock)
+    batch = [decoding(i) for i in range(GATE_MIN_BATCH)]
+    took = run_steps(spec, clock, batch, 6 * EXPLORE_EVERY)
+    # 8 x 5 tokens for 21 units vs 8 tokens for 1 unit: plain, with a try every EXPLORE_EVERY steps
+    assert sum(took[EXPLORE_EVERY:]) <= 5 * 2
+    # an MTP-like follow-up runs only before the steps that speculate (and the first ones)
+    assert costly.followed <= sum(took) + 2
+
+    clock2 = Clock()
+    cheap = CostlyProposer(clock2, cost=0.5)
+    spec2 = Speculator(SpecConfig("ngram", num_draft=4), cheap, clock=clock2)
+    took2 = run_steps(spec2, clock2, [decoding(i) for i in range(GATE_MIN_BATCH)], 6 * EXPLORE_EVERY)
+    assert sum(took2[EXPLORE_EVERY:]) >= 5 * EXPLORE_EVERY - 5  # 40 tokens for 1.5 units: speculate
+
+
+def test_always_draft_has_no_gate():
+    clock = Clock()
+    spec = Speculator(SpecConfig("ngram", num_draft=4, min_acceptance=0.0), CostlyProposer(clock, 20.0), clock=clock)
+    assert spec.gate is None
+    assert all(run_steps(spec, clock, [decoding(0)], 3 * EXPLORE_EVERY)[1:])
