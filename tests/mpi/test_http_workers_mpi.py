@@ -30,10 +30,15 @@ pytestmark = pytest.mark.mpi
 GREEDY = {"text": "Tell me about the sea.", "max_dec_len": 12, "temperature": 0}
 
 
+# Tokens of a request that must still be in flight while a test acts on it: ~3 s at ~1.5 ms a token
+# (the tiny model's context is 2048); 1000 once ended first, beside two CPU hogs, in a similar test.
+LONG = "2000"
+
+
 @pytest.fixture(scope="module")
 def server(served_tp2, tmp_path_factory):
     log = tmp_path_factory.mktemp("logs") / "server.log"
-    with ServerProcess(2, served_tp2, log, PUSH_MODE_HTTP_WORKERS="2", MAX_DEC_LEN="1024") as srv:
+    with ServerProcess(2, served_tp2, log, PUSH_MODE_HTTP_WORKERS="2", MAX_DEC_LEN=LONG) as srv:
         yield srv
 
 
@@ -115,7 +120,7 @@ def test_openai_and_grpc_are_served(server):
 
 def test_a_req_id_in_flight_is_409_on_every_connection_and_a_cancel_frees_it(server):
     aborts = aborted(server)
-    sock, _ = raw_stream(server, {"text": "go", "req_id": "dup", "max_dec_len": 1000, "min_dec_len": 1000})
+    sock, _ = raw_stream(server, {"text": "go", "req_id": "dup", "max_dec_len": int(LONG), "min_dec_len": int(LONG)})
     codes = {fresh(server, {"text": "x", "req_id": "dup", "max_dec_len": 2}).status_code for _ in range(8)}
     assert codes == {409}
     cancelled = time.monotonic()
@@ -127,9 +132,10 @@ def test_a_req_id_in_flight_is_409_on_every_connection_and_a_cancel_frees_it(ser
 
 
 def test_a_killed_worker_is_started_again_while_the_other_serves(served_tp2, tmp_path):
-    with ServerProcess(2, served_tp2, tmp_path / "server.log", PUSH_MODE_HTTP_WORKERS="2") as srv:
+    with ServerProcess(2, served_tp2, tmp_path / "server.log", PUSH_MODE_HTTP_WORKERS="2", MAX_DEC_LEN=LONG) as srv:
         aborts = aborted(srv)
-        sock, _ = raw_stream(srv, {"text": "go", "req_id": "victim", "max_dec_len": 900, "min_dec_len": 900})
+        body = {"text": "go", "req_id": "victim", "max_dec_len": int(LONG), "min_dec_len": int(LONG)}
+        sock, _ = raw_stream(srv, body)
         victim = worker_serving(srv, sock)
         os.kill(victim, signal.SIGKILL)
         # Connections queued on the victim's listening sockets are reset as it dies (as in any
