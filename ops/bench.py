@@ -12,6 +12,7 @@ go in `extra_benches` below.
 from __future__ import annotations
 
 import sys
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -30,6 +31,11 @@ class Result:
     shape: str
     seconds: float
     nbytes: int  # bytes the kernel has to read + write at minimum
+    host_seconds: float = 0.0  # Python's cost of one call (launch, argument packing)
+
+    def __post_init__(self) -> None:
+        if not self.host_seconds:
+            self.host_seconds = last_host_seconds
 
 
 class Buffers:
@@ -58,20 +64,47 @@ class Buffers:
         self.ptrs.clear()
 
 
+# A one-thread kernel that holds stream 0 busy while the timed calls are queued behind it, so the
+# events measure the kernels back to back, not Python's launch cost (which is reported apart).
+_SPIN = (
+    'extern "C" __global__ void spin_wait(long long cycles) '
+    "{ const long long t0 = clock64(); while (clock64() - t0 < cycles) {} }"
+)
+
+
+last_host_seconds = 0.0  # time_per_call's host seconds per call, taken by the next Result
+
+
 def time_per_call(fn: Callable[[], object], iters: int = 20, warmup: int = 3) -> float:
-    """Mean seconds per call, from CUDA events around `iters` back-to-back calls on stream 0."""
+    """Mean device seconds per call, from CUDA events around `iters` back-to-back calls on stream 0
+    queued behind a spin kernel (so host launch overhead is hidden); the host seconds per call are
+    left in `last_host_seconds`."""
+    global last_host_seconds
     drv, chk = runtime.driver, runtime._check
     for _ in range(warmup):
         fn()
+    chk(drv.cuCtxSynchronize(), "cuCtxSynchronize")
+    t0 = time.perf_counter()
+    for _ in range(warmup):
+        fn()
+    last_host_seconds = (time.perf_counter() - t0) / warmup  # launch cost (the GPU may overlap it)
+    chk(drv.cuCtxSynchronize(), "cuCtxSynchronize")
+    spin = runtime.load_kernel(_SPIN, "spin_wait")
+    cycles = int(runtime.device_attribute("CLOCK_RATE") * 1e3 * (0.005 + 3 * iters * last_host_seconds))
     start, end = chk(drv.cuEventCreate(0), "cuEventCreate"), chk(drv.cuEventCreate(0), "cuEventCreate")
+    spin.launch((1,), (1,), [np.int64(cycles)])
     chk(drv.cuEventRecord(start, drv.CUstream(0)), "cuEventRecord")
+    t0 = time.perf_counter()
     for _ in range(iters):
         fn()
+    queued = time.perf_counter() - t0
     chk(drv.cuEventRecord(end, drv.CUstream(0)), "cuEventRecord")
     chk(drv.cuEventSynchronize(end), "cuEventSynchronize")
     ms = chk(drv.cuEventElapsedTime(start, end), "cuEventElapsedTime")
     for event in (start, end):
         drv.cuEventDestroy(event)
+    if queued > 0.005 + 3 * iters * last_host_seconds:  # the spin ended before all calls were queued
+        print(f"warning: queueing took {queued * 1e3:.1f} ms, longer than the spin: host time in", file=sys.stderr)
     return ms / 1e3 / iters
 
 
@@ -212,10 +245,11 @@ def main() -> int:
         bench_paged_attention(4, 32768),
         bench_paged_attention(4, 32768, partition_blocks=0),
     ] + extra_benches()
-    print(f"{'kernel':<44} {'shape':<48} {'time us':>9} {'GB/s':>7} {'% copy':>7}")
+    print(f"{'kernel':<44} {'shape':<48} {'time us':>9} {'GB/s':>7} {'% copy':>7} {'host us':>8}")
     for r in results:
         gbs = r.nbytes / r.seconds / 1e9
-        print(f"{r.name:<44} {r.shape:<48} {r.seconds * 1e6:>9.1f} {gbs:>7.0f} {100 * gbs * 1e9 / bw:>6.1f}%")
+        pct, host_us = 100 * gbs * 1e9 / bw, r.host_seconds * 1e6
+        print(f"{r.name:<44} {r.shape:<48} {r.seconds * 1e6:>9.1f} {gbs:>7.0f} {pct:>6.1f}% {host_us:>8.1f}")
     headline = results[5]  # fp16, B=64, ctx 2048, 32/8 heads of 128, automatic split choice
     print(
         f"\n{headline.name} {headline.shape}: {100 * headline.nbytes / headline.seconds / bw:.0f}% of copy "

@@ -14,7 +14,7 @@ from . import runtime
 from .philox import CUDA_SOURCE as PHILOX_CUDA
 from .sample_twin import _COEF, _LN2_31, _LOG2E, MAX_VOCAB, check_num_logprobs
 
-THREADS = 1024  # one block of THREADS per row
+THREADS = 1024  # one block of THREADS per row (512 measured no better on an H100: RESULTS.md)
 # The kernel source after the generated constants, in order (one translation unit).
 SOURCE_FILES = ("sample_row.cuh", "sample_block.cuh", "sample_search.cuh", "sample.cu")
 

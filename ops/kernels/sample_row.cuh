@@ -22,6 +22,7 @@
 #define WARPS (THREADS / 32)
 #define VEC (16 / (int)sizeof(dtype_t))   // elements per 16-byte load
 #define TILE (THREADS * VEC)
+#define UNROLL 4                          // tiles per thread in flight in a row pass (for_each)
 #define L1_BITS 12
 #define L1_BINS 4096
 #define LV_BITS 10
@@ -108,23 +109,36 @@ __device__ __forceinline__ u32 row_key(const Row& r, int i, float p) {
     return float_key(r.greedy || r.T == 1.f ? p : __fdiv_rn(p, r.T));   // p / 1 is exactly p
 }
 
-// Keys of tokens [i0, i0 + VEC) (those < V); returns how many exist.  Not inlined: the 8 passes
-// that call it would each carry a copy (halves NVRTC time; worth re-measuring on a GPU).
-__device__ __noinline__ int load_row_keys(const Row& r, int i0, u32 key[VEC]) {
+// The raw logits of tokens [i0, i0 + VEC) (those < V; the rest repeat x[i0]); a 16-byte load when
+// aligned.  Inlined and separate from the key computation so a pass can issue several tiles' loads
+// before using any (memory-level parallelism: one load in flight per thread cannot fill HBM).
+__device__ __forceinline__ void load_raw(const Row& r, int i0, dtype_t raw[VEC]) {
     const int valid = min(VEC, r.V - i0);
-    if (valid <= 0) return 0;
-    dtype_t raw[VEC];
+    if (valid <= 0) return;
     if (valid == VEC && r.aligned) {
         union { uint4 u; dtype_t e[VEC]; } pack;
-        pack.u = *reinterpret_cast<const uint4*>(r.x + i0);
+        pack.u = __ldg(reinterpret_cast<const uint4*>(r.x + i0));
 #pragma unroll
         for (int v = 0; v < VEC; ++v) raw[v] = pack.e[v];
     } else {
 #pragma unroll
         for (int v = 0; v < VEC; ++v) raw[v] = v < valid ? r.x[i0 + v] : r.x[i0];
     }
+}
+
+// Keys of the loaded tokens [i0, i0 + VEC) (those < V); returns how many exist.  Inlined: as a
+// call, the Row and the key array went through local memory on every element (measured on an H100:
+// a greedy row read at 1/5 of the copy bandwidth), at the price of a longer NVRTC compile.
+__device__ __forceinline__ int raw_keys(const Row& r, int i0, const dtype_t raw[VEC], u32 key[VEC]) {
+    const int valid = min(VEC, r.V - i0);
 #pragma unroll
     for (int v = 0; v < VEC; ++v)
         if (v < valid) key[v] = row_key(r, i0 + v, to_float(raw[v]));
-    return valid;
+    return max(valid, 0);
+}
+
+__device__ __forceinline__ int load_row_keys(const Row& r, int i0, u32 key[VEC]) {
+    dtype_t raw[VEC];
+    load_raw(r, i0, raw);
+    return raw_keys(r, i0, raw, key);
 }

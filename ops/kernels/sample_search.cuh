@@ -29,7 +29,24 @@ template <class F>
 __device__ void for_each(const Ctx& c, u32 lo, u32 hi, F fn) {
     const bool on_chip = covers(c, lo, hi);
     const int n = on_chip ? c.cand_n : c.r.V;
-    for (int base = 0; base < n; base += TILE) {
+    int start = 0;
+    if (!on_chip) {  // the row: UNROLL tiles' loads in flight per thread, then their keys
+        for (; start + UNROLL * TILE <= n; start += UNROLL * TILE) {
+            dtype_t raw[UNROLL][VEC];
+#pragma unroll
+            for (int u = 0; u < UNROLL; ++u) load_raw(c.r, start + u * TILE + threadIdx.x * VEC, raw[u]);
+#pragma unroll
+            for (int u = 0; u < UNROLL; ++u) {
+                const int i0 = start + u * TILE + threadIdx.x * VEC;
+                u32 key[VEC];
+                const int valid = raw_keys(c.r, i0, raw[u], key);
+#pragma unroll
+                for (int v = 0; v < VEC; ++v)
+                    if (v < valid && key[v] >= lo && key[v] <= hi) fn(key[v], i0 + v);
+            }
+        }
+    }
+    for (int base = start; base < n; base += TILE) {
         u32 key[VEC]; int id[VEC];
         const int valid = load_src(c, on_chip, base + threadIdx.x * VEC, key, id);
 #pragma unroll

@@ -3,21 +3,22 @@ ops/ kernels, run on their CPU emulation (tests/support/ops_emulation.py) with h
 for device memory, and the pool ends up holding exactly what the CPU runner's pool (worker/kv_cache.py,
 the numpy twins) holds after the same steps; decode attention over it equals the twin's.
 
-This proves the plumbing (which pointer per layer, slots, scales, stream, workspace), not the GPU:
-nothing here runs a CUDA device."""
+This proves the plumbing (which pointer per layer, slots, scales, stream, workspace) without a GPU;
+the `gpu`-marked test runs the same steps in real device memory on a real non-default stream."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
+from ops import device as ops_device
 from ops import paged_attention as pa
 from ops import runtime
 from spmd_serve.kv_layout import KVLayout
 from spmd_serve.worker.device_kv import DeviceKVPool
 from spmd_serve.worker.kv_cache import KVCachePool
 from tests.support.ops_emulation import emulated  # noqa: F401  (pytest fixture, used by name)
-from tests.support.ops_helpers import tmp_kernel_cache  # noqa: F401  (pytest fixture)
+from tests.support.ops_helpers import device, needs_gpu, tmp_kernel_cache  # noqa: F401  (pytest fixtures)
 
 LAYERS, NB, BS, KVH, HD, QH = 2, 6, 4, 2, 32, 4
 
@@ -69,17 +70,50 @@ def launches(emulated, monkeypatch):  # noqa: F811  (the fixture imported above)
     return seen
 
 
-@pytest.mark.parametrize("int8", [False, True])
-def test_device_pool_equals_cpu_pool_and_attention_equals_twin(launches, int8):
+class GpuMemory:
+    """`DeviceMemory` over real device allocations (tests/support/ops_helpers.Device)."""
+
+    def __init__(self, device) -> None:
+        self.device = device
+
+    def view(self, a: np.ndarray):
+        return self.device.put(a)
+
+    def zeros(self, shape, dtype):
+        return self.device.put(np.zeros(shape, dtype))
+
+    def upload(self, host):
+        return self.device.put(host)
+
+    def host(self, d) -> np.ndarray:
+        return self.device.get(d)
+
+
+class CudaStream:
+    """A real non-default CUDA stream, seen through the stream protocol as Paddle's are."""
+
+    def __init__(self) -> None:
+        ops_device._current_context()  # the stream belongs to the context the allocations use
+        self.handle = runtime._check(runtime.driver.cuStreamCreate(1), "cuStreamCreate")  # non-blocking
+
+    def __cuda_stream__(self):
+        return (0, int(self.handle))
+
+    def close(self) -> None:
+        runtime._check(runtime.driver.cuStreamSynchronize(self.handle), "cuStreamSynchronize")
+        runtime._check(runtime.driver.cuStreamDestroy(self.handle), "cuStreamDestroy")
+
+
+def check_pool_against_cpu(mem, stream, int8: bool) -> None:
+    """Two steps written through DeviceKVPool on `mem` / `stream` leave the pool holding what
+    KVCachePool holds after the same steps; decode attention over it equals the twin's."""
     rng = np.random.default_rng(3)
     layout = KVLayout.kv_heads(LAYERS, KVH, HD)
     scales = None
     if int8:
         scales = {t: [rng.uniform(0.02, 0.05, KVH).astype(np.float32) for _ in range(LAYERS)] for t in ("k", "v")}
-    mem = HostMemory()
     dev = DeviceKVPool(layout, NB, BS, mem, scales)
     cpu = KVCachePool(layout, NB, BS, scales)
-    stream = PaddleLikeStream()
     # two steps: a prefill of 6 tokens (one padding slot) into blocks 2-3, then a decode of 2 sequences
     for slots in (np.array([8, 9, 10, 11, -1, 12], np.int32), np.array([13, 1], np.int32)):
         for layer in range(LAYERS):
@@ -97,20 +131,25 @@ def test_device_pool_equals_cpu_pool_and_attention_equals_twin(launches, int8):
     scale_args = (cpu.scales["k"][1], cpu.scales["v"][1]) if int8 else ()
     want = pa.paged_attention_cpu(q, cpu.k[1], cpu.v[1], tables, lens, *scale_args)
     for parts in (0, 1):  # single pass, and split-K with the rank's own workspace
-        out = np.zeros_like(q)
+        out = mem.view(np.zeros_like(q))
         ws = np.zeros(pa.workspace_bytes(2, QH, HD, 3) // 4, np.float32)
         dev.attend(
             1,
             mem.view(q),
             mem.view(tables),
             mem.view(lens),
-            mem.view(out),
+            out,
             stream,
             max_context_len=3 * BS,
             workspace=mem.view(ws) if parts else None,
             partition_blocks=parts,
         )
-        np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(mem.host(out), want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("int8", [False, True])
+def test_device_pool_equals_cpu_pool_and_attention_equals_twin(launches, int8):
+    check_pool_against_cpu(HostMemory(), PaddleLikeStream(), int8)
     assert launches and {h for _, h in launches} == {0x5EED}  # every launch on the predictors' stream
     assert {n for n, _ in launches} == {
         "kv_cache_write",
@@ -118,6 +157,18 @@ def test_device_pool_equals_cpu_pool_and_attention_equals_twin(launches, int8):
         "paged_attention_split",
         "paged_attention_reduce",
     }
+
+
+@pytest.mark.gpu
+@needs_gpu
+@pytest.mark.parametrize("int8", [False, True])
+def test_device_pool_on_a_gpu_equals_cpu_pool(device, int8):  # noqa: F811  (the fixture imported above)
+    """The same steps in real device memory on a real non-default stream."""
+    stream = CudaStream()
+    try:
+        check_pool_against_cpu(GpuMemory(device), stream, int8)
+    finally:
+        stream.close()
 
 
 def test_device_pool_refuses_the_mla_layout():

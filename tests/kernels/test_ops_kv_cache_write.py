@@ -106,7 +106,8 @@ def test_kv_cache_write_gpu_equals_twin(cupy_device, dtype, kv_int8, strided) ->
     slots = rng.permutation(nb * bs)[:t].astype(np.int32)
     slots[[0, 10]] = -1
     if strided:  # views into one device QKV buffer: row stride 3 * kvh * hd
-        base, item = runtime.as_device_array(device.put(stored)), stored.dtype.itemsize
+        qkv_dev = device.put(stored)  # held: the views below keep no cupy array alive (it would be freed)
+        base, item = runtime.as_device_array(qkv_dev), stored.dtype.itemsize
         key, value = (
             runtime.DeviceArray(
                 base.ptr + i * kvh * hd * item, (t, kvh, hd), stored.dtype, (3 * kvh * hd * item, hd * item, item)
