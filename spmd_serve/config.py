@@ -83,6 +83,7 @@ class ServeConfig:
     malloc_tuning: bool = _default("malloc_tuning")
     log_step_every: int = _default("log_step_every")
     device: str = _default("device")
+    speculate_min_acceptance: float = _default("speculate_min_acceptance")
 
     def __post_init__(self) -> None:
         # Re-checked here (not only when parsing) so that configs built in code or via

@@ -238,6 +238,10 @@ ENV_VARS: tuple[EnvVar, ...] = (
     _v("SPMD_DEVICE", "auto", "str", "internal: the ranks' runner: auto (GPU when Paddle is built with "
        "CUDA; the GPU runner is not built yet and refuses, docs/gpu.md), cpu or gpu", "device",
        pattern=r"auto|cpu|gpu", pattern_help="auto, cpu or gpu", internal=True),
+    _v("SPMD_SPECULATE_MIN_ACCEPTANCE", 0.3, "float", "internal: a request drafts while its drafts' "
+       "running acceptance rate is at least this (engine/speculative.py); 0: every decoding request "
+       "drafts every step and no step is gated by speed (tests of the mechanics, forced benchmarks)",
+       "speculate_min_acceptance", minimum=0, maximum=1, internal=True),
 )
 # fmt: on
 

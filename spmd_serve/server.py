@@ -142,7 +142,9 @@ def speculator(cfg, comm=None, draft_runner=None, runner=None):
     elif draft_runner is not None:
         positions = max_positions(cfg.speculate_model_path)
         proposer = make_draft_proposer(comm, draft_runner, cfg.block_size, cfg.num_blocks(), k, positions)
-    return make_speculator(cfg.speculate_method, k, cfg.speculate_max_ngram_size, proposer=proposer)
+    return make_speculator(
+        cfg.speculate_method, k, cfg.speculate_max_ngram_size, cfg.speculate_min_acceptance, proposer=proposer
+    )
 
 
 def _run_rank0(cfg, comm, runner, fe: Frontend, draft_runner) -> None:

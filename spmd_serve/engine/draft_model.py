@@ -90,6 +90,7 @@ class DraftModelProposer:
     scratch blocks start); `max_positions`: the draft's max_position_embeddings."""
 
     method = DRAFT_MODEL
+    free_drafts = False  # each step's drafts cost k plans of the draft model
 
     def __init__(
         self,

@@ -66,6 +66,7 @@ class MtpProposer:
     target's pool (where the scratch blocks start)."""
 
     method = MTP
+    free_drafts = False  # each step's drafts cost k plans of the MTP layer
 
     def __init__(
         self,

@@ -4,47 +4,62 @@ The per-request rule (engine/speculative.py) keeps drafting the requests whose d
 accepted, but acceptance alone does not say that drafting pays: a model proposer (draft_model,
 mtp) runs draft plans whose cost on this CPU is close to a target step's whatever the batch, so
 drafts that are mostly right still made a full batch 1.4-3x slower (benchmarks/RESULTS.md
-"Speculative decoding": draft_model 0.77x, mtp 0.3x at batch 32), while at batch 1 the same drafts
-pay or nearly do.  The issue's rule is that speculation must never make a full batch slower.
+"Speculative decoding": draft_model 0.77x, mtp 0.3x at batch 32).  The issue's rule is that
+speculation must never make a full batch slower.
 
 So the gate measures what matters, each mode's seconds per generated token on decode-only steps
 (draft plans, verification and the proposer's follow-up included), as the median of its last
 `WINDOW` steps per batch-size class (powers of two; a median, because one slow step — a graph's
 first run, another process taking the core — once made plain decoding look 3x dearer than it is
-for the rest of a request), and each step takes the cheaper mode; the other is tried again every
-`EXPLORE_EVERY` steps at first, then twice as long after each try that changed nothing (up to
-`EXPLORE_MAX`), so a batch whose text starts repeating wins speculation back.  A class
-that has not measured both modes (`MIN_SAMPLES` steps each) follows the nearest class that has;
-with none, speculation is tried first, then plain.  Steps with prompt chunks are not
-measured (their cost is the prefill's) and use the current choice.  Steps of fewer than
-`GATE_MIN_BATCH` sequences always speculate: there a few more query tokens cost the launch-bound
-step almost nothing, n-gram drafts are free (2.4x at batch 1), and a model proposer is the user's
-choice for the model and hardware at hand (here, on a CPU, it loses at every batch size: RESULTS);
-it also keeps small batches, where the tests check speculation's mechanics, free of timing.  Outputs never depend on the
-choice: a plain step is a step whose drafts are empty.
+for the rest of a request), and each step takes the cheaper mode.
+
+Learning is what a short run pays, so it is kept small (RESULTS.md "The step gate"): plain decoding
+is measured first (`MIN_SAMPLES` steps: it costs nothing extra), then speculation, which loses at
+once when even its fastest step so far is `CLEAR_LOSS` times dearer per token than plain's median
+(mtp on this CPU: ~3x), else after `MIN_SAMPLES` steps like plain.  The losing mode is tried again
+after `EXPLORE_EVERY` steps, twice as long after each try that changed nothing (up to
+`EXPLORE_MAX`), and never sooner than a try costs `TRY_BUDGET` of the steps between tries (a mode
+3x dearer waits ~100 steps), so a batch whose text starts repeating wins speculation back.  A try
+lasts `TRY_STEPS` steps, and the first speculative step after plain ones is not measured (the
+Speculator leaves it out): it carries the proposer's catch-up (a draft model's K/V of every token
+since it last ran, the whole prompt at first: 5-10x a step at batch 32), a cost of switching, not of
+speculating, which made a draft model that pays 1.8x look 3x dearer and lose at once.  A
+class that has no verdict yet follows the nearest class that has.  Steps with prompt chunks are
+not measured (their cost is the prefill's) and use the current choice.
+
+`min_batch`: steps of fewer sequences always speculate.  For n-gram drafts (free to propose) it is
+`GATE_MIN_BATCH`: there a few more query tokens cost the launch-bound step almost nothing (2.4x at
+batch 1), and it keeps the small batches where the tests check speculation's mechanics free of
+timing.  A model proposer's drafts cost a plan whatever the batch, so it is gated at every size.
+Outputs never depend on the choice: a plain step is a step whose drafts are empty.
 """
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections import deque
 
-GATE_MIN_BATCH = 8  # sequences: smaller steps always speculate (the request rule alone decides)
+GATE_MIN_BATCH = 8  # sequences: smaller steps of a free proposer always speculate
 EXPLORE_EVERY = 16  # steps between two tries of the mode that is losing, at first
 EXPLORE_MAX = 256  # ... doubled after each try that did not change the verdict, up to this
 WINDOW = 8  # a mode's cost: the median of its last WINDOW steps in a batch-size class
-MIN_SAMPLES = 3  # steps a mode is tried before it can lose
+MIN_SAMPLES = 3  # steps a mode is measured before the medians decide
+CLEAR_LOSS = 1.25  # a mode whose every step cost this much more per token loses without more tries
+TRY_BUDGET = 0.02  # a try of the losing mode may cost this share of the steps between tries
+TRY_STEPS = 2  # steps of one try: the first speculative step after plain ones is not measured
 
 
 class StepGate:
     """Speculate or not, by which mode has been generating tokens faster at this batch size."""
 
-    def __init__(self, explore_every: int = EXPLORE_EVERY) -> None:
-        self.explore_every = explore_every
+    def __init__(self, explore_every: int = EXPLORE_EVERY, min_batch: int = GATE_MIN_BATCH) -> None:
+        self.explore_every, self.min_batch = explore_every, min_batch
         self._costs: dict[tuple[int, bool], deque[float]] = {}  # (batch class, speculated) → s/token
         self._since = 0  # steps since the losing mode was last tried
         self._interval = explore_every
         self._last: bool | None = None  # the last verdict
+        self._trying = 0  # steps of the current try still to go
 
     @staticmethod
     def batch_class(batch: int) -> int:
@@ -53,43 +68,59 @@ class StepGate:
 
     def record(self, batch: int, speculated: bool, seconds: float, tokens: int) -> None:
         """A decode-only step of `batch` sequences took `seconds` and gave `tokens` tokens."""
-        if tokens <= 0 or seconds <= 0 or batch < GATE_MIN_BATCH:
+        if tokens <= 0 or seconds <= 0 or batch < self.min_batch:
             return
         key = (self.batch_class(batch), speculated)
         self._costs.setdefault(key, deque(maxlen=WINDOW)).append(seconds / tokens)
 
     def cost(self, batch: int, speculated: bool) -> float | None:
         """A mode's seconds per token at this batch size (None: fewer than MIN_SAMPLES steps)."""
-        return self._class_cost(self.batch_class(batch), speculated)
+        return self._median(self.batch_class(batch), speculated)
 
     def decide(self, batch: int) -> bool:
         """Whether the next step of about `batch` decoding sequences speculates."""
-        if batch < GATE_MIN_BATCH:
+        if batch < self.min_batch:
             return True
-        better = self._verdict(self.batch_class(batch))
-        if better is None:  # nothing measured yet at any size: speculation first, then plain
-            return self.cost(batch, True) is None
+        verdict = self._verdict(self.batch_class(batch))
+        if verdict is None:  # nothing decided at any size: measure plain first, then speculation
+            return self.cost(batch, False) is not None
+        better, ratio = verdict
         if better != self._last:  # the verdict changed: watch the other mode closely again
-            self._last, self._interval, self._since = better, self.explore_every, 0
+            self._last, self._interval, self._since, self._trying = better, self.explore_every, 0, 0
+        if self._trying:
+            self._trying -= 1
+            return not better
         self._since += 1
-        if self._since < self._interval:
+        if self._since < max(self._interval, self._affordable(ratio)):
             return better
         # each try that leaves the verdict as it was doubles the wait: a mode that keeps losing
         # costs at most 1/EXPLORE_MAX of the steps (at 16 steps, a try 3x dearer cost 12 %)
-        self._since, self._interval = 0, min(2 * self._interval, EXPLORE_MAX)
+        self._since, self._interval, self._trying = 0, min(2 * self._interval, EXPLORE_MAX), TRY_STEPS - 1
         return not better
 
-    def _verdict(self, cls: int) -> bool | None:
-        """Is speculating cheaper, in this batch-size class or else the nearest one that has
-        measured both modes (a batch draining from 32 to 8 crosses three classes: learning each
-        anew cost more than the gate saved in a 64-step run)?  None: no class has both yet."""
+    @staticmethod
+    def _affordable(ratio: float) -> int:
+        """Steps between tries for a try to cost TRY_BUDGET of them (`ratio`: the loser's cost
+        per token over the winner's; a try costs about ratio - 1 steps more)."""
+        return min(EXPLORE_MAX, math.ceil((ratio - 1.0) / TRY_BUDGET)) if ratio < math.inf else EXPLORE_MAX
+
+    def _verdict(self, cls: int) -> tuple[bool, float] | None:
+        """(is speculating cheaper, the loser's cost over the winner's) in this batch-size class or
+        else the nearest one that has a verdict (a batch draining from 32 to 8 crosses three
+        classes: learning each anew cost more than the gate saved in a 64-step run).  None: no
+        class has one yet."""
         classes = {c for c, _ in self._costs}
         for c in sorted(classes, key=lambda c: (abs(c - cls), c)):
-            spec, plain = self._class_cost(c, True), self._class_cost(c, False)
+            spec, plain = self._median(c, True), self._median(c, False)
             if spec is not None and plain is not None:
-                return spec <= plain
+                return (spec <= plain, max(spec, plain) / min(spec, plain))
+            for settled, fast, tried in ((plain, False, True), (spec, True, False)):
+                # one mode measured, the other's every try so far clearly dearer: it lost
+                costs = self._costs.get((c, tried), ())
+                if settled is not None and costs and min(costs) > CLEAR_LOSS * settled:
+                    return (fast, min(costs) / settled)
         return None
 
-    def _class_cost(self, cls: int, speculated: bool) -> float | None:
+    def _median(self, cls: int, speculated: bool) -> float | None:
         costs = self._costs.get((cls, speculated), ())
         return statistics.median(costs) if len(costs) >= MIN_SAMPLES else None

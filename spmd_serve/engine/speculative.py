@@ -41,7 +41,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from spmd_serve.engine.spec_gate import StepGate
+from spmd_serve.engine.spec_gate import GATE_MIN_BATCH, StepGate
+from spmd_serve.envs import BY_FIELD
 from spmd_serve.scheduler.request import Request
 from spmd_serve.scheduler.scheduler import SchedulerOutput
 
@@ -49,7 +50,7 @@ NGRAM = "ngram"  # canonical name of inference_with_reference
 METHODS = {"inference_with_reference": NGRAM, NGRAM: NGRAM, "draft_model": "draft_model", "mtp": "mtp"}
 # Below this running acceptance rate a request stops drafting (benchmarks/RESULTS.md "Speculative
 # decoding": at batch 32 drafts accepted ~7 % of the time cost 24 %, ~87 % gained 84 %; even ~25 %).
-DEFAULT_MIN_ACCEPTANCE = 0.3
+DEFAULT_MIN_ACCEPTANCE: float = BY_FIELD["speculate_min_acceptance"].default  # SPMD_SPECULATE_MIN_ACCEPTANCE
 PROBE_EVERY = 16  # decode steps between two probes of a request that is not drafting
 MAX_DRAFT_TOKENS = 8  # SPECULATE_MAX_DRAFT_TOKEN_NUM's upper bound
 
@@ -75,6 +76,7 @@ class Proposer(Protocol):
     """Offers draft tokens; `propose` writes them into each request's `draft_token_ids`."""
 
     method: str  # the metrics' label
+    free_drafts: bool  # proposing costs next to nothing (n-gram), not a draft plan (a model)
 
     def propose(self, requests: Sequence[Request], k: int) -> None:
         """Up to `k` drafts for each of `requests` (all decoding: one known token left to feed)."""
@@ -104,6 +106,7 @@ class NgramProposer:
     """inference_with_reference: drafts copied from an earlier occurrence of the current suffix."""
 
     method = NGRAM
+    free_drafts = True
 
     def __init__(self, max_ngram: int) -> None:
         self.max_ngram = max_ngram
@@ -168,12 +171,15 @@ class Speculator:
         self.proposer = proposer if proposer is not None else make_proposer(cfg)
         self._records: weakref.WeakKeyDictionary[Request, _Record] = weakref.WeakKeyDictionary()
         # min_acceptance 0 means "always draft" (benchmarks' forced runs): no gate then
-        self.gate = StepGate() if cfg.min_acceptance > 0 else None
+        # free drafts are gated from GATE_MIN_BATCH sequences up; a model's draft plans at every size
+        min_batch = GATE_MIN_BATCH if getattr(self.proposer, "free_drafts", False) else 1
+        self.gate = StepGate(min_batch=min_batch) if cfg.min_acceptance > 0 else None
         self.clock = clock
-        self._next = True  # the gate's choice for the next step
+        self._next: bool | None = None  # the gate's choice for the next step (None: not asked yet)
         self._started: float | None = None  # when this step's propose began
         self._carry = 0.0  # the proposer's follow-up after the last step, paid for this step's drafts
         self._accepted = 0  # drafts accepted this step
+        self._speculating = False  # whether the last step speculated
 
     @property
     def method(self) -> str:
@@ -183,6 +189,8 @@ class Speculator:
         """Drafts for the running requests that decode and whose drafts have been paying, when
         the gate lets this step speculate."""
         self._started, self._accepted = self.clock(), 0
+        if self._next is None:  # the first step: the gate's choice for this batch
+            self._next = self.gate is None or self.gate.decide(len(running))
         chosen, probes = [], []
         for r in running:
             r.draft_token_ids = []
@@ -218,8 +226,11 @@ class Speculator:
         when the next one will not speculate (prompt chunks are always followed: their positions
         are the context of every later draft); its time is charged to the next step."""
         decoding = bool(out.seqs) and all(s.samples and s.num_new_tokens - s.num_draft == 1 for s in out.seqs)
-        if self.gate is not None and decoding and self._started is not None:
-            speculated = any(s.num_draft for s in out.seqs)
+        speculated = any(s.num_draft for s in out.seqs)
+        # the first speculative step after plain ones carries the proposer's catch-up: not measured
+        switched = speculated and not self._speculating
+        self._speculating = speculated
+        if self.gate is not None and decoding and self._started is not None and not switched:
             seconds = self._carry + self.clock() - self._started
             self.gate.record(len(out.seqs), speculated, seconds, len(out.seqs) + self._accepted)
         self._next = self.gate is None or self.gate.decide(len(out.seqs))

@@ -35,7 +35,13 @@ def server(served_tp1, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def draft_server(served_tp1, tmp_path_factory):
-    env = {"SPECULATE_METHOD": "draft_model", "SPECULATE_MODEL_PATH": str(served_tp1)}
+    # drafting every step (no per-step rule, no speed gate): the streamed answer must show a frame
+    # of draft + target tokens whatever this machine's timing says about drafting's cost
+    env = {
+        "SPECULATE_METHOD": "draft_model",
+        "SPECULATE_MODEL_PATH": str(served_tp1),
+        "SPMD_SPECULATE_MIN_ACCEPTANCE": "0",
+    }
     with ServerProcess(1, served_tp1, tmp_path_factory.mktemp("logs") / "server.log", **env) as srv:
         srv.metrics_url = f"http://127.0.0.1:{srv.env['METRICS_HTTP_PORT']}/metrics"
         yield srv

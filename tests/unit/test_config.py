@@ -61,6 +61,7 @@ CONTRACT_DEFAULTS = {
     "malloc_tuning": True,
     "log_step_every": 0,
     "device": "auto",
+    "speculate_min_acceptance": 0.3,
 }
 
 # A valid non-default raw value for every variable, and what it parses to.
@@ -105,6 +106,7 @@ SAMPLES = {
     "SPMD_MALLOC_TUNING": ("no", False),
     "SPMD_LOG_STEP_EVERY": ("50", 50),
     "SPMD_DEVICE": ("cpu", "cpu"),
+    "SPMD_SPECULATE_MIN_ACCEPTANCE": ("0", 0.0),
 }
 ALIASES = [(v.name, alias) for v in ENV_VARS for alias in v.aliases]
 
@@ -164,6 +166,7 @@ def test_defaults_equal_contract():
         "SPMD_MALLOC_TUNING",
         "SPMD_LOG_STEP_EVERY",
         "SPMD_DEVICE",
+        "SPMD_SPECULATE_MIN_ACCEPTANCE",
     ]
 
 

@@ -4,7 +4,17 @@ test drives, so nothing here depends on this machine's timing."""
 
 from __future__ import annotations
 
-from spmd_serve.engine.spec_gate import EXPLORE_EVERY, GATE_MIN_BATCH, MIN_SAMPLES, WINDOW, StepGate
+import math
+
+from spmd_serve.engine.spec_gate import (
+    EXPLORE_EVERY,
+    GATE_MIN_BATCH,
+    MIN_SAMPLES,
+    TRY_BUDGET,
+    TRY_STEPS,
+    WINDOW,
+    StepGate,
+)
 from spmd_serve.engine.speculative import NgramProposer, SpecConfig, Speculator
 from spmd_serve.sampling_params import SamplingParams
 from spmd_serve.scheduler.request import Request
@@ -14,17 +24,47 @@ from spmd_serve.scheduler.scheduler import ScheduledSeq, SchedulerOutput
 def test_the_gate_takes_the_cheaper_mode_and_tries_the_other_again():
     gate = StepGate()
     for _ in range(MIN_SAMPLES):
-        assert gate.decide(32) is True  # speculation not measured enough yet: try it
-        gate.record(32, True, 1.0, 32)
+        assert gate.decide(32) is False  # plain is measured first (it costs nothing extra)
+        gate.record(32, False, 1.0, 32)
     for _ in range(MIN_SAMPLES):
-        assert gate.decide(32) is False  # then plain
-        gate.record(32, False, 0.5, 32)
+        assert gate.decide(32) is True  # then speculation, a little dearer: tried MIN_SAMPLES times
+        gate.record(32, True, 1.2, 32)
     choices = [gate.decide(32) for _ in range(4 * EXPLORE_EVERY)]
-    # plain, speculation tried after EXPLORE_EVERY steps, then after twice as many: it kept losing
-    assert [i + 1 for i, c in enumerate(choices) if c] == [EXPLORE_EVERY, 3 * EXPLORE_EVERY]
-    for _ in range(WINDOW):  # the text starts repeating: speculative steps now give 4 tokens each
-        gate.record(32, True, 1.0, 128)
-    assert sum(gate.decide(32) for _ in range(4 * EXPLORE_EVERY)) == 4 * EXPLORE_EVERY - 2  # the watch restarts
+    # plain, speculation tried (TRY_STEPS steps) after EXPLORE_EVERY steps, then after twice as many
+    first, second = EXPLORE_EVERY, 3 * EXPLORE_EVERY + TRY_STEPS - 1
+    tries = [first + i for i in range(TRY_STEPS)] + [second + i for i in range(TRY_STEPS)]
+    assert [i + 1 for i, c in enumerate(choices) if c] == tries
+    for _ in range(WINDOW):  # the text starts repeating: speculative steps now give 1.25 tokens each
+        gate.record(32, True, 1.0, 40)
+    plain_tries = sum(not gate.decide(32) for _ in range(4 * EXPLORE_EVERY))
+    assert plain_tries == 2 * TRY_STEPS  # the watch restarts: after EXPLORE_EVERY steps again
+
+
+def test_a_clear_loss_decides_after_one_try_and_waits_as_long_as_it_costs():
+    """Speculation 3x (more than CLEAR_LOSS times) dearer per token loses on its first step, and is
+    tried again only after enough steps that a try costs TRY_BUDGET of them (not every
+    EXPLORE_EVERY steps)."""
+    gate = StepGate()
+    for _ in range(MIN_SAMPLES):
+        gate.record(32, False, 1.0, 32)
+    assert gate.decide(32) is True
+    gate.record(32, True, 4.5, 48)  # 3x plain's cost per token: more than CLEAR_LOSS
+    wait = math.ceil((3.0 - 1.0) / TRY_BUDGET)
+    choices = [gate.decide(32) for _ in range(wait + TRY_STEPS - 1)]
+    assert [i + 1 for i, c in enumerate(choices) if c] == [wait + i for i in range(TRY_STEPS)]
+    assert wait > 4 * EXPLORE_EVERY
+    gate.record(32, True, 1.5, 48)  # a try at plain's cost per token: no clear loss, measured more
+    assert gate.decide(32) is True
+
+
+def test_a_model_proposer_is_gated_at_every_batch_size():
+    gate = StepGate(min_batch=1)
+    for _ in range(MIN_SAMPLES):
+        assert gate.decide(1) is False
+        gate.record(1, False, 1.0, 1)
+    assert gate.decide(1) is True
+    gate.record(1, True, 2.6, 2)  # mtp at batch 1 on this CPU: 2 tokens for 2.6 steps' time
+    assert not any(gate.decide(1) for _ in range(EXPLORE_EVERY - 1))
 
 
 def test_one_slow_step_does_not_decide():
@@ -121,3 +161,27 @@ def test_always_draft_has_no_gate():
     spec = Speculator(SpecConfig("ngram", num_draft=4, min_acceptance=0.0), CostlyProposer(clock, 20.0), clock=clock)
     assert spec.gate is None
     assert all(run_steps(spec, clock, [decoding(0)], 3 * EXPLORE_EVERY)[1:])
+
+
+class CatchUpProposer(NgramProposer):
+    """Drafts that cost `step` seconds when the proposer ran the step before, and `catch_up` after
+    plain steps (a draft model's K/V of every token it has not seen: the whole prompt at first)."""
+
+    def __init__(self, clock: Clock, step: float, catch_up: float) -> None:
+        super().__init__(3)
+        self.clock, self.step, self.catch_up, self.last_end = clock, step, catch_up, -10.0
+
+    def propose(self, requests, k):
+        gap = self.clock.now - self.last_end  # 1 time unit when it ran the step before
+        self.clock.now += self.step if gap < 1.5 else self.catch_up
+        self.last_end = self.clock.now
+        super().propose(requests, k)
+
+
+def test_a_catch_up_after_plain_steps_does_not_make_paying_drafts_lose():
+    clock = Clock()
+    proposer = CatchUpProposer(clock, step=0.5, catch_up=50.0)  # 40 tokens for 1.5 units, once caught up
+    spec = Speculator(SpecConfig("ngram", num_draft=4), proposer, clock=clock)
+    took = run_steps(spec, clock, [decoding(i) for i in range(GATE_MIN_BATCH)], 6 * EXPLORE_EVERY)
+    assert took[:MIN_SAMPLES] == [False] * MIN_SAMPLES  # plain measured first
+    assert all(took[MIN_SAMPLES:])  # then speculation, kept: its catch-up step was not counted
