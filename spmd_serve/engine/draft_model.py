@@ -23,6 +23,10 @@ so a request's tokens are those of plain decoding, greedy and seeded alike, and 
 whenever the two distributions put that draw on the same token (docs/architecture.md says why
 this replaces rejection sampling with the draft's q here).  Any draft is safe: a wrong or stale
 draft K/V costs acceptance, never a token.
+
+Prompt chunks are fed as the target computes them (`on_step`, after each step with a prompt
+chunk): a draft plan per prefill step, cheap for a draft 10-100x smaller than the target, and the
+first drafting call then feeds only what was decoded since.
 """
 
 from __future__ import annotations
@@ -40,6 +44,7 @@ from spmd_serve.engine.interfaces import PlanComm, Runner
 from spmd_serve.engine.sampler import sample
 from spmd_serve.engine.verify import PositionRow
 from spmd_serve.scheduler.request import Request
+from spmd_serve.scheduler.scheduler import SchedulerOutput
 
 log = logging.getLogger(__name__)
 DRAFT_MODEL = "draft_model"
@@ -138,6 +143,24 @@ class DraftModelProposer:
                 requests[i].draft_token_ids.append(t)
                 row = rows[i]
                 rows[i] = DraftRow([t], row.start + len(row.token_ids), row.block_table)
+
+    def on_step(self, out: SchedulerOutput) -> None:
+        """After a target step: feed the draft the prompt chunks the step computed, so its first
+        drafting call for a request catches up only on tokens decoded since (the speed gate
+        measures plain steps first: without this, that call fed every prompt of the batch at once,
+        inside a decode step).  Decode steps feed nothing here (`propose` catches up)."""
+        rows: list[DraftRow] = []
+        for s in out.seqs:
+            r = s.request
+            # (a prompt the draft cannot hold never drafts: `propose` gives it no budget)
+            if s.start >= r.num_prompt_tokens or r.is_finished or r.num_prompt_tokens >= self.max_positions:
+                continue
+            start, end = self.known(r), min(r.num_computed_tokens, r.num_prompt_tokens)
+            if end > start:  # a cached prefix is fed too (the same K/V its blocks already hold)
+                rows.append(DraftRow(r.all_token_ids[start:end], start, r.block_ids))
+                self._kv[r] = _DraftKV(end, r.num_preemptions)
+        if rows:
+            self.run(rows)  # the logits are not needed: only the K/V the plan writes
 
     def draft_probs(self, request: Request) -> None:
         """None: the drafts are verified by matching (the module docstring says why that is exact)."""

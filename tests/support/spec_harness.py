@@ -40,6 +40,9 @@ class SpecFakeModel(FakeModel):
                 drafts.append(t if self.rng.random() < self.accuracy else 5000 + self.rng.randint(0, 9))
             r.draft_token_ids = drafts
 
+    def after_update(self, out: SchedulerOutput) -> None:
+        """What the engine runs after the scheduler's update (the Speculator's on_step); nothing here."""
+
     def step(self, out: SchedulerOutput) -> dict[str, list[int]]:  # type: ignore[override]
         assert out.num_tokens <= self.sched.config.max_num_batched_tokens
         sampled: dict[str, list[int]] = {}
@@ -78,6 +81,7 @@ def drive(sched: Scheduler, model: SpecFakeModel, reqs: list[Request], aborts: d
         model.propose()
         out = sched.schedule()
         sched.update(out, model.step(out))
+        model.after_update(out)
         sched.check_invariants()
         check_exact_blocks(sched)
         step += 1

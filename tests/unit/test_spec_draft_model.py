@@ -75,6 +75,9 @@ class HistoryModel(SpecFakeModel):
     def propose(self) -> None:
         self.speculator.propose(self.sched.running)
 
+    def after_update(self, out) -> None:
+        self.speculator.on_step(out)  # the proposer is fed the prompt chunks as they are computed
+
 
 @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(workloads())
@@ -102,8 +105,27 @@ def test_catch_up_feeds_only_what_the_draft_has_not_seen():
     req = make_request("a", prompt_len=9, max_tokens=60, ignore_eos=True)
     drive(sched, model, [req], {})
     assert model.accepted == model.drafted > 0
-    assert fed[0] == 10  # the prompt and its first token, once
+    assert fed[:2] == [9, 1]  # the prompt as the target computed it, then its first token
     assert sum(fed) <= 9 + 60 + model.drafted  # nothing fed twice but a re-fed last token per step
+
+
+def test_prompt_chunks_are_fed_as_the_target_computes_them():
+    """Chunked prefill (budget 4): the draft gets each chunk after its step, and the first drafting
+    call feeds only the first output token; every draft is still accepted."""
+    sched = make_scheduler(max_model_len=512, block_size=4, max_num_batched_tokens=4)
+    model = HistoryModel(sched, k=2)
+    fed: list[list[int]] = []
+    run = model.pool.__call__
+
+    def recording(rows):
+        fed.append([len(r.token_ids) for r in rows])
+        return run(rows)
+
+    model.speculator.proposer.run = recording  # type: ignore[attr-defined]
+    req = make_request("a", prompt_len=10, max_tokens=8, ignore_eos=True)
+    drive(sched, model, [req], {})
+    assert fed[:4] == [[4], [4], [2], [1]]  # three prompt chunks, then the first output token
+    assert model.accepted == model.drafted > 0
 
 
 def test_a_draft_plan_addresses_the_rows_blocks():
