@@ -9,8 +9,8 @@ export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 py=${PYTHON:-python3}
 {
     nvidia-smi -L
-    $py -c "import sys, numpy, cuda.bindings; print(sys.version.split()[0], 'numpy', numpy.__version__, 'cuda.bindings', cuda.bindings.__version__)"
+    "$py" -c "import sys, numpy, cuda.bindings; print(sys.version.split()[0], 'numpy', numpy.__version__, 'cuda.bindings', cuda.bindings.__version__)"
 } 2>&1 | tee "$out/env.log"
-timeout "${PYTEST_S:-300}" $py -m pytest -m gpu -p no:cacheprovider -q -rfE \
+timeout "${PYTEST_S:-300}" "$py" -m pytest -m gpu -p no:cacheprovider -q -rfE \
     tests/kernels/test_ops_*.py tests/kernels/test_device_kv_pool.py 2>&1 | tee "$out/pytest.log"
-timeout "${BENCH_S:-200}" $py -m ops.bench 2>&1 | tee "$out/bench.log"
+timeout "${BENCH_S:-200}" "$py" -m ops.bench 2>&1 | tee "$out/bench.log"
