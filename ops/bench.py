@@ -31,11 +31,7 @@ class Result:
     shape: str
     seconds: float
     nbytes: int  # bytes the kernel has to read + write at minimum
-    host_seconds: float = 0.0  # Python's cost of one call (launch, argument packing)
-
-    def __post_init__(self) -> None:
-        if not self.host_seconds:
-            self.host_seconds = last_host_seconds
+    host_seconds: float  # Python's cost of one call (launch, argument packing)
 
 
 class Buffers:
@@ -72,14 +68,10 @@ _SPIN = (
 )
 
 
-last_host_seconds = 0.0  # time_per_call's host seconds per call, taken by the next Result
-
-
-def time_per_call(fn: Callable[[], object], iters: int = 20, warmup: int = 3) -> float:
-    """Mean device seconds per call, from CUDA events around `iters` back-to-back calls on stream 0
-    queued behind a spin kernel (so host launch overhead is hidden); the host seconds per call are
-    left in `last_host_seconds`."""
-    global last_host_seconds
+def time_per_call(fn: Callable[[], object], iters: int = 20, warmup: int = 3) -> tuple[float, float]:
+    """(device, host) mean seconds per call: device from CUDA events around `iters` back-to-back
+    calls on stream 0 queued behind a spin kernel (so host launch overhead is hidden), host from
+    the wall clock of the warm-up calls."""
     drv, chk = runtime.driver, runtime._check
     for _ in range(warmup):
         fn()
@@ -87,10 +79,11 @@ def time_per_call(fn: Callable[[], object], iters: int = 20, warmup: int = 3) ->
     t0 = time.perf_counter()
     for _ in range(warmup):
         fn()
-    last_host_seconds = (time.perf_counter() - t0) / warmup  # launch cost (the GPU may overlap it)
+    host = (time.perf_counter() - t0) / warmup  # launch cost (the GPU may overlap it)
     chk(drv.cuCtxSynchronize(), "cuCtxSynchronize")
     spin = runtime.load_kernel(_SPIN, "spin_wait")
-    cycles = int(runtime.device_attribute("CLOCK_RATE") * 1e3 * (0.005 + 3 * iters * last_host_seconds))
+    spin_s = 0.005 + 3 * iters * host  # long enough to queue every timed call behind it
+    cycles = int(runtime.device_attribute("CLOCK_RATE") * 1e3 * spin_s)
     start, end = chk(drv.cuEventCreate(0), "cuEventCreate"), chk(drv.cuEventCreate(0), "cuEventCreate")
     spin.launch((1,), (1,), [np.int64(cycles)])
     chk(drv.cuEventRecord(start, drv.CUstream(0)), "cuEventRecord")
@@ -103,16 +96,16 @@ def time_per_call(fn: Callable[[], object], iters: int = 20, warmup: int = 3) ->
     ms = chk(drv.cuEventElapsedTime(start, end), "cuEventElapsedTime")
     for event in (start, end):
         drv.cuEventDestroy(event)
-    if queued > 0.005 + 3 * iters * last_host_seconds:  # the spin ended before all calls were queued
+    if queued > spin_s:  # the spin ended before all calls were queued
         print(f"warning: queueing took {queued * 1e3:.1f} ms, longer than the spin: host time in", file=sys.stderr)
-    return ms / 1e3 / iters
+    return ms / 1e3 / iters, host
 
 
 def copy_bandwidth(nbytes: int = 1 << 30) -> float:
     """Device-to-device copy bandwidth in bytes/s (read + write counted)."""
     bufs = Buffers()
     src, dst = bufs.empty((nbytes,), np.uint8), bufs.empty((nbytes,), np.uint8)
-    sec = time_per_call(lambda: runtime._check(runtime.driver.cuMemcpyDtoD(dst.ptr, src.ptr, nbytes), "DtoD"))
+    sec, _ = time_per_call(lambda: runtime._check(runtime.driver.cuMemcpyDtoD(dst.ptr, src.ptr, nbytes), "DtoD"))
     bufs.free()
     return 2 * nbytes / sec
 
@@ -129,12 +122,12 @@ def bench_kv_cache_write(
     vc = bufs.empty((num_blocks, block_size, kv_heads, head_dim), pool_dtype)
     slots = bufs.upload(rng.permutation(num_blocks * block_size)[:tokens].astype(np.int32))
     scales = [bufs.upload(np.full(kv_heads, 0.02, np.float32)) for _ in range(2)] if kv_int8 else [None, None]
-    sec = time_per_call(lambda: kv_cache_write_gpu(key, value, kc, vc, slots, *scales))
+    sec, host = time_per_call(lambda: kv_cache_write_gpu(key, value, kc, vc, slots, *scales))
     bufs.free()
     row = kv_heads * head_dim
     nbytes = 2 * tokens * row * (2 + np.dtype(pool_dtype).itemsize) + tokens * 4
     name = f"kv_cache_write{' int8' if kv_int8 else ''}"
-    return Result(name, f"T={tokens} kv={kv_heads}x{head_dim} fp16", sec, nbytes)
+    return Result(name, f"T={tokens} kv={kv_heads}x{head_dim} fp16", sec, nbytes, host)
 
 
 def bench_paged_attention(
@@ -164,7 +157,7 @@ def bench_paged_attention(
     # Shuffled block tables: real pools are fragmented, so do not let the benchmark read contiguously.
     tables = bufs.upload(rng.permutation(num_blocks).reshape(batch, blocks_per_seq).astype(np.int32))
     lens = bufs.upload(np.full(batch, context, np.int32))
-    sec = time_per_call(
+    sec, host = time_per_call(
         lambda: paged_attention_gpu(
             query, kc, vc, tables, lens, *scales, out=out, partition_blocks=partition_blocks, max_context_len=context
         )
@@ -178,6 +171,7 @@ def bench_paged_attention(
         f"B={batch} ctx={context} q/kv={q_heads}/{kv_heads}x{head_dim} bs={block_size} fp16",
         sec,
         nbytes,
+        host,
     )
 
 
@@ -205,9 +199,9 @@ def bench_sample(batch: int, vocab: int, label: str, **over: float) -> Result:
     outs: dict[str, Any] = dict(
         out_tokens=bufs.empty((batch,), np.int32), out_logprobs=bufs.empty((batch,), np.float32)
     )
-    sec = time_per_call(lambda: sample_gpu(logits, **args, **outs))
+    sec, host = time_per_call(lambda: sample_gpu(logits, **args, **outs))
     bufs.free()
-    return Result(f"sample ({label})", f"B={batch} V={vocab} fp32", sec, batch * vocab * 4)
+    return Result(f"sample ({label})", f"B={batch} V={vocab} fp32", sec, batch * vocab * 4, host)
 
 
 def extra_benches() -> list[Result]:

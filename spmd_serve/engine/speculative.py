@@ -172,7 +172,7 @@ class Speculator:
         self._records: weakref.WeakKeyDictionary[Request, _Record] = weakref.WeakKeyDictionary()
         # min_acceptance 0 means "always draft" (benchmarks' forced runs): no gate then
         # free drafts are gated from GATE_MIN_BATCH sequences up; a model's draft plans at every size
-        min_batch = GATE_MIN_BATCH if getattr(self.proposer, "free_drafts", False) else 1
+        min_batch = GATE_MIN_BATCH if self.proposer.free_drafts else 1
         self.gate = StepGate(min_batch=min_batch) if cfg.min_acceptance > 0 else None
         self.clock = clock
         self._next: bool | None = None  # the gate's choice for the next step (None: not asked yet)
