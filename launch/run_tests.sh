@@ -19,7 +19,8 @@ fi
 failed=()
 for tier in unit http graphs kernels mpi e2e; do
   echo "== tests/$tier"
-  "${pytest[@]}" "tests/$tier" || failed+=("$tier")
+  # the slowest tests in every CI log: where the suite's time goes (its budget is 15 minutes)
+  "${pytest[@]}" --durations=15 "tests/$tier" || failed+=("$tier")
 done
 if [ ${#failed[@]} -gt 0 ]; then
   echo "== failed tiers: ${failed[*]}"

@@ -11,7 +11,12 @@ So the gate measures what matters, each mode's seconds per generated token on de
 (draft plans, verification and the proposer's follow-up included), as the median of its last
 `WINDOW` steps per batch-size class (powers of two; a median, because one slow step — a graph's
 first run, another process taking the core — once made plain decoding look 3x dearer than it is
-for the rest of a request), and each step takes the cheaper mode.
+for the rest of a request), and each step takes the cheaper mode — speculation only when it is
+cheaper by `SPEC_MARGIN`: the two medians come from steps far apart in time on a machine whose
+step time drifts by 10-20 % between seconds (a shared VM: RESULTS.md "The step gate, third
+version"), and with no margin drafts that paid nothing were chosen on a lucky median, then lost,
+then tried again every 16 steps (13-30 % of a held-out batch's steps speculated, 0.8x plain); the
+rule is that speculation never makes a full batch slower, so a tie goes to plain.
 
 Learning is what a short run pays, so it is kept small (RESULTS.md "The step gate"): plain decoding
 is measured first (`MIN_SAMPLES` steps: it costs nothing extra), then speculation, which loses at
@@ -19,7 +24,7 @@ once when even its fastest step so far is `CLEAR_LOSS` times dearer per token th
 (mtp on this CPU: ~3x), else after `MIN_SAMPLES` steps like plain.  The losing mode is tried again
 after `EXPLORE_EVERY` steps, twice as long after each try that changed nothing (up to
 `EXPLORE_MAX`), and never sooner than a try costs `TRY_BUDGET` of the steps between tries (a mode
-3x dearer waits ~100 steps), so a batch whose text starts repeating wins speculation back.  A try
+3x dearer waits ~200 steps), so a batch whose text starts repeating wins speculation back.  A try
 lasts `TRY_STEPS` steps, and the first speculative step after plain ones is not measured (the
 Speculator leaves it out): it carries the proposer's catch-up (a draft model's K/V of every token
 since it last ran, the whole prompt at first: 5-10x a step at batch 32), a cost of switching, not of
@@ -43,11 +48,13 @@ from collections import deque
 GATE_MIN_BATCH = 8  # sequences: smaller steps of a free proposer always speculate
 EXPLORE_EVERY = 16  # steps between two tries of the mode that is losing, at first
 EXPLORE_MAX = 256  # ... doubled after each try that did not change the verdict, up to this
+MAX_WAIT = 4096  # steps: the longest wait between tries, where a try's catch-up is dear
 WINDOW = 8  # a mode's cost: the median of its last WINDOW steps in a batch-size class
 MIN_SAMPLES = 3  # steps a mode is measured before the medians decide
 CLEAR_LOSS = 1.25  # a mode whose every step cost this much more per token loses without more tries
 TRY_BUDGET = 0.02  # a try of the losing mode may cost this share of the steps between tries
 TRY_STEPS = 2  # steps of one try: the first speculative step after plain ones is not measured
+SPEC_MARGIN = 1.1  # speculation is chosen only when its cost per token times this is at most plain's
 
 
 class StepGate:
@@ -60,18 +67,26 @@ class StepGate:
         self._interval = explore_every
         self._last: bool | None = None  # the last verdict
         self._trying = 0  # steps of the current try still to go
+        self._switch_excess: float | None = None  # the last try's first step: plain steps it cost beyond plain
 
     @staticmethod
     def batch_class(batch: int) -> int:
         """1, 2-3, 4-7, 8-15, ...: steps of one class cost about alike per token."""
         return max(batch, 1).bit_length()
 
-    def record(self, batch: int, speculated: bool, seconds: float, tokens: int) -> None:
-        """A decode-only step of `batch` sequences took `seconds` and gave `tokens` tokens."""
+    def record(self, batch: int, speculated: bool, seconds: float, tokens: int, switched: bool = False) -> None:
+        """A decode-only step of `batch` sequences took `seconds` and gave `tokens` tokens;
+        `switched`: the first speculative step after plain ones (its proposer's catch-up included),
+        which is no sample of speculation's cost but says what a try of it costs."""
         if tokens <= 0 or seconds <= 0 or batch < self.min_batch:
             return
-        key = (self.batch_class(batch), speculated)
-        self._costs.setdefault(key, deque(maxlen=WINDOW)).append(seconds / tokens)
+        cls = self.batch_class(batch)
+        if switched:
+            plain = self._median(cls, False)
+            if plain is not None:  # seconds beyond plain's for these tokens, in plain steps
+                self._switch_excess = max(0.0, (seconds - plain * tokens) / (plain * batch))
+            return
+        self._costs.setdefault((cls, speculated), deque(maxlen=WINDOW)).append(seconds / tokens)
 
     def cost(self, batch: int, speculated: bool) -> float | None:
         """A mode's seconds per token at this batch size (None: fewer than MIN_SAMPLES steps)."""
@@ -91,18 +106,25 @@ class StepGate:
             self._trying -= 1
             return not better
         self._since += 1
-        if self._since < max(self._interval, self._affordable(ratio)):
+        if self._since < max(self._interval, self._affordable(ratio, better)):
             return better
         # each try that leaves the verdict as it was doubles the wait: a mode that keeps losing
         # costs at most 1/EXPLORE_MAX of the steps (at 16 steps, a try 3x dearer cost 12 %)
         self._since, self._interval, self._trying = 0, min(2 * self._interval, EXPLORE_MAX), TRY_STEPS - 1
         return not better
 
-    @staticmethod
-    def _affordable(ratio: float) -> int:
+    def _affordable(self, ratio: float, speculating: bool) -> int:
         """Steps between tries for a try to cost TRY_BUDGET of them (`ratio`: the loser's cost
-        per token over the winner's; a try costs about ratio - 1 steps more)."""
-        return min(EXPLORE_MAX, math.ceil((ratio - 1.0) / TRY_BUDGET)) if ratio < math.inf else EXPLORE_MAX
+        per token over the winner's).  A try is TRY_STEPS steps of about ratio - 1 steps more each,
+        except that a try of speculation starts with the proposer's catch-up, whose cost the last
+        try measured: a draft model feeds every token decoded since it last ran, 32 per skipped
+        step at batch 32, so that step's cost grows with the wait and may exceed EXPLORE_MAX steps'
+        budget (then tries get as rare as they must: MAX_WAIT; every 256 steps, they cost a held-out
+        batch 12 %: RESULTS.md "The step gate, third version")."""
+        if ratio == math.inf:
+            return EXPLORE_MAX
+        first = ratio - 1.0 if speculating or self._switch_excess is None else self._switch_excess
+        return min(MAX_WAIT, math.ceil(((TRY_STEPS - 1) * (ratio - 1.0) + first) / TRY_BUDGET))
 
     def _verdict(self, cls: int) -> tuple[bool, float] | None:
         """(is speculating cheaper, the loser's cost over the winner's) in this batch-size class or
@@ -113,7 +135,7 @@ class StepGate:
         for c in sorted(classes, key=lambda c: (abs(c - cls), c)):
             spec, plain = self._median(c, True), self._median(c, False)
             if spec is not None and plain is not None:
-                return (spec <= plain, max(spec, plain) / min(spec, plain))
+                return (spec * SPEC_MARGIN <= plain, max(spec, plain) / min(spec, plain))
             for settled, fast, tried in ((plain, False, True), (spec, True, False)):
                 # one mode measured, the other's every try so far clearly dearer: it lost
                 costs = self._costs.get((c, tried), ())

@@ -230,9 +230,9 @@ class Speculator:
         # the first speculative step after plain ones carries the proposer's catch-up: not measured
         switched = speculated and not self._speculating
         self._speculating = speculated
-        if self.gate is not None and decoding and self._started is not None and not switched:
+        if self.gate is not None and decoding and self._started is not None:
             seconds = self._carry + self.clock() - self._started
-            self.gate.record(len(out.seqs), speculated, seconds, len(out.seqs) + self._accepted)
+            self.gate.record(len(out.seqs), speculated, seconds, len(out.seqs) + self._accepted, switched)
         self._next = self.gate is None or self.gate.decide(len(out.seqs))
         self._carry = 0.0
         follow = getattr(self.proposer, "on_step", None)

@@ -8,8 +8,10 @@ import math
 
 from spmd_serve.engine.spec_gate import (
     EXPLORE_EVERY,
+    EXPLORE_MAX,
     GATE_MIN_BATCH,
     MIN_SAMPLES,
+    SPEC_MARGIN,
     TRY_BUDGET,
     TRY_STEPS,
     WINDOW,
@@ -28,7 +30,7 @@ def test_the_gate_takes_the_cheaper_mode_and_tries_the_other_again():
         gate.record(32, False, 1.0, 32)
     for _ in range(MIN_SAMPLES):
         assert gate.decide(32) is True  # then speculation, a little dearer: tried MIN_SAMPLES times
-        gate.record(32, True, 1.2, 32)
+        gate.record(32, True, 1.1, 32)
     choices = [gate.decide(32) for _ in range(4 * EXPLORE_EVERY)]
     # plain, speculation tried (TRY_STEPS steps) after EXPLORE_EVERY steps, then after twice as many
     first, second = EXPLORE_EVERY, 3 * EXPLORE_EVERY + TRY_STEPS - 1
@@ -49,7 +51,7 @@ def test_a_clear_loss_decides_after_one_try_and_waits_as_long_as_it_costs():
         gate.record(32, False, 1.0, 32)
     assert gate.decide(32) is True
     gate.record(32, True, 4.5, 48)  # 3x plain's cost per token: more than CLEAR_LOSS
-    wait = math.ceil((3.0 - 1.0) / TRY_BUDGET)
+    wait = math.ceil(TRY_STEPS * (3.0 - 1.0) / TRY_BUDGET)
     choices = [gate.decide(32) for _ in range(wait + TRY_STEPS - 1)]
     assert [i + 1 for i, c in enumerate(choices) if c] == [wait + i for i in range(TRY_STEPS)]
     assert wait > 4 * EXPLORE_EVERY
@@ -185,3 +187,35 @@ def test_a_catch_up_after_plain_steps_does_not_make_paying_drafts_lose():
     took = run_steps(spec, clock, [decoding(i) for i in range(GATE_MIN_BATCH)], 6 * EXPLORE_EVERY)
     assert took[:MIN_SAMPLES] == [False] * MIN_SAMPLES  # plain measured first
     assert all(took[MIN_SAMPLES:])  # then speculation, kept: its catch-up step was not counted
+
+
+def test_a_tie_goes_to_plain_decoding():
+    """Speculation must be SPEC_MARGIN cheaper per token to be chosen: a few percent is within the
+    drift of a step's time between the far-apart steps the two medians come from."""
+    gate = StepGate()
+    for _ in range(MIN_SAMPLES):
+        gate.record(32, False, 1.0, 32)
+    for _ in range(MIN_SAMPLES):
+        gate.record(32, True, 1.0, 33)  # 3 % cheaper per token: plain
+    assert gate.decide(32) is False
+    for _ in range(WINDOW):
+        gate.record(32, True, 1.0, 32 * SPEC_MARGIN + 1)  # clearly cheaper: speculation
+    assert gate.decide(32) is True
+
+
+def test_a_dear_catch_up_makes_tries_rarer():
+    """The first speculative step after plain ones carries the proposer's catch-up (a draft model's
+    K/V of every token decoded since it last ran): not a sample of speculation's cost, but what a
+    try costs, so the wait between tries grows until a try costs TRY_BUDGET of it."""
+    gate = StepGate()
+    for _ in range(MIN_SAMPLES):
+        gate.record(32, False, 1.0, 32)
+    assert gate.decide(32) is True
+    gate.record(32, True, 11.0, 32, switched=True)  # the catch-up: 10 plain steps more than plain
+    assert gate.cost(32, True) is None  # no sample of speculation
+    assert gate.decide(32) is True
+    gate.record(32, True, 3.0, 48)  # 2x plain's cost per token: a clear loss
+    wait = math.ceil(((TRY_STEPS - 1) * (2.0 - 1.0) + 10.0) / TRY_BUDGET)
+    choices = [gate.decide(32) for _ in range(wait + TRY_STEPS - 1)]
+    assert [i + 1 for i, c in enumerate(choices) if c] == [wait + i for i in range(TRY_STEPS)]
+    assert wait > EXPLORE_MAX
