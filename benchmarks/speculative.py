@@ -180,6 +180,8 @@ def main() -> None:
     ap.add_argument("--control", action="store_true", help="also plain a second time per trial (the noise floor)")
     ap.add_argument("--batched-only", action="store_true", help="skip the batch-1 tables (the full-batch cost only)")
     args = ap.parse_args()
+    if args.warm_gate and args.trials < 2:
+        ap.error("--warm-gate needs --trials 2 or more (the first trial is where the gates learn)")
     args.eos = frozenset() if args.ignore_eos else EOS
     from spmd_serve.engine.engine import worker_loop
     from spmd_serve.model_dir import MTP_FOLDER
@@ -211,7 +213,7 @@ def main() -> None:
     held = [[1] + tok.encode(t)[:32] for t in held_out_texts()["licences"] if len(t) > 300][: args.batch]
     run(comm, runner, model_dir, s, prompts[:2], 8)  # warm-up
     result: dict[str, Any] = {"model_dir": model_dir, "max_tokens": args.max_tokens, "trials": args.trials}
-    result["ignore_eos"] = args.ignore_eos
+    result |= {"ignore_eos": args.ignore_eos, "warm_gate": args.warm_gate}
     if args.draft:
         method, name = ("mtp", "mtp") if args.mtp else ("draft_model", "draft")
         drafted = {f"{name}_k{k}": {**ngram(k), "speculate_method": method} for k in (1, 2, 4)}

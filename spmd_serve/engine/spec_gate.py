@@ -25,10 +25,11 @@ once when even its fastest step so far is `CLEAR_LOSS` times dearer per token th
 after `EXPLORE_EVERY` steps, twice as long after each try that changed nothing (up to
 `EXPLORE_MAX`), and never sooner than a try costs `TRY_BUDGET` of the steps between tries (a mode
 3x dearer waits ~200 steps), so a batch whose text starts repeating wins speculation back.  A try
-lasts `TRY_STEPS` steps, and the first speculative step after plain ones is not measured (the
-Speculator leaves it out): it carries the proposer's catch-up (a draft model's K/V of every token
-since it last ran, the whole prompt at first: 5-10x a step at batch 32), a cost of switching, not of
-speculating, which made a draft model that pays 1.8x look 3x dearer and lose at once.  A
+lasts `TRY_STEPS` steps, and the first speculative step after plain ones is no sample of
+speculation's cost (the Speculator passes it as `switched`; it sets how long tries wait): it
+carries the proposer's catch-up (a draft model's K/V of every token since it last ran, the whole
+prompt at first: 5-10x a step at batch 32), a cost of switching, not of speculating, which made a
+draft model that pays 1.8x look 3x dearer and lose at once.  A
 class that has no verdict yet follows the nearest class that has.  Steps with prompt chunks are
 not measured (their cost is the prefill's) and use the current choice.
 
@@ -106,24 +107,25 @@ class StepGate:
             self._trying -= 1
             return not better
         self._since += 1
-        if self._since < max(self._interval, self._affordable(ratio, better)):
+        if self._since < max(self._interval, self._affordable(ratio, spec_wins=better)):
             return better
         # each try that leaves the verdict as it was doubles the wait: a mode that keeps losing
         # costs at most 1/EXPLORE_MAX of the steps (at 16 steps, a try 3x dearer cost 12 %)
         self._since, self._interval, self._trying = 0, min(2 * self._interval, EXPLORE_MAX), TRY_STEPS - 1
         return not better
 
-    def _affordable(self, ratio: float, speculating: bool) -> int:
+    def _affordable(self, ratio: float, spec_wins: bool) -> int:
         """Steps between tries for a try to cost TRY_BUDGET of them (`ratio`: the loser's cost
         per token over the winner's).  A try is TRY_STEPS steps of about ratio - 1 steps more each,
         except that a try of speculation starts with the proposer's catch-up, whose cost the last
         try measured: a draft model feeds every token decoded since it last ran, 32 per skipped
         step at batch 32, so that step's cost grows with the wait and may exceed EXPLORE_MAX steps'
-        budget (then tries get as rare as they must: MAX_WAIT; every 256 steps, they cost a held-out
-        batch 12 %: RESULTS.md "The step gate, third version")."""
+        budget (then tries get as rare as they must, up to MAX_WAIT; without this, a held-out batch
+        of 32 ran at 0.81x plain with draft_model: RESULTS.md "The step gate, third version").
+        `spec_wins`: the tries are plain steps, which catch nothing up."""
         if ratio == math.inf:
             return EXPLORE_MAX
-        first = ratio - 1.0 if speculating or self._switch_excess is None else self._switch_excess
+        first = ratio - 1.0 if spec_wins or self._switch_excess is None else self._switch_excess
         return min(MAX_WAIT, math.ceil(((TRY_STEPS - 1) * (ratio - 1.0) + first) / TRY_BUDGET))
 
     def _verdict(self, cls: int) -> tuple[bool, float] | None:

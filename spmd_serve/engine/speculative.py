@@ -227,7 +227,8 @@ class Speculator:
         are the context of every later draft); its time is charged to the next step."""
         decoding = bool(out.seqs) and all(s.samples and s.num_new_tokens - s.num_draft == 1 for s in out.seqs)
         speculated = any(s.num_draft for s in out.seqs)
-        # the first speculative step after plain ones carries the proposer's catch-up: not measured
+        # the first speculative step after plain ones carries the proposer's catch-up: the gate takes
+        # it as the cost of a try, not as a sample of speculation's cost per token
         switched = speculated and not self._speculating
         self._speculating = speculated
         if self.gate is not None and decoding and self._started is not None:
