@@ -9,7 +9,9 @@ GPU (marked `gpu`, skipped without one): the kernel equals its twin (tokens exac
 
 from __future__ import annotations
 
+import concurrent.futures
 import ctypes
+import os
 
 import numpy as np
 import pytest
@@ -23,12 +25,13 @@ from tests.support.ops_sample_reference import base_batch, make_batch
 # ----------------------------------------------------------------------------- NVRTC
 @pytest.mark.parametrize("arch", ARCHS)
 def test_every_kernel_compiles(arch) -> None:
-    for dtype, options in sp.VARIANTS.items():
-        name = sp.SAMPLE_KERNELS[dtype]
-        cubin = runtime.compile_cubin(sp.CUDA_SOURCE, name, arch=arch, options=options)
+    programs = [(sp.CUDA_SOURCE, sp.SAMPLE_KERNELS[dt], opts) for dt, opts in sp.VARIANTS.items()]
+    programs.append((philox.KAT_SOURCE, philox.KAT_KERNEL, ()))
+    # NVRTC releases the GIL: one compile per core (~10 s each on this CPU)
+    with concurrent.futures.ThreadPoolExecutor(len(os.sched_getaffinity(0))) as pool:
+        cubins = list(pool.map(lambda p: runtime.compile_cubin(p[0], p[1], arch=arch, options=p[2]), programs))
+    for (_, name, _), cubin in zip(programs, cubins):
         assert cubin and name.encode() in cubin
-    cubin = runtime.compile_cubin(philox.KAT_SOURCE, philox.KAT_KERNEL, arch=arch)
-    assert philox.KAT_KERNEL.encode() in cubin
 
 
 def test_source_constants_are_the_twins() -> None:
