@@ -18,7 +18,9 @@
 // All float arithmetic that decides the token uses explicit round-to-nearest intrinsics (never
 // contracted into FMAs) so it is bit-identical to the numpy twin; sums of weights are integers.
 
+#ifndef THREADS                           // the emulation in the tests builds it with fewer
 #define THREADS 1024
+#endif
 #define WARPS (THREADS / 32)
 #define VEC (16 / (int)sizeof(dtype_t))   // elements per 16-byte load
 #define TILE (THREADS * VEC)
@@ -29,6 +31,7 @@
 #define LV_BINS 1024
 #define MAX_TOP_N 64
 #define KEY_MAX 0xffffffffu
+static_assert(THREADS % 32 == 0 && THREADS >= L1_BINS / 32 && LV_BINS % THREADS == 0, "THREADS: a multiple of 32 in 128..1024");
 
 #if DTYPE_ID == 0
 #define SAMPLE_KERNEL sample_fp32

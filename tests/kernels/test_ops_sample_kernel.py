@@ -19,7 +19,14 @@ import pytest
 from ops import philox, runtime, sample_cuda, sample_twin
 from ops import sample as sp
 from tests.support.ops_helpers import ARCHS, device, needs_gpu, tmp_kernel_cache  # noqa: F401  (pytest fixtures)
-from tests.support.ops_sample_reference import base_batch, make_batch
+from tests.support.ops_sample_reference import (
+    assert_same,
+    base_batch,
+    check_16bit,
+    check_edge_cases,
+    make_batch,
+    run_gpu,
+)
 
 
 # ----------------------------------------------------------------------------- NVRTC
@@ -145,28 +152,6 @@ def test_staged_dispatch_copies_host_parameters_and_results(monkeypatch) -> None
 
 
 # ----------------------------------------------------------------------------- GPU
-def run_gpu(device, batch, n_top=0, logits=None, cap=None):
-    b_sz = batch["logits"].shape[0]
-    dev = {k: device.put(v) for k, v in batch.items()}
-    if logits is not None:
-        dev["logits"] = device.put(logits)
-    outs = dict(
-        out_tokens=device.empty((b_sz,), np.int32),
-        out_logprobs=device.empty((b_sz,), np.float32),
-        out_top_ids=device.empty((b_sz, n_top), np.int32),
-        out_top_logprobs=device.empty((b_sz, n_top), np.float32),
-    )
-    sp.sample_gpu(**dev, num_logprobs=n_top, cap=cap, **outs)
-    return tuple(device.get(outs[k]) for k in ("out_tokens", "out_logprobs", "out_top_ids", "out_top_logprobs"))
-
-
-def assert_same(gpu, cpu) -> None:
-    np.testing.assert_array_equal(gpu[0], cpu[0])
-    np.testing.assert_allclose(gpu[1], cpu[1], atol=1e-4, rtol=0)
-    np.testing.assert_array_equal(gpu[2], cpu[2])
-    np.testing.assert_allclose(gpu[3], cpu[3], atol=1e-4, rtol=0)
-
-
 @pytest.mark.gpu
 @needs_gpu
 @pytest.mark.parametrize("cap", [None, 0])  # None: on-chip candidates; 0: multi-pass over the row
@@ -181,34 +166,14 @@ def test_gpu_equals_twin_fp32(device, cap, v_sz, scale) -> None:
 @needs_gpu
 @pytest.mark.parametrize("cap", [None, 0])
 def test_gpu_equals_twin_edge_cases(device, cap) -> None:
-    v_sz = 70000
-    equal = np.zeros((8, v_sz), np.float32)  # ties everywhere: the id-order paths
-    batch = base_batch(
-        equal,
-        top_k=[0, 3, 10000, 0, 0, 1, 0, 2],
-        top_p=[1, 1, 1, 0.5, 0.3, 1, 0, 0.9],
-        temperature=[1, 1, 1, 1, 2, 1, 1, 0],
-        counters=np.arange(8),
-    )
-    assert_same(run_gpu(device, batch, n_top=4, cap=cap), sp.sample_cpu(**batch, num_logprobs=4))
-    rng = np.random.default_rng(9)
-    batch = make_batch(rng, 32, 4099, gen_len=0, n_eos=0)  # no penalties / EOS arrays at all
-    assert_same(run_gpu(device, batch, cap=cap), sp.sample_cpu(**batch))
+    check_edge_cases(device, cap, v_sz=70000, big_k=10000, rows=32)
 
 
 @pytest.mark.gpu
 @needs_gpu
 @pytest.mark.parametrize("dtype", ["fp16", "bf16"])
 def test_gpu_equals_twin_16bit(device, dtype) -> None:
-    rng = np.random.default_rng(10)
-    batch = make_batch(rng, 32, 32003, scale=4.0)
-    if dtype == "fp16":
-        stored = batch["logits"].astype(np.float16)
-        batch["logits"] = stored.astype(np.float32)  # exact: the twin sees what the kernel sees
-    else:
-        stored = runtime.float32_to_bf16(batch["logits"])
-        batch["logits"] = runtime.bf16_to_float32(stored)
-    assert_same(run_gpu(device, batch, n_top=3, logits=stored), sp.sample_cpu(**batch, num_logprobs=3))
+    check_16bit(device, dtype, rows=32, v_sz=32003)
 
 
 @pytest.mark.gpu

@@ -144,3 +144,58 @@ def base_batch(logits, **over):
     for k, v in over.items():
         d[k] = np.asarray(v, dtype=d[k].dtype) if np.ndim(v) else np.full(d[k].shape, v, d[k].dtype)
     return d
+
+
+def run_gpu(device, batch, n_top=0, logits=None, cap=None):
+    """sample_gpu on `batch` put on `device` (put / empty / get: ops_helpers.device, or HostDevice);
+    the four outputs as numpy."""
+    b_sz = batch["logits"].shape[0]
+    dev = {k: device.put(v) for k, v in batch.items()}
+    if logits is not None:
+        dev["logits"] = device.put(logits)
+    outs = dict(
+        out_tokens=device.empty((b_sz,), np.int32),
+        out_logprobs=device.empty((b_sz,), np.float32),
+        out_top_ids=device.empty((b_sz, n_top), np.int32),
+        out_top_logprobs=device.empty((b_sz, n_top), np.float32),
+    )
+    sp.sample_gpu(**dev, num_logprobs=n_top, cap=cap, **outs)
+    return tuple(device.get(outs[k]) for k in ("out_tokens", "out_logprobs", "out_top_ids", "out_top_logprobs"))
+
+
+def assert_same(gpu, cpu) -> None:
+    """Tokens and top ids equal; logprobs within 1e-4 (the GPU's __expf and sum order)."""
+    np.testing.assert_array_equal(gpu[0], cpu[0])
+    np.testing.assert_allclose(gpu[1], cpu[1], atol=1e-4, rtol=0)
+    np.testing.assert_array_equal(gpu[2], cpu[2])
+    np.testing.assert_allclose(gpu[3], cpu[3], atol=1e-4, rtol=0)
+
+
+def check_edge_cases(device, cap, v_sz: int, big_k: int, rows: int) -> None:
+    """sample_gpu on `device` equals the twin on 8 rows of equal logits (ties everywhere: the id-order
+    paths; every kind of row: top_k 3 / `big_k` / 1 / 2, top_p 0.5 / 0.3 / 0 / 0.9, T 2, greedy), then
+    on `rows` rows of 4099 with no penalty or EOS arrays at all."""
+    batch = base_batch(
+        np.zeros((8, v_sz), np.float32),
+        top_k=[0, 3, big_k, 0, 0, 1, 0, 2],
+        top_p=[1, 1, 1, 0.5, 0.3, 1, 0, 0.9],
+        temperature=[1, 1, 1, 1, 2, 1, 1, 0],
+        counters=np.arange(8),
+    )
+    assert_same(run_gpu(device, batch, n_top=4, cap=cap), sp.sample_cpu(**batch, num_logprobs=4))
+    batch = make_batch(np.random.default_rng(9), rows, 4099, gen_len=0, n_eos=0)
+    assert_same(run_gpu(device, batch, cap=cap), sp.sample_cpu(**batch))
+
+
+def check_16bit(device, dtype: str, rows: int, v_sz: int) -> None:
+    """sample_gpu on fp16 / bf16 logits equals the twin on the float32 values they hold."""
+    from ops import runtime
+
+    batch = make_batch(np.random.default_rng(10), rows, v_sz, scale=4.0)
+    if dtype == "fp16":
+        stored = batch["logits"].astype(np.float16)
+        batch["logits"] = stored.astype(np.float32)  # exact: the twin sees what the kernel sees
+    else:
+        stored = runtime.float32_to_bf16(batch["logits"])
+        batch["logits"] = runtime.bf16_to_float32(stored)
+    assert_same(run_gpu(device, batch, n_top=3, logits=stored), sp.sample_cpu(**batch, num_logprobs=3))

@@ -1,0 +1,66 @@
+"""The sampling kernel's CUDA source (ops/kernels/sample*.cu*) run on the CPU through the emulation
+shim (tests/support/ops_emulation.py), driven by the real `sample_gpu` wrapper: its tokens and top
+ids equal the numpy twin's bit for bit and its logprobs within 1e-4, as the `gpu` tests require on a
+device.  So CI checks the kernel's logic (the radix searches, the candidate buffer and the multi-pass
+path, penalties through the shared bitmap and the hash table, top-n, every dtype) on every change,
+and a GPU session only has its speed left to measure.  One emulated CUDA thread is one host thread:
+the batches are a few rows, in blocks of 256 threads (1024 on a GPU)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from ops import runtime, sample_cuda
+from ops import sample as sp
+from tests.support.ops_emulation import emulated  # noqa: F401  (pytest fixture, used by name)
+from tests.support.ops_sample_reference import assert_same, check_16bit, check_edge_cases, make_batch, run_gpu
+
+
+class HostDevice:
+    """ops_helpers.device's put / empty / get on host memory, for the emulated kernels."""
+
+    def __init__(self, view) -> None:
+        self.view, self.keep = view, {}
+
+    def put(self, a: np.ndarray) -> runtime.DeviceArray:
+        host = np.ascontiguousarray(a).copy()
+        dev = self.view(host)
+        self.keep[dev.ptr] = host
+        return dev
+
+    def empty(self, shape, dtype) -> runtime.DeviceArray:
+        return self.put(np.full(shape, -7, dtype))  # junk, not zeros: every output must be written
+
+    def get(self, dev: runtime.DeviceArray) -> np.ndarray:
+        return self.keep[dev.ptr].copy() if dev.ptr in self.keep else np.zeros(dev.shape, dev.dtype)
+
+
+EMULATED_THREADS = 256  # a block of 1024 host threads is ~10x slower to emulate; the kernel takes 128..1024
+
+
+@pytest.fixture
+def host(emulated, monkeypatch) -> HostDevice:  # noqa: F811  (the fixture imported above)
+    """Kernels built and launched with EMULATED_THREADS threads a block (so the twin's results must
+    not depend on the block size, as they must not on a GPU)."""
+    build = sample_cuda.compile_options
+    monkeypatch.setattr(sample_cuda, "compile_options", lambda dt: (*build(dt), f"-DTHREADS={EMULATED_THREADS}"))
+    monkeypatch.setattr(sample_cuda, "THREADS", EMULATED_THREADS)
+    return HostDevice(emulated)
+
+
+@pytest.mark.parametrize("cap", [None, 0])  # None: on-chip candidates; 0: multi-pass over the row
+@pytest.mark.parametrize("v_sz,scale", [(3000, 1.0), (3000, 12.0), (37, 2.0)])
+def test_sample_source_emulated_equals_twin_fp32(host, cap, v_sz, scale) -> None:
+    batch = make_batch(np.random.default_rng(v_sz + int(scale)), 4, v_sz, scale=scale, gen_len=12, n_eos=3)
+    assert_same(run_gpu(host, batch, n_top=5, cap=cap), sp.sample_cpu(**batch, num_logprobs=5))
+
+
+@pytest.mark.parametrize("cap", [None, 0])
+def test_sample_source_emulated_edge_cases(host, cap) -> None:
+    check_edge_cases(host, cap, v_sz=2000, big_k=1500, rows=4)
+
+
+@pytest.mark.parametrize("dtype", ["fp16", "bf16"])
+def test_sample_source_emulated_16bit(host, dtype) -> None:
+    check_16bit(host, dtype, rows=4, v_sz=3001)
