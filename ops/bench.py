@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from . import paged_attention as pa
 from . import runtime
 from .kv_cache_write import kv_cache_write_gpu
 from .paged_attention import paged_attention_gpu
@@ -139,7 +140,11 @@ def bench_paged_attention(
     block_size: int = 64,
     kv_int8: bool = False,
     partition_blocks: int | None = None,
+    unroll: int | None = None,
+    tile_softmax: int | None = None,
 ) -> Result:
+    """One case; `unroll` / `tile_softmax` (the kernel's tuning knobs, default: the wrapper's) label
+    the row as a variant: the rows that decide those defaults."""
     rng, bufs = np.random.default_rng(0), Buffers()
     blocks_per_seq = -(-context // block_size)
     num_blocks = batch * blocks_per_seq
@@ -157,17 +162,29 @@ def bench_paged_attention(
     # Shuffled block tables: real pools are fragmented, so do not let the benchmark read contiguously.
     tables = bufs.upload(rng.permutation(num_blocks).reshape(batch, blocks_per_seq).astype(np.int32))
     lens = bufs.upload(np.full(batch, context, np.int32))
-    sec, host = time_per_call(
-        lambda: paged_attention_gpu(
-            query, kc, vc, tables, lens, *scales, out=out, partition_blocks=partition_blocks, max_context_len=context
+    knobs = {"unroll": unroll, "tile_softmax": tile_softmax}
+    with pa.tuning(**{k: v for k, v in knobs.items() if v is not None}):
+        sec, host = time_per_call(
+            lambda: paged_attention_gpu(
+                query,
+                kc,
+                vc,
+                tables,
+                lens,
+                *scales,
+                out=out,
+                partition_blocks=partition_blocks,
+                max_context_len=context,
+            )
         )
-    )
     bufs.free()
     kv_bytes = 2 * batch * context * kv_heads * head_dim * (1 if kv_int8 else 2)
     nbytes = kv_bytes + 2 * batch * q_heads * head_dim * 2 + batch * blocks_per_seq * 4
     split = {None: "auto", 0: "single pass"}.get(partition_blocks, f"split {partition_blocks} blocks")
+    variant = "" if unroll is None and tile_softmax is None else f" u{pa.UNROLL if unroll is None else unroll}"
+    variant += " tile" if tile_softmax else ""
     return Result(
-        f"paged_attention{' int8' if kv_int8 else ''} ({split})",
+        f"paged_attention{' int8' if kv_int8 else ''} ({split}){variant}",
         f"B={batch} ctx={context} q/kv={q_heads}/{kv_heads}x{head_dim} bs={block_size} fp16",
         sec,
         nbytes,
@@ -238,6 +255,12 @@ def main() -> int:
         bench_paged_attention(64, 2048, q_heads=64, kv_heads=8),
         bench_paged_attention(4, 32768),
         bench_paged_attention(4, 32768, partition_blocks=0),
+        # the tuning variants (results[10:16]): the headline case, GQA group 8 and int8 with more
+        # tokens per iteration and/or one softmax update per tile; the best becomes the default
+        *(bench_paged_attention(64, 2048, unroll=u, tile_softmax=t) for u, t in ((2, 1), (4, 0), (4, 1))),
+        bench_paged_attention(64, 2048, q_heads=64, kv_heads=8, unroll=4, tile_softmax=1),
+        bench_paged_attention(64, 2048, kv_int8=True, unroll=4, tile_softmax=1),
+        bench_paged_attention(64, 2048, unroll=8, tile_softmax=1),
     ] + extra_benches()
     print(f"{'kernel':<44} {'shape':<48} {'time us':>9} {'GB/s':>7} {'% copy':>7} {'host us':>8}")
     for r in results:
@@ -249,6 +272,8 @@ def main() -> int:
         f"\n{headline.name} {headline.shape}: {100 * headline.nbytes / headline.seconds / bw:.0f}% of copy "
         f"bandwidth (goal >= 70%)"
     )
+    best = min((results[5], *results[10:13], results[15]), key=lambda r: r.seconds)
+    print(f"fastest variant of it: {best.name}, {100 * best.nbytes / best.seconds / bw:.0f}% of copy bandwidth")
     for r in results:
         if r.name.startswith("sample"):
             print(f"{r.name} {r.shape}: {r.seconds * bw / r.nbytes:.2f}x one read of the logits (goal <= 3)")

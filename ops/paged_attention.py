@@ -14,7 +14,9 @@ included.  A context length of 0 gives a zero output row.
 
 from __future__ import annotations
 
+import contextlib
 import math
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -25,6 +27,9 @@ from .kv_cache_write import int8_scale_ptrs
 KERNEL_NAMES = ("paged_attention", "paged_attention_split", "paged_attention_reduce")
 NUM_THREADS = 128  # per CTA; the source's default, so the wrappers need not pass -DNUM_THREADS
 UNROLL = 2  # tokens per thread group per loop iteration (a tuning knob: more loads in flight, more registers)
+# 1: one online-softmax update per UNROLL tokens (the source's TILE_SOFTMAX); a tuning knob that
+# `python -m ops.bench` times both ways, as it does UNROLL: chosen by measurement on a GPU.
+TILE_SOFTMAX = 0
 PARTITION_TOKENS = 512  # split-K partition length the GPU heuristic aims for (rounded to blocks)
 
 SOURCE = runtime.kernel_source("prelude.cuh", "paged_attention.cu")
@@ -37,7 +42,20 @@ def compile_options(dtype: str, kv_int8: bool = False, head_dim: int = 128, grou
         f"-DHEAD_DIM={head_dim}",
         f"-DGROUP={group}",
         f"-DUNROLL={UNROLL}",
+        f"-DTILE_SOFTMAX={TILE_SOFTMAX}",
     )
+
+
+@contextlib.contextmanager
+def tuning(unroll: int = UNROLL, tile_softmax: int = TILE_SOFTMAX) -> Iterator[None]:
+    """Kernels built inside use these knobs (ops.bench's variants, the tests of each variant)."""
+    global UNROLL, TILE_SOFTMAX
+    saved = UNROLL, TILE_SOFTMAX
+    UNROLL, TILE_SOFTMAX = unroll, tile_softmax
+    try:
+        yield
+    finally:
+        UNROLL, TILE_SOFTMAX = saved
 
 
 # The CI compile test builds these (head_dim 128, 4 query heads per KV head); other shapes compile

@@ -1,6 +1,7 @@
 // Compile-time: DTYPE_ID (query/output/pool type), KV_INT8, HEAD_DIM (power of two 32..256),
 // GROUP (query heads per KV head); tuning: NUM_THREADS (per CTA), UNROLL (tokens per thread group
-// and loop iteration).
+// and loop iteration), TILE_SOFTMAX (1: one online-softmax update per UNROLL tokens instead of one
+// per token: fewer exp2f and accumulator rescales, the work that grows with GROUP).
 #if KV_INT8
 typedef signed char cache_t;
 typedef uint2 load_t;  // 8 int8 per load: 8 row elements per chunk as for fp16, so the same registers
@@ -13,6 +14,9 @@ typedef uint4 load_t;  // 16-byte loads
 #endif
 #ifndef UNROLL
 #define UNROLL 2
+#endif
+#ifndef TILE_SOFTMAX
+#define TILE_SOFTMAX 0
 #endif
 constexpr int VEC = sizeof(load_t) / sizeof(cache_t); // pool elements per load
 constexpr int CHUNKS = HEAD_DIM / VEC;              // load-sized chunks in one K/V row
@@ -45,6 +49,92 @@ template <> struct Unpack<signed char> { static constexpr int N = 8;
 // Element d of a row handled by this thread: chunk j*TPT+lane, element i of the chunk, so each load
 // instruction of a thread group reads one contiguous span of the row (coalesced).
 __device__ __forceinline__ int elem_index(int j, int lane, int i) { return (j * TPT + lane) * VEC + i; }
+
+// One token's GROUP scores (its K row in this thread's loads `kr`), summed over the thread group.
+__device__ __forceinline__ void token_scores(const load_t (&kr)[NV], unsigned gmask, const float (&q)[GROUP][ELEMS],
+                                             float (&s)[GROUP]) {
+#pragma unroll
+    for (int g = 0; g < GROUP; ++g) s[g] = 0.f;
+#pragma unroll
+    for (int j = 0; j < NV; ++j) {
+        float kf[VEC];
+        Unpack<cache_t>::run(kr[j], kf);
+#pragma unroll
+        for (int g = 0; g < GROUP; ++g)
+#pragma unroll
+            for (int i = 0; i < VEC; ++i) s[g] += q[g][j * VEC + i] * kf[i];
+    }
+#pragma unroll
+    for (int g = 0; g < GROUP; ++g)
+#pragma unroll
+        for (int off = TPT / 2; off > 0; off /= 2) s[g] += __shfl_xor_sync(gmask, s[g], off);
+}
+
+// acc[g] += p[g] * (this thread's elements of one token's V row, loaded in `vr`).
+__device__ __forceinline__ void add_values(const load_t (&vr)[NV], const float (&p)[GROUP],
+                                           float (&acc)[GROUP][ELEMS]) {
+#pragma unroll
+    for (int j = 0; j < NV; ++j) {
+        float vf[VEC];
+        Unpack<cache_t>::run(vr[j], vf);
+#pragma unroll
+        for (int g = 0; g < GROUP; ++g)
+#pragma unroll
+            for (int i = 0; i < VEC; ++i) acc[g][j * VEC + i] += p[g] * vf[i];
+    }
+}
+
+// The `cnt` (<= UNROLL) loaded tokens: by default one online-softmax step per token; with
+// TILE_SOFTMAX their scores first, then one step for all of them (one max, one rescale of the
+// accumulators), then their values.
+__device__ __forceinline__ void update(const load_t (&kr)[UNROLL][NV], const load_t (&vr)[UNROLL][NV], int cnt,
+                                       unsigned gmask, const float (&q)[GROUP][ELEMS], float (&m)[GROUP],
+                                       float (&l)[GROUP], float (&acc)[GROUP][ELEMS]) {
+#if TILE_SOFTMAX
+    float s[UNROLL][GROUP];
+#pragma unroll
+    for (int u = 0; u < UNROLL; ++u) {
+        if (u < cnt) token_scores(kr[u], gmask, q, s[u]);   // (cnt is uniform over the thread group)
+        else
+#pragma unroll
+            for (int g = 0; g < GROUP; ++g) s[u][g] = NEG_BIG;   // no token: weight exp2f(NEG_BIG - m) = 0
+    }
+#pragma unroll
+    for (int g = 0; g < GROUP; ++g) {
+        float m_new = m[g];
+#pragma unroll
+        for (int u = 0; u < UNROLL; ++u) m_new = fmaxf(m_new, s[u][g]);
+        const float alpha = exp2f(m[g] - m_new);
+        l[g] *= alpha;
+#pragma unroll
+        for (int u = 0; u < UNROLL; ++u) { s[u][g] = exp2f(s[u][g] - m_new); l[g] += s[u][g]; }
+        m[g] = m_new;
+#pragma unroll
+        for (int e = 0; e < ELEMS; ++e) acc[g][e] *= alpha;
+    }
+#pragma unroll
+    for (int u = 0; u < UNROLL; ++u)
+        if (u < cnt) add_values(vr[u], s[u], acc);
+#else
+#pragma unroll
+    for (int u = 0; u < UNROLL; ++u) {
+        if (u >= cnt) break;
+        float s[GROUP];
+        token_scores(kr[u], gmask, q, s);
+#pragma unroll
+        for (int g = 0; g < GROUP; ++g) {
+            const float m_new = fmaxf(m[g], s[g]);
+            const float alpha = exp2f(m[g] - m_new), p = exp2f(s[g] - m_new);
+            l[g] = l[g] * alpha + p;
+            m[g] = m_new;
+            s[g] = p;  // reuse: the token's weight
+#pragma unroll
+            for (int e = 0; e < ELEMS; ++e) acc[g][e] *= alpha;
+        }
+        add_values(vr[u], s, acc);
+    }
+#endif
+}
 
 // Attention of the GROUP query heads of KV head `kvh` over tokens [tok_begin, tok_end) (tok_begin is
 // block aligned).  Leaves in shared memory the combined running max s_m (log2 domain), the sum
@@ -101,43 +191,7 @@ __device__ void attend(const dtype_t* __restrict__ q_ptr, const cache_t* __restr
                         vr[u][j] = *reinterpret_cast<const load_t*>(v_cache + row + elem_index(j, lane, 0));
                     }
                 }
-#pragma unroll
-            for (int u = 0; u < UNROLL; ++u) {
-                if (u >= cnt) break;
-                float s[GROUP];
-#pragma unroll
-                for (int g = 0; g < GROUP; ++g) s[g] = 0.f;
-#pragma unroll
-                for (int j = 0; j < NV; ++j) {
-                    float kf[VEC];
-                    Unpack<cache_t>::run(kr[u][j], kf);
-#pragma unroll
-                    for (int g = 0; g < GROUP; ++g)
-#pragma unroll
-                        for (int i = 0; i < VEC; ++i) s[g] += q[g][j * VEC + i] * kf[i];
-                }
-#pragma unroll
-                for (int g = 0; g < GROUP; ++g) {
-#pragma unroll
-                    for (int off = TPT / 2; off > 0; off /= 2) s[g] += __shfl_xor_sync(gmask, s[g], off);
-                    const float m_new = fmaxf(m[g], s[g]);
-                    const float alpha = exp2f(m[g] - m_new), p = exp2f(s[g] - m_new);
-                    l[g] = l[g] * alpha + p;
-                    m[g] = m_new;
-                    s[g] = p;  // reuse: the token's weight
-#pragma unroll
-                    for (int e = 0; e < ELEMS; ++e) acc[g][e] *= alpha;
-                }
-#pragma unroll
-                for (int j = 0; j < NV; ++j) {
-                    float vf[VEC];
-                    Unpack<cache_t>::run(vr[u][j], vf);
-#pragma unroll
-                    for (int g = 0; g < GROUP; ++g)
-#pragma unroll
-                        for (int i = 0; i < VEC; ++i) acc[g][j * VEC + i] += s[g] * vf[i];
-                }
-            }
+            update(kr, vr, cnt, gmask, q, m, l, acc);
         }
     }
 

@@ -19,7 +19,7 @@ import pytest
 from ops import kv_cache_write as kvw
 from ops import paged_attention as pa
 from ops import runtime
-from tests.support.ops_emulation import emulated  # noqa: F401  (pytest fixture, used by name)
+from tests.support.ops_emulation import HostDevice, emulated  # noqa: F401  (emulated: a pytest fixture)
 from tests.support.ops_helpers import (  # noqa: F401  (pytest fixtures)
     ARCHS,
     assert_compiles,
@@ -63,6 +63,32 @@ def reference_attention(q, k_cache, v_cache, tables, lens, k_scale=None, v_scale
                 w = np.exp(np.array(scores) - max(scores))
                 out[b, h] = (w[:, None] * np.array(values)).sum(0) / w.sum()
     return out
+
+
+def check_against_twin(device, case, dtype: str, kv_int8: bool, partition_blocks: int | None) -> None:
+    """paged_attention_gpu on `case` (make_case's arrays) stored as `dtype` (int8 pools with per-head
+    scales) and placed by `device` (put / get: a GPU, or the emulation's HostDevice) equals the twin
+    within TOL[dtype] of the output's largest magnitude."""
+    q, k, v, tables, cl = case
+    qs, qv = to_storage(q, dtype)
+    if kv_int8:
+        scales = [(np.abs(x).max(axis=(0, 1, 3)) / 127).astype(np.float32) for x in (k, v)]
+        k_st, v_st = (kvw.quantize_int8(x, s) for x, s in zip((k, v), scales))
+        k_val, v_val = k_st, v_st
+    else:
+        scales = [None, None]
+        (k_st, k_val), (v_st, v_val) = to_storage(k, dtype), to_storage(v, dtype)
+    out = device.put(np.full(q.shape, 3, qs.dtype))
+    pa.paged_attention_gpu(
+        *map(device.put, (qs, k_st, v_st, tables, cl)),
+        *[device.put(s) if s is not None else None for s in scales],
+        out=out,
+        partition_blocks=partition_blocks,
+        max_context_len=int(cl.max()),
+    )
+    want = pa.paged_attention_cpu(qv, k_val, v_val, tables, cl, *scales)
+    err = np.abs(from_storage(device.get(out), dtype) - want).max() / np.abs(want).max()
+    assert err <= TOL[dtype], f"partition_blocks={partition_blocks}: max error {err:.2e} (tolerance {TOL[dtype]})"
 
 
 # ----------------------------------------------------------------------------- twin
@@ -135,6 +161,19 @@ def test_other_attention_shapes_compile(head_dim, group) -> None:
     assert runtime.compile_cubin(pa.SOURCE, "paged_attention", "sm_90", options)
 
 
+# the tuning variants ops.bench times (UNROLL, TILE_SOFTMAX); the source's default is (2, 0)
+TUNINGS = [(2, 1), (4, 0), (4, 1), (8, 1)]
+
+
+@pytest.mark.parametrize("kv_int8", [False, True])
+@pytest.mark.parametrize("unroll,tile", TUNINGS)
+def test_tuning_variants_compile(unroll, tile, kv_int8) -> None:
+    with pa.tuning(unroll, tile):
+        options = pa.compile_options("fp16", kv_int8)
+    assert f"-DTILE_SOFTMAX={tile}" in options and f"-DUNROLL={unroll}" in options
+    assert runtime.compile_cubin(pa.SOURCE, "paged_attention_split", "sm_90", options)
+
+
 # ----------------------------------------------------------------------------- GPU: kernel == twin
 @pytest.mark.gpu
 @needs_gpu
@@ -143,61 +182,38 @@ def test_other_attention_shapes_compile(head_dim, group) -> None:
 @pytest.mark.parametrize("group,head_dim", [(1, 64), (4, 128), (8, 128)])
 @pytest.mark.parametrize("partition_blocks", [0, 1, 3, None])
 def test_paged_attention_gpu_equals_twin(cupy_device, dtype, kv_int8, group, head_dim, partition_blocks) -> None:
-    device = cupy_device  # cupy arrays when cupy is installed, else raw buffers
     rng = np.random.default_rng(8)
     lens = [1, 16, 17, 100, 300, 0, 63]  # single token, exactly full, partial last block, empty
-    q, k, v, tables, cl = make_case(rng, lens, kv_heads=2, group=group, head_dim=head_dim, block_size=16)
-    qs, qv = to_storage(q, dtype)
-    if kv_int8:
-        ks = (np.abs(k).max(axis=(0, 1, 3)) / 127).astype(np.float32)
-        vs = (np.abs(v).max(axis=(0, 1, 3)) / 127).astype(np.float32)
-        k_st = k_val = kvw.quantize_int8(k, ks)
-        v_st = v_val = kvw.quantize_int8(v, vs)
-        scales, d_scales = [ks, vs], [device.put(ks), device.put(vs)]
-    else:
-        (k_st, k_val), (v_st, v_val) = to_storage(k, dtype), to_storage(v, dtype)
-        scales, d_scales = [None, None], [None, None]
-    out = device.put(np.full(q.shape, 3, qs.dtype))
-    pa.paged_attention_gpu(
-        device.put(qs),
-        device.put(k_st),
-        device.put(v_st),
-        device.put(tables),
-        device.put(cl),
-        *d_scales,
-        out=out,
-        partition_blocks=partition_blocks,
-        max_context_len=max(lens),
-    )
-    want = pa.paged_attention_cpu(qv, k_val, v_val, tables, cl, *scales)
-    got = from_storage(device.get(out), dtype)
-    err = np.abs(got - want).max() / np.abs(want).max()
-    assert err <= TOL[dtype], f"max error {err:.2e} relative to max |out| (tolerance {TOL[dtype]})"
+    case = make_case(rng, lens, kv_heads=2, group=group, head_dim=head_dim, block_size=16)
+    check_against_twin(cupy_device, case, dtype, kv_int8, partition_blocks)
+
+
+@pytest.mark.gpu
+@needs_gpu
+@pytest.mark.parametrize("kv_int8", [False, True])
+@pytest.mark.parametrize("group", [4, 8])
+@pytest.mark.parametrize("unroll,tile", TUNINGS)
+def test_tuning_variants_on_gpu_equal_twin(cupy_device, unroll, tile, group, kv_int8) -> None:
+    """Each variant ops.bench times gives the twin's output (single pass and split-K)."""
+    rng = np.random.default_rng(11)
+    lens = [1, 16, 17, 100, 300, 0, 63]
+    q, k, v, tables, cl = make_case(rng, lens, kv_heads=2, group=group, head_dim=128, block_size=16)
+    with pa.tuning(unroll, tile):
+        for partition_blocks in (0, None):
+            check_against_twin(cupy_device, (q, k, v, tables, cl), "fp16", kv_int8, partition_blocks)
 
 
 # ----------------------------------------------------------------------------- CUDA source on the CPU
 @pytest.mark.parametrize("dtype,kv_int8,group,head_dim", [("fp16", False, 4, 128), ("bf16", True, 2, 64)])
 def test_paged_attention_source_emulated(emulated, dtype, kv_int8, group, head_dim) -> None:
-    rng = np.random.default_rng(10)
-    lens = [1, 16, 21, 0, 50]
-    q, k, v, tables, cl = make_case(rng, lens, kv_heads=2, group=group, head_dim=head_dim, block_size=8)
-    qs, qv = to_storage(q, dtype)
-    if kv_int8:
-        scales = [(np.abs(x).max(axis=(0, 1, 3)) / 127).astype(np.float32) for x in (k, v)]
-        k_st, v_st = (kvw.quantize_int8(x, s) for x, s in zip((k, v), scales))
-        k_val, v_val = k_st, v_st
-    else:
-        scales = [None, None]
-        (k_st, k_val), (v_st, v_val) = to_storage(k, dtype), to_storage(v, dtype)
-    want = pa.paged_attention_cpu(qv, k_val, v_val, tables, cl, *scales)
+    case = make_case(np.random.default_rng(10), [1, 16, 21, 0, 50], kv_heads=2, group=group, head_dim=head_dim)
     for partition_blocks in (0, 2):  # single pass, then split-K + reduce
-        out = np.full(q.shape, 3, qs.dtype)
-        pa.paged_attention_gpu(
-            *map(emulated, (qs, k_st, v_st, tables, cl)),
-            *[emulated(s) if s is not None else None for s in scales],
-            out=emulated(out),
-            partition_blocks=partition_blocks,
-            max_context_len=max(lens),
-        )
-        err = np.abs(from_storage(out, dtype) - want).max() / np.abs(want).max()
-        assert err <= TOL[dtype], f"partition_blocks={partition_blocks}: max error {err:.2e}"
+        check_against_twin(HostDevice(emulated), case, dtype, kv_int8, partition_blocks)
+
+
+@pytest.mark.parametrize("unroll,tile", [(2, 1), (4, 1)])
+def test_tuning_variants_emulated(emulated, unroll, tile) -> None:
+    case = make_case(np.random.default_rng(12), [1, 16, 21, 0, 50, 7], kv_heads=2, group=4, head_dim=64)
+    with pa.tuning(unroll, tile):
+        for partition_blocks in (0, 2):
+            check_against_twin(HostDevice(emulated), case, "bf16", False, partition_blocks)

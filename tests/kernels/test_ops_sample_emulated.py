@@ -11,30 +11,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from ops import runtime, sample_cuda
 from ops import sample as sp
-from tests.support.ops_emulation import emulated  # noqa: F401  (pytest fixture, used by name)
+from ops import sample_cuda
+from tests.support.ops_emulation import HostDevice, emulated  # noqa: F401  (emulated: a pytest fixture)
 from tests.support.ops_sample_reference import assert_same, check_16bit, check_edge_cases, make_batch, run_gpu
-
-
-class HostDevice:
-    """ops_helpers.device's put / empty / get on host memory, for the emulated kernels."""
-
-    def __init__(self, view) -> None:
-        self.view, self.keep = view, {}
-
-    def put(self, a: np.ndarray) -> runtime.DeviceArray:
-        host = np.ascontiguousarray(a).copy()
-        dev = self.view(host)
-        self.keep[dev.ptr] = host
-        return dev
-
-    def empty(self, shape, dtype) -> runtime.DeviceArray:
-        return self.put(np.full(shape, -7, dtype))  # junk, not zeros: every output must be written
-
-    def get(self, dev: runtime.DeviceArray) -> np.ndarray:
-        return self.keep[dev.ptr].copy() if dev.ptr in self.keep else np.zeros(dev.shape, dev.dtype)
-
 
 EMULATED_THREADS = 256  # a block of 1024 host threads is ~10x slower to emulate; the kernel takes 128..1024
 

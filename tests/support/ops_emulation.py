@@ -224,3 +224,23 @@ def emulated(monkeypatch):
 
     monkeypatch.setattr(runtime, "scratch", scratch)
     return lambda a: runtime.DeviceArray(a.ctypes.data, a.shape, a.dtype, a.strides)
+
+
+class HostDevice:
+    """A GPU test's put / empty / get on host memory, for the emulated kernels (`view`: the
+    `emulated` fixture's host-array -> DeviceArray)."""
+
+    def __init__(self, view) -> None:
+        self.view, self.keep = view, {}
+
+    def put(self, a: np.ndarray) -> runtime.DeviceArray:
+        host = np.ascontiguousarray(a).copy()
+        dev = self.view(host)
+        self.keep[dev.ptr] = host
+        return dev
+
+    def empty(self, shape, dtype) -> runtime.DeviceArray:
+        return self.put(np.full(shape, -7, dtype))  # junk, not zeros: every output must be written
+
+    def get(self, dev: runtime.DeviceArray) -> np.ndarray:
+        return self.keep[dev.ptr].copy() if dev.ptr in self.keep else np.zeros(dev.shape, dev.dtype)
