@@ -46,7 +46,7 @@ def _serve(setup: dict[str, Any], sock: socket.socket) -> tuple[Any, Any]:
         raise ValueError(f"cannot load the tokenizer of {setup['model_dir']}: {e}") from None
     raw = setup["settings"]
     settings = IOSettings(**{**raw, "model_names": tuple(raw["model_names"]), "reuse_port": True})
-    client = RemoteEngineClient(setup["capacity"])
+    client = RemoteEngineClient(setup["capacity"], setup.get("state"))
     peers = PeerWatch(client)
     client.on_peers = peers.watch
     services: list[Any] = [peers]

@@ -206,7 +206,7 @@ def _run_rank0(cfg, comm, runner, fe: Frontend, draft_runner) -> None:
         runner.pool.layout.kind,
         "on" if cfg.enable_prefix_caching else "off",
     )
-    client.tick = fe.workers.check  # a worker that dies is started again
+    client.tick = lambda: fe.workers.check(client.worker_state())  # a worker that dies is started again
     try:
         engine.run()
     finally:

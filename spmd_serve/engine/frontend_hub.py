@@ -273,6 +273,12 @@ class FrontendHub:
         self._routes.add(link, n, req_id)
         self._pending.append(AddCommand(req_id, prompt, params_from_wire(params), float(at)))
 
+    def worker_state(self) -> dict[str, Any]:
+        """What a worker started now begins from (its state message's fields)."""
+        state = self._state_msg(self._state())
+        del state["t"]
+        return state
+
     def _state(self) -> tuple[bool, bool, str]:
         return self.ready.is_set(), self.draining.is_set(), self.failure
 

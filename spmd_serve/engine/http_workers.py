@@ -55,15 +55,15 @@ class HttpWorkers:
 
     def start(self) -> None:
         for i in range(self.count):
-            self._spawn(i)
+            self._spawn(i, None)
 
-    def _spawn(self, i: int) -> None:
+    def _spawn(self, i: int, state: dict[str, Any] | None) -> None:
         proc = subprocess.Popen(
             [sys.executable, "-m", "spmd_serve.http_worker"], stdin=subprocess.PIPE, env=self.environ, close_fds=True
         )
         assert proc.stdin is not None
         try:
-            proc.stdin.write(json.dumps({**self.setup, "worker": i}).encode())
+            proc.stdin.write(json.dumps({**self.setup, "worker": i, "state": state}).encode())
             proc.stdin.close()
         except BrokenPipeError:  # it died at once: check() sees the exit
             pass
@@ -80,15 +80,17 @@ class HttpWorkers:
                 return f"HTTP worker {i} {describe_exit(rc)} before it was ready (its log lines are above)"
         return ""
 
-    def check(self) -> None:
-        """Restart every worker that exited (with a pause when it keeps dying quickly)."""
+    def check(self, state: dict[str, Any] | None = None) -> None:
+        """Restart every worker that exited (with a pause when it keeps dying quickly).  `state` is
+        the engine's (the hub's state message): a replacement starts from it, so one that joins the
+        public ports of a ready server is ready before it binds them."""
         now = time.monotonic()
         for i, proc in list(self.procs.items()):
             if i in self._due:
                 if now >= self._due[i] and not self.stopping:
                     del self._due[i]
                     self.restarts += 1
-                    self._spawn(i)
+                    self._spawn(i, state)
                 continue
             rc = proc.poll()
             if rc is None or self.stopping:

@@ -47,9 +47,17 @@ STOP_GRACE_S = 5.0  # after `bye`: how long the open requests may take to write 
 class RemoteEngineClient(EngineClient):
     """The front end's engine, in a worker process; use on the IO loop only."""
 
-    def __init__(self, capacity: int) -> None:
+    def __init__(self, capacity: int, state: dict[str, Any] | None = None) -> None:
+        """`state`: the engine's state when rank 0 started this worker (a replacement of a dead
+        worker of a ready server starts ready: it answers at once, never a 503 while its link
+        comes up); the state messages after the hello keep it current."""
         super().__init__(capacity)
         self._writer: asyncio.StreamWriter | None = None
+        # Messages written before the link is up (requests that reach a ready replacement while
+        # its hello is being sent) wait here and follow the hello; None once the link is up or gone.
+        self._early: list[bytes] | None = []
+        if state is not None:
+            self.on_message({"t": "state", **state})
         self._n = 0
         self._ids: dict[str, int] = {}  # req_id -> n, while its outputs may come
         self._by_n: dict[int, str] = {}
@@ -64,7 +72,7 @@ class RemoteEngineClient(EngineClient):
         self, req_id: str, prompt_token_ids: list[int], params: SamplingParams
     ) -> asyncio.Queue[RequestOutput]:
         check_admission(req_id, self.ready.is_set(), self.draining.is_set(), self._streams, self.capacity)
-        if self._writer is None:
+        if not self.linked:
             raise NotReadyError("server is not ready")
         self._n += 1
         n = self._n
@@ -92,7 +100,7 @@ class RemoteEngineClient(EngineClient):
 
     async def fetch_metrics(self, accept: str, timeout: float = 10.0) -> tuple[bytes, str]:
         """The engine's /metrics text, rendered on rank 0; NotReadyError or TimeoutError."""
-        if self._writer is None:
+        if not self.linked:
             raise NotReadyError("the engine is not connected")
         self._report_handoff()  # this worker's pending hand-off times count in this scrape
         q = self._n = self._n + 1
@@ -109,9 +117,20 @@ class RemoteEngineClient(EngineClient):
         """Requests whose handlers have not closed them yet."""
         return len(self._open)
 
+    @property
+    def linked(self) -> bool:
+        """The link to rank 0 is up or still coming up (messages are written or wait for it)."""
+        return self._writer is not None or self._early is not None
+
     # ---- from the engine ---------------------------------------------------------------------
-    def connected(self, writer: asyncio.StreamWriter | None) -> None:
+    def connected(self, writer: asyncio.StreamWriter | None, hello: Message | None = None) -> None:
+        """The link is up (`hello` first, then what waited for it) or gone (None)."""
+        early, self._early = self._early or [], None
         self._writer = writer
+        if writer is not None and hello is not None:
+            writer.write(encode(hello))
+            for data in early:
+                writer.write(data)
 
     def on_message(self, msg: Message) -> None:
         kind = msg["t"]
@@ -160,6 +179,8 @@ class RemoteEngineClient(EngineClient):
     def _send(self, msg: Message) -> None:
         if self._writer is not None and not self._writer.is_closing():
             self._writer.write(encode(msg))
+        elif self._early is not None:
+            self._early.append(encode(msg))
 
 
 class EngineLink:
@@ -175,8 +196,8 @@ class EngineLink:
 
     async def start(self) -> None:
         reader, self._writer = await asyncio.open_connection(sock=self.sock)
-        self.client.connected(self._writer)
-        self.client._send({"t": "hello", "worker": self.worker, "pid": os.getpid(), "token": self.token, "ok": True})
+        hello = {"t": "hello", "worker": self.worker, "pid": os.getpid(), "token": self.token, "ok": True}
+        self.client.connected(self._writer, hello)
         self._task = asyncio.get_running_loop().create_task(self._run(reader))
 
     async def stop(self, grace: float) -> None:

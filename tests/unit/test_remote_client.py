@@ -108,3 +108,22 @@ def test_fail_all_ends_every_request_and_tells_the_engine():
         assert client.num_open == 0
 
     asyncio.run(scenario())
+
+
+def test_a_replacement_started_ready_queues_requests_behind_its_hello():
+    """A worker restarted while the server is ready answers ready before its link is up (it has
+    joined the public ports: a 503 there would be a flapping health check); what it is sent
+    meanwhile follows the hello, and nothing is queued once the link is gone."""
+
+    async def scenario() -> None:
+        client, writer = RemoteEngineClient(4, {"ready": True, "draining": False, "failure": ""}), Writer()
+        assert is_ready(client) == (True, "")
+        client.add_request("early", [1], SamplingParams(max_tokens=2))
+        assert writer.sent == []
+        client.connected(writer, {"t": "hello", "worker": 1})  # type: ignore[arg-type]
+        assert [(m["t"], m.get("id")) for m in writer.sent] == [("hello", None), ("add", "early")]
+        client.connected(None)
+        with pytest.raises(NotReadyError):
+            client.add_request("late", [1], SamplingParams())
+
+    asyncio.run(scenario())
