@@ -33,6 +33,7 @@ class Result:
     seconds: float
     nbytes: int  # bytes the kernel has to read + write at minimum
     host_seconds: float  # Python's cost of one call (launch, argument packing)
+    note: str = ""  # e.g. a variant's registers and spills
 
 
 class Buffers:
@@ -140,11 +141,10 @@ def bench_paged_attention(
     block_size: int = 64,
     kv_int8: bool = False,
     partition_blocks: int | None = None,
-    unroll: int | None = None,
-    tile_softmax: int | None = None,
+    knobs: dict[str, int] | None = None,
 ) -> Result:
-    """One case; `unroll` / `tile_softmax` (the kernel's tuning knobs, default: the wrapper's) label
-    the row as a variant: the rows that decide those defaults."""
+    """One case; `knobs` (pa.TUNING values; default: the wrapper's) label the row as a variant, with
+    its registers and spills: the rows that decide those defaults."""
     rng, bufs = np.random.default_rng(0), Buffers()
     blocks_per_seq = -(-context // block_size)
     num_blocks = batch * blocks_per_seq
@@ -162,8 +162,7 @@ def bench_paged_attention(
     # Shuffled block tables: real pools are fragmented, so do not let the benchmark read contiguously.
     tables = bufs.upload(rng.permutation(num_blocks).reshape(batch, blocks_per_seq).astype(np.int32))
     lens = bufs.upload(np.full(batch, context, np.int32))
-    knobs = {"unroll": unroll, "tile_softmax": tile_softmax}
-    with pa.tuning(**{k: v for k, v in knobs.items() if v is not None}):
+    with pa.tuning(**(knobs or {})):
         sec, host = time_per_call(
             lambda: paged_attention_gpu(
                 query,
@@ -177,19 +176,54 @@ def bench_paged_attention(
                 max_context_len=context,
             )
         )
+        opts = pa.compile_options("fp16", kv_int8, head_dim, q_heads // kv_heads)
+        regs, local = runtime.load_kernel(pa.SOURCE, "paged_attention", opts).resources()
     bufs.free()
     kv_bytes = 2 * batch * context * kv_heads * head_dim * (1 if kv_int8 else 2)
     nbytes = kv_bytes + 2 * batch * q_heads * head_dim * 2 + batch * blocks_per_seq * 4
     split = {None: "auto", 0: "single pass"}.get(partition_blocks, f"split {partition_blocks} blocks")
-    variant = "" if unroll is None and tile_softmax is None else f" u{pa.UNROLL if unroll is None else unroll}"
-    variant += " tile" if tile_softmax else ""
     return Result(
-        f"paged_attention{' int8' if kv_int8 else ''} ({split}){variant}",
+        f"paged_attention{' int8' if kv_int8 else ''} ({split}) {pa.describe_tuning(knobs or {})}".rstrip(),
         f"B={batch} ctx={context} q/kv={q_heads}/{kv_heads}x{head_dim} bs={block_size} fp16",
         sec,
         nbytes,
         host,
+        f"{regs} regs" + (f", {local} B local (spills)" if local else ""),
     )
+
+
+# Tuning variants of the headline case (B=64, ctx 2048, 32/8 heads of 128): threads per CTA (more
+# warps to hide the per-token dependency chains), tokens per iteration, one softmax update per tile,
+# and the lazy max (RESCALE_SLACK: no rescale of the accumulators for most tokens).
+VARIANTS: list[dict[str, int]] = [
+    {"NUM_THREADS": 256},
+    {"NUM_THREADS": 512},
+    {"NUM_THREADS": 256, "UNROLL": 1},
+    {"UNROLL": 1},
+    {"UNROLL": 4},
+    {"UNROLL": 2, "TILE_SOFTMAX": 1},
+    {"NUM_THREADS": 256, "TILE_SOFTMAX": 1},
+    {"RESCALE_SLACK": 8},
+    {"NUM_THREADS": 256, "RESCALE_SLACK": 8},
+    {"NUM_THREADS": 512, "RESCALE_SLACK": 8},
+    {"NUM_THREADS": 256, "TILE_SOFTMAX": 1, "RESCALE_SLACK": 8},
+    {"NUM_THREADS": 256, "UNROLL": 1, "RESCALE_SLACK": 8},
+]
+# The same few on the other shapes that matter: GQA group 8, int8 KV, a long context (split-K).
+OTHER_SHAPES: list[dict[str, Any]] = [{"q_heads": 64, "kv_heads": 8}, {"kv_int8": True}, {"batch": 4, "context": 32768}]
+OTHER_VARIANTS: list[dict[str, int]] = [
+    {"NUM_THREADS": 256, "RESCALE_SLACK": 8},
+    {"NUM_THREADS": 256, "TILE_SOFTMAX": 1, "RESCALE_SLACK": 8},
+]
+
+
+def attention_variants() -> list[Result]:
+    """The headline case per VARIANTS, then OTHER_VARIANTS on OTHER_SHAPES."""
+    rows = [bench_paged_attention(64, 2048, knobs=k) for k in VARIANTS]
+    for shape in OTHER_SHAPES:
+        args = {"batch": 64, "context": 2048, **shape}
+        rows += [bench_paged_attention(**args, knobs=k) for k in OTHER_VARIANTS]
+    return rows
 
 
 def bench_sample(batch: int, vocab: int, label: str, **over: float) -> Result:
@@ -255,24 +289,20 @@ def main() -> int:
         bench_paged_attention(64, 2048, q_heads=64, kv_heads=8),
         bench_paged_attention(4, 32768),
         bench_paged_attention(4, 32768, partition_blocks=0),
-        # the tuning variants (results[10:16]): the headline case, GQA group 8 and int8 with more
-        # tokens per iteration and/or one softmax update per tile; the best becomes the default
-        *(bench_paged_attention(64, 2048, unroll=u, tile_softmax=t) for u, t in ((2, 1), (4, 0), (4, 1))),
-        bench_paged_attention(64, 2048, q_heads=64, kv_heads=8, unroll=4, tile_softmax=1),
-        bench_paged_attention(64, 2048, kv_int8=True, unroll=4, tile_softmax=1),
-        bench_paged_attention(64, 2048, unroll=8, tile_softmax=1),
-    ] + extra_benches()
-    print(f"{'kernel':<44} {'shape':<48} {'time us':>9} {'GB/s':>7} {'% copy':>7} {'host us':>8}")
+    ]
+    variants = attention_variants()
+    results += variants + extra_benches()
+    print(f"{'kernel':<52} {'shape':<48} {'time us':>9} {'GB/s':>7} {'% copy':>7} {'host us':>8}")
     for r in results:
         gbs = r.nbytes / r.seconds / 1e9
         pct, host_us = 100 * gbs * 1e9 / bw, r.host_seconds * 1e6
-        print(f"{r.name:<44} {r.shape:<48} {r.seconds * 1e6:>9.1f} {gbs:>7.0f} {pct:>6.1f}% {host_us:>8.1f}")
+        print(f"{r.name:<52} {r.shape:<48} {r.seconds * 1e6:>9.1f} {gbs:>7.0f} {pct:>6.1f}% {host_us:>8.1f}  {r.note}")
     headline = results[5]  # fp16, B=64, ctx 2048, 32/8 heads of 128, automatic split choice
     print(
         f"\n{headline.name} {headline.shape}: {100 * headline.nbytes / headline.seconds / bw:.0f}% of copy "
         f"bandwidth (goal >= 70%)"
     )
-    best = min((results[5], *results[10:13], results[15]), key=lambda r: r.seconds)
+    best = min([headline, *(r for r in variants if r.shape == headline.shape)], key=lambda r: r.seconds)
     print(f"fastest variant of it: {best.name}, {100 * best.nbytes / best.seconds / bw:.0f}% of copy bandwidth")
     for r in results:
         if r.name.startswith("sample"):

@@ -25,11 +25,12 @@ from . import runtime
 from .kv_cache_write import int8_scale_ptrs
 
 KERNEL_NAMES = ("paged_attention", "paged_attention_split", "paged_attention_reduce")
-NUM_THREADS = 128  # per CTA; the source's default, so the wrappers need not pass -DNUM_THREADS
-UNROLL = 2  # tokens per thread group per loop iteration (a tuning knob: more loads in flight, more registers)
-# 1: one online-softmax update per UNROLL tokens (the source's TILE_SOFTMAX); a tuning knob that
-# `python -m ops.bench` times both ways, as it does UNROLL: chosen by measurement on a GPU.
-TILE_SOFTMAX = 0
+# The kernels' tuning knobs (the source's macros, defaults there too), chosen by measurement on a
+# GPU: `python -m ops.bench` times variants of them.  NUM_THREADS per CTA; UNROLL tokens per thread
+# group per loop iteration (more loads in flight, more registers); TILE_SOFTMAX 1: one online-softmax
+# update per UNROLL tokens; RESCALE_SLACK > 0: move the running max only when a score passes it by
+# more than this (log2 units): most tokens then need no rescale of the accumulators.
+TUNING: dict[str, int] = {"NUM_THREADS": 128, "UNROLL": 2, "TILE_SOFTMAX": 0, "RESCALE_SLACK": 0}
 PARTITION_TOKENS = 512  # split-K partition length the GPU heuristic aims for (rounded to blocks)
 
 SOURCE = runtime.kernel_source("prelude.cuh", "paged_attention.cu")
@@ -41,21 +42,31 @@ def compile_options(dtype: str, kv_int8: bool = False, head_dim: int = 128, grou
         f"-DKV_INT8={int(kv_int8)}",
         f"-DHEAD_DIM={head_dim}",
         f"-DGROUP={group}",
-        f"-DUNROLL={UNROLL}",
-        f"-DTILE_SOFTMAX={TILE_SOFTMAX}",
+        *(f"-D{name}={value}" for name, value in TUNING.items()),
     )
 
 
 @contextlib.contextmanager
-def tuning(unroll: int = UNROLL, tile_softmax: int = TILE_SOFTMAX) -> Iterator[None]:
-    """Kernels built inside use these knobs (ops.bench's variants, the tests of each variant)."""
-    global UNROLL, TILE_SOFTMAX
-    saved = UNROLL, TILE_SOFTMAX
-    UNROLL, TILE_SOFTMAX = unroll, tile_softmax
+def tuning(**knobs: int) -> Iterator[None]:
+    """Kernels built and launched inside use these TUNING values (ops.bench's variants, the tests
+    of each variant), e.g. `tuning(UNROLL=4, TILE_SOFTMAX=1)`."""
+    unknown = set(knobs) - set(TUNING)
+    if unknown:
+        raise ValueError(f"unknown tuning knobs {sorted(unknown)}; known: {sorted(TUNING)}")
+    saved = dict(TUNING)
+    TUNING.update(knobs)
     try:
         yield
     finally:
-        UNROLL, TILE_SOFTMAX = saved
+        TUNING.clear()
+        TUNING.update(saved)
+
+
+def describe_tuning(knobs: dict[str, int]) -> str:
+    """A variant's short label, e.g. "t256 u2 tile slack8" (knobs left out keep the defaults)."""
+    names = {"NUM_THREADS": "t", "UNROLL": "u", "RESCALE_SLACK": "slack"}
+    parts = [f"{names[k]}{v}" for k, v in knobs.items() if k in names]
+    return " ".join(parts + (["tile"] if knobs.get("TILE_SOFTMAX") else []))
 
 
 # The CI compile test builds these (head_dim 128, 4 query heads per KV head); other shapes compile
@@ -180,11 +191,12 @@ def paged_attention_gpu(
     if partition_blocks is None:
         partition_blocks = choose_partition_blocks(b_sz, kvh, bs, max_len, runtime.sm_count())
     opts = compile_options(runtime.dtype_name(q.dtype), kv_int8, hd, group)
+    threads = TUNING["NUM_THREADS"]
     q_mult = np.float32(1.0 / math.sqrt(hd) * math.log2(math.e))  # scores in the log2 domain: exp2f
     common = [bt.ptr, cl.ptr, np.int32(max_blocks), np.int32(bs), q_mult]
     if not partition_blocks:
         kernel = runtime.load_kernel(SOURCE, "paged_attention", opts)
-        kernel.launch((kvh, b_sz), (NUM_THREADS,), [o.ptr, q.ptr, kc.ptr, vc.ptr, ks, vs, *common], stream=stream)
+        kernel.launch((kvh, b_sz), (threads,), [o.ptr, q.ptr, kc.ptr, vc.ptr, ks, vs, *common], stream=stream)
         return out
     max_parts = max(1, -(-max_len // (partition_blocks * bs)))
     need = workspace_bytes(b_sz, q_heads, hd, max_parts)
@@ -199,14 +211,14 @@ def paged_attention_gpu(
     split = runtime.load_kernel(SOURCE, "paged_attention_split", opts)
     split.launch(
         (kvh, b_sz, max_parts),
-        (NUM_THREADS,),
+        (threads,),
         [ws_ml, ws_out, q.ptr, kc.ptr, vc.ptr, ks, *common, np.int32(partition_blocks), np.int32(max_parts)],
         stream=stream,
     )
     reduce = runtime.load_kernel(SOURCE, "paged_attention_reduce", opts)
     reduce.launch(
         (q_heads, b_sz),
-        (NUM_THREADS,),
+        (threads,),
         [o.ptr, ws_ml, ws_out, vs, cl.ptr, np.int32(partition_blocks * bs), np.int32(max_parts)],
         stream=stream,
     )

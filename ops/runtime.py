@@ -148,6 +148,15 @@ class Kernel:
     def __init__(self, function: Any, name: str) -> None:
         self.function, self.name = function, name
 
+    def resources(self) -> tuple[int, int]:
+        """(registers per thread, local-memory bytes per thread: > 0 means spills), for tuning."""
+        attr = driver.CUfunction_attribute
+        regs = _check(driver.cuFuncGetAttribute(attr.CU_FUNC_ATTRIBUTE_NUM_REGS, self.function), "cuFuncGetAttribute")
+        local = _check(
+            driver.cuFuncGetAttribute(attr.CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES, self.function), "cuFuncGetAttribute"
+        )
+        return int(regs), int(local)
+
     def launch(self, grid: tuple, block: tuple, args: Sequence[Any], stream: Any = 0, shared_mem: int = 0) -> None:
         params, _holders = pack_args(args, self.name)  # _holders keeps the values alive until the launch
         g = tuple(int(x) for x in grid) + (1,) * (3 - len(grid))

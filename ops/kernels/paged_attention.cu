@@ -1,7 +1,9 @@
 // Compile-time: DTYPE_ID (query/output/pool type), KV_INT8, HEAD_DIM (power of two 32..256),
 // GROUP (query heads per KV head); tuning: NUM_THREADS (per CTA), UNROLL (tokens per thread group
 // and loop iteration), TILE_SOFTMAX (1: one online-softmax update per UNROLL tokens instead of one
-// per token: fewer exp2f and accumulator rescales, the work that grows with GROUP).
+// per token: fewer exp2f and accumulator rescales, the work that grows with GROUP), RESCALE_SLACK
+// (> 0: the running max moves, and the accumulators are rescaled, only when a score exceeds it by
+// more than this many log2 units; weights stay <= 2^RESCALE_SLACK, so fp32 sums cannot overflow).
 #if KV_INT8
 typedef signed char cache_t;
 typedef uint2 load_t;  // 8 int8 per load: 8 row elements per chunk as for fp16, so the same registers
@@ -17,6 +19,9 @@ typedef uint4 load_t;  // 16-byte loads
 #endif
 #ifndef TILE_SOFTMAX
 #define TILE_SOFTMAX 0
+#endif
+#ifndef RESCALE_SLACK
+#define RESCALE_SLACK 0
 #endif
 constexpr int VEC = sizeof(load_t) / sizeof(cache_t); // pool elements per load
 constexpr int CHUNKS = HEAD_DIM / VEC;              // load-sized chunks in one K/V row
@@ -84,6 +89,19 @@ __device__ __forceinline__ void add_values(const load_t (&vr)[NV], const float (
     }
 }
 
+// The running max of one head given the largest new score `top`: with RESCALE_SLACK it stays put
+// unless `top` exceeds it by more than the slack (the common case after the first tokens: no
+// exp2f, no rescale); otherwise it becomes `top` and l/acc are rescaled.  (Scores are equal on all
+// lanes of a thread group, so the branch is uniform there.)
+__device__ __forceinline__ void move_max(float top, float& m, float& l, float (&acc)[ELEMS]) {
+    if (RESCALE_SLACK > 0 && !(top > m + (float)RESCALE_SLACK)) return;
+    const float m_new = fmaxf(m, top), alpha = exp2f(m - m_new);
+    l *= alpha;
+    m = m_new;
+#pragma unroll
+    for (int e = 0; e < ELEMS; ++e) acc[e] *= alpha;
+}
+
 // The `cnt` (<= UNROLL) loaded tokens: by default one online-softmax step per token; with
 // TILE_SOFTMAX their scores first, then one step for all of them (one max, one rescale of the
 // accumulators), then their values.
@@ -101,16 +119,12 @@ __device__ __forceinline__ void update(const load_t (&kr)[UNROLL][NV], const loa
     }
 #pragma unroll
     for (int g = 0; g < GROUP; ++g) {
-        float m_new = m[g];
+        float top = s[0][g];
 #pragma unroll
-        for (int u = 0; u < UNROLL; ++u) m_new = fmaxf(m_new, s[u][g]);
-        const float alpha = exp2f(m[g] - m_new);
-        l[g] *= alpha;
+        for (int u = 1; u < UNROLL; ++u) top = fmaxf(top, s[u][g]);
+        move_max(top, m[g], l[g], acc[g]);
 #pragma unroll
-        for (int u = 0; u < UNROLL; ++u) { s[u][g] = exp2f(s[u][g] - m_new); l[g] += s[u][g]; }
-        m[g] = m_new;
-#pragma unroll
-        for (int e = 0; e < ELEMS; ++e) acc[g][e] *= alpha;
+        for (int u = 0; u < UNROLL; ++u) { s[u][g] = exp2f(s[u][g] - m[g]); l[g] += s[u][g]; }
     }
 #pragma unroll
     for (int u = 0; u < UNROLL; ++u)
@@ -123,13 +137,9 @@ __device__ __forceinline__ void update(const load_t (&kr)[UNROLL][NV], const loa
         token_scores(kr[u], gmask, q, s);
 #pragma unroll
         for (int g = 0; g < GROUP; ++g) {
-            const float m_new = fmaxf(m[g], s[g]);
-            const float alpha = exp2f(m[g] - m_new), p = exp2f(s[g] - m_new);
-            l[g] = l[g] * alpha + p;
-            m[g] = m_new;
-            s[g] = p;  // reuse: the token's weight
-#pragma unroll
-            for (int e = 0; e < ELEMS; ++e) acc[g][e] *= alpha;
+            move_max(s[g], m[g], l[g], acc[g]);
+            s[g] = exp2f(s[g] - m[g]);  // reuse: the token's weight
+            l[g] += s[g];
         }
         add_values(vr[u], s, acc);
     }

@@ -161,17 +161,39 @@ def test_other_attention_shapes_compile(head_dim, group) -> None:
     assert runtime.compile_cubin(pa.SOURCE, "paged_attention", "sm_90", options)
 
 
-# the tuning variants ops.bench times (UNROLL, TILE_SOFTMAX); the source's default is (2, 0)
-TUNINGS = [(2, 1), (4, 0), (4, 1), (8, 1)]
+# the tuning variants ops.bench times (pa.TUNING knobs; ops.bench.VARIANTS); the defaults are the source's
+TUNINGS = [
+    {"UNROLL": 2, "TILE_SOFTMAX": 1},
+    {"UNROLL": 4},
+    {"UNROLL": 1, "NUM_THREADS": 256},
+    {"NUM_THREADS": 512},
+    {"RESCALE_SLACK": 8},
+    {"NUM_THREADS": 256, "TILE_SOFTMAX": 1, "RESCALE_SLACK": 8},
+    {"UNROLL": 8, "TILE_SOFTMAX": 1, "RESCALE_SLACK": 4},
+]
+TUNING_IDS = [pa.describe_tuning(k).replace(" ", "-") for k in TUNINGS]
+
+
+def sharp_case(seed: int, lens: list[int], group: int, head_dim: int, block_size: int = 8) -> tuple:
+    """make_case with scores spread over ~±30 log2 units: the running max moves many times (after
+    the first token too), which RESCALE_SLACK's lazy rescale must get right."""
+    q, k, v, tables, cl = make_case(np.random.default_rng(seed), lens, 2, group, head_dim, block_size)
+    return q * 6, k, v, tables, cl
 
 
 @pytest.mark.parametrize("kv_int8", [False, True])
-@pytest.mark.parametrize("unroll,tile", TUNINGS)
-def test_tuning_variants_compile(unroll, tile, kv_int8) -> None:
-    with pa.tuning(unroll, tile):
+@pytest.mark.parametrize("knobs", TUNINGS, ids=TUNING_IDS)
+def test_tuning_variants_compile(knobs, kv_int8) -> None:
+    with pa.tuning(**knobs):
         options = pa.compile_options("fp16", kv_int8)
-    assert f"-DTILE_SOFTMAX={tile}" in options and f"-DUNROLL={unroll}" in options
+    assert all(f"-D{k}={v}" in options for k, v in knobs.items())
     assert runtime.compile_cubin(pa.SOURCE, "paged_attention_split", "sm_90", options)
+
+
+def test_unknown_tuning_knob_is_refused() -> None:
+    with pytest.raises(ValueError, match="UNROL"), pa.tuning(UNROL=4):
+        pass
+    assert pa.TUNING["UNROLL"] == 2
 
 
 # ----------------------------------------------------------------------------- GPU: kernel == twin
@@ -192,15 +214,13 @@ def test_paged_attention_gpu_equals_twin(cupy_device, dtype, kv_int8, group, hea
 @needs_gpu
 @pytest.mark.parametrize("kv_int8", [False, True])
 @pytest.mark.parametrize("group", [4, 8])
-@pytest.mark.parametrize("unroll,tile", TUNINGS)
-def test_tuning_variants_on_gpu_equal_twin(cupy_device, unroll, tile, group, kv_int8) -> None:
+@pytest.mark.parametrize("knobs", TUNINGS, ids=TUNING_IDS)
+def test_tuning_variants_on_gpu_equal_twin(cupy_device, knobs, group, kv_int8) -> None:
     """Each variant ops.bench times gives the twin's output (single pass and split-K)."""
-    rng = np.random.default_rng(11)
-    lens = [1, 16, 17, 100, 300, 0, 63]
-    q, k, v, tables, cl = make_case(rng, lens, kv_heads=2, group=group, head_dim=128, block_size=16)
-    with pa.tuning(unroll, tile):
+    case = sharp_case(11, [1, 16, 17, 100, 300, 0, 63], group, head_dim=128, block_size=16)
+    with pa.tuning(**knobs):
         for partition_blocks in (0, None):
-            check_against_twin(cupy_device, (q, k, v, tables, cl), "fp16", kv_int8, partition_blocks)
+            check_against_twin(cupy_device, case, "fp16", kv_int8, partition_blocks)
 
 
 # ----------------------------------------------------------------------------- CUDA source on the CPU
@@ -211,9 +231,16 @@ def test_paged_attention_source_emulated(emulated, dtype, kv_int8, group, head_d
         check_against_twin(HostDevice(emulated), case, dtype, kv_int8, partition_blocks)
 
 
-@pytest.mark.parametrize("unroll,tile", [(2, 1), (4, 1)])
-def test_tuning_variants_emulated(emulated, unroll, tile) -> None:
-    case = make_case(np.random.default_rng(12), [1, 16, 21, 0, 50, 7], kv_heads=2, group=4, head_dim=64)
-    with pa.tuning(unroll, tile):
+EMULATED_TUNINGS = [
+    {"UNROLL": 4, "TILE_SOFTMAX": 1},
+    {"NUM_THREADS": 256, "RESCALE_SLACK": 8},
+    {"TILE_SOFTMAX": 1, "RESCALE_SLACK": 4},
+]
+
+
+@pytest.mark.parametrize("knobs", EMULATED_TUNINGS, ids=pa.describe_tuning)
+def test_tuning_variants_emulated(emulated, knobs) -> None:
+    case = sharp_case(12, [1, 16, 21, 0, 50, 7], group=4, head_dim=64)
+    with pa.tuning(**knobs):
         for partition_blocks in (0, 2):
             check_against_twin(HostDevice(emulated), case, "bf16", False, partition_blocks)
