@@ -30,7 +30,8 @@ KERNEL_NAMES = ("paged_attention", "paged_attention_split", "paged_attention_red
 # group per loop iteration (more loads in flight, more registers); TILE_SOFTMAX 1: one online-softmax
 # update per UNROLL tokens; RESCALE_SLACK > 0: move the running max only when a score passes it by
 # more than this (log2 units): most tokens then need no rescale of the accumulators.
-TUNING: dict[str, int] = {"NUM_THREADS": 128, "UNROLL": 2, "TILE_SOFTMAX": 0, "RESCALE_SLACK": 0}
+# TILE_SOFTMAX 1 measured faster on all four ops.bench shapes on an H200 (1-7 %: RESULTS.md).
+TUNING: dict[str, int] = {"NUM_THREADS": 128, "UNROLL": 2, "TILE_SOFTMAX": 1, "RESCALE_SLACK": 0}
 PARTITION_TOKENS = 512  # split-K partition length the GPU heuristic aims for (rounded to blocks)
 
 SOURCE = runtime.kernel_source("prelude.cuh", "paged_attention.cu")
@@ -63,10 +64,12 @@ def tuning(**knobs: int) -> Iterator[None]:
 
 
 def describe_tuning(knobs: dict[str, int]) -> str:
-    """A variant's short label, e.g. "t256 u2 tile slack8" (knobs left out keep the defaults)."""
+    """A variant's short label, e.g. "t256 u2 slack8 tile" (knobs left out keep the defaults)."""
     names = {"NUM_THREADS": "t", "UNROLL": "u", "RESCALE_SLACK": "slack"}
     parts = [f"{names[k]}{v}" for k, v in knobs.items() if k in names]
-    return " ".join(parts + (["tile"] if knobs.get("TILE_SOFTMAX") else []))
+    if "TILE_SOFTMAX" in knobs:
+        parts.append("tile" if knobs["TILE_SOFTMAX"] else "per-token")
+    return " ".join(parts)
 
 
 # The CI compile test builds these (head_dim 128, 4 query heads per KV head); other shapes compile

@@ -38,18 +38,19 @@ import numpy as np
 
 from .sample_cuda import (
     CUDA_SOURCE,
-    PARAM_DTYPES,
     SAMPLE_KERNELS,
+    SCAN_KERNELS,
     SOURCE_FILES,
     THREADS,
     VARIANTS,
     compile_options,
     hash_bits,
     sample_gpu,
-    sample_gpu_staged,
+    scan_chunks,
     shared_bytes,
     workspace_bytes,
 )
+from .sample_staged import PARAM_DTYPES, sample_gpu_staged
 from .sample_twin import MAX_TOP_N, MAX_VOCAB, apply_penalties, exp2_weight, float_key, key_float, sample_cpu
 
 __all__ = [
@@ -58,6 +59,7 @@ __all__ = [
     "MAX_VOCAB",
     "PARAM_DTYPES",
     "SAMPLE_KERNELS",
+    "SCAN_KERNELS",
     "SOURCE_FILES",
     "THREADS",
     "VARIANTS",
@@ -71,6 +73,7 @@ __all__ = [
     "sample_cpu",
     "sample_gpu",
     "sample_gpu_staged",
+    "scan_chunks",
     "shared_bytes",
     "workspace_bytes",
 ]

@@ -5,7 +5,6 @@ after the dtype prelude, Philox and the twin's float32 constants as #defines), i
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -15,8 +14,11 @@ from .philox import CUDA_SOURCE as PHILOX_CUDA
 from .sample_twin import _COEF, _LN2_31, _LOG2E, MAX_VOCAB, check_num_logprobs
 
 THREADS = 1024  # one block of THREADS per row (512 measured no better on an H100: RESULTS.md)
+SCAN_THREADS = 256  # the split scan's blocks (sample_scan.cuh)
+MAX_SCAN_CHUNKS = 64  # chunks per row of the split scan, at most (sizes its workspace)
+SCAN_PART_BYTES = 16  # one ScanPart: u64 arg-max key, float max, float sum
 # The kernel source after the generated constants, in order (one translation unit).
-SOURCE_FILES = ("sample_row.cuh", "sample_block.cuh", "sample_search.cuh", "sample.cu")
+SOURCE_FILES = ("sample_row.cuh", "sample_block.cuh", "sample_search.cuh", "sample_scan.cuh", "sample.cu")
 
 
 def _f32_hex(x: np.float32) -> str:
@@ -33,6 +35,7 @@ def _cuda_source() -> str:
 
 CUDA_SOURCE = _cuda_source()
 SAMPLE_KERNELS = {"fp32": "sample_fp32", "fp16": "sample_fp16", "bf16": "sample_bf16"}
+SCAN_KERNELS = {dt: name.replace("sample_", "sample_scan_") for dt, name in SAMPLE_KERNELS.items()}
 
 
 def compile_options(dtype: str) -> tuple[str, ...]:
@@ -54,8 +57,20 @@ def hash_bits(gen_len: int) -> int:
 
 
 def workspace_bytes(batch: int, gen_len: int) -> int:
-    """Workspace for sample_gpu: one (token, count) int2 hash table per row."""
-    return batch * (8 << hash_bits(gen_len)) if gen_len > 0 else 0
+    """Workspace for sample_gpu: the split scan's parts, then one (token, count) int2 hash table
+    per row."""
+    return batch * MAX_SCAN_CHUNKS * SCAN_PART_BYTES + (batch * (8 << hash_bits(gen_len)) if gen_len > 0 else 0)
+
+
+def scan_chunks(batch: int, vocab: int, sm_count: int) -> tuple[int, int]:
+    """(chunks per row, tokens per chunk) of the split scan: ~8 blocks per SM over the batch (a
+    prototype on an H200 read fastest at 8 blocks of 256 per row for 128 rows: RESULTS.md), no more
+    chunks than 2048-token pieces of the row (so > 1024 tokens each), a multiple of 256 tokens (whole
+    16-byte loads of every dtype)."""
+    want = max(1, min(MAX_SCAN_CHUNKS, -(-8 * sm_count // max(batch, 1)), -(-vocab // 2048)))
+    per_chunk = -(-vocab // want)
+    chunk = -(-per_chunk // 256) * 256
+    return -(-vocab // chunk), chunk
 
 
 _smem_limit: dict[int, int] = {}  # id(kernel) -> dynamic shared bytes the kernel may use
@@ -165,10 +180,26 @@ def sample_gpu(
     n_eos, n_gen = widths["eos_ids"], widths["gen_token_ids"]
     bits = hash_bits(n_gen)
     need = workspace_bytes(b_sz, n_gen)
-    ws = 0
-    if need:
-        ws = runtime.as_device_array(workspace).ptr if workspace is not None else runtime.scratch(need)
-    kernel = runtime.load_kernel(CUDA_SOURCE, SAMPLE_KERNELS[dtype], compile_options(dtype))
+    if workspace is not None:
+        wa = runtime.as_device_array(workspace)
+        if int(np.prod(wa.shape)) * wa.dtype.itemsize < need:
+            raise ValueError(f"workspace too small: {need} bytes needed (workspace_bytes)")
+    ws = runtime.as_device_array(workspace).ptr if workspace is not None else runtime.scratch(need)
+    parts, tables = ws, ws + b_sz * MAX_SCAN_CHUNKS * SCAN_PART_BYTES
+    chunks, chunk = scan_chunks(b_sz, vocab, runtime.sm_count())
+    # Greedy rows first, split over `chunks` blocks each; the rows it answers, the main kernel only
+    # finishes (same stream, so it runs after).
+    opts = compile_options(dtype)
+    runtime.load_kernel(CUDA_SOURCE, SCAN_KERNELS[dtype], opts).launch(
+        (chunks, b_sz),
+        (SCAN_THREADS,),
+        [lg.ptr, np.int64(ld), np.int32(vocab)]
+        + [ptr[n] for n in ("temperature", "top_p", "top_k", "rep_penalty", "freq_penalty", "pres_penalty")]
+        + [ptr["min_tokens"], ptr["num_generated"], np.int32(n_eos), np.int32(n_gen), np.int32(num_logprobs)]
+        + [np.int32(chunk), parts],
+        stream=stream,
+    )
+    kernel = runtime.load_kernel(CUDA_SOURCE, SAMPLE_KERNELS[dtype], opts)
     limit = _dynamic_smem_limit(kernel)
     fit = (limit - shared_bytes(vocab, 0)) // 8
     if fit < 0:
@@ -195,7 +226,7 @@ def sample_gpu(
             np.int32(n_eos),
             ptr["gen_token_ids"],
             np.int32(n_gen),
-            ws,
+            tables,
             np.int32(bits),
             np.int32(num_logprobs),
             np.int32(cap),
@@ -203,97 +234,10 @@ def sample_gpu(
             ptr["out_logprobs"],
             ptr.get("out_top_ids", 0),
             ptr.get("out_top_logprobs", 0),
+            parts,
+            np.int32(chunks),
         ],
         stream=stream,
         shared_mem=shared_bytes(vocab, cap),
     )
     return out_tokens, out_logprobs, out_top_ids, out_top_logprobs
-
-
-# Per-row parameters in the order and kernel dtypes of sample_gpu (rows: [B]; eos/gen ids: [B, n]).
-PARAM_DTYPES = (
-    ("temperature", np.float32),
-    ("top_p", np.float32),
-    ("top_k", np.int32),
-    ("rep_penalty", np.float32),
-    ("freq_penalty", np.float32),
-    ("pres_penalty", np.float32),
-    ("seeds", np.uint64),
-    ("counters", np.int64),
-    ("min_tokens", np.int32),
-    ("num_generated", np.int32),
-    ("eos_ids", np.int32),
-    ("gen_token_ids", np.int32),
-)
-
-
-def sample_gpu_staged(
-    logits: Any,
-    temperature: Any,
-    top_p: Any,
-    top_k: Any,
-    rep_penalty: Any,
-    freq_penalty: Any,
-    pres_penalty: Any,
-    seeds: Any,
-    counters: Any,
-    min_tokens: Any,
-    num_generated: Any,
-    eos_ids: Any,
-    gen_token_ids: Any,
-    num_logprobs: int = 0,
-    *,
-    stream: Any = 0,
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """The kernel on device logits with host (numpy) per-row parameters, as the twin takes them:
-    they are copied to one device buffer on `stream`, the four outputs come back as numpy (the call
-    synchronises `stream`).  What a serving loop that builds its parameters per step calls."""
-    drv, chk = runtime.driver, runtime._check
-    b_sz = runtime.as_device_array(logits).shape[0]
-    given = dict(
-        temperature=temperature,
-        top_p=top_p,
-        top_k=top_k,
-        rep_penalty=rep_penalty,
-        freq_penalty=freq_penalty,
-        pres_penalty=pres_penalty,
-        seeds=seeds,
-        counters=counters,
-        min_tokens=min_tokens,
-        num_generated=num_generated,
-        eos_ids=eos_ids,
-        gen_token_ids=gen_token_ids,
-    )
-    host = {
-        n: np.ascontiguousarray(
-            np.asarray(given[n]).astype(dt).reshape(b_sz, -1)
-            if n.endswith("_ids")
-            else np.asarray(given[n]).astype(dt).reshape(b_sz)
-        )
-        for n, dt in PARAM_DTYPES
-    }
-    outs = {
-        "out_tokens": np.zeros(b_sz, np.int32),
-        "out_logprobs": np.zeros(b_sz, np.float32),
-        "out_top_ids": np.zeros((b_sz, num_logprobs), np.int32),
-        "out_top_logprobs": np.zeros((b_sz, num_logprobs), np.float32),
-    }
-    offsets, size = {}, 0
-    for name, a in (*host.items(), *outs.items()):  # 16-byte aligned slices of one allocation
-        offsets[name], size = size, size + -(-a.nbytes // 16) * 16
-    base = runtime.device_alloc(size)
-    raw = drv.CUstream(runtime.stream_handle(stream))
-    try:
-        dev = {n: runtime.DeviceArray(base + offsets[n], a.shape, a.dtype) for n, a in (*host.items(), *outs.items())}
-        for n, a in host.items():
-            if a.nbytes:
-                chk(drv.cuMemcpyHtoDAsync(dev[n].ptr, a.ctypes.data, a.nbytes, raw), "cuMemcpyHtoDAsync")
-        kernel: Callable[..., Any] = sample_gpu  # looked up per call (tests substitute it)
-        kernel(logits, *(dev[n] for n, _ in PARAM_DTYPES), num_logprobs, **{n: dev[n] for n in outs}, stream=stream)
-        for n, a in outs.items():
-            if a.nbytes:
-                chk(drv.cuMemcpyDtoHAsync(a.ctypes.data, dev[n].ptr, a.nbytes, raw), "cuMemcpyDtoHAsync")
-        chk(drv.cuStreamSynchronize(raw), "cuStreamSynchronize")
-    finally:
-        runtime.device_free(base)
-    return outs["out_tokens"], outs["out_logprobs"], outs["out_top_ids"], outs["out_top_logprobs"]

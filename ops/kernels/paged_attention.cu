@@ -18,7 +18,7 @@ typedef uint4 load_t;  // 16-byte loads
 #define UNROLL 2
 #endif
 #ifndef TILE_SOFTMAX
-#define TILE_SOFTMAX 0
+#define TILE_SOFTMAX 1
 #endif
 #ifndef RESCALE_SLACK
 #define RESCALE_SLACK 0

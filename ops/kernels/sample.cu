@@ -9,11 +9,17 @@ extern "C" __global__ void __launch_bounds__(THREADS) SAMPLE_KERNEL(
     const int* __restrict__ eos_ids, int E, const int* __restrict__ gen_ids, int G,
     int2* __restrict__ workspace, int hash_bits, int num_logprobs, int cap,
     int* __restrict__ out_tokens, float* __restrict__ out_logprobs,
-    int* __restrict__ out_top_ids, float* __restrict__ out_top_logprobs)
+    int* __restrict__ out_top_ids, float* __restrict__ out_top_logprobs,
+    const ScanPart* __restrict__ scan_parts, int scan_chunks)
 {
+    const int b = blockIdx.x, tid = threadIdx.x;
+    if (scan_chunks > 0 && scan_row(b, temperature, top_p, top_k, rep_penalty, freq_penalty, pres_penalty,
+                                    min_tokens, num_generated, E, G, num_logprobs)) {
+        if (tid == 0) finish_scanned_row(scan_parts, scan_chunks, b, out_tokens, out_logprobs);
+        return;   // (uniform over the block: the test reads row b's parameters only)
+    }
     __shared__ Shm sh;
     extern __shared__ __align__(16) unsigned char smem[];
-    const int b = blockIdx.x, tid = threadIdx.x;
     const float T = temperature[b], tp = top_p[b];
     const int tk = top_k[b];
 
@@ -32,12 +38,12 @@ extern "C" __global__ void __launch_bounds__(THREADS) SAMPLE_KERNEL(
     Row& r = c.r;
     r.x = logits + b * ld; r.V = V;
     r.aligned = (reinterpret_cast<size_t>(r.x) & 15) == 0;
-    r.greedy = !(T > 0.f) || tk == 1 || !(tp > 0.f);
+    r.greedy = is_greedy(T, tp, tk);
     r.T = T;
     r.rep = rep_penalty[b]; r.freq = freq_penalty[b]; r.pres = pres_penalty[b];
     r.mask_eos = E > 0 && num_generated[b] < min_tokens[b];
     r.eos = eos_ids + (long long)b * E; r.E = E;
-    r.hbits = G > 0 ? hash_bits : 0;
+    r.hbits = G > 0 && penalties_act(r.rep, r.freq, r.pres) ? hash_bits : 0;   // neutral: no table
     r.table = workspace + ((long long)b << hash_bits);
     r.bitmap = bitmap;
     r.special = r.mask_eos || r.hbits;

@@ -14,7 +14,14 @@ import pytest
 from ops import sample as sp
 from ops import sample_cuda
 from tests.support.ops_emulation import HostDevice, emulated  # noqa: F401  (emulated: a pytest fixture)
-from tests.support.ops_sample_reference import assert_same, check_16bit, check_edge_cases, make_batch, run_gpu
+from tests.support.ops_sample_reference import (
+    assert_same,
+    check_16bit,
+    check_edge_cases,
+    check_greedy_scan,
+    make_batch,
+    run_gpu,
+)
 
 EMULATED_THREADS = 256  # a block of 1024 host threads is ~10x slower to emulate; the kernel takes 128..1024
 
@@ -44,3 +51,9 @@ def test_sample_source_emulated_edge_cases(host, cap) -> None:
 @pytest.mark.parametrize("dtype", ["fp16", "bf16"])
 def test_sample_source_emulated_16bit(host, dtype) -> None:
     check_16bit(host, dtype, rows=4, v_sz=3001)
+
+
+@pytest.mark.parametrize("dtype,v_sz", [("fp32", 20011), ("fp16", 4099), ("bf16", 37)])
+def test_split_scan_emulated_equals_twin(host, dtype, v_sz) -> None:
+    """Greedy rows split over several blocks (10 chunks at 20011 tokens, 2 at 4099, 1 at 37)."""
+    check_greedy_scan(host, dtype, v_sz)

@@ -24,6 +24,7 @@ from tests.support.ops_sample_reference import (
     base_batch,
     check_16bit,
     check_edge_cases,
+    check_greedy_scan,
     make_batch,
     run_gpu,
 )
@@ -49,24 +50,42 @@ def test_source_constants_are_the_twins() -> None:
     assert float(sp.CUDA_SOURCE.split("#define LN2_31 ")[1].split()[0]) == sample_twin._LN2_31
 
 
-def test_gpu_wrapper_packs_the_kernel_signature(monkeypatch) -> None:
-    """Without a GPU: the launch arguments match the extern "C" signature (count and C types)."""
+def _check_packing(macro: str, args: list) -> dict:
+    """The launch arguments match the extern "C" signature of kernel `macro` (count and C types);
+    returns them by parameter name."""
     import re
 
-    sig = re.search(r"SAMPLE_KERNEL\((.*?)\)\s*\{", sp.CUDA_SOURCE, re.S).group(1)
+    sig = re.search(macro + r"\((.*?)\)\s*\{", sp.CUDA_SOURCE, re.S).group(1)
     params = [" ".join(p.split()) for p in sig.split(",")]
-    launched = {}
+    assert len(args) == len(params), macro
+    for p, a in zip(params, args):
+        if "*" in p:
+            assert isinstance(a, int), p  # device pointer
+        else:
+            want = {"int": np.int32, "long long": np.int64}[p.rsplit(" ", 1)[0].replace("const ", "")]
+            assert type(a) is want, p
+    return dict(zip([p.rsplit(" ", 1)[1].lstrip("*") for p in params], args))
+
+
+def test_gpu_wrapper_packs_the_kernel_signature(monkeypatch) -> None:
+    """Without a GPU: the split scan, then the main kernel, each launched with arguments that match
+    its extern "C" signature, sharing the workspace (the scan's parts, then the hash tables)."""
+    launched: list[dict] = []
 
     class FakeKernel:
         function = None
 
-        def launch(self, grid, block, args, stream=0, shared_mem=0):
-            launched.update(grid=grid, block=block, args=args, shared_mem=shared_mem)
+        def __init__(self, name: str) -> None:
+            self.name = name
 
-    monkeypatch.setattr(runtime, "load_kernel", lambda source, name, options=(): FakeKernel())
+        def launch(self, grid, block, args, stream=0, shared_mem=0):
+            launched.append(dict(name=self.name, grid=grid, block=block, args=args, shared_mem=shared_mem))
+
+    monkeypatch.setattr(runtime, "load_kernel", lambda source, name, options=(): FakeKernel(name))
+    monkeypatch.setattr(runtime, "sm_count", lambda: 132)
     monkeypatch.setattr(sample_cuda, "_dynamic_smem_limit", lambda kernel: 200 * 1024)
     monkeypatch.setattr(runtime, "scratch", lambda nbytes: 0xABC000)
-    b_sz, v_sz, n = 3, 1000, 2
+    b_sz, v_sz, n = 3, 5000, 2
     batch = make_batch(np.random.default_rng(0), b_sz, v_sz)
     dev = {k: runtime.DeviceArray(0x1000 * (i + 1), v.shape, v.dtype) for i, (k, v) in enumerate(batch.items())}
     outs = dict(
@@ -76,22 +95,30 @@ def test_gpu_wrapper_packs_the_kernel_signature(monkeypatch) -> None:
         out_top_logprobs=runtime.DeviceArray(0x93000, (b_sz, n), np.dtype(np.float32)),
     )
     sp.sample_gpu(**dev, num_logprobs=n, **outs)
-    args = launched["args"]
-    assert len(args) == len(params)
-    for p, a in zip(params, args):
-        if "*" in p:
-            assert isinstance(a, int), p  # device pointer
-        else:
-            want = {"int": np.int32, "long long": np.int64}[p.rsplit(" ", 1)[0].replace("const ", "")]
-            assert type(a) is want, p
-    named = dict(zip([p.rsplit(" ", 1)[1].lstrip("*") for p in params], args))
+    scan, main = launched
+    assert (scan["name"], main["name"]) == ("sample_scan_fp32", "sample_fp32")
+    chunks, chunk = sp.scan_chunks(b_sz, v_sz, 132)
+    assert scan["grid"] == (chunks, b_sz) and scan["block"] == (sample_cuda.SCAN_THREADS,) and chunks == 3
+    s = _check_packing("SCAN_KERNEL", scan["args"])
+    assert s["chunk"] == chunk and s["parts"] == 0xABC000 and s["V"] == v_sz and s["num_logprobs"] == n
+    named = _check_packing("SAMPLE_KERNEL", main["args"])
     assert named["V"] == v_sz and named["ld"] == v_sz and named["num_logprobs"] == n
-    assert named["workspace"] == 0xABC000 and named["hash_bits"] == sp.hash_bits(batch["gen_token_ids"].shape[1])
+    assert named["scan_parts"] == 0xABC000 and named["scan_chunks"] == chunks
+    tables = 0xABC000 + b_sz * sample_cuda.MAX_SCAN_CHUNKS * sample_cuda.SCAN_PART_BYTES
+    assert named["workspace"] == tables and named["hash_bits"] == sp.hash_bits(batch["gen_token_ids"].shape[1])
     assert named["out_top_ids"] == 0x92000 and named["logits"] == dev["logits"].ptr
-    assert launched["grid"] == (b_sz,) and launched["block"] == (sp.THREADS,)
-    assert launched["shared_mem"] == sp.shared_bytes(v_sz, int(named["cap"])) <= 200 * 1024
+    assert main["grid"] == (b_sz,) and main["block"] == (sp.THREADS,)
+    assert main["shared_mem"] == sp.shared_bytes(v_sz, int(named["cap"])) <= 200 * 1024
     with pytest.raises(TypeError):  # wrong dtype is refused
         sp.sample_gpu(**dict(dev, top_k=dev["temperature"]), **outs)
+
+
+@pytest.mark.parametrize("batch,vocab", [(1, 131072), (128, 131072), (1000, 151936), (7, 37), (64, 2049)])
+def test_scan_chunks_cover_the_row_in_aligned_chunks(batch, vocab) -> None:
+    chunks, chunk = sp.scan_chunks(batch, vocab, 132)
+    assert 1 <= chunks <= sample_cuda.MAX_SCAN_CHUNKS and chunk % 256 == 0
+    assert (chunks - 1) * chunk < vocab <= chunks * chunk  # every chunk holds tokens
+    assert chunks == 1 or chunk > 1024
 
 
 def _host_view(a: runtime.DeviceArray) -> np.ndarray:
@@ -178,23 +205,22 @@ def test_gpu_equals_twin_16bit(device, dtype) -> None:
 
 @pytest.mark.gpu
 @needs_gpu
+@pytest.mark.parametrize("dtype,v_sz", [("fp32", 131072), ("fp16", 151936), ("bf16", 32003), ("fp32", 37)])
+def test_gpu_split_scan_equals_twin(device, dtype, v_sz) -> None:
+    check_greedy_scan(device, dtype, v_sz)
+
+
+@pytest.mark.gpu
+@needs_gpu
 def test_gpu_timing_against_one_read_of_the_logits(device, capsys) -> None:
     """Prints (no assertion: speed goals live in benchmarks) sampling time / one copy of the logits
-    for 128 x 128k fp32; goal <= 3."""
+    for 128 x 128k fp32; goal <= 3.  Device time only (ops.bench's timing: the calls queue behind a
+    spin kernel), and the host's launch cost per call beside it."""
+    from ops.bench import time_per_call
+
     drv, chk = runtime.driver, runtime._check
     b_sz, v_sz = 128, 128 * 1024
     rng = np.random.default_rng(12)
-
-    def timed(fn, iters=20):
-        fn()
-        start, end = chk(drv.cuEventCreate(0), "event"), chk(drv.cuEventCreate(0), "event")
-        chk(drv.cuEventRecord(start, 0), "record")
-        for _ in range(iters):
-            fn()
-        chk(drv.cuEventRecord(end, 0), "record")
-        chk(drv.cuEventSynchronize(end), "sync")
-        return chk(drv.cuEventElapsedTime(start, end), "elapsed") / iters
-
     for label, scale, over in (
         ("flat top_p=0.9", 1.0, dict(top_p=0.9)),
         ("flat T only", 1.0, {}),
@@ -207,14 +233,14 @@ def test_gpu_timing_against_one_read_of_the_logits(device, capsys) -> None:
         dev = {k: device.put(v) for k, v in batch.items()}
         outs = dict(out_tokens=device.empty((b_sz,), np.int32), out_logprobs=device.empty((b_sz,), np.float32))
         copy_dst = device.empty(logits.shape, np.float32)
-        t_sample = timed(lambda: sp.sample_gpu(**dev, **outs))  # noqa: B023  (timed() calls it now)
+        t_sample, host = time_per_call(lambda: sp.sample_gpu(**dev, **outs))  # noqa: B023  (called now)
         # a device-to-device copy reads and writes: half its time is one read of the logits
         copy = lambda: chk(drv.cuMemcpyDtoD(copy_dst.ptr, dev["logits"].ptr, logits.nbytes), "DtoD")  # noqa: B023, E731
-        t_read = timed(copy) / 2
+        t_read = time_per_call(copy)[0] / 2
         with capsys.disabled():
             print(
-                f"\nsample {label}: {t_sample * 1e3:.1f} us, one read {t_read * 1e3:.1f} us, "
-                f"ratio {t_sample / t_read:.2f} (goal <= 3)"
+                f"\nsample {label}: {t_sample * 1e6:.1f} us (host {host * 1e6:.0f} us a call), one read "
+                f"{t_read * 1e6:.1f} us, ratio {t_sample / t_read:.2f} (goal <= 3)"
             )
 
 

@@ -199,3 +199,42 @@ def check_16bit(device, dtype: str, rows: int, v_sz: int) -> None:
         stored = runtime.float32_to_bf16(batch["logits"])
         batch["logits"] = runtime.bf16_to_float32(stored)
     assert_same(run_gpu(device, batch, n_top=3, logits=stored), sp.sample_cpu(**batch, num_logprobs=3))
+
+
+def check_greedy_scan(device, dtype: str, v_sz: int) -> None:
+    """The split scan's rows (greedy, no top-n, neutral penalties, no masked EOS) mixed with rows it
+    must leave to the one-block path (active penalties, masked EOS, sampled), on `dtype` logits:
+    equal to the twin.  Row 1 ties its max at both ends (different chunks: the lowest id wins),
+    row 2 is all -inf but one token, row 3 all -inf."""
+    from ops import runtime
+
+    rng = np.random.default_rng(v_sz)
+    logits = (rng.standard_normal((8, v_sz)) * 3).astype(np.float32)
+    logits[1, [3, v_sz - 2]] = 50.0
+    logits[2] = -np.inf
+    logits[2, v_sz // 2] = 1.0
+    logits[3] = -np.inf
+    gen = rng.integers(0, v_sz, (8, 6)).astype(np.int32)
+    batch = base_batch(
+        logits,
+        temperature=[0, 0, 0.0, 0, 1, 0.7, 0, 0],  # row 4 and 5 sample
+        top_k=[0, 0, 1, 0, 0, 0, 0, 1],
+        top_p=[1, 1, 1, 0, 1, 0.9, 1, 1],
+        rep_penalty=[1, 1, 1, 1, 1, 1, 1.3, 1],  # row 6: a penalty acts
+        min_tokens=[0, 0, 0, 0, 0, 0, 0, 5],  # row 7: its EOS ids are masked
+        eos_ids=np.stack([np.int32([int(logits[b].argmax()), 2]) for b in range(8)]),
+        gen_token_ids=gen,
+    )
+    if dtype == "fp32":
+        stored = batch["logits"]
+    elif dtype == "fp16":
+        stored = batch["logits"].astype(np.float16)
+        batch["logits"] = stored.astype(np.float32)
+    else:
+        stored = runtime.float32_to_bf16(batch["logits"])
+        batch["logits"] = runtime.bf16_to_float32(stored)
+    gpu = run_gpu(device, batch, logits=stored)
+    with np.errstate(invalid="ignore"):  # row 3: -inf - -inf, as the kernel's NaN
+        cpu = sp.sample_cpu(**batch)
+    assert gpu[0][1] == 3 and gpu[0][3] == 0
+    assert_same(gpu, cpu)
