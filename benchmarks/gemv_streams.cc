@@ -6,6 +6,8 @@
 //   packed   W repacked as [N/64][K][64] panels: each task reads its panels as ONE sequential stream
 //   read     a plain sum over W, one sequential stream per task (the "contiguous is best" bound)
 //   read8    a sum over 8 interleaved segments per task (8 concurrent streams)
+//   ksplit   W split by rows: each task multiplies kSplitRows whole rows (8 rows a pass, full-length
+//            rows: long runs) into its own partial y, then the partials are added in chunk order
 // Prints the median time per pass and weight GB/s of each.  Build and run (2 = threads):
 //   g++ -O3 -march=native -std=c++17 -pthread -Iops/cpu_kernels benchmarks/gemv_streams.cc \
 //       ops/cpu_kernels/thread_pool.cc -o /tmp/gemv_streams && /tmp/gemv_streams 1 60 && /tmp/gemv_streams 2 60
@@ -36,6 +38,37 @@ void packed_gemv(const float* x, const Mat& m, float* y) {
         a2 = vfma(xb, vload(r + 32), a2); a3 = vfma(xb, vload(r + 48), a3);
       }
       vstore(y + pi * P, a0); vstore(y + pi * P + 16, a1); vstore(y + pi * P + 32, a2); vstore(y + pi * P + 48, a3);
+    }
+  });
+}
+static int64_t kSplitRows = getenv("SPLIT_ROWS") ? atoi(getenv("SPLIT_ROWS")) : 64;   // rows of W per task (fixed: the sum order is not the thread count's)
+std::vector<float> partials;
+void ksplit_gemv(const float* x, const Mat& m, float* y) {
+  const int64_t chunks = (m.K + kSplitRows - 1) / kSplitRows;
+  partials.resize(chunks * m.N);
+  parallel_for(chunks, [&](int64_t c) {
+    float* acc = partials.data() + c * m.N;
+    const int64_t k0 = c * kSplitRows, k1 = std::min(m.K, k0 + kSplitRows);
+    for (int64_t j = 0; j < m.N; j += kWidth) vstore(acc + j, vzero());
+    // a pass multiplies rows k0 + kk + i * seg, i < 8: eight streams far apart (when SPREAD)
+    const int64_t seg = getenv("SPREAD") ? (k1 - k0) / kPassRows : 1, step = getenv("SPREAD") ? 1 : kPassRows;
+    for (int64_t kk = 0; kk < (getenv("SPREAD") ? seg : k1 - k0); kk += step) {
+      const int64_t k = k0 + kk;
+      Vec xb[kPassRows];
+      for (int i = 0; i < kPassRows; ++i) xb[i] = vset1(x[k + i * seg]);
+      for (int64_t j = 0; j < m.N; j += kWidth) {
+        Vec a = vload(acc + j);
+        for (int i = 0; i < kPassRows; ++i) a = vfma(xb[i], vload(m.w + (k + i * seg) * m.N + j), a);
+        vstore(acc + j, a);
+      }
+    }
+  });
+  const int64_t threads = num_threads(), cols = std::max<int64_t>(kWidth, (m.N / (2 * threads) + kWidth - 1) / kWidth * kWidth);
+  parallel_for((m.N + cols - 1) / cols, [&](int64_t t) {
+    for (int64_t j = t * cols; j < std::min(m.N, (t + 1) * cols); j += kWidth) {
+      Vec a = vload(partials.data() + j);
+      for (int64_t c = 1; c < chunks; ++c) a = vadd(a, vload(partials.data() + c * m.N + j));
+      vstore(y + j, a);
     }
   });
 }
@@ -89,25 +122,29 @@ int main(int argc, char** argv) {
     packed_gemv(x.data(), m, y2.data());
     if (memcmp(y.data(), y2.data(), m.N * 4)) { printf("MISMATCH\n"); return 1; }
   }
-  std::vector<double> ta, tb, tc, td;
+  std::vector<double> ta, tb, tc, td, te;
   volatile float sink = 0;
+  constexpr int kWays = 5;
   for (int r = 0; r < rounds; ++r) {
-    double sa = 0, sb = 0, sc = 0, sd = 0;
+    double sa = 0, sb = 0, sc = 0, sd = 0, se = 0;
     for (auto& m : ms) {   // per matrix, rotating order: contention hits every variant alike
-      for (int v = 0; v < 4; ++v) {
-        const int which = (v + r) % 4;
+      for (int v = 0; v < kWays; ++v) {
+        const int which = (v + r) % kWays;
         double t0 = now();
         if (which == 0) gemm(x.data(), F32W{m.w, m.N}, nullptr, 1, m.K, m.N, y.data());
         else if (which == 1) packed_gemv(x.data(), m, y2.data());
         else if (which == 2) sink = sink + read_all(m);
-        else sink = sink + read_streams(m);
+        else if (which == 3) sink = sink + read_streams(m);
+        else ksplit_gemv(x.data(), m, y2.data());
         double dt = now() - t0;
-        (which == 0 ? sa : which == 1 ? sb : which == 2 ? sc : sd) += dt;
+        (which == 0 ? sa : which == 1 ? sb : which == 2 ? sc : which == 3 ? sd : se) += dt;
       }
     }
-    ta.push_back(sa); tb.push_back(sb); tc.push_back(sc); td.push_back(sd);
+    ta.push_back(sa); tb.push_back(sb); tc.push_back(sc); td.push_back(sd); te.push_back(se);
   }
   auto med = [](std::vector<double> v) { std::sort(v.begin(), v.end()); return v[v.size() / 2]; };
-  printf("threads %d: %.1f MB  current %.3f ms (%.1f GB/s)  packed %.3f ms (%.1f GB/s)  read %.3f ms (%.1f GB/s)  read8 %.1f GB/s\n", threads, bytes / 1e6,
-         med(ta) * 1e3, bytes / med(ta) / 1e9, med(tb) * 1e3, bytes / med(tb) / 1e9, med(tc) * 1e3, bytes / med(tc) / 1e9, bytes / med(td) / 1e9);
+  printf("threads %d: %.1f MB  current %.3f ms (%.1f GB/s)  packed %.3f ms (%.1f GB/s)  read %.3f ms (%.1f GB/s)  read8 %.1f GB/s"
+         "  ksplit %.3f ms (%.1f GB/s)\n", threads, bytes / 1e6,
+         med(ta) * 1e3, bytes / med(ta) / 1e9, med(tb) * 1e3, bytes / med(tb) / 1e9, med(tc) * 1e3, bytes / med(tc) / 1e9,
+         bytes / med(td) / 1e9, med(te) * 1e3, bytes / med(te) / 1e9);
 }
