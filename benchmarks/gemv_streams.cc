@@ -42,6 +42,7 @@ void packed_gemv(const float* x, const Mat& m, float* y) {
   });
 }
 static int64_t kSplitRows = getenv("SPLIT_ROWS") ? atoi(getenv("SPLIT_ROWS")) : 64;   // rows of W per task (fixed: the sum order is not the thread count's)
+static const bool kSpread = getenv("SPREAD") != nullptr;   // 8 rows far apart in the chunk, not adjacent
 std::vector<float> partials;
 void ksplit_gemv(const float* x, const Mat& m, float* y) {
   const int64_t chunks = (m.K + kSplitRows - 1) / kSplitRows;
@@ -51,8 +52,8 @@ void ksplit_gemv(const float* x, const Mat& m, float* y) {
     const int64_t k0 = c * kSplitRows, k1 = std::min(m.K, k0 + kSplitRows);
     for (int64_t j = 0; j < m.N; j += kWidth) vstore(acc + j, vzero());
     // a pass multiplies rows k0 + kk + i * seg, i < 8: eight streams far apart (when SPREAD)
-    const int64_t seg = getenv("SPREAD") ? (k1 - k0) / kPassRows : 1, step = getenv("SPREAD") ? 1 : kPassRows;
-    for (int64_t kk = 0; kk < (getenv("SPREAD") ? seg : k1 - k0); kk += step) {
+    const int64_t seg = kSpread ? (k1 - k0) / kPassRows : 1, step = kSpread ? 1 : kPassRows;
+    for (int64_t kk = 0; kk + (kSpread ? 0 : kPassRows - 1) < (kSpread ? seg : k1 - k0); kk += step) {
       const int64_t k = k0 + kk;
       Vec xb[kPassRows];
       for (int i = 0; i < kPassRows; ++i) xb[i] = vset1(x[k + i * seg]);
