@@ -41,10 +41,27 @@ def philox4x32_10(counter: np.ndarray, key: np.ndarray) -> np.ndarray:
     return np.stack([c0, c1, c2, c3], axis=-1).astype(np.uint32)
 
 
+def _first_word_scalar(seed: int, index: int) -> int:
+    """philox4x32_10's x0 for one (seed, index) on Python ints: the same rounds, ~30x faster than
+    numpy on 0-d arrays (one draw per request and step: the speculative verifier's call)."""
+    m32 = 0xFFFFFFFF
+    c0, c1, c2, c3 = index & m32, (index >> 32) & m32, 0, 0
+    k0, k1 = seed & m32, (seed >> 32) & m32
+    for r in range(10):
+        if r:
+            k0, k1 = (k0 + PHILOX_W0) & m32, (k1 + PHILOX_W1) & m32
+        p0, p1 = PHILOX_M0 * c0, PHILOX_M1 * c2
+        c0, c1, c2, c3 = (p1 >> 32) ^ c1 ^ k0, p1 & m32, (p0 >> 32) ^ c3 ^ k1, p0 & m32
+    return c0
+
+
 def philox_first_word(seeds: np.ndarray, indices: np.ndarray) -> np.ndarray:
     """The x0 word for each (seed uint64, token index int64) pair, vectorised -> uint32."""
     s = np.asarray(seeds).astype(np.uint64)
     i = np.asarray(indices).astype(np.int64).astype(np.uint64)  # two's complement, as the kernel
+    if s.size == 1 and i.size == 1:  # one draw: Python ints (numpy's per-call cost is 10 rounds x ~10 ops)
+        shape = np.broadcast_shapes(s.shape, i.shape)
+        return np.full(shape, _first_word_scalar(int(s.reshape(-1)[0]), int(i.reshape(-1)[0])), np.uint32)
     zero = np.zeros_like(s)
     ctr = np.stack([i & _MASK, i >> _SHIFT, zero, zero], axis=-1)
     key = np.stack([s & _MASK, s >> _SHIFT], axis=-1)

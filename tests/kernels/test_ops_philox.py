@@ -40,6 +40,20 @@ def test_philox_first_word_layout() -> None:
     assert ((u >= 0) & (u < 1)).all()
 
 
+def test_one_draw_takes_the_scalar_path_with_the_same_word() -> None:
+    """A single (seed, index) is computed on Python ints; it equals the vectorised word, negative
+    indices included (two's complement, as the kernel), in the caller's shape."""
+    rng = np.random.default_rng(3)
+    seeds = np.concatenate([rng.integers(0, 2**63, 40, dtype=np.uint64) * np.uint64(2), np.uint64([0, 2**64 - 1])])
+    idx = np.concatenate([rng.integers(-(2**40), 2**40, 40), [0, -1]]).astype(np.int64)
+    batch = philox.philox_first_word(seeds, idx)
+    for s, i, w in zip(seeds, idx, batch):
+        one = philox.philox_first_word(s, i)
+        assert one.shape == () and one.dtype == np.uint32 and int(one) == int(w)
+    assert philox.philox_first_word(seeds[:1], idx[:1]).shape == (1,)
+    assert philox.philox_uniform(seeds[0], idx[0]) == float(batch[0]) * 2.0**-32
+
+
 @pytest.mark.gpu
 @needs_gpu
 def test_gpu_philox_known_answers(device) -> None:
