@@ -1,8 +1,10 @@
 """paged_attention: decode attention of one query token per sequence over its paged KV cache, with
 grouped-query heads, optional int8 KV, and a split-K (flash-decoding) variant for long contexts.
 
-Owns the kernels' source (`SOURCE`: CUDA C in ops/kernels/paged_attention.cu after the dtype
-prelude; kernels `paged_attention`, `paged_attention_split`, `paged_attention_reduce`), the numpy
+Owns the kernels' source (`SOURCE`: CUDA C in ops/kernels/paged_attention.cu (configuration, the
+CUDA-core `attend`), paged_attention_mma.cuh (the tensor-core `attend_mma`, TUNING["MMA"]) and
+paged_attention_kernels.cu, after the dtype prelude; kernels `paged_attention`,
+`paged_attention_split`, `paged_attention_reduce`), the numpy
 twin `paged_attention_cpu` (CPU path and test oracle) and the GPU wrapper `paged_attention_gpu`,
 both in the argument order
     (query [B, q_heads, D], k_cache, v_cache [num_blocks, block_size, kv_heads, D],
@@ -31,19 +33,31 @@ KERNEL_NAMES = ("paged_attention", "paged_attention_split", "paged_attention_red
 # update per UNROLL tokens; RESCALE_SLACK > 0: move the running max only when a score passes it by
 # more than this (log2 units): most tokens then need no rescale of the accumulators.
 # TILE_SOFTMAX 1 measured faster on all four ops.bench shapes on an H200 (1-7 %: RESULTS.md).
-TUNING: dict[str, int] = {"NUM_THREADS": 128, "UNROLL": 2, "TILE_SOFTMAX": 1, "RESCALE_SLACK": 0}
+# MMA 1: the tensor-core path (paged_attention_mma.cuh) where it applies (mma_applies), else the CUDA cores.
+TUNING: dict[str, int] = {"NUM_THREADS": 128, "UNROLL": 2, "TILE_SOFTMAX": 1, "RESCALE_SLACK": 0, "MMA": 0}
 PARTITION_TOKENS = 512  # split-K partition length the GPU heuristic aims for (rounded to blocks)
 
-SOURCE = runtime.kernel_source("prelude.cuh", "paged_attention.cu")
+SOURCE = runtime.kernel_source(
+    "prelude.cuh", "paged_attention.cu", "paged_attention_mma.cuh", "paged_attention_kernels.cu"
+)
 
 
-def compile_options(dtype: str, kv_int8: bool = False, head_dim: int = 128, group: int = 4) -> tuple[str, ...]:
+def mma_applies(dtype: str, head_dim: int, group: int, block_size: int) -> bool:
+    """Whether the tensor-core path can run this shape (16-bit queries, 16-token tiles in a block)."""
+    return dtype != "fp32" and head_dim in (64, 128) and group <= 16 and block_size % 16 == 0
+
+
+def compile_options(
+    dtype: str, kv_int8: bool = False, head_dim: int = 128, group: int = 4, block_size: int = 16
+) -> tuple[str, ...]:
+    mma = int(bool(TUNING["MMA"]) and mma_applies(dtype, head_dim, group, block_size))
     return (
         f"-DDTYPE_ID={runtime.DTYPE_IDS[dtype]}",
         f"-DKV_INT8={int(kv_int8)}",
         f"-DHEAD_DIM={head_dim}",
         f"-DGROUP={group}",
-        *(f"-D{name}={value}" for name, value in TUNING.items()),
+        *(f"-D{name}={value}" for name, value in TUNING.items() if name != "MMA"),
+        f"-DMMA={mma}",
     )
 
 
@@ -69,6 +83,8 @@ def describe_tuning(knobs: dict[str, int]) -> str:
     parts = [f"{names[k]}{v}" for k, v in knobs.items() if k in names]
     if "TILE_SOFTMAX" in knobs:
         parts.append("tile" if knobs["TILE_SOFTMAX"] else "per-token")
+    if knobs.get("MMA"):
+        parts.append("mma")
     return " ".join(parts)
 
 
@@ -193,7 +209,7 @@ def paged_attention_gpu(
     max_len = max_context_len if max_context_len is not None else max_blocks * bs
     if partition_blocks is None:
         partition_blocks = choose_partition_blocks(b_sz, kvh, bs, max_len, runtime.sm_count())
-    opts = compile_options(runtime.dtype_name(q.dtype), kv_int8, hd, group)
+    opts = compile_options(runtime.dtype_name(q.dtype), kv_int8, hd, group, bs)
     threads = TUNING["NUM_THREADS"]
     q_mult = np.float32(1.0 / math.sqrt(hd) * math.log2(math.e))  # scores in the log2 domain: exp2f
     common = [bt.ptr, cl.ptr, np.int32(max_blocks), np.int32(bs), q_mult]

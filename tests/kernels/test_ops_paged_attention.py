@@ -170,6 +170,7 @@ TUNINGS = [
     {"RESCALE_SLACK": 8},
     {"NUM_THREADS": 256, "TILE_SOFTMAX": 1, "RESCALE_SLACK": 8},
     {"UNROLL": 8, "TILE_SOFTMAX": 1, "RESCALE_SLACK": 4},
+    {"MMA": 1},
 ]
 TUNING_IDS = [pa.describe_tuning(k).replace(" ", "-") for k in TUNINGS]
 
@@ -244,3 +245,39 @@ def test_tuning_variants_emulated(emulated, knobs) -> None:
     with pa.tuning(**knobs):
         for partition_blocks in (0, 2):
             check_against_twin(HostDevice(emulated), case, "bf16", False, partition_blocks)
+
+
+# the tensor-core path (MMA 1): fp16/bf16, head_dim 64/128, GROUP <= 16, blocks of a multiple of 16
+MMA_CASES = [("fp16", False, 4, 64, 16), ("bf16", True, 16, 64, 32), ("fp16", True, 1, 128, 16)]
+
+
+@pytest.mark.parametrize("dtype,kv_int8,group,head_dim,block_size", MMA_CASES)
+def test_mma_path_emulated(emulated, dtype, kv_int8, group, head_dim, block_size) -> None:
+    """Tiles cut by the context's end (17, 50), a context of one token and of none, single pass and
+    split-K; scores spread wide so the running max moves."""
+    q, k, v, tables, cl = make_case(np.random.default_rng(13), [1, 17, 50, 0, 33], 2, group, head_dim, block_size)
+    with pa.tuning(MMA=1):
+        assert "-DMMA=1" in pa.compile_options(dtype, kv_int8, head_dim, group, block_size)
+        for partition_blocks in (0, 1):
+            check_against_twin(HostDevice(emulated), (q * 4, k, v, tables, cl), dtype, kv_int8, partition_blocks)
+
+
+@pytest.mark.gpu
+@needs_gpu
+@pytest.mark.parametrize("dtype", ["fp16", "bf16"])
+@pytest.mark.parametrize("kv_int8", [False, True])
+@pytest.mark.parametrize("group,head_dim", [(1, 128), (4, 128), (8, 64), (16, 128)])
+@pytest.mark.parametrize("partition_blocks", [0, 1, None])
+def test_mma_path_on_gpu_equals_twin(cupy_device, dtype, kv_int8, group, head_dim, partition_blocks) -> None:
+    case = sharp_case(14, [1, 16, 17, 100, 300, 0, 63], group, head_dim, block_size=32)
+    with pa.tuning(MMA=1):
+        check_against_twin(cupy_device, case, dtype, kv_int8, partition_blocks)
+
+
+def test_mma_applies_only_where_it_can() -> None:
+    with pa.tuning(MMA=1):
+        assert "-DMMA=0" in pa.compile_options("fp32", False, 128, 4, 16)  # fp32 queries: CUDA cores
+        assert "-DMMA=0" in pa.compile_options("fp16", False, 256, 4, 16)  # registers: D <= 128
+        assert "-DMMA=0" in pa.compile_options("fp16", False, 128, 4, 8)  # a tile spans blocks
+        assert "-DMMA=0" in pa.compile_options("bf16", False, 128, 32, 16)  # 16 rows a tile
+    assert "-DMMA=0" in pa.compile_options("fp16", False, 128, 4, 16)  # off by default

@@ -147,6 +147,36 @@ inline float bf16_to_float(u16 b) { return __uint_as_float(((unsigned)b) << 16);
 inline u16 float_to_bf16(float f) {
     unsigned u; std::memcpy(&u, &f, 4); return (u16)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
 }
+inline unsigned __byte_perm(unsigned x, unsigned y, unsigned s) {  // bytes of (y:x) picked by s's nibbles
+    const uint64_t v = ((uint64_t)y << 32) | x;
+    unsigned r = 0;
+    for (int i = 0; i < 4; ++i) r |= (unsigned)((v >> (8 * ((s >> (4 * i)) & 7u))) & 0xffu) << (8 * i);
+    return r;
+}
+// mma.sync m16n8k16 (row.col, fp32 accumulators) as a warp collective: every lane posts its A and
+// B fragments, then computes its four outputs from the whole warp's (prelude.cuh's layout).
+static unsigned mma_a[32][32][4], mma_b[32][32][2];
+template <bool BF16> void mma_16816(float (&d)[4], const unsigned (&a)[4], const unsigned (&b)[2]) {
+    const unsigned lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    const int g = (int)lane / 4, q = (int)lane % 4;
+    std::memcpy(mma_a[warp][lane], a, 16); std::memcpy(mma_b[warp][lane], b, 8);
+    lane_barrier(warp, 0xffffffffu);
+    auto half = [](unsigned w, int k) { const u16 h = (k & 1) ? (u16)(w >> 16) : (u16)(w & 0xffffu);
+                                        return BF16 ? bf16_to_float(h) : fp16_to_float(h); };
+    auto A = [&](int r, int k) { return half(mma_a[warp][(r % 8) * 4 + (k % 8) / 2][(r >= 8) + 2 * (k >= 8)], k); };
+    auto B = [&](int k, int n) { return half(mma_b[warp][n * 4 + (k % 8) / 2][k >= 8], k); };
+    const int rows[4] = {g, g, g + 8, g + 8}, cols[4] = {2 * q, 2 * q + 1, 2 * q, 2 * q + 1};
+    float out[4];
+    for (int j = 0; j < 4; ++j) {
+        float acc = d[j];
+        for (int k = 0; k < 16; ++k) acc += A(rows[j], k) * B(k, cols[j]);
+        out[j] = acc;
+    }
+    lane_barrier(warp, 0xffffffffu);  // every lane has read the fragments before any posts again
+    for (int j = 0; j < 4; ++j) d[j] = out[j];
+}
+inline void mma_16816_f16(float (&d)[4], const unsigned (&a)[4], const unsigned (&b)[2]) { mma_16816<false>(d, a, b); }
+inline void mma_16816_bf16(float (&d)[4], const unsigned (&a)[4], const unsigned (&b)[2]) { mma_16816<true>(d, a, b); }
 """
 
 
