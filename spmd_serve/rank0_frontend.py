@@ -1,10 +1,10 @@
 """Rank 0's front end: the hub on INTER_PROC_PORT and the HTTP worker processes behind it.
 
 `start_frontend` runs before the model loads, so that a port or tokenizer problem joins the
-start-up agreement and health answers (503, not ready) while the shards load: it loads the
-tokenizer (the engine needs the model's EOS ids and the warm-up prompt), checks that every public
-port is free, listens on 127.0.0.1:INTER_PROC_PORT and starts PUSH_MODE_HTTP_WORKERS processes
-(engine/http_workers.py), which load their own tokenizer and bind the public ports meanwhile.
+start-up agreement and health answers (503, not ready) while the shards load: it checks that every
+public port is free, listens on 127.0.0.1:INTER_PROC_PORT, starts PUSH_MODE_HTTP_WORKERS processes
+(engine/http_workers.py), which load their own tokenizer and bind the public ports meanwhile, and
+loads rank 0's tokenizer (the engine needs the model's EOS ids and the warm-up prompt).
 `Frontend.wait_started` collects their hellos before the agreement: a worker that could not start
 makes its reason rank 0's one `spmd_serve: error:` line.
 """
@@ -84,10 +84,6 @@ def worker_setup(cfg: ServeConfig, max_model_len: int, capacity: int, hub: Front
 
 
 def start_frontend(cfg: ServeConfig, model_config: dict[str, Any]) -> Frontend:
-    try:
-        tokenizer = ServingTokenizer.from_model_dir(str(cfg.model_dir), cfg.use_hf_tokenizer)
-    except (OSError, ValueError) as e:
-        raise ConfigError(f"cannot load the tokenizer of {cfg.model_dir}: {e}") from None
     max_model_len = int(model_config.get("max_position_embeddings", cfg.max_seq_len + cfg.max_dec_len))
     check_ports_free(cfg)
     capacity = cfg.batch_size + cfg.max_cached_task_num
@@ -98,6 +94,13 @@ def start_frontend(cfg: ServeConfig, model_config: dict[str, Any]) -> Frontend:
         raise ConfigError(
             f"cannot listen on 127.0.0.1:{cfg.inter_proc_port} (INTER_PROC_PORT): {e.strerror or e}"
         ) from None
+    # The workers first: each imports PaddleNLP for its tokenizer (seconds) while rank 0 loads its
+    # own here and then its shard, instead of after them (the workers were every start's last step).
     workers = HttpWorkers(cfg.http_workers, worker_setup(cfg, max_model_len, capacity, hub), dict(os.environ))
     workers.start()
+    try:
+        tokenizer = ServingTokenizer.from_model_dir(str(cfg.model_dir), cfg.use_hf_tokenizer)
+    except (OSError, ValueError) as e:
+        Frontend(None, hub, workers, max_model_len, metrics).stop()  # type: ignore[arg-type]
+        raise ConfigError(f"cannot load the tokenizer of {cfg.model_dir}: {e}") from None
     return Frontend(tokenizer, hub, workers, max_model_len, metrics)
