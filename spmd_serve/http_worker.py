@@ -31,6 +31,17 @@ def _setup_logging(worker: int) -> None:
     )
 
 
+WARM_UP_TEXT = "Warm-up request: hello world."
+
+
+def tokenizer_facts(tokenizer: Any) -> dict[str, Any]:
+    """What rank 0's engine needs from the tokenizer, sent in the hello so that rank 0 never loads
+    one (a PaddleNLP import: seconds and ~200 MB in the engine's process): the EOS ids generation
+    stops on and the warm-up prompt's ids."""
+    warm_up = tokenizer.encode(WARM_UP_TEXT) or [tokenizer.bos_token_id or 1]
+    return {"eos": [int(i) for i in tokenizer.eos_token_ids], "warm_up": [int(i) for i in warm_up]}
+
+
 def _serve(setup: dict[str, Any], sock: socket.socket) -> tuple[Any, Any]:
     """Start every service; returns (io server, engine link).  OSError/ValueError name a problem."""
     from spmd_serve.engine.remote_client import EngineLink, RemoteEngineClient
@@ -56,7 +67,7 @@ def _serve(setup: dict[str, Any], sock: socket.socket) -> tuple[Any, Any]:
         from spmd_serve.frontend.triton.service import GrpcService
 
         services.append(GrpcService.from_settings(client, tokenizer, settings, setup["grpc_port"]))
-    link = EngineLink(client, sock, setup["worker"], setup["token"])
+    link = EngineLink(client, sock, setup["worker"], setup["token"], tokenizer_facts(tokenizer))
     services.append(link)  # last: its hello tells rank 0 that every port is bound
     io = IOServer(client, tokenizer, settings, services=services)
     io.start(timeout=60)

@@ -2,9 +2,10 @@
 
 `start_frontend` runs before the model loads, so that a port or tokenizer problem joins the
 start-up agreement and health answers (503, not ready) while the shards load: it checks that every
-public port is free, listens on 127.0.0.1:INTER_PROC_PORT, starts PUSH_MODE_HTTP_WORKERS processes
-(engine/http_workers.py), which load their own tokenizer and bind the public ports meanwhile, and
-loads rank 0's tokenizer (the engine needs the model's EOS ids and the warm-up prompt).
+public port is free, listens on 127.0.0.1:INTER_PROC_PORT and starts PUSH_MODE_HTTP_WORKERS processes
+(engine/http_workers.py), which load the tokenizer and bind the public ports meanwhile; their
+hellos carry what the engine needs from the tokenizer (EOS ids, the warm-up prompt's ids), so
+rank 0 never imports PaddleNLP.
 `Frontend.wait_started` collects their hellos before the agreement: a worker that could not start
 makes its reason rank 0's one `spmd_serve: error:` line.
 """
@@ -24,7 +25,6 @@ from spmd_serve.engine.http_workers import HttpWorkers
 from spmd_serve.engine.metrics import EngineMetrics, render
 from spmd_serve.envs import BY_FIELD
 from spmd_serve.frontend.server.settings import IOSettings
-from spmd_serve.frontend.text.tokenizer import ServingTokenizer
 
 PUBLIC_PORTS = ("http_port", "grpc_port", "health_port", "metrics_port")
 START_TIMEOUT_S = 120.0  # for the workers' hellos (a PaddleNLP tokenizer takes seconds to import)
@@ -32,8 +32,7 @@ START_TIMEOUT_S = 120.0  # for the workers' hellos (a PaddleNLP tokenizer takes 
 
 @dataclass
 class Frontend:
-    tokenizer: ServingTokenizer
-    hub: FrontendHub  # what the engine loop talks to
+    hub: FrontendHub  # what the engine loop talks to; after wait_started, the tokenizer's facts
     workers: HttpWorkers
     max_model_len: int
     metrics: EngineMetrics  # recorded by the engine, served through the workers
@@ -94,13 +93,8 @@ def start_frontend(cfg: ServeConfig, model_config: dict[str, Any]) -> Frontend:
         raise ConfigError(
             f"cannot listen on 127.0.0.1:{cfg.inter_proc_port} (INTER_PROC_PORT): {e.strerror or e}"
         ) from None
-    # The workers first: each imports PaddleNLP for its tokenizer (seconds) while rank 0 loads its
-    # own here and then its shard, instead of after them (the workers were every start's last step).
+    # Rank 0 loads no tokenizer: the workers do (a PaddleNLP import, seconds) while the shards load,
+    # and their hellos carry what the engine needs from it (EOS ids, the warm-up prompt).
     workers = HttpWorkers(cfg.http_workers, worker_setup(cfg, max_model_len, capacity, hub), dict(os.environ))
     workers.start()
-    try:
-        tokenizer = ServingTokenizer.from_model_dir(str(cfg.model_dir), cfg.use_hf_tokenizer)
-    except (OSError, ValueError) as e:
-        Frontend(None, hub, workers, max_model_len, metrics).stop()  # type: ignore[arg-type]
-        raise ConfigError(f"cannot load the tokenizer of {cfg.model_dir}: {e}") from None
-    return Frontend(tokenizer, hub, workers, max_model_len, metrics)
+    return Frontend(hub, workers, max_model_len, metrics)

@@ -157,7 +157,7 @@ def _run_rank0(cfg, comm, runner, fe: Frontend, draft_runner) -> None:
         comm,
         runner,
         client,
-        frozenset(fe.tokenizer.eos_token_ids),
+        client.eos_token_ids,
         log_every=cfg.log_step_every,
         metrics=fe.metrics,
         drain_timeout_s=cfg.drain_timeout_s,
@@ -184,7 +184,7 @@ def _run_rank0(cfg, comm, runner, fe: Frontend, draft_runner) -> None:
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
     if cfg.use_warmup:
-        engine.warm_up(fe.tokenizer.encode("Warm-up request: hello world.") or [fe.tokenizer.bos_token_id or 1])
+        engine.warm_up(client.warm_up_ids)
     client.ready.set()
     log.info(
         "ready: %d rank(s), %d HTTP worker(s), model %s, HTTP %s:%s, gRPC %s:%s, health %s:%s, metrics %s:%s, "

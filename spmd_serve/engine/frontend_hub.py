@@ -58,6 +58,8 @@ class FrontendHub:
         self.on_handoff: Callable[[float, int], None] | None = None
         self.tick: Callable[[], None] | None = None  # the supervisor's restart check
         self.start_errors: list[str] = []  # hellos of workers that could not start
+        self.eos_token_ids: frozenset[int] = frozenset()  # the tokenizer's, from the first hello
+        self.warm_up_ids: list[int] = []
         self._poller = LinkPoller(port)
         self.port = self._poller.port
         self.workers: dict[int, Link] = {}  # worker index -> its authenticated link
@@ -254,6 +256,11 @@ class FrontendHub:
         old = self.workers.get(worker)
         if old is not None:
             self._drop(old, "replaced by a new process")
+        if not self.warm_up_ids:  # every worker loads the same tokenizer: the first one's facts
+            eos, warm_up = msg.get("eos", []), msg.get("warm_up", [])
+            if not all(isinstance(i, int) for i in (*eos, *warm_up)):
+                raise WireError("malformed tokenizer facts in a hello")
+            self.eos_token_ids, self.warm_up_ids = frozenset(eos), list(warm_up)
         link.worker = worker
         self.workers[worker] = link
         log.info("HTTP worker %d (pid %d) connected", worker, link.pid)

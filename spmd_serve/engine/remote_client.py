@@ -187,8 +187,17 @@ class EngineLink:
     """The IO service that connects a worker's client to rank 0 (started last: the ports are
     bound by then, and the hello says so)."""
 
-    def __init__(self, client: RemoteEngineClient, sock: socket.socket, worker: int, token: str) -> None:
+    def __init__(
+        self,
+        client: RemoteEngineClient,
+        sock: socket.socket,
+        worker: int,
+        token: str,
+        facts: dict[str, Any] | None = None,
+    ) -> None:
+        """`facts`: what rank 0's engine needs from the tokenizer (`tokenizer_facts`), in the hello."""
         self.client, self.sock, self.worker, self.token = client, sock, worker, token
+        self.facts = facts or {}
         self.done = threading.Event()  # the server is stopping or rank 0 is gone: exit
         self.stopped_cleanly = False
         self._task: asyncio.Task[None] | None = None
@@ -196,7 +205,7 @@ class EngineLink:
 
     async def start(self) -> None:
         reader, self._writer = await asyncio.open_connection(sock=self.sock)
-        hello = {"t": "hello", "worker": self.worker, "pid": os.getpid(), "token": self.token, "ok": True}
+        hello = {"t": "hello", "worker": self.worker, "pid": os.getpid(), "token": self.token, "ok": True, **self.facts}
         self.client.connected(self._writer, hello)
         self._task = asyncio.get_running_loop().create_task(self._run(reader))
 

@@ -192,3 +192,20 @@ def test_a_request_the_engine_never_took_still_ends_when_the_hub_closes(harness)
     out = raw.recv_until("out")["o"][0]
     assert out[0] == 1 and out[2] is True and (out[4], out[5]) == (503, "server is shutting down")
     raw.recv_until("bye")
+
+
+def test_the_hellos_carry_the_tokenizer_facts_rank_0_needs(harness):
+    """Rank 0 loads no tokenizer: the EOS ids and the warm-up prompt come in the first worker's
+    hello (the harness's workers: the fake tokenizer's); a hello with malformed facts is refused."""
+    from spmd_serve.http_worker import WARM_UP_TEXT
+    from tests.support.fakes import FakeTokenizer
+
+    h = harness(workers=1)
+    tok = FakeTokenizer()
+    assert h.hub.eos_token_ids == frozenset(tok.eos_token_ids) and tok.eos_token_ids
+    assert h.hub.warm_up_ids == tok.encode(WARM_UP_TEXT) and h.hub.warm_up_ids
+    fresh = harness(workers=0)
+    raw = RawWorker(fresh.hub)
+    raw.send({"t": "hello", "worker": 1, "pid": 1, "token": fresh.hub.token, "ok": True, "eos": ["2"], "warm_up": [1]})
+    assert raw.closed_by_hub()
+    assert 1 not in fresh.hub.workers and fresh.hub.warm_up_ids == []

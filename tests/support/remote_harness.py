@@ -33,8 +33,11 @@ class Worker:
         from spmd_serve.frontend.server.app import IOServer
         from spmd_serve.frontend.server.metrics_service import MetricsService
 
+        from spmd_serve.http_worker import tokenizer_facts
+
         self.client = RemoteEngineClient(capacity)
-        self.link = EngineLink(self.client, socket.create_connection(("127.0.0.1", hub.port)), index, hub.token)
+        sock = socket.create_connection(("127.0.0.1", hub.port))
+        self.link = EngineLink(self.client, sock, index, hub.token, tokenizer_facts(FakeTokenizer()))
         self.metrics = MetricsService(self.client.fetch_metrics, "127.0.0.1", 0)
         # streams as long as a test wants: it ends them by closing them, not by waiting for them
         settings = {"host": "127.0.0.1", "http_port": 0, "health_port": 0, "max_seq_len": 256, "max_dec_len": 1 << 20}
