@@ -32,7 +32,6 @@ class Worker:
     def __init__(self, hub: FrontendHub, index: int, capacity: int, **settings) -> None:
         from spmd_serve.frontend.server.app import IOServer
         from spmd_serve.frontend.server.metrics_service import MetricsService
-
         from spmd_serve.http_worker import tokenizer_facts
 
         self.client = RemoteEngineClient(capacity)
