@@ -112,7 +112,9 @@ def run(
 
 def summarise(runs: list[dict], base: list[dict] | None) -> dict:
     tps = statistics.median(r["tokens"] / r["wall"] for r in runs)
-    out = {"tokens_per_s": round(tps, 1), "tokens_per_step": round(runs[0]["tokens"] / runs[0]["steps"], 2)}
+    # every trial's tokens over every trial's steps (a seeded trial can accept differently)
+    per_step = sum(r["tokens"] for r in runs) / max(sum(r["steps"] for r in runs), 1)
+    out = {"tokens_per_s": round(tps, 1), "tokens_per_step": round(per_step, 2)}
     # the engine's step phases (engine/step_stats.py; "draft" is the proposer's share), medians
     out |= {f"{k}_ms": round(statistics.median(r["ms_per_step"][k] for r in runs), 3) for k in ("execute", "draft")}
     if runs[0]["drafts"]:
