@@ -36,7 +36,7 @@ from spmd_serve.engine.client import (
 from spmd_serve.engine.link import Link, LinkClosed, LinkPoller
 from spmd_serve.engine.outputs import RequestOutput
 from spmd_serve.engine.routes import Routes
-from spmd_serve.engine.wire import Message, WireError, output_to_wire, params_from_wire
+from spmd_serve.engine.wire import Message, WireError, facts_from_hello, output_to_wire, params_from_wire
 
 log = logging.getLogger("spmd_serve.engine")
 BEAT_S = 0.25  # at most this often a heartbeat goes to the workers (and on every busy edge)
@@ -257,10 +257,7 @@ class FrontendHub:
         if old is not None:
             self._drop(old, "replaced by a new process")
         if not self.warm_up_ids:  # every worker loads the same tokenizer: the first one's facts
-            eos, warm_up = msg.get("eos", []), msg.get("warm_up", [])
-            if not all(isinstance(i, int) for i in (*eos, *warm_up)):
-                raise WireError("malformed tokenizer facts in a hello")
-            self.eos_token_ids, self.warm_up_ids = frozenset(eos), list(warm_up)
+            self.eos_token_ids, self.warm_up_ids = facts_from_hello(msg)
         link.worker = worker
         self.workers[worker] = link
         log.info("HTTP worker %d (pid %d) connected", worker, link.pid)
@@ -282,9 +279,7 @@ class FrontendHub:
 
     def worker_state(self) -> dict[str, Any]:
         """What a worker started now begins from (its state message's fields)."""
-        state = self._state_msg(self._state())
-        del state["t"]
-        return state
+        return {k: v for k, v in self._state_msg(self._state()).items() if k != "t"}
 
     def _state(self) -> tuple[bool, bool, str]:
         return self.ready.is_set(), self.draining.is_set(), self.failure

@@ -127,3 +127,11 @@ def output_from_wire(item: Any, req_id: str) -> RequestOutput:
     return RequestOutput(
         req_id, list(ids), bool(finished), reason, int(code), str(msg), int(num_prompt), int(num_cached), lps
     )
+
+
+def facts_from_hello(msg: Message) -> tuple[frozenset[int], list[int]]:
+    """A worker hello's tokenizer facts (http_worker.tokenizer_facts): EOS ids, warm-up ids."""
+    eos, warm_up = msg.get("eos", []), msg.get("warm_up", [])
+    if not all(isinstance(i, int) for i in (*eos, *warm_up)):
+        raise WireError("malformed tokenizer facts in a hello")
+    return frozenset(eos), list(warm_up)
