@@ -219,13 +219,7 @@ def paged_attention_gpu(
         return out
     max_parts = max(1, -(-max_len // (partition_blocks * bs)))
     need = workspace_bytes(b_sz, q_heads, hd, max_parts)
-    if workspace is None:
-        ws = runtime.scratch(need)
-    else:
-        wa = runtime.as_device_array(workspace)
-        if int(np.prod(wa.shape)) * wa.dtype.itemsize < need:
-            raise ValueError(f"workspace too small: {need} bytes needed (workspace_bytes)")
-        ws = wa.ptr
+    ws = runtime.workspace_ptr(workspace, need)
     ws_ml, ws_out = ws, ws + b_sz * q_heads * max_parts * 2 * 4  # (max, sum) pairs, then the rows
     split = runtime.load_kernel(SOURCE, "paged_attention_split", opts)
     split.launch(

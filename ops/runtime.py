@@ -61,6 +61,7 @@ __all__ = [
     "nvrtc_version",
     "pack_args",
     "scratch",
+    "workspace_ptr",
     "sm_count",
     "stream_handle",
 ]
@@ -126,6 +127,17 @@ def as_device_array(x: Any) -> DeviceArray:
 
 
 # ----------------------------------------------------------------------------- loading / launching
+def workspace_ptr(workspace: Any, need: int) -> int:
+    """A kernel's scratch: the caller's `workspace` (ValueError when under `need` bytes), or the
+    per-process scratch buffer (safe only while all calls run on one stream)."""
+    if workspace is None:
+        return scratch(need)
+    wa = as_device_array(workspace)
+    if int(np.prod(wa.shape)) * wa.dtype.itemsize < need:
+        raise ValueError(f"workspace too small: {need} bytes needed (workspace_bytes)")
+    return wa.ptr
+
+
 def stream_handle(stream: Any) -> int:
     """Raw CUstream from an int, a cuda-python CUstream, anything with the CUDA stream protocol
     `__cuda_stream__` (Paddle, cuda.core), a cupy stream (`.ptr`) or a Paddle StreamBase."""

@@ -180,11 +180,7 @@ def sample_gpu(
     n_eos, n_gen = widths["eos_ids"], widths["gen_token_ids"]
     bits = hash_bits(n_gen)
     need = workspace_bytes(b_sz, n_gen)
-    if workspace is not None:
-        wa = runtime.as_device_array(workspace)
-        if int(np.prod(wa.shape)) * wa.dtype.itemsize < need:
-            raise ValueError(f"workspace too small: {need} bytes needed (workspace_bytes)")
-    ws = runtime.as_device_array(workspace).ptr if workspace is not None else runtime.scratch(need)
+    ws = runtime.workspace_ptr(workspace, need)
     parts, tables = ws, ws + b_sz * MAX_SCAN_CHUNKS * SCAN_PART_BYTES
     chunks, chunk = scan_chunks(b_sz, vocab, runtime.sm_count())
     # Greedy rows first, split over `chunks` blocks each; the rows it answers, the main kernel only
