@@ -1,25 +1,29 @@
 // How a T=1 fp32 GEMV should read its weights on this CPU (issue 16: decode is one pass over them).
 // The 33 linear weights of `--demo small` (117 MB fp32) per pass, four ways, interleaved matrix by
 // matrix in rotating order (a shared machine then slows each alike; compare within a run):
-//   current  gemm.h's T=1 path: W [K, N] row-major, each task a range of columns, 8 rows per pass
-//            (8 concurrent streams of short runs, the hardware prefetchers following each)
+//   current  gemm.h's T=1 path: W [K, N] row-major, each task a chunk of 128 whole rows (8 rows a
+//            pass: long runs) into its own partial y, then the partials added in chunk order
+//   columns  the T=1 path before the K split: each task a range of columns over all K, 8 rows per
+//            pass (8 concurrent streams of short runs, the hardware prefetchers following each)
 //   packed   W repacked as [N/64][K][64] panels: each task reads its panels as ONE sequential stream
 //   read     a plain sum over W, one sequential stream per task (the "contiguous is best" bound)
 //   read8    a sum over 8 interleaved segments per task (8 concurrent streams)
-//   ksplit   W split by rows: each task multiplies kSplitRows whole rows (8 rows a pass, full-length
-//            rows: long runs) into its own partial y, then the partials are added in chunk order
-// Prints the median time per pass and weight GB/s of each.  Build and run (2 = threads):
+//   dot      W held transposed, [N, K] (llama.cpp's layout): each task a range of outputs, 8 output
+//            rows at a time as 8 dot products over K (8 streams of whole contiguous rows; the
+//            accumulators stay in registers, x's vector is loaded once per 8 FMAs)
+// Prints the median time per pass and weight GB/s of each.  Build and run (2 = threads; LAYERS=64
+// for 0.9 GB, past this VM's L3):
 //   g++ -O3 -march=native -std=c++17 -pthread -Iops/cpu_kernels benchmarks/gemv_streams.cc \
 //       ops/cpu_kernels/thread_pool.cc -o /tmp/gemv_streams && /tmp/gemv_streams 1 60 && /tmp/gemv_streams 2 60
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
-#include <cstring>
 #include <vector>
 #include <algorithm>
+#include <cmath>
 #include "gemm.h"
 using namespace spmd;
-struct Mat { int64_t K, N; float* w; float* p; };   // w row-major [K,N]; p packed [N/64][K][64]
+struct Mat { int64_t K, N; float* w; float* p; float* t; };   // w row-major [K,N]; p packed [N/64][K][64]; t [N,K]
 constexpr int64_t P = 64;
 static double now() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
 void packed_gemv(const float* x, const Mat& m, float* y) {
@@ -41,35 +45,32 @@ void packed_gemv(const float* x, const Mat& m, float* y) {
     }
   });
 }
-static int64_t kSplitRows = getenv("SPLIT_ROWS") ? atoi(getenv("SPLIT_ROWS")) : 64;   // rows of W per task (fixed: the sum order is not the thread count's)
-static const bool kSpread = getenv("SPREAD") != nullptr;   // 8 rows far apart in the chunk, not adjacent
-std::vector<float> partials;
-void ksplit_gemv(const float* x, const Mat& m, float* y) {
-  const int64_t chunks = (m.K + kSplitRows - 1) / kSplitRows;
-  partials.resize(chunks * m.N);
-  parallel_for(chunks, [&](int64_t c) {
-    float* acc = partials.data() + c * m.N;
-    const int64_t k0 = c * kSplitRows, k1 = std::min(m.K, k0 + kSplitRows);
-    for (int64_t j = 0; j < m.N; j += kWidth) vstore(acc + j, vzero());
-    // a pass multiplies rows k0 + kk + i * seg, i < 8: eight streams far apart (when SPREAD)
-    const int64_t seg = kSpread ? (k1 - k0) / kPassRows : 1, step = kSpread ? 1 : kPassRows;
-    for (int64_t kk = 0; kk + (kSpread ? 0 : kPassRows - 1) < (kSpread ? seg : k1 - k0); kk += step) {
-      const int64_t k = k0 + kk;
-      Vec xb[kPassRows];
-      for (int i = 0; i < kPassRows; ++i) xb[i] = vset1(x[k + i * seg]);
-      for (int64_t j = 0; j < m.N; j += kWidth) {
-        Vec a = vload(acc + j);
-        for (int i = 0; i < kPassRows; ++i) a = vfma(xb[i], vload(m.w + (k + i * seg) * m.N + j), a);
-        vstore(acc + j, a);
-      }
-    }
+static const bool kSpread = getenv("SPREAD") != nullptr;   // dot: 8 rows far apart in the task, not adjacent
+void columns_gemv(const float* x, const Mat& m, float* y) {
+  const int64_t threads = num_threads();
+  const int64_t per = threads == 1 ? m.N : ((m.N + 2 * threads - 1) / (2 * threads) + kWidth - 1) / kWidth * kWidth;
+  parallel_for((m.N + per - 1) / per, [&](int64_t i) {
+    stream_dispatch(1, std::make_integer_sequence<int, kStreamRows>{}, x, F32W{m.w, m.N}, m.K, m.N, 0, m.K, i * per,
+                    std::min(m.N, (i + 1) * per), y);
   });
-  const int64_t threads = num_threads(), cols = std::max<int64_t>(kWidth, (m.N / (2 * threads) + kWidth - 1) / kWidth * kWidth);
-  parallel_for((m.N + cols - 1) / cols, [&](int64_t t) {
-    for (int64_t j = t * cols; j < std::min(m.N, (t + 1) * cols); j += kWidth) {
-      Vec a = vload(partials.data() + j);
-      for (int64_t c = 1; c < chunks; ++c) a = vadd(a, vload(partials.data() + c * m.N + j));
-      vstore(y + j, a);
+}
+void dot_gemv(const float* x, const Mat& m, float* y) {   // K a multiple of kWidth, N of 8
+  constexpr int64_t R = 8;
+  const int64_t threads = num_threads(), per = std::max<int64_t>(R, (m.N / (2 * threads) + R - 1) / R * R);
+  parallel_for((m.N + per - 1) / per, [&](int64_t t) {
+    const int64_t n0 = t * per, rows = std::min(m.N, n0 + per) - n0;
+    // SPREAD: the 8 rows of a step are rows/8 apart, so each of the 8 streams runs through
+    // contiguous memory for the whole task (read8's pattern); else 8 adjacent rows
+    const int64_t seg = kSpread && rows % R == 0 ? rows / R : 1, step = seg == 1 ? R : 1;
+    for (int64_t j = 0; j < (seg == 1 ? rows : seg); j += step) {
+      const float* w = m.t + (n0 + j) * m.K;
+      Vec a[R];
+      for (int i = 0; i < R; ++i) a[i] = vzero();
+      for (int64_t k = 0; k < m.K; k += kWidth) {
+        const Vec xv = vload(x + k);
+        for (int i = 0; i < R; ++i) a[i] = vfma(xv, vload(w + i * seg * m.K + k), a[i]);
+      }
+      for (int i = 0; i < R; ++i) y[n0 + j + i * seg] = vsum(a[i]);
     }
   });
 }
@@ -107,45 +108,54 @@ int main(int argc, char** argv) {
   const int threads = argc > 1 ? atoi(argv[1]) : 1, rounds = argc > 2 ? atoi(argv[2]) : 30;
   spmd_set_num_threads(threads);
   std::vector<Mat> ms;
-  for (int l = 0; l < 8; ++l) { ms.push_back({512, 1024}); ms.push_back({512, 512}); ms.push_back({512, 3072}); ms.push_back({1536, 512}); }
+  const int layers = getenv("LAYERS") ? atoi(getenv("LAYERS")) : 8;   // 8: --demo small's 117 MB; 64: past the L3
+  for (int l = 0; l < layers; ++l) { ms.push_back({512, 1024}); ms.push_back({512, 512}); ms.push_back({512, 3072}); ms.push_back({1536, 512}); }
   ms.push_back({512, 8000 / 64 * 64});
   int64_t bytes = 0;
   for (auto& m : ms) {
     m.w = (float*)aligned_alloc(64, m.K * m.N * 4); m.p = (float*)aligned_alloc(64, m.K * m.N * 4);
+    m.t = (float*)aligned_alloc(64, m.K * m.N * 4);
     for (int64_t i = 0; i < m.K * m.N; ++i) m.w[i] = (float)((i * 2654435761u) % 1000) * 1e-3f - 0.5f;
     for (int64_t n = 0; n < m.N; ++n) for (int64_t k = 0; k < m.K; ++k) m.p[(n / P) * m.K * P + k * P + n % P] = m.w[k * m.N + n];
+    for (int64_t n = 0; n < m.N; ++n) for (int64_t k = 0; k < m.K; ++k) m.t[n * m.K + k] = m.w[k * m.N + n];
     bytes += m.K * m.N * 4;
   }
   std::vector<float> x(8192, 0.01f), y(8192), y2(8192);
-  // check equality of the two GEMVs (same fma chain over k)
   for (auto& m : ms) {
     gemm(x.data(), F32W{m.w, m.N}, nullptr, 1, m.K, m.N, y.data());
-    packed_gemv(x.data(), m, y2.data());
-    if (memcmp(y.data(), y2.data(), m.N * 4)) { printf("MISMATCH\n"); return 1; }
+    for (auto f : {packed_gemv, columns_gemv, dot_gemv}) {   // other summation orders: equal within rounding
+      f(x.data(), m, y2.data());
+      for (int64_t n = 0; n < m.N; ++n)
+        if (std::abs(y[n] - y2[n]) > 1e-4f * (1.f + std::abs(y[n]))) { printf("MISMATCH %g %g\n", y[n], y2[n]); return 1; }
+    }
   }
-  std::vector<double> ta, tb, tc, td, te;
+  // a round: each variant in turn (rotating order) passes over ALL the weights, as a decode step
+  // does, so a variant meets them as the previous pass (another variant's) left the caches; per
+  // matrix interleaving let the variants that read the same copy of W hit the L3 for each other
+  constexpr int kWays = 6;
+  std::vector<double> t[kWays];
   volatile float sink = 0;
-  constexpr int kWays = 5;
+  // HOT=1: each timed pass follows an untimed one of the same variant, as serving's steps follow
+  // each other (117 MB may then stay in this VM's L3: llama.cpp's 2.9 ms F32 step is 45 GB/s)
+  const bool hot = getenv("HOT") != nullptr;
   for (int r = 0; r < rounds; ++r) {
-    double sa = 0, sb = 0, sc = 0, sd = 0, se = 0;
-    for (auto& m : ms) {   // per matrix, rotating order: contention hits every variant alike
-      for (int v = 0; v < kWays; ++v) {
-        const int which = (v + r) % kWays;
-        double t0 = now();
+    for (int v = 0; v < kWays * (hot ? 2 : 1); ++v) {
+      const int which = (v / (hot ? 2 : 1) + r) % kWays;
+      const double t0 = now();
+      for (auto& m : ms) {
         if (which == 0) gemm(x.data(), F32W{m.w, m.N}, nullptr, 1, m.K, m.N, y.data());
         else if (which == 1) packed_gemv(x.data(), m, y2.data());
         else if (which == 2) sink = sink + read_all(m);
         else if (which == 3) sink = sink + read_streams(m);
-        else ksplit_gemv(x.data(), m, y2.data());
-        double dt = now() - t0;
-        (which == 0 ? sa : which == 1 ? sb : which == 2 ? sc : which == 3 ? sd : se) += dt;
+        else if (which == 4) columns_gemv(x.data(), m, y2.data());
+        else dot_gemv(x.data(), m, y2.data());
       }
+      if (!hot || v % 2 == 1) t[which].push_back(now() - t0);
     }
-    ta.push_back(sa); tb.push_back(sb); tc.push_back(sc); td.push_back(sd); te.push_back(se);
   }
   auto med = [](std::vector<double> v) { std::sort(v.begin(), v.end()); return v[v.size() / 2]; };
-  printf("threads %d: %.1f MB  current %.3f ms (%.1f GB/s)  packed %.3f ms (%.1f GB/s)  read %.3f ms (%.1f GB/s)  read8 %.1f GB/s"
-         "  ksplit %.3f ms (%.1f GB/s)\n", threads, bytes / 1e6,
-         med(ta) * 1e3, bytes / med(ta) / 1e9, med(tb) * 1e3, bytes / med(tb) / 1e9, med(tc) * 1e3, bytes / med(tc) / 1e9,
-         bytes / med(td) / 1e9, med(te) * 1e3, bytes / med(te) / 1e9);
+  const char* names[kWays] = {"current", "packed", "read", "read8", "columns", "dot"};
+  printf("threads %d, %.1f MB:", threads, bytes / 1e6);
+  for (int v = 0; v < kWays; ++v) printf("  %s %.2f ms (%.1f GB/s)", names[v], med(t[v]) * 1e3, bytes / med(t[v]) / 1e9);
+  printf("\n");
 }

@@ -1,20 +1,25 @@
 // y[T, N] = x[T, K] @ W[K, N] (W one of weights.h's layouts, times a per-column scale for int8),
-// multi-threaded over output columns, for every T: one kernel choice by T alone, never by size.
+// multi-threaded, for every T: one kernel choice by T alone, never by size.
 //
-// * T <= kStreamRows (decode steps): memory-bound, the time is one pass over W.  stream_tile keeps
-//   T x tile accumulators (the output rows) in L1 and multiplies kPassRows rows of W at a time into
-//   them, reading W row by row in long contiguous runs (what the prefetchers follow best), with a
-//   software prefetch kPrefetchRows rows ahead (int8: it issues four 16-byte loads a line, so the
+// * T <= kStreamRows (decode steps): memory-bound, the time is one pass over W.  A task owns one
+//   chunk of kKC rows of W and (when the threads need more tasks than chunks) a range of columns:
+//   with few threads it reads whole rows, long contiguous runs (1.3-1.5x the bandwidth of column
+//   ranges with two threads here: RESULTS.md "The K split, ported").  stream_tile keeps T x tile
+//   accumulators in L1 and multiplies kPassRows rows of W at a time into them, with a software
+//   prefetch kPrefetchRows rows ahead (int8: it issues four 16-byte loads a line, so the
 //   out-of-order window alone holds too few lines in flight; RESULTS.md "Speed change 4b").
+//   Chunk 0 writes y, the others a scratch partial each; a second pass adds them in chunk order.
 // * T > kStreamRows (prefill chunks, batched decodes): compute-bound.  A task owns kNC columns;
 //   per kKC rows of W it converts its [kKC, kNC] block to fp32 micro-panels [kKC][kNR] (in L2;
 //   int8/int4 are dequantised here, once per call) and runs a kMR x kNR register-blocked
-//   micro-kernel over all T rows for each micro-panel while that panel stays in L1.  The packing
-//   is a per-call scratch buffer: no second copy of the weights is kept.
+//   micro-kernel over all T rows for each micro-panel while that panel stays in L1, adding each
+//   block's product to the output.  The packing is a per-call scratch buffer: no second copy of
+//   the weights is kept.
 //
-// Every output element is the same fp32 chain, acc = fma(x[t,k], w[k,n], acc) for k = 0..K-1 from
-// acc = 0 (then * scale[n] for int8), in both paths and in the scalar tails: results are bit-equal
-// whatever the thread count, tile sizes, or the T of the call a row came in.
+// Every output element is the same fp32 sum in both paths and in the scalar tails: per chunk of
+// kKC rows (k0 = 0, kKC, ...) the chain acc = fma(x[t,k], w[k,n], acc) from acc = 0, and the chunks'
+// chains added in order, y = ((c0 + c1) + c2) + ... (then * scale[n] for int8): results are
+// bit-equal whatever the thread count, tile sizes, or the T of the call a row came in.
 #pragma once
 
 #include <algorithm>
@@ -39,23 +44,25 @@ constexpr int64_t kNV = 4;                  // blocked: vectors of columns per m
 constexpr int64_t kNV = 2;                  // AVX2's 16 registers: 6 x 2 accumulators
 #endif
 constexpr int64_t kNR = kNV * kWidth;       // blocked: columns per micro-panel
-constexpr int64_t kKC = 128;                // blocked: rows of W per packed block (a micro-panel: 32 KiB)
+constexpr int64_t kKC = 128;                // both: rows of W per chunk of the sum (blocked: a micro-panel, 32 KiB)
 constexpr int64_t kNC = 256;                // blocked: columns per task, at most
 constexpr int64_t kPackPrefetchRows = 8;    // blocked: software prefetch distance of the packing
 
 // ---------------------------------------------------------------- T <= kStreamRows
 
-// y[t, n0:n0+nb] = x[t, :] @ w[:, n0:n0+nb] for the T rows of x (nb a multiple of kWidth).
+// y[t, n0:n0+nb] = x[t, k0:k1] @ w[k0:k1, n0:n0+nb] for the T rows of x (nb a multiple of kWidth);
+// x's rows are K long, y's N
 template <int T, typename Src>
-void stream_tile(const float* x, const Src& w, int64_t K, int64_t N, int64_t n0, int64_t nb, float* y) {
+void stream_tile(const float* x, const Src& w, int64_t K, int64_t N, int64_t k0, int64_t k1, int64_t n0, int64_t nb,
+                 float* y) {
   // fp32 at T=1 (one 64-byte load per line, a short loop): the hardware prefetchers keep up and the
   // prefetches only cost issue slots (29 vs 26 GB/s without them); int8, or T >= 2, gain from them
   constexpr bool kPrefetch = Src::kPrefetchOneRow || T > 1;
   for (int t = 0; t < T; ++t)
     for (int64_t j = 0; j < nb; j += kWidth) vstore(y + t * N + n0 + j, vzero());
-  int64_t k = 0;
-  for (; k + kPassRows <= K; k += kPassRows) {  // kPassRows weight rows per pass over the accumulators
-    const int64_t pf = std::min(k + kPrefetchRows, K - kPassRows);   // clamped: re-prefetching is harmless
+  int64_t k = k0;
+  for (; k + kPassRows <= k1; k += kPassRows) {  // kPassRows weight rows per pass over the accumulators
+    const int64_t pf = std::min(k + kPrefetchRows, k1 - kPassRows);   // clamped: re-prefetching is harmless
     Vec xb[T][kPassRows];
     for (int t = 0; t < T; ++t)
       for (int i = 0; i < kPassRows; ++i) xb[t][i] = vset1(x[t * K + k + i]);
@@ -72,7 +79,7 @@ void stream_tile(const float* x, const Src& w, int64_t K, int64_t N, int64_t n0,
       }
     }
   }
-  for (; k < K; ++k)  // the last K % kPassRows rows
+  for (; k < k1; ++k)  // the chunk's last rows
     for (int64_t j = 0; j < nb; j += kWidth) {
       const Vec wv = w.vec(k, n0 + j);
       for (int t = 0; t < T; ++t) {
@@ -82,25 +89,72 @@ void stream_tile(const float* x, const Src& w, int64_t K, int64_t N, int64_t n0,
     }
 }
 
-// y[:, c0:c1] for T rows: tiles of full vectors, then (if c1 is past the last one) scalar columns
+// y[:, c0:c1] = x[:, k0:k1] @ w[k0:k1, c0:c1] for T rows: tiles of full vectors, then (if c1 is
+// past the last one) scalar columns
 template <int T, typename Src>
-void stream_columns(const float* x, const Src& w, int64_t K, int64_t N, int64_t c0, int64_t c1, float* y) {
+void stream_columns(const float* x, const Src& w, int64_t K, int64_t N, int64_t k0, int64_t k1, int64_t c0,
+                    int64_t c1, float* y) {
   const int64_t full = std::min(c1, N / kWidth * kWidth);
   const int64_t nb = std::max<int64_t>(kWidth, kAccFloats / T / kWidth * kWidth);
-  for (int64_t n0 = c0; n0 < full; n0 += nb) stream_tile<T>(x, w, K, N, n0, std::min(nb, full - n0), y);
+  for (int64_t n0 = c0; n0 < full; n0 += nb) stream_tile<T>(x, w, K, N, k0, k1, n0, std::min(nb, full - n0), y);
   for (int t = 0; t < T; ++t)
     for (int64_t n = std::max(c0, full); n < c1; ++n) {
       float s = 0.f;
-      for (int64_t k = 0; k < K; ++k) s = fmadd(x[t * K + k], w.one(k, n), s);
+      for (int64_t k = k0; k < k1; ++k) s = fmadd(x[t * K + k], w.one(k, n), s);
       y[t * N + n] = s;
     }
 }
 
 template <typename Src, int... R>
 void stream_dispatch(int64_t T, std::integer_sequence<int, R...>, const float* x, const Src& w, int64_t K,
-                     int64_t N, int64_t c0, int64_t c1, float* y) {
+                     int64_t N, int64_t k0, int64_t k1, int64_t c0, int64_t c1, float* y) {
   // T a template argument: the loops over rows unroll and x's broadcasts stay in registers
-  ((T == R + 1 ? stream_columns<R + 1>(x, w, K, N, c0, c1, y) : void()), ...);
+  ((T == R + 1 ? stream_columns<R + 1>(x, w, K, N, k0, k1, c0, c1, y) : void()), ...);
+}
+
+// y[:, c0:c1] *= scale[c0:c1]
+inline void scale_columns(float* y, const float* scale, int64_t T, int64_t N, int64_t c0, int64_t c1) {
+  for (int64_t t = 0; t < T; ++t) {
+    float* yt = y + t * N;
+    int64_t n = c0;
+    for (; n + kWidth <= c1; n += kWidth) vstore(yt + n, vmul(vload(yt + n), vload(scale + n)));
+    for (; n < c1; ++n) yt[n] *= scale[n];
+  }
+}
+
+// y[T, N] for T <= kStreamRows: tasks (chunk of kKC rows, column range), then the chunks' sum
+template <typename Src>
+void stream_gemm(const float* x, const Src& w, const float* scale, int64_t T, int64_t K, int64_t N, float* y) {
+  const int64_t threads = num_threads(), vectors = (N + kWidth - 1) / kWidth;
+  const int64_t chunks = std::max<int64_t>(1, (K + kKC - 1) / kKC);
+  // column ranges only when the chunks alone give fewer than ~two tasks a thread (a thread that
+  // wakes late, or is preempted, leaves its second one to the others)
+  const int64_t groups = std::min(vectors, std::max<int64_t>(1, (2 * threads + chunks - 1) / chunks));
+  const int64_t width = (vectors + groups - 1) / groups * kWidth, ranges = (N + width - 1) / width;
+  thread_local std::vector<float> scratch;  // the caller's; the tasks see it through `partial`
+  scratch.resize((chunks - 1) * T * N);
+  float* const partial = scratch.data();  // chunks 1.. : [chunks - 1][T][N]
+  parallel_for(chunks * ranges, [&](int64_t i) {
+    const int64_t c = i / ranges, c0 = i % ranges * width;
+    float* out = c == 0 ? y : partial + (c - 1) * T * N;
+    stream_dispatch(T, std::make_integer_sequence<int, kStreamRows>{}, x, w, K, N, c * kKC, std::min(K, (c + 1) * kKC),
+                    c0, std::min(N, c0 + width), out);
+  });
+  if (chunks == 1 && scale == nullptr) return;
+  const int64_t per = (vectors + 2 * threads - 1) / (2 * threads) * kWidth;
+  parallel_for((N + per - 1) / per, [&](int64_t i) {  // y += chunk 1, chunk 2, ... in order
+    const int64_t c0 = i * per, c1 = std::min(N, c0 + per);
+    for (int64_t t = 0; t < T; ++t) {
+      float* yt = y + t * N;
+      for (int64_t c = 1; c < chunks; ++c) {
+        const float* pt = partial + ((c - 1) * T + t) * N;
+        int64_t n = c0;
+        for (; n + kWidth <= c1; n += kWidth) vstore(yt + n, vadd(vload(yt + n), vload(pt + n)));
+        for (; n < c1; ++n) yt[n] += pt[n];
+      }
+    }
+    if (scale != nullptr) scale_columns(y, scale, T, N, c0, c1);
+  });
 }
 
 // ---------------------------------------------------------------- T > kStreamRows
@@ -121,12 +175,13 @@ void pack(const Src& w, int64_t k0, int64_t kb, int64_t n0, int64_t nb, int64_t 
   }
 }
 
-// c[M, kNR] (row stride ldc) = (zero ? 0 : c) + x[M, kb] (row stride ldx) @ panel[kb, kNR]
+// c[M, kNR] (row stride ldc) = (zero ? 0 : c) + x[M, kb] (row stride ldx) @ panel[kb, kNR], the
+// block's product summed from 0 (one chunk of the sum: see the top)
 template <int M>
 void micro(const float* x, int64_t ldx, const float* panel, int64_t kb, float* c, int64_t ldc, bool zero) {
   Vec acc[M][kNV];
   for (int m = 0; m < M; ++m)
-    for (int v = 0; v < kNV; ++v) acc[m][v] = zero ? vzero() : vload(c + m * ldc + v * kWidth);
+    for (int v = 0; v < kNV; ++v) acc[m][v] = vzero();
   for (int64_t k = 0; k < kb; ++k) {
     Vec wv[kNV];
     for (int v = 0; v < kNV; ++v) wv[v] = vload(panel + k * kNR + v * kWidth);
@@ -136,7 +191,10 @@ void micro(const float* x, int64_t ldx, const float* panel, int64_t kb, float* c
     }
   }
   for (int m = 0; m < M; ++m)
-    for (int v = 0; v < kNV; ++v) vstore(c + m * ldc + v * kWidth, acc[m][v]);
+    for (int v = 0; v < kNV; ++v) {
+      float* out = c + m * ldc + v * kWidth;
+      vstore(out, zero ? acc[m][v] : vadd(vload(out), acc[m][v]));
+    }
 }
 
 template <int... M>
@@ -174,38 +232,23 @@ void blocked_columns(const float* x, const Src& w, int64_t T, int64_t K, int64_t
 
 // ---------------------------------------------------------------- both
 
-inline void scale_columns(float* y, const float* scale, int64_t T, int64_t N, int64_t c0, int64_t c1) {
-  for (int64_t t = 0; t < T; ++t) {
-    float* yt = y + t * N;
-    int64_t n = c0;
-    for (; n + kWidth <= c1; n += kWidth) vstore(yt + n, vmul(vload(yt + n), vload(scale + n)));
-    for (; n < c1; ++n) yt[n] *= scale[n];
-  }
-}
-
 // y[T, N] = (x[T, K] @ w) * scale[N] (scale may be null), on the op library's threads
 template <typename Src>
 void gemm(const float* x, const Src& w, const float* scale, int64_t T, int64_t K, int64_t N, float* y) {
   if (T == 0 || N == 0) return;
+  if (T <= kStreamRows) return stream_gemm(x, w, scale, T, K, N, y);
   const int64_t threads = num_threads();
-  // columns per task: a multiple of the vector (micro-panel) width; with threads, about two tasks a
-  // thread (a thread that wakes late, or is preempted, leaves its second one to the others)
-  const int64_t unit = T <= kStreamRows ? kWidth : kNR;
-  const int64_t cap = T <= kStreamRows ? N : kNC;
+  // columns per task: a multiple of the micro-panel width; with threads, about two tasks a thread
   const int64_t per = threads == 1 ? N : (N + 2 * threads - 1) / (2 * threads);
-  const int64_t width = std::clamp((per + unit - 1) / unit * unit, unit, std::max(unit, cap / unit * unit));
+  const int64_t width = std::clamp((per + kNR - 1) / kNR * kNR, kNR, std::max(kNR, kNC / kNR * kNR));
   const int64_t tasks = (N + width - 1) / width;
   parallel_for(tasks, [&](int64_t i) {
     const int64_t c0 = i * width, c1 = std::min(N, c0 + width);
-    if (T <= kStreamRows) {
-      stream_dispatch(T, std::make_integer_sequence<int, kStreamRows>{}, x, w, K, N, c0, c1, y);
-    } else {
-      thread_local std::vector<float> buf;
-      buf.resize(kKC * width);
-      if (K == 0)
-        for (int64_t t = 0; t < T; ++t) std::fill(y + t * N + c0, y + t * N + c1, 0.f);
-      blocked_columns(x, w, T, K, N, c0, c1 - c0, buf.data(), y);
-    }
+    thread_local std::vector<float> buf;
+    buf.resize(kKC * width);
+    if (K == 0)
+      for (int64_t t = 0; t < T; ++t) std::fill(y + t * N + c0, y + t * N + c1, 0.f);
+    blocked_columns(x, w, T, K, N, c0, c1 - c0, buf.data(), y);
     if (scale != nullptr) scale_columns(y, scale, T, N, c0, c1);
   });
 }

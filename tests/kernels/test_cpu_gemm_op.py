@@ -1,7 +1,8 @@
 """The linear ops at every row count (ops/cpu_kernels/gemm.h: the streaming kernel up to 8 rows,
 the blocked micro-kernel above) against float64 numpy, with fp32, int8 and packed int4 weights;
-and their threading: every output is the same fp32 chain of fmas whatever the thread count or the
-rows it came with, so results are compared bit for bit."""
+and their threading: every output is the same fp32 sum (a chain of fmas per 128 rows of W, the
+chains added in order) whatever the thread count or the rows it came with, so results are compared
+bit for bit."""
 
 from __future__ import annotations
 
