@@ -11,6 +11,7 @@ cuda-python (`cuda.bindings`), never spmd_serve or Paddle.  Wrappers call `runti
 
 from __future__ import annotations
 
+import struct
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -181,23 +182,50 @@ class Kernel:
         )
 
 
+# numpy scalar type -> struct code of its C type in one 8-byte slot (kernel parameters are at most
+# 8 bytes here; cuLaunchKernel reads each through its own pointer, so a slot's padding is unused)
+_SLOT_CODES = {
+    np.int8: "b7x",
+    np.uint8: "B7x",
+    np.int16: "h6x",
+    np.uint16: "H6x",
+    np.int32: "i4x",
+    np.uint32: "I4x",
+    np.int64: "q",
+    np.uint64: "Q",
+    np.float32: "f4x",
+    np.float64: "d",
+}
+
+
 def pack_args(args: Sequence[Any], name: str = "kernel") -> tuple[np.ndarray, list[np.ndarray]]:
     """The `void* kernelParams[]` array: one pointer per argument to a copy of its value.  Python ints
-    are device pointers (8 bytes); numpy scalars keep their C type (np.int32 -> int, ...)."""
-    holders = []
+    are device pointers (8 bytes); numpy scalars keep their C type (np.int32 -> int, ...).  The values
+    go into one buffer by one struct.pack (a numpy array and a ctypes lookup per argument cost
+    ~3 us each: most of a sampling step's host time, RESULTS.md)."""
+    codes, values = [], []
     for i, a in enumerate(args):
-        if isinstance(a, np.generic):
-            holders.append(np.array(a))
-        elif isinstance(a, int) and not isinstance(a, bool):
-            holders.append(np.array(a, dtype=np.uint64))
+        kind = type(a)
+        if kind is int:
+            codes.append("Q")
+            values.append(a)
+        elif kind in _SLOT_CODES:
+            codes.append(_SLOT_CODES[kind])
+            values.append(a.item())
         elif driver is not None and isinstance(a, driver.CUdeviceptr):
-            holders.append(np.array(int(a), dtype=np.uint64))
+            codes.append("Q")
+            values.append(int(a))
         else:
             raise TypeError(
-                f"{name}: argument {i} is {type(a).__name__}; pass a device pointer (int) "
+                f"{name}: argument {i} is {kind.__name__}; pass a device pointer (int) "
                 f"or a numpy scalar such as np.int32(x) / np.float32(x)"
             )
-    return np.array([h.ctypes.data for h in holders], dtype=np.uint64), holders
+    try:
+        slots = np.frombuffer(bytearray(struct.pack("<" + "".join(codes), *values)), np.uint64)  # [n] values
+    except struct.error as e:  # a pointer beyond 64 bits, or negative
+        raise TypeError(f"{name}: {e}") from None
+    params = slots.ctypes.data + 8 * np.arange(len(codes), dtype=np.uint64)  # [n] pointers into `slots`
+    return params, [slots]
 
 
 _modules: dict[tuple, Any] = {}

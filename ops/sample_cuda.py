@@ -96,6 +96,18 @@ def _dynamic_smem_limit(kernel: runtime.Kernel) -> int:
     return _smem_limit[key]
 
 
+_F32, _I32 = np.dtype(np.float32), np.dtype(np.int32)
+_ROW_DTYPES = {  # sample_gpu's [B] arguments, in its order: the dtypes each may have
+    **dict.fromkeys(("temperature", "top_p"), (_F32,)),
+    "top_k": (_I32,),
+    **dict.fromkeys(("rep_penalty", "freq_penalty", "pres_penalty"), (_F32,)),
+    "seeds": (np.dtype(np.uint64), np.dtype(np.int64)),
+    "counters": (np.dtype(np.int64),),
+    **dict.fromkeys(("min_tokens", "num_generated", "out_tokens"), (_I32,)),
+    "out_logprobs": (_F32,),
+}
+
+
 def sample_gpu(
     logits: Any,
     temperature: Any,
@@ -139,25 +151,12 @@ def sample_gpu(
     check_num_logprobs(num_logprobs)
     if not 0 < vocab < MAX_VOCAB:
         raise ValueError(f"vocab {vocab} out of range (1..{MAX_VOCAB - 1})")
-    rows = {
-        "temperature": (temperature, "float32"),
-        "top_p": (top_p, "float32"),
-        "top_k": (top_k, "int32"),
-        "rep_penalty": (rep_penalty, "float32"),
-        "freq_penalty": (freq_penalty, "float32"),
-        "pres_penalty": (pres_penalty, "float32"),
-        "seeds": (seeds, ("uint64", "int64")),
-        "counters": (counters, "int64"),
-        "min_tokens": (min_tokens, "int32"),
-        "num_generated": (num_generated, "int32"),
-        "out_tokens": (out_tokens, "int32"),
-        "out_logprobs": (out_logprobs, "float32"),
-    }
+    given = (temperature, top_p, top_k, rep_penalty, freq_penalty, pres_penalty, seeds, counters, min_tokens)
     ptr: dict[str, int] = {}
-    for name, (arr, dt) in rows.items():
+    for (name, dts), arr in zip(_ROW_DTYPES.items(), (*given, num_generated, out_tokens, out_logprobs)):
         a = runtime.as_device_array(arr)
-        if a.shape != (b_sz,) or a.dtype.name not in ((dt,) if isinstance(dt, str) else dt):
-            raise TypeError(f"{name} must be {dt} [{b_sz}], got {a.dtype}{a.shape}")
+        if a.shape != (b_sz,) or a.dtype not in dts:  # (np.dtype comparisons: .name costs ~5 us)
+            raise TypeError(f"{name} must be {' or '.join(map(str, dts))} [{b_sz}], got {a.dtype}{a.shape}")
         ptr[name] = a.ptr
     mats = {"eos_ids": eos_ids, "gen_token_ids": gen_token_ids}
     widths: dict[str, int] = {}
@@ -167,8 +166,8 @@ def sample_gpu(
         mats.update(out_top_ids=out_top_ids, out_top_logprobs=out_top_logprobs)
     for name, arr in mats.items():
         a = runtime.as_device_array(arr)
-        want = "float32" if name == "out_top_logprobs" else "int32"
-        if len(a.shape) != 2 or a.shape[0] != b_sz or a.dtype.name != want:
+        want = _F32 if name == "out_top_logprobs" else _I32
+        if len(a.shape) != 2 or a.shape[0] != b_sz or a.dtype != want:
             raise TypeError(f"{name} must be {want} [{b_sz}, n], got {a.dtype}{a.shape}")
         if a.strides is not None and a.shape[1] > 0 and a.strides != (a.shape[1] * 4, 4):
             raise ValueError(f"{name} must be C-contiguous")

@@ -119,6 +119,20 @@ def test_as_device_array_reads_cuda_array_interface() -> None:
         runtime.as_device_array(np.zeros(3))
 
 
+def test_pack_args_points_at_each_value_in_its_c_type() -> None:
+    import ctypes
+
+    args = [2**64 - 1, np.int32(-7), np.float32(1.5), np.int64(-(2**40)), np.uint64(2**63), np.float64(0.25), 4096]
+    params, holders = runtime.pack_args(args)
+    assert params.dtype == np.uint64 and len(params) == len(args) and holders
+    read = (ctypes.c_uint64, ctypes.c_int32, ctypes.c_float, ctypes.c_int64, ctypes.c_uint64, ctypes.c_double)
+    values = [c.from_address(int(p)).value for c, p in zip((*read, ctypes.c_uint64), params)]
+    assert values == [2**64 - 1, -7, 1.5, -(2**40), 2**63, 0.25, 4096]
+    for bad in (True, 1.5, -1, 2**64, "0"):
+        with pytest.raises(TypeError, match="kernel"):
+            runtime.pack_args([0, bad])
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not runtime.gpu_available(), reason="needs an NVIDIA GPU")
 def test_launch_round_trip_on_gpu(cache) -> None:

@@ -113,8 +113,12 @@ def test_gpu_wrapper_packs_the_kernel_signature(monkeypatch) -> None:
     assert named["out_top_ids"] == 0x92000 and named["logits"] == dev["logits"].ptr
     assert main["grid"] == (b_sz,) and main["block"] == (sp.THREADS,)
     assert main["shared_mem"] == sp.shared_bytes(v_sz, int(named["cap"])) <= 200 * 1024
-    with pytest.raises(TypeError):  # wrong dtype is refused
+    with pytest.raises(TypeError, match=r"top_k must be int32 \[3\], got float32"):  # wrong dtype is refused
         sp.sample_gpu(**dict(dev, top_k=dev["temperature"]), **outs)
+    with pytest.raises(TypeError, match="seeds must be uint64 or int64"):
+        sp.sample_gpu(**dict(dev, seeds=dev["temperature"]), **outs)
+    with pytest.raises(TypeError, match="out_logprobs must be float32"):
+        sp.sample_gpu(**dev, num_logprobs=n, **dict(outs, out_logprobs=outs["out_tokens"]))
 
 
 @pytest.mark.parametrize("batch,vocab", [(1, 131072), (128, 131072), (1000, 151936), (7, 37), (64, 2049)])
