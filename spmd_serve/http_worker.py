@@ -49,8 +49,10 @@ def _serve(setup: dict[str, Any], sock: socket.socket) -> tuple[Any, Any]:
     from spmd_serve.frontend.server.metrics_service import MetricsService
     from spmd_serve.frontend.server.peer_watch import PeerWatch
     from spmd_serve.frontend.server.settings import IOSettings
+    from spmd_serve.frontend.text import paddlenlp_import
     from spmd_serve.frontend.text.tokenizer import ServingTokenizer
 
+    paddlenlp_import.prefer_light()  # this process only tokenizes: PaddleNLP's tokenizers alone (~4 s sooner)
     try:
         tokenizer = ServingTokenizer.from_model_dir(setup["model_dir"], setup["use_hf_tokenizer"])
     except (OSError, ValueError) as e:

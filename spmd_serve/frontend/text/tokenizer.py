@@ -26,7 +26,7 @@ from typing import Any
 
 import jinja2
 
-from spmd_serve.frontend.text import chat_template
+from spmd_serve.frontend.text import chat_template, paddlenlp_import
 from spmd_serve.frontend.text.detokenizer import IncrementalDetokenizer
 from spmd_serve.frontend.text.hf_tokenizer import HFTokenizer, sentencepiece_bytes
 
@@ -158,7 +158,7 @@ class ServingTokenizer:
         if use_hf_tokenizer:
             tok: Any = HFTokenizer.from_model_dir(model_dir)
         else:
-            from paddlenlp.transformers import AutoTokenizer  # heavy import; only when loading
+            AutoTokenizer = paddlenlp_import.auto_tokenizer()  # noqa: N806 (heavy import; only when loading)
 
             if not (model_dir / "tokenizer_config.json").is_file():
                 # Without it AutoTokenizer would treat the path as a hub model name and go online.
