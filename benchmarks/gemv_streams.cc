@@ -51,7 +51,7 @@ void columns_gemv(const float* x, const Mat& m, float* y) {
   const int64_t per = threads == 1 ? m.N : ((m.N + 2 * threads - 1) / (2 * threads) + kWidth - 1) / kWidth * kWidth;
   parallel_for((m.N + per - 1) / per, [&](int64_t i) {
     stream_dispatch(1, std::make_integer_sequence<int, kStreamRows>{}, x, F32W{m.w, m.N}, m.K, m.N, 0, m.K, i * per,
-                    std::min(m.N, (i + 1) * per), y);
+                    std::min(m.N, (i + 1) * per), y, false);
   });
 }
 void dot_gemv(const float* x, const Mat& m, float* y) {   // K a multiple of kWidth, N of 8

@@ -50,16 +50,16 @@ constexpr int64_t kPackPrefetchRows = 8;    // blocked: software prefetch distan
 
 // ---------------------------------------------------------------- T <= kStreamRows
 
-// y[t, n0:n0+nb] = x[t, k0:k1] @ w[k0:k1, n0:n0+nb] for the T rows of x (nb a multiple of kWidth);
-// x's rows are K long, y's N
+// out[t, 0:nb] = x[t, k0:k1] @ w[k0:k1, n0:n0+nb] for the T rows of x (nb a multiple of kWidth);
+// x's rows are K long, out's ldo
 template <int T, typename Src>
-void stream_tile(const float* x, const Src& w, int64_t K, int64_t N, int64_t k0, int64_t k1, int64_t n0, int64_t nb,
-                 float* y) {
+void stream_tile(const float* x, const Src& w, int64_t K, int64_t k0, int64_t k1, int64_t n0, int64_t nb, float* out,
+                 int64_t ldo) {
   // fp32 at T=1 (one 64-byte load per line, a short loop): the hardware prefetchers keep up and the
   // prefetches only cost issue slots (29 vs 26 GB/s without them); int8, or T >= 2, gain from them
   constexpr bool kPrefetch = Src::kPrefetchOneRow || T > 1;
   for (int t = 0; t < T; ++t)
-    for (int64_t j = 0; j < nb; j += kWidth) vstore(y + t * N + n0 + j, vzero());
+    for (int64_t j = 0; j < nb; j += kWidth) vstore(out + t * ldo + j, vzero());
   int64_t k = k0;
   for (; k + kPassRows <= k1; k += kPassRows) {  // kPassRows weight rows per pass over the accumulators
     const int64_t pf = std::min(k + kPrefetchRows, k1 - kPassRows);   // clamped: re-prefetching is harmless
@@ -72,44 +72,63 @@ void stream_tile(const float* x, const Src& w, int64_t K, int64_t N, int64_t k0,
       Vec wv[kPassRows];
       for (int i = 0; i < kPassRows; ++i) wv[i] = w.vec(k + i, n0 + j);
       for (int t = 0; t < T; ++t) {
-        float* acc = y + t * N + n0 + j;
+        float* acc = out + t * ldo + j;
         Vec a = vload(acc);
         for (int i = 0; i < kPassRows; ++i) a = vfma(xb[t][i], wv[i], a);  // a chain: a tree was slower
         vstore(acc, a);
       }
     }
   }
-  for (; k < k1; ++k)  // the chunk's last rows
+  for (; k < k1; ++k)  // the range's last rows
     for (int64_t j = 0; j < nb; j += kWidth) {
       const Vec wv = w.vec(k, n0 + j);
       for (int t = 0; t < T; ++t) {
-        float* acc = y + t * N + n0 + j;
+        float* acc = out + t * ldo + j;
         vstore(acc, vfma(vset1(x[t * K + k]), wv, vload(acc)));
       }
     }
 }
 
 // y[:, c0:c1] = x[:, k0:k1] @ w[k0:k1, c0:c1] for T rows: tiles of full vectors, then (if c1 is
-// past the last one) scalar columns
+// past the last one) scalar columns.  `chunked`: this one task sums K's kKC-row chunks from k0 in
+// order (each chunk's chain into `tmp`, then added to y: the K split's sum with no partials in
+// memory); otherwise [k0, k1) is one chain.
 template <int T, typename Src>
 void stream_columns(const float* x, const Src& w, int64_t K, int64_t N, int64_t k0, int64_t k1, int64_t c0,
-                    int64_t c1, float* y) {
-  const int64_t full = std::min(c1, N / kWidth * kWidth);
+                    int64_t c1, float* y, bool chunked) {
+  const int64_t full = std::min(c1, N / kWidth * kWidth), step = chunked ? kKC : std::max<int64_t>(1, k1 - k0);
   const int64_t nb = std::max<int64_t>(kWidth, kAccFloats / T / kWidth * kWidth);
-  for (int64_t n0 = c0; n0 < full; n0 += nb) stream_tile<T>(x, w, K, N, k0, k1, n0, std::min(nb, full - n0), y);
+  for (int64_t n0 = c0; n0 < full; n0 += nb) {
+    const int64_t b = std::min(nb, full - n0);
+    stream_tile<T>(x, w, K, k0, std::min(k1, k0 + step), n0, b, y + n0, N);
+    for (int64_t kc = k0 + step; kc < k1; kc += step) {
+      thread_local std::vector<float> tmp;  // one chunk's [T, b] tile (this task's own thread)
+      tmp.resize(T * nb);
+      stream_tile<T>(x, w, K, kc, std::min(k1, kc + step), n0, b, tmp.data(), b);
+      for (int t = 0; t < T; ++t)
+        for (int64_t j = 0; j < b; j += kWidth) {
+          float* yt = y + t * N + n0 + j;
+          vstore(yt, vadd(vload(yt), vload(tmp.data() + t * b + j)));
+        }
+    }
+  }
   for (int t = 0; t < T; ++t)
     for (int64_t n = std::max(c0, full); n < c1; ++n) {
-      float s = 0.f;
-      for (int64_t k = k0; k < k1; ++k) s = fmadd(x[t * K + k], w.one(k, n), s);
-      y[t * N + n] = s;
+      float total = 0.f;
+      for (int64_t kc = k0; kc < k1; kc += step) {
+        float s = 0.f;
+        for (int64_t k = kc; k < std::min(k1, kc + step); ++k) s = fmadd(x[t * K + k], w.one(k, n), s);
+        total = kc == k0 ? s : total + s;
+      }
+      y[t * N + n] = total;
     }
 }
 
 template <typename Src, int... R>
 void stream_dispatch(int64_t T, std::integer_sequence<int, R...>, const float* x, const Src& w, int64_t K,
-                     int64_t N, int64_t k0, int64_t k1, int64_t c0, int64_t c1, float* y) {
+                     int64_t N, int64_t k0, int64_t k1, int64_t c0, int64_t c1, float* y, bool chunked) {
   // T a template argument: the loops over rows unroll and x's broadcasts stay in registers
-  ((T == R + 1 ? stream_columns<R + 1>(x, w, K, N, k0, k1, c0, c1, y) : void()), ...);
+  ((T == R + 1 ? stream_columns<R + 1>(x, w, K, N, k0, k1, c0, c1, y, chunked) : void()), ...);
 }
 
 // y[:, c0:c1] *= scale[c0:c1]
@@ -122,11 +141,23 @@ inline void scale_columns(float* y, const float* scale, int64_t T, int64_t N, in
   }
 }
 
-// y[T, N] for T <= kStreamRows: tasks (chunk of kKC rows, column range), then the chunks' sum
+// y[T, N] for T <= kStreamRows: tasks (chunk of kKC rows, column range), then the chunks' sum;
+// on one thread (or one chunk) column tasks that sum their chunks themselves: the same sum, without
+// the partials' memory traffic, which only long runs on several threads repay (RESULTS.md)
 template <typename Src>
 void stream_gemm(const float* x, const Src& w, const float* scale, int64_t T, int64_t K, int64_t N, float* y) {
   const int64_t threads = num_threads(), vectors = (N + kWidth - 1) / kWidth;
   const int64_t chunks = std::max<int64_t>(1, (K + kKC - 1) / kKC);
+  constexpr auto kRowCounts = std::make_integer_sequence<int, kStreamRows>{};
+  if (threads == 1 || chunks == 1) {
+    const int64_t per = threads == 1 ? vectors * kWidth : (vectors + 2 * threads - 1) / (2 * threads) * kWidth;
+    parallel_for((N + per - 1) / per, [&](int64_t i) {
+      const int64_t c0 = i * per, c1 = std::min(N, c0 + per);
+      stream_dispatch(T, kRowCounts, x, w, K, N, 0, K, c0, c1, y, true);
+      if (scale != nullptr) scale_columns(y, scale, T, N, c0, c1);
+    });
+    return;
+  }
   // column ranges only when the chunks alone give fewer than ~two tasks a thread (a thread that
   // wakes late, or is preempted, leaves its second one to the others)
   const int64_t groups = std::min(vectors, std::max<int64_t>(1, (2 * threads + chunks - 1) / chunks));
@@ -137,10 +168,9 @@ void stream_gemm(const float* x, const Src& w, const float* scale, int64_t T, in
   parallel_for(chunks * ranges, [&](int64_t i) {
     const int64_t c = i / ranges, c0 = i % ranges * width;
     float* out = c == 0 ? y : partial + (c - 1) * T * N;
-    stream_dispatch(T, std::make_integer_sequence<int, kStreamRows>{}, x, w, K, N, c * kKC, std::min(K, (c + 1) * kKC),
-                    c0, std::min(N, c0 + width), out);
+    stream_dispatch(T, kRowCounts, x, w, K, N, c * kKC, std::min(K, (c + 1) * kKC), c0, std::min(N, c0 + width), out,
+                    false);
   });
-  if (chunks == 1 && scale == nullptr) return;
   const int64_t per = (vectors + 2 * threads - 1) / (2 * threads) * kWidth;
   parallel_for((N + per - 1) / per, [&](int64_t i) {  // y += chunk 1, chunk 2, ... in order
     const int64_t c0 = i * per, c1 = std::min(N, c0 + per);
