@@ -1,14 +1,16 @@
 // y[T, N] = x[T, K] @ W[K, N] (W one of weights.h's layouts, times a per-column scale for int8),
 // multi-threaded, for every T: one kernel choice by T alone, never by size.
 //
-// * T <= kStreamRows (decode steps): memory-bound, the time is one pass over W.  A task owns one
-//   chunk of kKC rows of W and (when the threads need more tasks than chunks) a range of columns:
-//   with few threads it reads whole rows, long contiguous runs (1.3-1.5x the bandwidth of column
-//   ranges with two threads here: RESULTS.md "The K split, ported").  stream_tile keeps T x tile
-//   accumulators in L1 and multiplies kPassRows rows of W at a time into them, with a software
-//   prefetch kPrefetchRows rows ahead (int8: it issues four 16-byte loads a line, so the
-//   out-of-order window alone holds too few lines in flight; RESULTS.md "Speed change 4b").
-//   Chunk 0 writes y, the others a scratch partial each; a second pass adds them in chunk order.
+// * T <= kStreamRows (decode steps): memory-bound, the time is one pass over W.  With several
+//   threads a task owns one chunk of kKC rows of W and (when the threads need more tasks than
+//   chunks) a range of columns: it reads whole rows, long contiguous runs (1.0-1.3x the bandwidth
+//   of column ranges with two threads here: RESULTS.md "The decode GEMV's K split, ported");
+//   chunk 0 writes y, the others a scratch partial each, and a second pass adds them in chunk
+//   order.  On one thread the task owns all columns and sums its chunks itself (no partials).
+//   stream_tile keeps T x tile accumulators in L1 and multiplies kPassRows rows of W at a time
+//   into them, with a software prefetch kPrefetchRows rows ahead (int8: it issues four 16-byte
+//   loads a line, so the out-of-order window alone holds too few lines in flight; RESULTS.md
+//   "Speed change 4b").
 // * T > kStreamRows (prefill chunks, batched decodes): compute-bound.  A task owns kNC columns;
 //   per kKC rows of W it converts its [kKC, kNC] block to fp32 micro-panels [kKC][kNR] (in L2;
 //   int8/int4 are dequantised here, once per call) and runs a kMR x kNR register-blocked
