@@ -151,9 +151,10 @@ def sample_gpu(
     check_num_logprobs(num_logprobs)
     if not 0 < vocab < MAX_VOCAB:
         raise ValueError(f"vocab {vocab} out of range (1..{MAX_VOCAB - 1})")
-    given = (temperature, top_p, top_k, rep_penalty, freq_penalty, pres_penalty, seeds, counters, min_tokens)
+    given = (temperature, top_p, top_k, rep_penalty, freq_penalty, pres_penalty, seeds, counters, min_tokens,
+             num_generated, out_tokens, out_logprobs)  # fmt: skip
     ptr: dict[str, int] = {}
-    for (name, dts), arr in zip(_ROW_DTYPES.items(), (*given, num_generated, out_tokens, out_logprobs)):
+    for (name, dts), arr in zip(_ROW_DTYPES.items(), given):
         a = runtime.as_device_array(arr)
         if a.shape != (b_sz,) or a.dtype not in dts:  # (np.dtype comparisons: .name costs ~5 us)
             raise TypeError(f"{name} must be {' or '.join(map(str, dts))} [{b_sz}], got {a.dtype}{a.shape}")

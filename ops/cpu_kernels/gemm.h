@@ -100,12 +100,12 @@ void stream_columns(const float* x, const Src& w, int64_t K, int64_t N, int64_t 
                     int64_t c1, float* y, bool chunked) {
   const int64_t full = std::min(c1, N / kWidth * kWidth), step = chunked ? kKC : std::max<int64_t>(1, k1 - k0);
   const int64_t nb = std::max<int64_t>(kWidth, kAccFloats / T / kWidth * kWidth);
+  thread_local std::vector<float> tmp;  // one chunk's [T, b] tile (this task's own thread)
+  if (k0 + step < k1) tmp.resize(T * nb);
   for (int64_t n0 = c0; n0 < full; n0 += nb) {
     const int64_t b = std::min(nb, full - n0);
     stream_tile<T>(x, w, K, k0, std::min(k1, k0 + step), n0, b, y + n0, N);
     for (int64_t kc = k0 + step; kc < k1; kc += step) {
-      thread_local std::vector<float> tmp;  // one chunk's [T, b] tile (this task's own thread)
-      tmp.resize(T * nb);
       stream_tile<T>(x, w, K, kc, std::min(k1, kc + step), n0, b, tmp.data(), b);
       for (int t = 0; t < T; ++t)
         for (int64_t j = 0; j < b; j += kWidth) {
