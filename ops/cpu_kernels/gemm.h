@@ -26,9 +26,11 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
+#include "gemm_blocked.h"
 #include "simd.h"
 #include "thread_pool.h"
 #include "weights.h"
@@ -39,31 +41,26 @@ constexpr int64_t kStreamRows = 8;          // T above: the blocked path (CPU ti
 constexpr int64_t kAccFloats = 16384;       // stream: T x tile accumulators, 64 KiB (4096: 5-10 % slower at T=1, 8)
 constexpr int64_t kPassRows = 8;            // stream: weight rows per pass over the accumulators
 constexpr int64_t kPrefetchRows = 16;       // stream: software prefetch distance, in weight rows
-constexpr int64_t kMR = 6;                  // blocked: rows of x per micro-kernel
-#if defined(__AVX512F__)
-constexpr int64_t kNV = 4;                  // blocked: vectors of columns per micro-kernel (6 x 4 accumulators)
-#else
-constexpr int64_t kNV = 2;                  // AVX2's 16 registers: 6 x 2 accumulators
-#endif
-constexpr int64_t kNR = kNV * kWidth;       // blocked: columns per micro-panel
-constexpr int64_t kKC = 128;                // both: rows of W per chunk of the sum (blocked: a micro-panel, 32 KiB)
-constexpr int64_t kNC = 256;                // blocked: columns per task, at most
-constexpr int64_t kPackPrefetchRows = 8;    // blocked: software prefetch distance of the packing
 
 // ---------------------------------------------------------------- T <= kStreamRows
 
-// out[t, 0:nb] = x[t, k0:k1] @ w[k0:k1, n0:n0+nb] for the T rows of x (nb a multiple of kWidth);
-// x's rows are K long, out's ldo
+// out[t, 0:nb] = x[t, k0:k1] @ w[k0:k1, n0:n0+nb] for the T rows of x (nb a multiple of kWidth),
+// one chain from zero; x's rows are K long, out's ldo.  With `add` (rows ldy apart) the chain is then
+// added to add[t, 0:nb] instead: the last pass adds its registers straight into `add` (a sweep of
+// the tile fewer than storing and adding again: one thread at T = 8 gained 10-17 %, RESULTS.md)
 template <int T, typename Src>
 void stream_tile(const float* x, const Src& w, int64_t K, int64_t k0, int64_t k1, int64_t n0, int64_t nb, float* out,
-                 int64_t ldo) {
+                 int64_t ldo, float* add = nullptr, int64_t ldy = 0) {
   // fp32 at T=1 (one 64-byte load per line, a short loop): the hardware prefetchers keep up and the
   // prefetches only cost issue slots (29 vs 26 GB/s without them); int8, or T >= 2, gain from them
   constexpr bool kPrefetch = Src::kPrefetchOneRow || T > 1;
+  const bool fused = add != nullptr && k1 - k0 >= kPassRows && (k1 - k0) % kPassRows == 0;
   for (int t = 0; t < T; ++t)
-    for (int64_t j = 0; j < nb; j += kWidth) vstore(out + t * ldo + j, vzero());
-  int64_t k = k0;
-  for (; k + kPassRows <= k1; k += kPassRows) {  // kPassRows weight rows per pass over the accumulators
+      for (int64_t j = 0; j < nb; j += kWidth) vstore(out + t * ldo + j, vzero());
+  // one pass of kPassRows weight rows over the accumulators; kLast: the result goes into `add`.
+  // Inlined (GCC kept it a call: 5-15 % slower)
+  auto pass = [&](int64_t k, auto last) __attribute__((always_inline)) {
+    constexpr bool kLast = decltype(last)::value;
     const int64_t pf = std::min(k + kPrefetchRows, k1 - kPassRows);   // clamped: re-prefetching is harmless
     Vec xb[T][kPassRows];
     for (int t = 0; t < T; ++t)
@@ -77,10 +74,18 @@ void stream_tile(const float* x, const Src& w, int64_t K, int64_t k0, int64_t k1
         float* acc = out + t * ldo + j;
         Vec a = vload(acc);
         for (int i = 0; i < kPassRows; ++i) a = vfma(xb[t][i], wv[i], a);  // a chain: a tree was slower
-        vstore(acc, a);
+        if constexpr (kLast) {
+          float* yt = add + t * ldy + j;
+          vstore(yt, vadd(vload(yt), a));
+        } else {
+          vstore(acc, a);
+        }
       }
     }
-  }
+  };
+  int64_t k = k0;
+  for (; k + kPassRows <= k1; k += kPassRows)
+    fused && k + kPassRows == k1 ? pass(k, std::true_type{}) : pass(k, std::false_type{});
   for (; k < k1; ++k)  // the range's last rows
     for (int64_t j = 0; j < nb; j += kWidth) {
       const Vec wv = w.vec(k, n0 + j);
@@ -89,12 +94,18 @@ void stream_tile(const float* x, const Src& w, int64_t K, int64_t k0, int64_t k1
         vstore(acc, vfma(vset1(x[t * K + k]), wv, vload(acc)));
       }
     }
+  if (add != nullptr && !fused)
+    for (int t = 0; t < T; ++t)
+      for (int64_t j = 0; j < nb; j += kWidth) {
+        float* yt = add + t * ldy + j;
+        vstore(yt, vadd(vload(yt), vload(out + t * ldo + j)));
+      }
 }
 
 // y[:, c0:c1] = x[:, k0:k1] @ w[k0:k1, c0:c1] for T rows: tiles of full vectors, then (if c1 is
 // past the last one) scalar columns.  `chunked`: this one task sums K's kKC-row chunks from k0 in
-// order (each chunk's chain into `tmp`, then added to y: the K split's sum with no partials in
-// memory); otherwise [k0, k1) is one chain.
+// order (each chunk's chain in `tmp`, its last pass added into y: the K split's sum with no partials
+// in memory); otherwise [k0, k1) is one chain.
 template <int T, typename Src>
 void stream_columns(const float* x, const Src& w, int64_t K, int64_t N, int64_t k0, int64_t k1, int64_t c0,
                     int64_t c1, float* y, bool chunked) {
@@ -105,14 +116,8 @@ void stream_columns(const float* x, const Src& w, int64_t K, int64_t N, int64_t 
   for (int64_t n0 = c0; n0 < full; n0 += nb) {
     const int64_t b = std::min(nb, full - n0);
     stream_tile<T>(x, w, K, k0, std::min(k1, k0 + step), n0, b, y + n0, N);
-    for (int64_t kc = k0 + step; kc < k1; kc += step) {
-      stream_tile<T>(x, w, K, kc, std::min(k1, kc + step), n0, b, tmp.data(), b);
-      for (int t = 0; t < T; ++t)
-        for (int64_t j = 0; j < b; j += kWidth) {
-          float* yt = y + t * N + n0 + j;
-          vstore(yt, vadd(vload(yt), vload(tmp.data() + t * b + j)));
-        }
-    }
+    for (int64_t kc = k0 + step; kc < k1; kc += step)
+      stream_tile<T>(x, w, K, kc, std::min(k1, kc + step), n0, b, tmp.data(), b, y + n0, N);
   }
   for (int t = 0; t < T; ++t)
     for (int64_t n = std::max(c0, full); n < c1; ++n) {
@@ -187,79 +192,6 @@ void stream_gemm(const float* x, const Src& w, const float* scale, int64_t T, in
     }
     if (scale != nullptr) scale_columns(y, scale, T, N, c0, c1);
   });
-}
-
-// ---------------------------------------------------------------- T > kStreamRows
-
-// [kb, nb] block of W from (k0, n0) → fp32 micro-panels dst[nb / kNR rounded up][kb][kNR], zero-padded
-template <typename Src>
-void pack(const Src& w, int64_t k0, int64_t kb, int64_t n0, int64_t nb, int64_t K, float* dst) {
-  const int64_t full = nb / kWidth * kWidth;
-  for (int64_t k = 0; k < kb; ++k) {
-    // a task reads W in short runs (nb columns of each row): without the prefetch, one row ahead
-    // per cache line, the hardware prefetchers leave it latency-bound
-    if (k0 + k + kPackPrefetchRows < K)
-      for (int64_t j = 0; j < nb; j += Src::kLine) __builtin_prefetch(w.at(k0 + k + kPackPrefetchRows, n0 + j));
-    for (int64_t j = 0; j < full; j += kWidth)
-      vstore(dst + (j / kNR) * kb * kNR + k * kNR + j % kNR, w.vec(k0 + k, n0 + j));
-    for (int64_t j = full; j < (nb + kNR - 1) / kNR * kNR; ++j)
-      dst[(j / kNR) * kb * kNR + k * kNR + j % kNR] = j < nb ? w.one(k0 + k, n0 + j) : 0.f;
-  }
-}
-
-// c[M, kNR] (row stride ldc) = (zero ? 0 : c) + x[M, kb] (row stride ldx) @ panel[kb, kNR], the
-// block's product summed from 0 (one chunk of the sum: see the top)
-template <int M>
-void micro(const float* x, int64_t ldx, const float* panel, int64_t kb, float* c, int64_t ldc, bool zero) {
-  Vec acc[M][kNV];
-  for (int m = 0; m < M; ++m)
-    for (int v = 0; v < kNV; ++v) acc[m][v] = vzero();
-  for (int64_t k = 0; k < kb; ++k) {
-    Vec wv[kNV];
-    for (int v = 0; v < kNV; ++v) wv[v] = vload(panel + k * kNR + v * kWidth);
-    for (int m = 0; m < M; ++m) {
-      const Vec xb = vset1(x[m * ldx + k]);
-      for (int v = 0; v < kNV; ++v) acc[m][v] = vfma(xb, wv[v], acc[m][v]);
-    }
-  }
-  for (int m = 0; m < M; ++m)
-    for (int v = 0; v < kNV; ++v) {
-      float* out = c + m * ldc + v * kWidth;
-      vstore(out, zero ? acc[m][v] : vadd(vload(out), acc[m][v]));
-    }
-}
-
-template <int... M>
-void micro_dispatch(int64_t m, std::integer_sequence<int, M...>, const float* x, int64_t ldx, const float* panel,
-                    int64_t kb, float* c, int64_t ldc, bool zero) {
-  ((m == M + 1 ? micro<M + 1>(x, ldx, panel, kb, c, ldc, zero) : void()), ...);
-}
-
-// y[:, n0:n0+nb] for all T rows (one task of the blocked path); buf holds kKC x kNC floats
-template <typename Src>
-void blocked_columns(const float* x, const Src& w, int64_t T, int64_t K, int64_t N, int64_t n0, int64_t nb,
-                     float* buf, float* y) {
-  constexpr auto kRows = std::make_integer_sequence<int, kMR>{};
-  float edge[kMR * kNR];   // the last micro-panel when nb is not a multiple of kNR
-  for (int64_t k0 = 0; k0 < K; k0 += kKC) {
-    const int64_t kb = std::min(kKC, K - k0);
-    pack(w, k0, kb, n0, nb, K, buf);
-    for (int64_t j = 0; j < nb; j += kNR) {
-      const float* panel = buf + (j / kNR) * kb * kNR;
-      const int64_t cols = std::min(kNR, nb - j);
-      for (int64_t t0 = 0; t0 < T; t0 += kMR) {
-        const int64_t m = std::min(kMR, T - t0);
-        float* c = y + t0 * N + n0 + j;
-        if (cols == kNR) {
-          micro_dispatch(m, kRows, x + t0 * K + k0, K, panel, kb, c, N, k0 == 0);
-          continue;
-        }
-        for (int64_t r = 0; r < m && k0 > 0; ++r) std::copy_n(c + r * N, cols, edge + r * kNR);
-        micro_dispatch(m, kRows, x + t0 * K + k0, K, panel, kb, edge, kNR, k0 == 0);
-        for (int64_t r = 0; r < m; ++r) std::copy_n(edge + r * kNR, cols, c + r * N);
-      }
-    }
-  }
 }
 
 // ---------------------------------------------------------------- both

@@ -1,0 +1,84 @@
+"""gemm.h against an older commit's gemm.h, in one binary: whole passes over the `--demo small` (or
+SHAPE=1b) linears alternating, as `benchmarks/gemm_ksplit.cc` times its two task splits.  Separate
+processes for A and B differ by more than the change on this VM (the graph-level A/B of session 12
+ranged ±25 % between runs of one build); one binary shares the allocation and the machine's state.
+
+    python benchmarks/gemm_ab.py REV [--threads 1 2] [--rounds 15] [--shape small|1b]
+
+The older header is renamed into the same namespace (its functions and constants get `_old`), the
+bench's baseline calls it; prints gemm_ksplit's lines, "ksplit" = this tree, "columns" = REV.
+Note: an A/A build (REV = HEAD) shows 0.85-0.91 at int8 T = 2, 4 on two threads (code layout):
+read ratios against an A/A run of the same shape.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import subprocess
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+KERNELS = ROOT / "ops" / "cpu_kernels"
+# what gemm.h (and, since session 12, gemm_blocked.h) defines at namespace scope
+NAMES = (
+    "kStreamRows kAccFloats kPassRows kPrefetchRows kMR kNV kNR kKC kNC kPackPrefetchRows stream_tile stream_columns "
+    "stream_dispatch scale_columns stream_gemm pack micro micro_dispatch blocked_columns gemm"
+).split()
+
+
+def old_header(rev: str) -> str:
+    """REV's gemm.h (with its gemm_blocked.h inlined), its names suffixed `_old`."""
+    text = subprocess.run(
+        ["git", "-C", str(ROOT), "show", f"{rev}:ops/cpu_kernels/gemm.h"], check=True, capture_output=True, text=True
+    ).stdout
+    if '#include "gemm_blocked.h"' in text:
+        blocked = subprocess.run(
+            ["git", "-C", str(ROOT), "show", f"{rev}:ops/cpu_kernels/gemm_blocked.h"],
+            check=True,
+            capture_output=True,
+            text=True,
+        ).stdout
+        text = text.replace('#include "gemm_blocked.h"\n', blocked)
+    text = re.sub(r'#include "(simd|thread_pool|weights)\.h"\n|#pragma once\n', "", text)
+    return re.sub(r"\b(%s)\b" % "|".join(NAMES), r"\1_old", text)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("rev")
+    ap.add_argument("--threads", type=int, nargs="+", default=[1, 2])
+    ap.add_argument("--rounds", type=int, default=15)
+    ap.add_argument("--shape", default="small", choices=["small", "1b"])
+    args = ap.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        (Path(tmp) / "gemm_old.h").write_text(old_header(args.rev))
+        bench = (ROOT / "benchmarks" / "gemm_ksplit.cc").read_text()
+        bench = bench.replace('#include "gemm.h"\n', '#include "gemm.h"\n#include "gemm_old.h"\n')
+        (Path(tmp) / "ab.cc").write_text(bench.replace("which ? columns(", "which ? gemm_old("))
+        exe = Path(tmp) / "ab"
+        subprocess.run(
+            [
+                "g++",
+                "-O3",
+                "-march=native",
+                "-std=c++17",
+                "-pthread",
+                f"-I{KERNELS}",
+                f"-I{tmp}",
+                str(Path(tmp) / "ab.cc"),
+                str(KERNELS / "thread_pool.cc"),
+                "-o",
+                str(exe),
+            ],
+            check=True,
+        )
+        env = dict(os.environ, SHAPE=args.shape)
+        for threads in args.threads:
+            subprocess.run([str(exe), str(threads), str(args.rounds)], check=True, env=env)
+
+
+if __name__ == "__main__":
+    main()
