@@ -1,7 +1,7 @@
-"""Host time of one `ops.sample_cuda.sample_gpu` call (argument checks, sizing, packing the two
-launches' parameters), without a GPU: the kernels are replaced by launches that only pack their
-arguments, device arrays are views of host memory.  The GPU runner calls it every step, so this is
-Python on the decode path (RESULTS.md, "Sampling's host time").
+"""Host time of one `ops.sample_cuda.sample_gpu` call (argument checks, sizing, packing the
+launches' parameters: 2, or 5 with the sampled split), without a GPU: the kernels are replaced by
+launches that only pack their arguments, device arrays are views of host memory.  The GPU runner
+calls it every step, so this is Python on the decode path (RESULTS.md, "Sampling's host time").
 
     python benchmarks/sample_host.py [--batch 64] [--vocab 32000] [--calls 500]
 """
@@ -32,7 +32,8 @@ def main() -> None:
     ap.add_argument("--vocab", type=int, default=32000)
     ap.add_argument("--calls", type=int, default=500)
     a = ap.parse_args()
-    workspace = np.zeros(sample_cuda.workspace_bytes(a.batch, 16) // 8 + 1, np.uint64)
+    chunks = sample_cuda.scan_chunks(a.batch, a.vocab, 132)[0]
+    workspace = np.zeros(sample_cuda.workspace_bytes(a.batch, 16, chunks) // 8 + 1, np.uint64)
     runtime.load_kernel = lambda source, name, options=(): PackOnly(name)
     runtime.sm_count = lambda: 132
     runtime.scratch = lambda nbytes: workspace.ctypes.data
@@ -47,10 +48,15 @@ def main() -> None:
         out_tokens=i32.copy(), out_logprobs=f32.copy(),
     )  # fmt: skip
     dev = {k: runtime.DeviceArray(v.ctypes.data, v.shape, v.dtype, v.strides) for k, v in host.items()}
-    call = lambda: sample_cuda.sample_gpu(**dev)  # noqa: E731
-    call()
-    best = min(timeit.repeat(call, number=a.calls, repeat=5)) / a.calls
-    print(f"sample_gpu host time: {best * 1e6:.1f} us a call (batch {b}, vocab {a.vocab}; best of 5 x {a.calls})")
+    for split in (False, True):  # greedy-only batches (the staged call's choice) skip the split's 3 launches
+        call = lambda: sample_cuda.sample_gpu(**dev, split_sampled=split)  # noqa: B023, E731
+        call()
+        best = min(timeit.repeat(call, number=a.calls, repeat=5)) / a.calls
+        launches = 5 if split else 2
+        print(
+            f"sample_gpu host time, {launches} launches: {best * 1e6:.1f} us a call (batch {b}, vocab {a.vocab};"
+            f" best of 5 x {a.calls})"
+        )
 
 
 if __name__ == "__main__":

@@ -7,7 +7,7 @@ ops/kernels/ (*.cu, *.cuh), read and concatenated per kernel module by `runtime.
 | `device`, `nvrtc`, `runtime` | driver bindings and GPU detection; NVRTC compile + disk cache; dtypes, device arrays, module loading and launch |
 | `kv_cache_write` | K/V of new tokens into the paged pool at slots (optional int8 with per-head scales) |
 | `paged_attention` | decode attention over block tables, GQA, optional int8 KV, split-K for long contexts |
-| `sample`, `sample_twin`, `sample_cuda`, `sample_staged`, `philox` | fused penalties / EOS mask / temperature / top-k / top-p / seeded Philox draw / top-n logprobs; `sample` dispatches |
+| `sample`, `sample_twin`, `sample_cuda`, `sample_launch`, `sample_staged`, `philox` | fused penalties / EOS mask / temperature / top-k / top-p / seeded Philox draw / top-n logprobs; `sample` dispatches |
 | `bench`, `bench_timing`, `bench_attention` | GPU timings against the measured copy bandwidth (`python -m ops.bench`; the attention variant sweep) |
 | `paddle_ext` | Paddle CPU custom operators in C++ (`cpu_kernels/*.cc`) used inside exported graphs: `spmd_allreduce` (MPI in the graph), `spmd_linear[_int8\|_int4]` (GEMM for every T), `spmd_paged_attention` (RoPE + pool write + causal GQA over the paged pool), the norms and SwiGLU, on a persistent thread pool; built with g++ on first use, cached, registered |
 

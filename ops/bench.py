@@ -45,9 +45,10 @@ def bench_kv_cache_write(
     return Result(name, f"T={tokens} kv={kv_heads}x{head_dim} fp16", sec, nbytes, host)
 
 
-def bench_sample(batch: int, vocab: int, label: str, **over: float) -> Result:
+def bench_sample(batch: int, vocab: int, label: str, split: bool = True, **over: float) -> Result:
     """ops.sample over [batch, vocab] fp32 logits (normal, scale 2), no penalties; `nbytes` = one
-    read of the logits, so 100 / (% copy) is the time in units of one read (goal <= 3)."""
+    read of the logits, so 100 / (% copy) is the time in units of one read (goal <= 3).  `split`:
+    sampled rows split over many blocks (sample_split.cuh), else their one-block path."""
     rng, bufs = np.random.default_rng(0), Buffers()
     rows = {
         "temperature": np.float32(over.get("temperature", 1.0)),
@@ -69,7 +70,8 @@ def bench_sample(batch: int, vocab: int, label: str, **over: float) -> Result:
     outs: dict[str, Any] = dict(
         out_tokens=bufs.empty((batch,), np.int32), out_logprobs=bufs.empty((batch,), np.float32)
     )
-    sec, host = time_per_call(lambda: sample_gpu(logits, **args, **outs))
+    split = split and float(over.get("temperature", 1.0)) > 0  # greedy rows: the staged call's choice
+    sec, host = time_per_call(lambda: sample_gpu(logits, **args, **outs, split_sampled=split))
     bufs.free()
     return Result(f"sample ({label})", f"B={batch} V={vocab} fp32", sec, batch * vocab * 4, host)
 
@@ -82,6 +84,7 @@ def extra_benches() -> list[Result]:
         bench_sample(128, 128 * 1024, "T=1"),
         bench_sample(128, 128 * 1024, "top_p=0.9", top_p=0.9),
         bench_sample(128, 128 * 1024, "top_k=50 top_p=0.9", top_k=50, top_p=0.9),
+        bench_sample(128, 128 * 1024, "top_k=50 top_p=0.9, one block", split=False, top_k=50, top_p=0.9),
     ]
 
 

@@ -11,14 +11,25 @@ import numpy as np
 
 from . import runtime
 from .philox import CUDA_SOURCE as PHILOX_CUDA
+from .sample_launch import Launch
 from .sample_twin import _COEF, _LN2_31, _LOG2E, MAX_VOCAB, check_num_logprobs
 
 THREADS = 1024  # one block of THREADS per row (512 measured no better on an H100: RESULTS.md)
 SCAN_THREADS = 256  # the split scan's blocks (sample_scan.cuh)
 MAX_SCAN_CHUNKS = 64  # chunks per row of the split scan, at most (sizes its workspace)
 SCAN_PART_BYTES = 16  # one ScanPart: u64 arg-max key, float max, float sum
+# one SplitRow (sample_scan.cuh): 4 u64, 2 u32, u32 chunk_n[MAX_SCAN_CHUNKS], u32 cnt[4096], u64 mass[4096]
+SPLIT_ROW_BYTES = 4 * 8 + 2 * 4 + 4 * MAX_SCAN_CHUNKS + 4 * 4096 + 8 * 4096
+SPLIT_CAP = 4096  # a split sampled row's region tokens per chunk list (8 bytes each), at most
 # The kernel source after the generated constants, in order (one translation unit).
-SOURCE_FILES = ("sample_row.cuh", "sample_block.cuh", "sample_search.cuh", "sample_scan.cuh", "sample.cu")
+SOURCE_FILES = (
+    "sample_row.cuh",
+    "sample_block.cuh",
+    "sample_search.cuh",
+    "sample_scan.cuh",
+    "sample_split.cuh",
+    "sample.cu",
+)
 
 
 def _f32_hex(x: np.float32) -> str:
@@ -28,6 +39,7 @@ def _f32_hex(x: np.float32) -> str:
 def _cuda_source() -> str:
     consts = "\n".join(
         [f"#define LOG2E {_f32_hex(_LOG2E)}", f"#define LN2_31 {_LN2_31!r}"]
+        + [f"#define MAX_SCAN_CHUNKS {MAX_SCAN_CHUNKS}", f"#define SPLIT_ROW_BYTES {SPLIT_ROW_BYTES}"]
         + [f"#define COEF{n} {_f32_hex(c)}" for n, c in enumerate(_COEF)]
     )
     return runtime.CUDA_PRELUDE + PHILOX_CUDA + consts + "\n" + runtime.kernel_source(*SOURCE_FILES)
@@ -36,6 +48,7 @@ def _cuda_source() -> str:
 CUDA_SOURCE = _cuda_source()
 SAMPLE_KERNELS = {"fp32": "sample_fp32", "fp16": "sample_fp16", "bf16": "sample_bf16"}
 SCAN_KERNELS = {dt: name.replace("sample_", "sample_scan_") for dt, name in SAMPLE_KERNELS.items()}
+SPLIT_PASS_KERNELS = {dt: name.replace("sample_", "sample_split_pass_") for dt, name in SAMPLE_KERNELS.items()}
 
 
 def compile_options(dtype: str) -> tuple[str, ...]:
@@ -56,10 +69,15 @@ def hash_bits(gen_len: int) -> int:
     return 0 if gen_len <= 0 else max(5, (2 * gen_len - 1).bit_length())
 
 
-def workspace_bytes(batch: int, gen_len: int) -> int:
-    """Workspace for sample_gpu: the split scan's parts, then one (token, count) int2 hash table
-    per row."""
-    return batch * MAX_SCAN_CHUNKS * SCAN_PART_BYTES + (batch * (8 << hash_bits(gen_len)) if gen_len > 0 else 0)
+def workspace_bytes(batch: int, gen_len: int, chunks: int) -> int:
+    """Workspace for sample_gpu with `chunks` = scan_chunks(...)[0]: the split scan's parts, the split
+    sampled rows' SplitRows and region lists, then one (token, count) int2 hash table per row."""
+    return _split_end(batch, chunks) + (batch * (8 << hash_bits(gen_len)) if gen_len > 0 else 0)
+
+
+def _split_end(batch: int, chunks: int) -> int:
+    """Offset past the split rows' lists in the workspace: parts | SplitRows | lists | tables."""
+    return batch * (MAX_SCAN_CHUNKS * SCAN_PART_BYTES + SPLIT_ROW_BYTES + chunks * SPLIT_CAP * 8)
 
 
 def scan_chunks(batch: int, vocab: int, sm_count: int) -> tuple[int, int]:
@@ -130,6 +148,7 @@ def sample_gpu(
     out_top_logprobs: Any = None,
     workspace: Any = None,
     cap: int | None = None,
+    split_sampled: bool = True,
     stream: Any = 0,
 ) -> tuple[Any, Any, Any, Any]:
     """The kernel on device arrays (cupy / Paddle GPU tensors / runtime.DeviceArray) in the twin's
@@ -138,9 +157,10 @@ def sample_gpu(
     uint64 (or int64 bits) [B]; counters int64 [B]; eos_ids [B, E] / gen_token_ids [B, G] int32.
     Outputs: out_tokens int32 [B], out_logprobs float32 [B], and with num_logprobs > 0
     out_top_ids int32 / out_top_logprobs float32 [B, num_logprobs].  `workspace` (>=
-    workspace_bytes(B, G) bytes; default: runtime.scratch, safe on one stream).  `cap` limits the
-    shared-memory candidate buffer (default: all the shared memory left; tests use 0 to force the
-    multi-pass path).  Asynchronous."""
+    workspace_bytes(B, G, chunks) bytes; default: runtime.scratch, safe on one stream).  `cap` limits
+    the shared-memory candidate buffer (default: all the shared memory left; tests use 0 to force the
+    multi-pass path).  `split_sampled=False`: the caller knows no row is a split sampled one (all
+    greedy, say): the three launches of the sampled split are skipped.  Asynchronous."""
     lg = runtime.as_device_array(logits)
     b_sz, vocab = lg.shape
     dtype = runtime.dtype_name(lg.dtype)
@@ -178,62 +198,12 @@ def sample_gpu(
     if b_sz == 0:
         return out_tokens, out_logprobs, out_top_ids, out_top_logprobs
     n_eos, n_gen = widths["eos_ids"], widths["gen_token_ids"]
-    bits = hash_bits(n_gen)
-    need = workspace_bytes(b_sz, n_gen)
-    ws = runtime.workspace_ptr(workspace, need)
-    parts, tables = ws, ws + b_sz * MAX_SCAN_CHUNKS * SCAN_PART_BYTES
     chunks, chunk = scan_chunks(b_sz, vocab, runtime.sm_count())
-    # Greedy rows first, split over `chunks` blocks each; the rows it answers, the main kernel only
-    # finishes (same stream, so it runs after).
-    opts = compile_options(dtype)
-    runtime.load_kernel(CUDA_SOURCE, SCAN_KERNELS[dtype], opts).launch(
-        (chunks, b_sz),
-        (SCAN_THREADS,),
-        [lg.ptr, np.int64(ld), np.int32(vocab)]
-        + [ptr[n] for n in ("temperature", "top_p", "top_k", "rep_penalty", "freq_penalty", "pres_penalty")]
-        + [ptr["min_tokens"], ptr["num_generated"], np.int32(n_eos), np.int32(n_gen), np.int32(num_logprobs)]
-        + [np.int32(chunk), parts],
-        stream=stream,
-    )
-    kernel = runtime.load_kernel(CUDA_SOURCE, SAMPLE_KERNELS[dtype], opts)
-    limit = _dynamic_smem_limit(kernel)
-    fit = (limit - shared_bytes(vocab, 0)) // 8
+    ws = runtime.workspace_ptr(workspace, workspace_bytes(b_sz, n_gen, chunks))
+    kernel = runtime.load_kernel(CUDA_SOURCE, SAMPLE_KERNELS[dtype], compile_options(dtype))
+    fit = (_dynamic_smem_limit(kernel) - shared_bytes(vocab, 0)) // 8
     if fit < 0:
         raise ValueError(f"vocab {vocab} needs more shared memory than the device has (bitmap)")
-    cap = fit if cap is None else min(cap, fit)
-    kernel.launch(
-        (b_sz,),
-        (THREADS,),
-        [
-            lg.ptr,
-            np.int64(ld),
-            np.int32(vocab),
-            ptr["temperature"],
-            ptr["top_p"],
-            ptr["top_k"],
-            ptr["rep_penalty"],
-            ptr["freq_penalty"],
-            ptr["pres_penalty"],
-            ptr["seeds"],
-            ptr["counters"],
-            ptr["min_tokens"],
-            ptr["num_generated"],
-            ptr["eos_ids"],
-            np.int32(n_eos),
-            ptr["gen_token_ids"],
-            np.int32(n_gen),
-            tables,
-            np.int32(bits),
-            np.int32(num_logprobs),
-            np.int32(cap),
-            ptr["out_tokens"],
-            ptr["out_logprobs"],
-            ptr.get("out_top_ids", 0),
-            ptr.get("out_top_logprobs", 0),
-            parts,
-            np.int32(chunks),
-        ],
-        stream=stream,
-        shared_mem=shared_bytes(vocab, cap),
-    )
+    plan = Launch(lg.ptr, ld, vocab, dtype, b_sz, chunks, chunk, ws, n_eos, n_gen, num_logprobs)
+    plan.run(ptr, kernel, fit if cap is None else min(cap, fit), split_sampled, stream)
     return out_tokens, out_logprobs, out_top_ids, out_top_logprobs

@@ -29,6 +29,15 @@ PARAM_DTYPES = (
 )
 
 
+def split_rows(p: dict[str, np.ndarray]) -> np.ndarray:
+    """[B] bool: the rows the kernels split as sampled rows (sample_scan.cuh's `split_row`): not
+    greedy, no masked EOS, no acting penalty."""
+    greedy = ~(p["temperature"] > 0) | (p["top_k"] == 1) | ~(p["top_p"] > 0)
+    masked = (p["eos_ids"].shape[1] > 0) & (p["num_generated"] < p["min_tokens"])
+    acting = (p["rep_penalty"] != 1) | (p["freq_penalty"] != 0) | (p["pres_penalty"] != 0)
+    return ~greedy & ~masked & ~((p["gen_token_ids"].shape[1] > 0) & acting)
+
+
 def sample_gpu_staged(
     logits: Any,
     temperature: Any,
@@ -91,7 +100,9 @@ def sample_gpu_staged(
             if a.nbytes:
                 chk(drv.cuMemcpyHtoDAsync(dev[n].ptr, a.ctypes.data, a.nbytes, raw), "cuMemcpyHtoDAsync")
         kernel: Callable[..., Any] = sample_cuda.sample_gpu  # looked up per call (tests substitute it)
-        kernel(logits, *(dev[n] for n, _ in PARAM_DTYPES), num_logprobs, **{n: dev[n] for n in outs}, stream=stream)
+        params = (dev[n] for n, _ in PARAM_DTYPES)
+        split = bool(split_rows(host).any())
+        kernel(logits, *params, num_logprobs, **{n: dev[n] for n in outs}, split_sampled=split, stream=stream)
         for n, a in outs.items():
             if a.nbytes:
                 chk(drv.cuMemcpyDtoHAsync(a.ctypes.data, dev[n].ptr, a.nbytes, raw), "cuMemcpyDtoHAsync")

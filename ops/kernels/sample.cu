@@ -10,7 +10,8 @@ extern "C" __global__ void __launch_bounds__(THREADS) SAMPLE_KERNEL(
     int2* __restrict__ workspace, int hash_bits, int num_logprobs, int cap,
     int* __restrict__ out_tokens, float* __restrict__ out_logprobs,
     int* __restrict__ out_top_ids, float* __restrict__ out_top_logprobs,
-    const ScanPart* __restrict__ scan_parts, int scan_chunks)
+    const ScanPart* __restrict__ scan_parts, int scan_chunks,
+    const SplitRow* __restrict__ split, const uint2* __restrict__ split_lists)
 {
     const int b = blockIdx.x, tid = threadIdx.x;
     if (scan_chunks > 0 && scan_row(b, temperature, top_p, top_k, rep_penalty, freq_penalty, pres_penalty,
@@ -74,14 +75,21 @@ extern "C" __global__ void __launch_bounds__(THREADS) SAMPLE_KERNEL(
     const int n_out = num_logprobs;
     int* top_ids = out_top_ids + (long long)b * n_out;
     float* top_lps = out_top_logprobs + (long long)b * n_out;
+    // a split sampled row (sample_split.cuh): its reads are done, its results in sr
+    const SplitRow* sr = split != nullptr && split_row(b, temperature, top_p, top_k, rep_penalty, freq_penalty,
+                                                       pres_penalty, min_tokens, num_generated, E, G)
+                             ? split + b : nullptr;
     const bool need_hist = !r.greedy || n_out > 0;
-    for (int i = tid; need_hist && i < L1_BINS; i += THREADS) { c.l1_cnt[i] = 0u; c.l1_mass[i] = 0ull; }
+    for (int i = tid; need_hist && i < L1_BINS; i += THREADS) {
+        c.l1_cnt[i] = sr ? sr->cnt[i] : 0u;
+        c.l1_mass[i] = sr ? sr->mass[i] : 0ull;
+    }
     __syncthreads();
 
     // ---- phase 1 (row read 1): arg-max (key, then lowest id), 12-bit key counts, greedy log-sum-exp
-    u64 best = 0ull;
+    u64 best = sr ? sr->best : 0ull;
     float lmax = neg_inf(), lsum = 0.f;
-    {
+    if (!sr) {
         u32* l1c = c.l1_cnt; const bool greedy = r.greedy;
         for_each(c, 0u, KEY_MAX, [&](u32 key, int id) {
             best = max(best, ((u64)key << 32) | (u32)~id);
@@ -135,49 +143,38 @@ extern "C" __global__ void __launch_bounds__(THREADS) SAMPLE_KERNEL(
         for (int i = tid; i < n_out; i += THREADS) { top_ids[i] = -1; top_lps[i] = neg_inf(); }
         return;
     }
-    // Every positive weight has s - m > -22.9, so tokens with key < zero_key weigh 0.
-    const u32 zero_key = float_key(__double2float_rd((double)m - 25.0)) & ~(KEY_MAX >> L1_BITS);
-    const int zero_bin = (int)(zero_key >> (32 - L1_BITS));
-    // The region: a prefix of the ranking (whole 12-bit bins) holding every token that later steps
-    // look at: positive weight and, with top_k, the bin of rank top_k; without top_k but with
-    // top_p < 1, the bins whose weight surely reaches top_p of the total (bounds from the counts:
-    // weights are monotone in the key, so a bin's weights lie between those of its end keys).
-    int lo_bin = zero_bin;
-    if (tk > 0 && tk < V) {
-        u64 ac = 0, am = 0;
-        lo_bin = max(lo_bin, scan_bins(c.l1_cnt, nullptr, L1_BINS, false, (u64)tk, ac, am, sh));
-    } else if (tp < 1.f) {
-        u64 hi_total = 0, e0, e1, t0;
-        for (int i = tid; i < L1_BINS; i += THREADS) {
-            const u32 lo = (u32)i << (32 - L1_BITS), hi = min(lo | (KEY_MAX >> L1_BITS), best_key);
-            const u64 n = i >= zero_bin && lo <= best_key ? c.l1_cnt[i] : 0u;
-            c.l1_mass[i] = n * weight_of_key(lo, m);             // lower bound, only for this search
-            hi_total += n * weight_of_key(hi, m);
-        }
-        block_scan2(hi_total, 0ull, e0, e1, hi_total, t0, sh);
-        const u64 need = (u64)ceil(__dmul_rn((double)tp, (double)hi_total));
-        u64 ac = 0, am = 0;                                       // no crossing: bin 0, no narrowing
-        lo_bin = max(lo_bin, scan_bins(c.l1_cnt, c.l1_mass, L1_BINS, true, need, ac, am, sh));
-        for (int i = tid; i < L1_BINS; i += THREADS) c.l1_mass[i] = 0ull;
-        __syncthreads();
-    }
-    const u32 lo_key = (u32)lo_bin << (32 - L1_BITS);
-    u64 region = 0;
-    {
+    const u32 zero_key = zero_key_of(m);                 // keys below weigh 0
+    const u32 lo_key = sr ? sr->lo_key : (u32)region_lo_bin(c, best_key, tk, tp, V, sh) << (32 - L1_BITS);
+    u64 region = sr ? sr->region : 0ull;
+    if (!sr) {
         u64 e0, e1, t1;
-        for (int i = lo_bin + tid; i < L1_BINS; i += THREADS) region += c.l1_cnt[i];
+        for (int i = (int)(lo_key >> (32 - L1_BITS)) + tid; i < L1_BINS; i += THREADS) region += c.l1_cnt[i];
         block_scan2(region, 0ull, e0, e1, region, t1, sh);
     }
+    // the region in the candidate buffer: from the split rows' lists, or copied in the second read
+    const bool fits = region <= (u64)(sr ? min(cap, SPLIT_CAP) : cap);
     // Weights of every token (key >= zero_key): 12-bit weight histogram, total, count of positive
     // weights (row read 2); the region is copied into the candidate buffer in the same pass if it fits.
-    u64 q_all = 0, n_pos = 0;
-    {
+    u64 q_all = sr ? sr->q_all : 0ull, n_pos = sr ? sr->n_pos : 0ull;
+    if (sr) {
+        if (fits) {                                           // the chunks' lists, in chunk order
+            int at = 0;
+            for (int ch = 0; ch < scan_chunks; ++ch) {
+                const int n = (int)sr->chunk_n[ch];
+                const uint2* list = split_lists + ((long long)b * scan_chunks + ch) * SPLIT_CAP;
+                for (int i = tid; i < n; i += THREADS) { c.cand_key[at + i] = list[i].x; c.cand_id[at + i] = (int)list[i].y; }
+                at += n;
+            }
+            c.cand_valid = true; c.cand_bins = false; c.cand_lo = lo_key; c.cand_hi = KEY_MAX; c.cand_n = (int)region;
+        }
+        __syncthreads();
+    } else {
         u64* l1m = c.l1_mass;
         auto weigh = [&](u32 key) {
             const u32 q = weight_of_key(key, m);
             if (q) { atomicAdd(l1m + (key >> (32 - L1_BITS)), (u64)q); q_all += q; ++n_pos; }
         };
-        if (region <= (u64)cap) {
+        if (fits) {
             u32* ck = c.cand_key; int* ci = c.cand_id;
             ordered_pass(c, zero_key, KEY_MAX, [&](u32 key) { return key >= lo_key; },
                 [&](u32 key, int id, bool in_region, u64 rank) {
@@ -192,7 +189,7 @@ extern "C" __global__ void __launch_bounds__(THREADS) SAMPLE_KERNEL(
         block_scan2(q_all, n_pos, e0, e1, q_all, n_pos, sh);       // (syncs: buffer, l1_mass complete)
     }
     const u32 x0 = philox_first_word(seeds[b], (u64)counters[b]);
-    if (region > (u64)cap) {
+    if (!fits) {
         // The region did not fit.  Bound, from the 12-bit histograms, the bins that the searches
         // below will enter (top_k's bin, top_p's boundary for any possible top-k weight, the draw
         // for any possible kept weight, the top-n ranks) and gather them all in one read when they

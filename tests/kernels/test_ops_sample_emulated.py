@@ -19,6 +19,7 @@ from tests.support.ops_sample_reference import (
     check_16bit,
     check_edge_cases,
     check_greedy_scan,
+    check_sampled_split,
     make_batch,
     run_gpu,
 )
@@ -57,3 +58,10 @@ def test_sample_source_emulated_16bit(host, dtype) -> None:
 def test_split_scan_emulated_equals_twin(host, dtype, v_sz) -> None:
     """Greedy rows split over several blocks (10 chunks at 20011 tokens, 2 at 4099, 1 at 37)."""
     check_greedy_scan(host, dtype, v_sz)
+
+
+@pytest.mark.parametrize("dtype,v_sz,cap", [("fp32", 20011, None), ("fp32", 20011, 0), ("bf16", 9001, None)])
+def test_sampled_split_emulated_equals_twin(host, dtype, v_sz, cap) -> None:
+    """Sampled rows split over several blocks (10 chunks at 20011 tokens, 5 at 9001), the region
+    from the chunks' lists or (cap 0, or a region past the lists) from the histograms alone."""
+    check_sampled_split(host, dtype, v_sz, cap)

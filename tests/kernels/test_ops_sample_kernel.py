@@ -25,6 +25,7 @@ from tests.support.ops_sample_reference import (
     check_16bit,
     check_edge_cases,
     check_greedy_scan,
+    check_sampled_split,
     make_batch,
     run_gpu,
 )
@@ -99,20 +100,46 @@ def test_gpu_wrapper_packs_the_kernel_signature(monkeypatch) -> None:
         out_top_logprobs=runtime.DeviceArray(0x93000, (b_sz, n), np.dtype(np.float32)),
     )
     sp.sample_gpu(**dev, num_logprobs=n, **outs)
-    scan, main = launched
-    assert (scan["name"], main["name"]) == ("sample_scan_fp32", "sample_fp32")
+    zero, scan, plan, split_pass, main = launched
+    names = [k["name"] for k in launched]
+    assert names == [
+        "sample_split_zero",
+        "sample_scan_fp32",
+        "sample_split_plan",
+        "sample_split_pass_fp32",
+        "sample_fp32",
+    ]
     chunks, chunk = sp.scan_chunks(b_sz, v_sz, 132)
-    assert scan["grid"] == (chunks, b_sz) and scan["block"] == (sample_cuda.SCAN_THREADS,) and chunks == 3
+    parts = 0xABC000
+    split = parts + b_sz * sample_cuda.MAX_SCAN_CHUNKS * sample_cuda.SCAN_PART_BYTES
+    lists = split + b_sz * sample_cuda.SPLIT_ROW_BYTES
+    tables = lists + b_sz * chunks * sample_cuda.SPLIT_CAP * 8
+    assert scan["grid"] == split_pass["grid"] == (chunks, b_sz) and chunks == 3
+    assert scan["block"] == split_pass["block"] == zero["block"] == (sample_cuda.SCAN_THREADS,)
+    assert zero["grid"] == plan["grid"] == main["grid"] == (b_sz,) and plan["block"] == main["block"] == (sp.THREADS,)
     s = _check_packing("SCAN_KERNEL", scan["args"])
-    assert s["chunk"] == chunk and s["parts"] == 0xABC000 and s["V"] == v_sz and s["num_logprobs"] == n
+    assert s["chunk"] == chunk and s["parts"] == parts and s["V"] == v_sz and s["num_logprobs"] == n
+    assert s["split"] == split
+    assert _check_packing("sample_split_zero", zero["args"])["split"] == split
+    p = _check_packing("sample_split_plan", plan["args"])
+    assert p["split"] == split and p["V"] == v_sz and plan["shared_mem"] == 4096 * 12
+    q = _check_packing("SPLIT_PASS_KERNEL", split_pass["args"])
+    assert (q["split"], q["lists"], q["chunk"], q["ld"]) == (split, lists, chunk, v_sz)
     named = _check_packing("SAMPLE_KERNEL", main["args"])
     assert named["V"] == v_sz and named["ld"] == v_sz and named["num_logprobs"] == n
-    assert named["scan_parts"] == 0xABC000 and named["scan_chunks"] == chunks
-    tables = 0xABC000 + b_sz * sample_cuda.MAX_SCAN_CHUNKS * sample_cuda.SCAN_PART_BYTES
+    assert named["scan_parts"] == parts and named["scan_chunks"] == chunks
+    assert (named["split"], named["split_lists"]) == (split, lists)
     assert named["workspace"] == tables and named["hash_bits"] == sp.hash_bits(batch["gen_token_ids"].shape[1])
+    assert sp.workspace_bytes(b_sz, batch["gen_token_ids"].shape[1], chunks) == tables - parts + b_sz * (
+        8 << sp.hash_bits(batch["gen_token_ids"].shape[1])
+    )
     assert named["out_top_ids"] == 0x92000 and named["logits"] == dev["logits"].ptr
-    assert main["grid"] == (b_sz,) and main["block"] == (sp.THREADS,)
     assert main["shared_mem"] == sp.shared_bytes(v_sz, int(named["cap"])) <= 200 * 1024
+    launched.clear()  # the caller knows no row is a split sampled one: the scan and the main kernel only
+    sp.sample_gpu(**dev, num_logprobs=n, **outs, split_sampled=False)
+    assert [k["name"] for k in launched] == ["sample_scan_fp32", "sample_fp32"]
+    assert _check_packing("SCAN_KERNEL", launched[0]["args"])["split"] == 0
+    assert _check_packing("SAMPLE_KERNEL", launched[1]["args"])["split"] == 0
     with pytest.raises(TypeError, match=r"top_k must be int32 \[3\], got float32"):  # wrong dtype is refused
         sp.sample_gpu(**dict(dev, top_k=dev["temperature"]), **outs)
     with pytest.raises(TypeError, match="seeds must be uint64 or int64"):
@@ -220,6 +247,15 @@ def test_gpu_split_scan_equals_twin(device, dtype, v_sz) -> None:
 
 @pytest.mark.gpu
 @needs_gpu
+@pytest.mark.parametrize(
+    "dtype,v_sz,cap", [("fp32", 131072, None), ("fp32", 131072, 0), ("fp16", 151936, None), ("bf16", 32003, None)]
+)
+def test_gpu_sampled_split_equals_twin(device, dtype, v_sz, cap) -> None:
+    check_sampled_split(device, dtype, v_sz, cap)
+
+
+@pytest.mark.gpu
+@needs_gpu
 def test_gpu_timing_against_one_read_of_the_logits(device, capsys) -> None:
     """Prints (no assertion: speed goals live in benchmarks) sampling time / one copy of the logits
     for 128 x 128k fp32; goal <= 3.  Device time only (ops.bench's timing: the calls queue behind a
@@ -241,14 +277,17 @@ def test_gpu_timing_against_one_read_of_the_logits(device, capsys) -> None:
         dev = {k: device.put(v) for k, v in batch.items()}
         outs = dict(out_tokens=device.empty((b_sz,), np.int32), out_logprobs=device.empty((b_sz,), np.float32))
         copy_dst = device.empty(logits.shape, np.float32)
-        t_sample, host = time_per_call(lambda: sp.sample_gpu(**dev, **outs))  # noqa: B023  (called now)
+        split = label != "greedy"  # as the staged call decides
+        t_sample, host = time_per_call(lambda: sp.sample_gpu(**dev, **outs, split_sampled=split))  # noqa: B023
+        # the one-block path of the same rows, for the split's gain
+        t_one = time_per_call(lambda: sp.sample_gpu(**dev, **outs, split_sampled=False))[0]  # noqa: B023
         # a device-to-device copy reads and writes: half its time is one read of the logits
         copy = lambda: chk(drv.cuMemcpyDtoD(copy_dst.ptr, dev["logits"].ptr, logits.nbytes), "DtoD")  # noqa: B023, E731
         t_read = time_per_call(copy)[0] / 2
         with capsys.disabled():
             print(
                 f"\nsample {label}: {t_sample * 1e6:.1f} us (host {host * 1e6:.0f} us a call), one read "
-                f"{t_read * 1e6:.1f} us, ratio {t_sample / t_read:.2f} (goal <= 3)"
+                f"{t_read * 1e6:.1f} us, ratio {t_sample / t_read:.2f} (goal <= 3; one block {t_one / t_read:.2f})"
             )
 
 

@@ -82,6 +82,11 @@ template <typename T> inline T __ldcg(const T* p) { return *p; }
 #define SEQ __ATOMIC_SEQ_CST
 template <typename T, typename V> inline T atomicAdd(T* p, V v) { return __atomic_fetch_add(p, (T)v, SEQ); }
 template <typename T, typename V> inline T atomicOr(T* p, V v) { return __atomic_fetch_or(p, (T)v, SEQ); }
+template <typename T, typename V> inline T atomicMax(T* p, V v) {
+    T old = __atomic_load_n(p, SEQ);
+    while (old < (T)v && !__atomic_compare_exchange_n(p, &old, (T)v, false, SEQ, SEQ)) {}
+    return old;
+}
 inline int atomicCAS(int* p, int expect, int value) {
     __atomic_compare_exchange_n(p, &expect, value, false, SEQ, SEQ);
     return expect;
@@ -183,10 +188,15 @@ inline void mma_16816_bf16(float (&d)[4], const unsigned (&a)[4], const unsigned
 DYNAMIC_SMEM = "extern __shared__ __align__(16) unsigned char smem[];"  # sample.cu's, replaced by the CTA's
 
 
-def _kernel_names(source: str, name: str) -> list[str]:
+def _kernel_names(source: str, options: tuple) -> list[str]:
     """The entry points to build for `source`: every kernel of kv_cache_write / paged_attention, or
-    the one sample kernel `name` (its name comes from the DTYPE_ID option)."""
-    return [n for mod in (kvw, pa) if mod.SOURCE == source for n in mod.KERNEL_NAMES] or [name]
+    the sample kernels of the dtype its DTYPE_ID option names (one build for the whole sequence)."""
+    names = [n for mod in (kvw, pa) if mod.SOURCE == source for n in mod.KERNEL_NAMES]
+    if source == sample_cuda.CUDA_SOURCE:
+        dt = next(d for d in sample_cuda.SAMPLE_KERNELS if sample_cuda.compile_options(d)[0] in options)
+        tables = (sample_cuda.SAMPLE_KERNELS, sample_cuda.SCAN_KERNELS, sample_cuda.SPLIT_PASS_KERNELS)
+        names = [t[dt] for t in tables] + ["sample_split_zero", "sample_split_plan"]
+    return names
 
 
 # (source, options, entry) -> the built library: once per test process (a build is 2-10 s of g++)
@@ -207,7 +217,7 @@ def _emulated_loader():
     built = _BUILT
 
     def load_kernel(source, name, options=()):
-        key = (source, tuple(options), name if source == sample_cuda.CUDA_SOURCE else "")
+        key = (source, tuple(options))
         if key not in built:
             device_prelude = runtime.CUDA_PRELUDE[: runtime.CUDA_PRELUDE.index("#if DTYPE_ID")]
             body = source.replace(device_prelude, "")  # keep the DTYPE_ID dispatch, drop the PTX helpers
@@ -215,7 +225,7 @@ def _emulated_loader():
             signature = "unsigned* g, unsigned b, unsigned s, void** a"
             entries = "".join(
                 f'extern "C" void emu_{n}({signature}) {{ launch({n}, g, b, s, a); }}\n'
-                for n in _kernel_names(source, name)
+                for n in _kernel_names(source, tuple(options))
             )
             cpp = _build_dir() / f"emu{len(built)}.cpp"
             cpp.write_text(EMU_SHIM + body + entries + 'extern "C" int emu_bad_shuffles() { return bad_shuffles; }\n')

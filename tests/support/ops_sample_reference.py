@@ -238,3 +238,44 @@ def check_greedy_scan(device, dtype: str, v_sz: int) -> None:
         cpu = sp.sample_cpu(**batch)
     assert gpu[0][1] == 3 and gpu[0][3] == 0
     assert_same(gpu, cpu)
+
+
+def check_sampled_split(device, dtype: str, v_sz: int, cap=None) -> None:
+    """Sampled rows split over several blocks (sample_split.cuh: no masked EOS, no acting penalty)
+    next to rows they must leave alone, on `dtype` logits: equal to the twin.  Rows: top_k small and
+    large, top_p, temperature alone (a region of most of the row: past the lists), top-n logprobs;
+    row 1 ties its max at both ends (different chunks: the lowest id ranks first), row 2 is all -inf
+    but two tokens, row 3 has a +inf, row 4 a NaN; row 8 has an acting penalty and row 9 masked EOS
+    (the one-block path)."""
+    from ops import runtime
+
+    rng = np.random.default_rng(v_sz + 1)
+    logits = (rng.standard_normal((10, v_sz)) * 3).astype(np.float32)
+    logits[1, [5, v_sz - 3]] = 40.0
+    logits[2] = -np.inf
+    logits[2, [v_sz // 3, v_sz - 1]] = [2.0, 1.5]
+    logits[3, v_sz // 2] = np.inf
+    logits[4, 7] = np.nan
+    batch = base_batch(
+        logits,
+        temperature=[1, 0.7, 1, 1, 1, 1.3, 0.9, 2.0, 1, 1],
+        top_k=[20, 3, 0, 0, 0, 0, v_sz // 2, 0, 5, 5],
+        top_p=[1, 1, 0.9, 1, 1, 1, 0.8, 0.95, 1, 1],
+        rep_penalty=[1, 1, 1, 1, 1, 1, 1, 1, 1.3, 1],
+        min_tokens=[0, 0, 0, 0, 0, 0, 0, 0, 0, 5],
+        counters=np.arange(10) * 7,
+        eos_ids=np.stack([np.int32([int(np.nanargmax(logits[b])), 2]) for b in range(10)]),
+        gen_token_ids=rng.integers(0, v_sz, (10, 6)).astype(np.int32),
+    )
+    stored = batch["logits"]
+    if dtype == "fp16":
+        stored = batch["logits"].astype(np.float16)
+        batch["logits"] = stored.astype(np.float32)
+    elif dtype == "bf16":
+        stored = runtime.float32_to_bf16(batch["logits"])
+        batch["logits"] = runtime.bf16_to_float32(stored)
+    gpu = run_gpu(device, batch, n_top=3, logits=stored, cap=cap)
+    with np.errstate(invalid="ignore", over="ignore"):  # rows 3 and 4: inf - inf, NaN
+        cpu = sp.sample_cpu(**batch, num_logprobs=3)
+    assert list(gpu[2][1, :2]) == [5, v_sz - 3]  # the tie across chunks: the lowest id ranks first
+    assert_same(gpu, cpu)
