@@ -86,8 +86,13 @@ def other_weights(demo_checkpoint, tmp_path_factory):
     return {n: export_checkpoint(ckpt, out / f"tp{n}", tp=n, graph_ops="cpp") for n in (1, 2)}
 
 
-def run(n: int, model_dir, tok, tmp_path, params: dict, setting_list=SETTINGS, draft=None, chats=None) -> list[dict]:
-    """`chats`: (system ids, turns ids per chat, EOS ids); default SYSTEM and QUESTIONS, no EOS."""
+def run(
+    n: int, model_dir, tok, tmp_path, params: list[str], setting_list=SETTINGS, draft=None, chats=None, sampling=None
+) -> list[list[dict]]:
+    """Every setting under each of `params` (PARAMS' names; `sampling` gives them where not PARAMS),
+    in one `mpirun`: per name, the settings' results.  `chats`: (system ids, turns ids per chat, EOS
+    ids); default SYSTEM and QUESTIONS, no EOS."""
+    sampling = sampling or PARAMS
     engine = {"block_size": 16, "num_blocks": 64, "max_num_batched_tokens": 32, "max_num_seqs": 2}
     if chats is None:
         turns = [[tok.encode(" User: " + q + " Assistant:") for q in chat] for chat in QUESTIONS]
@@ -95,11 +100,14 @@ def run(n: int, model_dir, tok, tmp_path, params: dict, setting_list=SETTINGS, d
     spec = {
         "system": chats[0],
         "turns": chats[1],
-        "params": params,
+        "params": {},
         "engine": {**engine, "eos_token_ids": chats[2], **({"speculate_model_path": str(draft)} if draft else {})},
-        "settings": setting_list,
+        # one process for every sampling: a driver's start (MPI, Paddle, the graphs) costs more than a run
+        "settings": [{**setting, "params": sampling[p]} for p in params for setting in setting_list],
     }
-    return run_driver(n, "tests.support.spec_driver", model_dir, spec, tmp_path)
+    results = run_driver(n, "tests.support.spec_driver", model_dir, spec, tmp_path)
+    k = len(setting_list)
+    return [results[i * k : (i + 1) * k] for i in range(len(params))]
 
 
 PARAMS = {
@@ -109,13 +117,14 @@ PARAMS = {
 
 
 # (deepseek-tiny's sampled answers repeat nothing for the proposer to find: greedy only)
-CASES = [(s, p) for s in ("tp1", "tp2", "tp2_segments") for p in PARAMS] + [("deepseek", "greedy")]
+CASES = {"tp1": list(PARAMS), "tp2": list(PARAMS), "tp2_segments": list(PARAMS), "deepseek": ["greedy"]}
 
 
-@pytest.mark.parametrize("served,params", CASES, ids=[f"{s}-{p}" for s, p in CASES])
-def test_speculation_gives_the_tokens_of_plain_decoding(served, params, request, tok, tmp_path):
+@pytest.mark.parametrize("served", list(CASES))
+def test_speculation_gives_the_tokens_of_plain_decoding(served, request, tok, tmp_path):
     model_dir = request.getfixturevalue(f"served_{served}")
-    check_parity(run(1 if served == "tp1" else 2, model_dir, tok, tmp_path, PARAMS[params]), SETTINGS)
+    for results in run(1 if served == "tp1" else 2, model_dir, tok, tmp_path, CASES[served]):
+        check_parity(results, SETTINGS)
 
 
 def check_parity(
@@ -135,39 +144,34 @@ def check_parity(
     return spec
 
 
-DRAFT_CASES = [(s, p) for s in ("tp1", "tp2", "tp2_segments") for p in PARAMS]
-
-
-@pytest.mark.parametrize("served,params", DRAFT_CASES, ids=[f"{s}-{p}" for s, p in DRAFT_CASES])
-def test_a_model_drafting_for_itself_gives_the_tokens_of_plain_decoding(served, params, request, tok, tmp_path):
+@pytest.mark.parametrize("served", ["tp1", "tp2", "tp2_segments"])
+def test_a_model_drafting_for_itself_gives_the_tokens_of_plain_decoding(served, request, tok, tmp_path):
     model_dir = request.getfixturevalue(f"served_{served}")
     n = 1 if served == "tp1" else 2
     draft_settings = settings(DRAFT)
-    spec = check_parity(run(n, model_dir, tok, tmp_path, PARAMS[params], draft_settings, model_dir), draft_settings)
-    # the draft computes what the target does: every greedy draft is right, and a seeded one is
-    # drawn on the draw the target verifies it with (up to the float rounding of 1 vs 1 + d query rows)
-    share = 1.0 if params == "greedy" else 0.95
-    assert all(got["accepted"] >= share * got["drafts"] for got in spec), spec
+    for params, results in zip(PARAMS, run(n, model_dir, tok, tmp_path, list(PARAMS), draft_settings, model_dir)):
+        spec = check_parity(results, draft_settings)
+        # the draft computes what the target does: every greedy draft is right, and a seeded one is
+        # drawn on the draw the target verifies it with (up to the float rounding of 1 vs 1 + d query rows)
+        share = 1.0 if params == "greedy" else 0.95
+        assert all(got["accepted"] >= share * got["drafts"] for got in spec), (params, spec)
 
 
 @pytest.mark.parametrize("n", [1, 2])
-@pytest.mark.parametrize("params", list(PARAMS))
-def test_a_draft_of_other_weights_gives_the_tokens_of_plain_decoding(n, params, other_weights, request, tok, tmp_path):
+def test_a_draft_of_other_weights_gives_the_tokens_of_plain_decoding(n, other_weights, request, tok, tmp_path):
     model_dir = request.getfixturevalue(f"served_tp{n}")
     draft_settings = settings(OTHER)
-    spec = check_parity(
-        run(n, model_dir, tok, tmp_path, PARAMS[params], draft_settings, other_weights[n]), draft_settings, False
-    )
-    assert all(got["accepted"] < got["drafts"] for got in spec), spec  # rejections happened
+    for results in run(n, model_dir, tok, tmp_path, list(PARAMS), draft_settings, other_weights[n]):
+        spec = check_parity(results, draft_settings, False)
+        assert all(got["accepted"] < got["drafts"] for got in spec), spec  # rejections happened
 
 
 @pytest.mark.parametrize("n", [1, 2])
-@pytest.mark.parametrize("params", list(PARAMS))
-def test_the_mtp_layer_drafting_gives_the_tokens_of_plain_decoding(n, params, request, tok, tmp_path):
+def test_the_mtp_layer_drafting_gives_the_tokens_of_plain_decoding(n, request, tok, tmp_path):
     model_dir = request.getfixturevalue("served_deepseek1" if n == 1 else "served_deepseek")
     mtp_settings = settings(MTP)
-    results = run(n, model_dir, tok, tmp_path, PARAMS[params], mtp_settings, model_dir / "mtp")
-    check_parity(results, mtp_settings, saves_steps=False, accepts=False)
+    for results in run(n, model_dir, tok, tmp_path, list(PARAMS), mtp_settings, model_dir / "mtp"):
+        check_parity(results, mtp_settings, saves_steps=False, accepts=False)
 
 
 # The trained demo's MTP layer drafts every step (no per-step rule), so the acceptance is its own.
@@ -190,7 +194,8 @@ def test_the_trained_mtp_layer_drafts_chat_answers(tmp_path_factory, tmp_path):
     questions = [q for q, _ in chat_pairs()[:6]]
     turns = [[tok.encode(chat_text([("user", q)]) + "<|assistant|>\n") for q in questions[c::2]] for c in range(2)]
     mtp_settings = settings(TRAINED_MTP)
-    greedy = {"max_tokens": 48, "temperature": 0.0}
-    results = run(1, model_dir, tok, tmp_path, greedy, mtp_settings, model_dir / "mtp", ([1], turns, [2, 6]))
+    greedy = {"greedy": {"max_tokens": 48, "temperature": 0.0}}
+    chats = ([1], turns, [2, 6])
+    (results,) = run(1, model_dir, tok, tmp_path, ["greedy"], mtp_settings, model_dir / "mtp", chats, greedy)
     spec = check_parity(results, mtp_settings)
     assert all(got["accepted"] >= TRAINED_MTP_ACCEPTANCE * got["drafts"] for got in spec), spec

@@ -4,10 +4,11 @@ speculative decoding on and off, prefix caching, pool sizes.
     mpirun -n N python -m tests.support.spec_driver MODEL_DIR SPEC.json OUT.json
 
 SPEC: {"system": [ids], "turns": [[[ids] per turn] per chat], "params": {...}, "engine": {...},
-"settings": [{EngineSettings fields that differ}, ...]}.  Every rank opens its shard once (the
-pool sized by "engine"); rank 0 runs one engine per setting over the same ranks (the workers stay
-in their plan loop throughout) and writes, per setting, each request's tokens, the preemptions,
-the drafts verified and accepted, the steps and the free blocks at the end.  "engine" may name a
+"settings": [{EngineSettings fields that differ; "params" where a setting samples otherwise}, ...]}.
+Every rank opens its shard once (the pool sized by "engine"); rank 0 runs one engine per setting
+over the same ranks (the workers stay in their plan loop throughout) and writes, per setting, each
+request's tokens, the preemptions, the drafts verified and accepted, the steps and the free blocks
+at the end.  "engine" may name a
 draft model (`speculate_model_path`), opened once on every rank for the settings that use it.
 """
 
@@ -40,10 +41,12 @@ def drive_settings(
         return None
     out, step_id = [], 0
     for changes in settings:
+        changes = dict(changes)
+        params = SamplingParams(**changes.pop("params", spec["params"]))
         s = dataclasses.replace(base, **changes)
         engine = make_engine(comm, runner, model_dir, s, len(spec["turns"]), draft_runner=draft_runner)
         engine.step_id = step_id
-        rounds = run_chats(engine, spec["system"], spec["turns"], SamplingParams(**spec["params"]))
+        rounds = run_chats(engine, spec["system"], spec["turns"], params)
         engine.scheduler.check_invariants()
         out.append({**record(engine, rounds), "steps": engine.step_id - step_id})
         step_id = engine.step_id
