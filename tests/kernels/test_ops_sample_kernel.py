@@ -129,10 +129,9 @@ def test_gpu_wrapper_packs_the_kernel_signature(monkeypatch) -> None:
     assert named["V"] == v_sz and named["ld"] == v_sz and named["num_logprobs"] == n
     assert named["scan_parts"] == parts and named["scan_chunks"] == chunks
     assert (named["split"], named["split_lists"]) == (split, lists)
-    assert named["workspace"] == tables and named["hash_bits"] == sp.hash_bits(batch["gen_token_ids"].shape[1])
-    assert sp.workspace_bytes(b_sz, batch["gen_token_ids"].shape[1], chunks) == tables - parts + b_sz * (
-        8 << sp.hash_bits(batch["gen_token_ids"].shape[1])
-    )
+    n_gen = batch["gen_token_ids"].shape[1]
+    assert named["workspace"] == tables and named["hash_bits"] == sp.hash_bits(n_gen)
+    assert sp.workspace_bytes(b_sz, n_gen, chunks) == tables - parts + b_sz * (8 << sp.hash_bits(n_gen))
     assert named["out_top_ids"] == 0x92000 and named["logits"] == dev["logits"].ptr
     assert main["shared_mem"] == sp.shared_bytes(v_sz, int(named["cap"])) <= 200 * 1024
     launched.clear()  # the caller knows no row is a split sampled one: the scan and the main kernel only

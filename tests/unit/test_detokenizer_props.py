@@ -68,6 +68,52 @@ def test_random_ids_any_chunking(toks, kind: str, data) -> None:
     _check(tok, ids, _stream(tok, ids, chunks))
 
 
+def _continuation(tok: ServingTokenizer, prompt: list[int], ids: list[int]) -> str:
+    """What a continuing detokenizer must produce: the output's text after the prompt's last few
+    ordinary ids, those ending inside a character left out (their text is not the output's)."""
+    seed = [i for i in prompt if i not in tok.special_token_ids][-5:]
+    while seed and tok.decode(seed).endswith("\ufffd"):
+        seed.pop()
+    seed_text, full = tok.decode(seed), tok.decode(seed + ids)
+    assert full.startswith(seed_text), (prompt, ids)  # the seed's text is never rewritten
+    return full[len(seed_text) :]
+
+
+@pytest.mark.parametrize("kind", ["sentencepiece", "byte_level"])
+@SETTINGS
+@given(data=st.data())
+def test_a_continued_prompt_never_holds_the_answer_back(toks, kind: str, data) -> None:
+    """OpenAI completions continue the prompt's text: for any prompt (byte pieces included, so it
+    may end inside a character) and output, in any chunking, the deltas add up to the output's
+    text after the prompt's; every character of the output that is whole is emitted."""
+    tok = toks[kind]
+    pool = st.one_of(st.sampled_from(_byte_ids(tok)), st.integers(0, tok.vocab_size - 1))
+    prompt = data.draw(st.lists(pool, min_size=1, max_size=12))
+    ids = data.draw(st.lists(pool, min_size=1, max_size=30))
+    chunks = data.draw(st.lists(st.integers(1, 4), min_size=1, max_size=30))
+    detok, deltas, i = tok.detokenizer(prompt, continue_prompt=True), [], 0
+    for n in chunks + [len(ids)]:
+        deltas.append(detok.step(ids[i : i + n]))
+        i += n
+    deltas.append(detok.flush())
+    assert "".join(deltas) == _continuation(tok, prompt, ids), (prompt, ids)
+
+
+def test_a_prompt_ending_inside_a_character_keeps_the_answer(toks) -> None:
+    """The served case (a benchmark's random prompt): the prompt ends with two of a character's
+    three byte pieces and the answer starts with the third, then words.  The answer used to be
+    held back whole (an empty completion of 128 tokens); now its words stream."""
+    tok = toks["sentencepiece"]
+    byte_id = {tok.token_bytes(i)[0]: i for i in _byte_ids(tok)}
+    e3, x81, x82 = byte_id[0xE3], byte_id[0x81], byte_id[0x82]  # "あ" byte by byte
+    words = tok.encode("to enter the house")
+    prompt = tok.encode("Hello world") + [e3, x81]
+    detok = tok.detokenizer(prompt, continue_prompt=True)
+    streamed = [detok.step([t]) for t in [x82, *words]] + [detok.flush()]
+    assert "".join(streamed) == tok.decode([x82, *words]) == "\ufffd to enter the house"  # the stray byte too
+    assert streamed[1] != ""  # not held back
+
+
 @pytest.mark.parametrize("kind", ["sentencepiece", "byte_level"])
 @SETTINGS
 @given(

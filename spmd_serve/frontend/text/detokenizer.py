@@ -50,6 +50,12 @@ class IncrementalDetokenizer:
         # "▁world" must read " world"), so the window starts with the prompt's last few ids,
         # already "emitted"; otherwise the text is decode(output ids) alone.
         seed = [i for i in prompt_ids if i not in self._special][-PROMPT_CONTEXT:] if continue_prompt else []
+        # A prompt that ends inside a character (its last byte-fallback pieces) would let the
+        # output's first bytes rewrite the seed's text: the window would never start with the text
+        # already emitted, and every delta (the whole answer) would be held back.  So the seed stops
+        # before them; the output's bytes then decode on their own, as decode(output ids) does.
+        while seed and tokenizer.decode(seed).endswith(REPLACEMENT_CHAR):
+            seed.pop()
         self._seed_text = tokenizer.decode(seed) if seed else ""
         self._ids: list[int] = list(seed)  # ids that produce text (specials removed)
         self._prefix_offset = 0  # window start: first id of the last emitted delta
