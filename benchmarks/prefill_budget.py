@@ -5,8 +5,8 @@ budgets interleaved round by round so a shared machine slows each alike; the bes
 and level is kept (others only ever slow a server down).  Other processes' share of the cores during
 each level is recorded (benchmarks/peers/machine.ForeignCpu).
 
-    python benchmarks/prefill_budget.py --demo small --budgets 256,512,1024,2048 [--concurrency 8,32]
-                                        [--rounds 2] [--threads 2] [--json FILE]
+    python -m benchmarks.prefill_budget --demo small --budgets 256,512,1024,2048 [--concurrency 8,32]
+                                       [--rounds 2] [--threads 2] [--json FILE]
 
 The exports come from `python -m benchmarks.peers.compare --demo ...` (it makes them once).
 """
