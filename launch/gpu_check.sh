@@ -2,6 +2,9 @@
 # The GPU checks of docs/gpu.md on a machine with an NVIDIA driver, CUDA, cuda-python and cupy (no
 # Paddle needed): every `gpu`-marked kernel test against its numpy twin, then `python -m ops.bench`
 # (time and bandwidth against the measured copy bandwidth).  Logs go to $OUT (or ./gpu-check).
+# The kernels new to a device run first, each group in a process of its own, and the bench runs one
+# process per section: a fault that poisons a CUDA context cannot hide the other figures, and a
+# lease that ends early has measured what is new.
 set -u
 out=${OUT:-gpu-check}
 mkdir -p "$out"
@@ -11,6 +14,18 @@ py=${PYTHON:-python3}
     nvidia-smi -L
     "$py" -c "import sys, numpy, cuda.bindings; print(sys.version.split()[0], 'numpy', numpy.__version__, 'cuda.bindings', cuda.bindings.__version__)"
 } 2>&1 | tee "$out/env.log"
-timeout "${PYTEST_S:-300}" "$py" -m pytest -m gpu -p no:cacheprovider -q -rfE \
-    tests/kernels/test_ops_*.py tests/kernels/test_device_kv_pool.py 2>&1 | tee "$out/pytest.log"
-timeout "${BENCH_S:-200}" "$py" -m ops.bench 2>&1 | tee "$out/bench.log"
+tests=(tests/kernels/test_ops_*.py tests/kernels/test_device_kv_pool.py)
+new_groups=("sampled_split or timing or staged" "mma")  # pytest -k expressions of the new kernels
+gpu_tests() { timeout "${PYTEST_S:-150}" "$py" -m pytest -m gpu -p no:cacheprovider -q -rfE "${tests[@]}" -k "$1" 2>&1; }
+bench() { timeout "${BENCH_S:-120}" "$py" -m ops.bench "$1" 2>&1 | tee -a "$out/bench.log"; }
+for expr in "${new_groups[@]}"; do
+    echo "== gpu tests: $expr" | tee -a "$out/pytest.log"
+    gpu_tests "$expr" | tee -a "$out/pytest.log"
+done
+bench sample
+bench variants
+bench attention
+old="not ($(printf '%s) and not (' "${new_groups[@]}" | sed 's/ and not ($//')"
+echo "== gpu tests: $old" | tee -a "$out/pytest.log"
+gpu_tests "$old" | tee -a "$out/pytest.log"
+bench kv

@@ -18,6 +18,7 @@ import numpy as np
 
 from . import runtime
 from .bench_attention import attention_variants, bench_paged_attention
+from .bench_sample import sample_phases
 from .bench_timing import Buffers, Result, copy_bandwidth, time_per_call
 from .kv_cache_write import kv_cache_write_gpu
 from .sample_cuda import sample_gpu
@@ -88,7 +89,33 @@ def extra_benches() -> list[Result]:
     ]
 
 
-def main() -> int:
+SECTIONS = ("kv", "attention", "variants", "sample", "sample_phases")
+
+
+def _section_results(section: str) -> list[Result]:
+    if section == "kv":
+        return [bench_kv_cache_write(64), bench_kv_cache_write(8192), bench_kv_cache_write(8192, kv_int8=True)]
+    if section == "attention":
+        return [
+            bench_paged_attention(64, 2048, partition_blocks=0),
+            bench_paged_attention(64, 2048, partition_blocks=8),
+            bench_paged_attention(64, 2048),  # the headline: fp16, B=64, ctx 2048, 32/8 heads of 128
+            bench_paged_attention(64, 2048, kv_int8=True),
+            bench_paged_attention(64, 2048, q_heads=64, kv_heads=8),
+            bench_paged_attention(4, 32768),
+            bench_paged_attention(4, 32768, partition_blocks=0),
+        ]
+    return attention_variants() if section == "variants" else extra_benches()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m ops.bench [kv] [attention] [variants] [sample] [sample_phases]`: the named sections
+    (all by default), so a kernel that faults on a new device cannot hide the others' figures."""
+    sections = list(argv if argv is not None else sys.argv[1:]) or list(SECTIONS)
+    unknown = [s for s in sections if s not in SECTIONS]
+    if unknown:
+        print(f"ops.bench: unknown section(s) {unknown}; choose from {list(SECTIONS)}", file=sys.stderr)
+        return 2
     if not runtime.gpu_available():
         print(
             "ops.bench needs an NVIDIA GPU and driver (cuInit failed or no device); nothing to measure.",
@@ -100,32 +127,24 @@ def main() -> int:
         f"device {runtime.device_arch()}, {runtime.sm_count()} SMs; copy bandwidth (cuMemcpyDtoD, read+write): "
         f"{bw / 1e9:.0f} GB/s\n"
     )
-    results = [
-        bench_kv_cache_write(64),
-        bench_kv_cache_write(8192),
-        bench_kv_cache_write(8192, kv_int8=True),
-        bench_paged_attention(64, 2048, partition_blocks=0),
-        bench_paged_attention(64, 2048, partition_blocks=8),
-        bench_paged_attention(64, 2048),
-        bench_paged_attention(64, 2048, kv_int8=True),
-        bench_paged_attention(64, 2048, q_heads=64, kv_heads=8),
-        bench_paged_attention(4, 32768),
-        bench_paged_attention(4, 32768, partition_blocks=0),
-    ]
-    variants = attention_variants()
-    results += variants + extra_benches()
+    if "sample_phases" in sections:  # (prints its own table)
+        sample_phases()
+    results = [r for s in sections if s != "sample_phases" for r in _section_results(s)]
+    if not results:
+        return 0
     print(f"{'kernel':<52} {'shape':<48} {'time us':>9} {'GB/s':>7} {'% copy':>7} {'host us':>8}")
     for r in results:
         gbs = r.nbytes / r.seconds / 1e9
         pct, host_us = 100 * gbs * 1e9 / bw, r.host_seconds * 1e6
         print(f"{r.name:<52} {r.shape:<48} {r.seconds * 1e6:>9.1f} {gbs:>7.0f} {pct:>6.1f}% {host_us:>8.1f}  {r.note}")
-    headline = results[5]  # fp16, B=64, ctx 2048, 32/8 heads of 128, automatic split choice
-    print(
-        f"\n{headline.name} {headline.shape}: {100 * headline.nbytes / headline.seconds / bw:.0f}% of copy "
-        f"bandwidth (goal >= 70%)"
-    )
-    best = min([headline, *(r for r in variants if r.shape == headline.shape)], key=lambda r: r.seconds)
-    print(f"fastest variant of it: {best.name}, {100 * best.nbytes / best.seconds / bw:.0f}% of copy bandwidth")
+    headline = "B=64 ctx=2048 q/kv=32/8x128"  # fp16 KV, the automatic split choice and its variants
+    attention = [r for r in results if r.shape.startswith(headline) and r.name.startswith("paged_attention (")]
+    if attention:
+        best = min(attention, key=lambda r: r.seconds)
+        print(
+            f"\nfastest paged attention at the headline shape: {best.name} {best.shape}, "
+            f"{100 * best.nbytes / best.seconds / bw:.0f}% of copy bandwidth (goal >= 70%)"
+        )
     for r in results:
         if r.name.startswith("sample"):
             print(f"{r.name} {r.shape}: {r.seconds * bw / r.nbytes:.2f}x one read of the logits (goal <= 3)")

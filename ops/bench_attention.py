@@ -59,6 +59,7 @@ def bench_paged_attention(
         )
         opts = pa.compile_options("fp16", kv_int8, head_dim, q_heads // kv_heads, block_size)
         regs, local = runtime.load_kernel(pa.SOURCE, "paged_attention", opts).resources()
+        path = "tensor cores" if "-DMMA=1" in opts else "CUDA cores"
     bufs.free()
     kv_bytes = 2 * batch * context * kv_heads * head_dim * (1 if kv_int8 else 2)
     nbytes = kv_bytes + 2 * batch * q_heads * head_dim * 2 + batch * blocks_per_seq * 4
@@ -69,28 +70,26 @@ def bench_paged_attention(
         sec,
         nbytes,
         host,
-        f"{regs} regs" + (f", {local} B local (spills)" if local else ""),
+        f"{path}, {regs} regs" + (f", {local} B local (spills)" if local else ""),
     )
 
 
-# Tuning variants of the headline case (B=64, ctx 2048, 32/8 heads of 128): threads per CTA (more
-# warps to hide the per-token dependency chains), tokens per iteration, one softmax update per tile,
-# the lazy max (RESCALE_SLACK: no rescale of the accumulators for most tokens), and the tensor-core
-# path (MMA; its warps take 16-token tiles, so NUM_THREADS sets the tiles in flight per CTA).
+# Tuning variants of the headline case (B=64, ctx 2048, 32/8 heads of 128).  The default is the
+# tensor-core path (MMA 1, MMA_THREADS 64: its warps take 16-token tiles, so the CTA size sets the
+# tiles in flight); the CUDA-core kernel (MMA 0; the default for fp32 queries and int8 pools) with
+# its knobs: threads per CTA, tokens per iteration, one softmax update per tile, the lazy max.
 VARIANTS: list[dict[str, int]] = [
-    {"TILE_SOFTMAX": 0},
-    {"UNROLL": 1},
-    {"UNROLL": 1, "TILE_SOFTMAX": 0},
-    {"UNROLL": 4},
-    {"NUM_THREADS": 256},
-    {"RESCALE_SLACK": 8},
-    {"MMA": 1},
-    {"MMA": 1, "NUM_THREADS": 256},
-    {"MMA": 1, "NUM_THREADS": 64},
+    {"MMA_THREADS": 32},
+    {"MMA_THREADS": 128},
+    {"MMA_THREADS": 256},
+    {"MMA": 0},
+    {"MMA": 0, "UNROLL": 1},
+    {"MMA": 0, "NUM_THREADS": 256},
 ]
-# The same few on the other shapes that matter: GQA group 8, int8 KV, a long context (split-K).
+# The same few on the other shapes that matter: GQA group 8, int8 KV (MMA 2: tensor cores there
+# too), a long context (split-K).
 OTHER_SHAPES: list[dict[str, Any]] = [{"q_heads": 64, "kv_heads": 8}, {"kv_int8": True}, {"batch": 4, "context": 32768}]
-OTHER_VARIANTS: list[dict[str, int]] = [{"TILE_SOFTMAX": 0}, {"MMA": 1}]
+OTHER_VARIANTS: list[dict[str, int]] = [{"MMA": 0}, {"MMA_THREADS": 32}, {"MMA_THREADS": 128}, {"MMA": 2}]
 
 
 def attention_variants() -> list[Result]:

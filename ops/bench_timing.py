@@ -59,6 +59,17 @@ _SPIN = (
 )
 
 
+def spin(seconds: float) -> None:
+    """Hold stream 0 busy for about `seconds` (calls queued meanwhile then run back to back)."""
+    cycles = int(runtime.device_attribute("CLOCK_RATE") * 1e3 * seconds)
+    runtime.load_kernel(_SPIN, "spin_wait").launch((1,), (1,), [np.int64(cycles)])
+
+
+def event() -> Any:
+    """A CUDA event with timing (cuEventDestroy it after use)."""
+    return runtime._check(runtime.driver.cuEventCreate(0), "cuEventCreate")
+
+
 def time_per_call(fn: Callable[[], object], iters: int = 20, warmup: int = 3) -> tuple[float, float]:
     """(device, host) mean seconds per call: device from CUDA events around `iters` back-to-back
     calls on stream 0 queued behind a spin kernel (so host launch overhead is hidden), host from
@@ -72,11 +83,9 @@ def time_per_call(fn: Callable[[], object], iters: int = 20, warmup: int = 3) ->
         fn()
     host = (time.perf_counter() - t0) / warmup  # launch cost (the GPU may overlap it)
     chk(drv.cuCtxSynchronize(), "cuCtxSynchronize")
-    spin = runtime.load_kernel(_SPIN, "spin_wait")
     spin_s = 0.005 + 3 * iters * host  # long enough to queue every timed call behind it
-    cycles = int(runtime.device_attribute("CLOCK_RATE") * 1e3 * spin_s)
-    start, end = chk(drv.cuEventCreate(0), "cuEventCreate"), chk(drv.cuEventCreate(0), "cuEventCreate")
-    spin.launch((1,), (1,), [np.int64(cycles)])
+    start, end = event(), event()
+    spin(spin_s)
     chk(drv.cuEventRecord(start, drv.CUstream(0)), "cuEventRecord")
     t0 = time.perf_counter()
     for _ in range(iters):
@@ -85,8 +94,8 @@ def time_per_call(fn: Callable[[], object], iters: int = 20, warmup: int = 3) ->
     chk(drv.cuEventRecord(end, drv.CUstream(0)), "cuEventRecord")
     chk(drv.cuEventSynchronize(end), "cuEventSynchronize")
     ms = chk(drv.cuEventElapsedTime(start, end), "cuEventElapsedTime")
-    for event in (start, end):
-        drv.cuEventDestroy(event)
+    for e in (start, end):
+        drv.cuEventDestroy(e)
     if queued > spin_s:  # the spin ended before all calls were queued
         print(f"warning: queueing took {queued * 1e3:.1f} ms, longer than the spin: host time in", file=sys.stderr)
     return ms / 1e3 / iters, host

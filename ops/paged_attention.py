@@ -33,8 +33,13 @@ KERNEL_NAMES = ("paged_attention", "paged_attention_split", "paged_attention_red
 # update per UNROLL tokens; RESCALE_SLACK > 0: move the running max only when a score passes it by
 # more than this (log2 units): most tokens then need no rescale of the accumulators.
 # TILE_SOFTMAX 1 measured faster on all four ops.bench shapes on an H200 (1-7 %: RESULTS.md).
-# MMA 1: the tensor-core path (paged_attention_mma.cuh) where it applies (mma_applies), else the CUDA cores.
-TUNING: dict[str, int] = {"NUM_THREADS": 128, "UNROLL": 2, "TILE_SOFTMAX": 1, "RESCALE_SLACK": 0, "MMA": 0}
+# MMA: the tensor-core path (paged_attention_mma.cuh) where it applies (mma_applies) — 0 never, 1 for
+# 16-bit pools (the default: 165.7 vs 228.9 us at the bench's headline shape on an H200, 2.4x faster
+# with GQA group 8), 2 for int8 pools too (measured slower there: 299 vs 241 us); else the CUDA cores.
+# MMA_THREADS: its CTA size (64 measured fastest: 165.7 us, 128: 175.1, 256: 206.9).
+TUNING: dict[str, int] = {
+    "NUM_THREADS": 128, "UNROLL": 2, "TILE_SOFTMAX": 1, "RESCALE_SLACK": 0, "MMA": 1, "MMA_THREADS": 64
+}  # fmt: skip
 PARTITION_TOKENS = 512  # split-K partition length the GPU heuristic aims for (rounded to blocks)
 
 SOURCE = runtime.kernel_source(
@@ -47,17 +52,30 @@ def mma_applies(dtype: str, head_dim: int, group: int, block_size: int) -> bool:
     return dtype != "fp32" and head_dim in (64, 128) and group <= 16 and block_size % 16 == 0
 
 
+def uses_mma(dtype: str, kv_int8: bool, head_dim: int, group: int, block_size: int) -> bool:
+    """Whether the kernels for this shape take the tensor-core path under TUNING["MMA"]."""
+    wanted = TUNING["MMA"] >= (2 if kv_int8 else 1)
+    return wanted and mma_applies(dtype, head_dim, group, block_size)
+
+
+def threads_per_cta(dtype: str, kv_int8: bool, head_dim: int, group: int, block_size: int) -> int:
+    """The CTA size every kernel of this shape is built for and launched with."""
+    return TUNING["MMA_THREADS" if uses_mma(dtype, kv_int8, head_dim, group, block_size) else "NUM_THREADS"]
+
+
 def compile_options(
     dtype: str, kv_int8: bool = False, head_dim: int = 128, group: int = 4, block_size: int = 16
 ) -> tuple[str, ...]:
-    mma = int(bool(TUNING["MMA"]) and mma_applies(dtype, head_dim, group, block_size))
+    mma = uses_mma(dtype, kv_int8, head_dim, group, block_size)
+    cuda_core_knobs = ("UNROLL", "TILE_SOFTMAX", "RESCALE_SLACK")
     return (
         f"-DDTYPE_ID={runtime.DTYPE_IDS[dtype]}",
         f"-DKV_INT8={int(kv_int8)}",
         f"-DHEAD_DIM={head_dim}",
         f"-DGROUP={group}",
-        *(f"-D{name}={value}" for name, value in TUNING.items() if name != "MMA"),
-        f"-DMMA={mma}",
+        f"-DNUM_THREADS={threads_per_cta(dtype, kv_int8, head_dim, group, block_size)}",
+        *(f"-D{name}={TUNING[name]}" for name in cuda_core_knobs),
+        f"-DMMA={int(mma)}",
     )
 
 
@@ -79,12 +97,12 @@ def tuning(**knobs: int) -> Iterator[None]:
 
 def describe_tuning(knobs: dict[str, int]) -> str:
     """A variant's short label, e.g. "t256 u2 slack8 tile" (knobs left out keep the defaults)."""
-    names = {"NUM_THREADS": "t", "UNROLL": "u", "RESCALE_SLACK": "slack"}
+    names = {"NUM_THREADS": "t", "UNROLL": "u", "RESCALE_SLACK": "slack", "MMA_THREADS": "mma-t"}
     parts = [f"{names[k]}{v}" for k, v in knobs.items() if k in names]
     if "TILE_SOFTMAX" in knobs:
         parts.append("tile" if knobs["TILE_SOFTMAX"] else "per-token")
-    if knobs.get("MMA"):
-        parts.append("mma")
+    if "MMA" in knobs:
+        parts.append({0: "cuda-cores", 1: "mma", 2: "mma-int8"}.get(knobs["MMA"], f"mma{knobs['MMA']}"))
     return " ".join(parts)
 
 
@@ -209,8 +227,9 @@ def paged_attention_gpu(
     max_len = max_context_len if max_context_len is not None else max_blocks * bs
     if partition_blocks is None:
         partition_blocks = choose_partition_blocks(b_sz, kvh, bs, max_len, runtime.sm_count())
-    opts = compile_options(runtime.dtype_name(q.dtype), kv_int8, hd, group, bs)
-    threads = TUNING["NUM_THREADS"]
+    dtype = runtime.dtype_name(q.dtype)
+    opts = compile_options(dtype, kv_int8, hd, group, bs)
+    threads = threads_per_cta(dtype, kv_int8, hd, group, bs)
     q_mult = np.float32(1.0 / math.sqrt(hd) * math.log2(math.e))  # scores in the log2 domain: exp2f
     common = [bt.ptr, cl.ptr, np.int32(max_blocks), np.int32(bs), q_mult]
     if not partition_blocks:

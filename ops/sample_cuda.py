@@ -51,8 +51,11 @@ SCAN_KERNELS = {dt: name.replace("sample_", "sample_scan_") for dt, name in SAMP
 SPLIT_PASS_KERNELS = {dt: name.replace("sample_", "sample_split_pass_") for dt, name in SAMPLE_KERNELS.items()}
 
 
+PROFILE_OPTIONS: tuple[str, ...] = ()  # profiling only (ops/bench_sample.py: -DSAMPLE_STOP=k)
+
+
 def compile_options(dtype: str) -> tuple[str, ...]:
-    return (f"-DDTYPE_ID={runtime.DTYPE_IDS[dtype]}",)
+    return (f"-DDTYPE_ID={runtime.DTYPE_IDS[dtype]}", *PROFILE_OPTIONS)
 
 
 VARIANTS = {dt: compile_options(dt) for dt in SAMPLE_KERNELS}  # label -> NVRTC options (CI compiles all)

@@ -5,6 +5,7 @@ parts | SplitRows | region lists | hash tables (sample_cuda.workspace_bytes)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -15,6 +16,13 @@ from . import runtime
 # sample_gpu's [B] parameters that every kernel's row test reads, in the kernels' order
 _PARAMS = ("temperature", "top_p", "top_k", "rep_penalty", "freq_penalty", "pres_penalty")
 PLAN_SMEM = 4096 * (8 + 4)  # sample_split_plan's dynamic shared memory: 12-bit weight and count histograms
+# Profiling only (ops/bench_sample.py): called with each kernel's name right after its launch.
+TRACE: Callable[[str], None] | None = None
+
+
+def _traced(name: str) -> None:
+    if TRACE is not None:
+        TRACE(name)
 
 
 @dataclass(frozen=True)
@@ -59,6 +67,7 @@ class Launch:
 
         if split_sampled:  # (zeroed before the scan adds into them)
             load("sample_split_zero").launch((b_sz,), (sc.SCAN_THREADS,), tests + [split], stream=stream)
+            _traced("zero")
         # Greedy rows split over `chunks` blocks each (the main kernel only finishes them), and the
         # split sampled rows' first read
         load(sc.SCAN_KERNELS[self.dtype]).launch(
@@ -67,18 +76,22 @@ class Launch:
             row + tests + [np.int32(self.num_logprobs), np.int32(self.chunk), parts, split if split_sampled else 0],
             stream=stream,
         )
+        _traced("scan")
         if split_sampled:
             plan = load("sample_split_plan")
             sc._dynamic_smem_limit(plan)  # opted in: its 48 KiB of histograms and its static Shm pass 48 KiB
             plan.launch(
                 (b_sz,), (sc.THREADS,), tests + [np.int32(self.vocab), split], stream=stream, shared_mem=PLAN_SMEM
             )
+            _traced("plan")
             load(sc.SPLIT_PASS_KERNELS[self.dtype]).launch(
                 grid, (sc.SCAN_THREADS,), row + tests + [np.int32(self.chunk), split, lists], stream=stream
             )
+            _traced("split pass")
         main = row + rows + [ptr["seeds"], ptr["counters"], ptr["min_tokens"], ptr["num_generated"]]
         main += [ptr["eos_ids"], np.int32(self.n_eos), ptr["gen_token_ids"], np.int32(self.n_gen)]
         main += [tables, np.int32(sc.hash_bits(self.n_gen)), np.int32(self.num_logprobs), np.int32(cap)]
         main += [ptr["out_tokens"], ptr["out_logprobs"], ptr.get("out_top_ids", 0), ptr.get("out_top_logprobs", 0)]
         main += [parts, np.int32(self.chunks), split if split_sampled else 0, lists if split_sampled else 0]
         kernel.launch((b_sz,), (sc.THREADS,), main, stream=stream, shared_mem=sc.shared_bytes(self.vocab, cap))
+        _traced("main")

@@ -1,4 +1,11 @@
 // ---------------------------------------------------------------------------- the kernel
+// SAMPLE_STOP k (profiling only: ops/bench_sample.py times the kernel ended after each phase):
+// return after phase k, writing v to out_tokens so the work before stays live.
+#ifdef SAMPLE_STOP
+#define STOP_AT(k, v) if (SAMPLE_STOP == (k)) { if (tid == 0) out_tokens[b] = (int)(v); return; }
+#else
+#define STOP_AT(k, v)
+#endif
 extern "C" __global__ void __launch_bounds__(THREADS) SAMPLE_KERNEL(
     const dtype_t* __restrict__ logits, long long ld, int V,
     const float* __restrict__ temperature, const float* __restrict__ top_p, const int* __restrict__ top_k,
@@ -104,6 +111,7 @@ extern "C" __global__ void __launch_bounds__(THREADS) SAMPLE_KERNEL(
     best = block_max(best, sh);
     const u32 best_key = (u32)(best >> 32);
     const int best_id = (int)~(u32)best;
+    STOP_AT(1, best_id)
 
     if (r.greedy) {
         // combine the per-thread (max, sum) pairs
@@ -188,6 +196,7 @@ extern "C" __global__ void __launch_bounds__(THREADS) SAMPLE_KERNEL(
         u64 e0, e1;
         block_scan2(q_all, n_pos, e0, e1, q_all, n_pos, sh);       // (syncs: buffer, l1_mass complete)
     }
+    STOP_AT(2, q_all + region)
     const u32 x0 = philox_first_word(seeds[b], (u64)counters[b]);
     if (!fits) {
         // The region did not fit.  Bound, from the 12-bit histograms, the bins that the searches
@@ -229,6 +238,7 @@ extern "C" __global__ void __launch_bounds__(THREADS) SAMPLE_KERNEL(
         block_scan2(wanted_n, 0ull, e0, e1, wanted_n, t1, sh);
         if (wanted_n <= (u64)cap) gather_bins(c, zero_key, sh);  // (row read 3)
     }
+    STOP_AT(3, c.cand_n + x0)
     // top-k, then top-p, on integer weights
     u64 k = n_pos;
     if (tk > 0 && (u64)tk < k) k = (u64)tk;
@@ -237,15 +247,18 @@ extern "C" __global__ void __launch_bounds__(THREADS) SAMPLE_KERNEL(
         const Sel s = select(c, false, k, true, sh);
         q_kept = s.mass_above + (u64)(s.j + 1) * weight_of_key(s.key, m);
     }
+    STOP_AT(4, q_kept)
     if (tp < 1.f) {
         const u64 need = (u64)ceil(__dmul_rn((double)tp, (double)q_kept));
         const Sel s = select(c, true, need, true, sh);
         n_kept = s.cnt_above + s.j + 1;
         q_kept = s.mass_above + (u64)(s.j + 1) * weight_of_key(s.key, m);
     }
+    STOP_AT(5, q_kept + n_kept)
     // the draw: t = floor(x0 * q_kept / 2^32) and the first rank whose cumulative weight exceeds t
     const u64 t = __umul64hi((u64)x0 << 32, q_kept);
     const Sel s = select(c, true, t + 1, true, sh);
+    STOP_AT(6, s.key + s.j)
     const int token = jth_id(c, s.key, s.j, sh);
     const float ln_z = (float)(log((double)q_kept) - LN2_31);
     if (tid == 0) {

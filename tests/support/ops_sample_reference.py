@@ -246,26 +246,30 @@ def check_sampled_split(device, dtype: str, v_sz: int, cap=None) -> None:
     large, top_p, temperature alone (a region of most of the row: past the lists), top-n logprobs;
     row 1 ties its max at both ends (different chunks: the lowest id ranks first), row 2 is all -inf
     but two tokens, row 3 has a +inf, row 4 a NaN; row 8 has an acting penalty and row 9 masked EOS
-    (the one-block path)."""
+    (the one-block path); rows 10-15 tie 12 tokens at the max (a bin's weight past 2^32)."""
     from ops import runtime
 
     rng = np.random.default_rng(v_sz + 1)
-    logits = (rng.standard_normal((10, v_sz)) * 3).astype(np.float32)
+    logits = (rng.standard_normal((16, v_sz)) * 3).astype(np.float32)
     logits[1, [5, v_sz - 3]] = 40.0
     logits[2] = -np.inf
     logits[2, [v_sz // 3, v_sz - 1]] = [2.0, 1.5]
     logits[3, v_sz // 2] = np.inf
     logits[4, 7] = np.nan
+    # rows 10-15: 12 tokens of the first chunk tied at the max hold about half the weight, so the
+    # top bin's 64-bit weight sum (past 2^32) decides where the draw lands
+    logits[10:, 100:112] = logits[10:].max(axis=1, keepdims=True)
+    six = [1] * 6
     batch = base_batch(
         logits,
-        temperature=[1, 0.7, 1, 1, 1, 1.3, 0.9, 2.0, 1, 1],
-        top_k=[20, 3, 0, 0, 0, 0, v_sz // 2, 0, 5, 5],
-        top_p=[1, 1, 0.9, 1, 1, 1, 0.8, 0.95, 1, 1],
-        rep_penalty=[1, 1, 1, 1, 1, 1, 1, 1, 1.3, 1],
-        min_tokens=[0, 0, 0, 0, 0, 0, 0, 0, 0, 5],
-        counters=np.arange(10) * 7,
-        eos_ids=np.stack([np.int32([int(np.nanargmax(logits[b])), 2]) for b in range(10)]),
-        gen_token_ids=rng.integers(0, v_sz, (10, 6)).astype(np.int32),
+        temperature=[1, 0.7, 1, 1, 1, 1.3, 0.9, 2.0, 1, 1, *six],
+        top_k=[20, 3, 0, 0, 0, 0, v_sz // 2, 0, 5, 5, *[0] * 6],
+        top_p=[1, 1, 0.9, 1, 1, 1, 0.8, 0.95, 1, 1, *six],
+        rep_penalty=[1, 1, 1, 1, 1, 1, 1, 1, 1.3, 1, *six],
+        min_tokens=[0, 0, 0, 0, 0, 0, 0, 0, 0, 5, *[0] * 6],
+        counters=np.arange(16) * 7,
+        eos_ids=np.stack([np.int32([int(np.nanargmax(logits[b])), 2]) for b in range(16)]),
+        gen_token_ids=rng.integers(0, v_sz, (16, 6)).astype(np.int32),
     )
     stored = batch["logits"]
     if dtype == "fp16":
