@@ -1,5 +1,5 @@
 """Host time of one `ops.sample_cuda.sample_gpu` call (argument checks, sizing, packing the
-launches' parameters: 2, or 5 with the sampled split), without a GPU: the kernels are replaced by
+launches' parameters: 2, or 7 with the sampled split), without a GPU: the kernels are replaced by
 launches that only pack their arguments, device arrays are views of host memory.  The GPU runner
 calls it every step, so this is Python on the decode path (RESULTS.md, "Sampling's host time").
 
@@ -48,11 +48,11 @@ def main() -> None:
         out_tokens=i32.copy(), out_logprobs=f32.copy(),
     )  # fmt: skip
     dev = {k: runtime.DeviceArray(v.ctypes.data, v.shape, v.dtype, v.strides) for k, v in host.items()}
-    for split in (False, True):  # greedy-only batches (the staged call's choice) skip the split's 3 launches
+    for split in (False, True):  # greedy-only batches (the staged call's choice) skip the split's 5 launches
         call = lambda: sample_cuda.sample_gpu(**dev, split_sampled=split)  # noqa: B023, E731
         call()
         best = min(timeit.repeat(call, number=a.calls, repeat=5)) / a.calls
-        launches = 5 if split else 2
+        launches = 7 if split else 2
         print(
             f"sample_gpu host time, {launches} launches: {best * 1e6:.1f} us a call (batch {b}, vocab {a.vocab};"
             f" best of 5 x {a.calls})"

@@ -18,8 +18,9 @@ THREADS = 1024  # one block of THREADS per row (512 measured no better on an H10
 SCAN_THREADS = 256  # the split scan's blocks (sample_scan.cuh)
 MAX_SCAN_CHUNKS = 64  # chunks per row of the split scan, at most (sizes its workspace)
 SCAN_PART_BYTES = 16  # one ScanPart: u64 arg-max key, float max, float sum
-# one SplitRow (sample_scan.cuh): 4 u64, 2 u32, u32 chunk_n[MAX_SCAN_CHUNKS], u32 cnt[4096], u64 mass[4096]
-SPLIT_ROW_BYTES = 4 * 8 + 2 * 4 + 4 * MAX_SCAN_CHUNKS + 4 * 4096 + 8 * 4096
+# one SplitRow (sample_scan.cuh): 4 u64, 2 u32, u32 chunk_n[MAX_SCAN_CHUNKS], u32 wanted[128], int, u32,
+# u32 cnt[4096], u64 mass[4096]
+SPLIT_ROW_BYTES = 4 * 8 + 2 * 4 + 4 * MAX_SCAN_CHUNKS + 4 * 128 + 2 * 4 + 4 * 4096 + 8 * 4096
 SPLIT_CAP = 4096  # a split sampled row's region tokens per chunk list (8 bytes each), at most
 # The kernel source after the generated constants, in order (one translation unit).
 SOURCE_FILES = (
@@ -28,6 +29,7 @@ SOURCE_FILES = (
     "sample_search.cuh",
     "sample_scan.cuh",
     "sample_split.cuh",
+    "sample_gather.cuh",
     "sample.cu",
 )
 

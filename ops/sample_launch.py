@@ -1,6 +1,7 @@
 """The launch sequence of `sample_cuda.sample_gpu`, on one stream: the sampled split's zeroing, the
 split scan (greedy rows answered, split sampled rows counted), the sampled split's plan and second
-read, then the main kernel (ops/kernels/sample_split.cuh has the picture).  The workspace is laid out
+read, its gather of the wanted bins (rows whose region passed the lists), then the main kernel
+(ops/kernels/sample_split.cuh and sample_gather.cuh have the picture).  The workspace is laid out
 parts | SplitRows | region lists | hash tables (sample_cuda.workspace_bytes)."""
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from . import runtime
 
 # sample_gpu's [B] parameters that every kernel's row test reads, in the kernels' order
 _PARAMS = ("temperature", "top_p", "top_k", "rep_penalty", "freq_penalty", "pres_penalty")
-PLAN_SMEM = 4096 * (8 + 4)  # sample_split_plan's dynamic shared memory: 12-bit weight and count histograms
+PLAN_SMEM = 4096 * (8 + 4)  # sample_split_plan's / _want's dynamic shared memory: 12-bit weight and count histograms
 # Profiling only (ops/bench_sample.py): called with each kernel's name right after its launch.
 TRACE: Callable[[str], None] | None = None
 
@@ -84,10 +85,18 @@ class Launch:
                 (b_sz,), (sc.THREADS,), tests + [np.int32(self.vocab), split], stream=stream, shared_mem=PLAN_SMEM
             )
             _traced("plan")
-            load(sc.SPLIT_PASS_KERNELS[self.dtype]).launch(
-                grid, (sc.SCAN_THREADS,), row + tests + [np.int32(self.chunk), split, lists], stream=stream
-            )
+            chunk_pass = load(sc.SPLIT_PASS_KERNELS[self.dtype])
+            chunk_args = row + tests + [np.int32(self.chunk), split, lists]
+            chunk_pass.launch(grid, (sc.SCAN_THREADS,), chunk_args + [np.int32(0)], stream=stream)
             _traced("split pass")
+            # rows whose region passed the lists: the bins the searches will enter, then their tokens
+            want = load("sample_split_want")
+            sc._dynamic_smem_limit(want)
+            seeds = [ptr["seeds"], ptr["counters"], np.int32(self.num_logprobs), np.int32(cap), split]
+            want.launch((b_sz,), (sc.THREADS,), tests + seeds, stream=stream, shared_mem=PLAN_SMEM)
+            _traced("want")
+            chunk_pass.launch(grid, (sc.SCAN_THREADS,), chunk_args + [np.int32(1)], stream=stream)
+            _traced("gather")
         main = row + rows + [ptr["seeds"], ptr["counters"], ptr["min_tokens"], ptr["num_generated"]]
         main += [ptr["eos_ids"], np.int32(self.n_eos), ptr["gen_token_ids"], np.int32(self.n_gen)]
         main += [tables, np.int32(sc.hash_bits(self.n_gen)), np.int32(self.num_logprobs), np.int32(cap)]

@@ -164,15 +164,10 @@ extern "C" __global__ void __launch_bounds__(THREADS) SAMPLE_KERNEL(
     // Weights of every token (key >= zero_key): 12-bit weight histogram, total, count of positive
     // weights (row read 2); the region is copied into the candidate buffer in the same pass if it fits.
     u64 q_all = sr ? sr->q_all : 0ull, n_pos = sr ? sr->n_pos : 0ull;
+    const uint2* row_lists = sr ? split_lists + (long long)b * scan_chunks * SPLIT_CAP : nullptr;
     if (sr) {
         if (fits) {                                           // the chunks' lists, in chunk order
-            int at = 0;
-            for (int ch = 0; ch < scan_chunks; ++ch) {
-                const int n = (int)sr->chunk_n[ch];
-                const uint2* list = split_lists + ((long long)b * scan_chunks + ch) * SPLIT_CAP;
-                for (int i = tid; i < n; i += THREADS) { c.cand_key[at + i] = list[i].x; c.cand_id[at + i] = (int)list[i].y; }
-                at += n;
-            }
+            load_split_lists(c, sr, row_lists, scan_chunks);
             c.cand_valid = true; c.cand_bins = false; c.cand_lo = lo_key; c.cand_hi = KEY_MAX; c.cand_n = (int)region;
         }
         __syncthreads();
@@ -198,45 +193,13 @@ extern "C" __global__ void __launch_bounds__(THREADS) SAMPLE_KERNEL(
     }
     STOP_AT(2, q_all + region)
     const u32 x0 = philox_first_word(seeds[b], (u64)counters[b]);
-    if (!fits) {
-        // The region did not fit.  Bound, from the 12-bit histograms, the bins that the searches
-        // below will enter (top_k's bin, top_p's boundary for any possible top-k weight, the draw
-        // for any possible kept weight, the top-n ranks) and gather them all in one read when they
-        // fit.  Only an optimisation: a search outside them gathers or re-reads on its own.
-        u64 k_lo = q_all, k_hi = q_all, ac, am;                  // bounds of the top-k weight
-        const u64 kk = tk > 0 && (u64)tk < n_pos ? (u64)tk : n_pos;
-        if (kk < n_pos) {
-            ac = am = 0;
-            const int bk = scan_bins(c.l1_cnt, c.l1_mass, L1_BINS, false, kk, ac, am, sh);
-            want_bins(bk, bk, sh);
-            k_lo = am; k_hi = am + c.l1_mass[bk];
-        }
-        u64 q_lo = k_lo, q_hi = k_hi;                            // bounds of the kept weight
-        if (tp < 1.f) {
-            const u64 need_lo = (u64)ceil(__dmul_rn((double)tp, (double)k_lo));
-            const u64 need_hi = (u64)ceil(__dmul_rn((double)tp, (double)k_hi));
-            ac = am = 0;
-            const int hi_bin = scan_bins(c.l1_cnt, c.l1_mass, L1_BINS, true, max(need_lo, 1ull), ac, am, sh);
-            ac = am = 0;
-            const int lo_bin_p = scan_bins(c.l1_cnt, c.l1_mass, L1_BINS, true, need_hi, ac, am, sh);
-            want_bins(lo_bin_p, hi_bin, sh);
-            q_lo = need_lo;
-            q_hi = min(k_hi, am + c.l1_mass[lo_bin_p]);
-        }
-        ac = am = 0;
-        const int d_hi = scan_bins(c.l1_cnt, c.l1_mass, L1_BINS, true, __umul64hi((u64)x0 << 32, q_lo) + 1, ac, am, sh);
-        ac = am = 0;
-        const int d_lo = scan_bins(c.l1_cnt, c.l1_mass, L1_BINS, true, __umul64hi((u64)x0 << 32, q_hi) + 1, ac, am, sh);
-        want_bins(d_lo, d_hi, sh);
-        if (n_out > 0) {
-            ac = am = 0;
-            want_bins(scan_bins(c.l1_cnt, nullptr, L1_BINS, false, min((u64)n_out, n_pos), ac, am, sh), L1_BINS - 1, sh);
-        }
+    if (!fits && sr && sr->gathered) {                    // the split gather's lists (sample_gather.cuh)
+        if (tid < L1_BINS / 32) sh.wanted[tid] = sr->wanted[tid];
+        c.cand_n = load_split_lists(c, sr, row_lists, scan_chunks);
+        c.cand_valid = c.cand_bins = true; c.suffix_lo = sr->suffix_lo;
         __syncthreads();
-        u64 wanted_n = 0, e0, e1, t1;
-        for (int i = tid; i < L1_BINS; i += THREADS) wanted_n += is_wanted(sh.wanted, i) ? c.l1_cnt[i] : 0u;
-        block_scan2(wanted_n, 0ull, e0, e1, wanted_n, t1, sh);
-        if (wanted_n <= (u64)cap) gather_bins(c, zero_key, sh);  // (row read 3)
+    } else if (!fits && want_draw_bins(c, q_all, n_pos, tk, tp, x0, n_out, sh) <= (u64)cap) {
+        gather_bins(c, zero_key, sh);                         // (row read 3)
     }
     STOP_AT(3, c.cand_n + x0)
     // top-k, then top-p, on integer weights

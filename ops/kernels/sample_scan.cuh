@@ -69,7 +69,11 @@ struct SplitRow {                 // one split sampled row's state in the worksp
     u64 q_all, n_pos;             // total weight, count of positive weights: atomicAdd
     u64 region;                   // tokens with key >= lo_key (sample_split_plan)
     u32 lo_key, degenerate;       // the region's first key; the max is +-inf or NaN (plan)
-    u32 chunk_n[MAX_SCAN_CHUNKS]; // region tokens per chunk, in its list when region <= SPLIT_CAP
+    u32 chunk_n[MAX_SCAN_CHUNKS]; // tokens in each chunk's list: the region when region <= SPLIT_CAP,
+                                  // else (gathered) the wanted bins' (sample_gather.cuh)
+    u32 wanted[L1_BINS / 32];     // the bins the searches will enter, when gathered (sample_split_want)
+    int suffix_lo;                // wanted_suffix of those
+    u32 gathered;                 // the lists hold the wanted bins' tokens
     u32 cnt[L1_BINS];             // 12-bit key counts: atomicAdd
     u64 mass[L1_BINS];            // 12-bit weight sums of the keys >= zero_key: atomicAdd
 };

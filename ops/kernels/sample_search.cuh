@@ -95,19 +95,25 @@ __device__ __noinline__ void gather(Ctx& c, u32 lo, u32 hi, Shm& sh) {
     c.cand_valid = n <= cap; c.cand_bins = false; c.cand_lo = lo; c.cand_hi = hi; c.cand_n = (int)min(n, cap);
 }
 
-// Copy every token of the bins flagged in sh.wanted (read from the row) into the buffer, id order.
-__device__ __noinline__ void gather_bins(Ctx& c, u32 lo, Shm& sh) {
-    u64 bad = 0;                     // 1 + the highest nonempty bin not flagged
+// 1 + the highest nonempty 12-bit bin not flagged in sh.wanted: every nonempty bin from there up is
+// gathered (covers() answers suffix queries with it).
+__device__ __noinline__ int wanted_suffix(const Ctx& c, Shm& sh) {
+    u64 bad = 0;
     for (int i = threadIdx.x; i < L1_BINS; i += THREADS)
         if (c.l1_cnt[i] && !is_wanted(sh.wanted, i)) bad = max(bad, (u64)i + 1);
-    bad = block_max(bad, sh);
+    return (int)block_max(bad, sh);
+}
+
+// Copy every token of the bins flagged in sh.wanted (read from the row) into the buffer, id order.
+__device__ __noinline__ void gather_bins(Ctx& c, u32 lo, Shm& sh) {
+    const int bad = wanted_suffix(c, sh);
     c.cand_valid = false;
     u32* ck = c.cand_key; int* ci = c.cand_id; const u64 cap = (u64)c.cap; const u32* wanted = sh.wanted;
     const u64 n = ordered_pass(c, lo, KEY_MAX, [&](u32 key) { return is_wanted(wanted, key >> (32 - L1_BITS)); },
         [&](u32 key, int id, bool flagged, u64 rank) { if (flagged && rank < cap) { ck[rank] = key; ci[rank] = id; } },
         ~0ull, sh);
     __syncthreads();
-    c.cand_valid = n <= cap; c.cand_bins = true; c.suffix_lo = (int)bad; c.cand_n = (int)min(n, cap);
+    c.cand_valid = n <= cap; c.cand_bins = true; c.suffix_lo = bad; c.cand_n = (int)min(n, cap);
 }
 
 // Flag bins [lo, hi] in sh.wanted (callers sync before use).

@@ -2,7 +2,8 @@
 // One block per row reads a row at a fraction of the bandwidth, and a sampled row needs two or three
 // reads (sample_row.cuh).  So a sampled row whose keys are its logits / T unchanged (`split_row`: no
 // masked EOS, no acting penalty; the others keep the one-block path) is read by many blocks, in
-// five launches on one stream, each after the one before:
+// five launches on one stream, each after the one before (seven when its region passes the lists:
+// sample_gather.cuh):
 //   sample_split_zero    zero the row's SplitRow (accumulators for atomics)
 //   SCAN_KERNEL          per (row, chunk): the arg-max and the 12-bit key counts (split_scan_chunk)
 //   sample_split_plan    per row: the max m and the region (the one-block path's rule, region_lo_bin)
@@ -11,8 +12,9 @@
 //   SAMPLE_KERNEL        loads all that (the lists concatenated in chunk order: the candidate
 //                        buffer of the one-block path, in id order) and runs the same searches.
 // Everything summed across blocks is an integer (or a max), so any order of the blocks gives the
-// twin's tokens bit for bit.  A region larger than the buffer leaves the lists unused: the main
-// kernel then takes the one-block path's "region did not fit" branch with the histograms loaded.
+// twin's tokens bit for bit.  A region larger than the lists leaves them to the split gather of
+// the bins the searches will enter (sample_gather.cuh); when those do not fit either, the main
+// kernel takes the one-block path's "region did not fit" branch with the histograms loaded.
 
 #if DTYPE_ID == 0
 #define SPLIT_PASS_KERNEL sample_split_pass_fp32
@@ -122,14 +124,84 @@ __device__ __forceinline__ u64 split_block_scan(u64 v, u64& total, u64* w) {
     return before + inc - v;
 }
 
-// grid (chunks, B), SCAN_THREADS threads (chunks as SCAN_KERNEL's): the second read of a split row
+// Tokens [lo, hi) of row r read once: on_key(key) for each, and (when keep; uniform over the block)
+// those with in(key) compacted in id order into list[0, SPLIT_CAP) (one block scan per SCAN_UNROLL
+// tiles, counts packed 16 bits a tile: a tile holds <= 2048); returns how many had in(key) (when keep).
+template <class OnKey, class In>
+__device__ __forceinline__ u32 compact_chunk(const Row& r, int lo, int hi, bool keep, OnKey on_key, In in,
+                                             uint2* list, u64* w) {
+    const int tid = threadIdx.x;
+    u32 listed = 0;                                              // the chunk's listed tokens so far
+    constexpr int STEP = SCAN_THREADS * VEC;
+    for (int base = lo; base < hi; base += SCAN_UNROLL * STEP) {  // the same trip count in every thread
+        dtype_t raw[SCAN_UNROLL][VEC];
+        u32 key[SCAN_UNROLL][VEC];
+#pragma unroll
+        for (int u = 0; u < SCAN_UNROLL; ++u)
+            if (base + u * STEP + tid * VEC < hi) load_raw(r, base + u * STEP + tid * VEC, raw[u]);
+        u64 counts = 0;
+#pragma unroll
+        for (int u = 0; u < SCAN_UNROLL; ++u) {
+            const int i0 = base + u * STEP + tid * VEC, valid = min(VEC, hi - i0);
+            u64 n = 0;
+#pragma unroll
+            for (int v = 0; v < VEC; ++v) {
+                if (v >= valid) continue;
+                key[u][v] = row_key(r, i0 + v, to_float(raw[u][v]));
+                on_key(key[u][v]);
+                n += in(key[u][v]);
+            }
+            counts |= n << (16 * u);
+        }
+        if (!keep) continue;
+        // id order is (tile u, thread, v): rank = the tiles before, the threads before, then v
+        u64 total;
+        const u64 excl = split_block_scan(counts, total, w);
+#pragma unroll
+        for (int u = 0; u < SCAN_UNROLL; ++u) {
+            const int i0 = base + u * STEP + tid * VEC, valid = min(VEC, hi - i0);
+            u32 rank = listed + (u32)((excl >> (16 * u)) & 0xffffu);
+#pragma unroll
+            for (int v = 0; v < VEC; ++v)
+                if (v < valid && in(key[u][v])) {
+                    if (rank < SPLIT_CAP) list[rank] = make_uint2(key[u][v], (u32)(i0 + v));
+                    ++rank;
+                }
+            listed += (u32)((total >> (16 * u)) & 0xffffu);
+        }
+    }
+    return listed;
+}
+
+// A split row's view for the chunk passes (its keys: logits / T).
+__device__ __forceinline__ Row split_row_view(const dtype_t* logits, long long ld, int V, int b, float T) {
+    Row r;
+    r.x = logits + b * ld; r.V = V; r.aligned = (reinterpret_cast<size_t>(r.x) & 15) == 0;
+    r.greedy = false; r.T = T; r.special = false;
+    return r;
+}
+
+// The gather of a gathered split row's wanted bins (keys >= zero_key, as gather_bins reads them):
+// the chunk's tokens of them into its list (sample_gather.cuh has the picture).
+__device__ __noinline__ void split_gather_chunk(const Row& r, int lo, int hi, SplitRow* s, uint2* list, u64* w) {
+    __shared__ u32 wanted[L1_BINS / 32];
+    for (int i = threadIdx.x; i < L1_BINS / 32; i += SCAN_THREADS) wanted[i] = s->wanted[i];
+    __syncthreads();
+    const u32 zero_key = zero_key_of(key_float((u32)(s->best >> 32)));
+    const u32 listed = compact_chunk(r, lo, hi, true, [](u32) {},
+        [&](u32 key) { return key >= zero_key && is_wanted(wanted, key >> (32 - L1_BITS)); }, list, w);
+    if (threadIdx.x == 0) s->chunk_n[blockIdx.x] = listed;
+}
+
+// grid (chunks, B), SCAN_THREADS threads (chunks as SCAN_KERNEL's): the second read of a split row,
+// or with `gather` its gather (sample_gather.cuh)
 extern "C" __global__ void __launch_bounds__(SCAN_THREADS) SPLIT_PASS_KERNEL(
     const dtype_t* __restrict__ logits, long long ld, int V,
     const float* __restrict__ temperature, const float* __restrict__ top_p, const int* __restrict__ top_k,
     const float* __restrict__ rep_penalty, const float* __restrict__ freq_penalty,
     const float* __restrict__ pres_penalty, const int* __restrict__ min_tokens,
     const int* __restrict__ num_generated, int E, int G, int chunk,
-    SplitRow* __restrict__ split, uint2* __restrict__ lists)
+    SplitRow* __restrict__ split, uint2* __restrict__ lists, int gather)
 {
     // The 64-bit weight sums as two u32 words: a shared u64 atomicAdd is a compare-and-swap loop,
     // which peaked bins serialise (this kernel took ~200 us, 11 reads, on an H200 with u64 sums).
@@ -140,63 +212,29 @@ extern "C" __global__ void __launch_bounds__(SCAN_THREADS) SPLIT_PASS_KERNEL(
                    E, G) || split[b].degenerate)
         return;
     SplitRow* s = split + b;
+    const Row r = split_row_view(logits, ld, V, b, temperature[b]);
+    const int lo = ch * chunk, hi = min(V, lo + chunk);
+    uint2* list = lists + ((long long)b * gridDim.x + ch) * SPLIT_CAP;
+    if (gather) {
+        if (s->gathered) split_gather_chunk(r, lo, hi, s, list, w_a);
+        return;
+    }
     const float m = key_float((u32)(s->best >> 32));
     const u32 zero_key = zero_key_of(m), lo_key = s->lo_key;
-    const bool keep = s->region <= (u64)SPLIT_CAP;               // else the lists go unused
-    uint2* list = lists + ((long long)b * gridDim.x + ch) * SPLIT_CAP;
     for (int i = tid; i < L1_BINS; i += SCAN_THREADS) mass_lo[i] = mass_hi[i] = 0u;
     __syncthreads();
-    Row r;
-    r.x = logits + b * ld; r.V = V; r.aligned = (reinterpret_cast<size_t>(r.x) & 15) == 0;
-    r.greedy = false; r.T = temperature[b]; r.special = false;
-    const int lo = ch * chunk, hi = min(V, lo + chunk);
     u64 q_all = 0, n_pos = 0;
-    u32 listed = 0;                                              // the chunk's region tokens so far
-    constexpr int STEP = SCAN_THREADS * VEC;
-    for (int base = lo; base < hi; base += SCAN_UNROLL * STEP) {  // the same trip count in every thread
-        dtype_t raw[SCAN_UNROLL][VEC];
-        u32 key[SCAN_UNROLL][VEC];
-#pragma unroll
-        for (int u = 0; u < SCAN_UNROLL; ++u)
-            if (base + u * STEP + tid * VEC < hi) load_raw(r, base + u * STEP + tid * VEC, raw[u]);
-        u64 counts = 0;                  // region tokens per tile, 16 bits each (a tile holds <= 2048)
-#pragma unroll
-        for (int u = 0; u < SCAN_UNROLL; ++u) {
-            const int i0 = base + u * STEP + tid * VEC, valid = min(VEC, hi - i0);
-            u64 n = 0;
-#pragma unroll
-            for (int v = 0; v < VEC; ++v) {
-                if (v >= valid) continue;
-                key[u][v] = row_key(r, i0 + v, to_float(raw[u][v]));
-                if (key[u][v] >= zero_key) {
-                    const u32 q = weight_of_key(key[u][v], m);
-                    if (q) {
-                        const u32 bin = key[u][v] >> (32 - L1_BITS), was = atomicAdd(mass_lo + bin, q);
-                        if (was + q < was) atomicAdd(mass_hi + bin, 1u);   // this add carried out of the low word
-                        q_all += q; ++n_pos;
-                    }
-                }
-                n += key[u][v] >= lo_key;
-            }
-            counts |= n << (16 * u);
-        }
-        if (!keep) continue;
-        // id order is (tile u, thread, v): rank = the tiles before, the threads before, then v
-        u64 total;
-        const u64 excl = split_block_scan(counts, total, w_a);
-#pragma unroll
-        for (int u = 0; u < SCAN_UNROLL; ++u) {
-            const int i0 = base + u * STEP + tid * VEC, valid = min(VEC, hi - i0);
-            u32 rank = listed + (u32)((excl >> (16 * u)) & 0xffffu);
-#pragma unroll
-            for (int v = 0; v < VEC; ++v)
-                if (v < valid && key[u][v] >= lo_key) {
-                    if (rank < SPLIT_CAP) list[rank] = make_uint2(key[u][v], (u32)(i0 + v));
-                    ++rank;
-                }
-            listed += (u32)((total >> (16 * u)) & 0xffffu);
-        }
-    }
+    const u32 listed = compact_chunk(
+        r, lo, hi, s->region <= (u64)SPLIT_CAP,                   // else the lists go unused
+        [&](u32 key) {
+            if (key < zero_key) return;
+            const u32 q = weight_of_key(key, m);
+            if (!q) return;
+            const u32 bin = key >> (32 - L1_BITS), was = atomicAdd(mass_lo + bin, q);
+            if (was + q < was) atomicAdd(mass_hi + bin, 1u);   // this add carried out of the low word
+            q_all += q; ++n_pos;
+        },
+        [&](u32 key) { return key >= lo_key; }, list, w_a);
     __syncthreads();                                             // mass complete
     for (int i = tid; i < L1_BINS; i += SCAN_THREADS) {
         const u64 sum = (u64)mass_hi[i] << 32 | mass_lo[i];

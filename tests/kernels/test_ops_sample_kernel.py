@@ -100,22 +100,18 @@ def test_gpu_wrapper_packs_the_kernel_signature(monkeypatch) -> None:
         out_top_logprobs=runtime.DeviceArray(0x93000, (b_sz, n), np.dtype(np.float32)),
     )
     sp.sample_gpu(**dev, num_logprobs=n, **outs)
-    zero, scan, plan, split_pass, main = launched
-    names = [k["name"] for k in launched]
-    assert names == [
-        "sample_split_zero",
-        "sample_scan_fp32",
-        "sample_split_plan",
-        "sample_split_pass_fp32",
-        "sample_fp32",
+    zero, scan, plan, split_pass, want, gather, main = launched
+    assert [k["name"] for k in launched] == [
+        *("sample_split_zero", "sample_scan_fp32", "sample_split_plan", "sample_split_pass_fp32"),
+        *("sample_split_want", "sample_split_pass_fp32", "sample_fp32"),
     ]
     chunks, chunk = sp.scan_chunks(b_sz, v_sz, 132)
     parts = 0xABC000
     split = parts + b_sz * sample_cuda.MAX_SCAN_CHUNKS * sample_cuda.SCAN_PART_BYTES
     lists = split + b_sz * sample_cuda.SPLIT_ROW_BYTES
     tables = lists + b_sz * chunks * sample_cuda.SPLIT_CAP * 8
-    assert scan["grid"] == split_pass["grid"] == (chunks, b_sz) and chunks == 3
-    assert scan["block"] == split_pass["block"] == zero["block"] == (sample_cuda.SCAN_THREADS,)
+    assert scan["grid"] == (chunks, b_sz) and chunks == 3
+    assert scan["block"] == zero["block"] == (sample_cuda.SCAN_THREADS,)
     assert zero["grid"] == plan["grid"] == main["grid"] == (b_sz,) and plan["block"] == main["block"] == (sp.THREADS,)
     s = _check_packing("SCAN_KERNEL", scan["args"])
     assert s["chunk"] == chunk and s["parts"] == parts and s["V"] == v_sz and s["num_logprobs"] == n
@@ -123,8 +119,12 @@ def test_gpu_wrapper_packs_the_kernel_signature(monkeypatch) -> None:
     assert _check_packing("sample_split_zero", zero["args"])["split"] == split
     p = _check_packing("sample_split_plan", plan["args"])
     assert p["split"] == split and p["V"] == v_sz and plan["shared_mem"] == 4096 * 12
-    q = _check_packing("SPLIT_PASS_KERNEL", split_pass["args"])
-    assert (q["split"], q["lists"], q["chunk"], q["ld"]) == (split, lists, chunk, v_sz)
+    for kernel, mode in ((split_pass, 0), (gather, 1)):  # one kernel: the second read, then the gather
+        q = _check_packing("SPLIT_PASS_KERNEL", kernel["args"])
+        assert (q["split"], q["lists"], q["chunk"], q["ld"], q["gather"]) == (split, lists, chunk, v_sz, mode)
+        assert kernel["grid"] == (chunks, b_sz) and kernel["block"] == (sample_cuda.SCAN_THREADS,)
+    w = _check_packing("sample_split_want", want["args"])
+    assert (w["split"], w["num_logprobs"], w["seeds"], want["shared_mem"]) == (split, n, dev["seeds"].ptr, 4096 * 12)
     named = _check_packing("SAMPLE_KERNEL", main["args"])
     assert named["V"] == v_sz and named["ld"] == v_sz and named["num_logprobs"] == n
     assert named["scan_parts"] == parts and named["scan_chunks"] == chunks
@@ -133,7 +133,7 @@ def test_gpu_wrapper_packs_the_kernel_signature(monkeypatch) -> None:
     assert named["workspace"] == tables and named["hash_bits"] == sp.hash_bits(n_gen)
     assert sp.workspace_bytes(b_sz, n_gen, chunks) == tables - parts + b_sz * (8 << sp.hash_bits(n_gen))
     assert named["out_top_ids"] == 0x92000 and named["logits"] == dev["logits"].ptr
-    assert main["shared_mem"] == sp.shared_bytes(v_sz, int(named["cap"])) <= 200 * 1024
+    assert main["shared_mem"] == sp.shared_bytes(v_sz, int(named["cap"])) <= 200 * 1024 and w["cap"] == named["cap"]
     launched.clear()  # the caller knows no row is a split sampled one: the scan and the main kernel only
     sp.sample_gpu(**dev, num_logprobs=n, **outs, split_sampled=False)
     assert [k["name"] for k in launched] == ["sample_scan_fp32", "sample_fp32"]

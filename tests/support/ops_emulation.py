@@ -195,7 +195,7 @@ def _kernel_names(source: str, options: tuple) -> list[str]:
     if source == sample_cuda.CUDA_SOURCE:
         dt = next(d for d in sample_cuda.SAMPLE_KERNELS if sample_cuda.compile_options(d)[0] in options)
         tables = (sample_cuda.SAMPLE_KERNELS, sample_cuda.SCAN_KERNELS, sample_cuda.SPLIT_PASS_KERNELS)
-        names = [t[dt] for t in tables] + ["sample_split_zero", "sample_split_plan"]
+        names = [t[dt] for t in tables] + ["sample_split_zero", "sample_split_plan", "sample_split_want"]
     return names
 
 
