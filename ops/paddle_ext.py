@@ -12,6 +12,9 @@ graphs on the CPU build, where Paddle lacks what the engine needs:
   paged pool and causal GQA attention over the flat token layout (the core: attention.h).
 * `spmd_rms_norm`, `spmd_add_rms_norm`, `spmd_swiglu` — the layer's elementwise steps, threaded
   (Paddle's CPU kernels for them are single-threaded; swiglu's is scalar).
+* `spmd_norm_linear`, `_int8`, `_int4` — a residual add + RMSNorm, the linear it feeds and
+  (attr) the SwiGLU after it as one op: Paddle's ~9 us a call is most of a small op's time at
+  batch 1; equal bit for bit to the separate ops.
 * `spmd_mla_decode`, `spmd_moe_experts` — DeepSeek's decode attention in latent space over the
   paged latent pool (with its pool write), and the routed experts each over its own tokens
   (single-threaded).

@@ -6,10 +6,11 @@ Quantised weights (`quant.QuantWeight`) stay int8 in the graph's params (persist
 every linear is its weight type's op (ops/cpu_kernels/linear.cc: `spmd_linear`, `spmd_linear_int8`,
 `spmd_linear_int4`), for every number of rows: one pass over W for decode steps, a packed
 micro-kernel for prefill chunks, int8/int4 dequantised in registers, on the op library's threads;
-the norms and SwiGLU are `spmd_rms_norm`, `spmd_add_rms_norm`, `spmd_swiglu`.  Nothing is chosen
-by the model's size.  Without them (`--graph-ops paddle`), Paddle's ops: quantised weights are
-dequantised to fp32 right before its matmul (on GPU, `paddle.nn.quant.weight_only_linear` would take
-the same buffers).
+the norms and SwiGLU are `spmd_rms_norm`, `spmd_add_rms_norm`, `spmd_swiglu`, and a residual add +
+RMSNorm with the linear it feeds (and the SwiGLU after it) is one op, `spmd_norm_linear*`
+(`norm_linear`).  Nothing is chosen by the model's size.  Without them (`--graph-ops paddle`),
+Paddle's ops: quantised weights are dequantised to fp32 right before its matmul (on GPU,
+`paddle.nn.quant.weight_only_linear` would take the same buffers).
 """
 
 from __future__ import annotations
@@ -63,6 +64,10 @@ class Linear(nn.Layer):
         rewrite of the method)."""
         raise NotImplementedError
 
+    def cpp_op(self) -> tuple[str, list[paddle.Tensor]]:
+        """The C++ op of this weight form (ops/cpu_kernels/linear.cc) and its weight inputs."""
+        raise NotImplementedError
+
 
 class DenseLinear(Linear):
     """An fp32 [in, out] weight."""
@@ -77,6 +82,9 @@ class DenseLinear(Linear):
             return paddle_ext.run_op("spmd_linear", x, self.weight)
         return paddle.matmul(x, self.weight)
 
+    def cpp_op(self) -> tuple[str, list[paddle.Tensor]]:
+        return "spmd_linear", [self.weight]
+
 
 class Int8Linear(Linear):
     """weight_only_int8: (x @ q) * scale[out]."""
@@ -90,6 +98,9 @@ class Int8Linear(Linear):
         if variant.cpp_ops:
             return paddle_ext.run_op("spmd_linear_int8", x, self.qweight, self.scale)
         return paddle.matmul(x, self.qweight.astype("float32")) * self.scale
+
+    def cpp_op(self) -> tuple[str, list[paddle.Tensor]]:
+        return "spmd_linear_int8", [self.qweight, self.scale]
 
 
 class Int4Linear(Linear):
@@ -109,6 +120,9 @@ class Int4Linear(Linear):
         n_groups = self.fan_in // self.group
         xg = x.reshape([-1, n_groups, self.group]).transpose([1, 0, 2])  # [G, T, g]
         return (paddle.matmul(xg, w) * self.scale.unsqueeze(1)).sum(axis=0)  # [T, out]
+
+    def cpp_op(self) -> tuple[str, list[paddle.Tensor]]:
+        return "spmd_linear_int4", [self.qweight, self.scale]
 
 
 _BY_METHOD: dict[str | None, Callable[[Any], Linear]] = {
@@ -157,6 +171,20 @@ def add_rms_norm(h, delta, weight: paddle.Tensor, eps: float, variant: GraphVari
     else:
         out, h = fused_rms_norm(delta, weight, None, eps, 1, residual=h)
     return out, h
+
+
+def norm_linear(h, delta, weight: paddle.Tensor, eps: float, linear: Linear, variant: GraphVariant, swiglu_out: bool):
+    """(linear(RMSNorm(h + delta)), h + delta), then SwiGLU on the linear's output when `swiglu_out`:
+    one op with the C++ ops (ops/cpu_kernels/norm_linear.cc: Paddle's per-op cost is most of a
+    small op's time at batch 1), else add_rms_norm, the linear and swiglu."""
+    if variant.cpp_ops and h is not None:
+        name, weights = linear.cpp_op()
+        fused = name.replace("spmd_linear", "spmd_norm_linear")
+        out, h = paddle_ext.run_op(fused, h, delta, weight, *weights, eps, swiglu_out)
+        return out, h
+    x, h = add_rms_norm(h, delta, weight, eps, variant)
+    out = linear(x, variant)
+    return (swiglu(out, variant) if swiglu_out else out), h
 
 
 def swiglu(x: paddle.Tensor, variant: GraphVariant) -> paddle.Tensor:

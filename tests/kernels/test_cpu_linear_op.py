@@ -158,8 +158,9 @@ def test_every_graph_uses_the_ops_with_paddles_logits(quant, export):
     manifest = json.loads((cpp / "rank_0" / "manifest.json").read_text())
     assert [s["name"] for s in manifest["segments"]] == ["seg_0"]  # one graph for every step
     ops = op_names(cpp / "rank_0" / "seg_0.json")
-    assert {name, "spmd_paged_attention", "spmd_add_rms_norm", "spmd_swiglu", "spmd_rms_norm"} <= ops
-    assert not {"matmul", "fused_rms_norm", "swiglu", "gather_nd"} & ops  # no Paddle GEMM or attention left
+    fused = name.replace("spmd_linear", "spmd_norm_linear")  # add + RMSNorm + qkv or gate|up (+ SwiGLU)
+    assert {name, fused, "spmd_paged_attention", "spmd_add_rms_norm", "spmd_rms_norm"} <= ops
+    assert not {"matmul", "fused_rms_norm", "swiglu", "gather_nd", "spmd_swiglu"} & ops  # no Paddle GEMM left
     assert not any(n.startswith("spmd_") for n in op_names(paddle_ops / "rank_0" / "seg_0.json"))
     for fast, general in zip(step_logits(cpp), step_logits(paddle_ops)):
         np.testing.assert_allclose(fast, general, rtol=1e-4, atol=1e-4 * np.abs(general).max())

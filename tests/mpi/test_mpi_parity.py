@@ -26,10 +26,10 @@ CPP_OPS = (
     "spmd_add_rms_norm",
     "spmd_allreduce",
     "spmd_linear",
+    "spmd_norm_linear",
     "spmd_paged_attention",
     "spmd_paged_attention_int8",
     "spmd_rms_norm",
-    "spmd_swiglu",
 )
 TEXTS = [
     "Hi",

@@ -26,7 +26,7 @@ from paddle.static import InputSpec
 
 from ops import paddle_ext
 from spmd_serve.export.graph_inputs import grid_dims, grouped_mask
-from spmd_serve.export.layers import add_rms_norm, fuse_columns, make_linear, make_param
+from spmd_serve.export.layers import fuse_columns, make_linear, make_param, norm_linear
 from spmd_serve.export.llama.sharding import kv_layout
 from spmd_serve.export.segment import Stage, kv_input_spec
 from spmd_serve.export.variant import GraphVariant
@@ -75,8 +75,8 @@ class AttentionStage(Stage):
     def forward(self, h, delta, env: dict, variant: GraphVariant):
         dm = self.dims
         nh, kvh, d = dm.heads, dm.kv_heads, dm.head_dim
-        x, h = add_rms_norm(h, delta, self.ln, dm.rms_norm_eps, variant)  # [T, H]
-        qkv = self.qkv(x, variant) if self.bias is None else self.qkv(x, variant) + self.bias  # [T, (nh + 2 kvh) d]
+        qkv, h = norm_linear(h, delta, self.ln, dm.rms_norm_eps, self.qkv, variant, False)  # [T, (nh + 2 kvh) d]
+        qkv = qkv if self.bias is None else qkv + self.bias
         kc_name, vc_name = self.layout.cache_inputs(self.layer)
         scales = [env[n] for n in self.layout.scale_inputs(self.layer)] if variant.kv_int8 else []
         if variant.paged_attention:  # ops/cpu_kernels/paged_attention.cc: RoPE, pool write, attention

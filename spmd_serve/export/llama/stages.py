@@ -16,8 +16,8 @@ from spmd_serve.export.layers import (
     hold_quantised,
     make_linear,
     make_param,
+    norm_linear,
     rms_norm,
-    swiglu,
     unpack_int4,
 )
 from spmd_serve.export.segment import Stage
@@ -87,8 +87,8 @@ class MlpStage(Stage):
         return self(h, delta, env, variant)
 
     def forward(self, h, delta, env: dict, variant: GraphVariant):
-        x, h = add_rms_norm(h, delta, self.ln, self.eps, variant)
-        return h, self.down(swiglu(self.gate_up(x, variant), variant), variant), []  # silu(gate) * up
+        x, h = norm_linear(h, delta, self.ln, self.eps, self.gate_up, variant, True)  # silu(gate) * up
+        return h, self.down(x, variant), []
 
 
 class HeadStage(Stage):

@@ -1,0 +1,71 @@
+"""`spmd_norm_linear` / `_int8` / `_int4` (ops/cpu_kernels/norm_linear.cc): the residual add +
+RMSNorm, the linear it feeds and optionally the SwiGLU after it as one op.  Against float64 numpy,
+and bit for bit against the separate ops it stands for (`spmd_add_rms_norm`, the weight form's
+linear, `spmd_swiglu`), at 1 and 2 threads, decode and prefill row counts; bad shapes refused."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tests.support.linear_weights import weights
+
+EPS = 1e-6
+
+
+@pytest.fixture(scope="module")
+def ext():
+    from ops import paddle_ext
+
+    paddle_ext.load()
+    yield paddle_ext
+    paddle_ext.set_num_threads(1)
+
+
+def run(ext, name: str, *args, threads: int = 1) -> list[np.ndarray]:
+    import paddle
+
+    ext.set_num_threads(threads)
+    tensors = [paddle.to_tensor(a) if isinstance(a, np.ndarray) else a for a in args]
+    out = ext.run_op(name, *tensors)
+    return [o.numpy() for o in out] if isinstance(out, list) else [out.numpy()]
+
+
+def reference(h, delta, norm_w, w64, swiglu: bool) -> tuple[np.ndarray, np.ndarray]:
+    s = h.astype(np.float64) + delta
+    y = s / np.sqrt((s * s).mean(-1, keepdims=True) + EPS) * norm_w @ w64
+    if swiglu:
+        g, u = np.split(y, 2, axis=-1)
+        y = g / (1 + np.exp(-g)) * u
+    return y, s
+
+
+@pytest.mark.parametrize("rows", (1, 3, 17))  # the streaming GEMV, and the blocked kernel above 8 rows
+@pytest.mark.parametrize("swiglu", (False, True))
+def test_equals_the_separate_ops_bit_for_bit_and_float64(ext, rows, swiglu):
+    k, n = 72, 130  # even N (gate | up), not a multiple of the vector width
+    rng = np.random.default_rng(rows + 10 * swiglu)
+    h, delta = rng.standard_normal((2, rows, k), np.float32)
+    norm_w = (rng.random(k, np.float32) + 0.5).astype(np.float32)
+    for name, (wargs, w64) in weights(k, n, rows).items():
+        fused = name.replace("spmd_linear", "spmd_norm_linear")
+        for threads in (1, 2):
+            out, total = run(ext, fused, h, delta, norm_w, *wargs, EPS, swiglu, threads=threads)
+            normed, want_sum = run(ext, "spmd_add_rms_norm", h, delta, norm_w, EPS, threads=threads)
+            (want,) = run(ext, name, normed, *wargs, threads=threads)
+            if swiglu:
+                (want,) = run(ext, "spmd_swiglu", want, threads=threads)
+            assert np.array_equal(out, want) and np.array_equal(total, want_sum), (name, threads)
+        ref, ref_sum = reference(h, delta, norm_w, w64, swiglu)
+        assert out.shape == ref.shape and out.dtype == np.float32
+        np.testing.assert_allclose(out, ref, rtol=2e-4, atol=2e-5 * np.abs(ref).max())
+        np.testing.assert_allclose(total, ref_sum, rtol=1e-6)
+
+
+def test_swiglu_needs_gate_and_up_halves(ext):
+    rng = np.random.default_rng(0)
+    h, delta = rng.standard_normal((2, 1, 8), np.float32)
+    with pytest.raises(Exception, match="must be even"):  # (eagerly: the SwiGLU step says it)
+        run(ext, "spmd_norm_linear", h, delta, np.ones(8, np.float32), np.ones((8, 5), np.float32), EPS, True)
+    with pytest.raises(Exception, match="x's last dimension"):  # the linear's own checks still speak
+        run(ext, "spmd_norm_linear", h, delta, np.ones(8, np.float32), np.ones((6, 4), np.float32), EPS, False)

@@ -1,0 +1,25 @@
+"""Random operands of the linear ops (ops/cpu_kernels/linear.cc) in every weight form, with the
+float64 weight each stands for: shared by the GEMM and the fused norm + linear op tests."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from spmd_serve.export.quant import QuantWeight, dequantize
+
+
+def weights(k: int, n: int, seed: int, group: int = 8) -> dict[str, tuple]:
+    """The op's arguments and the float64 [K, N] weight they stand for, per op."""
+    rng = np.random.default_rng(seed)
+    w = rng.standard_normal((k, n), np.float32)
+    q8 = rng.integers(-128, 128, (k, n), dtype=np.int8)  # the full range, -128 included
+    s8 = (rng.random(n, np.float32) + 0.5) / 127
+    ops = {"spmd_linear": ((w,), w.astype(np.float64)), "spmd_linear_int8": ((q8, s8), q8.astype(np.float64) * s8)}
+    if k % group:  # int4 needs whole groups
+        return ops
+    q4 = rng.integers(-8, 8, (k, n), dtype=np.int8)  # nibbles, -8 included
+    packed = ((q4[0::2].astype(np.uint8) & 0x0F) | (q4[1::2].astype(np.uint8) << 4)).view(np.int8)
+    s4 = (rng.random((k // group, n), np.float32) + 0.5) / 7
+    w4 = dequantize(QuantWeight("weight_only_int4", packed, s4, group))  # quant.py's reading of the nibbles
+    assert (w4 == np.repeat(s4, group, axis=0) * q4).all()
+    return {**ops, "spmd_linear_int4": ((packed, s4), w4.astype(np.float64))}
