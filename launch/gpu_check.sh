@@ -23,6 +23,7 @@ for expr in "${new_groups[@]}"; do
     gpu_tests "$expr" | tee -a "$out/pytest.log"
 done
 bench sample
+bench sample_phases
 bench variants
 bench attention
 old="not ($(printf '%s) and not (' "${new_groups[@]}" | sed 's/ and not ($//')"
