@@ -12,13 +12,12 @@ go in `extra_benches` below.
 from __future__ import annotations
 
 import sys
-from typing import Any
 
 import numpy as np
 
 from . import runtime
 from .bench_attention import attention_variants, bench_paged_attention
-from .bench_sample import sample_phases
+from .bench_sample import sample_args, sample_phases
 from .bench_timing import Buffers, Result, copy_bandwidth, time_per_call
 from .kv_cache_write import kv_cache_write_gpu
 from .sample_cuda import sample_gpu
@@ -50,29 +49,10 @@ def bench_sample(batch: int, vocab: int, label: str, split: bool = True, **over:
     """ops.sample over [batch, vocab] fp32 logits (normal, scale 2), no penalties; `nbytes` = one
     read of the logits, so 100 / (% copy) is the time in units of one read (goal <= 3).  `split`:
     sampled rows split over many blocks (sample_split.cuh), else their one-block path."""
-    rng, bufs = np.random.default_rng(0), Buffers()
-    rows = {
-        "temperature": np.float32(over.get("temperature", 1.0)),
-        "top_p": np.float32(over.get("top_p", 1.0)),
-        "top_k": np.int32(over.get("top_k", 0)),
-        "rep_penalty": np.float32(1),
-        "freq_penalty": np.float32(0),
-        "pres_penalty": np.float32(0),
-        "seeds": np.uint64(1),
-        "counters": np.int64(0),
-        "min_tokens": np.int32(0),
-        "num_generated": np.int32(0),
-    }
-    args: dict[str, Any] = {k: bufs.upload(np.full(batch, v)) for k, v in rows.items()}
-    args["counters"] = bufs.upload(np.arange(batch, dtype=np.int64))
-    args["eos_ids"] = bufs.upload(np.full((batch, 1), -1, np.int32))
-    args["gen_token_ids"] = bufs.upload(np.full((batch, 0), -1, np.int32))
-    logits = bufs.upload(rng.standard_normal((batch, vocab), dtype=np.float32) * 2)
-    outs: dict[str, Any] = dict(
-        out_tokens=bufs.empty((batch,), np.int32), out_logprobs=bufs.empty((batch,), np.float32)
-    )
+    bufs = Buffers()
+    args = sample_args(bufs, batch, vocab, **over)
     split = split and float(over.get("temperature", 1.0)) > 0  # greedy rows: the staged call's choice
-    sec, host = time_per_call(lambda: sample_gpu(logits, **args, **outs, split_sampled=split))
+    sec, host = time_per_call(lambda: sample_gpu(**args, split_sampled=split))
     bufs.free()
     return Result(f"sample ({label})", f"B={batch} V={vocab} fp32", sec, batch * vocab * 4, host)
 

@@ -59,12 +59,15 @@ def launch_times(fn: Callable[[], object], iters: int = 10) -> dict[str, float]:
     return dict(total)
 
 
-def _case_args(bufs: Buffers, scale: float, over: dict[str, float]) -> dict[str, Any]:
-    batch, vocab = 128, 128 * 1024
+def sample_args(bufs: Buffers, batch: int, vocab: int, scale: float = 2.0, **over: float) -> dict[str, Any]:
+    """sample_gpu's arguments on the device: [batch, vocab] fp32 logits (normal * scale), the
+    sampling parameters `over` (temperature, top_p, top_k; defaults: T 1, neither), no penalties,
+    seed 1 and counter = row, outputs for tokens and logprobs."""
     rng = np.random.default_rng(0)
     rows = dict(temperature=1.0, top_p=1.0, top_k=0, rep_penalty=1.0, freq_penalty=0.0, pres_penalty=0.0) | over
-    dtypes = dict(top_k=np.int32)
-    args: dict[str, Any] = {k: bufs.upload(np.full(batch, v, dtypes.get(k, np.float32))) for k, v in rows.items()}
+    args: dict[str, Any] = {
+        k: bufs.upload(np.full(batch, v, np.int32 if k == "top_k" else np.float32)) for k, v in rows.items()
+    }
     args |= dict(
         seeds=bufs.upload(np.ones(batch, np.uint64)),
         counters=bufs.upload(np.arange(batch, dtype=np.int64)),
@@ -84,7 +87,7 @@ def sample_phases() -> None:
     print("sampled call, 128 x 131072 fp32: device us per launch; main kernel ended after phase k (cumulative)")
     for label, scale, over in CASES:
         bufs = Buffers()
-        args = _case_args(bufs, scale, over)
+        args = sample_args(bufs, 128, 128 * 1024, scale, **over)
         per = launch_times(lambda: sample_cuda.sample_gpu(**args))  # noqa: B023
         row = "  ".join(f"{name} {sec * 1e6:.1f}" for name, sec in per.items())
         print(f"{label:<20} total {sum(per.values()) * 1e6:.1f}: {row}")
