@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs the test suite with the venv's tools; MPI tests launch real `mpirun` jobs.
-#   launch/run_tests.sh                 every tier, fastest first, each in its own pytest process
+#   launch/run_tests.sh                 every tier, each in its own pytest process (mpi in a lane of its own)
 #   launch/run_tests.sh tests/unit -x   what you name, in one pytest process
 # One process per tier: the kernels tier drives CUDA kernels' CPU emulation and C++ ops through raw
 # pointers, and a fault there must fail that tier, not surface as a corrupted object in another
@@ -16,12 +16,32 @@ fi
 # The C++ op library compiles once per source version (ops/paddle_ext.py caches it): build it here,
 # so that no test's server start-up timeout includes a compile of a minute or more on a busy machine.
 .venv/bin/python -W ignore -c "from ops import paddle_ext; print('C++ ops:', paddle_ext.library_path())"
-failed=()
-for tier in unit http graphs kernels mpi e2e; do
-  echo "== tests/$tier"
+# Two lanes: the mpi tier (half its time is one busy core: rank start-up, single-threaded exports,
+# waits on a rank) beside the other tiers in order, so a 2-core runner is busy throughout
+# (docs/architecture.md, "Tests"). TEST_LANES=1 runs every tier in turn.
+tiers=(unit http graphs kernels e2e)
+logs=$(mktemp -d)
+trap 'rm -rf "$logs"' EXIT
+run_tier() {
+  echo "== tests/$1"
   # the slowest tests in every CI log: where the suite's time goes (its budget is 15 minutes)
-  "${pytest[@]}" --durations=15 "tests/$tier" || failed+=("$tier")
+  "${pytest[@]}" --durations=15 "tests/$1"
+}
+failed=()
+if [ "${TEST_LANES:-2}" = 1 ]; then
+  tiers+=(mpi)
+else  # its log is held back until it ends, so the two lanes' lines do not interleave
+  (run_tier mpi > "$logs/mpi.log" 2>&1; echo $? > "$logs/mpi.rc") &
+  mpi_lane=$!
+fi
+for tier in "${tiers[@]}"; do
+  run_tier "$tier" || failed+=("$tier")
 done
+if [ -n "${mpi_lane:-}" ]; then
+  wait "$mpi_lane" || true
+  cat "$logs/mpi.log"
+  [ "$(cat "$logs/mpi.rc" 2>/dev/null)" = 0 ] || failed+=(mpi)
+fi
 if [ ${#failed[@]} -gt 0 ]; then
   echo "== failed tiers: ${failed[*]}"
   exit 1
