@@ -51,7 +51,16 @@ from .sample_cuda import (
     workspace_bytes,
 )
 from .sample_staged import PARAM_DTYPES, sample_gpu_staged
-from .sample_twin import MAX_TOP_N, MAX_VOCAB, apply_penalties, exp2_weight, float_key, key_float, sample_cpu
+from .sample_twin import (
+    MAX_TOP_N,
+    MAX_VOCAB,
+    apply_penalties,
+    exp2_weight,
+    float_key,
+    greedy_tokens,
+    key_float,
+    sample_cpu,
+)
 
 __all__ = [
     "CUDA_SOURCE",
@@ -67,6 +76,7 @@ __all__ = [
     "compile_options",
     "exp2_weight",
     "float_key",
+    "greedy_tokens",
     "hash_bits",
     "key_float",
     "sample",

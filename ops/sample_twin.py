@@ -164,6 +164,12 @@ def _draw(
         return ids, int(ids[int(np.searchsorted(cum, np.uint64(t), side="right"))]), total, kept
 
 
+def greedy_tokens(x: np.ndarray) -> np.ndarray:
+    """Rows x [R, V] float32 -> sample_cpu's tokens where every row is greedy with no penalty and
+    no masked id (its step 2 alone: the arg-max, lowest id on ties, NaNs ranked by their bits)."""
+    return _values_and_argmax(x)[1]
+
+
 def _greedy_rows(p: np.ndarray, n: int, with_logprobs: bool) -> tuple[np.ndarray, ...]:
     """Step 2 and the greedy logprobs of step 4 for rows p [G, V] -> the four outputs' rows."""
     s, best = _values_and_argmax(p)

@@ -93,10 +93,23 @@ def sample_arrays(requests: Sequence[SampledRequest]) -> dict[str, npt.NDArray[A
     )
 
 
+def _plain_greedy(r: SampledRequest) -> bool:
+    """Greedy, unpenalised, and no EOS id masked this step: ops.sample's token is the row's argmax."""
+    p = r.params
+    if not p.greedy or _penalised(p):
+        return False
+    min_tokens, masked = _eos_masking(r)
+    return not masked or len(r.output_token_ids) >= min_tokens
+
+
 def sample(logits: Any, requests: Sequence[SampledRequest]) -> list[int]:
     """logits [N, V] (numpy float32/float16, or a device array) → one token per request."""
     if not len(requests):
         return []
+    if isinstance(logits, np.ndarray) and all(map(_plain_greedy, requests)):
+        # the twin's own greedy rule without building its parameters: ~0.5 ms a batch-1 step
+        # less, as this runs right after the graph has pushed everything else out of the caches
+        return [int(t) for t in ops.sample.greedy_tokens(np.asarray(logits, np.float32))]
     # the logprobs reported are token_logprobs' (raw logits), not ops.sample's: skip them on the CPU
     tokens = ops.sample.sample(logits, **sample_arrays(requests), with_logprobs=False)[0]
     return [int(t) for t in np.asarray(tokens)]

@@ -140,6 +140,38 @@ def test_greedy_settings_pick_argmax_with_lowest_id_on_ties():
     assert got == [int(np.flatnonzero(r == r.max())[0]) for r in rows]
 
 
+def test_plain_greedy_rows_skip_the_twin_and_give_its_tokens(monkeypatch):
+    """Greedy, unpenalised rows with no EOS masked take the arg-max shortcut: the twin's tokens on
+    ties, NaNs, infinities, signed zeros and float16; a penalty, a masked EOS or one sampled row in
+    the batch take the twin (the shortcut is really taken: the twin is made to fail)."""
+    import ops.sample
+
+    rng = np.random.default_rng(7)
+    x = rng.integers(-3, 3, (24, 40)).astype(np.float32)
+    x[1, [5, 9]] = np.nan
+    x[2, 4], x[3, :] = np.inf, -np.inf
+    x[4, :], x[4, 6] = 0.0, -0.0
+    x[5, 0] = np.array([0xFFC00000], np.uint32).view(np.float32)[0]  # a NaN with the sign bit: ranks last
+    reqs = [Req(SamplingParams(temperature=0.0), [1], frozenset({2})) for _ in x]  # min_tokens 1: met
+    want = list(sample_cpu(x, **sample_arrays(reqs))[0])
+    want16 = list(sample_cpu(x.astype(np.float16), **sample_arrays(reqs))[0])
+
+    def no_twin(*a, **k):
+        raise AssertionError("the twin ran")
+
+    monkeypatch.setattr(ops.sample, "sample", no_twin)
+    assert sample(x, reqs) == want and sample(x.astype(np.float16), reqs) == want16
+    for other in (
+        SamplingParams(temperature=0.0, presence_penalty=0.5),
+        SamplingParams(temperature=0.0, min_tokens=3),  # EOS 2 masked for its first 3 tokens
+        SamplingParams(temperature=0.8, seed=1),
+    ):
+        with pytest.raises(AssertionError, match="the twin ran"):
+            sample(x, [*reqs[:-1], Req(other, [1], frozenset({2}))])
+    late = Req(SamplingParams(temperature=0.0, min_tokens=3), [1, 2, 3], frozenset({2}))  # past min_tokens
+    assert sample(x[:1], [late]) == want[:1]
+
+
 @pytest.mark.parametrize("temperature,top_k,top_p", [(0.7, 8, 0.8), (1.0, 0, 0.9), (1.5, 5, 1.0), (1.0, 0, 1.0)])
 def test_draw_frequencies_match_renormalised_distribution(temperature, top_k, top_p):
     """One row drawn by 12000 differently seeded requests: never a token outside top-k/top-p, and
