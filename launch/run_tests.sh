@@ -20,9 +20,6 @@ fi
 # exports, waits on a rank) beside the other tiers in order, ~22 -> ~17 min on 2 cores. Not the
 # default yet: a port that tests/support's free_ports() released was taken by the other lane
 # before its server bound it (docs/architecture.md, "Tests"); the default runs every tier in turn.
-tiers=(unit http graphs kernels e2e)
-logs=$(mktemp -d)
-trap 'rm -rf "$logs"' EXIT
 run_tier() {
   echo "== tests/$1"
   # the slowest tests in every CI log: where the suite's time goes (its budget is 15 minutes)
@@ -31,7 +28,10 @@ run_tier() {
 failed=()
 if [ "${TEST_LANES:-1}" = 1 ]; then
   tiers=(unit http graphs kernels mpi e2e)
-else  # its log is held back until it ends, so the two lanes' lines do not interleave
+else  # the mpi lane's log is held back until it ends, so the two lanes' lines do not interleave
+  tiers=(unit http graphs kernels e2e)
+  logs=$(mktemp -d)
+  trap 'rm -rf "$logs"' EXIT
   (run_tier mpi > "$logs/mpi.log" 2>&1; echo $? > "$logs/mpi.rc") &
   mpi_lane=$!
 fi
