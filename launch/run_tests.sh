@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs the test suite with the venv's tools; MPI tests launch real `mpirun` jobs.
-#   launch/run_tests.sh                 every tier, each in its own pytest process (TEST_LANES=2: mpi in a lane of its own)
+#   launch/run_tests.sh                 every tier, each in its own pytest process, in two lanes (TEST_LANES=1: in turn)
 #   launch/run_tests.sh tests/unit -x   what you name, in one pytest process
 # One process per tier: the kernels tier drives CUDA kernels' CPU emulation and C++ ops through raw
 # pointers, and a fault there must fail that tier, not surface as a corrupted object in another
@@ -16,23 +16,24 @@ fi
 # The C++ op library compiles once per source version (ops/paddle_ext.py caches it): build it here,
 # so that no test's server start-up timeout includes a compile of a minute or more on a busy machine.
 .venv/bin/python -W ignore -c "from ops import paddle_ext; print('C++ ops:', paddle_ext.library_path())"
-# TEST_LANES=2: the mpi tier (half its time is one busy core: rank start-up, single-threaded
-# exports, waits on a rank) beside the other tiers in order, ~22 -> ~17 min on 2 cores. Not the
-# default yet: a port that tests/support's free_ports() released was taken by the other lane
-# before its server bound it (docs/architecture.md, "Tests"); the default runs every tier in turn.
+# Two lanes by default: the mpi tier (half its time is one busy core: rank start-up, single-threaded
+# exports, waits on a rank) beside the other tiers in order, ~22 -> ~17 min on 2 cores. Each lane
+# takes its test servers' ports from a slice of its own below the ephemeral range
+# (SPMD_TEST_PORT_LANE, tests/support/server_process.free_ports): a port one lane checked free and
+# released cannot be taken by the other before its server binds it. TEST_LANES=1: every tier in turn.
 run_tier() {
   echo "== tests/$1"
   # the slowest tests in every CI log: where the suite's time goes (its budget is 15 minutes)
   "${pytest[@]}" --durations=15 "tests/$1"
 }
 failed=()
-if [ "${TEST_LANES:-1}" = 1 ]; then
+if [ "${TEST_LANES:-2}" = 1 ]; then
   tiers=(unit http graphs kernels mpi e2e)
 else  # the mpi lane's log is held back until it ends, so the two lanes' lines do not interleave
   tiers=(unit http graphs kernels e2e)
   logs=$(mktemp -d)
   trap 'rm -rf "$logs"' EXIT
-  (run_tier mpi > "$logs/mpi.log" 2>&1; echo $? > "$logs/mpi.rc") &
+  (export SPMD_TEST_PORT_LANE=1; run_tier mpi > "$logs/mpi.log" 2>&1; echo $? > "$logs/mpi.rc") &
   mpi_lane=$!
 fi
 for tier in "${tiers[@]}"; do

@@ -4,6 +4,7 @@ read a long native stream in the background while a test stops or breaks the ser
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import queue
@@ -20,16 +21,39 @@ import requests
 VENV_BIN = Path(sys.executable).parent
 
 
-def free_port() -> int:
-    return free_ports(1)[0]
+# Test servers' ports come from a range below the kernel's ephemeral one (32768-60999 on Linux), one
+# slice per test lane (SPMD_TEST_PORT_LANE, set by launch/run_tests.sh): a port checked free here and
+# released is bound by its server a moment later, and in between neither an outgoing connection (its
+# port is ephemeral) nor the other lane (its own slice) can take it. Within a process each port is
+# handed out once per walk of the slice; the pid picks where the walk starts, so two test runs in
+# one lane (a developer's beside CI's) start apart, and every port is still bind-checked.
+PORT_RANGE_START = 20000
+PORT_LANE_SPAN = 5000
+_port_walk = itertools.count()
+_port_lock = threading.Lock()
 
 
 def free_ports(n: int) -> list[int]:
-    """n distinct free loopback ports (all bound at once, so none is handed out twice)."""
-    socks = [socket.socket() for _ in range(n)]
+    """n distinct free loopback ports from this lane's slice (all bound at once while checked)."""
+    lane = int(os.environ.get("SPMD_TEST_PORT_LANE", "0"))
+    base = PORT_RANGE_START + lane * PORT_LANE_SPAN
+    start = os.getpid() % PORT_LANE_SPAN
+    socks: list[socket.socket] = []
     try:
-        for s in socks:
-            s.bind(("127.0.0.1", 0))
+        with _port_lock:
+            for _ in range(PORT_LANE_SPAN):
+                if len(socks) == n:
+                    break
+                port = base + (start + next(_port_walk)) % PORT_LANE_SPAN
+                s = socket.socket()
+                try:
+                    s.bind(("127.0.0.1", port))
+                except OSError:  # in use, or lingering in TIME_WAIT: the next one
+                    s.close()
+                    continue
+                socks.append(s)
+        if len(socks) < n:
+            raise RuntimeError(f"no {n} free ports in {base}..{base + PORT_LANE_SPAN - 1}")
         return [s.getsockname()[1] for s in socks]
     finally:
         for s in socks:
