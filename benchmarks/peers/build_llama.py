@@ -1,7 +1,7 @@
 """Build llama.cpp's `llama-server` from the llama-cpp-python sdist on PyPI, once, into a cache dir.
 
-This module owns where the peer server comes from: `pip download --no-binary :all: --no-deps
-llama-cpp-python==V` (the sdist vendors llama.cpp, its `gguf-py` and its converters), unpacked
+This module owns where the peer server comes from: `pip download --no-binary llama-cpp-python
+--no-deps llama-cpp-python==V` (the sdist vendors llama.cpp, its `gguf-py` and its converters), unpacked
 under `$SPMD_SERVE_CACHE/peers/` (default `~/.cache/spmd_serve/peers/`), configured with cmake for
 the CPU only (native arch) and with every option that would fetch something at build time turned
 off (prebuilt web UI from a model hub, BoringSSL/LibreSSL, OpenSSL, kleidiai, llguidance), and
@@ -116,8 +116,10 @@ def download_sdist(version: str, dest: Path) -> Path:
             "-m",
             "pip",
             "download",
+            # the sdist alone: `:all:` would also build pip's metadata step's build backend and its
+            # dependencies from source (cmake included: tens of minutes on two cores)
             "--no-binary",
-            ":all:",
+            "llama-cpp-python",
             "--no-deps",
             "--quiet",
             "-d",
