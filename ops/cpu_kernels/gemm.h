@@ -5,8 +5,8 @@
 //   threads a task owns one chunk of kKC rows of W and (when the threads need more tasks than
 //   chunks) a range of columns: it reads whole rows, long contiguous runs (1.0-1.3x the bandwidth
 //   of column ranges with two threads here: RESULTS.md "The decode GEMV's K split, ported");
-//   chunk 0 writes y, the others a scratch partial each, and a second pass adds them in chunk
-//   order.  On one thread the task owns all columns and sums its chunks itself (no partials).
+//   chunk 0 writes y, the others a scratch partial each, and the last of a column range's chunks
+//   to finish adds them in chunk order.  On one thread the task owns all columns and sums its chunks itself (no partials).
 //   stream_tile keeps T x tile accumulators in L1 and multiplies kPassRows rows of W at a time
 //   into them, with a software prefetch kPrefetchRows rows ahead (int8: it issues four 16-byte
 //   loads a line, so the out-of-order window alone holds too few lines in flight; RESULTS.md
@@ -172,19 +172,21 @@ void stream_gemm(const float* x, const Src& w, const float* scale, int64_t T, in
   thread_local std::vector<float> scratch;  // the caller's; the tasks see it through `partial`
   scratch.resize((chunks - 1) * T * N);
   float* const partial = scratch.data();  // chunks 1.. : [chunks - 1][T][N]
+  thread_local std::vector<int64_t> finished;  // chunks done, per column range
+  finished.assign(ranges, 0);
+  int64_t* const done = finished.data();
   parallel_for(chunks * ranges, [&](int64_t i) {
-    const int64_t c = i / ranges, c0 = i % ranges * width;
+    const int64_t c = i / ranges, r = i % ranges, c0 = r * width, c1 = std::min(N, c0 + width);
     float* out = c == 0 ? y : partial + (c - 1) * T * N;
-    stream_dispatch(T, kRowCounts, x, w, K, N, c * kKC, std::min(K, (c + 1) * kKC), c0, std::min(N, c0 + width), out,
-                    false);
-  });
-  const int64_t per = (vectors + 2 * threads - 1) / (2 * threads) * kWidth;
-  parallel_for((N + per - 1) / per, [&](int64_t i) {  // y += chunk 1, chunk 2, ... in order
-    const int64_t c0 = i * per, c1 = std::min(N, c0 + per);
+    stream_dispatch(T, kRowCounts, x, w, K, N, c * kKC, std::min(K, (c + 1) * kKC), c0, c1, out, false);
+    // the range's last chunk to finish sums them all, y += chunk 1, chunk 2, ... in order (the same
+    // sum whoever does it), in this task: no second parallel_for (its fork/join was ~3-4 % of a batch-1
+    // step at --demo small, RESULTS.md "Session 15"); acq_rel: it sees the other chunks' stores
+    if (__atomic_add_fetch(&done[r], 1, __ATOMIC_ACQ_REL) != chunks) return;
     for (int64_t t = 0; t < T; ++t) {
       float* yt = y + t * N;
-      for (int64_t c = 1; c < chunks; ++c) {
-        const float* pt = partial + ((c - 1) * T + t) * N;
+      for (int64_t k = 1; k < chunks; ++k) {
+        const float* pt = partial + ((k - 1) * T + t) * N;
         int64_t n = c0;
         for (; n + kWidth <= c1; n += kWidth) vstore(yt + n, vadd(vload(yt + n), vload(pt + n)));
         for (; n < c1; ++n) yt[n] += pt[n];
