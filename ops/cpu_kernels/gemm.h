@@ -6,7 +6,8 @@
 //   chunks) a range of columns: it reads whole rows, long contiguous runs (1.0-1.3x the bandwidth
 //   of column ranges with two threads here: RESULTS.md "The decode GEMV's K split, ported");
 //   chunk 0 writes y, the others a scratch partial each, and the last of a column range's chunks
-//   to finish adds them in chunk order.  On one thread the task owns all columns and sums its chunks itself (no partials).
+//   to finish adds them in chunk order.  On one thread the task owns all columns and sums its
+//   chunks itself (no partials).
 //   stream_tile keeps T x tile accumulators in L1 and multiplies kPassRows rows of W at a time
 //   into them, with a software prefetch kPrefetchRows rows ahead (int8: it issues four 16-byte
 //   loads a line, so the out-of-order window alone holds too few lines in flight; RESULTS.md
