@@ -22,9 +22,11 @@ fi
 # (SPMD_TEST_PORT_LANE, tests/support/server_process.free_ports): a port one lane checked free and
 # released cannot be taken by the other before its server binds it. TEST_LANES=1: every tier in turn.
 run_tier() {
-  echo "== tests/$1"
-  # the slowest tests in every CI log: where the suite's time goes (its budget is 15 minutes)
-  "${pytest[@]}" --durations=15 "tests/$1"
+  echo "== tests/$1 ($(date +%T))"
+  # the slowest tests and each tier's CPU seconds (its processes and theirs: the ranks, the
+  # servers) in every CI log: where the suite's time goes on 2 cores (its budget is 15 minutes)
+  local TIMEFORMAT="== tests/$1: %0R s wall, %0U s user + %0S s sys CPU"
+  time "${pytest[@]}" --durations=15 "tests/$1"
 }
 failed=()
 if [ "${TEST_LANES:-2}" = 1 ]; then
@@ -48,4 +50,4 @@ if [ ${#failed[@]} -gt 0 ]; then
   echo "== failed tiers: ${failed[*]}"
   exit 1
 fi
-echo "== every tier passed"
+echo "== every tier passed ($(date +%T))"

@@ -136,7 +136,7 @@ class ServerProcess:
         """End the job quickly: rank 0 asked as `stop_server` asks it (SIGTERM; a second one aborts
         what is still in flight), which ends every rank in ~0.2 s.  Only when rank 0 does not
         answer, SIGTERM to the whole group (mpirun included), then SIGKILL: mpirun's own SIGTERM
-        handling waits ~1 s per stage before it kills, 2 s a server, and the suite starts hundreds."""
+        handling waits ~1 s per stage before it kills, 2 s a server, and the suite starts dozens."""
         if self.proc is None or self.proc.poll() is not None:
             return self.proc.returncode if self.proc else None
         try:
