@@ -21,9 +21,9 @@ fi
 # takes its test servers' ports from a slice of its own below the ephemeral range
 # (SPMD_TEST_PORT_LANE, tests/support/server_process.free_ports): a port one lane checked free and
 # released cannot be taken by the other before its server binds it. TEST_LANES=1: every tier in turn.
-# Two mpi files run in the first lane after e2e, so that both lanes end together (~90 s of the mpi
-# tier's ~770 on a quiet machine; neither shares a session fixture dearer than a tiny export).
-MPI_IN_LANE0=(tests/mpi/test_deepseek_parity_mpi.py tests/mpi/test_bench_mpi.py)
+# An mpi file runs in the first lane after e2e, so that both lanes end together (~35 s of the mpi
+# tier's ~770 on a quiet machine; it shares no session fixture dearer than a tiny export).
+MPI_IN_LANE0=(tests/mpi/test_bench_mpi.py)
 run_tier() {  # run_tier LABEL [PYTEST ARGS...]; the args default to the LABEL (a tests/ folder)
   local label=$1
   shift
@@ -52,7 +52,7 @@ for tier in "${tiers[@]}"; do
   run_tier "tests/$tier" || failed+=("$tier")
 done
 if [ -n "${mpi_lane:-}" ]; then
-  run_tier "tests/mpi (2 files)" "${MPI_IN_LANE0[@]}" || failed+=("mpi (2 files)")
+  run_tier "tests/mpi (lane 0)" "${MPI_IN_LANE0[@]}" || failed+=("mpi (lane 0)")
   wait "$mpi_lane" || true
   cat "$logs/mpi.log"
   [ "$(cat "$logs/mpi.rc" 2>/dev/null)" = 0 ] || failed+=(mpi)

@@ -225,6 +225,34 @@ def test_client_cancel_aborts_unary_and_stream_requests(make_server):
     assert wait_idle(h, timeout=5)
 
 
+class DeadlineOnlyContext:
+    """A unary call's context whose client has gone at its deadline but whose cancel never reaches
+    the handler (a loaded gRPC core once delivered it after the request had run to its end)."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds, self.status = seconds, None
+
+    def time_remaining(self) -> float:
+        return self.seconds
+
+    async def abort(self, code, details: str):
+        self.status = (code, details)
+        raise grpc.aio.AbortError()
+
+
+def test_a_unary_call_ends_at_its_own_deadline(make_server):
+    h = make_server(step_s=0.05)  # 60 tokens take 3 s
+    request = tg.service_pb2.ModelInferRequest(model_name="model")
+    tensor = request.inputs.add(name="IN", datatype="BYTES", shape=[1])
+    tensor.contents.bytes_contents.append(json.dumps({"text": "x", "req_id": "late", "max_dec_len": 60}).encode())
+    ctx, t0 = DeadlineOnlyContext(0.3), time.monotonic()
+    with pytest.raises(grpc.aio.AbortError):
+        asyncio.run_coroutine_threadsafe(h.service.servicer.ModelInfer(request, ctx), h.server.loop).result(10)
+    assert ctx.status == (grpc.StatusCode.DEADLINE_EXCEEDED, "deadline exceeded")
+    assert time.monotonic() - t0 < 2.5 and h.engine.wait_aborted("late", timeout=5)  # not run to its end
+    assert wait_idle(h, timeout=5)
+
+
 def test_api_key(make_server):
     h = make_server(api_key=KEY)
     t, good = h.triton, {"authorization": f"Bearer {KEY}"}

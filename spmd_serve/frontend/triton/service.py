@@ -1,7 +1,7 @@
 """Triton's `inference.GRPCInferenceService` (KServe v2) on SERVICE_GRPC_PORT (CONTRACT.md §5).
 
-Owns the gRPC server on rank 0's IO loop (`GrpcService`, an IOServer service), the API-key check
-for every call but the health ones, and the servicer that carries native requests: `ModelInfer`
+Owns the gRPC server on rank 0's IO loop (`GrpcService`, an IOServer service; the API-key check
+is triton.auth's), and the servicer that carries native requests: `ModelInfer`
 answers with the whole (non-stream) result, `ModelStreamInfer` with one response per native frame.
 Each request is a `NativeSession` (the same life as on HTTP); wire shapes live in triton.codec.
 
@@ -18,7 +18,7 @@ import asyncio
 import errno
 import logging
 import socket
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import grpc
@@ -26,54 +26,14 @@ from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc
 
 from spmd_serve.engine.client import EngineClient
-from spmd_serve.frontend.common.http_base import bearer_ok
 from spmd_serve.frontend.common.liveness import DEFAULT_LIVE_THRESHOLD_S, is_live, is_ready
 from spmd_serve.frontend.common.parsing import Limits, ProtocolError
 from spmd_serve.frontend.native import protocol as proto
 from spmd_serve.frontend.native.session import NativeSession
 from spmd_serve.frontend.triton import codec
+from spmd_serve.frontend.triton.auth import BearerAuth
 
 log = logging.getLogger(__name__)
-
-# Probes (load balancers, start_server) poll these unauthenticated, like /v2/health/*.
-OPEN_METHODS = frozenset({"ServerLive", "ServerReady", "ModelReady"})
-UNAUTHENTICATED_MSG = "invalid or missing API key: send metadata 'authorization: Bearer <API_KEY>'"
-
-
-class BearerAuth(grpc.aio.ServerInterceptor):
-    """Refuses every call but OPEN_METHODS without `authorization: Bearer <api_key>` metadata."""
-
-    def __init__(self, api_key: str) -> None:
-        self.api_key = api_key
-
-    async def intercept_service(
-        self,
-        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
-        details: grpc.HandlerCallDetails,
-    ) -> grpc.RpcMethodHandler:
-        handler = await continuation(details)
-        if handler is None or details.method.rsplit("/", 1)[-1] in OPEN_METHODS:
-            return handler
-        metadata = dict(details.invocation_metadata or ())
-        if bearer_ok(metadata.get("authorization"), self.api_key):
-            return handler
-        return _refusing(handler)
-
-
-def _refusing(handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
-    """A handler of the same kind as `handler` that answers UNAUTHENTICATED."""
-
-    async def deny(_request: Any, context: grpc.aio.ServicerContext) -> None:
-        await context.abort(grpc.StatusCode.UNAUTHENTICATED, UNAUTHENTICATED_MSG)
-
-    kw = {"request_deserializer": handler.request_deserializer, "response_serializer": handler.response_serializer}
-    if handler.request_streaming and handler.response_streaming:
-        return grpc.stream_stream_rpc_method_handler(deny, **kw)
-    if handler.request_streaming:
-        return grpc.stream_unary_rpc_method_handler(deny, **kw)
-    if handler.response_streaming:
-        return grpc.unary_stream_rpc_method_handler(deny, **kw)
-    return grpc.unary_unary_rpc_method_handler(deny, **kw)
 
 
 class TritonServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
@@ -129,9 +89,10 @@ class TritonServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
             body = _open_body(request)
             body["stream"] = False  # a unary call has room for one object only
             session.open(body)
-            result: dict[str, Any] | None = None
-            async for obj in session.results():
-                result = obj
+            try:  # the call's deadline bounds it here too: gRPC's own cancel can come late under load
+                result = await asyncio.wait_for(_last(session.results()), context.time_remaining())
+            except asyncio.TimeoutError:
+                await context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, "deadline exceeded")
             if result is None:  # only a cancelled session yields nothing
                 await context.abort(grpc.StatusCode.CANCELLED, "request cancelled")
             return codec.infer_response(request, result)
@@ -193,6 +154,14 @@ class TritonServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
             send(_stream_error(request, 500, "internal server error", session.req_id))
         finally:  # also when the task is cancelled: the engine stops at once
             session.close()
+
+
+async def _last(results: AsyncIterator[dict[str, Any]]) -> dict[str, Any] | None:
+    """The last object of a non-stream session (its only one), None if it was cancelled."""
+    last = None
+    async for obj in results:
+        last = obj
+    return last
 
 
 def _open_body(request: pb.ModelInferRequest) -> dict[str, Any]:
