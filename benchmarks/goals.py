@@ -49,8 +49,11 @@ def mpi_env() -> dict[str, str]:
     return env
 
 
+THREADS: int | None = None  # per rank; None: the server's default, the cores divided by the ranks
+
+
 def engine_run(model_dir: str, n: int, batch: int, output_len: int = 48) -> dict:
-    """One goal_engine.py run under `mpirun -n n`; its JSON line."""
+    """One goal_engine.py run under `mpirun -n n` (each rank with THREADS threads); its JSON line."""
     cmd = [
         "mpirun",
         "-n",
@@ -65,6 +68,8 @@ def engine_run(model_dir: str, n: int, batch: int, output_len: int = 48) -> dict
         str(batch),
         "--output-len",
         str(output_len),
+        "--threads",
+        str(THREADS or max(1, (os.cpu_count() or 1) // n)),
     ]
     out = subprocess.run(cmd, env=mpi_env(), capture_output=True, text=True, timeout=900)
     for line in out.stdout.splitlines():
@@ -158,7 +163,10 @@ def main() -> None:
     ap.add_argument("--only", nargs="*", choices=GOALS, default=list(GOALS))
     ap.add_argument("--paddlenlp-prompts", type=int, default=4)
     ap.add_argument("--json", help="write every run and figure here")
+    ap.add_argument("--threads-per-rank", type=int, help="default: the cores divided by the ranks, as the server")
     args = ap.parse_args()
+    global THREADS
+    THREADS = args.threads_per_rank
     want, results, runs = set(args.only), [], {}
     if want & {"bandwidth", "tp2"}:
         runs["tp1_b1"] = [engine_run(args.tp1, 1, 1) for _ in range(args.reps)]
