@@ -49,11 +49,9 @@ def mpi_env() -> dict[str, str]:
     return env
 
 
-THREADS: int | None = None  # per rank; None: the server's default, the cores divided by the ranks
-
-
-def engine_run(model_dir: str, n: int, batch: int, output_len: int = 48) -> dict:
-    """One goal_engine.py run under `mpirun -n n` (each rank with THREADS threads); its JSON line."""
+def engine_run(model_dir: str, n: int, batch: int, threads: int | None = None, output_len: int = 48) -> dict:
+    """One goal_engine.py run under `mpirun -n n`, each rank with `threads` threads (None: the
+    server's default, the cores divided by the ranks); its JSON line."""
     cmd = [
         "mpirun",
         "-n",
@@ -69,7 +67,7 @@ def engine_run(model_dir: str, n: int, batch: int, output_len: int = 48) -> dict
         "--output-len",
         str(output_len),
         "--threads",
-        str(THREADS or max(1, (os.cpu_count() or 1) // n)),
+        str(threads or max(1, (os.cpu_count() or 1) // n)),
     ]
     out = subprocess.run(cmd, env=mpi_env(), capture_output=True, text=True, timeout=900)
     for line in out.stdout.splitlines():
@@ -165,15 +163,14 @@ def main() -> None:
     ap.add_argument("--json", help="write every run and figure here")
     ap.add_argument("--threads-per-rank", type=int, help="default: the cores divided by the ranks, as the server")
     args = ap.parse_args()
-    global THREADS
-    THREADS = args.threads_per_rank
+    threads = args.threads_per_rank
     want, results, runs = set(args.only), [], {}
     if want & {"bandwidth", "tp2"}:
-        runs["tp1_b1"] = [engine_run(args.tp1, 1, 1) for _ in range(args.reps)]
+        runs["tp1_b1"] = [engine_run(args.tp1, 1, 1, threads) for _ in range(args.reps)]
     if "tp2" in want:
-        runs["tp2_b1"] = [engine_run(args.tp2, 2, 1) for _ in range(args.reps)]
+        runs["tp2_b1"] = [engine_run(args.tp2, 2, 1, threads) for _ in range(args.reps)]
     if want & {"flops", "overhead", "paddlenlp"}:
-        runs["tp1_b32"] = [engine_run(args.tp1, 1, 32) for _ in range(args.reps)]
+        runs["tp1_b32"] = [engine_run(args.tp1, 1, 32, threads) for _ in range(args.reps)]
     if "bandwidth" in want:
         # the roofline is the copy bandwidth of the rank's threads (issue 16: two threads on
         # this machine), measured in the same process right after the decode steps
