@@ -250,24 +250,24 @@ class Engine:
             self._drain_deadline = now + self.drain_timeout_s
             if self.scheduler.has_unfinished():
                 log.info(
-                    "draining: %d request(s) in flight may take up to %g s (a second SIGTERM aborts them now)",
-                    self._num_in_flight(),
+                    "draining: %s may take up to %g s (a second SIGTERM aborts them now)",
+                    self._in_flight(),
                     self.drain_timeout_s,
                 )
         if not self.scheduler.has_unfinished():
             return True
         if self.abort_event.is_set() or now >= self._drain_deadline:
-            why = (
-                "abort requested"
-                if self.abort_event.is_set()
-                else f"drain timeout of {self.drain_timeout_s:g} s passed"
-            )
-            log.warning("%s: aborting %d request(s) still in flight", why, self._num_in_flight())
+            timed_out = f"drain timeout of {self.drain_timeout_s:g} s passed"
+            why = "abort requested" if self.abort_event.is_set() else timed_out
+            log.warning("%s: aborting %s", why, self._in_flight())
             return True
         return False
 
-    def _num_in_flight(self) -> int:
-        return len(self.scheduler.running) + len(self.scheduler.waiting)
+    def _in_flight(self, show: int = 4) -> str:
+        """'N request(s) in flight (id: done of max tokens, ...)': what a drain waits for or aborts."""
+        reqs = [*self.scheduler.running, *self.scheduler.waiting]
+        each = ", ".join(f"{r.req_id}: {r.num_output_tokens} of {r.params.max_tokens} tokens" for r in reqs[:show])
+        return f"{len(reqs)} request(s) in flight ({each}{', ...' if len(reqs) > show else ''})"
 
     def _shutdown(self) -> None:
         """Fail whatever is still in flight with an error frame, then stop every rank."""
