@@ -3,7 +3,11 @@
 This is the only module that imports mpi4py (DESIGN §6).  Workers wait for the next plan with a
 non-blocking Ibcast on the small header plus Test() and a short sleep, because a rank blocked in a
 plain MPI receive busy-polls a whole core (DESIGN §2); the payload then follows with a blocking
-Bcast, which is fast because rank 0 sends it right after the header.
+Bcast, which is fast because rank 0 sends it right after the header.  The start-up collectives
+(node queries, the load agreement, one writer per node) first meet at a sleep-polled Ibarrier for
+the same reason: a rank that loads faster would otherwise spin a core for as long as the slowest
+rank loads, exports the demo model or waits for its HTTP workers — on a 2-core machine, the core
+those need.
 """
 
 from __future__ import annotations
@@ -24,6 +28,14 @@ from spmd_serve.protocol import HEADER_LEN, StepPlan
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 IDLE_POLL_S = 0.0005  # worker sleep between Test() calls while idle (~4 % CPU, DESIGN §2)
+MEET_POLL_S = 0.002  # the same while waiting at start-up and exit, where latency does not matter
+
+
+def meet(comm: MPI.Comm) -> None:
+    """Barrier on `comm` that sleeps instead of spinning while the others have not arrived."""
+    req = comm.Ibarrier()
+    while not req.Test():
+        time.sleep(MEET_POLL_S)
 
 
 class Comm:
@@ -72,6 +84,7 @@ class Comm:
 
     def ranks_on_node(self) -> int:
         """How many ranks of this job share this node (and its memory)."""
+        meet(self.comm)
         local = self.comm.Split_type(MPI.COMM_TYPE_SHARED)
         try:
             return local.Get_size()
@@ -89,6 +102,7 @@ class Comm:
 
     def local_peer_pids(self) -> dict[int, int]:
         """World rank -> pid of the other ranks on this node (collective: every rank calls it)."""
+        meet(self.comm)
         local = self.comm.Split_type(MPI.COMM_TYPE_SHARED)
         try:
             pairs = local.allgather((self.rank, os.getpid()))
@@ -97,15 +111,18 @@ class Comm:
         return {r: pid for r, pid in pairs if r != self.rank}
 
     def barrier(self) -> None:
-        self.comm.Barrier()
+        meet(self.comm)
 
     def allgather_flags(self, ok: bool, message: str) -> list[tuple[bool, str]]:
         """Start-up agreement: every rank learns whether every other rank loaded fine."""
+        meet(self.comm)
         return self.comm.allgather((ok, message))
 
     def exit_now(self, code: int = 0) -> NoReturn:
         """End this rank after a clean stop, MPI finalised first (mpirun counts a rank that exits
-        without it as failed), without the interpreter's teardown (spmd_serve/fast_exit.py)."""
+        without it as failed), without the interpreter's teardown (spmd_serve/fast_exit.py).  Every
+        rank calls it at a clean stop; the workers arrive first and wait for rank 0's front end."""
+        meet(self.comm)
         flush_and_exit(code, finalize=MPI.Finalize)
 
     def abort(self, code: int = 1) -> None:
@@ -121,7 +138,7 @@ def node_local_first(comm: Comm, make: Callable[[], T]) -> T:
     local = comm.comm.Split_type(MPI.COMM_TYPE_SHARED)
     try:
         result = make() if local.Get_rank() == 0 else None
-        local.Barrier()
+        meet(local)
         return result if result is not None else make()
     finally:
         local.Free()
