@@ -68,7 +68,7 @@ def served_tp2_segments(demo_checkpoint, tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def trained_checkpoint(tmp_path_factory) -> Path:
-    """tests/support/trained_model.py's tiny Qwen2 trained on corpus lines (~40 s on an idle machine), once."""
+    """tests/support/trained_model.py's tiny Qwen2 trained on corpus lines (its committed weights)."""
     from tests.support.trained_model import write_trained_checkpoint
 
     return write_trained_checkpoint(tmp_path_factory.mktemp("trained") / "ckpt")

@@ -27,6 +27,7 @@ import numpy as np
 
 from tests.support.model_zoo import ARCHS, make_weights
 
+WEIGHTS = Path(__file__).with_name("trained_qwen2.safetensors")  # train()'s state dict, committed
 BYTE_OFFSET = 3  # ids 0, 1, 2 are pad, bos, eos (model_zoo's config)
 VOCAB = 320  # 3 + 256 bytes, padded to a multiple of 64
 NUM_LINES = 40
@@ -89,14 +90,39 @@ def write_byte_tokenizer(out: Path) -> Path:
     return Path(out) / "tokenizer.json"
 
 
-def write_trained_checkpoint(out: Path, **train_kw) -> Path:
-    """Train (see `train`) and write PaddleNLP's save_pretrained directory into `out`, with the
-    byte tokenizer."""
+def trained() -> object:
+    """PaddleNLP's Qwen2ForCausalLM holding the committed weights of `train()` (eval mode)."""
+    import paddle
+    from safetensors.numpy import load_file
+
+    from tests.support.paddlenlp_reference import reference_from_weights
+
+    model = reference_from_weights(CONFIG, make_weights(CONFIG, 0))  # the shapes; every weight replaced
+    state = load_file(str(WEIGHTS))
+    missing = set(model.state_dict()) ^ set(state)
+    assert not missing, f"{WEIGHTS.name} does not fit the model (retrain it): {sorted(missing)[:4]}"
+    model.set_state_dict({k: paddle.to_tensor(v) for k, v in state.items()})
+    model.eval()
+    return model
+
+
+def write_trained_checkpoint(out: Path) -> Path:
+    """PaddleNLP's save_pretrained directory of the trained model in `out`, with the byte tokenizer."""
     from tests.support.model_zoo import write_paddlenlp
 
-    write_paddlenlp(Path(out), train(**train_kw), "paddlenlp_safetensors")
+    write_paddlenlp(Path(out), trained(), "paddlenlp_safetensors")
     write_byte_tokenizer(Path(out))
     return Path(out)
+
+
+def main() -> None:
+    """Train again and rewrite `WEIGHTS` (after a change to `train`, `CONFIG` or the corpus lines)."""
+    from safetensors.numpy import save_file
+
+    model = train()
+    state = {k: v.numpy() for k, v in model.state_dict().items()}
+    save_file(state, str(WEIGHTS), metadata={"final_loss": f"{model.final_loss:.4f}"})
+    print(f"{WEIGHTS}: {len(state)} tensors, final loss {model.final_loss:.4f} nats/byte")
 
 
 def corpus_prompts(n: int, seed: int = 11) -> list[list[int]]:
@@ -123,3 +149,7 @@ def long_prompts(n: int, lo: int, hi: int, seed: int = 5) -> list[list[int]]:
             text, k = text + lines[k % NUM_LINES].encode("utf-8") + b"\n", k + 1
         prompts.append(encode(text[: int(size)]))
     return prompts
+
+
+if __name__ == "__main__":
+    main()
