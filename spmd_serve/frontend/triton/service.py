@@ -125,15 +125,23 @@ class TritonServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
             finally:
                 outgoing.put_nowait(None)
 
+        def end_all(_context: object = None) -> None:
+            reader.cancel()
+            for task in list(tasks):
+                task.cancel()  # its session aborts the request in the engine
+
         reader = asyncio.create_task(read_requests())
+        # A cancelled call (the client went away, stop_stream(cancel_requests=True)) is ended here
+        # by grpc itself: it stops iterating this generator, whose `finally` then runs only when
+        # the generator is collected, which a reference cycle delayed by seconds while a request
+        # generated to its end (a fresh-clone CI run: test_duplicate_req_id_then_cancel_frees_it).
+        context.add_done_callback(end_all)
         try:
             while (response := await outgoing.get()) is not None:
                 yield response
             await reader  # surfaces a broken request stream as its error
-        finally:  # the client went away (or we are stopping)
-            reader.cancel()
-            for task in list(tasks):
-                task.cancel()
+        finally:  # the stream ended, or we are stopping
+            end_all()
 
     async def _stream_one(
         self, request: pb.ModelInferRequest, send: Callable[[pb.ModelStreamInferResponse], None]
