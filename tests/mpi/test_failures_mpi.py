@@ -1,16 +1,20 @@
 """How the job fails: bad configuration and broken model directories end every rank fast with one
-clear line (no traceback, no hang); an exception on one rank ends the whole job; idle ranks sleep."""
+clear line (no traceback, no hang); an exception on one rank ends the whole job; idle ranks sleep,
+and so does a rank that waits for a slower one at start-up or exit (`dist/comm.meet`)."""
 
 from __future__ import annotations
 
+import re
 import shutil
+import subprocess
+import sys
 import time
 
 import psutil
 import pytest
 
 from tests.support.failing_jobs import error_lines, run_job, run_with_busy_port
-from tests.support.server_process import ServerProcess
+from tests.support.server_process import ServerProcess, mpi_env, mpirun
 
 pytestmark = pytest.mark.mpi
 
@@ -76,3 +80,29 @@ def test_busy_port_is_named(served_tp2):
     assert res.returncode != 0 and time.monotonic() - t0 < 60
     lines = error_lines(res)
     assert len(lines) == 1 and str(port) in lines[0] and "SERVICE_HTTP_PORT" in lines[0], res.stderr[-2000:]
+
+
+# rank 0 arrives 2 s late; rank 1 reports the CPU seconds it used while waiting in `meet`
+MEET_PROBE = """
+import time
+from mpi4py import MPI
+from spmd_serve.dist.comm import meet
+comm = MPI.COMM_WORLD
+if comm.rank == 0:
+    time.sleep(2.0)
+t, cpu = time.monotonic(), time.process_time()
+meet(comm)
+if comm.rank == 1:
+    print(f"waited {time.monotonic() - t:.2f} s using {time.process_time() - cpu:.3f} s CPU")
+"""
+
+
+def test_a_rank_waiting_for_a_slower_one_sleeps():
+    """A blocking MPI barrier busy-polls: in its place rank 1 used 0.51 s of CPU in the 2 s even
+    beside a hogged CI run on 2 cores (all of the 2 s alone); `meet` polls an Ibarrier with 2 ms
+    sleeps: 0.01 s."""
+    cmd = mpirun(2, sys.executable, "-c", MEET_PROBE)
+    res = subprocess.run(cmd, env=mpi_env(), capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr[-3000:]
+    waited, cpu = map(float, re.findall(r"[\d.]+", res.stdout)[:2])
+    assert waited >= 1.5 and cpu < 0.2, res.stdout
