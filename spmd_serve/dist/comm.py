@@ -12,11 +12,12 @@ those need.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import NoReturn, TypeVar
 
 import numpy as np
@@ -82,32 +83,32 @@ class Comm:
             return None
         return np.concatenate(list(buf), axis=1)  # [size, B, Vl] → [B, size*Vl]
 
-    def ranks_on_node(self) -> int:
-        """How many ranks of this job share this node (and its memory)."""
+    @contextlib.contextmanager
+    def _node(self) -> Iterator[MPI.Comm]:
+        """The ranks on this node as a communicator, after the others have arrived (`meet`; the
+        split is collective and would spin); freed on exit."""
         meet(self.comm)
         local = self.comm.Split_type(MPI.COMM_TYPE_SHARED)
         try:
-            return local.Get_size()
+            yield local
         finally:
             local.Free()
+
+    def ranks_on_node(self) -> int:
+        """How many ranks of this job share this node (and its memory)."""
+        with self._node() as local:
+            return local.Get_size()
 
     def node_allgather(self, value):
         """(this rank's index among the ranks on its node, every such rank's `value` in that order)
         (collective: every rank calls it)."""
-        local = self.comm.Split_type(MPI.COMM_TYPE_SHARED)
-        try:
+        with self._node() as local:
             return local.Get_rank(), local.allgather(value)
-        finally:
-            local.Free()
 
     def local_peer_pids(self) -> dict[int, int]:
         """World rank -> pid of the other ranks on this node (collective: every rank calls it)."""
-        meet(self.comm)
-        local = self.comm.Split_type(MPI.COMM_TYPE_SHARED)
-        try:
+        with self._node() as local:
             pairs = local.allgather((self.rank, os.getpid()))
-        finally:
-            local.Free()
         return {r: pid for r, pid in pairs if r != self.rank}
 
     def barrier(self) -> None:
