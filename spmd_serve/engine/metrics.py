@@ -8,7 +8,8 @@ of `/metrics` (`render`; FrontendHub).
 When each metric changes (times are `time.monotonic()`; "arrival" is `Request.arrival_time`, the
 moment the front end handed the request to its EngineClient, on the host's monotonic clock,
 which every process shares):
-* gauges (`update_gauges`, once per engine-loop turn, so a scrape is current even when idle):
+* gauges (`update_gauges`, once per engine-loop turn, so a scrape is current even when idle; one
+  snapshot, so a scrape never mixes two turns):
   `spmd_serve:num_requests_running` = len(scheduler.running), `..._waiting` = len(waiting)
   (preempted requests included), `kv_cache_usage_perc` = used / total blocks (0..1, as vLLM);
   `inference_server_metrics` as the original PaddleNLP/Triton backend exposed it: one gauge family
@@ -58,11 +59,11 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.exposition import choose_encoder
 from prometheus_client.process_collector import ProcessCollector
 
-from spmd_serve.engine.collectors import PREFIX, OriginalGauges, StepPhaseCollector
+from spmd_serve.engine.collectors import PREFIX, SchedulerGauges, StepPhaseCollector
 from spmd_serve.engine.spec_metrics import SpecMetrics
 from spmd_serve.engine.step_stats import StepStats
 from spmd_serve.scheduler.request import Request
@@ -95,13 +96,8 @@ class EngineMetrics:
         self._live: dict[str, tuple[float, float | None]] = {}
         self._step_ends: collections.deque[float] = collections.deque(maxlen=_RECENT_STEPS)
         r, p = self.registry, PREFIX
-        self.running = Gauge(p + "num_requests_running", "Number of requests in model execution batches.", registry=r)
-        self.waiting = Gauge(
-            p + "num_requests_waiting",
-            "Number of requests waiting to be processed (preempted ones included).",
-            registry=r,
-        )
-        self.kv_usage = Gauge(p + "kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", registry=r)
+        self.gauges = SchedulerGauges()  # running, waiting, KV usage, the original family: one snapshot
+        r.register(self.gauges)
         self.prompt_tokens = Counter(
             p + "prompt_tokens",
             "Number of prefill tokens processed (once per request, at its first scheduling).",
@@ -168,8 +164,6 @@ class EngineMetrics:
         )
         self.spec = SpecMetrics(r)
         self._steps_watched: StepPhaseCollector | None = None
-        self.original = OriginalGauges()
-        r.register(self.original)
         ProcessCollector(registry=r)  # rank 0's memory, CPU time and open files, as usual
 
     @contextlib.contextmanager
@@ -193,18 +187,12 @@ class EngineMetrics:
     # ---- engine-loop hooks ----------------------------------------------------------------
     def update_gauges(self, scheduler: Scheduler) -> None:
         bm = scheduler.block_manager
-        running, free, total = len(scheduler.running), bm.num_free_blocks, bm.num_blocks
-        self.running.set(running)
-        self.waiting.set(len(scheduler.waiting))
-        self.kv_usage.set((total - free) / total)
-        self.original.set(
-            {
-                "batch_size": running,
-                "block_num": free,
-                "max_batch_size": scheduler.config.max_num_seqs,
-                "max_block_num": total,
-                "available_resource": free / total,
-            }
+        self.gauges.set(
+            len(scheduler.running),
+            len(scheduler.waiting),
+            bm.num_free_blocks,
+            bm.num_blocks,
+            scheduler.config.max_num_seqs,
         )
 
     def on_schedule(self, out: SchedulerOutput) -> None:

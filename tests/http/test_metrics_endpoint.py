@@ -14,7 +14,7 @@ import requests
 
 from spmd_serve.engine.client import EngineClient
 from spmd_serve.engine.engine import Engine
-from spmd_serve.engine.metrics import EngineMetrics, OriginalGauges
+from spmd_serve.engine.metrics import EngineMetrics, SchedulerGauges
 from spmd_serve.sampling_params import SamplingParams
 from spmd_serve.scheduler.scheduler import SchedulerConfig
 from tests.support.fakes import FakeComm, FakeRunner
@@ -128,7 +128,7 @@ def test_metrics_endpoint_serves_prometheus_text_without_the_api_key():
         assert res.status_code == 200 and res.headers["Content-Type"].startswith("text/plain")
         s = Samples(res.text)
         assert {name: s.families[P + name].type for name in CONTRACT} == CONTRACT
-        assert set(s.original()) == set(OriginalGauges.SERIES)
+        assert set(s.original()) == set(SchedulerGauges.SERIES)
         om = requests.get(base + "/metrics", headers={"Accept": "application/openmetrics-text"}, timeout=10)
         assert om.headers["Content-Type"].startswith("application/openmetrics-text")
         assert om.text.endswith("# EOF\n")

@@ -5,9 +5,12 @@ through prometheus_client's own text parser."""
 
 from __future__ import annotations
 
+import sys
+import threading
+
 import pytest
 
-from spmd_serve.engine.metrics import EngineMetrics, OriginalGauges
+from spmd_serve.engine.metrics import EngineMetrics, SchedulerGauges
 from spmd_serve.sampling_params import SamplingParams
 from spmd_serve.scheduler.request import Request
 from tests.support.metrics_scrape import Samples
@@ -171,6 +174,39 @@ def test_gauges_and_the_original_family():
     assert s.families["inference_server_metrics"].type == "gauge"
 
 
+def test_a_scrape_on_another_thread_never_mixes_two_engine_turns():
+    """The in-process front end renders /metrics on its IO thread while the engine updates: a
+    scrape must not read `num_requests_running` of one turn and `kv_cache_usage_perc` of the next
+    (CI once saw running 1 with KV usage 0 right after an abort)."""
+    busy = make_scheduler(max_num_seqs=1, num_blocks=64, block_size=4)
+    idle = make_scheduler(max_num_seqs=1, num_blocks=64, block_size=4)
+    busy.add_request(req("a", 10, 5))
+    step(busy, FakeModel(busy), EngineMetrics(clock=Clock()), Clock())  # 1 running, 3 blocks used
+    m, stop = EngineMetrics(), threading.Event()
+
+    def engine_turns() -> None:  # the engine thread flipping between the two states
+        while not stop.is_set():
+            m.update_gauges(busy)
+            m.update_gauges(idle)
+
+    old_interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-5)  # switch threads as often as possible: a torn read shows up at once
+    thread = threading.Thread(target=engine_turns)
+    thread.start()
+    try:
+        torn = []
+        for _ in range(30):
+            s = Samples.of(m.registry)
+            seen = (s.get("num_requests_running"), s.get("kv_cache_usage_perc"), s.original()["block_num"])
+            if seen not in ((0, 0, 64), (1, 3 / 64, 61)):  # the idle turn or the busy one, whole
+                torn.append(seen)
+    finally:
+        stop.set()
+        thread.join()
+        sys.setswitchinterval(old_interval)
+    assert not torn, f"{len(torn)} of 30 scrapes mixed two turns, e.g. {torn[:3]}"
+
+
 def test_warm_up_is_not_counted_and_registries_are_private():
     sched, clock = make_scheduler(), Clock()
     m, other = EngineMetrics(clock=clock), EngineMetrics()  # a second one must not clash
@@ -181,4 +217,4 @@ def test_warm_up_is_not_counted_and_registries_are_private():
     assert s.get("prompt_tokens_total") == s.get("generation_tokens_total") == s.get("engine_steps_total") == 0
     assert s.get("time_to_first_token_seconds_count") == 0
     assert Samples.of(other.registry).get("prompt_tokens_total") == 0
-    assert OriginalGauges.NAME in s.families and "process_resident_memory_bytes" in s.text
+    assert SchedulerGauges.NAME in s.families and "process_resident_memory_bytes" in s.text
