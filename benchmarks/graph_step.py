@@ -1,9 +1,10 @@
 """Exported graphs (rank 0's segment 0, i.e. the whole model at --tp 1) timed alone on a synthetic
-decode step: batch B, C tokens of past each (blocks of 64).  With several model directories (or
+step: batch B, C tokens of past each (blocks of 64), Q new tokens each (1, a decode step, by
+default; more: prefill chunks).  With several model directories (or
 oneDNN settings) the runs alternate A, B, A, B, ... in one process, so a noisy shared machine
 slows every variant alike; each prints its median, 25th percentile and minimum.
 
-    python benchmarks/graph_step.py DIR [DIR ...] --batch B --past C [--onednn 0 1] [--threads 1]
+    python benchmarks/graph_step.py DIR [DIR ...] --batch B --past C [--query Q] [--onednn 0 1] [--threads 1]
                                     [--runs 40] [--prof]
 
 `--onednn 0 1` runs every directory with oneDNN off and on (one predictor each).  `--prof` turns
@@ -71,18 +72,20 @@ class Graph:
         self.times.append(time.perf_counter() - t)
 
 
-def decode_feeds(graphs: list[Graph], batch: int, past: int) -> dict[str, np.ndarray]:
-    """A decode step of `batch` sequences with `past` tokens each in the cache: every input any of
-    `graphs` takes (worker/step_tables.py)."""
-    mb = (past + 1 + BLOCK - 1) // BLOCK
+def step_inputs(graphs: list[Graph], batch: int, past: int, query: int = 1) -> dict[str, np.ndarray]:
+    """A step of `batch` sequences with `past` tokens each in the cache and `query` new tokens each
+    (1: a decode step; more: prefill chunks): every input any of `graphs` takes (worker/step_tables.py)."""
+    mb = (past + query + BLOCK - 1) // BLOCK
+    pos = past + np.arange(query, dtype=np.int64)  # [query]: one sequence's new positions
+    tables = np.arange(batch * mb, dtype=np.int64).reshape(batch, mb) % NUM_BLOCKS
     plan = SimpleNamespace(
-        input_ids=np.full(batch, 5, np.int64),
-        positions=np.full(batch, past, np.int64),
-        query_lens=np.ones(batch, np.int64),
+        input_ids=np.full(batch * query, 5, np.int64),
+        positions=np.tile(pos, batch),  # [batch * query]
+        query_lens=np.full(batch, query, np.int64),
         ctx_lens=np.full(batch, past, np.int64),
-        block_tables=np.arange(batch * mb, dtype=np.int64).reshape(batch, mb) % NUM_BLOCKS,
+        block_tables=tables,
+        slot_mapping=(tables[:, pos // BLOCK] * BLOCK + pos % BLOCK).reshape(-1),  # [batch, query] -> flat
     )
-    plan.slot_mapping = plan.block_tables[:, past // BLOCK] * BLOCK + past % BLOCK  # the new token's slot
     names = {n for g in graphs for n in g.p.get_input_names()}
     return step_feeds(plan, graphs[0].dims, graphs[0].inv_freq, BLOCK, names)
 
@@ -92,6 +95,7 @@ def main() -> None:
     ap.add_argument("dirs", nargs="+")
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--past", type=int, default=64)
+    ap.add_argument("--query", type=int, default=1, help="new tokens per sequence (1: decode; more: prefill)")
     ap.add_argument("--onednn", type=int, nargs="+", default=[0])
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--runs", type=int, default=40)
@@ -100,7 +104,7 @@ def main() -> None:
     if env_setting("malloc_tuning"):  # as ModelRunner does (SPMD_MALLOC_TUNING=0: glibc defaults)
         tune_malloc()
     graphs = [Graph(d, bool(o), args.threads, args.prof) for d in args.dirs for o in args.onednn]
-    feeds = decode_feeds(graphs, args.batch, args.past)
+    feeds = step_inputs(graphs, args.batch, args.past, args.query)
     for _ in range(3):  # warm-up (oneDNN creates its primitives here)
         for g in graphs:
             g.run(feeds)
@@ -112,7 +116,7 @@ def main() -> None:
     for g in graphs:
         ms = 1e3 * np.asarray(g.times)
         print(
-            f"{g.label} B={args.batch} C={args.past} threads={args.threads}: median {np.median(ms):.2f} ms "
+            f"{g.label} B={args.batch} C={args.past} Q={args.query} threads={args.threads}: median {np.median(ms):.2f} ms "
             f"p25 {np.percentile(ms, 25):.2f} min {ms.min():.2f} ({len(ms)} runs)",
             flush=True,
         )
