@@ -116,7 +116,8 @@ def main() -> None:
     for g in graphs:
         ms = 1e3 * np.asarray(g.times)
         print(
-            f"{g.label} B={args.batch} C={args.past} Q={args.query} threads={args.threads}: median {np.median(ms):.2f} ms "
+            f"{g.label} B={args.batch} C={args.past} Q={args.query} threads={args.threads}: "
+            f"median {np.median(ms):.2f} ms "
             f"p25 {np.percentile(ms, 25):.2f} min {ms.min():.2f} ({len(ms)} runs)",
             flush=True,
         )
