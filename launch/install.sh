@@ -39,9 +39,7 @@ fi
 echo "== install -e .${extras:+[$extras]} (Paddle is a large download the first time) ($(date +%T))"
 # uv installs the ~150 packages (Paddle's 1 GB included) in ~20 s where pip takes ~2 minutes, a
 # sixth of CI's 15-minute budget; pip stays the fallback when uv cannot be had or fails.
-if .venv/bin/python -m pip install -q uv && .venv/bin/uv pip install -q --python .venv/bin/python -e ".${extras:+[$extras]}"; then
-  :
-else
+if ! { .venv/bin/python -m pip install -q uv && .venv/bin/uv pip install -q --python .venv/bin/python -e ".${extras:+[$extras]}"; }; then
   echo "   (uv failed: installing with pip)"
   .venv/bin/python -m pip install -q --upgrade pip
   .venv/bin/python -m pip install -q -e ".${extras:+[$extras]}"

@@ -30,11 +30,26 @@ def test_each_lane_walks_its_own_slice_below_the_ephemeral_range(monkeypatch, la
             s.bind(("127.0.0.1", p))
 
 
+def _bound_with_a_free_successor() -> tuple[socket.socket, int]:
+    """A socket bound to lane 0's port base + k whose next port is free too (another test server
+    may hold any given port, so none is fixed), and k."""
+    for k in range(7, PORT_LANE_SPAN - 1):
+        busy = socket.socket()
+        try:
+            busy.bind(("127.0.0.1", PORT_RANGE_START + k))
+            with socket.socket() as probe:
+                probe.bind(("127.0.0.1", PORT_RANGE_START + k + 1))
+            return busy, k
+        except OSError:
+            busy.close()
+    raise RuntimeError("no two free consecutive ports in lane 0")
+
+
 def test_a_port_in_use_is_skipped(monkeypatch) -> None:
     monkeypatch.setenv("SPMD_TEST_PORT_LANE", "0")
-    monkeypatch.setattr(server_process.os, "getpid", lambda: 7)  # the walk starts at a known port
+    busy, k = _bound_with_a_free_successor()
+    monkeypatch.setattr(server_process.os, "getpid", lambda: k)  # the walk starts at the busy port
     monkeypatch.setattr(server_process, "_port_walk", iter(range(PORT_LANE_SPAN)))
-    with socket.socket() as busy:
-        busy.bind(("127.0.0.1", PORT_RANGE_START + 7))
+    with busy:
         (port,) = free_ports(1)
-    assert port == PORT_RANGE_START + 8
+    assert port == PORT_RANGE_START + k + 1
