@@ -19,6 +19,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.teardown_on_sigterm import pytest_configure  # noqa: F401  (a hook)
+
 os.environ.setdefault("GLOG_minloglevel", "2")
 
 TIERS = ("unit", "http", "graphs", "kernels", "mpi", "e2e")

@@ -21,7 +21,7 @@ import requests
 
 from spmd_serve.envs import BY_NAME
 from tests.support.launcher_process import launcher_env, port_is_free, processes_of
-from tests.support.server_process import VENV_BIN
+from tests.support.server_process import VENV_BIN, kill_session
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCKERFILES = {"cuda12.4": ROOT / "docker" / "Dockerfile.cuda12.4", "cuda11.8": ROOT / "docker" / "Dockerfile.cuda11.8"}
@@ -198,7 +198,7 @@ def test_entrypoint_serves_then_stops_on_sigterm(served_tp1, tmp_path):
         assert all(port_is_free(int(env[v])) for v in ("SERVICE_HTTP_PORT", "HEALTH_HTTP_PORT"))
     finally:
         if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
+            kill_session(proc.pid)
             proc.wait(10)
         for p in processes_of(log_dir):
             p.kill()

@@ -22,7 +22,7 @@ import pytest
 
 from tests.support.launcher_process import PORT_VARS, command, launcher_env, processes_of
 from tests.support.netns import TwoNodes
-from tests.support.server_process import VENV_BIN, ServerProcess, free_ports, mpi_env
+from tests.support.server_process import VENV_BIN, ServerProcess, free_ports, kill_session, mpi_env
 
 pytestmark = [pytest.mark.mpi, pytest.mark.timeout(600)]
 
@@ -167,7 +167,7 @@ def test_mpirun_hostfile_across_two_namespaces(nodes, served_tp2, single_node_id
                 try:
                     proc.wait(30)
                 except subprocess.TimeoutExpired:
-                    os.killpg(proc.pid, signal.SIGKILL)
+                    kill_session(proc.pid)
                     proc.wait(10)
             nodes.kill_all()
 

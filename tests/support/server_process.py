@@ -1,9 +1,14 @@
 """Test helper: run `mpirun -n N spmd_serve` (or any command) as a real process group on free
 loopback ports, wait for readiness, and always stop it (SIGTERM, then SIGKILL after a timeout);
-read a long native stream in the background while a test stops or breaks the server."""
+read a long native stream in the background while a test stops or breaks the server.
+
+A server whose test never reached its teardown (pytest ended by SIGTERM, which tests/conftest.py
+turns into KeyboardInterrupt so that teardowns run) is killed at interpreter exit: a job left
+behind holds its ports and both cores while the next run starts."""
 
 from __future__ import annotations
 
+import atexit
 import itertools
 import json
 import os
@@ -78,6 +83,34 @@ def mpirun(n: int, *args: str) -> list[str]:
     return ["mpirun", "-n", str(n), "--oversubscribe", "--bind-to", "none", *args]
 
 
+_started: set[ServerProcess] = set()  # started and not stopped yet
+
+
+def kill_session(sid: int) -> None:
+    """SIGKILL every process of session `sid` (a server's mpirun and its ranks: Open MPI puts each
+    rank in a process group of its own, so killing mpirun's group would leave the ranks running)."""
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        # fields after the ")" that ends the command: state ppid pgrp session ...
+        if int(stat.rsplit(")", 1)[1].split()[3]) == sid:
+            try:
+                os.kill(int(entry.name), signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
+@atexit.register
+def _kill_left_behind() -> None:
+    for server in list(_started):
+        if server.proc is not None:
+            kill_session(server.proc.pid)
+
+
 class ServerProcess:
     """`mpirun -n N spmd_serve` on free ports; use as a context manager."""
 
@@ -108,6 +141,7 @@ class ServerProcess:
         self.proc = subprocess.Popen(
             self.cmd, env=self.env, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True
         )
+        _started.add(self)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
@@ -135,9 +169,10 @@ class ServerProcess:
     def stop(self, timeout: float = 30.0) -> int | None:
         """End the job quickly: rank 0 asked as `stop_server` asks it (SIGTERM; a second one aborts
         what is still in flight), which ends every rank in ~0.2 s.  Only when rank 0 does not
-        answer, SIGTERM to the whole group (mpirun included), then SIGKILL: mpirun's own SIGTERM
+        answer, SIGTERM to mpirun's group, then SIGKILL to its whole session: mpirun's own SIGTERM
         handling waits ~1 s per stage before it kills, 2 s a server, and the suite starts dozens."""
         if self.proc is None or self.proc.poll() is not None:
+            _started.discard(self)
             return self.proc.returncode if self.proc else None
         try:
             if self._ask_rank0():
@@ -145,10 +180,12 @@ class ServerProcess:
             os.killpg(self.proc.pid, signal.SIGTERM)
             return self.proc.wait(timeout)
         except subprocess.TimeoutExpired:
-            os.killpg(self.proc.pid, signal.SIGKILL)
+            kill_session(self.proc.pid)
             return self.proc.wait(10)
         finally:
             self._log.close()
+            if self.proc.poll() is not None:  # else atexit still kills it
+                _started.discard(self)
 
     def _ask_rank0(self) -> bool:
         """SIGTERM to rank 0, then a second one if the job is still there: True once mpirun exited."""
