@@ -151,7 +151,7 @@ void run_block(const Item& it, int64_t rb, int64_t lanes, const float* q, int64_
   const int64_t first = st.start[it.seq] + it.i0;          // the item's first token
   auto token = [&](int64_t l) { return it.i0 + (rb + l) / g; };   // lane l's token within its sequence
   const int64_t n = past + token(lanes - 1) + 1;           // keys the block's last row sees
-  thread_local std::vector<float> qt, qs, s, o;           // qs: an int8 past's queries, times k_scale
+  thread_local AlignedVector<float> qt, qs, s, o;           // qs: an int8 past's queries, times k_scale
   thread_local std::vector<const E*> kp, vp;              // the past in the pool
   thread_local std::vector<const float*> kn, vn;          // the step's own keys and values
   qt.assign(d * kWidth, 0.f);

@@ -112,7 +112,7 @@ void stream_columns(const float* x, const Src& w, int64_t K, int64_t N, int64_t 
                     int64_t c1, float* y, bool chunked) {
   const int64_t full = std::min(c1, N / kWidth * kWidth), step = chunked ? kKC : std::max<int64_t>(1, k1 - k0);
   const int64_t nb = std::max<int64_t>(kWidth, kAccFloats / T / kWidth * kWidth);
-  thread_local std::vector<float> tmp;  // one chunk's [T, b] tile (this task's own thread)
+  thread_local AlignedVector<float> tmp;  // one chunk's [T, b] tile (this task's own thread)
   if (k0 + step < k1) tmp.resize(T * nb);
   for (int64_t n0 = c0; n0 < full; n0 += nb) {
     const int64_t b = std::min(nb, full - n0);
@@ -170,7 +170,7 @@ void stream_gemm(const float* x, const Src& w, const float* scale, int64_t T, in
   // wakes late, or is preempted, leaves its second one to the others)
   const int64_t groups = std::min(vectors, std::max<int64_t>(1, (2 * threads + chunks - 1) / chunks));
   const int64_t width = (vectors + groups - 1) / groups * kWidth, ranges = (N + width - 1) / width;
-  thread_local std::vector<float> scratch;  // the caller's; the tasks see it through `partial`
+  thread_local AlignedVector<float> scratch;  // the caller's; the tasks see it through `partial`
   scratch.resize((chunks - 1) * T * N);
   float* const partial = scratch.data();  // chunks 1.. : [chunks - 1][T][N]
   thread_local std::vector<int64_t> finished;  // chunks done, per column range
@@ -211,7 +211,7 @@ void gemm(const float* x, const Src& w, const float* scale, int64_t T, int64_t K
   const int64_t tasks = (N + width - 1) / width;
   parallel_for(tasks, [&](int64_t i) {
     const int64_t c0 = i * width, c1 = std::min(N, c0 + width);
-    thread_local std::vector<float> buf;
+    thread_local AlignedVector<float> buf;
     buf.resize(kKC * width);
     if (K == 0)
       for (int64_t t = 0; t < T; ++t) std::fill(y + t * N + c0, y + t * N + c1, 0.f);

@@ -10,10 +10,33 @@
 #include <immintrin.h>
 
 #include <cmath>
+#include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <new>
+#include <vector>
 
 namespace spmd {
+
+// Scratch whose vector loads and stores must not straddle cache lines: std::vector's storage is only
+// 16-byte aligned (glibc malloc), so every 64-byte load from the GEMM's packed W panels split two
+// lines; aligned, the blocked GEMM ran 5-18 % faster (RESULTS.md "Session 18").  Paddle's tensors
+// are 64-byte aligned already.
+template <typename T>
+struct Aligned64 {
+  using value_type = T;
+  Aligned64() = default;
+  template <typename U>
+  Aligned64(const Aligned64<U>&) {}
+  T* allocate(std::size_t n) { return static_cast<T*>(::operator new(n * sizeof(T), std::align_val_t(64))); }
+  void deallocate(T* p, std::size_t) { ::operator delete(p, std::align_val_t(64)); }
+  template <typename U>
+  bool operator==(const Aligned64<U>&) const { return true; }
+  template <typename U>
+  bool operator!=(const Aligned64<U>&) const { return false; }
+};
+template <typename T>
+using AlignedVector = std::vector<T, Aligned64<T>>;
 
 #if defined(__AVX512F__)
 constexpr int64_t kWidth = 16;
