@@ -9,38 +9,29 @@ import signal
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 
+from tests.support.remote_harness import wait_for
 from tests.support.server_process import kill_session, mpi_env
 
 ROOT = Path(__file__).resolve().parents[2]
 JOB = ["mpirun", "-n", "2", "--oversubscribe", "sleep", "120"]
 
 
-def session_members(sid: int) -> list[int]:
+def session_members(sid: int) -> list[int]:  # a pgrep each: polled every 0.1 s
     out = subprocess.run(["pgrep", "-s", str(sid)], capture_output=True, text=True).stdout
     return [int(p) for p in out.split()]
-
-
-def wait_for(predicate, timeout: float = 60.0) -> bool:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if predicate():
-            return True
-        time.sleep(0.1)
-    return False
 
 
 def test_killing_the_session_ends_ranks_that_mpirun_put_in_groups_of_their_own():
     proc = subprocess.Popen(JOB, env=mpi_env(), start_new_session=True)
     try:
-        assert wait_for(lambda: len(session_members(proc.pid)) >= 3), "mpirun did not start its ranks"
+        wait_for(lambda: len(session_members(proc.pid)) >= 3, 60, "mpirun starting its ranks", poll=0.1)
         ranks = [p for p in session_members(proc.pid) if p != proc.pid]
         assert all(os.getpgid(p) != proc.pid for p in ranks)  # why killpg(mpirun) is not enough
         kill_session(proc.pid)
         proc.wait(10)
-        assert wait_for(lambda: session_members(proc.pid) == [], 10), session_members(proc.pid)
+        wait_for(lambda: session_members(proc.pid) == [], 10, "the end of every process of the session", poll=0.1)
     finally:
         kill_session(proc.pid)
 
@@ -84,13 +75,15 @@ def test_a_pytest_stopped_by_sigterm_leaves_no_server_behind(tmp_path):
     )
     sid = None
     try:
-        assert wait_for(lambda: started.exists() and started.read_text() != ""), runner.stdout
+        wait_for(
+            lambda: started.exists() and started.read_text() != "", 60, "the inner test starting its job", poll=0.1
+        )
         sid = int(started.read_text())
-        assert wait_for(lambda: len(session_members(sid)) >= 3), "mpirun did not start its ranks"
+        wait_for(lambda: len(session_members(sid)) >= 3, 60, "mpirun starting its ranks", poll=0.1)
         runner.send_signal(signal.SIGTERM)
         out = runner.communicate(timeout=60)[0].decode(errors="replace")
         assert "KeyboardInterrupt" in out, out
-        assert wait_for(lambda: session_members(sid) == [], 10), f"left behind: {session_members(sid)}"
+        wait_for(lambda: session_members(sid) == [], 10, "the end of every process the inner test started", poll=0.1)
     finally:
         runner.kill()
         if sid is not None:

@@ -19,11 +19,11 @@ from spmd_serve.engine.wire import FrameDecoder, Message, encode
 from tests.support.fakes import FakeEngine, FakeTokenizer
 
 
-def wait_for(cond: Callable[[], object], timeout: float = 5.0, what: str = "condition") -> None:
+def wait_for(cond: Callable[[], object], timeout: float = 5.0, what: str = "condition", poll: float = 0.005) -> None:
     deadline = time.monotonic() + timeout
     while not cond():
         assert time.monotonic() < deadline, f"{what} not reached within {timeout} s"
-        time.sleep(0.005)
+        time.sleep(poll)
 
 
 class Worker:
