@@ -20,6 +20,7 @@ import pytest
 import requests
 
 from spmd_serve.launcher.jobs import rank_of
+from tests.support import long_model
 from tests.support.launcher_process import (
     PORT_VARS,
     always_stopped,
@@ -219,18 +220,13 @@ def started_with_a_stream(env: dict[str, str], cwd: Path, max_dec_len: int):
         yield stream
 
 
-def test_stop_server_timeout_aborts_what_is_still_in_flight(served_tp2, tmp_path):
-    """`stop_server 1` with a request needing several seconds: after 1 s a second SIGTERM makes
-    rank 0 end it with an error frame and stop; stop_server says so; nothing is left."""
-    n = 2000  # the tiny model's context is 2048
-    env = launcher_env(tmp_path / "log", MODEL_DIR=str(served_tp2), MP_NUM="2", MAX_DEC_LEN=str(n))
+def test_stop_server_timeout_aborts_what_is_still_in_flight(served_tp2_long, tmp_path):
+    """`stop_server 1` with a request needing minutes: after 1 s a second SIGTERM makes rank 0 end
+    it with an error frame and stop; stop_server says so; nothing is left.  (On the tiny model's
+    2,048 positions a lone 1000-token request once finished while stop_server was still starting.)"""
+    env = launcher_env(tmp_path / "log", MODEL_DIR=str(served_tp2_long), MP_NUM="2", **long_model.SERVER_ENV)
     log_dir = tmp_path / "log"
-    with started_with_a_stream(env, tmp_path, n) as stream:
-        # 15 more such streams make each step slower: a lone 1000-token request (~1.5 ms a token
-        # here) once finished while stop_server was still starting, so nothing was left to abort
-        others = [Stream(service_url(env), n, req_id=f"other-{i}") for i in range(15)]
-        for other in others:
-            other.first()
+    with started_with_a_stream(env, tmp_path, long_model.TOKENS) as stream:
         t0 = time.monotonic()
         res = run("stop_server", "1", env=env, cwd=tmp_path, timeout=60)
         took = time.monotonic() - t0
@@ -243,12 +239,13 @@ def test_stop_server_timeout_aborts_what_is_still_in_flight(served_tp2, tmp_path
     assert not (log_dir / "server.pid").exists() and processes_of(log_dir) == []
 
 
-def test_a_killed_rank_takes_the_job_down_and_stop_server_says_why(served_tp2, tmp_path):
+def test_a_killed_rank_takes_the_job_down_and_stop_server_says_why(served_tp2_long, tmp_path):
     """kill -9 of rank 1 with a request in flight: readiness is 503 from then on (never 200), the
     request ends with an error frame naming the rank, the job is gone within 30 s, server.log names
     the rank and the signal, and stop_server cleans up the pid file and quotes that cause."""
-    env, log_dir = launcher_env(tmp_path / "log", MODEL_DIR=str(served_tp2), MP_NUM="2"), tmp_path / "log"
-    with started_with_a_stream(env, tmp_path, 1000) as stream:
+    env = launcher_env(tmp_path / "log", MODEL_DIR=str(served_tp2_long), MP_NUM="2", **long_model.SERVER_ENV)
+    log_dir = tmp_path / "log"
+    with started_with_a_stream(env, tmp_path, long_model.TOKENS) as stream:
         victim = next(p for p in processes_of(log_dir) if rank_of(p) == 1)
         victim.kill()
         t0 = time.monotonic()

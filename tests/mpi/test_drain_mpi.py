@@ -11,6 +11,7 @@ import time
 import pytest
 import requests
 
+from tests.support import long_model
 from tests.support.server_process import ServerProcess, Stream, rank_pid
 
 pytestmark = [pytest.mark.mpi, pytest.mark.timeout(300)]
@@ -51,11 +52,10 @@ def test_sigterm_lets_the_request_in_flight_finish(served_tp2, tmp_path):
     assert "draining: 1 request(s) in flight" in srv.log() and "engine stopped" in srv.log()
 
 
-def test_drain_timeout_ends_the_request_with_an_error_frame(served_tp2, tmp_path):
-    n, drain = 2000, 1.0  # ~3 s of decoding (~1.5 ms a token alone here), beyond the 1 s drain timeout
-    with ServerProcess(
-        2, served_tp2, tmp_path / "server.log", SPMD_DRAIN_TIMEOUT_S=str(drain), MAX_DEC_LEN=str(n)
-    ) as srv:
+def test_drain_timeout_ends_the_request_with_an_error_frame(served_tp2_long, tmp_path):
+    n, drain = long_model.TOKENS, 1.0  # minutes of decoding, far beyond the 1 s drain timeout
+    log = tmp_path / "server.log"
+    with ServerProcess(2, served_tp2_long, log, SPMD_DRAIN_TIMEOUT_S=str(drain), **long_model.SERVER_ENV) as srv:
         stream = Stream(srv.url, n)
         stream.first()
         t0 = sigterm_rank0(srv)

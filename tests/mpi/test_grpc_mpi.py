@@ -13,6 +13,7 @@ import requests
 import tritonclient.grpc as tg
 from tritonclient.utils import InferenceServerException
 
+from tests.support import long_model
 from tests.support.metrics_scrape import Samples
 from tests.support.server_process import ServerProcess
 from tests.support.triton_helpers import Stream, code_of, in_tensor, out_obj
@@ -24,15 +25,10 @@ AUTH = {"authorization": f"Bearer {KEY}"}  # gRPC metadata keys are lower-case
 
 
 @pytest.fixture(scope="module")
-def server(served_tp2, tmp_path_factory):
-    with ServerProcess(
-        2,
-        served_tp2,
-        tmp_path_factory.mktemp("logs") / "server.log",
-        API_KEY=KEY,
-        MAX_SEQ_LEN="1024",
-        MAX_DEC_LEN="2000",  # the tiny model's context is 2048: the longest stream a test can hold
-    ) as srv:
+def server(served_tp2_long, tmp_path_factory):
+    # the long context: the stream that holds a req_id must not end before the test cancels it
+    log = tmp_path_factory.mktemp("logs") / "server.log"
+    with ServerProcess(2, served_tp2_long, log, API_KEY=KEY, MAX_SEQ_LEN="1024", **long_model.SERVER_ENV) as srv:
         yield srv
 
 
@@ -122,10 +118,11 @@ def test_errors_are_grpc_status_codes_and_server_stays_healthy(server, triton):
         "Length of input token(1100) exceeds the limit MAX_SEQ_LEN(1024).",
     )
     assert_healthy(triton)
-    status, msg = code_of(infer, "model", in_tensor({"text": "x", "max_dec_len": 5000}), headers=AUTH)
+    too_long = long_model.TOKENS + 1
+    status, msg = code_of(infer, "model", in_tensor({"text": "x", "max_dec_len": too_long}), headers=AUTH)
     assert (status, msg) == (
         "StatusCode.INVALID_ARGUMENT",
-        "The parameter max_dec_len(5000) exceeds the limit MAX_DEC_LEN(2000).",
+        f"The parameter max_dec_len({too_long}) exceeds the limit MAX_DEC_LEN({long_model.TOKENS}).",
     )
     assert code_of(infer, "llama", in_tensor({"text": "x"}), headers=AUTH)[0] == "StatusCode.NOT_FOUND"
     for headers in (None, {"authorization": "Bearer wrong"}):
@@ -143,11 +140,13 @@ def aborted(server: ServerProcess) -> float:
 def test_duplicate_req_id_then_cancel_frees_it(triton, server):
     """A long stream holds req_id "dup": a second request with it is ALREADY_EXISTS; cancelling
     the stream aborts the sequence on the server (counted as an abort, not run to its length),
-    which frees the id long before the 2000 tokens it asked for could have been generated (at
-    ~1.5 ms a token, 1000 tokens once ended before the duplicate was sent, beside two CPU hogs)."""
+    which frees the id long before the tokens it asked for could have been generated (on the tiny
+    model's 2,048 positions, 1000 tokens once ended before the duplicate was sent, beside two CPU
+    hogs: so the stream asks for long_model.TOKENS, minutes of decoding)."""
     aborts = aborted(server)
     stream = Stream(triton, headers=AUTH)
-    stream.send({"text": "go on", "req_id": "dup", "max_dec_len": 2000, "min_dec_len": 2000})
+    n = long_model.TOKENS
+    stream.send({"text": "go on", "req_id": "dup", "max_dec_len": n, "min_dec_len": n})
     seen = []  # arrival time of each of the first frames
     for i in range(15):
         _, frame, final = stream.got.get(timeout=60)
@@ -178,7 +177,7 @@ def test_duplicate_req_id_then_cancel_frees_it(triton, server):
     # waited for the generator to be collected; the handler now cancels its requests when the call
     # ends (context.add_done_callback).  The floor keeps "long before the end" meaningful as
     # decoding gets faster; the abort count is what proves the cancel.
-    assert freed_after < max(0.5 * 1985 * per_token, 5.0), (freed_after, per_token)
+    assert freed_after < max(0.5 * (n - 15) * per_token, 5.0), (freed_after, per_token)
     assert_healthy(triton)
 
 

@@ -21,6 +21,7 @@ import pytest
 import requests
 import tritonclient.grpc as tg
 
+from tests.support import long_model
 from tests.support.failing_jobs import error_lines, run_with_busy_port
 from tests.support.metrics_scrape import Samples
 from tests.support.server_process import ServerProcess
@@ -28,17 +29,14 @@ from tests.support.triton_helpers import Stream, in_tensor, out_obj
 
 pytestmark = pytest.mark.mpi
 GREEDY = {"text": "Tell me about the sea.", "max_dec_len": 12, "temperature": 0}
-
-
-# Tokens of a request that must still be in flight while a test acts on it: ~3 s at ~1.5 ms a token
-# (the tiny model's context is 2048); 1000 once ended first, beside two CPU hogs, in a similar test.
-LONG = "2000"
+# A request that must still be in flight while a test acts on it (minutes of decoding)
+LONG = {"max_dec_len": long_model.TOKENS, "min_dec_len": long_model.TOKENS}
 
 
 @pytest.fixture(scope="module")
-def server(served_tp2, tmp_path_factory):
+def server(served_tp2_long, tmp_path_factory):
     log = tmp_path_factory.mktemp("logs") / "server.log"
-    with ServerProcess(2, served_tp2, log, PUSH_MODE_HTTP_WORKERS="2", MAX_DEC_LEN=LONG) as srv:
+    with ServerProcess(2, served_tp2_long, log, PUSH_MODE_HTTP_WORKERS="2", **long_model.SERVER_ENV) as srv:
         yield srv
 
 
@@ -120,7 +118,7 @@ def test_openai_and_grpc_are_served(server):
 
 def test_a_req_id_in_flight_is_409_on_every_connection_and_a_cancel_frees_it(server):
     aborts = aborted(server)
-    sock, _ = raw_stream(server, {"text": "go", "req_id": "dup", "max_dec_len": int(LONG), "min_dec_len": int(LONG)})
+    sock, _ = raw_stream(server, {"text": "go", "req_id": "dup", **LONG})
     codes = {fresh(server, {"text": "x", "req_id": "dup", "max_dec_len": 2}).status_code for _ in range(8)}
     assert codes == {409}
     cancelled = time.monotonic()
@@ -131,10 +129,11 @@ def test_a_req_id_in_flight_is_409_on_every_connection_and_a_cancel_frees_it(ser
     print(f"req_id freed {1e3 * (time.monotonic() - cancelled):.0f} ms after the client went away")
 
 
-def test_a_killed_worker_is_started_again_while_the_other_serves(served_tp2, tmp_path):
-    with ServerProcess(2, served_tp2, tmp_path / "server.log", PUSH_MODE_HTTP_WORKERS="2", MAX_DEC_LEN=LONG) as srv:
+def test_a_killed_worker_is_started_again_while_the_other_serves(served_tp2_long, tmp_path):
+    log = tmp_path / "server.log"
+    with ServerProcess(2, served_tp2_long, log, PUSH_MODE_HTTP_WORKERS="2", **long_model.SERVER_ENV) as srv:
         aborts = aborted(srv)
-        body = {"text": "go", "req_id": "victim", "max_dec_len": int(LONG), "min_dec_len": int(LONG)}
+        body = {"text": "go", "req_id": "victim", **LONG}
         sock, _ = raw_stream(srv, body)
         victim = worker_serving(srv, sock)
         os.kill(victim, signal.SIGKILL)

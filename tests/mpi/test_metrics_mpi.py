@@ -14,6 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import requests
 
+from tests.support import long_model
 from tests.support.failing_jobs import error_lines, run_with_busy_port
 from tests.support.metrics_scrape import Samples
 from tests.support.server_process import ServerProcess
@@ -24,11 +25,11 @@ AUTH = {"Authorization": f"Bearer {KEY}"}
 
 
 @pytest.fixture(scope="module")
-def server(served_tp2, tmp_path_factory):
-    # USE_WARMUP=1: the warm-up request runs through the engine but must not show in the metrics
-    with ServerProcess(
-        2, served_tp2, tmp_path_factory.mktemp("logs") / "server.log", USE_WARMUP="1", API_KEY=KEY
-    ) as srv:
+def server(served_tp2_long, tmp_path_factory):
+    # USE_WARMUP=1: the warm-up request runs through the engine but must not show in the metrics;
+    # the long context: the hung-up stream below must not end on its own before the test hangs up
+    log = tmp_path_factory.mktemp("logs") / "server.log"
+    with ServerProcess(2, served_tp2_long, log, USE_WARMUP="1", API_KEY=KEY, **long_model.SERVER_ENV) as srv:
         srv.metrics_url = f"http://127.0.0.1:{srv.env['METRICS_HTTP_PORT']}/metrics"
         srv.first_scrape = scrape(srv)
         yield srv
@@ -106,7 +107,7 @@ def test_counters_and_histograms_grow_by_exact_amounts(server):
 
 
 def test_client_hanging_up_mid_stream_frees_its_blocks_within_one_step(server):
-    prompt, max_dec_len = [1, 5, 6, 7, 8, 9], 1024  # ~1024 steps if it were not aborted
+    prompt, max_dec_len = [1, 5, 6, 7, 8, 9], long_model.TOKENS  # minutes of steps if it were not aborted
     before = wait_scrape(server, idle)
     assert idle(before)
     body = json.dumps(
@@ -146,7 +147,7 @@ def test_client_hanging_up_mid_stream_frees_its_blocks_within_one_step(server):
     assert after.delta(before, "abort_to_free_steps_count") == 1
     assert after.delta(before, "abort_to_free_steps_bucket", le="1.0") == 1
     # From outside: tokens generated but never delivered = steps between the hang-up and the free
-    # (plus frames still in flight on loopback); without the abort this would be ~1000.
+    # (plus frames still in flight on loopback); without the abort this would be ~TOKENS.
     generated = after.delta(before, "generation_tokens_total")
     assert frames_seen <= generated <= frames_seen + 16, (frames_seen, generated)
     assert requests.get(f"http://127.0.0.1:{server.health_port}/v2/health/ready", timeout=5).status_code == 200
