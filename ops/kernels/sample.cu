@@ -193,7 +193,7 @@ extern "C" __global__ void __launch_bounds__(THREADS) SAMPLE_KERNEL(
     }
     STOP_AT(2, q_all + region)
     const u32 x0 = philox_first_word(seeds[b], (u64)counters[b]);
-    if (!fits && sr && sr->gathered) {                    // the split gather's lists (sample_gather.cuh)
+    if (!fits && sr && sr->gathered && lists_hold(sr, scan_chunks)) {   // the split gather's lists
         if (tid < L1_BINS / 32) sh.wanted[tid] = sr->wanted[tid];
         c.cand_n = load_split_lists(c, sr, row_lists, scan_chunks);
         c.cand_valid = c.cand_bins = true; c.suffix_lo = sr->suffix_lo;

@@ -20,6 +20,7 @@ from tests.support.ops_sample_reference import (
     check_edge_cases,
     check_greedy_scan,
     check_sampled_split,
+    check_split_gather_lists,
     make_batch,
     run_gpu,
 )
@@ -65,3 +66,12 @@ def test_sampled_split_emulated_equals_twin(host, dtype, v_sz, cap) -> None:
     """Sampled rows split over several blocks (10 chunks at 20011 tokens, 5 at 9001), the region
     from the chunks' lists or (cap 0, or a region past the lists) from the histograms alone."""
     check_sampled_split(host, dtype, v_sz, cap)
+
+
+def test_split_gather_past_one_chunk_list_emulated_equals_twin(host, monkeypatch) -> None:
+    """One SM: two rows of 24000 tokens in 4 chunks of 6144, so a chunk can hold more wanted tokens
+    than its list (the first row) or fewer (the second)."""
+    from ops import runtime
+
+    monkeypatch.setattr(runtime, "sm_count", lambda: 1)
+    check_split_gather_lists(host, rows=2, v_sz=24000)

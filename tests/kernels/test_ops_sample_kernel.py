@@ -26,6 +26,7 @@ from tests.support.ops_sample_reference import (
     check_edge_cases,
     check_greedy_scan,
     check_sampled_split,
+    check_split_gather_lists,
     make_batch,
     run_gpu,
 )
@@ -213,8 +214,12 @@ def test_staged_dispatch_copies_host_parameters_and_results(monkeypatch) -> None
 
 
 # ----------------------------------------------------------------------------- GPU
-@pytest.mark.gpu
-@needs_gpu
+def on_gpu(test):
+    """The `gpu` marker and the skip without a GPU."""
+    return pytest.mark.gpu(needs_gpu(test))
+
+
+@on_gpu
 @pytest.mark.parametrize("cap", [None, 0])  # None: on-chip candidates; 0: multi-pass over the row
 @pytest.mark.parametrize("v_sz,scale", [(50000, 1.0), (50000, 12.0), (151936, 4.0), (1000, 3.0), (37, 2.0)])
 def test_gpu_equals_twin_fp32(device, cap, v_sz, scale) -> None:
@@ -223,38 +228,35 @@ def test_gpu_equals_twin_fp32(device, cap, v_sz, scale) -> None:
     assert_same(run_gpu(device, batch, n_top=5, cap=cap), sp.sample_cpu(**batch, num_logprobs=5))
 
 
-@pytest.mark.gpu
-@needs_gpu
+@on_gpu
 @pytest.mark.parametrize("cap", [None, 0])
 def test_gpu_equals_twin_edge_cases(device, cap) -> None:
     check_edge_cases(device, cap, v_sz=70000, big_k=10000, rows=32)
 
 
-@pytest.mark.gpu
-@needs_gpu
+@on_gpu
 @pytest.mark.parametrize("dtype", ["fp16", "bf16"])
 def test_gpu_equals_twin_16bit(device, dtype) -> None:
     check_16bit(device, dtype, rows=32, v_sz=32003)
 
 
-@pytest.mark.gpu
-@needs_gpu
+@on_gpu
 @pytest.mark.parametrize("dtype,v_sz", [("fp32", 131072), ("fp16", 151936), ("bf16", 32003), ("fp32", 37)])
 def test_gpu_split_scan_equals_twin(device, dtype, v_sz) -> None:
     check_greedy_scan(device, dtype, v_sz)
 
 
-@pytest.mark.gpu
-@needs_gpu
+@on_gpu
 @pytest.mark.parametrize(
     "dtype,v_sz,cap", [("fp32", 131072, None), ("fp32", 131072, 0), ("fp16", 151936, None), ("bf16", 32003, None)]
 )
 def test_gpu_sampled_split_equals_twin(device, dtype, v_sz, cap) -> None:
     check_sampled_split(device, dtype, v_sz, cap)
+    if (dtype, v_sz, cap) == ("fp32", 131072, None):  # 128 rows: 9 chunks of 14592, a list is 4096
+        check_split_gather_lists(device, rows=128, v_sz=v_sz)
 
 
-@pytest.mark.gpu
-@needs_gpu
+@on_gpu
 def test_gpu_timing_against_one_read_of_the_logits(device, capsys) -> None:
     """Prints (no assertion: speed goals live in benchmarks) sampling time / one copy of the logits
     for 128 x 128k fp32; goal <= 3.  Device time only (ops.bench's timing: the calls queue behind a
@@ -290,8 +292,7 @@ def test_gpu_timing_against_one_read_of_the_logits(device, capsys) -> None:
             )
 
 
-@pytest.mark.gpu
-@needs_gpu
+@on_gpu
 def test_gpu_staged_call_equals_twin(device) -> None:
     """The serving loop's call: device logits, numpy parameters, numpy results."""
     batch = make_batch(np.random.default_rng(16), 48, 32000, scale=3.0, gen_len=20)

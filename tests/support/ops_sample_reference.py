@@ -283,3 +283,16 @@ def check_sampled_split(device, dtype: str, v_sz: int, cap=None) -> None:
         cpu = sp.sample_cpu(**batch, num_logprobs=3)
     assert list(gpu[2][1, :2]) == [5, v_sz - 3]  # the tie across chunks: the lowest id ranks first
     assert_same(gpu, cpu)
+
+
+def check_split_gather_lists(device, rows: int, v_sz: int, run: int = 5000) -> None:
+    """Temperature-only rows whose only positive weights are `run` tokens tied at the max (more than
+    one chunk's list of 4096, fewer than the main kernel's buffer): the split gather takes them.
+    Even rows hold them at the row's start, so the first chunk's list overflows and the main kernel
+    gathers them itself (lists_hold); odd rows spread them every 4th token, so the lists hold them.
+    Equal to the twin either way."""
+    logits = np.full((rows, v_sz), -40.0, np.float32)
+    logits[0::2, :run] = 3.0
+    logits[1::2, 0 : 4 * run : 4] = 3.0
+    batch = base_batch(logits, counters=np.arange(rows) * 3)
+    assert_same(run_gpu(device, batch, n_top=2), sp.sample_cpu(**batch, num_logprobs=2))
