@@ -61,12 +61,12 @@ def served_tp2(demo_checkpoint, tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
-def served_tp2_long(tmp_path_factory) -> Path:
+def served_tp2_long(demo_checkpoint, tmp_path_factory) -> Path:
     """served_tp2's weights with a context of tests/support/long_model.CONTEXT positions."""
     from spmd_serve.export import export_checkpoint
     from tests.support.long_model import write_long_checkpoint
 
-    ckpt = write_long_checkpoint(tmp_path_factory.mktemp("ckpt") / "tiny-long")
+    ckpt = write_long_checkpoint(demo_checkpoint, tmp_path_factory.mktemp("ckpt") / "tiny-long")
     return export_checkpoint(ckpt, tmp_path_factory.mktemp("served") / "tp2-long", tp=2, graph_ops="cpp")
 
 

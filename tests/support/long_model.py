@@ -12,6 +12,7 @@ tokens: minutes of decoding, as every step's attention grows with the context.
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 CONTEXT = 1 << 17
@@ -21,11 +22,9 @@ TOKENS = 120_000
 SERVER_ENV = {"MAX_DEC_LEN": str(TOKENS), "BLOCK_BS": "2"}
 
 
-def write_long_checkpoint(out_dir: Path) -> Path:
-    """The tiny demo checkpoint with max_position_embeddings = CONTEXT."""
-    from spmd_serve.export.demo.checkpoint import write_demo_checkpoint
-
-    ckpt = write_demo_checkpoint(out_dir, "tiny")
+def write_long_checkpoint(source: Path, out_dir: Path) -> Path:
+    """A copy of the checkpoint `source` with max_position_embeddings = CONTEXT."""
+    ckpt = Path(shutil.copytree(source, out_dir))
     config = json.loads((ckpt / "config.json").read_text(encoding="utf-8"))
     config["max_position_embeddings"] = CONTEXT
     (ckpt / "config.json").write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
