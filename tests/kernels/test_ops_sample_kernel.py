@@ -214,8 +214,7 @@ def test_staged_dispatch_copies_host_parameters_and_results(monkeypatch) -> None
 
 
 # ----------------------------------------------------------------------------- GPU
-def on_gpu(test):
-    """The `gpu` marker and the skip without a GPU."""
+def on_gpu(test):  # the `gpu` marker and the skip without a GPU
     return pytest.mark.gpu(needs_gpu(test))
 
 
