@@ -3,7 +3,7 @@ SHAPE=1b) linears alternating, as `benchmarks/gemm_ksplit.cc` times its two task
 processes for A and B differ by more than the change on this VM (the graph-level A/B of session 12
 ranged ±25 % between runs of one build); one binary shares the allocation and the machine's state.
 
-    python benchmarks/gemm_ab.py REV [--threads 1 2] [--rounds 15] [--shape small|1b]
+    python benchmarks/gemm_ab.py REV [--threads 1 2] [--rounds 15] [--shape small|1b] [--steps 1 2 4 8]
 
 The older header is renamed into the same namespace (its functions and constants get `_old`), the
 bench's baseline calls it; prints gemm_ksplit's lines, "ksplit" = this tree, "columns" = REV.
@@ -25,7 +25,7 @@ KERNELS = ROOT / "ops" / "cpu_kernels"
 # what gemm.h (and, since session 12, gemm_blocked.h) defines at namespace scope
 NAMES = (
     "kStreamRows kAccFloats kPassRows kPrefetchRows kMR kNV kNR kKC kNC kPackPrefetchRows stream_tile stream_columns "
-    "stream_dispatch scale_columns stream_gemm pack micro micro_dispatch blocked_columns gemm"
+    "stream_dispatch scale_columns stream_gemm pack pack_rows micro micro_dispatch blocked_columns gemm"
 ).split()
 
 
@@ -52,6 +52,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     ap.add_argument("--rounds", type=int, default=15)
     ap.add_argument("--shape", default="small", choices=["small", "1b"])
+    ap.add_argument("--steps", type=int, nargs="+", default=[1, 2, 4, 8], help="rows of x (T) to time")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         (Path(tmp) / "gemm_old.h").write_text(old_header(args.rev))
@@ -75,7 +76,7 @@ def main() -> None:
             ],
             check=True,
         )
-        env = dict(os.environ, SHAPE=args.shape)
+        env = dict(os.environ, SHAPE=args.shape, TS=",".join(map(str, args.steps)))
         for threads in args.threads:
             subprocess.run([str(exe), str(threads), str(args.rounds)], check=True, env=env)
 

@@ -8,6 +8,7 @@
 // Prints weight GB/s (median pass) per (dtype, T, variant).  Build and run (2 = threads):
 //   g++ -O3 -march=native -std=c++17 -pthread -Iops/cpu_kernels benchmarks/gemm_ksplit.cc \
 //       ops/cpu_kernels/thread_pool.cc -o /tmp/gemm_ksplit && SHAPE=1b /tmp/gemm_ksplit 2 9
+// TS=8,16,32 times other step sizes (the batched decodes; gemm_ab.py's A/B of the blocked path).
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -53,10 +54,13 @@ int main(int argc, char** argv) {
     for (int64_t n = 0; n < m.N; ++n) m.scale[n] = 0.01f;
     params += m.K * m.N; maxn = std::max(maxn, m.N);
   }
-  std::vector<float> x(8 * 8192, 0.01f), y(8 * maxn), y2(8 * maxn);
+  std::vector<int64_t> steps;
+  for (const char* p = getenv("TS") ? getenv("TS") : "1,2,4,8"; *p != 0; p += *p == ',') steps.push_back(strtol(p, (char**)&p, 10));
+  const int64_t most = *std::max_element(steps.begin(), steps.end());
+  std::vector<float> x(most * 8192, 0.01f), y(most * maxn), y2(most * maxn);
   for (int int8 = 0; int8 < 2; ++int8) {
     const double bytes = (double)params * (int8 ? 1 : 4);
-    for (int64_t T : {1, 2, 4, 8}) {
+    for (int64_t T : steps) {
       std::vector<double> t[2];
       for (int r = 0; r < rounds; ++r)
         for (int v = 0; v < 2; ++v) {
@@ -75,9 +79,9 @@ int main(int argc, char** argv) {
           t[which].push_back(now() - t0);
         }
       auto med = [](std::vector<double> v) { std::sort(v.begin(), v.end()); return v[v.size() / 2]; };
-      printf("%s %s T=%ld threads %d %.0f MB: ksplit %.1f GB/s  columns %.1f GB/s  (%.2fx)\n", big ? "1b" : "small",
-             int8 ? "int8" : "fp32", (long)T, threads, bytes / 1e6, bytes / med(t[0]) / 1e9, bytes / med(t[1]) / 1e9,
-             med(t[1]) / med(t[0]));
+      printf("%s %s T=%ld threads %d %.0f MB: ksplit %.1f GB/s  columns %.1f GB/s  (%.2fx)  %.1f ms, %.0f GFLOP/s\n",
+             big ? "1b" : "small", int8 ? "int8" : "fp32", (long)T, threads, bytes / 1e6, bytes / med(t[0]) / 1e9,
+             bytes / med(t[1]) / 1e9, med(t[1]) / med(t[0]), med(t[0]) * 1e3, 2.0 * params * T / med(t[0]) / 1e9);
     }
   }
 }

@@ -16,8 +16,9 @@
 //   per kKC rows of W it converts its [kKC, kNC] block to fp32 micro-panels [kKC][kNR] (in L2;
 //   int8/int4 are dequantised here, once per call) and runs a kMR x kNR register-blocked
 //   micro-kernel over all T rows for each micro-panel while that panel stays in L1, adding each
-//   block's product to the output.  The packing is a per-call scratch buffer: no second copy of
-//   the weights is kept.
+//   block's product to the task's contiguous [T, kNC] sums (y once at the end).  x is packed once
+//   per call into kMR-row micro-panels per block of kKC rows.  The packings are per-call scratch
+//   buffers: no second copy of the weights is kept.
 //
 // Every output element is the same fp32 sum in both paths and in the scalar tails: per chunk of
 // kKC rows (k0 = 0, kKC, ...) the chain acc = fma(x[t,k], w[k,n], acc) from acc = 0, and the chunks'
@@ -208,14 +209,20 @@ void gemm(const float* x, const Src& w, const float* scale, int64_t T, int64_t K
   // columns per task: a multiple of the micro-panel width; with threads, about two tasks a thread
   const int64_t per = threads == 1 ? N : (N + 2 * threads - 1) / (2 * threads);
   const int64_t width = std::clamp((per + kNR - 1) / kNR * kNR, kNR, std::max(kNR, kNC / kNR * kNR));
-  const int64_t tasks = (N + width - 1) / width;
+  const int64_t tasks = (N + width - 1) / width, tiles = (T + kMR - 1) / kMR;
+  thread_local AlignedVector<float> packed;  // the caller's; the tasks read it through xp
+  packed.resize(tiles * K * kMR);
+  float* const xp = packed.data();
+  parallel_for(tiles, [&](int64_t i) { pack_rows(x, T, K, i, xp); });
   parallel_for(tasks, [&](int64_t i) {
     const int64_t c0 = i * width, c1 = std::min(N, c0 + width);
-    thread_local AlignedVector<float> buf;
+    thread_local AlignedVector<float> buf, acc;
     buf.resize(kKC * width);
+    acc.resize(T * width);
     if (K == 0)
       for (int64_t t = 0; t < T; ++t) std::fill(y + t * N + c0, y + t * N + c1, 0.f);
-    blocked_columns(x, w, T, K, N, c0, c1 - c0, buf.data(), y);
+    else
+      blocked_columns(xp, w, T, K, N, c0, c1 - c0, buf.data(), acc.data(), y);
     if (scale != nullptr) scale_columns(y, scale, T, N, c0, c1);
   });
 }

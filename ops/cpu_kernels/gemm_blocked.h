@@ -39,10 +39,26 @@ void pack(const Src& w, int64_t k0, int64_t kb, int64_t n0, int64_t nb, int64_t 
   }
 }
 
-// c[M, kNR] (row stride ldc) = (zero ? 0 : c) + x[M, kb] (row stride ldx) @ panel[kb, kNR], the
-// block's product summed from 0 (one chunk of the sum: see the top)
+// x[T, K] → micro-panels, per block of kKC rows of W (k0 = 0, kKC, ...) a contiguous
+// [T / kMR rounded up][kb][kMR] (rows past T zero); this fills one tile (kMR rows of x) of each.
+// The micro-kernel's broadcasts then read one stream, and a block's panels stay in L2 while its
+// W block is in use.  Read in place, x's kMR rows lie K floats apart (a multiple of 4 KiB for every
+// model here) and crowd a few L1 sets with the W panel (RESULTS.md "Session 20").
+inline void pack_rows(const float* x, int64_t T, int64_t K, int64_t tile, float* xp) {
+  const int64_t tiles = (T + kMR - 1) / kMR, t0 = tile * kMR, rows = std::min(kMR, T - t0);
+  for (int64_t k0 = 0; k0 < K; k0 += kKC) {
+    const int64_t kb = std::min(kKC, K - k0);
+    float* dst = xp + k0 * tiles * kMR + tile * kb * kMR;
+    for (int64_t k = 0; k < kb; ++k)
+      for (int64_t m = 0; m < kMR; ++m) dst[k * kMR + m] = m < rows ? x[(t0 + m) * K + k0 + k] : 0.f;
+  }
+}
+
+// c[M, kNR] (row stride ldc) = (zero ? 0 : c) + x[M, kb] @ panel[kb, kNR], x one of pack_rows'
+// micro-panels (x[m, k] at x[k * kMR + m]): the block's product summed from 0 (one chunk of the
+// sum: see the top)
 template <int M>
-void micro(const float* x, int64_t ldx, const float* panel, int64_t kb, float* c, int64_t ldc, bool zero) {
+void micro(const float* x, const float* panel, int64_t kb, float* c, int64_t ldc, bool zero) {
   Vec acc[M][kNV];
   for (int m = 0; m < M; ++m)
     for (int v = 0; v < kNV; ++v) acc[m][v] = vzero();
@@ -50,7 +66,7 @@ void micro(const float* x, int64_t ldx, const float* panel, int64_t kb, float* c
     Vec wv[kNV];
     for (int v = 0; v < kNV; ++v) wv[v] = vload(panel + k * kNR + v * kWidth);
     for (int m = 0; m < M; ++m) {
-      const Vec xb = vset1(x[m * ldx + k]);
+      const Vec xb = vset1(x[k * kMR + m]);
       for (int v = 0; v < kNV; ++v) acc[m][v] = vfma(xb, wv[v], acc[m][v]);
     }
   }
@@ -62,36 +78,31 @@ void micro(const float* x, int64_t ldx, const float* panel, int64_t kb, float* c
 }
 
 template <int... M>
-void micro_dispatch(int64_t m, std::integer_sequence<int, M...>, const float* x, int64_t ldx, const float* panel,
-                    int64_t kb, float* c, int64_t ldc, bool zero) {
-  ((m == M + 1 ? micro<M + 1>(x, ldx, panel, kb, c, ldc, zero) : void()), ...);
+void micro_dispatch(int64_t m, std::integer_sequence<int, M...>, const float* x, const float* panel, int64_t kb,
+                    float* c, int64_t ldc, bool zero) {
+  ((m == M + 1 ? micro<M + 1>(x, panel, kb, c, ldc, zero) : void()), ...);
 }
 
-// y[:, n0:n0+nb] for all T rows (one task of the blocked path); buf holds kKC x kNC floats
+// y[:, n0:n0+nb] for all T rows (one task of the blocked path), x packed by pack_rows.  buf holds
+// kKC x kNC floats of W; acc the task's sums [T][nb rounded up to kNR]: the micro-kernels add each
+// block's product into it, and it goes to y once at the end.  Added into y in place (rows N floats
+// apart) the tiles' lines crowded a few L2 sets and each block re-read them from memory (T = 512
+// on two threads: a quarter of the time, RESULTS.md "Session 20").
 template <typename Src>
-void blocked_columns(const float* x, const Src& w, int64_t T, int64_t K, int64_t N, int64_t n0, int64_t nb,
-                     float* buf, float* y) {
+void blocked_columns(const float* xp, const Src& w, int64_t T, int64_t K, int64_t N, int64_t n0, int64_t nb,
+                     float* buf, float* acc, float* y) {
   constexpr auto kRows = std::make_integer_sequence<int, kMR>{};
-  float edge[kMR * kNR];   // the last micro-panel when nb is not a multiple of kNR
+  const int64_t ld = (nb + kNR - 1) / kNR * kNR, tiles = (T + kMR - 1) / kMR;
   for (int64_t k0 = 0; k0 < K; k0 += kKC) {
     const int64_t kb = std::min(kKC, K - k0);
-    pack(w, k0, kb, n0, nb, K, buf);
-    for (int64_t j = 0; j < nb; j += kNR) {
-      const float* panel = buf + (j / kNR) * kb * kNR;
-      const int64_t cols = std::min(kNR, nb - j);
-      for (int64_t t0 = 0; t0 < T; t0 += kMR) {
-        const int64_t m = std::min(kMR, T - t0);
-        float* c = y + t0 * N + n0 + j;
-        if (cols == kNR) {
-          micro_dispatch(m, kRows, x + t0 * K + k0, K, panel, kb, c, N, k0 == 0);
-          continue;
-        }
-        for (int64_t r = 0; r < m && k0 > 0; ++r) std::copy_n(c + r * N, cols, edge + r * kNR);
-        micro_dispatch(m, kRows, x + t0 * K + k0, K, panel, kb, edge, kNR, k0 == 0);
-        for (int64_t r = 0; r < m; ++r) std::copy_n(edge + r * kNR, cols, c + r * N);
-      }
-    }
+    pack(w, k0, kb, n0, nb, K, buf);   // zero past nb: acc's padding columns are sums of zeros
+    const float* xk = xp + k0 * tiles * kMR;  // this block's micro-panels of x, [tiles][kb][kMR]
+    for (int64_t j = 0; j < nb; j += kNR)
+      for (int64_t t0 = 0; t0 < T; t0 += kMR)
+        micro_dispatch(std::min(kMR, T - t0), kRows, xk + t0 * kb, buf + (j / kNR) * kb * kNR, kb, acc + t0 * ld + j,
+                       ld, k0 == 0);
   }
+  for (int64_t t = 0; t < T; ++t) std::copy_n(acc + t * ld, nb, y + t * N + n0);
 }
 
 }  // namespace spmd
