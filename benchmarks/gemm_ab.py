@@ -7,6 +7,9 @@ ranged ±25 % between runs of one build); one binary shares the allocation and t
 
 The older header is renamed into the same namespace (its functions and constants get `_old`), the
 bench's baseline calls it; prints gemm_ksplit's lines, "ksplit" = this tree, "columns" = REV.
+int8 on an AMX machine: this tree's gemm.h takes the exact path (int8_exact.h) while a REV before
+it (0f53e12 and older) runs the fp32 one: that is the A/B of session 21.  A REV that has the exact
+path includes the current gemm_amx.h, so its int8 rows are then this tree's too.
 Note: an A/A build (REV = HEAD) shows 0.85-0.91 at int8 T = 2, 4 on two threads (code layout):
 read ratios against an A/A run of the same shape.
 """
@@ -71,6 +74,7 @@ def main() -> None:
                 f"-I{tmp}",
                 str(Path(tmp) / "ab.cc"),
                 str(KERNELS / "thread_pool.cc"),
+                str(KERNELS / "amx_tiles.cc"),
                 "-o",
                 str(exe),
             ],

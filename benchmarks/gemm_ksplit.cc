@@ -7,7 +7,7 @@
 // Whole passes over all the weights, the two variants alternating (order rotating per round).
 // Prints weight GB/s (median pass) per (dtype, T, variant).  Build and run (2 = threads):
 //   g++ -O3 -march=native -std=c++17 -pthread -Iops/cpu_kernels benchmarks/gemm_ksplit.cc \
-//       ops/cpu_kernels/thread_pool.cc -o /tmp/gemm_ksplit && SHAPE=1b /tmp/gemm_ksplit 2 9
+//       ops/cpu_kernels/thread_pool.cc ops/cpu_kernels/amx_tiles.cc -o /tmp/gemm_ksplit && SHAPE=1b /tmp/gemm_ksplit 2 9
 // TS=8,16,32 times other step sizes (the batched decodes; gemm_ab.py's A/B of the blocked path).
 #include <algorithm>
 #include <chrono>

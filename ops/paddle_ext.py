@@ -217,6 +217,12 @@ def num_threads() -> int:
     return load().spmd_get_num_threads()
 
 
+def int8_exact() -> bool:
+    """True when int8 weights take the exact-integer GEMM here (ops/cpu_kernels/int8_exact.h: a CPU
+    with AMX and the kernel's grant of its tile state to this process), False for the fp32 paths."""
+    return bool(load().spmd_int8_exact())
+
+
 def unavailable() -> str | None:
     """None when the ops can be used here, else why not."""
     try:

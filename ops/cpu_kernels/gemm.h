@@ -20,6 +20,9 @@
 //   per call into kMR-row micro-panels per block of kKC rows.  The packings are per-call scratch
 //   buffers: no second copy of the weights is kept.
 //
+// * int8 on a CPU with AMX (and the kernel's grant): exact integer sums, gemm_amx.h (T > 4) and
+//   gemm_vnni.h (T <= 4), for every T; int8_exact.h says how, and why never mixed with the above.
+//
 // Every output element is the same fp32 sum in both paths and in the scalar tails: per chunk of
 // kKC rows (k0 = 0, kKC, ...) the chain acc = fma(x[t,k], w[k,n], acc) from acc = 0, and the chunks'
 // chains added in order, y = ((c0 + c1) + c2) + ... (then * scale[n] for int8): results are
@@ -32,6 +35,7 @@
 #include <utility>
 #include <vector>
 
+#include "gemm_amx.h"
 #include "gemm_blocked.h"
 #include "simd.h"
 #include "thread_pool.h"
@@ -204,6 +208,10 @@ void stream_gemm(const float* x, const Src& w, const float* scale, int64_t T, in
 template <typename Src>
 void gemm(const float* x, const Src& w, const float* scale, int64_t T, int64_t K, int64_t N, float* y) {
   if (T == 0 || N == 0) return;
+#ifdef SPMD_HAVE_EXACT_INT8
+  if constexpr (std::is_same_v<Src, I8W>)
+    if (amx_enabled()) return exact_gemm(x, w.q, scale, T, K, N, y);
+#endif
   if (T <= kStreamRows) return stream_gemm(x, w, scale, T, K, N, y);
   const int64_t threads = num_threads();
   // columns per task: a multiple of the micro-panel width; with threads, about two tasks a thread

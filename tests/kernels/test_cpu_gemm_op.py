@@ -65,6 +65,42 @@ def test_threads_and_batching_do_not_change_a_bit(ext, name):
         assert np.array_equal(one[-1:], linear(ext, name, x[rows - 1 : rows], *args))
 
 
+def test_int8_on_amx_is_the_exact_integer_sum(ext):
+    """Where the ops take int8's exact path (ops/cpu_kernels/int8_exact.h: x's rows as integers
+    X = rint(x * m), m = 2^22 / max|x| in fp32; exact sums X @ q; one rounding of S / m * scale), the
+    op's output is that, bit for bit, on both of its kernels (up to 4 rows, and the tile unit's) and
+    for an all-zero row; elsewhere the fp32 chains, against float64."""
+    k, n = 200, 70
+    (q, s), w = weights(k, n, 11)["spmd_linear_int8"]
+    for rows in (1, 4, 5, 37):
+        x = np.random.default_rng(rows).standard_normal((rows, k), np.float32) * np.float32(3)
+        x[-1] = 0 if rows == 5 else x[-1]
+        y = linear(ext, "spmd_linear_int8", x, q, s, threads=2)
+        if not ext.int8_exact():
+            check(y, x.astype(np.float64) @ w)
+            continue
+        most = np.abs(x).max(axis=1, keepdims=True)
+        m = np.divide(np.float32(4194304), most, out=np.zeros_like(most), where=most > 0)  # fp32, as the op
+        big = np.rint(x * m).astype(np.int64) @ q.astype(np.int64)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            ref = np.where(m > 0, big / m.astype(np.float64) * s.astype(np.float64), 0.0).astype(np.float32)
+        assert np.array_equal(y, ref), rows
+        check(y, x.astype(np.float64) @ w)
+
+
+@pytest.mark.parametrize("bad", (np.inf, -np.inf, np.nan))
+def test_int8_a_non_finite_row_stays_non_finite(ext, bad):
+    # the exact path scales a row by its largest element: an inf or NaN must not become numbers
+    (q, s), w = weights(64, 40, 12)["spmd_linear_int8"]
+    x = np.random.default_rng(4).standard_normal((9, 64), np.float32)
+    x[3, 5] = bad
+    for lo, hi in ((0, 9), (0, 4), (3, 4)):  # both kernels of the exact path, and the fp32 ones
+        y = linear(ext, "spmd_linear_int8", x[lo:hi], q, s)
+        assert not np.isfinite(y[3 - lo]).any(), (lo, hi)
+        others = [i for i in range(hi - lo) if i != 3 - lo]
+        check(y[others], x[lo:hi][others].astype(np.float64) @ w)
+
+
 def test_leading_dimensions_zero_rows_and_zero_k(ext):
     args, w = weights(16, 40, 5)["spmd_linear"]
     x = np.random.default_rng(5).standard_normal((2, 3, 4, 16), np.float32)  # [..., K] → [..., N]
