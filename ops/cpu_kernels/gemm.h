@@ -20,8 +20,8 @@
 //   per call into kMR-row micro-panels per block of kKC rows.  The packings are per-call scratch
 //   buffers: no second copy of the weights is kept.
 //
-// * int8 on a CPU with AMX (and the kernel's grant): exact integer sums, gemm_amx.h (T > 4) and
-//   gemm_vnni.h (T <= 4), for every T; int8_exact.h says how, and why never mixed with the above.
+// * int8 on a CPU with AMX (and the kernel's grant): exact integer sums, gemm_amx.h (T > 2) and
+//   gemm_vnni.h (T <= 2), for every T; int8_exact.h says how, and why never mixed with the above.
 //
 // Every output element is the same fp32 sum in both paths and in the scalar tails: per chunk of
 // kKC rows (k0 = 0, kKC, ...) the chain acc = fma(x[t,k], w[k,n], acc) from acc = 0, and the chunks'

@@ -26,7 +26,7 @@
 
 namespace spmd {
 
-constexpr int64_t kVnniRows = 4;       // T at most (above: the tile unit)
+constexpr int64_t kVnniRows = 2;       // T at most (above: the tile unit, faster from 3 rows: RESULTS.md)
 constexpr int64_t kVnniKC = 1024;      // rows of W per task
 constexpr int64_t kVnniAcc = 12288;    // int32 sums per pass, 48 KiB: (1 + 3T) x columns
 constexpr int64_t kVnniPass = 16;      // rows of W per pass over the sums (one pass ahead: prefetched)
@@ -37,7 +37,7 @@ constexpr int64_t kVnniPass = 16;      // rows of W per pass over the sums (one 
 template <int T>
 void vnni_rows(const int8_t* xp, const int8_t* q, int64_t N, int64_t k0, int64_t k1, int64_t n0, int64_t w,
                int64_t ld, int32_t* acc) {
-  constexpr int G = T <= 3 ? 2 : 1, S = 1 + 3 * T;   // sums, indices, rows: G S + 2 G + 4 of the 32 registers
+  constexpr int G = 2, S = 1 + 3 * T;   // sums, indices, rows: G S + 2 G + 4 of the 32 registers
   const Interleave interleave;
   const __m512i ones = _mm512_set1_epi8(1);
   std::memset(acc, 0, sizeof(int32_t) * S * ld);
@@ -124,9 +124,7 @@ inline void vnni_gemm(const int8_t* xp, const float* mult, const int8_t* q, cons
                       int64_t N, float* y) {
   switch (T) {
     case 1: return vnni_gemm_t<1>(xp, mult, q, scale, K, N, y);
-    case 2: return vnni_gemm_t<2>(xp, mult, q, scale, K, N, y);
-    case 3: return vnni_gemm_t<3>(xp, mult, q, scale, K, N, y);
-    default: return vnni_gemm_t<4>(xp, mult, q, scale, K, N, y);
+    default: return vnni_gemm_t<2>(xp, mult, q, scale, K, N, y);
   }
 }
 
