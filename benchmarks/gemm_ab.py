@@ -8,8 +8,8 @@ ranged ±25 % between runs of one build); one binary shares the allocation and t
 The older header is renamed into the same namespace (its functions and constants get `_old`), the
 bench's baseline calls it; prints gemm_ksplit's lines, "ksplit" = this tree, "columns" = REV.
 int8 on an AMX machine: this tree's gemm.h takes the exact path (int8_exact.h) while a REV before
-it (0f53e12 and older) runs the fp32 one: that is the A/B of session 21.  A REV that has the exact
-path includes the current gemm_amx.h, so its int8 rows are then this tree's too.
+it (0f53e12 and older) runs the fp32 one: that is the A/B of session 21; a REV with the exact path
+has its headers inlined and renamed too (the tile state, amx_tiles.cc, is this tree's).
 Note: an A/A build (REV = HEAD) shows 0.85-0.91 at int8 T = 2, 4 on two threads (code layout):
 read ratios against an A/A run of the same shape.
 """
@@ -25,26 +25,35 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 KERNELS = ROOT / "ops" / "cpu_kernels"
-# what gemm.h (and, since session 12, gemm_blocked.h) defines at namespace scope
+# what gemm.h (and, since session 12, gemm_blocked.h; since session 21, the exact int8 path's
+# headers) defines at namespace scope; amx_enabled / amx_configure_thread (amx_tiles.cc) are shared
 NAMES = (
     "kStreamRows kAccFloats kPassRows kPrefetchRows kMR kNV kNR kKC kNC kPackPrefetchRows stream_tile stream_columns "
-    "stream_dispatch scale_columns stream_gemm pack pack_rows micro micro_dispatch blocked_columns gemm"
+    "stream_dispatch scale_columns stream_gemm pack pack_rows micro micro_dispatch blocked_columns gemm "
+    "kAmxRows kAmxStep kAmxCols kAmxTile kAmxKB kAmxNC kAmxPrefetch pack_digits digit_at Interleave load_rows "
+    "combine_digits finish_row amx_convert tile_load tile_store tile_zero tile_dp amx_unroll amx_micro amx_columns "
+    "exact_gemm kVnniRows kVnniKC kVnniAcc kVnniPass vnni_rows vnni_gemm_t vnni_gemm"
 ).split()
+# REV's headers inlined into its gemm.h, innermost last (each is included once)
+INLINED = ("gemm_blocked.h", "gemm_amx.h", "gemm_vnni.h", "int8_exact.h")
+
+
+def _show(rev: str, name: str) -> str | None:
+    out = subprocess.run(
+        ["git", "-C", str(ROOT), "show", f"{rev}:ops/cpu_kernels/{name}"], capture_output=True, text=True
+    )
+    return out.stdout if out.returncode == 0 else None
 
 
 def old_header(rev: str) -> str:
-    """REV's gemm.h (with its gemm_blocked.h inlined), its names suffixed `_old`."""
-    text = subprocess.run(
-        ["git", "-C", str(ROOT), "show", f"{rev}:ops/cpu_kernels/gemm.h"], check=True, capture_output=True, text=True
-    ).stdout
-    if '#include "gemm_blocked.h"' in text:
-        blocked = subprocess.run(
-            ["git", "-C", str(ROOT), "show", f"{rev}:ops/cpu_kernels/gemm_blocked.h"],
-            check=True,
-            capture_output=True,
-            text=True,
-        ).stdout
-        text = text.replace('#include "gemm_blocked.h"\n', blocked)
+    """REV's gemm.h with the headers it includes of ours inlined, its names suffixed `_old`."""
+    text = _show(rev, "gemm.h")
+    assert text is not None, f"{rev} has no ops/cpu_kernels/gemm.h"
+    for name in INLINED:
+        body = _show(rev, name)
+        include = f'#include "{name}"\n'
+        if body is not None and include in text:
+            text = text.replace(include, body, 1).replace(include, "")
     text = re.sub(r'#include "(simd|thread_pool|weights)\.h"\n|#pragma once\n', "", text)
     return re.sub(r"\b(%s)\b" % "|".join(NAMES), r"\1_old", text)
 

@@ -69,12 +69,9 @@ template <int R>
 inline void tile_zero() {
   asm volatile("tilezero %%tmm%c0" ::"n"(R));
 }
-template <int C, int A, int B, bool Signed>   // C += A @ B, A's bytes unsigned (or signed), B's signed
+template <int C, int A, int B>   // C += A @ B, signed bytes both
 inline void tile_dp() {
-  if constexpr (Signed)
-    asm volatile("tdpbssd %%tmm%c2, %%tmm%c1, %%tmm%c0" ::"n"(C), "n"(A), "n"(B));
-  else
-    asm volatile("tdpbusd %%tmm%c2, %%tmm%c1, %%tmm%c0" ::"n"(C), "n"(A), "n"(B));
+  asm volatile("tdpbssd %%tmm%c2, %%tmm%c1, %%tmm%c0" ::"n"(C), "n"(A), "n"(B));
 }
 
 template <int... I, typename F>
@@ -100,7 +97,7 @@ void amx_micro(const int8_t* a, int64_t sa, const int8_t* b, int64_t sb, int64_t
       amx_unroll(std::make_integer_sequence<int, MT * 3>{}, [&](auto md) {
         constexpr int M = decltype(md)::value / 3, D = decltype(md)::value % 3;
         tile_load<6>(a + s * sa + (M * 3 + D) * kAmxTile, 64);
-        tile_dp<(M * NT + decltype(j)::value) * 3 + D, 6, 7, D == 2>();
+        tile_dp<(M * NT + decltype(j)::value) * 3 + D, 6, 7>();
       });
     });
   amx_unroll(kC, [&](auto i) { tile_store<decltype(i)::value>(sums(i), ldc * 4); });
@@ -131,7 +128,7 @@ inline void amx_columns(const int8_t* xp, const float* mult, const int8_t* q, co
   sums.resize(nb);
   for (int64_t t = 0; t < T; ++t) {
     const int32_t* s0 = acc + t * ld;
-    combine_digits(s0, s0 + dstride, s0 + 2 * dstride, nullptr, nb, sums.data());
+    combine_digits(s0, s0 + dstride, s0 + 2 * dstride, nb, sums.data());
     finish_row(sums.data(), mult[t], scale + n0, nb, y + t * N + n0);
   }
 }
@@ -146,7 +143,8 @@ inline void exact_gemm(const float* x, const int8_t* q, const float* scale, int6
   mults.resize(tiles * kAmxRows);
   int8_t* const xp = packed.data();
   float* const mult = mults.data();
-  parallel_for(tiles * kAmxRows, [&](int64_t t) { pack_digits(x, T, K, t, tiles, xp, mult); });
+  // rows past T are left as they are: the tile unit's results for them are never stored, VNNI never reads them
+  parallel_for(T, [&](int64_t t) { pack_digits(x, T, K, t, tiles, xp, mult); });
   if (T <= kVnniRows) return vnni_gemm(xp, mult, q, scale, T, K, N, y);
   const int64_t threads = num_threads(), per = threads == 1 ? N : (N + 2 * threads - 1) / (2 * threads);
   const int64_t width = std::clamp((per + 31) / 32 * 32, int64_t{32}, kAmxNC), tasks = (N + width - 1) / width;

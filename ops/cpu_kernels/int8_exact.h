@@ -4,7 +4,8 @@
 //
 // x row t is taken as integers: X = round(x * m_t), m_t = 2^22 / max_k |x[t, k]| (|X| <= 2^22; what is
 // dropped is below 2^-23 of the row's largest element, against the 2^-8 of the weights' own
-// quantisation), in three byte digits X = d2 * 2^16 + d1 * 2^8 + d0 (d0, d1 unsigned, d2 signed).
+// quantisation), in three signed byte digits X = d2 * 2^16 + d1 * 2^8 + d0 (d0, d1 in [-128, 127],
+// |d2| <= 65: balanced, so that every digit is a signed byte).
 // Digit x weight products are summed in int32 (|sum| < 2^31 for K < 2^16) and the three sums
 // combined in int64: exact, so no summation order exists to keep, and y = S * scale[n] / m_t (in
 // double, then fp32: finish) is the same for any T, path, tile placement or thread count: a row gets
@@ -53,9 +54,14 @@ inline void pack_digits(const float* x, int64_t T, int64_t K, int64_t t, int64_t
       const int64_t n = std::clamp<int64_t>(K - k0 - j, 0, 16);
       const __mmask16 mask = t < T ? static_cast<__mmask16>((1u << n) - 1) : 0;
       const __m512i X = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_maskz_loadu_ps(mask, x + t * K + k0 + j), mv));
-      _mm_storeu_si128(reinterpret_cast<__m128i*>(d + j), _mm512_cvtepi32_epi8(X));
-      _mm_storeu_si128(reinterpret_cast<__m128i*>(d + kAmxTile + j), _mm512_cvtepi32_epi8(_mm512_srai_epi32(X, 8)));
-      _mm_storeu_si128(reinterpret_cast<__m128i*>(d + 2 * kAmxTile + j), _mm512_cvtepi32_epi8(_mm512_srai_epi32(X, 16)));
+      // d0 = X's low byte read as signed, X1 = (X - d0) / 256 exactly; d1 likewise; d2 what is left
+      const __m512i d0 = _mm512_srai_epi32(_mm512_slli_epi32(X, 24), 24);
+      const __m512i X1 = _mm512_srai_epi32(_mm512_sub_epi32(X, d0), 8);
+      const __m512i d1 = _mm512_srai_epi32(_mm512_slli_epi32(X1, 24), 24);
+      const __m512i d2 = _mm512_srai_epi32(_mm512_sub_epi32(X1, d1), 8);
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(d + j), _mm512_cvtepi32_epi8(d0));
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(d + kAmxTile + j), _mm512_cvtepi32_epi8(d1));
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(d + 2 * kAmxTile + j), _mm512_cvtepi32_epi8(d2));
     }
   }
 }
@@ -95,21 +101,17 @@ inline void load_rows(const int8_t* q, int64_t N, int64_t k, int64_t kend, int64
     row[i] = k + i < kend ? _mm512_maskz_loadu_epi8(m, q + (k + i) * N + n0 + j) : _mm512_setzero_si512();
 }
 
-// S[n] = (s2[n] - 128 cs[n]) * 2^16 + s1[n] * 2^8 + s0[n], n < w: the digits' int32 sums → the exact
-// int64 sum (cs: the columns' weight sums when d2 went in offset by 128, else null)
-inline void combine_digits(const int32_t* s0, const int32_t* s1, const int32_t* s2, const int32_t* cs, int64_t w,
-                           int64_t* S) {
+// S[n] = s2[n] * 2^16 + s1[n] * 2^8 + s0[n], n < w: the digits' int32 sums → the exact int64 sum
+inline void combine_digits(const int32_t* s0, const int32_t* s1, const int32_t* s2, int64_t w, int64_t* S) {
   int64_t n = 0;
   auto ld = [](const int32_t* p) { return _mm512_cvtepi32_epi64(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))); };
   for (; n + 8 <= w; n += 8) {
-    __m512i d2 = ld(s2 + n);
-    if (cs != nullptr) d2 = _mm512_sub_epi64(d2, _mm512_slli_epi64(ld(cs + n), 7));
+    const __m512i d2 = ld(s2 + n);
     const __m512i v = _mm512_add_epi64(_mm512_add_epi64(_mm512_slli_epi64(d2, 16), _mm512_slli_epi64(ld(s1 + n), 8)), ld(s0 + n));
     _mm512_storeu_si512(S + n, v);
   }
   for (; n < w; ++n)
-    S[n] = (static_cast<int64_t>(s2[n]) - (cs != nullptr ? 128 * static_cast<int64_t>(cs[n]) : 0)) * 65536 +
-           static_cast<int64_t>(s1[n]) * 256 + s0[n];
+    S[n] = static_cast<int64_t>(s2[n]) * 65536 + static_cast<int64_t>(s1[n]) * 256 + s0[n];
 }
 
 // y[n] = S[n] * scale[n] / m_t, n < w: the one rounding of the result (S / m in double, times the
