@@ -36,14 +36,20 @@ def assert_refusing(srv: ServerProcess) -> None:
     assert res.json()["error_msg"] == "server is shutting down"
 
 
-def test_sigterm_lets_the_request_in_flight_finish(served_tp2, tmp_path):
-    n = 400  # ~1 s here (~1.5-8 ms a token at TP=2); well inside the default 60 s drain
-    with ServerProcess(2, served_tp2, tmp_path / "server.log") as srv:
+def test_sigterm_lets_the_request_in_flight_finish(served_tp2_long, tmp_path):
+    # Long enough to outlast assert_refusing however late this process runs (400 tokens on the
+    # 2,048-position model, ~1 s, once finished and the job exited before the first readiness poll
+    # in a hogged CI run: connection refused), and a drain timeout it fits in with room to spare:
+    # ~0.5-8 ms a token at TP=2 as the context grows, 3-48 s.
+    n = 6000
+    log = tmp_path / "server.log"
+    env = {**long_model.SERVER_ENV, "SPMD_DRAIN_TIMEOUT_S": "200"}
+    with ServerProcess(2, served_tp2_long, log, **env) as srv:
         stream = Stream(srv.url, n)
         assert stream.first()["is_end"] == 0
         sigterm_rank0(srv)
         assert_refusing(srv)
-        frames = stream.rest(60)
+        frames = stream.rest(200)
         assert srv.proc.wait(30) == 0, srv.log()[-2000:]
     last = frames[-1]
     assert last["is_end"] == 1 and last["error_code"] == 0 and last["finish_reason"] == "length"
