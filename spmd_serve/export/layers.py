@@ -5,7 +5,8 @@ Quantised weights (`quant.QuantWeight`) stay int8 in the graph's params (persist
 `make_linear` picks the class from the weight's type.  With the C++ ops (`GraphVariant.cpp_ops`)
 every linear is its weight type's op (ops/cpu_kernels/linear.cc: `spmd_linear`, `spmd_linear_int8`,
 `spmd_linear_int4`), for every number of rows: one pass over W for decode steps, a packed
-micro-kernel for prefill chunks, int8/int4 dequantised in registers, on the op library's threads;
+micro-kernel for prefill chunks, int8/int4 dequantised in registers (int8 on a CPU with AMX: exact
+integer sums instead, ops/cpu_kernels/int8_exact.h), on the op library's threads;
 the norms and SwiGLU are `spmd_rms_norm`, `spmd_add_rms_norm`, `spmd_swiglu`, and a residual add +
 RMSNorm with the linear it feeds (and the SwiGLU after it) is one op, `spmd_norm_linear*`
 (`norm_linear`).  Nothing is chosen by the model's size.  Without them (`--graph-ops paddle`),
