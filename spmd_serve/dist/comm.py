@@ -1,10 +1,9 @@
 """All MPI traffic of the server: plan broadcast, tensor-parallel collectives, job abort.
 
 This is the only module that imports mpi4py (DESIGN §6).  Workers wait for the next plan with a
-non-blocking Ibcast on the small header plus Test() and, after a few milliseconds without a plan,
-a short sleep between tests, because a rank blocked in a plain MPI receive busy-polls a whole core
-(DESIGN §2); the payload then follows with a blocking Bcast, which is fast because rank 0 sends it
-right after the header.  The start-up collectives
+non-blocking Ibcast on the small header plus Test() and a short sleep, because a rank blocked in a
+plain MPI receive busy-polls a whole core (DESIGN §2); the payload then follows with a blocking
+Bcast, which is fast because rank 0 sends it right after the header.  The start-up collectives
 (node queries, the load agreement, one writer per node) first meet at a sleep-polled Ibarrier for
 the same reason: a rank that loads faster would otherwise spin a core for as long as the slowest
 rank loads, exports the demo model or waits for its HTTP workers — on a 2-core machine, the core
@@ -31,12 +30,6 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 IDLE_POLL_S = 0.0005  # worker sleep between Test() calls while idle (~4 % CPU, DESIGN §2)
 MEET_POLL_S = 0.002  # the same while waiting at start-up and exit, where latency does not matter
-# Workers poll without sleeping this long first: while steps flow, the next plan comes ~1 ms after
-# the last (rank 0's sampling and bookkeeping), and a worker asleep then started its step up to
-# IDLE_POLL_S late, which every other rank waited out in the step's first all-reduce (TP=2, batch 1:
-# 1.9 -> 1.1 ms of all-reduce wait a step, benchmarks/RESULTS.md "Session 22").  Idle, a worker
-# spins once for this long and then sleeps as before.
-PLAN_SPIN_S = 0.003
 
 
 def meet(comm: MPI.Comm) -> None:
@@ -62,14 +55,11 @@ class Comm:
             self.comm.Bcast(plan.payload(), root=0)
 
     def recv_plan(self) -> StepPlan:
-        """Workers: poll for the header, the first PLAN_SPIN_S without sleeping, then sleep-polled;
-        then receive the payload."""
+        """Workers: sleep-poll for the header, then receive the payload."""
         header = np.zeros(HEADER_LEN, np.int64)
         req = self.comm.Ibcast(header, root=0)
-        spin_until = time.monotonic() + PLAN_SPIN_S
         while not req.Test():
-            if time.monotonic() > spin_until:
-                time.sleep(IDLE_POLL_S)
+            time.sleep(IDLE_POLL_S)
         payload = np.empty(int(header[5]), np.int64)
         if header[5]:
             self.comm.Bcast(payload, root=0)
