@@ -32,8 +32,9 @@ constexpr int64_t kVnniAcc = 12288;    // int32 sums per pass, 48 KiB: 3T x colu
 constexpr int64_t kVnniPass = 16;      // rows of W per pass over the sums (one pass ahead: prefetched)
 
 // acc[3T][ld] = rows [k0, k1) of (q + 128)[:, n0 : n0 + w] against x's digits: acc[3t + d] row t's
-// digit-d sums.  Rows past k1 are read as q = 0 (128: their digits must be zero, i.e. past K).  Strips of 16 G columns keep their
-// sums in registers for kVnniPass rows; a pass reads those rows whole (ld columns).
+// digit-d sums.  Rows past k1 are read as q = 0 (128: their digits must be zero, i.e. past K).
+// Strips of 16 G columns keep their sums in registers for kVnniPass rows; a pass reads those rows
+// whole (ld columns).
 template <int T>
 void vnni_rows(const int8_t* xp, const int8_t* q, int64_t N, int64_t k0, int64_t k1, int64_t n0, int64_t w,
                int64_t ld, int32_t* acc) {
