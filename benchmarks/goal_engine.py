@@ -83,7 +83,9 @@ def numpy_matmul_flops(dims: dict, tokens: int, reps: int = 9) -> float:
     return flops / float(np.median(times))
 
 
-def run(model_dir: str, batch: int, input_len: int, output_len: int, num_threads: int) -> dict | None:
+def run(
+    model_dir: str, batch: int, input_len: int, output_len: int, num_threads: int, segments: int = 1
+) -> dict | None:
     from spmd_serve.config import env_setting
     from spmd_serve.dist.comm import Comm
     from spmd_serve.engine.client import EngineClient
@@ -127,9 +129,22 @@ def run(model_dir: str, batch: int, input_len: int, output_len: int, num_threads
         engine.step()
     st = engine.stats
     before, steps0, sampled0, t0 = st.totals(), st.steps, st.sampled, time.perf_counter()
+    # TP = 1: the decode in `segments` parts, each followed by a copy measurement (left out of the
+    # times): the VM's bandwidth swings within minutes (RESULTS.md "Session 22": 25.8-33.6 GB/s),
+    # so each part is divided by a copy of its own moment
+    per_segment = max(1, -(-(output_len - 1) // segments)) if comm.size == 1 and segments > 1 else output_len
+    parts, copying = [], 0.0
     while engine.scheduler.has_unfinished():
-        engine.step()
-    end = time.perf_counter()
+        t, n0 = time.perf_counter(), st.steps
+        while engine.scheduler.has_unfinished() and st.steps - n0 < per_segment:
+            engine.step()
+        took = time.perf_counter() - t
+        if per_segment < output_len:
+            t = time.perf_counter()
+            copy = copy_bandwidth(threads=num_threads, reps=3)
+            copying += time.perf_counter() - t
+            parts.append({"steps": st.steps - n0, "steps_per_s": (st.steps - n0) / took, "copy_threads_Bps": copy})
+    end = time.perf_counter() - copying
     elapsed, whole = end - t0, end - t_admit
     after = st.totals()
     comm.send_plan(StepPlan.shutdown(engine.step_id + 1))
@@ -156,6 +171,7 @@ def run(model_dir: str, batch: int, input_len: int, output_len: int, num_threads
         "copy_bandwidth_Bps": copy_bandwidth(),
         "copy_bandwidth_threads_Bps": copy_bandwidth(threads=num_threads),  # with the rank's threads
         "numpy_matmul_flops": numpy_matmul_flops(dims, batch),
+        "segments": parts,  # TP = 1: each part of the decode with the copy bandwidth measured after it
     }
 
 
@@ -166,8 +182,9 @@ def main() -> None:
     ap.add_argument("--input-len", type=int, default=16)
     ap.add_argument("--output-len", type=int, default=48)
     ap.add_argument("--threads", type=int, default=1, help="threads per rank (the C++ graph ops')")
+    ap.add_argument("--segments", type=int, default=1, help="TP = 1: decode parts, a copy measured after each")
     args = ap.parse_args()
-    res = run(args.model_dir, args.batch, args.input_len, args.output_len, args.threads)
+    res = run(args.model_dir, args.batch, args.input_len, args.output_len, args.threads, args.segments)
     if res is not None:
         print("GOAL_ENGINE " + json.dumps(res), flush=True)
 

@@ -49,9 +49,12 @@ def mpi_env() -> dict[str, str]:
     return env
 
 
-def engine_run(model_dir: str, n: int, batch: int, threads: int | None = None, output_len: int = 48) -> dict:
+def engine_run(
+    model_dir: str, n: int, batch: int, threads: int | None = None, output_len: int = 48, segments: int = 1
+) -> dict:
     """One goal_engine.py run under `mpirun -n n`, each rank with `threads` threads (None: the
-    server's default, the cores divided by the ranks); its JSON line."""
+    server's default, the cores divided by the ranks); its JSON line.  `segments`: TP = 1's decode
+    in that many parts, each with the copy bandwidth of its moment (goal_engine.py)."""
     cmd = [
         "mpirun",
         "-n",
@@ -68,6 +71,8 @@ def engine_run(model_dir: str, n: int, batch: int, threads: int | None = None, o
         str(output_len),
         "--threads",
         str(threads or max(1, (os.cpu_count() or 1) // n)),
+        "--segments",
+        str(segments),
     ]
     out = subprocess.run(cmd, env=mpi_env(), capture_output=True, text=True, timeout=900)
     for line in out.stdout.splitlines():
@@ -166,16 +171,20 @@ def main() -> None:
     threads = args.threads_per_rank
     want, results, runs = set(args.only), [], {}
     if want & {"bandwidth", "tp2"}:
-        runs["tp1_b1"] = [engine_run(args.tp1, 1, 1, threads) for _ in range(args.reps)]
+        runs["tp1_b1"] = [engine_run(args.tp1, 1, 1, threads, segments=4) for _ in range(args.reps)]
     if "tp2" in want:
         runs["tp2_b1"] = [engine_run(args.tp2, 2, 1, threads) for _ in range(args.reps)]
     if want & {"flops", "overhead", "paddlenlp"}:
         runs["tp1_b32"] = [engine_run(args.tp1, 1, 32, threads) for _ in range(args.reps)]
     if "bandwidth" in want:
-        # the roofline is the copy bandwidth of the rank's threads (issue 16: two threads on
-        # this machine), measured in the same process right after the decode steps
+        # the roofline is the copy bandwidth of the rank's threads (issue 16: two threads on this
+        # machine), measured in the same process after each quarter of the decode steps: the
+        # figure is the median over every part of every rep (the VM's bandwidth swings within
+        # minutes); `whole_run` divides the whole decode by one copy measured after it, as before
         r = runs["tp1_b1"]
-        frac = median_of(r, lambda x: x["weight_bytes_per_step"] * x["steps_per_s"] / x["copy_bandwidth_threads_Bps"])
+        parts = [(x["weight_bytes_per_step"], p) for x in r for p in x["segments"]]
+        frac = statistics.median(w * p["steps_per_s"] / p["copy_threads_Bps"] for w, p in parts)
+        whole = median_of(r, lambda x: x["weight_bytes_per_step"] * x["steps_per_s"] / x["copy_bandwidth_threads_Bps"])
         results.append(
             report(
                 "bandwidth",
@@ -186,7 +195,8 @@ def main() -> None:
                 f"{r[0]['weight_bytes_per_step'] / 1e6:.0f} MB / copy "
                 f"{median_of(r, lambda x: x['copy_bandwidth_threads_Bps']) / 1e9:.1f} GB/s (read+write, "
                 f"{r[0]['threads']} threads; one thread "
-                f"{median_of(r, lambda x: x['copy_bandwidth_Bps']) / 1e9:.1f} GB/s)",
+                f"{median_of(r, lambda x: x['copy_bandwidth_Bps']) / 1e9:.1f} GB/s); median of "
+                f"{len(parts)} parts, each against its own copy (whole_run {whole:.2f})",
             )
         )
     if "flops" in want:
