@@ -78,6 +78,16 @@ def _cache_key(source: str, arch: str, options: tuple[str, ...]) -> str:
     return h.hexdigest()
 
 
+def _nvrtc_output(prog, get_size, get, what: str) -> bytes:
+    """One of NVRTC's outputs of `prog` (log, PTX, cubin), written into a buffer of ours.
+    A bytearray, never a bytes object: CPython shares every one-byte bytes object, so the usual
+    `b" " * size` with an empty log (size 1, its NUL) is the process's one `b" "`, and NVRTC's NUL
+    turned every later `b" "` into `b"\\x00"` (a logprob's space bytes, tests/kernels/test_ops_runtime.py)."""
+    buf = bytearray(_check(get_size(prog), f"{what}Size"))
+    _check(get(prog, buf), what)
+    return bytes(buf)
+
+
 def _nvrtc_compile(source: str, name: str, arch: str, options: tuple[str, ...], ptx: bool = False) -> bytes:
     """The cubin of `source` for `arch` (sm_XX), or (`ptx`) its PTX for compute_XX: the front end
     only, without the PTX assembler that takes most of a cubin's time."""
@@ -87,9 +97,7 @@ def _nvrtc_compile(source: str, name: str, arch: str, options: tuple[str, ...], 
     prog = _check(nvrtc.nvrtcCreateProgram(source.encode(), f"{name}.cu".encode(), 0, [], []), "nvrtcCreateProgram")
     try:
         (err,) = nvrtc.nvrtcCompileProgram(prog, len(full), [o.encode() for o in full])
-        size = _check(nvrtc.nvrtcGetProgramLogSize(prog), "nvrtcGetProgramLogSize")
-        log = b" " * size
-        nvrtc.nvrtcGetProgramLog(prog, log)
+        log = _nvrtc_output(prog, nvrtc.nvrtcGetProgramLogSize, nvrtc.nvrtcGetProgramLog, "nvrtcGetProgramLog")
         log_text = log.rstrip(b"\0").decode(errors="replace")
         if int(err) != 0:
             hint = ""
@@ -100,14 +108,8 @@ def _nvrtc_compile(source: str, name: str, arch: str, options: tuple[str, ...], 
                 f"{err!r})\noptions: {full}\n--- NVRTC log ---\n{log_text}{hint}"
             )
         if ptx:
-            size = _check(nvrtc.nvrtcGetPTXSize(prog), "nvrtcGetPTXSize")
-            text = b" " * size
-            _check(nvrtc.nvrtcGetPTX(prog, text), "nvrtcGetPTX")
-            return text
-        size = _check(nvrtc.nvrtcGetCUBINSize(prog), "nvrtcGetCUBINSize")
-        cubin = b" " * size
-        _check(nvrtc.nvrtcGetCUBIN(prog, cubin), "nvrtcGetCUBIN")
-        return cubin
+            return _nvrtc_output(prog, nvrtc.nvrtcGetPTXSize, nvrtc.nvrtcGetPTX, "nvrtcGetPTX")
+        return _nvrtc_output(prog, nvrtc.nvrtcGetCUBINSize, nvrtc.nvrtcGetCUBIN, "nvrtcGetCUBIN")
     finally:
         nvrtc.nvrtcDestroyProgram(prog)
 

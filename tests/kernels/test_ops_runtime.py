@@ -67,6 +67,23 @@ def test_compile_writes_cache_and_hits_it(cache, monkeypatch, arch) -> None:
     assert runtime.compile_cubin(ADD_ONE, "add_one", arch) == cubin
 
 
+def test_a_compile_leaves_pythons_shared_bytes_objects_alone() -> None:
+    """NVRTC writes its log, PTX and cubin into buffers we hand it.  Once those were `b" " * size`,
+    and an empty log (size 1) made that the interpreter's one shared `b" "`: NVRTC's NUL turned every
+    later `b" "` of the process into `b"\\x00"` (a tokenizer test far away saw a space come back as a
+    NUL).  In a process of its own, so that a regression cannot corrupt this tier's."""
+    code = (
+        "from ops import nvrtc\n"
+        "from tests.kernels.test_ops_runtime import ADD_ONE\n"
+        "for ptx in (False, True):\n"
+        "    assert b'add_one' in nvrtc._nvrtc_compile(ADD_ONE, 'add_one', 'sm_80', (), ptx=ptx)\n"
+        "bad = [(i, bytes([i])[0]) for i in range(256) if bytes([i])[0] != i]\n"
+        "assert not bad, f'one-byte bytes objects changed (value, now): {bad}'\n"
+    )
+    res = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr[-2000:]
+
+
 def test_cache_key_covers_source_arch_and_options(cache) -> None:
     runtime.compile_cubin(ADD_ONE, "add_one", "sm_80")
     runtime.compile_cubin(ADD_ONE, "add_one", "sm_80", ("-DUNUSED=1",))
