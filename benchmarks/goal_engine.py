@@ -131,7 +131,8 @@ def run(
     before, steps0, sampled0, t0 = st.totals(), st.steps, st.sampled, time.perf_counter()
     # TP = 1: the decode in `segments` parts, each followed by a copy measurement (left out of the
     # times): the VM's bandwidth swings within minutes (RESULTS.md "Session 22": 25.8-33.6 GB/s),
-    # so each part is divided by a copy of its own moment
+    # so each part is divided by a copy of its own moment.  For models larger than the L3 (300 MB
+    # here, `--demo 1b`): a copy evicts a smaller model's weights and slows its next part
     per_segment = max(1, -(-(output_len - 1) // segments)) if comm.size == 1 and segments > 1 else output_len
     parts, copying = [], 0.0
     while engine.scheduler.has_unfinished():

@@ -170,9 +170,12 @@ def main() -> None:
     args = ap.parse_args()
     threads = args.threads_per_rank
     want, results, runs = set(args.only), [], {}
-    if want & {"bandwidth", "tp2"}:
+    if "bandwidth" in want:  # the decode in parts, a copy after each (see below)
         runs["tp1_b1"] = [engine_run(args.tp1, 1, 1, threads, segments=4) for _ in range(args.reps)]
     if "tp2" in want:
+        # whole runs: a copy between parts would evict the small model's weights from the L3 (300 MB
+        # here) and slow TP = 1's next part
+        runs["tp1_b1_whole"] = [engine_run(args.tp1, 1, 1, threads) for _ in range(args.reps)]
         runs["tp2_b1"] = [engine_run(args.tp2, 2, 1, threads) for _ in range(args.reps)]
     if want & {"flops", "overhead", "paddlenlp"}:
         runs["tp1_b32"] = [engine_run(args.tp1, 1, 32, threads) for _ in range(args.reps)]
@@ -244,18 +247,21 @@ def main() -> None:
             )
         )
     if "tp2" in want:
-        t1, t2 = (median_of(runs[k], lambda x: x["steps_per_s"]) for k in ("tp1_b1", "tp2_b1"))
+        t1, t2 = (median_of(runs[k], lambda x: x["steps_per_s"]) for k in ("tp1_b1_whole", "tp2_b1"))
         ar = median_of(runs["tp2_b1"], lambda x: x["ms_per_step"]["allreduce"])
         # batch-1 decode streams the weights: two ranks can go at most (their summed copy bandwidth
         # while both copy) / (one process's alone) times faster than one, whatever the software
         bw2 = median_of(runs["tp2_b1"], lambda x: x.get("copy_bandwidth_concurrent_Bps", 0))
-        bw1 = median_of(runs["tp1_b1"], lambda x: x["copy_bandwidth_Bps"])
+        bw1 = median_of(runs["tp1_b1_whole"], lambda x: x["copy_bandwidth_Bps"])
+        # issue 16: within 10 % of TP = 1 on the same cores (two threads); issue 6's 1.6x was
+        # against TP = 1 on one thread (--threads-per-rank 1)
+        target = 0.9 if runs["tp1_b1_whole"][0]["threads"] > 1 else 1.6
         results.append(
             report(
                 "tp2",
                 t2 / t1,
-                ">= 1.6",
-                t2 / t1 >= 1.6,
+                f">= {target}",
+                t2 / t1 >= target,
                 f"TP=2 {t2:.1f} vs TP=1 {t1:.1f} steps/s; TP=2 allreduce {ar:.1f} ms/step; "
                 f"memory-bound ceiling {2 * bw2 / bw1:.2f}x (copy {2 * bw2 / 1e9:.1f} GB/s by 2 ranks "
                 f"at once vs {bw1 / 1e9:.1f} GB/s by 1)",
