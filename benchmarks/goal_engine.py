@@ -133,14 +133,15 @@ def run(
     # times): the VM's bandwidth swings within minutes (RESULTS.md "Session 22": 25.8-33.6 GB/s),
     # so each part is divided by a copy of its own moment.  For models larger than the L3 (300 MB
     # here, `--demo 1b`): a copy evicts a smaller model's weights and slows its next part
-    per_segment = max(1, -(-(output_len - 1) // segments)) if comm.size == 1 and segments > 1 else output_len
+    segmented = comm.size == 1 and segments > 1
+    per_segment = max(1, -(-(output_len - 1) // segments)) if segmented else output_len
     parts, copying = [], 0.0
     while engine.scheduler.has_unfinished():
         t, n0 = time.perf_counter(), st.steps
         while engine.scheduler.has_unfinished() and st.steps - n0 < per_segment:
             engine.step()
         took = time.perf_counter() - t
-        if per_segment < output_len:
+        if segmented:
             t = time.perf_counter()
             copy = copy_bandwidth(threads=num_threads, reps=3)
             copying += time.perf_counter() - t

@@ -24,14 +24,13 @@ import tempfile
 import time
 from pathlib import Path
 
-import psutil
 import requests
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from tests.support import long_model  # noqa: E402
-from tests.support.server_process import ServerProcess  # noqa: E402
+from tests.support.server_process import ServerProcess, rank_pid  # noqa: E402
 
 
 def long_model_dir(tp: int, work: Path) -> Path:
@@ -53,21 +52,16 @@ def sched_seconds(pid: int) -> tuple[float, float]:
     return run / 1e9, wait / 1e9
 
 
-def job_processes(srv: ServerProcess) -> dict[str, int]:
-    """name -> pid of the job's ranks (by start order) and HTTP workers, and this client."""
-    named: dict[str, int] = {}
-    ranks = sorted(psutil.Process(srv.proc.pid).children(), key=lambda p: p.pid)
-    for i, p in enumerate(ranks):
-        named[f"rank {i}"] = p.pid
-        for child in p.children():
-            if "http_worker" in " ".join(child.cmdline()):
-                named[f"HTTP worker {child.pid}"] = child.pid
+def job_processes(srv: ServerProcess, tp: int) -> dict[str, int]:
+    """name -> pid of the job's ranks, its HTTP workers, and this client."""
+    named = {f"rank {r}": rank_pid(srv, r) for r in range(tp)}
+    named.update({f"HTTP worker {pid}": pid for pid in srv.http_worker_pids()})
     named["client"] = os.getpid()
     return named
 
 
-def measure(srv: ServerProcess, tokens: int) -> None:
-    procs = job_processes(srv)
+def measure(srv: ServerProcess, tp: int, tokens: int) -> None:
+    procs = job_processes(srv, tp)
     before = {name: sched_seconds(pid) for name, pid in procs.items()}
     body = {"text": "Tell me a long story.", "max_dec_len": tokens, "min_dec_len": tokens, "stream": True}
     t0 = time.monotonic()
@@ -94,7 +88,7 @@ def main() -> None:
         hogs = [subprocess.Popen(["yes"], stdout=subprocess.DEVNULL) for _ in range(args.hogs)]
         try:
             with ServerProcess(args.tp, str(model), Path(tmp) / "server.log", **long_model.SERVER_ENV) as srv:
-                measure(srv, args.tokens)
+                measure(srv, args.tp, args.tokens)
         finally:
             for h in hogs:
                 h.kill()
