@@ -118,46 +118,6 @@ def paddlenlp_rate(num_prompts: int, input_len: int, output_len: int) -> float:
     return tokens / (time.perf_counter() - t)
 
 
-def frontend_frames_per_s(streams: int, tokens: int) -> float:
-    """Frames/s of the native NDJSON stream from IOServer over FakeEngine(step_s=0): the server in a
-    subprocess, `streams` concurrent clients here (aiohttp), `tokens` frames each."""
-    server = subprocess.Popen(
-        [sys.executable, str(HERE / "frontend_server.py"), str(streams)],
-        env=mpi_env(),
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        url = server.stdout.readline().strip()
-        return asyncio_streams(url, streams, tokens)
-    finally:
-        server.terminate()
-        server.wait(10)
-
-
-def asyncio_streams(url: str, streams: int, tokens: int) -> float:
-    import asyncio
-
-    import aiohttp
-
-    async def one(session: aiohttp.ClientSession, i: int) -> int:
-        body = {"text": f"hello {i} world", "max_dec_len": tokens, "min_dec_len": tokens, "stream": True}
-        n = 0
-        async with session.post(url, json=body) as res:
-            async for _ in res.content:
-                n += 1
-        return n
-
-    async def main() -> float:
-        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
-            await one(session, -1)
-            t = time.perf_counter()
-            frames = sum(await asyncio.gather(*(one(session, i) for i in range(streams))))
-            return frames / (time.perf_counter() - t)
-
-    return asyncio.run(main())
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--tp1", default="/tmp/perf-small-tp1")
@@ -281,7 +241,10 @@ def main() -> None:
             )
         )
     if "frontend" in want:
-        rates = [frontend_frames_per_s(64, 200) for _ in range(args.reps)]
+        sys.path.insert(0, str(HERE))
+        from frontend_server import frontend_frames_per_s
+
+        rates = [frontend_frames_per_s(64, 200, mpi_env()) for _ in range(args.reps)]
         fps = statistics.median(rates)
         results.append(
             report(
