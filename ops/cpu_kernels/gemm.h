@@ -12,7 +12,7 @@
 //   into them, with a software prefetch kPrefetchRows rows ahead (int8: it issues four 16-byte
 //   loads a line, so the out-of-order window alone holds too few lines in flight; RESULTS.md
 //   "Speed change 4b").
-// * T > kStreamRows (prefill chunks, batched decodes): compute-bound.  A task owns kNC columns;
+// * T > kStreamRows (prefill chunks, batched decodes): compute-bound.  A task owns <= kNC columns;
 //   per kKC rows of W it converts its [kKC, kNC] block to fp32 micro-panels [kKC][kNR] (in L2;
 //   int8/int4 are dequantised here, once per call) and runs a kMR x kNR register-blocked
 //   micro-kernel over all T rows for each micro-panel while that panel stays in L1, adding each
@@ -47,6 +47,7 @@ constexpr int64_t kStreamRows = 8;          // T above: the blocked path (CPU ti
 constexpr int64_t kAccFloats = 16384;       // stream: T x tile accumulators, 64 KiB (4096: 5-10 % slower at T=1, 8)
 constexpr int64_t kPassRows = 8;            // stream: weight rows per pass over the accumulators
 constexpr int64_t kPrefetchRows = 16;       // stream: software prefetch distance, in weight rows
+constexpr int64_t kBlockedTasks = 8;        // blocked: column tasks a thread, about (see gemm())
 
 // ---------------------------------------------------------------- T <= kStreamRows
 
@@ -214,8 +215,11 @@ void gemm(const float* x, const Src& w, const float* scale, int64_t T, int64_t K
 #endif
   if (T <= kStreamRows) return stream_gemm(x, w, scale, T, K, N, y);
   const int64_t threads = num_threads();
-  // columns per task: a multiple of the micro-panel width; with threads, about two tasks a thread
-  const int64_t per = threads == 1 ? N : (N + 2 * threads - 1) / (2 * threads);
+  // columns per task: a multiple of the micro-panel width; with threads, about kBlockedTasks a thread:
+  // the VM's vCPUs run up to 1.5x apart for minutes, and with two tasks a thread the fast one idled at
+  // the end of N = 512 (four tasks); eight a thread read 1.03-1.08x at --demo small, T = 16-512
+  // (RESULTS.md "Session 24").  Narrower tasks cost nothing: each still packs its W once per call
+  const int64_t per = threads == 1 ? N : (N + kBlockedTasks * threads - 1) / (kBlockedTasks * threads);
   const int64_t width = std::clamp((per + kNR - 1) / kNR * kNR, kNR, std::max(kNR, kNC / kNR * kNR));
   const int64_t tasks = (N + width - 1) / width, tiles = (T + kMR - 1) / kMR;
   thread_local AlignedVector<float> packed;  // the caller's; the tasks read it through xp
