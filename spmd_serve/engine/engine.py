@@ -20,6 +20,7 @@ import numpy as np
 import numpy.typing as npt
 
 from spmd_serve.engine.client import AbortCommand, AddCommand
+from spmd_serve.engine.drain import DEFAULT_DRAIN_TIMEOUT_S, Drain
 from spmd_serve.engine.interfaces import FrontEnd, PlanComm, Runner
 from spmd_serve.engine.metrics import EngineMetrics
 from spmd_serve.engine.outputs import RequestOutput
@@ -34,7 +35,6 @@ from spmd_serve.scheduler.scheduler import QueueFullError, Scheduler, SchedulerC
 
 log = logging.getLogger("spmd_serve.engine")
 IDLE_WAIT_S = 0.5  # rank 0 sleeps on the command queue (no MPI) when there is nothing to do
-DEFAULT_DRAIN_TIMEOUT_S = 60.0  # stopping: how long in-flight requests may take (SPMD_DRAIN_TIMEOUT_S)
 
 
 class Engine:
@@ -64,14 +64,14 @@ class Engine:
         self.stats = StepStats(log_every=log_every, runner=runner.timings)
         self.metrics = metrics if metrics is not None else EngineMetrics()
         self.metrics.watch_steps(self.stats)  # step phases in /metrics, read at scrape time
+        self.metrics.update_gauges(self.scheduler)  # a scrape before the first turn reads the pool
         client.on_handoff = self.stats.record_handoff
         # Stopping is two-staged: stop_event (first SIGTERM) drains — nothing new is admitted (the
         # client answers 503 once `draining` is set), in-flight requests run on until they finish
         # or drain_timeout_s passes; abort_event (second SIGTERM) ends the drain at once.
         self.stop_event = threading.Event()
         self.abort_event = threading.Event()
-        self.drain_timeout_s = drain_timeout_s
-        self._drain_deadline: float | None = None
+        self.drain = Drain(drain_timeout_s)
         self.step_id = 0
         self.num_preemptions = 0
         self._empty_steps = 0
@@ -81,7 +81,10 @@ class Engine:
         errors: list[RequestOutput] = []
         for cmd in self.client.take_commands():
             if isinstance(cmd, AbortCommand):
-                self.metrics.on_abort(self.scheduler.abort_request(cmd.req_id), cmd.requested_at, cmd.reason)
+                req = self.scheduler.abort_request(cmd.req_id)
+                self.metrics.on_abort(req, cmd.requested_at, cmd.reason)
+                if req is not None and cmd.reason != "stop":  # a client gone: a line, as vLLM's "Aborted request"
+                    log.info("aborted request %s (%s), %d tokens out", cmd.req_id, cmd.reason, req.num_output_tokens)
                 continue
             err = self._admit(cmd)
             if err is not None:
@@ -117,7 +120,7 @@ class Engine:
             self.client.heartbeat = time.monotonic()
             self._apply_commands()
             self.metrics.update_gauges(self.scheduler)  # every turn: a scrape is current when idle too
-            if self.stop_event.is_set() and self._drained():
+            if self.stop_event.is_set() and self.drain.done(self.scheduler, self.abort_event.is_set()):
                 break
             if self.scheduler.has_unfinished():
                 self.step()
@@ -242,43 +245,12 @@ class Engine:
             while self.scheduler.has_unfinished():
                 self.step()
 
-    def _drained(self) -> bool:
-        """Stopping: may the loop end now?  Yes once nothing is in flight, the drain timeout has
-        passed, or a second signal asked to abort; until then in-flight requests keep running."""
-        now = time.monotonic()
-        if self._drain_deadline is None:
-            self._drain_deadline = now + self.drain_timeout_s
-            if self.scheduler.has_unfinished():
-                log.info(
-                    "draining: %s may take up to %g s (a second SIGTERM aborts them now)",
-                    self._in_flight(),
-                    self.drain_timeout_s,
-                )
-        if not self.scheduler.has_unfinished():
-            return True
-        if self.abort_event.is_set() or now >= self._drain_deadline:
-            timed_out = f"drain timeout of {self.drain_timeout_s:g} s passed"
-            why = "abort requested" if self.abort_event.is_set() else timed_out
-            log.warning("%s: aborting %s", why, self._in_flight())
-            return True
-        return False
-
-    def _in_flight(self, show: int = 4) -> str:
-        """'N request(s) in flight (id: done of max tokens, ...)': what a drain waits for or aborts."""
-        reqs = [*self.scheduler.running, *self.scheduler.waiting]
-        each = ", ".join(f"{r.req_id}: {r.num_output_tokens} of {r.params.max_tokens} tokens" for r in reqs[:show])
-        return f"{len(reqs)} request(s) in flight ({each}{', ...' if len(reqs) > show else ''})"
-
     def _shutdown(self) -> None:
         """Fail whatever is still in flight with an error frame, then stop every rank."""
         pending = list(self.scheduler.running) + list(self.scheduler.waiting)
         for req in pending:
             self.scheduler.abort_request(req.req_id)
-        msg = (
-            "server is shutting down: the request did not finish within the drain timeout"
-            if self._drain_deadline is not None and time.monotonic() >= self._drain_deadline
-            else "server is shutting down"
-        )
+        msg = self.drain.error_message()
         self.client.publish([RequestOutput.error(r.req_id, 503, msg) for r in pending])
         self.comm.send_plan(StepPlan.shutdown(self.step_id + 1))
         bm = self.scheduler.block_manager

@@ -157,6 +157,9 @@ class TritonServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
                 send(pb.ModelStreamInferResponse(infer_response=codec.infer_response(request, obj, final)))
         except ProtocolError as e:
             send(_stream_error(request, e.status, e.msg, session.req_id or e.req_id))
+        except asyncio.CancelledError:  # the call ended (client cancel or gone): a line, as HTTP's access log
+            log.info("gRPC stream request %s cancelled: the call ended", session.req_id or request.id)
+            raise
         except Exception:  # a bug fails this request only, never the other ones on the stream
             log.exception("gRPC stream request %s failed", session.req_id or request.id)
             send(_stream_error(request, 500, "internal server error", session.req_id))
