@@ -189,6 +189,9 @@ def test_a_scrape_on_another_thread_never_mixes_two_engine_turns():
             m.update_gauges(busy)
             m.update_gauges(idle)
 
+    # The engine publishes its first turn before any scrape (as Engine.__init__ does): otherwise a scrape
+    # that runs before the thread's first update reads the registry's zeros (CI saw (0, 0, 0)).
+    m.update_gauges(idle)
     old_interval = sys.getswitchinterval()
     sys.setswitchinterval(1e-5)  # switch threads as often as possible: a torn read shows up at once
     thread = threading.Thread(target=engine_turns)
