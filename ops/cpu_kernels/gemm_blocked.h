@@ -54,11 +54,12 @@ inline void pack_rows(const float* x, int64_t T, int64_t K, int64_t tile, float*
   }
 }
 
-// c[M, kNR] (row stride ldc) = (zero ? 0 : c) + x[M, kb] @ panel[kb, kNR], x one of pack_rows'
-// micro-panels (x[m, k] at x[k * kMR + m]): the block's product summed from 0 (one chunk of the
-// sum: see the top)
+// out[M, kNR] (row stride ldo) = (zero ? 0 : c) + x[M, kb] @ panel[kb, kNR], c's rows ldc apart, x
+// one of pack_rows' micro-panels (x[m, k] at x[k * kMR + m]): the block's product summed from 0
+// (one chunk of the sum: see the top); out is c, or y for a task's last block
 template <int M>
-void micro(const float* x, const float* panel, int64_t kb, float* c, int64_t ldc, bool zero) {
+void micro(const float* x, const float* panel, int64_t kb, const float* c, int64_t ldc, float* out, int64_t ldo,
+           bool zero) {
   Vec acc[M][kNV];
   for (int m = 0; m < M; ++m)
     for (int v = 0; v < kNV; ++v) acc[m][v] = vzero();
@@ -71,38 +72,42 @@ void micro(const float* x, const float* panel, int64_t kb, float* c, int64_t ldc
     }
   }
   for (int m = 0; m < M; ++m)
-    for (int v = 0; v < kNV; ++v) {
-      float* out = c + m * ldc + v * kWidth;
-      vstore(out, zero ? acc[m][v] : vadd(vload(out), acc[m][v]));
-    }
+    for (int v = 0; v < kNV; ++v)
+      vstore(out + m * ldo + v * kWidth, zero ? acc[m][v] : vadd(vload(c + m * ldc + v * kWidth), acc[m][v]));
 }
 
 template <int... M>
 void micro_dispatch(int64_t m, std::integer_sequence<int, M...>, const float* x, const float* panel, int64_t kb,
-                    float* c, int64_t ldc, bool zero) {
-  ((m == M + 1 ? micro<M + 1>(x, panel, kb, c, ldc, zero) : void()), ...);
+                    const float* c, int64_t ldc, float* out, int64_t ldo, bool zero) {
+  ((m == M + 1 ? micro<M + 1>(x, panel, kb, c, ldc, out, ldo, zero) : void()), ...);
 }
 
 // y[:, n0:n0+nb] for all T rows (one task of the blocked path), x packed by pack_rows.  buf holds
 // kKC x kNC floats of W; acc the task's sums [T][nb rounded up to kNR]: the micro-kernels add each
-// block's product into it, and it goes to y once at the end.  Added into y in place (rows N floats
+// block's product into it, and the last block's sums go to y.  Added into y in place (rows N floats
 // apart) the tiles' lines crowded a few L2 sets and each block re-read them from memory (T = 512
-// on two threads: a quarter of the time, RESULTS.md "Session 20").
+// on two threads: a quarter of the time, RESULTS.md "Session 20"); the last block writes its whole
+// micro-panels' sums straight into y (a copy pass fewer), a partial panel's through acc.
 template <typename Src>
 void blocked_columns(const float* xp, const Src& w, int64_t T, int64_t K, int64_t N, int64_t n0, int64_t nb,
                      float* buf, float* acc, float* y) {
   constexpr auto kRows = std::make_integer_sequence<int, kMR>{};
-  const int64_t ld = (nb + kNR - 1) / kNR * kNR, tiles = (T + kMR - 1) / kMR;
+  const int64_t ld = (nb + kNR - 1) / kNR * kNR, tiles = (T + kMR - 1) / kMR, whole = nb / kNR * kNR;
   for (int64_t k0 = 0; k0 < K; k0 += kKC) {
     const int64_t kb = std::min(kKC, K - k0);
     pack(w, k0, kb, n0, nb, K, buf);   // zero past nb: acc's padding columns are sums of zeros
     const float* xk = xp + k0 * tiles * kMR;  // this block's micro-panels of x, [tiles][kb][kMR]
+    const bool last = k0 + kb == K;
     for (int64_t j = 0; j < nb; j += kNR)
-      for (int64_t t0 = 0; t0 < T; t0 += kMR)
-        micro_dispatch(std::min(kMR, T - t0), kRows, xk + t0 * kb, buf + (j / kNR) * kb * kNR, kb, acc + t0 * ld + j,
-                       ld, k0 == 0);
+      for (int64_t t0 = 0; t0 < T; t0 += kMR) {
+        float* c = acc + t0 * ld + j;
+        const bool direct = last && j < whole;
+        micro_dispatch(std::min(kMR, T - t0), kRows, xk + t0 * kb, buf + (j / kNR) * kb * kNR, kb, c, ld,
+                       direct ? y + t0 * N + n0 + j : c, direct ? N : ld, k0 == 0);
+      }
   }
-  for (int64_t t = 0; t < T; ++t) std::copy_n(acc + t * ld, nb, y + t * N + n0);
+  if (whole < nb)
+    for (int64_t t = 0; t < T; ++t) std::copy_n(acc + t * ld + whole, nb - whole, y + t * N + n0 + whole);
 }
 
 }  // namespace spmd
