@@ -106,3 +106,24 @@ def test_a_rank_waiting_for_a_slower_one_sleeps():
     assert res.returncode == 0, res.stderr[-3000:]
     waited, cpu = map(float, re.findall(r"[\d.]+", res.stdout)[:2])
     assert waited >= 1.5 and cpu < 0.2, res.stdout
+
+
+HUNG = """
+import time
+from mpi4py import MPI
+def rank_waits_here(rank):
+    time.sleep(600)
+rank_waits_here(MPI.COMM_WORLD.Get_rank())
+"""
+
+
+def test_a_hung_test_job_fails_with_each_ranks_stack():
+    """tests/support/mpi_job.run_mpi: a driver past its time fails the test with the line every
+    rank was on (a hang in CI had said nothing but the command)."""
+    from tests.support.mpi_job import run_mpi
+
+    t = time.monotonic()
+    with pytest.raises(AssertionError) as err:
+        run_mpi(mpirun(2, sys.executable, "-c", HUNG), mpi_env(), timeout=8)
+    assert time.monotonic() - t < 8 + 30  # the stacks, then the job ends (no 600-s sleep)
+    assert str(err.value).count("in rank_waits_here") == 2, str(err.value)

@@ -9,12 +9,12 @@ cache, chunked prefill mixed with decode), on real MPI ranks and real Paddle gra
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 
 import numpy as np
 import pytest
 
+from tests.support.mpi_job import run_mpi
 from tests.support.paddlenlp_reference import reference_logits
 from tests.support.server_process import mpi_env, mpirun
 
@@ -62,7 +62,7 @@ def run_offline(n: int, model_dir, prompts, tmp_path, eos: int, threads: int) ->
     cmd = mpirun(
         n, sys.executable, "-m", "spmd_serve.engine.offline", str(model_dir), str(tmp_path / f"spec{n}.json"), str(out)
     )
-    res = subprocess.run(cmd, env=mpi_env(SPMD_NUM_THREADS=threads), capture_output=True, text=True, timeout=300)
+    res = run_mpi(cmd, mpi_env(SPMD_NUM_THREADS=threads), timeout=300)
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-4000:]
     data = np.load(out, allow_pickle=True)
     uses_ops = bool(json.loads((model_dir / "rank_0" / "manifest.json").read_text())["custom_ops"])

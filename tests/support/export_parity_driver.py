@@ -16,9 +16,9 @@ import numpy as np
 
 def run_driver(tp: int, spec: dict, workdir) -> np.lib.npyio.NpzFile:
     """Run this driver under `mpirun -n tp` on `spec` (written into workdir); the loaded results."""
-    import subprocess
     from pathlib import Path
 
+    from tests.support.mpi_job import run_mpi
     from tests.support.server_process import mpi_env, mpirun
 
     workdir = Path(workdir)
@@ -28,7 +28,7 @@ def run_driver(tp: int, spec: dict, workdir) -> np.lib.npyio.NpzFile:
         tp, sys.executable, "-m", "tests.support.export_parity_driver", str(workdir / f"spec{tp}.json"), str(out)
     )
     root = Path(__file__).resolve().parents[2]
-    r = subprocess.run(cmd, env=mpi_env(), cwd=root, capture_output=True, text=True, timeout=300)
+    r = run_mpi(cmd, mpi_env(), timeout=300, cwd=str(root))
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-4000:]
     return np.load(out)
 

@@ -80,13 +80,12 @@ if __name__ == "__main__":
 
 def run_driver(n: int, module: str, model_dir: Any, spec: dict[str, Any], tmp_path: Any) -> Any:
     """The test side: `mpirun -n n python -m module MODEL_DIR SPEC.json OUT.json`; OUT's JSON."""
-    import subprocess
-
+    from tests.support.mpi_job import run_mpi
     from tests.support.server_process import mpi_env, mpirun
 
     (tmp_path / "spec.json").write_text(json.dumps(spec))
     out = tmp_path / "out.json"
     cmd = mpirun(n, sys.executable, "-m", module, str(model_dir), str(tmp_path / "spec.json"), str(out))
-    res = subprocess.run(cmd, env=mpi_env(), capture_output=True, text=True, timeout=300)
+    res = run_mpi(cmd, mpi_env(), timeout=300)
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-4000:]
     return json.loads(out.read_text())
