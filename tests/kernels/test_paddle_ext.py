@@ -61,15 +61,15 @@ t = threading.Thread(target=spin)
 t.start()
 time.sleep(0.05)
 if r == 1:
-    time.sleep(1.5)
+    time.sleep(2.5)
 t0 = time.monotonic()
 pred.run()
 t1 = time.monotonic()
 stop.set(); t.join()
 out = pred.get_output_handle(pred.get_output_names()[0]).copy_to_cpu()
 assert (out == 4).all(), out
-inside = max([min(b, t1) - max(a, t0) for a, b in stalls] + [0.0])   # the longest pause within the run
-sys.stdout.write(f"RUN {r} {t1 - t0:.3f} {inside:.3f}\\n")   # one write per line (see above)
+paused = sum(max(0.0, min(b, t1) - max(a, t0)) for a, b in stalls)   # the pauses within the run
+sys.stdout.write(f"RUN {r} {t1 - t0:.3f} {t1 - t0 - paused:.3f}\\n")   # one write per line (see above)
 """
 
 
@@ -105,13 +105,15 @@ def test_allreduce_releases_the_gil_while_it_waits(tmp_path):
     )
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-3000:]
     runs = {int(w[1]): (float(w[2]), float(w[3])) for w in map(str.split, res.stdout.splitlines()) if w[:1] == ["RUN"]}
-    # Rank 0's run waits ~1.5 s for rank 1.  With the GIL held there, the other thread stops for the
-    # whole wait (a mutation that keeps it: a pause of 99 % of the run); released, it pauses only
-    # while the OS runs something else (up to 0.2 s seen beside two CPU hogs and a test lane).
-    # Counting its loop turns in 0.5 s instead (> 400 k of ~2.7 M quiet, ~65 k with the GIL held)
-    # failed in such a run: 266 k.
-    took, longest_pause = runs[0]
-    assert took > 1.2 and longest_pause < 0.5 * took, res.stdout[-2000:]
+    # Rank 0's run waits ~2.5 s for rank 1.  With the GIL held there, the other thread stops for the
+    # whole wait (a mutation that keeps it: it ran ~1 % of the run); released, it runs whenever the
+    # OS gives it a core.  How long the OS keeps it off is no measure: beside two CPU hogs and the
+    # other test lanes one pause lasted 0.90 s of a 1.59-s run (session 26: rank 0's MPI wait
+    # busy-polls, and on this kernel a spinning thread can keep another off for seconds, RESULTS.md
+    # "Session 23"), and counting its loop turns in 0.5 s (> 400 k of ~2.7 M quiet, ~65 k with the
+    # GIL held) once read 266 k.  So: the time it ran at all within the run, summed.
+    took, ran = runs[0]
+    assert took > 2.0 and ran > 0.05 * took, res.stdout[-2000:]
 
 
 def test_library_is_built_once_and_cached(tmp_path, monkeypatch):
