@@ -59,7 +59,7 @@ def run_mpi(
     try:
         out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
-        for pid in session_pids(proc.pid):  # the ranks (and mpirun's helpers, which ignore it)
+        for pid in session_pids(proc.pid):  # the ranks (and whatever they started)
             try:
                 os.kill(pid, signal.SIGABRT)
             except ProcessLookupError:
