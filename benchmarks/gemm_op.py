@@ -11,7 +11,7 @@ each of --rounds rounds, pass by pass (this machine is shared: compare within a 
 line per (model, T, kernel, threads): median and best ms per pass, GFLOP/s and weight GB/s (bytes of
 W read once) of the median.
 With --attention also times `spmd_paged_attention` on a prefill chunk and on decodes of each model;
-with --elementwise, `spmd_add_rms_norm` and `spmd_swiglu` against Paddle's fused_rms_norm / swiglu.
+with --elementwise, `spmd_add_rms_norm` and `spmd_swiglu` against Paddle's ops (layers.add_rms_norm's / swiglu).
 malloc is tuned as the runner tunes it (worker/model_runner.tune_malloc: large activations are not
 page-faulted in afresh every pass), unless --malloc-default.
 
@@ -212,18 +212,16 @@ def bench_attention(model: str, args) -> None:
 
 
 def bench_elementwise(model: str, args) -> None:
-    """A layer's add + RMSNorm (twice) and SwiGLU: ours (threads) against Paddle's CPU kernels."""
-    from paddle.incubate.nn.functional import fused_rms_norm
+    """A layer's add + RMSNorm (twice) and SwiGLU: ours (threads) against Paddle's CPU kernels (the
+    `--graph-ops paddle` graphs' ops; fused_rms_norm's CPU kernel needs AVX-512, layers.rms_norm)."""
+    from spmd_serve.export.layers import add_rms_norm
 
     h, i = MODELS[model][:2]
     for rows in args.rows:
         hs, delta, gu = paddle.randn([rows, h]), paddle.randn([rows, h]), paddle.randn([rows, 2 * i])
         w = paddle.ones([h])
         fns = {
-            "paddle": lambda th, _: (
-                fused_rms_norm(delta, w, None, 1e-5, 1, residual=hs),
-                paddle.nn.functional.swiglu(gu),
-            ),
+            "paddle": lambda th, _: (add_rms_norm(hs, delta, w, 1e-5), paddle.nn.functional.swiglu(gu)),
             "spmd": lambda th, _: (
                 paddle_ext.run_op("spmd_add_rms_norm", hs, delta, w, 1e-5),
                 paddle_ext.run_op("spmd_swiglu", gu),

@@ -23,7 +23,6 @@ from typing import Any
 import numpy as np
 import paddle
 from paddle import nn
-from paddle.incubate.nn.functional import fused_rms_norm
 
 from ops import paddle_ext
 from spmd_serve.export.quant import QuantWeight
@@ -150,6 +149,10 @@ def fuse_columns(ws: list):
 
 
 def rms_norm(x: paddle.Tensor, weight: paddle.Tensor, eps: float, variant: GraphVariant | None = None):
+    """RMSNorm over the last axis.  Paddle's own ops are the elementwise ones, never
+    `fused_rms_norm`: its CPU kernel (phi::fusion::RmsNormAvxKernel) is built with AVX-512
+    instructions and kills the process with SIGILL on a CPU without them (AMD Zen 3 and older,
+    most desktop Intel), and a graph saved with it would carry that to every machine serving it."""
     if variant is not None and variant.cpp_ops:
         return paddle_ext.run_op("spmd_rms_norm", x, weight, eps)
     # Same order of operations as PaddleNLP's LlamaRMSNorm (fp32), so logits match to 1e-6.
@@ -158,20 +161,17 @@ def rms_norm(x: paddle.Tensor, weight: paddle.Tensor, eps: float, variant: Graph
 
 
 def add_rms_norm(h, delta, weight: paddle.Tensor, eps: float, variant: GraphVariant | None = None):
-    """(RMSNorm(h + delta), h + delta) in one fused op; `h` None starts the residual stream at
+    """(RMSNorm(h + delta), h + delta), one op with the C++ ops; `h` None starts the residual stream at
     `delta` (Paddle's ops: a copy, as a graph whose output is one of its inputs unchanged is
     rejected; the C++ ops' graphs are one segment, where `delta` is never an input)."""
     cpp = variant is not None and variant.cpp_ops
     if h is None and cpp:
         return rms_norm(delta, weight, eps, variant), delta
-    if h is None:
-        h = paddle.assign(delta)
-        return fused_rms_norm(h, weight, None, eps, 1)[0], h
     if cpp:
         out, h = paddle_ext.run_op("spmd_add_rms_norm", h, delta, weight, eps)
-    else:
-        out, h = fused_rms_norm(delta, weight, None, eps, 1, residual=h)
-    return out, h
+        return out, h
+    h = paddle.assign(delta) if h is None else h + delta
+    return rms_norm(h, weight, eps), h
 
 
 def norm_linear(h, delta, weight: paddle.Tensor, eps: float, linear: Linear, variant: GraphVariant, swiglu_out: bool):

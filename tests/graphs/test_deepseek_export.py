@@ -140,6 +140,19 @@ def test_mla_pool_bytes_per_token_and_capacity(exported, monkeypatch):
         capacity.check_kv_fits(serve, expanded_layout, 1)
 
 
+def test_no_graph_holds_an_op_that_needs_avx512(exported):
+    """Paddle's fused_rms_norm CPU kernel is AVX-512 code (SIGILL on an AMD Zen 3, seen in a
+    session): no saved graph of any rank, target or MTP draft, may hold it (layers.rms_norm)."""
+    from tests.support.saved_graphs import op_names
+
+    out, _ = exported
+    graphs = sorted(out.glob("**/rank_*/*.json"))
+    graphs = [g for g in graphs if g.name != "manifest.json"]
+    assert len(graphs) >= 4, graphs  # both ranks of the target and of mtp/
+    for g in graphs:  # in a saved graph it is `fused_rms_norm_quant`
+        assert not [n for n in op_names(g) if "rms_norm" in n and not n.startswith("spmd_")], g
+
+
 def test_mtp_layer_is_exported_as_a_draft_model(exported):
     """The MTP layer is `mtp/`, a one-layer export of its own at the target's tp (its numbers:
     tests/graphs/test_mtp_export.py); the target's head also outputs the hidden rows it reads."""

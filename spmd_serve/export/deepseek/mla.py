@@ -21,14 +21,13 @@ from typing import Any
 
 import paddle
 from paddle import nn
-from paddle.incubate.nn.functional import fused_rms_norm
 from paddle.static import InputSpec
 
 from ops import paddle_ext
 from spmd_serve.export.deepseek.batched import BatchedLinear
 from spmd_serve.export.deepseek.sharding import kv_layout
 from spmd_serve.export.graph_inputs import grouped_mask
-from spmd_serve.export.layers import add_rms_norm, fuse_columns, make_linear, make_param
+from spmd_serve.export.layers import add_rms_norm, fuse_columns, make_linear, make_param, rms_norm
 from spmd_serve.export.segment import Stage, kv_input_spec
 from spmd_serve.export.variant import GraphVariant
 from spmd_serve.manifest import ShardDims
@@ -38,9 +37,9 @@ _FUSED_INPUTS = ("pe_cos", "pe_sin", "block_tables", "ctx_lens", "slot_mapping")
 
 
 def _norm(x, weight, eps: float):
-    """RMSNorm of a split's part: `fused_rms_norm` (layers.rms_norm's mean over a split output reads
-    wrong values under oneDNN: measured max error ~15 on the latent)."""
-    return fused_rms_norm(x, weight, None, eps, 1)[0]
+    """RMSNorm of a split's part, copied first: layers.rms_norm's mean straight over a split output
+    reads wrong values under oneDNN (measured max error ~15 on the latent)."""
+    return rms_norm(paddle.assign(x), weight, eps)
 
 
 def _rope(x, cos, sin, d: int):
