@@ -139,29 +139,39 @@ def stream_errors(stream: Stream) -> list[Exception]:
     return [x for x in items if isinstance(x, Exception)]
 
 
+def scrape(server: ServerProcess) -> Samples:
+    res = requests.get(f"http://127.0.0.1:{server.env['METRICS_HTTP_PORT']}/metrics", timeout=10)
+    return Samples(res.text)
+
+
 def aborted(server: ServerProcess) -> float:
     """Requests the engine has ended as aborted (cancel, client gone, deadline) so far."""
-    res = requests.get(f"http://127.0.0.1:{server.env['METRICS_HTTP_PORT']}/metrics", timeout=10)
-    return Samples(res.text).get("request_success_total", finished_reason="abort")
+    return scrape(server).get("request_success_total", finished_reason="abort")
 
 
 def test_duplicate_req_id_then_cancel_frees_it(triton, server):
-    """A long stream holds req_id "dup": a second request with it is ALREADY_EXISTS; cancelling
-    the stream aborts the sequence on the server (counted as an abort, not run to its length),
-    which frees the id long before the tokens it asked for could have been generated (on the tiny
-    model's 2,048 positions, 1000 tokens once ended before the duplicate was sent, beside two CPU
-    hogs: so the stream asks for long_model.TOKENS, minutes of decoding)."""
+    """A long request on a stream holds req_id "dup": a second request with it is ALREADY_EXISTS;
+    cancelling the stream aborts the sequence on the server (counted as an abort, not run to its
+    length), which frees the id long before the long_model.TOKENS it asked for (minutes of decoding)
+    could have been generated.
+
+    The request is a non-stream body on the stream (one response, at its end), so nothing flows to
+    the client while it runs.  It used to stream, and twice in CI the client read nothing for 20 s
+    right after the first frame: the server's kernel then dropped the connection (gRPC servers set
+    TCP_USER_TIMEOUT to their keepalive timeout, 20 s, and a receive window shut that long counts),
+    and the stream failed after 22 s with `Stream removed (sendmsg: Broken pipe)`.  A tritonclient
+    process stopped (SIGSTOP) for 28 s while a grpc.aio server streams to it fails the same way 21 s
+    into the stop; one that holds the GIL or sleeps in its callback for 30 s does not.  What held
+    the CI client is not known; the streamed frames themselves are tested above."""
     aborts = aborted(server)
     stream = Stream(triton, headers=AUTH)
     n = long_model.TOKENS
-    stream.send({"text": "go on", "req_id": "dup", "max_dec_len": n, "min_dec_len": n})
-    seen = []  # arrival time of each of the first frames
-    for i in range(15):
-        _, frame, final = stream.got.get(timeout=60)
-        assert not isinstance(frame, Exception), f"frame {i}: {frame}\n{server.log()[-3000:]}"
-        assert frame["send_idx"] == i and not final, frame
-        seen.append(time.monotonic())
-    per_token = (seen[-1] - seen[4]) / 10  # decode speed, prefill left out
+    stream.send({"text": "go on", "req_id": "dup", "max_dec_len": n, "min_dec_len": n, "stream": False})
+    deadline = time.monotonic() + 60
+    while scrape(server).get("num_requests_running") < 1:  # the engine has it (this module runs one at a time)
+        assert stream.got.empty(), stream.got.get_nowait()  # refused or failed: its error, not a timeout
+        assert time.monotonic() < deadline, f"not running after 60 s\n{server.log()[-3000:]}"
+        time.sleep(0.05)
     status, msg = code_of(triton.infer, "model", in_tensor({"text": "x", "req_id": "dup"}), headers=AUTH)
     assert status == "StatusCode.ALREADY_EXISTS" and "dup" in msg
     cancelled = time.monotonic()
@@ -188,9 +198,9 @@ def test_duplicate_req_id_then_cancel_frees_it(triton, server):
     # two hogs) saw no abort at all: the request generated its 2000 tokens and only then freed the
     # id, because grpc ends a cancelled stream by no longer iterating its handler, whose cleanup
     # waited for the generator to be collected; the handler now cancels its requests when the call
-    # ends (context.add_done_callback).  The floor keeps "long before the end" meaningful as
-    # decoding gets faster; the abort count is what proves the cancel.
-    assert freed_after < max(0.5 * (n - 15) * per_token, 5.0), (freed_after, per_token)
+    # ends (context.add_done_callback).  The abort count is what proves the cancel; 30 s, far below
+    # the minutes of its n tokens, says it was prompt.
+    assert freed_after < 30, freed_after
     assert_healthy(triton)
 
 
