@@ -36,10 +36,10 @@ _INPUTS = ("pe_cos", "pe_sin", "grid_index", "unpad_index", "latent_index", "att
 _FUSED_INPUTS = ("pe_cos", "pe_sin", "block_tables", "ctx_lens", "slot_mapping")  # spmd_mla_decode
 
 
-def _norm(x, weight, eps: float):
-    """RMSNorm of a split's part, copied first: layers.rms_norm's mean straight over a split output
-    reads wrong values under oneDNN (measured max error ~15 on the latent)."""
-    return rms_norm(paddle.assign(x), weight, eps)
+def _norm(x, weight, eps: float, variant: GraphVariant):
+    """RMSNorm of a split's part: the C++ op, or Paddle's ops on a copy (their mean straight over a
+    split output read wrong values under oneDNN: measured max error ~15 on the latent)."""
+    return rms_norm(x if variant.cpp_ops else paddle.assign(x), weight, eps, variant)
 
 
 def _rope(x, cos, sin, d: int):
@@ -85,13 +85,15 @@ class MlaStage(Stage):
 
     def forward(self, h, delta, env: dict, variant: GraphVariant):
         nh, dn, dr, c = self.heads, self.dn, self.dr, self.c
-        x, h = add_rms_norm(h, delta, self.ln, self.eps)  # [T, H]
+        x, h = add_rms_norm(h, delta, self.ln, self.eps, variant)  # [T, H]
         q, kv, k_pe = paddle.split(self.proj_a(x, variant), [self.q_width, c, dr], axis=-1)
         if self.lora:
-            q = self.q_b(_norm(q, self.q_a_ln, self.eps), variant)
+            q = self.q_b(_norm(q, self.q_a_ln, self.eps, variant), variant)
         q_nope, q_pe = paddle.split(q.reshape([-1, nh, dn + dr]), [dn, dr], axis=-1)  # [T, h, dn], [T, h, dr]
         cos, sin = env["pe_cos"], env["pe_sin"]  # [T, dr]
-        latent = paddle.concat([_norm(kv, self.kv_a_ln, self.eps), _rope(k_pe, cos, sin, dr)], axis=-1)  # [T, K]
+        latent = paddle.concat(
+            [_norm(kv, self.kv_a_ln, self.eps, variant), _rope(k_pe, cos, sin, dr)], axis=-1
+        )  # [T, K]
         q_pe = _rope(q_pe, cos.unsqueeze(1), sin.unsqueeze(1), dr)
         q_lat = self.w_uk(q_nope.transpose([1, 0, 2]))  # [h, T, c]
         query = paddle.concat([q_lat, q_pe.transpose([1, 0, 2])], axis=-1)  # [h, T, K]

@@ -102,7 +102,7 @@ class MoeStage(Stage):
         return self(h, delta, env, variant)
 
     def forward(self, h, delta, env: dict, variant: GraphVariant):
-        x, h = add_rms_norm(h, delta, self.ln, self.eps)  # [T, H]
+        x, h = add_rms_norm(h, delta, self.ln, self.eps, variant)  # [T, H]
         idx, weights = self.router(x)
         routed = nn.functional.one_hot(idx, self.total)  # [T, k, E]
         if self._grouped(variant):  # ops/cpu_kernels/moe_experts.cc: each expert over its own rows
