@@ -14,7 +14,7 @@ import tritonclient.grpc as tg
 from tritonclient.utils import InferenceServerException
 
 from tests.support import long_model
-from tests.support.metrics_scrape import Samples
+from tests.support.metrics_scrape import aborted, scrape_server
 from tests.support.server_process import ServerProcess
 from tests.support.triton_helpers import Stream, code_of, in_tensor, out_obj
 
@@ -139,16 +139,6 @@ def stream_errors(stream: Stream) -> list[Exception]:
     return [x for x in items if isinstance(x, Exception)]
 
 
-def scrape(server: ServerProcess) -> Samples:
-    res = requests.get(f"http://127.0.0.1:{server.env['METRICS_HTTP_PORT']}/metrics", timeout=10)
-    return Samples(res.text)
-
-
-def aborted(server: ServerProcess) -> float:
-    """Requests the engine has ended as aborted (cancel, client gone, deadline) so far."""
-    return scrape(server).get("request_success_total", finished_reason="abort")
-
-
 def test_duplicate_req_id_then_cancel_frees_it(triton, server):
     """A long request on a stream holds req_id "dup": a second request with it is ALREADY_EXISTS;
     cancelling the stream aborts the sequence on the server (counted as an abort, not run to its
@@ -168,7 +158,7 @@ def test_duplicate_req_id_then_cancel_frees_it(triton, server):
     n = long_model.TOKENS
     stream.send({"text": "go on", "req_id": "dup", "max_dec_len": n, "min_dec_len": n, "stream": False})
     deadline = time.monotonic() + 60
-    while scrape(server).get("num_requests_running") < 1:  # the engine has it (this module runs one at a time)
+    while scrape_server(server).get("num_requests_running") < 1:  # the engine has it (this module runs one at a time)
         assert stream.got.empty(), stream.got.get_nowait()  # refused or failed: its error, not a timeout
         assert time.monotonic() < deadline, f"not running after 60 s\n{server.log()[-3000:]}"
         time.sleep(0.05)

@@ -23,7 +23,7 @@ import tritonclient.grpc as tg
 
 from tests.support import long_model
 from tests.support.failing_jobs import error_lines, run_with_busy_port
-from tests.support.metrics_scrape import Samples
+from tests.support.metrics_scrape import aborted
 from tests.support.server_process import ServerProcess
 from tests.support.triton_helpers import Stream, in_tensor, out_obj
 
@@ -43,11 +43,6 @@ def server(served_tp2_long, tmp_path_factory):
 def fresh(server: ServerProcess, body: dict) -> requests.Response:
     """A request on a connection of its own (the kernel picks the worker per connection)."""
     return requests.post(server.url, json=body, headers={"Connection": "close"}, timeout=60)
-
-
-def aborted(server: ServerProcess) -> float:
-    res = requests.get(f"http://127.0.0.1:{server.env['METRICS_HTTP_PORT']}/metrics", timeout=10)
-    return Samples(res.text).get("request_success_total", finished_reason="abort")
 
 
 def raw_stream(server: ServerProcess, body: dict) -> tuple[socket.socket, bytes]:

@@ -3,6 +3,7 @@ into a flat {(sample name, labels): value} view, with deltas between two scrapes
 
 from __future__ import annotations
 
+import requests
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -37,3 +38,14 @@ class Samples:
 
     def delta(self, before: Samples, name: str, **labels: str) -> float:
         return self.get(name, **labels) - before.get(name, **labels)
+
+
+def scrape_server(srv) -> Samples:
+    """One scrape of a test server's `/metrics` (a tests.support.server_process.ServerProcess)."""
+    res = requests.get(f"http://127.0.0.1:{srv.env['METRICS_HTTP_PORT']}/metrics", timeout=10)
+    return Samples(res.text)
+
+
+def aborted(srv) -> float:
+    """Requests the server's engine has ended as aborted (cancel, client gone, deadline) so far."""
+    return scrape_server(srv).get("request_success_total", finished_reason="abort")
