@@ -12,8 +12,8 @@
 //   dot      W held transposed, [N, K] (llama.cpp's layout): each task a range of outputs, 8 output
 //            rows at a time as 8 dot products over K (8 streams of whole contiguous rows; the
 //            accumulators stay in registers, x's vector is loaded once per 8 FMAs)
-// Prints the median time per pass and weight GB/s of each.  Build and run (2 = threads; LAYERS=64
-// for 0.9 GB, past this VM's L3):
+// Every variant is written against simd.h's kWidth (AVX-512 or AVX2).  Prints the median time per
+// pass and weight GB/s of each.  Build and run (2 = threads; LAYERS=64 for 0.9 GB, past this VM's L3):
 //   g++ -O3 -march=native -std=c++17 -pthread -Iops/cpu_kernels benchmarks/gemv_streams.cc \
 //       ops/cpu_kernels/thread_pool.cc -o /tmp/gemv_streams && /tmp/gemv_streams 1 60 && /tmp/gemv_streams 2 60
 #include <chrono>
@@ -37,14 +37,15 @@ void packed_gemv(const float* x, const Mat& m, float* y) {
   parallel_for(tasks, [&](int64_t t) {
     for (int64_t pi = t * per; pi < std::min(panels, (t + 1) * per); ++pi) {
       const float* w = m.p + pi * m.K * P;
-      Vec a0 = vzero(), a1 = vzero(), a2 = vzero(), a3 = vzero();
+      constexpr int V = P / kWidth;   // 4 vectors a row with AVX-512, 8 with AVX2
+      Vec a[V];
+      for (int v = 0; v < V; ++v) a[v] = vzero();
       for (int64_t k = 0; k < m.K; ++k) {
         const Vec xb = vset1(x[k]);
         const float* r = w + k * P;
-        a0 = vfma(xb, vload(r), a0); a1 = vfma(xb, vload(r + 16), a1);
-        a2 = vfma(xb, vload(r + 32), a2); a3 = vfma(xb, vload(r + 48), a3);
+        for (int v = 0; v < V; ++v) a[v] = vfma(xb, vload(r + v * kWidth), a[v]);
       }
-      vstore(y + pi * P, a0); vstore(y + pi * P + 16, a1); vstore(y + pi * P + 32, a2); vstore(y + pi * P + 48, a3);
+      for (int v = 0; v < V; ++v) vstore(y + pi * P + v * kWidth, a[v]);
     }
   });
 }
@@ -85,8 +86,8 @@ float read_all(const Mat& m) {
     Vec a = vzero(), b = vzero();
     const int64_t e = std::min(n, (t + 1) * chunk);
     int64_t i = t * chunk;
-    for (; i + 32 <= e; i += 32) { a = vadd(a, vload(m.w + i)); b = vadd(b, vload(m.w + i + 16)); }
-    float tmp[16]; vstore(tmp, vadd(a, b)); part[t] = tmp[0];
+    for (; i + 2 * kWidth <= e; i += 2 * kWidth) { a = vadd(a, vload(m.w + i)); b = vadd(b, vload(m.w + i + kWidth)); }
+    part[t] = vsum(vadd(a, b));
   });
   return part[0];
 }
@@ -99,11 +100,11 @@ float read_streams(const Mat& m) {   // S interleaved streams per task (memory-l
     const int64_t b = t * chunk, e = std::min(n, b + chunk), seg = (e - b) / S / 16 * 16;
     Vec a[S];
     for (int s = 0; s < S; ++s) a[s] = vzero();
-    for (int64_t i = 0; i < seg; i += 16)
+    for (int64_t i = 0; i < seg; i += kWidth)
       for (int s = 0; s < S; ++s) a[s] = vadd(a[s], vload(m.w + b + s * seg + i));
-    for (int64_t i = b + S * seg; i + 16 <= e; i += 16) a[0] = vadd(a[0], vload(m.w + i));
+    for (int64_t i = b + S * seg; i + kWidth <= e; i += kWidth) a[0] = vadd(a[0], vload(m.w + i));
     for (int s = 1; s < S; ++s) a[0] = vadd(a[0], a[s]);
-    float tmp[16]; vstore(tmp, a[0]); part[t] = tmp[0];
+    part[t] = vsum(a[0]);
   });
   return part[0];
 }
