@@ -28,6 +28,7 @@ from spmd_serve.manifest import read_manifest
 from spmd_serve.worker.graph_ops import register_graph_ops
 from spmd_serve.worker.kv_cache import KVCachePool
 from spmd_serve.worker.malloc import tune_malloc
+from spmd_serve.worker.predictor import batch_paddle_gc
 from spmd_serve.worker.step_tables import step_feeds
 
 BLOCK, NUM_BLOCKS = 64, 256
@@ -52,6 +53,7 @@ class Graph:
             cfg.delete_pass("constant_folding_pass")  # as worker/model_runner.py loads quantised graphs
         if prof:
             cfg.enable_profile()
+        batch_paddle_gc()  # as worker/predictor.py makes its predictors
         self.p = inference.create_predictor(cfg)
         pool = KVCachePool(man.kv_cache, NUM_BLOCKS, BLOCK)
         self.pool = pool  # the predictor shares its memory: keep it alive
