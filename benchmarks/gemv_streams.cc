@@ -2,7 +2,8 @@
 // The 33 linear weights of `--demo small` (117 MB fp32) per pass, four ways, interleaved matrix by
 // matrix in rotating order (a shared machine then slows each alike; compare within a run):
 //   current  gemm.h's T=1 path: W [K, N] row-major, each task a chunk of 128 whole rows (8 rows a
-//            pass: long runs) into its own partial y, then the partials added in chunk order
+//            pass, one from each of the chunk's eight runs of 16 contiguous rows: eight linear
+//            streams) into its own partial y, then the partials added in chunk order
 //   columns  the T=1 path before the K split: each task a range of columns over all K, 8 rows per
 //            pass (8 concurrent streams of short runs, the hardware prefetchers following each)
 //   packed   W repacked as [N/64][K][64] panels: each task reads its panels as ONE sequential stream

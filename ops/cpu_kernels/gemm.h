@@ -24,9 +24,10 @@
 //   gemm_vnni.h (T <= 2), for every T; int8_exact.h says how, and why never mixed with the above.
 //
 // Every output element is the same fp32 sum in both paths and in the scalar tails: per chunk of
-// kKC rows (k0 = 0, kKC, ...) the chain acc = fma(x[t,k], w[k,n], acc) from acc = 0, and the chunks'
-// chains added in order, y = ((c0 + c1) + c2) + ... (then * scale[n] for int8): results are
-// bit-equal whatever the thread count, tile sizes, or the T of the call a row came in.
+// kKC rows (k0 = 0, kKC, ...) the chain acc = fma(x[t,k], w[k,n], acc) from acc = 0 over the chunk's
+// rows in chain_row's order (gemm_blocked.h: eight interleaved runs), and the chunks' chains added
+// in order, y = ((c0 + c1) + c2) + ... (then * scale[n] for int8): results are bit-equal whatever
+// the thread count, tile sizes, or the T of the call a row came in.
 #pragma once
 
 #include <algorithm>
@@ -45,7 +46,7 @@ namespace spmd {
 
 constexpr int64_t kStreamRows = 8;          // T above: the blocked path (CPU time equal at T ~ 12; 8 below)
 constexpr int64_t kAccFloats = 16384;       // stream: T x tile accumulators, 64 KiB (4096: 5-10 % slower at T=1, 8)
-constexpr int64_t kPassRows = 8;            // stream: weight rows per pass over the accumulators
+constexpr int64_t kPassRows = kChainStreams;  // stream: weight rows per pass over the accumulators, one a run
 constexpr int64_t kPrefetchRows = 16;       // stream: software prefetch distance, in weight rows
 constexpr int64_t kBlockedTasks = 8;        // blocked: column tasks a thread, about (see gemm())
 
@@ -66,17 +67,24 @@ void stream_tile(const float* x, const Src& w, int64_t K, int64_t k0, int64_t k1
       for (int64_t j = 0; j < nb; j += kWidth) vstore(out + t * ldo + j, vzero());
   // one pass of kPassRows weight rows over the accumulators; kLast: the result goes into `add`.
   // Inlined (GCC kept it a call: 5-15 % slower)
+  // k: a chain position (from k0); its rows, kPassRows = kChainStreams runs' next rows, lie far apart
+  const int64_t kb = k1 - k0;
   auto pass = [&](int64_t k, auto last) __attribute__((always_inline)) {
     constexpr bool kLast = decltype(last)::value;
     const int64_t pf = std::min(k + kPrefetchRows, k1 - kPassRows);   // clamped: re-prefetching is harmless
+    int64_t row[kPassRows], ahead[kPassRows];
+    for (int i = 0; i < kPassRows; ++i) {
+      row[i] = k0 + chain_row(kb, k - k0 + i);
+      ahead[i] = k0 + chain_row(kb, pf - k0 + i);
+    }
     Vec xb[T][kPassRows];
     for (int t = 0; t < T; ++t)
-      for (int i = 0; i < kPassRows; ++i) xb[t][i] = vset1(x[t * K + k + i]);
+      for (int i = 0; i < kPassRows; ++i) xb[t][i] = vset1(x[t * K + row[i]]);
     for (int64_t j = 0; j < nb; j += kWidth) {
       if (kPrefetch && j % Src::kLine == 0)
-        for (int i = 0; i < kPassRows; ++i) __builtin_prefetch(w.at(pf + i, n0 + j));
+        for (int i = 0; i < kPassRows; ++i) __builtin_prefetch(w.at(ahead[i], n0 + j));
       Vec wv[kPassRows];
-      for (int i = 0; i < kPassRows; ++i) wv[i] = w.vec(k + i, n0 + j);
+      for (int i = 0; i < kPassRows; ++i) wv[i] = w.vec(row[i], n0 + j);
       for (int t = 0; t < T; ++t) {
         float* acc = out + t * ldo + j;
         Vec a = vload(acc);
@@ -93,12 +101,13 @@ void stream_tile(const float* x, const Src& w, int64_t K, int64_t k0, int64_t k1
   int64_t k = k0;
   for (; k + kPassRows <= k1; k += kPassRows)
     fused && k + kPassRows == k1 ? pass(k, std::true_type{}) : pass(k, std::false_type{});
-  for (; k < k1; ++k)  // the range's last rows
+  for (; k < k1; ++k)  // the range's last rows (past the runs: in order)
     for (int64_t j = 0; j < nb; j += kWidth) {
-      const Vec wv = w.vec(k, n0 + j);
+      const int64_t r = k0 + chain_row(kb, k - k0);
+      const Vec wv = w.vec(r, n0 + j);
       for (int t = 0; t < T; ++t) {
         float* acc = out + t * ldo + j;
-        vstore(acc, vfma(vset1(x[t * K + k]), wv, vload(acc)));
+        vstore(acc, vfma(vset1(x[t * K + r]), wv, vload(acc)));
       }
     }
   if (add != nullptr && !fused)
@@ -131,7 +140,11 @@ void stream_columns(const float* x, const Src& w, int64_t K, int64_t N, int64_t 
       float total = 0.f;
       for (int64_t kc = k0; kc < k1; kc += step) {
         float s = 0.f;
-        for (int64_t k = kc; k < std::min(k1, kc + step); ++k) s = fmadd(x[t * K + k], w.one(k, n), s);
+        const int64_t len = std::min(k1, kc + step) - kc;
+        for (int64_t p = 0; p < len; ++p) {
+          const int64_t k = kc + chain_row(len, p);
+          s = fmadd(x[t * K + k], w.one(k, n), s);
+        }
         total = kc == k0 ? s : total + s;
       }
       y[t * N + n] = total;

@@ -22,25 +22,42 @@ constexpr int64_t kNR = kNV * kWidth;       // blocked: columns per micro-panel
 constexpr int64_t kKC = 128;                // both: rows of W per chunk of the sum (blocked: a micro-panel, 32 KiB)
 constexpr int64_t kNC = 256;                // blocked: columns per task, at most
 constexpr int64_t kPackPrefetchRows = 8;    // blocked: software prefetch distance of the packing
+constexpr int64_t kChainStreams = 8;        // both: the interleaved runs of rows a chunk's chain visits
 
-// [kb, nb] block of W from (k0, n0) → fp32 micro-panels dst[nb / kNR rounded up][kb][kNR], zero-padded
+// Chain position p (0 <= p < kb) of a chunk of kb rows → its row in the chunk.  The chain visits the
+// chunk's rows as kChainStreams interleaved runs of kb / kChainStreams contiguous rows (run i's q-th
+// row is position q * kChainStreams + i; the kb % kChainStreams rows past the runs come last, in
+// order), so the decode path's pass over kChainStreams consecutive positions reads rows far apart
+// and each of its streams runs linearly through memory: one linear stream a task read 10 GB/s on an
+// AMD Zen 3 core, eight 17 (RESULTS.md "Session 29").  Every path sums in this order.
+inline int64_t chain_row(int64_t kb, int64_t p) {
+  const int64_t run = kb / kChainStreams;
+  return p >= run * kChainStreams ? p : p % kChainStreams * run + p / kChainStreams;
+}
+
+// [kb, nb] block of W from (k0, n0) → fp32 micro-panels dst[nb / kNR rounded up][kb][kNR], zero-padded,
+// its rows in the chain's order (chain_row)
 template <typename Src>
 void pack(const Src& w, int64_t k0, int64_t kb, int64_t n0, int64_t nb, int64_t K, float* dst) {
   const int64_t full = nb / kWidth * kWidth;
-  for (int64_t k = 0; k < kb; ++k) {
-    // a task reads W in short runs (nb columns of each row): without the prefetch, one row ahead
-    // per cache line, the hardware prefetchers leave it latency-bound
-    if (k0 + k + kPackPrefetchRows < K)
-      for (int64_t j = 0; j < nb; j += Src::kLine) __builtin_prefetch(w.at(k0 + k + kPackPrefetchRows, n0 + j));
+  for (int64_t k = 0; k < kb; ++k) {   // k: the chain position; panel row k holds W row `row`
+    const int64_t row = k0 + chain_row(kb, k), ahead = k + kPackPrefetchRows;
+    // a task reads W in short runs (nb columns of each row): without the prefetch, a few rows ahead
+    // per cache line (into the next block's at the end), the hardware prefetchers leave it latency-bound
+    const int64_t next = ahead < kb ? k0 + chain_row(kb, ahead)
+                                    : k0 + kb + chain_row(std::min(kKC, K - k0 - kb), ahead - kb);
+    if (k0 + ahead < K)
+      for (int64_t j = 0; j < nb; j += Src::kLine) __builtin_prefetch(w.at(next, n0 + j));
     for (int64_t j = 0; j < full; j += kWidth)
-      vstore(dst + (j / kNR) * kb * kNR + k * kNR + j % kNR, w.vec(k0 + k, n0 + j));
+      vstore(dst + (j / kNR) * kb * kNR + k * kNR + j % kNR, w.vec(row, n0 + j));
     for (int64_t j = full; j < (nb + kNR - 1) / kNR * kNR; ++j)
-      dst[(j / kNR) * kb * kNR + k * kNR + j % kNR] = j < nb ? w.one(k0 + k, n0 + j) : 0.f;
+      dst[(j / kNR) * kb * kNR + k * kNR + j % kNR] = j < nb ? w.one(row, n0 + j) : 0.f;
   }
 }
 
 // x[T, K] → micro-panels, per block of kKC rows of W (k0 = 0, kKC, ...) a contiguous
-// [T / kMR rounded up][kb][kMR] (rows past T zero); this fills one tile (kMR rows of x) of each.
+// [T / kMR rounded up][kb][kMR] (rows past T zero; columns in the chain's order, as pack's rows);
+// this fills one tile (kMR rows of x) of each.
 // The micro-kernel's broadcasts then read one stream, and a block's panels stay in L2 while its
 // W block is in use.  Read in place, x's kMR rows lie K floats apart (a multiple of 4 KiB for every
 // model here) and crowd a few L1 sets with the W panel (RESULTS.md "Session 20").
@@ -49,8 +66,10 @@ inline void pack_rows(const float* x, int64_t T, int64_t K, int64_t tile, float*
   for (int64_t k0 = 0; k0 < K; k0 += kKC) {
     const int64_t kb = std::min(kKC, K - k0);
     float* dst = xp + k0 * tiles * kMR + tile * kb * kMR;
-    for (int64_t k = 0; k < kb; ++k)
-      for (int64_t m = 0; m < kMR; ++m) dst[k * kMR + m] = m < rows ? x[(t0 + m) * K + k0 + k] : 0.f;
+    for (int64_t k = 0; k < kb; ++k) {
+      const int64_t col = k0 + chain_row(kb, k);
+      for (int64_t m = 0; m < kMR; ++m) dst[k * kMR + m] = m < rows ? x[(t0 + m) * K + col] : 0.f;
+    }
   }
 }
 
