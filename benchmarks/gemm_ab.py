@@ -32,7 +32,7 @@ NAMES = (
     "stream_columns stream_dispatch scale_columns stream_gemm pack pack_rows micro micro_dispatch blocked_columns gemm "
     "kAmxRows kAmxStep kAmxCols kAmxTile kAmxKB kAmxNC kAmxPrefetch pack_digits digit_at Interleave load_rows "
     "combine_digits finish_row amx_convert tile_load tile_store tile_zero tile_dp amx_unroll amx_micro amx_columns "
-    "exact_gemm kVnniRows kVnniKC kVnniAcc kVnniPass vnni_rows vnni_gemm_t vnni_gemm"
+    "exact_gemm kVnniRows kVnniKC kVnniAcc kVnniPass vnni_rows vnni_gemm_t vnni_gemm kChainStreams chain_row"
 ).split()
 # REV's headers inlined into its gemm.h, innermost last (each is included once)
 INLINED = ("gemm_blocked.h", "gemm_amx.h", "gemm_vnni.h", "int8_exact.h")

@@ -47,7 +47,8 @@ namespace spmd {
 constexpr int64_t kStreamRows = 8;          // T above: the blocked path (CPU time equal at T ~ 12; 8 below)
 constexpr int64_t kAccFloats = 16384;       // stream: T x tile accumulators, 64 KiB (4096: 5-10 % slower at T=1, 8)
 constexpr int64_t kPassRows = kChainStreams;  // stream: weight rows per pass over the accumulators, one a run
-constexpr int64_t kPrefetchRows = 16;       // stream: software prefetch distance, in weight rows
+constexpr int64_t kPrefetchRows = 16;       // stream at T = 1: software prefetch distance, in weight rows
+constexpr int64_t kPrefetchBytes = 256;     // stream at T > 1: software prefetch distance along each row
 constexpr int64_t kBlockedTasks = 8;        // blocked: column tasks a thread, about (see gemm())
 
 // ---------------------------------------------------------------- T <= kStreamRows
@@ -60,8 +61,13 @@ template <int T, typename Src>
 void stream_tile(const float* x, const Src& w, int64_t K, int64_t k0, int64_t k1, int64_t n0, int64_t nb, float* out,
                  int64_t ldo, float* add = nullptr, int64_t ldy = 0) {
   // fp32 at T=1 (one 64-byte load per line, a short loop): the hardware prefetchers keep up and the
-  // prefetches only cost issue slots (29 vs 26 GB/s without them); int8, or T >= 2, gain from them
+  // prefetches only cost issue slots (29 vs 26 GB/s without them); int8, or T >= 2, gain from them.
+  // At T = 1 a pass is quick and the prefetch runs kPrefetchRows rows (two passes) ahead; at T > 1
+  // a pass takes T times as long, and lines two passes ahead were evicted before their use (an AMD
+  // Zen 3's 32 KB L1), so each row is prefetched kPrefetchBytes ahead of its loads, into the next
+  // pass's rows at the tile's end (fp32 T = 2-8 there: 1.1-1.55x; int8 level; RESULTS.md "Session 29")
   constexpr bool kPrefetch = Src::kPrefetchOneRow || T > 1;
+  constexpr int64_t kAlong = kPrefetchBytes * Src::kLine / 64;   // kPrefetchBytes, in elements
   const bool fused = add != nullptr && k1 - k0 >= kPassRows && (k1 - k0) % kPassRows == 0;
   for (int t = 0; t < T; ++t)
       for (int64_t j = 0; j < nb; j += kWidth) vstore(out + t * ldo + j, vzero());
@@ -71,7 +77,8 @@ void stream_tile(const float* x, const Src& w, int64_t K, int64_t k0, int64_t k1
   const int64_t kb = k1 - k0;
   auto pass = [&](int64_t k, auto last) __attribute__((always_inline)) {
     constexpr bool kLast = decltype(last)::value;
-    const int64_t pf = std::min(k + kPrefetchRows, k1 - kPassRows);   // clamped: re-prefetching is harmless
+    // clamped: re-prefetching is harmless
+    const int64_t pf = std::min(k + (T > 1 ? kPassRows : kPrefetchRows), k1 - kPassRows);
     int64_t row[kPassRows], ahead[kPassRows];
     for (int i = 0; i < kPassRows; ++i) {
       row[i] = k0 + chain_row(kb, k - k0 + i);
@@ -81,8 +88,13 @@ void stream_tile(const float* x, const Src& w, int64_t K, int64_t k0, int64_t k1
     for (int t = 0; t < T; ++t)
       for (int i = 0; i < kPassRows; ++i) xb[t][i] = vset1(x[t * K + row[i]]);
     for (int64_t j = 0; j < nb; j += kWidth) {
-      if (kPrefetch && j % Src::kLine == 0)
-        for (int i = 0; i < kPassRows; ++i) __builtin_prefetch(w.at(ahead[i], n0 + j));
+      if (kPrefetch && j % Src::kLine == 0) {
+        const int64_t c = j + kAlong;
+        for (int i = 0; i < kPassRows; ++i)
+          __builtin_prefetch(T == 1   ? w.at(ahead[i], n0 + j)
+                             : c < nb ? w.at(row[i], n0 + c)
+                                      : w.at(ahead[i], n0 + c - nb));
+      }
       Vec wv[kPassRows];
       for (int i = 0; i < kPassRows; ++i) wv[i] = w.vec(row[i], n0 + j);
       for (int t = 0; t < T; ++t) {
