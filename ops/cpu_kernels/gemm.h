@@ -113,15 +113,16 @@ void stream_tile(const float* x, const Src& w, int64_t K, int64_t k0, int64_t k1
   int64_t k = k0;
   for (; k + kPassRows <= k1; k += kPassRows)
     fused && k + kPassRows == k1 ? pass(k, std::true_type{}) : pass(k, std::false_type{});
-  for (; k < k1; ++k)  // the range's last rows (past the runs: in order)
+  for (; k < k1; ++k) {  // the range's last rows (past the runs: in order)
+    const int64_t r = k0 + chain_row(kb, k - k0);
     for (int64_t j = 0; j < nb; j += kWidth) {
-      const int64_t r = k0 + chain_row(kb, k - k0);
       const Vec wv = w.vec(r, n0 + j);
       for (int t = 0; t < T; ++t) {
         float* acc = out + t * ldo + j;
         vstore(acc, vfma(vset1(x[t * K + r]), wv, vload(acc)));
       }
     }
+  }
   if (add != nullptr && !fused)
     for (int t = 0; t < T; ++t)
       for (int64_t j = 0; j < nb; j += kWidth) {
