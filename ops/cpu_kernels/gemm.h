@@ -16,7 +16,8 @@
 //   per kKC rows of W it converts its [kKC, kNC] block to fp32 micro-panels [kKC][kNR] (in L2;
 //   int8/int4 are dequantised here, once per call) and runs a kMR x kNR register-blocked
 //   micro-kernel over all T rows for each micro-panel while that panel stays in L1, adding each
-//   block's product to the task's contiguous [T, kNC] sums (y once at the end).  x is packed once
+//   block's product to the task's contiguous [T, kNC] sums (y once at the end); at T <= 96 the
+//   next block is prefetched into L2 meanwhile (BlockPrefetch).  x is packed once
 //   per call into kMR-row micro-panels per block of kKC rows.  The packings are per-call scratch
 //   buffers: no second copy of the weights is kept.
 //
@@ -260,7 +261,8 @@ void gemm(const float* x, const Src& w, const float* scale, int64_t T, int64_t K
     if (K == 0)
       for (int64_t t = 0; t < T; ++t) std::fill(y + t * N + c0, y + t * N + c1, 0.f);
     else
-      blocked_columns(xp, w, T, K, N, c0, c1 - c0, buf.data(), acc.data(), y);
+      blocked_columns(xp, w, T, K, N, c0, c1 - c0, buf.data(), acc.data(), y,
+                      i + threads < tasks ? (i + threads) * width : -1);
     if (scale != nullptr) scale_columns(y, scale, T, N, c0, c1);
   });
 }

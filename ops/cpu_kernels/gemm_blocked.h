@@ -22,6 +22,7 @@ constexpr int64_t kNR = kNV * kWidth;       // blocked: columns per micro-panel
 constexpr int64_t kKC = 128;                // both: rows of W per chunk of the sum (blocked: a micro-panel, 32 KiB)
 constexpr int64_t kNC = 256;                // blocked: columns per task, at most
 constexpr int64_t kPackPrefetchRows = 8;    // blocked: software prefetch distance of the packing
+constexpr int64_t kPrefetchTiles = 16;      // blocked: at most this many tiles of x, the next block is prefetched
 constexpr int64_t kChainStreams = 8;        // both: the interleaved runs of rows a chunk's chain visits
 
 // Chain position p (0 <= p < kb) of a chunk of kb rows → its row in the chunk.  The chain visits the
@@ -73,6 +74,27 @@ inline void pack_rows(const float* x, int64_t T, int64_t K, int64_t tile, float*
   }
 }
 
+// A [rows, nb] block of W from (k0, n0) into L2 (prefetcht1), its lines in memory order spread over
+// `steps` calls of step()
+template <typename Src>
+class BlockPrefetch {
+ public:
+  BlockPrefetch(const Src& w, int64_t k0, int64_t rows, int64_t n0, int64_t nb, int64_t steps)
+      : w_(w), row_(k0), n0_(n0), nb_(nb), left_(rows * ((nb + Src::kLine - 1) / Src::kLine)),
+        share_((left_ + steps - 1) / steps) {}
+  void step() {
+    for (int64_t i = 0; i < share_ && left_ > 0; ++i, --left_) {
+      __builtin_prefetch(w_.at(row_, n0_ + col_), 0, 2);
+      col_ += Src::kLine;
+      if (col_ >= nb_) col_ = 0, ++row_;
+    }
+  }
+
+ private:
+  const Src& w_;
+  int64_t row_, n0_, nb_, left_, share_, col_ = 0;
+};
+
 // out[M, kNR] (row stride ldo) = (zero ? 0 : c) + x[M, kb] @ panel[kb, kNR], c's rows ldc apart, x
 // one of pack_rows' micro-panels (x[m, k] at x[k * kMR + m]): the block's product summed from 0
 // (one chunk of the sum: see the top); out is c, or y for a task's last block
@@ -109,7 +131,7 @@ void micro_dispatch(int64_t m, std::integer_sequence<int, M...>, const float* x,
 // micro-panels' sums straight into y (a copy pass fewer), a partial panel's through acc.
 template <typename Src>
 void blocked_columns(const float* xp, const Src& w, int64_t T, int64_t K, int64_t N, int64_t n0, int64_t nb,
-                     float* buf, float* acc, float* y) {
+                     float* buf, float* acc, float* y, int64_t n_after = -1) {
   constexpr auto kRows = std::make_integer_sequence<int, kMR>{};
   const int64_t ld = (nb + kNR - 1) / kNR * kNR, tiles = (T + kMR - 1) / kMR, whole = nb / kNR * kNR;
   for (int64_t k0 = 0; k0 < K; k0 += kKC) {
@@ -117,8 +139,18 @@ void blocked_columns(const float* xp, const Src& w, int64_t T, int64_t K, int64_
     pack(w, k0, kb, n0, nb, K, buf);   // zero past nb: acc's padding columns are sums of zeros
     const float* xk = xp + k0 * tiles * kMR;  // this block's micro-panels of x, [tiles][kb][kMR]
     const bool last = k0 + kb == K;
+    // The next block into L2 while this one's micro-kernels run, so its pack reads L2 and the memory
+    // reads overlap the arithmetic; after the last block, the first block of the columns at n_after
+    // (the task this thread likely takes next).  At T <= 96 the pack's wait on memory was a third
+    // of the time (T = 16-96 on two threads: 1.1-1.2x, RESULTS.md "Session 30"); with more tiles it
+    // is amortised, and the prefetched block would only crowd the sums in L2.
+    const bool ahead = tiles <= kPrefetchTiles && (!last || n_after >= 0);
+    const int64_t pn0 = last ? n_after : n0;
+    BlockPrefetch<Src> next(w, last ? 0 : k0 + kb, ahead ? std::min(kKC, last ? K : K - k0 - kb) : 0, pn0,
+                            std::min(nb, N - pn0), ld / kNR * tiles);
     for (int64_t j = 0; j < nb; j += kNR)
       for (int64_t t0 = 0; t0 < T; t0 += kMR) {
+        next.step();
         float* c = acc + t0 * ld + j;
         const bool direct = last && j < whole;
         micro_dispatch(std::min(kMR, T - t0), kRows, xk + t0 * kb, buf + (j / kNR) * kb * kNR, kb, c, ld,
