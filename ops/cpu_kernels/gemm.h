@@ -248,7 +248,7 @@ void gemm(const float* x, const Src& w, const float* scale, int64_t T, int64_t K
   // (RESULTS.md "Session 24").  Narrower tasks cost nothing: each still packs its W once per call
   const int64_t per = threads == 1 ? N : (N + kBlockedTasks * threads - 1) / (kBlockedTasks * threads);
   const int64_t width = std::clamp((per + kNR - 1) / kNR * kNR, kNR, std::max(kNR, kNC / kNR * kNR));
-  const int64_t tasks = (N + width - 1) / width, tiles = (T + kMR - 1) / kMR;
+  const int64_t tasks = (N + width - 1) / width, tiles = Tiles(T).count;
   thread_local AlignedVector<float> packed;  // the caller's; the tasks read it through xp
   packed.resize(tiles * K * kMR);
   float* const xp = packed.data();

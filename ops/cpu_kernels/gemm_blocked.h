@@ -36,6 +36,17 @@ inline int64_t chain_row(int64_t kb, int64_t p) {
   return p >= run * kChainStreams ? p : p % kChainStreams * run + p / kChainStreams;
 }
 
+// T rows of x in ceil(T / kMR) tiles of as equal a size as can be (T = 32: 6, 6, 5, 5, 5, 5, not
+// 6 x 5 and a 2-row tile, whose 4 accumulators leave the FMA units half idle: 7 % of the time at
+// T = 32).  Which tile a row lies in changes no sum.
+struct Tiles {
+  int64_t count, base, extra;   // tile i has base + (i < extra) rows
+  explicit Tiles(int64_t T) : count((T + kMR - 1) / kMR), base(T / std::max<int64_t>(count, 1)),
+                              extra(T % std::max<int64_t>(count, 1)) {}
+  int64_t start(int64_t i) const { return i * base + std::min(i, extra); }
+  int64_t rows(int64_t i) const { return base + (i < extra); }
+};
+
 // [kb, nb] block of W from (k0, n0) → fp32 micro-panels dst[nb / kNR rounded up][kb][kNR], zero-padded,
 // its rows in the chain's order (chain_row)
 template <typename Src>
@@ -57,13 +68,14 @@ void pack(const Src& w, int64_t k0, int64_t kb, int64_t n0, int64_t nb, int64_t 
 }
 
 // x[T, K] → micro-panels, per block of kKC rows of W (k0 = 0, kKC, ...) a contiguous
-// [T / kMR rounded up][kb][kMR] (rows past T zero; columns in the chain's order, as pack's rows);
-// this fills one tile (kMR rows of x) of each.
+// [Tiles(T).count][kb][kMR] (a tile's rows past its own zero; columns in the chain's order, as pack's
+// rows); this fills one tile (Tiles(T).rows(tile) rows of x) of each.
 // The micro-kernel's broadcasts then read one stream, and a block's panels stay in L2 while its
 // W block is in use.  Read in place, x's kMR rows lie K floats apart (a multiple of 4 KiB for every
 // model here) and crowd a few L1 sets with the W panel (RESULTS.md "Session 20").
 inline void pack_rows(const float* x, int64_t T, int64_t K, int64_t tile, float* xp) {
-  const int64_t tiles = (T + kMR - 1) / kMR, t0 = tile * kMR, rows = std::min(kMR, T - t0);
+  const Tiles tl(T);
+  const int64_t tiles = tl.count, t0 = tl.start(tile), rows = tl.rows(tile);
   for (int64_t k0 = 0; k0 < K; k0 += kKC) {
     const int64_t kb = std::min(kKC, K - k0);
     float* dst = xp + k0 * tiles * kMR + tile * kb * kMR;
@@ -133,7 +145,8 @@ template <typename Src>
 void blocked_columns(const float* xp, const Src& w, int64_t T, int64_t K, int64_t N, int64_t n0, int64_t nb,
                      float* buf, float* acc, float* y, int64_t n_after = -1) {
   constexpr auto kRows = std::make_integer_sequence<int, kMR>{};
-  const int64_t ld = (nb + kNR - 1) / kNR * kNR, tiles = (T + kMR - 1) / kMR, whole = nb / kNR * kNR;
+  const Tiles tl(T);
+  const int64_t ld = (nb + kNR - 1) / kNR * kNR, tiles = tl.count, whole = nb / kNR * kNR;
   for (int64_t k0 = 0; k0 < K; k0 += kKC) {
     const int64_t kb = std::min(kKC, K - k0);
     pack(w, k0, kb, n0, nb, K, buf);   // zero past nb: acc's padding columns are sums of zeros
@@ -149,11 +162,12 @@ void blocked_columns(const float* xp, const Src& w, int64_t T, int64_t K, int64_
     BlockPrefetch<Src> next(w, last ? 0 : k0 + kb, ahead ? std::min(kKC, last ? K : K - k0 - kb) : 0, pn0,
                             std::min(nb, N - pn0), ld / kNR * tiles);
     for (int64_t j = 0; j < nb; j += kNR)
-      for (int64_t t0 = 0; t0 < T; t0 += kMR) {
+      for (int64_t i = 0; i < tiles; ++i) {
         next.step();
+        const int64_t t0 = tl.start(i);
         float* c = acc + t0 * ld + j;
         const bool direct = last && j < whole;
-        micro_dispatch(std::min(kMR, T - t0), kRows, xk + t0 * kb, buf + (j / kNR) * kb * kNR, kb, c, ld,
+        micro_dispatch(tl.rows(i), kRows, xk + i * kb * kMR, buf + (j / kNR) * kb * kNR, kb, c, ld,
                        direct ? y + t0 * N + n0 + j : c, direct ? N : ld, k0 == 0);
       }
   }
