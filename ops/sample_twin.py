@@ -166,8 +166,14 @@ def _draw(
 
 def greedy_tokens(x: np.ndarray) -> np.ndarray:
     """Rows x [R, V] float32 -> sample_cpu's tokens where every row is greedy with no penalty and
-    no masked id (its step 2 alone: the arg-max, lowest id on ties, NaNs ranked by their bits)."""
-    return _values_and_argmax(x)[1]
+    no masked id (its step 2 alone: the arg-max, lowest id on ties, NaNs ranked by their bits).
+    _values_and_argmax's arg-max without its copy x + 0: -0.0 and +0.0 compare equal, so the first
+    of them wins either way (one pass over logits the graph has just left cold, at every step)."""
+    best = np.argmax(x, axis=1)  # a NaN in the row -> the first NaN's index
+    nan_rows = np.flatnonzero(np.isnan(x[np.arange(len(x)), best]))
+    if nan_rows.size:
+        best[nan_rows] = np.argmax(float_key(x[nan_rows]), axis=1)
+    return best
 
 
 def _greedy_rows(p: np.ndarray, n: int, with_logprobs: bool) -> tuple[np.ndarray, ...]:
