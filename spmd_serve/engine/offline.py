@@ -35,9 +35,9 @@ class _CapturingSampler(Sampler):
     def __init__(self, captured: dict[str, list[npt.NDArray[np.float32]]]) -> None:
         self.captured = captured
 
-    def observe(self, requests: list[Request], logits: npt.NDArray[np.float32]) -> None:
-        for req, row in zip(requests, logits):
-            self.captured[req.req_id].append(row.copy())
+    def observe(self, requests: list[Request], logits: npt.NDArray[np.float32], rows: list[int]) -> None:
+        for req, i in zip(requests, rows):
+            self.captured[req.req_id].append(logits[i].copy())
 
 
 @dataclass

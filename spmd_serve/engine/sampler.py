@@ -206,7 +206,8 @@ class Sampler:
         kept = [k for k, (r, _, _) in enumerate(jobs) if r.req_id not in failed]
         self.observe(
             [jobs[k][0] for k in kept for _ in tokens[k]],
-            logits[[i for k in kept for i in jobs[k][1][: len(tokens[k])]]],
+            logits,
+            [i for k in kept for i in jobs[k][1][: len(tokens[k])]],
         )
         return SampledStep(
             [jobs[k][0] for k in kept],
@@ -228,7 +229,8 @@ class Sampler:
                 views += position_rows(r.params, r.output_token_ids, r.eos_token_ids, drafts)
             else:
                 views.append(r)
-        targets = sample(logits[rows], views)
+        # every row, the usual case: no copy of the logits (they are cold after the graph)
+        targets = sample(logits if rows == list(range(len(logits))) else logits[rows], views)
         out: list[list[int]] = []
         k = 0
         for r, idx, drafts in jobs:
@@ -242,6 +244,6 @@ class Sampler:
             k += len(idx)
         return out
 
-    def observe(self, requests: list[Request], logits: npt.NDArray[np.float32]) -> None:
-        """Called each step with one row of logits [N, V] per sampled token (a request that got
-        several tokens is listed once per token); nothing by default."""
+    def observe(self, requests: list[Request], logits: npt.NDArray[np.float32], rows: list[int]) -> None:
+        """Called each step with the step's logits [R, V] and, per sampled token, its request and
+        its row (a request that got several tokens is listed once per token); nothing by default."""
