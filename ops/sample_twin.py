@@ -94,13 +94,22 @@ def _values_and_argmax(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     the arg-max of the key per row, lowest id on ties).  Without NaN that is x + 0 and argmax (the same
     bits, fewer passes); a row whose argmax meets a NaN takes the keys, where NaNs rank by their bits."""
     s = x + np.float32(0)
-    best = np.argmax(s, axis=1)  # a NaN in the row -> the first NaN's index
-    nan_rows = np.flatnonzero(np.isnan(s[np.arange(len(s)), best]))
+    best = np.argmax(s, axis=1)
+    nan_rows, keys = _rank_nan_rows(x, best)
     if nan_rows.size:
-        keys = float_key(x[nan_rows])
         s[nan_rows] = key_float(keys)
-        best[nan_rows] = np.argmax(keys, axis=1)
     return s, best
+
+
+def _rank_nan_rows(x: np.ndarray, best: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """best = np.argmax(x, axis=1) (a row with a NaN gives its first NaN's index) -> the rows whose
+    arg-max met a NaN get the arg-max of their keys instead, where NaNs rank by their bits; returns
+    (those rows, their keys)."""
+    nan_rows = np.flatnonzero(np.isnan(x[np.arange(len(x)), best]))
+    keys = float_key(x[nan_rows])
+    if nan_rows.size:
+        best[nan_rows] = np.argmax(keys, axis=1)
+    return nan_rows, keys
 
 
 def _ranking(s: np.ndarray, ids: np.ndarray) -> np.ndarray:
@@ -169,10 +178,8 @@ def greedy_tokens(x: np.ndarray) -> np.ndarray:
     no masked id (its step 2 alone: the arg-max, lowest id on ties, NaNs ranked by their bits).
     _values_and_argmax's arg-max without its copy x + 0: -0.0 and +0.0 compare equal, so the first
     of them wins either way (one pass over logits the graph has just left cold, at every step)."""
-    best = np.argmax(x, axis=1)  # a NaN in the row -> the first NaN's index
-    nan_rows = np.flatnonzero(np.isnan(x[np.arange(len(x)), best]))
-    if nan_rows.size:
-        best[nan_rows] = np.argmax(float_key(x[nan_rows]), axis=1)
+    best = np.argmax(x, axis=1)
+    _rank_nan_rows(x, best)
     return best
 
 
