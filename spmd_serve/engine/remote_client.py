@@ -28,16 +28,7 @@ from typing import Any
 
 from spmd_serve.engine.client import EngineClient, NotReadyError, check_admission
 from spmd_serve.engine.outputs import RequestOutput
-from spmd_serve.engine.wire import (
-    HEADER_SIZE,
-    Message,
-    WireError,
-    decode_body,
-    encode,
-    header_size,
-    output_from_wire,
-    params_to_wire,
-)
+from spmd_serve.engine.wire import FrameDecoder, Message, WireError, encode, output_from_wire, params_to_wire
 from spmd_serve.sampling_params import SamplingParams
 
 HANDOFF_REPORT_S = 0.2  # how often the hand-off times go back to the engine's /metrics
@@ -52,7 +43,7 @@ class RemoteEngineClient(EngineClient):
         worker of a ready server starts ready: it answers at once, never a 503 while its link
         comes up); the state messages after the hello keep it current."""
         super().__init__(capacity)
-        self._writer: asyncio.StreamWriter | None = None
+        self._writer: asyncio.WriteTransport | None = None
         # Messages written before the link is up (requests that reach a ready replacement while
         # its hello is being sent) wait here and follow the hello; None once the link is up or gone.
         self._early: list[bytes] | None = []
@@ -123,7 +114,7 @@ class RemoteEngineClient(EngineClient):
         return self._writer is not None or self._early is not None
 
     # ---- from the engine ---------------------------------------------------------------------
-    def connected(self, writer: asyncio.StreamWriter | None, hello: Message | None = None) -> None:
+    def connected(self, writer: asyncio.WriteTransport | None, hello: Message | None = None) -> None:
         """The link is up (`hello` first, then what waited for it) or gone (None)."""
         early, self._early = self._early or [], None
         self._writer = writer
@@ -183,9 +174,10 @@ class RemoteEngineClient(EngineClient):
             self._early.append(encode(msg))
 
 
-class EngineLink:
+class EngineLink(asyncio.Protocol):
     """The IO service that connects a worker's client to rank 0 (started last: the ports are
-    bound by then, and the hello says so)."""
+    bound by then, and the hello says so).  A protocol rather than a StreamReader task: frames are
+    cut and delivered in `data_received`, one event-loop turn per step's outputs fewer."""
 
     def __init__(
         self,
@@ -200,36 +192,50 @@ class EngineLink:
         self.facts = facts or {}
         self.done = threading.Event()  # the server is stopping or rank 0 is gone: exit
         self.stopped_cleanly = False
-        self._task: asyncio.Task[None] | None = None
-        self._writer: asyncio.StreamWriter | None = None
+        self._decoder = FrameDecoder()
+        self._transport: asyncio.Transport | None = None
+        self._ending: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
-        reader, self._writer = await asyncio.open_connection(sock=self.sock)
+        loop = asyncio.get_running_loop()
+        transport, _ = await loop.create_connection(lambda: self, sock=self.sock)
         hello = {"t": "hello", "worker": self.worker, "pid": os.getpid(), "token": self.token, "ok": True, **self.facts}
-        self.client.connected(self._writer, hello)
-        self._task = asyncio.get_running_loop().create_task(self._run(reader))
+        self.client.connected(transport, hello)
 
     async def stop(self, grace: float) -> None:
-        if self._task is not None:
-            self._task.cancel()
+        if self._ending is not None and not self._ending.done():
+            self._ending.cancel()
             with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+                await self._ending
         self.client.connected(None)
-        if self._writer is not None:
-            self._writer.close()
+        if self._transport is not None:
+            self._transport.close()
 
-    async def _run(self, reader: asyncio.StreamReader) -> None:
-        why = "connection closed"
+    # ---- asyncio.Protocol --------------------------------------------------------------------
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self._transport = transport  # type: ignore[assignment]
+
+    def data_received(self, data: bytes) -> None:
+        if self._ending is not None:
+            return
         try:
-            while True:
-                size = header_size(await reader.readexactly(HEADER_SIZE))
-                msg = decode_body(await reader.readexactly(size))
+            for msg in self._decoder.feed(data):
                 if msg["t"] == "bye":
                     self.stopped_cleanly = True
-                    break
+                    self._end("bye")
+                    return
                 self.client.on_message(msg)
-        except (asyncio.IncompleteReadError, ConnectionError, WireError, KeyError, TypeError, ValueError) as e:
-            why = str(e) or type(e).__name__
+        except (WireError, KeyError, TypeError, ValueError) as e:
+            self._end(str(e) or type(e).__name__)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._end(str(exc) if exc else "connection closed")
+
+    def _end(self, why: str) -> None:
+        if self._ending is None:
+            self._ending = asyncio.get_running_loop().create_task(self._finish(why))
+
+    async def _finish(self, why: str) -> None:
         client = self.client
         client.draining.set()
         if not self.stopped_cleanly:

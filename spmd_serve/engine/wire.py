@@ -3,8 +3,9 @@
 This module owns the wire format both ends share: a frame is a 4-byte big-endian length and that
 many bytes of one UTF-8 JSON object whose "t" names its kind.  JSON, never pickle: a frame from a
 socket is data, and decoding it can run no code.  `FrameDecoder` cuts frames out of a byte
-stream (the engine side reads non-blocking sockets), `encode` makes one; the request fields travel
-as `params_to_wire` / `params_from_wire` and `output_to_wire` / `output_from_wire`.
+stream (both ends: the engine's non-blocking sockets, a worker's asyncio protocol), `encode` makes
+one; the request fields travel as `params_to_wire` / `params_from_wire` and `output_to_wire` /
+`output_from_wire`.
 
 Messages (worker → engine): `hello` {worker, pid, token, ok, error}, `add` {n, id, prompt, params,
 at}, `abort` {n, reason, at}, `handoff` {s, n}, `metrics` {q, accept}.
@@ -75,17 +76,6 @@ def decode_body(body: bytes) -> Message:
     if not isinstance(msg, dict) or not isinstance(msg.get("t"), str):
         raise WireError("a frame must be a JSON object with a string 't'")
     return msg
-
-
-def header_size(data: bytes) -> int:
-    """The body length announced by a 4-byte header (asyncio readers read it, then the body)."""
-    (size,) = _HEADER.unpack(data)
-    if size > MAX_FRAME:
-        raise WireError(f"frame of {size} bytes exceeds the limit of {MAX_FRAME}")
-    return int(size)
-
-
-HEADER_SIZE = _HEADER.size
 
 
 # ---- request fields ---------------------------------------------------------------------------

@@ -30,6 +30,7 @@ from spmd_serve.frontend.text.output_assembler import OutputAssembler
 from spmd_serve.sampling_params import SamplingParams
 
 log = logging.getLogger(__name__)
+_EXPIRED = object()  # put in a request's queue by its deadline timer
 
 
 class GenerationError(Exception):
@@ -72,21 +73,32 @@ class Generation:
         )
         self.first_token_at: float | None = None
         self.num_cached_tokens = 0  # known from the first output on
-        self._queue: asyncio.Queue[RequestOutput | None] | None = None
+        self._queue: asyncio.Queue[Any] | None = None  # RequestOutput, None (cancelled) or _EXPIRED
+        self._timer: asyncio.TimerHandle | None = None
 
     def submit(self) -> Generation:
         """Hand the request to the engine; ProtocolError(503/409/429) when it is refused."""
         try:
-            self._queue = self.client.add_request(self.req_id, self.prompt, self.params)  # type: ignore[assignment]
+            self._queue = self.client.add_request(self.req_id, self.prompt, self.params)
         except (NotReadyError, DuplicateRequestError, QueueFullError) as e:
             raise ProtocolError(REFUSAL_STATUS[type(e)], str(e), self.req_id) from None
+        # One timer for the request's whole life rather than a wait_for per output: that was a task
+        # and a timer per token, a third of an HTTP worker's Python per streamed token.
+        delay = max(0.0, self.deadline - time.monotonic())
+        self._timer = asyncio.get_running_loop().call_later(delay, self._expire)
         return self
+
+    def _expire(self) -> None:
+        assert self._queue is not None
+        self._queue.put_nowait(_EXPIRED)
 
     def cancel(self) -> None:
         """The client went away: stop generating now and wake `deltas()` so it returns."""
         if self._queue is not None:
             self.client.abort(self.req_id)
             self._queue.put_nowait(None)
+        if self._timer is not None:
+            self._timer.cancel()
 
     def close(self) -> None:
         """Always last: the engine forgets the request (no-op if it finished) and a reader
@@ -95,13 +107,10 @@ class Generation:
 
     async def _next(self) -> RequestOutput | None:
         assert self._queue is not None, "submit() first"
-        remaining = self.deadline - time.monotonic()
-        if remaining <= 0:
+        out = self._queue.get_nowait() if not self._queue.empty() else await self._queue.get()
+        if out is _EXPIRED or time.monotonic() >= self.deadline:
             raise asyncio.TimeoutError
-        # get_nowait spares a wait_for task per token when outputs are already queued
-        if not self._queue.empty():
-            return self._queue.get_nowait()
-        return await asyncio.wait_for(self._queue.get(), remaining)
+        return out
 
     async def deltas(self) -> AsyncIterator[Delta]:
         """Deltas until the last one (finish_reason set); returns early if cancelled."""

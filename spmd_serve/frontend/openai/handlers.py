@@ -47,6 +47,10 @@ def sse(obj: Any) -> str:
 async def merged(gens: list[Generation]) -> AsyncIterator[tuple[int, Delta]]:
     """(choice index, delta) from every generation, in arrival order, until all have ended.
     A GenerationError of any choice is raised here (the caller closes the others)."""
+    if len(gens) == 1:  # the usual n = 1: no pump task, no second queue hop per token
+        async for d in gens[0].deltas():
+            yield 0, d
+        return
     queue: asyncio.Queue = asyncio.Queue()
 
     async def pump(i: int, gen: Generation) -> None:
