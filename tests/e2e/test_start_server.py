@@ -15,7 +15,6 @@ import time
 import uuid
 from pathlib import Path
 
-import psutil
 import pytest
 import requests
 
@@ -25,6 +24,7 @@ from tests.support.launcher_process import (
     PORT_VARS,
     always_stopped,
     command,
+    is_alive,
     launcher_env,
     port_is_free,
     processes_of,
@@ -249,7 +249,7 @@ def test_a_killed_rank_takes_the_job_down_and_stop_server_says_why(served_tp2_lo
         victim = next(p for p in processes_of(log_dir) if rank_of(p) == 1)
         victim.kill()
         t0 = time.monotonic()
-        while victim.is_running() and victim.status() != psutil.STATUS_ZOMBIE:
+        while is_alive(victim):
             time.sleep(0.01)
         statuses = []  # (seconds after the kill, readiness) until the job is gone
         while processes_of(log_dir) and time.monotonic() - t0 < 30:
