@@ -81,9 +81,11 @@ void stream_tile(const float* x, const Src& w, int64_t K, int64_t k0, int64_t k1
     // clamped: re-prefetching is harmless
     const int64_t pf = std::min(k + (T > 1 ? kPassRows : kPrefetchRows), k1 - kPassRows);
     int64_t row[kPassRows], ahead[kPassRows];
+    typename Src::Row wr[kPassRows];   // the rows' addresses once a pass, not k * N per load
     for (int i = 0; i < kPassRows; ++i) {
       row[i] = k0 + chain_row(kb, k - k0 + i);
       ahead[i] = k0 + chain_row(kb, pf - k0 + i);
+      wr[i] = w.row(row[i]);
     }
     Vec xb[T][kPassRows];
     for (int t = 0; t < T; ++t)
@@ -93,11 +95,11 @@ void stream_tile(const float* x, const Src& w, int64_t K, int64_t k0, int64_t k1
         const int64_t c = j + kAlong;
         for (int i = 0; i < kPassRows; ++i)
           __builtin_prefetch(T == 1   ? w.at(ahead[i], n0 + j)
-                             : c < nb ? w.at(row[i], n0 + c)
+                             : c < nb ? wr[i].at(n0 + c)
                                       : w.at(ahead[i], n0 + c - nb));
       }
       Vec wv[kPassRows];
-      for (int i = 0; i < kPassRows; ++i) wv[i] = w.vec(row[i], n0 + j);
+      for (int i = 0; i < kPassRows; ++i) wv[i] = wr[i].vec(n0 + j);
       for (int t = 0; t < T; ++t) {
         float* acc = out + t * ldo + j;
         Vec a = vload(acc);

@@ -22,6 +22,12 @@ struct F32W {
   const void* at(int64_t k, int64_t n) const { return w + k * N + n; }
   Vec vec(int64_t k, int64_t n) const { return vload(w + k * N + n); }
   float one(int64_t k, int64_t n) const { return w[k * N + n]; }
+  struct Row {   // one row's address computed once (a pass's loop then does no k * N)
+    const float* p;
+    const void* at(int64_t n) const { return p + n; }
+    Vec vec(int64_t n) const { return vload(p + n); }
+  };
+  Row row(int64_t k) const { return {w + k * N}; }
 };
 
 struct I8W {
@@ -32,6 +38,12 @@ struct I8W {
   const void* at(int64_t k, int64_t n) const { return q + k * N + n; }
   Vec vec(int64_t k, int64_t n) const { return vload(q + k * N + n); }
   float one(int64_t k, int64_t n) const { return static_cast<float>(q[k * N + n]); }
+  struct Row {
+    const int8_t* p;
+    const void* at(int64_t n) const { return p + n; }
+    Vec vec(int64_t n) const { return vload(p + n); }
+  };
+  Row row(int64_t k) const { return {q + k * N}; }
 };
 
 // kWidth signed nibbles (the high ones if `high`) of kWidth bytes → fp32
@@ -60,6 +72,14 @@ struct I4W {
   Vec vec(int64_t k, int64_t n) const {
     return vmul(vload_nibbles(q + (k >> 1) * N + n, k & 1), vload(scale + k / group * N + n));
   }
+  struct Row {
+    const int8_t* p;
+    const float* s;
+    bool high;
+    const void* at(int64_t n) const { return p + n; }
+    Vec vec(int64_t n) const { return vmul(vload_nibbles(p + n, high), vload(s + n)); }
+  };
+  Row row(int64_t k) const { return {q + (k >> 1) * N, scale + k / group * N, (k & 1) != 0}; }
   float one(int64_t k, int64_t n) const {
     const int8_t b = q[(k >> 1) * N + n];
     const int v = k & 1 ? b >> 4 : static_cast<int8_t>(static_cast<uint8_t>(b) << 4) >> 4;
