@@ -106,9 +106,10 @@ def _rank_nan_rows(x: np.ndarray, best: np.ndarray) -> tuple[np.ndarray, np.ndar
     arg-max met a NaN get the arg-max of their keys instead, where NaNs rank by their bits; returns
     (those rows, their keys)."""
     nan_rows = np.flatnonzero(np.isnan(x[np.arange(len(x)), best]))
+    if not nan_rows.size:  # the usual step: no keys to build
+        return nan_rows, np.empty((0, x.shape[1]), np.uint32)
     keys = float_key(x[nan_rows])
-    if nan_rows.size:
-        best[nan_rows] = np.argmax(keys, axis=1)
+    best[nan_rows] = np.argmax(keys, axis=1)
     return nan_rows, keys
 
 

@@ -14,6 +14,15 @@
 
 namespace spmd {
 
+// One row of an unscaled layout (F32W, I8W) at its address, computed once (a pass's loop then does
+// no k * N per load)
+template <typename E>
+struct PlainRow {
+  const E* p;
+  const void* at(int64_t n) const { return p + n; }
+  Vec vec(int64_t n) const { return vload(p + n); }
+};
+
 struct F32W {
   const float* w;
   int64_t N;
@@ -22,11 +31,7 @@ struct F32W {
   const void* at(int64_t k, int64_t n) const { return w + k * N + n; }
   Vec vec(int64_t k, int64_t n) const { return vload(w + k * N + n); }
   float one(int64_t k, int64_t n) const { return w[k * N + n]; }
-  struct Row {   // one row's address computed once (a pass's loop then does no k * N)
-    const float* p;
-    const void* at(int64_t n) const { return p + n; }
-    Vec vec(int64_t n) const { return vload(p + n); }
-  };
+  using Row = PlainRow<float>;
   Row row(int64_t k) const { return {w + k * N}; }
 };
 
@@ -38,11 +43,7 @@ struct I8W {
   const void* at(int64_t k, int64_t n) const { return q + k * N + n; }
   Vec vec(int64_t k, int64_t n) const { return vload(q + k * N + n); }
   float one(int64_t k, int64_t n) const { return static_cast<float>(q[k * N + n]); }
-  struct Row {
-    const int8_t* p;
-    const void* at(int64_t n) const { return p + n; }
-    Vec vec(int64_t n) const { return vload(p + n); }
-  };
+  using Row = PlainRow<int8_t>;
   Row row(int64_t k) const { return {q + k * N}; }
 };
 

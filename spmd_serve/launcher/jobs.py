@@ -63,7 +63,8 @@ def remove_pid_file(log_dir: Path) -> None:
     pid_path(log_dir).unlink(missing_ok=True)
 
 
-def _alive(p: psutil.Process) -> bool:
+def is_alive(p: psutil.Process) -> bool:
+    """Running and not a zombie; False once it is gone (also when it is reaped between the checks)."""
     # An exited mpirun whose parent (start_server) is gone may stay a zombie if nothing reaps it.
     try:
         return p.is_running() and p.status() != psutil.STATUS_ZOMBIE
@@ -78,7 +79,7 @@ def job_processes(job: Job) -> list[psutil.Process]:
     found = []
     for p in psutil.process_iter():
         try:
-            if p.environ().get(RUN_ID_VAR) == job.run_id and _alive(p):
+            if p.environ().get(RUN_ID_VAR) == job.run_id and is_alive(p):
                 found.append(p)
         except psutil.Error:  # gone meanwhile, or another user's process we may not read
             continue
@@ -100,7 +101,7 @@ def wait_gone(procs: list[psutil.Process], timeout: float) -> list[psutil.Proces
     """Wait up to `timeout` s for the processes to end; returns those still alive."""
     deadline = time.monotonic() + timeout
     while True:
-        alive = [p for p in procs if _alive(p)]
+        alive = [p for p in procs if is_alive(p)]
         if not alive or time.monotonic() >= deadline:
             return alive
         time.sleep(0.2)

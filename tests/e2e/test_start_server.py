@@ -18,13 +18,12 @@ from pathlib import Path
 import pytest
 import requests
 
-from spmd_serve.launcher.jobs import rank_of
+from spmd_serve.launcher.jobs import is_alive, rank_of
 from tests.support import long_model
 from tests.support.launcher_process import (
     PORT_VARS,
     always_stopped,
     command,
-    is_alive,
     launcher_env,
     port_is_free,
     processes_of,

@@ -81,15 +81,6 @@ def processes_of(log_dir: Path) -> list[psutil.Process]:
     return found
 
 
-def is_alive(p: psutil.Process) -> bool:
-    """Running and not a zombie; False once it is reaped, even between the two checks (status()
-    of a process reaped after is_running() raised NoSuchProcess: a CI run beside two CPU hogs)."""
-    try:
-        return p.is_running() and p.status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
-
-
 def port_is_free(port: int) -> bool:
     with socket.socket() as s:
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)

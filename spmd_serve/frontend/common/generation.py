@@ -107,7 +107,7 @@ class Generation:
 
     async def _next(self) -> RequestOutput | None:
         assert self._queue is not None, "submit() first"
-        out = self._queue.get_nowait() if not self._queue.empty() else await self._queue.get()
+        out = await self._queue.get()  # no suspension when an output is already queued
         if out is _EXPIRED or time.monotonic() >= self.deadline:
             raise asyncio.TimeoutError
         return out
