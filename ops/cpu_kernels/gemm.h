@@ -11,7 +11,9 @@
 //   stream_tile keeps T x tile accumulators in L1 and multiplies kPassRows rows of W at a time
 //   into them, with a software prefetch kPrefetchRows rows ahead (int8: it issues four 16-byte
 //   loads a line, so the out-of-order window alone holds too few lines in flight; RESULTS.md
-//   "Speed change 4b").
+//   "Speed change 4b").  At T > 1 a pass is compute-bound: it holds up to kStreamSums of the sums
+//   (rows x two vectors) in registers over its rows, so a weight vector is loaded once for those
+//   rows and a broadcast of x once for two vectors (RESULTS.md "Session 32": 1.1-1.25x at T = 4-8).
 // * T > kStreamRows (prefill chunks, batched decodes): compute-bound.  A task owns <= kNC columns;
 //   per kKC rows of W it converts its [kKC, kNC] block to fp32 micro-panels [kKC][kNR] (in L2;
 //   int8/int4 are dequantised here, once per call) and runs a kMR x kNR register-blocked
@@ -51,6 +53,7 @@ constexpr int64_t kPassRows = kChainStreams;  // stream: weight rows per pass ov
 constexpr int64_t kPrefetchRows = 16;       // stream at T = 1: software prefetch distance, in weight rows
 constexpr int64_t kPrefetchBytes = 256;     // stream at T > 1: software prefetch distance along each row
 constexpr int64_t kBlockedTasks = 8;        // blocked: column tasks a thread, about (see gemm())
+constexpr int kStreamSums = kVecRegs * 3 / 4;  // stream at T > 1: sums held in registers (the rest: W, x)
 
 // ---------------------------------------------------------------- T <= kStreamRows
 
@@ -87,30 +90,63 @@ void stream_tile(const float* x, const Src& w, int64_t K, int64_t k0, int64_t k1
       ahead[i] = k0 + chain_row(kb, pf - k0 + i);
       wr[i] = w.row(row[i]);
     }
-    Vec xb[T][kPassRows];
+    float xs[kPassRows][T];
     for (int t = 0; t < T; ++t)
-      for (int i = 0; i < kPassRows; ++i) xb[t][i] = vset1(x[t * K + row[i]]);
-    for (int64_t j = 0; j < nb; j += kWidth) {
-      if (kPrefetch && j % Src::kLine == 0) {
-        const int64_t c = j + kAlong;
-        for (int i = 0; i < kPassRows; ++i)
-          __builtin_prefetch(T == 1   ? w.at(ahead[i], n0 + j)
-                             : c < nb ? wr[i].at(n0 + c)
-                                      : w.at(ahead[i], n0 + c - nb));
-      }
-      Vec wv[kPassRows];
-      for (int i = 0; i < kPassRows; ++i) wv[i] = wr[i].vec(n0 + j);
-      for (int t = 0; t < T; ++t) {
-        float* acc = out + t * ldo + j;
-        Vec a = vload(acc);
-        for (int i = 0; i < kPassRows; ++i) a = vfma(xb[t][i], wv[i], a);  // a chain: a tree was slower
-        if constexpr (kLast) {
-          float* yt = add + t * ldy + j;
-          vstore(yt, vadd(vload(yt), a));
-        } else {
-          vstore(acc, a);
+      for (int i = 0; i < kPassRows; ++i) xs[i][t] = x[t * K + row[i]];
+    auto prefetch = [&](int64_t j) __attribute__((always_inline)) {
+      if (!kPrefetch || j % Src::kLine != 0) return;
+      const int64_t c = j + kAlong;
+      for (int i = 0; i < kPassRows; ++i)
+        __builtin_prefetch(T == 1   ? w.at(ahead[i], n0 + j)
+                           : c < nb ? wr[i].at(n0 + c)
+                                    : w.at(ahead[i], n0 + c - nb));
+    };
+    // rows t0 .. t0+G of the tile, V vectors of columns from j: G x V sums in registers over the
+    // pass's rows; each weight vector loaded once for the G rows, each broadcast used V times
+    auto group = [&](auto g, auto v, int t0, int64_t j) __attribute__((always_inline)) {
+      constexpr int G = decltype(g)::value, V = decltype(v)::value;
+      Vec a[G][V];
+      for (int r = 0; r < G; ++r)
+        for (int q = 0; q < V; ++q) a[r][q] = vload(out + (t0 + r) * ldo + j + q * kWidth);
+      for (int i = 0; i < kPassRows; ++i) {
+        Vec wv[V];
+        for (int q = 0; q < V; ++q) {
+          wv[q] = wr[i].vec(n0 + j + q * kWidth);
+          if constexpr (G > 1) vpin(wv[q]);  // in a register: GCC folded the load into each of G fmas
+        }
+        for (int r = 0; r < G; ++r) {
+          Vec b = vset1(xs[i][t0 + r]);
+          if constexpr (V > 1) vpin(b);
+          for (int q = 0; q < V; ++q) a[r][q] = vfma(b, wv[q], a[r][q]);  // a chain per sum, in pass order
         }
       }
+      for (int r = 0; r < G; ++r)
+        for (int q = 0; q < V; ++q) {
+          const int64_t t = t0 + r, c = j + q * kWidth;
+          if constexpr (kLast) {
+            float* yt = add + t * ldy + c;
+            vstore(yt, vadd(vload(yt), a[r][q]));
+          } else {
+            vstore(out + t * ldo + c, a[r][q]);
+          }
+        }
+    };
+    // the T rows in one group, or two of near-equal size, each of G x 2 sums in kStreamSums registers
+    constexpr int kGroups = (T * 2 + kStreamSums - 1) / kStreamSums, kG1 = (T + kGroups - 1) / kGroups;
+    static_assert(kGroups <= 2);
+    auto step = [&](auto v, int64_t j) __attribute__((always_inline)) {
+      group(std::integral_constant<int, kG1>{}, v, 0, j);
+      if constexpr (kG1 < T) group(std::integral_constant<int, T - kG1>{}, v, kG1, j);
+    };
+    int64_t j = 0;
+    for (; T > 1 && j + 2 * kWidth <= nb; j += 2 * kWidth) {  // T = 1: memory-bound, one vector (2: 0.93x)
+      prefetch(j);
+      prefetch(j + kWidth);
+      step(std::integral_constant<int, 2>{}, j);
+    }
+    for (; j < nb; j += kWidth) {
+      prefetch(j);
+      step(std::integral_constant<int, 1>{}, j);
     }
   };
   int64_t k = k0;

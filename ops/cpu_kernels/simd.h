@@ -41,6 +41,9 @@ using AlignedVector = std::vector<T, Aligned64<T>>;
 #if defined(__AVX512F__)
 constexpr int64_t kWidth = 16;
 using Vec = __m512;
+constexpr int kVecRegs = 32;
+// v materialised in a register: GCC otherwise folds a load used by several fmas into each of them
+inline void vpin(Vec& v) { asm("" : "+v"(v)); }
 inline Vec vzero() { return _mm512_setzero_ps(); }
 inline Vec vset1(float v) { return _mm512_set1_ps(v); }
 inline Vec vload(const float* p) { return _mm512_loadu_ps(p); }
@@ -65,6 +68,8 @@ inline Vec vselect_lt(Vec a, Vec b, Vec x, Vec y) {  // per lane: a < b ? x : y
 #elif defined(__AVX2__) && defined(__FMA__)
 constexpr int64_t kWidth = 8;
 using Vec = __m256;
+constexpr int kVecRegs = 16;
+inline void vpin(Vec& v) { asm("" : "+x"(v)); }
 inline Vec vzero() { return _mm256_setzero_ps(); }
 inline Vec vset1(float v) { return _mm256_set1_ps(v); }
 inline Vec vload(const float* p) { return _mm256_loadu_ps(p); }
@@ -98,6 +103,8 @@ inline Vec vpow2i(Vec p, Vec n) {  // p * 2^n for integral n in [-126, 127]: n i
 #else
 constexpr int64_t kWidth = 8;
 struct Vec { float v[kWidth]; };
+constexpr int kVecRegs = 16;
+inline void vpin(Vec&) {}
 inline Vec vzero() { return Vec{}; }
 inline Vec vset1(float s) { Vec r; for (auto& e : r.v) e = s; return r; }
 template <typename W>
