@@ -11,7 +11,8 @@ import pytest
 
 from tests.support.linear_weights import weights
 
-ROWS = (1, 2, 5, 8, 9, 13, 16, 47, 64, 130, 256, 512)  # both paths and their edges (6-row micro-kernel)
+ROWS = (1, 2, 3, 4, 5, 6, 7, 8, 9, 13, 16, 47, 64, 130, 256, 512)  # every streamed T (its own register
+# groups), the blocked path and its edges (6-row micro-kernel)
 
 
 @pytest.fixture(scope="module")
@@ -57,7 +58,7 @@ def test_threads_and_batching_do_not_change_a_bit(ext, name):
     k, n = 264, 700
     x = np.random.default_rng(3).standard_normal((300, k), np.float32)
     args, _ = weights(k, n, 4)[name]
-    for rows in (1, 3, 8, 9, 64, 300):
+    for rows in (1, 3, 4, 6, 7, 8, 9, 64, 300):
         one = linear(ext, name, x[:rows], *args, threads=1)
         for threads in (2, 3):
             assert np.array_equal(linear(ext, name, x[:rows], *args, threads=threads), one), (rows, threads)
