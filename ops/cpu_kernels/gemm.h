@@ -13,7 +13,8 @@
 //   loads a line, so the out-of-order window alone holds too few lines in flight; RESULTS.md
 //   "Speed change 4b").  At T > 1 a pass is compute-bound: it holds up to kStreamSums of the sums
 //   (rows x two vectors) in registers over its rows, so a weight vector is loaded once for those
-//   rows and a broadcast of x once for two vectors (RESULTS.md "Session 32": 1.1-1.25x at T = 4-8).
+//   rows and a broadcast of x once for two vectors (RESULTS.md "Session 32": fp32 1.16-1.27x at
+//   T = 6-8 on two threads, int8 1.12-1.14x at T = 2-8).
 // * T > kStreamRows (prefill chunks, batched decodes): compute-bound.  A task owns <= kNC columns;
 //   per kKC rows of W it converts its [kKC, kNC] block to fp32 micro-panels [kKC][kNR] (in L2;
 //   int8/int4 are dequantised here, once per call) and runs a kMR x kNR register-blocked
