@@ -42,19 +42,18 @@
 
 #include "gemm_amx.h"
 #include "gemm_blocked.h"
+#include "gemm_panels.h"
 #include "simd.h"
 #include "thread_pool.h"
 #include "weights.h"
 
 namespace spmd {
 
-constexpr int64_t kStreamRows = 8;          // T above: the blocked path (CPU time equal at T ~ 12; 8 below)
 constexpr int64_t kAccFloats = 16384;       // stream: T x tile accumulators, 64 KiB (4096: 5-10 % slower at T=1, 8)
 constexpr int64_t kPassRows = kChainStreams;  // stream: weight rows per pass over the accumulators, one a run
 constexpr int64_t kPrefetchRows = 16;       // stream at T = 1: software prefetch distance, in weight rows
 constexpr int64_t kPrefetchBytes = 256;     // stream at T > 1: software prefetch distance along each row
 constexpr int64_t kBlockedTasks = 8;        // blocked: column tasks a thread, about (see gemm())
-constexpr int kStreamSums = kVecRegs * 3 / 4;  // stream at T > 1: sums held in registers (the rest: W, x)
 
 // ---------------------------------------------------------------- T <= kStreamRows
 
@@ -256,15 +255,7 @@ void stream_gemm(const float* x, const Src& w, const float* scale, int64_t T, in
     // sum whoever does it), in this task: no second parallel_for (its fork/join was ~3-4 % of a batch-1
     // step at --demo small, RESULTS.md "Session 15"); acq_rel: it sees the other chunks' stores
     if (__atomic_add_fetch(&done[r], 1, __ATOMIC_ACQ_REL) != chunks) return;
-    for (int64_t t = 0; t < T; ++t) {
-      float* yt = y + t * N;
-      for (int64_t k = 1; k < chunks; ++k) {
-        const float* pt = partial + ((k - 1) * T + t) * N;
-        int64_t n = c0;
-        for (; n + kWidth <= c1; n += kWidth) vstore(yt + n, vadd(vload(yt + n), vload(pt + n)));
-        for (; n < c1; ++n) yt[n] += pt[n];
-      }
-    }
+    add_partials(y, partial, T, N, chunks, c0, c1);
     if (scale != nullptr) scale_columns(y, scale, T, N, c0, c1);
   });
 }
@@ -279,7 +270,11 @@ void gemm(const float* x, const Src& w, const float* scale, int64_t T, int64_t K
   if constexpr (std::is_same_v<Src, I8W>)
     if (amx_enabled()) return exact_gemm(x, w.q, scale, T, K, N, y);
 #endif
-  if (T <= kStreamRows) return stream_gemm(x, w, scale, T, K, N, y);
+  if constexpr (std::is_same_v<Src, F32P>) {
+    if (T <= kStreamRows) return panel_stream_gemm(x, w, T, K, N, y);
+  } else {
+    if (T <= kStreamRows) return stream_gemm(x, w, scale, T, K, N, y);
+  }
   const int64_t threads = num_threads();
   // columns per task: a multiple of the micro-panel width; with threads, about kBlockedTasks a thread:
   // the VM's vCPUs run up to 1.5x apart for minutes, and with two tasks a thread the fast one idled at

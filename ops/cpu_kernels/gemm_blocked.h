@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <type_traits>
 #include <utility>
 
 #include "simd.h"
@@ -12,6 +13,8 @@
 
 namespace spmd {
 
+constexpr int64_t kStreamRows = 8;          // T above: the blocked path (CPU time equal at T ~ 12; 8 below)
+constexpr int kStreamSums = kVecRegs * 3 / 4;  // stream (gemm.h, gemm_panels.h) at T > 1: sums held in registers (the rest: W, x)
 constexpr int64_t kMR = 6;                  // blocked: rows of x per micro-kernel
 #if defined(__AVX512F__)
 constexpr int64_t kNV = 4;                  // blocked: vectors of columns per micro-kernel (6 x 4 accumulators)
@@ -34,6 +37,21 @@ constexpr int64_t kChainStreams = 8;        // both: the interleaved runs of row
 inline int64_t chain_row(int64_t kb, int64_t p) {
   const int64_t run = kb / kChainStreams;
   return p >= run * kChainStreams ? p : p % kChainStreams * run + p / kChainStreams;
+}
+
+// y[:, c0:c1] += the K split's partials of chunks 1 .. chunks - 1 ([chunks - 1][T][N]), in chunk
+// order: y = ((c0 + c1) + c2) + ..., the sum every path makes (gemm.h's top comment)
+inline void add_partials(float* y, const float* partial, int64_t T, int64_t N, int64_t chunks, int64_t c0,
+                         int64_t c1) {
+  for (int64_t t = 0; t < T; ++t) {
+    float* yt = y + t * N;
+    for (int64_t k = 1; k < chunks; ++k) {
+      const float* pt = partial + ((k - 1) * T + t) * N;
+      int64_t n = c0;
+      for (; n + kWidth <= c1; n += kWidth) vstore(yt + n, vadd(vload(yt + n), vload(pt + n)));
+      for (; n < c1; ++n) yt[n] += pt[n];
+    }
+  }
 }
 
 // T rows of x in ceil(T / kMR) tiles of as equal a size as can be (T = 32: 6, 6, 5, 5, 5, 5, not
@@ -107,18 +125,61 @@ class BlockPrefetch {
   int64_t row_, n0_, nb_, left_, share_, col_ = 0;
 };
 
+// F32P: a task's [rows, nb] block is one contiguous run (its panels, in order)
+template <>
+class BlockPrefetch<F32P> {
+ public:
+  BlockPrefetch(const F32P& w, int64_t k0, int64_t rows, int64_t n0, int64_t nb, int64_t steps)
+      : p_(rows > 0 ? reinterpret_cast<const char*>(w.panel(k0, rows, n0 / F32P::kPanel)) : nullptr),
+        left_((rows * nb * 4 + 63) / 64), share_((left_ + steps - 1) / steps) {}
+  void step() {
+    for (int64_t i = 0; i < share_ && left_ > 0; ++i, --left_, p_ += 64) __builtin_prefetch(p_, 0, 2);
+  }
+
+ private:
+  const char* p_;
+  int64_t left_, share_;
+};
+
+// Where micro() reads W: a packed micro-panel [kb][kNR] ...
+struct PackedPanel {
+  const float* p;
+  const float* at(int64_t k, int v) const { return p + k * kNR + v * kWidth; }
+};
+
+// ... or kNR columns of F32P's full panels in place (rows of kPanel floats, panels `stride` apart)
+struct PanelRun {
+  const float* p;
+  int64_t stride;
+  const float* at(int64_t k, int v) const {
+    const int64_t col = v * kWidth;
+    return p + col / F32P::kPanel * stride + k * F32P::kPanel + col % F32P::kPanel;
+  }
+};
+
+// F32P's columns [n0, n0 + nb) of the block at k0 (kb rows; n0 a multiple of kPanel) → one
+// zero-padded micro-panel dst[kb][kNR] (nb <= kNR: a task's last, partial one)
+inline void pack_panels(const F32P& w, int64_t k0, int64_t kb, int64_t n0, int64_t nb, float* dst) {
+  for (int64_t c0 = 0; c0 < kNR; c0 += F32P::kPanel) {
+    const int64_t p = (n0 + c0) / F32P::kPanel, wp = c0 < nb ? w.width(p) : 0;
+    const float* src = w.panel(k0, kb, p);
+    for (int64_t k = 0; k < kb; ++k)
+      for (int64_t c = 0; c < F32P::kPanel; ++c) dst[k * kNR + c0 + c] = c < wp ? src[k * wp + c] : 0.f;
+  }
+}
+
 // out[M, kNR] (row stride ldo) = (zero ? 0 : c) + x[M, kb] @ panel[kb, kNR], c's rows ldc apart, x
 // one of pack_rows' micro-panels (x[m, k] at x[k * kMR + m]): the block's product summed from 0
 // (one chunk of the sum: see the top); out is c, or y for a task's last block
-template <int M>
-void micro(const float* x, const float* panel, int64_t kb, const float* c, int64_t ldc, float* out, int64_t ldo,
+template <int M, typename P>
+void micro(const float* x, P panel, int64_t kb, const float* c, int64_t ldc, float* out, int64_t ldo,
            bool zero) {
   Vec acc[M][kNV];
   for (int m = 0; m < M; ++m)
     for (int v = 0; v < kNV; ++v) acc[m][v] = vzero();
   for (int64_t k = 0; k < kb; ++k) {
     Vec wv[kNV];
-    for (int v = 0; v < kNV; ++v) wv[v] = vload(panel + k * kNR + v * kWidth);
+    for (int v = 0; v < kNV; ++v) wv[v] = vload(panel.at(k, v));
     for (int m = 0; m < M; ++m) {
       const Vec xb = vset1(x[k * kMR + m]);
       for (int v = 0; v < kNV; ++v) acc[m][v] = vfma(xb, wv[v], acc[m][v]);
@@ -129,8 +190,8 @@ void micro(const float* x, const float* panel, int64_t kb, const float* c, int64
       vstore(out + m * ldo + v * kWidth, zero ? acc[m][v] : vadd(vload(c + m * ldc + v * kWidth), acc[m][v]));
 }
 
-template <int... M>
-void micro_dispatch(int64_t m, std::integer_sequence<int, M...>, const float* x, const float* panel, int64_t kb,
+template <typename P, int... M>
+void micro_dispatch(int64_t m, std::integer_sequence<int, M...>, const float* x, P panel, int64_t kb,
                     const float* c, int64_t ldc, float* out, int64_t ldo, bool zero) {
   ((m == M + 1 ? micro<M + 1>(x, panel, kb, c, ldc, out, ldo, zero) : void()), ...);
 }
@@ -149,7 +210,12 @@ void blocked_columns(const float* xp, const Src& w, int64_t T, int64_t K, int64_
   const int64_t ld = (nb + kNR - 1) / kNR * kNR, tiles = tl.count, whole = nb / kNR * kNR;
   for (int64_t k0 = 0; k0 < K; k0 += kKC) {
     const int64_t kb = std::min(kKC, K - k0);
-    pack(w, k0, kb, n0, nb, K, buf);   // zero past nb: acc's padding columns are sums of zeros
+    constexpr bool kPanels = std::is_same_v<Src, F32P>;
+    if constexpr (kPanels) {   // read in place, but for a last micro-panel past N's last full panel
+      if (whole < nb) pack_panels(w, k0, kb, n0 + whole, nb - whole, buf);
+    } else {
+      pack(w, k0, kb, n0, nb, K, buf);   // zero past nb: acc's padding columns are sums of zeros
+    }
     const float* xk = xp + k0 * tiles * kMR;  // this block's micro-panels of x, [tiles][kb][kMR]
     const bool last = k0 + kb == K;
     // The next block into L2 while this one's micro-kernels run, so its pack reads L2 and the memory
@@ -167,8 +233,19 @@ void blocked_columns(const float* xp, const Src& w, int64_t T, int64_t K, int64_
         const int64_t t0 = tl.start(i);
         float* c = acc + t0 * ld + j;
         const bool direct = last && j < whole;
-        micro_dispatch(tl.rows(i), kRows, xk + i * kb * kMR, buf + (j / kNR) * kb * kNR, kb, c, ld,
-                       direct ? y + t0 * N + n0 + j : c, direct ? N : ld, k0 == 0);
+        float* const out = direct ? y + t0 * N + n0 + j : c;
+        const int64_t ldo = direct ? N : ld;
+        const float* const xi = xk + i * kb * kMR;
+        if constexpr (kPanels) {
+          if (j < whole)
+            micro_dispatch(tl.rows(i), kRows, xi, PanelRun{w.panel(k0, kb, (n0 + j) / F32P::kPanel),
+                           kb * F32P::kPanel}, kb, c, ld, out, ldo, k0 == 0);
+          else
+            micro_dispatch(tl.rows(i), kRows, xi, PackedPanel{buf}, kb, c, ld, out, ldo, k0 == 0);
+        } else {
+          micro_dispatch(tl.rows(i), kRows, xi, PackedPanel{buf + (j / kNR) * kb * kNR}, kb, c, ld, out, ldo,
+                         k0 == 0);
+        }
       }
   }
   if (whole < nb)

@@ -4,6 +4,8 @@
 // the export stores (weights.h), so a graph keeps one copy of them and no kernel is chosen by size.
 //
 //   spmd_linear(X [..., K] f32, W [K, N] f32)                               -> [..., N] f32
+//   spmd_linear_panels(X, W [K, N] f32 in panels)                           -> X @ W
+//     (weights.h's F32P: W's elements in the order spmd_serve/export/panels.py writes; the same sums)
 //   spmd_linear_int8(X, Q [K, N] i8, Scale [N] f32)                         -> (X @ Q) * Scale
 //   spmd_linear_int4(X, Q [K/2, N] i8 packed, Scale [K/group, N] f32)       -> X @ dequant(Q, Scale)
 //     (group = K / Scale.shape[0]; the nibble layout of models/quant.py)
@@ -57,6 +59,14 @@ std::vector<paddle::Tensor> LinearForward(const paddle::Tensor& x, const paddle:
   return {run(x, K, N, nullptr, spmd::F32W{wc.data<float>(), N})};
 }
 
+std::vector<paddle::Tensor> LinearPanelsForward(const paddle::Tensor& x, const paddle::Tensor& w) {
+  check_shapes("spmd_linear_panels", x, w, w.shape().empty() ? -1 : w.shape()[0]);
+  PD_CHECK(w.dtype() == paddle::DataType::FLOAT32, "spmd_linear_panels: the weight must be float32");
+  const paddle::Tensor wc = w.contiguous();
+  const int64_t K = w.shape()[0], N = w.shape()[1];
+  return {run(x, K, N, nullptr, spmd::F32P{wc.data<float>(), K, N})};
+}
+
 std::vector<paddle::Tensor> LinearInt8Forward(const paddle::Tensor& x, const paddle::Tensor& q,
                                               const paddle::Tensor& scale) {
   check_shapes("spmd_linear_int8", x, q, q.shape().empty() ? -1 : q.shape()[0]);
@@ -106,6 +116,13 @@ PD_BUILD_OP(spmd_linear)
     .Inputs({"X", "W"})
     .Outputs({"Out"})
     .SetKernelFn(PD_KERNEL(LinearForward))
+    .SetInferShapeFn(PD_INFER_SHAPE(LinearShape))
+    .SetInferDtypeFn(PD_INFER_DTYPE(LinearDtype));
+
+PD_BUILD_OP(spmd_linear_panels)
+    .Inputs({"X", "W"})
+    .Outputs({"Out"})
+    .SetKernelFn(PD_KERNEL(LinearPanelsForward))
     .SetInferShapeFn(PD_INFER_SHAPE(LinearShape))
     .SetInferDtypeFn(PD_INFER_DTYPE(LinearDtype));
 

@@ -3,6 +3,7 @@
 //
 //   spmd_norm_linear(H [..., K], Delta [..., K], NormW [K], W [K, N]; eps, swiglu)
 //       -> (Out = [swiglu](rms_norm(H + Delta) * NormW @ W)  [..., N or N / 2],  Sum = H + Delta)
+//   spmd_norm_linear_panels(H, Delta, NormW, W [K, N] in panels; eps, swiglu)   (linear.cc)
 //   spmd_norm_linear_int8(H, Delta, NormW, Q [K, N] i8, Scale [N]; eps, swiglu)
 //   spmd_norm_linear_int4(H, Delta, NormW, Q [K/2, N] i8, Scale [K/group, N]; eps, swiglu)
 //
@@ -19,6 +20,7 @@ std::vector<paddle::Tensor> AddRmsNormForward(const paddle::Tensor& h, const pad
                                               const paddle::Tensor& w, float eps);
 std::vector<paddle::Tensor> SwigluForward(const paddle::Tensor& x);
 std::vector<paddle::Tensor> LinearForward(const paddle::Tensor& x, const paddle::Tensor& w);
+std::vector<paddle::Tensor> LinearPanelsForward(const paddle::Tensor& x, const paddle::Tensor& w);
 std::vector<paddle::Tensor> LinearInt8Forward(const paddle::Tensor& x, const paddle::Tensor& q,
                                               const paddle::Tensor& scale);
 std::vector<paddle::Tensor> LinearInt4Forward(const paddle::Tensor& x, const paddle::Tensor& q,
@@ -42,6 +44,12 @@ std::vector<paddle::Tensor> NormLinearForward(const paddle::Tensor& h, const pad
                                               const paddle::Tensor& norm_w, const paddle::Tensor& w, float eps,
                                               bool swiglu) {
   return fused(h, delta, norm_w, eps, swiglu, [&](const paddle::Tensor& x) { return LinearForward(x, w)[0]; });
+}
+
+std::vector<paddle::Tensor> NormLinearPanelsForward(const paddle::Tensor& h, const paddle::Tensor& delta,
+                                                    const paddle::Tensor& norm_w, const paddle::Tensor& w, float eps,
+                                                    bool swiglu) {
+  return fused(h, delta, norm_w, eps, swiglu, [&](const paddle::Tensor& x) { return LinearPanelsForward(x, w)[0]; });
 }
 
 std::vector<paddle::Tensor> NormLinearInt8Forward(const paddle::Tensor& h, const paddle::Tensor& delta,
@@ -100,6 +108,14 @@ PD_BUILD_OP(spmd_norm_linear)
     .Outputs({"Out", "Sum"})
     .Attrs({"eps: float", "swiglu: bool"})
     .SetKernelFn(PD_KERNEL(NormLinearForward))
+    .SetInferShapeFn(PD_INFER_SHAPE(NormLinearShape))
+    .SetInferDtypeFn(PD_INFER_DTYPE(NormLinearDtype));
+
+PD_BUILD_OP(spmd_norm_linear_panels)
+    .Inputs({"H", "Delta", "NormW", "W"})
+    .Outputs({"Out", "Sum"})
+    .Attrs({"eps: float", "swiglu: bool"})
+    .SetKernelFn(PD_KERNEL(NormLinearPanelsForward))
     .SetInferShapeFn(PD_INFER_SHAPE(NormLinearShape))
     .SetInferDtypeFn(PD_INFER_DTYPE(NormLinearDtype));
 

@@ -3,6 +3,11 @@
 // prefetching).  The int8/int4 layouts are spmd_serve's quantised exports (models/quant.py):
 //   F32W  float32 [K, N]
 //   I8W   int8 [K, N]; the per-column scale is applied to the output (gemm.h), not here
+//   F32P  float32 [K, N] in panels (models/panels.py): per block of kKC rows (k0 = 0, kKC, ...; kb rows,
+//         the last one K - k0) at w + k0 * N, the columns in panels of kPanel (the last one N % kPanel
+//         when that is not 0), panel p at + p * kPanel * kb holding the block's rows in the chain's
+//         order (gemm_blocked.h, chain_row), each row `width(p)` floats.  A task's share of a block
+//         is then one contiguous run of memory (gemm_panels.h says why).
 //   I4W   int8 [K/2, N], two signed nibbles a byte (row 2i low, 2i+1 high), times the fp32 scale
 //         [K/group, N] of its group of input rows: an element is fl(q * scale), as the graph's
 //         dequantisation computes it.
@@ -33,6 +38,15 @@ struct F32W {
   float one(int64_t k, int64_t n) const { return w[k * N + n]; }
   using Row = PlainRow<float>;
   Row row(int64_t k) const { return {w + k * N}; }
+};
+
+struct F32P {
+  const float* w;
+  int64_t K, N;
+  static constexpr int64_t kPanel = 16;   // columns per panel: one 64-byte line a row, on every CPU
+  // panel p of the block whose first row is k0 (kb rows)
+  const float* panel(int64_t k0, int64_t kb, int64_t p) const { return w + k0 * N + p * kPanel * kb; }
+  int64_t width(int64_t p) const { return N - p * kPanel < kPanel ? N - p * kPanel : kPanel; }
 };
 
 struct I8W {

@@ -53,7 +53,7 @@ def test_odd_shapes_around_the_blocks_match_float64(ext, k, n, rows):
         check(linear(ext, name, x, *args), x.astype(np.float64) @ w)
 
 
-@pytest.mark.parametrize("name", ("spmd_linear", "spmd_linear_int8", "spmd_linear_int4"))
+@pytest.mark.parametrize("name", ("spmd_linear", "spmd_linear_panels", "spmd_linear_int8", "spmd_linear_int4"))
 def test_threads_and_batching_do_not_change_a_bit(ext, name):
     k, n = 264, 700
     x = np.random.default_rng(3).standard_normal((300, k), np.float32)
@@ -125,3 +125,19 @@ def test_int4_bad_inputs_are_refused_with_a_reason(ext, arrays, message):
     x = np.ones((2, 32), np.float32)
     with pytest.raises(Exception, match=message):
         linear(ext, "spmd_linear_int4", *arrays(x, *args))
+
+
+@pytest.mark.parametrize("k,n", [(72, 131), (128, 16), (130, 17), (300, 257), (1536, 48)])
+def test_the_panel_layout_gives_the_rows_layouts_bits(ext, k, n):
+    """spmd_linear_panels on to_panels(w) is spmd_linear on w, bit for bit, at every T (both of its
+    kernels, the last partial panel, a last block of K % 128 rows) and thread count."""
+    from spmd_serve.export.panels import from_panels, to_panels
+
+    w = np.random.default_rng(k + n).standard_normal((k, n), np.float32)
+    p = to_panels(w)
+    assert np.array_equal(from_panels(p), w) and (k * n <= 16 or not np.array_equal(p, w))
+    for rows in ROWS:
+        x = np.random.default_rng(rows).standard_normal((rows, k), np.float32)
+        for threads in (1, 2):
+            want = linear(ext, "spmd_linear", x, w, threads=threads)
+            assert np.array_equal(linear(ext, "spmd_linear_panels", x, p, threads=threads), want), (rows, threads)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from spmd_serve.export.panels import to_panels
 from spmd_serve.export.quant import QuantWeight, dequantize
 
 
@@ -14,7 +15,11 @@ def weights(k: int, n: int, seed: int, group: int = 8) -> dict[str, tuple]:
     w = rng.standard_normal((k, n), np.float32)
     q8 = rng.integers(-128, 128, (k, n), dtype=np.int8)  # the full range, -128 included
     s8 = (rng.random(n, np.float32) + 0.5) / 127
-    ops = {"spmd_linear": ((w,), w.astype(np.float64)), "spmd_linear_int8": ((q8, s8), q8.astype(np.float64) * s8)}
+    ops = {
+        "spmd_linear": ((w,), w.astype(np.float64)),
+        "spmd_linear_panels": ((to_panels(w),), w.astype(np.float64)),
+        "spmd_linear_int8": ((q8, s8), q8.astype(np.float64) * s8),
+    }
     if k % group:  # int4 needs whole groups
         return ops
     q4 = rng.integers(-8, 8, (k, n), dtype=np.int8)  # nibbles, -8 included

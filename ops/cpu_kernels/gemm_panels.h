@@ -1,0 +1,152 @@
+// The stream path of gemm.h (T <= kStreamRows: decode steps) for weights in panels (weights.h,
+// F32P).  A task owns a range of panels of one block of kKC rows (several threads) or of every block
+// in turn (one thread), and its share of a block is one contiguous run of memory: it reads S panels
+// at a time, each the start of its own linear run (a stream), their sums in registers.  In the
+// [K, N] layout a task's rows are N floats apart, which the blocked path's pack read at ~5 GB/s; in
+// panels the blocked GEMM ran 1.2-1.5x at T = 12-32 (RESULTS.md "Session 33").
+// Every sum is the chain of gemm.h's top comment: bit-equal to the [K, N] layout's result.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <utility>
+
+#include "gemm_blocked.h"
+#include "simd.h"
+#include "thread_pool.h"
+#include "weights.h"
+
+namespace spmd {
+
+constexpr int64_t kPanelVecs = F32P::kPanel / kWidth;   // vectors of a panel's row
+// at most this many panels (streams) read at a time: at T = 1, 4 read 1.04-1.10x of 6, 2-3 and 8 less
+constexpr int kPanelStreams = 4;
+// sums in registers, as many as there are registers: GCC spills some at T = 6-8, yet a row of W loaded
+// once and a broadcast per row in registers (no spills) read 0.8-0.9x at T = 4, 7, 8
+constexpr int kPanelSums = kVecRegs;
+// software prefetch along each stream: at T = 2-3 this far into L1, at T >= 4 one panel (8 KB) ahead
+// into L2 (T = 8: 1.22-1.26x of 512 B into L1 on two threads; T = 2: 0.85-0.95x); at T = 1 none
+// (8 KB into L2: 0.84-0.93x)
+constexpr int64_t kPanelPrefetchNear = 512, kPanelPrefetchFar = 8192;
+
+// y[t, panels p0..p1) (rows ldy apart; += when `add`) = this block's chains: x's rows in the chain's
+// order xc[kb][T], the block at k0 (kb rows).  G rows of x at a time (from g0), S streams of panels
+template <int T, int G, int S>
+void panel_rows(const float* xc, const F32P& w, int64_t k0, int64_t kb, int64_t p0, int64_t p1, int g0, float* y,
+                int64_t ldy, bool add) {
+  const int64_t len = (p1 - p0 + S - 1) / S, stride = kb * F32P::kPanel;
+  for (int64_t i = 0; i < len; ++i) {
+    const float* pp[S];
+    int64_t col[S];
+    int live = 0;   // streams with a panel at step i (stream s: panels p0 + s * len ...)
+    for (int s = 0; s < S; ++s) {
+      const int64_t p = p0 + s * len + i;
+      if (s * len + i >= p1 - p0) break;
+      pp[s] = w.panel(k0, kb, p), col[s] = p * F32P::kPanel, live = s + 1;
+    }
+    for (int s = live; s < S; ++s) pp[s] = pp[0], col[s] = -1;
+    Vec a[S][G][kPanelVecs];
+    for (int s = 0; s < S; ++s)
+      for (int r = 0; r < G; ++r)
+        for (int v = 0; v < kPanelVecs; ++v) a[s][r][v] = vzero();
+    for (int64_t k = 0; k < kb; ++k) {
+      Vec xb[G];
+      for (int r = 0; r < G; ++r) xb[r] = vset1(xc[k * T + g0 + r]);
+      for (int s = 0; s < S; ++s) {
+        if constexpr (T >= 4)
+          __builtin_prefetch(pp[s] + k * F32P::kPanel + kPanelPrefetchFar / 4, 0, 2);
+        else if constexpr (T > 1)
+          __builtin_prefetch(pp[s] + k * F32P::kPanel + kPanelPrefetchNear / 4, 0, 3);
+        for (int v = 0; v < kPanelVecs; ++v) {
+          Vec wv = vload(pp[s] + k * F32P::kPanel + v * kWidth);
+          if constexpr (G > 1) vpin(wv);   // in a register: GCC folded the load into each of G fmas
+          for (int r = 0; r < G; ++r) a[s][r][v] = vfma(xb[r], wv, a[s][r][v]);
+        }
+      }
+    }
+    for (int s = 0; s < live; ++s)
+      for (int r = 0; r < G; ++r)
+        for (int v = 0; v < kPanelVecs; ++v) {
+          float* yt = y + (g0 + r) * ldy + col[s] + v * kWidth;
+          vstore(yt, add ? vadd(vload(yt), a[s][r][v]) : a[s][r][v]);
+        }
+  }
+}
+
+// the block's chains for panels [p0, p1) into y: full panels in registers (T's rows in one or two
+// groups of at most kStreamSums sums), a last partial panel in scalars
+template <int T>
+void panel_block(const float* xc, const F32P& w, int64_t k0, int64_t kb, int64_t p0, int64_t p1, float* y,
+                 int64_t ldy, bool add) {
+  constexpr int kGroups = (T * kPanelVecs + kPanelSums - 1) / kPanelSums, kG1 = (T + kGroups - 1) / kGroups;
+  // at least two streams up to T = 6 even where their sums spill: one left T = 5 waiting on memory
+  // (0.62-0.71x of the [K, N] layout's kernel; two: 0.88-1.04x)
+  constexpr int kS = std::max(T <= 6 ? 2 : 1, std::min<int>(kPanelStreams, kPanelSums / (kG1 * kPanelVecs)));
+  static_assert(kGroups <= 2);
+  const int64_t full = std::min(p1, w.N / F32P::kPanel);
+  if (p0 < full) {
+    panel_rows<T, kG1, kS>(xc, w, k0, kb, p0, full, 0, y, ldy, add);
+    if constexpr (kG1 < T) panel_rows<T, T - kG1, kS>(xc, w, k0, kb, p0, full, kG1, y, ldy, add);
+  }
+  for (int64_t p = std::max(p0, full); p < p1; ++p) {   // N % kPanel columns
+    const float* src = w.panel(k0, kb, p);
+    const int64_t wp = w.width(p);
+    for (int t = 0; t < T; ++t)
+      for (int64_t c = 0; c < wp; ++c) {
+        float s = 0.f;
+        for (int64_t k = 0; k < kb; ++k) s = fmadd(xc[k * T + t], src[k * wp + c], s);
+        float& out = y[t * ldy + p * F32P::kPanel + c];
+        out = add ? out + s : s;
+      }
+  }
+}
+
+template <int... R>
+void panel_dispatch(int64_t T, std::integer_sequence<int, R...>, const float* xc, const F32P& w, int64_t k0,
+                    int64_t kb, int64_t p0, int64_t p1, float* y, int64_t ldy, bool add) {
+  ((T == R + 1 ? panel_block<R + 1>(xc, w, k0, kb, p0, p1, y, ldy, add) : void()), ...);
+}
+
+// y[T, N] = x[T, K] @ w for T <= kStreamRows; the tasks as stream_gemm's (gemm.h): on one thread (or
+// one block) panel ranges summing every block in order, else blocks x panel ranges with the partials
+// added in block order by the range's last task
+inline void panel_stream_gemm(const float* x, const F32P& w, int64_t T, int64_t K, int64_t N, float* y) {
+  constexpr auto kRowCounts = std::make_integer_sequence<int, kStreamRows>{};
+  const int64_t threads = num_threads(), panels = (N + F32P::kPanel - 1) / F32P::kPanel;
+  const int64_t chunks = std::max<int64_t>(1, (K + kKC - 1) / kKC);
+  thread_local AlignedVector<float> xcs;   // x's rows in each block's chain order: [K][T]
+  xcs.resize(K * T);
+  for (int64_t k0 = 0; k0 < K; k0 += kKC) {
+    const int64_t kb = std::min(kKC, K - k0);
+    for (int64_t k = 0; k < kb; ++k)
+      for (int64_t t = 0; t < T; ++t) xcs[(k0 + k) * T + t] = x[t * K + k0 + chain_row(kb, k)];
+  }
+  const float* const xc = xcs.data();
+  if (threads == 1 || chunks == 1) {
+    const int64_t per = threads == 1 ? panels : (panels + 2 * threads - 1) / (2 * threads);
+    parallel_for((panels + per - 1) / per, [&](int64_t i) {
+      const int64_t p0 = i * per, p1 = std::min(panels, p0 + per);
+      for (int64_t k0 = 0; k0 < K; k0 += kKC)
+        panel_dispatch(T, kRowCounts, xc + k0 * T, w, k0, std::min(kKC, K - k0), p0, p1, y, N, k0 > 0);
+    });
+    return;
+  }
+  const int64_t groups = std::min(panels, std::max<int64_t>(1, (2 * threads + chunks - 1) / chunks));
+  const int64_t width = (panels + groups - 1) / groups, ranges = (panels + width - 1) / width;
+  thread_local AlignedVector<float> scratch;  // the caller's; the tasks see it through `partial`
+  scratch.resize((chunks - 1) * T * N);
+  float* const partial = scratch.data();  // blocks 1.. : [chunks - 1][T][N]
+  thread_local std::vector<int64_t> finished;
+  finished.assign(ranges, 0);
+  int64_t* const done = finished.data();
+  parallel_for(chunks * ranges, [&](int64_t i) {
+    const int64_t c = i / ranges, r = i % ranges, p0 = r * width, p1 = std::min(panels, p0 + width);
+    const int64_t k0 = c * kKC;
+    panel_dispatch(T, kRowCounts, xc + k0 * T, w, k0, std::min(kKC, K - k0), p0, p1,
+                   c == 0 ? y : partial + (c - 1) * T * N, N, false);
+    if (__atomic_add_fetch(&done[r], 1, __ATOMIC_ACQ_REL) != chunks) return;  // as stream_gemm's
+    add_partials(y, partial, T, N, chunks, p0 * F32P::kPanel, std::min(N, p1 * F32P::kPanel));
+  });
+}
+
+}  // namespace spmd
