@@ -6,7 +6,9 @@ Quantised weights (`quant.QuantWeight`) stay int8 in the graph's params (persist
 every linear is its weight type's op (ops/cpu_kernels/linear.cc: `spmd_linear`, `spmd_linear_int8`,
 `spmd_linear_int4`), for every number of rows: one pass over W for decode steps, a packed
 micro-kernel for prefill chunks, int8/int4 dequantised in registers (int8 on a CPU with AMX: exact
-integer sums instead, ops/cpu_kernels/int8_exact.h), on the op library's threads;
+integer sums instead, ops/cpu_kernels/int8_exact.h), on the op library's threads; an fp32 weight
+built inside `dense_panels(True)` (the export with the C++ ops) is stored in the panel layout
+(export/panels.py) and runs `spmd_linear_panels`;
 the norms and SwiGLU are `spmd_rms_norm`, `spmd_add_rms_norm`, `spmd_swiglu`, and a residual add +
 RMSNorm with the linear it feeds (and the SwiGLU after it) is one op, `spmd_norm_linear*`
 (`norm_linear`).  Nothing is chosen by the model's size.  Without them (`--graph-ops paddle`),
@@ -16,7 +18,9 @@ Paddle's ops: quantised weights are dequantised to fp32 right before its matmul 
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import replace
 from typing import Any
 
@@ -25,8 +29,23 @@ import paddle
 from paddle import nn
 
 from ops import paddle_ext
+from spmd_serve.export.panels import to_panels
 from spmd_serve.export.quant import QuantWeight
 from spmd_serve.export.variant import GENERAL, GraphVariant
+
+# Whether DenseLinear stores its weight in the panel layout: only a graph that runs the C++ ops can
+# read it, so the export sets it with the graph ops it chose (pipeline.export_rank)
+_PANELS: ContextVar[bool] = ContextVar("dense_panels", default=False)
+
+
+@contextmanager
+def dense_panels(on: bool) -> Iterator[None]:
+    """fp32 linears built inside hold their weights in the panel layout (export/panels.py) when `on`."""
+    token = _PANELS.set(on)
+    try:
+        yield
+    finally:
+        _PANELS.reset(token)
 
 
 def make_param(layer: nn.Layer, value: np.ndarray) -> paddle.Tensor:
@@ -70,20 +89,24 @@ class Linear(nn.Layer):
 
 
 class DenseLinear(Linear):
-    """An fp32 [in, out] weight."""
+    """An fp32 [in, out] weight: as it is, or (inside `dense_panels(True)`) in the panel layout, which
+    only the C++ op reads."""
 
     def __init__(self, w: np.ndarray) -> None:
         super().__init__()
-        self.weight = make_param(self, w)
+        self.panels = _PANELS.get()
+        self.weight = make_param(self, to_panels(np.asarray(w, np.float32)) if self.panels else w)
 
     def forward(self, x: paddle.Tensor, variant: GraphVariant | None = None) -> paddle.Tensor:
         variant = variant or GENERAL
         if variant.cpp_ops:
-            return paddle_ext.run_op("spmd_linear", x, self.weight)
+            return paddle_ext.run_op(self.cpp_op()[0], x, self.weight)
+        if self.panels:
+            raise ValueError("a weight in the panel layout has only the C++ op (GraphVariant.cpp_ops)")
         return paddle.matmul(x, self.weight)
 
     def cpp_op(self) -> tuple[str, list[paddle.Tensor]]:
-        return "spmd_linear", [self.weight]
+        return ("spmd_linear_panels" if self.panels else "spmd_linear"), [self.weight]
 
 
 class Int8Linear(Linear):

@@ -85,11 +85,13 @@ def export_rank(
     int8 pool; for a family with `decode_graphs`, also as its decode graph) and write its manifest.
     `cpp_ops`: resolve_graph_ops's answer (the C++ ops in every graph; tp > 1: one segment with
     in-graph all-reduces)."""
+    from spmd_serve.export.layers import dense_panels
     from spmd_serve.export.segment import build_segments, save_segment
 
     rank_dir = out / f"rank_{rank}"
     rank_dir.mkdir(parents=True, exist_ok=True)
-    stages = family.build_stages(family.rank_weights(mc, weights, dims, rank, quant, group), dims, rank)
+    with dense_panels(cpp_ops):  # the C++ ops read fp32 weights in panels (export/panels.py)
+        stages = family.build_stages(family.rank_weights(mc, weights, dims, rank, quant, group), dims, rank)
     specs: list[SegmentSpec] = []
     kv8_specs: list[SegmentSpec] = []
     for seg in build_segments(stages, dims, cpp_ops=cpp_ops):
