@@ -28,15 +28,17 @@ KERNELS = ROOT / "ops" / "cpu_kernels"
 # what gemm.h (and, since session 12, gemm_blocked.h; since session 21, the exact int8 path's
 # headers) defines at namespace scope; amx_enabled / amx_configure_thread (amx_tiles.cc) are shared
 NAMES = (
-    "kStreamRows kAccFloats kPassRows kPrefetchRows kPrefetchBytes kBlockedTasks kMR kNV kNR kKC kNC "
-    "kPackPrefetchRows kPrefetchTiles BlockPrefetch Tiles stream_tile "
+    "kStreamRows kStreamSums kAccFloats kPassRows kPrefetchRows kPrefetchBytes kBlockedTasks kMR kNV kNR kKC kNC "
+    "kPackPrefetchRows kPrefetchTiles BlockPrefetch Tiles add_partials PackedPanel PanelRun pack_panels stream_tile "
     "stream_columns stream_dispatch scale_columns stream_gemm pack pack_rows micro micro_dispatch blocked_columns gemm "
     "kAmxRows kAmxStep kAmxCols kAmxTile kAmxKB kAmxNC kAmxPrefetch pack_digits digit_at Interleave load_rows "
     "combine_digits finish_row amx_convert tile_load tile_store tile_zero tile_dp amx_unroll amx_micro amx_columns "
-    "exact_gemm kVnniRows kVnniKC kVnniAcc kVnniPass vnni_rows vnni_gemm_t vnni_gemm kChainStreams chain_row"
+    "exact_gemm kVnniRows kVnniKC kVnniAcc kVnniPass vnni_rows vnni_gemm_t vnni_gemm kChainStreams chain_row "
+    "kPanelVecs kPanelStreams kPanelSums kPanelPrefetchNear kPanelPrefetchFar panel_rows panel_block panel_dispatch "
+    "panel_stream_gemm"
 ).split()
 # REV's headers inlined into its gemm.h, innermost last (each is included once)
-INLINED = ("gemm_blocked.h", "gemm_amx.h", "gemm_vnni.h", "int8_exact.h")
+INLINED = ("gemm_blocked.h", "gemm_panels.h", "gemm_amx.h", "gemm_vnni.h", "int8_exact.h")
 
 
 def _show(rev: str, name: str) -> str | None:
