@@ -24,6 +24,9 @@
 //   per call into kMR-row micro-panels per block of kKC rows.  The packings are per-call scratch
 //   buffers: no second copy of the weights is kept.
 //
+// * fp32 weights in panels (weights.h F32P, the exports' layout): the blocked path reads full panels
+//   in place (no pack), the stream path is gemm_panels.h's; the same sums as below.
+//
 // * int8 on a CPU with AMX (and the kernel's grant): exact integer sums, gemm_amx.h (T > 2) and
 //   gemm_vnni.h (T <= 2), for every T; int8_exact.h says how, and why never mixed with the above.
 //
