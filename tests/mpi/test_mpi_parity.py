@@ -21,12 +21,13 @@ from tests.support.server_process import mpi_env, mpirun
 pytestmark = pytest.mark.mpi
 NEW_TOKENS = 12
 # what a C++-ops export's graphs call (the manifest's sorted `custom_ops`)
-# the int8 attention is called by the int8-KV graphs (`seg_0.kv8`) every export carries
+# the int8 attention is called by the int8-KV graphs (`seg_0.kv8`) every export carries; fp32 linears
+# read their weights in the panel layout (export/panels.py)
 CPP_OPS = (
     "spmd_add_rms_norm",
     "spmd_allreduce",
-    "spmd_linear",
-    "spmd_norm_linear",
+    "spmd_linear_panels",
+    "spmd_norm_linear_panels",
     "spmd_paged_attention",
     "spmd_paged_attention_int8",
     "spmd_rms_norm",
