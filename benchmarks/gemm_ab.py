@@ -34,11 +34,12 @@ NAMES = (
     "kAmxRows kAmxStep kAmxCols kAmxTile kAmxKB kAmxNC kAmxPrefetch pack_digits digit_at Interleave load_rows "
     "combine_digits finish_row amx_convert tile_load tile_store tile_zero tile_dp amx_unroll amx_micro amx_columns "
     "exact_gemm kVnniRows kVnniKC kVnniAcc kVnniPass vnni_rows vnni_gemm_t vnni_gemm kChainStreams chain_row "
-    "kPanelVecs kPanelStreams kPanelSums kPanelPrefetchNear kPanelPrefetchFar panel_rows panel_block panel_dispatch "
+    "kPanelVecs kPanelStreams kPanelSums kPanelPrefetchNear kPanelPrefetchFar panel_group panel_rows panel_block "
+    "panel_dispatch "
     "panel_stream_gemm"
 ).split()
 # REV's headers inlined into its gemm.h, innermost last (each is included once)
-INLINED = ("gemm_blocked.h", "gemm_panels.h", "gemm_amx.h", "gemm_vnni.h", "int8_exact.h")
+INLINED = ("gemm_blocked.h", "gemm_stream.h", "gemm_panels.h", "gemm_amx.h", "gemm_vnni.h", "int8_exact.h")
 
 
 def _show(rev: str, name: str) -> str | None:
@@ -58,6 +59,8 @@ def old_header(rev: str) -> str:
         if body is not None and include in text:
             text = text.replace(include, body, 1).replace(include, "")
     text = re.sub(r'#include "(simd|thread_pool|weights)\.h"\n|#pragma once\n', "", text)
+    for name in INLINED:  # an inlined header's includes of one inlined before it
+        text = text.replace(f'#include "{name}"\n', "")
     return re.sub(r"\b(%s)\b" % "|".join(NAMES), r"\1_old", text)
 
 
@@ -68,12 +71,16 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=15)
     ap.add_argument("--shape", default="small", choices=["small", "1b"])
     ap.add_argument("--steps", type=int, nargs="+", default=[1, 2, 4, 8], help="rows of x (T) to time")
+    ap.add_argument("--dtypes", default="fp32,int8", help="of fp32, int8, panels (fp32 in F32P)")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         (Path(tmp) / "gemm_old.h").write_text(old_header(args.rev))
         bench = (ROOT / "benchmarks" / "gemm_ksplit.cc").read_text()
         bench = bench.replace('#include "gemm.h"\n', '#include "gemm.h"\n#include "gemm_old.h"\n')
-        (Path(tmp) / "ab.cc").write_text(bench.replace("which ? columns(", "which ? gemm_old("))
+        bench = bench.replace("which ? columns(", "which ? gemm_old(")
+        # panels: REV's gemm (with a null scale) in place of this tree's
+        bench = bench.replace("which ? panels_base(x.data(), w, T,", "which ? gemm_old(x.data(), w, nullptr, T,")
+        (Path(tmp) / "ab.cc").write_text(bench)
         exe = Path(tmp) / "ab"
         subprocess.run(
             [
@@ -84,6 +91,7 @@ def main() -> None:
                 "-pthread",
                 f"-I{KERNELS}",
                 f"-I{tmp}",
+                f"-I{ROOT / 'benchmarks'}",
                 str(Path(tmp) / "ab.cc"),
                 str(KERNELS / "thread_pool.cc"),
                 str(KERNELS / "amx_tiles.cc"),
@@ -92,7 +100,7 @@ def main() -> None:
             ],
             check=True,
         )
-        env = dict(os.environ, SHAPE=args.shape, TS=",".join(map(str, args.steps)))
+        env = dict(os.environ, SHAPE=args.shape, TS=",".join(map(str, args.steps)), DTYPES=args.dtypes)
         for threads in args.threads:
             subprocess.run([str(exe), str(threads), str(args.rounds)], check=True, env=env)
 

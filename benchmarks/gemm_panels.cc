@@ -2,7 +2,7 @@
 // layout it replaced in the graphs (F32W), in one binary: first every output compared bit for bit
 // over odd shapes, T and thread counts (mode 0), then whole passes over the `--demo small` linears
 // (SHAPE=1b: two Llama-3.2-1B layers), the two alternating per round, median times (mode 1).
-//   g++ -O3 -march=native -std=c++17 -pthread -Iops/cpu_kernels benchmarks/gemm_panels.cc \
+//   g++ -O3 -march=native -std=c++17 -pthread -Iops/cpu_kernels -Ibenchmarks benchmarks/gemm_panels.cc \
 //       ops/cpu_kernels/thread_pool.cc ops/cpu_kernels/amx_tiles.cc -o /tmp/gemm_panels
 //   /tmp/gemm_panels 0 && TS=1,2,4,8,12,32,512 /tmp/gemm_panels 1 <threads> <rounds>
 #include <algorithm>
@@ -12,20 +12,9 @@
 #include <cstring>
 #include <vector>
 #include "gemm.h"
+#include "to_panels.h"
 using namespace spmd;
 static double now() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
-// export/panels.py to_panels, in C++
-static void to_panels(const float* w, int64_t K, int64_t N, float* out) {
-  for (int64_t k0 = 0; k0 < K; k0 += kKC) {
-    const int64_t kb = std::min(kKC, K - k0);
-    for (int64_t p = 0; p * 16 < N; ++p) {
-      const int64_t wp = std::min<int64_t>(16, N - p * 16);
-      float* dst = out + k0 * N + p * 16 * kb;
-      for (int64_t k = 0; k < kb; ++k)
-        for (int64_t c = 0; c < wp; ++c) dst[k * wp + c] = w[(k0 + chain_row(kb, k)) * N + p * 16 + c];
-    }
-  }
-}
 struct Lin { int64_t K, N; float* w; float* p; };
 int main(int argc, char** argv) {
   const int mode = atoi(argv[1]);

@@ -29,64 +29,81 @@ constexpr int kPanelSums = kVecRegs;
 // (8 KB into L2: 0.84-0.93x)
 constexpr int64_t kPanelPrefetchNear = 512, kPanelPrefetchFar = 8192;
 
-// y[t, panels p0..p1) (rows ldy apart; += when `add`) = this block's chains: x's rows in the chain's
-// order xc[kb][T], the block at k0 (kb rows).  G rows of x at a time (from g0), S streams of panels
-template <int T, int G, int S>
-void panel_rows(const float* xc, const F32P& w, int64_t k0, int64_t kb, int64_t p0, int64_t p1, int g0, float* y,
+// y[g0 .. g0 + G rows, S panels' columns] (rows ldy apart; += when `add`) = the chains of the block's kb
+// rows: x's rows in the chain's order xc[kb][T], panel s at pp[s] (col[s]: its first column; the
+// first `live` are real).  The sums stay in registers; kFetch: prefetch along each panel (the first
+// group of a step reads memory, the others the same panels from L1).
+template <int T, int G, int S, bool kFetch>
+void panel_group(const float* xc, const float* const* pp, const int64_t* col, int live, int64_t kb, int g0,
+                 float* y, int64_t ldy, bool add) {
+  Vec a[S][G][kPanelVecs];
+  for (int s = 0; s < S; ++s)
+    for (int r = 0; r < G; ++r)
+      for (int v = 0; v < kPanelVecs; ++v) a[s][r][v] = vzero();
+  for (int64_t k = 0; k < kb; ++k) {
+    Vec xb[G];
+    for (int r = 0; r < G; ++r) xb[r] = vset1(xc[k * T + g0 + r]);
+    for (int s = 0; s < S; ++s) {
+      if constexpr (kFetch && T >= 4)
+        __builtin_prefetch(pp[s] + k * F32P::kPanel + kPanelPrefetchFar / 4, 0, 2);
+      else if constexpr (kFetch && T > 1)
+        __builtin_prefetch(pp[s] + k * F32P::kPanel + kPanelPrefetchNear / 4, 0, 3);
+      for (int v = 0; v < kPanelVecs; ++v) {
+        Vec wv = vload(pp[s] + k * F32P::kPanel + v * kWidth);
+        if constexpr (G > 1) vpin(wv);   // in a register: GCC folded the load into each of G fmas
+        for (int r = 0; r < G; ++r) a[s][r][v] = vfma(xb[r], wv, a[s][r][v]);
+      }
+    }
+  }
+  for (int s = 0; s < live; ++s)
+    for (int r = 0; r < G; ++r)
+      for (int v = 0; v < kPanelVecs; ++v) {
+        float* yt = y + (g0 + r) * ldy + col[s] + v * kWidth;
+        vstore(yt, add ? vadd(vload(yt), a[s][r][v]) : a[s][r][v]);
+      }
+}
+
+// y[:, full panels p0..p1) for the block at k0 (kb rows): S panels a step (stream s: panels
+// p0 + s * len ...), x's rows in groups of Gs... rows, each group over the step's panels in turn
+template <int T, int S, int... Gs>
+void panel_rows(const float* xc, const F32P& w, int64_t k0, int64_t kb, int64_t p0, int64_t p1, float* y,
                 int64_t ldy, bool add) {
-  const int64_t len = (p1 - p0 + S - 1) / S, stride = kb * F32P::kPanel;
+  static_assert((Gs + ...) == T);
+  const int64_t len = (p1 - p0 + S - 1) / S;
   for (int64_t i = 0; i < len; ++i) {
     const float* pp[S];
     int64_t col[S];
-    int live = 0;   // streams with a panel at step i (stream s: panels p0 + s * len ...)
+    int live = 0;
     for (int s = 0; s < S; ++s) {
       const int64_t p = p0 + s * len + i;
       if (s * len + i >= p1 - p0) break;
       pp[s] = w.panel(k0, kb, p), col[s] = p * F32P::kPanel, live = s + 1;
     }
     for (int s = live; s < S; ++s) pp[s] = pp[0], col[s] = -1;
-    Vec a[S][G][kPanelVecs];
-    for (int s = 0; s < S; ++s)
-      for (int r = 0; r < G; ++r)
-        for (int v = 0; v < kPanelVecs; ++v) a[s][r][v] = vzero();
-    for (int64_t k = 0; k < kb; ++k) {
-      Vec xb[G];
-      for (int r = 0; r < G; ++r) xb[r] = vset1(xc[k * T + g0 + r]);
-      for (int s = 0; s < S; ++s) {
-        if constexpr (T >= 4)
-          __builtin_prefetch(pp[s] + k * F32P::kPanel + kPanelPrefetchFar / 4, 0, 2);
-        else if constexpr (T > 1)
-          __builtin_prefetch(pp[s] + k * F32P::kPanel + kPanelPrefetchNear / 4, 0, 3);
-        for (int v = 0; v < kPanelVecs; ++v) {
-          Vec wv = vload(pp[s] + k * F32P::kPanel + v * kWidth);
-          if constexpr (G > 1) vpin(wv);   // in a register: GCC folded the load into each of G fmas
-          for (int r = 0; r < G; ++r) a[s][r][v] = vfma(xb[r], wv, a[s][r][v]);
-        }
-      }
-    }
-    for (int s = 0; s < live; ++s)
-      for (int r = 0; r < G; ++r)
-        for (int v = 0; v < kPanelVecs; ++v) {
-          float* yt = y + (g0 + r) * ldy + col[s] + v * kWidth;
-          vstore(yt, add ? vadd(vload(yt), a[s][r][v]) : a[s][r][v]);
-        }
+    int g0 = 0;
+    ((g0 == 0 ? panel_group<T, Gs, S, true>(xc, pp, col, live, kb, g0, y, ldy, add)
+              : panel_group<T, Gs, S, false>(xc, pp, col, live, kb, g0, y, ldy, add),
+      g0 += Gs), ...);
   }
 }
 
-// the block's chains for panels [p0, p1) into y: full panels in registers (T's rows in one or two
-// groups of at most kStreamSums sums), a last partial panel in scalars
+// the block's chains for panels [p0, p1) into y: full panels by panel_rows, a last partial panel in
+// scalars.  One group of T rows over S streams (at least two up to T = 6: one left T = 5 waiting on
+// memory, 0.62-0.71x), but on AVX2 T = 6 and 7 as two groups (3 + 3, 4 + 3) over two streams: 12 or
+// 16 sums, where one group's 24 or 28 spilled (1.15x and 1.02-1.07x on two threads).  At T = 8 the
+// same split (4 + 4 on one stream, 3 + 3 + 2 on two) read 0.88-0.96x: RESULTS.md "Session 34".
 template <int T>
 void panel_block(const float* xc, const F32P& w, int64_t k0, int64_t kb, int64_t p0, int64_t p1, float* y,
                  int64_t ldy, bool add) {
-  constexpr int kGroups = (T * kPanelVecs + kPanelSums - 1) / kPanelSums, kG1 = (T + kGroups - 1) / kGroups;
-  // at least two streams up to T = 6 even where their sums spill: one left T = 5 waiting on memory
-  // (0.62-0.71x of the [K, N] layout's kernel; two: 0.88-1.04x)
-  constexpr int kS = std::max(T <= 6 ? 2 : 1, std::min<int>(kPanelStreams, kPanelSums / (kG1 * kPanelVecs)));
-  static_assert(kGroups <= 2);
+  constexpr int kS = std::max(T <= 6 ? 2 : 1, std::min<int>(kPanelStreams, kPanelSums / (T * kPanelVecs)));
   const int64_t full = std::min(p1, w.N / F32P::kPanel);
   if (p0 < full) {
-    panel_rows<T, kG1, kS>(xc, w, k0, kb, p0, full, 0, y, ldy, add);
-    if constexpr (kG1 < T) panel_rows<T, T - kG1, kS>(xc, w, k0, kb, p0, full, kG1, y, ldy, add);
+    if constexpr (kPanelVecs == 1 || (T != 6 && T != 7))   // AVX-512: a panel row is one vector
+      panel_rows<T, kS, T>(xc, w, k0, kb, p0, full, y, ldy, add);
+    else if constexpr (T == 6)
+      panel_rows<T, 2, 3, 3>(xc, w, k0, kb, p0, full, y, ldy, add);
+    else
+      panel_rows<T, 2, 4, 3>(xc, w, k0, kb, p0, full, y, ldy, add);
   }
   for (int64_t p = std::max(p0, full); p < p1; ++p) {   // N % kPanel columns
     const float* src = w.panel(k0, kb, p);
