@@ -196,6 +196,15 @@ inline void scale_columns(float* y, const float* scale, int64_t T, int64_t N, in
 // the partials' memory traffic, which only long runs on several threads repay (RESULTS.md)
 template <typename Src>
 void stream_gemm(const float* x, const Src& w, const float* scale, int64_t T, int64_t K, int64_t N, float* y) {
+  // int8 at T = 7-8: two passes over W, rows 0-3 then the rest.  One pass of 7-8 rows (two groups of
+  // sums, each widening every weight vector) ran 0.77-0.89x as fast as the two on --demo 1b's linears,
+  // 0.87-0.94x on small's (RESULTS.md "Session 35"): the quarter-size int8 W read twice costs less.
+  // A row's sums are the same chains in either pass
+  if constexpr (std::is_same_v<Src, I8W>)
+    if (T > 6) {
+      stream_gemm(x, w, scale, 4, K, N, y);
+      return stream_gemm(x + 4 * K, w, scale, T - 4, K, N, y + 4 * N);
+    }
   const int64_t threads = num_threads(), vectors = (N + kWidth - 1) / kWidth;
   const int64_t chunks = std::max<int64_t>(1, (K + kKC - 1) / kKC);
   constexpr auto kRowCounts = std::make_integer_sequence<int, kStreamRows>{};
