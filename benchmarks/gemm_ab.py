@@ -36,7 +36,7 @@ NAMES = (
     "exact_gemm kVnniRows kVnniKC kVnniAcc kVnniPass vnni_rows vnni_gemm_t vnni_gemm kChainStreams chain_row "
     "kPanelVecs kPanelStreams kPanelSums kPanelPrefetchNear kPanelPrefetchFar panel_group panel_rows panel_block "
     "panel_dispatch "
-    "panel_stream_gemm"
+    "panel_stream_gemm stream_tasks"
 ).split()
 # REV's headers inlined into its gemm.h, innermost last (each is included once)
 INLINED = ("gemm_blocked.h", "gemm_stream.h", "gemm_panels.h", "gemm_amx.h", "gemm_vnni.h", "int8_exact.h")

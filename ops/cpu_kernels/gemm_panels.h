@@ -12,6 +12,7 @@
 #include <utility>
 
 #include "gemm_blocked.h"
+#include "gemm_stream.h"
 #include "simd.h"
 #include "thread_pool.h"
 #include "weights.h"
@@ -124,13 +125,11 @@ void panel_dispatch(int64_t T, std::integer_sequence<int, R...>, const float* xc
   ((T == R + 1 ? panel_block<R + 1>(xc, w, k0, kb, p0, p1, y, ldy, add) : void()), ...);
 }
 
-// y[T, N] = x[T, K] @ w for T <= kStreamRows; the tasks as stream_gemm's (gemm.h): on one thread (or
-// one block) panel ranges summing every block in order, else blocks x panel ranges with the partials
-// added in block order by the range's last task
+// y[T, N] = x[T, K] @ w for T <= kStreamRows, in stream_tasks' tasks (gemm_stream.h) over panels: on
+// one thread (or one block) panel ranges summing every block in order, else blocks x panel ranges
 inline void panel_stream_gemm(const float* x, const F32P& w, int64_t T, int64_t K, int64_t N, float* y) {
   constexpr auto kRowCounts = std::make_integer_sequence<int, kStreamRows>{};
-  const int64_t threads = num_threads(), panels = (N + F32P::kPanel - 1) / F32P::kPanel;
-  const int64_t chunks = std::max<int64_t>(1, (K + kKC - 1) / kKC);
+  const int64_t panels = (N + F32P::kPanel - 1) / F32P::kPanel;
   thread_local AlignedVector<float> xcs;   // x's rows in each block's chain order: [K][T]
   xcs.resize(K * T);
   for (int64_t k0 = 0; k0 < K; k0 += kKC) {
@@ -139,31 +138,19 @@ inline void panel_stream_gemm(const float* x, const F32P& w, int64_t T, int64_t 
       for (int64_t t = 0; t < T; ++t) xcs[(k0 + k) * T + t] = x[t * K + k0 + chain_row(kb, k)];
   }
   const float* const xc = xcs.data();
-  if (threads == 1 || chunks == 1) {
-    const int64_t per = threads == 1 ? panels : (panels + 2 * threads - 1) / (2 * threads);
-    parallel_for((panels + per - 1) / per, [&](int64_t i) {
-      const int64_t p0 = i * per, p1 = std::min(panels, p0 + per);
-      for (int64_t k0 = 0; k0 < K; k0 += kKC)
-        panel_dispatch(T, kRowCounts, xc + k0 * T, w, k0, std::min(kKC, K - k0), p0, p1, y, N, k0 > 0);
-    });
-    return;
-  }
-  const int64_t groups = std::min(panels, std::max<int64_t>(1, (2 * threads + chunks - 1) / chunks));
-  const int64_t width = (panels + groups - 1) / groups, ranges = (panels + width - 1) / width;
-  thread_local AlignedVector<float> scratch;  // the caller's; the tasks see it through `partial`
-  scratch.resize((chunks - 1) * T * N);
-  float* const partial = scratch.data();  // blocks 1.. : [chunks - 1][T][N]
-  thread_local std::vector<int64_t> finished;
-  finished.assign(ranges, 0);
-  int64_t* const done = finished.data();
-  parallel_for(chunks * ranges, [&](int64_t i) {
-    const int64_t c = i / ranges, r = i % ranges, p0 = r * width, p1 = std::min(panels, p0 + width);
-    const int64_t k0 = c * kKC;
-    panel_dispatch(T, kRowCounts, xc + k0 * T, w, k0, std::min(kKC, K - k0), p0, p1,
-                   c == 0 ? y : partial + (c - 1) * T * N, N, false);
-    if (__atomic_add_fetch(&done[r], 1, __ATOMIC_ACQ_REL) != chunks) return;  // as stream_gemm's
-    add_partials(y, partial, T, N, chunks, p0 * F32P::kPanel, std::min(N, p1 * F32P::kPanel));
-  });
+  stream_tasks(
+      T, K, N, panels, F32P::kPanel, y,
+      [&](int64_t c0, int64_t c1) {
+        for (int64_t k0 = 0; k0 < K; k0 += kKC)
+          panel_dispatch(T, kRowCounts, xc + k0 * T, w, k0, std::min(kKC, K - k0), c0 / F32P::kPanel,
+                         (c1 + F32P::kPanel - 1) / F32P::kPanel, y, N, k0 > 0);
+      },
+      [&](int64_t c, int64_t c0, int64_t c1, float* out) {
+        const int64_t k0 = c * kKC;
+        panel_dispatch(T, kRowCounts, xc + k0 * T, w, k0, std::min(kKC, K - k0), c0 / F32P::kPanel,
+                       (c1 + F32P::kPanel - 1) / F32P::kPanel, out, N, false);
+      },
+      [](int64_t, int64_t) {});
 }
 
 }  // namespace spmd

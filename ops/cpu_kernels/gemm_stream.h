@@ -191,6 +191,42 @@ inline void scale_columns(float* y, const float* scale, int64_t T, int64_t N, in
   }
 }
 
+// The stream paths' tasks for y[T, N] (stream_gemm here, panel_stream_gemm for panels), over N's
+// `units` column units of `unit` columns (vectors, panels).  One thread (or one chunk of kKC rows):
+// column tasks, each summing every chunk itself: whole(c0, c1).  Else tasks (chunk c, column range):
+// part(c, c0, c1, out), out = y for chunk 0 and a scratch partial [T][N] for the others; the range's
+// last chunk to finish adds them to y in chunk order (the same sum whoever does it), in this task: no
+// second parallel_for (its fork/join was ~3-4 % of a batch-1 step at --demo small, RESULTS.md
+// "Session 15"); then summed(c0, c1).
+template <typename Whole, typename Part, typename Summed>
+void stream_tasks(int64_t T, int64_t K, int64_t N, int64_t units, int64_t unit, float* y, Whole&& whole, Part&& part,
+                  Summed&& summed) {
+  const int64_t threads = num_threads(), chunks = std::max<int64_t>(1, (K + kKC - 1) / kKC);
+  if (threads == 1 || chunks == 1) {
+    const int64_t per = threads == 1 ? units : (units + 2 * threads - 1) / (2 * threads);
+    parallel_for((units + per - 1) / per, [&](int64_t i) { whole(i * per * unit, std::min(N, (i + 1) * per * unit)); });
+    return;
+  }
+  // column ranges only when the chunks alone give fewer than ~two tasks a thread (a thread that
+  // wakes late, or is preempted, leaves its second one to the others)
+  const int64_t groups = std::min(units, std::max<int64_t>(1, (2 * threads + chunks - 1) / chunks));
+  const int64_t width = (units + groups - 1) / groups, ranges = (units + width - 1) / width;
+  thread_local AlignedVector<float> scratch;  // the caller's; the tasks see it through `partial`
+  scratch.resize((chunks - 1) * T * N);
+  float* const partial = scratch.data();  // chunks 1.. : [chunks - 1][T][N]
+  thread_local std::vector<int64_t> finished;  // chunks done, per column range
+  finished.assign(ranges, 0);
+  int64_t* const done = finished.data();
+  parallel_for(chunks * ranges, [&](int64_t i) {
+    const int64_t c = i / ranges, r = i % ranges;
+    const int64_t c0 = r * width * unit, c1 = std::min(N, (r + 1) * width * unit);
+    part(c, c0, c1, c == 0 ? y : partial + (c - 1) * T * N);
+    if (__atomic_add_fetch(&done[r], 1, __ATOMIC_ACQ_REL) != chunks) return;  // acq_rel: sees the others' stores
+    add_partials(y, partial, T, N, chunks, c0, c1);
+    summed(c0, c1);
+  });
+}
+
 // y[T, N] for T <= kStreamRows: tasks (chunk of kKC rows, column range), then the chunks' sum;
 // on one thread (or one chunk) column tasks that sum their chunks themselves: the same sum, without
 // the partials' memory traffic, which only long runs on several threads repay (RESULTS.md)
@@ -205,39 +241,19 @@ void stream_gemm(const float* x, const Src& w, const float* scale, int64_t T, in
       stream_gemm(x, w, scale, 4, K, N, y);
       return stream_gemm(x + 4 * K, w, scale, T - 4, K, N, y + 4 * N);
     }
-  const int64_t threads = num_threads(), vectors = (N + kWidth - 1) / kWidth;
-  const int64_t chunks = std::max<int64_t>(1, (K + kKC - 1) / kKC);
   constexpr auto kRowCounts = std::make_integer_sequence<int, kStreamRows>{};
-  if (threads == 1 || chunks == 1) {
-    const int64_t per = threads == 1 ? vectors * kWidth : (vectors + 2 * threads - 1) / (2 * threads) * kWidth;
-    parallel_for((N + per - 1) / per, [&](int64_t i) {
-      const int64_t c0 = i * per, c1 = std::min(N, c0 + per);
-      stream_dispatch(T, kRowCounts, x, w, K, N, 0, K, c0, c1, y, true);
-      if (scale != nullptr) scale_columns(y, scale, T, N, c0, c1);
-    });
-    return;
-  }
-  // column ranges only when the chunks alone give fewer than ~two tasks a thread (a thread that
-  // wakes late, or is preempted, leaves its second one to the others)
-  const int64_t groups = std::min(vectors, std::max<int64_t>(1, (2 * threads + chunks - 1) / chunks));
-  const int64_t width = (vectors + groups - 1) / groups * kWidth, ranges = (N + width - 1) / width;
-  thread_local AlignedVector<float> scratch;  // the caller's; the tasks see it through `partial`
-  scratch.resize((chunks - 1) * T * N);
-  float* const partial = scratch.data();  // chunks 1.. : [chunks - 1][T][N]
-  thread_local std::vector<int64_t> finished;  // chunks done, per column range
-  finished.assign(ranges, 0);
-  int64_t* const done = finished.data();
-  parallel_for(chunks * ranges, [&](int64_t i) {
-    const int64_t c = i / ranges, r = i % ranges, c0 = r * width, c1 = std::min(N, c0 + width);
-    float* out = c == 0 ? y : partial + (c - 1) * T * N;
-    stream_dispatch(T, kRowCounts, x, w, K, N, c * kKC, std::min(K, (c + 1) * kKC), c0, c1, out, false);
-    // the range's last chunk to finish sums them all, y += chunk 1, chunk 2, ... in order (the same
-    // sum whoever does it), in this task: no second parallel_for (its fork/join was ~3-4 % of a batch-1
-    // step at --demo small, RESULTS.md "Session 15"); acq_rel: it sees the other chunks' stores
-    if (__atomic_add_fetch(&done[r], 1, __ATOMIC_ACQ_REL) != chunks) return;
-    add_partials(y, partial, T, N, chunks, c0, c1);
-    if (scale != nullptr) scale_columns(y, scale, T, N, c0, c1);
-  });
+  stream_tasks(
+      T, K, N, (N + kWidth - 1) / kWidth, kWidth, y,
+      [&](int64_t c0, int64_t c1) {
+        stream_dispatch(T, kRowCounts, x, w, K, N, 0, K, c0, c1, y, true);
+        if (scale != nullptr) scale_columns(y, scale, T, N, c0, c1);
+      },
+      [&](int64_t c, int64_t c0, int64_t c1, float* out) {
+        stream_dispatch(T, kRowCounts, x, w, K, N, c * kKC, std::min(K, (c + 1) * kKC), c0, c1, out, false);
+      },
+      [&](int64_t c0, int64_t c1) {
+        if (scale != nullptr) scale_columns(y, scale, T, N, c0, c1);
+      });
 }
 
 }  // namespace spmd
