@@ -53,14 +53,25 @@ def old_header(rev: str) -> str:
     """REV's gemm.h with the headers it includes of ours inlined, its names suffixed `_old`."""
     text = _show(rev, "gemm.h")
     assert text is not None, f"{rev} has no ops/cpu_kernels/gemm.h"
-    for name in INLINED:
+    seen: set[str] = set()
+
+    def expand(m: re.Match[str]) -> str:
+        # as the preprocessor with #pragma once: depth first, each header at its first include, so a
+        # header is defined before the one that includes it (gemm_panels.h needs gemm_stream.h)
+        name = m.group(1)
+        if name not in INLINED:
+            return m.group(0)
+        if name in seen:
+            return ""
+        seen.add(name)
         body = _show(rev, name)
-        include = f'#include "{name}"\n'
-        if body is not None and include in text:
-            text = text.replace(include, body, 1).replace(include, "")
+        return "" if body is None else inline(body)
+
+    def inline(src: str) -> str:
+        return re.sub(r'#include "([a-z0-9_]+\.h)"\n', expand, src)
+
+    text = inline(text)
     text = re.sub(r'#include "(simd|thread_pool|weights)\.h"\n|#pragma once\n', "", text)
-    for name in INLINED:  # an inlined header's includes of one inlined before it
-        text = text.replace(f'#include "{name}"\n', "")
     return re.sub(r"\b(%s)\b" % "|".join(NAMES), r"\1_old", text)
 
 
