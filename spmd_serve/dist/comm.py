@@ -21,7 +21,15 @@ from collections.abc import Callable, Iterator
 from typing import NoReturn, TypeVar
 
 import numpy as np
-from mpi4py import MPI
+
+# A rank waiting inside MPI (the graph's allreduce while its peer is late) yields its core between
+# polls instead of spinning on it: with one core a rank, the HTTP workers and clients share those
+# cores, and a spinning rank kept them off its own while the peer it waited for was the one they
+# preempted.  TP = 2 served, --demo small, 3 interleaved rounds: median out tok/s 1.08x / 1.17x /
+# 1.05x at c = 1 / 8 / 32 (RESULTS.md "Session 35").  Open MPI reads it at MPI_Init, i.e. at the
+# import below; a value the user set wins.
+os.environ.setdefault("OMPI_MCA_mpi_yield_when_idle", "1")
+from mpi4py import MPI  # noqa: E402  (after the setting above)
 
 from spmd_serve.fast_exit import flush_and_exit
 from spmd_serve.protocol import HEADER_LEN, StepPlan
