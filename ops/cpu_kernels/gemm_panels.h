@@ -138,18 +138,17 @@ inline void panel_stream_gemm(const float* x, const F32P& w, int64_t T, int64_t 
       for (int64_t t = 0; t < T; ++t) xcs[(k0 + k) * T + t] = x[t * K + k0 + chain_row(kb, k)];
   }
   const float* const xc = xcs.data();
+  // the block at k0, columns [c0, c1) (whole panels but N's last) into out, or added to it
+  auto block = [&](int64_t k0, int64_t c0, int64_t c1, float* out, bool add) {
+    panel_dispatch(T, kRowCounts, xc + k0 * T, w, k0, std::min(kKC, K - k0), c0 / F32P::kPanel,
+                   (c1 + F32P::kPanel - 1) / F32P::kPanel, out, N, add);
+  };
   stream_tasks(
       T, K, N, panels, F32P::kPanel, y,
       [&](int64_t c0, int64_t c1) {
-        for (int64_t k0 = 0; k0 < K; k0 += kKC)
-          panel_dispatch(T, kRowCounts, xc + k0 * T, w, k0, std::min(kKC, K - k0), c0 / F32P::kPanel,
-                         (c1 + F32P::kPanel - 1) / F32P::kPanel, y, N, k0 > 0);
+        for (int64_t k0 = 0; k0 < K; k0 += kKC) block(k0, c0, c1, y, k0 > 0);
       },
-      [&](int64_t c, int64_t c0, int64_t c1, float* out) {
-        const int64_t k0 = c * kKC;
-        panel_dispatch(T, kRowCounts, xc + k0 * T, w, k0, std::min(kKC, K - k0), c0 / F32P::kPanel,
-                       (c1 + F32P::kPanel - 1) / F32P::kPanel, out, N, false);
-      },
+      [&](int64_t c, int64_t c0, int64_t c1, float* out) { block(c * kKC, c0, c1, out, false); },
       [](int64_t, int64_t) {});
 }
 

@@ -204,7 +204,8 @@ void stream_tasks(int64_t T, int64_t K, int64_t N, int64_t units, int64_t unit, 
   const int64_t threads = num_threads(), chunks = std::max<int64_t>(1, (K + kKC - 1) / kKC);
   if (threads == 1 || chunks == 1) {
     const int64_t per = threads == 1 ? units : (units + 2 * threads - 1) / (2 * threads);
-    parallel_for((units + per - 1) / per, [&](int64_t i) { whole(i * per * unit, std::min(N, (i + 1) * per * unit)); });
+    parallel_for((units + per - 1) / per,
+                 [&](int64_t i) { whole(i * per * unit, std::min(N, (i + 1) * per * unit)); });
     return;
   }
   // column ranges only when the chunks alone give fewer than ~two tasks a thread (a thread that
@@ -221,7 +222,8 @@ void stream_tasks(int64_t T, int64_t K, int64_t N, int64_t units, int64_t unit, 
     const int64_t c = i / ranges, r = i % ranges;
     const int64_t c0 = r * width * unit, c1 = std::min(N, (r + 1) * width * unit);
     part(c, c0, c1, c == 0 ? y : partial + (c - 1) * T * N);
-    if (__atomic_add_fetch(&done[r], 1, __ATOMIC_ACQ_REL) != chunks) return;  // acq_rel: sees the others' stores
+    // acq_rel: the last task sees the other chunks' stores
+    if (__atomic_add_fetch(&done[r], 1, __ATOMIC_ACQ_REL) != chunks) return;
     add_partials(y, partial, T, N, chunks, c0, c1);
     summed(c0, c1);
   });
@@ -242,18 +244,19 @@ void stream_gemm(const float* x, const Src& w, const float* scale, int64_t T, in
       return stream_gemm(x + 4 * K, w, scale, T - 4, K, N, y + 4 * N);
     }
   constexpr auto kRowCounts = std::make_integer_sequence<int, kStreamRows>{};
+  auto scaled = [&](int64_t c0, int64_t c1) {   // y's finished columns times the int8 scale
+    if (scale != nullptr) scale_columns(y, scale, T, N, c0, c1);
+  };
   stream_tasks(
       T, K, N, (N + kWidth - 1) / kWidth, kWidth, y,
       [&](int64_t c0, int64_t c1) {
         stream_dispatch(T, kRowCounts, x, w, K, N, 0, K, c0, c1, y, true);
-        if (scale != nullptr) scale_columns(y, scale, T, N, c0, c1);
+        scaled(c0, c1);
       },
       [&](int64_t c, int64_t c0, int64_t c1, float* out) {
         stream_dispatch(T, kRowCounts, x, w, K, N, c * kKC, std::min(K, (c + 1) * kKC), c0, c1, out, false);
       },
-      [&](int64_t c0, int64_t c1) {
-        if (scale != nullptr) scale_columns(y, scale, T, N, c0, c1);
-      });
+      scaled);
 }
 
 }  // namespace spmd
