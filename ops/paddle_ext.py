@@ -47,7 +47,8 @@ KERNELS = Path(__file__).with_name("cpu_kernels")
 LIB_NAME = "spmd_cpu_ops.so"
 # -march=native: the library is built on the machine that runs it (the cache key has its CPU flags).
 # SPMD_OPS_MARCH overrides it, to build and test the other code paths of the kernels here (simd.h):
-# x86-64-v3 (AVX2 + FMA, no AVX-512), x86-64 (the plain C++ fallback).
+# x86-64-v3 (AVX2 + FMA, no AVX-512), x86-64 (the plain C++ fallback).  SPMD_OPS_EMULATE_WIDTH=16 (or 8)
+# builds the plain fallback with that many lanes: AVX-512's tiles and tails, tested on a CPU without it.
 CXXFLAGS = (
     "-O3",
     "-fPIC",
@@ -112,6 +113,16 @@ def _cpu_flags() -> str:
     return os.uname().machine
 
 
+def _emulate_flags() -> list[str]:
+    """-DSPMD_EMULATE_WIDTH=N when SPMD_OPS_EMULATE_WIDTH asks for it (simd.h)."""
+    width = os.environ.get("SPMD_OPS_EMULATE_WIDTH", "")
+    if not width:
+        return []
+    if width not in ("8", "16"):
+        raise ExtensionUnavailable(f"SPMD_OPS_EMULATE_WIDTH={width!r}: 8 or 16 lanes")
+    return [f"-DSPMD_EMULATE_WIDTH={width}"]
+
+
 def _commands(objs: Path, out: Path) -> tuple[list[list[str]], list[str]]:
     """(one compile command per source into `objs/`, the link command into `out`)."""
     root, _ = _paddle_dirs()
@@ -123,7 +134,8 @@ def _commands(objs: Path, out: Path) -> tuple[list[list[str]], list[str]]:
     mpi_compile, mpi_link = _mpi_flags()
     libs = [root / "libs", root / "base"]
     march = f"-march={os.environ.get('SPMD_OPS_MARCH') or 'native'}"
-    flags = [march, *CXXFLAGS, f"-I{root / 'include'}", f"-I{root / 'include' / 'third_party'}", *mpi_compile]
+    includes = [f"-I{root / 'include'}", f"-I{root / 'include' / 'third_party'}"]
+    flags = [march, *_emulate_flags(), *CXXFLAGS, *includes, *mpi_compile]
     compiles = [[cxx, *flags, "-c", str(src), "-o", str(objs / f"{src.stem}.o")] for src in sources()]
     link = [
         cxx,
@@ -221,6 +233,12 @@ def int8_exact() -> bool:
     """True when int8 weights take the exact-integer GEMM here (ops/cpu_kernels/int8_exact.h: a CPU
     with AMX and the kernel's grant of its tile state to this process), False for the fp32 paths."""
     return bool(load().spmd_int8_exact())
+
+
+def simd() -> tuple[int, bool]:
+    """(lanes of the kernels' vector, whether it is simd.h's plain array rather than intrinsics)."""
+    code = load().spmd_simd_lanes()
+    return code // 1000, bool(code % 1000)
 
 
 def unavailable() -> str | None:

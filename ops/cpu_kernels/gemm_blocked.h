@@ -16,11 +16,8 @@ namespace spmd {
 constexpr int64_t kStreamRows = 8;          // T above: the blocked path (CPU time equal at T ~ 12; 8 below)
 constexpr int kStreamSums = kVecRegs * 3 / 4;  // stream (gemm.h, gemm_panels.h) at T > 1: sums held in registers (the rest: W, x)
 constexpr int64_t kMR = 6;                  // blocked: rows of x per micro-kernel
-#if defined(__AVX512F__)
-constexpr int64_t kNV = 4;                  // blocked: vectors of columns per micro-kernel (6 x 4 accumulators)
-#else
-constexpr int64_t kNV = 2;                  // AVX2's 16 registers: 6 x 2 accumulators
-#endif
+// blocked: vectors of columns per micro-kernel: 6 x 4 accumulators in AVX-512's 32 registers, 6 x 2 in AVX2's 16
+constexpr int64_t kNV = kVecRegs >= 32 ? 4 : 2;
 constexpr int64_t kNR = kNV * kWidth;       // blocked: columns per micro-panel
 constexpr int64_t kKC = 128;                // both: rows of W per chunk of the sum (blocked: a micro-panel, 32 KiB)
 constexpr int64_t kNC = 256;                // blocked: columns per task, at most

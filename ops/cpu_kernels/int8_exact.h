@@ -17,14 +17,15 @@
 // (one tile unit operand each: 16 rows x 64 bytes = 1 KiB).
 #pragma once
 
-#if defined(__AMX_TILE__) && defined(__AMX_INT8__) && defined(__AVX512VBMI__) && defined(__AVX512VNNI__)
+#include "simd.h"   // SPMD_SIMD
+
+#if SPMD_SIMD == 512 && defined(__AMX_TILE__) && defined(__AMX_INT8__) && defined(__AVX512VBMI__) && \
+    defined(__AVX512VNNI__)
 #define SPMD_HAVE_EXACT_INT8 1
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-
-#include "simd.h"
 
 namespace spmd {
 

@@ -139,3 +139,7 @@ PD_BUILD_OP(spmd_linear_int4)
     .SetKernelFn(PD_KERNEL(LinearInt4Forward))
     .SetInferShapeFn(PD_INFER_SHAPE(LinearQuantShape))
     .SetInferDtypeFn(PD_INFER_DTYPE(LinearQuantDtype));
+
+// The kernels' vector: lanes (16 AVX-512, 8 AVX2 or the plain array) x 1000 + 1 when it is the plain
+// array (simd.h SPMD_SIMD 0, which SPMD_EMULATE_WIDTH builds): what a test checks it built.
+extern "C" int spmd_simd_lanes() { return static_cast<int>(spmd::kWidth) * 1000 + (SPMD_SIMD == 0 ? 1 : 0); }

@@ -2,6 +2,11 @@
 // vectorises (so the library builds on any CPU; it is compiled with -march=native on the machine
 // that runs it).  Every kernel is written once against these few functions.
 //
+// SPMD_SIMD says which: 512, 256 or 0 (the plain array).  -DSPMD_EMULATE_WIDTH=16 builds the plain
+// array with AVX-512's geometry (16 lanes, 32 registers: the tiles, panels and tails of that path)
+// on any CPU, so that a machine without AVX-512 tests the kernels' logic at that width
+// (ops/paddle_ext.py SPMD_OPS_EMULATE_WIDTH, tests/kernels/test_cpu_simd_widths.py).
+//
 // fmadd / vfma is a fused multiply-add wherever the CPU has one: the GEMM paths rely on every
 // output being the same chain of fmas over k in order, whatever the path, tile or thread that
 // computes it (linear.cc), so the scalar tails use the same operation as the vector bodies.
@@ -38,7 +43,17 @@ struct Aligned64 {
 template <typename T>
 using AlignedVector = std::vector<T, Aligned64<T>>;
 
-#if defined(__AVX512F__)
+#if defined(SPMD_EMULATE_WIDTH)
+#define SPMD_SIMD 0
+#elif defined(__AVX512F__)
+#define SPMD_SIMD 512
+#elif defined(__AVX2__) && defined(__FMA__)
+#define SPMD_SIMD 256
+#else
+#define SPMD_SIMD 0
+#endif
+
+#if SPMD_SIMD == 512
 constexpr int64_t kWidth = 16;
 using Vec = __m512;
 constexpr int kVecRegs = 32;
@@ -65,7 +80,7 @@ inline Vec vpow2i(Vec p, Vec n) { return _mm512_scalef_ps(p, n); }  // p * 2^n, 
 inline Vec vselect_lt(Vec a, Vec b, Vec x, Vec y) {  // per lane: a < b ? x : y
   return _mm512_mask_blend_ps(_mm512_cmp_ps_mask(a, b, _CMP_LT_OQ), y, x);
 }
-#elif defined(__AVX2__) && defined(__FMA__)
+#elif SPMD_SIMD == 256
 constexpr int64_t kWidth = 8;
 using Vec = __m256;
 constexpr int kVecRegs = 16;
@@ -101,9 +116,14 @@ inline Vec vpow2i(Vec p, Vec n) {  // p * 2^n for integral n in [-126, 127]: n i
   return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
 }
 #else
+#if defined(SPMD_EMULATE_WIDTH)
+static_assert(SPMD_EMULATE_WIDTH == 8 || SPMD_EMULATE_WIDTH == 16, "SPMD_EMULATE_WIDTH: 8 (AVX2) or 16 (AVX-512)");
+constexpr int64_t kWidth = SPMD_EMULATE_WIDTH;
+#else
 constexpr int64_t kWidth = 8;
+#endif
 struct Vec { float v[kWidth]; };
-constexpr int kVecRegs = 16;
+constexpr int kVecRegs = kWidth == 16 ? 32 : 16;
 inline void vpin(Vec&) {}
 inline Vec vzero() { return Vec{}; }
 inline Vec vset1(float s) { Vec r; for (auto& e : r.v) e = s; return r; }
@@ -115,7 +135,9 @@ inline Vec vload(const W* p) {
 }
 inline void vstore(float* p, Vec a) { std::memcpy(p, a.v, sizeof a.v); }
 #define SPMD_LANES(expr) do { for (int64_t i = 0; i < kWidth; ++i) expr; } while (0)
-inline Vec vfma(Vec a, Vec b, Vec c) { SPMD_LANES(c.v[i] += a.v[i] * b.v[i]); return c; }
+inline float fmadd(float a, float b, float c);
+// the scalar fmadd's one rounding (or two) in every lane: vector bodies and scalar tails make one chain
+inline Vec vfma(Vec a, Vec b, Vec c) { SPMD_LANES(c.v[i] = fmadd(a.v[i], b.v[i], c.v[i])); return c; }
 inline Vec vmul(Vec a, Vec b) { SPMD_LANES(a.v[i] *= b.v[i]); return a; }
 inline Vec vdiv(Vec a, Vec b) { SPMD_LANES(a.v[i] /= b.v[i]); return a; }
 inline Vec vsub(Vec a, Vec b) { SPMD_LANES(a.v[i] -= b.v[i]); return a; }

@@ -63,10 +63,10 @@ struct I8W {
 
 // kWidth signed nibbles (the high ones if `high`) of kWidth bytes → fp32
 inline Vec vload_nibbles(const int8_t* p, bool high) {
-#if defined(__AVX512F__)
+#if SPMD_SIMD == 512
   const __m512i b = _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
   return _mm512_cvtepi32_ps(high ? _mm512_srai_epi32(b, 4) : _mm512_srai_epi32(_mm512_slli_epi32(b, 28), 28));
-#elif defined(__AVX2__) && defined(__FMA__)
+#elif SPMD_SIMD == 256
   const __m256i b = _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
   return _mm256_cvtepi32_ps(high ? _mm256_srai_epi32(b, 4) : _mm256_srai_epi32(_mm256_slli_epi32(b, 28), 28));
 #else
