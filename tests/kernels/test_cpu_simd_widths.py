@@ -3,10 +3,12 @@ simd.h's vector, and their tiles, panels and tails depend on its width (16 lanes
 AVX-512: 6 x 4 micro-kernels, one vector a panel row; 8 and 16 on AVX2).  A machine without AVX-512
 runs the AVX2 build only, so here the op tests run again against a library built with simd.h's plain
 array at 16 lanes (SPMD_OPS_EMULATE_WIDTH=16): every one of AVX-512's code paths but the intrinsics
-themselves, which are one call each in simd.h."""
+themselves, which are one call each in simd.h.  Those, and the AMX / VNNI int8 paths, are at least
+compiled here for a CPU that has them."""
 
 from __future__ import annotations
 
+import concurrent.futures
 import os
 import subprocess
 import sys
@@ -79,3 +81,20 @@ def test_an_unknown_width_is_refused_by_name(width, monkeypatch):
     monkeypatch.setenv("SPMD_OPS_EMULATE_WIDTH", width)
     with pytest.raises(paddle_ext.ExtensionUnavailable, match=f"SPMD_OPS_EMULATE_WIDTH='{width}': 8 or 16"):
         paddle_ext._emulate_flags()
+
+
+def test_the_avx512_and_amx_paths_compile(monkeypatch):
+    # Sapphire Rapids has every extension a branch of the kernels asks for (AVX-512 F/BW/VBMI/VNNI,
+    # AMX-INT8): each source checked to the end of its templates' instantiation, no code generated
+    from ops import paddle_ext
+
+    monkeypatch.setenv("SPMD_OPS_MARCH", "sapphirerapids")
+    monkeypatch.delenv("SPMD_OPS_EMULATE_WIDTH", raising=False)
+    compiles, _ = paddle_ext._commands(Path("OBJS"), Path("OUT"))
+    checks = [
+        [*cmd[: cmd.index("-c")], *cmd[cmd.index("-c") + 1 : cmd.index("-o")], "-fsyntax-only"] for cmd in compiles
+    ]
+    with concurrent.futures.ThreadPoolExecutor(len(os.sched_getaffinity(0))) as pool:
+        runs = list(pool.map(lambda c: subprocess.run(c, capture_output=True, text=True, timeout=600), checks))
+    failed = {cmd[-2]: run.stderr[-3000:] for cmd, run in zip(checks, runs) if run.returncode != 0}
+    assert not failed, failed
