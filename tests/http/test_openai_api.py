@@ -65,8 +65,18 @@ def test_n_choices_get_distinct_seeds(srv):
         timeout=10,
         json={"model": "default", "prompt": "x", "max_tokens": 1, "n": 3, "seed": 10},
     )
-    seeds = sorted(cmd.params.seed for cmd in srv.engine.added)
-    assert seeds == [10, 11, 12]
+    seeds = [cmd.params.seed for cmd in srv.engine.added]
+    assert len(set(seeds)) == 3 and seeds[0] == 10  # choice 0 keeps the seed: n = 1 draws the same
+    assert all(0 <= s < 1 << 63 for s in seeds)
+
+
+def test_choice_seeds_of_neighbouring_seeds_do_not_overlap():
+    from spmd_serve.frontend.openai.handlers import choice_seed
+
+    # seed + index gave seed 1's choices 1..3 to seed 2's choices 0..2: a sweep drew the same samples
+    drawn = [choice_seed(seed, i) for seed in range(200) for i in range(8)]
+    assert len(set(drawn)) == len(drawn)
+    assert choice_seed((1 << 63) - 1, 5) < 1 << 63 and choice_seed(7, 0) == 7
 
 
 def test_api_key_guards_openai_routes_but_not_health(make_server):

@@ -3,7 +3,7 @@
 doubled paths, and `GET /v1/models`.
 
 `OpenAIServing.handle` owns one request: check the key, parse (openai.protocol), start one
-`Generation` per choice (n per prompt; a seeded request gives choice i the seed + i), merge their
+`Generation` per choice (n per prompt; a seeded request gives each choice its own seed: `choice_seed`), merge their
 deltas as they come, and answer with one object or an SSE stream (`data: {...}`, then
 `data: [DONE]`).  Every refusal that can be known before the first byte is an HTTP status with
 an OpenAI error body; a failure after streaming began is an `error` event before `[DONE]`.
@@ -32,6 +32,18 @@ from spmd_serve.frontend.openai.protocol import OpenAIRequest, error_body, parse
 log = logging.getLogger(__name__)
 SSE = "text/event-stream; charset=utf-8"
 DEADLINE_S = 3600.0  # OpenAI bodies carry no timeout; this only guarantees that nothing hangs
+
+
+def choice_seed(seed: int, index: int) -> int:
+    """The seed of choice `index` (over the prompts, then n) of a request seeded `seed`: choice 0 keeps
+    it (n = 1 draws what the first of n draws), the others a splitmix64 mix of both, so that no choice
+    of seed s repeats one of seed s + 1 (seed + index did: a sweep over seeds drew the same samples)."""
+    if index == 0:
+        return seed
+    z = (seed * 0x9E3779B97F4A7C15 + index) & (1 << 64) - 1
+    z = (z ^ z >> 30) * 0xBF58476D1CE4E5B9 & (1 << 64) - 1
+    z = (z ^ z >> 27) * 0x94D049BB133111EB & (1 << 64) - 1
+    return (z ^ z >> 31) % (1 << 63)  # the engine's seeds: non-negative int64
 
 
 def send_openai_error(handler: RequestHandler, status: int, msg: str, param: str | None = None) -> None:
@@ -146,7 +158,7 @@ class OpenAIServing:
             for i in range(req.n):
                 index = p * req.n + i
                 seed = req.params.seed
-                params = dataclasses.replace(req.params, seed=None if seed is None else (seed + index) % (1 << 63))
+                params = dataclasses.replace(req.params, seed=None if seed is None else choice_seed(seed, index))
                 # completions continue the prompt's text; chat starts a new message
                 gens.append(
                     Generation(
