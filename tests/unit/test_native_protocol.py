@@ -50,12 +50,12 @@ def test_mapping_to_sampling_params():
             "presence_score": -0.5,
             "min_dec_len": 2,
             "eos_token_ids": [7, 8],
-            "stop_sequences": ["\n\n", ""],
+            "stop_sequences": ["\n\n"],
         }
     )
     assert p.greedy and p.seed == 0 and p.repetition_penalty == 1.3 and p.min_tokens == 2
     assert (p.frequency_penalty, p.presence_penalty) == (0.5, -0.5)
-    assert p.eos_token_ids == (7, 8) and p.stop_sequences == ("\n\n",)  # "" dropped
+    assert p.eos_token_ids == (7, 8) and p.stop_sequences == ("\n\n",)
 
 
 def test_nulls_and_unknown_keys_are_ignored():
@@ -81,6 +81,7 @@ def test_nulls_and_unknown_keys_are_ignored():
         ({"input_ids": [True]}, "input_ids"),
         ({"input_ids": [-1]}, "input_ids"),
         ({"text": "a", "eos_token_ids": [1.0]}, "eos_token_ids"),
+        ({"text": "a", "stop_sequences": ["END", ""]}, "stop_sequences"),  # "" would stop at once
     ],
 )
 def test_type_errors_name_the_field(body, field):

@@ -77,6 +77,8 @@ def test_prompt_forms():
         ({"prompt": [-1]}, "prompt"),
         ({"prompt": 5}, "prompt"),
         ({"stop": [1]}, "stop"),
+        ({"stop": ""}, "stop"),
+        ({"stop": ["END", ""]}, "stop"),
         ({"logprobs": 21}, "logprobs"),
         ({"min_tokens": 17}, "min_tokens"),
         ({"stream_options": {"include_usage": True}}, "stream_options"),

@@ -143,9 +143,10 @@ def parse_native_request(body: dict[str, Any]) -> NativeRequest:
     if stops is not None:
         if isinstance(stops, str):  # a lone string is an obvious intent; accept it
             stops = [stops]
-        if not isinstance(stops, list) or not all(isinstance(s, str) for s in stops):
-            raise _bad("stop_sequences", "a list of strings", stops, rid)
-        req.stop_sequences = tuple(s for s in stops if s)  # "" would match at once
+        # "" would match at once: refused (as vLLM does), not dropped behind the user's back
+        if not isinstance(stops, list) or not all(isinstance(s, str) and s for s in stops):
+            raise _bad("stop_sequences", "a list of non-empty strings", stops, rid)
+        req.stop_sequences = tuple(stops)
     if not (req.timeout > 0 and math.isfinite(req.timeout)):
         raise _bad("timeout", "a positive number of seconds", req.timeout, rid)
     return req

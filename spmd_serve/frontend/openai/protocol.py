@@ -102,7 +102,9 @@ def _stop(body: dict[str, Any]) -> tuple[str, ...]:
         stop = [stop]
     if not isinstance(stop, list) or not all(isinstance(s, str) for s in stop):
         raise OpenAIError(400, "stop must be a string or a list of strings", "stop")
-    return tuple(s for s in stop if s)
+    if not all(stop):  # it would end every choice at once: refused as vLLM does, not dropped
+        raise OpenAIError(400, "stop must not contain an empty string", "stop")
+    return tuple(stop)
 
 
 def _check_best_of(body: dict[str, Any], n: int) -> None:

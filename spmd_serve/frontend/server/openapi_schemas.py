@@ -57,7 +57,8 @@ def _list(items: Schema, **kw: Any) -> Schema:
 
 
 STR, BOOL, IDS = {"type": "string"}, {"type": "boolean"}, _list(_int(0))
-STRINGS = {"anyOf": [STR, _list(STR)]}  # stop strings: one or a list
+STOP = {"type": "string", "minLength": 1}  # "" would match at once: refused
+STRINGS = {"anyOf": [STOP, _list(STOP)]}  # stop strings: one or a list
 FINISH = {"enum": ["stop", "length"]}
 
 
