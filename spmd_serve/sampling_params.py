@@ -17,6 +17,7 @@ INT64_MAX = 2**63 - 1  # seeds: the engine's own draws are 63-bit; a user's must
 FLOAT32_MAX = 3.4028234663852886e38  # temperature, top_p and the penalties are float32 rows
 SAMPLING_EPS = 1e-5  # temperatures below this are greedy (as vLLM)
 MAX_LOGPROBS = 20  # top-n logprobs a request may ask for (OpenAI's own limit)
+MAX_LOGIT_BIAS = 100.0  # |bias| a request may add to a token's logit (OpenAI's range: -100 bans, 100 forces)
 
 
 @dataclass
@@ -39,6 +40,9 @@ class SamplingParams:
     include_stop_str_in_output: bool = False
     ignore_eos: bool = False
     logprobs: int | None = None  # None: no logprobs; k >= 0: the chosen token's + top k
+    # OpenAI's logit_bias: (token id, bias) pairs, ids ascending and distinct, added to the row's logits
+    # before the penalties and every draw (engine/sampler.py); logprobs stay the model's raw ones
+    logit_bias: tuple[tuple[int, float], ...] = ()
 
     def validate(self) -> SamplingParams:
         """Raise ValueError naming the first bad field; return self for chaining."""
@@ -75,6 +79,12 @@ class SamplingParams:
                 raise ValueError(f"{name} must be integers in [0, {INT32_MAX}], got {bad[0]!r}")
         if not all(isinstance(s, str) for s in self.stop_sequences):
             raise ValueError("stop_sequences must be strings")
+        biased = [t for t, _ in self.logit_bias]
+        if not all(_is_int(t) and 0 <= t <= INT32_MAX for t in biased) or biased != sorted(set(biased)):
+            raise ValueError(f"logit_bias must name distinct token ids in [0, {INT32_MAX}], ascending")
+        bad_bias = [b for _, b in self.logit_bias if not (_is_float32(b) and abs(b) <= MAX_LOGIT_BIAS)]
+        if bad_bias:
+            raise ValueError(f"logit_bias values must be numbers in [-100, 100], got {bad_bias[0]!r}")
         return self
 
     @property

@@ -3,6 +3,7 @@ arrays → one token per request, in one batched call; plus the OpenAI logprobs 
 `Sampler.sample` returns both as one `SampledStep`.  A request that verifies speculative drafts
 has a row per position and gets its accepted drafts plus one token (engine/verify.py).
 
+A request's logit_bias is added to its rows first (`biased`, a copy: logprobs stay the raw model's).
 The sampling itself (penalties over the tokens the request generated, EOS masking until
 min_tokens, greedy arg-max or temperature → top-k → top-p → a Philox draw) is ops.sample's, whose
 docstring states it exactly.  `ops.sample` dispatches on the logits: numpy (the CPU runner today)
@@ -115,6 +116,19 @@ def sample(logits: Any, requests: Sequence[SampledRequest]) -> list[int]:
     return [int(t) for t in np.asarray(tokens)]
 
 
+def biased(logits: Any, jobs: Sequence[tuple[SampledRequest, list[int]]]) -> Any:
+    """logits [R, V] with each request's logit_bias added to its rows: a copy when any request has
+    one (the raw logits stay for the logprobs and `observe`), else the logits themselves."""
+    if not any(r.params.logit_bias for r, _ in jobs):
+        return logits
+    out = logits.astype(np.float32)  # a copy (float16 logits too: a bias of 100 is exact in float32)
+    for r, rows in jobs:
+        if r.params.logit_bias:
+            ids, bias = zip(*r.params.logit_bias)
+            out[np.ix_(rows, ids)] += np.asarray(bias, np.float32)  # [rows, ids] += [ids]
+    return out
+
+
 def token_logprobs(logits: npt.NDArray[np.floating[Any]], token: int, top_n: int) -> TokenLogprobs:
     """Log-probabilities from the model's own distribution (the raw logits, before penalties,
     temperature and truncation, as vLLM reports by default): the chosen token's and the top n.
@@ -221,6 +235,7 @@ class Sampler:
 
     def _verify(self, logits: npt.NDArray[np.float32], jobs: list[_Job]) -> list[list[int]]:
         """Every job's tokens: one batched draw over all their rows, then each job's verdict."""
+        logits = biased(logits, [(r, idx) for r, idx, _ in jobs])
         rows: list[int] = []
         views: list[SampledRequest] = []
         for r, idx, drafts in jobs:

@@ -1,6 +1,6 @@
 """The official `openai` client, unmodified, against `mpirun -n 2 spmd_serve` on the demo model:
 completions and chat, streaming and not, with `base_url=.../v1` and with the original docs'
-`base_url=.../v1/chat/completions`; seeds, n, usage, logprobs, echo, greedy settings honoured,
+`base_url=.../v1/chat/completions`; seeds, n, usage, logprobs, echo, greedy settings, logit_bias honoured,
 errors before any SSE byte, and a healthy server after every error."""
 
 from __future__ import annotations
@@ -157,6 +157,27 @@ def test_temperature_zero_and_top_p_zero_are_greedy(client, base):
         assert r.choices[0].message.content == want, extra
 
 
+def test_logit_bias_bans_and_forces_tokens(client, base, served_tp2):
+    from spmd_serve.bench.prompts import load_tokenizer
+
+    tok = load_tokenizer(str(served_tp2))
+    prompt = tok.encode("Once upon a time")
+    native = requests.post(
+        base + "/v1/chat/completions",
+        json={"input_ids": prompt, "max_dec_len": 4, "min_dec_len": 4, "temperature": 0},
+        timeout=60,
+    ).json()
+    greedy = native["tokens_all_ids"]
+    kw = dict(model="default", prompt=prompt, max_tokens=4, temperature=0, extra_body={"ignore_eos": True})
+    assert client.completions.create(**kw).choices[0].text == native["result"]
+    banned = client.completions.create(logit_bias={str(greedy[0]): -100}, **kw).choices[0].text
+    assert banned != native["result"] and not banned.startswith(tok.decode(greedy[:1]))
+    forced = greedy[1] if greedy[1] != greedy[0] else greedy[0] + 1
+    r = client.completions.create(logit_bias={str(forced): 100}, logprobs=1, **kw)
+    assert r.choices[0].text == tok.decode(prompt + [forced] * 4)[len(tok.decode(prompt)) :]
+    assert min(r.choices[0].logprobs.token_logprobs) < -0.5  # the model's own, not the biased ones
+
+
 def test_stop_string_is_trimmed(client):
     text = client.completions.create(
         model="default", prompt="Count", max_tokens=12, temperature=0, extra_body={"ignore_eos": True}
@@ -195,7 +216,7 @@ def test_too_long_is_400_before_any_sse_byte(client, base):
         ({"model": "default", "prompt": "x", "n": 0}, 400, "n"),
         ({"model": "default", "prompt": [], "max_tokens": 2}, 400, "prompt"),
         ({"model": "default", "prompt": "x", "logprobs": 99}, 400, "logprobs"),
-        ({"model": "default", "prompt": "x", "logit_bias": {"5": 1}}, 400, "logit_bias"),
+        ({"model": "default", "prompt": "x", "logit_bias": {"5": 101}}, 400, "logit_bias"),
     ],
 )
 def test_errors_are_openai_shaped_and_server_stays_healthy(base, body, status, param):

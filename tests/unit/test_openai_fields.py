@@ -70,7 +70,7 @@ def test_unknown_fields_are_refused_with_openai_s_wording(kind):
     [
         ("completion", "min_p", 0.0, 0.05),
         ("chat", "min_p", 0, 0.1),
-        ("completion", "logit_bias", {}, {"5": -100}),
+        ("completion", "bad_words", [], ["x"]),
         ("completion", "skip_special_tokens", True, False),
         ("chat", "spaces_between_special_tokens", True, False),
         ("completion", "use_beam_search", False, True),

@@ -58,6 +58,11 @@ def test_fields_map_to_sampling_params():
     assert (p.frequency_penalty, p.repetition_penalty, p.ignore_eos) == (1.5, 1.2, True)
 
 
+def test_logit_bias_maps_to_sorted_pairs():
+    assert parse(logit_bias={"9": -100, "3": 2.5, "04": 0}).params.logit_bias == ((3, 2.5), (4, 0.0), (9, -100.0))
+    assert parse(logit_bias={}).params.logit_bias == ()
+
+
 def test_prompt_forms():
     assert len(parse(prompt=["a", "b"]).prompts) == 2
     assert parse(prompt=[5, 6, 7]).prompts == [[5, 6, 7]]
@@ -79,6 +84,14 @@ def test_prompt_forms():
         ({"stop": [1]}, "stop"),
         ({"stop": ""}, "stop"),
         ({"stop": ["END", ""]}, "stop"),
+        ({"logit_bias": [1]}, "logit_bias"),
+        ({"logit_bias": {"x": 1}}, "logit_bias"),
+        ({"logit_bias": {"-1": 1}}, "logit_bias"),
+        ({"logit_bias": {"9" * 5000: 1}}, "logit_bias"),
+        ({"logit_bias": {"3": 100.5}}, "logit_bias"),
+        ({"logit_bias": {"3": True}}, "logit_bias"),
+        ({"logit_bias": {"3": 1, "03": 2}}, "logit_bias"),
+        ({"logit_bias": {"2000000": 1}}, "logit_bias"),  # beyond the vocabulary
         ({"logprobs": 21}, "logprobs"),
         ({"min_tokens": 17}, "min_tokens"),
         ({"stream_options": {"include_usage": True}}, "stream_options"),

@@ -62,11 +62,14 @@ def test_sampling_params_arrive_as_they_left():
         eos_token_ids=(5, 6),
         stop_sequences=("\n\n", "é"),
         logprobs=3,
+        logit_bias=((4, -100.0), (17, 2.5)),
     )
     (msg,) = FrameDecoder().feed(encode({"t": "add", "params": params_to_wire(params)}))
     assert params_from_wire(msg["params"]) == params
     with pytest.raises(WireError):
         params_from_wire({"max_tokens": 1, "__class__": "x"})
+    with pytest.raises(WireError):
+        params_from_wire({"max_tokens": 1, "logit_bias": [[1, 2, 3]]})
 
 
 def test_outputs_arrive_as_they_left():

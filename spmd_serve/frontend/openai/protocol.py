@@ -13,7 +13,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from spmd_serve.frontend.common.parsing import Limits, ProtocolError, check_in_vocab, finite_number, is_int, show
+from spmd_serve.frontend.common.parsing import Limits, ProtocolError, finite_number, is_int, show
+from spmd_serve.frontend.openai import token_params
 from spmd_serve.frontend.openai.fields import FieldError, check_fields
 from spmd_serve.sampling_params import FLOAT32_MAX, INT32_MAX, INT64_MAX, MAX_LOGPROBS, SamplingParams
 
@@ -169,20 +170,6 @@ def _check_vocab(prompts: list[list[int]], tokenizer: Any) -> None:
             raise OpenAIError(400, f"token id {max(ids)} is outside the vocabulary (size {vocab})", "prompt")
 
 
-def _stop_token_ids(body: dict[str, Any], tokenizer: Any) -> tuple[int, ...]:
-    ids = body.get("stop_token_ids")
-    if ids is None:
-        return ()
-    if not isinstance(ids, list) or not all(is_int(i) and i >= 0 for i in ids):
-        msg = f"stop_token_ids must be a list of non-negative integers, got {show(ids)}"
-        raise OpenAIError(400, msg, "stop_token_ids")
-    try:
-        check_in_vocab("stop_token_ids", ids, getattr(tokenizer, "vocab_size", None))
-    except ProtocolError as e:
-        raise OpenAIError(400, e.msg, "stop_token_ids") from None
-    return tuple(ids)
-
-
 def _max_tokens(body: dict[str, Any], kind: str, prompt_len: int, limits: Limits) -> int:
     """The completion budget, checked against MAX_DEC_LEN, MAX_SEQ_LEN and the context."""
     key = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
@@ -257,6 +244,10 @@ def parse_openai(
         raise OpenAIError(400, f"min_tokens({min_tokens}) must not exceed max_tokens({max_tokens})", "min_tokens")
     top_k = _get(body, "top_k", "int", 0, -1, INT32_MAX)
     seed = _get(body, "seed", "int", None)
+    try:
+        stop_ids, bias = token_params.stop_token_ids(body, tokenizer), token_params.logit_bias(body, tokenizer)
+    except FieldError as e:
+        raise OpenAIError(400, e.msg, e.param) from None
     params = SamplingParams(
         max_tokens=max_tokens,
         min_tokens=min_tokens,
@@ -268,10 +259,11 @@ def parse_openai(
         frequency_penalty=_get(body, "frequency_penalty", "num", 0.0, -2, 2),
         presence_penalty=_get(body, "presence_penalty", "num", 0.0, -2, 2),
         stop_sequences=_stop(body),
-        stop_token_ids=_stop_token_ids(body, tokenizer),
+        stop_token_ids=stop_ids,
         include_stop_str_in_output=_get(body, "include_stop_str_in_output", "bool", False),
         ignore_eos=_get(body, "ignore_eos", "bool", False),
         logprobs=logprobs,
+        logit_bias=bias,
     )
     _get(body, "user", "str", None)
     return OpenAIRequest(kind, model, prompts, texts, params.validate(), n, stream, include_usage, echo, logprobs)

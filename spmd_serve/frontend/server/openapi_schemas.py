@@ -114,6 +114,10 @@ def schemas(s: IOSettings) -> dict[str, Schema]:
         "min_tokens": _opt(_int(0, dec)), "ignore_eos": _opt(BOOL), "user": _opt(STR),
         "stop_token_ids": _opt(_list(_int(0), description="ids below the vocabulary size")),
         "include_stop_str_in_output": _opt(BOOL),
+        "logit_bias": _opt(_obj([], {}, additionalProperties=_num(-100, 100),
+                                propertyNames={"pattern": "^[0-9]{1,10}$"},
+                                description="token id (a decimal string below the vocabulary size) -> bias added "
+                                "to its logit; logprobs stay the model's own")),
         "truncate_prompt_tokens": _opt(_int(1, description="keep the prompt's last N tokens"))}
 
     def neutral(kind: str) -> dict[str, Schema]:   # known fields, accepted only with these values

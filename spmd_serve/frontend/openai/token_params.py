@@ -1,0 +1,60 @@
+"""The OpenAI request fields that name token ids — vLLM's `stop_token_ids` and OpenAI's `logit_bias` —
+read from a body: their shapes and bounds, and every id checked against the vocabulary.  Each
+refusal is a `FieldError` naming the field (openai.protocol answers it as a 400)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from spmd_serve.frontend.common.parsing import ProtocolError, check_in_vocab, finite_number, is_int, show
+from spmd_serve.frontend.openai.fields import FieldError
+from spmd_serve.sampling_params import INT32_MAX, MAX_LOGIT_BIAS
+
+
+def _in_vocab(name: str, ids: list[int], tokenizer: Any) -> None:
+    try:
+        check_in_vocab(name, ids, getattr(tokenizer, "vocab_size", None))
+    except ProtocolError as e:
+        raise FieldError(e.msg, name) from None
+
+
+def stop_token_ids(body: dict[str, Any], tokenizer: Any) -> tuple[int, ...]:
+    """[id, ...] → the ids, each below the vocabulary size."""
+    ids = body.get("stop_token_ids")
+    if ids is None:
+        return ()
+    if not isinstance(ids, list) or not all(is_int(i) and i >= 0 for i in ids):
+        raise FieldError(f"stop_token_ids must be a list of non-negative integers, got {show(ids)}", "stop_token_ids")
+    _in_vocab("stop_token_ids", ids, tokenizer)
+    return tuple(ids)
+
+
+def _token_id(key: Any) -> int | None:
+    """A JSON object key that is a token id ("17"), else None; long digit strings are not (int()
+    refuses more than 4,300 digits, and no vocabulary has 11)."""
+    if not (isinstance(key, str) and key.isascii() and key.isdigit() and len(key) <= 10):
+        return None
+    token = int(key)
+    return token if token <= INT32_MAX else None
+
+
+def logit_bias(body: dict[str, Any], tokenizer: Any) -> tuple[tuple[int, float], ...]:
+    """{"<token id>": bias in [-100, 100]} → (id, bias) pairs, ids ascending and distinct."""
+    bias = body.get("logit_bias")
+    if bias is None:
+        return ()
+    if not isinstance(bias, dict):
+        raise FieldError(f"logit_bias must be an object of token id -> bias, got {show(bias)}", "logit_bias")
+    pairs: dict[int, float] = {}
+    for key, value in bias.items():
+        token = _token_id(key)
+        if token is None:
+            raise FieldError(f"logit_bias keys must be token ids (integers >= 0), got {show(key)}", "logit_bias")
+        number = finite_number(value)
+        if number is None or abs(number) > MAX_LOGIT_BIAS:
+            raise FieldError(f"logit_bias[{key}] must be a number in [-100, 100], got {show(value)}", "logit_bias")
+        if token in pairs:  # "7" and "07"
+            raise FieldError(f"logit_bias names token {token} twice", "logit_bias")
+        pairs[token] = number
+    _in_vocab("logit_bias", list(pairs), tokenizer)
+    return tuple(sorted(pairs.items()))
