@@ -113,6 +113,17 @@ _OPENAI_COMMON = {
     "stop_token_ids": ids(0, 3),
     "include_stop_str_in_output": BOOL,
     "truncate_prompt_tokens": integer(1, 20),
+    # token id (a decimal string) -> bias; bad maps: ids past every bound, "07"-style repeats, junk values
+    "logit_bias": Field(
+        st.dictionaries(TOKEN.map(str), st.floats(-100, 100), max_size=4),
+        st.one_of(
+            st.dictionaries(
+                st.one_of(st.sampled_from(INTS).map(str), st.text(max_size=6)), JUNK, min_size=1, max_size=3
+            ),
+            st.just({"7": 1, "07": 2}),
+            JUNK,
+        ),
+    ),
 }
 OPENAI = {
     "completion": {
