@@ -28,6 +28,7 @@ class SamplingParams:
     temperature: float = 1.0  # 0 = greedy
     top_p: float = 1.0  # nucleus mass in [0, 1]; 0 behaves as greedy
     top_k: int = 0  # 0 = disabled
+    min_p: float = 0.0  # vLLM's: drop tokens below min_p x the most likely one's probability (0 = off)
     seed: int | None = None  # None: the engine draws one at admission
     repetition_penalty: float = 1.0  # native penalty_score (> 0)
     frequency_penalty: float = 0.0  # native frequency_score
@@ -65,6 +66,8 @@ class SamplingParams:
             raise ValueError(f"temperature must be >= 0, got {self.temperature!r}")
         if not 0 <= self.top_p <= 1:
             raise ValueError(f"topp must be in [0, 1], got {self.top_p!r}")
+        if not (_is_float32(self.min_p) and 0 <= self.min_p <= 1):
+            raise ValueError(f"min_p must be in [0, 1], got {self.min_p!r}")
         if not _is_int(self.top_k) or not 0 <= self.top_k <= INT32_MAX:
             raise ValueError(f"top_k must be an integer in [0, {INT32_MAX}], got {self.top_k!r}")
         if not self.repetition_penalty > 0:

@@ -3,7 +3,8 @@ arrays → one token per request, in one batched call; plus the OpenAI logprobs 
 `Sampler.sample` returns both as one `SampledStep`.  A request that verifies speculative drafts
 has a row per position and gets its accepted drafts plus one token (engine/verify.py).
 
-A request's logit_bias is added to its rows first (`biased`, a copy: logprobs stay the raw model's).
+A request's logit_bias and min_p act on a copy of its rows first (engine/logits_adjust.py; the
+logprobs stay the raw model's).
 The sampling itself (penalties over the tokens the request generated, EOS masking until
 min_tokens, greedy arg-max or temperature → top-k → top-p → a Philox draw) is ops.sample's, whose
 docstring states it exactly.  `ops.sample` dispatches on the logits: numpy (the CPU runner today)
@@ -29,6 +30,7 @@ import numpy as np
 import numpy.typing as npt
 
 import ops.sample
+from spmd_serve.engine import logits_adjust
 from spmd_serve.engine.outputs import TokenLogprobs
 from spmd_serve.engine.verify import accept_matching, position_rows, rejection_sample, target_probs
 from spmd_serve.sampling_params import SamplingParams
@@ -114,19 +116,6 @@ def sample(logits: Any, requests: Sequence[SampledRequest]) -> list[int]:
     # the logprobs reported are token_logprobs' (raw logits), not ops.sample's: skip them on the CPU
     tokens = ops.sample.sample(logits, **sample_arrays(requests), with_logprobs=False)[0]
     return [int(t) for t in np.asarray(tokens)]
-
-
-def biased(logits: Any, jobs: Sequence[tuple[SampledRequest, list[int]]]) -> Any:
-    """logits [R, V] with each request's logit_bias added to its rows: a copy when any request has
-    one (the raw logits stay for the logprobs and `observe`), else the logits themselves."""
-    if not any(r.params.logit_bias for r, _ in jobs):
-        return logits
-    out = logits.astype(np.float32)  # a copy (float16 logits too: a bias of 100 is exact in float32)
-    for r, rows in jobs:
-        if r.params.logit_bias:
-            ids, bias = zip(*r.params.logit_bias)
-            out[np.ix_(rows, ids)] += np.asarray(bias, np.float32)  # [rows, ids] += [ids]
-    return out
 
 
 def token_logprobs(logits: npt.NDArray[np.floating[Any]], token: int, top_n: int) -> TokenLogprobs:
@@ -235,7 +224,6 @@ class Sampler:
 
     def _verify(self, logits: npt.NDArray[np.float32], jobs: list[_Job]) -> list[list[int]]:
         """Every job's tokens: one batched draw over all their rows, then each job's verdict."""
-        logits = biased(logits, [(r, idx) for r, idx, _ in jobs])
         rows: list[int] = []
         views: list[SampledRequest] = []
         for r, idx, drafts in jobs:
@@ -244,6 +232,8 @@ class Sampler:
                 views += position_rows(r.params, r.output_token_ids, r.eos_token_ids, drafts)
             else:
                 views.append(r)
+        if logits_adjust.wanted(views):  # logit_bias, min_p: on a copy, used for the verdicts too
+            logits = logits_adjust.adjusted(logits, rows, views, sample_arrays)
         # every row, the usual case: no copy of the logits (they are cold after the graph)
         targets = sample(logits if rows == list(range(len(logits))) else logits[rows], views)
         out: list[list[int]] = []

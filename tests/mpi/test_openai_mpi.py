@@ -1,6 +1,6 @@
 """The official `openai` client, unmodified, against `mpirun -n 2 spmd_serve` on the demo model:
 completions and chat, streaming and not, with `base_url=.../v1` and with the original docs'
-`base_url=.../v1/chat/completions`; seeds, n, usage, logprobs, echo, greedy settings, logit_bias honoured,
+`base_url=.../v1/chat/completions`; seeds, n, usage, logprobs, echo, greedy settings, logit_bias, min_p honoured,
 errors before any SSE byte, and a healthy server after every error."""
 
 from __future__ import annotations
@@ -155,6 +155,16 @@ def test_temperature_zero_and_top_p_zero_are_greedy(client, base):
             model="default", messages=CHAT, max_tokens=10, extra_body={"min_tokens": 10}, **extra
         )
         assert r.choices[0].message.content == want, extra
+    # min_p = 1 keeps only the most likely token of each step: greedy at any temperature
+    r = client.chat.completions.create(
+        model="default",
+        messages=CHAT,
+        max_tokens=10,
+        temperature=1.5,
+        seed=7,
+        extra_body={"min_tokens": 10, "min_p": 1},
+    )
+    assert r.choices[0].message.content == want
 
 
 def test_logit_bias_bans_and_forces_tokens(client, base, served_tp2):

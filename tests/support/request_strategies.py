@@ -99,6 +99,7 @@ _OPENAI_COMMON = {
     "temperature": number(0, 2),
     "top_p": number(0, 1),
     "top_k": integer(-1, 50),
+    "min_p": number(0, 1),
     "n": integer(1, 3),
     "best_of": integer(1, 3),
     "stop": strings(),

@@ -68,8 +68,8 @@ def test_unknown_fields_are_refused_with_openai_s_wording(kind):
 @pytest.mark.parametrize(
     "kind, field, neutral, other",
     [
-        ("completion", "min_p", 0.0, 0.05),
-        ("chat", "min_p", 0, 0.1),
+        ("completion", "allowed_token_ids", None, [1, 2]),
+        ("chat", "length_penalty", 1, 0.5),
         ("completion", "bad_words", [], ["x"]),
         ("completion", "skip_special_tokens", True, False),
         ("chat", "spaces_between_special_tokens", True, False),

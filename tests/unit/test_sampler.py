@@ -17,10 +17,9 @@ import numpy as np
 import pytest
 
 from ops.sample import sample_cpu
-from spmd_serve.engine.sampler import Sampler, sample, sample_arrays, token_logprobs
+from spmd_serve.engine.sampler import sample, sample_arrays, token_logprobs
 from spmd_serve.sampling_params import SamplingParams
 from spmd_serve.scheduler.request import Request
-from spmd_serve.scheduler.scheduler import ScheduledSeq, SchedulerOutput
 
 
 @dataclass
@@ -248,46 +247,3 @@ def test_token_logprobs_are_the_raw_logits_log_softmax():
     assert [i for i, _ in top] == [0, 2, 4]  # best first, ties by lowest id
     assert [v for _, v in top] == pytest.approx([2.0 - lse, 2.0 - lse, 1.0 - lse])
     assert token_logprobs(x, 1, 0) == (pytest.approx(0.5 - lse), [])
-
-
-# ---------------------------------------------------------------- logit_bias
-
-
-def _step(*reqs: Request) -> SchedulerOutput:
-    return SchedulerOutput([ScheduledSeq(r, 0, len(r.prompt_token_ids), True) for r in reqs])
-
-
-def test_logit_bias_forces_and_bans_tokens_of_its_own_request_only():
-    rng = np.random.default_rng(11)
-    logits = rng.normal(0, 2.0, (3, 50)).astype(np.float32)
-    raw = logits.copy()
-    best = [int(np.argmax(row)) for row in logits]
-    second = int(np.argsort(-logits[1])[1])
-    forced = Request("f", [1], SamplingParams(max_tokens=4, temperature=0, logit_bias=((7, 100.0),)))
-    banned = Request("b", [1], SamplingParams(max_tokens=4, temperature=0, logit_bias=((best[1], -100.0),)))
-    plain = Request("p", [1], SamplingParams(max_tokens=4, temperature=0, logprobs=2))
-    step = Sampler().sample(_step(forced, banned, plain), logits)
-    assert step.tokens == [[7], [second], [best[2]]]
-    assert np.array_equal(logits, raw)  # the bias went into a copy
-    # sampled too: +100 outweighs any spread of these logits, at any temperature
-    hot = Request("h", [1], SamplingParams(max_tokens=4, temperature=1.5, seed=3, logit_bias=((7, 100.0), (9, -5.0))))
-    assert Sampler().sample(_step(hot), logits[:1]).tokens == [[7]]
-
-
-def test_logit_bias_leaves_the_logprobs_raw():
-    logits = np.log(np.array([[0.5, 0.3, 0.2]], np.float32))
-    req = Request("r", [1], SamplingParams(max_tokens=4, temperature=0, logprobs=1, logit_bias=((2, 100.0),)))
-    step = Sampler().sample(_step(req), logits)
-    chosen, top = step.logprobs["r"][0]
-    assert step.tokens == [[2]] and chosen == pytest.approx(math.log(0.2), abs=1e-6)
-    assert top[0][0] == 0  # the model's own favourite, not the biased token
-
-
-@pytest.mark.parametrize(
-    "bias,msg",
-    [(((3, 1.0), (3, 2.0)), "distinct"), (((5, 1.0), (3, 2.0)), "ascending"), (((-1, 1.0),), "token ids"),
-     (((3, 101.0),), "100"), (((3, float("nan")),), "100")],
-)  # fmt: skip
-def test_logit_bias_outside_its_bounds_is_refused(bias, msg):
-    with pytest.raises(ValueError, match=f"logit_bias.*{msg}"):
-        SamplingParams(logit_bias=bias).validate()

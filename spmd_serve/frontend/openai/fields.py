@@ -1,7 +1,7 @@
 """Which fields an OpenAI request body may carry (CONTRACT.md §4: no field silently ignored but
 `user`), as tables: those the parser honours, per endpoint, and those known from OpenAI's API or
 vLLM's extras that this server does not implement, accepted only with their neutral value (the
-one that changes nothing, e.g. `min_p: 0`, `bad_words: []`) and otherwise refused by name.  A
+one that changes nothing, e.g. `bad_words: []`, `use_beam_search: false`) and otherwise refused by name.  A
 field in neither table is refused with OpenAI's own wording for an unknown argument.
 
 JSON null is the same as leaving a field out.  Pure data and one check; the parser
@@ -18,7 +18,7 @@ _COMMON = frozenset(
     {
         "model", "max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k", "n", "best_of", "stop",
         "stream", "stream_options", "presence_penalty", "frequency_penalty", "repetition_penalty", "seed",
-        "min_tokens", "ignore_eos", "user", "logprobs", "logit_bias",
+        "min_tokens", "ignore_eos", "user", "logprobs", "logit_bias", "min_p",
         # vLLM's extras we honour
         "stop_token_ids", "include_stop_str_in_output", "truncate_prompt_tokens",
     }
@@ -32,7 +32,7 @@ STREAM_OPTIONS = {"include_usage": (), "continuous_usage_stats": (False,)}  # th
 # field -> its neutral values (JSON null always counts as absent)
 _NEUTRAL_COMMON: dict[str, tuple[Any, ...]] = {
     # sampling (vLLM): not in this server's sampler
-    "min_p": (0,), "allowed_token_ids": (), "bad_words": ([],), "prompt_logprobs": (),
+    "allowed_token_ids": (), "bad_words": ([],), "prompt_logprobs": (),
     "use_beam_search": (False,), "length_penalty": (1,), "logits_processors": ([],),
     # detokenisation (vLLM): special tokens are always skipped
     "skip_special_tokens": (True,), "spaces_between_special_tokens": (True,),

@@ -254,6 +254,7 @@ def parse_openai(
         temperature=_get(body, "temperature", "num", 1.0, 0),
         top_p=_get(body, "top_p", "num", 1.0, 0, 1),
         top_k=max(top_k, 0),
+        min_p=_get(body, "min_p", "num", 0.0, 0, 1),
         seed=None if seed is None else seed % (1 << 63),  # any int64 is a valid OpenAI seed
         repetition_penalty=_get(body, "repetition_penalty", "num", 1.0, 1e-6),
         frequency_penalty=_get(body, "frequency_penalty", "num", 0.0, -2, 2),

@@ -104,6 +104,7 @@ def schemas(s: IOSettings) -> dict[str, Schema]:
         "max_tokens": tokens, "max_completion_tokens": tokens,
         "temperature": _opt(_num(0)), "top_p": _opt(_num(0, 1)),
         "top_k": _opt(_int(-1, description="-1 or 0: disabled")),
+        "min_p": _opt(_num(0, 1, description="drop tokens below min_p x the most likely one's probability")),
         "n": _opt(_int(1, MAX_N)), "best_of": _opt(_int(1, MAX_N, description="must equal n")),
         "stop": _opt(STRINGS), "stream": _opt(BOOL),
         "stream_options": _opt(_obj([], {"include_usage": _opt(BOOL),

@@ -1,0 +1,72 @@
+"""What a request asks of its own rows of logits before ops.sample draws from them: OpenAI's
+`logit_bias` (added to the named tokens' logits) and vLLM's `min_p` (tokens whose probability,
+after the penalties and the temperature, is below min_p x that of the row's most likely token
+are dropped).  Both act on a copy — the raw logits stay for the logprobs (the model's own, as
+vLLM reports) and for `Sampler.observe` — and only when some request in the step asks; ops.sample
+(and its CUDA twin) stay as they are.
+
+min_p is a mask of -inf: the penalties leave -inf where it is, so ops.sample then draws from the
+kept tokens, renormalised, with its own top-k / top-p on top.  The threshold is taken on the
+penalised logits p in float32 as ops.sample computes them (its `apply_penalties`): token i stays
+iff (p_i / T - max_j p_j / T) >= ln(min_p), in float64 — vLLM's p_i >= min_p * p_max.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+import numpy as np
+
+import ops.sample
+from spmd_serve.sampling_params import SamplingParams
+
+
+class _Row(Protocol):
+    """One row's request as sampler.sample_arrays reads it (a request, or a draft position's view)."""
+
+    @property
+    def params(self) -> SamplingParams: ...
+
+    @property
+    def output_token_ids(self) -> list[int]: ...
+
+    @property
+    def eos_token_ids(self) -> frozenset[int]: ...
+
+
+def _min_p_rows(views: Sequence[_Row]) -> list[int]:
+    return [i for i, v in enumerate(views) if v.params.min_p > 0 and not v.params.greedy]
+
+
+def wanted(views: Sequence[_Row]) -> bool:
+    """Whether any row asks for an adjustment (the usual step: none, and no copy is made)."""
+    return any(v.params.logit_bias for v in views) or bool(_min_p_rows(views))
+
+
+def adjusted(logits: Any, rows: Sequence[int], views: Sequence[_Row], arrays: Any) -> Any:
+    """logits [R, V] → a float32 copy where row rows[i] carries views[i]'s logit_bias and min_p mask.
+    `arrays(views)`: sampler.sample_arrays (the penalties' per-row parameters, as ops.sample gets
+    them).  Each row is listed once (`rows` distinct)."""
+    out = logits.astype(np.float32)  # a copy (float16 logits too: a bias of 100 is exact in float32)
+    for r, v in zip(rows, views):
+        if v.params.logit_bias:
+            ids, bias = zip(*v.params.logit_bias)
+            out[r, list(ids)] += np.asarray(bias, np.float32)
+    pick = _min_p_rows(views)
+    if pick:
+        at = [rows[i] for i in pick]
+        a = arrays([views[i] for i in pick])
+        p = ops.sample.apply_penalties(  # [len(pick), V] float32, the sampler's own step 1
+            out[at], a["rep_penalty"], a["freq_penalty"], a["pres_penalty"], a["min_tokens"],
+            a["num_generated"], a["eos_ids"], a["gen_token_ids"],
+        )  # fmt: skip
+        with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
+            s = p / a["temperature"][:, None]
+            top = s.max(axis=1)
+            floor = np.log(np.array([views[i].params.min_p for i in pick], np.float64))
+            drop = (s.astype(np.float64) - top[:, None].astype(np.float64)) < floor[:, None]
+        drop &= np.isfinite(top)[:, None]  # a row of NaN or +inf: left to ops.sample's own rule
+        for j, r in enumerate(at):
+            out[r, drop[j]] = -np.inf
+    return out

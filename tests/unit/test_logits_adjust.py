@@ -1,0 +1,113 @@
+"""A request's adjustments of its own rows before ops.sample (spmd_serve/engine/logits_adjust.py),
+through the Sampler: OpenAI's logit_bias forces and bans tokens of its request only, vLLM's min_p
+draws only the tokens above its share of the top one after penalties and temperature (against a
+float64 reference, renormalised), and both leave greedy rows' rules and the raw logprobs alone."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import numpy as np
+import pytest
+from scipy.stats import chisquare
+
+from spmd_serve.engine.sampler import Sampler
+from spmd_serve.sampling_params import SamplingParams
+from spmd_serve.scheduler.request import Request
+from spmd_serve.scheduler.scheduler import ScheduledSeq, SchedulerOutput
+
+# ---------------------------------------------------------------- logit_bias
+
+
+def _step(*reqs: Request) -> SchedulerOutput:
+    return SchedulerOutput([ScheduledSeq(r, 0, len(r.prompt_token_ids), True) for r in reqs])
+
+
+def test_logit_bias_forces_and_bans_tokens_of_its_own_request_only():
+    rng = np.random.default_rng(11)
+    logits = rng.normal(0, 2.0, (3, 50)).astype(np.float32)
+    raw = logits.copy()
+    best = [int(np.argmax(row)) for row in logits]
+    second = int(np.argsort(-logits[1])[1])
+    forced = Request("f", [1], SamplingParams(max_tokens=4, temperature=0, logit_bias=((7, 100.0),)))
+    banned = Request("b", [1], SamplingParams(max_tokens=4, temperature=0, logit_bias=((best[1], -100.0),)))
+    plain = Request("p", [1], SamplingParams(max_tokens=4, temperature=0, logprobs=2))
+    step = Sampler().sample(_step(forced, banned, plain), logits)
+    assert step.tokens == [[7], [second], [best[2]]]
+    assert np.array_equal(logits, raw)  # the bias went into a copy
+    # sampled too: +100 outweighs any spread of these logits, at any temperature
+    hot = Request("h", [1], SamplingParams(max_tokens=4, temperature=1.5, seed=3, logit_bias=((7, 100.0), (9, -5.0))))
+    assert Sampler().sample(_step(hot), logits[:1]).tokens == [[7]]
+
+
+def test_logit_bias_leaves_the_logprobs_raw():
+    logits = np.log(np.array([[0.5, 0.3, 0.2]], np.float32))
+    req = Request("r", [1], SamplingParams(max_tokens=4, temperature=0, logprobs=1, logit_bias=((2, 100.0),)))
+    step = Sampler().sample(_step(req), logits)
+    chosen, top = step.logprobs["r"][0]
+    assert step.tokens == [[2]] and chosen == pytest.approx(math.log(0.2), abs=1e-6)
+    assert top[0][0] == 0  # the model's own favourite, not the biased token
+
+
+@pytest.mark.parametrize(
+    "bias,msg",
+    [(((3, 1.0), (3, 2.0)), "distinct"), (((5, 1.0), (3, 2.0)), "ascending"), (((-1, 1.0),), "token ids"),
+     (((3, 101.0),), "100"), (((3, float("nan")),), "100")],
+)  # fmt: skip
+def test_logit_bias_outside_its_bounds_is_refused(bias, msg):
+    with pytest.raises(ValueError, match=f"logit_bias.*{msg}"):
+        SamplingParams(logit_bias=bias).validate()
+
+
+# ---------------------------------------------------------------- min_p
+
+
+def _min_p_kept(x: np.ndarray, temperature: float, min_p: float) -> set[int]:
+    """float64 reference: vLLM's rule, p_i >= min_p * p_max of softmax(x / T)."""
+    z = x.astype(np.float64) / temperature
+    prob = np.exp(z - z.max())
+    return {int(i) for i in np.flatnonzero(prob >= min_p * prob.max())}
+
+
+def _draws(logits: np.ndarray, params: SamplingParams, seeds: int, output: list[int] | None = None) -> np.ndarray:
+    reqs = []
+    for seed in range(seeds):
+        r = Request(f"r{seed}", [1], dataclasses.replace(params, seed=seed))
+        r.output_token_ids = list(output or [])
+        reqs.append(r)
+    step = Sampler().sample(_step(*reqs), np.repeat(logits[None, :], seeds, axis=0))
+    return np.array([t[0] for t in step.tokens])
+
+
+@pytest.mark.parametrize("temperature,min_p,top_k", [(1.0, 0.1, 0), (0.7, 0.3, 0), (1.5, 0.05, 3)])
+def test_min_p_draws_only_tokens_above_its_share_of_the_top(temperature, min_p, top_k):
+    x = np.random.default_rng(5).normal(0, 1.5, 12).astype(np.float32)
+    params = SamplingParams(max_tokens=4, temperature=temperature, min_p=min_p, top_k=top_k)
+    counts = np.bincount(_draws(x, params, 2000), minlength=12)
+    kept = _min_p_kept(x, temperature, min_p)
+    if top_k:
+        kept &= set(np.argsort(-x)[:top_k].tolist())
+    assert set(np.flatnonzero(counts)) == kept  # every kept token drawn, no other
+    z = x[sorted(kept)].astype(np.float64) / temperature
+    want = np.exp(z - z.max()) / np.exp(z - z.max()).sum() * counts.sum()
+    assert chisquare(counts[sorted(kept)], want).pvalue > 1e-3  # the kept tokens, renormalised
+
+
+def test_min_p_is_taken_after_the_penalties():
+    # token 0 leads the raw logits but was generated: repetition 5 turns 5.0 into 1.0, so token 1 leads
+    x = np.array([5.0, 4.0, 3.5, 0.0], np.float32)
+    params = SamplingParams(max_tokens=8, temperature=1.0, min_p=0.5, repetition_penalty=5.0)
+    drawn = set(_draws(x, params, 400, output=[0]).tolist())
+    assert drawn == {1, 2}  # exp(3.5 - 4) = 0.61 >= 0.5 stays; token 0 (exp(-3)) goes
+
+
+def test_min_p_leaves_greedy_rows_and_the_raw_logprobs_alone():
+    x = np.array([[1.0, 3.0, 2.9, -1.0]], np.float32)
+    greedy = Request("g", [1], SamplingParams(max_tokens=4, temperature=0, min_p=0.99, logprobs=2))
+    step = Sampler().sample(_step(greedy), x)
+    assert step.tokens == [[1]] and [t for t, _ in step.logprobs["g"][0][1]] == [1, 2]
+    hot = Request("h", [1], SamplingParams(max_tokens=4, temperature=1.0, min_p=0.95, seed=1, logprobs=1))
+    step = Sampler().sample(_step(hot), x)
+    lse = np.log(np.exp(x[0].astype(np.float64)).sum())
+    assert step.tokens == [[1]] and step.logprobs["h"][0][0] == pytest.approx(3.0 - lse, abs=1e-6)
