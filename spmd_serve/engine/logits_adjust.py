@@ -22,8 +22,8 @@ import ops.sample
 from spmd_serve.sampling_params import SamplingParams
 
 
-class _Row(Protocol):
-    """One row's request as sampler.sample_arrays reads it (a request, or a draft position's view)."""
+class SampledRequest(Protocol):
+    """One row's request as the sampler reads it (a request, or a draft position's view: verify.py)."""
 
     @property
     def params(self) -> SamplingParams: ...
@@ -35,16 +35,16 @@ class _Row(Protocol):
     def eos_token_ids(self) -> frozenset[int]: ...
 
 
-def _min_p_rows(views: Sequence[_Row]) -> list[int]:
+def _min_p_rows(views: Sequence[SampledRequest]) -> list[int]:
     return [i for i, v in enumerate(views) if v.params.min_p > 0 and not v.params.greedy]
 
 
-def wanted(views: Sequence[_Row]) -> bool:
+def wanted(views: Sequence[SampledRequest]) -> bool:
     """Whether any row asks for an adjustment (the usual step: none, and no copy is made)."""
     return any(v.params.logit_bias for v in views) or bool(_min_p_rows(views))
 
 
-def adjusted(logits: Any, rows: Sequence[int], views: Sequence[_Row], arrays: Any) -> Any:
+def adjusted(logits: Any, rows: Sequence[int], views: Sequence[SampledRequest], arrays: Any) -> Any:
     """logits [R, V] → a float32 copy where row rows[i] carries views[i]'s logit_bias and min_p mask.
     `arrays(views)`: sampler.sample_arrays (the penalties' per-row parameters, as ops.sample gets
     them).  Each row is listed once (`rows` distinct)."""

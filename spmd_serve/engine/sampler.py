@@ -24,13 +24,14 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
 import ops.sample
 from spmd_serve.engine import logits_adjust
+from spmd_serve.engine.logits_adjust import SampledRequest
 from spmd_serve.engine.outputs import TokenLogprobs
 from spmd_serve.engine.verify import accept_matching, position_rows, rejection_sample, target_probs
 from spmd_serve.sampling_params import SamplingParams
@@ -38,17 +39,6 @@ from spmd_serve.scheduler.request import Request
 from spmd_serve.scheduler.scheduler import SchedulerOutput
 
 log = logging.getLogger(__name__)
-
-
-class SampledRequest(Protocol):
-    @property
-    def params(self) -> SamplingParams: ...
-
-    @property
-    def output_token_ids(self) -> list[int]: ...
-
-    @property
-    def eos_token_ids(self) -> frozenset[int]: ...
 
 
 def _padded(rows: list[list[int]]) -> npt.NDArray[np.int32]:

@@ -45,7 +45,7 @@ ACCEPT_STREAM, RESIDUAL_STREAM = 1 << 40, 2 << 40
 
 @dataclass(frozen=True)
 class PositionRow:
-    """One position of a speculative step seen as a sampler row (engine/sampler.SampledRequest):
+    """One position of a speculative step seen as a sampler row (engine/logits_adjust.SampledRequest):
     the request's parameters and its output as it stands *before* that position's token."""
 
     params: SamplingParams
