@@ -44,6 +44,7 @@ class SamplingParams:
     # OpenAI's logit_bias: (token id, bias) pairs, ids ascending and distinct, added to the row's logits
     # before the penalties and every draw (engine/sampler.py); logprobs stay the model's raw ones
     logit_bias: tuple[tuple[int, float], ...] = ()
+    allowed_token_ids: tuple[int, ...] = ()  # vLLM's: when given, every other token is masked (ascending, distinct)
 
     def validate(self) -> SamplingParams:
         """Raise ValueError naming the first bad field; return self for chaining."""
@@ -76,7 +77,14 @@ class SamplingParams:
             raise ValueError(f"logprobs must be an integer in [0, {MAX_LOGPROBS}], got {self.logprobs!r}")
         if self.seed is not None and (not _is_int(self.seed) or not 0 <= self.seed <= INT64_MAX):
             raise ValueError(f"seed must be an integer in [0, {INT64_MAX}], got {self.seed!r}")
-        for name, ids in (("eos_token_ids", self.eos_token_ids), ("stop_token_ids", self.stop_token_ids)):
+        allowed = self.allowed_token_ids
+        if list(allowed) != sorted(set(allowed)):
+            raise ValueError("allowed_token_ids must be distinct and ascending")
+        for name, ids in (
+            ("eos_token_ids", self.eos_token_ids),
+            ("stop_token_ids", self.stop_token_ids),
+            ("allowed_token_ids", allowed),
+        ):
             bad = [i for i in ids if not (_is_int(i) and 0 <= i <= INT32_MAX)]
             if bad:
                 raise ValueError(f"{name} must be integers in [0, {INT32_MAX}], got {bad[0]!r}")

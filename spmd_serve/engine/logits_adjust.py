@@ -1,5 +1,6 @@
-"""What a request asks of its own rows of logits before ops.sample draws from them: OpenAI's
-`logit_bias` (added to the named tokens' logits) and vLLM's `min_p` (tokens whose probability,
+"""What a request asks of its own rows of logits before ops.sample draws from them: vLLM's
+`allowed_token_ids` (every other token masked), OpenAI's `logit_bias` (added to the named tokens'
+logits) and vLLM's `min_p` (tokens whose probability,
 after the penalties and the temperature, is below min_p x that of the row's most likely token
 are dropped).  Both act on a copy — the raw logits stay for the logprobs (the model's own, as
 vLLM reports) and for `Sampler.observe` — and only when some request in the step asks; ops.sample
@@ -41,7 +42,7 @@ def _min_p_rows(views: Sequence[SampledRequest]) -> list[int]:
 
 def wanted(views: Sequence[SampledRequest]) -> bool:
     """Whether any row asks for an adjustment (the usual step: none, and no copy is made)."""
-    return any(v.params.logit_bias for v in views) or bool(_min_p_rows(views))
+    return any(v.params.logit_bias or v.params.allowed_token_ids for v in views) or bool(_min_p_rows(views))
 
 
 def adjusted(logits: Any, rows: Sequence[int], views: Sequence[SampledRequest], arrays: Any) -> Any:
@@ -50,6 +51,10 @@ def adjusted(logits: Any, rows: Sequence[int], views: Sequence[SampledRequest], 
     them).  Each row is listed once (`rows` distinct)."""
     out = logits.astype(np.float32)  # a copy (float16 logits too: a bias of 100 is exact in float32)
     for r, v in zip(rows, views):
+        if v.params.allowed_token_ids:  # every other token masked, before the bias (which cannot revive it)
+            keep = out[r, list(v.params.allowed_token_ids)]
+            out[r] = -np.inf
+            out[r, list(v.params.allowed_token_ids)] = keep
         if v.params.logit_bias:
             ids, bias = zip(*v.params.logit_bias)
             out[r, list(ids)] += np.asarray(bias, np.float32)

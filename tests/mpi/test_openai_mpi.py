@@ -1,7 +1,8 @@
 """The official `openai` client, unmodified, against `mpirun -n 2 spmd_serve` on the demo model:
 completions and chat, streaming and not, with `base_url=.../v1` and with the original docs'
-`base_url=.../v1/chat/completions`; seeds, n, usage, logprobs, echo, greedy settings, logit_bias, min_p honoured,
-errors before any SSE byte, and a healthy server after every error."""
+`base_url=.../v1/chat/completions`; seeds, n, usage, logprobs, echo, greedy settings, logit_bias,
+allowed_token_ids and min_p honoured, errors before any SSE byte, and a healthy server after every
+error."""
 
 from __future__ import annotations
 
@@ -167,7 +168,7 @@ def test_temperature_zero_and_top_p_zero_are_greedy(client, base):
     assert r.choices[0].message.content == want
 
 
-def test_logit_bias_bans_and_forces_tokens(client, base, served_tp2):
+def test_logit_bias_and_allowed_token_ids_ban_and_force_tokens(client, base, served_tp2):
     from spmd_serve.bench.prompts import load_tokenizer
 
     tok = load_tokenizer(str(served_tp2))
@@ -178,7 +179,8 @@ def test_logit_bias_bans_and_forces_tokens(client, base, served_tp2):
         timeout=60,
     ).json()
     greedy = native["tokens_all_ids"]
-    kw = dict(model="default", prompt=prompt, max_tokens=4, temperature=0, extra_body={"ignore_eos": True})
+    kw_no_extra = dict(model="default", prompt=prompt, max_tokens=4, temperature=0)
+    kw = dict(kw_no_extra, extra_body={"ignore_eos": True})
     assert client.completions.create(**kw).choices[0].text == native["result"]
     banned = client.completions.create(logit_bias={str(greedy[0]): -100}, **kw).choices[0].text
     assert banned != native["result"] and not banned.startswith(tok.decode(greedy[:1]))
@@ -186,6 +188,8 @@ def test_logit_bias_bans_and_forces_tokens(client, base, served_tp2):
     r = client.completions.create(logit_bias={str(forced): 100}, logprobs=1, **kw)
     assert r.choices[0].text == tok.decode(prompt + [forced] * 4)[len(tok.decode(prompt)) :]
     assert min(r.choices[0].logprobs.token_logprobs) < -0.5  # the model's own, not the biased ones
+    only = client.completions.create(extra_body={"ignore_eos": True, "allowed_token_ids": [forced]}, **kw_no_extra)
+    assert only.choices[0].text == r.choices[0].text
 
 
 def test_stop_string_is_trimmed(client):

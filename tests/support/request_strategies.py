@@ -112,6 +112,7 @@ _OPENAI_COMMON = {
     "ignore_eos": BOOL,
     "user": Field(TEXT),
     "stop_token_ids": ids(0, 3),
+    "allowed_token_ids": ids(1, 4),
     "include_stop_str_in_output": BOOL,
     "truncate_prompt_tokens": integer(1, 20),
     # token id (a decimal string) -> bias; bad maps: ids past every bound, "07"-style repeats, junk values

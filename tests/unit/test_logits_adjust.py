@@ -111,3 +111,17 @@ def test_min_p_leaves_greedy_rows_and_the_raw_logprobs_alone():
     step = Sampler().sample(_step(hot), x)
     lse = np.log(np.exp(x[0].astype(np.float64)).sum())
     assert step.tokens == [[1]] and step.logprobs["h"][0][0] == pytest.approx(3.0 - lse, abs=1e-6)
+
+
+# ---------------------------------------------------------------- allowed_token_ids
+
+
+def test_allowed_token_ids_limit_every_draw_and_no_bias_revives_the_rest():
+    x = np.random.default_rng(8).normal(0, 2.0, 12).astype(np.float32)
+    allowed = (2, 5, 9)
+    params = SamplingParams(max_tokens=4, temperature=1.3, allowed_token_ids=allowed, logit_bias=((0, 100.0),))
+    assert set(_draws(x, params, 500).tolist()) == set(allowed)  # each drawn, nothing else
+    greedy = Request("g", [1], SamplingParams(max_tokens=4, temperature=0, allowed_token_ids=allowed))
+    assert Sampler().sample(_step(greedy), x[None, :]).tokens == [[max(allowed, key=lambda i: x[i])]]
+    with pytest.raises(ValueError, match="allowed_token_ids"):
+        SamplingParams(allowed_token_ids=(5, 2)).validate()

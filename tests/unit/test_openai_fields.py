@@ -68,7 +68,7 @@ def test_unknown_fields_are_refused_with_openai_s_wording(kind):
 @pytest.mark.parametrize(
     "kind, field, neutral, other",
     [
-        ("completion", "allowed_token_ids", None, [1, 2]),
+        ("completion", "logits_processors", [], ["x"]),
         ("chat", "length_penalty", 1, 0.5),
         ("completion", "bad_words", [], ["x"]),
         ("completion", "skip_special_tokens", True, False),

@@ -61,6 +61,7 @@ def test_fields_map_to_sampling_params():
 def test_logit_bias_maps_to_sorted_pairs():
     assert parse(logit_bias={"9": -100, "3": 2.5, "04": 0}).params.logit_bias == ((3, 2.5), (4, 0.0), (9, -100.0))
     assert parse(logit_bias={}).params.logit_bias == ()
+    assert parse(allowed_token_ids=[9, 3, 9]).params.allowed_token_ids == (3, 9)
 
 
 def test_prompt_forms():
@@ -84,6 +85,9 @@ def test_prompt_forms():
         ({"stop": [1]}, "stop"),
         ({"stop": ""}, "stop"),
         ({"stop": ["END", ""]}, "stop"),
+        ({"allowed_token_ids": []}, "allowed_token_ids"),
+        ({"allowed_token_ids": [2000000]}, "allowed_token_ids"),
+        ({"allowed_token_ids": "5"}, "allowed_token_ids"),
         ({"logit_bias": [1]}, "logit_bias"),
         ({"logit_bias": {"x": 1}}, "logit_bias"),
         ({"logit_bias": {"-1": 1}}, "logit_bias"),

@@ -18,7 +18,7 @@ _COMMON = frozenset(
     {
         "model", "max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k", "n", "best_of", "stop",
         "stream", "stream_options", "presence_penalty", "frequency_penalty", "repetition_penalty", "seed",
-        "min_tokens", "ignore_eos", "user", "logprobs", "logit_bias", "min_p",
+        "min_tokens", "ignore_eos", "user", "logprobs", "logit_bias", "min_p", "allowed_token_ids",
         # vLLM's extras we honour
         "stop_token_ids", "include_stop_str_in_output", "truncate_prompt_tokens",
     }
@@ -32,7 +32,7 @@ STREAM_OPTIONS = {"include_usage": (), "continuous_usage_stats": (False,)}  # th
 # field -> its neutral values (JSON null always counts as absent)
 _NEUTRAL_COMMON: dict[str, tuple[Any, ...]] = {
     # sampling (vLLM): not in this server's sampler
-    "allowed_token_ids": (), "bad_words": ([],), "prompt_logprobs": (),
+    "bad_words": ([],), "prompt_logprobs": (),
     "use_beam_search": (False,), "length_penalty": (1,), "logits_processors": ([],),
     # detokenisation (vLLM): special tokens are always skipped
     "skip_special_tokens": (True,), "spaces_between_special_tokens": (True,),

@@ -246,6 +246,7 @@ def parse_openai(
     seed = _get(body, "seed", "int", None)
     try:
         stop_ids, bias = token_params.stop_token_ids(body, tokenizer), token_params.logit_bias(body, tokenizer)
+        allowed = token_params.allowed_token_ids(body, tokenizer)
     except FieldError as e:
         raise OpenAIError(400, e.msg, e.param) from None
     params = SamplingParams(
@@ -265,6 +266,7 @@ def parse_openai(
         ignore_eos=_get(body, "ignore_eos", "bool", False),
         logprobs=logprobs,
         logit_bias=bias,
+        allowed_token_ids=allowed,
     )
     _get(body, "user", "str", None)
     return OpenAIRequest(kind, model, prompts, texts, params.validate(), n, stream, include_usage, echo, logprobs)

@@ -1,4 +1,5 @@
-"""The OpenAI request fields that name token ids — vLLM's `stop_token_ids` and OpenAI's `logit_bias` —
+"""The OpenAI request fields that name token ids — vLLM's `stop_token_ids` and `allowed_token_ids`, and
+OpenAI's `logit_bias` —
 read from a body: their shapes and bounds, and every id checked against the vocabulary.  Each
 refusal is a `FieldError` naming the field (openai.protocol answers it as a 400)."""
 
@@ -27,6 +28,18 @@ def stop_token_ids(body: dict[str, Any], tokenizer: Any) -> tuple[int, ...]:
         raise FieldError(f"stop_token_ids must be a list of non-negative integers, got {show(ids)}", "stop_token_ids")
     _in_vocab("stop_token_ids", ids, tokenizer)
     return tuple(ids)
+
+
+def allowed_token_ids(body: dict[str, Any], tokenizer: Any) -> tuple[int, ...]:
+    """vLLM's [id, ...] that the draw is limited to → the ids ascending and distinct (not empty)."""
+    ids = body.get("allowed_token_ids")
+    if ids is None:
+        return ()
+    if not isinstance(ids, list) or not ids or not all(is_int(i) and 0 <= i <= INT32_MAX for i in ids):
+        msg = f"allowed_token_ids must be a non-empty list of token ids, got {show(ids)}"
+        raise FieldError(msg, "allowed_token_ids")
+    _in_vocab("allowed_token_ids", ids, tokenizer)
+    return tuple(sorted(set(ids)))
 
 
 def _token_id(key: Any) -> int | None:

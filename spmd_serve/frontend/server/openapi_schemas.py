@@ -115,6 +115,7 @@ def schemas(s: IOSettings) -> dict[str, Schema]:
         "min_tokens": _opt(_int(0, dec)), "ignore_eos": _opt(BOOL), "user": _opt(STR),
         "stop_token_ids": _opt(_list(_int(0), description="ids below the vocabulary size")),
         "include_stop_str_in_output": _opt(BOOL),
+        "allowed_token_ids": _opt(_list(_int(0), minItems=1, description="the draw is limited to these ids")),
         "logit_bias": _opt(_obj([], {}, additionalProperties=_num(-100, 100),
                                 propertyNames={"pattern": "^[0-9]{1,10}$"},
                                 description="token id (a decimal string below the vocabulary size) -> bias added "
