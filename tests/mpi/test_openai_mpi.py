@@ -74,6 +74,12 @@ def test_chat_stream_equals_non_stream_and_usage_chunk(client):
     assert content[0].choices[0].delta.role == "assistant"
     assert "".join(c.choices[0].delta.content or "" for c in content) == whole.choices[0].message.content
     assert all(c.usage is None for c in content)
+    # vLLM's continuous_usage_stats: every chunk carries the usage so far, the last one the total
+    opts = {"include_usage": True, "continuous_usage_stats": True}
+    again = list(client.chat.completions.create(stream=True, stream_options=opts, **kw))
+    done = [c.usage.completion_tokens for c in again]
+    assert done == sorted(done) and done[-1] == 10 and len(set(done)) > 1
+    assert {c.usage.prompt_tokens for c in again} == {whole.usage.prompt_tokens}
 
 
 def test_content_as_text_parts_equals_a_string(client):

@@ -104,7 +104,9 @@ _OPENAI_COMMON = {
     "best_of": integer(1, 3),
     "stop": strings(),
     "stream": BOOL,
-    "stream_options": Field(st.fixed_dictionaries({"include_usage": st.booleans()})),
+    "stream_options": Field(
+        st.fixed_dictionaries({"include_usage": st.booleans()}, optional={"continuous_usage_stats": st.booleans()})
+    ),
     **{k: number(-2, 2) for k in ("presence_penalty", "frequency_penalty")},
     "repetition_penalty": number(0.5, 2),
     "seed": integer(-(2**63), 2**63 - 1),

@@ -64,6 +64,12 @@ def test_logit_bias_maps_to_sorted_pairs():
     assert parse(allowed_token_ids=[9, 3, 9]).params.allowed_token_ids == (3, 9)
 
 
+def test_continuous_usage_stats_needs_include_usage():
+    on = {"include_usage": True, "continuous_usage_stats": True}
+    assert parse(stream=True, stream_options=on).continuous_usage
+    assert not parse(stream=True, stream_options={"continuous_usage_stats": True}).continuous_usage
+
+
 def test_prompt_forms():
     assert len(parse(prompt=["a", "b"]).prompts) == 2
     assert parse(prompt=[5, 6, 7]).prompts == [[5, 6, 7]]

@@ -27,7 +27,7 @@ HONOURED: dict[str, frozenset[str]] = {
     "completion": _COMMON | {"prompt", "echo", "add_special_tokens"},
     "chat": _COMMON | {"messages", "top_logprobs"},
 }
-STREAM_OPTIONS = {"include_usage": (), "continuous_usage_stats": (False,)}  # the same rule, inside stream_options
+STREAM_OPTIONS = {"include_usage": (), "continuous_usage_stats": ()}  # the same rule, inside stream_options
 
 # field -> its neutral values (JSON null always counts as absent)
 _NEUTRAL_COMMON: dict[str, tuple[Any, ...]] = {

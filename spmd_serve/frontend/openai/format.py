@@ -108,9 +108,15 @@ class Formatter:
         return body
 
     def chunk(
-        self, state: ChoiceState, text: str, entries: list[tuple[int, TokenLogprobs]], finish_reason: str | None
+        self,
+        states: list[ChoiceState],
+        state: ChoiceState,
+        text: str,
+        entries: list[tuple[int, TokenLogprobs]],
+        finish_reason: str | None,
     ) -> dict[str, Any]:
-        """One streamed chunk of one choice (its first carries the role / the echoed prompt)."""
+        """One streamed chunk of one choice (its first carries the role / the echoed prompt); its
+        usage: null, or with continuous_usage_stats the request's so far (every choice, as at the end)."""
         first, state.started = not state.started, True
         lp = self.logprobs(entries, state)
         if self.chat:
@@ -126,7 +132,7 @@ class Formatter:
             choice = {"index": state.index, "text": text, "logprobs": lp, "finish_reason": finish_reason}
         body = self._envelope("chat.completion.chunk" if self.chat else "text_completion", [choice])
         if self.req.include_usage:
-            body["usage"] = None
+            body["usage"] = self.usage(states) if self.req.continuous_usage else None
         return body
 
     def usage_chunk(self, states: list[ChoiceState]) -> dict[str, Any]:

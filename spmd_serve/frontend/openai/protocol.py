@@ -56,6 +56,7 @@ class OpenAIRequest:
     n: int = 1
     stream: bool = False
     include_usage: bool = False
+    continuous_usage: bool = False  # vLLM's continuous_usage_stats (with include_usage): usage in every chunk
     echo: bool = False
     logprobs: int | None = None  # None: none; k: the chosen token's and the top k
 
@@ -231,6 +232,7 @@ def parse_openai(
     if opts is not None and (not stream or not isinstance(opts, dict)):
         raise OpenAIError(400, "stream_options must be an object and needs stream=true", "stream_options")
     include_usage = _get(opts or {}, "include_usage", "bool", False)
+    continuous = include_usage and _get(opts or {}, "continuous_usage_stats", "bool", False)
     echo = _get(body, "echo", "bool", False)  # chat: refused by check_fields unless false
     prompts, texts = (_completion_prompts if kind == "completion" else _chat_prompt)(body, tokenizer)
     _truncated(body, prompts, texts, tokenizer)
@@ -269,4 +271,6 @@ def parse_openai(
         allowed_token_ids=allowed,
     )
     _get(body, "user", "str", None)
-    return OpenAIRequest(kind, model, prompts, texts, params.validate(), n, stream, include_usage, echo, logprobs)
+    return OpenAIRequest(
+        kind, model, prompts, texts, params.validate(), n, stream, include_usage, continuous, echo, logprobs
+    )

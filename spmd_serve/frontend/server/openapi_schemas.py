@@ -108,7 +108,7 @@ def schemas(s: IOSettings) -> dict[str, Schema]:
         "n": _opt(_int(1, MAX_N)), "best_of": _opt(_int(1, MAX_N, description="must equal n")),
         "stop": _opt(STRINGS), "stream": _opt(BOOL),
         "stream_options": _opt(_obj([], {"include_usage": _opt(BOOL),
-                                         "continuous_usage_stats": {"enum": [False, None]}},
+                                         "continuous_usage_stats": _opt(BOOL)},
                                     description="only with stream: true", additionalProperties=False)),
         "presence_penalty": _opt(_num(-2, 2)), "frequency_penalty": _opt(_num(-2, 2)),
         "repetition_penalty": _opt(_num(1e-6)), "seed": _opt(_int()),
