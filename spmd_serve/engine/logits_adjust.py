@@ -1,13 +1,13 @@
-"""What a request asks of its own rows of logits before ops.sample draws from them: vLLM's
-`allowed_token_ids` (every other token masked), OpenAI's `logit_bias` (added to the named tokens'
-logits) and vLLM's `min_p` (tokens whose probability,
-after the penalties and the temperature, is below min_p x that of the row's most likely token
-are dropped).  Both act on a copy — the raw logits stay for the logprobs (the model's own, as
-vLLM reports) and for `Sampler.observe` — and only when some request in the step asks; ops.sample
-(and its CUDA twin) stay as they are.
+"""What a request asks of its own rows of logits before ops.sample draws from them, in this order:
+vLLM's `allowed_token_ids` (every other token masked), OpenAI's `logit_bias` (added to the named
+tokens' logits) and vLLM's `min_p` (tokens whose probability, after the penalties and the
+temperature, is below min_p x that of the row's most likely token are dropped).  All act on a copy
+— the raw logits stay for the logprobs (the model's own, as vLLM reports) and for
+`Sampler.observe` — and only when some request in the step asks; ops.sample (and its CUDA twin)
+stay as they are.
 
-min_p is a mask of -inf: the penalties leave -inf where it is, so ops.sample then draws from the
-kept tokens, renormalised, with its own top-k / top-p on top.  The threshold is taken on the
+Masks are -inf: the penalties leave -inf where it is, so ops.sample then draws from the kept
+tokens, renormalised, with its own top-k / top-p on top.  min_p's threshold is taken on the
 penalised logits p in float32 as ops.sample computes them (its `apply_penalties`): token i stays
 iff (p_i / T - max_j p_j / T) >= ln(min_p), in float64 — vLLM's p_i >= min_p * p_max.
 """
@@ -46,7 +46,7 @@ def wanted(views: Sequence[SampledRequest]) -> bool:
 
 
 def adjusted(logits: Any, rows: Sequence[int], views: Sequence[SampledRequest], arrays: Any) -> Any:
-    """logits [R, V] → a float32 copy where row rows[i] carries views[i]'s logit_bias and min_p mask.
+    """logits [R, V] → a float32 copy where row rows[i] carries views[i]'s adjustments (above).
     `arrays(views)`: sampler.sample_arrays (the penalties' per-row parameters, as ops.sample gets
     them).  Each row is listed once (`rows` distinct)."""
     out = logits.astype(np.float32)  # a copy (float16 logits too: a bias of 100 is exact in float32)

@@ -3,8 +3,8 @@ arrays → one token per request, in one batched call; plus the OpenAI logprobs 
 `Sampler.sample` returns both as one `SampledStep`.  A request that verifies speculative drafts
 has a row per position and gets its accepted drafts plus one token (engine/verify.py).
 
-A request's logit_bias and min_p act on a copy of its rows first (engine/logits_adjust.py; the
-logprobs stay the raw model's).
+A request's allowed_token_ids, logit_bias and min_p act on a copy of its rows first
+(engine/logits_adjust.py; the logprobs stay the raw model's).
 The sampling itself (penalties over the tokens the request generated, EOS masking until
 min_tokens, greedy arg-max or temperature → top-k → top-p → a Philox draw) is ops.sample's, whose
 docstring states it exactly.  `ops.sample` dispatches on the logits: numpy (the CPU runner today)
@@ -222,7 +222,7 @@ class Sampler:
                 views += position_rows(r.params, r.output_token_ids, r.eos_token_ids, drafts)
             else:
                 views.append(r)
-        if logits_adjust.wanted(views):  # logit_bias, min_p: on a copy, used for the verdicts too
+        if logits_adjust.wanted(views):  # allowed ids, bias, min_p: a copy, for the verdicts too
             logits = logits_adjust.adjusted(logits, rows, views, sample_arrays)
         # every row, the usual case: no copy of the logits (they are cold after the graph)
         targets = sample(logits if rows == list(range(len(logits))) else logits[rows], views)
