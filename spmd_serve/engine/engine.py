@@ -25,7 +25,7 @@ from spmd_serve.engine.interfaces import FrontEnd, PlanComm, Runner
 from spmd_serve.engine.metrics import EngineMetrics
 from spmd_serve.engine.outputs import RequestOutput
 from spmd_serve.engine.plan_builder import build_plan
-from spmd_serve.engine.sampler import SampledStep, Sampler
+from spmd_serve.engine.sampler import SampledStep, Sampler, eos_masking
 from spmd_serve.engine.speculative import Speculator
 from spmd_serve.engine.step_stats import StepStats
 from spmd_serve.protocol import RUN, RUN_DRAFT, SHUTDOWN, StepPlan
@@ -106,6 +106,10 @@ class Engine:
             eos_token_ids=self.eos | frozenset(params.eos_token_ids) | frozenset(params.stop_token_ids),
             arrival_time=cmd.arrival_time,
         )
+        min_tokens, masked = eos_masking(req)
+        if min_tokens > 0 and params.allowed_token_ids and set(params.allowed_token_ids) <= set(masked):
+            msg = f"allowed_token_ids are all EOS or stop ids, which are masked until min_tokens({min_tokens})"
+            return RequestOutput.error(cmd.req_id, 400, msg)
         try:
             self.scheduler.add_request(req)
         except QueueFullError as e:

@@ -14,9 +14,10 @@ shares its batch, and preemption/recompute cannot change them.  Unseeded request
 seed at admission (Engine._admit); a request that never passed admission (the warm-up) uses 0.
 
 One request's failure stays that request's: should the batched call raise (parameters that
-escaped validation) or a row come back outside the vocabulary, the rows are sampled one by one and
-each failing request is reported in `SampledStep.failed` for the engine to end with an error, while
-every other request gets its token as usual.
+escaped validation), the rows are sampled one by one; each failing request, and each whose token
+came back outside the vocabulary or its allowed_token_ids (all masked: EOS ids before min_tokens),
+is reported in `SampledStep.failed` for the engine to end with an error, while every other request
+gets its token as usual.
 """
 
 from __future__ import annotations
@@ -49,7 +50,7 @@ def _padded(rows: list[list[int]]) -> npt.NDArray[np.int32]:
     return out
 
 
-def _eos_masking(r: SampledRequest) -> tuple[int, list[int]]:
+def eos_masking(r: SampledRequest) -> tuple[int, list[int]]:
     """(min_tokens, the ids masked until then): ignore_eos unmasks the eos ids (they stop nothing)
     but not the request's stop_token_ids, which still stop it."""
     p = r.params
@@ -65,7 +66,7 @@ def _penalised(p: SamplingParams) -> bool:
 def sample_arrays(requests: Sequence[SampledRequest]) -> dict[str, npt.NDArray[Any]]:
     """The per-row parameters of ops.sample (its names and dtypes) from the requests' fields."""
     ps = [r.params for r in requests]
-    masking = [_eos_masking(r) for r in requests]
+    masking = [eos_masking(r) for r in requests]
     n_out = np.array([len(r.output_token_ids) for r in requests], np.int64)
     return dict(
         # SamplingParams.greedy also covers temperatures below SAMPLING_EPS, which ops.sample
@@ -91,7 +92,7 @@ def _plain_greedy(r: SampledRequest) -> bool:
     p = r.params
     if not p.greedy or _penalised(p):
         return False
-    min_tokens, masked = _eos_masking(r)
+    min_tokens, masked = eos_masking(r)
     return not masked or len(r.output_token_ids) >= min_tokens
 
 
@@ -188,6 +189,13 @@ class Sampler:
             if r.req_id not in failed and bad:  # would fail every rank's next graph
                 failed[r.req_id] = (
                     f"sampling failed for this request: token {bad[0]} is outside the vocabulary ({vocab})"
+                )
+            allowed = r.params.allowed_token_ids
+            if r.req_id not in failed and allowed and not set(ts) <= set(allowed):
+                # every allowed id masked (EOS ids until min_tokens): the row was all -inf
+                failed[r.req_id] = (
+                    "no token of allowed_token_ids can be drawn at this step: all of them are EOS or stop ids, "
+                    "masked until min_tokens are generated"
                 )
         logprobs: dict[str, list[TokenLogprobs]] = {}
         for (r, rows, _), ts in zip(jobs, tokens):

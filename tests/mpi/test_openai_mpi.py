@@ -196,6 +196,9 @@ def test_logit_bias_and_allowed_token_ids_ban_and_force_tokens(client, base, ser
     assert min(r.choices[0].logprobs.token_logprobs) < -0.5  # the model's own, not the biased ones
     only = client.completions.create(extra_body={"ignore_eos": True, "allowed_token_ids": [forced]}, **kw_no_extra)
     assert only.choices[0].text == r.choices[0].text
+    # only EOS allowed while min_tokens masks it: refused at admission, not a row of -inf
+    with pytest.raises(openai.BadRequestError, match="allowed_token_ids"):
+        client.completions.create(extra_body={"allowed_token_ids": tok.eos_token_ids, "min_tokens": 2}, **kw_no_extra)
 
 
 def test_stop_string_is_trimmed(client):

@@ -125,3 +125,12 @@ def test_allowed_token_ids_limit_every_draw_and_no_bias_revives_the_rest():
     assert Sampler().sample(_step(greedy), x[None, :]).tokens == [[max(allowed, key=lambda i: x[i])]]
     with pytest.raises(ValueError, match="allowed_token_ids"):
         SamplingParams(allowed_token_ids=(5, 2)).validate()
+
+
+def test_allowed_ids_that_min_tokens_masks_fail_that_request_alone():
+    x = np.zeros((2, 8), np.float32)
+    stuck = Request("s", [1], SamplingParams(max_tokens=4, min_tokens=2, temperature=0, allowed_token_ids=(5,)))
+    stuck.eos_token_ids = frozenset({5})
+    other = Request("o", [1], SamplingParams(max_tokens=4, temperature=0))
+    step = Sampler().sample(_step(stuck, other), x)
+    assert "allowed_token_ids" in step.failed["s"] and step.token_by_request() == {"o": [0]}
