@@ -42,7 +42,7 @@ class SamplingParams:
     ignore_eos: bool = False
     logprobs: int | None = None  # None: no logprobs; k >= 0: the chosen token's + top k
     # OpenAI's logit_bias: (token id, bias) pairs, ids ascending and distinct, added to the row's logits
-    # before the penalties and every draw (engine/sampler.py); logprobs stay the model's raw ones
+    # before the penalties and every draw (engine/logits_adjust.py); logprobs stay the model's raw ones
     logit_bias: tuple[tuple[int, float], ...] = ()
     allowed_token_ids: tuple[int, ...] = ()  # vLLM's: when given, every other token is masked (ascending, distinct)
 

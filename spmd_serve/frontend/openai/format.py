@@ -110,13 +110,14 @@ class Formatter:
     def chunk(
         self,
         states: list[ChoiceState],
-        state: ChoiceState,
+        i: int,
         text: str,
         entries: list[tuple[int, TokenLogprobs]],
         finish_reason: str | None,
     ) -> dict[str, Any]:
-        """One streamed chunk of one choice (its first carries the role / the echoed prompt); its
+        """One streamed chunk of choice i (its first carries the role / the echoed prompt); its
         usage: null, or with continuous_usage_stats the request's so far (every choice, as at the end)."""
+        state = states[i]
         first, state.started = not state.started, True
         lp = self.logprobs(entries, state)
         if self.chat:

@@ -202,7 +202,7 @@ class OpenAIServing:
                 entries = self._apply(states[i], d)
                 if not (d.text or d.finish_reason or entries or not states[i].started):
                     continue  # text held back for a stop string and nothing else
-                if not await h.send_chunk(sse(fmt.chunk(states, states[i], d.text, entries, d.finish_reason)), SSE):
+                if not await h.send_chunk(sse(fmt.chunk(states, i, d.text, entries, d.finish_reason)), SSE):
                     return
         except GenerationError as e:
             if not h.started:  # nothing sent yet: a plain HTTP error

@@ -1,7 +1,7 @@
-"""The OpenAI request fields that name token ids — vLLM's `stop_token_ids` and `allowed_token_ids`, and
-OpenAI's `logit_bias` —
-read from a body: their shapes and bounds, and every id checked against the vocabulary.  Each
-refusal is a `FieldError` naming the field (openai.protocol answers it as a 400)."""
+"""The OpenAI request fields that name token ids — vLLM's `stop_token_ids` and `allowed_token_ids`,
+and OpenAI's `logit_bias` — read from a body: their shapes and bounds, and every id checked against
+the vocabulary.  Each refusal is a `FieldError` naming the field (openai.protocol answers it as a
+400)."""
 
 from __future__ import annotations
 
@@ -19,27 +19,26 @@ def _in_vocab(name: str, ids: list[int], tokenizer: Any) -> None:
         raise FieldError(e.msg, name) from None
 
 
+def _ids(body: dict[str, Any], name: str, tokenizer: Any, want: str, min_size: int = 0) -> list[int] | None:
+    """body[name] as a list of token ids below the vocabulary size (None when absent)."""
+    ids = body.get(name)
+    if ids is None:
+        return None
+    if not isinstance(ids, list) or len(ids) < min_size or not all(is_int(i) and 0 <= i <= INT32_MAX for i in ids):
+        raise FieldError(f"{name} must be {want}, got {show(ids)}", name)
+    _in_vocab(name, ids, tokenizer)
+    return ids
+
+
 def stop_token_ids(body: dict[str, Any], tokenizer: Any) -> tuple[int, ...]:
     """[id, ...] → the ids, each below the vocabulary size."""
-    ids = body.get("stop_token_ids")
-    if ids is None:
-        return ()
-    if not isinstance(ids, list) or not all(is_int(i) and i >= 0 for i in ids):
-        raise FieldError(f"stop_token_ids must be a list of non-negative integers, got {show(ids)}", "stop_token_ids")
-    _in_vocab("stop_token_ids", ids, tokenizer)
-    return tuple(ids)
+    return tuple(_ids(body, "stop_token_ids", tokenizer, "a list of non-negative integers") or ())
 
 
 def allowed_token_ids(body: dict[str, Any], tokenizer: Any) -> tuple[int, ...]:
     """vLLM's [id, ...] that the draw is limited to → the ids ascending and distinct (not empty)."""
-    ids = body.get("allowed_token_ids")
-    if ids is None:
-        return ()
-    if not isinstance(ids, list) or not ids or not all(is_int(i) and 0 <= i <= INT32_MAX for i in ids):
-        msg = f"allowed_token_ids must be a non-empty list of token ids, got {show(ids)}"
-        raise FieldError(msg, "allowed_token_ids")
-    _in_vocab("allowed_token_ids", ids, tokenizer)
-    return tuple(sorted(set(ids)))
+    ids = _ids(body, "allowed_token_ids", tokenizer, "a non-empty list of token ids", min_size=1)
+    return tuple(sorted(set(ids or ())))
 
 
 def _token_id(key: Any) -> int | None:
