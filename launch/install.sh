@@ -39,7 +39,12 @@ fi
 echo "== install -e .${extras:+[$extras]} (Paddle is a large download the first time) ($(date +%T))"
 # uv installs the ~150 packages (Paddle's 1 GB included) in ~20 s where pip takes ~2 minutes, a
 # sixth of CI's 15-minute budget; pip stays the fallback when uv cannot be had or fails.
-if ! { .venv/bin/python -m pip install -q uv && .venv/bin/uv pip install -q --python .venv/bin/python -e ".${extras:+[$extras]}"; }; then
+# --compile-bytecode (pip does it by default, uv does not): where PYTHONDONTWRITEBYTECODE is set, or
+# site-packages is read-only, every process (each rank, server, export, test) otherwise compiles the
+# ~3,900 modules Paddle and PaddleNLP import from source: ~10 s of CPU each time, half of a server's
+# start-up.  Once here: ~30 s on 2 cores (benchmarks/RESULTS.md "Session 37").
+if ! { .venv/bin/python -m pip install -q uv &&
+  .venv/bin/uv pip install -q --python .venv/bin/python --compile-bytecode -e ".${extras:+[$extras]}"; }; then
   echo "   (uv failed: installing with pip)"
   .venv/bin/python -m pip install -q --upgrade pip
   .venv/bin/python -m pip install -q -e ".${extras:+[$extras]}"

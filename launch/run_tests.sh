@@ -16,6 +16,9 @@ fi
 # The C++ op library compiles once per source version (ops/paddle_ext.py caches it): build it here,
 # so that no test's server start-up timeout includes a compile of a minute or more on a busy machine.
 .venv/bin/python -W ignore -c "from ops import paddle_ext; print('C++ ops:', paddle_ext.library_path())"
+# the project's own modules as bytecode too (launch/install.sh compiles site-packages): where
+# PYTHONDONTWRITEBYTECODE is set, each of the suite's ~hundreds of processes would compile them again
+.venv/bin/python -m compileall -q spmd_serve ops tests benchmarks > /dev/null
 # Two lanes by default: the mpi tier (half its time is one busy core: rank start-up, single-threaded
 # exports, waits on a rank) beside the other tiers in order (~22 -> ~14 min on 2 cores). Each lane
 # takes its test servers' ports from a slice of its own below the ephemeral range
