@@ -14,7 +14,11 @@ def main(argv: list[str] | None = None) -> int:
         return export_main(argv[1:])
     if argv and argv[0] == "bench":
         from spmd_serve.bench.cli import main as bench_main
+        from spmd_serve.frontend.text import paddlenlp_import
 
+        # a bench process only tokenizes: PaddleNLP's tokenizer classes alone, as in the HTTP workers
+        # (not its taskflow, datasets, scikit-learn: ~5 s of CPU a run)
+        paddlenlp_import.prefer_light()
         return bench_main(argv[1:])
     if argv and argv[0] == "serve":
         argv = argv[1:]
