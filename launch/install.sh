@@ -39,15 +39,18 @@ fi
 echo "== install -e .${extras:+[$extras]} (Paddle is a large download the first time) ($(date +%T))"
 # uv installs the ~150 packages (Paddle's 1 GB included) in ~20 s where pip takes ~2 minutes, a
 # sixth of CI's 15-minute budget; pip stays the fallback when uv cannot be had or fails.
-# --compile-bytecode (pip does it by default, uv does not): where PYTHONDONTWRITEBYTECODE is set, or
-# site-packages is read-only, every process (each rank, server, export, test) otherwise compiles the
-# ~3,900 modules Paddle and PaddleNLP import from source: ~10 s of CPU each time, half of a server's
-# start-up.  Once here: ~30 s on 2 cores (benchmarks/RESULTS.md "Session 37").
-if ! { .venv/bin/python -m pip install -q uv &&
-  .venv/bin/uv pip install -q --python .venv/bin/python --compile-bytecode -e ".${extras:+[$extras]}"; }; then
+if ! { .venv/bin/python -m pip install -q uv && .venv/bin/uv pip install -q --python .venv/bin/python -e ".${extras:+[$extras]}"; }; then
   echo "   (uv failed: installing with pip)"
   .venv/bin/python -m pip install -q --upgrade pip
   .venv/bin/python -m pip install -q -e ".${extras:+[$extras]}"
 fi
+# Bytecode for everything installed (uv does not write it; pip does, for what it installed): where
+# PYTHONDONTWRITEBYTECODE is set, or site-packages is read-only, every process (each rank, server,
+# export, test) otherwise compiles the ~3,900 modules Paddle and PaddleNLP import from source, ~10 s
+# of CPU each time: half of a small server's start-up (benchmarks/RESULTS.md "Session 37").  ~30 s
+# once on 2 cores; a module that does not compile is compiled on import, as before.
+echo "== bytecode for .venv ($(date +%T))"
+.venv/bin/python -m compileall -q -j0 "$(.venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')" \
+  > /dev/null 2>&1 || echo "   (some modules did not compile; they are compiled when imported)"
 rm -f .venv/.installed-*
 touch "$stamp"
