@@ -39,6 +39,41 @@ def test_aliases(alias):
     assert (p.max_tokens, p.top_p) == (9, 0.1)  # canonical name wins
 
 
+def test_the_openai_names_of_native_settings_act():
+    # a body without "model" is native (CONTRACT §3): OpenAI names of the same settings must not vanish
+    p = params(
+        {
+            "text": "a",
+            "max_completion_tokens": 6,
+            "min_tokens": 3,
+            "repetition_penalty": 1.2,
+            "frequency_penalty": 0.4,
+            "presence_penalty": -0.3,
+            "stop": "END",
+        }
+    )
+    assert (p.max_tokens, p.min_tokens, p.repetition_penalty) == (6, 3, 1.2)
+    assert (p.frequency_penalty, p.presence_penalty, p.stop_sequences) == (0.4, -0.3, ("END",))
+    # the native name wins over its alias, as for the original aliases
+    p = params({"text": "a", "stop_sequences": ["x"], "stop": ["y"], "penalty_score": 1.1, "repetition_penalty": 2})
+    assert (p.stop_sequences, p.repetition_penalty) == (("x",), 1.1)
+    with pytest.raises(ProtocolError, match=r"^stop must be a list of non-empty strings"):
+        parse_native_request({"text": "a", "stop": ["ok", ""]})
+    with pytest.raises(ProtocolError, match=r"^min_tokens must be an integer"):
+        parse_native_request({"text": "a", "min_tokens": 1.5})
+
+
+@pytest.mark.parametrize("field,value", [("top_k", 5), ("n", 1), ("logprobs", True), ("logit_bias", {"1": 5})])
+def test_openai_only_fields_are_refused_by_name(field, value):
+    want = f'{field}: not a field of the native API; the OpenAI HTTP API takes it (a body with "model")'
+    with pytest.raises(ProtocolError) as e:
+        parse_native_request({"text": "a", "req_id": "r", field: value})
+    assert (e.value.status, e.value.req_id, e.value.msg) == (400, "r", want)
+    with pytest.raises(ProtocolError, match=r"^n, top_k: not fields of the native API; the OpenAI HTTP API takes them"):
+        parse_native_request({"text": "a", "top_k": 5, "n": 2})
+    assert parse_native_request({"text": "a", field: None}).text == "a"  # null: absent
+
+
 def test_mapping_to_sampling_params():
     p = params(
         {

@@ -44,12 +44,40 @@ class NativeRequest:
     benchmark: bool = False
 
 
-# Field name -> accepted aliases, in priority order (the canonical name first).
+# Field name -> accepted aliases, in priority order (the canonical name first).  The OpenAI names
+# of the same settings are aliases too: a body without "model" is a native one (CONTRACT §3), and
+# its `stop` or `presence_penalty` must act, not vanish.
 _ALIASES: dict[str, tuple[str, ...]] = {
-    "max_dec_len": ("max_dec_len", "seq_len", "max_tokens"),
+    "max_dec_len": ("max_dec_len", "seq_len", "max_tokens", "max_completion_tokens"),
+    "min_dec_len": ("min_dec_len", "min_tokens"),
     "topp": ("topp", "top_p"),
+    "penalty_score": ("penalty_score", "repetition_penalty"),
+    "frequency_score": ("frequency_score", "frequency_penalty"),
+    "presence_score": ("presence_score", "presence_penalty"),
     "seed": ("seed", "infer_seed"),
+    "stop_sequences": ("stop_sequences", "stop"),
 }
+# OpenAI / vLLM fields the native API has no counterpart for: refused by name (a body without
+# "model" that carries one was most likely meant for the OpenAI API), not silently dropped.  Other
+# unknown keys are ignored: the original tool's clients send extra ones.
+OPENAI_ONLY = (
+    "n",
+    "best_of",
+    "logprobs",
+    "top_logprobs",
+    "echo",
+    "suffix",
+    "top_k",
+    "min_p",
+    "logit_bias",
+    "allowed_token_ids",
+    "ignore_eos",
+    "stop_token_ids",
+    "stream_options",
+    "response_format",
+    "tools",
+    "tool_choice",
+)
 _INT_FIELDS = ("max_dec_len", "min_dec_len", "seed")
 _NUM_FIELDS = ("topp", "temperature", "penalty_score", "frequency_score", "presence_score", "timeout")
 _BOOL_FIELDS = ("stream", "return_usage", "return_all_tokens", "benchmark")
@@ -83,6 +111,15 @@ def parse_native_request(body: dict[str, Any]) -> NativeRequest:
     else:
         raise _bad("req_id", "a non-empty string", rid, "")
     req = NativeRequest(req_id=rid)
+    foreign = [k for k in OPENAI_ONLY if body.get(k) is not None]
+    if foreign:
+        one = len(foreign) == 1
+        raise ProtocolError(
+            400,
+            f"{', '.join(foreign)}: not {'a field' if one else 'fields'} of the native API; the OpenAI "
+            f'HTTP API takes {"it" if one else "them"} (a body with "model")',
+            rid,
+        )
 
     given = [k for k in ("text", "messages", "input_ids") if body.get(k) is not None]
     if len(given) != 1:
@@ -139,13 +176,13 @@ def parse_native_request(body: dict[str, Any]) -> NativeRequest:
         if not isinstance(eos, list) or not all(is_int(i) and i >= 0 for i in eos):
             raise _bad("eos_token_ids", "a list of non-negative integers", eos, rid)
         req.eos_token_ids = tuple(eos)
-    stops = body.get("stop_sequences")
+    key, stops = _pick(body, "stop_sequences")
     if stops is not None:
         if isinstance(stops, str):  # a lone string is an obvious intent; accept it
             stops = [stops]
         # "" would match at once: refused (as vLLM does), not dropped behind the user's back
         if not isinstance(stops, list) or not all(isinstance(s, str) and s for s in stops):
-            raise _bad("stop_sequences", "a list of non-empty strings", stops, rid)
+            raise _bad(key, "a list of non-empty strings", stops, rid)
         req.stop_sequences = tuple(stops)
     if not (req.timeout > 0 and math.isfinite(req.timeout)):
         raise _bad("timeout", "a positive number of seconds", req.timeout, rid)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from spmd_serve.frontend.native.protocol import OPENAI_ONLY
 from spmd_serve.frontend.openai.fields import NEUTRAL
 from spmd_serve.frontend.openai.protocol import MAX_N
 from spmd_serve.frontend.server.settings import IOSettings
@@ -86,18 +87,21 @@ def schemas(s: IOSettings) -> dict[str, Schema]:
         "input_ids": _opt(_list(_int(0), minItems=1, maxItems=max_input,
                                 description="ids below the vocabulary size")),
         "system": _opt(STR),
-        **{k: tokens for k in ("max_dec_len", "seq_len", "max_tokens")},   # aliases
-        "min_dec_len": _opt(_int(1, dec, default=1)),
+        # aliases (native.protocol._ALIASES), the OpenAI names of the same settings among them
+        **{k: tokens for k in ("max_dec_len", "seq_len", "max_tokens", "max_completion_tokens")},
+        **{k: _opt(_int(1, dec, default=1)) for k in ("min_dec_len", "min_tokens")},
         **{k: _opt(_num(0, 1, default=0.7)) for k in ("topp", "top_p")},
         "temperature": _opt(_num(0, default=0.95, description="0 = greedy")),
-        "penalty_score": _opt(_num(exclusiveMinimum=0, default=1.0)),
-        "frequency_score": _opt(_num(default=0)), "presence_score": _opt(_num(default=0)),
+        **{k: _opt(_num(exclusiveMinimum=0, default=1.0)) for k in ("penalty_score", "repetition_penalty")},
+        **{k: _opt(_num(default=0)) for k in ("frequency_score", "frequency_penalty")},
+        **{k: _opt(_num(default=0)) for k in ("presence_score", "presence_penalty")},
         **{k: _opt(_int(0)) for k in ("seed", "infer_seed")},
-        "eos_token_ids": _opt(IDS), "stop_sequences": _opt(STRINGS),
+        "eos_token_ids": _opt(IDS), **{k: _opt(STRINGS) for k in ("stop_sequences", "stop")},
         "timeout": _opt(_num(exclusiveMinimum=0, default=300,
                              description="seconds for the whole request; past it -> 504")),
         **{k: _opt(BOOL) for k in ("stream", "return_usage", "return_all_tokens", "benchmark")},
         "model": False,     # a body with "model" is an OpenAI chat request
+        **{k: False for k in OPENAI_ONLY},  # refused by name: the OpenAI API's alone
     }
     common = {   # the sampling fields /v1/completions and OpenAI chat share
         "model": {"enum": list(s.model_names)},
