@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import uuid
 
 import pytest
@@ -72,6 +73,20 @@ def test_openai_only_fields_are_refused_by_name(field, value):
     with pytest.raises(ProtocolError, match=r"^n, top_k: not fields of the native API; the OpenAI HTTP API takes them"):
         parse_native_request({"text": "a", "top_k": 5, "n": 2})
     assert parse_native_request({"text": "a", field: None}).text == "a"  # null: absent
+
+
+def test_every_field_the_openai_api_honours_is_native_an_alias_or_refused():
+    # the two tables live apart (a protocol imports no other): this keeps them from drifting
+    from spmd_serve.frontend.native import protocol as native
+    from spmd_serve.frontend.openai.fields import HONOURED, NEUTRAL
+
+    native_names = {f.name for f in dataclasses.fields(native.NativeRequest)}
+    aliases = {a for names in native._ALIASES.values() for a in names}
+    not_native = set(HONOURED["completion"] | HONOURED["chat"]) - native_names - aliases
+    # model makes a body OpenAI's; user is ignored there too; prompt is the completions endpoint's
+    assert not_native - set(native.OPENAI_ONLY) == {"model", "user", "prompt", "add_special_tokens"}
+    # and the refused names are the OpenAI API's: honoured there, or known and not implemented
+    assert set(native.OPENAI_ONLY) <= not_native | set(NEUTRAL["completion"]) | set(NEUTRAL["chat"])
 
 
 def test_mapping_to_sampling_params():

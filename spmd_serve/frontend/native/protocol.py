@@ -73,6 +73,8 @@ OPENAI_ONLY = (
     "allowed_token_ids",
     "ignore_eos",
     "stop_token_ids",
+    "include_stop_str_in_output",
+    "truncate_prompt_tokens",
     "stream_options",
     "response_format",
     "tools",

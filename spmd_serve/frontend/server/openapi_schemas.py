@@ -93,8 +93,8 @@ def schemas(s: IOSettings) -> dict[str, Schema]:
         **{k: _opt(_num(0, 1, default=0.7)) for k in ("topp", "top_p")},
         "temperature": _opt(_num(0, default=0.95, description="0 = greedy")),
         **{k: _opt(_num(exclusiveMinimum=0, default=1.0)) for k in ("penalty_score", "repetition_penalty")},
-        **{k: _opt(_num(default=0)) for k in ("frequency_score", "frequency_penalty")},
-        **{k: _opt(_num(default=0)) for k in ("presence_score", "presence_penalty")},
+        **{k: _opt(_num(default=0))
+           for k in ("frequency_score", "frequency_penalty", "presence_score", "presence_penalty")},
         **{k: _opt(_int(0)) for k in ("seed", "infer_seed")},
         "eos_token_ids": _opt(IDS), **{k: _opt(STRINGS) for k in ("stop_sequences", "stop")},
         "timeout": _opt(_num(exclusiveMinimum=0, default=300,
