@@ -17,6 +17,7 @@ from typing import Any
 
 from hypothesis import strategies as st
 
+from spmd_serve.frontend.common.vllm_extras import NOT_BUILT
 from spmd_serve.frontend.openai.fields import HONOURED, NEUTRAL
 
 VOCAB = 1024  # the demo model's (spmd_serve/export/demo/checkpoint.py, preset "tiny")
@@ -90,6 +91,8 @@ NATIVE = {
     **{k: strings() for k in ("stop_sequences", "stop")},
     "timeout": number(0.001, 60),
     **{k: BOOL for k in ("stream", "return_usage", "return_all_tokens", "benchmark")},
+    # vLLM's extras this server does not build: their neutral values, or anything else (refused)
+    **{k: Field(st.sampled_from([*v, None])) for k, v in NOT_BUILT.items()},
 }
 NATIVE_PROMPTS = ("text", "messages", "input_ids")
 

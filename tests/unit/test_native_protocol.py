@@ -75,6 +75,34 @@ def test_openai_only_fields_are_refused_by_name(field, value):
     assert parse_native_request({"text": "a", field: None}).text == "a"  # null: absent
 
 
+@pytest.mark.parametrize(
+    "field,value,neutral",
+    [("bad_words", ["x"], []), ("skip_special_tokens", False, True), ("guided_json", {"type": "object"}, None),
+     ("use_beam_search", True, False), ("length_penalty", 0.5, 1)],
+)  # fmt: skip
+def test_vllms_not_built_extras_act_or_are_refused_by_name(field, value, neutral):
+    # vLLM's extras that would change the output: a native body must not drop them silently either
+    with pytest.raises(ProtocolError) as e:
+        parse_native_request({"text": "a", "req_id": "r", field: value})
+    assert (e.value.status, e.value.req_id) == (400, "r")
+    assert e.value.msg.startswith(f"{field}=") and "is not supported by this server (accepted: " in e.value.msg
+    assert parse_native_request({"text": "a", field: neutral}).text == "a"  # neutral (or null): nothing changes
+
+
+def test_the_not_built_extras_are_refused_alike_by_both_apis():
+    from spmd_serve.frontend.common.vllm_extras import NOT_BUILT
+    from spmd_serve.frontend.openai.fields import NEUTRAL, check_fields
+
+    for field, neutrals in NOT_BUILT.items():
+        assert all(NEUTRAL[kind][field] == neutrals for kind in NEUTRAL)
+        bad = {"x": 1}  # no neutral value is a dict of this shape
+        with pytest.raises(ProtocolError) as native_error:
+            parse_native_request({"text": "a", field: bad})
+        with pytest.raises(ProtocolError) as openai_error:
+            check_fields({"model": "m", "prompt": "a", field: bad}, "completion")
+        assert native_error.value.msg == openai_error.value.msg
+
+
 def test_every_field_the_openai_api_honours_is_native_an_alias_or_refused():
     # the two tables live apart (a protocol imports no other): this keeps them from drifting
     from spmd_serve.frontend.native import protocol as native

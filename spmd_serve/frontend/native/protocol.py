@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from spmd_serve.frontend.common.parsing import Limits, ProtocolError, check_in_vocab, finite_number, is_int, show
+from spmd_serve.frontend.common.vllm_extras import NOT_BUILT, refusal
 from spmd_serve.sampling_params import SamplingParams
 
 
@@ -58,8 +59,9 @@ _ALIASES: dict[str, tuple[str, ...]] = {
     "stop_sequences": ("stop_sequences", "stop"),
 }
 # OpenAI / vLLM fields the native API has no counterpart for: refused by name (a body without
-# "model" that carries one was most likely meant for the OpenAI API), not silently dropped.  Other
-# unknown keys are ignored: the original tool's clients send extra ones.
+# "model" that carries one was most likely meant for the OpenAI API), not silently dropped; so are
+# vLLM's not-built extras (common.vllm_extras) unless neutral.  Other unknown keys are ignored: the
+# original tool's clients send extra ones.
 OPENAI_ONLY = (
     "n",
     "best_of",
@@ -122,6 +124,11 @@ def parse_native_request(body: dict[str, Any]) -> NativeRequest:
             f'HTTP API takes {"it" if one else "them"} (a body with "model")',
             rid,
         )
+    # vLLM's extras this server does not build: at their neutral value they change nothing
+    for key, neutrals in NOT_BUILT.items():
+        message = None if body.get(key) is None else refusal(key, body[key], neutrals)
+        if message is not None:
+            raise ProtocolError(400, message, rid)
 
     given = [k for k in ("text", "messages", "input_ids") if body.get(k) is not None]
     if len(given) != 1:

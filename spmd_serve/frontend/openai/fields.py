@@ -12,7 +12,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from spmd_serve.frontend.common.parsing import ProtocolError, show
+from spmd_serve.frontend.common.parsing import ProtocolError
+from spmd_serve.frontend.common.vllm_extras import NOT_BUILT, refusal
 
 _COMMON = frozenset(
     {
@@ -31,17 +32,10 @@ STREAM_OPTIONS = {"include_usage": (), "continuous_usage_stats": ()}  # the same
 
 # field -> its neutral values (JSON null always counts as absent)
 _NEUTRAL_COMMON: dict[str, tuple[Any, ...]] = {
-    # sampling (vLLM): not in this server's sampler
-    "bad_words": ([],), "prompt_logprobs": (),
-    "use_beam_search": (False,), "length_penalty": (1,), "logits_processors": ([],),
-    # detokenisation (vLLM): special tokens are always skipped
-    "skip_special_tokens": (True,), "spaces_between_special_tokens": (True,),
-    "return_tokens_as_token_ids": (False,),
+    **NOT_BUILT,  # vLLM's sampling, detokenisation and structured-output extras (common.vllm_extras)
     # structured output, tools
-    "response_format": ({"type": "text"},), "guided_json": (), "guided_regex": (), "guided_choice": (),
-    "guided_grammar": (), "guided_decoding_backend": (), "guided_whitespace_pattern": (), "structural_tag": (),
-    "tools": ([],), "tool_choice": ("none",), "functions": ([],), "function_call": ("none",),
-    "parallel_tool_calls": (),
+    "response_format": ({"type": "text"},), "tools": ([],), "tool_choice": ("none",), "functions": ([],),
+    "function_call": ("none",), "parallel_tool_calls": (),
     # serving (vLLM, OpenAI): no priorities, stored completions, salted caches, ...
     "priority": (0,), "request_id": (), "cache_salt": (), "kv_transfer_params": (), "vllm_xargs": ({},),
     "mm_processor_kwargs": ({},), "store": (False,), "metadata": ({},), "service_tier": ("auto", "default"),
@@ -70,26 +64,15 @@ class FieldError(ProtocolError):
         self.param = param
 
 
-def _same(value: Any, neutral: Any) -> bool:
-    """Equal as JSON values: true is not 1, 0.0 is 0."""
-    if isinstance(value, bool) or isinstance(neutral, bool):
-        return type(value) is type(neutral) and value == neutral
-    if isinstance(value, (int, float)) and isinstance(neutral, (int, float)):
-        return value == neutral
-    return type(value) is type(neutral) and bool(value == neutral)
-
-
 def _check(obj: dict[str, Any], honoured: frozenset[str], neutral: dict[str, tuple[Any, ...]], where: str) -> None:
     for key, value in obj.items():
         if value is None or key in honoured:
             continue
         if key not in neutral:
             raise FieldError(f"Unrecognized request argument supplied: {where}{key}", where + key)
-        if not any(_same(value, n) for n in neutral[key]):
-            accepted = " or ".join(show(n) for n in neutral[key]) or "only null"
-            raise FieldError(
-                f"{where}{key}={show(value, 40)} is not supported by this server (accepted: {accepted})", where + key
-            )
+        message = refusal(where + key, value, neutral[key])
+        if message is not None:
+            raise FieldError(message, where + key)
 
 
 def check_fields(body: dict[str, Any], kind: str) -> None:

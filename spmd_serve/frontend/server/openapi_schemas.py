@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from spmd_serve.frontend.common.vllm_extras import NOT_BUILT
 from spmd_serve.frontend.native.protocol import OPENAI_ONLY
 from spmd_serve.frontend.openai.fields import NEUTRAL
 from spmd_serve.frontend.openai.protocol import MAX_N
@@ -57,6 +58,11 @@ def _list(items: Schema, **kw: Any) -> Schema:
     return {"type": "array", "items": items, **kw}
 
 
+def _only(neutrals: tuple[Any, ...]) -> Schema:
+    """A known field this server does not implement: accepted only with a value that changes nothing."""
+    return {"enum": [*neutrals, None], "description": "not supported: only this value"}
+
+
 STR, BOOL, IDS = {"type": "string"}, {"type": "boolean"}, _list(_int(0))
 STOP = {"type": "string", "minLength": 1}  # "" would match at once: refused
 STRINGS = {"anyOf": [STOP, _list(STOP)]}  # stop strings: one or a list
@@ -102,6 +108,7 @@ def schemas(s: IOSettings) -> dict[str, Schema]:
         **{k: _opt(BOOL) for k in ("stream", "return_usage", "return_all_tokens", "benchmark")},
         "model": False,     # a body with "model" is an OpenAI chat request
         **{k: False for k in OPENAI_ONLY},  # refused by name: the OpenAI API's alone
+        **{k: _only(v) for k, v in NOT_BUILT.items()},  # vLLM's extras: refused unless neutral
     }
     common = {   # the sampling fields /v1/completions and OpenAI chat share
         "model": {"enum": list(s.model_names)},
@@ -127,8 +134,7 @@ def schemas(s: IOSettings) -> dict[str, Schema]:
         "truncate_prompt_tokens": _opt(_int(1, description="keep the prompt's last N tokens"))}
 
     def neutral(kind: str) -> dict[str, Schema]:   # known fields, accepted only with these values
-        return {k: {"enum": [*v, None], "description": "not supported: only this value"}
-                for k, v in NEUTRAL[kind].items()}
+        return {k: _only(v) for k, v in NEUTRAL[kind].items()}
 
     unsupported = ("Any other field is refused with 400 naming it. " + NULL_IS_ABSENT)
     ids_prompt = _list(_int(0), minItems=1)
