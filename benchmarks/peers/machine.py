@@ -15,18 +15,26 @@ import resource
 import time
 from pathlib import Path
 
+# the CPU features the kernels' speed turns on (ops/cpu_kernels: AVX-512 or AVX2 FMAs, the exact int8
+# path's VNNI and AMX) and llama.cpp's (VNNI dot products for Q8_0): the VMs lent change between sessions
+ISA_FLAGS = ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "avx_vnni", "amx_int8")
+
 
 def machine() -> dict:
-    """What the report records about the machine."""
-    cpu = next(
-        (
-            ln.split(":", 1)[1].strip()
-            for ln in Path("/proc/cpuinfo").read_text().splitlines()
-            if ln.startswith("model name")
-        ),
-        platform.processor(),
-    )
-    return {"cpu": cpu, "nproc": os.cpu_count(), "python": platform.python_version(), "loadavg": os.getloadavg()}
+    """What the report records about the machine: the CPU's name, family/model and its ISA flags."""
+    info: dict[str, str] = {}
+    for ln in Path("/proc/cpuinfo").read_text().splitlines():
+        key, _, value = ln.partition(":")
+        info.setdefault(key.strip(), value.strip())  # the first processor's
+    flags = set(info.get("flags", "").split())
+    return {
+        "cpu": info.get("model name", platform.processor()),
+        "cpu_family_model": f"{info.get('cpu family', '?')}/{info.get('model', '?')}",
+        "isa": [f for f in ISA_FLAGS if f in flags],
+        "nproc": os.cpu_count(),
+        "python": platform.python_version(),
+        "loadavg": os.getloadavg(),
+    }
 
 
 def _tree_cpu_s(pid: int) -> float:

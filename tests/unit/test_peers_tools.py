@@ -5,6 +5,8 @@ SentencePiece reader (against sentencepiece itself), the ratio tables, the sdist
 from __future__ import annotations
 
 import json
+import re
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -196,3 +198,12 @@ def test_merge_keeps_the_least_disturbed_level():
     assert report["rows"]["ours-f32"]["levels"][8]["output_tok_s"] == 50.0
     assert report["rows"]["llama-f32"]["levels"] == {1: {"output_tok_s": 30.0, "foreign_cpu": 0.0}}
     assert report["merged_from"] == ["earlier"] and report["checks_merged"] == [{"reference": "a"}]
+
+
+def test_machine_records_the_isa_the_ratios_turn_on():
+    from benchmarks.peers.machine import ISA_FLAGS, machine
+
+    m = machine()
+    flags = set(next(ln for ln in Path("/proc/cpuinfo").read_text().splitlines() if ln.startswith("flags")).split())
+    assert m["isa"] == [f for f in ISA_FLAGS if f in flags]
+    assert re.fullmatch(r"\d+/\d+", m["cpu_family_model"]) and m["nproc"] >= 1
