@@ -96,7 +96,10 @@ void panel_rows(const float* xc, const F32P& w, int64_t k0, int64_t kb, int64_t 
 template <int T>
 void panel_block(const float* xc, const F32P& w, int64_t k0, int64_t kb, int64_t p0, int64_t p1, float* y,
                  int64_t ldy, bool add) {
-  constexpr int kS = std::max(T <= 6 ? 2 : 1, std::min<int>(kPanelStreams, kPanelSums / (T * kPanelVecs)));
+  // AVX-512 (a panel row one vector): the sums leave room for the T broadcasts and W's vector in the
+  // 32 registers (T = 8: two streams, not four with spills; RESULTS.md "Session 38")
+  constexpr int kRoom = kPanelVecs == 1 ? kPanelSums - T - 1 : kPanelSums;
+  constexpr int kS = std::max(T <= 6 ? 2 : 1, std::min<int>(kPanelStreams, kRoom / (T * kPanelVecs)));
   const int64_t full = std::min(p1, w.N / F32P::kPanel);
   if (p0 < full) {
     if constexpr (kPanelVecs == 1 || (T != 6 && T != 7))   // AVX-512: a panel row is one vector
