@@ -15,6 +15,7 @@
 // (V); the step's own keys and values are its fp32 ones (as Paddle's attention did: only what
 // comes back from the pool is quantised).  An fp32 pool's own keys are read from the pool.
 #include "attention.h"
+#include "attention_narrow.h"
 
 #include <algorithm>
 #include <atomic>
@@ -99,6 +100,8 @@ void weigh_rows(const float* s, int64_t lanes, const E* const* v, const int64_t*
   constexpr int G = NV <= 4 ? 4 : 2;   // G x NV accumulators in registers
   int64_t l = 0;
   for (; l + G <= lanes; l += G) weigh_values<NV, G>(s, l, v, reach[l + G - 1], o + l * ldo, ldo, add);
+  if constexpr (G > 2)   // a decode's 2-3 rows (g): each value row read once for two
+    for (; l + 2 <= lanes; l += 2) weigh_values<NV, 2>(s, l, v, reach[l + 1], o + l * ldo, ldo, add);
   for (; l < lanes; ++l) weigh_values<NV, 1>(s, l, v, reach[l], o + l * ldo, ldo, add);
 }
 
@@ -165,10 +168,15 @@ void run_block(const Item& it, int64_t rb, int64_t lanes, const float* q, int64_
   }
   kp.resize(past + kKeyChains);
   vp.resize(past);
-  for (int64_t p = 0; p < past; ++p) {
-    const int64_t row = key_row(pool, st, it.seq, p, it.head);
-    kp[p] = static_cast<const E*>(pool.k) + row;
-    vp[p] = static_cast<const E*>(pool.v) + row;
+  // the past block by block (key_row's division by the block size, per key, cost ~a quarter of a decode's item)
+  const int64_t bs = pool.block_size, stride = kvh * d;
+  for (int64_t p = 0, blk = 0; p < past; ++blk) {
+    const int64_t* table = st.block_tables + it.seq * st.max_blocks;
+    const int64_t row0 = table[blk] * bs * stride + it.head * d;
+    for (int64_t o = 0; o < bs && p < past; ++o, ++p) {
+      kp[p] = static_cast<const E*>(pool.k) + row0 + o * stride;
+      vp[p] = static_cast<const E*>(pool.v) + row0 + o * stride;
+    }
   }
   kn.resize(n - past + kKeyChains);
   vn.resize(n - past);
@@ -179,8 +187,21 @@ void run_block(const Item& it, int64_t rb, int64_t lanes, const float* q, int64_
     vn[p - past] = (kInt8 ? own.v : static_cast<const float*>(pool.v)) + row;
   }
   s.resize(n * kWidth);
-  score(kInt8 ? qs.data() : qt.data(), kp.data(), past, d, s.data());
-  score(qt.data(), kn.data(), n - past, d, s.data() + past * kWidth);
+  bool narrow = false;   // few rows: keys in the lanes (attention_narrow.h)
+  if constexpr (kWidth == 16 && !kInt8) {
+    narrow = lanes <= kNarrowLanes;
+    if (narrow) {
+      thread_local AlignedVector<float> kt;
+      kt.resize(d * 16);
+      constexpr auto kL = std::make_integer_sequence<int, kNarrowLanes>{};
+      narrow_dispatch(lanes, kL, qt.data(), kp.data(), past, d, s.data(), kt.data());
+      narrow_dispatch(lanes, kL, qt.data(), kn.data(), n - past, d, s.data() + past * kWidth, kt.data());
+    }
+  }
+  if (!narrow) {
+    score(kInt8 ? qs.data() : qt.data(), kp.data(), past, d, s.data());
+    score(qt.data(), kn.data(), n - past, d, s.data() + past * kWidth);
+  }
   float limit[kWidth], inv[kWidth];
   int64_t reach[kWidth], in_past[kWidth], in_own[kWidth];
   for (int64_t l = 0; l < kWidth; ++l) {
@@ -189,7 +210,8 @@ void run_block(const Item& it, int64_t rb, int64_t lanes, const float* q, int64_
     in_past[l] = past;
     in_own[l] = reach[l] - past;
   }
-  softmax_lanes(s.data(), n, reach[0], vload(limit), inv);
+  if (narrow) softmax_narrow(s.data(), n, lanes, reach, inv);
+  else softmax_lanes(s.data(), n, reach[0], vload(limit), inv);
   if constexpr (kInt8) {                                   // sum w (v8 * vs) = sum (w * vs) v8
     const float vs = pool.v_scale[it.head];
     for (int64_t i = 0; i < past * kWidth; ++i) s[i] *= vs;
@@ -213,89 +235,6 @@ void run_item(const Item& it, const float* q, int64_t q_stride, int64_t nh, cons
 
 }  // namespace
 
-// Entries clipped by store_row since the library loaded, K then V (every int8 pool of the process).
-std::atomic<long> g_kv_int8_clipped[2];
-
-PagedPool pool_of(const char* op, const paddle::Tensor& k_cache, const paddle::Tensor& v_cache, int64_t head_dim,
-                  const paddle::Tensor* k_scale, const paddle::Tensor* v_scale) {
-  const auto cs = k_cache.shape();
-  const bool int8 = k_scale != nullptr;
-  const auto dtype = int8 ? paddle::DataType::INT8 : paddle::DataType::FLOAT32;
-  PD_CHECK(k_cache.is_cpu() && v_cache.is_cpu(), op, ": CPU tensors only");
-  PD_CHECK(k_cache.dtype() == dtype && v_cache.dtype() == dtype, op, ": the K/V pools must be ",
-           int8 ? "int8" : "float32");
-  PD_CHECK(cs.size() == 4 && cs[3] == head_dim && v_cache.shape() == cs, op,
-           ": the K/V pools must both be [num_blocks, block_size, kv_heads, head_dim = ", head_dim, "]");
-  PagedPool pool{const_cast<void*>(k_cache.data()), const_cast<void*>(v_cache.data()),   // written in place
-                 int8, nullptr, nullptr, cs[0], cs[1], cs[2], cs[3]};
-  if (int8) {
-    for (const paddle::Tensor* t : {k_scale, v_scale})
-      PD_CHECK(t->is_cpu() && t->dtype() == paddle::DataType::FLOAT32 && t->numel() == cs[2], op,
-               ": the int8 pool's scales must be float32 [kv_heads] = [", cs[2], "]");
-    pool.k_scale = k_scale->data<float>();
-    pool.v_scale = v_scale->data<float>();
-  }
-  return pool;
-}
-
-void store_row(const PagedPool& pool, bool is_v, int64_t row, int64_t head, const float* x) {
-  const int64_t d = pool.head_dim;
-  if (!pool.int8) {
-    std::copy_n(x, d, static_cast<float*>(is_v ? pool.v : pool.k) + row);
-    return;
-  }
-  const float s = (is_v ? pool.v_scale : pool.k_scale)[head];
-  int8_t* y = static_cast<int8_t*>(is_v ? pool.v : pool.k) + row;
-  long clipped = 0;
-  for (int64_t c = 0; c < d; ++c) {
-    const float q = std::nearbyint(x[c] / s);
-    clipped += std::fabs(q) > 127.f;
-    y[c] = static_cast<int8_t>(std::clamp(q, -127.f, 127.f));
-  }
-  if (clipped != 0) g_kv_int8_clipped[is_v].fetch_add(clipped, std::memory_order_relaxed);   // rare: no contention
-}
-
-StepTokens tokens_of(const char* op, const paddle::Tensor& block_tables, const paddle::Tensor& ctx_lens,
-                     const paddle::Tensor& query_lens, const paddle::Tensor& slot_mapping) {
-  const auto i64 = paddle::DataType::INT64;
-  PD_CHECK(block_tables.dtype() == i64 && ctx_lens.dtype() == i64 && query_lens.dtype() == i64 &&
-               slot_mapping.dtype() == i64, op, ": block_tables, ctx_lens, query_lens and slot_mapping must be int64");
-  const auto bt = block_tables.shape();
-  PD_CHECK(bt.size() == 2 && ctx_lens.numel() == bt[0] && query_lens.numel() == bt[0], op,
-           ": one block table row, context length and query length per sequence");
-  return {bt[0], query_lens.data<int64_t>(), ctx_lens.data<int64_t>(), block_tables.data<int64_t>(), bt[1],
-          slot_mapping.data<int64_t>(), {}};
-}
-
-std::vector<std::vector<int64_t>> attention_shape(const std::vector<int64_t>& qkv,
-                                                  const std::vector<int64_t>& k_cache) {
-  // qkv [T, heads, d] or [T, heads * d] (d = the pool's head_dim); out [T, (heads - 2 kvh) d]
-  const int64_t d = qkv.size() == 3 ? qkv[2] : k_cache[3];
-  const int64_t width = qkv.size() == 3 ? (qkv[1] < 0 || d < 0 ? -1 : qkv[1] * d) : qkv[1];
-  const bool known = width >= 0 && k_cache[2] >= 0 && d >= 0;
-  return {{qkv[0], known ? width - 2 * k_cache[2] * d : -1}};
-}
-
-int64_t check_tokens(const char* op, StepTokens& st, const PagedPool& pool, int64_t tokens) {
-  const int64_t bs = pool.block_size, capacity = pool.blocks * bs;
-  st.start.assign(st.seqs + 1, 0);
-  for (int64_t b = 0; b < st.seqs; ++b) {
-    const int64_t past = st.ctx_lens[b], len = st.query_lens[b];
-    PD_CHECK(past >= 0 && len >= 0, op, ": negative context or query length (sequence ", b, ")");
-    PD_CHECK(past <= st.max_blocks * bs, op, ": context longer than its block table (sequence ", b, ")");
-    for (int64_t i = 0; i < (past + bs - 1) / bs; ++i) {
-      const int64_t blk = st.block_tables[b * st.max_blocks + i];
-      PD_CHECK(blk >= 0 && blk < pool.blocks, op, ": block ", blk, " outside the pool (sequence ", b, ")");
-    }
-    st.start[b + 1] = st.start[b] + len;
-  }
-  PD_CHECK(st.start[st.seqs] == tokens, op, ": query lengths sum to ", st.start[st.seqs], ", not the ", tokens,
-           " tokens of qkv");
-  for (int64_t t = 0; t < tokens; ++t)
-    PD_CHECK(st.slots[t] >= 0 && st.slots[t] < capacity, op, ": slot outside the pool (token ", t, ")");
-  return tokens;
-}
-
 void attend(const float* q, int64_t q_stride, int64_t nh, const PagedPool& pool, const StepTokens& st, float* out,
             const OwnKV& own) {
   PD_CHECK(!pool.int8 || (own.k != nullptr && own.v != nullptr), "attend: an int8 pool needs the step's own K/V");
@@ -315,6 +254,3 @@ void attend(const float* q, int64_t q_stride, int64_t nh, const PagedPool& pool,
 }
 
 }  // namespace spmd
-
-// Read by ops/paddle_ext.py through ctypes (spmd_serve:kv_cache_int8_clipped_total in /metrics).
-extern "C" long spmd_kv_int8_clipped(int is_v) { return spmd::g_kv_int8_clipped[is_v != 0].load(); }

@@ -174,3 +174,19 @@ def test_traced_graphs_get_the_output_shape(ext):
             assert list(paged.shape) == list(flat.shape) == [-1, 8 * 64]
     finally:
         paddle.disable_static()
+
+
+@pytest.mark.parametrize("nh,kvh,d,tokens", [(8, 4, 64, 8), (8, 1, 64, 2), (12, 4, 48, 16), (6, 6, 16, 40)])
+def test_a_decode_row_has_the_bits_it_has_inside_a_prefill(ext, nh, kvh, d, tokens):
+    """A row block of few rows (a decode's g heads: keys in the vector's lanes, attention_narrow.h) and
+    one of many (inside a prefill: a key's element in all lanes) compute the same chains: the last
+    token decoded after the others equals that token inside the prefill, bit for bit, and the past
+    crosses a block edge and a partial group of 16 keys."""
+    step = make_step([0], [tokens], nh, kvh, d, 16, seed=tokens)
+    whole, kp, vp = run(ext, step, nh)  # g x tokens rows: 16-row blocks, the tail narrower
+    qkv, _, _, tables, _, _, slots = step
+    last = (qkv[-1:], kp, vp, tables, np.array([tokens - 1], np.int64), np.array([1], np.int64), slots[-1:])
+    for threads in (1, 2):
+        alone, _, _ = run(ext, last, nh, threads)  # g rows: one narrow block
+        assert np.array_equal(alone[0], whole[-1]), threads
+    np.testing.assert_allclose(whole, reference(*step, nh, d**-0.5)[0], rtol=1e-4, atol=2e-5)
