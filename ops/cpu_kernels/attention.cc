@@ -170,8 +170,8 @@ void run_block(const Item& it, int64_t rb, int64_t lanes, const float* q, int64_
   vp.resize(past);
   // the past block by block (key_row's division by the block size, per key, cost ~a quarter of a decode's item)
   const int64_t bs = pool.block_size, stride = kvh * d;
+  const int64_t* table = st.block_tables + it.seq * st.max_blocks;
   for (int64_t p = 0, blk = 0; p < past; ++blk) {
-    const int64_t* table = st.block_tables + it.seq * st.max_blocks;
     const int64_t row0 = table[blk] * bs * stride + it.head * d;
     for (int64_t o = 0; o < bs && p < past; ++o, ++p) {
       kp[p] = static_cast<const E*>(pool.k) + row0 + o * stride;
