@@ -5,6 +5,7 @@ or after the first frame ends the request cleanly."""
 from __future__ import annotations
 
 import json
+import uuid
 
 import pytest
 import requests
@@ -48,6 +49,9 @@ def test_400_names_the_field(srv, field, value):
     r = requests.post(srv.url, json=body, timeout=10)
     assert r.status_code == 400 and r.json()["error_code"] == 400
     assert field in r.json()["error_msg"]
+    # a body without a req_id has the fresh one CONTRACT §3 defaults to; a bad req_id has none
+    rid = r.json()["req_id"]
+    assert rid == "" if field == "req_id" else uuid.UUID(rid)
     assert_healthy(srv)
 
 

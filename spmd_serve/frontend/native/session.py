@@ -44,7 +44,11 @@ class NativeSession:
         """Parse, validate, tokenise and submit; ProtocolError (400/409/429/503) on refusal."""
         self._arrival = time.monotonic() if arrival is None else arrival
         self.req_id = proto.body_req_id(body)
-        req = proto.parse_native_request(body)
+        try:
+            req = proto.parse_native_request(body)
+        except ProtocolError as e:  # the fresh uuid the parser gave a body without one (CONTRACT §3)
+            self.req_id = e.req_id or self.req_id
+            raise
         self.req_id = req.req_id
         self.prompt = proto.encode_prompt(req, self.tokenizer)
         params = proto.sampling_params(req, len(self.prompt), self.limits)

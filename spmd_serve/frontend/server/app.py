@@ -24,6 +24,7 @@ from tornado.web import Application
 from spmd_serve.engine.client import EngineClient
 from spmd_serve.frontend.native.handler import NativeChatHandler, NotFoundHandler
 from spmd_serve.frontend.openai.handlers import OpenAIServing, openai_routes
+from spmd_serve.frontend.server.cors import CorsApplication
 from spmd_serve.frontend.server.health import health_routes
 from spmd_serve.frontend.server.openapi import openapi_route
 from spmd_serve.frontend.server.settings import IOSettings
@@ -34,7 +35,8 @@ log = logging.getLogger(__name__)
 def make_service_app(
     client: EngineClient, tokenizer: Any, settings: IOSettings, *, extra_handlers: list[tuple] | None = None
 ) -> Application:
-    """The service port: native API, OpenAI API, health aliases, and `extra_handlers`."""
+    """The service port: native API, OpenAI API, health aliases, and `extra_handlers`; open to
+    pages of any origin (server/cors.py)."""
     key = settings.api_key or None
     openai = OpenAIServing(client, tokenizer, settings.limits, settings.model_names, key)
 
@@ -54,7 +56,7 @@ def make_service_app(
     routes += openai_routes(openai, settings.max_body_size) + [openapi_route(settings)]
     routes += list(extra_handlers or [])
     routes += health_routes(client, settings.live_threshold_s, with_plain_health=True)
-    return Application(routes, default_handler_class=NotFoundHandler)
+    return CorsApplication(routes, default_handler_class=NotFoundHandler)
 
 
 def make_health_app(client: EngineClient, settings: IOSettings) -> Application:
