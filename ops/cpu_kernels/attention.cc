@@ -188,13 +188,13 @@ void run_block(const Item& it, int64_t rb, int64_t lanes, const float* q, int64_
   }
   s.resize(n * kWidth);
   bool narrow = false;   // few rows: keys in the lanes (attention_narrow.h)
-  if constexpr (kWidth == 16 && !kInt8) {
+  if constexpr (kWidth == 16) {
     narrow = lanes <= kNarrowLanes;
     if (narrow) {
       thread_local AlignedVector<float> kt;
       kt.resize(d * 16);
       constexpr auto kL = std::make_integer_sequence<int, kNarrowLanes>{};
-      narrow_dispatch(lanes, kL, qt.data(), kp.data(), past, d, s.data(), kt.data());
+      narrow_dispatch(lanes, kL, kInt8 ? qs.data() : qt.data(), kp.data(), past, d, s.data(), kt.data());
       narrow_dispatch(lanes, kL, qt.data(), kn.data(), n - past, d, s.data() + past * kWidth, kt.data());
     }
   }

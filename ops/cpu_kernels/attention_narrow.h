@@ -9,6 +9,9 @@
 // The softmax of such a block goes row by row for the same reason (softmax_narrow): exp 16 keys at a
 // time, the max and the sum over keys in the wide path's order, so the weights are its bits too.
 //
+// An int8 pool's past goes the same way: its keys are widened to fp32 as they are transposed, and
+// the row's query is q * k_scale, as in the wide path (the same products, so the same bits).
+//
 // Only where a vector has 16 lanes (AVX-512, or the emulated width the tests build): AVX2's 8-lane
 // blocks keep the wide path.
 #pragma once
@@ -23,13 +26,21 @@ namespace spmd {
 
 constexpr int64_t kNarrowLanes = 8;   // rows a block at most for the narrow path (16 keys: 4 L fmas + ~16 shuffles a key)
 
-// kt[c * 16 + j] = k[j][c] for keys j < m (16 - m keys past the end: 0), c < d
-inline void transpose_keys(const float* const* k, int64_t m, int64_t d, float* kt) {
+#if SPMD_SIMD == 512
+inline __m512 load16(const float* k) { return _mm512_loadu_ps(k); }
+inline __m512 load16(const int8_t* k) {   // an int8 pool's key: 16 bytes widened, exactly
+  return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(k))));
+}
+#endif
+
+// kt[c * 16 + j] = k[j][c] for keys j < m (16 - m keys past the end: 0), c < d; E float or int8 (as float)
+template <typename E>
+void transpose_keys(const E* const* k, int64_t m, int64_t d, float* kt) {
   int64_t c0 = 0;
 #if SPMD_SIMD == 512
   for (; m == 16 && c0 + 16 <= d; c0 += 16) {   // 16 x 16 in registers: unpack 32-bit, 64-bit, then 128-bit lanes twice
     __m512 r[16], t[16];
-    for (int j = 0; j < 16; ++j) r[j] = _mm512_loadu_ps(k[j] + c0);
+    for (int j = 0; j < 16; ++j) r[j] = load16(k[j] + c0);
     for (int j = 0; j < 16; j += 2) {
       t[j] = _mm512_unpacklo_ps(r[j], r[j + 1]);
       t[j + 1] = _mm512_unpackhi_ps(r[j], r[j + 1]);
@@ -56,13 +67,13 @@ inline void transpose_keys(const float* const* k, int64_t m, int64_t d, float* k
   }
 #endif
   for (int64_t c = c0; c < d; ++c)
-    for (int64_t j = 0; j < 16; ++j) kt[c * 16 + j] = j < m ? k[j][c] : 0.f;
+    for (int64_t j = 0; j < 16; ++j) kt[c * 16 + j] = j < m ? static_cast<float>(k[j][c]) : 0.f;
 }
 
 // s[p * 16 + l] = q_l . k_p for lanes l < L (qt [d][16], lane l = row l) and keys p in [0, n);
 // lanes L .. 15 of s: 0.  kt: scratch of d x 16 floats
-template <int L>
-void score_narrow(const float* qt, const float* const* k, int64_t n, int64_t d, float* s, float* kt) {
+template <int L, typename E>
+void score_narrow(const float* qt, const E* const* k, int64_t n, int64_t d, float* s, float* kt) {
   std::fill_n(s, n * 16, 0.f);   // the absent lanes' scores: finite (a plain memset, not 16 - L stores a key)
   for (int64_t p0 = 0; p0 < n; p0 += 16) {
     const int64_t m = std::min<int64_t>(16, n - p0);
@@ -106,8 +117,8 @@ inline void softmax_narrow(float* s, int64_t n, int64_t lanes, const int64_t* re
   }
 }
 
-template <int... L>
-void narrow_dispatch(int64_t lanes, std::integer_sequence<int, L...>, const float* qt, const float* const* k,
+template <typename E, int... L>
+void narrow_dispatch(int64_t lanes, std::integer_sequence<int, L...>, const float* qt, const E* const* k,
                      int64_t n, int64_t d, float* s, float* kt) {
   ((lanes == L + 1 ? score_narrow<L + 1>(qt, k, n, d, s, kt) : void()), ...);
 }

@@ -72,8 +72,9 @@ def test_long_chunks_match_float64_and_threads_change_no_bit(ext, ctx, qlens):
         assert all(np.array_equal(a, b) for a, b in zip(run(ext, step, 8, threads), one))
 
 
-def run_int8(ext, step, nh, k_scale, v_scale, threads=1):
-    """(output, K pool, V pool) of spmd_paged_attention_int8 on copies of the step's int8 pools."""
+def run_int8(ext, step, nh, k_scale, v_scale, threads=1, freq=None):
+    """(output, K pool, V pool) of spmd_paged_attention_int8 on copies of the step's int8 pools
+    (`freq`: RoPE's inv_freq, default Llama's)."""
     import paddle
 
     qkv, kc, vc, tables, ctx, qlens, slots = step
@@ -82,7 +83,7 @@ def run_int8(ext, step, nh, k_scale, v_scale, threads=1):
     out = ext.run_op(
         "spmd_paged_attention_int8",
         paddle.to_tensor(qkv.reshape(len(qkv), -1)),
-        paddle.to_tensor(inv_freq(qkv.shape[2])),
+        paddle.to_tensor(inv_freq(qkv.shape[2]) if freq is None else freq),
         kt,
         vt,
         *map(paddle.to_tensor, (tables, ctx, qlens, slots, k_scale, v_scale)),
@@ -176,12 +177,24 @@ def test_traced_graphs_get_the_output_shape(ext):
         paddle.disable_static()
 
 
-@pytest.mark.parametrize("nh,kvh,d,tokens", [(8, 4, 64, 8), (8, 1, 64, 2), (12, 4, 48, 16), (6, 6, 16, 40)])
+def last_block_is_wide(nh: int, kvh: int, tokens: int) -> bool:
+    """Whether a prefill's last token lies in a row block of > 8 rows (attention.cc: an item holds
+    16 // g tokens of 16-lane blocks; the last item holds what is left)."""
+    g = nh // kvh
+    tile = max(1, 16 // g)
+    return (tokens % tile or tile) * g > 8
+
+
+WIDE_LAST = [(8, 4, 64, 8), (8, 1, 64, 2), (12, 4, 48, 18), (6, 6, 16, 41), (12, 4, 48, 33)]
+
+
+@pytest.mark.parametrize("nh,kvh,d,tokens", WIDE_LAST)
 def test_a_decode_row_has_the_bits_it_has_inside_a_prefill(ext, nh, kvh, d, tokens):
     """A row block of few rows (a decode's g heads: keys in the vector's lanes, attention_narrow.h) and
     one of many (inside a prefill: a key's element in all lanes) compute the same chains: the last
     token decoded after the others equals that token inside the prefill, bit for bit, and the past
     crosses a block edge and a partial group of 16 keys."""
+    assert last_block_is_wide(nh, kvh, tokens)
     step = make_step([0], [tokens], nh, kvh, d, 16, seed=tokens)
     whole, kp, vp = run(ext, step, nh)  # g x tokens rows: 16-row blocks, the tail narrower
     qkv, _, _, tables, _, _, slots = step
@@ -190,3 +203,26 @@ def test_a_decode_row_has_the_bits_it_has_inside_a_prefill(ext, nh, kvh, d, toke
         alone, _, _ = run(ext, last, nh, threads)  # g rows: one narrow block
         assert np.array_equal(alone[0], whole[-1]), threads
     np.testing.assert_allclose(whole, reference(*step, nh, d**-0.5)[0], rtol=1e-4, atol=2e-5)
+
+
+@pytest.mark.parametrize("nh,kvh,d,tokens", WIDE_LAST)
+def test_an_int8_decode_row_has_the_bits_it_has_inside_a_prefill(ext, nh, kvh, d, tokens):
+    """The same for an int8 pool, whose decode rows score the past's widened keys in the lanes too.
+    K and V are whole multiples of power-of-two scales and RoPE is off (inv_freq 0), so the pool holds
+    them exactly: the last token decoded over the int8 past equals that token inside the prefill,
+    which attended to the same values in fp32 (q * ks * k8 is q * (k8 * ks), bit for bit)."""
+    assert last_block_is_wide(nh, kvh, tokens)
+    qkv, kc, vc, tables, _, _, slots = make_step([0], [tokens], nh, kvh, d, 16, seed=tokens)
+    rng = np.random.default_rng(tokens)
+    ks, vs = np.full(kvh, 2.0**-5, np.float32), np.full(kvh, 2.0**-6, np.float32)
+    qkv[:, nh : nh + kvh] = rng.integers(-127, 128, qkv[:, nh : nh + kvh].shape) * ks[:, None]
+    qkv[:, nh + kvh :] = rng.integers(-127, 128, qkv[:, nh + kvh :].shape) * vs[:, None]
+    k8, v8 = np.zeros(kc.shape, np.int8), np.zeros(vc.shape, np.int8)
+    zero = np.zeros(d // 2, np.float32)
+    step = (qkv, k8, v8, tables, np.array([0], np.int64), np.array([tokens], np.int64), slots)
+    whole, kp, vp = run_int8(ext, step, nh, ks, vs, freq=zero)  # the prefill: its own K/V in fp32
+    assert (kp.reshape(-1, kvh, d)[slots] * ks[:, None] == qkv[:, nh : nh + kvh]).all()  # stored exactly
+    last = (qkv[-1:], kp, vp, tables, np.array([tokens - 1], np.int64), np.array([1], np.int64), slots[-1:])
+    for threads in (1, 2):
+        alone, _, _ = run_int8(ext, last, nh, ks, vs, threads, freq=zero)  # the past from the int8 pool
+        assert np.array_equal(alone[0], whole[-1]), threads
