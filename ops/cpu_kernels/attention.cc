@@ -187,18 +187,16 @@ void run_block(const Item& it, int64_t rb, int64_t lanes, const float* q, int64_
     vn[p - past] = (kInt8 ? own.v : static_cast<const float*>(pool.v)) + row;
   }
   s.resize(n * kWidth);
-  bool narrow = false;   // few rows: keys in the lanes (attention_narrow.h)
-  if constexpr (kWidth == 16) {
-    narrow = lanes <= kNarrowLanes;
-    if (narrow) {
-      thread_local AlignedVector<float> kt;
-      kt.resize(d * 16);
-      constexpr auto kL = std::make_integer_sequence<int, kNarrowLanes>{};
-      narrow_dispatch(lanes, kL, kInt8 ? qs.data() : qt.data(), kp.data(), past, d, s.data(), kt.data());
-      narrow_dispatch(lanes, kL, qt.data(), kn.data(), n - past, d, s.data() + past * kWidth, kt.data());
-    }
-  }
-  if (!narrow) {
+  // few rows: keys in the lanes (attention_narrow.h).  With AVX2's 8 lanes only for an int8 past, whose
+  // wide path converts and broadcasts each element alone: an fp32 one ran level (RESULTS.md "Session 39")
+  const bool narrow = lanes <= kNarrowLanes && (kWidth == 16 || kInt8);
+  if (narrow) {
+    thread_local AlignedVector<float> kt;
+    kt.resize(d * kWidth);
+    constexpr auto kL = std::make_integer_sequence<int, kNarrowLanes>{};
+    narrow_dispatch(lanes, kL, kInt8 ? qs.data() : qt.data(), kp.data(), past, d, s.data(), kt.data());
+    narrow_dispatch(lanes, kL, qt.data(), kn.data(), n - past, d, s.data() + past * kWidth, kt.data());
+  } else {
     score(kInt8 ? qs.data() : qt.data(), kp.data(), past, d, s.data());
     score(qt.data(), kn.data(), n - past, d, s.data() + past * kWidth);
   }

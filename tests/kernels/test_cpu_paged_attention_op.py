@@ -177,24 +177,27 @@ def test_traced_graphs_get_the_output_shape(ext):
         paddle.disable_static()
 
 
-def last_block_is_wide(nh: int, kvh: int, tokens: int) -> bool:
-    """Whether a prefill's last token lies in a row block of > 8 rows (attention.cc: an item holds
-    16 // g tokens of 16-lane blocks; the last item holds what is left)."""
-    g = nh // kvh
-    tile = max(1, 16 // g)
-    return (tokens % tile or tile) * g > 8
+def last_block_is_wide(ext, nh: int, kvh: int, tokens: int) -> bool:
+    """Whether a prefill's last token lies in row blocks of more than half a vector's W lanes, the
+    wide path (attention.cc: an item holds max(1, W // g) tokens, the last item what is left, its
+    rows in blocks of W; attention_narrow.h: kNarrowLanes = W / 2)."""
+    w, g = ext.simd()[0], nh // kvh
+    tile = max(1, w // g)
+    rows = (tokens % tile or tile) * g  # the last item's; the last token's are its last g
+    blocks = range((rows - g) // w, (rows - 1) // w + 1)
+    return all(min(w, rows - b * w) > w // 2 for b in blocks)
 
 
-WIDE_LAST = [(8, 4, 64, 8), (8, 1, 64, 2), (12, 4, 48, 18), (6, 6, 16, 41), (12, 4, 48, 33)]
+WIDE_LAST = [(8, 4, 64, 8), (8, 1, 64, 2), (12, 4, 48, 18), (6, 6, 16, 48), (12, 4, 48, 34)]  # at W = 8 and 16
 
 
 @pytest.mark.parametrize("nh,kvh,d,tokens", WIDE_LAST)
 def test_a_decode_row_has_the_bits_it_has_inside_a_prefill(ext, nh, kvh, d, tokens):
     """A row block of few rows (a decode's g heads: keys in the vector's lanes, attention_narrow.h) and
-    one of many (inside a prefill: a key's element in all lanes) compute the same chains: the last
+    one of many (inside a prefill: a key's element in all lanes) compute the same chains, at any width: the last
     token decoded after the others equals that token inside the prefill, bit for bit, and the past
     crosses a block edge and a partial group of 16 keys."""
-    assert last_block_is_wide(nh, kvh, tokens)
+    assert last_block_is_wide(ext, nh, kvh, tokens)
     step = make_step([0], [tokens], nh, kvh, d, 16, seed=tokens)
     whole, kp, vp = run(ext, step, nh)  # g x tokens rows: 16-row blocks, the tail narrower
     qkv, _, _, tables, _, _, slots = step
@@ -211,7 +214,7 @@ def test_an_int8_decode_row_has_the_bits_it_has_inside_a_prefill(ext, nh, kvh, d
     K and V are whole multiples of power-of-two scales and RoPE is off (inv_freq 0), so the pool holds
     them exactly: the last token decoded over the int8 past equals that token inside the prefill,
     which attended to the same values in fp32 (q * ks * k8 is q * (k8 * ks), bit for bit)."""
-    assert last_block_is_wide(nh, kvh, tokens)
+    assert last_block_is_wide(ext, nh, kvh, tokens)
     qkv, kc, vc, tables, _, _, slots = make_step([0], [tokens], nh, kvh, d, 16, seed=tokens)
     rng = np.random.default_rng(tokens)
     ks, vs = np.full(kvh, 2.0**-5, np.float32), np.full(kvh, 2.0**-6, np.float32)
