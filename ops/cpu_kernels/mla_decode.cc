@@ -9,12 +9,14 @@
 //   latent       [B, K]    f32   this step's cached vectors (normed latent | roped key)
 //   cache        [NB, bs, K] f32 the pool of this layer
 //   block_tables [B, MB] i64, ctx_lens [B] i64 (past tokens), slot_mapping [B] i64
-// Output: [h, B, K] f32, softmax(query . [past..., new]) @ [past..., new] per head and sequence.
+// Output: [h, B, K] f32, softmax(query . [past..., new]) @ [past..., new] per head and sequence,
+// the (sequence, head) pairs spread over the op library's threads.
 #include <algorithm>
 #include <cmath>
 #include <vector>
 
 #include "paddle/extension.h"
+#include "thread_pool.h"
 
 namespace {
 
@@ -52,34 +54,39 @@ std::vector<paddle::Tensor> MlaDecodeForward(const paddle::Tensor& query, const 
   const int64_t *tables = block_tables.data<int64_t>(), *ctx = ctx_lens.data<int64_t>();
   const int64_t* slots = slot_mapping.data<int64_t>();
   float* o = out.data<float>();
-  std::vector<const float*> rows;
-  std::vector<float> w;
+  // the writes first, then every (sequence, head) as a task on the op library's threads: each reads
+  // only other slots and its own query, and computes as one thread would, so the bits do not depend
+  // on the thread count
+  std::vector<int64_t> first(B + 1, 0);   // sequence b's keys: rows[first[b] .. first[b + 1])
   for (int64_t b = 0; b < B; ++b) {
-    const int64_t past = ctx[b];
-    PD_CHECK(past >= 0 && past <= MB * bs, "spmd_mla_decode: context longer than its block table");
+    PD_CHECK(ctx[b] >= 0 && ctx[b] <= MB * bs, "spmd_mla_decode: context longer than its block table");
     PD_CHECK(slots[b] >= 0 && slots[b] < NB * bs, "spmd_mla_decode: slot outside the pool");
     std::copy_n(lat + b * K, K, pool + slots[b] * K);
-    rows.resize(past + 1);
-    for (int64_t p = 0; p < past; ++p) {
-      const int64_t* table = tables + b * MB;
-      rows[p] = pool + (table[p / bs] * bs + p % bs) * K;
-    }
-    rows[past] = lat + b * K;
-    w.resize(past + 1);
-    for (int64_t h = 0; h < H; ++h) {
-      const float* q = q_all + (h * B + b) * K;
-      float top = -INFINITY;
-      for (int64_t p = 0; p <= past; ++p) top = std::max(top, w[p] = dot(q, rows[p], K));
-      float sum = 0.f;
-      for (int64_t p = 0; p <= past; ++p) sum += (w[p] = std::exp(w[p] - top));
-      float* dst = o + (h * B + b) * K;
-      std::fill(dst, dst + K, 0.f);
-      for (int64_t p = 0; p <= past; ++p) {
-        const float a = w[p] / sum, *x = rows[p];
-        for (int64_t i = 0; i < K; ++i) dst[i] += a * x[i];
-      }
-    }
+    first[b + 1] = first[b] + ctx[b] + 1;
   }
+  std::vector<const float*> rows(first[B]);   // the past through the block table, then the new vector
+  for (int64_t b = 0; b < B; ++b) {
+    const int64_t* table = tables + b * MB;
+    for (int64_t p = 0; p < ctx[b]; ++p) rows[first[b] + p] = pool + (table[p / bs] * bs + p % bs) * K;
+    rows[first[b] + ctx[b]] = lat + b * K;
+  }
+  spmd::parallel_for(B * H, [&](int64_t item) {
+    const int64_t b = item / H, h = item % H, n = first[b + 1] - first[b];
+    const float* const* r = rows.data() + first[b];
+    thread_local std::vector<float> w;
+    w.resize(n);
+    const float* q = q_all + (h * B + b) * K;
+    float top = -INFINITY;
+    for (int64_t p = 0; p < n; ++p) top = std::max(top, w[p] = dot(q, r[p], K));
+    float sum = 0.f;
+    for (int64_t p = 0; p < n; ++p) sum += (w[p] = std::exp(w[p] - top));
+    float* dst = o + (h * B + b) * K;
+    std::fill(dst, dst + K, 0.f);
+    for (int64_t p = 0; p < n; ++p) {
+      const float a = w[p] / sum, *x = r[p];
+      for (int64_t i = 0; i < K; ++i) dst[i] += a * x[i];
+    }
+  });
   return {out};
 }
 

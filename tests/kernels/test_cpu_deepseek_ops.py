@@ -23,8 +23,9 @@ def ops_built():
         pytest.skip(f"C++ ops unavailable: {reason}")
 
 
-@pytest.mark.parametrize("heads,k,bs", [(4, 40, 16), (1, 48, 4), (3, 7, 8)])
-def test_mla_decode_matches_reference(heads, k, bs):
+def mla_case(heads, k, bs):
+    """(query, latent, pool, block tables, context lengths, slots) of three sequences, contexts 0, one
+    block and a bit, three blocks less one."""
     rng = np.random.default_rng(heads * 100 + k)
     num_blocks, b = 12, 3
     pool = rng.standard_normal((num_blocks, bs, k)).astype(np.float32)
@@ -33,6 +34,28 @@ def test_mla_decode_matches_reference(heads, k, bs):
     ctx_lens = np.array([0, bs + 3, 3 * bs - 1], np.int64)
     tables = rng.permutation(num_blocks)[: b * 3].reshape(b, 3).astype(np.int64)
     slots = np.array([tables[i, c // bs] * bs + c % bs for i, c in enumerate(ctx_lens)], np.int64)
+    return query, latent, pool, tables, ctx_lens, slots
+
+
+def run_mla(case, threads=1):
+    """(output, pool after) of spmd_mla_decode on a copy of the case's pool."""
+    query, latent, pool, tables, ctx_lens, slots = case
+    paddle_ext.set_num_threads(threads)
+    pool_t = paddle.to_tensor(pool.copy())
+    got = paddle_ext.run_op(
+        "spmd_mla_decode",
+        *(paddle.to_tensor(a) for a in (query, latent)),
+        pool_t,
+        *(paddle.to_tensor(a) for a in (tables, ctx_lens, slots)),
+    ).numpy()
+    paddle_ext.set_num_threads(1)
+    return got, pool_t.numpy()
+
+
+@pytest.mark.parametrize("heads,k,bs", [(4, 40, 16), (1, 48, 4), (3, 7, 8)])
+def test_mla_decode_matches_reference(heads, k, bs):
+    query, latent, pool, tables, ctx_lens, slots = mla_case(heads, k, bs)
+    b = len(ctx_lens)
     want_pool = pool.copy()
     want = np.zeros((heads, b, k))
     for i in range(b):
@@ -42,25 +65,42 @@ def test_mla_decode_matches_reference(heads, k, bs):
             s = rows @ query[h, i].astype(np.float64)
             w = np.exp(s - s.max())
             want[h, i] = (w / w.sum()) @ rows
-    pool_t = paddle.to_tensor(pool)
-    got = paddle_ext.run_op(
-        "spmd_mla_decode",
-        *(paddle.to_tensor(a) for a in (query, latent)),
-        pool_t,
-        *(paddle.to_tensor(a) for a in (tables, ctx_lens, slots)),
-    ).numpy()
+    got, got_pool = run_mla((query, latent, pool, tables, ctx_lens, slots))
     np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-5)
-    np.testing.assert_array_equal(pool_t.numpy(), want_pool)  # written in place
+    np.testing.assert_array_equal(got_pool, want_pool)  # written in place
 
 
-@pytest.mark.parametrize("t,h,inter,e,k", [(1, 64, 32, 4, 2), (37, 32, 24, 2, 3), (5, 16, 8, 3, 1)])
-def test_moe_experts_matches_reference(t, h, inter, e, k):
+def test_mla_decode_threads_change_no_bit():
+    case = mla_case(5, 40, 4)
+    one = run_mla(case)
+    for threads in (2, 3):
+        assert all(np.array_equal(a, b) for a, b in zip(run_mla(case, threads), one)), threads
+
+
+def moe_case(t, h, inter, e, k):
+    """(x, idx, weight, gate_up, down): t tokens routed to k of e + 2 experts (-1 and e: another rank's)."""
     rng = np.random.default_rng(t * 10 + e)
     x = rng.standard_normal((t, h)).astype(np.float32)
     idx = np.stack([rng.permutation(e + 2)[:k] - 1 for _ in range(t)]).astype(np.int64)  # -1, e: not ours
     weight = rng.random((t, k)).astype(np.float32)
     gate_up = (rng.standard_normal((e, h, 2 * inter)) / np.sqrt(h)).astype(np.float32)
     down = (rng.standard_normal((e, inter, h)) / np.sqrt(inter)).astype(np.float32)
+    return x, idx, weight, gate_up, down
+
+
+def run_moe(case, threads=1):
+    paddle_ext.set_num_threads(threads)
+    got = paddle_ext.run_op("spmd_moe_experts", *(paddle.to_tensor(a) for a in case)).numpy()
+    paddle_ext.set_num_threads(1)
+    return got
+
+
+# one token; more tokens than a round of 64 (150: three rounds); one expert slot a token
+@pytest.mark.parametrize(
+    "t,h,inter,e,k", [(1, 64, 32, 4, 2), (37, 32, 24, 2, 3), (5, 16, 8, 3, 1), (150, 48, 40, 9, 4)]
+)
+def test_moe_experts_matches_reference(t, h, inter, e, k):
+    x, idx, weight, gate_up, down = moe_case(t, h, inter, e, k)
     want = np.zeros((t, h))
     for i in range(t):
         for j in range(k):
@@ -68,5 +108,12 @@ def test_moe_experts_matches_reference(t, h, inter, e, k):
                 a = x[i].astype(np.float64) @ gate_up[idx[i, j]]
                 g, u = a[:inter], a[inter:]
                 want[i] += weight[i, j] * ((g / (1 + np.exp(-g)) * u) @ down[idx[i, j]])
-    got = paddle_ext.run_op("spmd_moe_experts", *(paddle.to_tensor(a) for a in (x, idx, weight, gate_up, down)))
-    np.testing.assert_allclose(got.numpy(), want, rtol=1e-4, atol=1e-5)
+    got = run_moe((x, idx, weight, gate_up, down))
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+
+
+def test_moe_experts_threads_change_no_bit():
+    case = moe_case(150, 48, 40, 9, 4)
+    one = run_moe(case)
+    for threads in (2, 3):
+        assert np.array_equal(run_moe(case, threads), one), threads
