@@ -15,9 +15,9 @@ graphs on the CPU build, where Paddle lacks what the engine needs:
 * `spmd_norm_linear`, `_int8`, `_int4` — a residual add + RMSNorm, the linear it feeds and
   (attr) the SwiGLU after it as one op: Paddle's ~9 us a call is most of a small op's time at
   batch 1; equal bit for bit to the separate ops.
-* `spmd_mla_decode`, `spmd_moe_experts` — DeepSeek's decode attention in latent space over the
-  paged latent pool (with its pool write; a task per sequence and head), and the routed experts
-  each over its own tokens (a task per expert, its products gemm.h's).
+* `spmd_mla_decode`, `spmd_moe_experts` (`_int8`, `_int4`) — DeepSeek's decode attention in latent
+  space over the paged latent pool (with its pool write; a task per sequence and head), and the
+  routed experts each over its own tokens (a task per expert, its products gemm.h's).
 The kernels run on a persistent thread pool in the library, sized by `set_num_threads` (default 1).
 
 A graph that uses them needs the library registered before `paddle.jit.save` traces it and before

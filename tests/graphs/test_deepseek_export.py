@@ -263,6 +263,35 @@ def test_quantised_graph_computes_the_dequantised_weights(method, sources):
             assert err <= amax / qmax * 0.5001, (k, err, amax)
 
 
+@pytest.mark.parametrize("method", ["weight_only_int8", "weight_only_int4"])
+def test_quantised_experts_run_the_grouped_op(method, sources):
+    """With the C++ ops a quantised MoE stage takes `spmd_moe_experts_int8` / `_int4` (each expert
+    over its own tokens; the batched path would dequantise every stack each step): its output is
+    the fp32 stage's on the numpy-dequantised weights."""
+    import paddle
+
+    from spmd_serve.export.deepseek.moe import MoeStage
+    from spmd_serve.export.families import parse_model_config
+    from spmd_serve.export.variant import GraphVariant
+    from tests.support.deepseek_eager import dequantised
+
+    cfg, weights, _ = sources["v3"]
+    family, mc = parse_model_config(cfg)
+    dims = family.shard_dims(mc, 1)
+    group = family.quant_group(mc, dims, None) if method == "weight_only_int4" else None
+    rank = family.rank_weights(mc, weights, dims, 0, method, group)
+    layer = next(i for i in range(mc.num_layers) if mc.is_moe(i))
+    quant, fp32 = MoeStage(rank, dims, layer, 0), MoeStage(dequantised(rank), dims, layer, 0)
+    variant = GraphVariant(cpp_ops=True)
+    assert quant._grouped(variant)
+    rng = np.random.default_rng(5)
+    h, delta = (paddle.to_tensor(rng.standard_normal((19, mc.hidden)).astype(np.float32)) for _ in range(2))
+    with paddle.no_grad():
+        got, want = (stage(h, delta, {}, variant)[1].numpy() for stage in (quant, fp32))
+    assert np.abs(want).max() > 0.01
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+
+
 def test_int4_group_must_divide_every_per_rank_input(tmp_path, capsys):
     from spmd_serve.export import main
 

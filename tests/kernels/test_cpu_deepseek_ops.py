@@ -117,3 +117,35 @@ def test_moe_experts_threads_change_no_bit():
     one = run_moe(case)
     for threads in (2, 3):
         assert np.array_equal(run_moe(case, threads), one), threads
+
+
+@pytest.mark.parametrize("method,group", [("weight_only_int8", None), ("weight_only_int4", 8), ("weight_only_int4", 4)])
+@pytest.mark.parametrize("t", [3, 70])
+def test_quantised_experts_match_their_dequantised_stacks(method, group, t):
+    """spmd_moe_experts_int8 / _int4 over the stacks export/deepseek/batched.py writes: the fp32 op's
+    result over the same stacks dequantised (numpy), to fp32 rounding; threads change no bit."""
+    from spmd_serve.export.deepseek.batched import dequantize_stack, quantize_stack
+
+    x, idx, weight, gate_up, down = moe_case(t, 32, 24, 5, 3)
+    gu, dn = quantize_stack(gate_up, method, group), quantize_stack(down, method, group)
+    op = "spmd_moe_experts_int8" if method == "weight_only_int8" else "spmd_moe_experts_int4"
+    args = [paddle.to_tensor(a) for a in (x, idx, weight, gu.q, gu.scale, dn.q, dn.scale)]
+    got = paddle_ext.run_op(op, *args).numpy()
+    want = run_moe((x, idx, weight, dequantize_stack(gu), dequantize_stack(dn)))
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    assert np.abs(got).max() > 0.1  # routed rows are non-zero: the comparison is not vacuous
+    paddle_ext.set_num_threads(2)
+    try:
+        assert np.array_equal(paddle_ext.run_op(op, *args).numpy(), got)
+    finally:
+        paddle_ext.set_num_threads(1)
+
+
+def test_quantised_experts_refuse_a_scale_of_the_wrong_shape():
+    from spmd_serve.export.deepseek.batched import quantize_stack
+
+    x, idx, weight, gate_up, down = moe_case(2, 32, 24, 5, 3)
+    gu, dn = quantize_stack(gate_up, "weight_only_int8", None), quantize_stack(down, "weight_only_int8", None)
+    args = [paddle.to_tensor(a) for a in (x, idx, weight, gu.q, gu.scale[:, :-1], dn.q, dn.scale)]
+    with pytest.raises(Exception, match=r"int8 stack's scale must be \[E, N\]"):
+        paddle_ext.run_op("spmd_moe_experts_int8", *args)

@@ -9,10 +9,11 @@ normalised when norm_topk_prob (k > 1), times routed_scaling_factor.  Every rank
 token identically (the router is replicated) and runs its own experts (expert parallelism), so the
 combine is the segment's all-reduce of partial outputs.
 
-Routed experts, with the C++ ops (fp32 weights; see `_grouped` for which graphs): `spmd_moe_experts`,
-each expert over the tokens routed to it in one grouped pass.  Otherwise (Paddle's ops only, or
-quantised stacks): one batched matmul over this rank's experts ([E_local, T, H] @ [E_local, H, 2I])
-weighted by the combine matrix [T, E_local] (0 where not routed).  No Python loop over experts.
+Routed experts, with the C++ ops (see `_grouped` for which graphs): `spmd_moe_experts` (`_int8`,
+`_int4` for quantised stacks), each expert over the tokens routed to it in one grouped pass.
+Otherwise (Paddle's ops only): one batched matmul over this rank's experts ([E_local, T, H] @
+[E_local, H, 2I]) weighted by the combine matrix [T, E_local] (0 where not routed).  No Python
+loop over experts.
 """
 
 from __future__ import annotations
@@ -87,13 +88,24 @@ class MoeStage(Stage):
         self.eps, self.layer = dims.rms_norm_eps, layer
 
     def _grouped(self, variant: GraphVariant) -> bool:
-        """The C++ grouped op: fp32 experts, in the decode graphs, and in the batched ones once the
+        """The C++ grouped op: quantised experts always (the batched path dequantises every local
+        expert's stack each step); fp32 ones in the decode graphs, and in the batched ones once the
         batched path would do > GROUPED_WASTE times the routed arithmetic (its oneDNN GEMMs beat
         the op's loops below that: measured on deepseek-tiny, 8 experts of 2 routed, batch-32
         decode 5.0 ms/step batched vs 5.9-9.7 ms grouped)."""
-        if not variant.cpp_ops or self.gate_up.method is not None:
+        if not variant.cpp_ops:
             return False
+        if self.gate_up.method is not None:
+            return True
         return variant.decode or self.count > GROUPED_WASTE * self.router.mc.num_experts_per_tok
+
+    def _grouped_experts(self, x, local_idx, weights):
+        """ops/cpu_kernels/moe_experts.cc over this rank's stacks: each expert over its own rows."""
+        gu, dn = self.gate_up, self.down
+        if gu.method is None:
+            return paddle_ext.run_op("spmd_moe_experts", x, local_idx, weights, gu.weight, dn.weight)
+        op = "spmd_moe_experts_int8" if gu.method == "weight_only_int8" else "spmd_moe_experts_int4"
+        return paddle_ext.run_op(op, x, local_idx, weights, gu.qweight, gu.scale, dn.qweight, dn.scale)
 
     def stats(self) -> list[str]:
         return [f"moe_expert_tokens:{self.layer}"]  # [E] int64: tokens routed to each expert this step
@@ -107,7 +119,7 @@ class MoeStage(Stage):
         routed = nn.functional.one_hot(idx, self.total)  # [T, k, E]
         if self._grouped(variant):  # ops/cpu_kernels/moe_experts.cc: each expert over its own rows
             local_idx = idx - self.first  # other ranks' experts fall outside [0, E_local): ignored
-            out = paddle_ext.run_op("spmd_moe_experts", x, local_idx, weights, self.gate_up.weight, self.down.weight)
+            out = self._grouped_experts(x, local_idx, weights)
         else:  # every local expert over every token, weighted by the combine matrix (0: not routed)
             combine = (routed * weights.unsqueeze(-1)).sum(axis=1)  # [T, E]
             local = combine[:, self.first : self.first + self.count].transpose([1, 0]).unsqueeze(-1)  # [E_l, T, 1]
