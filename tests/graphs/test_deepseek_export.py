@@ -265,9 +265,7 @@ def test_quantised_graph_computes_the_dequantised_weights(method, sources):
 
 @pytest.mark.parametrize("method", ["weight_only_int8", "weight_only_int4"])
 def test_quantised_experts_run_the_grouped_op(method, sources):
-    """With the C++ ops a quantised MoE stage takes `spmd_moe_experts_int8` / `_int4` (each expert
-    over its own tokens; the batched path would dequantise every stack each step): its output is
-    the fp32 stage's on the numpy-dequantised weights."""
+    """With the C++ ops a quantised MoE stage (`spmd_moe_experts_int8` / `_int4`) = its dequantised twin."""
     import paddle
 
     from spmd_serve.export.deepseek.moe import MoeStage
