@@ -1,0 +1,134 @@
+"""One C++ graph op called eagerly, the median time a call: what session 39's op changes were timed
+with (benchmarks/RESULTS.md "Session 39").  Compare trees by running this in each, alternating:
+
+    (cd OLD && PYTHONPATH=$PWD python benchmarks/op_calls.py attention-int8)
+    (cd NEW && PYTHONPATH=$PWD python benchmarks/op_calls.py attention-int8)
+
+Cases: `attention-int8` / `attention-f32` (spmd_paged_attention over an int8 / fp32 pool: 8 heads,
+4 KV heads, d = 64, past 192, B = 1, 8, 32 decodes), `moe` (spmd_moe_experts, 32 experts, H = 1,024,
+I = 512, k = 6, T = 8 and 128), `mla` (spmd_mla_decode, 16 heads, B = 8, K = 576, past 256), `moe-int8`
+(spmd_moe_experts_int8 against the batched path Paddle's ops run).  SPMD_OPS_MARCH=x86-64-v3 times
+the AVX2 build.  Prints one line: case, threads, ms or µs a call.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from collections.abc import Callable
+
+import numpy as np
+
+
+def median_ms(call: Callable[[], object], reps: int = 5, inner: int = 20) -> float:
+    for _ in range(3):
+        call()
+    ts = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        for _ in range(inner):
+            call()
+        ts.append((time.perf_counter() - t0) / inner * 1e3)
+    return sorted(ts)[reps // 2]
+
+
+def attention(ext, paddle, int8: bool, threads: int) -> list[str]:
+    from tests.support.paged_attention_reference import inv_freq, make_step
+
+    out = []
+    for b in (1, 8, 32):
+        qkv, kc, vc, tables, cl, ql, slots = make_step([192] * b, [1] * b, 8, 4, 64, 40, seed=1)
+        rng = np.random.default_rng(0)
+        pools = [rng.integers(-127, 128, kc.shape, dtype=np.int8) for _ in range(2)] if int8 else [kc, vc]
+        extra = [np.full(4, 0.03, np.float32)] * 2 if int8 else []
+        args = [paddle.to_tensor(a) for a in (qkv.reshape(len(qkv), -1), inv_freq(64), *pools, tables, cl, ql, slots)]
+        args += [paddle.to_tensor(a) for a in extra]
+        op = "spmd_paged_attention_int8" if int8 else "spmd_paged_attention"
+        out.append(f"B{b} {median_ms(lambda: ext.run_op(op, *args, 0.125), 7, 200) * 1e3:.1f} us")
+    return out
+
+
+def moe_case(t: int, h: int = 1024, inter: int = 512, e: int = 32, k: int = 6):
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((t, h)).astype(np.float32)
+    idx = np.stack([rng.permutation(e)[:k] for _ in range(t)]).astype(np.int64)
+    w = rng.random((t, k)).astype(np.float32)
+    gu = (rng.standard_normal((e, h, 2 * inter)) / 32).astype(np.float32)
+    dn = (rng.standard_normal((e, inter, h)) / 32).astype(np.float32)
+    return x, idx, w, gu, dn
+
+
+def moe(ext, paddle, threads: int) -> list[str]:
+    out = []
+    for t in (8, 128):
+        args = [paddle.to_tensor(a) for a in moe_case(t)]
+        out.append(f"T{t} {median_ms(lambda: ext.run_op('spmd_moe_experts', *args), inner=5):.2f} ms")
+    return out
+
+
+def moe_int8(ext, paddle, threads: int) -> list[str]:
+    from spmd_serve.export.deepseek.batched import BatchedLinear, quantize_stack
+
+    out = []
+    for t in (8, 128):
+        x, idx, w, gu, dn = moe_case(t)
+        qg, qd = quantize_stack(gu, "weight_only_int8", None), quantize_stack(dn, "weight_only_int8", None)
+        bg, bd = BatchedLinear(qg), BatchedLinear(qd)
+        combine = np.zeros((t, gu.shape[0]), np.float32)
+        np.put_along_axis(combine, idx, w, axis=1)
+        local, xt = paddle.to_tensor(combine.T[:, :, None]), paddle.to_tensor(x)
+        args = [xt, *(paddle.to_tensor(a) for a in (idx, w, qg.q, qg.scale, qd.q, qd.scale))]
+
+        def batched():
+            with paddle.no_grad():
+                return (bd(paddle.nn.functional.swiglu(bg(xt.unsqueeze(0)))) * local).sum(axis=0)
+
+        grouped = median_ms(lambda: ext.run_op("spmd_moe_experts_int8", *args), inner=3)
+        out.append(f"T{t} batched {median_ms(batched, inner=1):.1f} ms, grouped {grouped:.1f} ms")
+    return out
+
+
+def mla(ext, paddle, threads: int) -> list[str]:
+    heads, b, k, bs, past = 16, 8, 576, 64, 256
+    rng = np.random.default_rng(0)
+    nb = b * (past // bs + 1)
+    tables = np.arange(nb).reshape(b, -1).astype(np.int64)
+    slots = np.array([tables[i, past // bs] * bs + past % bs for i in range(b)], np.int64)
+    arrays = (
+        rng.standard_normal((heads, b, k)).astype(np.float32),
+        rng.standard_normal((b, k)).astype(np.float32),
+        rng.standard_normal((nb, bs, k)).astype(np.float32),
+        tables,
+        np.full(b, past, np.int64),
+        slots,
+    )
+    args = [paddle.to_tensor(a) for a in arrays]
+    return [f"{median_ms(lambda: ext.run_op('spmd_mla_decode', *args), inner=50):.3f} ms"]
+
+
+CASES = {
+    "attention-int8": lambda ext, pd, n: attention(ext, pd, True, n),
+    "attention-f32": lambda ext, pd, n: attention(ext, pd, False, n),
+    "moe": moe,
+    "moe-int8": moe_int8,
+    "mla": mla,
+}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("case", choices=sorted(CASES))
+    ap.add_argument("--threads", type=int, nargs="+", default=[1, 2])
+    args = ap.parse_args()
+    import paddle
+
+    from ops import paddle_ext
+
+    paddle_ext.load()
+    for n in args.threads:
+        paddle_ext.set_num_threads(n)
+        print(f"{args.case} threads {n}: " + " | ".join(CASES[args.case](paddle_ext, paddle, n)))
+
+
+if __name__ == "__main__":
+    main()
