@@ -7,8 +7,9 @@ with (benchmarks/RESULTS.md "Session 39").  Compare trees by running this in eac
 Cases: `attention-int8` / `attention-f32` (spmd_paged_attention over an int8 / fp32 pool: 8 heads,
 4 KV heads, d = 64, past 192, B = 1, 8, 32 decodes), `moe` (spmd_moe_experts, 32 experts, H = 1,024,
 I = 512, k = 6, T = 8 and 128), `mla` (spmd_mla_decode, 16 heads, B = 8, K = 576, past 256), `moe-int8`
-(spmd_moe_experts_int8 against the batched path Paddle's ops run).  SPMD_OPS_MARCH=x86-64-v3 times
-the AVX2 build.  Prints one line: case, threads, ms or µs a call.
+(spmd_moe_experts_int8 against the batched path Paddle's ops run), `moe-grouped` (fp32: the batched
+path against spmd_moe_experts at E / k = 2, 4, 8: why MoeStage takes the op everywhere).
+SPMD_OPS_MARCH=x86-64-v3 times the AVX2 build.  Prints one line: case, threads, ms or µs a call.
 """
 
 from __future__ import annotations
@@ -66,26 +67,42 @@ def moe(ext, paddle, threads: int) -> list[str]:
     return out
 
 
-def moe_int8(ext, paddle, threads: int) -> list[str]:
+def batched_vs_grouped(ext, paddle, t: int, e: int, k: int, quant: str | None) -> str:
+    """One MoE layer's routed experts at T tokens: the batched path Paddle's ops run (every local
+    expert over every token, weighted by the combine matrix: e / k times the routed arithmetic)
+    against the grouped op, fp32 or int8 stacks."""
     from spmd_serve.export.deepseek.batched import BatchedLinear, quantize_stack
 
-    out = []
-    for t in (8, 128):
-        x, idx, w, gu, dn = moe_case(t)
-        qg, qd = quantize_stack(gu, "weight_only_int8", None), quantize_stack(dn, "weight_only_int8", None)
+    x, idx, w, gu, dn = moe_case(t, e=e, k=k)
+    if quant:
+        qg, qd = quantize_stack(gu, quant, None), quantize_stack(dn, quant, None)
         bg, bd = BatchedLinear(qg), BatchedLinear(qd)
-        combine = np.zeros((t, gu.shape[0]), np.float32)
-        np.put_along_axis(combine, idx, w, axis=1)
-        local, xt = paddle.to_tensor(combine.T[:, :, None]), paddle.to_tensor(x)
-        args = [xt, *(paddle.to_tensor(a) for a in (idx, w, qg.q, qg.scale, qd.q, qd.scale))]
+        stacks, op = (qg.q, qg.scale, qd.q, qd.scale), "spmd_moe_experts_int8"
+    else:
+        bg, bd = BatchedLinear(gu), BatchedLinear(dn)
+        stacks, op = (gu, dn), "spmd_moe_experts"
+    combine = np.zeros((t, e), np.float32)
+    np.put_along_axis(combine, idx, w, axis=1)
+    local, xt = paddle.to_tensor(combine.T[:, :, None]), paddle.to_tensor(x)
+    args = [xt, *(paddle.to_tensor(a) for a in (idx, w, *stacks))]
 
-        def batched():
-            with paddle.no_grad():
-                return (bd(paddle.nn.functional.swiglu(bg(xt.unsqueeze(0)))) * local).sum(axis=0)
+    def batched():
+        with paddle.no_grad():
+            return (bd(paddle.nn.functional.swiglu(bg(xt.unsqueeze(0)))) * local).sum(axis=0)
 
-        grouped = median_ms(lambda: ext.run_op("spmd_moe_experts_int8", *args), inner=3)
-        out.append(f"T{t} batched {median_ms(batched, inner=1):.1f} ms, grouped {grouped:.1f} ms")
-    return out
+    b_ms, g_ms = median_ms(batched, inner=2), median_ms(lambda: ext.run_op(op, *args), inner=2)
+    return f"T{t} E{e}/k{k} batched {b_ms:.2f} ms, grouped {g_ms:.2f} ms ({b_ms / g_ms:.2f}x)"
+
+
+def moe_int8(ext, paddle, threads: int) -> list[str]:
+    return [batched_vs_grouped(ext, paddle, t, 32, 6, "weight_only_int8") for t in (8, 128)]
+
+
+def moe_grouped(ext, paddle, threads: int) -> list[str]:
+    """fp32 stacks at E / k of 2, 4 and 8, where the batched path wastes least (Paddle's math
+    library on the same threads as the op)."""
+    paddle.base.core.set_num_threads(threads)
+    return [batched_vs_grouped(ext, paddle, t, e, k, None) for e, k in ((8, 4), (8, 2), (16, 2)) for t in (8, 64, 512)]
 
 
 def mla(ext, paddle, threads: int) -> list[str]:
@@ -111,6 +128,7 @@ CASES = {
     "attention-f32": lambda ext, pd, n: attention(ext, pd, False, n),
     "moe": moe,
     "moe-int8": moe_int8,
+    "moe-grouped": moe_grouped,
     "mla": mla,
 }
 

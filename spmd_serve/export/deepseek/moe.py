@@ -31,8 +31,6 @@ from spmd_serve.export.segment import Stage
 from spmd_serve.export.variant import GraphVariant
 from spmd_serve.manifest import ShardDims
 
-GROUPED_WASTE = 4  # E_local / k above which batched graphs use the grouped op too
-
 
 class Router(nn.Layer):
     """x [T, H] → (expert ids [T, k] int64, weights [T, k] fp32)."""
@@ -88,16 +86,11 @@ class MoeStage(Stage):
         self.eps, self.layer = dims.rms_norm_eps, layer
 
     def _grouped(self, variant: GraphVariant) -> bool:
-        """The C++ grouped op: quantised experts always (the batched path dequantises every local
-        expert's stack each step); fp32 ones in the decode graphs, and in the batched ones once the
-        batched path would do > GROUPED_WASTE times the routed arithmetic (its oneDNN GEMMs beat
-        the op's loops below that: measured on deepseek-tiny, 8 experts of 2 routed, batch-32
-        decode 5.0 ms/step batched vs 5.9-9.7 ms grouped)."""
-        if not variant.cpp_ops:
-            return False
-        if self.gate_up.method is not None:
-            return True
-        return variant.decode or self.count > GROUPED_WASTE * self.router.mc.num_experts_per_tok
+        """The C++ grouped op in every graph that has the C++ ops, whatever E_local / k: each expert
+        over its own rows beats the batched path (every local expert over every token) 2.6-12x at
+        E / k = 2-8 and T = 8-512 on 1-2 threads (`benchmarks/op_calls.py moe-grouped`, RESULTS.md
+        "Session 40"); quantised stacks would also be dequantised whole each step on that path."""
+        return variant.cpp_ops
 
     def _grouped_experts(self, x, local_idx, weights):
         """ops/cpu_kernels/moe_experts.cc over this rank's stacks: each expert over its own rows."""
