@@ -5,7 +5,7 @@ oneDNN settings) the runs alternate A, B, A, B, ... in one process, so a noisy s
 slows every variant alike; each prints its median, 25th percentile and minimum.
 
     python benchmarks/graph_step.py DIR [DIR ...] --batch B --past C [--query Q] [--onednn 0 1] [--threads 1]
-                                    [--runs 40] [--prof]
+                                    [--runs 40] [--prof] [--kv-int8 0 1]
 
 `--onednn 0 1` runs every directory with oneDNN off and on (one predictor each).  `--prof` turns
 on Paddle's per-op profiler (printed at exit: calls per op type over warm-up + runs, so it also
@@ -37,11 +37,11 @@ BLOCK, NUM_BLOCKS = 64, 256
 class Graph:
     """One predictor of `model_dir`'s rank-0 segment 0, bound to its own KV pool."""
 
-    def __init__(self, model_dir: str, onednn: bool, threads: int, prof: bool) -> None:
+    def __init__(self, model_dir: str, onednn: bool, threads: int, prof: bool, kv_int8: bool = False) -> None:
         rank_dir = Path(model_dir) / "rank_0"
         man = read_manifest(rank_dir)
         ops = register_graph_ops(man, rank_dir, threads)  # the C++ ops get the threads, as in ModelRunner
-        self.dims, spec = man.dims, man.segments[0]
+        self.dims, spec = man.dims, man.specs(kv_int8)[0]
         self.inv_freq = man.inv_freq_array
         self.label = f"{model_dir} {spec.name} onednn={int(onednn)}"
         cfg = inference.Config(str(rank_dir / f"{spec.name}.json"), str(rank_dir / f"{spec.params_name}.pdiparams"))
@@ -55,7 +55,7 @@ class Graph:
             cfg.enable_profile()
         batch_paddle_gc()  # as worker/predictor.py makes its predictors
         self.p = inference.create_predictor(cfg)
-        pool = KVCachePool(man.kv_cache, NUM_BLOCKS, BLOCK)
+        pool = KVCachePool(man.kv_cache, NUM_BLOCKS, BLOCK, man.kv_scales if kv_int8 else None)
         self.pool = pool  # the predictor shares its memory: keep it alive
         for n in self.p.get_input_names():
             if n in pool:
@@ -102,10 +102,13 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--runs", type=int, default=40)
     ap.add_argument("--prof", action="store_true")
+    ap.add_argument("--kv-int8", type=int, nargs="+", default=[0], help="1: the int8-KV graphs and pool (0 1: both)")
     args = ap.parse_args()
     if env_setting("malloc_tuning"):  # as ModelRunner does (SPMD_MALLOC_TUNING=0: glibc defaults)
         tune_malloc()
-    graphs = [Graph(d, bool(o), args.threads, args.prof) for d in args.dirs for o in args.onednn]
+    graphs = [
+        Graph(d, bool(o), args.threads, args.prof, bool(q)) for d in args.dirs for o in args.onednn for q in args.kv_int8
+    ]
     feeds = step_inputs(graphs, args.batch, args.past, args.query)
     for _ in range(3):  # warm-up (oneDNN creates its primitives here)
         for g in graphs:
