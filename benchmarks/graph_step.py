@@ -106,9 +106,8 @@ def main() -> None:
     args = ap.parse_args()
     if env_setting("malloc_tuning"):  # as ModelRunner does (SPMD_MALLOC_TUNING=0: glibc defaults)
         tune_malloc()
-    graphs = [
-        Graph(d, bool(o), args.threads, args.prof, bool(q)) for d in args.dirs for o in args.onednn for q in args.kv_int8
-    ]
+    variants = [(d, bool(o), bool(q)) for d in args.dirs for o in args.onednn for q in args.kv_int8]
+    graphs = [Graph(d, o, args.threads, args.prof, q) for d, o, q in variants]
     feeds = step_inputs(graphs, args.batch, args.past, args.query)
     for _ in range(3):  # warm-up (oneDNN creates its primitives here)
         for g in graphs:
