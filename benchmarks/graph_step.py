@@ -57,6 +57,12 @@ class Graph:
         self.p = inference.create_predictor(cfg)
         pool = KVCachePool(man.kv_cache, NUM_BLOCKS, BLOCK, man.kv_scales if kv_int8 else None)
         self.pool = pool  # the predictor shares its memory: keep it alive
+        # written, as a served pool is: np.zeros' untouched pages all map the kernel's one zero page,
+        # which stays in cache, and attention then read its "past" at no memory cost (RESULTS.md
+        # "Session 41": 0.47 against ~1.1 ms a layer cold at B = 32 on --demo small)
+        for arrays in pool.caches.values():
+            for a in arrays:
+                a.fill(1 if a.dtype == np.int8 else 0.01)
         for n in self.p.get_input_names():
             if n in pool:
                 self.p.get_input_handle(n).share_external_data(pool.tensor(n))

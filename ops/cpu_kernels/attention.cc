@@ -64,9 +64,17 @@ void score_dispatch(int64_t j, std::integer_sequence<int, J...>, const float* qt
   ((j == J + 1 ? score_keys<J + 1>(qt, k, d, s) : void()), ...);
 }
 
-// o[r][0:NV*kWidth] (+)= sum_p s[p * kWidth + l0 + r] * v_p for G rows from lane l0, keys [0, n)
+// The weights of weigh and its helpers: key p's for row l at s[p * ps + l * rs] (the wide path's
+// lanes: ps = kWidth, rs = 1; the narrow path's rows: ps = 1, rs = its row stride)
+struct Weights {
+  const float* s;
+  int64_t ps, rs;
+  float at(int64_t p, int64_t l) const { return s[p * ps + l * rs]; }
+};
+
+// o[r][0:NV*kWidth] (+)= sum_p w(p, l0 + r) * v_p for G rows from row l0, keys [0, n)
 template <int NV, int G, typename E>
-void weigh_values(const float* s, int64_t l0, const E* const* v, int64_t n, float* o, int64_t ldo, bool add) {
+void weigh_values(Weights s, int64_t l0, const E* const* v, int64_t n, float* o, int64_t ldo, bool add) {
   Vec acc[G][NV];
   for (int r = 0; r < G; ++r)
     for (int i = 0; i < NV; ++i) acc[r][i] = add ? vload(o + r * ldo + i * kWidth) : vzero();
@@ -74,7 +82,7 @@ void weigh_values(const float* s, int64_t l0, const E* const* v, int64_t n, floa
     Vec vv[NV];
     for (int i = 0; i < NV; ++i) vv[i] = vload(v[p] + i * kWidth);
     for (int r = 0; r < G; ++r) {
-      const Vec w = vset1(s[p * kWidth + l0 + r]);
+      const Vec w = vset1(s.at(p, l0 + r));
       for (int i = 0; i < NV; ++i) acc[r][i] = vfma(w, vv[i], acc[r][i]);
     }
   }
@@ -84,10 +92,10 @@ void weigh_values(const float* s, int64_t l0, const E* const* v, int64_t n, floa
 
 // the same for any d (a row at a time, d not a whole number of vectors)
 template <typename E>
-void weigh_values_any(const float* s, int64_t l, const E* const* v, int64_t n, int64_t d, float* o, bool add) {
+void weigh_values_any(Weights s, int64_t l, const E* const* v, int64_t n, int64_t d, float* o, bool add) {
   if (!add) std::fill(o, o + d, 0.f);
   for (int64_t p = 0; p < n; ++p) {
-    const float w = s[p * kWidth + l];
+    const float w = s.at(p, l);
     int64_t c = 0;
     for (const Vec vw = vset1(w); c + kWidth <= d; c += kWidth) vstore(o + c, vfma(vw, vload(v[p] + c), vload(o + c)));
     for (; c < d; ++c) o[c] = fmadd(w, static_cast<float>(v[p][c]), o[c]);
@@ -95,7 +103,7 @@ void weigh_values_any(const float* s, int64_t l, const E* const* v, int64_t n, i
 }
 
 template <int NV, typename E>
-void weigh_rows(const float* s, int64_t lanes, const E* const* v, const int64_t* reach, float* o, int64_t ldo,
+void weigh_rows(Weights s, int64_t lanes, const E* const* v, const int64_t* reach, float* o, int64_t ldo,
                 bool add) {
   constexpr int G = NV <= 4 ? 4 : 2;   // G x NV accumulators in registers
   int64_t l = 0;
@@ -105,9 +113,9 @@ void weigh_rows(const float* s, int64_t lanes, const E* const* v, const int64_t*
   for (; l < lanes; ++l) weigh_values<NV, 1>(s, l, v, reach[l], o + l * ldo, ldo, add);
 }
 
-// o[lanes][d] (+)= the weights s (rows kWidth apart) times the values v[p], lane l over p < reach[l]
+// o[lanes][d] (+)= the weights s times the values v[p], row l over p < reach[l]
 template <typename E>
-void weigh(const float* s, int64_t lanes, const E* const* v, const int64_t* reach, int64_t d, float* o, bool add) {
+void weigh(Weights s, int64_t lanes, const E* const* v, const int64_t* reach, int64_t d, float* o, bool add) {
   const int64_t nv = d % kWidth == 0 ? d / kWidth : 0;
   if (nv == 1) weigh_rows<1>(s, lanes, v, reach, o, d, add);
   else if (nv == 2) weigh_rows<2>(s, lanes, v, reach, o, d, add);
@@ -186,16 +194,19 @@ void run_block(const Item& it, int64_t rb, int64_t lanes, const float* q, int64_
     kn[p - past] = (kInt8 ? own.k : static_cast<const float*>(pool.k)) + row;
     vn[p - past] = (kInt8 ? own.v : static_cast<const float*>(pool.v)) + row;
   }
-  s.resize(n * kWidth);
-  // few rows: keys in the lanes (attention_narrow.h).  With AVX2's 8 lanes only for an int8 past, whose
-  // wide path converts and broadcasts each element alone: an fp32 one ran level (RESULTS.md "Session 39")
+  // few rows: keys in the lanes (attention_narrow.h), the scores and weights row by row (row l's keys
+  // at s[l * ld ...], room for a vector past n).  With AVX2's 8 lanes only for an int8 past, whose wide
+  // path converts and broadcasts each element alone: an fp32 one ran level (RESULTS.md "Session 39")
   const bool narrow = lanes <= kNarrowLanes && (kWidth == 16 || kInt8);
+  const int64_t ld = (n + kWidth - 1) / kWidth * kWidth + kWidth;
+  const int64_t ps = narrow ? 1 : kWidth, rs = narrow ? ld : 1;   // weight (p, l) at s[p * ps + l * rs]
+  s.resize(narrow ? lanes * ld : n * kWidth);
+  constexpr auto kL = std::make_integer_sequence<int, kNarrowLanes>{};
   if (narrow) {
     thread_local AlignedVector<float> kt;
     kt.resize(d * kWidth);
-    constexpr auto kL = std::make_integer_sequence<int, kNarrowLanes>{};
-    narrow_dispatch(lanes, kL, kInt8 ? qs.data() : qt.data(), kp.data(), past, d, s.data(), kt.data());
-    narrow_dispatch(lanes, kL, qt.data(), kn.data(), n - past, d, s.data() + past * kWidth, kt.data());
+    narrow_dispatch(lanes, kL, kInt8 ? qs.data() : qt.data(), kp.data(), past, d, s.data(), ld, kt.data());
+    narrow_dispatch(lanes, kL, qt.data(), kn.data(), n - past, d, s.data() + past, ld, kt.data());
   } else {
     score(kInt8 ? qs.data() : qt.data(), kp.data(), past, d, s.data());
     score(qt.data(), kn.data(), n - past, d, s.data() + past * kWidth);
@@ -208,15 +219,16 @@ void run_block(const Item& it, int64_t rb, int64_t lanes, const float* q, int64_
     in_past[l] = past;
     in_own[l] = reach[l] - past;
   }
-  if (narrow) softmax_narrow(s.data(), n, lanes, reach, inv);
+  if (narrow) softmax_dispatch(lanes, kL, s.data(), ld, n, reach, inv);
   else softmax_lanes(s.data(), n, reach[0], vload(limit), inv);
   if constexpr (kInt8) {                                   // sum w (v8 * vs) = sum (w * vs) v8
     const float vs = pool.v_scale[it.head];
-    for (int64_t i = 0; i < past * kWidth; ++i) s[i] *= vs;
+    for (int64_t l = 0; l < (narrow ? lanes : kWidth); ++l)
+      for (int64_t p = 0; p < past; ++p) s[p * ps + l * rs] *= vs;
   }
   o.resize(lanes * d);
-  weigh(s.data(), lanes, vp.data(), in_past, d, o.data(), false);
-  weigh(s.data() + past * kWidth, lanes, vn.data(), in_own, d, o.data(), true);
+  weigh(Weights{s.data(), ps, rs}, lanes, vp.data(), in_past, d, o.data(), false);
+  weigh(Weights{s.data() + past * ps, ps, rs}, lanes, vn.data(), in_own, d, o.data(), true);
   for (int64_t l = 0; l < lanes; ++l) {
     float* dst = out + (first + (rb + l) / g) * nh * d + (it.head * g + (rb + l) % g) * d;
     for (int64_t c = 0; c < d; ++c) dst[c] = o[l * d + c] * inv[l];
