@@ -223,8 +223,11 @@ void run_block(const Item& it, int64_t rb, int64_t lanes, const float* q, int64_
   else softmax_lanes(s.data(), n, reach[0], vload(limit), inv);
   if constexpr (kInt8) {                                   // sum w (v8 * vs) = sum (w * vs) v8
     const float vs = pool.v_scale[it.head];
-    for (int64_t l = 0; l < (narrow ? lanes : kWidth); ++l)
-      for (int64_t p = 0; p < past; ++p) s[p * ps + l * rs] *= vs;
+    if (narrow)   // each row's past weights, side by side
+      for (int64_t l = 0; l < lanes; ++l)
+        for (int64_t p = 0; p < past; ++p) s[l * ld + p] *= vs;
+    else
+      for (int64_t i = 0; i < past * kWidth; ++i) s[i] *= vs;
   }
   o.resize(lanes * d);
   weigh(Weights{s.data(), ps, rs}, lanes, vp.data(), in_past, d, o.data(), false);
