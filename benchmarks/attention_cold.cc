@@ -1,5 +1,5 @@
 // attend() (ops/cpu_kernels/attention.cc) alone, warm and cold: B decodes (one token each) over PAST
-// keys of a paged fp32 pool [NB, 64, kvh, 64] with the blocks shuffled, as the serving pool holds
+// keys of a paged fp32 pool [NB, kvh, 64, 64] with the blocks shuffled, as the serving pool holds
 // them.  "cold" runs a 108 MB fp32 GEMV (gemm.h, the op library's threads) before each call, as a
 // decode step's linears stream the weights between two attention layers: the pool then comes from
 // memory.  (A plain one-thread read of the same buffer left the pool in this AMD VM's L3: attend ran

@@ -186,7 +186,7 @@ def bench_attention(model: str, args) -> None:
             [tables[b, p // bs] * bs + p % bs for b, (c, n) in enumerate(zip(ctx, qlens)) for p in range(c, c + n)],
             np.int64,
         )
-        pool = [paddle.to_tensor(rng.standard_normal((sum(reach), bs, kvh, d)).astype(np.float32)) for _ in range(2)]
+        pool = [paddle.to_tensor(rng.standard_normal((sum(reach), kvh, bs, d)).astype(np.float32)) for _ in range(2)]
         feeds = [
             paddle.to_tensor(a)
             for a in (

@@ -31,13 +31,15 @@ from spmd_serve.worker.malloc import tune_malloc
 from spmd_serve.worker.predictor import batch_paddle_gc
 from spmd_serve.worker.step_tables import step_feeds
 
-BLOCK, NUM_BLOCKS = 64, 256
+BLOCK = 64
 
 
 class Graph:
     """One predictor of `model_dir`'s rank-0 segment 0, bound to its own KV pool."""
 
-    def __init__(self, model_dir: str, onednn: bool, threads: int, prof: bool, kv_int8: bool = False) -> None:
+    def __init__(
+        self, model_dir: str, onednn: bool, threads: int, prof: bool, kv_int8: bool = False, num_blocks: int = 256
+    ) -> None:
         rank_dir = Path(model_dir) / "rank_0"
         man = read_manifest(rank_dir)
         ops = register_graph_ops(man, rank_dir, threads)  # the C++ ops get the threads, as in ModelRunner
@@ -55,7 +57,7 @@ class Graph:
             cfg.enable_profile()
         batch_paddle_gc()  # as worker/predictor.py makes its predictors
         self.p = inference.create_predictor(cfg)
-        pool = KVCachePool(man.kv_cache, NUM_BLOCKS, BLOCK, man.kv_scales if kv_int8 else None)
+        pool = KVCachePool(man.kv_cache, num_blocks, BLOCK, man.kv_scales if kv_int8 else None)
         self.pool = pool  # the predictor shares its memory: keep it alive
         # written, as a served pool is: np.zeros' untouched pages all map the kernel's one zero page,
         # which stays in cache, and attention then read its "past" at no memory cost (RESULTS.md
@@ -85,7 +87,7 @@ def step_inputs(graphs: list[Graph], batch: int, past: int, query: int = 1) -> d
     (1: a decode step; more: prefill chunks): every input any of `graphs` takes (worker/step_tables.py)."""
     mb = (past + query + BLOCK - 1) // BLOCK
     pos = past + np.arange(query, dtype=np.int64)  # [query]: one sequence's new positions
-    tables = np.arange(batch * mb, dtype=np.int64).reshape(batch, mb) % NUM_BLOCKS
+    tables = np.arange(batch * mb, dtype=np.int64).reshape(batch, mb)  # every sequence its own blocks
     plan = SimpleNamespace(
         input_ids=np.full(batch * query, 5, np.int64),
         positions=np.tile(pos, batch),  # [batch * query]
@@ -113,7 +115,8 @@ def main() -> None:
     if env_setting("malloc_tuning"):  # as ModelRunner does (SPMD_MALLOC_TUNING=0: glibc defaults)
         tune_malloc()
     variants = [(d, bool(o), bool(q)) for d in args.dirs for o in args.onednn for q in args.kv_int8]
-    graphs = [Graph(d, o, args.threads, args.prof, q) for d, o, q in variants]
+    blocks = args.batch * ((args.past + args.query + BLOCK - 1) // BLOCK)  # the step's, none shared
+    graphs = [Graph(d, o, args.threads, args.prof, q, max(256, blocks)) for d, o, q in variants]
     feeds = step_inputs(graphs, args.batch, args.past, args.query)
     for _ in range(3):  # warm-up (oneDNN creates its primitives here)
         for g in graphs:

@@ -33,8 +33,8 @@ def bench_kv_cache_write(
     key = bufs.upload(rng.standard_normal((tokens, kv_heads, head_dim)).astype(np.float16))
     value = bufs.upload(rng.standard_normal((tokens, kv_heads, head_dim)).astype(np.float16))
     pool_dtype = np.int8 if kv_int8 else np.float16
-    kc = bufs.empty((num_blocks, block_size, kv_heads, head_dim), pool_dtype)
-    vc = bufs.empty((num_blocks, block_size, kv_heads, head_dim), pool_dtype)
+    kc = bufs.empty((num_blocks, kv_heads, block_size, head_dim), pool_dtype)
+    vc = bufs.empty((num_blocks, kv_heads, block_size, head_dim), pool_dtype)
     slots = bufs.upload(rng.permutation(num_blocks * block_size)[:tokens].astype(np.int32))
     scales = [bufs.upload(np.full(kv_heads, 0.02, np.float32)) for _ in range(2)] if kv_int8 else [None, None]
     sec, host = time_per_call(lambda: kv_cache_write_gpu(key, value, kc, vc, slots, *scales))

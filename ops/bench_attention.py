@@ -31,7 +31,7 @@ def bench_paged_attention(
     num_blocks = batch * blocks_per_seq
     query = bufs.upload(rng.standard_normal((batch, q_heads, head_dim)).astype(np.float16))
     out = bufs.empty((batch, q_heads, head_dim), np.float16)
-    pool_shape = (num_blocks, block_size, kv_heads, head_dim)
+    pool_shape = (num_blocks, kv_heads, block_size, head_dim)
     if kv_int8:  # random bytes are as good as real data for timing
         kc = bufs.upload(rng.integers(-127, 128, pool_shape, dtype=np.int8))
         vc = bufs.upload(rng.integers(-127, 128, pool_shape, dtype=np.int8))

@@ -4,8 +4,9 @@ optionally quantising to int8 with per-KV-head fp32 scales.
 Owns the kernel's source (`SOURCE`: CUDA C in ops/kernels/kv_cache_write.cu after the dtype prelude),
 its numpy twin (`kv_cache_write_cpu`: the CPU path and the test oracle) and the GPU wrapper
 (`kv_cache_write_gpu`).  Layout as spmd_serve/worker/kv_cache.py: the pool of one layer is
-[num_blocks, block_size, kv_heads, head_dim] for K and V separately; slot = block * block_size +
-offset.  A negative slot means "padding token, do not store" (vLLM's convention).
+[num_blocks, kv_heads, block_size, head_dim] for K and V separately (head-major: a KV head's rows of
+a block lie together); slot = block * block_size + offset.  A negative slot means "padding token, do
+not store" (vLLM's convention).
 int8: q = clip(round_half_even(x / scale[head]), -127, 127), dequantised as q * scale[head].
 """
 
@@ -54,15 +55,14 @@ def kv_cache_write_cpu(
 ) -> tuple[int, int]:
     """numpy twin: key/value [T, kv_heads, head_dim] written in place into the pools at the slots.
     Returns how many K and V entries an int8 pool clipped to +-127 ((0, 0) for a float pool)."""
-    nb, bs, kvh, hd = k_cache.shape
+    bs = k_cache.shape[2]  # [NB, kvh, bs, hd]
     slots = np.asarray(slot_mapping).astype(np.int64)
     keep = slots >= 0
+    blocks, offsets = slots[keep] // bs, slots[keep] % bs
     clipped = []
     for new, pool, scale in ((key, k_cache, k_scale), (value, v_cache, v_scale)):
-        if not pool.flags.c_contiguous:
-            raise ValueError("KV pool must be C-contiguous (it is written through a reshaped view)")
-        rows = np.asarray(new)[keep]
-        pool.reshape(nb * bs, kvh, hd)[slots[keep]] = rows if scale is None else quantize_int8(rows, scale)
+        rows = np.asarray(new)[keep]  # [n, kvh, hd]; pool[blocks, :, offsets] is [n, kvh, hd] too
+        pool[blocks, :, offsets] = rows if scale is None else quantize_int8(rows, scale)
         clipped.append(0 if scale is None else count_clipped(rows, scale))
     return clipped[0], clipped[1]
 
@@ -91,7 +91,7 @@ def kv_cache_write_gpu(
     """The kernel on device arrays (cupy arrays, Paddle GPU tensors or runtime.DeviceArray), in the
     twin's argument order; runs asynchronously on `stream`."""
     k, v, kc, vc, sm = (runtime.as_device_array(a) for a in (key, value, k_cache, v_cache, slot_mapping))
-    nb, bs, kvh, hd = kc.shape
+    nb, kvh, bs, hd = kc.shape
     t = k.shape[0]
     dtype = runtime.dtype_name(k.dtype)
     kv_int8 = kc.dtype == np.int8
@@ -131,6 +131,7 @@ def kv_cache_write_gpu(
             vs,
             np.int32(t),
             np.int32(kvh),
+            np.int32(bs),
             np.int32(hd),
             np.int64(strides[0]),
             np.int64(strides[1]),

@@ -7,7 +7,7 @@ paged_attention_kernels.cu, after the dtype prelude; kernels `paged_attention`,
 `paged_attention_split`, `paged_attention_reduce`), the numpy
 twin `paged_attention_cpu` (CPU path and test oracle) and the GPU wrapper `paged_attention_gpu`,
 both in the argument order
-    (query [B, q_heads, D], k_cache, v_cache [num_blocks, block_size, kv_heads, D],
+    (query [B, q_heads, D], k_cache, v_cache [num_blocks, kv_heads, block_size, D] (head-major),
      block_tables [B, max_blocks] int32, context_lens [B] int32, k_scale=None, v_scale=None)
 Query head h reads KV head h // (q_heads // kv_heads); scale 1/sqrt(D); an int8 pool is
 dequantised as q * scale[kv_head].  context_lens counts the tokens in the cache, the current one
@@ -135,7 +135,7 @@ def paged_attention_cpu(
     that many KV blocks (the oracle of paged_attention_split); None/0 a single pass.  Returns `out`
     ([B, q_heads, D], query's dtype unless given)."""
     b_sz, q_heads, hd = query.shape
-    _, bs, kvh, _ = k_cache.shape
+    _, kvh, bs, _ = k_cache.shape  # [NB, kvh, bs, D]
     group = q_heads // kvh
     result = np.zeros((b_sz, q_heads, hd), np.float32)
     part = (partition_blocks or 0) * bs
@@ -144,8 +144,8 @@ def paged_attention_cpu(
         if n == 0:
             continue
         blocks = block_tables[b, : -(-n // bs)]
-        k = k_cache[blocks].reshape(-1, kvh, hd)[:n].astype(np.float32)
-        v = v_cache[blocks].reshape(-1, kvh, hd)[:n].astype(np.float32)
+        k = k_cache[blocks].transpose(0, 2, 1, 3).reshape(-1, kvh, hd)[:n].astype(np.float32)  # [n, kvh, hd]
+        v = v_cache[blocks].transpose(0, 2, 1, 3).reshape(-1, kvh, hd)[:n].astype(np.float32)
         if k_scale is not None:
             k *= np.asarray(k_scale, np.float32)[:, None]
             v *= np.asarray(v_scale, np.float32)[:, None]
@@ -202,7 +202,7 @@ def paged_attention_gpu(
         runtime.as_device_array(a) for a in (query, k_cache, v_cache, block_tables, context_lens, out)
     )
     b_sz, q_heads, hd = q.shape
-    _, bs, kvh, _ = kc.shape
+    _, kvh, bs, _ = kc.shape  # [NB, kvh, bs, D]
     kv_int8 = kc.dtype == np.int8
     if q_heads % kvh or hd & (hd - 1) or not 32 <= hd <= 256 or kc.shape[3] != hd or vc.shape != kc.shape:
         raise ValueError(

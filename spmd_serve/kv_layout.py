@@ -19,7 +19,7 @@ MLA_LATENT = "mla_latent"  # layout kind: MLA's compressed latent + shared rope 
 
 @dataclass(frozen=True)
 class CacheTensor:
-    """One cache tensor of every layer: graph input `<name>_cache_<l>` ([blocks, block_size, *token_shape]),
+    """One cache tensor of every layer: graph input `<name>_cache_<l>` ([blocks, *KVLayout.block_shape]),
     output `<name>_new_<l>` ([T, *token_shape]: this step's entries, when the graph does not write
     them itself), and with an int8 pool input `<name>_scale_<l>` (fp32 dequantisation scales)."""
 
@@ -53,6 +53,16 @@ class KVLayout:
     def bytes_per_token(self, int8: bool = False) -> int:
         """Pool bytes per token over every layer (an int8 pool's scales are per layer: negligible)."""
         return self.num_layers * sum(math.prod(t.token_shape) for t in self.tensors) * (1 if int8 else 4)
+
+    def block_shape(self, tensor: CacheTensor, block_size: int) -> tuple[int, ...]:
+        """One block of `tensor` in the pool: `kv_heads` head-major, [kv_heads, block_size, head_dim]
+        (a KV head's rows of a block lie together: attention reads them 1.2-1.3x faster from memory at
+        long contexts, benchmarks/RESULTS.md "Session 42"); other kinds [block_size, *token_shape].
+        The pool of a layer is [num_blocks, *block_shape]; -1 as block_size gives a graph input's spec."""
+        if self.kind == KV_HEADS:
+            heads, *rest = tensor.token_shape
+            return (heads, block_size, *rest)
+        return (block_size, *tensor.token_shape)
 
     def names(self) -> tuple[str, ...]:
         return tuple(t.name for t in self.tensors)

@@ -26,10 +26,11 @@ import numpy.typing as npt
 
 from spmd_serve.kv_layout import KVLayout
 
+# 4: the kv_heads pool head-major, [NB, kv_heads, block_size, head_dim] (the graphs' cache inputs);
 # 3: one graph per segment for every step (the C++ paged attention; a decode-graph variant only for
 # families that trace one: DeepSeek's MLA), per-step statistics (`stats`);
 # 2: typed manifest with the KV layout (`kv_cache`); 1 had none
-MANIFEST_VERSION = 3
+MANIFEST_VERSION = 4
 MANIFEST_FILE = "manifest.json"
 QUANT_METHODS = ("weight_only_int8", "weight_only_int4")
 COLLECTIVES = ("none", "graph", "segments")  # tp = 1 / all-reduce ops in the graph / runtime between segments

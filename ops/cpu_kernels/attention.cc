@@ -43,7 +43,7 @@ inline int64_t key_row(const PagedPool& pool, const StepTokens& st, int64_t b, i
   const int64_t past = st.ctx_lens[b], bs = pool.block_size;
   const int64_t slot = p < past ? st.block_tables[b * st.max_blocks + p / bs] * bs + p % bs
                                 : st.slots[st.start[b] + p - past];
-  return (slot * pool.kv_heads + h) * pool.head_dim;
+  return pool_row(pool, slot, h);
 }
 
 // s[p * kWidth + l] = q_l . k_p for p in [0, n): qt [d][kWidth], J keys at a time
@@ -177,13 +177,13 @@ void run_block(const Item& it, int64_t rb, int64_t lanes, const float* q, int64_
   kp.resize(past + kKeyChains);
   vp.resize(past);
   // the past block by block (key_row's division by the block size, per key, cost ~a quarter of a decode's item)
-  const int64_t bs = pool.block_size, stride = kvh * d;
+  const int64_t bs = pool.block_size;
   const int64_t* table = st.block_tables + it.seq * st.max_blocks;
   for (int64_t p = 0, blk = 0; p < past; ++blk) {
-    const int64_t row0 = table[blk] * bs * stride + it.head * d;
+    const int64_t row0 = (table[blk] * kvh + it.head) * bs * d;   // the block's rows of this head, d apart
     for (int64_t o = 0; o < bs && p < past; ++o, ++p) {
-      kp[p] = static_cast<const E*>(pool.k) + row0 + o * stride;
-      vp[p] = static_cast<const E*>(pool.v) + row0 + o * stride;
+      kp[p] = static_cast<const E*>(pool.k) + row0 + o * d;
+      vp[p] = static_cast<const E*>(pool.v) + row0 + o * d;
     }
   }
   kn.resize(n - past + kKeyChains);

@@ -16,7 +16,7 @@
 
 namespace spmd {
 
-struct PagedPool {          // one layer's pool, [num_blocks, block_size, kv_heads, head_dim] each
+struct PagedPool {          // one layer's pool, [num_blocks, kv_heads, block_size, head_dim] each (head-major)
   void* k;                  // float, or int8_t with per-KV-head scales (value = q * scale[head])
   void* v;
   bool int8;
@@ -35,7 +35,16 @@ struct StepTokens {         // the step's flat token layout (protocol.StepPlan)
   std::vector<int64_t> start;   // [B + 1] first token of each sequence, then T
 };
 
-// The pool tensors of an op (checked: [NB, bs, kvh, head_dim] on the CPU, fp32 without scales, int8
+// Element offset of (slot, KV head)'s row in a pool [NB, kvh, bs, d]: slot = block * bs + offset.
+// Head-major, so that a KV head's rows of a block lie together: a decode reads bs * d contiguous
+// elements per block and head, not d at strides of kvh * d (1.2-1.3x for attention from memory at
+// long contexts: benchmarks/RESULTS.md "Session 42").
+inline int64_t pool_row(const PagedPool& pool, int64_t slot, int64_t head) {
+  const int64_t bs = pool.block_size;
+  return ((slot / bs * pool.kv_heads + head) * bs + slot % bs) * pool.head_dim;
+}
+
+// The pool tensors of an op (checked: [NB, kvh, bs, head_dim] on the CPU, fp32 without scales, int8
 // with fp32 [kvh] scales).  The op writes the step's K/V into them in place: they are the runner's
 // buffers, bound zero-copy to the graph, and the op's output is used, so Paddle never prunes it.
 PagedPool pool_of(const char* op, const paddle::Tensor& k_cache, const paddle::Tensor& v_cache, int64_t head_dim,

@@ -6,7 +6,7 @@
 //   qkv           [T, nh + 2 kvh, d] f32   fused q|k|v projections, before RoPE (or [T, (nh + 2 kvh) d]:
 //                                          the linear's output as it is, d read from the pool)
 //   inv_freq      [d / 2] f32              RoPE frequencies, scaling (e.g. llama3) already applied
-//   k/v_cache     [NB, bs, kvh, d]   f32   the pool: the step's K/V are WRITTEN into it at slot_mapping
+//   k/v_cache     [NB, kvh, bs, d]   f32   the pool (head-major): the step's K/V are WRITTEN into it at slot_mapping
 //   block_tables  [B, MB] i64, ctx_lens [B] i64 (tokens already in the pool), query_lens [B] i64
 //   slot_mapping  [T] i64                  pool slot (block * bs + offset) of each token
 //   attr scale    float                    softmax scale (1 / sqrt(d) for Llama)
@@ -40,7 +40,7 @@ std::vector<paddle::Tensor> paged_attention(const char* op, const paddle::Tensor
   PD_CHECK(qkv.dtype() == paddle::DataType::FLOAT32 && inv_freq.dtype() == paddle::DataType::FLOAT32, op,
            ": qkv and inv_freq must be float32");
   const auto qs = qkv.shape(), cs = k_cache.shape();
-  PD_CHECK(cs.size() == 4, op, ": the K/V pools must be [num_blocks, block_size, kv_heads, head_dim]");
+  PD_CHECK(cs.size() == 4, op, ": the K/V pools must be [num_blocks, kv_heads, block_size, head_dim]");
   PD_CHECK((qs.size() == 3 || (qs.size() == 2 && qs[1] % cs[3] == 0)) && qs.back() > 0, op,
            ": qkv must be [T, nh + 2 kvh, d] or [T, (nh + 2 kvh) d] with d the pool's head_dim");
   const int64_t T = qs[0], d = qs.size() == 3 ? qs[2] : cs[3], half = d / 2;
@@ -72,7 +72,7 @@ std::vector<paddle::Tensor> paged_attention(const char* op, const paddle::Tensor
       const int64_t slot = st.slots[t];
       for (int64_t h = 0; h < heads; ++h) {
         const float* x = x_all + (t * heads + h) * d;
-        const int64_t kv = (h - nh) % kvh, row = (slot * kvh + kv) * d;   // (for k and v heads)
+        const int64_t kv = (h - nh) % kvh, row = spmd::pool_row(pool, slot, kv);   // (for k and v heads)
         if (h >= nh + kvh) {                          // v: as it is
           spmd::store_row(pool, true, row, kv, x);
           if (pool.int8) std::copy_n(x, d, own_v.data() + (t * kvh + kv) * d);

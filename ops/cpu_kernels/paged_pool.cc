@@ -23,13 +23,13 @@ PagedPool pool_of(const char* op, const paddle::Tensor& k_cache, const paddle::T
   PD_CHECK(k_cache.dtype() == dtype && v_cache.dtype() == dtype, op, ": the K/V pools must be ",
            int8 ? "int8" : "float32");
   PD_CHECK(cs.size() == 4 && cs[3] == head_dim && v_cache.shape() == cs, op,
-           ": the K/V pools must both be [num_blocks, block_size, kv_heads, head_dim = ", head_dim, "]");
+           ": the K/V pools must both be [num_blocks, kv_heads, block_size, head_dim = ", head_dim, "]");
   PagedPool pool{const_cast<void*>(k_cache.data()), const_cast<void*>(v_cache.data()),   // written in place
-                 int8, nullptr, nullptr, cs[0], cs[1], cs[2], cs[3]};
+                 int8, nullptr, nullptr, cs[0], cs[2], cs[1], cs[3]};
   if (int8) {
     for (const paddle::Tensor* t : {k_scale, v_scale})
-      PD_CHECK(t->is_cpu() && t->dtype() == paddle::DataType::FLOAT32 && t->numel() == cs[2], op,
-               ": the int8 pool's scales must be float32 [kv_heads] = [", cs[2], "]");
+      PD_CHECK(t->is_cpu() && t->dtype() == paddle::DataType::FLOAT32 && t->numel() == cs[1], op,
+               ": the int8 pool's scales must be float32 [kv_heads] = [", cs[1], "]");
     pool.k_scale = k_scale->data<float>();
     pool.v_scale = v_scale->data<float>();
   }
@@ -70,8 +70,8 @@ std::vector<std::vector<int64_t>> attention_shape(const std::vector<int64_t>& qk
   // qkv [T, heads, d] or [T, heads * d] (d = the pool's head_dim); out [T, (heads - 2 kvh) d]
   const int64_t d = qkv.size() == 3 ? qkv[2] : k_cache[3];
   const int64_t width = qkv.size() == 3 ? (qkv[1] < 0 || d < 0 ? -1 : qkv[1] * d) : qkv[1];
-  const bool known = width >= 0 && k_cache[2] >= 0 && d >= 0;
-  return {{qkv[0], known ? width - 2 * k_cache[2] * d : -1}};
+  const bool known = width >= 0 && k_cache[1] >= 0 && d >= 0;   // k_cache [NB, kvh, bs, d]
+  return {{qkv[0], known ? width - 2 * k_cache[1] * d : -1}};
 }
 
 int64_t check_tokens(const char* op, StepTokens& st, const PagedPool& pool, int64_t tokens) {

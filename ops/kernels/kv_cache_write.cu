@@ -5,13 +5,14 @@ typedef dtype_t cache_t;
 #endif
 
 // One thread moves 8 elements of one (token, kv head) row: 16-byte loads for 16-bit dtypes.
-// key/value rows may be strided (e.g. slices of a fused QKV output); the pool is contiguous.
+// key/value rows may be strided (e.g. slices of a fused QKV output); the pool is contiguous,
+// [num_blocks, kv_heads, block_size, head_dim] (head-major).
 extern "C" __global__ void kv_cache_write(
     const dtype_t* __restrict__ key, const dtype_t* __restrict__ value,
     cache_t* __restrict__ k_cache, cache_t* __restrict__ v_cache,
     const int* __restrict__ slot_mapping,
     const float* __restrict__ k_scale, const float* __restrict__ v_scale,
-    int num_tokens, int kv_heads, int head_dim, long long key_stride, long long value_stride)
+    int num_tokens, int kv_heads, int block_size, int head_dim, long long key_stride, long long value_stride)
 {
     const int vecs = head_dim / 8;
     const int total = num_tokens * kv_heads * vecs;
@@ -20,7 +21,8 @@ extern "C" __global__ void kv_cache_write(
         const int slot = slot_mapping[t];
         if (slot < 0) continue;
         const int col = h * head_dim + v * 8;
-        const long long dst = (long long)slot * kv_heads * head_dim + col;
+        const long long dst =
+            (((long long)(slot / block_size) * kv_heads + h) * block_size + slot % block_size) * head_dim + v * 8;
         const dtype_t* src[2] = {key + t * key_stride + col, value + t * value_stride + col};
         cache_t* out[2] = {k_cache + dst, v_cache + dst};
 #pragma unroll

@@ -181,9 +181,9 @@ __device__ void attend(const dtype_t* __restrict__ q_ptr, const cache_t* __restr
         for (int e = 0; e < ELEMS; ++e) acc[g][e] = 0.f;
     }
 
-    const long long row_stride = (long long)kv_heads * HEAD_DIM;  // between tokens of a block
+    const long long row_stride = HEAD_DIM;  // between tokens of a block: the pool is [NB, kv_heads, bs, d]
     for (int blk = tok_begin / block_size; blk * block_size < tok_end; ++blk) {
-        const long long base = (long long)table[blk] * block_size * row_stride + (long long)kvh * HEAD_DIM;
+        const long long base = ((long long)table[blk] * kv_heads + kvh) * block_size * HEAD_DIM;
         const int n = min(block_size, tok_end - blk * block_size);
         // UNROLL tokens per iteration: all their K/V loads are issued before any math, so each
         // thread keeps 2 * UNROLL * NV independent loads in flight (decode attention is latency bound

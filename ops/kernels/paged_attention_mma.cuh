@@ -72,11 +72,11 @@ __device__ void attend_mma(const dtype_t* __restrict__ q_ptr, const cache_t* __r
 #pragma unroll
     for (int j = 0; j < D8; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.f;
 
-    const long long row_stride = (long long)kv_heads * HEAD_DIM;
+    const long long row_stride = HEAD_DIM;  // the pool is [NB, kv_heads, bs, d]: a head's rows lie together
     for (int t0 = tok_begin + 16 * warp; t0 < tok_end; t0 += 16 * MMA_WARPS) {
         // the tile's 16 tokens lie in one KV block (block_size % 16 == 0, tok_begin block aligned)
-        const long long base = ((long long)table[t0 / block_size] * block_size + t0 % block_size) * row_stride
-                             + (long long)kvh * HEAD_DIM;
+        const long long base = (((long long)table[t0 / block_size] * kv_heads + kvh) * block_size + t0 % block_size)
+                             * row_stride;
         const int valid = tok_end - t0;  // tokens >= valid are past the context: masked, not read
         unsigned kr[2][KCH][4] = {}, vr[4][D8 / 8][4] = {};
 #pragma unroll

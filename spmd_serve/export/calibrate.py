@@ -64,7 +64,7 @@ def calibrate_kv_scales(
         env: dict[str, Any] = step_feeds(plan, dims, mc.inv_freq(), block, seg.spec.inputs)
         for layer in range(layout.num_layers):  # an empty pool of one block per cache tensor
             for tensor, name in zip(layout.tensors, layout.cache_inputs(layer)):
-                env[name] = np.zeros((1, block, *tensor.token_shape), np.float32)
+                env[name] = np.zeros((1, *layout.block_shape(tensor, block)), np.float32)
         with paddle.no_grad():
             outs = dict(zip(seg.spec.outputs, seg([paddle.to_tensor(env[k]) for k in seg.spec.inputs])))
         for i, t in enumerate(layout.names()):

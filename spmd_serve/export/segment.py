@@ -75,11 +75,12 @@ class Stage(nn.Layer):
 
 
 def kv_input_spec(layout: KVLayout, layer: int, name: str, variant: GraphVariant) -> InputSpec | None:
-    """Spec of cache input `name` of `layer` (a pool [NB, bs, *token_shape]; int8 with `kv_int8`) or of
+    """Spec of cache input `name` of `layer` (a pool [NB, *layout.block_shape]; int8 with `kv_int8`) or of
     an int8 pool's scale input; None when `name` is neither."""
     for tensor, cache, scale in zip(layout.tensors, layout.cache_inputs(layer), layout.scale_inputs(layer)):
         if name == cache:
-            return InputSpec([-1, -1, *tensor.token_shape], "int8" if variant.kv_int8 else "float32", name)
+            shape = [-1, *layout.block_shape(tensor, -1)]  # any number of blocks, any block size
+            return InputSpec(shape, "int8" if variant.kv_int8 else "float32", name)
         if name == scale:
             return InputSpec(list(layout.scale_shape), "float32", name)
     return None

@@ -2,7 +2,7 @@
 write it: the ops/ kernels by raw pointer, on the stream the rank's predictors run on.
 
 Same layout as the CPU runner's pool (worker/kv_cache.py): per layer a K and a V array
-[num_blocks, block_size, kv_heads, head_dim], fp32 or (USE_CACHE_KV_INT8) int8 with per-KV-head fp32
+[num_blocks, kv_heads, block_size, head_dim] (head-major), fp32 or (USE_CACHE_KV_INT8) int8 with per-KV-head fp32
 scales; slot = block * block_size + offset.  Where the memory comes from is a `DeviceMemory` (the GPU
 runner's: Paddle tensors on its device; the tests': host arrays under the kernels' CPU emulation,
 tests/support/ops_emulation.py), so the pointer and stream plumbing is tested without a GPU.  Only the
@@ -46,7 +46,7 @@ class DeviceKVPool:
             raise ConfigError(f"the GPU runner's KV pool holds the kv_heads layout only, not {layout.kind}")
         self.layout, self.num_blocks, self.block_size = layout, num_blocks, block_size
         dtype = np.dtype(np.float32 if kv_scales is None else np.int8)
-        shapes = {t.name: (num_blocks, block_size, *t.token_shape) for t in layout.tensors}
+        shapes = {t.name: (num_blocks, *layout.block_shape(t, block_size)) for t in layout.tensors}
         self.k = [memory.zeros(shapes["k"], dtype) for _ in range(layout.num_layers)]
         self.v = [memory.zeros(shapes["v"], dtype) for _ in range(layout.num_layers)]
         self.scales: list[tuple[Any, Any]] | None = None

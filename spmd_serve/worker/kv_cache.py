@@ -1,5 +1,6 @@
 """The paged KV cache pool of one rank, laid out as the manifest's `KVLayout` says: per layer and
-cache tensor an array [num_blocks, block_size, *token_shape] (Llama: K and V of [kv_heads, head_dim]).
+cache tensor an array [num_blocks, *layout.block_shape] (Llama: K and V of [num_blocks, kv_heads,
+block_size, head_dim], head-major; MLA: [num_blocks, block_size, K]).
 
 The arrays are numpy memory shared zero-copy with Paddle tensors (dlpack), and each attention
 segment's cache inputs are bound to those tensors once (`share_external_data`).  New entries are
@@ -33,7 +34,9 @@ class KVCachePool:
         dtype = np.float32 if kv_scales is None else np.int8
         # np.zeros maps lazily: untouched blocks cost no resident memory.
         self.caches: dict[str, list[np.ndarray]] = {
-            t.name: [np.zeros((num_blocks, block_size, *t.token_shape), dtype) for _ in range(layout.num_layers)]
+            t.name: [
+                np.zeros((num_blocks, *layout.block_shape(t, block_size)), dtype) for _ in range(layout.num_layers)
+            ]
             for t in layout.tensors
         }
         self.scales: dict[str, list[np.ndarray]] | None = None

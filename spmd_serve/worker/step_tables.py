@@ -9,7 +9,7 @@ Shapes: T tokens this step, B sequences, S = longest query of the pass, P = past
 
     rope_cos, rope_sin [T, heads, d] f32   x * cos + roll(x, d/2) * sin on the fused q|k|v heads
     grid_index   [B, S] int64              token of each grid slot (padding clamped to T - 1)
-    past_index   [B, kvh, P, 3] int64      (block, offset, kv head) of each past slot, head-major
+    past_index   [B, kvh, P, 3] int64      (block, kv head, offset) of each past slot, head-major
     attn_mask    [B, 1, S, P + S] f32      additive: past below ctx_len; new tokens causal and real
 
 MLA (DeepSeek) attends over one latent vector per past slot and rotates one rope key shared by
@@ -67,14 +67,14 @@ def latent_index(block_tables: np.ndarray, block_size: int) -> np.ndarray:
 
 
 def past_index(block_tables: np.ndarray, block_size: int, kvh: int) -> np.ndarray:
-    """[B, kvh, P, 3]: (block, offset, kv head) of each past slot for `gather_nd` on a
-    [NB, bs, kvh, d] pool, so the gather yields [B, kvh, P, d] head-major in token order."""
+    """[B, kvh, P, 3]: (block, kv head, offset) of each past slot for `gather_nd` on a
+    [NB, kvh, bs, d] pool, so the gather yields [B, kvh, P, d] head-major in token order."""
     b, mb = block_tables.shape
     pos = np.arange(mb * block_size)
     idx = np.empty((b, kvh, pos.size, 3), np.int64)
     idx[..., 0] = block_tables[:, pos // block_size][:, None, :]
-    idx[..., 1] = (pos % block_size)[None, None, :]
-    idx[..., 2] = np.arange(kvh)[None, :, None]
+    idx[..., 1] = np.arange(kvh)[None, :, None]
+    idx[..., 2] = (pos % block_size)[None, None, :]
     return idx
 
 

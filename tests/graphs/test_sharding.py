@@ -153,11 +153,11 @@ def test_tp1_logits_equal_numpy_reference(tp_runs, demo_checkpoint):
 @pytest.mark.parametrize("tp", [2, 4])
 def test_each_rank_caches_its_kv_heads(tp_runs, tp):
     _, _, _, runs = tp_runs
-    full = runs[1][1][0].pool  # [NB, bs, 2 kv heads, d]
+    full = runs[1][1][0].pool  # [NB, 2 kv heads, bs, d]
     assert np.abs(full.k[0]).max() > 0
     for r, rank in enumerate(runs[tp][1]):
         head = r * 2 // tp  # 2 KV heads over tp ranks
         for layer in range(2):
             for mine, ref in ((rank.pool.k[layer], full.k[layer]), (rank.pool.v[layer], full.v[layer])):
-                assert mine.shape[2] == 1
-                assert np.abs(mine - ref[:, :, head : head + 1]).max() <= 1e-4
+                assert mine.shape[1] == 1
+                assert np.abs(mine - ref[:, head : head + 1]).max() <= 1e-4

@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tests.support.paged_attention_reference import inv_freq, make_step, reference
+from tests.support.paged_attention_reference import inv_freq, make_step, reference, slot_rows
 
 
 @pytest.fixture(scope="module")
@@ -59,7 +59,7 @@ def test_mixed_steps_match_float64(ext, ctx, qlens, nh, kvh, d, bs):
     np.testing.assert_allclose(kp, want_k, rtol=1e-5, atol=1e-5)  # the step's K/V, written in place
     np.testing.assert_allclose(vp, want_v, rtol=0, atol=0)
     assert (
-        np.delete(kp.reshape(-1, kvh, d), step[-1], axis=0) == np.delete(step[1].reshape(-1, kvh, d), step[-1], axis=0)
+        np.delete(slot_rows(kp), step[-1], axis=0) == np.delete(slot_rows(step[1]), step[-1], axis=0)
     ).all()  # and nothing else
 
 
@@ -105,8 +105,8 @@ def test_int8_pool_matches_float64(ext, ctx, qlens, nh, kvh, d, bs):
     out, kp, vp = run_int8(ext, step, nh, ks, vs)
     want, want_k, want_v = reference(*step, nh, d**-0.5, k_scale=ks, v_scale=vs)
     np.testing.assert_allclose(out, want, rtol=1e-3, atol=1e-4)
-    np.testing.assert_allclose(kp * ks[:, None], want_k, rtol=0, atol=1.01 * ks.max())  # a rint tie at most
-    np.testing.assert_allclose(vp * vs[:, None], want_v, rtol=0, atol=1e-6)
+    np.testing.assert_allclose(kp * ks[:, None, None], want_k, rtol=0, atol=1.01 * ks.max())  # a rint tie at most
+    np.testing.assert_allclose(vp * vs[:, None, None], want_v, rtol=0, atol=1e-6)
     assert kp.dtype == np.int8 and (kp != k8).any()
     assert all(np.array_equal(a, b) for a, b in zip(run_int8(ext, step, nh, ks, vs, threads=3), (out, kp, vp)))
 
@@ -165,7 +165,7 @@ def test_traced_graphs_get_the_output_shape(ext):
     try:
         with paddle.static.program_guard(paddle.static.Program()):
             data = lambda name, shape, dtype="float32": paddle.static.data(name, shape, dtype)  # noqa: E731
-            qkv, pool = data("qkv", [-1, 12, 64]), data("pool", [-1, 16, 2, 64])
+            qkv, pool = data("qkv", [-1, 12, 64]), data("pool", [-1, 2, 16, 64])
             ids = [data(n, [-1], "int64") for n in ("ctx", "qlens", "slots")]
             tables = data("tables", [-1, -1], "int64")
             paged = ext.run_op("spmd_paged_attention", qkv, data("freq", [32]), pool, pool, tables, *ids, 0.125)
@@ -224,7 +224,7 @@ def test_an_int8_decode_row_has_the_bits_it_has_inside_a_prefill(ext, nh, kvh, d
     zero = np.zeros(d // 2, np.float32)
     step = (qkv, k8, v8, tables, np.array([0], np.int64), np.array([tokens], np.int64), slots)
     whole, kp, vp = run_int8(ext, step, nh, ks, vs, freq=zero)  # the prefill: its own K/V in fp32
-    assert (kp.reshape(-1, kvh, d)[slots] * ks[:, None] == qkv[:, nh : nh + kvh]).all()  # stored exactly
+    assert (slot_rows(kp)[slots] * ks[:, None] == qkv[:, nh : nh + kvh]).all()  # stored exactly
     last = (qkv[-1:], kp, vp, tables, np.array([tokens - 1], np.int64), np.array([1], np.int64), slots[-1:])
     for threads in (1, 2):
         alone, _, _ = run_int8(ext, last, nh, ks, vs, threads, freq=zero)  # the past from the int8 pool

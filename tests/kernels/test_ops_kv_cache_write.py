@@ -35,12 +35,12 @@ def test_kv_cache_write_twin_matches_loop(dtype) -> None:
     value = rng.standard_normal((t, kvh, hd)).astype(dtype)
     slots = rng.permutation(nb * bs)[:t].astype(np.int32)
     slots[3] = -1  # padding token: not stored
-    kc, vc = np.zeros((nb, bs, kvh, hd), dtype), np.zeros((nb, bs, kvh, hd), dtype)
+    kc, vc = np.zeros((nb, kvh, bs, hd), dtype), np.zeros((nb, kvh, bs, hd), dtype)
     kvw.kv_cache_write(key, value, kc, vc, slots)  # numpy input: dispatches to the twin
     ek, ev = np.zeros_like(kc), np.zeros_like(vc)
     for i, s in enumerate(slots):
         if s >= 0:
-            ek[s // bs, s % bs], ev[s // bs, s % bs] = key[i], value[i]
+            ek[s // bs, :, s % bs], ev[s // bs, :, s % bs] = key[i], value[i]  # [NB, kvh, bs, hd]
     np.testing.assert_array_equal(kc, ek)
     np.testing.assert_array_equal(vc, ev)
 
@@ -52,11 +52,11 @@ def test_kv_cache_write_int8_round_trip_error_within_half_scale() -> None:
     value = rng.standard_normal((t, kvh, hd)).astype(np.float32)
     k_scale = (np.abs(key).max(axis=(0, 2)) / 127).astype(np.float32)
     v_scale = (np.abs(value).max(axis=(0, 2)) / 127).astype(np.float32)
-    kc, vc = np.zeros((nb, bs, kvh, hd), np.int8), np.zeros((nb, bs, kvh, hd), np.int8)
+    kc, vc = np.zeros((nb, kvh, bs, hd), np.int8), np.zeros((nb, kvh, bs, hd), np.int8)
     slots = np.arange(5, 5 + t, dtype=np.int32)
     kvw.kv_cache_write_cpu(key, value, kc, vc, slots, k_scale, v_scale)
     for pool, new, scale in ((kc, key, k_scale), (vc, value, v_scale)):
-        back = pool.reshape(nb * bs, kvh, hd)[slots].astype(np.float32) * scale[:, None]
+        back = pool.transpose(0, 2, 1, 3).reshape(nb * bs, kvh, hd)[slots].astype(np.float32) * scale[:, None]
         assert np.all(np.abs(back - new) <= scale[:, None] / 2 * (1 + 1e-6))
     big = np.full((1, kvh, hd), 1e6, np.float32)  # out of range: clipped, not wrapped
     assert np.all(kvw.quantize_int8(big, k_scale) == 127) and np.all(kvw.quantize_int8(-big, k_scale) == -127)
@@ -74,10 +74,10 @@ def test_kv_cache_write_int8_counts_what_it_clips() -> None:
     kept = slots >= 0
     want = [int((np.abs(x[kept]) > np.array([1.5, 2.5])[:, None] * 127.5 / 127).sum()) for x in (key, value)]
     assert min(want) > 0
-    kc, vc = np.zeros((2, 8, kvh, hd), np.int8), np.zeros((2, 8, kvh, hd), np.int8)
+    kc, vc = np.zeros((2, kvh, 8, hd), np.int8), np.zeros((2, kvh, 8, hd), np.int8)
     assert kvw.kv_cache_write_cpu(key, value, kc, vc, slots, scale, scale) == tuple(want)
     assert kvw.count_clipped(key[kept], scale) == want[0]
-    kf, vf = np.zeros((2, 8, kvh, hd), np.float32), np.zeros((2, 8, kvh, hd), np.float32)
+    kf, vf = np.zeros((2, kvh, 8, hd), np.float32), np.zeros((2, kvh, 8, hd), np.float32)
     assert kvw.kv_cache_write_cpu(key * 1e3, value, kf, vf, slots) == (0, 0)
 
 
@@ -116,10 +116,10 @@ def test_kv_cache_write_gpu_equals_twin(cupy_device, dtype, kv_int8, strided) ->
         )
     else:
         key, value = device.put(stored[:, kvh : 2 * kvh]), device.put(stored[:, 2 * kvh :])
-    kc, vc = device.put(np.zeros((nb, bs, kvh, hd), pool_dtype)), device.put(np.zeros((nb, bs, kvh, hd), pool_dtype))
+    kc, vc = device.put(np.zeros((nb, kvh, bs, hd), pool_dtype)), device.put(np.zeros((nb, kvh, bs, hd), pool_dtype))
     d_scales = [device.put(s) if s is not None else None for s in scales]
     kvw.kv_cache_write_gpu(key, value, kc, vc, device.put(slots), *d_scales)
-    ek = np.zeros((nb, bs, kvh, hd), np.int8 if kv_int8 else np.float32)
+    ek = np.zeros((nb, kvh, bs, hd), np.int8 if kv_int8 else np.float32)
     ev = np.zeros_like(ek)
     kvw.kv_cache_write_cpu(values[:, kvh : 2 * kvh], values[:, 2 * kvh :], ek, ev, slots, *scales)
     for got, want in ((device.get(kc), ek), (device.get(vc), ev)):
@@ -135,7 +135,7 @@ def test_kv_cache_write_source_emulated(emulated, dtype, kv_int8) -> None:
     scales = [np.array([0.01, 0.03], np.float32)] * 2 if kv_int8 else [None, None]
     slots = rng.permutation(nb * bs)[:t].astype(np.int32)
     slots[2] = -1
-    pools = [np.zeros((nb, bs, kvh, hd), np.int8 if kv_int8 else stored.dtype) for _ in range(2)]
+    pools = [np.zeros((nb, kvh, bs, hd), np.int8 if kv_int8 else stored.dtype) for _ in range(2)]
     kvw.kv_cache_write_gpu(
         emulated(stored[:, kvh : 2 * kvh]),
         emulated(stored[:, 2 * kvh :]),
@@ -143,7 +143,7 @@ def test_kv_cache_write_source_emulated(emulated, dtype, kv_int8) -> None:
         emulated(slots),
         *[emulated(s) if s is not None else None for s in scales],
     )
-    want = [np.zeros((nb, bs, kvh, hd), np.int8 if kv_int8 else np.float32) for _ in range(2)]
+    want = [np.zeros((nb, kvh, bs, hd), np.int8 if kv_int8 else np.float32) for _ in range(2)]
     kvw.kv_cache_write_cpu(values[:, kvh : 2 * kvh], values[:, 2 * kvh :], *want, slots, *scales)
     for got, w in zip(pools, want):
         np.testing.assert_array_equal(got if kv_int8 else from_storage(got, dtype), w)

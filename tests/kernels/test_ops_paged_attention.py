@@ -16,10 +16,9 @@ import math
 import numpy as np
 import pytest
 
-from ops import kv_cache_write as kvw
 from ops import paged_attention as pa
 from ops import runtime
-from tests.support.attention_cases import check_against_twin, make_case
+from tests.support.attention_cases import check_against_twin, make_case, pool_scale, quantize_pool
 from tests.support.ops_emulation import HostDevice, emulated  # noqa: F401  (emulated: a pytest fixture)
 from tests.support.ops_helpers import ARCHS, assert_compiles, cupy_device, needs_gpu, tmp_kernel_cache  # noqa: F401  (pytest fixtures)
 
@@ -27,7 +26,7 @@ from tests.support.ops_helpers import ARCHS, assert_compiles, cupy_device, needs
 def reference_attention(q, k_cache, v_cache, tables, lens, k_scale=None, v_scale=None):
     """Obviously-correct loop: per sequence, query head and token, in float64."""
     b_sz, q_heads, hd = q.shape
-    bs, kv_heads = k_cache.shape[1], k_cache.shape[2]
+    kv_heads, bs = k_cache.shape[1], k_cache.shape[2]  # [NB, kvh, bs, D]
     out = np.zeros((b_sz, q_heads, hd))
     for b in range(b_sz):
         for h in range(q_heads):
@@ -35,8 +34,8 @@ def reference_attention(q, k_cache, v_cache, tables, lens, k_scale=None, v_scale
             scores, values = [], []
             for t in range(int(lens[b])):
                 blk, off = tables[b, t // bs], t % bs
-                key = k_cache[blk, off, kvh].astype(np.float64) * (1.0 if k_scale is None else k_scale[kvh])
-                values.append(v_cache[blk, off, kvh].astype(np.float64) * (1.0 if v_scale is None else v_scale[kvh]))
+                key = k_cache[blk, kvh, off].astype(np.float64) * (1.0 if k_scale is None else k_scale[kvh])
+                values.append(v_cache[blk, kvh, off].astype(np.float64) * (1.0 if v_scale is None else v_scale[kvh]))
                 scores.append(float(q[b, h].astype(np.float64) @ key) / math.sqrt(hd))
             if scores:
                 w = np.exp(np.array(scores) - max(scores))
@@ -60,7 +59,7 @@ def test_paged_attention_twin_context_len_one_returns_that_value() -> None:
     q, k, v, tables, cl = make_case(rng, [1, 1], kv_heads=2, group=2)
     got = pa.paged_attention_cpu(q, k, v, tables, cl)
     for b in range(2):  # softmax over a single token is 1: the output is its V row
-        np.testing.assert_allclose(got[b], np.repeat(v[tables[b, 0], 0], 2, axis=0), rtol=1e-6)
+        np.testing.assert_allclose(got[b], np.repeat(v[tables[b, 0], :, 0], 2, axis=0), rtol=1e-6)
 
 
 def test_paged_attention_twin_zero_context_and_out_argument() -> None:
@@ -76,9 +75,8 @@ def test_paged_attention_twin_zero_context_and_out_argument() -> None:
 def test_paged_attention_twin_int8_kv(group) -> None:
     rng = np.random.default_rng(5)
     q, k, v, tables, cl = make_case(rng, [19, 1, 8], kv_heads=2, group=group)
-    ks = (np.abs(k).max(axis=(0, 1, 3)) / 127).astype(np.float32)
-    vs = (np.abs(v).max(axis=(0, 1, 3)) / 127).astype(np.float32)
-    k8, v8 = kvw.quantize_int8(k, ks), kvw.quantize_int8(v, vs)
+    ks, vs = pool_scale(k), pool_scale(v)
+    k8, v8 = quantize_pool(k, ks), quantize_pool(v, vs)
     got = pa.paged_attention_cpu(q, k8, v8, tables, cl, ks, vs)
     np.testing.assert_allclose(got, reference_attention(q, k8, v8, tables, cl, ks, vs), rtol=1e-5, atol=1e-5)
     # and close to the unquantised attention (the int8 error is a few scale steps)

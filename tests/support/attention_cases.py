@@ -19,10 +19,20 @@ def make_case(rng, lens, kv_heads, group, head_dim=32, block_size=8, spare_block
     max_blocks = max(1, max(-(-n // block_size) for n in lens))
     num_blocks = b * max_blocks + spare_blocks
     q = rng.standard_normal((b, kv_heads * group, head_dim)).astype(np.float32)
-    k = rng.standard_normal((num_blocks, block_size, kv_heads, head_dim)).astype(np.float32)
-    v = rng.standard_normal((num_blocks, block_size, kv_heads, head_dim)).astype(np.float32)
+    k = rng.standard_normal((num_blocks, kv_heads, block_size, head_dim)).astype(np.float32)
+    v = rng.standard_normal((num_blocks, kv_heads, block_size, head_dim)).astype(np.float32)
     tables = rng.permutation(num_blocks)[: b * max_blocks].reshape(b, max_blocks).astype(np.int32)
     return q, k, v, tables, np.array(lens, np.int32)
+
+
+def pool_scale(pool: np.ndarray) -> np.ndarray:
+    """Per-KV-head int8 scales [kvh] that fit a head-major pool [NB, kvh, bs, D] exactly."""
+    return (np.abs(pool).max(axis=(0, 2, 3)) / 127).astype(np.float32)
+
+
+def quantize_pool(pool: np.ndarray, scale: np.ndarray) -> np.ndarray:
+    """A head-major pool quantised as ops.kv_cache_write stores rows (quantize_int8 takes [..., kvh, D])."""
+    return np.ascontiguousarray(kvw.quantize_int8(pool.transpose(0, 2, 1, 3), scale).transpose(0, 2, 1, 3))
 
 
 def check_against_twin(device, case, dtype: str, kv_int8: bool, partition_blocks: int | None) -> None:
@@ -32,8 +42,8 @@ def check_against_twin(device, case, dtype: str, kv_int8: bool, partition_blocks
     q, k, v, tables, cl = case
     qs, qv = to_storage(q, dtype)
     if kv_int8:
-        scales = [(np.abs(x).max(axis=(0, 1, 3)) / 127).astype(np.float32) for x in (k, v)]
-        k_st, v_st = (kvw.quantize_int8(x, s) for x, s in zip((k, v), scales))
+        scales = [pool_scale(x) for x in (k, v)]
+        k_st, v_st = (quantize_pool(x, s) for x, s in zip((k, v), scales))
         k_val, v_val = k_st, v_st
     else:
         scales = [None, None]

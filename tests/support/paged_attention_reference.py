@@ -23,13 +23,14 @@ def reference(qkv, k_cache, v_cache, tables, ctx, qlens, slots, nh, scale, k_sca
     ([kvh]) the pools are int8: the past read as q * scale, the step's K/V stored quantised (the
     returned pools are the dequantised values) but attended to as they are."""
     t_all, heads, d = qkv.shape
-    kvh, bs, g = (heads - nh) // 2, k_cache.shape[1], nh // ((heads - nh) // 2)
+    kvh, bs, g = (heads - nh) // 2, k_cache.shape[2], nh // ((heads - nh) // 2)  # pools [NB, kvh, bs, d]
     starts = np.concatenate([[0], np.cumsum(qlens)])
     pos = np.concatenate([c + np.arange(n) for c, n in zip(ctx, qlens)]).astype(np.int64)
     x = qkv.astype(np.float64)
     q = rotate(x[:, :nh], pos, inv_freq(d)) * scale
     k_new, v_new = rotate(x[:, nh : nh + kvh], pos, inv_freq(d)), x[:, nh + kvh :]
-    k_pool, v_pool = k_cache.astype(np.float64), v_cache.astype(np.float64)
+    # token-major copies [NB, bs, kvh, d] to index by (block, offset); returned head-major again
+    k_pool, v_pool = (c.astype(np.float64).transpose(0, 2, 1, 3).copy() for c in (k_cache, v_cache))
     k_store, v_store = k_new, v_new
     if k_scale is not None:
         ks, vs = (np.asarray(s, np.float64)[:, None] for s in (k_scale, v_scale))  # [kvh, 1]
@@ -48,7 +49,12 @@ def reference(qkv, k_cache, v_cache, tables, ctx, qlens, slots, nh, scale, k_sca
             s = np.where(causal, q[tok, h] @ keys[:, h // g].T, -np.inf)
             w = np.exp(s - s.max(axis=1, keepdims=True))
             out[tok, h] = (w / w.sum(axis=1, keepdims=True)) @ vals[:, h // g]
-    return out.reshape(t_all, nh * d), k_pool, v_pool
+    return out.reshape(t_all, nh * d), k_pool.transpose(0, 2, 1, 3), v_pool.transpose(0, 2, 1, 3)
+
+
+def slot_rows(pool: np.ndarray) -> np.ndarray:
+    """A head-major pool [NB, kvh, bs, d] as its slots' rows [NB * bs, kvh, d] (slot = block * bs + offset)."""
+    return pool.transpose(0, 2, 1, 3).reshape(-1, pool.shape[1], pool.shape[3])
 
 
 def make_step(ctx, qlens, nh, kvh, d, bs, seed=0):
@@ -65,5 +71,5 @@ def make_step(ctx, qlens, nh, kvh, d, bs, seed=0):
         [[tables[b, p // bs] * bs + p % bs for p in range(c, c + n)] for b, (c, n) in enumerate(zip(ctx, qlens))]
     ).astype(np.int64)
     qkv = rng.standard_normal((int(sum(qlens)), nh + 2 * kvh, d)).astype(np.float32)
-    pools = [rng.standard_normal((nb, bs, kvh, d)).astype(np.float32) for _ in range(2)]
+    pools = [rng.standard_normal((nb, kvh, bs, d)).astype(np.float32) for _ in range(2)]  # head-major
     return qkv, *pools, tables, np.asarray(ctx, np.int64), np.asarray(qlens, np.int64), slots
