@@ -6,13 +6,16 @@ weight-only quantisation) into a sibling directory, `<folder>.spmd_serve-tp<N>-v
 atomically; the next start finds it there and serves it at once, unless the static model changed
 since (its config.json and .pdiparams files' sizes and times are recorded next to the conversion).
 A directory `spmd_serve export` wrote, or anything else, is served as it is.  Several ranks of one
-node may ask together (`mpirun start_server`): a lock file makes one of them convert.
+node may ask together (`mpirun start_server`): a lock file makes one of them convert.  Conversions
+an earlier version left (another export format) are never read again; each start names them and
+their size, so that an upgrade does not double the disk a model takes unnoticed.
 """
 
 from __future__ import annotations
 
 import contextlib
 import fcntl
+import glob
 import json
 import sys
 import time
@@ -34,6 +37,20 @@ def _say(msg: str) -> None:
 
 def converted_path(folder: Path, tp: int) -> Path:
     return folder.with_name(f"{folder.name}.spmd_serve-tp{tp}-v{MANIFEST_VERSION}")
+
+
+def stale_conversions(folder: Path) -> list[Path]:
+    """`folder`'s conversions in another export format than this version's (which it never reads)."""
+    current = f"-v{MANIFEST_VERSION}"
+    found = folder.parent.glob(f"{glob.escape(folder.name)}.spmd_serve-tp*-v*")
+    return sorted(p for p in found if p.is_dir() and not p.name.endswith(current))
+
+
+def _name_stale(folder: Path) -> None:
+    for old in stale_conversions(folder):
+        size = sum(f.stat().st_size for f in old.rglob("*") if f.is_file())
+        shown = f"{size / 2**30:.1f} GiB" if size >= 2**30 else f"{size / 2**20:.0f} MiB"
+        _say(f"{old} ({shown}) is an earlier version's conversion, not read by this one: remove it to free the disk")
 
 
 def fingerprint(folder: Path) -> dict[str, list[int]]:
@@ -71,6 +88,7 @@ def served_model_dir(folder: Path, tp: int, nnodes: int = 1) -> Path:
             "machine and serve that directory with MODEL_DIR"
         )
     out = converted_path(folder, tp)
+    _name_stale(folder)
     with _locked(out.with_name(out.name + ".lock")):
         if _is_current(out, folder):
             _say(f"serving {out}, converted earlier from the static inference model {folder}")

@@ -66,6 +66,9 @@ def test_downloaded_static_model_is_converted_once_and_serves_the_originals_toke
             shutil.copy2(demo_checkpoint / name, static / name)
     models = tmp_path / "models"
     converted = converted_path(models / NAME, 1)
+    stale = models / f"{NAME}.spmd_serve-tp1-v2"  # what an earlier version converted: named, with its size
+    stale.mkdir(parents=True)
+    (stale / "model.pdiparams").write_bytes(bytes(3 << 20))
     with serving(tmp_path / "site") as site:
         publish(static, site.root, NAME)
         env = launcher_env(tmp_path / "log", MODEL_DIR=str(models), MODEL_BASE_URL=site.base, MP_NUM="1")
@@ -74,6 +77,7 @@ def test_downloaded_static_model_is_converted_once_and_serves_the_originals_toke
             assert first.returncode == 0, first.stderr[-4000:] + first.stdout
             assert f"converting the static inference model {models / NAME}" in first.stderr
             assert f"serving {converted}" in first.stderr and str(converted) in first.stdout
+            assert f"{stale} (3 MiB) is an earlier version's conversion" in first.stderr
             assert [greedy(env, p) for p in prompts] == want
             assert run("stop_server", env=env, cwd=tmp_path, timeout=120).returncode == 0
             again = run("start_server", NAME, env=env, cwd=tmp_path, timeout=600)
