@@ -9,7 +9,7 @@
 //   g++ -O3 -march=native -std=c++17 -pthread -w -DPADDLE_NO_PYTHON -DPADDLE_WITH_CUSTOM_KERNEL \
 //       -Iops/cpu_kernels -I$PADDLE/include -I$PADDLE/include/third_party benchmarks/attention_cold.cc \
 //       ops/cpu_kernels/attention.cc ops/cpu_kernels/thread_pool.cc -o /tmp/attention_cold
-//   /tmp/attention_cold B PAST THREADS [HEADS KV_HEADS REPS]    ($PADDLE: python -c "import paddle, os;
+//   /tmp/attention_cold B PAST THREADS [HEADS KV_HEADS REPS HEAD_DIM]    ($PADDLE: python -c "import paddle, os;
 //   print(os.path.dirname(paddle.__file__))")
 #include <algorithm>
 #include <chrono>
@@ -36,9 +36,10 @@ double median_us(std::vector<double> t) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc < 4) return fprintf(stderr, "usage: %s B PAST THREADS [HEADS KV_HEADS REPS]\n", argv[0]), 2;
+  if (argc < 4) return fprintf(stderr, "usage: %s B PAST THREADS [HEADS KV_HEADS REPS HEAD_DIM]\n", argv[0]), 2;
   const int64_t B = atoi(argv[1]), past = atoi(argv[2]), threads = atoi(argv[3]);
-  const int64_t nh = argc > 4 ? atoi(argv[4]) : 8, kvh = argc > 5 ? atoi(argv[5]) : 4, d = 64, bs = 64;
+  const int64_t nh = argc > 4 ? atoi(argv[4]) : 8, kvh = argc > 5 ? atoi(argv[5]) : 4, bs = 64;
+  const int64_t d = argc > 7 ? atoi(argv[7]) : 64;
   const int reps = argc > 6 ? atoi(argv[6]) : 100;
   spmd_set_num_threads(static_cast<int>(threads));
   const int64_t per = (past + 1 + bs - 1) / bs, NB = B * per + 4;
@@ -72,8 +73,10 @@ int main(int argc, char** argv) {
       t.push_back(std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - a).count());
     }
     const double us = median_us(t);
-    printf("B=%ld past=%ld threads=%ld heads=%ld/%ld %s: %.1f us (%.0f ns per key and KV head, one thread)\n", B,
-           past, threads, nh, kvh, cold ? "cold" : "warm", us, us * 1e3 * threads / (B * kvh * past));
+    const double bytes = 2.0 * B * past * kvh * d * sizeof(float);   // the past's K and V
+    printf("B=%ld past=%ld threads=%ld heads=%ld/%ld d=%ld %s: %.1f us (%.0f ns per key and KV head, one thread; "
+           "%.1f GB/s of K and V)\n", B, past, threads, nh, kvh, d, cold ? "cold" : "warm", us,
+           us * 1e3 * threads / (B * kvh * past), bytes / us / 1e3);
   }
   return sink == 42.0;
 }
