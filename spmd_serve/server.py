@@ -63,7 +63,7 @@ def _load(cfg, comm):
             cfg = dataclasses.replace(cfg, speculate_model_path=draft)
     check_supported(cfg)
     model_config = check_model_dir(cfg, comm.size)
-    check_served_model(model_config)
+    check_served_model(model_config, cfg.model_dir)
     cfg = clamp_to_model(cfg, model_config)
     draft_config = check_draft_dir(cfg, model_config) if cfg.speculate_method == "draft_model" else None
     mtp_dir = check_mtp_dir(cfg, model_config) if cfg.speculate_method == "mtp" else None

@@ -54,16 +54,18 @@ def check_supported(cfg) -> None:
         )
 
 
-def check_served_model(model_config: dict) -> None:
-    """What `spmd_serve export` recorded in config.json must be runnable by this build (CONTRACT §7)."""
+def check_served_model(model_config: dict, model_dir: str | None = None) -> None:
+    """What `spmd_serve export` recorded in config.json must be runnable by this build (CONTRACT §7);
+    the error names the directory's config.json when `model_dir` is given (which export to redo)."""
     served = model_config.get("spmd_serve")
     if served is None:
         return  # not written by `spmd_serve export`: the rank folders' manifests are checked when read
+    where = f"{model_dir}/config.json" if model_dir else "config.json"
     try:
         record = ServedConfig.from_json(served)
     except ManifestError as e:
-        raise ConfigError(f"config.json: {e}") from None
+        raise ConfigError(f"{where}: {e}") from None
     try:
         check_dtype_runnable(record.dtype)
     except ManifestError as e:
-        raise ConfigError(f"config.json: the model was exported with dtype {record.dtype!r}: {e}") from None
+        raise ConfigError(f"{where}: the model was exported with dtype {record.dtype!r}: {e}") from None

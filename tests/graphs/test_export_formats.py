@@ -234,5 +234,5 @@ def test_startup_checks_what_the_export_recorded(served_tp1):
         if change.get("dtype") and __import__("paddle").is_compiled_with_cuda():
             continue
         with pytest.raises(ConfigError, match=needle) as e:
-            check_served_model(bad)
-        assert "\n" not in str(e.value)
+            check_served_model(bad, str(served_tp1))
+        assert "\n" not in str(e.value) and str(e.value).startswith(f"{served_tp1}/config.json: ")
