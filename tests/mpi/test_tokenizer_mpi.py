@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
 import requests
 
-from tests.support.server_process import VENV_BIN, ServerProcess, mpi_env, mpirun
+from tests.support.failing_jobs import error_lines, run_job
+from tests.support.server_process import ServerProcess
 
 pytestmark = pytest.mark.mpi
 PROMPT = "用中文回答：你好，世界！🌍😊 What is 2+2? 🧪"
@@ -58,10 +58,6 @@ def _with_sentencepiece_tokenizer_json(served: Path, model: Path) -> Path:
     return model
 
 
-def _error_lines(res: subprocess.CompletedProcess) -> list[str]:
-    return [ln for ln in (res.stdout + res.stderr).splitlines() if ln.startswith("spmd_serve: error:")]
-
-
 @pytest.mark.parametrize("case", ["bad chat template", "USE_HF_TOKENIZER without tokenizer.json"])
 def test_tokenizer_problems_stop_start_up_with_one_line(served_tp1, tmp_path, case):
     model = tmp_path / "model"
@@ -76,9 +72,7 @@ def test_tokenizer_problems_stop_start_up_with_one_line(served_tp1, tmp_path, ca
         (model / "tokenizer.json").unlink(missing_ok=True)
         env["USE_HF_TOKENIZER"] = "1"
         expect = "USE_HF_TOKENIZER=1 needs"
-    res = subprocess.run(
-        mpirun(1, str(VENV_BIN / "spmd_serve")), env=mpi_env(**env), capture_output=True, text=True, timeout=120
-    )
-    lines = _error_lines(res)
+    res = run_job(1, timeout=120, **env)  # free ports: a default one another job holds would fail it first
+    lines = error_lines(res)
     assert res.returncode != 0 and len(lines) == 1 and expect in lines[0], res.stderr[-2000:]
     assert "cannot load the tokenizer of" in lines[0] and "Traceback" not in res.stderr
