@@ -44,6 +44,13 @@ def count_clipped(x: np.ndarray, scale: np.ndarray) -> int:
     )
 
 
+def slot_rows(pool: np.ndarray) -> np.ndarray:
+    """A pool [NB, kv_heads, block_size, head_dim] (or some of its blocks) as its slots' rows
+    [NB * block_size, kv_heads, head_dim], slot = block * block_size + offset (a copy)."""
+    nb, kvh, bs, hd = pool.shape
+    return pool.transpose(0, 2, 1, 3).reshape(nb * bs, kvh, hd)
+
+
 def kv_cache_write_cpu(
     key: np.ndarray,
     value: np.ndarray,

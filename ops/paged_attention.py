@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from . import runtime
-from .kv_cache_write import int8_scale_ptrs
+from .kv_cache_write import int8_scale_ptrs, slot_rows
 
 KERNEL_NAMES = ("paged_attention", "paged_attention_split", "paged_attention_reduce")
 # The kernels' tuning knobs (the source's macros, defaults there too), chosen by measurement on a
@@ -144,8 +144,8 @@ def paged_attention_cpu(
         if n == 0:
             continue
         blocks = block_tables[b, : -(-n // bs)]
-        k = k_cache[blocks].transpose(0, 2, 1, 3).reshape(-1, kvh, hd)[:n].astype(np.float32)  # [n, kvh, hd]
-        v = v_cache[blocks].transpose(0, 2, 1, 3).reshape(-1, kvh, hd)[:n].astype(np.float32)
+        k = slot_rows(k_cache[blocks])[:n].astype(np.float32)  # [n, kvh, hd]
+        v = slot_rows(v_cache[blocks])[:n].astype(np.float32)
         if k_scale is not None:
             k *= np.asarray(k_scale, np.float32)[:, None]
             v *= np.asarray(v_scale, np.float32)[:, None]

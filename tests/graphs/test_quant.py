@@ -189,7 +189,7 @@ def test_kv_capacity_counts_int8():
 
 
 def test_int8_pool_writes_through_the_ops_twin():
-    from ops.kv_cache_write import quantize_int8
+    from ops.kv_cache_write import quantize_int8, slot_rows
     from spmd_serve.kv_layout import KVLayout
     from spmd_serve.worker.kv_cache import KVCachePool
 
@@ -198,6 +198,5 @@ def test_int8_pool_writes_through_the_ops_twin():
     k, v = np.random.default_rng(2).standard_normal((2, 3, 2, 16)).astype(np.float32)
     pool.write(0, np.array([0, 9, 31]), k, v)
     assert pool.k[0].dtype == np.int8 and pool.nbytes == 2 * 4 * 8 * 2 * 16
-    rows = pool.k[0].transpose(0, 2, 1, 3).reshape(32, 2, 16)  # [NB, kvh, bs, d] → the slots' rows
-    np.testing.assert_array_equal(rows[[0, 9, 31]], quantize_int8(k, np.array([0.01, 0.02])))
+    np.testing.assert_array_equal(slot_rows(pool.k[0])[[0, 9, 31]], quantize_int8(k, np.array([0.01, 0.02])))
     assert pool.tensor("v_scale_0").numpy().tolist() == pytest.approx([0.03, 0.04])

@@ -9,7 +9,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tests.support.paged_attention_reference import inv_freq, make_step, reference, slot_rows
+from ops.kv_cache_write import slot_rows
+from tests.support.paged_attention_reference import inv_freq, make_step, reference
 
 
 @pytest.fixture(scope="module")

@@ -52,11 +52,6 @@ def reference(qkv, k_cache, v_cache, tables, ctx, qlens, slots, nh, scale, k_sca
     return out.reshape(t_all, nh * d), k_pool.transpose(0, 2, 1, 3), v_pool.transpose(0, 2, 1, 3)
 
 
-def slot_rows(pool: np.ndarray) -> np.ndarray:
-    """A head-major pool [NB, kvh, bs, d] as its slots' rows [NB * bs, kvh, d] (slot = block * bs + offset)."""
-    return pool.transpose(0, 2, 1, 3).reshape(-1, pool.shape[1], pool.shape[3])
-
-
 def make_step(ctx, qlens, nh, kvh, d, bs, seed=0):
     """Random qkv and pools, scattered block tables covering past and new tokens, the slots."""
     rng = np.random.default_rng(seed)
