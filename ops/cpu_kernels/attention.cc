@@ -16,6 +16,7 @@
 // comes back from the pool is quantised).  An fp32 pool's own keys are read from the pool.
 #include "attention.h"
 #include "attention_narrow.h"
+#include "attention_prefetch.h"
 
 #include <algorithm>
 #include <atomic>
@@ -33,6 +34,7 @@ namespace {
 
 constexpr int64_t kTileRows = kWidth;   // query rows (tokens x g) per work item, about: one row block
 constexpr int64_t kKeyChains = 8;       // keys scored at once (independent FMA chains)
+constexpr int64_t kChunksPerThread = 4; // tasks a thread of attend()'s items (2 and 8 measured alike)
 
 struct Item {
   int64_t seq, head, i0, i1;
@@ -72,13 +74,16 @@ struct Weights {
   float at(int64_t p, int64_t l) const { return s[p * ps + l * rs]; }
 };
 
-// o[r][0:NV*kWidth] (+)= sum_p w(p, l0 + r) * v_p for G rows from row l0, keys [0, n)
+// o[r][0:NV*kWidth] (+)= sum_p w(p, l0 + r) * v_p for G rows from row l0, keys [0, n); pf stepped
+// every kWidth keys
 template <int NV, int G, typename E>
-void weigh_values(Weights s, int64_t l0, const E* const* v, int64_t n, float* o, int64_t ldo, bool add) {
+void weigh_values(Weights s, int64_t l0, const E* const* v, int64_t n, float* o, int64_t ldo, bool add,
+                  PoolPrefetch& pf) {
   Vec acc[G][NV];
   for (int r = 0; r < G; ++r)
     for (int i = 0; i < NV; ++i) acc[r][i] = add ? vload(o + r * ldo + i * kWidth) : vzero();
   for (int64_t p = 0; p < n; ++p) {
+    if (p % kWidth == 0) pf.step(std::min(kWidth, n - p));
     Vec vv[NV];
     for (int i = 0; i < NV; ++i) vv[i] = vload(v[p] + i * kWidth);
     for (int r = 0; r < G; ++r) {
@@ -104,31 +109,32 @@ void weigh_values_any(Weights s, int64_t l, const E* const* v, int64_t n, int64_
 
 template <int NV, typename E>
 void weigh_rows(Weights s, int64_t lanes, const E* const* v, const int64_t* reach, float* o, int64_t ldo,
-                bool add) {
+                bool add, PoolPrefetch& pf) {
   constexpr int G = NV <= 4 ? 4 : 2;   // G x NV accumulators in registers
   int64_t l = 0;
-  for (; l + G <= lanes; l += G) weigh_values<NV, G>(s, l, v, reach[l + G - 1], o + l * ldo, ldo, add);
+  for (; l + G <= lanes; l += G) weigh_values<NV, G>(s, l, v, reach[l + G - 1], o + l * ldo, ldo, add, pf);
   if constexpr (G > 2)   // a decode's 2-3 rows (g): each value row read once for two
-    for (; l + 2 <= lanes; l += 2) weigh_values<NV, 2>(s, l, v, reach[l + 1], o + l * ldo, ldo, add);
-  for (; l < lanes; ++l) weigh_values<NV, 1>(s, l, v, reach[l], o + l * ldo, ldo, add);
+    for (; l + 2 <= lanes; l += 2) weigh_values<NV, 2>(s, l, v, reach[l + 1], o + l * ldo, ldo, add, pf);
+  for (; l < lanes; ++l) weigh_values<NV, 1>(s, l, v, reach[l], o + l * ldo, ldo, add, pf);
 }
 
 // o[lanes][d] (+)= the weights s times the values v[p], row l over p < reach[l]
 template <typename E>
-void weigh(Weights s, int64_t lanes, const E* const* v, const int64_t* reach, int64_t d, float* o, bool add) {
+void weigh(Weights s, int64_t lanes, const E* const* v, const int64_t* reach, int64_t d, float* o, bool add,
+           PoolPrefetch& pf) {
   const int64_t nv = d % kWidth == 0 ? d / kWidth : 0;
-  if (nv == 1) weigh_rows<1>(s, lanes, v, reach, o, d, add);
-  else if (nv == 2) weigh_rows<2>(s, lanes, v, reach, o, d, add);
-  else if (nv == 4) weigh_rows<4>(s, lanes, v, reach, o, d, add);
-  else if (nv == 8) weigh_rows<8>(s, lanes, v, reach, o, d, add);
+  if (nv == 1) weigh_rows<1>(s, lanes, v, reach, o, d, add, pf);
+  else if (nv == 2) weigh_rows<2>(s, lanes, v, reach, o, d, add, pf);
+  else if (nv == 4) weigh_rows<4>(s, lanes, v, reach, o, d, add, pf);
+  else if (nv == 8) weigh_rows<8>(s, lanes, v, reach, o, d, add, pf);
   else
     for (int64_t l = 0; l < lanes; ++l) weigh_values_any(s, l, v, reach[l], d, o + l * d, add);
 }
 
 // s[p * kWidth ...] for keys [0, n), kKeyChains at a time
 template <typename E>
-void score(const float* qt, const E* const* k, int64_t n, int64_t d, float* s) {
-  for (int64_t p = 0; p < n; p += kKeyChains)
+void score(const float* qt, const E* const* k, int64_t n, int64_t d, float* s, PoolPrefetch& pf) {
+  for (int64_t p = 0; p < n; p += kKeyChains, pf.step(std::min(kKeyChains, n - p)))
     score_dispatch(std::min(kKeyChains, n - p), std::make_integer_sequence<int, kKeyChains>{}, qt, &k[p], d,
                    s + p * kWidth);
 }
@@ -156,7 +162,7 @@ void softmax_lanes(float* s, int64_t n, int64_t common, const Vec limit, float* 
 // the rows [rb, rb + lanes) of an item
 template <typename E>
 void run_block(const Item& it, int64_t rb, int64_t lanes, const float* q, int64_t q_stride, int64_t nh,
-               const PagedPool& pool, const StepTokens& st, const OwnKV& own, float* out) {
+               const PagedPool& pool, const StepTokens& st, const OwnKV& own, float* out, PoolPrefetch& pf) {
   constexpr bool kInt8 = std::is_same_v<E, int8_t>;
   const int64_t d = pool.head_dim, kvh = pool.kv_heads, g = nh / kvh, past = st.ctx_lens[it.seq];
   const int64_t first = st.start[it.seq] + it.i0;          // the item's first token
@@ -205,11 +211,11 @@ void run_block(const Item& it, int64_t rb, int64_t lanes, const float* q, int64_
   if (narrow) {
     thread_local AlignedVector<float> kt;
     kt.resize(d * kWidth);
-    narrow_dispatch(lanes, kL, kInt8 ? qs.data() : qt.data(), kp.data(), past, d, s.data(), ld, kt.data());
-    narrow_dispatch(lanes, kL, qt.data(), kn.data(), n - past, d, s.data() + past, ld, kt.data());
+    narrow_dispatch(lanes, kL, kInt8 ? qs.data() : qt.data(), kp.data(), past, d, s.data(), ld, kt.data(), pf);
+    narrow_dispatch(lanes, kL, qt.data(), kn.data(), n - past, d, s.data() + past, ld, kt.data(), pf);
   } else {
-    score(kInt8 ? qs.data() : qt.data(), kp.data(), past, d, s.data());
-    score(qt.data(), kn.data(), n - past, d, s.data() + past * kWidth);
+    score(kInt8 ? qs.data() : qt.data(), kp.data(), past, d, s.data(), pf);
+    score(qt.data(), kn.data(), n - past, d, s.data() + past * kWidth, pf);
   }
   float limit[kWidth], inv[kWidth];
   int64_t reach[kWidth], in_past[kWidth], in_own[kWidth];
@@ -230,20 +236,23 @@ void run_block(const Item& it, int64_t rb, int64_t lanes, const float* q, int64_
       for (int64_t i = 0; i < past * kWidth; ++i) s[i] *= vs;
   }
   o.resize(lanes * d);
-  weigh(Weights{s.data(), ps, rs}, lanes, vp.data(), in_past, d, o.data(), false);
-  weigh(Weights{s.data() + past * ps, ps, rs}, lanes, vn.data(), in_own, d, o.data(), true);
+  weigh(Weights{s.data(), ps, rs}, lanes, vp.data(), in_past, d, o.data(), false, pf);
+  weigh(Weights{s.data() + past * ps, ps, rs}, lanes, vn.data(), in_own, d, o.data(), true, pf);
   for (int64_t l = 0; l < lanes; ++l) {
     float* dst = out + (first + (rb + l) / g) * nh * d + (it.head * g + (rb + l) % g) * d;
     for (int64_t c = 0; c < d; ++c) dst[c] = o[l * d + c] * inv[l];
   }
 }
 
+// the item's rows, a row block at a time; `next`: the item after it in this thread's chunk, if any
 template <typename E>
-void run_item(const Item& it, const float* q, int64_t q_stride, int64_t nh, const PagedPool& pool,
+void run_item(const Item& it, const Item* next, const float* q, int64_t q_stride, int64_t nh, const PagedPool& pool,
               const StepTokens& st, const OwnKV& own, float* out) {
   const int64_t rows = (it.i1 - it.i0) * (nh / pool.kv_heads);
+  const int64_t keys = st.ctx_lens[it.seq] + it.i1;   // the last row's keys: each block scores and weighs them
+  PoolPrefetch pf = next ? PoolPrefetch(pool, st, next->seq, next->head, 2 * keys) : PoolPrefetch();
   for (int64_t rb = 0; rb < rows; rb += kWidth)
-    run_block<E>(it, rb, std::min(kWidth, rows - rb), q, q_stride, nh, pool, st, own, out);
+    run_block<E>(it, rb, std::min(kWidth, rows - rb), q, q_stride, nh, pool, st, own, out, pf);
 }
 
 }  // namespace
@@ -260,9 +269,18 @@ void attend(const float* q, int64_t q_stride, int64_t nh, const PagedPool& pool,
   std::stable_sort(items.begin(), items.end(), [&](const Item& a, const Item& b) {
     return st.ctx_lens[a.seq] + a.i1 > st.ctx_lens[b.seq] + b.i1;
   });
-  parallel_for(static_cast<int64_t>(items.size()), [&](int64_t i) {
-    if (pool.int8) run_item<int8_t>(items[i], q, q_stride, nh, pool, st, own, out);
-    else run_item<float>(items[i], q, q_stride, nh, pool, st, own, out);
+  // A task is a chunk of consecutive items (kChunksPerThread a thread, for balance), so that each
+  // item can prefetch the next one's rows (attention_prefetch.h).  Fewer items than that (a batch
+  // of one or two) run one a task: two a thread ran slower there (RESULTS.md "Session 43").
+  const int64_t count = static_cast<int64_t>(items.size());
+  const int64_t chunk = std::max<int64_t>(1, count / (num_threads() * kChunksPerThread));
+  parallel_for((count + chunk - 1) / chunk, [&](int64_t c) {
+    const int64_t i1 = std::min(count, (c + 1) * chunk);
+    for (int64_t i = c * chunk; i < i1; ++i) {
+      const Item* next = i + 1 < i1 ? &items[i + 1] : nullptr;
+      if (pool.int8) run_item<int8_t>(items[i], next, q, q_stride, nh, pool, st, own, out);
+      else run_item<float>(items[i], next, q, q_stride, nh, pool, st, own, out);
+    }
   });
 }
 

@@ -23,6 +23,7 @@
 #include <cmath>
 #include <cstdint>
 
+#include "attention_prefetch.h"
 #include "simd.h"
 
 namespace spmd {
@@ -90,11 +91,14 @@ inline void transpose_block(const E* const*, int64_t, Vec*) {}
 // s[l * ld + p] = q_l . k_p for rows l < L (qt [d][W], lane l = row l) and keys p in [0, n), W at a
 // time: up to W - 1 keys past n are written too (their scores are 0), so ld must leave room.  A
 // whole group of W keys goes W elements at a time through transpose_block's registers; a last,
-// partial group (or a plain-C++ build) through kt, a scratch of d x W floats.
+// partial group (or a plain-C++ build) through kt, a scratch of d x W floats.  pf: the next item's
+// prefetch, stepped per group
 template <int L, typename E>
-void score_narrow(const float* qt, const E* const* k, int64_t n, int64_t d, float* s, int64_t ld, float* kt) {
+void score_narrow(const float* qt, const E* const* k, int64_t n, int64_t d, float* s, int64_t ld, float* kt,
+                  PoolPrefetch& pf) {
   for (int64_t p0 = 0; p0 < n; p0 += kWidth) {
     const int64_t m = std::min<int64_t>(kWidth, n - p0);
+    pf.step(m);
     Vec acc[L];
     for (int l = 0; l < L; ++l) acc[l] = vzero();
     int64_t c0 = 0;
@@ -150,8 +154,8 @@ void softmax_rows(float* s, int64_t ld, int64_t n, const int64_t* reach, float* 
 // score_narrow, softmax_rows for the lanes' count of rows
 template <typename E, int... L>
 void narrow_dispatch(int64_t lanes, std::integer_sequence<int, L...>, const float* qt, const E* const* k,
-                     int64_t n, int64_t d, float* s, int64_t ld, float* kt) {
-  ((lanes == L + 1 ? score_narrow<L + 1>(qt, k, n, d, s, ld, kt) : void()), ...);
+                     int64_t n, int64_t d, float* s, int64_t ld, float* kt, PoolPrefetch& pf) {
+  ((lanes == L + 1 ? score_narrow<L + 1>(qt, k, n, d, s, ld, kt, pf) : void()), ...);
 }
 
 template <int... L>

@@ -73,6 +73,20 @@ def test_long_chunks_match_float64_and_threads_change_no_bit(ext, ctx, qlens):
         assert all(np.array_equal(a, b) for a, b in zip(run(ext, step, 8, threads), one))
 
 
+DECODE_BATCH = [int(c) for c in np.random.default_rng(5).integers(0, 300, 24)] + [63, 64, 0]  # block edges
+
+
+def test_a_decode_batch_matches_float64_and_threads_change_no_bit(ext):
+    """A decode step of 27 sequences (one token each, contexts 0 … ~300 around block edges): 54
+    work items, so every thread runs chunks of several, each prefetching the next one's past
+    (attention_prefetch.h).  What it fetches changes no bit."""
+    step = make_step(DECODE_BATCH, [1] * len(DECODE_BATCH), 8, 2, 64, 16, seed=11)
+    one = run(ext, step, 8)
+    np.testing.assert_allclose(one[0], reference(*step, 8, 0.125)[0], rtol=1e-4, atol=2e-5)
+    for threads in (2, 3):
+        assert all(np.array_equal(a, b) for a, b in zip(run(ext, step, 8, threads), one))
+
+
 def run_int8(ext, step, nh, k_scale, v_scale, threads=1, freq=None):
     """(output, K pool, V pool) of spmd_paged_attention_int8 on copies of the step's int8 pools
     (`freq`: RoPE's inv_freq, default Llama's)."""
@@ -110,6 +124,19 @@ def test_int8_pool_matches_float64(ext, ctx, qlens, nh, kvh, d, bs):
     np.testing.assert_allclose(vp * vs[:, None, None], want_v, rtol=0, atol=1e-6)
     assert kp.dtype == np.int8 and (kp != k8).any()
     assert all(np.array_equal(a, b) for a, b in zip(run_int8(ext, step, nh, ks, vs, threads=3), (out, kp, vp)))
+
+
+def test_an_int8_decode_batch_matches_float64_and_threads_change_no_bit(ext):
+    """The decode batch above over an int8 pool: its prefetch counts bytes, not floats."""
+    qkv, kc, vc, *rest = make_step(DECODE_BATCH, [1] * len(DECODE_BATCH), 8, 2, 64, 16, seed=12)
+    rng = np.random.default_rng(12)
+    k8, v8 = (rng.integers(-127, 128, kc.shape, dtype=np.int8) for _ in range(2))
+    ks, vs = np.array([0.02, 0.03], np.float32), np.array([0.025, 0.015], np.float32)
+    step = (qkv, k8, v8, *rest)
+    one = run_int8(ext, step, 8, ks, vs)
+    np.testing.assert_allclose(one[0], reference(*step, 8, 0.125, k_scale=ks, v_scale=vs)[0], rtol=1e-3, atol=1e-4)
+    for threads in (2, 3):
+        assert all(np.array_equal(a, b) for a, b in zip(run_int8(ext, step, 8, ks, vs, threads), one))
 
 
 def test_int8_pool_counts_the_entries_it_clips(ext):
