@@ -16,8 +16,6 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <utility>
-#include <vector>
 
 #include "attention.h"
 
@@ -28,32 +26,27 @@ class PoolPrefetch {
   // Nothing to fetch: step() does nothing
   PoolPrefetch() = default;
 
-  // Sequence `seq`'s past rows of KV head `head` (its K runs, then its V runs, block by block),
-  // at most kBudget bytes, spread over `visits` key visits of the current item (its score pass
-  // and its weighing pass over its keys)
-  PoolPrefetch(const PagedPool& pool, const StepTokens& st, int64_t seq, int64_t head, int64_t visits) {
-    const int64_t bs = pool.block_size, d = pool.head_dim, past = st.ctx_lens[seq];
-    const int64_t elem = pool.int8 ? 1 : static_cast<int64_t>(sizeof(float)), blocks = (past + bs - 1) / bs;
-    const int64_t* table = st.block_tables + seq * st.max_blocks;
-    int64_t budget = budget_bytes(), lines = 0;
-    for (const void* base : {pool.k, pool.v})
-      for (int64_t blk = 0; blk < blocks && budget > 0; ++blk) {
-        // [NB, kvh, bs, d]: the block's rows of this head are one run
-        const char* run = static_cast<const char*>(base) + ((table[blk] * pool.kv_heads + head) * bs * d) * elem;
-        const int64_t bytes = std::min(bs, past - blk * bs) * d * elem;
-        runs_.emplace_back(run, bytes);
-        budget -= bytes;
-        lines += (bytes + 63) / 64;
-      }
-    per_key_ = (lines + std::max<int64_t>(visits, 1) - 1) / std::max<int64_t>(visits, 1);
+  // Sequence `seq`'s past rows of KV head `head` (its K runs, then its V runs, block by block), at
+  // most budget_bytes(), spread over `visits` key visits of the current item (its score pass and
+  // its weighing pass over its keys).  The runs are found from the block table as the cursor goes.
+  PoolPrefetch(const PagedPool& pool, const StepTokens& st, int64_t seq, int64_t head, int64_t visits)
+      : pool_(&pool), table_(st.block_tables + seq * st.max_blocks), head_(head), past_(st.ctx_lens[seq]),
+        row_bytes_(pool.head_dim * (pool.int8 ? 1 : static_cast<int64_t>(sizeof(float)))) {
+    if (past_ == 0) return;
+    const int64_t lines = 2 * ((past_ * row_bytes_ + 63) / 64);   // K and V, about (a block's run rounds up)
+    left_ = std::min(lines, budget_bytes() / 64);
+    per_key_ = (left_ + std::max<int64_t>(visits, 1) - 1) / std::max<int64_t>(visits, 1);
+    open_run();
   }
 
   // The share of `keys` key visits: per_key lines each, in the runs' order
   void step(int64_t keys) {
-    for (int64_t left = keys * per_key_; left > 0 && run_ < runs_.size(); --left) {
-      __builtin_prefetch(runs_[run_].first + off_, 0, 2);   // into L2 (prefetcht1)
-      off_ += 64;
-      if (off_ >= runs_[run_].second) ++run_, off_ = 0;
+    for (int64_t n = keys * per_key_; n > 0 && left_ > 0; --n, --left_) {
+      __builtin_prefetch(run_ + off_, 0, 2);   // into L2 (prefetcht1)
+      if ((off_ += 64) < run_bytes_) continue;
+      if (++blk_ * pool_->block_size >= past_) blk_ = 0, ++kv_;
+      if (kv_ == 2) left_ = 0;
+      else open_run();
     }
   }
 
@@ -67,9 +60,22 @@ class PoolPrefetch {
     return bytes;
   }
 
-  std::vector<std::pair<const char*, int64_t>> runs_;
-  size_t run_ = 0;
-  int64_t off_ = 0, per_key_ = 0;
+  // [NB, kvh, bs, d]: block blk_'s rows of this head in K (kv_ 0) or V (1) are one run
+  void open_run() {
+    const int64_t bs = pool_->block_size;
+    const char* base = static_cast<const char*>(kv_ ? pool_->v : pool_->k);
+    run_ = base + (table_[blk_] * pool_->kv_heads + head_) * bs * row_bytes_;
+    run_bytes_ = std::min(bs, past_ - blk_ * bs) * row_bytes_;
+    off_ = 0;
+  }
+
+  const PagedPool* pool_ = nullptr;
+  const int64_t* table_ = nullptr;
+  int64_t head_ = 0, past_ = 0, row_bytes_ = 0;
+  int64_t left_ = 0, per_key_ = 0;   // lines still to issue; lines a key visit
+  int kv_ = 0;
+  int64_t blk_ = 0, off_ = 0, run_bytes_ = 0;
+  const char* run_ = nullptr;
 };
 
 }  // namespace spmd
