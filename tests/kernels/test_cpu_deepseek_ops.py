@@ -52,7 +52,8 @@ def run_mla(case, threads=1):
     return got, pool_t.numpy()
 
 
-@pytest.mark.parametrize("heads,k,bs", [(4, 40, 16), (1, 48, 4), (3, 7, 8)])
+# heads around the kernel's blocks of 4, K around its vectors (16 or 8 floats) and stretches of them
+@pytest.mark.parametrize("heads,k,bs", [(4, 40, 16), (1, 48, 4), (3, 7, 8), (6, 70, 8), (9, 576, 16)])
 def test_mla_decode_matches_reference(heads, k, bs):
     query, latent, pool, tables, ctx_lens, slots = mla_case(heads, k, bs)
     b = len(ctx_lens)
@@ -71,7 +72,7 @@ def test_mla_decode_matches_reference(heads, k, bs):
 
 
 def test_mla_decode_threads_change_no_bit():
-    case = mla_case(5, 40, 4)
+    case = mla_case(9, 70, 4)  # three tasks a sequence, the last of one head
     one = run_mla(case)
     for threads in (2, 3):
         assert all(np.array_equal(a, b) for a, b in zip(run_mla(case, threads), one)), threads
