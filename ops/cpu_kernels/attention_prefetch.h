@@ -12,12 +12,11 @@
 // layer's attention.  Prefetches change no result.
 #pragma once
 
-#include <unistd.h>
-
 #include <algorithm>
 #include <cstdint>
 
 #include "attention.h"
+#include "cache_size.h"
 
 namespace spmd {
 
@@ -52,13 +51,7 @@ class PoolPrefetch {
 
  private:
   // Half the core's L2: the current item's rows stay while the next one's arrive
-  static int64_t budget_bytes() {
-    static const int64_t bytes = [] {
-      const long l2 = sysconf(_SC_LEVEL2_CACHE_SIZE);
-      return l2 > 0 ? static_cast<int64_t>(l2) / 2 : int64_t{256} << 10;
-    }();
-    return bytes;
-  }
+  static int64_t budget_bytes() { return l2_bytes() / 2; }
 
   // [NB, kvh, bs, d]: block blk_'s rows of this head in K (kv_ 0) or V (1) are one run
   void open_run() {

@@ -19,7 +19,7 @@
 //   per kKC rows of W it converts its [kKC, kNC] block to fp32 micro-panels [kKC][kNR] (in L2;
 //   int8/int4 are dequantised here, once per call) and runs a kMR x kNR register-blocked
 //   micro-kernel over all T rows for each micro-panel while that panel stays in L1, adding each
-//   block's product to the task's contiguous [T, kNC] sums (y once at the end); at T <= 96 the
+//   block's product to the task's contiguous [T, kNC] sums (y once at the end); while it fits in L2 the
 //   next block is prefetched into L2 meanwhile (BlockPrefetch).  x is packed once
 //   per call into kMR-row micro-panels per block of kKC rows.  The packings are per-call scratch
 //   buffers: no second copy of the weights is kept.

@@ -8,6 +8,7 @@
 #include <type_traits>
 #include <utility>
 
+#include "cache_size.h"
 #include "simd.h"
 #include "weights.h"
 
@@ -22,7 +23,7 @@ constexpr int64_t kNR = kNV * kWidth;       // blocked: columns per micro-panel
 constexpr int64_t kKC = 128;                // both: rows of W per chunk of the sum (blocked: a micro-panel, 32 KiB)
 constexpr int64_t kNC = 256;                // blocked: columns per task, at most
 constexpr int64_t kPackPrefetchRows = 8;    // blocked: software prefetch distance of the packing
-constexpr int64_t kPrefetchTiles = 16;      // blocked: at most this many tiles of x, the next block is prefetched
+constexpr int64_t kPrefetchTiles = 16;      // blocked: next block prefetched up to these tiles (see prefetch_ahead)
 constexpr int64_t kChainStreams = 8;        // both: the interleaved runs of rows a chunk's chain visits
 
 // Chain position p (0 <= p < kb) of a chunk of kb rows → its row in the chunk.  The chain visits the
@@ -193,6 +194,17 @@ void micro_dispatch(int64_t m, std::integer_sequence<int, M...>, const float* x,
   ((m == M + 1 ? micro<M + 1>(x, panel, kb, c, ldc, out, ldo, zero) : void()), ...);
 }
 
+// Whether blocked_columns brings the next block of W into L2 ahead: up to kPrefetchTiles tiles of x
+// always (the pack's wait on memory was a third of the time, RESULTS.md "Session 30"); above, while
+// the task's working set (its sums, T x kNC floats; x's panels of a block, T x kKC; this block of
+// W and the next) fits in three quarters of the L2.  With more tiles the wait is amortised and
+// the prefetched block crowded the sums out of a 512 KiB L2; on a 2 MiB one T = 128-512 ran
+// 1.02-1.1x with it (RESULTS.md "Session 44").
+inline bool prefetch_ahead(int64_t T, int64_t tiles) {
+  const int64_t set = (T * (kNC + kKC) + 2 * kKC * kNC) * static_cast<int64_t>(sizeof(float));
+  return tiles <= kPrefetchTiles || 4 * set <= 3 * l2_bytes();
+}
+
 // y[:, n0:n0+nb] for all T rows (one task of the blocked path), x packed by pack_rows.  buf holds
 // kKC x kNC floats of W; acc the task's sums [T][nb rounded up to kNR]: the micro-kernels add each
 // block's product into it, and the last block's sums go to y.  Added into y in place (rows N floats
@@ -220,7 +232,7 @@ void blocked_columns(const float* xp, const Src& w, int64_t T, int64_t K, int64_
     // (the task this thread likely takes next).  At T <= 96 the pack's wait on memory was a third
     // of the time (T = 16-96 on two threads: 1.1-1.2x, RESULTS.md "Session 30"); with more tiles it
     // is amortised, and the prefetched block would only crowd the sums in L2.
-    const bool ahead = tiles <= kPrefetchTiles && (!last || n_after >= 0);
+    const bool ahead = prefetch_ahead(T, tiles) && (!last || n_after >= 0);
     const int64_t pn0 = last ? n_after : n0;
     BlockPrefetch<Src> next(w, last ? 0 : k0 + kb, ahead ? std::min(kKC, last ? K : K - k0 - kb) : 0, pn0,
                             std::min(nb, N - pn0), ld / kNR * tiles);
