@@ -6,7 +6,7 @@ with (benchmarks/RESULTS.md "Session 39").  Compare trees by running this in eac
 
 Cases: `attention-int8` / `attention-f32` (spmd_paged_attention over an int8 / fp32 pool: 8 heads,
 4 KV heads, d = 64, past 192, B = 1, 8, 32 decodes), `moe` (spmd_moe_experts, 32 experts, H = 1,024,
-I = 512, k = 6, T = 8 and 128), `mla` (spmd_mla_decode, 16 heads, B = 8, K = 576, past 256), `moe-int8`
+I = 512, k = 6, T = 8 and 128), `mla` (spmd_mla_decode, K = 576: see its cases), `moe-int8`
 (spmd_moe_experts_int8 against the batched path Paddle's ops run), `moe-grouped` (fp32: the batched
 path against spmd_moe_experts at E / k = 2, 4, 8: why MoeStage takes the op everywhere).
 SPMD_OPS_MARCH=x86-64-v3 times the AVX2 build.  Prints one line: case, threads, ms or µs a call.
@@ -106,21 +106,33 @@ def moe_grouped(ext, paddle, threads: int) -> list[str]:
 
 
 def mla(ext, paddle, threads: int) -> list[str]:
-    heads, b, k, bs, past = 16, 8, 576, 64, 256
-    rng = np.random.default_rng(0)
-    nb = b * (past // bs + 1)
-    tables = np.arange(nb).reshape(b, -1).astype(np.int64)
-    slots = np.array([tables[i, past // bs] * bs + past % bs for i in range(b)], np.int64)
-    arrays = (
-        rng.standard_normal((heads, b, k)).astype(np.float32),
-        rng.standard_normal((b, k)).astype(np.float32),
-        rng.standard_normal((nb, bs, k)).astype(np.float32),
-        tables,
-        np.full(b, past, np.int64),
-        slots,
-    )
-    args = [paddle.to_tensor(a) for a in arrays]
-    return [f"{median_ms(lambda: ext.run_op('spmd_mla_decode', *args), inner=50):.3f} ms"]
+    """(heads, B, past) cases at K = 576, blocks of 64; the query times 0.072 (the softmax scale the
+    graph folds in) or 1 (scores so spread that most weights underflow: the subnormal case)."""
+    out = []
+    for heads, b, past, scale in (
+        (16, 8, 256, 0.072),
+        (16, 1, 256, 0.072),
+        (16, 8, 16, 0.072),
+        (4, 8, 256, 0.072),
+        (16, 8, 256, 1.0),
+    ):
+        k, bs = 576, 64
+        rng = np.random.default_rng(0)
+        nb = b * (past // bs + 1)
+        tables = np.arange(nb).reshape(b, -1).astype(np.int64)
+        slots = np.array([tables[i, past // bs] * bs + past % bs for i in range(b)], np.int64)
+        arrays = (
+            (rng.standard_normal((heads, b, k)) * scale).astype(np.float32),
+            rng.standard_normal((b, k)).astype(np.float32),
+            rng.standard_normal((nb, bs, k)).astype(np.float32),
+            tables,
+            np.full(b, past, np.int64),
+            slots,
+        )
+        args = [paddle.to_tensor(a) for a in arrays]
+        ms = median_ms(lambda: ext.run_op("spmd_mla_decode", *args), inner=20)
+        out.append(f"h {heads} B {b} past {past} q x{scale}: {ms:.3f} ms")
+    return out
 
 
 CASES = {
