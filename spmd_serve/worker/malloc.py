@@ -7,8 +7,11 @@ trim threshold goes back to the kernel: either way the next step's tensor of the
 page-faults in again and is zeroed by the kernel.  At batch 32 that was most of a gather's time
 (a 4 MB past-K gather: 3-6 ms, 0.1-0.2 ms with the settings below; RESULTS.md "Speed change 3").
 
-`tune_malloc` keeps blocks up to 32 MiB (glibc's maximum) on the heap and keeps up to
-`MALLOC_KEEP_BYTES` of freed heap mapped, so steady-state steps reuse the same pages.
+`tune_malloc` keeps every block on the heap and keeps up to `MALLOC_KEEP_BYTES` of freed heap
+mapped, so steady-state steps reuse the same pages.  The mmap threshold can be raised only to 32 MiB,
+and a 512-token prefill chunk of a 1B model already makes a larger tensor (gate|up: 512 x 16,384
+floats), page-faulted in again every step (256 K faults a chunk); so mmap is switched off
+(M_MMAP_MAX = 0): 1.04-1.06x that chunk, the same peak RSS (RESULTS.md "Session 44").
 `SPMD_MALLOC_TUNING=0` leaves glibc's defaults (e.g. to compare, or under another allocator).
 """
 
@@ -20,7 +23,7 @@ import json
 import signal
 import sys
 
-M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # glibc <malloc.h>
+M_TRIM_THRESHOLD, M_MMAP_THRESHOLD, M_MMAP_MAX = -1, -3, -4  # glibc <malloc.h>
 MMAP_THRESHOLD_MAX = 32 << 20  # glibc refuses more on 64-bit (HEAP_MAX_SIZE / 2)
 MALLOC_KEEP_BYTES = 1 << 30
 
@@ -33,7 +36,9 @@ def tune_malloc() -> bool:
     except (OSError, AttributeError, TypeError):  # not glibc (musl, macOS): no mallopt
         return False
     mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
-    return bool(mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD_MAX) and mallopt(M_TRIM_THRESHOLD, MALLOC_KEEP_BYTES))
+    # the threshold too: it also stops glibc's dynamic threshold from moving
+    ok = mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD_MAX) and mallopt(M_MMAP_MAX, 0)
+    return bool(ok and mallopt(M_TRIM_THRESHOLD, MALLOC_KEEP_BYTES))
 
 
 class _MallInfo2(ctypes.Structure):
