@@ -199,7 +199,7 @@ void micro_dispatch(int64_t m, std::integer_sequence<int, M...>, const float* x,
 // the task's working set (its sums, T x kNC floats; x's panels of a block, T x kKC; this block of
 // W and the next) fits in three quarters of the L2.  With more tiles the wait is amortised and
 // the prefetched block crowded the sums out of a 512 KiB L2; on a 2 MiB one T = 128-512 ran
-// 1.02-1.1x with it (RESULTS.md "Session 44").
+// 1.0-1.1x with it (RESULTS.md "Session 44").
 inline bool prefetch_ahead(int64_t T, int64_t tiles) {
   const int64_t set = (T * (kNC + kKC) + 2 * kKC * kNC) * static_cast<int64_t>(sizeof(float));
   return tiles <= kPrefetchTiles || 4 * set <= 3 * l2_bytes();
@@ -229,9 +229,7 @@ void blocked_columns(const float* xp, const Src& w, int64_t T, int64_t K, int64_
     const bool last = k0 + kb == K;
     // The next block into L2 while this one's micro-kernels run, so its pack reads L2 and the memory
     // reads overlap the arithmetic; after the last block, the first block of the columns at n_after
-    // (the task this thread likely takes next).  At T <= 96 the pack's wait on memory was a third
-    // of the time (T = 16-96 on two threads: 1.1-1.2x, RESULTS.md "Session 30"); with more tiles it
-    // is amortised, and the prefetched block would only crowd the sums in L2.
+    // (the task this thread likely takes next); prefetch_ahead says for which T.
     const bool ahead = prefetch_ahead(T, tiles) && (!last || n_after >= 0);
     const int64_t pn0 = last ? n_after : n0;
     BlockPrefetch<Src> next(w, last ? 0 : k0 + kb, ahead ? std::min(kKC, last ? K : K - k0 - kb) : 0, pn0,

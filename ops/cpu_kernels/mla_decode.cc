@@ -63,6 +63,8 @@ void scores(const float* const* q, int64_t G, const float* const* r, int64_t n, 
 // o[g] = sum_p a[g][p] r[p], g < G: kHeads x kVecs sums in registers over all rows for each
 // stretch of kVecs vectors of K (the rows are read once per stretch for all the heads)
 void weigh(const float* a, int64_t ld, int64_t G, const float* const* r, int64_t n, int64_t K, float* const* o) {
+  const float* ag[kHeads];   // a block's heads' weights (missing heads repeat the last)
+  for (int64_t g = 0; g < kHeads; ++g) ag[g] = a + std::min(g, G - 1) * ld;
   int64_t i = 0;
   for (; i + kVecs * kWidth <= K; i += kVecs * kWidth) {
     Vec acc[kHeads][kVecs];
@@ -72,7 +74,7 @@ void weigh(const float* a, int64_t ld, int64_t G, const float* const* r, int64_t
       Vec rv[kVecs];
       for (int64_t v = 0; v < kVecs; ++v) rv[v] = spmd::vload(r[p] + i + v * kWidth);
       for (int64_t g = 0; g < kHeads; ++g) {
-        const Vec w = spmd::vset1(a[std::min(g, G - 1) * ld + p]);
+        const Vec w = spmd::vset1(ag[g][p]);
         for (int64_t v = 0; v < kVecs; ++v) acc[g][v] = spmd::vfma(w, rv[v], acc[g][v]);
       }
     }
@@ -82,7 +84,7 @@ void weigh(const float* a, int64_t ld, int64_t G, const float* const* r, int64_t
   for (int64_t g = 0; g < G && g < kHeads; ++g)   // the last < kVecs vectors of K, then the scalars
     for (int64_t c = i; c < K; ++c) {
       float t = 0.f;
-      for (int64_t p = 0; p < n; ++p) t += a[g * ld + p] * r[p][c];
+      for (int64_t p = 0; p < n; ++p) t += ag[g][p] * r[p][c];
       o[g][c] = t;
     }
 }

@@ -11,7 +11,7 @@ page-faults in again and is zeroed by the kernel.  At batch 32 that was most of 
 mapped, so steady-state steps reuse the same pages.  The mmap threshold can be raised only to 32 MiB,
 and a 512-token prefill chunk of a 1B model already makes a larger tensor (gate|up: 512 x 16,384
 floats), page-faulted in again every step (256 K faults a chunk); so mmap is switched off
-(M_MMAP_MAX = 0): 1.04-1.06x that chunk, the same peak RSS (RESULTS.md "Session 44").
+(M_MMAP_MAX = 0): 1.07-1.09x that chunk, the same peak RSS (RESULTS.md "Session 44").
 `SPMD_MALLOC_TUNING=0` leaves glibc's defaults (e.g. to compare, or under another allocator).
 """
 
