@@ -15,18 +15,18 @@ py=${PYTHON:-python3}
     "$py" -c "import sys, numpy, cuda.bindings; print(sys.version.split()[0], 'numpy', numpy.__version__, 'cuda.bindings', cuda.bindings.__version__)"
 } 2>&1 | tee "$out/env.log"
 tests=(tests/kernels/test_ops_*.py tests/kernels/test_device_kv_pool.py)
-new_groups=("sampled_split or timing or staged" "mma")  # pytest -k expressions of the new kernels
+new_groups=("kv_cache_write or paged_attention or device_pool")  # pytest -k: kernels changed since the last lease
 gpu_tests() { timeout "${PYTEST_S:-150}" "$py" -m pytest -m gpu -p no:cacheprovider -q -rfE "${tests[@]}" -k "$1" 2>&1; }
 bench() { timeout "${BENCH_S:-120}" "$py" -m ops.bench "$1" 2>&1 | tee -a "$out/bench.log"; }
 for expr in "${new_groups[@]}"; do
     echo "== gpu tests: $expr" | tee -a "$out/pytest.log"
     gpu_tests "$expr" | tee -a "$out/pytest.log"
 done
-bench sample
-bench sample_phases
-bench variants
 bench attention
+bench kv
+bench variants
 old="not ($(printf '%s) and not (' "${new_groups[@]}" | sed 's/ and not ($//')"
 echo "== gpu tests: $old" | tee -a "$out/pytest.log"
 gpu_tests "$old" | tee -a "$out/pytest.log"
-bench kv
+bench sample
+bench sample_phases
