@@ -11,11 +11,15 @@ The KV cache is described, not assumed: `KVLayout` lists the cache tensors of ev
 token's shape in each (Llama: K and V of [kv_heads, head_dim]).  A new attention kind (e.g. MLA's
 one latent vector per token and layer) is a new layout value, which the pool, the capacity check
 and the graphs' input names all follow.
+
+Directories the tool makes itself (the demo model, a static model's conversion) end in `-v<format>`;
+`other_format_dirs` finds an earlier version's, which this one never reads, for the user to remove.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -265,3 +269,17 @@ def read_manifest(rank_dir: str | Path) -> Manifest:
         raise ManifestError(f"{path}: {e}") from None
     except (KeyError, TypeError, ValueError) as e:
         raise ManifestError(f"{path} is malformed ({e.__class__.__name__}: {e}): {REEXPORT}") from None
+
+
+def other_format_dirs(parent: Path, pattern: str) -> list[Path]:
+    """The directories in `parent` named `pattern` (a glob) + `-v<N>` with N another export format than
+    this build's, sorted (their temporary `.name.*` twins and other files are not)."""
+    found = (p for p in parent.glob(f"{pattern}-v*") if p.is_dir())
+    return sorted(p for p in found if (m := re.search(r"-v(\d+)$", p.name)) and int(m[1]) != MANIFEST_VERSION)
+
+
+def stale_dir_note(path: Path, what: str) -> str:
+    """One line naming an earlier version's `what` (an export, a conversion) at `path` and its size."""
+    size = sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+    shown = f"{size / 2**30:.1f} GiB" if size >= 2**30 else f"{size / 2**20:.0f} MiB"
+    return f"{path} ({shown}) is an earlier version's {what}, not read by this one: remove it to free the disk"

@@ -9,7 +9,9 @@ checkpoints are read is export/checkpoint.py's business; what each architecture 
 
 from __future__ import annotations
 
+import glob
 import json
+import logging
 import os
 import shutil
 import tempfile
@@ -35,9 +37,13 @@ from spmd_serve.manifest import (
     ManifestError,
     SegmentSpec,
     ShardDims,
+    other_format_dirs,
+    stale_dir_note,
     write_manifest,
 )
 from spmd_serve.served_config import ServedConfig, check_dtype_runnable
+
+log = logging.getLogger(__name__)
 
 SOURCE_QUANT = "source"  # export_checkpoint(quant=SOURCE_QUANT): quantised as the checkpoint itself is
 
@@ -214,6 +220,8 @@ def ensure_demo_model(preset: str = DEMO_PRESET, tp: int = 1, root: Path | None 
     directory is named with the export format, so versions that write different ones do not share it."""
     root = root or Path(os.environ.get("SPMD_SERVE_CACHE", Path.home() / ".cache" / "spmd_serve"))
     out = root / f"demo-{preset}-tp{tp}-v{MANIFEST_VERSION}"
+    for old in other_format_dirs(root, f"demo-{glob.escape(preset)}-tp*"):
+        log.warning("%s", stale_dir_note(old, "demo model"))
     if not (out / "config.json").is_file():
         from spmd_serve.export.demo.checkpoint import write_demo_checkpoint
 

@@ -22,7 +22,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from spmd_serve.manifest import MANIFEST_VERSION
+from spmd_serve.manifest import MANIFEST_VERSION, other_format_dirs, stale_dir_note
 
 STAMP = "converted_from.json"  # in the converted directory: the static model it was made from
 
@@ -41,16 +41,12 @@ def converted_path(folder: Path, tp: int) -> Path:
 
 def stale_conversions(folder: Path) -> list[Path]:
     """`folder`'s conversions in another export format than this version's (which it never reads)."""
-    current = f"-v{MANIFEST_VERSION}"
-    found = folder.parent.glob(f"{glob.escape(folder.name)}.spmd_serve-tp*-v*")
-    return sorted(p for p in found if p.is_dir() and not p.name.endswith(current))
+    return other_format_dirs(folder.parent, f"{glob.escape(folder.name)}.spmd_serve-tp*")
 
 
 def _name_stale(folder: Path) -> None:
     for old in stale_conversions(folder):
-        size = sum(f.stat().st_size for f in old.rglob("*") if f.is_file())
-        shown = f"{size / 2**30:.1f} GiB" if size >= 2**30 else f"{size / 2**20:.0f} MiB"
-        _say(f"{old} ({shown}) is an earlier version's conversion, not read by this one: remove it to free the disk")
+        _say(stale_dir_note(old, "conversion"))
 
 
 def fingerprint(folder: Path) -> dict[str, list[int]]:
