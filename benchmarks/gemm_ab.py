@@ -29,13 +29,13 @@ KERNELS = ROOT / "ops" / "cpu_kernels"
 # headers) defines at namespace scope; amx_enabled / amx_configure_thread (amx_tiles.cc) are shared
 NAMES = (
     "kStreamRows kStreamSums kAccFloats kPassRows kPrefetchRows kPrefetchBytes kBlockedTasks kMR kNV kNR kKC kNC "
-    "kPackPrefetchRows kPrefetchTiles prefetch_ahead BlockPrefetch Tiles add_partials PackedPanel PanelRun pack_panels stream_tile "
+    "kPackPrefetchRows kPrefetchTiles BlockPrefetch Tiles add_partials PackedPanel PanelRun pack_panels stream_tile "
     "stream_columns stream_dispatch scale_columns stream_gemm pack pack_rows micro micro_dispatch blocked_columns gemm "
     "kAmxRows kAmxStep kAmxCols kAmxTile kAmxKB kAmxNC kAmxPrefetch pack_digits digit_at Interleave load_rows "
     "combine_digits finish_row amx_convert tile_load tile_store tile_zero tile_dp amx_unroll amx_micro amx_columns "
     "exact_gemm kVnniRows kVnniKC kVnniAcc kVnniPass vnni_rows vnni_gemm_t vnni_gemm kChainStreams chain_row "
     "kPanelVecs kPanelStreams kPanelSums kPanelPrefetchNear kPanelPrefetchFar panel_group panel_rows panel_block "
-    "panel_dispatch "
+    "panel_dispatch prefetch_ahead "
     "panel_stream_gemm stream_tasks"
 ).split()
 # REV's headers inlined into its gemm.h, innermost last (each is included once)
