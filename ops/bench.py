@@ -16,7 +16,7 @@ import sys
 import numpy as np
 
 from . import runtime
-from .bench_attention import attention_variants, bench_paged_attention
+from .bench_attention import attention_variants, bench_paged_attention, partition_sweep
 from .bench_sample import sample_args, sample_phases
 from .bench_timing import Buffers, Result, copy_bandwidth, time_per_call
 from .kv_cache_write import kv_cache_write_gpu
@@ -69,7 +69,7 @@ def extra_benches() -> list[Result]:
     ]
 
 
-SECTIONS = ("kv", "attention", "variants", "sample", "sample_phases")
+SECTIONS = ("kv", "attention", "variants", "partition", "sample", "sample_phases")
 
 
 def _section_results(section: str) -> list[Result]:
@@ -85,11 +85,13 @@ def _section_results(section: str) -> list[Result]:
             bench_paged_attention(4, 32768),
             bench_paged_attention(4, 32768, partition_blocks=0),
         ]
+    if section == "partition":
+        return partition_sweep()
     return attention_variants() if section == "variants" else extra_benches()
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`python -m ops.bench [kv] [attention] [variants] [sample] [sample_phases]`: the named sections
+    """`python -m ops.bench [kv] [attention] [variants] [partition] [sample] [sample_phases]`: the named sections
     (all by default), so a kernel that faults on a new device cannot hide the others' figures."""
     sections = list(argv if argv is not None else sys.argv[1:]) or list(SECTIONS)
     unknown = [s for s in sections if s not in SECTIONS]

@@ -3,6 +3,7 @@ kernel's tuning knobs (pa.TUNING) whose fastest setting becomes the default."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -11,6 +12,20 @@ from . import paged_attention as pa
 from . import runtime
 from .bench_timing import Buffers, Result, time_per_call
 from .paged_attention import paged_attention_gpu
+
+
+def _tiled(shape: tuple[int, ...], draw: Callable[[int], np.ndarray], limit: int = 1 << 24) -> np.ndarray:
+    """An array of `shape` from at most `limit` values of `draw(n)`, repeated: a sweep's multi-GiB
+    pools are made in a copy's time (the kernel's time does not depend on the values)."""
+    n = int(np.prod(shape))
+    return np.resize(draw(min(n, limit)), shape)
+
+
+def _normal_fp16(rng: np.random.Generator, scale: float) -> Callable[[int], np.ndarray]:
+    def draw(n: int) -> np.ndarray:
+        return (rng.standard_normal(n, dtype=np.float32) * scale).astype(np.float16)
+
+    return draw
 
 
 def bench_paged_attention(
@@ -33,12 +48,12 @@ def bench_paged_attention(
     out = bufs.empty((batch, q_heads, head_dim), np.float16)
     pool_shape = (num_blocks, kv_heads, block_size, head_dim)
     if kv_int8:  # random bytes are as good as real data for timing
-        kc = bufs.upload(rng.integers(-127, 128, pool_shape, dtype=np.int8))
-        vc = bufs.upload(rng.integers(-127, 128, pool_shape, dtype=np.int8))
+        kc = bufs.upload(_tiled(pool_shape, lambda n: rng.integers(-127, 128, n, dtype=np.int8)))
+        vc = bufs.upload(_tiled(pool_shape, lambda n: rng.integers(-127, 128, n, dtype=np.int8)))
         scales: list[runtime.DeviceArray | None] = [bufs.upload(np.full(kv_heads, 0.01, np.float32)) for _ in range(2)]
     else:
-        kc = bufs.upload((rng.standard_normal(pool_shape, dtype=np.float32) * 0.5).astype(np.float16))
-        vc = bufs.upload(rng.standard_normal(pool_shape, dtype=np.float32).astype(np.float16))
+        kc = bufs.upload(_tiled(pool_shape, _normal_fp16(rng, 0.5)))
+        vc = bufs.upload(_tiled(pool_shape, _normal_fp16(rng, 1.0)))
         scales = [None, None]
     # Shuffled block tables: real pools are fragmented, so do not let the benchmark read contiguously.
     tables = bufs.upload(rng.permutation(num_blocks).reshape(batch, blocks_per_seq).astype(np.int32))
@@ -99,3 +114,19 @@ def attention_variants() -> list[Result]:
         args = {"batch": 64, "context": 2048, **shape}
         rows += [bench_paged_attention(**args, knobs=k) for k in OTHER_VARIANTS]
     return rows
+
+
+# The split-K choice (pa.choose_partition_blocks) against each fixed split, over batch and context:
+# the rows that decide its constants (fp16 pools of 32/8 heads of 128 unless said, blocks of 64).
+FP16_SHAPES = [(16, 1024), (64, 1024), (128, 1024), (256, 1024), (32, 2048), (64, 2048), (128, 2048), (256, 2048)]
+FP16_SHAPES += [(16, 4096), (32, 4096), (64, 4096), (128, 4096), (8, 16384)]
+PARTITION_CASES: list[dict[str, Any]] = [
+    *({"batch": b, "context": c} for b, c in FP16_SHAPES),
+    *({"batch": 64, "context": c, "q_heads": 64} for c in (1024, 2048, 4096)),  # GQA group 8
+    *({"batch": 64, "context": c, "kv_int8": True} for c in (1024, 2048, 4096)),
+]
+PARTITION_SPLITS = [None, 0, 4, 8, 16]
+
+
+def partition_sweep() -> list[Result]:
+    return [bench_paged_attention(**case, partition_blocks=p) for case in PARTITION_CASES for p in PARTITION_SPLITS]

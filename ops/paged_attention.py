@@ -40,7 +40,13 @@ KERNEL_NAMES = ("paged_attention", "paged_attention_split", "paged_attention_red
 TUNING: dict[str, int] = {
     "NUM_THREADS": 128, "UNROLL": 2, "TILE_SOFTMAX": 1, "RESCALE_SLACK": 0, "MMA": 1, "MMA_THREADS": 64
 }  # fmt: skip
-PARTITION_TOKENS = 512  # split-K partition length the GPU heuristic aims for (rounded to blocks)
+# The split-K choice (choose_partition_blocks): contexts up to SHORT_CONTEXT tokens take the single
+# pass.  Longer ones on the tensor-core kernel: the split, in partitions of PARTITION_TOKENS halved
+# (down to MIN_PARTITION_TOKENS) while the (sequence, KV head, partition) CTAs number fewer than
+# CTAS_PER_SM a multiprocessor or lie just past one wave of resident CTAs, in (wave, 1.5 wave].
+# On the CUDA-core kernel: SHORT_CONTEXT-token partitions until (sequence, KV head) CTAs reach two
+# a multiprocessor, then the single pass.
+SHORT_CONTEXT, PARTITION_TOKENS, MIN_PARTITION_TOKENS, CTAS_PER_SM = 512, 1024, 256, 3
 
 SOURCE = runtime.kernel_source(
     "prelude.cuh", "paged_attention.cu", "paged_attention_mma.cuh", "paged_attention_kernels.cu"
@@ -167,13 +173,29 @@ def workspace_bytes(batch: int, q_heads: int, head_dim: int, max_parts: int) -> 
     return batch * q_heads * max_parts * (2 + head_dim) * 4
 
 
-def choose_partition_blocks(batch: int, kv_heads: int, block_size: int, max_context_len: int, sm_count: int) -> int:
-    """0 (single pass) when (sequence, KV head) CTAs already fill the GPU or the context is short;
-    otherwise ~PARTITION_TOKENS-token partitions, so long contexts at small batch still use all SMs."""
-    part_blocks = max(1, PARTITION_TOKENS // block_size)
-    if max_context_len <= part_blocks * block_size or batch * kv_heads >= 2 * sm_count:
+def choose_partition_blocks(
+    batch: int, kv_heads: int, block_size: int, max_context_len: int, sm_count: int, wave: int = 0
+) -> int:
+    """0 (single pass) or blocks per split-K partition, by the rules above; `wave`: the CTAs of the
+    split kernel the GPU holds at once when it is the tensor-core one, else 0.  Fitted on an H200
+    (benchmarks/RESULTS.md "Session 45"; in-sample): the fastest of single / 4 / 8 / 16 blocks at 18
+    of 19 shapes (B = 8-256, 1-16 K tokens, GQA 4 and 8, int8 pools), 1.06x at GQA 8 with 2 K
+    tokens; 0.90x the old rule's time summed.  The split beat the single pass even as one partition
+    a sequence (0.81-0.91x at B = 64-256), and CTAs just past one wave ran 1-6 % slower than twice
+    as many half-length ones.  The CUDA-core kernel (int8 pools) was fastest in one pass."""
+    if max_context_len <= SHORT_CONTEXT:
         return 0
-    return part_blocks
+    if not wave:
+        part = max(1, SHORT_CONTEXT // block_size)
+        return 0 if max_context_len <= part * block_size or batch * kv_heads >= 2 * sm_count else part
+
+    def ctas(blocks: int) -> int:
+        return batch * kv_heads * -(-max_context_len // (blocks * block_size))
+
+    blocks, least = max(1, PARTITION_TOKENS // block_size), max(1, MIN_PARTITION_TOKENS // block_size)
+    while blocks > least and (ctas(blocks) < CTAS_PER_SM * sm_count or wave < ctas(blocks) <= wave * 3 // 2):
+        blocks //= 2
+    return blocks
 
 
 def paged_attention_gpu(
@@ -225,11 +247,14 @@ def paged_attention_gpu(
         return out
     group, max_blocks = q_heads // kvh, bt.shape[1]
     max_len = max_context_len if max_context_len is not None else max_blocks * bs
-    if partition_blocks is None:
-        partition_blocks = choose_partition_blocks(b_sz, kvh, bs, max_len, runtime.sm_count())
     dtype = runtime.dtype_name(q.dtype)
     opts = compile_options(dtype, kv_int8, hd, group, bs)
     threads = threads_per_cta(dtype, kv_int8, hd, group, bs)
+    if partition_blocks is None:
+        sms, wave = runtime.sm_count(), 0
+        if uses_mma(dtype, kv_int8, hd, group, bs):
+            wave = sms * runtime.load_kernel(SOURCE, "paged_attention_split", opts).resident_per_sm(threads)
+        partition_blocks = choose_partition_blocks(b_sz, kvh, bs, max_len, sms, wave)
     q_mult = np.float32(1.0 / math.sqrt(hd) * math.log2(math.e))  # scores in the log2 domain: exp2f
     common = [bt.ptr, cl.ptr, np.int32(max_blocks), np.int32(bs), q_mult]
     if not partition_blocks:

@@ -170,6 +170,15 @@ class Kernel:
         )
         return int(regs), int(local)
 
+    def resident_per_sm(self, threads: int) -> int:
+        """CTAs of `threads` threads (no dynamic shared memory) one multiprocessor holds at once
+        (the driver's occupancy calculator; asked once per kernel and CTA size)."""
+        cache = self.__dict__.setdefault("_resident", {})
+        if threads not in cache:
+            n = driver.cuOccupancyMaxActiveBlocksPerMultiprocessor(self.function, int(threads), 0)
+            cache[threads] = int(_check(n, "cuOccupancyMaxActiveBlocksPerMultiprocessor"))
+        return cache[threads]
+
     def launch(self, grid: tuple, block: tuple, args: Sequence[Any], stream: Any = 0, shared_mem: int = 0) -> None:
         params, _holders = pack_args(args, self.name)  # _holders keeps the values alive until the launch
         g = tuple(int(x) for x in grid) + (1,) * (3 - len(grid))

@@ -93,10 +93,22 @@ def test_split_k_twin_equals_single_pass(partition_blocks) -> None:
 
 
 def test_partition_heuristic() -> None:
-    assert pa.choose_partition_blocks(64, 8, 64, 2048, sm_count=132) == 0  # 512 CTAs fill the GPU
-    assert pa.choose_partition_blocks(1, 8, 64, 256, sm_count=132) == 0  # short context: one pass
-    assert pa.choose_partition_blocks(2, 8, 64, 32768, sm_count=132) == 8  # 512-token partitions
-    assert pa.choose_partition_blocks(2, 8, 1024, 32768, sm_count=132) == 1
+    def choose(batch: int, context: int, wave: int = 792, block_size: int = 64) -> int:
+        return pa.choose_partition_blocks(batch, 8, block_size, context, sm_count=132, wave=wave)
+
+    # the tensor-core kernel (6 CTAs an SM on an H200: a wave of 792)
+    assert choose(64, 512) == 0  # short context: one pass
+    assert choose(64, 1024) == 16  # one 1024-token partition: 512 CTAs
+    assert choose(256, 4096) == 16  # the split however many CTAs
+    assert choose(16, 1024) == 4  # 128 CTAs, 256 at 8 blocks: fewer than 3 an SM
+    assert choose(1, 4096) == 4  # 128 CTAs, but partitions no shorter than 256 tokens
+    assert choose(64, 2048) == 8  # 1024 CTAs at 16 blocks: just past a wave
+    assert choose(2, 32768) == 16  # 32 partitions x 16 CTAs
+    assert choose(2, 32768, block_size=1024) == 1
+    # the CUDA-core kernel: one pass once (sequence, KV head) CTAs fill two an SM
+    assert choose(64, 2048, wave=0) == 0
+    assert choose(2, 32768, wave=0) == 8  # 512-token partitions
+    assert choose(2, 32768, wave=0, block_size=1024) == 1
 
 
 # ----------------------------------------------------------------------------- NVRTC compile (CI)

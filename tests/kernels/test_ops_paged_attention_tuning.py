@@ -105,6 +105,17 @@ def test_mma_path_emulated(emulated, dtype, kv_int8, group, head_dim, block_size
             check_against_twin(HostDevice(emulated), (q * 4, k, v, tables, cl), dtype, kv_int8, partition_blocks)
 
 
+def test_mma_path_chooses_its_split_and_equals_twin_emulated(emulated, monkeypatch) -> None:
+    """A context past SHORT_CONTEXT on the tensor-core path: the automatic choice asks the split
+    kernel's occupancy and splits (few CTAs: the shortest partitions, 256 tokens, 3 for 600)."""
+    asked = []
+    choose = pa.choose_partition_blocks
+    monkeypatch.setattr(pa, "choose_partition_blocks", lambda *a: asked.append((a, choose(*a))) or asked[-1][1])
+    case = make_case(np.random.default_rng(15), [600, 3, 290], 2, 4, 64, 16)
+    check_against_twin(HostDevice(emulated), case, "fp16", False, None)
+    assert asked == [((3, 2, 16, 600, 132, 132 * 6), 256 // 16)]  # (B, kv heads, block, context, SMs, wave)
+
+
 @pytest.mark.gpu
 @needs_gpu
 @pytest.mark.parametrize("dtype", ["fp16", "bf16"])
