@@ -1,5 +1,6 @@
-"""The paged-attention rows of `python -m ops.bench`: one case's timing, and the sweep of the
-kernel's tuning knobs (pa.TUNING) whose fastest setting becomes the default."""
+"""The paged-attention rows of `python -m ops.bench`: one case's timing, the sweep of the
+kernel's tuning knobs (pa.TUNING) whose fastest setting becomes the default, and the sweep of the
+split-K partition sizes over batch and context that pa.choose_partition_blocks was fitted on."""
 
 from __future__ import annotations
 

@@ -252,7 +252,7 @@ def paged_attention_gpu(
     threads = threads_per_cta(dtype, kv_int8, hd, group, bs)
     if partition_blocks is None:
         sms, wave = runtime.sm_count(), 0
-        if uses_mma(dtype, kv_int8, hd, group, bs):
+        if max_len > SHORT_CONTEXT and uses_mma(dtype, kv_int8, hd, group, bs):
             wave = sms * runtime.load_kernel(SOURCE, "paged_attention_split", opts).resident_per_sm(threads)
         partition_blocks = choose_partition_blocks(b_sz, kvh, bs, max_len, sms, wave)
     q_mult = np.float32(1.0 / math.sqrt(hd) * math.log2(math.e))  # scores in the log2 domain: exp2f
