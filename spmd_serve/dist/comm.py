@@ -37,6 +37,11 @@ from spmd_serve.protocol import HEADER_LEN, StepPlan
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 IDLE_POLL_S = 0.0005  # worker sleep between Test() calls while idle (~4 % CPU, DESIGN §2)
+# ... and in the first STEP_POLL_WINDOW_S after a step, where a busy server's next plan comes: at
+# `-n 2`, batch 1, the ranks' all-reduce wait fell 0.15-0.28 ms a step and output tok/s rose 1.04x
+# (six alternated pairs; RESULTS.md "Session 45").  Sleeps, not a spin: a spin starved the node's
+# other processes (session 23), and with these sleeps the same stream test saw no gap.
+STEP_POLL_S, STEP_POLL_WINDOW_S = 0.00005, 0.003
 MEET_POLL_S = 0.002  # the same while waiting at start-up and exit, where latency does not matter
 
 
@@ -66,8 +71,9 @@ class Comm:
         """Workers: sleep-poll for the header, then receive the payload."""
         header = np.zeros(HEADER_LEN, np.int64)
         req = self.comm.Ibcast(header, root=0)
+        fast_until = time.monotonic() + STEP_POLL_WINDOW_S  # the next step's plan is likely this soon
         while not req.Test():
-            time.sleep(IDLE_POLL_S)
+            time.sleep(STEP_POLL_S if time.monotonic() < fast_until else IDLE_POLL_S)
         payload = np.empty(int(header[5]), np.int64)
         if header[5]:
             self.comm.Bcast(payload, root=0)
