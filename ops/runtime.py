@@ -160,6 +160,7 @@ class Kernel:
 
     def __init__(self, function: Any, name: str) -> None:
         self.function, self.name = function, name
+        self._resident: dict[int, int] = {}  # resident_per_sm's answers by CTA size
 
     def resources(self) -> tuple[int, int]:
         """(registers per thread, local-memory bytes per thread: > 0 means spills), for tuning."""
@@ -173,11 +174,10 @@ class Kernel:
     def resident_per_sm(self, threads: int) -> int:
         """CTAs of `threads` threads (no dynamic shared memory) one multiprocessor holds at once
         (the driver's occupancy calculator; asked once per kernel and CTA size)."""
-        cache = self.__dict__.setdefault("_resident", {})
-        if threads not in cache:
+        if threads not in self._resident:
             n = driver.cuOccupancyMaxActiveBlocksPerMultiprocessor(self.function, int(threads), 0)
-            cache[threads] = int(_check(n, "cuOccupancyMaxActiveBlocksPerMultiprocessor"))
-        return cache[threads]
+            self._resident[threads] = int(_check(n, "cuOccupancyMaxActiveBlocksPerMultiprocessor"))
+        return self._resident[threads]
 
     def launch(self, grid: tuple, block: tuple, args: Sequence[Any], stream: Any = 0, shared_mem: int = 0) -> None:
         params, _holders = pack_args(args, self.name)  # _holders keeps the values alive until the launch

@@ -40,7 +40,7 @@ IDLE_POLL_S = 0.0005  # worker sleep between Test() calls while idle (~4 % CPU, 
 # ... and in the first STEP_POLL_WINDOW_S after a step, where a busy server's next plan comes: at
 # `-n 2`, batch 1, the ranks' all-reduce wait fell 0.15-0.28 ms a step and output tok/s rose 1.04x
 # (six alternated pairs; RESULTS.md "Session 45").  Sleeps, not a spin: a spin starved the node's
-# other processes (session 23), and with these sleeps the same stream test saw no gap.
+# other processes (session 23); with these sleeps its stream test beside two hogs read level.
 STEP_POLL_S, STEP_POLL_WINDOW_S = 0.00005, 0.003
 MEET_POLL_S = 0.002  # the same while waiting at start-up and exit, where latency does not matter
 
