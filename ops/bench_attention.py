@@ -49,8 +49,7 @@ def bench_paged_attention(
     out = bufs.empty((batch, q_heads, head_dim), np.float16)
     pool_shape = (num_blocks, kv_heads, block_size, head_dim)
     if kv_int8:  # random bytes are as good as real data for timing
-        kc = bufs.upload(_tiled(pool_shape, lambda n: rng.integers(-127, 128, n, dtype=np.int8)))
-        vc = bufs.upload(_tiled(pool_shape, lambda n: rng.integers(-127, 128, n, dtype=np.int8)))
+        kc, vc = (bufs.upload(_tiled(pool_shape, lambda n: rng.integers(-127, 128, n, dtype=np.int8))) for _ in "kv")
         scales: list[runtime.DeviceArray | None] = [bufs.upload(np.full(kv_heads, 0.01, np.float32)) for _ in range(2)]
     else:
         kc = bufs.upload(_tiled(pool_shape, _normal_fp16(rng, 0.5)))
