@@ -3,7 +3,9 @@
     mpirun -n 2 python benchmarks/engine_throughput.py MODEL_DIR [--concurrency 16] [--input-len 32] [--output-len 64]
 
 Prints one JSON line on rank 0: throughput, steps, and ms per step for schedule / broadcast /
-execute / sample / update.  Greedy, EOS masked so every request generates exactly --output-len.
+execute / sample / update.  Greedy; every request generates exactly --output-len, asked as `spmd_serve
+bench` asks (min_tokens = max_tokens with ignore_eos: EOS is not masked, so the rows take the
+sampler's plain greedy path, as served; masking EOS instead read 0.22-0.24 ms a step against 0.09).
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ def main() -> None:
     args = ap.parse_args()
     rng = np.random.default_rng(0)
     prompts = [[1] + rng.integers(10, 1000, args.input_len - 1).tolist() for _ in range(args.concurrency)]
-    params = SamplingParams(max_tokens=args.output_len, min_tokens=args.output_len, temperature=0.0)
+    params = SamplingParams(max_tokens=args.output_len, min_tokens=args.output_len, temperature=0.0, ignore_eos=True)
     res = generate(
         args.model_dir, prompts, params, num_blocks=args.num_blocks, block_size=64, eos_token_ids=frozenset({2})
     )
