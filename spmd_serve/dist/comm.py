@@ -13,9 +13,11 @@ those need.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import logging
 import os
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from typing import NoReturn, TypeVar
@@ -41,8 +43,21 @@ IDLE_POLL_S = 0.0005  # worker sleep between Test() calls while idle (~4 % CPU, 
 # `-n 2`, batch 1, the ranks' all-reduce wait fell 0.15-0.28 ms a step and output tok/s rose 1.04x
 # (six alternated pairs; RESULTS.md "Session 45").  Sleeps, not a spin: a spin starved the node's
 # other processes (session 23); with these sleeps its stream test beside two hogs read level.
-STEP_POLL_S, STEP_POLL_WINDOW_S = 0.00005, 0.003
+# 10 us sleeps, with the polling thread's timer slack cut to PLAN_TIMER_SLACK_NS (Linux's default
+# 50 us slack made every short sleep ~60-100 us): the worker saw the plan 71 -> 34 us (medians)
+# after rank 0 sent it (RESULTS.md "Session 46").
+STEP_POLL_S, STEP_POLL_WINDOW_S = 0.00001, 0.003
 MEET_POLL_S = 0.002  # the same while waiting at start-up and exit, where latency does not matter
+PR_SET_TIMERSLACK, PLAN_TIMER_SLACK_NS = 29, 1000  # <linux/prctl.h>
+
+
+def tighten_timer_slack(ns: int = PLAN_TIMER_SLACK_NS) -> bool:
+    """Let this thread's sleeps end within `ns` of their time (Linux's default slack is 50 us, which
+    a 10 us poll would mostly be).  False where there is no prctl (not Linux); nothing changed."""
+    try:
+        return bool(ctypes.CDLL(None).prctl(PR_SET_TIMERSLACK, ns, 0, 0, 0) == 0)
+    except (OSError, AttributeError):
+        return False
 
 
 def meet(comm: MPI.Comm) -> None:
@@ -56,6 +71,7 @@ class Comm:
     def __init__(self, comm: MPI.Comm | None = None) -> None:
         self.comm = comm or MPI.COMM_WORLD
         self.rank, self.size = self.comm.Get_rank(), self.comm.Get_size()
+        self._polling_thread: int | None = None  # the thread whose timer slack recv_plan cut
 
     # ---- plan broadcast ---------------------------------------------------------------------
     def send_plan(self, plan: StepPlan) -> None:
@@ -69,6 +85,9 @@ class Comm:
 
     def recv_plan(self) -> StepPlan:
         """Workers: sleep-poll for the header, then receive the payload."""
+        if self._polling_thread != threading.get_ident():  # slack is per thread: once for the one that polls
+            tighten_timer_slack()
+            self._polling_thread = threading.get_ident()
         header = np.zeros(HEADER_LEN, np.int64)
         req = self.comm.Ibcast(header, root=0)
         fast_until = time.monotonic() + STEP_POLL_WINDOW_S  # the next step's plan is likely this soon

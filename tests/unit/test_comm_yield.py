@@ -1,5 +1,6 @@
-"""spmd_serve/dist/comm.py: a rank waiting inside MPI yields its core (Open MPI's
-`mpi_yield_when_idle`), set before MPI starts; a value the user set is kept."""
+"""spmd_serve/dist/comm.py, how a rank waits: inside MPI it yields its core (Open MPI's
+`mpi_yield_when_idle`), set before MPI starts, and a value the user set is kept; polling for the
+next plan, its sleeps end on time (the polling thread's timer slack cut, no other thread's)."""
 
 from __future__ import annotations
 
@@ -30,3 +31,28 @@ def test_waiting_ranks_yield_by_default() -> None:
 
 def test_the_users_setting_wins() -> None:
     assert _yield_setting("0") == "0"
+
+
+SLACK_SCRIPT = """
+import ctypes, threading
+from mpi4py import MPI
+import spmd_serve.dist.comm as comm
+get = lambda: ctypes.CDLL(None).prctl(30, 0, 0, 0, 0)  # PR_GET_TIMERSLACK: this thread's, in ns
+seen = {}
+def poll():
+    seen["before"] = get()
+    comm.Comm(MPI.COMM_SELF).recv_plan()  # one rank: the header is its own, at once
+    seen["after"] = get()
+worker = threading.Thread(target=poll)
+worker.start()
+worker.join()
+print(seen["before"], seen["after"], get(), comm.PLAN_TIMER_SLACK_NS)
+"""
+
+
+def test_the_plan_poll_cuts_its_own_threads_timer_slack() -> None:
+    out = subprocess.run([sys.executable, "-c", SLACK_SCRIPT], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    before, after, main_thread, wanted = map(int, out.stdout.split()[-4:])
+    assert after == wanted < before  # Linux's default is 50 us
+    assert main_thread == before  # per thread: the process's other threads keep theirs
