@@ -8,7 +8,7 @@ non-blocking Ibcast, so idle workers can sleep between polls) followed by one in
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import numpy.typing as npt
@@ -39,6 +39,8 @@ class StepPlan:
     # [T, H] float32 hidden rows a draft plan feeds (the MTP draft's `prev_hidden`: RUN_DRAFT only,
     # travelling in the payload as [H, the rows' bytes as int64 words])
     hidden: F32 | None = None
+    # the payload this plan's arrays are views of (from_wire), sent as it is: no copy to send
+    wire: I64 | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         if self.logits_lens is None:
@@ -87,6 +89,8 @@ class StepPlan:
         )
 
     def payload(self) -> I64:
+        if self.wire is not None:
+            return self.wire
         parts = [
             self.input_ids,
             self.positions,
@@ -131,15 +135,34 @@ class StepPlan:
 
     @staticmethod
     def unpack(header: I64, payload: I64) -> StepPlan:
-        kind, step_id, b, t, mb, length = (int(x) for x in header)
-        parts = np.split(payload, np.cumsum([t, t, t, b, b, b * mb]))
-        ids, pos, slots, qlens, ctx, bt, rest = parts
+        kind, step_id, b, t, mb, length = header.tolist()
+        hidden_follows = kind == RUN_DRAFT and length > 3 * t + 2 * b + b * mb
+        speculative = length == 3 * t + 3 * b + b * mb and b > 0 and not hidden_follows
+        return StepPlan.from_wire(kind, step_id, b, t, mb, payload, speculative)
+
+    @staticmethod
+    def from_wire(kind: int, step_id: int, b: int, t: int, mb: int, payload: I64, speculative: bool) -> StepPlan:
+        """The plan whose arrays are views of `payload` (the layout `payload()` writes): basic
+        slices only, which stay cheap on the cold caches between two graph steps."""
+        e = 3 * t + 2 * b + b * mb  # where the block tables end
+        rest = payload[e:]
         hidden = None
         if kind == RUN_DRAFT and rest.size:  # [H, rows as int64 words]
-            hidden = rest[1:].view(np.float32)[: t * int(rest[0])].reshape(t, int(rest[0]))
-        speculative = length == 3 * t + 3 * b + b * mb and b > 0 and hidden is None
-        rows = rest if speculative else None
-        return StepPlan(kind, step_id, ids, pos, qlens, ctx, bt.reshape(b, mb), slots, rows, hidden)
+            h = int(rest[0])
+            hidden = rest[1:].view(np.float32)[: t * h].reshape(t, h)
+        return StepPlan(
+            kind,
+            step_id,
+            payload[:t],
+            payload[t : 2 * t],
+            payload[3 * t : 3 * t + b],
+            payload[3 * t + b : 3 * t + 2 * b],
+            payload[3 * t + 2 * b : e].reshape(b, mb),
+            payload[2 * t : 3 * t],
+            rest if speculative else None,
+            hidden,
+            payload,
+        )
 
 
 def split_by_query_len(query_lens: I64) -> list[I64]:
@@ -172,10 +195,10 @@ def grid_indices(query_lens: I64) -> tuple[I64, I64, I64]:
     return pad_index.astype(np.int64), unpad_index.astype(np.int64), logits_index.astype(np.int64)
 
 
-def logits_index(query_lens: I64, logits_lens: I64) -> I64:
+def logits_index(query_lens: I64, logits_lens: I64 | None) -> I64:
     """[sum(logits_lens)] index into T of every token whose logits are wanted: the last
-    logits_lens[i] tokens of sequence i, in order (plain steps: each sequence's last token)."""
-    ends = np.cumsum(query_lens).astype(np.int64)  # [B] one past each sequence's last token
-    if bool((logits_lens == 1).all()):
+    logits_lens[i] tokens of sequence i, in order (plain steps, or None: each sequence's last token)."""
+    ends = query_lens.cumsum()  # [B] one past each sequence's last token
+    if logits_lens is None or len(logits_lens) == int(logits_lens.sum()):  # (each >= 1) all 1
         return ends - 1
     return np.concatenate([np.arange(e - n, e, dtype=np.int64) for e, n in zip(ends, logits_lens)])

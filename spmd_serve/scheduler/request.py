@@ -86,6 +86,15 @@ class Request:
         # A fresh list each call: callers slice it to build model inputs and must not alias ours.
         return self.prompt_token_ids + self.output_token_ids
 
+    def token_ids_between(self, start: int, end: int) -> list[int]:
+        """all_token_ids[start:end] without building all of it (a decode step wants one token)."""
+        n = len(self.prompt_token_ids)
+        if start >= n:
+            return self.output_token_ids[start - n : end - n]
+        if end <= n:
+            return self.prompt_token_ids[start:end]
+        return self.prompt_token_ids[start:] + self.output_token_ids[: end - n]
+
     @property
     def num_prompt_tokens(self) -> int:
         return len(self.prompt_token_ids)

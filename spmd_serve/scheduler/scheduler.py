@@ -68,7 +68,7 @@ class ScheduledSeq:
     @property
     def token_ids(self) -> list[int]:
         """The tokens to feed the model for this chunk: known tokens, then the drafts."""
-        known = self.request.all_token_ids[self.start : self.start + self.num_new_tokens - self.num_draft]
+        known = self.request.token_ids_between(self.start, self.start + self.num_new_tokens - self.num_draft)
         return known + self.request.draft_token_ids[: self.num_draft]
 
 

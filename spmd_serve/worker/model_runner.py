@@ -83,6 +83,13 @@ class ModelRunner:
         self.pool = KVCachePool(manifest.kv_cache, num_blocks, block_size, manifest.kv_scales if kv_int8 else None)
         for seg in self.segments:
             seg.bind_cache(self.pool)
+        # per segment, the layers whose new K/V the host writes: those its graphs output (a
+        # graph with the paged attention op writes its own, and then there is nothing to loop over)
+        new_outputs = self.pool.layout.new_outputs
+        self._host_kv = [
+            [(layer, names) for layer in seg.kv_layers if (names := new_outputs(layer))[0] in seg.all_outputs]
+            for seg in self.segments
+        ]
         # what step_feeds builds once per step for all segments
         self.inv_freq = manifest.inv_freq_array
         self.input_names = {n for seg in self.segments for n in seg.inputs}
@@ -139,9 +146,9 @@ class ModelRunner:
 
     def _execute(self, plan: StepPlan) -> np.ndarray | None:
         feeds = step_feeds(plan, self.dims, self.inv_freq, self.pool.block_size, self.input_names)
-        decode = bool(plan.query_lens.max() == 1)
+        decode = plan.num_tokens == plan.num_seqs  # every query one token (each has >= 1)
         logits, timer, clock = None, self.timings, self._graph_allreduce_seconds
-        for key, seg in zip(self.segment_keys, self.segments):
+        for key, seg, host_kv in zip(self.segment_keys, self.segments, self._host_kv):
             with timer.phase(key):
                 reduced = clock() if clock is not None else 0.0
                 out = seg.run(feeds, decode, self._skip)
@@ -149,11 +156,11 @@ class ModelRunner:
                 reduced = clock() - reduced
                 timer.add("allreduce", reduced)
                 timer.add(key, -reduced)
-            with timer.phase("kv_write"):
-                for layer in seg.kv_layers:  # this layer's cache is read only by this segment: write now
-                    names = self.pool.layout.new_outputs(layer)
-                    if names[0] in out:  # (the paged attention or MLA decode op wrote it already)
-                        self.pool.write(layer, plan.slot_mapping, *(out[n] for n in names))
+            if host_kv:
+                with timer.phase("kv_write"):
+                    for layer, names in host_kv:  # this layer's cache is read only by this segment: write now
+                        if names[0] in out:  # (an MLA decode graph's op wrote it already)
+                            self.pool.write(layer, plan.slot_mapping, *(out[n] for n in names))
             for name in seg.stats:
                 self._stats[name] = self._stats[name] + out[name] if name in self._stats else out[name]
             if HIDDEN_ROWS in out:

@@ -27,6 +27,7 @@ class LoadedSegment:
         self.decode = None if spec.decode is None else Predictor(rank_dir, spec.decode, paddle_threads, quantised)
         self.inputs: list[str] = list(dict.fromkeys(spec.inputs + (spec.decode or spec).inputs))  # of either graph
         self.outputs: tuple[str, ...] = spec.outputs
+        self.all_outputs = frozenset(spec.outputs + (spec.decode.outputs if spec.decode else ()))  # of either graph
         self.kv_layers: tuple[int, ...] = spec.kv_layers
         self.gathers_logits = spec.gathers_logits
         self.stats: tuple[str, ...] = spec.stats
@@ -46,7 +47,6 @@ class LoadedSegment:
         pred = self.decode if decode and self.decode is not None else self.predictor
         for name, h in pred.inputs.items():
             if name in feeds:
-                h.reshape(list(feeds[name].shape))
-                h.copy_from_cpu(feeds[name])
+                h.copy_from_cpu(feeds[name])  # takes the array's shape (no reshape call: one less per input)
         pred.predictor.run()
         return {n: h.copy_to_cpu() for n, h in zip(pred.output_names, pred.outputs) if n not in skip}

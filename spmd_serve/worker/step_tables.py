@@ -29,6 +29,7 @@ from spmd_serve.manifest import PREV_HIDDEN, ShardDims
 from spmd_serve.protocol import grid_indices, logits_index
 
 NEG_INF = -1e30  # additive mask; no row is fully masked (every query sees itself)
+GRID_INPUTS = frozenset({"pad_index", "unpad_index", "grid_index", "attn_mask"})  # read the padded grid
 TABLES = ("rope_cos", "rope_sin", "grid_index", "past_index", "attn_mask", "pe_cos", "pe_sin", "latent_index")
 
 
@@ -90,19 +91,22 @@ def attn_mask(ctx_lens: np.ndarray, query_lens: np.ndarray, p: int, s: int) -> n
 def step_feeds(plan, dims: ShardDims, inv_freq: np.ndarray, block_size: int, names) -> dict[str, np.ndarray]:
     """The graph inputs in `names` for a plan (anything with StepPlan's arrays): the plan's own
     arrays, the grid indices (protocol.grid_indices) and the tables above, each computed once."""
-    pad_index, unpad_index, last_index = grid_indices(plan.query_lens)
+    names = set(names)
     rows = getattr(plan, "logits_lens", None)  # a speculative step scores every draft position
     feeds = {
         "input_ids": plan.input_ids,
         "positions": plan.positions,
-        "pad_index": pad_index,
-        "unpad_index": unpad_index,
         "block_tables": plan.block_tables,
         "ctx_lens": plan.ctx_lens,
         "query_lens": plan.query_lens,
-        "logits_index": last_index if rows is None else logits_index(plan.query_lens, rows),
+        "logits_index": logits_index(plan.query_lens, rows),
     }
-    names = set(names)
+    # the padded grid only for the graphs that read it (Paddle's attention): the C++ paged
+    # attention's graphs do not, and its numpy calls cost ~44 us a step on cold caches (measured)
+    pad_index = None
+    if names & GRID_INPUTS:
+        pad_index, feeds["unpad_index"] = grid_indices(plan.query_lens)[:2]
+        feeds["pad_index"] = pad_index
     hidden = getattr(plan, "hidden", None)  # an MTP draft plan's rows (protocol.StepPlan.hidden)
     if hidden is not None and PREV_HIDDEN in names:
         feeds[PREV_HIDDEN] = hidden
@@ -110,7 +114,7 @@ def step_feeds(plan, dims: ShardDims, inv_freq: np.ndarray, block_size: int, nam
         feeds["slot_mapping"] = plan.slot_mapping
     if names & {"rope_cos", "rope_sin"}:
         feeds["rope_cos"], feeds["rope_sin"] = rope_tables(plan.positions, inv_freq, dims)
-    if "grid_index" in names:
+    if pad_index is not None and "grid_index" in names:
         feeds["grid_index"] = np.minimum(pad_index, max(len(plan.input_ids) - 1, 0))
     if "past_index" in names:
         feeds["past_index"] = past_index(plan.block_tables, block_size, dims.kv_heads)
@@ -118,7 +122,7 @@ def step_feeds(plan, dims: ShardDims, inv_freq: np.ndarray, block_size: int, nam
         feeds["pe_cos"], feeds["pe_sin"] = shared_rope_tables(plan.positions, inv_freq)
     if "latent_index" in names:
         feeds["latent_index"] = latent_index(plan.block_tables, block_size)
-    if "attn_mask" in names:
+    if pad_index is not None and "attn_mask" in names:
         feeds["attn_mask"] = attn_mask(
             plan.ctx_lens, plan.query_lens, plan.block_tables.shape[1] * block_size, pad_index.shape[1]
         )

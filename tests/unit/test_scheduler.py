@@ -243,3 +243,12 @@ def test_scheduler_imports_no_heavy_dependencies():
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_token_ids_between_is_a_slice_of_all_token_ids():
+    """Every [start, end) across the prompt/output boundary, empty ranges and the ends included."""
+    r = Request("r", [5, 6, 7], SamplingParams(max_tokens=8))
+    r.output_token_ids += [8, 9]
+    for start in range(6):
+        for end in range(start, 7):
+            assert r.token_ids_between(start, end) == r.all_token_ids[start:end], (start, end)
