@@ -44,7 +44,8 @@ Warm-up traffic (`paused()`) is not user traffic and is not counted.
 Step phases (`watch_steps`, read from the engine's StepStats at scrape time, so recording costs the
 step nothing beyond its perf_counter laps; warm-up steps included): counter
 `step_phase_seconds_total{phase}` for schedule, broadcast, execute (and its parts segment_<i>,
-allreduce, gather_logits, kv_write, execute_other), sample, update, io_handoff; histogram
+allreduce, gather_logits, kv_write, host_io: the copies into and out of the graphs, execute_other),
+sample, update, io_handoff; histogram
 `step_duration_seconds` (one observation per executed step: its `_count` is the step count);
 `io_handoffs_total` (batches the front end delivered: divide io_handoff by it);
 `step_sampled_tokens_total`.  Mean ms per step of a phase over a window =

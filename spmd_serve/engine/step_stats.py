@@ -5,9 +5,10 @@ Phases of one step (DESIGN §2), each timed by rank 0's engine thread with `with
 draft model's own plans on every rank; 0 without speculation), `broadcast` (building the StepPlan and sending it),
 `execute`, `sample`, `update` (the scheduler's update and the metrics).  `execute` is split further
 by the ModelRunner into its own `PhaseTimer` (every graph segment, the allreduce / logits gather
-collectives, the KV-cache writes); `execute_other` is what is left of `execute` (feed building, the
-grid split).  A step ends once its metrics are recorded; only then are its outputs published, so a
-client that holds its answer also finds the step in /metrics.  `io_handoff` is measured where the
+collectives, the KV-cache writes, `host_io`: the copies into and out of the graphs);
+`execute_other` is what is left of `execute` (feed building, the grid split).  A step ends once
+its metrics are recorded; only then are its outputs published, so a client that holds its answer
+also finds the step in /metrics.  `io_handoff` is measured where the
 outputs arrive: from the engine publishing a batch to the front end's loop delivering it into the
 requests' queues (an HTTP worker reports its sums to rank 0 every 0.2 s and before answering a
 scrape) — it grows when a worker's loop is the bottleneck.

@@ -79,7 +79,7 @@ class ModelRunner:
         self.segments = [LoadedSegment(rank_dir, spec, paddle_threads, manifest.quant is not None) for spec in specs]
         # where `execute` goes (engine/step_stats.py reads it): each segment, collectives, KV writes
         self.segment_keys = [f"segment_{i}" for i in range(len(self.segments))]
-        self.timings = PhaseTimer([*self.segment_keys, "allreduce", "gather_logits", "kv_write"])
+        self.timings = PhaseTimer([*self.segment_keys, "allreduce", "gather_logits", "kv_write", "host_io"])
         self.pool = KVCachePool(manifest.kv_cache, num_blocks, block_size, manifest.kv_scales if kv_int8 else None)
         for seg in self.segments:
             seg.bind_cache(self.pool)
@@ -149,9 +149,13 @@ class ModelRunner:
         decode = plan.num_tokens == plan.num_seqs  # every query one token (each has >= 1)
         logits, timer, clock = None, self.timings, self._graph_allreduce_seconds
         for key, seg, host_kv in zip(self.segment_keys, self.segments, self._host_kv):
+            with timer.phase("host_io"):  # the copies into and out of the graph, apart from it
+                pred = seg.feed(feeds, decode)
             with timer.phase(key):
                 reduced = clock() if clock is not None else 0.0
-                out = seg.run(feeds, decode, self._skip)
+                pred.predictor.run()
+            with timer.phase("host_io"):
+                out = seg.fetch(pred, self._skip)
             if clock is not None:  # the graph's own all-reduces count as allreduce, not segment
                 reduced = clock() - reduced
                 timer.add("allreduce", reduced)

@@ -39,14 +39,24 @@ class LoadedSegment:
                 if name in pool:
                     handle.share_external_data(pool.tensor(name))
 
-    def run(
-        self, feeds: dict[str, np.ndarray], decode: bool = False, skip: tuple[str, ...] = ()
-    ) -> dict[str, np.ndarray]:
-        """`decode`: every sequence of this step has one new token (the decode graph runs it, if any);
-        outputs named in `skip` are not copied out (e.g. hidden rows nobody reads)."""
+    def feed(self, feeds: dict[str, np.ndarray], decode: bool = False) -> Predictor:
+        """Copy the step's inputs into the graph that runs it (`decode`: every sequence of this step
+        has one new token, so the decode graph, if any) and return that graph's predictor."""
         pred = self.decode if decode and self.decode is not None else self.predictor
         for name, h in pred.inputs.items():
             if name in feeds:
                 h.copy_from_cpu(feeds[name])  # takes the array's shape (no reshape call: one less per input)
-        pred.predictor.run()
+        return pred
+
+    def fetch(self, pred: Predictor, skip: tuple[str, ...] = ()) -> dict[str, np.ndarray]:
+        """The outputs of `pred`'s last run; those named in `skip` are not copied out (e.g. hidden
+        rows nobody reads)."""
         return {n: h.copy_to_cpu() for n, h in zip(pred.output_names, pred.outputs) if n not in skip}
+
+    def run(
+        self, feeds: dict[str, np.ndarray], decode: bool = False, skip: tuple[str, ...] = ()
+    ) -> dict[str, np.ndarray]:
+        """feed, run, fetch (the runner times the copies apart from the graph)."""
+        pred = self.feed(feeds, decode)
+        pred.predictor.run()
+        return self.fetch(pred, skip)

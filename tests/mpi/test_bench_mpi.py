@@ -108,6 +108,7 @@ def test_step_phase_metrics_grow(server):
         "allreduce",
         "gather_logits",
         "kv_write",
+        "host_io",
         "execute_other",
         "io_handoff",
         "segment_0",
@@ -118,5 +119,5 @@ def test_step_phase_metrics_grow(server):
     assert after.delta(before, "step_duration_seconds_count") >= 6
     assert after.delta(before, "io_handoffs_total") >= 6
     assert after.delta(before, "step_sampled_tokens_total") >= 6
-    for phase in ("execute", "allreduce", "segment_0", "sample", "io_handoff"):
+    for phase in ("execute", "allreduce", "segment_0", "host_io", "sample", "io_handoff"):
         assert after.delta(before, "step_phase_seconds_total", phase=phase) > 0
