@@ -88,6 +88,20 @@ def attn_mask(ctx_lens: np.ndarray, query_lens: np.ndarray, p: int, s: int) -> n
     return np.where(ok, np.float32(0), np.float32(NEG_INF))[:, None]
 
 
+def _grid_feeds(feeds: dict[str, np.ndarray], plan, block_size: int, names: set[str]) -> None:
+    """The padded grid's inputs (GRID_INPUTS) into `feeds`.  Built only for graphs that read them:
+    the C++ paged attention's do not, and these numpy calls cost ~44 us a step on the caches a
+    graph step has just left cold (measured)."""
+    pad_index, feeds["unpad_index"] = grid_indices(plan.query_lens)[:2]
+    feeds["pad_index"] = pad_index
+    if "grid_index" in names:
+        feeds["grid_index"] = np.minimum(pad_index, max(len(plan.input_ids) - 1, 0))
+    if "attn_mask" in names:
+        feeds["attn_mask"] = attn_mask(
+            plan.ctx_lens, plan.query_lens, plan.block_tables.shape[1] * block_size, pad_index.shape[1]
+        )
+
+
 def step_feeds(plan, dims: ShardDims, inv_freq: np.ndarray, block_size: int, names) -> dict[str, np.ndarray]:
     """The graph inputs in `names` for a plan (anything with StepPlan's arrays): the plan's own
     arrays, the grid indices (protocol.grid_indices) and the tables above, each computed once."""
@@ -101,12 +115,8 @@ def step_feeds(plan, dims: ShardDims, inv_freq: np.ndarray, block_size: int, nam
         "query_lens": plan.query_lens,
         "logits_index": logits_index(plan.query_lens, rows),
     }
-    # the padded grid only for the graphs that read it (Paddle's attention): the C++ paged
-    # attention's graphs do not, and its numpy calls cost ~44 us a step on cold caches (measured)
-    pad_index = None
-    if names & GRID_INPUTS:
-        pad_index, feeds["unpad_index"] = grid_indices(plan.query_lens)[:2]
-        feeds["pad_index"] = pad_index
+    if names & GRID_INPUTS:  # only the graphs with Paddle's attention read the padded grid
+        _grid_feeds(feeds, plan, block_size, names)
     hidden = getattr(plan, "hidden", None)  # an MTP draft plan's rows (protocol.StepPlan.hidden)
     if hidden is not None and PREV_HIDDEN in names:
         feeds[PREV_HIDDEN] = hidden
@@ -114,16 +124,10 @@ def step_feeds(plan, dims: ShardDims, inv_freq: np.ndarray, block_size: int, nam
         feeds["slot_mapping"] = plan.slot_mapping
     if names & {"rope_cos", "rope_sin"}:
         feeds["rope_cos"], feeds["rope_sin"] = rope_tables(plan.positions, inv_freq, dims)
-    if pad_index is not None and "grid_index" in names:
-        feeds["grid_index"] = np.minimum(pad_index, max(len(plan.input_ids) - 1, 0))
     if "past_index" in names:
         feeds["past_index"] = past_index(plan.block_tables, block_size, dims.kv_heads)
     if names & {"pe_cos", "pe_sin"}:
         feeds["pe_cos"], feeds["pe_sin"] = shared_rope_tables(plan.positions, inv_freq)
     if "latent_index" in names:
         feeds["latent_index"] = latent_index(plan.block_tables, block_size)
-    if pad_index is not None and "attn_mask" in names:
-        feeds["attn_mask"] = attn_mask(
-            plan.ctx_lens, plan.query_lens, plan.block_tables.shape[1] * block_size, pad_index.shape[1]
-        )
     return feeds
