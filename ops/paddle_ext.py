@@ -15,6 +15,9 @@ graphs on the CPU build, where Paddle lacks what the engine needs:
 * `spmd_norm_linear`, `_int8`, `_int4` — a residual add + RMSNorm, the linear it feeds and
   (attr) the SwiGLU after it as one op: Paddle's ~9 us a call is most of a small op's time at
   batch 1; equal bit for bit to the separate ops.
+* `spmd_linear_norm_linear`, `_panels`, `_int8`, `_int4` — the row-shard linear before that (a layer's
+  o_proj or down), its all-reduce at TP > 1 (attr) and `spmd_norm_linear*` as one op: a Llama layer
+  runs 3 ops, not 5 (7 at TP > 1); equal bit for bit to the separate ops (export/deferred.py).
 * `spmd_mla_decode`, `spmd_moe_experts` (`_int8`, `_int4`) — DeepSeek's decode attention in latent
   space over the paged latent pool (with its pool write; a task per sequence and head), and the
   routed experts each over its own tokens (a task per expert, its products gemm.h's).

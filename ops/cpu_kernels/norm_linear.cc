@@ -13,18 +13,8 @@
 // (elementwise.cc, linear.cc), so its outputs equal theirs bit for bit, whatever the threads.
 #include <vector>
 
+#include "op_kernels.h"
 #include "paddle/extension.h"
-
-// the separate ops' kernels (elementwise.cc, linear.cc)
-std::vector<paddle::Tensor> AddRmsNormForward(const paddle::Tensor& h, const paddle::Tensor& delta,
-                                              const paddle::Tensor& w, float eps);
-std::vector<paddle::Tensor> SwigluForward(const paddle::Tensor& x);
-std::vector<paddle::Tensor> LinearForward(const paddle::Tensor& x, const paddle::Tensor& w);
-std::vector<paddle::Tensor> LinearPanelsForward(const paddle::Tensor& x, const paddle::Tensor& w);
-std::vector<paddle::Tensor> LinearInt8Forward(const paddle::Tensor& x, const paddle::Tensor& q,
-                                              const paddle::Tensor& scale);
-std::vector<paddle::Tensor> LinearInt4Forward(const paddle::Tensor& x, const paddle::Tensor& q,
-                                              const paddle::Tensor& scale);
 
 namespace {
 

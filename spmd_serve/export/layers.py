@@ -11,9 +11,10 @@ built inside `dense_panels(True)` (the export with the C++ ops) is stored in the
 (export/panels.py) and runs `spmd_linear_panels`;
 the norms and SwiGLU are `spmd_rms_norm`, `spmd_add_rms_norm`, `spmd_swiglu`, and a residual add +
 RMSNorm with the linear it feeds (and the SwiGLU after it) is one op, `spmd_norm_linear*`
-(`norm_linear`).  Nothing is chosen by the model's size.  Without them (`--graph-ops paddle`),
-Paddle's ops: quantised weights are dequantised to fp32 right before its matmul (on GPU,
-`paddle.nn.quant.weight_only_linear` would take the same buffers).
+(`norm_linear`), which also takes the row-shard linear before it when that is deferred
+(export/deferred.py: `spmd_linear_norm_linear*`).  Nothing is chosen by the model's size.
+Without them (`--graph-ops paddle`), Paddle's ops: quantised weights are dequantised to fp32 right
+before its matmul (on GPU, `paddle.nn.quant.weight_only_linear` would take the same buffers).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ import paddle
 from paddle import nn
 
 from ops import paddle_ext
+from spmd_serve.export.deferred import Deferred, linear_norm_linear, materialize
 from spmd_serve.export.panels import to_panels
 from spmd_serve.export.quant import QuantWeight
 from spmd_serve.export.variant import GENERAL, GraphVariant
@@ -200,7 +202,13 @@ def add_rms_norm(h, delta, weight: paddle.Tensor, eps: float, variant: GraphVari
 def norm_linear(h, delta, weight: paddle.Tensor, eps: float, linear: Linear, variant: GraphVariant, swiglu_out: bool):
     """(linear(RMSNorm(h + delta)), h + delta), then SwiGLU on the linear's output when `swiglu_out`:
     one op with the C++ ops (ops/cpu_kernels/norm_linear.cc: Paddle's per-op cost is most of a
-    small op's time at batch 1), else add_rms_norm, the linear and swiglu."""
+    small op's time at batch 1), else add_rms_norm, the linear and swiglu.  A `Deferred` delta (the
+    previous row-shard linear, export/deferred.py) joins that op when its weight form is the same."""
+    if variant.cpp_ops and h is not None and isinstance(delta, Deferred):
+        fused = linear_norm_linear(h, delta, weight, eps, linear, swiglu_out)
+        if fused is not None:
+            return fused
+    delta = materialize(delta, variant)
     if variant.cpp_ops and h is not None:
         name, weights = linear.cpp_op()
         fused = name.replace("spmd_linear", "spmd_norm_linear")

@@ -31,7 +31,7 @@ from paddle.static import InputSpec
 
 import ops
 import spmd_serve
-from ops import paddle_ext
+from spmd_serve.export.deferred import materialize, reduced
 from spmd_serve.export.graph_inputs import STEP_INPUTS
 from spmd_serve.export.variant import GENERAL, GraphVariant
 from spmd_serve.kv_layout import KVLayout
@@ -45,6 +45,8 @@ class Stage(nn.Layer):
 
     kv_layer: int | None = None  # the layer whose KV cache the stage reads and writes
     gives_logits = False
+    # its `step` takes a `Deferred` delta (export/deferred.py: it fuses the linear into its first op)
+    takes_deferred = False
     # it neither starts nor carries the residual stream (its `h` is None): the embedding, DeepSeek
     # MTP's input projection; the first stage after them starts the stream from their partial
     streamless = False
@@ -139,10 +141,13 @@ class GraphSegment(nn.Layer):
         h = env["hidden"] if self.takes_hidden else None
         delta = env["partial"] if self.takes_partial else None
         kv_out, stats = [], []
-        for st in self.stages:
+        stages = list(self.stages)
+        for i, st in enumerate(stages):
             h, delta, kv = st.step(h, delta, env, self.variant)
             if self.reduce_in_graph and not st.gives_logits:
-                delta = paddle_ext.allreduce(delta)  # [T, H] sum of shards
+                delta = reduced(delta)  # [T, H] sum of shards
+            if i + 1 == len(stages) or not stages[i + 1].takes_deferred:  # export/deferred.py
+                delta = materialize(delta, self.variant)
             n = len(kv) - len(st.stats())
             kv_out, stats = kv_out + kv[:n], stats + kv[n:]
         if self.spec.outputs[0] == "logits":

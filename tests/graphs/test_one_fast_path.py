@@ -65,7 +65,10 @@ def test_kernel_and_predictor_choice_do_not_depend_on_model_size(tmp_path, monke
     wide = graphs["wide"]
     # fp32 weights in the panel layout at every size (export/panels.py)
     assert wide["spmd_paged_attention"] == 2
-    assert wide["spmd_linear_panels"] + wide["spmd_norm_linear_panels"] == 2 * 4 + 1
-    assert wide["spmd_norm_linear_panels"] == 2 * 2 - 1  # add + norm into qkv and gate|up (the first qkv: no add)
+    # every linear of a layer, and lm_head: 4 a layer + 1, two in each spmd_linear_norm_linear (export/deferred.py)
+    assert wide["spmd_linear_panels"] + 2 * wide["spmd_linear_norm_linear_panels"] == 2 * 4 + 1
+    # o + add + norm + gate|up, and down + add + norm + the next layer's qkv: not the first qkv (no
+    # add) nor the last down (the head's norm takes it)
+    assert wide["spmd_linear_norm_linear_panels"] == 2 * 2 - 1 and "spmd_norm_linear_panels" not in wide
     assert "matmul" not in graphs["wide"]
     assert loads["narrow"] == loads["wide"] == [("seg_0", "seg_0", 1, False)]  # one plain predictor, ops threaded

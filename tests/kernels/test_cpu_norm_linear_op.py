@@ -69,3 +69,59 @@ def test_swiglu_needs_gate_and_up_halves(ext):
         run(ext, "spmd_norm_linear", h, delta, np.ones(8, np.float32), np.ones((8, 5), np.float32), EPS, True)
     with pytest.raises(Exception, match="x's last dimension"):  # the linear's own checks still speak
         run(ext, "spmd_norm_linear", h, delta, np.ones(8, np.float32), np.ones((6, 4), np.float32), EPS, False)
+
+
+@pytest.mark.parametrize("rows", (1, 3, 17))
+@pytest.mark.parametrize("swiglu", (False, True))
+def test_linear_norm_linear_equals_the_separate_ops_bit_for_bit(ext, rows, swiglu):
+    """`spmd_linear_norm_linear*` (ops/cpu_kernels/linear_norm_linear.cc): the row-shard linear before
+    it, then `spmd_norm_linear*`; `reduce` False (the all-reduce is the MPI tests' part)."""
+    k1, k, n = 40, 72, 130
+    rng = np.random.default_rng(rows + 10 * swiglu + 100)
+    x = rng.standard_normal((rows, k1), np.float32)
+    h = rng.standard_normal((rows, k), np.float32)
+    norm_w = (rng.random(k, np.float32) + 0.5).astype(np.float32)
+    firsts, seconds = weights(k1, k, rows + 1), weights(k, n, rows)
+    for name, (wargs, w64) in seconds.items():
+        w1args, w164 = firsts[name]
+        fused = name.replace("spmd_linear", "spmd_linear_norm_linear")
+        for threads in (1, 2):
+            out, total = run(ext, fused, x, *w1args, h, norm_w, *wargs, EPS, swiglu, False, threads=threads)
+            (delta,) = run(ext, name, x, *w1args, threads=threads)
+            want, want_sum = run(
+                ext,
+                name.replace("spmd_linear", "spmd_norm_linear"),
+                h,
+                delta,
+                norm_w,
+                *wargs,
+                EPS,
+                swiglu,
+                threads=threads,
+            )
+            assert np.array_equal(out, want) and np.array_equal(total, want_sum), (name, threads)
+        ref, ref_sum = reference(h, x.astype(np.float64) @ w164, norm_w, w64, swiglu)
+        assert out.shape == ref.shape and total.shape == h.shape
+        np.testing.assert_allclose(out, ref, rtol=2e-4, atol=2e-5 * np.abs(ref).max())
+        np.testing.assert_allclose(total, ref_sum, rtol=1e-4, atol=1e-5 * np.abs(ref_sum).max())
+
+
+def test_linear_norm_linear_refuses_mismatched_shapes(ext):
+    rng = np.random.default_rng(1)
+    x, h = rng.standard_normal((2, 6), np.float32), rng.standard_normal((2, 8), np.float32)
+    norm_w, w2 = np.ones(8, np.float32), np.ones((8, 4), np.float32)
+    with pytest.raises(Exception, match="x's last dimension"):  # the first linear's own check speaks
+        run(ext, "spmd_linear_norm_linear", x, np.ones((5, 8), np.float32), h, norm_w, w2, EPS, False, False)
+    with pytest.raises(Exception, match="must be even"):
+        run(
+            ext,
+            "spmd_linear_norm_linear",
+            x,
+            np.ones((6, 8), np.float32),
+            h,
+            norm_w,
+            np.ones((8, 5), np.float32),
+            EPS,
+            True,
+            False,
+        )

@@ -176,6 +176,6 @@ def test_runner_refuses_a_graph_export_without_the_library(served_tp2, tmp_path)
     )
     res = python(code, **no_compiler(tmp_path))
     assert res.returncode != 0
-    ops = "spmd_add_rms_norm, spmd_allreduce, spmd_linear_panels, spmd_norm_linear_panels, spmd_paged"
+    ops = "spmd_add_rms_norm, spmd_allreduce, spmd_linear_norm_linear_panels, spmd_linear_panels, spmd_paged"
     assert f"uses the C++ graph ops {ops}" in res.stderr
     assert "--graph-ops paddle" in res.stderr

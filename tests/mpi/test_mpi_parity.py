@@ -26,8 +26,8 @@ NEW_TOKENS = 12
 CPP_OPS = (
     "spmd_add_rms_norm",
     "spmd_allreduce",
+    "spmd_linear_norm_linear_panels",
     "spmd_linear_panels",
-    "spmd_norm_linear_panels",
     "spmd_paged_attention",
     "spmd_paged_attention_int8",
     "spmd_rms_norm",

@@ -25,6 +25,7 @@ from paddle import nn
 from paddle.static import InputSpec
 
 from ops import paddle_ext
+from spmd_serve.export.deferred import defer
 from spmd_serve.export.graph_inputs import grid_dims, grouped_mask
 from spmd_serve.export.layers import fuse_columns, make_linear, make_param, norm_linear
 from spmd_serve.export.llama.sharding import kv_layout
@@ -38,7 +39,10 @@ _PAGED_INPUTS = ("block_tables", "ctx_lens", "query_lens", "slot_mapping")  # sp
 
 class AttentionStage(Stage):
     """Outputs this step's K and V [T, kvh, d] for the runner to write into the pool, except with
-    `spmd_paged_attention`, which writes them itself."""
+    `spmd_paged_attention`, which writes them itself.  Its o_proj is left to the next stage's first
+    op with the C++ ops (export/deferred.py), as is the previous stage's linear to its own."""
+
+    takes_deferred = True
 
     def __init__(self, w: dict[str, np.ndarray], dims: ShardDims, layer: int) -> None:
         super().__init__()
@@ -90,7 +94,7 @@ class AttentionStage(Stage):
                 *scales,  # an int8 pool's [kvh] k and v scales
                 1.0 / math.sqrt(d),
             )  # [T, nh * d]
-            return h, self.o(ctx, variant), []  # K/V already in the pool
+            return h, defer(self.o, ctx, variant), []  # K/V already in the pool
         qkv = qkv.reshape([-1, nh + 2 * kvh, d])  # [T, nh + 2 kvh, d]
         qkv = qkv * env["rope_cos"] + paddle.roll(qkv, d // 2, axis=-1) * env["rope_sin"]  # RoPE (q, k only)
         _, k, v = paddle.split(qkv, [nh, kvh, kvh], axis=1)  # k, v [T, kvh, d] → cache
@@ -100,7 +104,7 @@ class AttentionStage(Stage):
         if variant.kv_int8:  # an int8 pool: q * scale[kv head], as ops/paged_attention.py does
             k_past = k_past.astype("float32") * scales[0].reshape([1, kvh, 1, 1])
             v_past = v_past.astype("float32") * scales[1].reshape([1, kvh, 1, 1])
-        return h, self.o(self._grid(qkv, k_past, v_past, env), variant), [k, v]
+        return h, defer(self.o, self._grid(qkv, k_past, v_past, env), variant), [k, v]
 
     def _grid(self, qkv, k_past, v_past, env):
         """Any query lengths: this step's tokens in a padded grid [B, S] per sequence."""

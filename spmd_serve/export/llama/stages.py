@@ -10,6 +10,7 @@ import numpy as np
 import paddle
 from paddle import nn
 
+from spmd_serve.export.deferred import defer
 from spmd_serve.export.layers import (
     add_rms_norm,
     fuse_columns,
@@ -73,7 +74,11 @@ class EmbedStage(Stage):
 
 
 class MlpStage(Stage):
-    """residual add + RMSNorm → SwiGLU with one fused gate|up column shard → down row shard."""
+    """residual add + RMSNorm → SwiGLU with one fused gate|up column shard → down row shard (with the
+    C++ ops: the previous stage's linear joins the first op, the down joins the next stage's;
+    export/deferred.py)."""
+
+    takes_deferred = True
 
     def __init__(self, w: dict[str, np.ndarray], dims: ShardDims, layer: int) -> None:
         super().__init__()
@@ -88,7 +93,7 @@ class MlpStage(Stage):
 
     def forward(self, h, delta, env: dict, variant: GraphVariant):
         x, h = norm_linear(h, delta, self.ln, self.eps, self.gate_up, variant, True)  # silu(gate) * up
-        return h, self.down(x, variant), []
+        return h, defer(self.down, x, variant), []
 
 
 class HeadStage(Stage):
