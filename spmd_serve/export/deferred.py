@@ -14,15 +14,20 @@ takes one (`Stage.takes_deferred`, whose `norm_linear` fuses it); everything els
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import paddle
 
 from ops import paddle_ext
 from spmd_serve.export.variant import GraphVariant
 
-if TYPE_CHECKING:
-    from spmd_serve.export.layers import Linear
+
+class Linear(Protocol):
+    """What this needs of export/layers.py's `Linear` (which imports this module)."""
+
+    def __call__(self, x: paddle.Tensor, variant: GraphVariant | None = None) -> paddle.Tensor: ...
+
+    def cpp_op(self) -> tuple[str, list[paddle.Tensor]]: ...
 
 
 @dataclass(frozen=True)
