@@ -7,10 +7,10 @@
 //       where D = X @ W1, summed over the MPI ranks when `reduce`
 //   _panels: W1, W2 in panels; _int8 / _int4: (Q1, Scale1), (Q2, Scale2) for W1, W2.
 //
-// Why: Paddle's executor costs ~10-25 us an op at batch 1 (its code and tables are cold after each
-// step's weight stream; benchmarks/RESULTS.md "Session 48"), and a Llama layer ran 5 ops at TP = 1
-// (7 with the all-reduces).  With these it runs 3: norm + qkv (fused with the previous layer's
-// down), attention, o + norm + gate|up + SwiGLU.  The op is the composition of the separate ops'
+// Why: every op costs Paddle's executor a few us at batch 1, on the rank's one thread at TP > 1, and
+// a Llama layer ran 5 ops at TP = 1 (7 with the all-reduces).  With these it runs 3: norm + qkv
+// (fused with the previous layer's down), attention, o + norm + gate|up + SwiGLU.  TP = 2 batch 1
+// 1.06x, TP = 1 level (benchmarks/RESULTS.md "Session 48").  The op is the composition of the separate ops'
 // own functions, so its outputs equal theirs bit for bit, whatever the threads.
 #include <vector>
 

@@ -2,8 +2,8 @@
 (or down), its all-reduce at TP > 1 and the residual add + RMSNorm + linear after it run as one
 C++ op, `spmd_linear_norm_linear*` (ops/cpu_kernels/linear_norm_linear.cc).
 
-Paddle's executor costs ~10-25 us an op at batch 1 (cold after each step's weight stream): with
-this a Llama layer runs 3 ops instead of 5 (7 with the all-reduces at TP = 2).
+Every op costs Paddle's executor a few us at batch 1: with this a Llama layer runs 3 ops instead of
+5 (7 with the all-reduces at TP = 2); TP = 2 batch 1 1.06x, TP = 1 level (RESULTS.md "Session 48").
 
 The protocol: a stage returns `defer(linear, x, variant)` as its output; the segment marks it
 `reduced` where it would all-reduce a tensor, and hands it on as it is only to a stage that says it
