@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "paddle/extension.h"
+#include "tensor_pool.h"
 
 namespace {
 double g_seconds = 0.0;  // wall time spent inside MPI_Allreduce (waiting for the slowest rank included)
@@ -52,7 +53,7 @@ extern "C" long spmd_allreduce_calls() { return g_calls; }
 std::vector<paddle::Tensor> AllReduceForward(const paddle::Tensor& x) {
   PD_CHECK(x.dtype() == paddle::DataType::FLOAT32, "spmd_allreduce: float32 only");
   PD_CHECK(x.numel() <= 0x7fffffff, "spmd_allreduce: tensor too large for one MPI call");
-  auto out = paddle::empty(x.shape(), x.dtype(), x.place());
+  auto out = spmd::new_tensor(x.shape(), x.dtype());
   auto t0 = std::chrono::steady_clock::now();
   int rc;
   {

@@ -16,6 +16,7 @@
 
 #include "paddle/extension.h"
 #include "simd.h"
+#include "tensor_pool.h"
 #include "thread_pool.h"
 
 namespace {
@@ -59,7 +60,7 @@ void check_norm(const char* op, const paddle::Tensor& x, const paddle::Tensor& w
 std::vector<paddle::Tensor> RmsNormForward(const paddle::Tensor& x, const paddle::Tensor& w, float eps) {
   check_norm("spmd_rms_norm", x, w);
   const paddle::Tensor xc = x.contiguous(), wc = w.contiguous();
-  auto y = paddle::empty(x.shape(), paddle::DataType::FLOAT32, x.place());
+  auto y = spmd::new_tensor(x.shape());
   const int64_t n = x.shape().back();
   const float *xp = xc.data<float>(), *wp = wc.data<float>();
   float* yp = y.data<float>();
@@ -74,8 +75,8 @@ std::vector<paddle::Tensor> AddRmsNormForward(const paddle::Tensor& h, const pad
   check_norm("spmd_add_rms_norm", h, w);
   PD_CHECK(delta.shape() == h.shape() && delta.dtype() == h.dtype(), "spmd_add_rms_norm: delta must match h");
   const paddle::Tensor hc = h.contiguous(), dc = delta.contiguous(), wc = w.contiguous();
-  auto y = paddle::empty(h.shape(), paddle::DataType::FLOAT32, h.place());
-  auto sum = paddle::empty(h.shape(), paddle::DataType::FLOAT32, h.place());
+  auto y = spmd::new_tensor(h.shape());
+  auto sum = spmd::new_tensor(h.shape());
   const int64_t n = h.shape().back();
   const float *hp = hc.data<float>(), *dp = dc.data<float>(), *wp = wc.data<float>();
   float *yp = y.data<float>(), *sp = sum.data<float>();
@@ -93,7 +94,7 @@ std::vector<paddle::Tensor> SwigluForward(const paddle::Tensor& x) {
   std::vector<int64_t> shape = x.shape();
   const int64_t n = shape.back() / 2;
   shape.back() = n;
-  auto y = paddle::empty(shape, paddle::DataType::FLOAT32, x.place());
+  auto y = spmd::new_tensor(shape);
   const float* xp = xc.data<float>();
   float* yp = y.data<float>();
   over_rows(rows_of(x), n, [&](int64_t r0, int64_t r1) {

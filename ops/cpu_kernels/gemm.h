@@ -77,7 +77,7 @@ void gemm(const float* x, const Src& w, const float* scale, int64_t T, int64_t K
   const int64_t width = std::clamp((per + kNR - 1) / kNR * kNR, kNR, std::max(kNR, kNC / kNR * kNR));
   const int64_t tasks = (N + width - 1) / width, tiles = Tiles(T).count;
   thread_local AlignedVector<float> packed;  // the caller's; the tasks read it through xp
-  packed.resize(tiles * K * kMR);
+  grown(packed, tiles * K * kMR);
   float* const xp = packed.data();
   parallel_for(tiles, [&](int64_t i) { pack_rows(x, T, K, i, xp); });
   parallel_for(tasks, [&](int64_t i) {

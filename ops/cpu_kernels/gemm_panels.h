@@ -134,7 +134,7 @@ inline void panel_stream_gemm(const float* x, const F32P& w, int64_t T, int64_t 
   constexpr auto kRowCounts = std::make_integer_sequence<int, kStreamRows>{};
   const int64_t panels = (N + F32P::kPanel - 1) / F32P::kPanel;
   thread_local AlignedVector<float> xcs;   // x's rows in each block's chain order: [K][T]
-  xcs.resize(K * T);
+  grown(xcs, K * T);
   for (int64_t k0 = 0; k0 < K; k0 += kKC) {
     const int64_t kb = std::min(kKC, K - k0);
     for (int64_t k = 0; k < kb; ++k)

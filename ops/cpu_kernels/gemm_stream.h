@@ -151,7 +151,7 @@ void stream_columns(const float* x, const Src& w, int64_t K, int64_t N, int64_t 
   const int64_t full = std::min(c1, N / kWidth * kWidth), step = chunked ? kKC : std::max<int64_t>(1, k1 - k0);
   const int64_t nb = std::max<int64_t>(kWidth, kAccFloats / T / kWidth * kWidth);
   thread_local AlignedVector<float> tmp;  // one chunk's [T, b] tile (this task's own thread)
-  if (k0 + step < k1) tmp.resize(T * nb);
+  if (k0 + step < k1) grown(tmp, T * nb);
   for (int64_t n0 = c0; n0 < full; n0 += nb) {
     const int64_t b = std::min(nb, full - n0);
     stream_tile<T>(x, w, K, k0, std::min(k1, k0 + step), n0, b, y + n0, N);
@@ -213,7 +213,7 @@ void stream_tasks(int64_t T, int64_t K, int64_t N, int64_t units, int64_t unit, 
   const int64_t groups = std::min(units, std::max<int64_t>(1, (2 * threads + chunks - 1) / chunks));
   const int64_t width = (units + groups - 1) / groups, ranges = (units + width - 1) / width;
   thread_local AlignedVector<float> scratch;  // the caller's; the tasks see it through `partial`
-  scratch.resize((chunks - 1) * T * N);
+  grown(scratch, (chunks - 1) * T * N);
   float* const partial = scratch.data();  // chunks 1.. : [chunks - 1][T][N]
   thread_local std::vector<int64_t> finished;  // chunks done, per column range
   finished.assign(ranges, 0);

@@ -92,7 +92,7 @@ void vnni_gemm_t(const int8_t* xp, const float* mult, const int8_t* q, const flo
   const int64_t width = (vectors + groups - 1) / groups * 64, ranges = (N + width - 1) / width;
   thread_local std::vector<int64_t> partials;   // the caller's: [chunks][T][N]
   thread_local std::vector<int64_t> finished;   // chunks done, per column range
-  partials.resize(chunks * T * N);
+  grown(partials, chunks * T * N);
   finished.assign(ranges, 0);
   int64_t* const part = partials.data();
   int64_t* const done = finished.data();

@@ -9,6 +9,7 @@
 
 #include "gemm.h"
 #include "paddle/extension.h"
+#include "tensor_pool.h"
 
 namespace spmd_linear {
 
@@ -30,7 +31,7 @@ inline void check_shapes(const char* op, const paddle::Tensor& x, const paddle::
 
 template <typename Src>
 paddle::Tensor run(const paddle::Tensor& x, int64_t K, int64_t N, const float* scale, const Src& w) {
-  auto y = paddle::empty(out_shape(x.shape(), N), paddle::DataType::FLOAT32, x.place());
+  auto y = spmd::new_tensor(out_shape(x.shape(), N));
   int64_t T = 1;                                     // the rows: every dimension of x but the last
   for (size_t i = 0; i + 1 < x.shape().size(); ++i) T *= x.shape()[i];
   // contiguous() is a no-op for the dense tensors a graph passes; it guards strided eager views

@@ -18,6 +18,7 @@
 
 #include "paddle/extension.h"
 #include "simd.h"
+#include "tensor_pool.h"
 #include "thread_pool.h"
 
 namespace {
@@ -106,7 +107,7 @@ std::vector<paddle::Tensor> MlaDecodeForward(const paddle::Tensor& query, const 
   PD_CHECK(cs[2] == K && latent.shape() == std::vector<int64_t>({B, K}), "spmd_mla_decode: K differs");
   PD_CHECK(bts[0] == B && ctx_lens.numel() == B && slot_mapping.numel() == B,
            "spmd_mla_decode: one block table, context length and slot per sequence");
-  auto out = paddle::empty({H, B, K}, f32, query.place());
+  auto out = spmd::new_tensor({H, B, K}, f32);
   const float *q_all = query.data<float>(), *lat = latent.data<float>();
   float* pool = const_cast<float*>(cache.data<float>());  // written in place (see above)
   const int64_t *tables = block_tables.data<int64_t>(), *ctx = ctx_lens.data<int64_t>();

@@ -25,6 +25,8 @@
 
 #include "attention.h"
 #include "paddle/extension.h"
+#include "simd.h"
+#include "tensor_pool.h"
 #include "thread_pool.h"
 
 namespace {
@@ -56,13 +58,20 @@ std::vector<paddle::Tensor> paged_attention(const char* op, const paddle::Tensor
 
   const paddle::Tensor xc = qkv.contiguous(), fc = inv_freq.contiguous();
   const float *x_all = xc.data<float>(), *freq = fc.data<float>();
-  std::vector<int64_t> position(T);
+  // the caller thread's scratch, kept from call to call (spmd::grown): no allocation a step
+  thread_local std::vector<int64_t> positions;
+  thread_local spmd::AlignedVector<float> queries, own_keys, own_values;
+  int64_t* const position = spmd::grown(positions, T);
   for (int64_t b = 0; b < st.seqs; ++b)
     for (int64_t t = st.start[b]; t < st.start[b + 1]; ++t) position[t] = st.ctx_lens[b] + t - st.start[b];
-  std::vector<float> q(T * nh * d);   // rotated, scaled queries [T, nh, d]
-  std::vector<float> own_k(pool.int8 ? T * kvh * d : 0), own_v(own_k.size());   // an int8 pool's: fp32 K/V
+  float* const q = spmd::grown(queries, T * nh * d);   // rotated, scaled queries [T, nh, d]
+  // an int8 pool's step K/V in fp32 [T, kvh, d] (null for an fp32 pool)
+  float* const own_k = pool.int8 ? spmd::grown(own_keys, T * kvh * d) : nullptr;
+  float* const own_v = pool.int8 ? spmd::grown(own_values, T * kvh * d) : nullptr;
   spmd::parallel_for((T + kRopeTokens - 1) / kRopeTokens, [&](int64_t task) {
-    std::vector<float> cs(d), k(d);   // cos | sin of this token's angles; a rotated key
+    thread_local spmd::AlignedVector<float> angles, key;   // this task's thread's
+    float* const cs = spmd::grown(angles, d);   // cos | sin of this token's angles
+    float* const k = spmd::grown(key, d);       // a rotated key
     for (int64_t t = task * kRopeTokens; t < std::min(T, (task + 1) * kRopeTokens); ++t) {
       for (int64_t c = 0; c < half; ++c) {
         const float angle = static_cast<float>(position[t]) * freq[c];
@@ -75,10 +84,10 @@ std::vector<paddle::Tensor> paged_attention(const char* op, const paddle::Tensor
         const int64_t kv = (h - nh) % kvh, row = spmd::pool_row(pool, slot, kv);   // (for k and v heads)
         if (h >= nh + kvh) {                          // v: as it is
           spmd::store_row(pool, true, row, kv, x);
-          if (pool.int8) std::copy_n(x, d, own_v.data() + (t * kvh + kv) * d);
+          if (pool.int8) std::copy_n(x, d, own_v + (t * kvh + kv) * d);
           continue;
         }
-        float* y = h < nh ? q.data() + (t * nh + h) * d : pool.int8 ? own_k.data() + (t * kvh + kv) * d : k.data();
+        float* y = h < nh ? q + (t * nh + h) * d : pool.int8 ? own_k + (t * kvh + kv) * d : k;
         const float s = h < nh ? scale : 1.f;
         for (int64_t c = 0; c < half; ++c) {
           const float lo = x[c] * cs[c] - x[half + c] * cs[half + c];
@@ -90,8 +99,8 @@ std::vector<paddle::Tensor> paged_attention(const char* op, const paddle::Tensor
       }
     }
   });
-  auto out = paddle::empty({T, nh * d}, paddle::DataType::FLOAT32, qkv.place());
-  spmd::attend(q.data(), nh * d, nh, pool, st, out.data<float>(), {own_k.data(), own_v.data()});
+  auto out = spmd::new_tensor({T, nh * d});
+  spmd::attend(q, nh * d, nh, pool, st, out.data<float>(), {own_k, own_v});
   return {out};
 }
 

@@ -43,6 +43,15 @@ struct Aligned64 {
 template <typename T>
 using AlignedVector = std::vector<T, Aligned64<T>>;
 
+// A thread's scratch of at least n elements, contents undefined: v only ever grows.  Resizing it to
+// each call's size would zero-fill the tail again whenever a smaller call came between two larger
+// ones (a decode step's linears alternate sizes: the memset was ~0.5 % of its main thread)
+template <typename V>
+auto* grown(V& v, std::size_t n) {
+  if (v.size() < n) v.resize(n);
+  return v.data();
+}
+
 #if defined(SPMD_EMULATE_WIDTH)
 #define SPMD_SIMD 0
 #elif defined(__AVX512F__)
