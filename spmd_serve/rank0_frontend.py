@@ -82,7 +82,8 @@ def worker_setup(cfg: ServeConfig, max_model_len: int, capacity: int, hub: Front
     }
 
 
-def start_frontend(cfg: ServeConfig, model_config: dict[str, Any]) -> Frontend:
+def start_frontend(cfg: ServeConfig, model_config: dict[str, Any], cores: frozenset[int] | None = None) -> Frontend:
+    """The hub and the HTTP workers, which run on `cores` (the node's, not rank 0's binding)."""
     max_model_len = int(model_config.get("max_position_embeddings", cfg.max_seq_len + cfg.max_dec_len))
     check_ports_free(cfg)
     capacity = cfg.batch_size + cfg.max_cached_task_num
@@ -95,6 +96,6 @@ def start_frontend(cfg: ServeConfig, model_config: dict[str, Any]) -> Frontend:
         ) from None
     # Rank 0 loads no tokenizer: the workers do (a PaddleNLP import, seconds) while the shards load,
     # and their hellos carry what the engine needs from it (EOS ids, the warm-up prompt).
-    workers = HttpWorkers(cfg.http_workers, worker_setup(cfg, max_model_len, capacity, hub), dict(os.environ))
+    workers = HttpWorkers(cfg.http_workers, worker_setup(cfg, max_model_len, capacity, hub), dict(os.environ), cores)
     workers.start()
     return Frontend(hub, workers, max_model_len, metrics)

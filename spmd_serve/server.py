@@ -75,13 +75,13 @@ def _load(cfg, comm):
         draft_layout = read_rank_manifest(Path(str(draft_dir)) / f"rank_{comm.rank}").kv_cache
     draft_blocks = draft_pool_blocks(cfg.num_blocks(), cfg.batch_size, k, cfg.block_size)
     check_kv_fits(cfg, manifest.kv_cache, comm.ranks_on_node(), draft_layout, draft_blocks - cfg.num_blocks())
-    # collective on the node, like ranks_on_node; before the IO thread starts, which inherits the binding
-    cpus = setup_rank_cpus(comm, cfg.num_threads, cfg.bind_cores)
+    node_cores = frozenset(os.sched_getaffinity(0))  # the job's cores here, for the HTTP workers
+    cpus = setup_rank_cpus(comm, cfg.num_threads, cfg.bind_cores)  # collective on the node, like ranks_on_node
     frontend = None
     if comm.rank == 0:
         from spmd_serve.rank0_frontend import start_frontend
 
-        frontend = start_frontend(cfg, model_config)
+        frontend = start_frontend(cfg, model_config, node_cores)
     try:
         runner = make_runner(
             cfg.device,

@@ -5,6 +5,10 @@ IO settings, the hub's port and token, its index) as JSON on its stdin, so that 
 key nor the token shows in a process listing.  A worker's environment is rank 0's without the MPI
 variables: it is no rank (stop_server finds rank 0 by OMPI_COMM_WORLD_RANK) and never calls MPI;
 it keeps SPMD_SERVE_RUN_ID, so stop_server still finds it as one of the job's processes.
+A worker may run on every core the job has on the node (`cores`), not only on rank 0's: a child
+inherits its parent's binding, and at `-n 2` rank 0 is bound to one core, where the worker's
+~0.3 ms a token preempted rank 0's host work between steps while rank 1, idle waiting for the plan,
+left its core free (served `--demo small` TP = 2, c = 1: 1.01-1.04x; RESULTS.md "Session 50").
 
 `check()` runs on the engine thread (the hub's tick): a worker that exited is logged with its
 exit status and started again, at once the first time, then with a growing pause while it keeps
@@ -13,8 +17,10 @@ dying within seconds (a crash loop must not eat rank 0's core).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
+import os
 import signal
 import subprocess
 import sys
@@ -41,10 +47,13 @@ def worker_environ(environ: dict[str, str]) -> dict[str, str]:
 
 
 class HttpWorkers:
-    """`count` worker processes; `setup` is what every one of them reads from stdin."""
+    """`count` worker processes; `setup` is what every one of them reads from stdin; `cores`: the
+    CPUs they may run on (None: rank 0's own)."""
 
-    def __init__(self, count: int, setup: dict[str, Any], environ: dict[str, str]) -> None:
-        self.count, self.setup = count, setup
+    def __init__(
+        self, count: int, setup: dict[str, Any], environ: dict[str, str], cores: frozenset[int] | None = None
+    ) -> None:
+        self.count, self.setup, self.cores = count, setup, cores
         self.environ = worker_environ(environ)
         self.procs: dict[int, subprocess.Popen[bytes]] = {}
         self.restarts = 0
@@ -62,6 +71,9 @@ class HttpWorkers:
             [sys.executable, "-m", "spmd_serve.http_worker"], stdin=subprocess.PIPE, env=self.environ, close_fds=True
         )
         assert proc.stdin is not None
+        if self.cores:  # set before the new interpreter starts a thread: every later one inherits it
+            with contextlib.suppress(OSError):  # it died at once: check() sees the exit
+                os.sched_setaffinity(proc.pid, self.cores)
         try:
             proc.stdin.write(json.dumps({**self.setup, "worker": i, "state": state}).encode())
             proc.stdin.close()

@@ -79,6 +79,20 @@ def test_two_worker_processes_that_are_no_ranks(server):
         assert "spmd_serve.http_worker" in " ".join(psutil.Process(pid).cmdline())
 
 
+def test_the_workers_run_on_the_nodes_cores_not_rank_0s(server):
+    """Each rank is bound to its own half of the cores (SPMD_BIND_CORES); the workers rank 0 starts
+    may use all of them (mpirun's, `--bind-to none`), so they can run while rank 1 waits."""
+    job = os.sched_getaffinity(0)
+    if len(job) < 2:
+        pytest.skip("one core: there is nothing to bind")
+    pids = server.http_worker_pids()
+    rank0 = {psutil.Process(pid).ppid() for pid in pids}
+    assert len(rank0) == 1
+    assert len(os.sched_getaffinity(rank0.pop())) == len(job) // 2  # rank 0 is bound ...
+    for pid in pids:  # ... and its children are not, nor any of their threads
+        assert {frozenset(os.sched_getaffinity(t.id)) for t in psutil.Process(pid).threads()} == {frozenset(job)}
+
+
 def test_native_answers_are_the_same_from_either_worker(server):
     answers = {tuple(fresh(server, GREEDY).json()["tokens_all_ids"]) for _ in range(16)}
     assert len(answers) == 1 and len(next(iter(answers))) == 12
@@ -153,6 +167,7 @@ def test_a_killed_worker_is_started_again_while_the_other_serves(served_tp2_long
         assert aborted(srv) == aborts + 1  # the engine stopped generating for the dead worker's client
         pids = srv.http_worker_pids()
         assert len(pids) == 2 and victim not in pids
+        assert all(os.sched_getaffinity(p) == os.sched_getaffinity(0) for p in pids)  # a restart too
         assert {fresh(srv, GREEDY).status_code for _ in range(8)} == {200}
         assert srv.stop_gracefully(60) == 0, srv.log()[-2000:]
         assert not any(psutil.pid_exists(p) and psutil.Process(p).status() != "zombie" for p in pids)
