@@ -178,7 +178,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--rounds",
         type=int,
         default=1,
-        help="run every row this many times, interleaved; each level reports its best round (by output tok/s)",
+        help="run every row this many times, interleaved (odd rounds in reverse row order); each level "
+        "reports its best round (by output tok/s)",
     )
     ap.add_argument(
         "--max-busy",
@@ -243,7 +244,9 @@ def main(argv: list[str] | None = None) -> int:
     }
     probes: dict[str, dict] = {}
     for rnd in range(args.rounds):
-        for row in rows:
+        # odd rounds in reverse order: no row always runs right after the same one (llama-server's
+        # c = 32, say) or always last, where a drift of this VM's speed lands on it every round
+        for row in rows if rnd % 2 == 0 else rows[::-1]:
             server = make_server(row, paths[row.model], args, lc, run_dir / f"round{rnd}")
             print(f"== round {rnd + 1}/{args.rounds}, {row.name}: {server.info['command']}", flush=True)
             entry = report["rows"].setdefault(row.key, {"name": row.name, "info": server.info, "rounds": []})
