@@ -7,7 +7,7 @@ variables: it is no rank (stop_server finds rank 0 by OMPI_COMM_WORLD_RANK) and 
 it keeps SPMD_SERVE_RUN_ID, so stop_server still finds it as one of the job's processes.
 A worker may run on every core the job has on the node (`cores`), not only on rank 0's: a child
 inherits its parent's binding, and at `-n 2` rank 0 is bound to one core, where the worker's
-~0.3 ms a token always preempted rank 0 (its publish of a token took 0.15-0.38 ms there, against
+~0.3 ms a token always preempted rank 0 (its publish of a token took 0.15-0.39 ms there, against
 ~0.07 of CPU), even while rank 1's core idled waiting for the plan.  On two cores the served
 throughput read level (RESULTS.md "Session 50"): the worker's time then lands on rank 1 as often.
 
