@@ -15,7 +15,6 @@ imports spmd_serve from the working directory first (`python -m`): run it from t
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import os
 import subprocess
@@ -28,9 +27,10 @@ import psutil
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # tests.support: the fake engine
 
+from spmd_serve.config import ServeConfig  # noqa: E402
 from spmd_serve.engine.frontend_hub import FrontendHub  # noqa: E402
 from spmd_serve.engine.http_workers import HttpWorkers  # noqa: E402
-from spmd_serve.frontend.server.settings import IOSettings  # noqa: E402
+from spmd_serve.rank0_frontend import worker_setup  # noqa: E402
 from tests.support.fakes import FakeEngine  # noqa: E402
 from tests.support.server_process import free_ports  # noqa: E402
 
@@ -40,7 +40,7 @@ import json, socket, sys
 port, n, api, k = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], int(sys.argv[4])
 prompt = "The quick brown fox jumps over the lazy dog. " * 12
 if api == "openai":
-    body, path = {"model": "m", "prompt": prompt, "max_tokens": n, "min_tokens": n, "ignore_eos": True,
+    body, path = {"model": "default", "prompt": prompt, "max_tokens": n, "min_tokens": n, "ignore_eos": True,
                   "temperature": 0, "stream": True}, b"/v1/completions"
 else:
     body, path = {"text": prompt, "max_dec_len": n, "min_dec_len": n, "stream": True}, b"/v1/chat/completions"
@@ -60,25 +60,18 @@ print(total)
 """
 
 
-def start_worker(model_dir: str, hub: FrontendHub, http: int, health: int) -> HttpWorkers:
-    """One HTTP worker connected to `hub`, serving OpenAI and native on 127.0.0.1:`http`."""
-    settings = IOSettings(
-        host="127.0.0.1", http_port=http, health_port=health, max_seq_len=512, max_dec_len=1 << 16, model_names=("m",)
+def start_worker(model_dir: str, hub: FrontendHub) -> tuple[HttpWorkers, int]:
+    """One HTTP worker connected to `hub`, set up as rank 0 sets up its workers (`worker_setup`);
+    returns it and its 127.0.0.1 port (OpenAI, model "default", and native)."""
+    http, health, metrics = free_ports(3)
+    cfg = ServeConfig(
+        model_dir=model_dir, host="127.0.0.1", http_port=http, health_port=health, metrics_port=metrics, grpc_port=-1
     )
-    setup = {
-        "settings": dataclasses.asdict(settings),
-        "model_dir": model_dir,
-        "use_hf_tokenizer": False,
-        "grpc_port": -1,
-        "metrics_port": -1,
-        "capacity": hub.capacity,
-        "port": hub.port,
-        "token": hub.token,
-    }
+    setup = worker_setup(cfg, cfg.max_seq_len + cfg.max_dec_len, hub.capacity, hub)
     workers = HttpWorkers(1, setup, dict(os.environ))
     workers.start()
     hub.wait_workers(1, 120, workers.exited)
-    return workers
+    return workers, http
 
 
 def run_clients(port: int, n: int, api: str, k: int, concurrency: int) -> None:
@@ -101,10 +94,9 @@ def main() -> None:
     ap.add_argument("--step-ms", type=float, default=4.0, help="the fake engine's step")
     ap.add_argument("--api", choices=("openai", "native"), default="openai")
     args = ap.parse_args()
-    http, health = free_ports(2)
     hub = FrontendHub(0, max(64, 2 * args.concurrency))
     engine = FakeEngine(hub, args.step_ms / 1e3).start(ready=False)
-    workers = start_worker(args.model_dir, hub, http, health)
+    workers, http = start_worker(args.model_dir, hub)
     try:
         hub.ready.set()
         hub.wake()
