@@ -245,6 +245,12 @@ def int8_exact() -> bool:
     return bool(load().spmd_int8_exact())
 
 
+def int8_bf16() -> bool:
+    """True when int8 weights take the bf16 GEMM here (ops/cpu_kernels/gemm_bf16.h: a CPU with AVX-512
+    BF16 and no AMX): x is rounded to bfloat16 before it meets the weights."""
+    return bool(load().spmd_int8_bf16())
+
+
 def simd() -> tuple[int, bool]:
     """(lanes of the kernels' vector, whether it is simd.h's plain array rather than intrinsics)."""
     code = load().spmd_simd_lanes()

@@ -29,6 +29,8 @@
 //
 // * int8 on a CPU with AMX (and the kernel's grant): exact integer sums, gemm_amx.h (T > 2) and
 //   gemm_vnni.h (T <= 2), for every T; int8_exact.h says how, and why never mixed with the above.
+// * int8 on a CPU with AVX-512 BF16 and no AMX: x rounded to bf16, then at T >= 2 bf16 dot products
+//   over pairs of W's rows on both paths (stream and blocked): the same chains (gemm_bf16.h).
 //
 // Every output element is the same fp32 sum in both paths and in the scalar tails: per chunk of
 // kKC rows (k0 = 0, kKC, ...) the chain acc = fma(x[t,k], w[k,n], acc) from acc = 0 over the chunk's
@@ -44,6 +46,7 @@
 #include <vector>
 
 #include "gemm_amx.h"
+#include "gemm_bf16.h"
 #include "gemm_blocked.h"
 #include "gemm_panels.h"
 #include "gemm_stream.h"
@@ -63,6 +66,17 @@ void gemm(const float* x, const Src& w, const float* scale, int64_t T, int64_t K
   if constexpr (std::is_same_v<Src, I8W>)
     if (amx_enabled()) return exact_gemm(x, w.q, scale, T, K, N, y);
 #endif
+#ifdef SPMD_HAVE_BF16_INT8
+  if constexpr (std::is_same_v<Src, I8W>) {
+    thread_local AlignedVector<float> rounded;   // the caller's: x in bf16, read by the tasks
+    float* const xr = grown(rounded, T * K);
+    round_bf16(x, T * K, xr);
+    // T = 1 is bound by W's read: FMAs on widened weights read it as fast as the pairs (whose
+    // blend costs issue slots: 0.9-1.0x) and make the same chain, so the same bits
+    if (T == 1) return stream_gemm(xr, w, scale, T, K, N, y);
+    return gemm(xr, I8Pairs{w}, scale, T, K, N, y);
+  }
+#endif
   if constexpr (std::is_same_v<Src, F32P>) {
     if (T <= kStreamRows) return panel_stream_gemm(x, w, T, K, N, y);
   } else {
@@ -79,7 +93,7 @@ void gemm(const float* x, const Src& w, const float* scale, int64_t T, int64_t K
   thread_local AlignedVector<float> packed;  // the caller's; the tasks read it through xp
   grown(packed, tiles * K * kMR);
   float* const xp = packed.data();
-  parallel_for(tiles, [&](int64_t i) { pack_rows(x, T, K, i, xp); });
+  parallel_for(tiles, [&](int64_t i) { BlockedKernel<Src>::pack_x(x, T, K, i, xp); });
   parallel_for(tasks, [&](int64_t i) {
     const int64_t c0 = i * width, c1 = std::min(N, c0 + width);
     thread_local AlignedVector<float> buf, acc;

@@ -143,6 +143,7 @@ class BlockPrefetch<F32P> {
 struct PackedPanel {
   const float* p;
   const float* at(int64_t k, int v) const { return p + k * kNR + v * kWidth; }
+  static Vec madd(Vec x, Vec w, Vec acc) { return vfma(x, w, acc); }
 };
 
 // ... or kNR columns of F32P's full panels in place (rows of kPanel floats, panels `stride` apart)
@@ -153,6 +154,19 @@ struct PanelRun {
     const int64_t col = v * kWidth;
     return p + col / F32P::kPanel * stride + k * F32P::kPanel + col % F32P::kPanel;
   }
+  static Vec madd(Vec x, Vec w, Vec acc) { return vfma(x, w, acc); }
+};
+
+// How the blocked path packs and steps through a Src: fp32 micro-panels, a row of W a step (for the
+// layouts read through pack(); gemm_bf16.h's pairs of rows specialise it)
+template <typename Src>
+struct BlockedKernel {
+  using Panel = PackedPanel;
+  static int64_t steps(int64_t kb) { return kb; }   // micro-kernel steps of a block of kb rows
+  static void pack_w(const Src& w, int64_t k0, int64_t kb, int64_t n0, int64_t nb, int64_t K, float* dst) {
+    pack(w, k0, kb, n0, nb, K, dst);
+  }
+  static void pack_x(const float* x, int64_t T, int64_t K, int64_t tile, float* xp) { pack_rows(x, T, K, tile, xp); }
 };
 
 // F32P's columns [n0, n0 + nb) of the block at k0 (kb rows; n0 a multiple of kPanel) → one
@@ -168,7 +182,8 @@ inline void pack_panels(const F32P& w, int64_t k0, int64_t kb, int64_t n0, int64
 
 // out[M, kNR] (row stride ldo) = (zero ? 0 : c) + x[M, kb] @ panel[kb, kNR], c's rows ldc apart, x
 // one of pack_rows' micro-panels (x[m, k] at x[k * kMR + m]): the block's product summed from 0
-// (one chunk of the sum: see the top); out is c, or y for a task's last block
+// (one chunk of the sum: see the top); out is c, or y for a task's last block.  kb: P's steps (a
+// row of W each, or gemm_bf16.h's pair of rows, whose x and panel lanes hold the pair)
 template <int M, typename P>
 void micro(const float* x, P panel, int64_t kb, const float* c, int64_t ldc, float* out, int64_t ldo,
            bool zero) {
@@ -180,7 +195,7 @@ void micro(const float* x, P panel, int64_t kb, const float* c, int64_t ldc, flo
     for (int v = 0; v < kNV; ++v) wv[v] = vload(panel.at(k, v));
     for (int m = 0; m < M; ++m) {
       const Vec xb = vset1(x[k * kMR + m]);
-      for (int v = 0; v < kNV; ++v) acc[m][v] = vfma(xb, wv[v], acc[m][v]);
+      for (int v = 0; v < kNV; ++v) acc[m][v] = P::madd(xb, wv[v], acc[m][v]);
     }
   }
   for (int m = 0; m < M; ++m)
@@ -216,16 +231,18 @@ void blocked_columns(const float* xp, const Src& w, int64_t T, int64_t K, int64_
                      float* buf, float* acc, float* y, int64_t n_after = -1) {
   constexpr auto kRows = std::make_integer_sequence<int, kMR>{};
   const Tiles tl(T);
+  using Kernel = BlockedKernel<Src>;
   const int64_t ld = (nb + kNR - 1) / kNR * kNR, tiles = tl.count, whole = nb / kNR * kNR;
   for (int64_t k0 = 0; k0 < K; k0 += kKC) {
-    const int64_t kb = std::min(kKC, K - k0);
+    const int64_t kb = std::min(kKC, K - k0), steps = Kernel::steps(kb);
     constexpr bool kPanels = std::is_same_v<Src, F32P>;
     if constexpr (kPanels) {   // read in place, but for a last micro-panel past N's last full panel
       if (whole < nb) pack_panels(w, k0, kb, n0 + whole, nb - whole, buf);
     } else {
-      pack(w, k0, kb, n0, nb, K, buf);   // zero past nb: acc's padding columns are sums of zeros
+      Kernel::pack_w(w, k0, kb, n0, nb, K, buf);   // zero past nb: acc's padding columns are sums of zeros
     }
-    const float* xk = xp + k0 * tiles * kMR;  // this block's micro-panels of x, [tiles][kb][kMR]
+    // this block's micro-panels of x, [tiles][steps][kMR] (k0 a multiple of kKC: whole steps before it)
+    const float* xk = xp + Kernel::steps(k0) * tiles * kMR;
     const bool last = k0 + kb == K;
     // The next block into L2 while this one's micro-kernels run, so its pack reads L2 and the memory
     // reads overlap the arithmetic; after the last block, the first block of the columns at n_after
@@ -242,7 +259,7 @@ void blocked_columns(const float* xp, const Src& w, int64_t T, int64_t K, int64_
         const bool direct = last && j < whole;
         float* const out = direct ? y + t0 * N + n0 + j : c;
         const int64_t ldo = direct ? N : ld;
-        const float* const xi = xk + i * kb * kMR;
+        const float* const xi = xk + i * steps * kMR;
         if constexpr (kPanels) {
           if (j < whole)
             micro_dispatch(tl.rows(i), kRows, xi, PanelRun{w.panel(k0, kb, (n0 + j) / F32P::kPanel),
@@ -250,8 +267,8 @@ void blocked_columns(const float* xp, const Src& w, int64_t T, int64_t K, int64_
           else
             micro_dispatch(tl.rows(i), kRows, xi, PackedPanel{buf}, kb, c, ld, out, ldo, k0 == 0);
         } else {
-          micro_dispatch(tl.rows(i), kRows, xi, PackedPanel{buf + (j / kNR) * kb * kNR}, kb, c, ld, out, ldo,
-                         k0 == 0);
+          micro_dispatch(tl.rows(i), kRows, xi, typename Kernel::Panel{buf + (j / kNR) * steps * kNR}, steps, c, ld,
+                         out, ldo, k0 == 0);
         }
       }
   }

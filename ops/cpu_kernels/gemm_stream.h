@@ -9,6 +9,7 @@
 #include <utility>
 #include <vector>
 
+#include "gemm_bf16.h"
 #include "gemm_blocked.h"
 #include "simd.h"
 #include "thread_pool.h"
@@ -57,6 +58,13 @@ void stream_tile(const float* x, const Src& w, int64_t K, int64_t k0, int64_t k1
     float xs[kPassRows][T];
     for (int t = 0; t < T; ++t)
       for (int i = 0; i < kPassRows; ++i) xs[i][t] = x[t * K + row[i]];
+#ifdef SPMD_HAVE_BF16_INT8
+    static_assert(kPassRows % 2 == 0);
+    float xq[kPassRows / 2][T];   // I8Pairs: x's pairs of the pass's rows, as vdpbf16ps lanes
+    if constexpr (std::is_same_v<Src, I8Pairs>)
+      for (int t = 0; t < T; ++t)
+        for (int i = 0; i < kPassRows; i += 2) xq[i / 2][t] = pair_float(xs[i][t], xs[i + 1][t]);
+#endif
     auto prefetch = [&](int64_t j) __attribute__((always_inline)) {
       if (!kPrefetch || j % Src::kLine != 0) return;
       const int64_t c = j + kAlong;
@@ -72,6 +80,22 @@ void stream_tile(const float* x, const Src& w, int64_t K, int64_t k0, int64_t k1
       Vec a[G][V];
       for (int r = 0; r < G; ++r)
         for (int q = 0; q < V; ++q) a[r][q] = vload(out + (t0 + r) * ldo + j + q * kWidth);
+#ifdef SPMD_HAVE_BF16_INT8
+      if constexpr (std::is_same_v<Src, I8Pairs>)   // x in bf16: a vdpbf16ps per pair of the pass's rows,
+        for (int i = 0; i < kPassRows; i += 2) {      // the same chain (gemm_bf16.h)
+          Vec wv[V];
+          for (int q = 0; q < V; ++q) {
+            wv[q] = pair_lanes(wr[i].vec(n0 + j + q * kWidth), wr[i + 1].vec(n0 + j + q * kWidth));
+            if constexpr (G > 1) vpin(wv[q]);
+          }
+          for (int r = 0; r < G; ++r) {
+            Vec b = vset1(xq[i / 2][t0 + r]);
+            if constexpr (V > 1) vpin(b);
+            for (int q = 0; q < V; ++q) a[r][q] = PairPanel::madd(b, wv[q], a[r][q]);
+          }
+        }
+      else
+#endif
       for (int i = 0; i < kPassRows; ++i) {
         Vec wv[V];
         for (int q = 0; q < V; ++q) {
@@ -238,6 +262,7 @@ void stream_gemm(const float* x, const Src& w, const float* scale, int64_t T, in
   // sums, each widening every weight vector) ran 0.77-0.89x as fast as the two on --demo 1b's linears,
   // 0.87-0.94x on small's (RESULTS.md "Session 35"): the quarter-size int8 W read twice costs less.
   // A row's sums are the same chains in either pass
+  // (I8Pairs, half the dot products: one pass, 1.0-1.2x the two; RESULTS.md "Session 52")
   if constexpr (std::is_same_v<Src, I8W>)
     if (T > 6) {
       stream_gemm(x, w, scale, 4, K, N, y);

@@ -9,6 +9,8 @@
 
 #include "linear_op.h"
 
+extern "C" int spmd_int8_exact();   // amx_tiles.cc
+
 using spmd_linear::check_shapes;
 using spmd_linear::run;
 
@@ -46,6 +48,15 @@ std::vector<std::vector<int64_t>> LinearQuantShape(const std::vector<int64_t>& x
 std::vector<paddle::DataType> LinearQuantDtype(const paddle::DataType&, const paddle::DataType&,
                                                const paddle::DataType&) {
   return {paddle::DataType::FLOAT32};
+}
+
+// 1 when int8 weights take gemm_bf16.h's bf16 paths here (not AMX's exact ones), for the tests and the logs
+extern "C" int spmd_int8_bf16() {
+#ifdef SPMD_HAVE_BF16_INT8
+  return spmd_int8_exact() ? 0 : 1;
+#else
+  return 0;
+#endif
 }
 
 PD_BUILD_OP(spmd_linear_int8)

@@ -23,6 +23,7 @@ import numpy as np
 import pytest
 
 from tests.support.deepseek_zoo import CONFIGS, FORMATS, fp8_e4m3_table, make_weights, to_fp8, write, write_fp8
+from tests.support.linear_weights import bf16_int8
 
 
 @pytest.fixture(scope="module")
@@ -287,7 +288,9 @@ def test_quantised_experts_run_the_grouped_op(method, sources):
     with paddle.no_grad():
         got, want = (stage(h, delta, {}, variant)[1].numpy() for stage in (quant, fp32))
     assert np.abs(want).max() > 0.01
-    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+    # int8 on a bf16 CPU: the GEMMs take their input rounded to bf16
+    rtol, atol = (1e-2, 1e-2 * np.abs(want).max()) if bf16_int8(method) else (1e-4, 1e-5)
+    np.testing.assert_allclose(got, want, rtol=rtol, atol=atol)
 
 
 def test_int4_group_must_divide_every_per_rank_input(tmp_path, capsys):

@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tests.support.linear_weights import weights
+from tests.support.linear_weights import int8_input, to_bf16, weights
 
 ROWS = (1, 2, 3, 4, 5, 6, 7, 8, 9, 13, 16, 47, 64, 130, 256, 512)  # every streamed T (its own register
 # groups), the blocked path and its edges (6-row micro-kernel)
@@ -36,12 +36,17 @@ def check(y: np.ndarray, ref: np.ndarray) -> None:
     np.testing.assert_allclose(y, ref, rtol=2e-4, atol=2e-5 * np.abs(ref).max(initial=1.0))
 
 
+def reference(name: str, x: np.ndarray, w: np.ndarray) -> np.ndarray:
+    """float64 x @ w, x as op `name` takes it (int8 on a bf16 CPU: rounded to bf16)."""
+    return (int8_input(x) if name == "spmd_linear_int8" else x).astype(np.float64) @ w
+
+
 @pytest.mark.parametrize("rows", ROWS)
 def test_every_row_count_matches_float64(ext, rows):
     k, n = 72, 131  # N not a multiple of the vector or micro-panel
     x = np.random.default_rng(rows).standard_normal((rows, k), np.float32)
     for name, (args, w) in weights(k, n, rows).items():
-        check(linear(ext, name, x, *args), x.astype(np.float64) @ w)
+        check(linear(ext, name, x, *args), reference(name, x, w))
 
 
 @pytest.mark.parametrize("k,n", [(1, 1), (2, 15), (130, 17), (258, 64), (300, 257), (16, 1000)])
@@ -50,7 +55,7 @@ def test_odd_shapes_around_the_blocks_match_float64(ext, k, n, rows):
     # K around the 8-row passes and the 128-row packed blocks, N around 16/64-column panels
     x = np.random.default_rng(k * n).standard_normal((rows, k), np.float32)
     for name, (args, w) in weights(k, n, k + n, group=2).items():
-        check(linear(ext, name, x, *args), x.astype(np.float64) @ w)
+        check(linear(ext, name, x, *args), reference(name, x, w))
 
 
 @pytest.mark.parametrize("name", ("spmd_linear", "spmd_linear_panels", "spmd_linear_int8", "spmd_linear_int4"))
@@ -70,7 +75,7 @@ def test_int8_on_amx_is_the_exact_integer_sum(ext):
     """Where the ops take int8's exact path (ops/cpu_kernels/int8_exact.h: x's rows as integers
     X = rint(x * m), m = 2^22 / max|x| in fp32; exact sums X @ q; one rounding of S / m * scale), the
     op's output is that, bit for bit, on both of its kernels (up to 2 rows, and the tile unit's) and
-    for an all-zero row; elsewhere the fp32 chains, against float64."""
+    for an all-zero row; elsewhere the bf16 or fp32 chains, against float64."""
     k, n = 200, 70
     (q, s), w = weights(k, n, 11)["spmd_linear_int8"]
     for rows in (1, 2, 3, 5, 37):
@@ -78,7 +83,7 @@ def test_int8_on_amx_is_the_exact_integer_sum(ext):
         x[-1] = 0 if rows in (2, 5) else x[-1]  # an all-zero row, on either kernel
         y = linear(ext, "spmd_linear_int8", x, q, s, threads=2)
         if not ext.int8_exact():
-            check(y, x.astype(np.float64) @ w)
+            check(y, reference("spmd_linear_int8", x, w))
             continue
         most = np.abs(x).max(axis=1, keepdims=True)
         m = np.divide(np.float32(4194304), most, out=np.zeros_like(most), where=most > 0)  # fp32, as the op
@@ -99,7 +104,22 @@ def test_int8_a_non_finite_row_stays_non_finite(ext, bad):
         y = linear(ext, "spmd_linear_int8", x[lo:hi], q, s)
         assert not np.isfinite(y[3 - lo]).any(), (lo, hi)
         others = [i for i in range(hi - lo) if i != 3 - lo]
-        check(y[others], x[lo:hi][others].astype(np.float64) @ w)
+        check(y[others], reference("spmd_linear_int8", x[lo:hi][others], w))
+
+
+def test_int8_takes_x_in_bf16_where_the_cpu_has_bf16_dot_products(ext):
+    """With AVX-512 BF16 and no AMX (ops/cpu_kernels/gemm_bf16.h) the int8 GEMM rounds x to bf16:
+    x and its rounding give the same bits, on the stream kernel (T <= 8) and the blocked one (pairs
+    of W's rows; K odd leaves the last row without a partner), and a row's bits do not depend on the
+    kernel; elsewhere x's low bits count."""
+    k, n = 201, 70
+    (q, s), _ = weights(k, n, 13)["spmd_linear_int8"]
+    x = np.random.default_rng(13).standard_normal((37, k), np.float32) * np.float32(3)
+    assert not np.array_equal(to_bf16(x), x)
+    for rows in (1, 5, 37):
+        y = linear(ext, "spmd_linear_int8", x[:rows], q, s, threads=2)
+        assert np.array_equal(y, linear(ext, "spmd_linear_int8", to_bf16(x[:rows]), q, s)) == ext.int8_bf16(), rows
+        assert np.array_equal(y[-1:], linear(ext, "spmd_linear_int8", x[rows - 1 : rows], q, s)), rows
 
 
 def test_leading_dimensions_zero_rows_and_zero_k(ext):

@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tests.support.linear_weights import weights
+from tests.support.linear_weights import int8_input, weights
 
 EPS = 1e-6
 
@@ -31,9 +31,14 @@ def run(ext, name: str, *args, threads: int = 1) -> list[np.ndarray]:
     return [o.numpy() for o in out] if isinstance(out, list) else [out.numpy()]
 
 
-def reference(h, delta, norm_w, w64, swiglu: bool) -> tuple[np.ndarray, np.ndarray]:
+def gemm_input(name: str, x: np.ndarray) -> np.ndarray:
+    """x as op `name`'s GEMM takes it (int8 on a bf16 CPU: rounded to bf16), in float64."""
+    return (int8_input(x.astype(np.float32)) if name.endswith("int8") else x).astype(np.float64)
+
+
+def reference(name, h, delta, norm_w, w64, swiglu: bool) -> tuple[np.ndarray, np.ndarray]:
     s = h.astype(np.float64) + delta
-    y = s / np.sqrt((s * s).mean(-1, keepdims=True) + EPS) * norm_w @ w64
+    y = gemm_input(name, s / np.sqrt((s * s).mean(-1, keepdims=True) + EPS) * norm_w) @ w64
     if swiglu:
         g, u = np.split(y, 2, axis=-1)
         y = g / (1 + np.exp(-g)) * u
@@ -56,7 +61,7 @@ def test_equals_the_separate_ops_bit_for_bit_and_float64(ext, rows, swiglu):
             if swiglu:
                 (want,) = run(ext, "spmd_swiglu", want, threads=threads)
             assert np.array_equal(out, want) and np.array_equal(total, want_sum), (name, threads)
-        ref, ref_sum = reference(h, delta, norm_w, w64, swiglu)
+        ref, ref_sum = reference(name, h, delta, norm_w, w64, swiglu)
         assert out.shape == ref.shape and out.dtype == np.float32
         np.testing.assert_allclose(out, ref, rtol=2e-4, atol=2e-5 * np.abs(ref).max())
         np.testing.assert_allclose(total, ref_sum, rtol=1e-6)
@@ -100,7 +105,7 @@ def test_linear_norm_linear_equals_the_separate_ops_bit_for_bit(ext, rows, swigl
                 threads=threads,
             )
             assert np.array_equal(out, want) and np.array_equal(total, want_sum), (name, threads)
-        ref, ref_sum = reference(h, x.astype(np.float64) @ w164, norm_w, w64, swiglu)
+        ref, ref_sum = reference(name, h, gemm_input(name, x) @ w164, norm_w, w64, swiglu)
         assert out.shape == ref.shape and total.shape == h.shape
         np.testing.assert_allclose(out, ref, rtol=2e-4, atol=2e-5 * np.abs(ref).max())
         np.testing.assert_allclose(total, ref_sum, rtol=1e-4, atol=1e-5 * np.abs(ref_sum).max())

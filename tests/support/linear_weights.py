@@ -9,6 +9,33 @@ from spmd_serve.export.panels import to_panels
 from spmd_serve.export.quant import QuantWeight, dequantize
 
 
+def to_bf16(x: np.ndarray) -> np.ndarray:
+    """x (float32) rounded to bfloat16, to nearest even, as float32; denormals to (signed) zero: what
+    vcvtneps2bf16 makes of it (ops/cpu_kernels/gemm_bf16.h)."""
+    x = np.ascontiguousarray(x, np.float32)
+    u = x.view(np.uint32).astype(np.uint64)
+    r = ((u + 0x7FFF + ((u >> 16) & 1)) & 0xFFFF0000).astype(np.uint32).view(np.float32)
+    r = np.where(np.isnan(x), x, r)
+    return np.where(np.abs(x) < np.float32(2.0**-126), np.copysign(np.float32(0), x), r).astype(np.float32)
+
+
+def int8_input(x: np.ndarray) -> np.ndarray:
+    """x as the int8 GEMM takes it on this CPU: rounded to bf16 where it runs on bf16 dot products
+    (paddle_ext.int8_bf16()), else as it is."""
+    from ops import paddle_ext
+
+    return to_bf16(x) if paddle_ext.int8_bf16() else x
+
+
+def bf16_int8(method: str | None) -> bool:
+    """Whether linears of weights `method` take their input in bf16 here: int8 where the ops compute
+    it with bf16 dot products (paddle_ext.int8_bf16()). Each input element is then rounded, 2^-9 of
+    it, so a comparison with an fp32 twin needs ~1e-2 of the largest element."""
+    from ops import paddle_ext
+
+    return method is not None and method.endswith("int8") and paddle_ext.int8_bf16()
+
+
 def weights(k: int, n: int, seed: int, group: int = 8) -> dict[str, tuple]:
     """The op's arguments and the float64 [K, N] weight they stand for, per op."""
     rng = np.random.default_rng(seed)
