@@ -84,7 +84,7 @@ def test_an_unknown_width_is_refused_by_name(width, monkeypatch):
 
 
 def test_the_avx512_and_amx_paths_compile(monkeypatch):
-    # Sapphire Rapids has every extension a branch of the kernels asks for (AVX-512 F/BW/VBMI/VNNI,
+    # Sapphire Rapids has every extension a branch of the kernels asks for (AVX-512 F/BW/VBMI/VNNI/BF16,
     # AMX-INT8): each source checked to the end of its templates' instantiation, no code generated
     from ops import paddle_ext
 
