@@ -70,7 +70,10 @@ void gemm(const float* x, const Src& w, const float* scale, int64_t T, int64_t K
   if constexpr (std::is_same_v<Src, I8W>) {
     thread_local AlignedVector<float> rounded;   // the caller's: x in bf16, read by the tasks
     float* const xr = grown(rounded, T * K);
-    round_bf16(x, T * K, xr);
+    if (T > kStreamRows)   // on the threads: a prefill chunk's x took 1.4 ms alone (T = 512, K = 8192)
+      parallel_for(T, [&](int64_t t) { round_bf16(x + t * K, K, xr + t * K); });
+    else
+      round_bf16(x, T * K, xr);
     // T = 1 is bound by W's read: FMAs on widened weights read it as fast as the pairs (whose
     // blend costs issue slots: 0.9-1.0x) and make the same chain, so the same bits
     if (T == 1) return stream_gemm(xr, w, scale, T, K, N, y);
