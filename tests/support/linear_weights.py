@@ -36,6 +36,14 @@ def bf16_int8(method: str | None) -> bool:
     return method is not None and method.endswith("int8") and paddle_ext.int8_bf16()
 
 
+def twin_tolerance(method: str | None, want: np.ndarray, rtol: float, atol: float) -> dict[str, float]:
+    """assert_allclose's rtol and atol against an fp32 twin: these, or 1e-2 (of the largest element)
+    where the linears of weights `method` take their input in bf16 (bf16_int8)."""
+    if bf16_int8(method):
+        return {"rtol": 1e-2, "atol": 1e-2 * float(np.abs(want).max())}
+    return {"rtol": rtol, "atol": atol}
+
+
 def weights(k: int, n: int, seed: int, group: int = 8) -> dict[str, tuple]:
     """The op's arguments and the float64 [K, N] weight they stand for, per op."""
     rng = np.random.default_rng(seed)
