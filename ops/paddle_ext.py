@@ -241,7 +241,7 @@ def num_threads() -> int:
 
 def int8_exact() -> bool:
     """True when int8 weights take the exact-integer GEMM here (ops/cpu_kernels/int8_exact.h: a CPU
-    with AMX and the kernel's grant of its tile state to this process), False for the fp32 paths."""
+    with AMX and the kernel's grant of its tile state to this process), False for the bf16 or fp32 ones (int8_bf16)."""
     return bool(load().spmd_int8_exact())
 
 
