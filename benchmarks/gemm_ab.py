@@ -36,10 +36,19 @@ NAMES = (
     "exact_gemm kVnniRows kVnniKC kVnniAcc kVnniPass vnni_rows vnni_gemm_t vnni_gemm kChainStreams chain_row "
     "kPanelVecs kPanelStreams kPanelSums kPanelPrefetchNear kPanelPrefetchFar panel_group panel_rows panel_block "
     "panel_dispatch prefetch_ahead "
-    "panel_stream_gemm stream_tasks"
+    "panel_stream_gemm stream_tasks prefetch_pack_row BlockedKernel round_bf16 pair_float pair_lanes PairPanel "
+    "pack_pairs pack_pair_rows"
 ).split()
 # REV's headers inlined into its gemm.h, innermost last (each is included once)
-INLINED = ("gemm_blocked.h", "gemm_stream.h", "gemm_panels.h", "gemm_amx.h", "gemm_vnni.h", "int8_exact.h")
+INLINED = (
+    "gemm_bf16.h",
+    "gemm_blocked.h",
+    "gemm_stream.h",
+    "gemm_panels.h",
+    "gemm_amx.h",
+    "gemm_vnni.h",
+    "int8_exact.h",
+)
 
 
 def _show(rev: str, name: str) -> str | None:

@@ -9,10 +9,10 @@
 //
 // The same bits on every path (gemm.h's top comment): vdpbf16ps adds a lane's two products to its
 // sum one at a time, the high half's first, each rounded (measured bit for bit on a Zen 4: as Intel's
-// pseudocode has it).  A product being exact, one such add is an FMA of bf16(x) and w.  So the stream
-// path (T <= kStreamRows) is gemm_stream.h's fp32 chain run on x rounded to bf16, and the blocked
-// path's pairs are chain positions (2j, 2j + 1) with 2j in the high half: the same chain, the same
-// order.  (vdpbf16ps flushes denormal sums to zero where an FMA would not: sums below 2^-126.)
+// pseudocode has it).  A product being exact, one such add is an FMA of bf16(x) and w.  So pairs of chain
+// positions (2j, 2j + 1) with 2j in the high half make gemm.h's chain, in its order: the blocked
+// path packs W and x so, the stream path (T = 2 .. kStreamRows) pairs its pass's rows so, and T = 1
+// runs gemm_stream.h's FMAs on widened weights and x rounded to bf16.  (vdpbf16ps flushes denormal sums to zero where an FMA would not: sums below 2^-126.)
 #pragma once
 
 #include "simd.h"
@@ -37,17 +37,12 @@ inline void round_bf16(const float* x, int64_t n, float* out) {
   }
 }
 
-// fp32 a (high) and b (low), both already bf16 values, as one vdpbf16ps lane
-inline uint32_t pair_bits(float a, float b) {
+// fp32 a (high) and b (low), both already bf16 values, as one vdpbf16ps lane held in a float's bits
+inline float pair_float(float a, float b) {
   uint32_t ua, ub;
   std::memcpy(&ua, &a, 4);
   std::memcpy(&ub, &b, 4);
-  return (ua & 0xFFFF0000u) | (ub >> 16);
-}
-
-// the same lane as a float's bits (for vset1 / stores)
-inline float pair_float(float a, float b) {
-  const uint32_t v = pair_bits(a, b);
+  const uint32_t v = (ua & 0xFFFF0000u) | (ub >> 16);
   float f;
   std::memcpy(&f, &v, 4);
   return f;
@@ -76,12 +71,7 @@ inline void pack_pairs(const I8Pairs& w, int64_t k0, int64_t kb, int64_t n0, int
   const __m512 zero = _mm512_setzero_ps();
   for (int64_t j = 0; j < pairs; ++j) {
     const int64_t hi = k0 + chain_row(kb, 2 * j), lo = 2 * j + 1 < kb ? k0 + chain_row(kb, 2 * j + 1) : -1;
-    // the rows a few pairs ahead (past the block: the next one's first), as pack() and for its reason
-    const int64_t ahead = 2 * j + kPackPrefetchRows;
-    const int64_t next = ahead < kb ? k0 + chain_row(kb, ahead)
-                                    : k0 + kb + chain_row(std::min(kKC, K - k0 - kb), ahead - kb);
-    if (k0 + ahead < K)
-      for (int64_t c = 0; c < nb; c += I8W::kLine) __builtin_prefetch(w.at(next, n0 + c));
+    prefetch_pack_row(w, k0, kb, 2 * j, n0, nb, K);
     float* row = dst + j * kNR;
     for (int64_t c = 0; c < full; c += kWidth)
       _mm512_storeu_ps(row + (c / kNR) * pairs * kNR + c % kNR,

@@ -63,19 +63,27 @@ struct Tiles {
   int64_t rows(int64_t i) const { return base + (i < extra); }
 };
 
+// The row kPackPrefetchRows chain positions past position k of the block at k0 (kb rows; past the
+// block: the next one's), columns [n0, n0 + nb), prefetched a cache line at a time: a task reads W
+// in short runs (nb columns of each row), and without it the hardware prefetchers leave the pack
+// latency-bound
+template <typename Src>
+void prefetch_pack_row(const Src& w, int64_t k0, int64_t kb, int64_t k, int64_t n0, int64_t nb, int64_t K) {
+  const int64_t ahead = k + kPackPrefetchRows;
+  if (k0 + ahead >= K) return;
+  const int64_t next = ahead < kb ? k0 + chain_row(kb, ahead)
+                                  : k0 + kb + chain_row(std::min(kKC, K - k0 - kb), ahead - kb);
+  for (int64_t j = 0; j < nb; j += Src::kLine) __builtin_prefetch(w.at(next, n0 + j));
+}
+
 // [kb, nb] block of W from (k0, n0) → fp32 micro-panels dst[nb / kNR rounded up][kb][kNR], zero-padded,
 // its rows in the chain's order (chain_row)
 template <typename Src>
 void pack(const Src& w, int64_t k0, int64_t kb, int64_t n0, int64_t nb, int64_t K, float* dst) {
   const int64_t full = nb / kWidth * kWidth;
   for (int64_t k = 0; k < kb; ++k) {   // k: the chain position; panel row k holds W row `row`
-    const int64_t row = k0 + chain_row(kb, k), ahead = k + kPackPrefetchRows;
-    // a task reads W in short runs (nb columns of each row): without the prefetch, a few rows ahead
-    // per cache line (into the next block's at the end), the hardware prefetchers leave it latency-bound
-    const int64_t next = ahead < kb ? k0 + chain_row(kb, ahead)
-                                    : k0 + kb + chain_row(std::min(kKC, K - k0 - kb), ahead - kb);
-    if (k0 + ahead < K)
-      for (int64_t j = 0; j < nb; j += Src::kLine) __builtin_prefetch(w.at(next, n0 + j));
+    const int64_t row = k0 + chain_row(kb, k);
+    prefetch_pack_row(w, k0, kb, k, n0, nb, K);
     for (int64_t j = 0; j < full; j += kWidth)
       vstore(dst + (j / kNR) * kb * kNR + k * kNR + j % kNR, w.vec(row, n0 + j));
     for (int64_t j = full; j < (nb + kNR - 1) / kNR * kNR; ++j)

@@ -61,7 +61,7 @@ struct I8W {
   Row row(int64_t k) const { return {q + k * N}; }
 };
 
-// I8W read by gemm.h's blocked path as bf16 pairs of rows (gemm_bf16.h; the same bytes)
+// I8W read by gemm.h's paths as bf16 pairs of rows (gemm_bf16.h; the same bytes)
 struct I8Pairs : I8W {};
 
 // kWidth signed nibbles (the high ones if `high`) of kWidth bytes → fp32
