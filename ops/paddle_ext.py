@@ -222,6 +222,7 @@ def load() -> ctypes.CDLL:
     lib.spmd_allreduce_calls.restype = ctypes.c_long
     lib.spmd_set_num_threads.argtypes = [ctypes.c_int]
     lib.spmd_get_num_threads.restype = ctypes.c_int
+    lib.spmd_prefetch_hint.restype = ctypes.c_uint64
     lib.spmd_kv_int8_clipped.argtypes = [ctypes.c_int]
     lib.spmd_kv_int8_clipped.restype = ctypes.c_long
     return lib

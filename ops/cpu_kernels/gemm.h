@@ -45,6 +45,7 @@
 #include <utility>
 #include <vector>
 
+#include "gemm_ahead.h"
 #include "gemm_amx.h"
 #include "gemm_bf16.h"
 #include "gemm_blocked.h"
@@ -62,6 +63,7 @@ constexpr int64_t kBlockedTasks = 8;        // blocked: column tasks a thread, a
 template <typename Src>
 void gemm(const float* x, const Src& w, const float* scale, int64_t T, int64_t K, int64_t N, float* y) {
   if (T == 0 || N == 0) return;
+  if (T <= kStreamRows) note_weights(weight_start(w), weight_bytes<Src>(K, N));   // a decode step's: memory-bound
 #ifdef SPMD_HAVE_EXACT_INT8
   if constexpr (std::is_same_v<Src, I8W>)
     if (amx_enabled()) return exact_gemm(x, w.q, scale, T, K, N, y);

@@ -16,6 +16,9 @@
 //   never wakes (preempted, or absent after fork) costs nothing: the caller runs every task.
 // Idle workers spin for kSpin (the gap between two ops of one graph is ~10-50 us), then sleep on
 // a futex, so a rank between steps does not burn its cores.
+// The first worker spins by prefetching the hint of prefetch_when_idle, a few lines a turn, while
+// there is any: in a decode step of --demo small the worker idled ~20 % of the time and the caller
+// ran alone ~18 % (the interpreter, our ops' serial parts), with memory idle (RESULTS.md "Session 53").
 #include "thread_pool.h"
 
 #include <immintrin.h>
@@ -50,12 +53,35 @@ inline void cpu_relax() {
 #endif
 }
 
+// prefetch_when_idle's hints: an address in the low kAddressBits bits, its length in cache lines
+// (< 2^16) above them, one word: the worker never pairs one hint's address with another's length
+constexpr int kAddressBits = 48;
+constexpr int64_t kAheadLines = 8;          // lines prefetched a turn of the wait (its job checks)
+std::atomic<uint64_t> hint_given{0};        // for the next job to hand over
+std::atomic<uint64_t> hint_now{0};          // handed over: what the first worker prefetches
+
+// The first worker's way through the hint it has
+struct Ahead {
+  uint64_t hint = 0;
+  int64_t line = 0;
+  bool step() {   // prefetch the next few lines; false when none are left
+    const uint64_t now = hint_now.load(std::memory_order_relaxed);
+    if (now != hint) hint = now, line = 0;
+    const int64_t lines = static_cast<int64_t>(now >> kAddressBits);
+    if (line >= lines) return false;
+    const char* p = reinterpret_cast<const char*>(now & ((uint64_t{1} << kAddressBits) - 1));
+    for (const int64_t end = std::min(lines, line + kAheadLines); line < end; ++line) __builtin_prefetch(p + line * 64);
+    return true;
+  }
+};
+
 // Spin while *word == value for up to kSpin, then sleep on it (counted in *sleepers, so that the
-// writer knows to wake).  Returns once *word != value.
-void wait_while(std::atomic<uint32_t>* word, uint32_t value, std::atomic<uint32_t>* sleepers) {
+// writer knows to wake).  Returns once *word != value.  `ahead`: the first worker's, which spins
+// by prefetching.
+void wait_while(std::atomic<uint32_t>* word, uint32_t value, std::atomic<uint32_t>* sleepers, Ahead* ahead) {
   const auto until = std::chrono::steady_clock::now() + kSpin;
   for (int i = 1; word->load(std::memory_order_acquire) == value; ++i) {
-    cpu_relax();
+    if (ahead == nullptr || !ahead->step()) cpu_relax();
     if (i % 128 == 0 && std::chrono::steady_clock::now() > until) {
       sleepers->fetch_add(1);
       while (word->load() == value) futex_wait(word, value);
@@ -82,10 +108,10 @@ struct Pool {
 
   // `seen`: the state when the worker was created (not when its thread first runs: a stop or a
   // job that came in between must not become the state it waits to see change)
-  void work(uint32_t seen) {
+  void work(uint32_t seen, Ahead* ahead) {
     for (;;) {
       if (stop.load()) return;
-      wait_while(&state, seen, &sleepers);
+      wait_while(&state, seen, &sleepers, ahead);
       seen = state.load();
       if (stop.load()) return;
       if (!(seen & 1)) continue;                          // a job closed before we saw it open
@@ -115,6 +141,13 @@ void drain(Pool* p) {             // the caller, after closing the job: wait for
 
 int num_threads() { return threads; }
 
+void prefetch_when_idle(const void* p, int64_t bytes) {
+  if (in_task) return;
+  const uint64_t lines = static_cast<uint64_t>(std::clamp<int64_t>(bytes / 64, 0, 0xffff));
+  hint_given.store(lines << kAddressBits | (reinterpret_cast<uint64_t>(p) & ((uint64_t{1} << kAddressBits) - 1)),
+                   std::memory_order_relaxed);
+}
+
 void parallel_for_impl(int64_t n, void (*fn)(void*, int64_t), void* ctx) {
   Pool* p = pool.load();
   if (n <= 0) return;
@@ -129,6 +162,10 @@ void parallel_for_impl(int64_t n, void (*fn)(void*, int64_t), void* ctx) {
   const uint32_t gen = (p->state.load() | 1) + 1;       // the next even generation
   p->state.store(gen | 1);                              // open
   if (p->sleepers.load()) futex_wake(&p->state);
+  // handed over only now: a hint given before the job opened would have cut short the prefetch of
+  // this job's own weights (the last hint)
+  if (const uint64_t hint = hint_given.exchange(0, std::memory_order_relaxed))
+    hint_now.store(hint, std::memory_order_relaxed);
   auto finish = [&] {
     in_task = false;
     p->state.store(gen);                                // closed: late workers leave untouched
@@ -167,8 +204,14 @@ extern "C" void spmd_set_num_threads(int n) {
   spmd::threads.store(n);
   if (n == 1) return;
   auto* fresh = new Pool();
-  for (int i = 1; i < n; ++i) fresh->workers.emplace_back([fresh, seen = fresh->state.load()] { fresh->work(seen); });
+  for (int i = 1; i < n; ++i)
+    fresh->workers.emplace_back([fresh, seen = fresh->state.load(), first = i == 1] {
+      spmd::Ahead ahead;   // the first worker's
+      fresh->work(seen, first ? &ahead : nullptr);
+    });
   spmd::pool.store(fresh);
 }
 
 extern "C" int spmd_get_num_threads() { return spmd::threads.load(); }
+
+extern "C" uint64_t spmd_prefetch_hint() { return spmd::hint_now.load(); }

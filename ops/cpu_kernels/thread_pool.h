@@ -14,12 +14,20 @@
 extern "C" {
 void spmd_set_num_threads(int n);   // threads the ops use, the caller included (default 1)
 int spmd_get_num_threads();
+uint64_t spmd_prefetch_hint();      // the hint the worker has (tests): lines << 48 | address
 }
 
 namespace spmd {
 
 int num_threads();
 void parallel_for_impl(int64_t n, void (*fn)(void*, int64_t), void* ctx);
+
+// A hint the next job hands to the pool's first worker: once out of that job's tasks, the worker
+// prefetches [p, p + bytes) while it waits (the next linear's weights: gemm_ahead.h), so that memory
+// keeps streaming while the caller runs alone (Paddle's interpreter between two ops, the job's last
+// task).  Prefetch instructions only: a stale hint costs bandwidth, never a fault.  A later hint
+// replaces it; one given inside a task is ignored.
+void prefetch_when_idle(const void* p, int64_t bytes);
 
 template <typename F>
 void parallel_for(int64_t n, F&& f) {

@@ -108,3 +108,29 @@ def test_ops_called_from_several_python_threads_at_once(ext):
     for t in threads:
         t.join(timeout=120)
     assert not errors and not any(t.is_alive() for t in threads)
+
+
+def test_the_worker_is_handed_the_next_linears_weights(ext):
+    """gemm_ahead.h: once decode-sized linears ran in the same order twice, each hands the pool's
+    first worker the weights of the one that follows it, their first 2 x L2 bytes; a linear whose
+    successor just changed hands over nothing."""
+    import paddle
+
+    ext.set_num_threads(2)
+    x = paddle.ones([1, 256])
+    ws = [paddle.ones([256, n]) for n in (512, 640, 4096)]
+    # glibc's figure, as cache_size.h reads it (Python's os.sysconf does not know the name)
+    l2 = int(subprocess.run(["getconf", "LEVEL2_CACHE_SIZE"], capture_output=True, text=True).stdout or 0) or 512 << 10
+    hint = ext.load().spmd_prefetch_hint
+
+    def run(*order: int) -> tuple[int, int]:
+        for i in order:
+            assert float(ext.run_op("spmd_linear", x, ws[i])[0, 0]) == 256.0  # one job opened a call
+        h = hint()
+        return h & ((1 << 48) - 1), h >> 48  # the address, the lines
+
+    run(0, 1, 2, 0, 1, 2)
+    assert run(0) == (ws[1].data_ptr(), 256 * 640 * 4 // 64)
+    assert run(1) == (ws[2].data_ptr(), min(256 * 4096 * 4, 2 * l2) // 64)
+    # 0 now follows 1 (once): 1 hands over nothing, and the worker keeps 0's hint, 1's weights
+    assert run(0, 1) == (ws[1].data_ptr(), 256 * 640 * 4 // 64)
