@@ -46,10 +46,11 @@ inline void note_weights(const void* p, int64_t bytes) {
   };
   thread_local std::unordered_map<const void*, Next> after;
   thread_local const void* last = nullptr;
-  if (p == last) return;   // the same linear again (int8 on bf16 calls gemm twice)
+  // the same linear again (int8 on bf16 calls gemm twice); on one thread no worker would prefetch
+  if (p == last || num_threads() == 1) return;
   if (last != nullptr) {
     Next& n = after[last];
-    n = n.p == p ? Next{p, bytes, true} : Next{p, bytes, false};
+    n = Next{p, bytes, n.p == p};
   }
   last = p;
   const auto it = after.find(p);

@@ -56,6 +56,7 @@ inline void cpu_relax() {
 // prefetch_when_idle's hints: an address in the low kAddressBits bits, its length in cache lines
 // (< 2^16) above them, one word: the worker never pairs one hint's address with another's length
 constexpr int kAddressBits = 48;
+constexpr uint64_t kAddressMask = (uint64_t{1} << kAddressBits) - 1;
 constexpr int64_t kAheadLines = 8;          // lines prefetched a turn of the wait (its job checks)
 std::atomic<uint64_t> hint_given{0};        // for the next job to hand over
 std::atomic<uint64_t> hint_now{0};          // handed over: what the first worker prefetches
@@ -69,7 +70,7 @@ struct Ahead {
     if (now != hint) hint = now, line = 0;
     const int64_t lines = static_cast<int64_t>(now >> kAddressBits);
     if (line >= lines) return false;
-    const char* p = reinterpret_cast<const char*>(now & ((uint64_t{1} << kAddressBits) - 1));
+    const char* p = reinterpret_cast<const char*>(now & kAddressMask);
     for (const int64_t end = std::min(lines, line + kAheadLines); line < end; ++line) __builtin_prefetch(p + line * 64);
     return true;
   }
@@ -144,8 +145,7 @@ int num_threads() { return threads; }
 void prefetch_when_idle(const void* p, int64_t bytes) {
   if (in_task) return;
   const uint64_t lines = static_cast<uint64_t>(std::clamp<int64_t>(bytes / 64, 0, 0xffff));
-  hint_given.store(lines << kAddressBits | (reinterpret_cast<uint64_t>(p) & ((uint64_t{1} << kAddressBits) - 1)),
-                   std::memory_order_relaxed);
+  hint_given.store(lines << kAddressBits | (reinterpret_cast<uint64_t>(p) & kAddressMask), std::memory_order_relaxed);
 }
 
 void parallel_for_impl(int64_t n, void (*fn)(void*, int64_t), void* ctx) {
