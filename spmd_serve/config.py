@@ -81,6 +81,7 @@ class ServeConfig:
     bind_cores: bool = _default("bind_cores")
     drain_timeout_s: float = _default("drain_timeout_s")
     malloc_tuning: bool = _default("malloc_tuning")
+    huge_pages: bool = _default("huge_pages")
     log_step_every: int = _default("log_step_every")
     device: str = _default("device")
     speculate_min_acceptance: float = _default("speculate_min_acceptance")

@@ -93,6 +93,7 @@ def _load(cfg, comm):
             cpus.threads,
             kv_int8=cfg.use_cache_kv_int8,
             malloc_tuning=cfg.malloc_tuning,
+            huge_pages=cfg.huge_pages,
             keep_hidden=mtp_dir is not None and comm.rank == 0,  # what the MTP draft reads
         )
         draft_runner = None

@@ -91,6 +91,7 @@ def open_ranks(model_dir: str, s: EngineSettings) -> tuple[Comm, ModelRunner]:
         cpus.threads,
         kv_int8=s.use_kv_int8,
         malloc_tuning=env_setting("malloc_tuning"),
+        huge_pages=env_setting("huge_pages"),
         keep_hidden=mtp and comm.rank == 0,  # what the export's MTP layer drafts from
     )
     comm.barrier()

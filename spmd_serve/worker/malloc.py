@@ -72,14 +72,16 @@ def heap_stats() -> dict[str, int] | None:
 
     `in_use` is what the program holds (heap chunks + mmapped blocks): it grows only with live
     objects, so a leak shows here.  `free_held` is freed memory glibc keeps mapped for reuse
-    (`MALLOC_KEEP_BYTES` allows up to 1 GiB of it per arena): it makes RSS grow without a leak."""
+    (`MALLOC_KEEP_BYTES` allows up to 1 GiB of it per arena): it makes RSS grow without a leak.
+    `top_free`: the free chunk at the main heap's top (the next blocks come from it first)."""
     libc = _libc()
     fn = getattr(libc, "mallinfo2", None)
     if fn is None:
         return None
     fn.restype = _MallInfo2
     m = fn()
-    return {"in_use": m.uordblks + m.hblkhd, "free_held": m.fordblks, "mmapped": m.hblkhd, "heap": m.arena}
+    held = {"free_held": m.fordblks, "top_free": m.keepcost}
+    return {"in_use": m.uordblks + m.hblkhd, **held, "mmapped": m.hblkhd, "heap": m.arena}
 
 
 def rss_bytes() -> int:

@@ -13,6 +13,7 @@ Identical on every rank; only the collective results differ by rank.
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import numpy as np
@@ -23,10 +24,13 @@ from spmd_serve.manifest import HIDDEN_ROWS, Manifest, ManifestError, read_manif
 from spmd_serve.protocol import StepPlan, split_by_query_len
 from spmd_serve.timing import PhaseTimer
 from spmd_serve.worker.graph_ops import graph_allreduce_clock, graph_kv_int8_clipped, register_graph_ops
+from spmd_serve.worker.huge_pages import HeapGrowth
 from spmd_serve.worker.kv_cache import KVCachePool
 from spmd_serve.worker.malloc import tune_malloc
 from spmd_serve.worker.segment import LoadedSegment
 from spmd_serve.worker.step_tables import step_feeds
+
+log = logging.getLogger(__name__)
 
 
 def read_rank_manifest(rank_dir: Path, kv_int8: bool = False) -> Manifest:
@@ -61,11 +65,14 @@ class ModelRunner:
         num_threads: int = 1,
         kv_int8: bool = False,
         malloc_tuning: bool = True,
+        huge_pages: bool = True,
         keep_hidden: bool = False,
     ) -> None:
         """`num_threads`: the rank's threads (SPMD_NUM_THREADS resolved); `malloc_tuning`:
-        SPMD_MALLOC_TUNING; `keep_hidden`: keep each step's `hidden_rows` (rank 0 of a target
-        drafted for by its MTP layer, and of the MTP draft itself), else they are not copied out."""
+        SPMD_MALLOC_TUNING; `huge_pages`: SPMD_HUGE_PAGES, the parameters onto 2 MB pages
+        (worker/huge_pages.py; where the heap holds them: after tune_malloc, here or by an earlier
+        runner); `keep_hidden`: keep each step's `hidden_rows` (rank 0 of a target drafted for by its
+        MTP layer, and of the MTP draft itself), else they are not copied out."""
         if malloc_tuning:
             tune_malloc()  # before the first step: intermediates reuse heap pages
         rank_dir = Path(model_dir) / f"rank_{rank}"
@@ -76,7 +83,10 @@ class ModelRunner:
         paddle_threads = 1 if self.op_threads else num_threads
         self._graph_allreduce_seconds = graph_allreduce_clock(manifest)
         specs = manifest.specs(kv_int8)
+        heap = HeapGrowth()  # the predictors' parameters land on the heap: onto 2 MB pages after
         self.segments = [LoadedSegment(rank_dir, spec, paddle_threads, manifest.quant is not None) for spec in specs]
+        if huge_pages:
+            log.info("rank %d: %s", rank, heap.collapse().line())
         # where `execute` goes (engine/step_stats.py reads it): each segment, collectives, KV writes
         self.segment_keys = [f"segment_{i}" for i in range(len(self.segments))]
         self.timings = PhaseTimer([*self.segment_keys, "allreduce", "gather_logits", "kv_write", "host_io"])

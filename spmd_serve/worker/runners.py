@@ -40,7 +40,7 @@ def runner_kind(device: str, with_cuda: bool) -> str:
 
 def make_runner(device: str, *args: Any, **kwargs: Any) -> Any:
     """The rank's runner: `device` is the SPMD_DEVICE value, the rest ModelRunner's arguments
-    (model_dir, rank, comm, num_blocks, block_size, num_threads, kv_int8=, malloc_tuning=)."""
+    (model_dir, rank, comm, num_blocks, block_size, num_threads, kv_int8=, malloc_tuning=, huge_pages=)."""
     if runner_kind(device, paddle_with_cuda()) == "gpu":
         from spmd_serve.worker.gpu_runner import GpuModelRunner
 

@@ -1,10 +1,12 @@
 """One fast path for every step and every model size (issue 16): a C++-ops export of a narrow and of
 a 16x wider Llama has the same graphs op for op, and the runner loads each the same way — one
 plain predictor per segment with the same settings — so nothing is chosen by the model's size (an
-earlier runtime dropped its fast predictors above 2 GiB of parameters)."""
+earlier runtime dropped its fast predictors above 2 GiB of parameters), and moves each one's parameters
+onto 2 MB pages the same way (worker/huge_pages.py)."""
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import numpy as np
@@ -24,7 +26,7 @@ class OneRank:
         return logits
 
 
-def test_kernel_and_predictor_choice_do_not_depend_on_model_size(tmp_path, monkeypatch):
+def test_kernel_and_predictor_choice_do_not_depend_on_model_size(tmp_path, monkeypatch, caplog):
     from spmd_serve.export import export_checkpoint
     from spmd_serve.protocol import RUN, StepPlan
     from spmd_serve.worker import segment
@@ -38,6 +40,7 @@ def test_kernel_and_predictor_choice_do_not_depend_on_model_size(tmp_path, monke
         return real(rank_dir, spec, paddle_threads, quantised)
 
     monkeypatch.setattr(segment, "Predictor", recording)
+    caplog.set_level(logging.INFO, logger="spmd_serve.worker.model_runner")
     graphs, loads, params = {}, {}, {}
     for size, dims in SIZES.items():
         cfg = dict(ARCHS["llama3"], **dims)
@@ -49,6 +52,8 @@ def test_kernel_and_predictor_choice_do_not_depend_on_model_size(tmp_path, monke
         made.clear()
         runner = ModelRunner(served, 0, OneRank(), num_blocks=8, block_size=16, num_threads=2)
         loads[size] = list(made)
+        # and then its parameters go onto 2 MB pages (worker/huge_pages.py), whatever their size
+        assert sum("parameters on 2 MB pages" in r.getMessage() for r in caplog.records) == len(loads)
         mixed = StepPlan(  # a prefill chunk next to a decode: one pass, one predictor run
             RUN,
             1,
