@@ -11,9 +11,9 @@ folios from the kernel; Paddle's parameters are malloc'd, and this machine's THP
 With worker/malloc.py's settings every block malloc makes comes from the brk heap, so what the
 predictors loaded is the heap's growth while they loaded: `HeapGrowth` marks it and `collapse`
 asks the kernel to move it onto huge pages (`madvise(MADV_HUGEPAGE)`, then `MADV_COLLAPSE`, Linux
-6.1+: synchronous, it copies ~1-2 s a GB here).  Best effort: the kernel collapses what it can
-(ENOMEM where no free 2 MB page is left, EINVAL on kernels without it or THP off) and the report
-says how much it did.  The weights' bytes, and so every result, are unchanged.
+6.1+: synchronous, 1.7-2.5 s a GB on this VM, mostly getting fresh 2 MB pages).  Best effort: the
+kernel collapses what it can (ENOMEM where no free 2 MB page is left, EINVAL on kernels without it
+or THP off) and the report says how much it did.  The weights' bytes, and so every result, are unchanged.
 """
 
 from __future__ import annotations
