@@ -91,10 +91,11 @@ def collapse(lo: int, hi: int) -> Collapsed:
         return Collapsed(max(b - a, 0), 0, 0.0, reason)
     t = time.perf_counter()
     reason = ""
-    for advice in (MADV_HUGEPAGE, MADV_COLLAPSE):  # the first keeps the range huge-page eligible after
+    # the first keeps the range eligible for huge pages after; the second does the work
+    for advice, name in ((MADV_HUGEPAGE, "MADV_HUGEPAGE"), (MADV_COLLAPSE, "MADV_COLLAPSE")):
         if libc.madvise(a, b - a, advice) != 0:
             err = ctypes.get_errno()
-            reason = f"madvise({advice}): {errno.errorcode.get(err, err)}, {os.strerror(err)}"
+            reason = f"{name}: {errno.errorcode.get(err, err)}, {os.strerror(err)}"
             break
     return Collapsed(b - a, huge_bytes(a, b), time.perf_counter() - t, reason)
 

@@ -4,7 +4,9 @@ not.  Each case runs in a child process: the malloc settings and the collapse ar
 
 from __future__ import annotations
 
+import ctypes
 import json
+import mmap
 import os
 import platform
 import subprocess
@@ -63,3 +65,19 @@ def test_a_range_without_a_whole_huge_page_is_left_alone():
     lo = 7 * HUGE_PAGE + 4096
     done = collapse(lo, lo + HUGE_PAGE)  # straddles a boundary: no whole 2 MB page inside, nothing asked
     assert (done.asked, done.huge, done.reason) == (0, 0, "no whole 2 MB page")
+
+
+def test_a_range_the_process_does_not_map_reports_the_kernels_refusal():
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mmap.restype, libc.mmap.argtypes = (
+        ctypes.c_void_p,
+        [ctypes.c_void_p, ctypes.c_size_t] + [ctypes.c_int] * 3 + [ctypes.c_long],
+    )
+    libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+    size = 3 * HUGE_PAGE
+    lo = libc.mmap(None, size, mmap.PROT_READ, mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS, -1, 0)
+    assert libc.munmap(lo, size) == 0  # an address range nothing maps now
+    done = collapse(lo, lo + size)
+    assert done.huge == 0 and done.asked >= HUGE_PAGE
+    if thp_mode() in ("always", "madvise"):
+        assert done.reason.startswith("MADV_HUGEPAGE: ENOMEM"), done.reason  # madvise's "not mapped"
