@@ -19,14 +19,13 @@ or THP off) and the report says how much it did.  The weights' bytes, and so eve
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import errno
 import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from spmd_serve.worker.malloc import heap_stats
+from spmd_serve.worker.malloc import heap_stats, libc
 
 HUGE_PAGE = 2 << 20
 MADV_HUGEPAGE, MADV_COLLAPSE = 14, 25  # <linux/mman.h>
@@ -50,13 +49,13 @@ class Collapsed:
 
 
 def _libc() -> ctypes.CDLL | None:
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
-        libc.sbrk.restype, libc.sbrk.argtypes = ctypes.c_void_p, [ctypes.c_long]
-        libc.madvise.restype, libc.madvise.argtypes = ctypes.c_int, [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-        return libc
-    except (OSError, AttributeError, TypeError):  # not glibc, no libc found
+    """malloc.py's C library with sbrk and madvise typed, None without them."""
+    c = libc()
+    if c is None or not hasattr(c, "sbrk") or not hasattr(c, "madvise"):
         return None
+    c.sbrk.restype, c.sbrk.argtypes = ctypes.c_void_p, [ctypes.c_long]
+    c.madvise.restype, c.madvise.argtypes = ctypes.c_int, [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    return c
 
 
 def thp_mode() -> str:
@@ -85,15 +84,15 @@ def huge_bytes(lo: int, hi: int) -> int:
 def collapse(lo: int, hi: int) -> Collapsed:
     """Put the whole huge pages of [lo, hi) on huge pages (see the module docstring)."""
     a, b = -(-lo // HUGE_PAGE) * HUGE_PAGE, hi // HUGE_PAGE * HUGE_PAGE  # [a, b): the whole 2 MB pages inside
-    libc, mode = _libc(), thp_mode()
-    if b <= a or libc is None or mode in ("", "never"):
-        reason = "no whole 2 MB page" if b <= a else "no libc" if libc is None else f"THP is '{mode or 'absent'}'"
+    c, mode = _libc(), thp_mode()
+    if b <= a or c is None or mode in ("", "never"):
+        reason = "no whole 2 MB page" if b <= a else "no libc" if c is None else f"THP is '{mode or 'absent'}'"
         return Collapsed(max(b - a, 0), 0, 0.0, reason)
     t = time.perf_counter()
     reason = ""
     # the first keeps the range eligible for huge pages after; the second does the work
     for advice, name in ((MADV_HUGEPAGE, "MADV_HUGEPAGE"), (MADV_COLLAPSE, "MADV_COLLAPSE")):
-        if libc.madvise(a, b - a, advice) != 0:
+        if c.madvise(a, b - a, advice) != 0:
             err = ctypes.get_errno()
             reason = f"{name}: {errno.errorcode.get(err, err)}, {os.strerror(err)}"
             break

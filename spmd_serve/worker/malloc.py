@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import functools
 import json
 import signal
 import sys
@@ -28,12 +29,19 @@ MMAP_THRESHOLD_MAX = 32 << 20  # glibc refuses more on 64-bit (HEAP_MAX_SIZE / 2
 MALLOC_KEEP_BYTES = 1 << 30
 
 
+@functools.cache
+def libc() -> ctypes.CDLL | None:
+    """The C library (errno kept for `ctypes.get_errno`), None where none is found."""
+    try:
+        return ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+    except (OSError, TypeError):
+        return None
+
+
 def tune_malloc() -> bool:
     """Apply the malloc settings above; False when not glibc (nothing changed)."""
-    name = ctypes.util.find_library("c")
-    try:
-        mallopt = ctypes.CDLL(name).mallopt
-    except (OSError, AttributeError, TypeError):  # not glibc (musl, macOS): no mallopt
+    mallopt = getattr(libc(), "mallopt", None)
+    if mallopt is None:  # not glibc (musl, macOS): no mallopt
         return False
     mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
     # the threshold too: it also stops glibc's dynamic threshold from moving
@@ -60,13 +68,6 @@ class _MallInfo2(ctypes.Structure):
     ]
 
 
-def _libc() -> ctypes.CDLL | None:
-    try:
-        return ctypes.CDLL(ctypes.util.find_library("c"))
-    except (OSError, TypeError):
-        return None
-
-
 def heap_stats() -> dict[str, int] | None:
     """The process's malloc heap, all arenas summed (glibc's `mallinfo2`), or None without it.
 
@@ -74,8 +75,7 @@ def heap_stats() -> dict[str, int] | None:
     objects, so a leak shows here.  `free_held` is freed memory glibc keeps mapped for reuse
     (`MALLOC_KEEP_BYTES` allows up to 1 GiB of it per arena): it makes RSS grow without a leak.
     `top_free`: the free chunk at the main heap's top (the next blocks come from it first)."""
-    libc = _libc()
-    fn = getattr(libc, "mallinfo2", None)
+    fn = getattr(libc(), "mallinfo2", None)
     if fn is None:
         return None
     fn.restype = _MallInfo2
