@@ -5,9 +5,11 @@ oneDNN settings) the runs alternate A, B, A, B, ... in one process, so a noisy s
 slows every variant alike; each prints its median, 25th percentile and minimum.
 
     python benchmarks/graph_step.py DIR [DIR ...] --batch B --past C [--query Q] [--onednn 0 1] [--threads 1]
-                                    [--runs 40] [--prof] [--kv-int8 0 1]
+                                    [--runs 40] [--prof] [--kv-int8 0 1] [--huge-pages 0 1]
 
-`--onednn 0 1` runs every directory with oneDNN off and on (one predictor each).  `--prof` turns
+`--onednn 0 1` runs every directory with oneDNN off and on (one predictor each); `--huge-pages 0 1`
+with its parameters (and pool) left on 4 KB pages and moved onto 2 MB pages, as a served rank's
+(worker/huge_pages.py; default 1, as served).  `--prof` turns
 on Paddle's per-op profiler (printed at exit: calls per op type over warm-up + runs, so it also
 counts the ops one run executes; Paddle also writes `profile.log` into the current directory —
 do not commit it).  Used for the before/after of graph changes in RESULTS.md.
@@ -26,6 +28,7 @@ from paddle import inference
 from spmd_serve.config import env_setting
 from spmd_serve.manifest import read_manifest
 from spmd_serve.worker.graph_ops import register_graph_ops
+from spmd_serve.worker.huge_pages import HeapGrowth
 from spmd_serve.worker.kv_cache import KVCachePool
 from spmd_serve.worker.malloc import tune_malloc
 from spmd_serve.worker.predictor import batch_paddle_gc
@@ -111,12 +114,19 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=40)
     ap.add_argument("--prof", action="store_true")
     ap.add_argument("--kv-int8", type=int, nargs="+", default=[0], help="1: the int8-KV graphs and pool (0 1: both)")
+    ap.add_argument("--huge-pages", type=int, nargs="+", default=[1], help="1: parameters on 2 MB pages (0 1: both)")
     args = ap.parse_args()
     if env_setting("malloc_tuning"):  # as ModelRunner does (SPMD_MALLOC_TUNING=0: glibc defaults)
         tune_malloc()
-    variants = [(d, bool(o), bool(q)) for d in args.dirs for o in args.onednn for q in args.kv_int8]
+    variants = [(d, o, q, h) for d in args.dirs for o in args.onednn for q in args.kv_int8 for h in args.huge_pages]
     blocks = args.batch * ((args.past + args.query + BLOCK - 1) // BLOCK)  # the step's, none shared
-    graphs = [Graph(d, o, args.threads, args.prof, q, max(256, blocks)) for d, o, q in variants]
+    graphs = []
+    for d, o, q, h in variants:
+        heap = HeapGrowth()
+        graphs.append(Graph(d, bool(o), args.threads, args.prof, bool(q), max(256, blocks)))
+        graphs[-1].label += f" huge_pages={h}"
+        if h:
+            print(f"{graphs[-1].label}: {heap.collapse().line()}", flush=True)
     feeds = step_inputs(graphs, args.batch, args.past, args.query)
     for _ in range(3):  # warm-up (oneDNN creates its primitives here)
         for g in graphs:
