@@ -31,6 +31,7 @@ from spmd_serve.worker.graph_ops import register_graph_ops
 from spmd_serve.worker.huge_pages import HeapGrowth
 from spmd_serve.worker.kv_cache import KVCachePool
 from spmd_serve.worker.malloc import tune_malloc
+from spmd_serve.worker.model_runner import params_bytes
 from spmd_serve.worker.predictor import batch_paddle_gc
 from spmd_serve.worker.step_tables import step_feeds
 
@@ -122,7 +123,9 @@ def main() -> None:
     blocks = args.batch * ((args.past + args.query + BLOCK - 1) // BLOCK)  # the step's, none shared
     graphs = []
     for d, o, q, h in variants:
-        heap = HeapGrowth()
+        # as served (worker/model_runner.py): the heap grown by the parameters' bytes first, advised
+        rank_dir = Path(d) / "rank_0"
+        heap = HeapGrowth(params_bytes(rank_dir, read_manifest(rank_dir).specs(bool(q))[:1]) if h else 0)
         graphs.append(Graph(d, bool(o), args.threads, args.prof, bool(q), max(256, blocks)))
         graphs[-1].label += f" huge_pages={h}"
         if h:

@@ -233,8 +233,9 @@ ENV_VARS: tuple[EnvVar, ...] = (
        minimum=0, internal=True),
     _v("SPMD_MALLOC_TUNING", True, "bool", "internal: keep a step's intermediates on the glibc heap "
        "(mallopt) instead of fresh mmaps", "malloc_tuning", internal=True),
-    _v("SPMD_HUGE_PAGES", True, "bool", "internal: move the parameters a rank loaded onto 2 MB pages at "
-       "start-up (MADV_COLLAPSE: ~2 s a GB; with SPMD_MALLOC_TUNING only)", "huge_pages", internal=True),
+    _v("SPMD_HUGE_PAGES", True, "bool", "internal: load a rank's parameters onto 2 MB pages (the heap advised "
+       "MADV_HUGEPAGE before they load; what missed, MADV_COLLAPSE after; with SPMD_MALLOC_TUNING only)",
+       "huge_pages", internal=True),
     _v("SPMD_LOG_STEP_EVERY", 0, "int", "internal: log the per-phase step split every N steps "
        "(0: never)", "log_step_every", minimum=0, internal=True),
     _v("SPMD_DEVICE", "auto", "str", "internal: the ranks' runner: auto (GPU when Paddle is built with "

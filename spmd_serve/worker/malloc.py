@@ -23,6 +23,7 @@ import functools
 import json
 import signal
 import sys
+from collections.abc import Callable
 
 M_TRIM_THRESHOLD, M_MMAP_THRESHOLD, M_MMAP_MAX = -1, -3, -4  # glibc <malloc.h>
 MMAP_THRESHOLD_MAX = 32 << 20  # glibc refuses more on 64-bit (HEAP_MAX_SIZE / 2)
@@ -38,15 +39,30 @@ def libc() -> ctypes.CDLL | None:
         return None
 
 
+def _mallopt() -> Callable[[int, int], int] | None:
+    """glibc's mallopt, typed; None when not glibc (musl, macOS)."""
+    mallopt = getattr(libc(), "mallopt", None)
+    if mallopt is not None:
+        mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
+    return mallopt
+
+
 def tune_malloc() -> bool:
     """Apply the malloc settings above; False when not glibc (nothing changed)."""
-    mallopt = getattr(libc(), "mallopt", None)
-    if mallopt is None:  # not glibc (musl, macOS): no mallopt
+    mallopt = _mallopt()
+    if mallopt is None:
         return False
-    mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
     # the threshold too: it also stops glibc's dynamic threshold from moving
     ok = mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD_MAX) and mallopt(M_MMAP_MAX, 0)
-    return bool(ok and mallopt(M_TRIM_THRESHOLD, MALLOC_KEEP_BYTES))
+    return bool(ok and keep_freed_top(False))
+
+
+def keep_freed_top(all_of_it: bool) -> bool:
+    """How much freed memory at the heap's top glibc keeps mapped: all of it (never trims), or
+    `MALLOC_KEEP_BYTES` (tune_malloc's setting); False when not glibc."""
+    mallopt = _mallopt()
+    # glibc takes the int as a size_t: -1 is the largest threshold there is
+    return bool(mallopt is not None and mallopt(M_TRIM_THRESHOLD, -1 if all_of_it else MALLOC_KEEP_BYTES))
 
 
 class _MallInfo2(ctypes.Structure):

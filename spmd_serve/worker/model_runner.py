@@ -20,7 +20,7 @@ import numpy as np
 
 from spmd_serve.config import ConfigError
 from spmd_serve.kv_layout import KV_HEADS
-from spmd_serve.manifest import HIDDEN_ROWS, Manifest, ManifestError, read_manifest
+from spmd_serve.manifest import HIDDEN_ROWS, Manifest, ManifestError, SegmentSpec, read_manifest
 from spmd_serve.protocol import StepPlan, split_by_query_len
 from spmd_serve.timing import PhaseTimer
 from spmd_serve.worker.graph_ops import graph_allreduce_clock, graph_kv_int8_clipped, register_graph_ops
@@ -50,6 +50,17 @@ def read_rank_manifest(rank_dir: Path, kv_int8: bool = False) -> Manifest:
             "(exported without them); re-export the model with `spmd_serve export`"
         )
     return manifest
+
+
+def params_bytes(rank_dir: Path, specs: tuple[SegmentSpec, ...]) -> int:
+    """What loading `specs` adds to the heap: each predictor's parameter file (its own copy, also of
+    a file a variant shares), and 8 MB more for the allocator's headers and alignment (the 1B demo's
+    4 GB grew the heap by 1 MB more than its file).  What the reserve has left after the load is
+    written over by the next calloc (the KV pool's): a larger margin would cost resident memory."""
+    graphs = [g for spec in specs for g in (spec, spec.decode) if g is not None]
+    files = [rank_dir / f"{g.params_name}.pdiparams" for g in graphs]
+    total = sum(f.stat().st_size for f in files if f.exists())
+    return total + (8 << 20) if total else 0
 
 
 class ModelRunner:
@@ -83,7 +94,8 @@ class ModelRunner:
         paddle_threads = 1 if self.op_threads else num_threads
         self._graph_allreduce_seconds = graph_allreduce_clock(manifest)
         specs = manifest.specs(kv_int8)
-        heap = HeapGrowth()  # the predictors' parameters land on the heap: onto 2 MB pages after
+        # the predictors' parameters land on the heap: on 2 MB pages as they load (worker/huge_pages.py)
+        heap = HeapGrowth(params_bytes(rank_dir, specs) if huge_pages and malloc_tuning else 0)
         self.segments = [LoadedSegment(rank_dir, spec, paddle_threads, manifest.quant is not None) for spec in specs]
         if huge_pages:
             log.info("rank %d: %s", rank, heap.collapse().line())

@@ -29,7 +29,7 @@ class OneRank:
 def test_kernel_and_predictor_choice_do_not_depend_on_model_size(tmp_path, monkeypatch, caplog):
     from spmd_serve.export import export_checkpoint
     from spmd_serve.protocol import RUN, StepPlan
-    from spmd_serve.worker import segment
+    from spmd_serve.worker import model_runner, segment
     from spmd_serve.worker.model_runner import ModelRunner
 
     made: list[tuple] = []
@@ -40,6 +40,14 @@ def test_kernel_and_predictor_choice_do_not_depend_on_model_size(tmp_path, monke
         return real(rank_dir, spec, paddle_threads, quantised)
 
     monkeypatch.setattr(segment, "Predictor", recording)
+    reserves: list[int] = []
+
+    class RecordedHeap(model_runner.HeapGrowth):
+        def __init__(self, reserve: int = 0) -> None:
+            reserves.append(reserve)
+            super().__init__(reserve)
+
+    monkeypatch.setattr(model_runner, "HeapGrowth", RecordedHeap)
     caplog.set_level(logging.INFO, logger="spmd_serve.worker.model_runner")
     graphs, loads, params = {}, {}, {}
     for size, dims in SIZES.items():
@@ -52,7 +60,9 @@ def test_kernel_and_predictor_choice_do_not_depend_on_model_size(tmp_path, monke
         made.clear()
         runner = ModelRunner(served, 0, OneRank(), num_blocks=8, block_size=16, num_threads=2)
         loads[size] = list(made)
-        # and then its parameters go onto 2 MB pages (worker/huge_pages.py), whatever their size
+        # and its parameters go onto 2 MB pages as they load (worker/huge_pages.py), whatever their
+        # size: the heap was grown by at least their file's bytes first, and the rank says so
+        assert reserves[-1] >= (served / "rank_0" / "seg_0.pdiparams").stat().st_size
         assert sum("parameters on 2 MB pages" in r.getMessage() for r in caplog.records) == len(loads)
         mixed = StepPlan(  # a prefill chunk next to a decode: one pass, one predictor run
             RUN,
