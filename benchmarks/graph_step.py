@@ -117,15 +117,14 @@ def main() -> None:
     ap.add_argument("--kv-int8", type=int, nargs="+", default=[0], help="1: the int8-KV graphs and pool (0 1: both)")
     ap.add_argument("--huge-pages", type=int, nargs="+", default=[1], help="1: parameters on 2 MB pages (0 1: both)")
     args = ap.parse_args()
-    if env_setting("malloc_tuning"):  # as ModelRunner does (SPMD_MALLOC_TUNING=0: glibc defaults)
-        tune_malloc()
+    tuned = env_setting("malloc_tuning") and tune_malloc()  # as ModelRunner (SPMD_MALLOC_TUNING=0: glibc's)
     variants = [(d, o, q, h) for d in args.dirs for o in args.onednn for q in args.kv_int8 for h in args.huge_pages]
     blocks = args.batch * ((args.past + args.query + BLOCK - 1) // BLOCK)  # the step's, none shared
     graphs = []
     for d, o, q, h in variants:
         # as served (worker/model_runner.py): the heap grown by the parameters' bytes first, advised
         rank_dir = Path(d) / "rank_0"
-        heap = HeapGrowth(params_bytes(rank_dir, read_manifest(rank_dir).specs(bool(q))[:1]) if h else 0)
+        heap = HeapGrowth(params_bytes(rank_dir, read_manifest(rank_dir).specs(bool(q))[:1]) if h and tuned else 0)
         graphs.append(Graph(d, bool(o), args.threads, args.prof, bool(q), max(256, blocks)))
         graphs[-1].label += f" huge_pages={h}"
         if h:

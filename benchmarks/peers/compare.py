@@ -254,7 +254,8 @@ def main(argv: list[str] | None = None) -> int:
                 if rnd == 0:
                     probes[row.name] = probe(server, texts, prompt_ids, 32)
                 docs = bench(server, args, ckpt, run_dir / f"round{rnd}" / row.key)  # the same prompts for all
-            entry["rounds"].append({"loadavg_after": os.getloadavg(), "levels": ratios.level_stats(docs)})
+            stats = ratios.level_stats(docs)
+            entry["rounds"].append({"loadavg_after": os.getloadavg(), "ready_s": server.ready_s, "levels": stats})
     for entry in report["rows"].values():
         entry["levels"] = ratios.best_of([r["levels"] for r in entry["rounds"]])
     if args.merge:
@@ -274,18 +275,7 @@ def main(argv: list[str] | None = None) -> int:
         f"\n{lc.describe()}; {args.threads} threads; {args.input_len} in / {args.output_len} out; "
         f"{args.num_prompts_c1} prompts at c=1, {args.num_prompts} otherwise\n\n{raw}\n\n{ratio}\n"
     )
-    for r in report["rows"].values():
-        foreign = {c: "?" if v["foreign_cpu"] is None else f"{v['foreign_cpu']:.0%}" for c, v in r["levels"].items()}
-        print(
-            f"{r['name']}: other processes' share of the cores during each level kept {foreign}, "
-            f"1-min load average after each round {[round(x['loadavg_after'][0], 1) for x in r['rounds']]}"
-        )
-    for r in report["rows"].values():
-        per = {
-            c: f"{v['prompt_tokens_per_request']:.1f}/{v['output_tokens_per_request']:.1f}"
-            for c, v in r["levels"].items()
-        }
-        print(f"tokens per request (prompt/output, the server's usage) {r['name']}: {per}")
+    print(ratios.row_notes(report["rows"].values()))
     print(json.dumps(report["checks"], indent=1, ensure_ascii=False))
     out = args.json or run_dir / "peers.json"
     out.parent.mkdir(parents=True, exist_ok=True)

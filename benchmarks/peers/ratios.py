@@ -124,3 +124,25 @@ def merge_report(report: dict, old: dict, order: list[str] | None = None) -> Non
                     mine["levels"][c] = level
     order = order or list(dict.fromkeys([*report["rows"], *old["rows"]]))
     report["rows"] = dict(sorted(report["rows"].items(), key=lambda kv: order.index(kv[0])))
+
+
+def row_notes(rows: Iterable[dict]) -> str:
+    """Per server: how long each round's start took until its ready URL answered (weights loaded,
+    ours also on 2 MB pages), other processes' share of the cores during each level, the load
+    average after each round, and the tokens per request the server itself counted."""
+    rows, lines = list(rows), []
+    for r in rows:
+        rounds = r["rounds"]
+        foreign = {c: "?" if v["foreign_cpu"] is None else f"{v['foreign_cpu']:.0%}" for c, v in r["levels"].items()}
+        ready = [None if x.get("ready_s") is None else round(x["ready_s"], 1) for x in rounds]
+        lines.append(
+            f"{r['name']}: ready after {ready} s; other processes' share of the cores during each level kept "
+            f"{foreign}, 1-min load average after each round {[round(x['loadavg_after'][0], 1) for x in rounds]}"
+        )
+    for r in rows:
+        per = {
+            c: f"{v['prompt_tokens_per_request']:.1f}/{v['output_tokens_per_request']:.1f}"
+            for c, v in r["levels"].items()
+        }
+        lines.append(f"tokens per request (prompt/output, the server's usage) {r['name']}: {per}")
+    return "\n".join(lines)

@@ -60,6 +60,7 @@ class Server:
     metrics_url: str | None = None
     info: dict = field(default_factory=dict)  # what the report records about this server
     pid: int | None = None  # set while running (the process group's leader)
+    ready_s: float | None = None  # set while running: seconds from the start to the first 200
 
 
 def spmd_serve(
@@ -184,9 +185,9 @@ def running(server: Server, log_path: Path, timeout_s: float = 600.0) -> Iterato
         proc = subprocess.Popen(
             server.cmd, env=server.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
         )
-        server.pid = proc.pid
+        server.pid, started = proc.pid, time.monotonic()
         try:
-            deadline = time.monotonic() + timeout_s
+            deadline = started + timeout_s
             while _status(server.ready_url) != 200:
                 if proc.poll() is not None:
                     raise RuntimeError(
@@ -195,7 +196,8 @@ def running(server: Server, log_path: Path, timeout_s: float = 600.0) -> Iterato
                     )
                 if time.monotonic() > deadline:
                     raise TimeoutError(f"{server.name} not ready after {timeout_s:.0f} s; log {log_path}")
-                time.sleep(0.5)
+                time.sleep(0.1)
+            server.ready_s = time.monotonic() - started
             yield server
         finally:
             stop(proc)

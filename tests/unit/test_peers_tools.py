@@ -207,3 +207,15 @@ def test_machine_records_the_isa_the_ratios_turn_on():
     flags = set(next(ln for ln in Path("/proc/cpuinfo").read_text().splitlines() if ln.startswith("flags")).split())
     assert m["isa"] == [f for f in ISA_FLAGS if f in flags]
     assert re.fullmatch(r"\d+/\d+", m["cpu_family_model"]) and m["nproc"] >= 1
+
+
+def test_row_notes_name_each_rounds_start_up_time():
+    levels = ratios.level_stats([_bench_doc({1: (100.0, 9.2, 50.0)})])
+    levels[1]["foreign_cpu"] = 0.02
+    rounds = [{"loadavg_after": (1.46, 0, 0), "ready_s": 7.84}, {"loadavg_after": (0.9, 0, 0)}]  # merged: no time
+    notes = ratios.row_notes([{"name": "ours", "levels": levels, "rounds": rounds}]).splitlines()
+    assert notes[0] == (
+        "ours: ready after [7.8, None] s; other processes' share of the cores during each level kept {1: '2%'}, "
+        "1-min load average after each round [1.5, 0.9]"
+    )
+    assert notes[1] == "tokens per request (prompt/output, the server's usage) ours: {1: '128.0/128.0'}"
