@@ -117,7 +117,9 @@ def test_a_prompt_ending_inside_a_character_keeps_the_answer(toks) -> None:
 @pytest.mark.parametrize("kind", ["sentencepiece", "byte_level"])
 @SETTINGS
 @given(
-    text=st.text(st.characters(codec="utf-8", exclude_categories=("Cs",)), max_size=30)
+    # no literal U+FFFD: the detokenizer cannot tell one from a character's first bytes, so it holds
+    # one back like those (test_a_literal_replacement_char_is_held_back_but_never_lost)
+    text=st.text(st.characters(codec="utf-8", exclude_categories=("Cs",), exclude_characters="\ufffd"), max_size=30)
     | st.sampled_from([CJK_EMOJI, " leading space", "a  b\n 你 🎉"])
 )
 def test_valid_text_streams_without_replacement_chars(toks, kind: str, text: str) -> None:
@@ -128,6 +130,20 @@ def test_valid_text_streams_without_replacement_chars(toks, kind: str, text: str
     deltas = _stream(tok, ids, [1] * len(ids))
     assert "".join(deltas) == text and not any("\ufffd" in d for d in deltas)
     assert deltas[-1] == ""  # nothing was left held back
+
+
+@pytest.mark.parametrize("kind", ["sentencepiece", "byte_level"])
+@pytest.mark.parametrize("text", ["\ufffd", "a\ufffdb", "x \ufffd", "\ufffd\ufffd 你"])
+def test_a_literal_replacement_char_is_held_back_but_never_lost(toks, kind: str, text: str) -> None:
+    """A U+FFFD the model really writes looks like a character's first bytes: it waits for the next
+    delta that does not end in one, or for the end, and comes out whole (found by the property above
+    when its alphabet still had U+FFFD)."""
+    tok = toks[kind]
+    ids = tok.encode(text)
+    assert tok.decode(ids) == text
+    deltas = _stream(tok, ids, [1] * len(ids))
+    assert "".join(deltas) == text
+    assert all(not d.endswith("\ufffd") for d in deltas[:-1])  # before the end, never a trailing one
 
 
 @pytest.mark.parametrize("kind", ["sentencepiece", "byte_level"])
