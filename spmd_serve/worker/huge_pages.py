@@ -21,11 +21,11 @@ has KVM's free page reporting: free 2 MB blocks go back to the host a few second
 freed, and the first write to one then pays the host's fault, 1.7-2.3 s a GB (4 KB pages come from
 smaller blocks, never reported: 0.46 either way).  Served `--demo 1b` f32 (4 GB), each start 10 s
 after the last, was ready in 9.8-10.5 s this way, 12.5-13.6 loading onto 4 KB pages and collapsing
-after, 3.3-3.4 with `SPMD_HUGE_PAGES=0`; started right after another server had freed its memory,
-2.9-8.8 s.  Faulting the reserve in beforehand on two threads (MADV_POPULATE_WRITE) did not help
-served (5.5-10.3 s).  Best effort: the kernel gives what it can (ENOMEM where no free 2 MB page is
-left, EINVAL on kernels without it or THP off) and the report says how much it did.  The weights'
-bytes, and so every result, are unchanged.
+after, 3.3-3.6 with `SPMD_HUGE_PAGES=0`; started right after another server had freed its memory,
+2.9-11.3 s (median 6.9, against 9.4 collapsing after).  Faulting the reserve in beforehand on two
+threads (MADV_POPULATE_WRITE) did not help served (5.5-10.3 s).  Best effort: the kernel gives what
+it can (ENOMEM where no free 2 MB page is left, EINVAL on kernels without it or THP off) and the
+report says how much it did.  The weights' bytes, and so every result, are unchanged.
 """
 
 from __future__ import annotations
