@@ -8,8 +8,8 @@ slows every variant alike; each prints its median, 25th percentile and minimum.
                                     [--runs 40] [--prof] [--kv-int8 0 1] [--huge-pages 0 1]
 
 `--onednn 0 1` runs every directory with oneDNN off and on (one predictor each); `--huge-pages 0 1`
-with its parameters (and pool) left on 4 KB pages and moved onto 2 MB pages, as a served rank's
-(worker/huge_pages.py; default 1, as served).  `--prof` turns
+with its parameters left on 4 KB pages and read onto 2 MB pages, as a served rank's
+(worker/params.py; default 1, as served).  `--prof` turns
 on Paddle's per-op profiler (printed at exit: calls per op type over warm-up + runs, so it also
 counts the ops one run executes; Paddle also writes `profile.log` into the current directory —
 do not commit it).  Used for the before/after of graph changes in RESULTS.md.
@@ -28,10 +28,9 @@ from paddle import inference
 from spmd_serve.config import env_setting
 from spmd_serve.manifest import read_manifest
 from spmd_serve.worker.graph_ops import register_graph_ops
-from spmd_serve.worker.huge_pages import HeapGrowth
 from spmd_serve.worker.kv_cache import KVCachePool
 from spmd_serve.worker.malloc import tune_malloc
-from spmd_serve.worker.model_runner import params_bytes
+from spmd_serve.worker.params import HostParams
 from spmd_serve.worker.predictor import batch_paddle_gc
 from spmd_serve.worker.step_tables import step_feeds
 
@@ -42,7 +41,14 @@ class Graph:
     """One predictor of `model_dir`'s rank-0 segment 0, bound to its own KV pool."""
 
     def __init__(
-        self, model_dir: str, onednn: bool, threads: int, prof: bool, kv_int8: bool = False, num_blocks: int = 256
+        self,
+        model_dir: str,
+        onednn: bool,
+        threads: int,
+        prof: bool,
+        kv_int8: bool = False,
+        num_blocks: int = 256,
+        huge_pages: bool = True,
     ) -> None:
         rank_dir = Path(model_dir) / "rank_0"
         man = read_manifest(rank_dir)
@@ -50,17 +56,12 @@ class Graph:
         self.dims, spec = man.dims, man.specs(kv_int8)[0]
         self.inv_freq = man.inv_freq_array
         self.label = f"{model_dir} {spec.name} onednn={int(onednn)}"
-        cfg = inference.Config(str(rank_dir / f"{spec.name}.json"), str(rank_dir / f"{spec.params_name}.pdiparams"))
-        cfg.disable_gpu()
-        cfg.disable_glog_info()
-        cfg.set_cpu_math_library_num_threads(1 if ops else threads)
-        cfg.enable_mkldnn() if onednn else cfg.disable_mkldnn()
-        if man.quant is not None:
-            cfg.delete_pass("constant_folding_pass")  # as worker/model_runner.py loads quantised graphs
-        if prof:
-            cfg.enable_profile()
-        batch_paddle_gc()  # as worker/predictor.py makes its predictors
-        self.p = inference.create_predictor(cfg)
+        # as served (worker/params.py): the predictor made from a skeleton, bound to the rank's copy
+        self.params = HostParams(huge_pages, threads)
+        program, file = rank_dir / f"{spec.name}.json", rank_dir / f"{spec.params_name}.pdiparams"
+        with self.params.skeleton(file) as skeleton:
+            self.p = self._create(program, skeleton, ops, threads, onednn, prof, man.quant is not None)
+        self.params.bind(self.p, program, file)
         pool = KVCachePool(man.kv_cache, num_blocks, BLOCK, man.kv_scales if kv_int8 else None)
         self.pool = pool  # the predictor shares its memory: keep it alive
         # written, as a served pool is: np.zeros' untouched pages all map the kernel's one zero page,
@@ -73,6 +74,20 @@ class Graph:
             if n in pool:
                 self.p.get_input_handle(n).share_external_data(pool.tensor(n))
         self.times: list[float] = []
+
+    @staticmethod
+    def _create(program: Path, params: Path, ops: int, threads: int, onednn: bool, prof: bool, quantised: bool):
+        cfg = inference.Config(str(program), str(params))
+        cfg.disable_gpu()
+        cfg.disable_glog_info()
+        cfg.set_cpu_math_library_num_threads(1 if ops else threads)
+        cfg.enable_mkldnn() if onednn else cfg.disable_mkldnn()
+        if quantised:
+            cfg.delete_pass("constant_folding_pass")  # as worker/predictor.py loads quantised graphs
+        if prof:
+            cfg.enable_profile()
+        batch_paddle_gc()  # as worker/predictor.py makes its predictors
+        return inference.create_predictor(cfg)
 
     def run(self, feeds: dict[str, np.ndarray]) -> None:
         t = time.perf_counter()
@@ -117,18 +132,15 @@ def main() -> None:
     ap.add_argument("--kv-int8", type=int, nargs="+", default=[0], help="1: the int8-KV graphs and pool (0 1: both)")
     ap.add_argument("--huge-pages", type=int, nargs="+", default=[1], help="1: parameters on 2 MB pages (0 1: both)")
     args = ap.parse_args()
-    tuned = env_setting("malloc_tuning") and tune_malloc()  # as ModelRunner (SPMD_MALLOC_TUNING=0: glibc's)
+    if env_setting("malloc_tuning"):
+        tune_malloc()  # as ModelRunner (SPMD_MALLOC_TUNING=0: glibc's)
     variants = [(d, o, q, h) for d in args.dirs for o in args.onednn for q in args.kv_int8 for h in args.huge_pages]
     blocks = args.batch * ((args.past + args.query + BLOCK - 1) // BLOCK)  # the step's, none shared
     graphs = []
     for d, o, q, h in variants:
-        # as served (worker/model_runner.py): the heap grown by the parameters' bytes first, advised
-        rank_dir = Path(d) / "rank_0"
-        heap = HeapGrowth(params_bytes(rank_dir, read_manifest(rank_dir).specs(bool(q))[:1]) if h and tuned else 0)
-        graphs.append(Graph(d, bool(o), args.threads, args.prof, bool(q), max(256, blocks)))
+        graphs.append(Graph(d, bool(o), args.threads, args.prof, bool(q), max(256, blocks), bool(h)))
         graphs[-1].label += f" huge_pages={h}"
-        if h:
-            print(f"{graphs[-1].label}: {heap.collapse().line()}", flush=True)
+        print(f"{graphs[-1].label}: {graphs[-1].params.report()}", flush=True)
     feeds = step_inputs(graphs, args.batch, args.past, args.query)
     for _ in range(3):  # warm-up (oneDNN creates its primitives here)
         for g in graphs:

@@ -233,8 +233,8 @@ ENV_VARS: tuple[EnvVar, ...] = (
        minimum=0, internal=True),
     _v("SPMD_MALLOC_TUNING", True, "bool", "internal: keep a step's intermediates on the glibc heap "
        "(mallopt) instead of fresh mmaps", "malloc_tuning", internal=True),
-    _v("SPMD_HUGE_PAGES", True, "bool", "internal: load a rank's parameters onto 2 MB pages (the heap advised "
-       "MADV_HUGEPAGE before they load; what missed, MADV_COLLAPSE after; with SPMD_MALLOC_TUNING only)",
+    _v("SPMD_HUGE_PAGES", True, "bool", "internal: read a rank's parameters onto 2 MB pages (their mapping "
+       "advised MADV_HUGEPAGE before they are read; what missed, MADV_COLLAPSE after)",
        "huge_pages", internal=True),
     _v("SPMD_LOG_STEP_EVERY", 0, "int", "internal: log the per-phase step split every N steps "
        "(0: never)", "log_step_every", minimum=0, internal=True),

@@ -17,6 +17,12 @@ import numpy as np
 
 from ops.kv_cache_write import kv_cache_write_cpu
 from spmd_serve.kv_layout import KV_HEADS, MLA_LATENT, KVLayout
+from spmd_serve.worker.huge_pages import mapped_zeros
+
+
+def _zeros(shape: tuple[int, ...], dtype: type) -> np.ndarray:
+    n = int(np.prod(shape))
+    return mapped_zeros(n * np.dtype(dtype).itemsize).view(dtype)[:n].reshape(shape)
 
 
 class KVCachePool:
@@ -32,11 +38,10 @@ class KVCachePool:
     ) -> None:
         self.layout, self.num_blocks, self.block_size = layout, num_blocks, block_size
         dtype = np.float32 if kv_scales is None else np.int8
-        # np.zeros maps lazily: untouched blocks cost no resident memory.
+        # each in a mapping of its own: untouched blocks cost no resident memory, whatever the heap
+        # holds (a calloc'd array can be a freed block, zeroed by writing it: a whole pool's worth)
         self.caches: dict[str, list[np.ndarray]] = {
-            t.name: [
-                np.zeros((num_blocks, *layout.block_shape(t, block_size)), dtype) for _ in range(layout.num_layers)
-            ]
+            t.name: [_zeros((num_blocks, *layout.block_shape(t, block_size)), dtype) for _ in range(layout.num_layers)]
             for t in layout.tensors
         }
         self.scales: dict[str, list[np.ndarray]] | None = None

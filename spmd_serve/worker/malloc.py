@@ -54,15 +54,8 @@ def tune_malloc() -> bool:
         return False
     # the threshold too: it also stops glibc's dynamic threshold from moving
     ok = mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD_MAX) and mallopt(M_MMAP_MAX, 0)
-    return bool(ok and keep_freed_top(False))
-
-
-def keep_freed_top(all_of_it: bool) -> bool:
-    """How much freed memory at the heap's top glibc keeps mapped: all of it (never trims), or
-    `MALLOC_KEEP_BYTES` (tune_malloc's setting); False when not glibc."""
-    mallopt = _mallopt()
-    # glibc takes the int as a size_t: -1 is the largest threshold there is
-    return bool(mallopt is not None and mallopt(M_TRIM_THRESHOLD, -1 if all_of_it else MALLOC_KEEP_BYTES))
+    # glibc takes the int as a size_t
+    return bool(ok and mallopt(M_TRIM_THRESHOLD, MALLOC_KEEP_BYTES))
 
 
 class _MallInfo2(ctypes.Structure):

@@ -20,13 +20,13 @@ import numpy as np
 
 from spmd_serve.config import ConfigError
 from spmd_serve.kv_layout import KV_HEADS
-from spmd_serve.manifest import HIDDEN_ROWS, Manifest, ManifestError, SegmentSpec, read_manifest
+from spmd_serve.manifest import HIDDEN_ROWS, Manifest, ManifestError, read_manifest
 from spmd_serve.protocol import StepPlan, split_by_query_len
 from spmd_serve.timing import PhaseTimer
 from spmd_serve.worker.graph_ops import graph_allreduce_clock, graph_kv_int8_clipped, register_graph_ops
-from spmd_serve.worker.huge_pages import HeapGrowth
 from spmd_serve.worker.kv_cache import KVCachePool
 from spmd_serve.worker.malloc import tune_malloc
+from spmd_serve.worker.params import HostParams
 from spmd_serve.worker.segment import LoadedSegment
 from spmd_serve.worker.step_tables import step_feeds
 
@@ -52,17 +52,6 @@ def read_rank_manifest(rank_dir: Path, kv_int8: bool = False) -> Manifest:
     return manifest
 
 
-def params_bytes(rank_dir: Path, specs: tuple[SegmentSpec, ...]) -> int:
-    """What loading `specs` adds to the heap: each predictor's parameter file (its own copy, also of
-    a file a variant shares), and 8 MB more for the allocator's headers and alignment (the 1B demo's
-    4 GB grew the heap by 1 MB more than its file).  What the reserve has left after the load is
-    written over by the next calloc (the KV pool's): a larger margin would cost resident memory."""
-    graphs = [g for spec in specs for g in (spec, spec.decode) if g is not None]
-    files = [rank_dir / f"{g.params_name}.pdiparams" for g in graphs]
-    total = sum(f.stat().st_size for f in files if f.exists())
-    return total + (8 << 20) if total else 0
-
-
 class ModelRunner:
     """One rank's loaded shard: its segments, its KV pool and the timing of each step's parts."""
 
@@ -81,8 +70,7 @@ class ModelRunner:
     ) -> None:
         """`num_threads`: the rank's threads (SPMD_NUM_THREADS resolved); `malloc_tuning`:
         SPMD_MALLOC_TUNING; `huge_pages`: SPMD_HUGE_PAGES, the parameters onto 2 MB pages
-        (worker/huge_pages.py; where the heap holds them: after tune_malloc, here or by an earlier
-        runner); `keep_hidden`: keep each step's `hidden_rows` (rank 0 of a target drafted for by its
+        (worker/huge_pages.py); `keep_hidden`: keep each step's `hidden_rows` (rank 0 of a target drafted for by its
         MTP layer, and of the MTP draft itself), else they are not copied out."""
         if malloc_tuning:
             tune_malloc()  # before the first step: intermediates reuse heap pages
@@ -94,11 +82,11 @@ class ModelRunner:
         paddle_threads = 1 if self.op_threads else num_threads
         self._graph_allreduce_seconds = graph_allreduce_clock(manifest)
         specs = manifest.specs(kv_int8)
-        # the predictors' parameters land on the heap: on 2 MB pages as they load (worker/huge_pages.py)
-        heap = HeapGrowth(params_bytes(rank_dir, specs) if huge_pages and malloc_tuning else 0)
-        self.segments = [LoadedSegment(rank_dir, spec, paddle_threads, manifest.quant is not None) for spec in specs]
-        if huge_pages:
-            log.info("rank %d: %s", rank, heap.collapse().line())
+        # one copy of the parameters, which every predictor of a file binds (worker/params.py)
+        self.params = params = HostParams(huge_pages, num_threads)
+        quantised = manifest.quant is not None
+        self.segments = [LoadedSegment(rank_dir, spec, params, paddle_threads, quantised) for spec in specs]
+        log.info("rank %d: %s", rank, params.report())
         # where `execute` goes (engine/step_stats.py reads it): each segment, collectives, KV writes
         self.segment_keys = [f"segment_{i}" for i in range(len(self.segments))]
         self.timings = PhaseTimer([*self.segment_keys, "allreduce", "gather_logits", "kv_write", "host_io"])

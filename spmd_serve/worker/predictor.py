@@ -3,7 +3,8 @@
 Every step of a segment runs on this one predictor, whatever its size and whatever the model's:
 the graphs' heavy ops are our C++ ops (ops/paddle_ext.py) on the op library's threads, so Paddle's
 own math library keeps one thread (`paddle_threads`) and oneDNN stays off (it would hold a second,
-reordered copy of the weights).  A `--graph-ops paddle` export's graphs are Paddle's ops only; the
+reordered copy of the weights).  Its parameters are the rank's one copy (worker/params.py), shared
+with any other graph of the same file.  A `--graph-ops paddle` export's graphs are Paddle's ops only; the
 runner gives Paddle the rank's threads then.
 
 Paddle's executor frees each intermediate tensor on a garbage-collector thread, one task per tensor
@@ -18,6 +19,7 @@ import os
 from pathlib import Path
 
 from spmd_serve.manifest import SegmentSpec
+from spmd_serve.worker.params import HostParams
 
 GC_BATCH_GB = 0.004  # ~4 MB: at most this much freed memory waits for the next batch (RSS +8 MB measured)
 
@@ -36,11 +38,29 @@ def batch_paddle_gc() -> None:
 class Predictor:
     """One paddle.inference predictor of a saved graph and its input/output handles."""
 
-    def __init__(self, rank_dir: Path, spec: SegmentSpec, paddle_threads: int, quantised: bool) -> None:
+    def __init__(
+        self, rank_dir: Path, spec: SegmentSpec, paddle_threads: int, quantised: bool, params: HostParams | None
+    ) -> None:
+        """`params`: the rank's one copy of the parameters, bound into this predictor (None: Paddle
+        loads a copy of its own, as the tests' reference does)."""
+        # a variant (int8-KV, decode) uses its base graph's params (spec.params)
+        program, file = rank_dir / f"{spec.name}.json", rank_dir / f"{spec.params_name}.pdiparams"
+        if params is None or not file.exists():
+            self.predictor = self._create(program, file, paddle_threads, quantised)
+        else:
+            with params.skeleton(file) as skeleton:
+                self.predictor = self._create(program, skeleton, paddle_threads, quantised)
+            params.bind(self.predictor, program, file)
+        self.params = params  # the memory its parameters point at (Paddle does not own it): kept alive
+        self.inputs = {n: self.predictor.get_input_handle(n) for n in self.predictor.get_input_names()}
+        self.outputs = [self.predictor.get_output_handle(n) for n in self.predictor.get_output_names()]
+        self.output_names: tuple[str, ...] = spec.outputs
+
+    @staticmethod
+    def _create(program: Path, params: Path, paddle_threads: int, quantised: bool):
         from paddle import inference
 
-        # an int8-KV variant loads its base graph's params (spec.params)
-        cfg = inference.Config(str(rank_dir / f"{spec.name}.json"), str(rank_dir / f"{spec.params_name}.pdiparams"))
+        cfg = inference.Config(str(program), str(params))
         cfg.disable_gpu()
         cfg.disable_glog_info()
         cfg.set_cpu_math_library_num_threads(paddle_threads)
@@ -51,7 +71,4 @@ class Predictor:
             # params: fp32 speed but fp32 memory.  Keep them int8 (memory is the point of --quant).
             cfg.delete_pass("constant_folding_pass")
         batch_paddle_gc()
-        self.predictor = inference.create_predictor(cfg)
-        self.inputs = {n: self.predictor.get_input_handle(n) for n in self.predictor.get_input_names()}
-        self.outputs = [self.predictor.get_output_handle(n) for n in self.predictor.get_output_names()]
-        self.output_names: tuple[str, ...] = spec.outputs
+        return inference.create_predictor(cfg)

@@ -5,7 +5,7 @@ returns named outputs.  Its KV-cache inputs are bound once to the pool's zero-co
 predictor runs every step (prefill chunks, decodes, mixed): nothing is chosen by the step's or the
 model's size.  A family whose attention has no C++ op for chunks of queries (DeepSeek's MLA) also
 exports a decode graph (`spec.decode`: every query one token), loaded as a second predictor for
-the steps that are all decodes.
+the steps that are all decodes; both are bound to the rank's one copy of the segment's parameters.
 """
 
 from __future__ import annotations
@@ -16,15 +16,28 @@ import numpy as np
 
 from spmd_serve.manifest import SegmentSpec
 from spmd_serve.worker.kv_cache import KVCachePool
+from spmd_serve.worker.params import HostParams
 from spmd_serve.worker.predictor import Predictor
 
 
 class LoadedSegment:
     """One loaded graph segment and its manifest entry."""
 
-    def __init__(self, rank_dir: Path, spec: SegmentSpec, paddle_threads: int = 1, quantised: bool = False) -> None:
-        self.predictor = Predictor(rank_dir, spec, paddle_threads, quantised)
-        self.decode = None if spec.decode is None else Predictor(rank_dir, spec.decode, paddle_threads, quantised)
+    def __init__(
+        self,
+        rank_dir: Path,
+        spec: SegmentSpec,
+        params: HostParams | None,
+        paddle_threads: int = 1,
+        quantised: bool = False,
+    ) -> None:
+        """`params`: the rank's parameters, which both predictors bind (worker/params.py)."""
+
+        def load(graph: SegmentSpec) -> Predictor:
+            return Predictor(rank_dir, graph, paddle_threads, quantised, params)
+
+        self.predictor = load(spec)
+        self.decode = None if spec.decode is None else load(spec.decode)
         self.inputs: list[str] = list(dict.fromkeys(spec.inputs + (spec.decode or spec).inputs))  # of either graph
         self.outputs: tuple[str, ...] = spec.outputs
         self.all_outputs = frozenset(spec.outputs + (spec.decode.outputs if spec.decode else ()))  # of either graph

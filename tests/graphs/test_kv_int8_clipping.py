@@ -10,12 +10,7 @@ import numpy as np
 import pytest
 
 from tests.support.metrics_scrape import Samples
-
-
-class OneRank:
-    @staticmethod
-    def gather_vocab(logits: np.ndarray) -> np.ndarray:
-        return logits
+from tests.support.sim_ranks import OneRank
 
 
 def prefill(ids: np.ndarray, block: int, step_id: int):

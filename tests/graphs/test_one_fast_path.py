@@ -2,7 +2,7 @@
 a 16x wider Llama has the same graphs op for op, and the runner loads each the same way — one
 plain predictor per segment with the same settings — so nothing is chosen by the model's size (an
 earlier runtime dropped its fast predictors above 2 GiB of parameters), and moves each one's parameters
-onto 2 MB pages the same way (worker/huge_pages.py)."""
+onto 2 MB pages the same way (worker/params.py)."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ import numpy as np
 
 from tests.support.model_zoo import ARCHS, make_weights, write_hf
 from tests.support.saved_graphs import op_counts
+from tests.support.sim_ranks import OneRank
 
 SIZES = {  # same depth and layout, ~16x the parameters
     "narrow": dict(hidden_size=64, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2, vocab_size=512),
@@ -20,34 +21,21 @@ SIZES = {  # same depth and layout, ~16x the parameters
 }
 
 
-class OneRank:
-    @staticmethod
-    def gather_vocab(logits: np.ndarray) -> np.ndarray:
-        return logits
-
-
 def test_kernel_and_predictor_choice_do_not_depend_on_model_size(tmp_path, monkeypatch, caplog):
     from spmd_serve.export import export_checkpoint
     from spmd_serve.protocol import RUN, StepPlan
-    from spmd_serve.worker import model_runner, segment
+    from spmd_serve.worker import segment
     from spmd_serve.worker.model_runner import ModelRunner
+    from spmd_serve.worker.pdiparams import read_index
 
     made: list[tuple] = []
     real = segment.Predictor
 
-    def recording(rank_dir: Path, spec, paddle_threads: int, quantised: bool):
-        made.append((spec.name, spec.params_name, paddle_threads, quantised))
-        return real(rank_dir, spec, paddle_threads, quantised)
+    def recording(rank_dir: Path, spec, paddle_threads: int, quantised: bool, params):
+        made.append((spec.name, spec.params_name, paddle_threads, quantised, params is not None))
+        return real(rank_dir, spec, paddle_threads, quantised, params)
 
     monkeypatch.setattr(segment, "Predictor", recording)
-    reserves: list[int] = []
-
-    class RecordedHeap(model_runner.HeapGrowth):
-        def __init__(self, reserve: int = 0) -> None:
-            reserves.append(reserve)
-            super().__init__(reserve)
-
-    monkeypatch.setattr(model_runner, "HeapGrowth", RecordedHeap)
     caplog.set_level(logging.INFO, logger="spmd_serve.worker.model_runner")
     graphs, loads, params = {}, {}, {}
     for size, dims in SIZES.items():
@@ -60,9 +48,9 @@ def test_kernel_and_predictor_choice_do_not_depend_on_model_size(tmp_path, monke
         made.clear()
         runner = ModelRunner(served, 0, OneRank(), num_blocks=8, block_size=16, num_threads=2)
         loads[size] = list(made)
-        # and its parameters go onto 2 MB pages as they load (worker/huge_pages.py), whatever their
-        # size: the heap was grown by at least their file's bytes first, and the rank says so
-        assert reserves[-1] >= (served / "rank_0" / "seg_0.pdiparams").stat().st_size
+        # and it reads their one copy onto 2 MB pages (worker/params.py), whatever their size
+        entries = read_index(served / "rank_0" / "seg_0.pdiparams")
+        assert runner.params.nbytes == sum(e.nbytes for e in entries) and runner.params.huge_pages
         assert sum("parameters on 2 MB pages" in r.getMessage() for r in caplog.records) == len(loads)
         mixed = StepPlan(  # a prefill chunk next to a decode: one pass, one predictor run
             RUN,
@@ -86,4 +74,5 @@ def test_kernel_and_predictor_choice_do_not_depend_on_model_size(tmp_path, monke
     # add) nor the last down (the head's norm takes it)
     assert wide["spmd_linear_norm_linear_panels"] == 2 * 2 - 1 and "spmd_norm_linear_panels" not in wide
     assert "matmul" not in graphs["wide"]
-    assert loads["narrow"] == loads["wide"] == [("seg_0", "seg_0", 1, False)]  # one plain predictor, ops threaded
+    # one plain predictor, ops threaded, bound to the rank's parameters
+    assert loads["narrow"] == loads["wide"] == [("seg_0", "seg_0", 1, False, True)]

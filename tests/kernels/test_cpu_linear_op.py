@@ -11,6 +11,7 @@ import pytest
 
 from tests.support.linear_weights import int8_input, twin_tolerance
 from tests.support.saved_graphs import op_names
+from tests.support.sim_ranks import OneRank
 
 DEMO_SMALL = [(512, 1024), (512, 512), (512, 3072), (1536, 512), (512, 8000)]  # [K, N]: qkv, o, gate_up, down, lm_head
 
@@ -108,14 +109,6 @@ def export(demo_checkpoint, tmp_path_factory):
         return made[quant, graph_ops]
 
     return get
-
-
-class OneRank:
-    """The runner's collectives at tp = 1: the logits are already whole."""
-
-    @staticmethod
-    def gather_vocab(logits: np.ndarray) -> np.ndarray:
-        return logits
 
 
 def step_logits(model_dir) -> tuple[np.ndarray, np.ndarray]:

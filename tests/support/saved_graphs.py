@@ -6,6 +6,8 @@ import json
 from collections import Counter
 from pathlib import Path
 
+import numpy as np
+
 
 def op_counts(graph: str | Path) -> Counter[str]:
     """How often each operator occurs in a saved PIR graph: its "<dialect id>.<name>" entries under "#"."""
@@ -29,3 +31,25 @@ def op_counts(graph: str | Path) -> Counter[str]:
 def op_names(graph: str | Path) -> set[str]:
     """The operator names of a saved PIR graph."""
     return set(op_counts(graph))
+
+
+def save_tensors(out: Path, tensors: dict[str, np.ndarray]) -> Path:
+    """A graph saved by `paddle.jit.save` whose persistable tensors are `tensors` (a float one as a
+    parameter, the others as buffers, as Paddle names them), all read by its one output; returns
+    the `.pdiparams` path (the graph is the `.json` beside it)."""
+    import paddle
+
+    class Holder(paddle.nn.Layer):
+        def __init__(self) -> None:
+            super().__init__()
+            for name, value in tensors.items():
+                self.register_buffer(name, paddle.to_tensor(value), persistable=True)
+
+        def forward(self, x):
+            return x + sum(getattr(self, n).astype("float32").sum() for n in tensors)
+
+    layer = Holder()
+    layer.eval()
+    static = paddle.jit.to_static(layer, input_spec=[paddle.static.InputSpec([1], "float32")], full_graph=True)
+    paddle.jit.save(static, str(out / "holder"))
+    return out / "holder.pdiparams"

@@ -14,6 +14,14 @@ from pathlib import Path
 import numpy as np
 
 
+class OneRank:
+    """A ModelRunner's collectives at tp = 1: the logits are already whole."""
+
+    @staticmethod
+    def gather_vocab(logits: np.ndarray) -> np.ndarray:
+        return logits
+
+
 class SimRank:
     """One rank's loaded segments and its own KV pool."""
 
@@ -21,13 +29,15 @@ class SimRank:
         from spmd_serve.manifest import read_manifest
         from spmd_serve.worker.graph_ops import register_graph_ops
         from spmd_serve.worker.kv_cache import KVCachePool
+        from spmd_serve.worker.params import HostParams
         from spmd_serve.worker.segment import LoadedSegment
 
         rank_dir = Path(model_dir) / f"rank_{rank}"
         manifest = read_manifest(rank_dir)
         register_graph_ops(manifest, rank_dir)  # a C++-ops export's GEMMs and paged attention
         self.dims, self.inv_freq = manifest.dims, manifest.inv_freq_array
-        self.segments = [LoadedSegment(rank_dir, spec) for spec in manifest.segments]
+        params = HostParams()  # as a served rank's: one copy, bound into each predictor
+        self.segments = [LoadedSegment(rank_dir, spec, params) for spec in manifest.segments]
         self.pool = KVCachePool(manifest.kv_cache, num_blocks, block_size)
         for seg in self.segments:
             seg.bind_cache(self.pool)

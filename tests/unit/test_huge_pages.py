@@ -1,60 +1,21 @@
-"""worker/huge_pages.py: what a rank's heap grew by while its predictors loaded goes onto 2 MB pages,
-bytes unchanged, and the report says how much the kernel moved (its own count, from smaps) or why
-not.  Each case runs in a child process: the malloc settings and the collapse are process-wide."""
+"""worker/huge_pages.py and worker/params.py: a parameter file is read onto 2 MB pages, bytes
+unchanged, each tensor 64-byte aligned, and the report says how much the kernel gave (its own
+count, from smaps) or why not; `mapped_zeros` memory is resident only where written."""
 
 from __future__ import annotations
 
 import ctypes
-import json
 import mmap
-import os
 import platform
-import subprocess
-import sys
 
-from spmd_serve.worker.huge_pages import HUGE_PAGE, collapse, thp_mode
-from spmd_serve.worker.malloc import MALLOC_KEEP_BYTES
+import numpy as np
+import pytest
 
-CHILD = """
-import ctypes, json, sys, zlib
-from spmd_serve.worker.malloc import tune_malloc
-from spmd_serve.worker.huge_pages import HeapGrowth
-def rollup():  # the process's anonymous huge pages, the kernel's sum over every mapping
-    return next(int(l.split()[1]) << 10 for l in open("/proc/self/smaps_rollup") if l.startswith("AnonHugePages:"))
-PATTERN = bytes(range(256)) * 4096  # 1 MB, allocated before the heap is marked
-def written(n):  # a block on the heap (tune_malloc: no mmapped blocks), every byte written, no temporaries
-    buf = (ctypes.c_uint8 * n)()
-    for off in range(0, n, len(PATTERN)):
-        ctypes.memmove(ctypes.addressof(buf) + off, PATTERN, len(PATTERN))
-    return buf
-assert tune_malloc()
-n, reserve = int(sys.argv[1]), int(sys.argv[2])
-huge_at_start = rollup()
-heap = HeapGrowth(reserve)
-buf = written(n)
-before, huge_before = zlib.crc32(buf), rollup()
-done = heap.collapse()
-huge_after = rollup()
-later = written(n)  # the heap's growth after: 4 KB pages, as without a reserve
-lo, hi = ctypes.addressof(buf), ctypes.addressof(buf) + n
-print(json.dumps({"asked": done.asked, "huge": done.huge, "reason": done.reason, "line": done.line(),
-                  "as_loaded": done.as_loaded,
-                  "inside": lo >= heap.start, "same": zlib.crc32(buf) == before,
-                  "huge_as_written": huge_before - huge_at_start, "rollup_grew": huge_after - huge_at_start,
-                  "later_grew": rollup() - huge_after}))
-"""
-
-
-def run_child(nbytes: int, reserve: int = 0) -> dict:
-    done = subprocess.run(
-        [sys.executable, "-c", CHILD, str(nbytes), str(reserve)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env=os.environ,
-    )
-    assert done.returncode == 0, done.stderr
-    return json.loads(done.stdout.strip().splitlines()[-1])
+from spmd_serve.worker.huge_pages import HUGE_PAGE, collapse, huge_bytes, mapped_zeros, thp_mode, total
+from spmd_serve.worker.malloc import rss_bytes
+from spmd_serve.worker.params import PIECE, HostParams
+from spmd_serve.worker.pdiparams import read_index
+from tests.support.saved_graphs import save_tensors
 
 
 def collapse_expected() -> bool:
@@ -63,41 +24,60 @@ def collapse_expected() -> bool:
     return (major, minor) >= (6, 1) and thp_mode() in ("always", "madvise")
 
 
-def check_on_huge_pages(got: dict, nbytes: int) -> None:
-    """The buffer was the heap's growth, its bytes survived, and the kernel counts the report's pages."""
-    assert got["inside"] and got["same"]
-    assert got["asked"] >= nbytes - HUGE_PAGE  # the growth's whole 2 MB pages: the buffer, less its ragged ends
+@pytest.fixture(scope="module")
+def big(tmp_path_factory):
+    """A 24 MB parameter file, one tensor larger than a read piece, beside odd small ones."""
+    rng = np.random.default_rng(1)
+    tensors = {
+        "w": rng.standard_normal((3000, 2001)).astype(np.float32),  # 24 MB, ends mid-page
+        "q": rng.integers(-127, 128, (1001,), dtype=np.int8),
+        "b": rng.standard_normal((7,)).astype(np.float32),
+    }
+    assert tensors["w"].nbytes > PIECE / 3
+    return save_tensors(tmp_path_factory.mktemp("huge"), tensors)
+
+
+@pytest.mark.parametrize("threads", [1, 3])
+def test_a_parameter_file_is_read_onto_huge_pages_unchanged(big, threads, monkeypatch):
+    monkeypatch.setattr("spmd_serve.worker.params.PIECE", 5 << 20)  # the 24 MB tensor in 5 pieces
+    params = HostParams(huge_pages=True, threads=threads)
+    arrays = params.arrays(big)
+    raw = big.read_bytes()
+    for a, e in zip(arrays, read_index(big)):
+        assert a.ctypes.data % 64 == 0 and a.dtype == e.dtype and a.shape == e.dims
+        assert a.tobytes() == raw[e.offset : e.offset + e.nbytes]
+    done = total(params.collapsed)
+    assert done.asked >= sum(a.nbytes for a in arrays)
     if collapse_expected():
-        assert got["reason"] == "", got["line"]
-        assert got["huge"] == got["asked"]  # the kernel's count of the range, all of it
-        assert got["rollup_grew"] == got["huge"]  # and the process's total grew by as much
+        assert done.reason == "", done.line()
+        # all on 2 MB pages as read (advised first), by the kernel's own count: nothing left to move
+        assert done.huge == done.asked == done.as_loaded
+        lo = min(a.ctypes.data for a in arrays)
+        assert huge_bytes(lo - lo % HUGE_PAGE, lo - lo % HUGE_PAGE + done.asked) == done.huge
     else:
-        assert got["huge"] == 0 and got["reason"], got["line"]
-    mb = {k: got[k] >> 20 for k in ("huge", "asked", "as_loaded")}
-    head = f"parameters on 2 MB pages: {mb['huge']} of {mb['asked']} MB ({mb['as_loaded']} MB as loaded"
-    assert got["line"].startswith(head), got["line"]
+        assert done.huge == 0 and done.reason, done.line()
+    mb = {k: getattr(done, k) >> 20 for k in ("huge", "asked", "as_loaded")}
+    line = f"parameters on 2 MB pages: {mb['huge']} of {mb['asked']} MB ({mb['as_loaded']} MB as loaded"
+    assert line in params.report()
+    assert params.arrays(big)[0] is arrays[0]  # read once
 
 
-def test_the_heaps_growth_goes_onto_huge_pages_unchanged():
-    got = run_child(24 << 20)
-    check_on_huge_pages(got, 24 << 20)
-    assert got["huge_as_written"] == got["as_loaded"] == 0  # 4 KB pages until the collapse moved them
+def test_without_huge_pages_the_parameters_stay_on_4_kb_pages(big):
+    params = HostParams(huge_pages=False)
+    arrays = params.arrays(big)
+    assert "2 MB" not in params.report() and params.collapsed == []
+    lo = min(a.ctypes.data for a in arrays)
+    if thp_mode() == "madvise":  # "always" would give them anyway
+        assert huge_bytes(lo - lo % HUGE_PAGE, lo - lo % HUGE_PAGE + (32 << 20)) == 0
 
 
-def test_with_a_reserve_the_growth_is_written_onto_huge_pages_and_the_rest_stays_on_4_kb_pages():
-    # more than the load, as served, and more than glibc keeps of a freed top (MALLOC_KEEP_BYTES):
-    # address space only, its untouched rest costs no memory
-    got = run_child(24 << 20, reserve=MALLOC_KEEP_BYTES + (64 << 20))
-    check_on_huge_pages(got, 24 << 20)
-    if collapse_expected():
-        # on 2 MB pages as written, and the report says so: nothing was left to move
-        assert got["huge_as_written"] == got["as_loaded"] == got["huge"]
-    assert got["later_grew"] == 0  # the reserve's unused rest went back to 4 KB pages
-
-
-def test_a_reserve_short_of_the_load_still_ends_with_all_of_it_on_huge_pages():
-    got = run_child(24 << 20, reserve=8 << 20)  # the collapse moves what went past the reserve
-    check_on_huge_pages(got, 24 << 20)
+def test_mapped_zeros_are_resident_only_where_written():
+    before = rss_bytes()
+    buf = mapped_zeros(256 << 20)
+    assert buf.size == 256 << 20 and buf.ctypes.data % HUGE_PAGE == 0 and not buf[:: 1 << 20].any()
+    assert rss_bytes() - before < 16 << 20
+    buf[: 8 << 20] = 1
+    assert (8 << 20) <= rss_bytes() - before < 24 << 20
 
 
 def test_a_range_without_a_whole_huge_page_is_left_alone():
