@@ -57,11 +57,24 @@ def test_missing_rank_folder_is_named(served_tp2, tmp_path):
 def test_exception_on_one_rank_ends_the_job(served_tp2, tmp_path):
     broken = tmp_path / "model"
     shutil.copytree(served_tp2, broken)
-    (broken / "rank_1" / "seg_0.pdiparams").write_bytes(b"corrupt")  # only rank 1 fails to load
+    (broken / "rank_1" / "seg_0.json").write_text("{}")  # only rank 1 fails to load: Paddle raises
     t0 = time.monotonic()
     res = run_job(2, MODEL_DIR=str(broken), MP_NUM="2")
     assert res.returncode != 0 and time.monotonic() - t0 < 60
     assert "fatal error on rank 1" in res.stderr, res.stderr[-3000:]
+
+
+def test_a_corrupt_parameter_file_on_one_rank_is_named(served_tp2, tmp_path):
+    broken = tmp_path / "model"
+    shutil.copytree(served_tp2, broken)
+    (broken / "rank_1" / "seg_0.pdiparams").write_bytes(b"corrupt")
+    t0 = time.monotonic()
+    res = run_job(2, MODEL_DIR=str(broken), MP_NUM="2")
+    assert res.returncode != 0 and time.monotonic() - t0 < 60
+    lines = error_lines(res)
+    want = "rank_1/seg_0.pdiparams: not a Paddle parameter file"
+    assert any(want in line and "re-export the model (on ranks [1])" in line for line in lines), res.stderr[-2000:]
+    assert "Traceback" not in res.stdout + res.stderr
 
 
 def test_idle_ranks_do_not_spin(served_tp2, tmp_path):
