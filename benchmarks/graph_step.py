@@ -59,9 +59,10 @@ class Graph:
         # as served (worker/params.py): the predictor made from a skeleton, bound to the rank's copy
         self.params = HostParams(huge_pages, threads)
         program, file = rank_dir / f"{spec.name}.json", rank_dir / f"{spec.params_name}.pdiparams"
-        with self.params.skeleton(file) as skeleton:
-            self.p = self._create(program, skeleton, ops, threads, onednn, prof, man.quant is not None)
-        self.params.bind(self.p, program, file)
+        quantised = man.quant is not None
+        self.p = self.params.load(
+            program, file, lambda p: self._create(program, p, ops, threads, onednn, prof, quantised)
+        )
         pool = KVCachePool(man.kv_cache, num_blocks, BLOCK, man.kv_scales if kv_int8 else None)
         self.pool = pool  # the predictor shares its memory: keep it alive
         # written, as a served pool is: np.zeros' untouched pages all map the kernel's one zero page,

@@ -70,7 +70,7 @@ class ModelRunner:
     ) -> None:
         """`num_threads`: the rank's threads (SPMD_NUM_THREADS resolved); `malloc_tuning`:
         SPMD_MALLOC_TUNING; `huge_pages`: SPMD_HUGE_PAGES, the parameters onto 2 MB pages
-        (worker/huge_pages.py); `keep_hidden`: keep each step's `hidden_rows` (rank 0 of a target drafted for by its
+        (worker/params.py); `keep_hidden`: keep each step's `hidden_rows` (rank 0 of a target drafted for by its
         MTP layer, and of the MTP draft itself), else they are not copied out."""
         if malloc_tuning:
             tune_malloc()  # before the first step: intermediates reuse heap pages

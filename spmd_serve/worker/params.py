@@ -19,13 +19,14 @@ against 10.1-10.4 s; more threads than cores did not help).  RESULTS.md "Session
 
 from __future__ import annotations
 
-import contextlib
 import os
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -46,30 +47,41 @@ def _read_exact(fd: int, view: memoryview, offset: int) -> None:
         done += n
 
 
+@dataclass
+class _File:
+    """One parameter file as the rank holds it: its index, its tensors, their paddle views."""
+
+    entries: list[TensorEntry]
+    arrays: list[np.ndarray]
+    tensors: list[Any] = field(default_factory=list)  # paddle.Tensor each, zero-copy; made at first bind
+
+
 class HostParams:
     """The parameter files a rank has read, each once; `huge_pages`: onto 2 MB pages; `threads`:
     the reads' (the rank's threads, idle while it loads)."""
 
     def __init__(self, huge_pages: bool = True, threads: int = 1) -> None:
         self.huge_pages, self.threads = huge_pages, max(threads, 1)
-        self._files: dict[Path, tuple[list[TensorEntry], list[np.ndarray]]] = {}
-        self._tensors: dict[tuple[Path, int], object] = {}  # paddle views of the arrays, made once
+        self._files: dict[Path, _File] = {}
         self.collapsed: list[Collapsed] = []
         self.read_seconds = 0.0
 
     @property
     def nbytes(self) -> int:
-        return sum(a.nbytes for _, arrays in self._files.values() for a in arrays)
+        return sum(a.nbytes for f in self._files.values() for a in f.arrays)
 
     def arrays(self, file: Path) -> list[np.ndarray]:
         """`file`'s tensors in file order, read on first use."""
+        return self._file(file).arrays
+
+    def _file(self, file: Path) -> _File:
         file = file.resolve()
         if file not in self._files:
             t = time.perf_counter()
             entries = read_index(file)
-            self._files[file] = (entries, self._read(file, entries))
+            self._files[file] = _File(entries, self._read(file, entries))
             self.read_seconds += time.perf_counter() - t
-        return self._files[file][1]
+        return self._files[file]
 
     def _read(self, file: Path, entries: list[TensorEntry]) -> list[np.ndarray]:
         starts = np.cumsum([0] + [-(-e.nbytes // ALIGN) * ALIGN for e in entries])  # [n + 1] aligned offsets
@@ -93,27 +105,22 @@ class HostParams:
             self.collapsed.append(collapse(lo, hi))
         return arrays
 
-    @contextlib.contextmanager
-    def skeleton(self, file: Path) -> Iterator[Path]:
-        """A one-element-per-tensor copy of `file` for a predictor to load, removed after."""
-        entries = read_index(file)
-        with tempfile.TemporaryDirectory(prefix="spmd_params_") as tmp:
-            path = Path(tmp) / file.name
-            write_skeleton(entries, path)
-            yield path
-
-    def bind(self, predictor, program: Path, file: Path) -> None:
-        """Point every parameter of `predictor` (made from saved graph `program` and a skeleton of
-        its parameter file `file`) at this rank's copy of `file`."""
+    def load(self, program: Path, file: Path, create: Callable[[Path], Any]) -> Any:
+        """The predictor `create(params_path)` makes of saved graph `program`, given a one-element-
+        per-tensor skeleton of its parameter file `file` (removed after), with every parameter then
+        pointed at this rank's copy of `file`."""
         import paddle
 
-        arrays = self.arrays(file)
-        entries = self._files[file.resolve()][0]
-        for i, name in enumerate(graph_params(program, entries)):
-            key = (file.resolve(), i)
-            if key not in self._tensors:
-                self._tensors[key] = paddle.from_dlpack(arrays[i])  # zero-copy
-            predictor.get_input_handle(name).share_external_data(self._tensors[key])
+        held = self._file(file)
+        with tempfile.TemporaryDirectory(prefix="spmd_params_") as tmp:
+            skeleton = Path(tmp) / file.name
+            write_skeleton(held.entries, skeleton)
+            predictor = create(skeleton)
+        if not held.tensors:
+            held.tensors = [paddle.from_dlpack(a) for a in held.arrays]  # zero-copy
+        for name, tensor in zip(graph_params(program, held.entries), held.tensors):
+            predictor.get_input_handle(name).share_external_data(tensor)
+        return predictor
 
     def report(self) -> str:
         """The rank's log line: what was read, how long it took, how much is on 2 MB pages."""

@@ -48,9 +48,7 @@ class Predictor:
         if params is None or not file.exists():
             self.predictor = self._create(program, file, paddle_threads, quantised)
         else:
-            with params.skeleton(file) as skeleton:
-                self.predictor = self._create(program, skeleton, paddle_threads, quantised)
-            params.bind(self.predictor, program, file)
+            self.predictor = params.load(program, file, lambda p: self._create(program, p, paddle_threads, quantised))
         self.params = params  # the memory its parameters point at (Paddle does not own it): kept alive
         self.inputs = {n: self.predictor.get_input_handle(n) for n in self.predictor.get_input_names()}
         self.outputs = [self.predictor.get_output_handle(n) for n in self.predictor.get_output_names()]
