@@ -153,6 +153,29 @@ def test_legacy_doubled_paths(srv):
     assert [m.id for m in c.models.list().data] == ["default"]
 
 
+def test_models_retrieve_and_unknown_openai_paths(make_server):
+    h = make_server(model_names=("org/llama-1b", "default"))
+    c = openai.OpenAI(base_url=h.base + "/v1", api_key="k", max_retries=0)
+    for name in ("org/llama-1b", "default"):  # a served name may hold "/": the client does not quote it
+        m = c.models.retrieve(name)
+        assert (m.id, m.object, m.owned_by) == (name, "model", "spmd_serve")
+        assert m.model_dump() == next(x for x in c.models.list().model_dump()["data"] if x["id"] == name)
+    with pytest.raises(openai.NotFoundError) as e:
+        c.models.retrieve("nope")
+    assert e.value.body["message"] == "The model `nope` does not exist. Served: org/llama-1b, default"
+    with pytest.raises(openai.NotFoundError) as e:  # a path the OpenAI API has and we do not
+        c.embeddings.create(model="default", input="x")
+    assert e.value.body["message"].startswith("no such endpoint: POST /v1/embeddings; this server's OpenAI API is")
+    assert e.value.body["type"] == "not_found_error"
+    r = requests.post(h.base + "/v1/models", timeout=10)  # a wrong method: the client's error body too
+    assert r.status_code == 405 and r.json()["error"]["type"] == "invalid_request_error"
+    r = requests.get(h.base + "/no/such/path", timeout=10)  # outside /v1/: the native body
+    assert r.status_code == 404 and r.json()["error_msg"] == "no such endpoint: GET /no/such/path"
+    bad = openai.OpenAI(base_url=make_server(api_key="s3cret").base + "/v1", api_key="wrong", max_retries=0)
+    with pytest.raises(openai.AuthenticationError):
+        bad.models.retrieve("default")
+
+
 def test_more_sequences_than_capacity_is_400_not_429(make_server):
     h = make_server(capacity=4)
     r = requests.post(

@@ -63,7 +63,8 @@ def test_paths_are_exactly_the_service_routes(harness):
     h = harness
     app = make_service_app(h.client, h.tokenizer, h.server.settings)
     routes = {rule.matcher.regex.pattern.rstrip("$") for rule in app.wildcard_router.rules}
-    assert set(fetch(h.base)["paths"]) == routes
+    # the document's templated path for the route's group
+    assert set(fetch(h.base)["paths"]) == {r.replace("(.+)", "{name}") for r in routes}
 
 
 def test_each_get_answers_as_documented(harness):
@@ -71,8 +72,8 @@ def test_each_get_answers_as_documented(harness):
     for path, ops in doc["paths"].items():
         if "get" not in ops:
             continue
-        r = requests.get(harness.base + path, timeout=10)
-        assert str(r.status_code) in ops["get"]["responses"], path
+        r = requests.get(harness.base + path.replace("{name}", "default"), timeout=10)
+        assert r.status_code == 200, path
         schema = ops["get"]["responses"]["200"]["content"]["application/json"]["schema"]
         validator = jsonschema_rs.validator_for({**schema, "components": doc["components"]})
         validator.validate(r.json())

@@ -1,6 +1,6 @@
 """Tornado routes of the OpenAI-compatible API (CONTRACT.md §4): `/v1/completions`,
 `/v1/chat/completions` (bodies with "model", handed over by the native handler), the two legacy
-doubled paths, and `GET /v1/models`.
+doubled paths, `GET /v1/models` and `GET /v1/models/<name>`.
 
 `OpenAIServing.handle` owns one request: check the key, parse (openai.protocol), start one
 `Generation` per choice (n per prompt; a seeded request gives each choice its own seed: `choice_seed`), merge their
@@ -27,10 +27,11 @@ from spmd_serve.frontend.common.generation import Delta, Generation, GenerationE
 from spmd_serve.frontend.common.http_base import AUTH_HINT, JsonBodyHandler, bearer_ok, reason_phrase
 from spmd_serve.frontend.common.parsing import Limits, ProtocolError
 from spmd_serve.frontend.openai.format import ChoiceState, Formatter, model_list
-from spmd_serve.frontend.openai.protocol import OpenAIRequest, error_body, parse_openai
+from spmd_serve.frontend.openai.protocol import OpenAIError, OpenAIRequest, check_model, error_body, parse_openai
 
 log = logging.getLogger(__name__)
 SSE = "text/event-stream; charset=utf-8"
+MODEL_PATH = r"/v1/models/(.+)"
 DEADLINE_S = 3600.0  # OpenAI bodies carry no timeout; this only guarantees that nothing hangs
 
 
@@ -236,13 +237,22 @@ class OpenAIHandler(JsonBodyHandler):
 
 
 class ModelsHandler(RequestHandler):
+    """GET /v1/models (the list) and GET /v1/models/<name> (one model: the client's `models.retrieve`)."""
+
     def initialize(self, serving: OpenAIServing) -> None:
         self.serving = serving
 
-    def get(self) -> None:
+    def get(self, name: str | None = None) -> None:
         if not bearer_ok(self.request.headers.get("Authorization"), self.serving.api_key):
             return send_openai_error(self, 401, AUTH_HINT)
-        self.write(model_list(self.serving.model_names, self.serving.limits.model_max_len))
+        listing = model_list(self.serving.model_names, self.serving.limits.model_max_len)
+        if name is None:
+            return self.write(listing)
+        try:
+            check_model(name, self.serving.model_names)
+        except OpenAIError as e:
+            return send_openai_error(self, e.status, e.msg, e.param)
+        self.write(next(m for m in listing["data"] if m["id"] == name))
 
     def write_error(self, status_code: int, **kwargs: Any) -> None:
         send_openai_error(self, status_code, reason_phrase(status_code, kwargs))
@@ -260,5 +270,6 @@ def openai_routes(serving: OpenAIServing, max_body_size: int) -> list[tuple]:
         (r"/v1/chat/completions/completions", OpenAIHandler, post("completion")),
         (r"/v1/chat/completions/chat/completions", OpenAIHandler, post("chat")),
         (r"/v1/models", ModelsHandler, {"serving": serving}),
+        (MODEL_PATH, ModelsHandler, {"serving": serving}),  # a served name may hold "/" (org/model)
         (r"/v1/chat/completions/models", ModelsHandler, {"serving": serving}),
     ]

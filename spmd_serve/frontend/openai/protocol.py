@@ -34,6 +34,7 @@ _TYPES = {
     400: "invalid_request_error",
     401: "authentication_error",
     404: "not_found_error",
+    405: "invalid_request_error",
     409: "invalid_request_error",
     413: "invalid_request_error",
     429: "rate_limit_error",
@@ -212,6 +213,12 @@ def _logprobs(body: dict[str, Any], kind: str) -> int | None:
     return top or 0
 
 
+def check_model(model: str, model_names: tuple[str, ...]) -> None:
+    """404 naming the served models unless `model` is one of them."""
+    if model not in model_names:
+        raise OpenAIError(404, f"The model `{model}` does not exist. Served: {', '.join(model_names)}", "model")
+
+
 def parse_openai(
     kind: str, body: dict[str, Any], tokenizer: Any, limits: Limits, model_names: tuple[str, ...]
 ) -> OpenAIRequest:
@@ -219,8 +226,7 @@ def parse_openai(
     model = body.get("model")
     if not isinstance(model, str):
         raise OpenAIError(400, "model must be a string", "model")
-    if model not in model_names:
-        raise OpenAIError(404, f"The model `{model}` does not exist. Served: {', '.join(model_names)}", "model")
+    check_model(model, model_names)
     try:
         check_fields(body, kind)
     except FieldError as e:

@@ -23,13 +23,30 @@ from tornado.web import Application
 
 from spmd_serve.engine.client import EngineClient
 from spmd_serve.frontend.native.handler import NativeChatHandler, NotFoundHandler
-from spmd_serve.frontend.openai.handlers import OpenAIServing, openai_routes
+from spmd_serve.frontend.openai.handlers import OpenAIServing, openai_routes, send_openai_error
 from spmd_serve.frontend.server.cors import CorsApplication
 from spmd_serve.frontend.server.health import health_routes
 from spmd_serve.frontend.server.openapi import openapi_route
 from spmd_serve.frontend.server.settings import IOSettings
 
 log = logging.getLogger(__name__)
+
+
+class ServiceNotFound(NotFoundHandler):
+    """The service port's default handler: a path under /v1/ is an OpenAI client's (the native API
+    has only /v1/chat/completions), so it gets the OpenAI error body, whose message the `openai`
+    client shows (it showed a bare "Error code: 404" for the native body); other paths the native one."""
+
+    def prepare(self) -> None:
+        method, path = self.request.method, self.request.path
+        if not path.startswith("/v1/"):
+            return super().prepare()
+        send_openai_error(
+            self,
+            404,
+            f"no such endpoint: {method} {path}; this server's OpenAI API is POST /v1/completions, "
+            "POST /v1/chat/completions, GET /v1/models and GET /v1/models/<name>",
+        )
 
 
 def make_service_app(
@@ -56,7 +73,7 @@ def make_service_app(
     routes += openai_routes(openai, settings.max_body_size) + [openapi_route(settings)]
     routes += list(extra_handlers or [])
     routes += health_routes(client, settings.live_threshold_s, with_plain_health=True)
-    return CorsApplication(routes, default_handler_class=NotFoundHandler)
+    return CorsApplication(routes, default_handler_class=ServiceNotFound)
 
 
 def make_health_app(client: EngineClient, settings: IOSettings) -> Application:

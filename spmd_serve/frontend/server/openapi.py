@@ -23,7 +23,7 @@ from spmd_serve.frontend.server.settings import IOSettings
 _WHY = {
     400: "invalid field (named in the message), too long, or body not a JSON object",
     401: "API_KEY is set and the request lacks `Authorization: Bearer <key>`",
-    404: "unknown model",
+    404: "unknown model (a path under /v1/ that does not exist: the same body)",
     409: "req_id already in flight",
     429: "waiting queue full (MAX_CACHED_TASK_NUM)",
     500: "the engine failed on this request, or an internal error",
@@ -109,6 +109,8 @@ def openapi_document(s: IOSettings) -> dict[str, Any]:
         s,
     )
     models = _get("Served model names", ref("ModelList"), _errors((401,), ref("OpenAIError"), s), s, auth=True)
+    model = _get("One served model", ref("Model"), _errors((401, 404), ref("OpenAIError"), s), s, auth=True)
+    model["parameters"] = [{"name": "name", "in": "path", "required": True, "schema": {"type": "string"}}]
     down = {"503": {"description": "not live / not ready", "content": {JSON: {"schema": ref("HealthError")}}}}
     live = _get("Liveness: the engine loop is beating", ref("HealthOk"), down, s)
     ready = _get("Readiness: model loaded on every rank, not draining", ref("HealthOk"), down, s)
@@ -132,6 +134,7 @@ def openapi_document(s: IOSettings) -> dict[str, Any]:
             "/v1/chat/completions/completions": {"post": completion},
             "/v1/chat/completions/chat/completions": {"post": openai_chat},
             "/v1/models": {"get": models},
+            "/v1/models/{name}": {"get": model},
             "/v1/chat/completions/models": {"get": models},
             "/health": {"get": live, "head": bare},
             "/v2/health/live": {"get": live, "head": bare},

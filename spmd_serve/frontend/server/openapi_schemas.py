@@ -198,10 +198,10 @@ def schemas(s: IOSettings) -> dict[str, Schema]:
         "ChatCompletionChunk": envelope("chat.completion.chunk", _obj(
             list(chat_choice) + ["delta"], {**chat_choice, "delta": _obj([], {
                 "role": {"const": "assistant"}, "content": STR})}), True),
-        "ModelList": _obj(["object", "data"], {"object": {"const": "list"}, "data": _list(_obj(
-            ["id", "object", "created", "owned_by"],
-            {"id": STR, "object": {"const": "model"}, "created": _int(0), "owned_by": STR,
-             "root": STR, "max_model_len": _int(1)}))}),
+        "Model": _obj(["id", "object", "created", "owned_by"],
+                      {"id": STR, "object": {"const": "model"}, "created": _int(0), "owned_by": STR,
+                       "root": STR, "max_model_len": _int(1)}),
+        "ModelList": _obj(["object", "data"], {"object": {"const": "list"}, "data": _list(ref("Model"))}),
         "NativeError": _obj(["req_id", "error_msg", "error_code"],
                             {"req_id": STR, "error_msg": STR, "error_code": _int(400, 599)}),
         "OpenAIError": _obj(["error"], {"error": _obj(["message", "type", "param", "code"], {
