@@ -80,6 +80,13 @@ def test_chat_system_field_and_parts(tok: ServingTokenizer) -> None:
     assert out == ("<s><|system|>\nS<|end|>\n<|user|>\nab<|end|>\n<|assistant|>\nc<|end|>\n<|assistant|>\n")
 
 
+def test_message_keys_reach_the_template(tok: ServingTokenizer) -> None:
+    named = [{"role": "user", "content": "hi", "name": "bob"}]
+    assert tok.render_chat(named) == tok.render_chat([{"role": "user", "content": "hi"}])  # unused: no change
+    uses = ServingTokenizer(tok._tok, "{% for m in messages %}{{ m.name }}: {{ m.content }}|{% endfor %}", [2], 1)
+    assert uses.render_chat(named + [{"role": "user", "content": [{"type": "text", "text": "x"}]}]) == "bob: hi|: x|"
+
+
 def test_encode_prompt(tok: ServingTokenizer) -> None:
     ids = tok.encode_prompt(text="Hello")
     assert ids == tok.encode(tok.render_chat([{"role": "user", "content": "Hello"}]))

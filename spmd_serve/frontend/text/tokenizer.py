@@ -232,7 +232,7 @@ class ServingTokenizer:
             return raw
         return self._tok.convert_tokens_to_string([piece]).encode()
 
-    def _normalize_messages(self, messages: Any, system: str | None) -> list[dict[str, str]]:
+    def _normalize_messages(self, messages: Any, system: str | None) -> list[dict[str, Any]]:
         if not isinstance(messages, list):
             raise ValueError(f"messages must be a list, got {type(messages).__name__}")
         out: list[dict[str, str]] = []
@@ -247,7 +247,9 @@ class ServingTokenizer:
                 raise ValueError(f"messages[{i}].role is missing or not a string; {_ROLES_HINT}")
             if "content" not in m or m["content"] is None:
                 raise ValueError(f"messages[{i}].content is missing; {_ROLES_HINT}")
-            out.append({"role": m["role"], "content": _content_text(m["content"], i)})
+            # the message's other keys (`name`, ...) go to the template as they came, as vLLM and
+            # transformers pass them: the template uses them or not, nothing is dropped on the way
+            out.append({**m, "content": _content_text(m["content"], i)})
         if not out:
             raise ValueError("messages must not be empty")
         return out
