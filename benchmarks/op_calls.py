@@ -71,7 +71,8 @@ def batched_vs_grouped(ext, paddle, t: int, e: int, k: int, quant: str | None) -
     """One MoE layer's routed experts at T tokens: the batched path Paddle's ops run (every local
     expert over every token, weighted by the combine matrix: e / k times the routed arithmetic)
     against the grouped op, fp32 or int8 stacks."""
-    from spmd_serve.export.deepseek.batched import BatchedLinear, quantize_stack
+    from spmd_serve.export.deepseek.batched import BatchedLinear
+    from spmd_serve.export.quant import quantize_stack
 
     x, idx, w, gu, dn = moe_case(t, e=e, k=k)
     if quant:

@@ -12,6 +12,8 @@ scales, a row shard keeps the full per-channel scale (int8) or its own input gro
 rank therefore holds exactly the integers the TP=1 export holds, so a TP=N export computes what the
 TP=1 one does.  Which tensors a family quantises: its own module (export/llama/quant.py).  The graph
 side (dequantise right before each matmul, or after the embedding gather) is export/layers.py.
+`QuantStack`: a stack of [in, out] weights (DeepSeek's routed experts, MLA's absorbed projections),
+each quantised on its own; deepseek/batched.py is its graph side.
 """
 
 from __future__ import annotations
@@ -137,3 +139,24 @@ def record(method: str | None, group: int | None, tensors: tuple[str, ...], unqu
         + "); a step's rows are gathered, then dequantised",
         unquantised=unquantised,
     )
+
+
+@dataclass(frozen=True)
+class QuantStack:
+    """Quantised [N, in, out] weights: `q` [N, in or in/2, out] int8, `scale` [N, out] or [N, in/g, out]."""
+
+    method: str
+    q: np.ndarray
+    scale: np.ndarray
+    group: int | None = None
+
+
+def quantize_stack(w: np.ndarray, method: str, group: int | None) -> QuantStack:
+    """Each [in, out] weight of the stack quantised on its own (scales from itself: it is whole here)."""
+    parts: list[QuantWeight] = [quant_weight(x, hf_scales(x.T, method, group), method, group) for x in w]
+    return QuantStack(method, np.stack([p.q for p in parts]), np.stack([p.scale for p in parts]), group)
+
+
+def dequantize_stack(s: QuantStack) -> np.ndarray:
+    """numpy reference of the in-graph dequantisation."""
+    return np.stack([dequantize(QuantWeight(s.method, q, sc, s.group)) for q, sc in zip(s.q, s.scale)])

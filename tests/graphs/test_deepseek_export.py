@@ -232,9 +232,8 @@ def test_missing_mtp_layer_is_refused(tmp_path, capsys):
 def test_quantised_graph_computes_the_dequantised_weights(method, sources):
     """The quantised stages (attention, w_uk / w_uv, routed and shared experts, dense MLP, embedding,
     lm_head) compute what fp32 stages holding the numpy-dequantised weights compute."""
-    from spmd_serve.export.deepseek.batched import QuantStack
     from spmd_serve.export.families import parse_model_config
-    from spmd_serve.export.quant import QuantWeight
+    from spmd_serve.export.quant import QuantStack, QuantWeight
     from tests.support.deepseek_eager import dequantised, eager_logits
 
     cfg, weights, _ = sources["v3"]

@@ -126,7 +126,7 @@ def test_moe_experts_threads_change_no_bit():
 def test_quantised_experts_match_their_dequantised_stacks(method, group, t):
     """spmd_moe_experts_int8 / _int4 over the stacks export/deepseek/batched.py writes: the fp32 op's
     result over the same stacks dequantised (numpy), to fp32 rounding; threads change no bit."""
-    from spmd_serve.export.deepseek.batched import dequantize_stack, quantize_stack
+    from spmd_serve.export.quant import dequantize_stack, quantize_stack
 
     x, idx, weight, gate_up, down = moe_case(t, 32, 24, 5, 3)
     gu, dn = quantize_stack(gate_up, method, group), quantize_stack(down, method, group)
@@ -144,7 +144,7 @@ def test_quantised_experts_match_their_dequantised_stacks(method, group, t):
 
 
 def test_quantised_experts_refuse_a_scale_of_the_wrong_shape():
-    from spmd_serve.export.deepseek.batched import quantize_stack
+    from spmd_serve.export.quant import quantize_stack
 
     x, idx, weight, gate_up, down = moe_case(2, 32, 24, 5, 3)
     gu, dn = quantize_stack(gate_up, "weight_only_int8", None), quantize_stack(down, "weight_only_int8", None)

@@ -41,8 +41,7 @@ def eager_logits(cfg: dict, rank_weights: dict[str, Any], ids: list[int]) -> np.
 
 def dequantised(rank_weights: dict[str, Any]) -> dict[str, Any]:
     """A quantised rank's weights as the fp32 arrays its graphs compute with (numpy dequantisation)."""
-    from spmd_serve.export.deepseek.batched import QuantStack, dequantize_stack
-    from spmd_serve.export.quant import QuantWeight, dequantize
+    from spmd_serve.export.quant import QuantStack, QuantWeight, dequantize, dequantize_stack
 
     out = {}
     for k, v in rank_weights.items():

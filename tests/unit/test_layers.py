@@ -13,6 +13,8 @@ package, every module under 300 lines, and `Engine.step()` short enough to read 
 from __future__ import annotations
 
 import inspect
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -59,6 +61,19 @@ def test_the_scheduler_is_pure_python() -> None:
     heavy = {"paddle", "paddlenlp", "mpi4py", "tornado", "grpc", "numpy"}
     found = {m: GRAPH.external[m] & heavy for m in GRAPH.modules if _package(m) == "scheduler"}
     assert {m: s for m, s in found.items() if s} == {}
+
+
+def test_rank_start_up_imports_no_paddle_before_the_http_workers_start() -> None:
+    """server._load imports these before rank 0 starts its HTTP workers; Paddle (~1 s) waits for
+    make_runner, so the workers' own imports run beside it (spmd_serve.export pulled Paddle in
+    through deepseek/batched.py until session 57)."""
+    code = (
+        "import sys, spmd_serve.export, spmd_serve.model_dir, spmd_serve.worker.capacity, "
+        "spmd_serve.worker.model_runner, spmd_serve.worker.runners, spmd_serve.rank0_frontend, "
+        "spmd_serve.engine.draft_model; print(sorted(m for m in sys.modules if m.split('.')[0] == 'paddle')[:3])"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert proc.stdout.strip() == "[]", proc.stdout + proc.stderr
 
 
 def test_worker_only_knows_the_manifest_of_an_export() -> None:

@@ -9,37 +9,12 @@ this CPU build has no batched int8 matmul), so the params stay int8 / int4 on di
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 import paddle
 from paddle import nn
 
 from spmd_serve.export.layers import make_param, unpack_int4
-from spmd_serve.export.quant import QuantWeight, hf_scales, quant_weight
-
-
-@dataclass(frozen=True)
-class QuantStack:
-    """Quantised [N, in, out] weights: `q` [N, in or in/2, out] int8, `scale` [N, out] or [N, in/g, out]."""
-
-    method: str
-    q: np.ndarray
-    scale: np.ndarray
-    group: int | None = None
-
-
-def quantize_stack(w: np.ndarray, method: str, group: int | None) -> QuantStack:
-    """Each [in, out] weight of the stack quantised on its own (scales from itself: it is whole here)."""
-    parts: list[QuantWeight] = [quant_weight(x, hf_scales(x.T, method, group), method, group) for x in w]
-    return QuantStack(method, np.stack([p.q for p in parts]), np.stack([p.scale for p in parts]), group)
-
-
-def dequantize_stack(s: QuantStack) -> np.ndarray:
-    """numpy reference of the in-graph dequantisation."""
-    from spmd_serve.export.quant import dequantize
-
-    return np.stack([dequantize(QuantWeight(s.method, q, sc, s.group)) for q, sc in zip(s.q, s.scale)])
+from spmd_serve.export.quant import QuantStack
 
 
 class BatchedLinear(nn.Layer):

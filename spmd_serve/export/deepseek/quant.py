@@ -16,7 +16,6 @@ from typing import Any
 
 import numpy as np
 
-from spmd_serve.export.deepseek.batched import quantize_stack
 from spmd_serve.export.deepseek.config import DeepseekConfig
 from spmd_serve.export.quant import (
     QUANT_METHODS,
@@ -24,6 +23,7 @@ from spmd_serve.export.quant import (
     choose_group,
     hf_scales,
     quant_weight,
+    quantize_stack,
     quantize_vocab,
     record,
 )
