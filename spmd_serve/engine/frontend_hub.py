@@ -140,7 +140,13 @@ class FrontendHub:
         reason when one could not start (`start_errors`, or `exited()` naming a dead one)."""
         deadline = time.monotonic() + timeout
         while len(self.workers) < count:
-            problem = self.start_errors[0] if self.start_errors else exited()
+            gone = exited()
+            if gone and not self.start_errors:
+                # a worker that could not start sent its reason, then exited: read that first
+                # (accept, then read); a worker quicker than this rank's load had exited unread
+                for _ in range(3):
+                    self._poll(0)
+            problem = self.start_errors[0] if self.start_errors else gone
             if problem:
                 raise RuntimeError(problem)
             if time.monotonic() > deadline:

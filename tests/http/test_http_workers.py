@@ -209,3 +209,27 @@ def test_the_hellos_carry_the_tokenizer_facts_rank_0_needs(harness):
     raw.send({"t": "hello", "worker": 1, "pid": 1, "token": fresh.hub.token, "ok": True, "eos": ["2"], "warm_up": [1]})
     assert raw.closed_by_hub()
     assert 1 not in fresh.hub.workers and fresh.hub.warm_up_ids == []
+
+
+def test_a_worker_that_exited_after_saying_why_is_reported_by_its_reason():
+    """A worker that fails (a bad tokenizer) sends its reason and exits, possibly long before rank 0,
+    still loading, waits for the hellos: the reason is the error, not the bare exit code."""
+    from spmd_serve.engine.frontend_hub import FrontendHub
+    from spmd_serve.engine.remote_client import report_start_failure
+
+    hub = FrontendHub(0, 4, lambda accept: (b"", "text/plain"))
+    try:
+        raw = RawWorker(hub)
+        report_start_failure(raw.sock, 0, hub.token, "cannot load the tokenizer of /m: invalid chat_template")
+        raw.close()
+        time.sleep(0.2)  # the worker is gone before rank 0 looks
+        with pytest.raises(RuntimeError, match="^cannot load the tokenizer of /m: invalid chat_template$"):
+            hub.wait_workers(1, 5.0, lambda: "HTTP worker 0 exited with code 2 before it was ready")
+    finally:
+        hub.close()
+    silent = FrontendHub(0, 4, lambda accept: (b"", "text/plain"))
+    try:
+        with pytest.raises(RuntimeError, match="^exited with code 2$"):  # no reason sent: the exit
+            silent.wait_workers(1, 5.0, lambda: "exited with code 2")
+    finally:
+        silent.close()
