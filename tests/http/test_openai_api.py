@@ -151,6 +151,7 @@ def test_legacy_doubled_paths(srv):
     r = c.chat.completions.create(model="default", messages=[{"role": "user", "content": "x"}], max_tokens=2)
     assert r.object == "chat.completion" and r.choices[0].message.role == "assistant"
     assert [m.id for m in c.models.list().data] == ["default"]
+    assert c.models.retrieve("default").id == "default"
 
 
 def test_models_retrieve_and_unknown_openai_paths(make_server):

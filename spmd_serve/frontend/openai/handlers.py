@@ -31,7 +31,6 @@ from spmd_serve.frontend.openai.protocol import OpenAIError, OpenAIRequest, chec
 
 log = logging.getLogger(__name__)
 SSE = "text/event-stream; charset=utf-8"
-MODEL_PATH = r"/v1/models/(.+)"
 DEADLINE_S = 3600.0  # OpenAI bodies carry no timeout; this only guarantees that nothing hangs
 
 
@@ -270,6 +269,7 @@ def openai_routes(serving: OpenAIServing, max_body_size: int) -> list[tuple]:
         (r"/v1/chat/completions/completions", OpenAIHandler, post("completion")),
         (r"/v1/chat/completions/chat/completions", OpenAIHandler, post("chat")),
         (r"/v1/models", ModelsHandler, {"serving": serving}),
-        (MODEL_PATH, ModelsHandler, {"serving": serving}),  # a served name may hold "/" (org/model)
+        (r"/v1/models/(.+)", ModelsHandler, {"serving": serving}),  # a served name may hold "/" (org/model)
         (r"/v1/chat/completions/models", ModelsHandler, {"serving": serving}),
+        (r"/v1/chat/completions/models/(.+)", ModelsHandler, {"serving": serving}),
     ]

@@ -136,6 +136,7 @@ def openapi_document(s: IOSettings) -> dict[str, Any]:
             "/v1/models": {"get": models},
             "/v1/models/{name}": {"get": model},
             "/v1/chat/completions/models": {"get": models},
+            "/v1/chat/completions/models/{name}": {"get": model},
             "/health": {"get": live, "head": bare},
             "/v2/health/live": {"get": live, "head": bare},
             "/v2/health/ready": {"get": ready, "head": bare},
