@@ -141,13 +141,10 @@ class FrontendHub:
         deadline = time.monotonic() + timeout
         while len(self.workers) < count:
             gone = exited()
-            if gone and not self.start_errors:
-                # a worker that could not start sent its reason, then exited: read that first
-                # (accept, then read); a worker quicker than this rank's load had exited unread
-                for _ in range(3):
+            if gone and not self.start_errors:  # it may have sent why and exited during this rank's load
+                for _ in range(3):  # accept, then read
                     self._poll(0)
-            problem = self.start_errors[0] if self.start_errors else gone
-            if problem:
+            if problem := self.start_errors[0] if self.start_errors else gone:
                 raise RuntimeError(problem)
             if time.monotonic() > deadline:
                 raise RuntimeError(f"the HTTP workers did not start within {timeout:g} s")
@@ -223,13 +220,8 @@ class FrontendHub:
         else:
             if self.workers.get(link.worker) is link:
                 del self.workers[link.worker]
-            log.warning(
-                "HTTP worker %d (pid %d) disconnected (%s): %d request(s) aborted",
-                link.worker,
-                link.pid,
-                why,
-                len(requests),
-            )
+            text = "HTTP worker %d (pid %d) disconnected (%s): %d request(s) aborted"
+            log.warning(text, link.worker, link.pid, why, len(requests))
         self._poller.forget(link)
 
     # ---- messages ---------------------------------------------------------------------------
