@@ -154,6 +154,20 @@ def test_legacy_doubled_paths(srv):
     assert c.models.retrieve("default").id == "default"
 
 
+def test_min_tokens_holds_stop_strings_off_as_vllm_does(srv):
+    c = openai.OpenAI(base_url=srv.base + "/v1", api_key="k", max_retries=0)
+    ask = dict(model="default", prompt="hello", max_tokens=9, stop=["l"])  # the fake engine says "hellohell"
+    assert c.completions.create(**ask).choices[0].text == "he"
+    r = c.completions.create(**ask, extra_body={"min_tokens": 4})  # "hell" ends nothing; the next "l" does
+    assert (r.choices[0].text, r.choices[0].finish_reason) == ("hellohe", "stop")
+    native = requests.post(
+        srv.base + "/v1/chat/completions",
+        json={"input_ids": TOK.encode("hello"), "max_dec_len": 9, "stop_sequences": ["l"], "min_dec_len": 4},
+        timeout=10,
+    ).json()
+    assert native["result"] == "hellohe"  # the native min_dec_len alike
+
+
 def test_models_retrieve_and_unknown_openai_paths(make_server):
     h = make_server(model_names=("org/llama-1b", "default"))
     c = openai.OpenAI(base_url=h.base + "/v1", api_key="k", max_retries=0)

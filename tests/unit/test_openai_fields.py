@@ -126,9 +126,20 @@ def test_a_too_long_prompt_says_maximum_context_length():
         assert "maximum context length" in e.value.msg and e.value.param == "prompt"
 
 
-def assemble(ids: list[int], stops=(), include=False, hidden=frozenset()) -> str:
-    asm = OutputAssembler(FakeDetokenizer(TOK), tuple(stops), include, frozenset(hidden))
+def assemble(ids: list[int], stops=(), include=False, hidden=frozenset(), min_tokens=0) -> str:
+    asm = OutputAssembler(FakeDetokenizer(TOK), tuple(stops), include, frozenset(hidden), min_tokens)
     return "".join(asm.add([i], k == len(ids) - 1) for k, i in enumerate(ids))
+
+
+def test_stop_strings_count_from_the_token_after_min_tokens():
+    """vLLM's rule (its tests/detokenizer/test_min_tokens.py): the first min_tokens tokens' text
+    ends nothing; a stop string that ends in a later token's text does, wherever it starts."""
+    ids = TOK.encode("one. two. three")  # one id a character
+    assert assemble(ids, ["e"]) == "on"
+    assert assemble(ids, ["e"], min_tokens=3) == "one. two. thr"
+    assert assemble(ids, ["e."], min_tokens=3) == "on"  # ends in token 4: found, as in vLLM
+    assert assemble(ids, ["e"], min_tokens=len(ids)) == "one. two. three"
+    assert assemble(ids, ["e"], include=True, min_tokens=2) == "one"
 
 
 def test_include_stop_str_in_output_keeps_the_stop_string():

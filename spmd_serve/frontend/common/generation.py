@@ -70,6 +70,7 @@ class Generation:
             params.stop_sequences,
             params.include_stop_str_in_output,
             frozenset(() if params.include_stop_str_in_output else params.stop_token_ids),
+            params.min_tokens,
         )
         self.first_token_at: float | None = None
         self.num_cached_tokens = 0  # known from the first output on

@@ -4,7 +4,9 @@ Used by every protocol through `frontend.common.generation.Generation`.  Stop st
 on the detokenised text (CONTRACT.md §3: per request, never shared across the batch) and the stop
 text is trimmed, unless the request keeps it (OpenAI's include_stop_str_in_output).  A request
 that ended on one of its `hidden_stop_ids` (OpenAI's stop_token_ids) leaves that token's text out
-in the same way (vLLM's rule); the ids themselves are all reported.
+in the same way (vLLM's rule); the ids themselves are all reported.  Stop strings are looked for
+only from the token after the first `min_tokens` on (vLLM's rule, as the engine masks EOS and stop
+ids until then): a stop string in the first min_tokens tokens' text does not end the request.
 """
 
 from __future__ import annotations
@@ -25,8 +27,10 @@ class OutputAssembler:
         stop_sequences: tuple[str, ...],
         include_stop: bool = False,
         hidden_stop_ids: frozenset[int] = frozenset(),
+        min_tokens: int = 0,
     ) -> None:
         self._detok = detokenizer
+        self._min_tokens = min_tokens
         self._stops = stop_sequences
         self._include_stop = include_stop
         self._hidden = hidden_stop_ids
@@ -54,8 +58,9 @@ class OutputAssembler:
         self.text += self._detok.step(new_ids)
         if finished:
             self.text += self._detok.flush()
-        if self._stops:
-            # A stop string starting before checked - hold would already have been found.
+        if self._stops and len(self.ids) > self._min_tokens:
+            # A stop string starting before checked - hold would already have been found (or lies
+            # wholly in the first min_tokens tokens' text).
             start = max(0, checked - self._hold)
             hits = [(i, -len(s)) for i, s in ((self.text.find(s, start), s) for s in self._stops) if i >= 0]
             if hits:
