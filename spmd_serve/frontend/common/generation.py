@@ -62,6 +62,7 @@ class Generation:
         params: SamplingParams,
         deadline: float,
         continue_prompt: bool = False,
+        stops_after_min_tokens: bool = False,
     ) -> None:
         self.client, self.req_id, self.prompt = client, req_id, prompt
         self.params, self.deadline = params, deadline
@@ -70,7 +71,7 @@ class Generation:
             params.stop_sequences,
             params.include_stop_str_in_output,
             frozenset(() if params.include_stop_str_in_output else params.stop_token_ids),
-            params.min_tokens,
+            params.min_tokens if stops_after_min_tokens else 0,  # OpenAI's min_tokens (vLLM's rule)
         )
         self.first_token_at: float | None = None
         self.num_cached_tokens = 0  # known from the first output on

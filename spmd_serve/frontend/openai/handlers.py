@@ -168,7 +168,8 @@ class OpenAIServing:
                         prompt,
                         params,
                         deadline,
-                        req.kind == "completion",
+                        continue_prompt=req.kind == "completion",
+                        stops_after_min_tokens=True,
                     )
                 )
         return gens

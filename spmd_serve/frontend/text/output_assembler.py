@@ -5,8 +5,8 @@ on the detokenised text (CONTRACT.md §3: per request, never shared across the b
 text is trimmed, unless the request keeps it (OpenAI's include_stop_str_in_output).  A request
 that ended on one of its `hidden_stop_ids` (OpenAI's stop_token_ids) leaves that token's text out
 in the same way (vLLM's rule); the ids themselves are all reported.  Stop strings are looked for
-only from the token after the first `min_tokens` on (vLLM's rule, as the engine masks EOS and stop
-ids until then): a stop string in the first min_tokens tokens' text does not end the request.
+only from the token after the first `min_tokens` on (vLLM's rule for OpenAI's min_tokens, as the
+engine masks EOS and stop ids until then; 0 for the native API, whose min_dec_len holds off EOS only).
 """
 
 from __future__ import annotations
