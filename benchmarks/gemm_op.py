@@ -1,4 +1,4 @@
-"""Micro-benchmark: the linear ops (`spmd_linear`, `spmd_linear_int8`; ops/cpu_kernels/gemm.h) at
+"""Micro-benchmark: the linear ops (`spmd_linear`, `_panels`, `_bf16`, `_int8`; ops/cpu_kernels/gemm.h) at
 every step size against Paddle's matmul in an inference predictor (oneDNN on and off, as the
 runner loads graphs) and numpy (OpenBLAS), on the linear layers of one decoder layer:
 
@@ -16,6 +16,7 @@ malloc is tuned as the runner tunes it (worker/model_runner.tune_malloc: large a
 page-faulted in afresh every pass), unless --malloc-default.
 
     python benchmarks/gemm_op.py [--models small 1b] [--rows 1 4 16 64 256 512] [--threads 1 2]
+                                 [--kernels spmd_linear_panels spmd_linear_bf16]   (default: all)
 """
 
 from __future__ import annotations
@@ -89,7 +90,12 @@ def predictors(ws: list[np.ndarray], threads: list[int], work: Path) -> dict:
 
 def kernels(ws: list[np.ndarray], threads: list[int], work: Path) -> dict:
     """name → (threads → one pass over the layer for inputs {K: x})."""
+    from spmd_serve.export.panels import to_panels
+    from spmd_serve.export.quant import bf16_bits
+
     pw = [paddle.to_tensor(w) for w in ws]
+    panels = [paddle.to_tensor(to_panels(w)) for w in ws]
+    b16 = [paddle.to_tensor(to_panels(bf16_bits(w))) for w in ws]
     scales = [np.abs(w).max(axis=0) / 127 for w in ws]
     q8 = [(paddle.to_tensor(np.rint(w / s).astype(np.int8)), paddle.to_tensor(s)) for w, s in zip(ws, scales)]
     preds = predictors(ws, threads, work)
@@ -97,6 +103,14 @@ def kernels(ws: list[np.ndarray], threads: list[int], work: Path) -> dict:
     def ours(th, xs):
         for w in pw:
             paddle_ext.run_op("spmd_linear", xs["pd"][w.shape[0]], w)
+
+    def ours_panels(th, xs):
+        for w in panels:
+            paddle_ext.run_op("spmd_linear_panels", xs["pd"][w.shape[0]], w)
+
+    def ours_bf16(th, xs):
+        for w in b16:
+            paddle_ext.run_op("spmd_linear_bf16", xs["pd"][w.shape[0]], w)
 
     def ours_int8(th, xs):
         for q, s in q8:
@@ -117,6 +131,8 @@ def kernels(ws: list[np.ndarray], threads: list[int], work: Path) -> dict:
 
     return {
         "spmd_linear": ours,
+        "spmd_linear_panels": ours_panels,
+        "spmd_linear_bf16": ours_bf16,
         "spmd_linear_int8": ours_int8,
         "predictor_onednn": predictor(True),
         "predictor_plain": predictor(False),
@@ -148,7 +164,7 @@ def bench_model(model: str, args) -> None:
     ws = [rng.standard_normal(s, np.float32) / np.sqrt(s[0]) for s in layer_shapes(model)]
     params = sum(w.size for w in ws)
     with tempfile.TemporaryDirectory() as work:
-        fns = kernels(ws, args.threads, Path(work))
+        fns = {k: f for k, f in kernels(ws, args.threads, Path(work)).items() if not args.kernels or k in args.kernels}
         for rows in args.rows:
             xn = {k: rng.standard_normal((rows, k), np.float32) for k in {w.shape[0] for w in ws}}
             xs = {"np": xn, "pd": {k: paddle.to_tensor(v) for k, v in xn.items()}}
@@ -156,7 +172,7 @@ def bench_model(model: str, args) -> None:
             times = timed_rounds(fns, args, passes, xs)
             for (name, th), ts in times.items():
                 med = statistics.median(ts)
-                nbytes = params * (1 if name.endswith("int8") else 4)
+                nbytes = params * (1 if name.endswith("int8") else 2 if name.endswith("bf16") else 4)
                 print(
                     json.dumps(
                         {
@@ -250,6 +266,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--passes", type=int, default=10, help="passes per round at T <= 16 (fewer above)")
+    ap.add_argument("--kernels", nargs="+", help="only these (names as printed)")
     ap.add_argument("--attention", action="store_true")
     ap.add_argument("--elementwise", action="store_true")
     ap.add_argument("--malloc-default", action="store_true", help="glibc's malloc defaults (no tune_malloc)")

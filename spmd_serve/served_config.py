@@ -1,7 +1,7 @@
 """config.json's `spmd_serve` key: what `spmd_serve export` recorded about a served directory as a whole
 (CONTRACT §7), and the dtypes this build can run.  Versioned with the rank manifests (manifest.py):
 a directory written by another version is refused with one line telling the user to re-export.
-Pure Python (Paddle is asked about CUDA only for a dtype other than float32).
+Pure Python.
 """
 
 from __future__ import annotations
@@ -65,25 +65,19 @@ class ServedConfig:
 
 
 DTYPES = ("float32", "float16", "bfloat16")
-# Measured on the CPU build of Paddle 3.3.1: float16 and bfloat16 have no CPU kernels for matmul,
-# rsqrt, pow/mean, softmax, silu or cos (only cast, concat, embedding; gather for bfloat16).
-_CPU_MISSING = "matmul, softmax, rsqrt, silu and cos"
+# What an export's dtype holds in bfloat16: the dense linears' weights (export/layers.py); the graphs
+# compute in float32, so every build runs them.  Measured on the CPU build of Paddle 3.3.1: float16
+# and bfloat16 have no CPU kernels for matmul, rsqrt, pow/mean, softmax, silu or cos (only cast,
+# concat, embedding; gather for bfloat16), so graphs computing in them would need a GPU build.
+RUNNABLE_DTYPES = ("float32", "bfloat16")
 
 
-def check_dtype_runnable(dtype: str, compiled_with_cuda: bool | None = None) -> None:
-    """Raise ManifestError (one line) unless this Paddle build can run graphs of `dtype`.  Paddle is
-    imported (to ask whether it has CUDA) only for a dtype other than float32."""
+def check_dtype_runnable(dtype: str) -> None:
+    """Raise ManifestError (one line) unless this build can run an export of `dtype`."""
     if dtype not in DTYPES:
         raise ManifestError(f"dtype {dtype!r} is not one of {', '.join(DTYPES)}")
-    if dtype == "float32":
-        return
-    if compiled_with_cuda is None:
-        import paddle
-
-        compiled_with_cuda = bool(paddle.is_compiled_with_cuda())
-    if not compiled_with_cuda:
+    if dtype not in RUNNABLE_DTYPES:
         raise ManifestError(
-            f"{dtype} needs a GPU build of Paddle: this CPU build has no {dtype} kernels for "
-            f"{_CPU_MISSING}; use --dtype float32 on CPU"
+            f"{dtype} is not built yet (Paddle's CPU build has no {dtype} matmul, softmax, rsqrt, silu or cos "
+            "kernels, and the C++ ops hold weights in float32 or bfloat16); use --dtype bfloat16 or float32"
         )
-    raise ManifestError(f"{dtype} graphs are not built yet (the segments compute in float32); use --dtype float32")

@@ -50,13 +50,20 @@ ROWS = (
     Row("ours-f32", "spmd_serve -n 1 f32", "ours", "f32-tp1"),
     Row("llama-f32", "llama-server F32", "llama", "f32"),
     Row("llama-f16", "llama-server F16", "llama", "f16"),
+    Row("ours-bf16", "spmd_serve -n 1 bf16", "ours", "bf16-tp1"),
     Row("ours-int8", "spmd_serve -n 1 int8", "ours", "int8-tp1"),
     Row("llama-q8_0", "llama-server Q8_0", "llama", "q8_0"),
     Row("ours-tp2", "spmd_serve -n 2 f32", "ours", "f32-tp2", ranks=2),
 )
 DEFAULT_ROWS = ("ours-f32", "llama-f32", "llama-f16", "ours-int8", "llama-q8_0")
 # (ours, peer) pairs of the ratio table, where both rows ran.
-PAIRS = (("ours-f32", "llama-f32"), ("ours-f32", "llama-f16"), ("ours-int8", "llama-q8_0"), ("ours-tp2", "llama-f32"))
+PAIRS = (
+    ("ours-f32", "llama-f32"),
+    ("ours-f32", "llama-f16"),
+    ("ours-bf16", "llama-f16"),
+    ("ours-int8", "llama-q8_0"),
+    ("ours-tp2", "llama-f32"),
+)
 
 
 def bench_level(

@@ -19,7 +19,12 @@ if TYPE_CHECKING:
 # The module that writes the demo HF checkpoints.
 DEMO_WRITER = "spmd_serve.export.demo.checkpoint"
 
-EXPORT_ARGS = {"f32-tp1": [], "int8-tp1": ["--quant", "weight_only_int8"], "f32-tp2": ["--tp", "2"]}
+EXPORT_ARGS = {
+    "f32-tp1": [],
+    "bf16-tp1": ["--dtype", "bfloat16"],
+    "int8-tp1": ["--quant", "weight_only_int8"],
+    "f32-tp2": ["--tp", "2"],
+}
 
 
 def demo_writer():

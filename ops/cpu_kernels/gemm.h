@@ -24,8 +24,9 @@
 //   per call into kMR-row micro-panels per block of kKC rows.  The packings are per-call scratch
 //   buffers: no second copy of the weights is kept.
 //
-// * fp32 weights in panels (weights.h F32P, the exports' layout): the blocked path reads full panels
-//   in place (no pack), the stream path is gemm_panels.h's; the same sums as below.
+// * fp32 weights in panels (weights.h F32P, the exports' layout) and bf16 ones (B16P, --dtype bfloat16,
+//   widened exactly as they are loaded): the blocked path reads full panels in place (no pack), the
+//   stream path is gemm_panels.h's; the same sums as below (bf16: those of the widened weights).
 //
 // * int8 on a CPU with AMX (and the kernel's grant): exact integer sums, gemm_amx.h (T > 2) and
 //   gemm_vnni.h (T <= 2), for every T; int8_exact.h says how, and why never mixed with the above.
@@ -82,7 +83,7 @@ void gemm(const float* x, const Src& w, const float* scale, int64_t T, int64_t K
     return gemm(xr, I8Pairs{w}, scale, T, K, N, y);
   }
 #endif
-  if constexpr (std::is_same_v<Src, F32P>) {
+  if constexpr (kIsPanels<Src>) {
     if (T <= kStreamRows) return panel_stream_gemm(x, w, T, K, N, y);
   } else {
     if (T <= kStreamRows) return stream_gemm(x, w, scale, T, K, N, y);

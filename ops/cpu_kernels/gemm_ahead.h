@@ -22,16 +22,17 @@ namespace spmd {
 // where), 4 MiB 1.00-1.02x (RESULTS.md "Session 53")
 inline int64_t ahead_bytes() { return 2 * l2_bytes(); }
 
-inline const void* weight_start(const F32P& w) { return w.w; }
 template <typename Src>
 const void* weight_start(const Src& w) {
-  return w.at(0, 0);
+  if constexpr (kIsPanels<Src>) return w.w;
+  else return w.at(0, 0);
 }
 
 // the bytes of a [K, N] weight in layout Src (int8 and int4 scales aside)
 template <typename Src>
 int64_t weight_bytes(int64_t K, int64_t N) {
-  if constexpr (std::is_same_v<Src, F32P> || std::is_same_v<Src, F32W>) return K * N * 4;
+  if constexpr (kIsPanels<Src>) return K * N * static_cast<int64_t>(sizeof(typename Src::Elem));
+  else if constexpr (std::is_same_v<Src, F32W>) return K * N * 4;
   else if constexpr (std::is_same_v<Src, I4W>) return (K + 1) / 2 * N;
   else return K * N;
 }

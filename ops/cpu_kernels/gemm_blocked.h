@@ -131,13 +131,13 @@ class BlockPrefetch {
   int64_t row_, n0_, nb_, left_, share_, col_ = 0;
 };
 
-// F32P: a task's [rows, nb] block is one contiguous run (its panels, in order)
-template <>
-class BlockPrefetch<F32P> {
+// Panels: a task's [rows, nb] block is one contiguous run (its panels, in order)
+template <typename E>
+class BlockPrefetch<Panels<E>> {
  public:
-  BlockPrefetch(const F32P& w, int64_t k0, int64_t rows, int64_t n0, int64_t nb, int64_t steps)
-      : p_(rows > 0 ? reinterpret_cast<const char*>(w.panel(k0, rows, n0 / F32P::kPanel)) : nullptr),
-        left_((rows * nb * 4 + 63) / 64), share_((left_ + steps - 1) / steps) {}
+  BlockPrefetch(const Panels<E>& w, int64_t k0, int64_t rows, int64_t n0, int64_t nb, int64_t steps)
+      : p_(rows > 0 ? reinterpret_cast<const char*>(w.panel(k0, rows, n0 / Panels<E>::kPanel)) : nullptr),
+        left_((rows * nb * static_cast<int64_t>(sizeof(E)) + 63) / 64), share_((left_ + steps - 1) / steps) {}
   void step() {
     for (int64_t i = 0; i < share_ && left_ > 0; ++i, --left_, p_ += 64) __builtin_prefetch(p_, 0, 2);
   }
@@ -154,11 +154,13 @@ struct PackedPanel {
   static Vec madd(Vec x, Vec w, Vec acc) { return vfma(x, w, acc); }
 };
 
-// ... or kNR columns of F32P's full panels in place (rows of kPanel floats, panels `stride` apart)
+// ... or kNR columns of full panels in place (rows of kPanel elements, panels `stride` apart; bf16
+// widened by micro()'s vload)
+template <typename E>
 struct PanelRun {
-  const float* p;
+  const E* p;
   int64_t stride;
-  const float* at(int64_t k, int v) const {
+  const E* at(int64_t k, int v) const {
     const int64_t col = v * kWidth;
     return p + col / F32P::kPanel * stride + k * F32P::kPanel + col % F32P::kPanel;
   }
@@ -177,14 +179,16 @@ struct BlockedKernel {
   static void pack_x(const float* x, int64_t T, int64_t K, int64_t tile, float* xp) { pack_rows(x, T, K, tile, xp); }
 };
 
-// F32P's columns [n0, n0 + nb) of the block at k0 (kb rows; n0 a multiple of kPanel) → one
-// zero-padded micro-panel dst[kb][kNR] (nb <= kNR: a task's last, partial one)
-inline void pack_panels(const F32P& w, int64_t k0, int64_t kb, int64_t n0, int64_t nb, float* dst) {
+// Panels' columns [n0, n0 + nb) of the block at k0 (kb rows; n0 a multiple of kPanel) → one
+// zero-padded fp32 micro-panel dst[kb][kNR] (nb <= kNR: a task's last, partial one)
+template <typename E>
+void pack_panels(const Panels<E>& w, int64_t k0, int64_t kb, int64_t n0, int64_t nb, float* dst) {
   for (int64_t c0 = 0; c0 < kNR; c0 += F32P::kPanel) {
     const int64_t p = (n0 + c0) / F32P::kPanel, wp = c0 < nb ? w.width(p) : 0;
-    const float* src = w.panel(k0, kb, p);
+    const E* src = w.panel(k0, kb, p);
     for (int64_t k = 0; k < kb; ++k)
-      for (int64_t c = 0; c < F32P::kPanel; ++c) dst[k * kNR + c0 + c] = c < wp ? src[k * wp + c] : 0.f;
+      for (int64_t c = 0; c < F32P::kPanel; ++c)
+        dst[k * kNR + c0 + c] = c < wp ? static_cast<float>(src[k * wp + c]) : 0.f;
   }
 }
 
@@ -243,7 +247,7 @@ void blocked_columns(const float* xp, const Src& w, int64_t T, int64_t K, int64_
   const int64_t ld = (nb + kNR - 1) / kNR * kNR, tiles = tl.count, whole = nb / kNR * kNR;
   for (int64_t k0 = 0; k0 < K; k0 += kKC) {
     const int64_t kb = std::min(kKC, K - k0), steps = Kernel::steps(kb);
-    constexpr bool kPanels = std::is_same_v<Src, F32P>;
+    constexpr bool kPanels = kIsPanels<Src>;
     if constexpr (kPanels) {   // read in place, but for a last micro-panel past N's last full panel
       if (whole < nb) pack_panels(w, k0, kb, n0 + whole, nb - whole, buf);
     } else {
@@ -270,8 +274,8 @@ void blocked_columns(const float* xp, const Src& w, int64_t T, int64_t K, int64_
         const float* const xi = xk + i * steps * kMR;
         if constexpr (kPanels) {
           if (j < whole)
-            micro_dispatch(tl.rows(i), kRows, xi, PanelRun{w.panel(k0, kb, (n0 + j) / F32P::kPanel),
-                           kb * F32P::kPanel}, kb, c, ld, out, ldo, k0 == 0);
+            micro_dispatch(tl.rows(i), kRows, xi, PanelRun<typename Src::Elem>{w.panel(k0, kb, (n0 + j) / Src::kPanel),
+                           kb * Src::kPanel}, kb, c, ld, out, ldo, k0 == 0);
           else
             micro_dispatch(tl.rows(i), kRows, xi, PackedPanel{buf}, kb, c, ld, out, ldo, k0 == 0);
         } else {

@@ -34,8 +34,8 @@ constexpr int64_t kPanelPrefetchNear = 512, kPanelPrefetchFar = 8192;
 // rows: x's rows in the chain's order xc[kb][T], panel s at pp[s] (col[s]: its first column; the
 // first `live` are real).  The sums stay in registers; kFetch: prefetch along each panel (the first
 // group of a step reads memory, the others the same panels from L1).
-template <int T, int G, int S, bool kFetch>
-void panel_group(const float* xc, const float* const* pp, const int64_t* col, int live, int64_t kb, int g0,
+template <int T, int G, int S, bool kFetch, typename E>
+void panel_group(const float* xc, const E* const* pp, const int64_t* col, int live, int64_t kb, int g0,
                  float* y, int64_t ldy, bool add) {
   Vec a[S][G][kPanelVecs];
   for (int s = 0; s < S; ++s)
@@ -46,9 +46,9 @@ void panel_group(const float* xc, const float* const* pp, const int64_t* col, in
     for (int r = 0; r < G; ++r) xb[r] = vset1(xc[k * T + g0 + r]);
     for (int s = 0; s < S; ++s) {
       if constexpr (kFetch && T >= 4)
-        __builtin_prefetch(pp[s] + k * F32P::kPanel + kPanelPrefetchFar / 4, 0, 2);
+        __builtin_prefetch(pp[s] + k * F32P::kPanel + kPanelPrefetchFar / sizeof(E), 0, 2);
       else if constexpr (kFetch && T > 1)
-        __builtin_prefetch(pp[s] + k * F32P::kPanel + kPanelPrefetchNear / 4, 0, 3);
+        __builtin_prefetch(pp[s] + k * F32P::kPanel + kPanelPrefetchNear / sizeof(E), 0, 3);
       for (int v = 0; v < kPanelVecs; ++v) {
         Vec wv = vload(pp[s] + k * F32P::kPanel + v * kWidth);
         if constexpr (G > 1) vpin(wv);   // in a register: GCC folded the load into each of G fmas
@@ -66,13 +66,13 @@ void panel_group(const float* xc, const float* const* pp, const int64_t* col, in
 
 // y[:, full panels p0..p1) for the block at k0 (kb rows): S panels a step (stream s: panels
 // p0 + s * len ...), x's rows in groups of Gs... rows, each group over the step's panels in turn
-template <int T, int S, int... Gs>
-void panel_rows(const float* xc, const F32P& w, int64_t k0, int64_t kb, int64_t p0, int64_t p1, float* y,
+template <int T, int S, int... Gs, typename E>
+void panel_rows(const float* xc, const Panels<E>& w, int64_t k0, int64_t kb, int64_t p0, int64_t p1, float* y,
                 int64_t ldy, bool add) {
   static_assert((Gs + ...) == T);
   const int64_t len = (p1 - p0 + S - 1) / S;
   for (int64_t i = 0; i < len; ++i) {
-    const float* pp[S];
+    const E* pp[S];
     int64_t col[S];
     int live = 0;
     for (int s = 0; s < S; ++s) {
@@ -93,8 +93,8 @@ void panel_rows(const float* xc, const F32P& w, int64_t k0, int64_t kb, int64_t 
 // memory, 0.62-0.71x), but on AVX2 T = 6 and 7 as two groups (3 + 3, 4 + 3) over two streams: 12 or
 // 16 sums, where one group's 24 or 28 spilled (1.15x and 1.02-1.07x on two threads).  At T = 8 the
 // same split (4 + 4 on one stream, 3 + 3 + 2 on two) read 0.88-0.96x: RESULTS.md "Session 34".
-template <int T>
-void panel_block(const float* xc, const F32P& w, int64_t k0, int64_t kb, int64_t p0, int64_t p1, float* y,
+template <int T, typename E>
+void panel_block(const float* xc, const Panels<E>& w, int64_t k0, int64_t kb, int64_t p0, int64_t p1, float* y,
                  int64_t ldy, bool add) {
   // AVX-512 (a panel row one vector): the sums leave room for the T broadcasts and W's vector in the
   // 32 registers (T = 8: two streams, not four with spills; RESULTS.md "Session 38")
@@ -110,27 +110,28 @@ void panel_block(const float* xc, const F32P& w, int64_t k0, int64_t kb, int64_t
       panel_rows<T, 2, 4, 3>(xc, w, k0, kb, p0, full, y, ldy, add);
   }
   for (int64_t p = std::max(p0, full); p < p1; ++p) {   // N % kPanel columns
-    const float* src = w.panel(k0, kb, p);
+    const E* src = w.panel(k0, kb, p);
     const int64_t wp = w.width(p);
     for (int t = 0; t < T; ++t)
       for (int64_t c = 0; c < wp; ++c) {
         float s = 0.f;
-        for (int64_t k = 0; k < kb; ++k) s = fmadd(xc[k * T + t], src[k * wp + c], s);
+        for (int64_t k = 0; k < kb; ++k) s = fmadd(xc[k * T + t], static_cast<float>(src[k * wp + c]), s);
         float& out = y[t * ldy + p * F32P::kPanel + c];
         out = add ? out + s : s;
       }
   }
 }
 
-template <int... R>
-void panel_dispatch(int64_t T, std::integer_sequence<int, R...>, const float* xc, const F32P& w, int64_t k0,
+template <typename E, int... R>
+void panel_dispatch(int64_t T, std::integer_sequence<int, R...>, const float* xc, const Panels<E>& w, int64_t k0,
                     int64_t kb, int64_t p0, int64_t p1, float* y, int64_t ldy, bool add) {
   ((T == R + 1 ? panel_block<R + 1>(xc, w, k0, kb, p0, p1, y, ldy, add) : void()), ...);
 }
 
 // y[T, N] = x[T, K] @ w for T <= kStreamRows, in stream_tasks' tasks (gemm_stream.h) over panels: on
 // one thread (or one block) panel ranges summing every block in order, else blocks x panel ranges
-inline void panel_stream_gemm(const float* x, const F32P& w, int64_t T, int64_t K, int64_t N, float* y) {
+template <typename E>
+void panel_stream_gemm(const float* x, const Panels<E>& w, int64_t T, int64_t K, int64_t N, float* y) {
   constexpr auto kRowCounts = std::make_integer_sequence<int, kStreamRows>{};
   const int64_t panels = (N + F32P::kPanel - 1) / F32P::kPanel;
   thread_local AlignedVector<float> xcs;   // x's rows in each block's chain order: [K][T]

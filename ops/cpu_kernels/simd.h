@@ -52,6 +52,19 @@ auto* grown(V& v, std::size_t n) {
   return v.data();
 }
 
+// A bfloat16 number: the high half of a float32's bits (weights exported with --dtype bfloat16).
+// Widening is exact (the low half zero), so a GEMM over bf16 weights is the fp32 GEMM's chain over
+// the widened weights, bit for bit (weights.h B16W).
+struct Bf16 {
+  uint16_t bits;
+  explicit operator float() const {
+    const uint32_t u = static_cast<uint32_t>(bits) << 16;
+    float f;
+    std::memcpy(&f, &u, sizeof f);
+    return f;
+  }
+};
+
 #if defined(SPMD_EMULATE_WIDTH)
 #define SPMD_SIMD 0
 #elif defined(__AVX512F__)
@@ -73,6 +86,10 @@ inline Vec vset1(float v) { return _mm512_set1_ps(v); }
 inline Vec vload(const float* p) { return _mm512_loadu_ps(p); }
 inline Vec vload(const int8_t* p) {  // 16 int8 → 16 fp32
   return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+}
+inline Vec vload(const Bf16* p) {  // 16 bf16 → 16 fp32: each into a float's high half
+  const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
 }
 inline void vstore(float* p, Vec v) { _mm512_storeu_ps(p, v); }
 inline Vec vfma(Vec a, Vec b, Vec c) { return _mm512_fmadd_ps(a, b, c); }
@@ -99,6 +116,10 @@ inline Vec vset1(float v) { return _mm256_set1_ps(v); }
 inline Vec vload(const float* p) { return _mm256_loadu_ps(p); }
 inline Vec vload(const int8_t* p) {  // 8 int8 → 8 fp32
   return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
+}
+inline Vec vload(const Bf16* p) {  // 8 bf16 → 8 fp32: each into a float's high half
+  const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
 }
 inline void vstore(float* p, Vec v) { _mm256_storeu_ps(p, v); }
 inline Vec vfma(Vec a, Vec b, Vec c) { return _mm256_fmadd_ps(a, b, c); }

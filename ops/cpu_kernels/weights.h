@@ -8,6 +8,8 @@
 //         when that is not 0), panel p at + p * kPanel * kb holding the block's rows in the chain's
 //         order (gemm_blocked.h, chain_row), each row `width(p)` floats.  A task's share of a block
 //         is then one contiguous run of memory (gemm_panels.h says why).
+//   B16P  bfloat16 (simd.h Bf16) in F32P's panels (an export's --dtype bfloat16), widened exactly in
+//         registers: the chains of F32P over the widened weights, bit for bit
 //   I4W   int8 [K/2, N], two signed nibbles a byte (row 2i low, 2i+1 high), times the fp32 scale
 //         [K/group, N] of its group of input rows: an element is fl(q * scale), as the graph's
 //         dequantisation computes it.
@@ -40,14 +42,24 @@ struct F32W {
   Row row(int64_t k) const { return {w + k * N}; }
 };
 
-struct F32P {
-  const float* w;
+// F32P and B16P: the panel layout of [K, N] elements E (float, Bf16)
+template <typename E>
+struct Panels {
+  using Elem = E;
+  const E* w;
   int64_t K, N;
-  static constexpr int64_t kPanel = 16;   // columns per panel: one 64-byte line a row, on every CPU
+  static constexpr int64_t kPanel = 16;   // columns per panel: a row is one 64-byte line in fp32, on every CPU
   // panel p of the block whose first row is k0 (kb rows)
-  const float* panel(int64_t k0, int64_t kb, int64_t p) const { return w + k0 * N + p * kPanel * kb; }
+  const E* panel(int64_t k0, int64_t kb, int64_t p) const { return w + k0 * N + p * kPanel * kb; }
   int64_t width(int64_t p) const { return N - p * kPanel < kPanel ? N - p * kPanel : kPanel; }
 };
+using F32P = Panels<float>;
+using B16P = Panels<Bf16>;
+
+template <typename Src>
+inline constexpr bool kIsPanels = false;
+template <typename E>
+inline constexpr bool kIsPanels<Panels<E>> = true;
 
 struct I8W {
   const int8_t* q;

@@ -7,8 +7,10 @@ every linear is its weight type's op (ops/cpu_kernels/linear.cc: `spmd_linear`, 
 `spmd_linear_int4`), for every number of rows: one pass over W for decode steps, a packed
 micro-kernel for prefill chunks, int8/int4 dequantised in registers (int8 on a CPU with AMX: exact
 integer sums instead, ops/cpu_kernels/int8_exact.h), on the op library's threads; an fp32 weight
-built inside `dense_panels(True)` (the export with the C++ ops) is stored in the panel layout
-(export/panels.py) and runs `spmd_linear_panels`;
+built inside `dense_weights(panels=True)` (the export with the C++ ops) is stored in the panel layout
+(export/panels.py) and runs `spmd_linear_panels`; inside `dense_weights(..., "bfloat16")` (`--dtype
+bfloat16`) it is held as bfloat16 (`spmd_linear_bf16`: widened exactly in the GEMM, computing in fp32);
+
 the norms and SwiGLU are `spmd_rms_norm`, `spmd_add_rms_norm`, `spmd_swiglu`, and a residual add +
 RMSNorm with the linear it feeds (and the SwiGLU after it) is one op, `spmd_norm_linear*`
 (`norm_linear`), which also takes the row-shard linear before it when that is deferred
@@ -32,22 +34,27 @@ from paddle import nn
 from ops import paddle_ext
 from spmd_serve.export.deferred import Deferred, linear_norm_linear, materialize
 from spmd_serve.export.panels import to_panels
-from spmd_serve.export.quant import QuantWeight
+from spmd_serve.export.quant import QuantWeight, bf16_bits
 from spmd_serve.export.variant import GENERAL, GraphVariant
 
-# Whether DenseLinear stores its weight in the panel layout: only a graph that runs the C++ ops can
-# read it, so the export sets it with the graph ops it chose (pipeline.export_rank)
-_PANELS: ContextVar[bool] = ContextVar("dense_panels", default=False)
+# How DenseLinear stores its weight: (panel layout, dtype).  Only a graph that runs the C++ ops can
+# read panels, so the export sets them with the graph ops it chose (pipeline.export_rank); the dtype
+# is the export's --dtype (float32, or bfloat16: the weights only, the graph computes in fp32)
+_DENSE: ContextVar[tuple[bool, str]] = ContextVar("dense_weights", default=(False, "float32"))
+DENSE_DTYPES = ("float32", "bfloat16")
 
 
 @contextmanager
-def dense_panels(on: bool) -> Iterator[None]:
-    """fp32 linears built inside hold their weights in the panel layout (export/panels.py) when `on`."""
-    token = _PANELS.set(on)
+def dense_weights(panels: bool, dtype: str = "float32") -> Iterator[None]:
+    """Dense linears built inside hold their weights in the panel layout (export/panels.py) when
+    `panels`, as `dtype` (one of DENSE_DTYPES)."""
+    if dtype not in DENSE_DTYPES:
+        raise ValueError(f"dense weights are {' or '.join(DENSE_DTYPES)}, not {dtype}")
+    token = _DENSE.set((panels, dtype))
     try:
         yield
     finally:
-        _PANELS.reset(token)
+        _DENSE.reset(token)
 
 
 def make_param(layer: nn.Layer, value: np.ndarray) -> paddle.Tensor:
@@ -91,13 +98,20 @@ class Linear(nn.Layer):
 
 
 class DenseLinear(Linear):
-    """An fp32 [in, out] weight: as it is, or (inside `dense_panels(True)`) in the panel layout, which
-    only the C++ op reads."""
+    """An fp32 [in, out] weight, as `dense_weights` says: fp32 or rounded to bfloat16 (a persistable
+    buffer of Paddle's bfloat16, so the saved params hold 2 bytes a weight), as it is or in the panel
+    layout, which only the C++ ops read."""
 
     def __init__(self, w: np.ndarray) -> None:
         super().__init__()
-        self.panels = _PANELS.get()
-        self.weight = make_param(self, to_panels(np.asarray(w, np.float32)) if self.panels else w)
+        self.panels, dtype = _DENSE.get()
+        self.bf16 = dtype == "bfloat16"
+        w = np.asarray(w, np.float32)
+        if self.bf16:
+            bits = bf16_bits(w)
+            self.register_buffer("weight", paddle.to_tensor(to_panels(bits) if self.panels else bits), persistable=True)
+        else:
+            self.weight = make_param(self, to_panels(w) if self.panels else w)
 
     def forward(self, x: paddle.Tensor, variant: GraphVariant | None = None) -> paddle.Tensor:
         variant = variant or GENERAL
@@ -105,10 +119,13 @@ class DenseLinear(Linear):
             return paddle_ext.run_op(self.cpp_op()[0], x, self.weight)
         if self.panels:
             raise ValueError("a weight in the panel layout has only the C++ op (GraphVariant.cpp_ops)")
-        return paddle.matmul(x, self.weight)
+        return paddle.matmul(x, self.weight.astype("float32") if self.bf16 else self.weight)
 
     def cpp_op(self) -> tuple[str, list[paddle.Tensor]]:
-        return ("spmd_linear_panels" if self.panels else "spmd_linear"), [self.weight]
+        if self.bf16 and not self.panels:
+            raise ValueError("spmd_linear_bf16 reads bfloat16 weights in the panel layout (dense_weights(True, ...))")
+        name = "spmd_linear_bf16" if self.bf16 else "spmd_linear_panels" if self.panels else "spmd_linear"
+        return name, [self.weight]
 
 
 class Int8Linear(Linear):

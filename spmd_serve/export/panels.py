@@ -1,4 +1,5 @@
-"""The panel layout of an fp32 linear weight (ops/cpu_kernels/weights.h, `F32P`): numpy both ways.
+"""The panel layout of a linear weight (ops/cpu_kernels/weights.h: `F32P` for float32, `B16P` for
+bfloat16 held as its uint16 bits): numpy both ways.
 
 A [K, N] weight keeps its shape and dtype; only the order of its elements changes.  Per block of
 KC = 128 input rows (the last block K % 128), the block's columns are cut into panels of 16 (the last
@@ -30,12 +31,13 @@ def _blocks(k: int) -> list[tuple[int, int]]:
 
 
 def to_panels(w: np.ndarray) -> np.ndarray:
-    """A [K, N] float32 weight → the same [K, N] array's elements in the panel layout."""
-    if w.ndim != 2 or w.dtype != np.float32:
-        raise ValueError(f"the panel layout is for 2-D float32 weights, got {w.ndim}-D {w.dtype}")
+    """A [K, N] float32 (or bfloat16 bits, uint16) weight → the same [K, N] array's elements in the panel
+    layout."""
+    if w.ndim != 2 or w.dtype not in (np.float32, np.uint16):
+        raise ValueError(f"the panel layout is for 2-D float32 or bfloat16 weights, got {w.ndim}-D {w.dtype}")
     k, n = w.shape
     full = n // PANEL * PANEL
-    out = np.empty(k * n, np.float32)
+    out = np.empty(k * n, w.dtype)
     for k0, kb in _blocks(k):
         rows = w[k0 + chain_order(kb)]  # [kb, N], the chain's order
         # [kb, full] → [full / 16 panels][kb][16], then the last partial panel [kb][N % 16]
@@ -51,7 +53,7 @@ def from_panels(p: np.ndarray) -> np.ndarray:
     k, n = p.shape
     full = n // PANEL * PANEL
     flat = np.ascontiguousarray(p).reshape(-1)
-    w = np.empty((k, n), np.float32)
+    w = np.empty((k, n), p.dtype)
     for k0, kb in _blocks(k):
         start = k0 * n
         body = flat[start : start + kb * full].reshape(full // PANEL, kb, PANEL).transpose(1, 0, 2)

@@ -86,17 +86,18 @@ def export_rank(
     group: int | None = None,
     kv_scales: Mapping[str, np.ndarray] | None = None,
     cpp_ops: bool = False,
+    dtype: str = "float32",
 ) -> Manifest:
     """Trace and save rank `rank`'s segments (with `kv_scales`, each attention segment again for an
     int8 pool; for a family with `decode_graphs`, also as its decode graph) and write its manifest.
     `cpp_ops`: resolve_graph_ops's answer (the C++ ops in every graph; tp > 1: one segment with
-    in-graph all-reduces)."""
-    from spmd_serve.export.layers import dense_panels
+    in-graph all-reduces); `dtype`: the dense linears' weights (layers.dense_weights)."""
+    from spmd_serve.export.layers import dense_weights
     from spmd_serve.export.segment import build_segments, save_segment
 
     rank_dir = out / f"rank_{rank}"
     rank_dir.mkdir(parents=True, exist_ok=True)
-    with dense_panels(cpp_ops):  # the C++ ops read fp32 weights in panels (export/panels.py)
+    with dense_weights(cpp_ops, dtype):  # the C++ ops read dense weights in panels (export/panels.py)
         stages = family.build_stages(family.rank_weights(mc, weights, dims, rank, quant, group), dims, rank)
     specs: list[SegmentSpec] = []
     kv8_specs: list[SegmentSpec] = []
@@ -141,7 +142,7 @@ def _export_model(
 ) -> None:
     """Every rank's folder and config.json (`cfg` with the `spmd_serve` key) of one model in `out`."""
     for rank in range(dims.tp):
-        export_rank(family, mc, weights, dims, rank, out, quant, group, kv_scales, cpp_ops)
+        export_rank(family, mc, weights, dims, rank, out, quant, group, kv_scales, cpp_ops, served.dtype)
     (out / "config.json").write_text(json.dumps(dict(cfg, spmd_serve=served.to_json()), indent=1))
 
 
@@ -169,6 +170,11 @@ def export_checkpoint(
         if quant == SOURCE_QUANT:
             quant, quant_group = source.get("quant"), quant_group or source.get("quant_group")
         family = family_of(mc.architecture)
+        if dtype == "bfloat16" and not family.bf16_weights:
+            raise ExportError(
+                f"--dtype bfloat16 is not built yet for {family.name} (its expert and MLA stacks are "
+                "float32 only); use --dtype float32"
+            )
         dims = family.shard_dims(mc, tp)
         group = family.quant_group(mc, dims, quant_group) if quant == "weight_only_int4" else None
         cpp_ops = resolve_graph_ops(graph_ops)
@@ -186,7 +192,10 @@ def export_checkpoint(
         if kv_int8:
             context = int(cfg.get("max_position_embeddings") or 2048)
             windows, text = calibration_windows(ckpt, mc.vocab, context)
-            kv_scales = calibrate_kv_scales(family, mc, weights, windows, quant, group)
+            from spmd_serve.export.layers import dense_weights  # (Paddle: not at the package's import)
+
+            with dense_weights(False, dtype):  # the scales of the weights the graphs will hold
+                kv_scales = calibrate_kv_scales(family, mc, weights, windows, quant, group)
             spans = [[w.start, w.start + len(w.ids) - 1] for w in windows]  # first and last position of each
             options["kv_int8_calibration"] = {"text": text, "positions": spans, "margin": KV_SCALE_MARGIN}
         served = ServedConfig(

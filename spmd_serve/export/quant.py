@@ -12,6 +12,8 @@ scales, a row shard keeps the full per-channel scale (int8) or its own input gro
 rank therefore holds exactly the integers the TP=1 export holds, so a TP=N export computes what the
 TP=1 one does.  Which tensors a family quantises: its own module (export/llama/quant.py).  The graph
 side (dequantise right before each matmul, or after the embedding gather) is export/layers.py.
+`bf16_bits`: an fp32 weight rounded to bfloat16 (`--dtype bfloat16`: weight-only, the graph computes in
+fp32, export/layers.py), as the uint16 bits Paddle takes as a bfloat16 tensor.
 `QuantStack`: a stack of [in, out] weights (DeepSeek's routed experts, MLA's absorbed projections),
 each quantised on its own; deepseek/batched.py is its graph side.
 """
@@ -31,7 +33,9 @@ __all__ = [
     "QUANT_METHODS",
     "QuantError",
     "QuantWeight",
+    "bf16_bits",
     "choose_group",
+    "from_bf16_bits",
     "dequantize",
     "hf_scales",
     "quant_weight",
@@ -41,6 +45,19 @@ __all__ = [
 ]
 QMAX = {"weight_only_int8": 127, "weight_only_int4": 7}
 DEFAULT_INT4_GROUP = 64
+
+
+def bf16_bits(w: np.ndarray) -> np.ndarray:
+    """w (float32) rounded to bfloat16 to nearest even, as its uint16 bits (the high half of the rounded
+    float32: Paddle's bfloat16).  Denormals round as the rest; NaN stays NaN (a quiet one)."""
+    u = np.ascontiguousarray(w, np.float32).view(np.uint32).astype(np.uint64)
+    bits = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)  # may carry into the exponent: correct
+    return np.where(np.isnan(w), (u >> 16).astype(np.uint16) | np.uint16(0x40), bits)
+
+
+def from_bf16_bits(b: np.ndarray) -> np.ndarray:
+    """bfloat16 bits (uint16) → the float32 they stand for, exactly."""
+    return (np.asarray(b, np.uint16).astype(np.uint32) << 16).view(np.float32)
 
 
 @dataclass(frozen=True)

@@ -37,6 +37,16 @@ ALIGN = 64  # each tensor's first byte: a cache line (an AVX-512 vector)
 PIECE = 64 << 20  # bytes one read of a tensor asks for, so the threads share even a large one
 
 
+def _tensor(a: np.ndarray) -> Any:
+    """A Paddle tensor on `a`'s memory (zero-copy); bfloat16 (uint16 bits) as Paddle's BFLOAT16: from
+    dlpack such an array is a UINT16 tensor that share_external_data refuses and view() cannot cast."""
+    import paddle
+
+    if a.dtype == np.uint16:
+        return paddle.from_dlpack(a.view(np.int16)).view(paddle.bfloat16)
+    return paddle.from_dlpack(a)
+
+
 def _read_exact(fd: int, view: memoryview, offset: int) -> None:
     """`view` filled from file `fd` at `offset` (a read returns at most ~2 GB on Linux)."""
     done = 0
@@ -69,6 +79,10 @@ class HostParams:
     @property
     def nbytes(self) -> int:
         return sum(a.nbytes for f in self._files.values() for a in f.arrays)
+
+    def entries(self, file: Path) -> list[TensorEntry]:
+        """`file`'s index (its tensors read on first use, as by `arrays`)."""
+        return self._file(file).entries
 
     def arrays(self, file: Path) -> list[np.ndarray]:
         """`file`'s tensors in file order, read on first use."""
@@ -109,7 +123,6 @@ class HostParams:
         """The predictor `create(params_path)` makes of saved graph `program`, given a one-element-
         per-tensor skeleton of its parameter file `file` (removed after), with every parameter then
         pointed at this rank's copy of `file`."""
-        import paddle
 
         held = self._file(file)
         with tempfile.TemporaryDirectory(prefix="spmd_params_") as tmp:
@@ -117,7 +130,7 @@ class HostParams:
             write_skeleton(held.entries, skeleton)
             predictor = create(skeleton)
         if not held.tensors:
-            held.tensors = [paddle.from_dlpack(a) for a in held.arrays]  # zero-copy
+            held.tensors = [_tensor(a) for a in held.arrays]  # zero-copy
         for name, tensor in zip(graph_params(program, held.entries), held.tensors):
             predictor.get_input_handle(name).share_external_data(tensor)
         return predictor

@@ -24,6 +24,7 @@ from spmd_serve.config import ConfigError
 
 # framework.proto VarType.Type → the numpy dtype of the bytes (bfloat16 as its uint16 bits, which
 # paddle.from_dlpack takes as bfloat16) and the saved PIR json's name of the type
+BF16_CODE = 22
 DTYPES: dict[int, tuple[np.dtype, str]] = {
     code: (np.dtype(np_name), pir)
     for code, np_name, pir in (
@@ -114,6 +115,11 @@ def read_index(path: Path) -> list[TensorEntry]:
     if entries and entries[-1].offset + entries[-1].nbytes > size:
         raise ConfigError(f"{path}: cut short ({size} bytes); re-export the model")
     return entries
+
+
+def holds_bf16(entries: list[TensorEntry]) -> bool:
+    """Whether a parameter file of these entries holds bfloat16 tensors (--dtype bfloat16 weights)."""
+    return any(e.code == BF16_CODE for e in entries)
 
 
 def graph_params(program: Path, entries: list[TensorEntry]) -> list[str]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from spmd_serve.export.quant import bf16_bits, from_bf16_bits
 from tests.support.linear_weights import int8_input, to_bf16, weights
 
 ROWS = (1, 2, 3, 4, 5, 6, 7, 8, 9, 13, 16, 47, 64, 130, 256, 512)  # every streamed T (its own register
@@ -58,7 +59,9 @@ def test_odd_shapes_around_the_blocks_match_float64(ext, k, n, rows):
         check(linear(ext, name, x, *args), reference(name, x, w))
 
 
-@pytest.mark.parametrize("name", ("spmd_linear", "spmd_linear_panels", "spmd_linear_int8", "spmd_linear_int4"))
+@pytest.mark.parametrize(
+    "name", ("spmd_linear", "spmd_linear_panels", "spmd_linear_bf16", "spmd_linear_int8", "spmd_linear_int4")
+)
 def test_threads_and_batching_do_not_change_a_bit(ext, name):
     k, n = 264, 700
     x = np.random.default_rng(3).standard_normal((300, k), np.float32)
@@ -161,3 +164,24 @@ def test_the_panel_layout_gives_the_rows_layouts_bits(ext, k, n):
         for threads in (1, 2):
             want = linear(ext, "spmd_linear", x, w, threads=threads)
             assert np.array_equal(linear(ext, "spmd_linear_panels", x, p, threads=threads), want), (rows, threads)
+
+
+@pytest.mark.parametrize("k,n", [(72, 131), (130, 17), (300, 257), (16, 1000)])
+def test_bf16_weights_give_the_fp32_ops_bits_on_the_widened_weights(ext, k, n):
+    """spmd_linear_bf16 (W's bf16 bits in panels) widens each weight exactly and keeps x in fp32
+    (weight-only): its output is spmd_linear's on the widened weights, bit for bit, at every T (both
+    kernels, a last partial panel, a last block of K % 128 rows) and thread count."""
+    from spmd_serve.export.panels import from_panels, to_panels
+
+    w = np.random.default_rng(k * n).standard_normal((k, n), np.float32)
+    w[0, :2] = [np.float32(2.0**-130), np.float32(-3e38)]  # a denormal and a large one stay as they are
+    b = bf16_bits(w)
+    wide = from_bf16_bits(b)
+    assert wide[0, 0] == w[0, 0] and np.array_equal(wide[1:], to_bf16(w[1:])) and not np.array_equal(wide, w)
+    p = to_panels(b)
+    assert p.dtype == np.uint16 and np.array_equal(from_panels(p), b)
+    for rows in ROWS:
+        x = np.random.default_rng(rows).standard_normal((rows, k), np.float32)
+        for threads in (1, 2):
+            want = linear(ext, "spmd_linear", x, wide, threads=threads)
+            assert np.array_equal(linear(ext, "spmd_linear_bf16", x, p, threads=threads), want), (rows, threads)

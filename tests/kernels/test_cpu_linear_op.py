@@ -83,6 +83,8 @@ def test_leading_dimensions_and_empty_inputs(lead):
         ),
         ("spmd_linear", lambda x, w, q, s: (x, w[0]), "the weight must be 2-D"),
         ("spmd_linear", lambda x, w, q, s: (x, q), "the weight must be float32"),
+        ("spmd_linear_bf16", lambda x, w, q, s: (x, w), "the weight must be bfloat16"),
+        ("spmd_linear_bf16", lambda x, w, q, s: (x, q), "the weight must be bfloat16"),
         ("spmd_linear_int8", lambda x, w, q, s: (x, w, s), "the weight must be int8"),
         ("spmd_linear_int8", lambda x, w, q, s: (x, q, s[:-1]), r"scale must be \[N\] = \[24\]"),
         ("spmd_linear_int8", lambda x, w, q, s: (x, q, s.astype(np.float64)), "scale must be float32"),
@@ -164,3 +166,49 @@ def test_every_graph_uses_the_ops_with_paddles_logits(quant, export):
     for fast, general in zip(step_logits(cpp), step_logits(paddle_ops)):
         np.testing.assert_allclose(fast, general, **twin_tolerance(quant, general, 1e-4, 1e-4 * np.abs(general).max()))
         assert (fast.argmax(-1) == general.argmax(-1)).all()
+
+
+def bf16_valued_checkpoint(source, out):
+    """A copy of checkpoint `source` with every float tensor rounded to bfloat16's values (still
+    stored as float32): what a bfloat16 HF checkpoint holds."""
+    import shutil
+
+    from safetensors.numpy import load_file, save_file
+
+    from spmd_serve.export.quant import bf16_bits, from_bf16_bits
+
+    ckpt = shutil.copytree(source, out)
+    tensors = load_file(str(ckpt / "model.safetensors"))
+    save_file({k: from_bf16_bits(bf16_bits(v)) for k, v in tensors.items()}, str(ckpt / "model.safetensors"))
+    return ckpt
+
+
+def test_bfloat16_export_serves_the_float32_logits_of_bfloat16_weights(demo_checkpoint, export, tmp_path):
+    """--dtype bfloat16 holds every linear's weights in bfloat16 (half their bytes) and computes in
+    fp32: on a checkpoint whose weights are bfloat16 values it gives the fp32 export's logits bit for
+    bit (the C++ ops; Paddle's ops: within fp32 rounding), and on any checkpoint the fp32 export's
+    logits within bfloat16's rounding of the weights, with its greedy tokens."""
+    from spmd_serve.export import export_checkpoint
+
+    ckpt = bf16_valued_checkpoint(demo_checkpoint, tmp_path / "ckpt")
+    made = {
+        (dtype, ops): export_checkpoint(ckpt, tmp_path / f"{dtype}-{ops}", dtype=dtype, kv_int8=False, graph_ops=ops)
+        for dtype in ("float32", "bfloat16")
+        for ops in ("cpp", "paddle")
+    }
+    served = json.loads((made["bfloat16", "cpp"] / "config.json").read_text())["spmd_serve"]
+    assert served["dtype"] == "bfloat16"
+    ops = op_names(made["bfloat16", "cpp"] / "rank_0" / "seg_0.json")
+    assert {"spmd_linear_bf16", "spmd_linear_norm_linear_bf16"} <= ops and not {"spmd_linear_panels", "matmul"} & ops
+    size = {k: (d / "rank_0" / "seg_0.pdiparams").stat().st_size for k, d in made.items()}
+    assert size["bfloat16", "cpp"] < 0.75 * size["float32", "cpp"]  # the embedding table stays fp32
+    want = step_logits(made["float32", "cpp"])
+    for got, ref in zip(step_logits(made["bfloat16", "cpp"]), want):
+        assert np.array_equal(got, ref)
+    for got, ref in zip(step_logits(made["bfloat16", "paddle"]), want):
+        np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-4 * np.abs(ref).max())
+    fp32 = step_logits(export(None, "cpp"))  # the original float32 weights
+    bf16 = step_logits(export_checkpoint(demo_checkpoint, tmp_path / "b", dtype="bfloat16", kv_int8=False))
+    for got, ref in zip(bf16, fp32):
+        np.testing.assert_allclose(got, ref, rtol=0.05, atol=0.02 * np.abs(ref).max())
+        assert not np.array_equal(got, ref) and (got.argmax(-1) == ref.argmax(-1)).all()

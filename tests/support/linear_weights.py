@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from spmd_serve.export.panels import to_panels
-from spmd_serve.export.quant import QuantWeight, dequantize
+from spmd_serve.export.quant import QuantWeight, bf16_bits, dequantize, from_bf16_bits
 
 
 def to_bf16(x: np.ndarray) -> np.ndarray:
@@ -50,8 +50,10 @@ def weights(k: int, n: int, seed: int, group: int = 8) -> dict[str, tuple]:
     w = rng.standard_normal((k, n), np.float32)
     q8 = rng.integers(-128, 128, (k, n), dtype=np.int8)  # the full range, -128 included
     s8 = (rng.random(n, np.float32) + 0.5) / 127
+    b16 = bf16_bits(w)
     ops = {
         "spmd_linear": ((w,), w.astype(np.float64)),
+        "spmd_linear_bf16": ((to_panels(b16),), from_bf16_bits(b16).astype(np.float64)),
         "spmd_linear_panels": ((to_panels(w),), w.astype(np.float64)),
         "spmd_linear_int8": ((q8, s8), q8.astype(np.float64) * s8),
     }
