@@ -225,16 +225,6 @@ def test_missing_mtp_layer_is_refused(tmp_path, capsys):
     assert "num_nextn_predict_layers=1: model.layers.3.self_attn" in capsys.readouterr().err
 
 
-def test_bfloat16_weights_are_refused_with_the_reason(tmp_path, capsys):
-    from spmd_serve.export import main
-
-    ckpt = write("hf", tmp_path / "ckpt", CONFIGS["v2"], make_weights(CONFIGS["v2"]))
-    assert main(["--checkpoint", str(ckpt), "--out", str(tmp_path / "out"), "--dtype", "bfloat16"]) == 2
-    err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "--dtype bfloat16 is not built yet for deepseek" in err, err
-    assert "use --dtype float32" in err and not (tmp_path / "out").exists()
-
-
 # ---------------------------------------------------------------- weight-only quantisation
 
 

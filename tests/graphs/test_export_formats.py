@@ -201,6 +201,17 @@ def test_float16_is_refused_with_what_to_use(tmp_path, capsys, demo_checkpoint):
     assert not (tmp_path / "out").exists()
 
 
+def test_bfloat16_weights_are_refused_with_the_reason(tmp_path, capsys):
+    from spmd_serve.export import main
+    from tests.support.deepseek_zoo import CONFIGS, make_weights, write
+
+    ckpt = write("hf", tmp_path / "ckpt", CONFIGS["v2"], make_weights(CONFIGS["v2"]))
+    assert main(["--checkpoint", str(ckpt), "--out", str(tmp_path / "out"), "--dtype", "bfloat16"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--dtype bfloat16 is not built yet for deepseek" in err, err
+    assert "use --dtype float32" in err and not (tmp_path / "out").exists()
+
+
 def test_half_dtype_kernels_are_missing_on_cpu():
     """The measurement behind the refusal: no float16/bfloat16 CPU matmul in this build."""
     import paddle
