@@ -57,6 +57,17 @@ def dense_weights(panels: bool, dtype: str = "float32") -> Iterator[None]:
         _DENSE.reset(token)
 
 
+def hold_dense(layer: nn.Layer, value: np.ndarray) -> paddle.Tensor:
+    """`layer.weight`: an fp32 parameter holding `value`, or inside `dense_weights(..., "bfloat16")`
+    `value` rounded to bfloat16 (a persistable buffer of Paddle's bfloat16, so the saved params hold 2
+    bytes an element; the graph widens it)."""
+    if _DENSE.get()[1] == "bfloat16":
+        layer.register_buffer("weight", paddle.to_tensor(bf16_bits(value)), persistable=True)
+    else:
+        layer.weight = make_param(layer, value)
+    return layer.weight
+
+
 def make_param(layer: nn.Layer, value: np.ndarray) -> paddle.Tensor:
     """An fp32 parameter of `layer` holding `value` (named after the layer, e.g. `linear_3.w_0`)."""
     return layer.create_parameter(list(value.shape), dtype="float32", default_initializer=nn.initializer.Assign(value))
@@ -107,11 +118,10 @@ class DenseLinear(Linear):
         self.panels, dtype = _DENSE.get()
         self.bf16 = dtype == "bfloat16"
         w = np.asarray(w, np.float32)
-        if self.bf16:
-            bits = bf16_bits(w)
-            self.register_buffer("weight", paddle.to_tensor(to_panels(bits) if self.panels else bits), persistable=True)
+        if self.bf16 and self.panels:
+            self.register_buffer("weight", paddle.to_tensor(to_panels(bf16_bits(w))), persistable=True)
         else:
-            self.weight = make_param(self, to_panels(w) if self.panels else w)
+            hold_dense(self, to_panels(w) if self.panels else w)
 
     def forward(self, x: paddle.Tensor, variant: GraphVariant | None = None) -> paddle.Tensor:
         variant = variant or GENERAL

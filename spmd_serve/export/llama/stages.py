@@ -14,6 +14,7 @@ from spmd_serve.export.deferred import defer
 from spmd_serve.export.layers import (
     add_rms_norm,
     fuse_columns,
+    hold_dense,
     hold_quantised,
     make_linear,
     make_param,
@@ -32,7 +33,8 @@ class EmbedStage(Stage):
     """Vocab-parallel embedding: rows this rank does not own contribute zeros to the sum (at tp = 1
     the rank owns every id: a plain lookup, ~7 ops fewer).  A quantised table is held transposed,
     as the `QuantWeight` of an [H, V_local] linear (scale per vocab row, and per group of H for
-    int4): only this step's T columns are gathered and dequantised."""
+    int4): only this step's T columns are gathered and dequantised.  A `--dtype bfloat16` table is
+    bfloat16, its T rows widened after the lookup."""
 
     streamless = True
 
@@ -40,7 +42,7 @@ class EmbedStage(Stage):
         super().__init__()
         self.method = getattr(w["embed"], "method", None)
         if self.method is None:
-            self.weight = make_param(self, w["embed"])  # [V_local, H]
+            self.bf16 = hold_dense(self, w["embed"]).dtype == paddle.bfloat16  # [V_local, H] (--dtype)
         else:
             hold_quantised(self, w["embed"])  # [H or H/2, V_local]
         self.start, self.size = rank * dims.vocab_local, dims.vocab_local
@@ -54,8 +56,9 @@ class EmbedStage(Stage):
         return h, rows, kv
 
     def _rows(self, local):
-        if self.method is None:
-            return nn.functional.embedding(local, self.weight)  # [T, H]
+        if self.method is None:  # (Paddle's CPU build has a bfloat16 embedding kernel)
+            rows = nn.functional.embedding(local, self.weight)  # [T, H]
+            return rows.astype("float32") if self.bf16 else rows
         cols = paddle.gather(self.qweight, local, axis=1)  # [H or H/2, T]
         scale = paddle.gather(self.scale, local, axis=-1)  # [T] or [H/g, T]
         if self.method == "weight_only_int8":
