@@ -65,6 +65,7 @@ class ServedConfig:
 
 
 DTYPES = ("float32", "float16", "bfloat16")
+AUTO_DTYPE = "auto"  # the export's default: the checkpoint's own where that loses nothing (pipeline.export_dtype)
 # What an export's dtype holds in bfloat16: the dense linears' weights (export/layers.py); the graphs
 # compute in float32, so every build runs them.  Measured on the CPU build of Paddle 3.3.1: float16
 # and bfloat16 have no CPU kernels for matmul, rsqrt, pow/mean, softmax, silu or cos (only cast,

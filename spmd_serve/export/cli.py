@@ -21,7 +21,7 @@ from spmd_serve.export.families import SUPPORTED_ARCHS
 from spmd_serve.export.graph_ops import GRAPH_OPS
 from spmd_serve.export.pipeline import SOURCE_QUANT, export_checkpoint
 from spmd_serve.manifest import QUANT_METHODS
-from spmd_serve.served_config import ServedConfig
+from spmd_serve.served_config import AUTO_DTYPE, DTYPES, ServedConfig
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -42,10 +42,11 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--tp", type=int, default=1, help="tensor-parallel degree (one rank_<i>/ per rank)")
     ap.add_argument(
         "--dtype",
-        default="float32",
-        choices=("float32", "float16", "bfloat16"),
-        help="bfloat16: the linear layers' weights held in bfloat16 (half the memory and the bytes a decode step "
-        "reads; the graphs compute in float32); float16: not built yet",
+        default=AUTO_DTYPE,
+        choices=(AUTO_DTYPE, *DTYPES),
+        help="bfloat16: the weights held in bfloat16 (half the memory and the bytes a decode step reads; the "
+        "graphs compute in float32); auto (default): bfloat16 when every weight of the checkpoint is a bfloat16 "
+        "value (a bf16 checkpoint: the float32 export's outputs exactly), else float32; float16: not built yet",
     )
     ap.add_argument(
         "--quant",
@@ -90,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"spmd_serve export: error: {e}", file=sys.stderr)
         return 2
     served = ServedConfig.from_json(json.loads((args.out / "config.json").read_text())["spmd_serve"])
-    print(f"exported to {args.out} (tp={args.tp}, dtype={args.dtype}, quant={served.quant and served.quant.method})")
+    print(f"exported to {args.out} (tp={args.tp}, dtype={served.dtype}, quant={served.quant and served.quant.method})")
     if (served.options.get("mtp") or {}).get("served"):
         print(f"its MTP layer as a draft model in {args.out / 'mtp'} (SPECULATE_METHOD=mtp)")
     return 0

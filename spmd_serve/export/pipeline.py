@@ -29,6 +29,7 @@ from spmd_serve.export.errors import REFUSALS, ExportError, QuantError
 from spmd_serve.export.families import family_of
 from spmd_serve.export.family import ArchConfig, ModelFamily
 from spmd_serve.export.graph_ops import custom_ops_in, resolve_graph_ops
+from spmd_serve.export.quant import bf16_valued
 from spmd_serve.export.variant import GraphVariant
 from spmd_serve.manifest import (
     MANIFEST_VERSION,
@@ -41,7 +42,7 @@ from spmd_serve.manifest import (
     stale_dir_note,
     write_manifest,
 )
-from spmd_serve.served_config import ServedConfig, check_dtype_runnable
+from spmd_serve.served_config import AUTO_DTYPE, ServedConfig, check_dtype_runnable
 
 log = logging.getLogger(__name__)
 
@@ -146,11 +147,25 @@ def _export_model(
     (out / "config.json").write_text(json.dumps(dict(cfg, spmd_serve=served.to_json()), indent=1))
 
 
+def export_dtype(dtype: str, family: ModelFamily[Any], weights: Mapping[str, np.ndarray]) -> str:
+    """The dtype an export holds its weights in: `dtype`, or for AUTO_DTYPE bfloat16 where every
+    weight is a bfloat16 value (a bf16 checkpoint: served so, its outputs are the float32 export's
+    bit for bit, at half the memory) and the family holds bfloat16 weights, else float32."""
+    if dtype == AUTO_DTYPE:
+        return "bfloat16" if family.bf16_weights and bf16_valued(weights.values()) else "float32"
+    if dtype == "bfloat16" and not family.bf16_weights:
+        raise ExportError(
+            f"--dtype bfloat16 is not built yet for {family.name} (its expert and MLA stacks are float32 only); "
+            "use --dtype float32"
+        )
+    return dtype
+
+
 def export_checkpoint(
     ckpt: Path,
     out: Path,
     tp: int = 1,
-    dtype: str = "float32",
+    dtype: str = AUTO_DTYPE,
     quant: str | None = None,
     quant_group: int | None = None,
     kv_int8: bool = True,
@@ -160,21 +175,18 @@ def export_checkpoint(
     `quant`: weight-only quantisation (export/quant.py), or SOURCE_QUANT: the checkpoint's own (a static
     model's weight-only form, its int4 group too; none for others); `kv_int8`: also write the int8-KV graph
     variants and their calibrated scales, so the export serves USE_CACHE_KV_INT8=1 too;
-    `graph_ops`: see resolve_graph_ops."""
+    `graph_ops`: see resolve_graph_ops; `dtype`: see export_dtype."""
     ckpt = Path(ckpt)
     try:
-        check_dtype_runnable(dtype)
+        if dtype != AUTO_DTYPE:
+            check_dtype_runnable(dtype)
         if quant is not None and quant not in (*QUANT_METHODS, SOURCE_QUANT):
             raise QuantError(f"--quant {quant!r} is not one of {', '.join(QUANT_METHODS)}")
         cfg, mc, weights, source = load_checkpoint(ckpt)
         if quant == SOURCE_QUANT:
             quant, quant_group = source.get("quant"), quant_group or source.get("quant_group")
         family = family_of(mc.architecture)
-        if dtype == "bfloat16" and not family.bf16_weights:
-            raise ExportError(
-                f"--dtype bfloat16 is not built yet for {family.name} (its expert and MLA stacks are "
-                "float32 only); use --dtype float32"
-            )
+        dtype = export_dtype(dtype, family, weights)
         dims = family.shard_dims(mc, tp)
         group = family.quant_group(mc, dims, quant_group) if quant == "weight_only_int4" else None
         cpp_ops = resolve_graph_ops(graph_ops)

@@ -20,7 +20,7 @@ each quantised on its own; deepseek/batched.py is its graph side.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -36,6 +36,7 @@ __all__ = [
     "bf16_bits",
     "choose_group",
     "from_bf16_bits",
+    "bf16_valued",
     "dequantize",
     "hf_scales",
     "quant_weight",
@@ -53,6 +54,17 @@ def bf16_bits(w: np.ndarray) -> np.ndarray:
     u = np.ascontiguousarray(w, np.float32).view(np.uint32).astype(np.uint64)
     bits = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)  # may carry into the exponent: correct
     return np.where(np.isnan(w), (u >> 16).astype(np.uint16) | np.uint16(0x40), bits)
+
+
+def bf16_valued(arrays: Iterable[np.ndarray], chunk: int = 1 << 24) -> bool:
+    """Whether every element of these float32 arrays is a bfloat16 value (its low 16 bits zero): then
+    bf16_bits loses nothing.  Read `chunk` elements at a time (no weight-sized temporary), stopping at
+    the first element that is not."""
+    for a in arrays:
+        bits = np.ascontiguousarray(a, np.float32).reshape(-1).view(np.uint32)
+        if any((bits[i : i + chunk] & 0xFFFF).any() for i in range(0, bits.size, chunk)):
+            return False
+    return True
 
 
 def from_bf16_bits(b: np.ndarray) -> np.ndarray:

@@ -212,6 +212,31 @@ def test_bfloat16_weights_are_refused_with_the_reason(tmp_path, capsys):
     assert "use --dtype float32" in err and not (tmp_path / "out").exists()
 
 
+def test_a_bfloat16_checkpoint_is_exported_in_bfloat16_by_default(tmp_path, capsys):
+    """--dtype auto: bfloat16 where every weight is a bfloat16 value (PaddleNLP's own bf16 save here),
+    float32 where one is not, and for DeepSeek (no bf16 stacks) whatever its weights."""
+    from spmd_serve.export import main
+    from spmd_serve.export.quant import bf16_valued
+    from tests.support import deepseek_zoo
+    from tests.support.paddlenlp_reference import reference_from_weights
+
+    def exported(ckpt, name) -> str:
+        assert main(["--checkpoint", str(ckpt), "--out", str(tmp_path / name)]) == 0
+        dtype = json.loads((tmp_path / name / "config.json").read_text())["spmd_serve"]["dtype"]
+        assert f"dtype={dtype}," in capsys.readouterr().out
+        return dtype
+
+    cfg = ARCHS["qwen2_untied"]
+    model = reference_from_weights(cfg, make_weights(cfg))
+    model.to(dtype="bfloat16")
+    model.save_pretrained(str(tmp_path / "bf16"), safe_serialization=True)
+    assert exported(tmp_path / "bf16", "a") == "bfloat16"
+    assert exported(write("hf", tmp_path / "f32", cfg, make_weights(cfg)), "b") == "float32"
+    ds = {k: np.float32(0.5) * np.sign(v) for k, v in deepseek_zoo.make_weights(deepseek_zoo.CONFIGS["v2"]).items()}
+    assert bf16_valued(ds.values()) and not bf16_valued([np.float32([1, 2, 3, 4, 1 + 2**-20])], chunk=2)
+    assert exported(deepseek_zoo.write("hf", tmp_path / "ds", deepseek_zoo.CONFIGS["v2"], ds), "c") == "float32"
+
+
 def test_half_dtype_kernels_are_missing_on_cpu():
     """The measurement behind the refusal: no float16/bfloat16 CPU matmul in this build."""
     import paddle

@@ -188,15 +188,16 @@ def test_bfloat16_export_serves_the_float32_logits_of_bfloat16_weights(demo_chec
     bytes) and computes in fp32: on a checkpoint whose weights are bfloat16 values it gives the fp32
     export's logits bit for bit (the C++ ops; Paddle's ops: within fp32 rounding), and on any
     checkpoint the fp32 export's logits within bfloat16's rounding of the weights, with its greedy
-    tokens."""
+    tokens.  The export's default (--dtype auto) picks bfloat16 for the former."""
     from spmd_serve.export import export_checkpoint
 
     ckpt = bf16_valued_checkpoint(demo_checkpoint, tmp_path / "ckpt")
-    made = {
+    made = {  # "auto": the default
         (dtype, ops): export_checkpoint(ckpt, tmp_path / f"{dtype}-{ops}", dtype=dtype, kv_int8=False, graph_ops=ops)
-        for dtype in ("float32", "bfloat16")
+        for dtype in ("float32", "auto")
         for ops in ("cpp", "paddle")
     }
+    made = {("bfloat16" if d == "auto" else d, ops): path for (d, ops), path in made.items()}
     served = json.loads((made["bfloat16", "cpp"] / "config.json").read_text())["spmd_serve"]
     assert served["dtype"] == "bfloat16"
     ops = op_names(made["bfloat16", "cpp"] / "rank_0" / "seg_0.json")
