@@ -256,9 +256,12 @@ def test_a_killed_rank_takes_the_job_down_and_stop_server_says_why(served_tp2_lo
             time.sleep(0.05)
         gone_after = time.monotonic() - t0
         assert not processes_of(log_dir), "the job still runs 30 s after a rank was killed"
-    # PeerWatch checks every 0.1 s: after that, never ready again; 503 while rank 0 still answers
-    late = {status for t, status in statuses if t > 0.3}
-    assert 200 not in late and 503 in late, statuses
+    # PeerWatch checks every 0.1 s; once it has seen the rank gone, never ready again, and 503 while
+    # rank 0 still answers.  When it sees it depends on the scheduler (a busy CI machine once gave
+    # 200 at 0.32 s), so the bound is loose and the rule is the order: no 200 after the first non-200
+    first = next((i for i, (_, status) in enumerate(statuses) if status != 200), None)
+    assert first is not None and statuses[first][0] < 5, statuses
+    assert 200 not in {s for _, s in statuses[first:]} and 503 in {s for _, s in statuses}, statuses
     print(f"job down {gone_after:.1f} s after kill -9; readiness {statuses[:3]} ... {statuses[-3:]}")
     frames = stream.rest(10)
     assert stream.cut is None, f"connection cut without an error frame: {stream.cut}"
