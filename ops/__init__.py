@@ -9,7 +9,7 @@ ops/kernels/ (*.cu, *.cuh), read and concatenated per kernel module by `runtime.
 | `paged_attention` | decode attention over block tables, GQA, optional int8 KV, split-K for long contexts |
 | `sample`, `sample_twin`, `sample_cuda`, `sample_launch`, `sample_staged`, `philox` | fused penalties / EOS mask / temperature / top-k / top-p / seeded Philox draw / top-n logprobs; `sample` dispatches |
 | `bench`, `bench_timing`, `bench_attention` | GPU timings against the measured copy bandwidth (`python -m ops.bench`; the attention variant sweep) |
-| `paddle_ext` | Paddle CPU custom operators in C++ (`cpu_kernels/*.cc`) used inside exported graphs: `spmd_allreduce` (MPI in the graph), `spmd_linear[_panels\|_bf16\|_int8\|_int4]` (GEMM for every T, per weight form), `spmd_paged_attention` (RoPE + pool write + causal GQA over the paged pool), the norms and SwiGLU, on a persistent thread pool; built with g++ on first use, cached, registered |
+| `paddle_ext` | Paddle CPU custom operators in C++ (`cpu_kernels/*.cc`) used inside exported graphs: `spmd_allreduce` (MPI in the graph), `spmd_linear[_panels\|_bf16\|_f16\|_int8\|_int4]` (GEMM for every T, per weight form), `spmd_paged_attention` (RoPE + pool write + causal GQA over the paged pool), the norms and SwiGLU, on a persistent thread pool; built with g++ on first use, cached, registered |
 
 What runs where.  Each op's entry point dispatches on its arrays: numpy -> the twin, device arrays
 (cupy, Paddle GPU tensors, runtime.DeviceArray) -> the kernel, which the GPU tests hold to the twin.

@@ -5,17 +5,17 @@ The CUDA kernels of this package run on raw device pointers; these run *inside* 
 graphs on the CPU build, where Paddle lacks what the engine needs:
 * `spmd_allreduce` — an MPI_Allreduce in the graph (Paddle's CPU collective goes through gloo at
   ~2 ms a call), so a tensor-parallel rank runs one graph per step instead of one per stage.
-* `spmd_linear`, `_panels`, `_bf16`, `_int8`, `_int4` — x[T, K] @ W for every T: one pass over W
-  for decode steps, a packed register-blocked micro-kernel for prefill chunks (gemm.h), fp32, bf16
-  or quantised weights in the export's layout, widened or dequantised in registers.
+* `spmd_linear`, `_panels`, `_bf16`, `_f16`, `_int8`, `_int4` — x[T, K] @ W for every T: one pass
+  over W for decode steps, a packed register-blocked micro-kernel for prefill chunks (gemm.h), fp32,
+  16-bit or quantised weights in the export's layout, widened or dequantised in registers.
 * `spmd_paged_attention` — any step's (prefill chunks, decodes, mixed) RoPE, K/V write into the
   paged pool and causal GQA attention over the flat token layout (the core: attention.h).
 * `spmd_rms_norm`, `spmd_add_rms_norm`, `spmd_swiglu` — the layer's elementwise steps, threaded
   (Paddle's CPU kernels for them are single-threaded; swiglu's is scalar).
-* `spmd_norm_linear`, `_panels`, `_bf16`, `_int8`, `_int4` — a residual add + RMSNorm, the linear it feeds and
+* `spmd_norm_linear`, `_panels`, `_bf16`, `_f16`, `_int8`, `_int4` — a residual add + RMSNorm, the linear it feeds and
   (attr) the SwiGLU after it as one op: Paddle's ~9 us a call is most of a small op's time at
   batch 1; equal bit for bit to the separate ops.
-* `spmd_linear_norm_linear`, `_panels`, `_bf16`, `_int8`, `_int4` — the row-shard linear before that (a layer's
+* `spmd_linear_norm_linear`, `_panels`, `_bf16`, `_f16`, `_int8`, `_int4` — the row-shard linear before that (a layer's
   o_proj or down), its all-reduce at TP > 1 (attr) and `spmd_norm_linear*` as one op: a Llama layer
   runs 3 ops, not 5 (7 at TP > 1); equal bit for bit to the separate ops (export/deferred.py).
 * `spmd_mla_decode`, `spmd_moe_experts` (`_int8`, `_int4`) — DeepSeek's decode attention in latent

@@ -66,19 +66,13 @@ class ServedConfig:
 
 DTYPES = ("float32", "float16", "bfloat16")
 AUTO_DTYPE = "auto"  # the export's default: the checkpoint's own where that loses nothing (pipeline.export_dtype)
-# What an export's dtype holds in bfloat16: the dense linears' weights (export/layers.py); the graphs
-# compute in float32, so every build runs them.  Measured on the CPU build of Paddle 3.3.1: float16
-# and bfloat16 have no CPU kernels for matmul, rsqrt, pow/mean, softmax, silu or cos (only cast,
-# concat, embedding; gather for bfloat16), so graphs computing in them would need a GPU build.
-RUNNABLE_DTYPES = ("float32", "bfloat16")
+# What an export's dtype holds in 16 bits: the weights (export/layers.py); the graphs compute in
+# float32, so every build runs them.  (Measured on the CPU build of Paddle 3.3.1: float16 and
+# bfloat16 have no CPU kernels for matmul, rsqrt, pow/mean, softmax, silu or cos, only cast, concat,
+# embedding and for bfloat16 gather: graphs computing in them would need a GPU build.)
 
 
 def check_dtype_runnable(dtype: str) -> None:
-    """Raise ManifestError (one line) unless this build can run an export of `dtype`."""
+    """Raise ManifestError (one line) unless `dtype` is one an export can hold its weights in."""
     if dtype not in DTYPES:
         raise ManifestError(f"dtype {dtype!r} is not one of {', '.join(DTYPES)}")
-    if dtype not in RUNNABLE_DTYPES:
-        raise ManifestError(
-            f"{dtype} is not built yet (Paddle's CPU build has no {dtype} matmul, softmax, rsqrt, silu or cos "
-            "kernels, and the C++ ops hold weights in float32 or bfloat16); use --dtype bfloat16 or float32"
-        )

@@ -1,11 +1,11 @@
-// spmd_linear_norm_linear / _panels / _bf16 / _int8 / _int4: a row-shard linear (a layer's o_proj or down),
+// spmd_linear_norm_linear / _panels / _bf16 / _f16 / _int8 / _int4: a row-shard linear (a layer's o_proj or down),
 // the all-reduce of its partial output at TP > 1, and the residual add + RMSNorm + linear (+ SwiGLU)
 // that consume it (norm_linear.cc), as ONE Paddle op:
 //
 //   spmd_linear_norm_linear(X [T, K1], W1 [K1, K2], H [T, K2], NormW [K2], W2 [K2, N]; eps, swiglu, reduce)
 //       -> (Out = [swiglu](rms_norm(H + D) * NormW @ W2)  [T, N or N / 2],  Sum = H + D)
 //       where D = X @ W1, summed over the MPI ranks when `reduce`
-//   _panels: W1, W2 in panels; _bf16: W1, W2 in bfloat16; _int8 / _int4: (Q1, Scale1), (Q2, Scale2) for W1, W2.
+//   _panels: W1, W2 in panels; _bf16 / _f16: W1, W2 in bfloat16 / float16; _int8 / _int4: (Q1, Scale1), (Q2, Scale2) for W1, W2.
 //
 // Why: every op costs Paddle's executor a few us at batch 1, on the rank's one thread at TP > 1, and
 // a Llama layer ran 5 ops at TP = 1 (7 with the all-reduces).  With these it runs 3: norm + qkv
@@ -41,6 +41,12 @@ std::vector<paddle::Tensor> LinearNormLinearBf16Forward(const paddle::Tensor& x,
                                                         const paddle::Tensor& h, const paddle::Tensor& norm_w,
                                                         const paddle::Tensor& w2, float eps, bool swiglu, bool reduce) {
   return NormLinearBf16Forward(h, partial(LinearBf16Forward(x, w1)[0], reduce), norm_w, w2, eps, swiglu);
+}
+
+std::vector<paddle::Tensor> LinearNormLinearF16Forward(const paddle::Tensor& x, const paddle::Tensor& w1,
+                                                       const paddle::Tensor& h, const paddle::Tensor& norm_w,
+                                                       const paddle::Tensor& w2, float eps, bool swiglu, bool reduce) {
+  return NormLinearF16Forward(h, partial(LinearF16Forward(x, w1)[0], reduce), norm_w, w2, eps, swiglu);
 }
 
 std::vector<paddle::Tensor> LinearNormLinearInt8Forward(const paddle::Tensor& x, const paddle::Tensor& q1,
@@ -109,6 +115,8 @@ SPMD_LINEAR_NORM_LINEAR(spmd_linear_norm_linear, LinearNormLinearForward, Linear
 SPMD_LINEAR_NORM_LINEAR(spmd_linear_norm_linear_panels, LinearNormLinearPanelsForward, LinearNormLinearShape,
                         LinearNormLinearDtype, "X", "W1", "H", "NormW", "W2");
 SPMD_LINEAR_NORM_LINEAR(spmd_linear_norm_linear_bf16, LinearNormLinearBf16Forward, LinearNormLinearShape,
+                        LinearNormLinearDtype, "X", "W1", "H", "NormW", "W2");
+SPMD_LINEAR_NORM_LINEAR(spmd_linear_norm_linear_f16, LinearNormLinearF16Forward, LinearNormLinearShape,
                         LinearNormLinearDtype, "X", "W1", "H", "NormW", "W2");
 SPMD_LINEAR_NORM_LINEAR(spmd_linear_norm_linear_int8, LinearNormLinearInt8Forward, LinearNormLinearQuantShape,
                         LinearNormLinearQuantDtype, "X", "Q1", "Scale1", "H", "NormW", "Q2", "Scale2");

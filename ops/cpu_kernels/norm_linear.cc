@@ -1,10 +1,10 @@
-// spmd_norm_linear / _panels / _bf16 / _int8 / _int4: a decoder layer's residual add + RMSNorm, the linear it feeds
+// spmd_norm_linear / _panels / _bf16 / _f16 / _int8 / _int4: a decoder layer's residual add + RMSNorm, the linear it feeds
 // and (attr swiglu) the SwiGLU after it, as ONE Paddle op:
 //
 //   spmd_norm_linear(H [..., K], Delta [..., K], NormW [K], W [K, N]; eps, swiglu)
 //       -> (Out = [swiglu](rms_norm(H + Delta) * NormW @ W)  [..., N or N / 2],  Sum = H + Delta)
 //   spmd_norm_linear_panels(H, Delta, NormW, W [K, N] in panels; eps, swiglu)   (linear.cc)
-//   spmd_norm_linear_bf16(H, Delta, NormW, W [K, N] bf16; eps, swiglu)             (linear_bf16.cc)
+//   spmd_norm_linear_bf16 / _f16(H, Delta, NormW, W [K, N] bf16 / f16 in panels; eps, swiglu) (linear_half.cc)
 //   spmd_norm_linear_int8(H, Delta, NormW, Q [K, N] i8, Scale [N]; eps, swiglu)
 //   spmd_norm_linear_int4(H, Delta, NormW, Q [K/2, N] i8, Scale [K/group, N]; eps, swiglu)
 //
@@ -47,6 +47,12 @@ std::vector<paddle::Tensor> NormLinearBf16Forward(const paddle::Tensor& h, const
                                                   const paddle::Tensor& norm_w, const paddle::Tensor& w, float eps,
                                                   bool swiglu) {
   return fused(h, delta, norm_w, eps, swiglu, [&](const paddle::Tensor& x) { return LinearBf16Forward(x, w)[0]; });
+}
+
+std::vector<paddle::Tensor> NormLinearF16Forward(const paddle::Tensor& h, const paddle::Tensor& delta,
+                                                 const paddle::Tensor& norm_w, const paddle::Tensor& w, float eps,
+                                                 bool swiglu) {
+  return fused(h, delta, norm_w, eps, swiglu, [&](const paddle::Tensor& x) { return LinearF16Forward(x, w)[0]; });
 }
 
 std::vector<paddle::Tensor> NormLinearInt8Forward(const paddle::Tensor& h, const paddle::Tensor& delta,
@@ -121,6 +127,14 @@ PD_BUILD_OP(spmd_norm_linear_bf16)
     .Outputs({"Out", "Sum"})
     .Attrs({"eps: float", "swiglu: bool"})
     .SetKernelFn(PD_KERNEL(NormLinearBf16Forward))
+    .SetInferShapeFn(PD_INFER_SHAPE(NormLinearShape))
+    .SetInferDtypeFn(PD_INFER_DTYPE(NormLinearDtype));
+
+PD_BUILD_OP(spmd_norm_linear_f16)
+    .Inputs({"H", "Delta", "NormW", "W"})
+    .Outputs({"Out", "Sum"})
+    .Attrs({"eps: float", "swiglu: bool"})
+    .SetKernelFn(PD_KERNEL(NormLinearF16Forward))
     .SetInferShapeFn(PD_INFER_SHAPE(NormLinearShape))
     .SetInferDtypeFn(PD_INFER_DTYPE(NormLinearDtype));
 

@@ -11,9 +11,10 @@
 std::vector<paddle::Tensor> AddRmsNormForward(const paddle::Tensor& h, const paddle::Tensor& delta,
                                               const paddle::Tensor& w, float eps);
 std::vector<paddle::Tensor> SwigluForward(const paddle::Tensor& x);
-// linear.cc, linear_bf16.cc, linear_quant.cc
+// linear.cc, linear_half.cc, linear_quant.cc
 std::vector<paddle::Tensor> LinearForward(const paddle::Tensor& x, const paddle::Tensor& w);
 std::vector<paddle::Tensor> LinearBf16Forward(const paddle::Tensor& x, const paddle::Tensor& w);
+std::vector<paddle::Tensor> LinearF16Forward(const paddle::Tensor& x, const paddle::Tensor& w);
 std::vector<paddle::Tensor> LinearPanelsForward(const paddle::Tensor& x, const paddle::Tensor& w);
 std::vector<paddle::Tensor> LinearInt8Forward(const paddle::Tensor& x, const paddle::Tensor& q,
                                               const paddle::Tensor& scale);
@@ -31,6 +32,9 @@ std::vector<paddle::Tensor> NormLinearPanelsForward(const paddle::Tensor& h, con
 std::vector<paddle::Tensor> NormLinearBf16Forward(const paddle::Tensor& h, const paddle::Tensor& delta,
                                                   const paddle::Tensor& norm_w, const paddle::Tensor& w, float eps,
                                                   bool swiglu);
+std::vector<paddle::Tensor> NormLinearF16Forward(const paddle::Tensor& h, const paddle::Tensor& delta,
+                                                 const paddle::Tensor& norm_w, const paddle::Tensor& w, float eps,
+                                                 bool swiglu);
 std::vector<paddle::Tensor> NormLinearInt8Forward(const paddle::Tensor& h, const paddle::Tensor& delta,
                                                   const paddle::Tensor& norm_w, const paddle::Tensor& q,
                                                   const paddle::Tensor& scale, float eps, bool swiglu);

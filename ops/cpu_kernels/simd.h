@@ -65,6 +65,30 @@ struct Bf16 {
   }
 };
 
+// An IEEE half (float16) number (weights exported with --dtype float16), widened exactly: every
+// half is a float32 (subnormals included), so a GEMM over them is the fp32 chain over the widened
+// weights, as for Bf16.
+struct F16 {
+  uint16_t bits;
+  explicit operator float() const {
+    const uint32_t sign = (bits & 0x8000u) << 16, exp = (bits >> 10) & 0x1Fu, man = bits & 0x3FFu;
+    uint32_t u = sign;
+    if (exp == 0x1F) {
+      u |= 0x7F800000u | (man << 13);              // inf, NaN
+    } else if (exp != 0) {
+      u |= ((exp + 112) << 23) | (man << 13);      // normal: rebias 15 -> 127
+    } else if (man != 0) {
+      const float f = static_cast<float>(man) * 5.9604644775390625e-8f;   // subnormal: man * 2^-24, exact
+      uint32_t v;
+      std::memcpy(&v, &f, sizeof v);
+      u |= v;
+    }
+    float f;
+    std::memcpy(&f, &u, sizeof f);
+    return f;
+  }
+};
+
 #if defined(SPMD_EMULATE_WIDTH)
 #define SPMD_SIMD 0
 #elif defined(__AVX512F__)
@@ -90,6 +114,9 @@ inline Vec vload(const int8_t* p) {  // 16 int8 → 16 fp32
 inline Vec vload(const Bf16* p) {  // 16 bf16 → 16 fp32: each into a float's high half
   const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
   return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+inline Vec vload(const F16* p) {  // 16 halves → 16 fp32 (vcvtph2ps: exact)
+  return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
 }
 inline void vstore(float* p, Vec v) { _mm512_storeu_ps(p, v); }
 inline Vec vfma(Vec a, Vec b, Vec c) { return _mm512_fmadd_ps(a, b, c); }
@@ -120,6 +147,15 @@ inline Vec vload(const int8_t* p) {  // 8 int8 → 8 fp32
 inline Vec vload(const Bf16* p) {  // 8 bf16 → 8 fp32: each into a float's high half
   const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
   return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+inline Vec vload(const F16* p) {  // 8 halves → 8 fp32
+#ifdef __F16C__
+  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+#else
+  alignas(32) float f[8];
+  for (int i = 0; i < 8; ++i) f[i] = static_cast<float>(p[i]);
+  return _mm256_load_ps(f);
+#endif
 }
 inline void vstore(float* p, Vec v) { _mm256_storeu_ps(p, v); }
 inline Vec vfma(Vec a, Vec b, Vec c) { return _mm256_fmadd_ps(a, b, c); }

@@ -10,6 +10,7 @@
 //         is then one contiguous run of memory (gemm_panels.h says why).
 //   B16P  bfloat16 (simd.h Bf16) in F32P's panels (an export's --dtype bfloat16), widened exactly in
 //         registers: the chains of F32P over the widened weights, bit for bit
+//   F16P  float16 (simd.h F16) in the same panels (--dtype float16), likewise
 //   I4W   int8 [K/2, N], two signed nibbles a byte (row 2i low, 2i+1 high), times the fp32 scale
 //         [K/group, N] of its group of input rows: an element is fl(q * scale), as the graph's
 //         dequantisation computes it.
@@ -55,6 +56,7 @@ struct Panels {
 };
 using F32P = Panels<float>;
 using B16P = Panels<Bf16>;
+using F16P = Panels<F16>;
 
 template <typename Src>
 inline constexpr bool kIsPanels = false;

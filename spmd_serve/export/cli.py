@@ -44,9 +44,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--dtype",
         default=AUTO_DTYPE,
         choices=(AUTO_DTYPE, *DTYPES),
-        help="bfloat16: the weights held in bfloat16 (half the memory and the bytes a decode step reads; the "
-        "graphs compute in float32); auto (default): bfloat16 when every weight of the checkpoint is a bfloat16 "
-        "value (a bf16 checkpoint: the float32 export's outputs exactly), else float32; float16: not built yet",
+        help="bfloat16 / float16: the weights held so (half the memory and the bytes a decode step reads; the "
+        "graphs compute in float32); auto (default): bfloat16 or float16 when every weight of the checkpoint is "
+        "such a value (a bf16 or fp16 checkpoint: the float32 export's outputs exactly), else float32",
     )
     ap.add_argument(
         "--quant",

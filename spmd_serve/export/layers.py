@@ -9,7 +9,8 @@ micro-kernel for prefill chunks, int8/int4 dequantised in registers (int8 on a C
 integer sums instead, ops/cpu_kernels/int8_exact.h), on the op library's threads; an fp32 weight
 built inside `dense_weights(panels=True)` (the export with the C++ ops) is stored in the panel layout
 (export/panels.py) and runs `spmd_linear_panels`; inside `dense_weights(..., "bfloat16")` (`--dtype
-bfloat16`) it is held as bfloat16 (`spmd_linear_bf16`: widened exactly in the GEMM, computing in fp32);
+bfloat16` or `float16`) it is held so (`spmd_linear_bf16` / `_f16`: widened exactly in the GEMM, computing
+in fp32);
 
 the norms and SwiGLU are `spmd_rms_norm`, `spmd_add_rms_norm`, `spmd_swiglu`, and a residual add +
 RMSNorm with the linear it feeds (and the SwiGLU after it) is one op, `spmd_norm_linear*`
@@ -41,7 +42,9 @@ from spmd_serve.export.variant import GENERAL, GraphVariant
 # read panels, so the export sets them with the graph ops it chose (pipeline.export_rank); the dtype
 # is the export's --dtype (float32, or bfloat16: the weights only, the graph computes in fp32)
 _DENSE: ContextVar[tuple[bool, str]] = ContextVar("dense_weights", default=(False, "float32"))
-DENSE_DTYPES = ("float32", "bfloat16")
+# the 16-bit forms: the numpy array a float32 value is held as (bfloat16 as its bits), and the ops
+_HALF = {"bfloat16": (bf16_bits, "spmd_linear_bf16"), "float16": (lambda v: v.astype(np.float16), "spmd_linear_f16")}
+DENSE_DTYPES = ("float32", *_HALF)
 
 
 @contextmanager
@@ -58,13 +61,14 @@ def dense_weights(panels: bool, dtype: str = "float32") -> Iterator[None]:
 
 
 def hold_dense(layer: nn.Layer, value: np.ndarray) -> paddle.Tensor:
-    """`layer.weight`: an fp32 parameter holding `value`, or inside `dense_weights(..., "bfloat16")`
-    `value` rounded to bfloat16 (a persistable buffer of Paddle's bfloat16, so the saved params hold 2
-    bytes an element; the graph widens it)."""
-    if _DENSE.get()[1] == "bfloat16":
-        layer.register_buffer("weight", paddle.to_tensor(bf16_bits(value)), persistable=True)
-    else:
+    """`layer.weight`: an fp32 parameter holding `value`, or inside `dense_weights(..., "bfloat16" or
+    "float16")` `value` rounded to it (a persistable buffer of that Paddle dtype, so the saved params
+    hold 2 bytes an element; the graph widens it)."""
+    half = _HALF.get(_DENSE.get()[1])
+    if half is None:
         layer.weight = make_param(layer, value)
+    else:
+        layer.register_buffer("weight", paddle.to_tensor(half[0](np.asarray(value, np.float32))), persistable=True)
     return layer.weight
 
 
@@ -109,19 +113,15 @@ class Linear(nn.Layer):
 
 
 class DenseLinear(Linear):
-    """An fp32 [in, out] weight, as `dense_weights` says: fp32 or rounded to bfloat16 (a persistable
-    buffer of Paddle's bfloat16, so the saved params hold 2 bytes a weight), as it is or in the panel
-    layout, which only the C++ ops read."""
+    """An fp32 [in, out] weight, as `dense_weights` says: fp32 or rounded to a 16-bit float
+    (`hold_dense`), as it is or in the panel layout, which only the C++ ops read (rounding is per
+    element, so the panels of the rounded weight are the rounded panels)."""
 
     def __init__(self, w: np.ndarray) -> None:
         super().__init__()
-        self.panels, dtype = _DENSE.get()
-        self.bf16 = dtype == "bfloat16"
+        self.panels, self.dtype = _DENSE.get()
         w = np.asarray(w, np.float32)
-        if self.bf16 and self.panels:
-            self.register_buffer("weight", paddle.to_tensor(to_panels(bf16_bits(w))), persistable=True)
-        else:
-            hold_dense(self, to_panels(w) if self.panels else w)
+        hold_dense(self, to_panels(w) if self.panels else w)
 
     def forward(self, x: paddle.Tensor, variant: GraphVariant | None = None) -> paddle.Tensor:
         variant = variant or GENERAL
@@ -129,13 +129,16 @@ class DenseLinear(Linear):
             return paddle_ext.run_op(self.cpp_op()[0], x, self.weight)
         if self.panels:
             raise ValueError("a weight in the panel layout has only the C++ op (GraphVariant.cpp_ops)")
-        return paddle.matmul(x, self.weight.astype("float32") if self.bf16 else self.weight)
+        return paddle.matmul(x, self.weight if self.dtype == "float32" else self.weight.astype("float32"))
 
     def cpp_op(self) -> tuple[str, list[paddle.Tensor]]:
-        if self.bf16 and not self.panels:
-            raise ValueError("spmd_linear_bf16 reads bfloat16 weights in the panel layout (dense_weights(True, ...))")
-        name = "spmd_linear_bf16" if self.bf16 else "spmd_linear_panels" if self.panels else "spmd_linear"
-        return name, [self.weight]
+        if self.dtype in _HALF:
+            if not self.panels:
+                raise ValueError(
+                    f"{self.dtype} weights have C++ ops in the panel layout only (dense_weights(True, ...))"
+                )
+            return _HALF[self.dtype][1], [self.weight]
+        return ("spmd_linear_panels" if self.panels else "spmd_linear"), [self.weight]
 
 
 class Int8Linear(Linear):

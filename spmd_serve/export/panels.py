@@ -1,5 +1,5 @@
-"""The panel layout of a linear weight (ops/cpu_kernels/weights.h: `F32P` for float32, `B16P` for
-bfloat16 held as its uint16 bits): numpy both ways.
+"""The panel layout of a linear weight (ops/cpu_kernels/weights.h: `F32P` for float32, `F16P` for
+float16, `B16P` for bfloat16 held as its uint16 bits): numpy both ways.
 
 A [K, N] weight keeps its shape and dtype; only the order of its elements changes.  Per block of
 KC = 128 input rows (the last block K % 128), the block's columns are cut into panels of 16 (the last
@@ -33,8 +33,8 @@ def _blocks(k: int) -> list[tuple[int, int]]:
 def to_panels(w: np.ndarray) -> np.ndarray:
     """A [K, N] float32 (or bfloat16 bits, uint16) weight → the same [K, N] array's elements in the panel
     layout."""
-    if w.ndim != 2 or w.dtype not in (np.float32, np.uint16):
-        raise ValueError(f"the panel layout is for 2-D float32 or bfloat16 weights, got {w.ndim}-D {w.dtype}")
+    if w.ndim != 2 or w.dtype not in (np.float32, np.float16, np.uint16):
+        raise ValueError(f"the panel layout is for 2-D float32, float16 or bfloat16 weights, got {w.ndim}-D {w.dtype}")
     k, n = w.shape
     full = n // PANEL * PANEL
     out = np.empty(k * n, w.dtype)

@@ -29,7 +29,7 @@ from spmd_serve.export.errors import REFUSALS, ExportError, QuantError
 from spmd_serve.export.families import family_of
 from spmd_serve.export.family import ArchConfig, ModelFamily
 from spmd_serve.export.graph_ops import custom_ops_in, resolve_graph_ops
-from spmd_serve.export.quant import bf16_valued
+from spmd_serve.export.quant import bf16_valued, f16_valued
 from spmd_serve.export.variant import GraphVariant
 from spmd_serve.manifest import (
     MANIFEST_VERSION,
@@ -147,17 +147,27 @@ def _export_model(
     (out / "config.json").write_text(json.dumps(dict(cfg, spmd_serve=served.to_json()), indent=1))
 
 
+F16_MAX = 65504.0
+
+
 def export_dtype(dtype: str, family: ModelFamily[Any], weights: Mapping[str, np.ndarray]) -> str:
-    """The dtype an export holds its weights in: `dtype`, or for AUTO_DTYPE bfloat16 where every
-    weight is a bfloat16 value (a bf16 checkpoint: served so, its outputs are the float32 export's
-    bit for bit, at half the memory) and the family holds bfloat16 weights, else float32."""
+    """The dtype an export holds its weights in: `dtype`, or for AUTO_DTYPE bfloat16 (else float16)
+    where every weight is a value of it (a bf16 or fp16 checkpoint: served so, its outputs are the
+    float32 export's bit for bit, at half the memory) and the family holds 16-bit weights, else
+    float32.  float16 asked for weights beyond its range (65504) is refused: they would become inf."""
     if dtype == AUTO_DTYPE:
-        return "bfloat16" if family.bf16_weights and bf16_valued(weights.values()) else "float32"
-    if dtype == "bfloat16" and not family.bf16_weights:
+        if family.half_weights and bf16_valued(weights.values()):
+            return "bfloat16"
+        return "float16" if family.half_weights and f16_valued(weights.values()) else "float32"
+    if dtype != "float32" and not family.half_weights:
         raise ExportError(
-            f"--dtype bfloat16 is not built yet for {family.name} (its expert and MLA stacks are float32 only); "
+            f"--dtype {dtype} is not built yet for {family.name} (its expert and MLA stacks are float32 only); "
             "use --dtype float32"
         )
+    if dtype == "float16":
+        big = next((k for k, w in weights.items() if np.abs(w).max(initial=0) > F16_MAX), None)
+        if big is not None:
+            raise ExportError(f"{big} has values beyond float16's range ({F16_MAX:g}); use --dtype bfloat16")
     return dtype
 
 

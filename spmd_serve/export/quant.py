@@ -36,6 +36,7 @@ __all__ = [
     "bf16_bits",
     "choose_group",
     "from_bf16_bits",
+    "f16_valued",
     "bf16_valued",
     "dequantize",
     "hf_scales",
@@ -56,15 +57,26 @@ def bf16_bits(w: np.ndarray) -> np.ndarray:
     return np.where(np.isnan(w), (u >> 16).astype(np.uint16) | np.uint16(0x40), bits)
 
 
-def bf16_valued(arrays: Iterable[np.ndarray], chunk: int = 1 << 24) -> bool:
-    """Whether every element of these float32 arrays is a bfloat16 value (its low 16 bits zero): then
-    bf16_bits loses nothing.  Read `chunk` elements at a time (no weight-sized temporary), stopping at
-    the first element that is not."""
+def _all_chunks(arrays: Iterable[np.ndarray], ok, chunk: int) -> bool:
+    """Whether ok(part) for every `chunk` elements of every float32 array (no weight-sized temporary),
+    stopping at the first part that is not."""
     for a in arrays:
-        bits = np.ascontiguousarray(a, np.float32).reshape(-1).view(np.uint32)
-        if any((bits[i : i + chunk] & 0xFFFF).any() for i in range(0, bits.size, chunk)):
+        flat = np.ascontiguousarray(a, np.float32).reshape(-1)
+        if not all(ok(flat[i : i + chunk]) for i in range(0, flat.size, chunk)):
             return False
     return True
+
+
+def bf16_valued(arrays: Iterable[np.ndarray], chunk: int = 1 << 24) -> bool:
+    """Whether every element of these float32 arrays is a bfloat16 value (its low 16 bits zero): then
+    bf16_bits loses nothing."""
+    return _all_chunks(arrays, lambda p: not (p.view(np.uint32) & 0xFFFF).any(), chunk)
+
+
+def f16_valued(arrays: Iterable[np.ndarray], chunk: int = 1 << 24) -> bool:
+    """Whether every element of these float32 arrays is a float16 value (float16 holds it exactly)."""
+    with np.errstate(over="ignore"):
+        return _all_chunks(arrays, lambda p: np.array_equal(p.astype(np.float16).astype(np.float32), p), chunk)
 
 
 def from_bf16_bits(b: np.ndarray) -> np.ndarray:

@@ -24,7 +24,7 @@ from spmd_serve.config import ConfigError
 
 # framework.proto VarType.Type → the numpy dtype of the bytes (bfloat16 as its uint16 bits, which
 # paddle.from_dlpack takes as bfloat16) and the saved PIR json's name of the type
-BF16_CODE = 22
+HALF_CODES = (4, 22)  # float16, bfloat16
 DTYPES: dict[int, tuple[np.dtype, str]] = {
     code: (np.dtype(np_name), pir)
     for code, np_name, pir in (
@@ -117,9 +117,10 @@ def read_index(path: Path) -> list[TensorEntry]:
     return entries
 
 
-def holds_bf16(entries: list[TensorEntry]) -> bool:
-    """Whether a parameter file of these entries holds bfloat16 tensors (--dtype bfloat16 weights)."""
-    return any(e.code == BF16_CODE for e in entries)
+def holds_half(entries: list[TensorEntry]) -> bool:
+    """Whether a parameter file of these entries holds 16-bit float tensors (--dtype bfloat16 or
+    float16 weights)."""
+    return any(e.code in HALF_CODES for e in entries)
 
 
 def graph_params(program: Path, entries: list[TensorEntry]) -> list[str]:

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from spmd_serve.manifest import SegmentSpec
 from spmd_serve.worker.params import HostParams
-from spmd_serve.worker.pdiparams import holds_bf16, read_index
+from spmd_serve.worker.pdiparams import holds_half, read_index
 
 GC_BATCH_GB = 0.004  # ~4 MB: at most this much freed memory waits for the next batch (RSS +8 MB measured)
 
@@ -46,8 +46,8 @@ class Predictor:
         loads a copy of its own, as the tests' reference does)."""
         # a variant (int8-KV, decode) uses its base graph's params (spec.params)
         program, file = rank_dir / f"{spec.name}.json", rank_dir / f"{spec.params_name}.pdiparams"
-        # bfloat16 weights (--dtype bfloat16) are narrow weights too: keep them so
-        quantised = quantised or (file.exists() and holds_bf16(params.entries(file) if params else read_index(file)))
+        # 16-bit float weights (--dtype bfloat16 / float16) are narrow weights too: keep them so
+        quantised = quantised or (file.exists() and holds_half(params.entries(file) if params else read_index(file)))
         if params is None or not file.exists():
             self.predictor = self._create(program, file, paddle_threads, quantised)
         else:
@@ -68,9 +68,9 @@ class Predictor:
         if hasattr(cfg, "disable_mkldnn"):
             cfg.disable_mkldnn()
         if quantised:
-            # constant folding would dequantise the int8/int4 (or widen the bf16) weights of
+            # constant folding would dequantise the int8/int4 (or widen the 16-bit) weights of
             # Paddle-op graphs once at load, into fp32 params: fp32 memory, the point of --quant and
-            # --dtype bfloat16 lost; and the skeleton's values (worker/params.py) are what it would fold
+            # --dtype lost; and the skeleton's values (worker/params.py) are what it would fold
             cfg.delete_pass("constant_folding_pass")
         # Elsewhere it stays, though it runs on the skeleton's values (worker/params.py): it folds no
         # op over a parameter in any graph we export (the logits equal Paddle's own load bit for bit,

@@ -191,12 +191,16 @@ def test_incomplete_sharded_checkpoint_is_refused(tmp_path, capsys):
     )
 
 
-def test_float16_is_refused_with_what_to_use(tmp_path, capsys, demo_checkpoint):
+def test_float16_beyond_its_range_is_refused_with_what_to_use(tmp_path, capsys):
+    cfg = ARCHS["qwen2_untied"]
+    weights = make_weights(cfg)
+    weights["model.layers.1.mlp.down_proj.weight"][0, 0] = 7e4  # inf in float16
+    ckpt = write("hf", tmp_path / "ckpt", cfg, weights)
     _one_line_refusal(
         capsys,
-        ["--checkpoint", str(demo_checkpoint), "--out", str(tmp_path / "out"), "--dtype", "float16"],
-        "float16 is not built yet",
-        "use --dtype bfloat16 or float32",
+        ["--checkpoint", str(ckpt), "--out", str(tmp_path / "out"), "--dtype", "float16"],
+        "beyond float16's range (65504)",
+        "use --dtype bfloat16",
     )
     assert not (tmp_path / "out").exists()
 
@@ -214,7 +218,8 @@ def test_bfloat16_weights_are_refused_with_the_reason(tmp_path, capsys):
 
 def test_a_bfloat16_checkpoint_is_exported_in_bfloat16_by_default(tmp_path, capsys):
     """--dtype auto: bfloat16 where every weight is a bfloat16 value (PaddleNLP's own bf16 save here),
-    float32 where one is not, and for DeepSeek (no bf16 stacks) whatever its weights."""
+    float16 where every one is a float16 value, float32 where one is neither, and for DeepSeek (no
+    16-bit stacks) whatever its weights."""
     from spmd_serve.export import main
     from spmd_serve.export.quant import bf16_valued
     from tests.support import deepseek_zoo
@@ -231,6 +236,10 @@ def test_a_bfloat16_checkpoint_is_exported_in_bfloat16_by_default(tmp_path, caps
     model.to(dtype="bfloat16")
     model.save_pretrained(str(tmp_path / "bf16"), safe_serialization=True)
     assert exported(tmp_path / "bf16", "a") == "bfloat16"
+    model = reference_from_weights(cfg, make_weights(cfg, seed=1))
+    model.to(dtype="float16")
+    model.save_pretrained(str(tmp_path / "f16"), safe_serialization=True)
+    assert exported(tmp_path / "f16", "f") == "float16"
     assert exported(write("hf", tmp_path / "f32", cfg, make_weights(cfg)), "b") == "float32"
     ds = {k: np.float32(0.5) * np.sign(v) for k, v in deepseek_zoo.make_weights(deepseek_zoo.CONFIGS["v2"]).items()}
     assert bf16_valued(ds.values()) and not bf16_valued([np.float32([1, 2, 3, 4, 1 + 2**-20])], chunk=2)
@@ -257,7 +266,7 @@ def test_startup_checks_what_the_export_recorded(served_tp1):
     assert cfg["spmd_serve"]["dtype"] == "float32" and cfg["spmd_serve"]["source"]["format"] == "huggingface"
     check_served_model(cfg)
     for change, needle in (
-        ({"dtype": "float16"}, "float16 is not built yet"),
+        ({"dtype": "float64"}, "'float64' is not one of float32, float16, bfloat16"),
         ({"format": 99}, "re-export"),
         ({"quant": "weight_only_int8"}, "weight_only_int8"),
     ):

@@ -60,7 +60,15 @@ def test_odd_shapes_around_the_blocks_match_float64(ext, k, n, rows):
 
 
 @pytest.mark.parametrize(
-    "name", ("spmd_linear", "spmd_linear_panels", "spmd_linear_bf16", "spmd_linear_int8", "spmd_linear_int4")
+    "name",
+    (
+        "spmd_linear",
+        "spmd_linear_panels",
+        "spmd_linear_bf16",
+        "spmd_linear_f16",
+        "spmd_linear_int8",
+        "spmd_linear_int4",
+    ),
 )
 def test_threads_and_batching_do_not_change_a_bit(ext, name):
     k, n = 264, 700
@@ -185,3 +193,20 @@ def test_bf16_weights_give_the_fp32_ops_bits_on_the_widened_weights(ext, k, n):
         for threads in (1, 2):
             want = linear(ext, "spmd_linear", x, wide, threads=threads)
             assert np.array_equal(linear(ext, "spmd_linear_bf16", x, p, threads=threads), want), (rows, threads)
+
+
+@pytest.mark.parametrize("k,n", [(72, 131), (300, 257)])
+def test_f16_weights_give_the_fp32_ops_bits_on_the_widened_weights(ext, k, n):
+    """spmd_linear_f16 (float16 weights in panels) likewise: spmd_linear's bits on the widened weights,
+    subnormal halves, the largest one and a negative zero included."""
+    from spmd_serve.export.panels import to_panels
+
+    w = np.random.default_rng(k).standard_normal((k, n), np.float32).astype(np.float16)
+    w[0, :4] = [np.float16(2.0**-24), np.float16(-3 * 2.0**-20), np.float16(65504), np.float16(-0.0)]
+    wide = w.astype(np.float32)
+    for rows in ROWS:
+        x = np.random.default_rng(rows).standard_normal((rows, k), np.float32)
+        for threads in (1, 2):
+            want = linear(ext, "spmd_linear", x, wide, threads=threads)
+            got = linear(ext, "spmd_linear_f16", x, to_panels(w), threads=threads)
+            assert np.array_equal(got, want), (rows, threads)

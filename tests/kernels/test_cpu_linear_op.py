@@ -9,6 +9,7 @@ import json
 import numpy as np
 import pytest
 
+from spmd_serve.export.quant import bf16_bits, from_bf16_bits
 from tests.support.linear_weights import int8_input, twin_tolerance
 from tests.support.saved_graphs import op_names
 from tests.support.sim_ranks import OneRank
@@ -168,49 +169,56 @@ def test_every_graph_uses_the_ops_with_paddles_logits(quant, export):
         assert (fast.argmax(-1) == general.argmax(-1)).all()
 
 
-def bf16_valued_checkpoint(source, out):
-    """A copy of checkpoint `source` with every float tensor rounded to bfloat16's values (still
-    stored as float32): what a bfloat16 HF checkpoint holds."""
+ROUND = {  # a 16-bit dtype → float32 values rounded to it (still float32)
+    "bfloat16": lambda v: from_bf16_bits(bf16_bits(v)),
+    "float16": lambda v: v.astype(np.float16).astype(np.float32),
+}
+
+
+def rounded_checkpoint(source, out, dtype: str):
+    """A copy of checkpoint `source` with every float tensor rounded to `dtype`'s values (still stored
+    as float32): what a bfloat16 or float16 HF checkpoint holds."""
     import shutil
 
     from safetensors.numpy import load_file, save_file
 
-    from spmd_serve.export.quant import bf16_bits, from_bf16_bits
-
     ckpt = shutil.copytree(source, out)
     tensors = load_file(str(ckpt / "model.safetensors"))
-    save_file({k: from_bf16_bits(bf16_bits(v)) for k, v in tensors.items()}, str(ckpt / "model.safetensors"))
+    save_file({k: ROUND[dtype](v) for k, v in tensors.items()}, str(ckpt / "model.safetensors"))
     return ckpt
 
 
-def test_bfloat16_export_serves_the_float32_logits_of_bfloat16_weights(demo_checkpoint, export, tmp_path):
-    """--dtype bfloat16 holds every linear's weights and the embedding table in bfloat16 (half their
-    bytes) and computes in fp32: on a checkpoint whose weights are bfloat16 values it gives the fp32
+@pytest.mark.parametrize("half", ROUND)
+def test_16_bit_export_serves_the_float32_logits_of_its_weights(demo_checkpoint, export, tmp_path, half):
+    """--dtype bfloat16 / float16 holds every linear's weights and the embedding table in 16 bits (half
+    their bytes) and computes in fp32: on a checkpoint whose weights are such values it gives the fp32
     export's logits bit for bit (the C++ ops; Paddle's ops: within fp32 rounding), and on any
-    checkpoint the fp32 export's logits within bfloat16's rounding of the weights, with its greedy
-    tokens.  The export's default (--dtype auto) picks bfloat16 for the former."""
+    checkpoint the fp32 export's logits within the rounding of the weights, with its greedy tokens.
+    The export's default (--dtype auto) picks the 16-bit dtype for the former."""
     from spmd_serve.export import export_checkpoint
 
-    ckpt = bf16_valued_checkpoint(demo_checkpoint, tmp_path / "ckpt")
+    ckpt = rounded_checkpoint(demo_checkpoint, tmp_path / "ckpt", half)
     made = {  # "auto": the default
         (dtype, ops): export_checkpoint(ckpt, tmp_path / f"{dtype}-{ops}", dtype=dtype, kv_int8=False, graph_ops=ops)
         for dtype in ("float32", "auto")
         for ops in ("cpp", "paddle")
     }
-    made = {("bfloat16" if d == "auto" else d, ops): path for (d, ops), path in made.items()}
-    served = json.loads((made["bfloat16", "cpp"] / "config.json").read_text())["spmd_serve"]
-    assert served["dtype"] == "bfloat16"
-    ops = op_names(made["bfloat16", "cpp"] / "rank_0" / "seg_0.json")
-    assert {"spmd_linear_bf16", "spmd_linear_norm_linear_bf16"} <= ops and not {"spmd_linear_panels", "matmul"} & ops
+    made = {(half if d == "auto" else d, ops): path for (d, ops), path in made.items()}
+    served = json.loads((made[half, "cpp"] / "config.json").read_text())["spmd_serve"]
+    assert served["dtype"] == half
+    ops = op_names(made[half, "cpp"] / "rank_0" / "seg_0.json")
+    name = {"bfloat16": "spmd_linear_bf16", "float16": "spmd_linear_f16"}[half]
+    assert {name, name.replace("spmd_linear", "spmd_linear_norm_linear")} <= ops
+    assert not {"spmd_linear_panels", "matmul"} & ops
     size = {k: (d / "rank_0" / "seg_0.pdiparams").stat().st_size for k, d in made.items()}
-    assert size["bfloat16", "cpp"] < 0.51 * size["float32", "cpp"]  # every weight but the norms
+    assert size[half, "cpp"] < 0.51 * size["float32", "cpp"]  # every weight but the norms
     want = step_logits(made["float32", "cpp"])
-    for got, ref in zip(step_logits(made["bfloat16", "cpp"]), want):
+    for got, ref in zip(step_logits(made[half, "cpp"]), want):
         assert np.array_equal(got, ref)
-    for got, ref in zip(step_logits(made["bfloat16", "paddle"]), want):
+    for got, ref in zip(step_logits(made[half, "paddle"]), want):
         np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-4 * np.abs(ref).max())
     fp32 = step_logits(export(None, "cpp"))  # the original float32 weights
-    bf16 = step_logits(export_checkpoint(demo_checkpoint, tmp_path / "b", dtype="bfloat16", kv_int8=False))
-    for got, ref in zip(bf16, fp32):
+    rounded = step_logits(export_checkpoint(demo_checkpoint, tmp_path / "b", dtype=half, kv_int8=False))
+    for got, ref in zip(rounded, fp32):
         np.testing.assert_allclose(got, ref, rtol=0.05, atol=0.02 * np.abs(ref).max())
         assert not np.array_equal(got, ref) and (got.argmax(-1) == ref.argmax(-1)).all()

@@ -54,6 +54,7 @@ def weights(k: int, n: int, seed: int, group: int = 8) -> dict[str, tuple]:
     ops = {
         "spmd_linear": ((w,), w.astype(np.float64)),
         "spmd_linear_bf16": ((to_panels(b16),), from_bf16_bits(b16).astype(np.float64)),
+        "spmd_linear_f16": ((to_panels(w.astype(np.float16)),), w.astype(np.float16).astype(np.float64)),
         "spmd_linear_panels": ((to_panels(w),), w.astype(np.float64)),
         "spmd_linear_int8": ((q8, s8), q8.astype(np.float64) * s8),
     }

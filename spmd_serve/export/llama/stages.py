@@ -33,8 +33,8 @@ class EmbedStage(Stage):
     """Vocab-parallel embedding: rows this rank does not own contribute zeros to the sum (at tp = 1
     the rank owns every id: a plain lookup, ~7 ops fewer).  A quantised table is held transposed,
     as the `QuantWeight` of an [H, V_local] linear (scale per vocab row, and per group of H for
-    int4): only this step's T columns are gathered and dequantised.  A `--dtype bfloat16` table is
-    bfloat16, its T rows widened after the lookup."""
+    int4): only this step's T columns are gathered and dequantised.  A `--dtype bfloat16` or
+    `float16` table is held so, its T rows widened after the lookup."""
 
     streamless = True
 
@@ -42,7 +42,7 @@ class EmbedStage(Stage):
         super().__init__()
         self.method = getattr(w["embed"], "method", None)
         if self.method is None:
-            self.bf16 = hold_dense(self, w["embed"]).dtype == paddle.bfloat16  # [V_local, H] (--dtype)
+            self.half = hold_dense(self, w["embed"]).dtype != paddle.float32  # [V_local, H] (--dtype)
         else:
             hold_quantised(self, w["embed"])  # [H or H/2, V_local]
         self.start, self.size = rank * dims.vocab_local, dims.vocab_local
@@ -56,9 +56,9 @@ class EmbedStage(Stage):
         return h, rows, kv
 
     def _rows(self, local):
-        if self.method is None:  # (Paddle's CPU build has a bfloat16 embedding kernel)
+        if self.method is None:  # (Paddle's CPU build has bfloat16 and float16 embedding kernels)
             rows = nn.functional.embedding(local, self.weight)  # [T, H]
-            return rows.astype("float32") if self.bf16 else rows
+            return rows.astype("float32") if self.half else rows
         cols = paddle.gather(self.qweight, local, axis=1)  # [H or H/2, T]
         scale = paddle.gather(self.scale, local, axis=-1)  # [T] or [H/g, T]
         if self.method == "weight_only_int8":
