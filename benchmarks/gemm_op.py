@@ -1,4 +1,4 @@
-"""Micro-benchmark: the linear ops (`spmd_linear`, `_panels`, `_bf16`, `_int8`; ops/cpu_kernels/gemm.h) at
+"""Micro-benchmark: the linear ops (`spmd_linear`, `_panels`, `_bf16`, `_f16`, `_int8`; ops/cpu_kernels/gemm.h) at
 every step size against Paddle's matmul in an inference predictor (oneDNN on and off, as the
 runner loads graphs) and numpy (OpenBLAS), on the linear layers of one decoder layer:
 
@@ -96,6 +96,7 @@ def kernels(ws: list[np.ndarray], threads: list[int], work: Path) -> dict:
     pw = [paddle.to_tensor(w) for w in ws]
     panels = [paddle.to_tensor(to_panels(w)) for w in ws]
     b16 = [paddle.to_tensor(to_panels(bf16_bits(w))) for w in ws]
+    f16 = [paddle.to_tensor(to_panels(w.astype(np.float16))) for w in ws]
     scales = [np.abs(w).max(axis=0) / 127 for w in ws]
     q8 = [(paddle.to_tensor(np.rint(w / s).astype(np.int8)), paddle.to_tensor(s)) for w, s in zip(ws, scales)]
     preds = predictors(ws, threads, work)
@@ -111,6 +112,10 @@ def kernels(ws: list[np.ndarray], threads: list[int], work: Path) -> dict:
     def ours_bf16(th, xs):
         for w in b16:
             paddle_ext.run_op("spmd_linear_bf16", xs["pd"][w.shape[0]], w)
+
+    def ours_f16(th, xs):
+        for w in f16:
+            paddle_ext.run_op("spmd_linear_f16", xs["pd"][w.shape[0]], w)
 
     def ours_int8(th, xs):
         for q, s in q8:
@@ -133,6 +138,7 @@ def kernels(ws: list[np.ndarray], threads: list[int], work: Path) -> dict:
         "spmd_linear": ours,
         "spmd_linear_panels": ours_panels,
         "spmd_linear_bf16": ours_bf16,
+        "spmd_linear_f16": ours_f16,
         "spmd_linear_int8": ours_int8,
         "predictor_onednn": predictor(True),
         "predictor_plain": predictor(False),
@@ -172,7 +178,7 @@ def bench_model(model: str, args) -> None:
             times = timed_rounds(fns, args, passes, xs)
             for (name, th), ts in times.items():
                 med = statistics.median(ts)
-                nbytes = params * (1 if name.endswith("int8") else 2 if name.endswith("bf16") else 4)
+                nbytes = params * (1 if name.endswith("int8") else 2 if name.endswith("16") else 4)
                 print(
                     json.dumps(
                         {
