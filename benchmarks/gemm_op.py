@@ -93,33 +93,25 @@ def kernels(ws: list[np.ndarray], threads: list[int], work: Path) -> dict:
     from spmd_serve.export.panels import to_panels
     from spmd_serve.export.quant import bf16_bits
 
-    pw = [paddle.to_tensor(w) for w in ws]
-    panels = [paddle.to_tensor(to_panels(w)) for w in ws]
-    b16 = [paddle.to_tensor(to_panels(bf16_bits(w))) for w in ws]
-    f16 = [paddle.to_tensor(to_panels(w.astype(np.float16))) for w in ws]
     scales = [np.abs(w).max(axis=0) / 127 for w in ws]
-    q8 = [(paddle.to_tensor(np.rint(w / s).astype(np.int8)), paddle.to_tensor(s)) for w, s in zip(ws, scales)]
+    # each op's weight arguments per layer weight (K: the first one's rows)
+    forms = {
+        "spmd_linear": [(w,) for w in ws],
+        "spmd_linear_panels": [(to_panels(w),) for w in ws],
+        "spmd_linear_bf16": [(to_panels(bf16_bits(w)),) for w in ws],
+        "spmd_linear_f16": [(to_panels(w.astype(np.float16)),) for w in ws],
+        "spmd_linear_int8": [(np.rint(w / s).astype(np.int8), s) for w, s in zip(ws, scales)],
+    }
     preds = predictors(ws, threads, work)
 
-    def ours(th, xs):
-        for w in pw:
-            paddle_ext.run_op("spmd_linear", xs["pd"][w.shape[0]], w)
+    def ours(op: str):
+        args = [[paddle.to_tensor(a) for a in w] for w in forms[op]]
 
-    def ours_panels(th, xs):
-        for w in panels:
-            paddle_ext.run_op("spmd_linear_panels", xs["pd"][w.shape[0]], w)
+        def run(th, xs):
+            for w in args:
+                paddle_ext.run_op(op, xs["pd"][w[0].shape[0]], *w)
 
-    def ours_bf16(th, xs):
-        for w in b16:
-            paddle_ext.run_op("spmd_linear_bf16", xs["pd"][w.shape[0]], w)
-
-    def ours_f16(th, xs):
-        for w in f16:
-            paddle_ext.run_op("spmd_linear_f16", xs["pd"][w.shape[0]], w)
-
-    def ours_int8(th, xs):
-        for q, s in q8:
-            paddle_ext.run_op("spmd_linear_int8", xs["pd"][q.shape[0]], q, s)
+        return run
 
     def predictor(onednn):
         def run(th, xs):
@@ -135,11 +127,7 @@ def kernels(ws: list[np.ndarray], threads: list[int], work: Path) -> dict:
             xs["np"][w.shape[0]] @ w
 
     return {
-        "spmd_linear": ours,
-        "spmd_linear_panels": ours_panels,
-        "spmd_linear_bf16": ours_bf16,
-        "spmd_linear_f16": ours_f16,
-        "spmd_linear_int8": ours_int8,
+        **{op: ours(op) for op in forms},
         "predictor_onednn": predictor(True),
         "predictor_plain": predictor(False),
         "numpy": numpy_,

@@ -48,16 +48,13 @@ std::vector<paddle::DataType> LinearHalfDtype(const paddle::DataType&, const pad
   return {paddle::DataType::FLOAT32};
 }
 
-PD_BUILD_OP(spmd_linear_bf16)
-    .Inputs({"X", "W"})
-    .Outputs({"Out"})
-    .SetKernelFn(PD_KERNEL(LinearBf16Forward))
-    .SetInferShapeFn(PD_INFER_SHAPE(LinearHalfShape))
-    .SetInferDtypeFn(PD_INFER_DTYPE(LinearHalfDtype));
+#define SPMD_LINEAR_HALF(name, fn)                      \
+  PD_BUILD_OP(name)                                     \
+      .Inputs({"X", "W"})                               \
+      .Outputs({"Out"})                                 \
+      .SetKernelFn(PD_KERNEL(fn))                       \
+      .SetInferShapeFn(PD_INFER_SHAPE(LinearHalfShape)) \
+      .SetInferDtypeFn(PD_INFER_DTYPE(LinearHalfDtype))
 
-PD_BUILD_OP(spmd_linear_f16)
-    .Inputs({"X", "W"})
-    .Outputs({"Out"})
-    .SetKernelFn(PD_KERNEL(LinearF16Forward))
-    .SetInferShapeFn(PD_INFER_SHAPE(LinearHalfShape))
-    .SetInferDtypeFn(PD_INFER_DTYPE(LinearHalfDtype));
+SPMD_LINEAR_HALF(spmd_linear_bf16, LinearBf16Forward);
+SPMD_LINEAR_HALF(spmd_linear_f16, LinearF16Forward);

@@ -106,50 +106,24 @@ std::vector<paddle::DataType> NormLinearQuantDtype(const paddle::DataType&, cons
   return {paddle::DataType::FLOAT32, paddle::DataType::FLOAT32};
 }
 
-PD_BUILD_OP(spmd_norm_linear)
-    .Inputs({"H", "Delta", "NormW", "W"})
-    .Outputs({"Out", "Sum"})
-    .Attrs({"eps: float", "swiglu: bool"})
-    .SetKernelFn(PD_KERNEL(NormLinearForward))
-    .SetInferShapeFn(PD_INFER_SHAPE(NormLinearShape))
-    .SetInferDtypeFn(PD_INFER_DTYPE(NormLinearDtype));
+// one op's registration: its name, kernel, shape and dtype functions, and inputs
+#define SPMD_NORM_LINEAR(name, fn, shape, dtype, ...)  \
+  PD_BUILD_OP(name)                                    \
+      .Inputs({__VA_ARGS__})                           \
+      .Outputs({"Out", "Sum"})                         \
+      .Attrs({"eps: float", "swiglu: bool"})           \
+      .SetKernelFn(PD_KERNEL(fn))                      \
+      .SetInferShapeFn(PD_INFER_SHAPE(shape))          \
+      .SetInferDtypeFn(PD_INFER_DTYPE(dtype))
 
-PD_BUILD_OP(spmd_norm_linear_panels)
-    .Inputs({"H", "Delta", "NormW", "W"})
-    .Outputs({"Out", "Sum"})
-    .Attrs({"eps: float", "swiglu: bool"})
-    .SetKernelFn(PD_KERNEL(NormLinearPanelsForward))
-    .SetInferShapeFn(PD_INFER_SHAPE(NormLinearShape))
-    .SetInferDtypeFn(PD_INFER_DTYPE(NormLinearDtype));
-
-PD_BUILD_OP(spmd_norm_linear_bf16)
-    .Inputs({"H", "Delta", "NormW", "W"})
-    .Outputs({"Out", "Sum"})
-    .Attrs({"eps: float", "swiglu: bool"})
-    .SetKernelFn(PD_KERNEL(NormLinearBf16Forward))
-    .SetInferShapeFn(PD_INFER_SHAPE(NormLinearShape))
-    .SetInferDtypeFn(PD_INFER_DTYPE(NormLinearDtype));
-
-PD_BUILD_OP(spmd_norm_linear_f16)
-    .Inputs({"H", "Delta", "NormW", "W"})
-    .Outputs({"Out", "Sum"})
-    .Attrs({"eps: float", "swiglu: bool"})
-    .SetKernelFn(PD_KERNEL(NormLinearF16Forward))
-    .SetInferShapeFn(PD_INFER_SHAPE(NormLinearShape))
-    .SetInferDtypeFn(PD_INFER_DTYPE(NormLinearDtype));
-
-PD_BUILD_OP(spmd_norm_linear_int8)
-    .Inputs({"H", "Delta", "NormW", "Q", "Scale"})
-    .Outputs({"Out", "Sum"})
-    .Attrs({"eps: float", "swiglu: bool"})
-    .SetKernelFn(PD_KERNEL(NormLinearInt8Forward))
-    .SetInferShapeFn(PD_INFER_SHAPE(NormLinearQuantShape))
-    .SetInferDtypeFn(PD_INFER_DTYPE(NormLinearQuantDtype));
-
-PD_BUILD_OP(spmd_norm_linear_int4)
-    .Inputs({"H", "Delta", "NormW", "Q", "Scale"})
-    .Outputs({"Out", "Sum"})
-    .Attrs({"eps: float", "swiglu: bool"})
-    .SetKernelFn(PD_KERNEL(NormLinearInt4Forward))
-    .SetInferShapeFn(PD_INFER_SHAPE(NormLinearQuantShape))
-    .SetInferDtypeFn(PD_INFER_DTYPE(NormLinearQuantDtype));
+SPMD_NORM_LINEAR(spmd_norm_linear, NormLinearForward, NormLinearShape, NormLinearDtype, "H", "Delta", "NormW", "W");
+SPMD_NORM_LINEAR(spmd_norm_linear_panels, NormLinearPanelsForward, NormLinearShape, NormLinearDtype, "H", "Delta",
+                 "NormW", "W");
+SPMD_NORM_LINEAR(spmd_norm_linear_bf16, NormLinearBf16Forward, NormLinearShape, NormLinearDtype, "H", "Delta",
+                 "NormW", "W");
+SPMD_NORM_LINEAR(spmd_norm_linear_f16, NormLinearF16Forward, NormLinearShape, NormLinearDtype, "H", "Delta", "NormW",
+                 "W");
+SPMD_NORM_LINEAR(spmd_norm_linear_int8, NormLinearInt8Forward, NormLinearQuantShape, NormLinearQuantDtype, "H",
+                 "Delta", "NormW", "Q", "Scale");
+SPMD_NORM_LINEAR(spmd_norm_linear_int4, NormLinearInt4Forward, NormLinearQuantShape, NormLinearQuantDtype, "H",
+                 "Delta", "NormW", "Q", "Scale");
