@@ -123,7 +123,6 @@ class HostParams:
         """The predictor `create(params_path)` makes of saved graph `program`, given a one-element-
         per-tensor skeleton of its parameter file `file` (removed after), with every parameter then
         pointed at this rank's copy of `file`."""
-
         held = self._file(file)
         with tempfile.TemporaryDirectory(prefix="spmd_params_") as tmp:
             skeleton = Path(tmp) / file.name

@@ -22,9 +22,8 @@ import numpy as np
 
 from spmd_serve.config import ConfigError
 
-# framework.proto VarType.Type → the numpy dtype of the bytes (bfloat16 as its uint16 bits, which
-# paddle.from_dlpack takes as bfloat16) and the saved PIR json's name of the type
-HALF_CODES = (4, 22)  # float16, bfloat16
+# framework.proto VarType.Type → the numpy dtype of the bytes (bfloat16 as its uint16 bits: the
+# runner binds them as Paddle's BFLOAT16, worker/params.py) and the saved PIR json's name of the type
 DTYPES: dict[int, tuple[np.dtype, str]] = {
     code: (np.dtype(np_name), pir)
     for code, np_name, pir in (
@@ -40,6 +39,7 @@ DTYPES: dict[int, tuple[np.dtype, str]] = {
         (22, "uint16", "t_bf16"),
     )
 }
+HALF_CODES = (4, 22)  # float16, bfloat16: --dtype weights (holds_half)
 _HEAD = struct.Struct("<IQ")  # format version, LoD levels (each: a u64 byte count, then its bytes)
 _DESC = struct.Struct("<Ii")  # tensor version, TensorDesc size
 
