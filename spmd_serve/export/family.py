@@ -66,7 +66,6 @@ class ModelFamily(ABC, Generic[C]):
     architectures: tuple[str, ...]
     model_types: Mapping[str, str]
     kv_int8: bool = True  # whether its exports carry the int8-KV graphs and scales (USE_CACHE_KV_INT8)
-    half_weights: bool = True  # whether its weights can be held in bfloat16 or float16 (--dtype)
     # whether its attention segments are also traced as decode graphs (export/variant.py): for an
     # attention with a C++ op for single-token queries only
     decode_graphs: bool = False

@@ -60,6 +60,21 @@ def dense_weights(panels: bool, dtype: str = "float32") -> Iterator[None]:
         _DENSE.reset(token)
 
 
+def dense_form() -> tuple[bool, str]:
+    """(panel layout, dtype) of the dense weights built now (dense_weights)."""
+    return _DENSE.get()
+
+
+@contextmanager
+def float32_dense() -> Iterator[None]:
+    """Dense linears built inside hold float32 weights whatever the export's dtype (in the panel layout
+    as set): for weights the export folds a factor into (DeepSeek's query scaled by the softmax scale).
+    A 16-bit checkpoint's values times the factor are no longer 16-bit values, and rounding them again
+    would move the outputs off the float32 export's; such weights are a small part of a model."""
+    with dense_weights(_DENSE.get()[0]):
+        yield
+
+
 def hold_dense(layer: nn.Layer, value: np.ndarray) -> paddle.Tensor:
     """`layer.weight`: an fp32 parameter holding `value`, or inside `dense_weights(..., "bfloat16" or
     "float16")` `value` rounded to it (a persistable buffer of that Paddle dtype, so the saved params

@@ -150,20 +150,15 @@ def _export_model(
 F16_MAX = 65504.0
 
 
-def export_dtype(dtype: str, family: ModelFamily[Any], weights: Mapping[str, np.ndarray]) -> str:
+def export_dtype(dtype: str, weights: Mapping[str, np.ndarray]) -> str:
     """The dtype an export holds its weights in: `dtype`, or for AUTO_DTYPE bfloat16 (else float16)
     where every weight is a value of it (a bf16 or fp16 checkpoint: served so, its outputs are the
-    float32 export's bit for bit, at half the memory) and the family holds 16-bit weights, else
-    float32.  float16 asked for weights beyond its range (65504) is refused: they would become inf."""
+    float32 export's bit for bit, at half the memory), else float32.  float16 asked for weights beyond
+    its range (65504) is refused: they would become inf."""
     if dtype == AUTO_DTYPE:
-        if family.half_weights and bf16_valued(weights.values()):
+        if bf16_valued(weights.values()):
             return "bfloat16"
-        return "float16" if family.half_weights and f16_valued(weights.values()) else "float32"
-    if dtype != "float32" and not family.half_weights:
-        raise ExportError(
-            f"--dtype {dtype} is not built yet for {family.name} (its expert and MLA stacks are float32 only); "
-            "use --dtype float32"
-        )
+        return "float16" if f16_valued(weights.values()) else "float32"
     if dtype == "float16":
         big = next((k for k, w in weights.items() if np.abs(w).max(initial=0) > F16_MAX), None)
         if big is not None:
@@ -196,7 +191,7 @@ def export_checkpoint(
         if quant == SOURCE_QUANT:
             quant, quant_group = source.get("quant"), quant_group or source.get("quant_group")
         family = family_of(mc.architecture)
-        dtype = export_dtype(dtype, family, weights)
+        dtype = export_dtype(dtype, weights)
         dims = family.shard_dims(mc, tp)
         group = family.quant_group(mc, dims, quant_group) if quant == "weight_only_int4" else None
         cpp_ops = resolve_graph_ops(graph_ops)

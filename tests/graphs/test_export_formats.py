@@ -205,21 +205,9 @@ def test_float16_beyond_its_range_is_refused_with_what_to_use(tmp_path, capsys):
     assert not (tmp_path / "out").exists()
 
 
-def test_bfloat16_weights_are_refused_with_the_reason(tmp_path, capsys):
-    from spmd_serve.export import main
-    from tests.support.deepseek_zoo import CONFIGS, make_weights, write
-
-    ckpt = write("hf", tmp_path / "ckpt", CONFIGS["v2"], make_weights(CONFIGS["v2"]))
-    assert main(["--checkpoint", str(ckpt), "--out", str(tmp_path / "out"), "--dtype", "bfloat16"]) == 2
-    err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "--dtype bfloat16 is not built yet for deepseek" in err, err
-    assert "use --dtype float32" in err and not (tmp_path / "out").exists()
-
-
 def test_a_bfloat16_checkpoint_is_exported_in_bfloat16_by_default(tmp_path, capsys):
-    """--dtype auto: bfloat16 where every weight is a bfloat16 value (PaddleNLP's own bf16 save here),
-    float16 where every one is a float16 value, float32 where one is neither, and for DeepSeek (no
-    16-bit stacks) whatever its weights."""
+    """--dtype auto: bfloat16 where every weight is a bfloat16 value (PaddleNLP's own bf16 save here;
+    DeepSeek's too), float16 where every one is a float16 value, float32 where one is neither."""
     from spmd_serve.export import main
     from spmd_serve.export.quant import bf16_valued
     from tests.support import deepseek_zoo
@@ -243,7 +231,7 @@ def test_a_bfloat16_checkpoint_is_exported_in_bfloat16_by_default(tmp_path, caps
     assert exported(write("hf", tmp_path / "f32", cfg, make_weights(cfg)), "b") == "float32"
     ds = {k: np.float32(0.5) * np.sign(v) for k, v in deepseek_zoo.make_weights(deepseek_zoo.CONFIGS["v2"]).items()}
     assert bf16_valued(ds.values()) and not bf16_valued([np.float32([1, 2, 3, 4, 1 + 2**-20])], chunk=2)
-    assert exported(deepseek_zoo.write("hf", tmp_path / "ds", deepseek_zoo.CONFIGS["v2"], ds), "c") == "float32"
+    assert exported(deepseek_zoo.write("hf", tmp_path / "ds", deepseek_zoo.CONFIGS["v2"], ds), "c") == "bfloat16"
 
 
 def test_half_dtype_kernels_are_missing_on_cpu():

@@ -4,7 +4,8 @@
   pool at their slots, and each head's softmax over the past (block tables, contexts of different
   lengths, 0 included) and the new vector, in latent space;
 * `spmd_moe_experts` (ops/cpu_kernels/moe_experts.cc): each local expert's SwiGLU over the tokens
-  routed to it, weighted and summed per token; routes to other ranks' experts ignored.
+  routed to it, weighted and summed per token; routes to other ranks' experts ignored; its 16-bit
+  forms (moe_experts_half.cc) compute it over the widened stacks bit for bit.
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ import paddle
 import pytest
 
 from ops import paddle_ext
+from spmd_serve.export.panels import to_panels
+from spmd_serve.export.quant import bf16_bits, from_bf16_bits
 from tests.support.linear_weights import twin_tolerance
 
 
@@ -151,3 +154,31 @@ def test_quantised_experts_refuse_a_scale_of_the_wrong_shape():
     args = [paddle.to_tensor(a) for a in (x, idx, weight, gu.q, gu.scale[:, :-1], dn.q, dn.scale)]
     with pytest.raises(Exception, match=r"int8 stack's scale must be \[E, N\]"):
         paddle_ext.run_op("spmd_moe_experts_int8", *args)
+
+
+HALF = {  # --dtype → (the op, a float32 array as that op's stacks hold it, and widened back to float32)
+    "bfloat16": ("spmd_moe_experts_bf16", bf16_bits, from_bf16_bits),
+    "float16": ("spmd_moe_experts_f16", lambda v: v.astype(np.float16), lambda v: v.astype(np.float32)),
+}
+
+
+@pytest.mark.parametrize("dtype", list(HALF))
+@pytest.mark.parametrize("t,h", [(1, 136), (3, 40), (70, 136)])  # h 136: a block of 128 rows and one of 8
+def test_16_bit_experts_compute_their_widened_stacks(dtype, t, h):
+    """spmd_moe_experts_bf16 / _f16 over stacks as export/deepseek/batched.py writes them (16 bits, each
+    expert in the panel layout): spmd_moe_experts' result over the widened fp32 stacks, bit for bit,
+    on one thread and on two."""
+    op, half, widen = HALF[dtype]
+    x, idx, weight, gate_up, down = moe_case(t, h, 24, 5, 3)
+    held = [half(s) for s in (gate_up, down)]
+    args = [paddle.to_tensor(a) for a in (x, idx, weight, *(np.stack([to_panels(e) for e in s]) for s in held))]
+    want = run_moe((x, idx, weight, *(widen(s) for s in held)))
+    assert np.abs(want).max() > 0.1 and not np.array_equal(widen(held[0]), gate_up)  # rounded, and routed
+    for threads in (1, 2):
+        paddle_ext.set_num_threads(threads)
+        try:
+            assert np.array_equal(paddle_ext.run_op(op, *args).numpy(), want), threads
+        finally:
+            paddle_ext.set_num_threads(1)
+    with pytest.raises(Exception, match=f"the expert weights must be {dtype}"):
+        paddle_ext.run_op(op, *args[:3], paddle.to_tensor(gate_up), args[4])

@@ -9,10 +9,9 @@ import json
 import numpy as np
 import pytest
 
-from spmd_serve.export.quant import bf16_bits, from_bf16_bits
 from tests.support.linear_weights import int8_input, twin_tolerance
 from tests.support.saved_graphs import op_names
-from tests.support.sim_ranks import OneRank
+from tests.support.step_logits import ROUND, rounded_checkpoint, step_logits
 
 DEMO_SMALL = [(512, 1024), (512, 512), (512, 3072), (1536, 512), (512, 8000)]  # [K, N]: qkv, o, gate_up, down, lm_head
 
@@ -114,40 +113,6 @@ def export(demo_checkpoint, tmp_path_factory):
     return get
 
 
-def step_logits(model_dir) -> tuple[np.ndarray, np.ndarray]:
-    """Logits of a 4-token prefill of 3 sequences, then of a decode step of the 3."""
-    from spmd_serve.protocol import RUN, StepPlan
-    from spmd_serve.worker.model_runner import ModelRunner
-
-    runner = ModelRunner(model_dir, 0, OneRank(), num_blocks=8, block_size=16)
-    seqs, blocks = np.arange(3), np.arange(1, 4).reshape(3, 1)  # sequence i in block i + 1
-    prefill = np.array([[5, 17, 99, 3], [8, 8, 200, 41], [77, 2, 13, 400]], np.int64)
-    pos = np.tile(np.arange(4), 3)
-    first = runner.execute(
-        StepPlan(
-            RUN,
-            1,
-            prefill.reshape(-1),
-            pos,
-            np.full(3, 4),
-            np.zeros(3, np.int64),
-            blocks,
-            np.repeat(blocks[:, 0], 4) * 16 + pos,
-        )
-    )
-    step = StepPlan(
-        RUN,
-        2,
-        np.array([9, 300, 64]),
-        np.full(3, 4),
-        np.ones(3, np.int64),
-        np.full(3, 4),
-        blocks,
-        blocks[seqs, 0] * 16 + 4,
-    )
-    return first, runner.execute(step)
-
-
 @pytest.mark.parametrize("quant", (None, "weight_only_int8", "weight_only_int4"))
 def test_every_graph_uses_the_ops_with_paddles_logits(quant, export):
     # fp32 weights in the panel layout (export/panels.py): the ops that read it
@@ -167,25 +132,6 @@ def test_every_graph_uses_the_ops_with_paddles_logits(quant, export):
     for fast, general in zip(step_logits(cpp), step_logits(paddle_ops)):
         np.testing.assert_allclose(fast, general, **twin_tolerance(quant, general, 1e-4, 1e-4 * np.abs(general).max()))
         assert (fast.argmax(-1) == general.argmax(-1)).all()
-
-
-ROUND = {  # a 16-bit dtype → float32 values rounded to it (still float32)
-    "bfloat16": lambda v: from_bf16_bits(bf16_bits(v)),
-    "float16": lambda v: v.astype(np.float16).astype(np.float32),
-}
-
-
-def rounded_checkpoint(source, out, dtype: str):
-    """A copy of checkpoint `source` with every float tensor rounded to `dtype`'s values (still stored
-    as float32): what a bfloat16 or float16 HF checkpoint holds."""
-    import shutil
-
-    from safetensors.numpy import load_file, save_file
-
-    ckpt = shutil.copytree(source, out)
-    tensors = load_file(str(ckpt / "model.safetensors"))
-    save_file({k: ROUND[dtype](v) for k, v in tensors.items()}, str(ckpt / "model.safetensors"))
-    return ckpt
 
 
 @pytest.mark.parametrize("half", ROUND)

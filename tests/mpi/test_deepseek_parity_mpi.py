@@ -11,10 +11,14 @@ group-limited greedy routing, softmax scoring, YaRN with mscale != mscale_all_di
 layer (served from sharded HF safetensors).  At TP 2 and 4 attention and shared experts are
 split by heads / units and the routed experts by rank (expert parallelism).  int8 and int4
 exports of V3 at TP 2 serve their TP 1 tokens (every rank holds the TP 1 integers; that the
-quantised graphs compute their dequantised weights is test_deepseek_export.py's).
+quantised graphs compute their dequantised weights is test_deepseek_export.py's).  The fp8 checkpoint
+and its bf16 twin hold bf16 values, so --dtype auto exports both in bfloat16 (experts, dense linears,
+embedding; tests/graphs/test_deepseek_half.py): this serves the 16-bit DeepSeek graphs at TP 2.
 """
 
 from __future__ import annotations
+
+import json
 
 import numpy as np
 import pytest
@@ -63,6 +67,8 @@ def zoo(tmp_path_factory):
     ref = reference_from_weights(cfg, decoded)
     out["fp8"] = (ref, {2: export_checkpoint(fp8_dir, root / "fp8-tp2", tp=2)})
     out["bf16"] = (ref, {2: export_checkpoint(bf16_dir, root / "bf16-tp2", tp=2)})
+    for name in ("fp8", "bf16"):  # --dtype auto: the weights are bf16 values (power-of-two block scales)
+        assert json.loads((out[name][1][2] / "config.json").read_text())["spmd_serve"]["dtype"] == "bfloat16"
     return out
 
 

@@ -27,7 +27,6 @@ class DeepseekFamily(ModelFamily[DeepseekConfig]):
     architectures = ARCHITECTURES
     model_types = MODEL_TYPES
     kv_int8 = False  # the MLA latent pool is fp32 only (no int8-KV graphs or scales are exported)
-    half_weights = False  # its stacks (experts, absorbed MLA) have fp32 and int8/int4 ops only
     decode_graphs = True  # spmd_mla_decode attends for single-token queries; chunks use Paddle's ops
 
     def parse_config(self, cfg: dict, architecture: str) -> DeepseekConfig:

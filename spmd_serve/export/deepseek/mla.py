@@ -6,7 +6,10 @@ keeps per token (KVLayout.mla_latent) → the query in latent space, q_nope @ w_
 scores against every past and new cached vector (one dot product over kv_lora_rank + rope: MLA's
 nope and rope terms at once) → the probabilities' weighted sum of cached vectors @ w_uv → o_proj.
 Nothing per head is ever expanded from the cache, for prefill or decode alike; the softmax scale,
-YaRN's mscale and the rope layout are in the weights (export/deepseek/sharding.py).
+YaRN's mscale and the rope layout are in the weights (export/deepseek/sharding.py).  In a 16-bit
+export (--dtype) the weights with a factor folded in and the absorbed w_uk / w_uv stay float32
+(layers.float32_dense, deepseek/batched.py): a bfloat16 checkpoint is served with the float32
+export's outputs, bit for bit.
 
 Shapes: T tokens, B sequences, S longest query, P past slots, h heads of this rank, K = kv_lora_rank
 + rope dim, c = kv_lora_rank.  Tables (worker/step_tables.py): pe_cos/pe_sin, grid_index,
@@ -17,6 +20,7 @@ which writes the new vectors into the pool and attends; it has no `latent_new` o
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from typing import Any
 
 import paddle
@@ -27,7 +31,7 @@ from ops import paddle_ext
 from spmd_serve.export.deepseek.batched import BatchedLinear
 from spmd_serve.export.deepseek.sharding import kv_layout
 from spmd_serve.export.graph_inputs import grouped_mask
-from spmd_serve.export.layers import add_rms_norm, fuse_columns, make_linear, make_param, rms_norm
+from spmd_serve.export.layers import add_rms_norm, float32_dense, fuse_columns, make_linear, make_param, rms_norm
 from spmd_serve.export.segment import Stage, kv_input_spec
 from spmd_serve.export.variant import GraphVariant
 from spmd_serve.manifest import ShardDims
@@ -55,11 +59,16 @@ class MlaStage(Stage):
         mc, p = w["config"], f"layers.{layer}."
         self.lora = mc.q_lora_rank is not None
         first = w[p + "q_a"] if self.lora else w[p + "q"]
-        self.proj_a = make_linear(fuse_columns([first, w[p + "kv_a"]]))  # [H, q_a or q | kvr + dr]
+        # float32 in a 16-bit export where a factor is folded in (float32_dense): q / q_b (the softmax
+        # scale), kv_a's rope columns (YaRN's mscale when it is not 1)
+        folded = not self.lora or mc.rope_mscale() != 1.0
+        with float32_dense() if folded else nullcontext():
+            self.proj_a = make_linear(fuse_columns([first, w[p + "kv_a"]]))  # [H, q_a or q | kvr + dr]
         self.q_width = mc.q_lora_rank if self.lora else dims.heads * mc.q_head_dim
         if self.lora:
             self.q_a_ln = make_param(self, w[p + "q_a_ln"])
-            self.q_b = make_linear(w[p + "q_b"])  # [q_lora_rank, h (dn + dr)]
+            with float32_dense():
+                self.q_b = make_linear(w[p + "q_b"])  # [q_lora_rank, h (dn + dr)]
         self.ln = make_param(self, w[p + "ln1"])
         self.kv_a_ln = make_param(self, w[p + "kv_a_ln"])
         self.w_uk = BatchedLinear(w[p + "w_uk"])  # [h, dn, c]

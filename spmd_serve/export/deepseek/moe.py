@@ -10,7 +10,8 @@ token identically (the router is replicated) and runs its own experts (expert pa
 combine is the segment's all-reduce of partial outputs.
 
 Routed experts, with the C++ ops (see `_grouped` for which graphs): `spmd_moe_experts` (`_int8`,
-`_int4` for quantised stacks), each expert over the tokens routed to it in one grouped pass.
+`_int4` for quantised stacks, `_bf16`, `_f16` for a 16-bit export's), each expert over the tokens
+routed to it in one grouped pass.
 Otherwise (Paddle's ops only): one batched matmul over this rank's experts ([E_local, T, H] @
 [E_local, H, 2I]) weighted by the combine matrix [T, E_local] (0 where not routed).  No Python
 loop over experts.
@@ -30,6 +31,8 @@ from spmd_serve.export.layers import add_rms_norm, fuse_columns, make_linear, ma
 from spmd_serve.export.segment import Stage
 from spmd_serve.export.variant import GraphVariant
 from spmd_serve.manifest import ShardDims
+
+_HALF_EXPERTS = {"bfloat16": "spmd_moe_experts_bf16", "float16": "spmd_moe_experts_f16"}  # 16-bit exports' ops
 
 
 class Router(nn.Layer):
@@ -77,8 +80,8 @@ class MoeStage(Stage):
         self.router = Router(w, layer)
         own = experts_of_rank(mc, dims.tp, rank)
         self.first, self.count, self.total = own.start, len(own), mc.n_routed_experts
-        self.gate_up = BatchedLinear(w[p + "experts.gate_up"])  # [E_local, H, 2 I]
-        self.down = BatchedLinear(w[p + "experts.down"])  # [E_local, I, H]
+        self.gate_up = BatchedLinear(w[p + "experts.gate_up"], dense=True)  # [E_local, H, 2 I]
+        self.down = BatchedLinear(w[p + "experts.down"], dense=True)  # [E_local, I, H]
         self.shared = mc.n_shared_experts is not None and mc.n_shared_experts > 0
         if self.shared:
             self.shared_gate_up = make_linear(fuse_columns([w[p + "shared.gate"], w[p + "shared.up"]]))
@@ -96,7 +99,10 @@ class MoeStage(Stage):
         """ops/cpu_kernels/moe_experts.cc over this rank's stacks: each expert over its own rows."""
         gu, dn = self.gate_up, self.down
         if gu.method is None:
-            return paddle_ext.run_op("spmd_moe_experts", x, local_idx, weights, gu.weight, dn.weight)
+            if gu.dtype != "float32" and not gu.panels:
+                raise ValueError(f"{gu.dtype} experts have C++ ops in the panel layout only (dense_weights(True, ...))")
+            op = _HALF_EXPERTS.get(gu.dtype, "spmd_moe_experts")
+            return paddle_ext.run_op(op, x, local_idx, weights, gu.weight, dn.weight)
         op = "spmd_moe_experts_int8" if gu.method == "weight_only_int8" else "spmd_moe_experts_int4"
         return paddle_ext.run_op(op, x, local_idx, weights, gu.qweight, gu.scale, dn.qweight, dn.scale)
 
