@@ -8,7 +8,8 @@ Cases: `attention-int8` / `attention-f32` (spmd_paged_attention over an int8 / f
 4 KV heads, d = 64, past 192, B = 1, 8, 32 decodes), `moe` (spmd_moe_experts, 32 experts, H = 1,024,
 I = 512, k = 6, T = 8 and 128), `mla` (spmd_mla_decode, K = 576: see its cases), `moe-int8`
 (spmd_moe_experts_int8 against the batched path Paddle's ops run), `moe-grouped` (fp32: the batched
-path against spmd_moe_experts at E / k = 2, 4, 8: why MoeStage takes the op everywhere).
+path against spmd_moe_experts at E / k = 2, 4, 8: why MoeStage takes the op everywhere), `moe-half`
+(spmd_moe_experts over fp32 stacks against _bf16 / _f16 over 16-bit ones, T = 1, 8, 128, alternating).
 SPMD_OPS_MARCH=x86-64-v3 times the AVX2 build.  Prints one line: case, threads, ms or µs a call.
 """
 
@@ -106,6 +107,33 @@ def moe_grouped(ext, paddle, threads: int) -> list[str]:
     return [batched_vs_grouped(ext, paddle, t, e, k, None) for e, k in ((8, 4), (8, 2), (16, 2)) for t in (8, 64, 512)]
 
 
+def moe_half(ext, paddle, threads: int) -> list[str]:
+    """`moe`'s layer (192 MB of fp32 stacks: read from memory) with its stacks in fp32, bf16 and f16
+    (each expert in panels, as a 16-bit export holds them): two alternating rounds, the faster kept."""
+    from spmd_serve.export.panels import to_panels
+    from spmd_serve.export.quant import bf16_bits
+
+    out = []
+    for t in (1, 8, 128):
+        x, idx, w, gu, dn = moe_case(t)
+        forms = {"fp32": ("spmd_moe_experts", gu, dn)}
+        held = (
+            ("panels", lambda v: v, "_panels"),
+            ("bf16", bf16_bits, "_bf16"),
+            ("f16", lambda v: v.astype(np.float16), "_f16"),
+        )
+        for name, half, op in held:
+            forms[name] = ("spmd_moe_experts" + op, *(np.stack([to_panels(half(e)) for e in s]) for s in (gu, dn)))
+        calls = {}
+        for name, (op, g, d) in forms.items():
+            args = [paddle.to_tensor(a) for a in (x, idx, w, g, d)]
+            calls[name] = lambda op=op, args=args: ext.run_op(op, *args)
+        best = {name: min(median_ms(call, inner=3) for _ in range(2)) for name, call in calls.items()}
+        ratios = ", ".join(f"{n} {best[n]:.2f} ms ({best['fp32'] / best[n]:.2f}x)" for n in ("panels", "bf16", "f16"))
+        out.append(f"T{t} fp32 {best['fp32']:.2f} ms, {ratios}")
+    return out
+
+
 def mla(ext, paddle, threads: int) -> list[str]:
     """(heads, B, past) cases at K = 576, blocks of 64; the query times 0.072 (the softmax scale the
     graph folds in) or 1 (scores so spread that most weights underflow: the subnormal case)."""
@@ -142,6 +170,7 @@ CASES = {
     "moe": moe,
     "moe-int8": moe_int8,
     "moe-grouped": moe_grouped,
+    "moe-half": moe_half,
     "mla": mla,
 }
 

@@ -1,5 +1,5 @@
-// The grouped pass of the MoE expert ops (moe_experts.cc: fp32, int8, int4 stacks; moe_experts_half.cc:
-// bf16 and f16 stacks), as templates over the stack's weight form: each expert computes
+// The grouped pass of the MoE expert ops (moe_experts.cc: fp32 [E, K, N], int8, int4 stacks;
+// moe_experts_panels.cc: fp32, bf16 and f16 stacks in panels), as templates over the stack's weight form: each expert computes
 // SwiGLU(x @ gate|up) @ down over only the tokens routed to it, as a task on the op library's threads,
 // and each token's results are added in its slots' order afterwards, so the bits do not depend on the
 // thread count (moe_experts.cc says more).  Also the ops' shared shape checks.
@@ -37,10 +37,10 @@ struct I4Stack {
     return {{q + e * K / 2 * N, scale + e * K / group * N, N, group}, nullptr};
   }
 };
-// bf16 / f16 (simd.h Bf16, F16): each expert's [K, N] in weights.h's panels (Panels<E>), widened exactly
-// in registers: the sums of the F32Stack of the widened weights, bit for bit
+// fp32, bf16 or f16 (simd.h Bf16, F16): each expert's [K, N] in weights.h's panels (Panels<E>; 16 bits
+// widened exactly in registers): the sums of the F32Stack of the (widened) weights, bit for bit
 template <typename E>
-struct HalfStack {
+struct PanelStack {
   const E* w;
   int64_t K, N;
   std::pair<spmd::Panels<E>, const float*> at(int64_t e) const { return {{w + e * K * N, K, N}, nullptr}; }

@@ -42,10 +42,14 @@ def test_16_bit_deepseek_export_serves_the_float32_logits_of_its_weights(name, h
         for dtype, ops in (("float32", "cpp"), ("auto", "cpp"), ("auto", "paddle"))
     }
     assert json.loads((made["auto", "cpp"] / "config.json").read_text())["spmd_serve"]["dtype"] == half
-    ops = set().union(*(op_names(f) for f in (made["auto", "cpp"] / "rank_0").glob("seg_*.json")))
+
+    def ops(d):
+        return set().union(*(op_names(f) for f in (d / "rank_0").glob("seg_*.json")))
+
     linear = {"bfloat16": "spmd_linear_bf16", "float16": "spmd_linear_f16"}[half]
-    assert {EXPERTS[half], linear, "spmd_linear_panels"} <= ops  # the folded query projection: fp32
-    assert "spmd_moe_experts" not in ops
+    assert {EXPERTS[half], linear, "spmd_linear_panels"} <= ops(made["auto", "cpp"])  # the folded query: fp32
+    assert "spmd_moe_experts_panels" in ops(made["float32", "cpp"])  # fp32 experts in panels too
+    assert not {"spmd_moe_experts", "spmd_moe_experts_panels"} & ops(made["auto", "cpp"])
 
     def size(d):
         return sum(f.stat().st_size for f in (d / "rank_0").glob("*.pdiparams"))

@@ -4,8 +4,8 @@
   pool at their slots, and each head's softmax over the past (block tables, contexts of different
   lengths, 0 included) and the new vector, in latent space;
 * `spmd_moe_experts` (ops/cpu_kernels/moe_experts.cc): each local expert's SwiGLU over the tokens
-  routed to it, weighted and summed per token; routes to other ranks' experts ignored; its 16-bit
-  forms (moe_experts_half.cc) compute it over the widened stacks bit for bit.
+  routed to it, weighted and summed per token; routes to other ranks' experts ignored; its forms over
+  stacks in panels (moe_experts_panels.cc: fp32, bf16, f16) compute it bit for bit.
 """
 
 from __future__ import annotations
@@ -156,29 +156,32 @@ def test_quantised_experts_refuse_a_scale_of_the_wrong_shape():
         paddle_ext.run_op("spmd_moe_experts_int8", *args)
 
 
-HALF = {  # --dtype → (the op, a float32 array as that op's stacks hold it, and widened back to float32)
+PANELS = {  # the stacks' dtype → (the op, a float32 array as that op's stacks hold it, and widened back)
+    "float32": ("spmd_moe_experts_panels", lambda v: v, lambda v: v),
     "bfloat16": ("spmd_moe_experts_bf16", bf16_bits, from_bf16_bits),
     "float16": ("spmd_moe_experts_f16", lambda v: v.astype(np.float16), lambda v: v.astype(np.float32)),
 }
 
 
-@pytest.mark.parametrize("dtype", list(HALF))
+@pytest.mark.parametrize("dtype", list(PANELS))
 @pytest.mark.parametrize("t,h", [(1, 136), (3, 40), (70, 136)])  # h 136: a block of 128 rows and one of 8
-def test_16_bit_experts_compute_their_widened_stacks(dtype, t, h):
-    """spmd_moe_experts_bf16 / _f16 over stacks as export/deepseek/batched.py writes them (16 bits, each
-    expert in the panel layout): spmd_moe_experts' result over the widened fp32 stacks, bit for bit,
-    on one thread and on two."""
-    op, half, widen = HALF[dtype]
+def test_panel_experts_compute_the_stacks_they_hold(dtype, t, h):
+    """spmd_moe_experts_panels / _bf16 / _f16 over stacks as export/deepseek/batched.py writes them
+    (each expert in the panel layout; 16 bits for the latter two): spmd_moe_experts' result over the
+    [E, in, out] fp32 stacks they stand for, bit for bit, on one thread and on two."""
+    op, held_as, widen = PANELS[dtype]
     x, idx, weight, gate_up, down = moe_case(t, h, 24, 5, 3)
-    held = [half(s) for s in (gate_up, down)]
+    held = [held_as(s) for s in (gate_up, down)]
     args = [paddle.to_tensor(a) for a in (x, idx, weight, *(np.stack([to_panels(e) for e in s]) for s in held))]
     want = run_moe((x, idx, weight, *(widen(s) for s in held)))
-    assert np.abs(want).max() > 0.1 and not np.array_equal(widen(held[0]), gate_up)  # rounded, and routed
+    assert np.abs(want).max() > 0.1  # routed rows are non-zero
+    assert dtype == "float32" or not np.array_equal(widen(held[0]), gate_up)  # 16 bits: rounded
     for threads in (1, 2):
         paddle_ext.set_num_threads(threads)
         try:
             assert np.array_equal(paddle_ext.run_op(op, *args).numpy(), want), threads
         finally:
             paddle_ext.set_num_threads(1)
+    wrong = paddle.to_tensor(gate_up.astype(np.float16) if dtype == "float32" else gate_up)
     with pytest.raises(Exception, match=f"the expert weights must be {dtype}"):
-        paddle_ext.run_op(op, *args[:3], paddle.to_tensor(gate_up), args[4])
+        paddle_ext.run_op(op, *args[:3], wrong, args[4])

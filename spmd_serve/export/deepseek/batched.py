@@ -2,13 +2,13 @@
 routed experts (N = this rank's experts) and MLA's absorbed per-head projections (N = heads).
 
 Forms as export/layers.py's Linear classes: fp32, weight_only_int8 (one scale per output channel
-of each weight), weight_only_int4 (per output channel and input group, packed two per byte), and for
-a stack built `dense` inside `dense_weights(panels, "bfloat16" or "float16")` (the routed experts of
-a 16-bit export) that dtype, each weight in the panel layout when `panels` (the C++ grouped op's,
-export/deepseek/moe.py).  A quantised or 16-bit stack is widened to fp32 right before Paddle's matmul
-(one transient weight-sized tensor; this CPU build has no batched int8 or 16-bit matmul), so the params
-stay int8 / int4 / 16-bit on disk and in memory.  MLA's absorbed stacks run only that matmul, every
-step: they stay fp32 in a 16-bit export (a small part of the model).
+of each weight), weight_only_int4 (per output channel and input group, packed two per byte).  A stack
+built `dense` (the routed experts) is held as `dense_weights` says the dense linears are: in the
+export's --dtype (fp32, bfloat16 or float16), each weight in the panel layout with the C++ ops (the
+grouped op's, export/deepseek/moe.py).  A quantised or 16-bit stack is widened to fp32 right before
+Paddle's matmul (one transient weight-sized tensor; this CPU build has no batched int8 or 16-bit
+matmul), so the params stay int8 / int4 / 16-bit on disk and in memory.  MLA's absorbed stacks run
+only that matmul, every step: they stay fp32 [N, in, out] (a small part of the model).
 """
 
 from __future__ import annotations
@@ -28,16 +28,15 @@ class BatchedLinear(nn.Layer):
     def __init__(self, w: np.ndarray | QuantStack, dense: bool = False) -> None:
         super().__init__(name_scope="batched_linear")
         self.method = getattr(w, "method", None)
-        panels, self.dtype = dense_form() if dense and self.method is None else (False, "float32")
-        self.panels = panels and self.dtype != "float32"  # fp32 stacks stay [N, in, out] (spmd_moe_experts')
+        self.panels, self.dtype = dense_form() if dense and self.method is None else (False, "float32")
         if isinstance(w, QuantStack):
             self.register_buffer("qweight", paddle.to_tensor(w.q), persistable=True)
             self.scale = make_param(self, w.scale)
             self.n, self.fan_out = w.q.shape[0], w.q.shape[2]
             self.fan_in, self.group = w.q.shape[1] * (2 if w.method == "weight_only_int4" else 1), w.group
-        elif self.dtype == "float32":
+        elif not dense:  # fp32 [N, in, out] whatever the export's dtype
             self.weight = make_param(self, w)
-        else:  # [N, in, out] in 16 bits, each [in, out] in the panel layout with the C++ ops
+        else:  # [N, in, out] as dense_weights says, each [in, out] in the panel layout with the C++ ops
             hold_dense(self, np.stack([to_panels(np.asarray(x, np.float32)) for x in w]) if self.panels else w)
 
     def weight_fp32(self):

@@ -9,9 +9,10 @@ normalised when norm_topk_prob (k > 1), times routed_scaling_factor.  Every rank
 token identically (the router is replicated) and runs its own experts (expert parallelism), so the
 combine is the segment's all-reduce of partial outputs.
 
-Routed experts, with the C++ ops (see `_grouped` for which graphs): `spmd_moe_experts` (`_int8`,
-`_int4` for quantised stacks, `_bf16`, `_f16` for a 16-bit export's), each expert over the tokens
-routed to it in one grouped pass.
+Routed experts, with the C++ ops (see `_grouped` for which graphs): `spmd_moe_experts_panels`
+(`_bf16`, `_f16` for a 16-bit export's stacks, `spmd_moe_experts_int8` / `_int4` for quantised ones;
+`spmd_moe_experts` for [E, in, out] fp32 stacks, as exports before the panels hold them), each
+expert over the tokens routed to it in one grouped pass.
 Otherwise (Paddle's ops only): one batched matmul over this rank's experts ([E_local, T, H] @
 [E_local, H, 2I]) weighted by the combine matrix [T, E_local] (0 where not routed).  No Python
 loop over experts.
@@ -32,7 +33,12 @@ from spmd_serve.export.segment import Stage
 from spmd_serve.export.variant import GraphVariant
 from spmd_serve.manifest import ShardDims
 
-_HALF_EXPERTS = {"bfloat16": "spmd_moe_experts_bf16", "float16": "spmd_moe_experts_f16"}  # 16-bit exports' ops
+# the grouped op of stacks in the panel layout, by dtype (moe_experts_panels.cc)
+_PANEL_EXPERTS = {
+    "float32": "spmd_moe_experts_panels",
+    "bfloat16": "spmd_moe_experts_bf16",
+    "float16": "spmd_moe_experts_f16",
+}
 
 
 class Router(nn.Layer):
@@ -101,7 +107,7 @@ class MoeStage(Stage):
         if gu.method is None:
             if gu.dtype != "float32" and not gu.panels:
                 raise ValueError(f"{gu.dtype} experts have C++ ops in the panel layout only (dense_weights(True, ...))")
-            op = _HALF_EXPERTS.get(gu.dtype, "spmd_moe_experts")
+            op = _PANEL_EXPERTS[gu.dtype] if gu.panels else "spmd_moe_experts"
             return paddle_ext.run_op(op, x, local_idx, weights, gu.weight, dn.weight)
         op = "spmd_moe_experts_int8" if gu.method == "weight_only_int8" else "spmd_moe_experts_int4"
         return paddle_ext.run_op(op, x, local_idx, weights, gu.qweight, gu.scale, dn.qweight, dn.scale)
