@@ -48,7 +48,8 @@ def test_16_bit_deepseek_export_serves_the_float32_logits_of_its_weights(name, h
 
     linear = {"bfloat16": "spmd_linear_bf16", "float16": "spmd_linear_f16"}[half]
     assert {EXPERTS[half], linear, "spmd_linear_panels"} <= ops(made["auto", "cpp"])  # the folded query: fp32
-    assert "spmd_moe_experts_panels" in ops(made["float32", "cpp"])  # fp32 experts in panels too
+    # fp32 experts in panels too; MLA's products (w_uk / w_uv, a chunk's attention) are the C++ op's
+    assert {"spmd_moe_experts_panels", "spmd_batched_matmul"} <= ops(made["float32", "cpp"])
     assert not {"spmd_moe_experts", "spmd_moe_experts_panels"} & ops(made["auto", "cpp"])
 
     def size(d):

@@ -5,7 +5,8 @@
   lengths, 0 included) and the new vector, in latent space;
 * `spmd_moe_experts` (ops/cpu_kernels/moe_experts.cc): each local expert's SwiGLU over the tokens
   routed to it, weighted and summed per token; routes to other ranks' experts ignored; its forms over
-  stacks in panels (moe_experts_panels.cc: fp32, bf16, f16) compute it bit for bit.
+  stacks in panels (moe_experts_panels.cc: fp32, bf16, f16) compute it bit for bit;
+* `spmd_batched_matmul` (ops/cpu_kernels/batched_matmul.cc): MLA's per-head products.
 """
 
 from __future__ import annotations
@@ -185,3 +186,47 @@ def test_panel_experts_compute_the_stacks_they_hold(dtype, t, h):
     wrong = paddle.to_tensor(gate_up.astype(np.float16) if dtype == "float32" else gate_up)
     with pytest.raises(Exception, match=f"the expert weights must be {dtype}"):
         paddle_ext.run_op(op, *args[:3], wrong, args[4])
+
+
+def batched_case(n, t, k, m, transpose_y):
+    rng = np.random.default_rng(n * 1000 + t * 10 + k)
+    y = rng.standard_normal((n, m, k) if transpose_y else (n, k, m)).astype(np.float32)
+    return rng.standard_normal((n, t, k)).astype(np.float32), y
+
+
+# one slice and several; a decode row, rows around the stream / blocked split, a prefill chunk's
+# scores (T = heads x S); K past a block; M 0 (a chunk with no past)
+@pytest.mark.parametrize("transpose_y", [False, True])
+@pytest.mark.parametrize(
+    "n,t,k,m", [(1, 1, 24, 40), (3, 5, 136, 40), (16, 70, 64, 33), (2, 260, 288, 17), (2, 9, 8, 0)]
+)
+def test_batched_matmul_matches_float64(n, t, k, m, transpose_y):
+    """spmd_batched_matmul (ops/cpu_kernels/batched_matmul.cc, MLA's w_uk / w_uv and a chunk's scores
+    and weighted sums): x[n] @ y[n] (y[n] transposed) for every n, against float64; bit-equal on 1, 2
+    and 3 threads (a slice a task, or the slices in turn)."""
+    x, y = batched_case(n, t, k, m, transpose_y)
+    args = [paddle.to_tensor(a) for a in (x, y)]
+    got = paddle_ext.run_op("spmd_batched_matmul", *args, transpose_y).numpy()
+    want = x.astype(np.float64) @ (y.transpose(0, 2, 1) if transpose_y else y).astype(np.float64)
+    assert got.shape == want.shape
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+    for threads in (2, 3):
+        paddle_ext.set_num_threads(threads)
+        try:
+            assert np.array_equal(paddle_ext.run_op("spmd_batched_matmul", *args, transpose_y).numpy(), got), threads
+        finally:
+            paddle_ext.set_num_threads(1)
+
+
+@pytest.mark.parametrize(
+    "x,y,transpose_y,message",
+    [
+        ((2, 3, 8), (3, 8, 4), False, r"x \[2, T, 8\] does not match y \[3, 8, 4\]"),
+        ((2, 3, 8), (2, 7, 4), False, r"x \[2, T, 8\] does not match y \[2, 7, 4\]"),
+        ((2, 3, 8), (2, 8, 4), True, r"x \[2, T, 8\] does not match y \[2, 8, 4\] \(transposed\)"),
+        ((3, 8), (1, 8, 4), False, r"expected x \[N, T, K\]"),
+    ],
+)
+def test_batched_matmul_refuses_shapes_that_do_not_match(x, y, transpose_y, message):
+    with pytest.raises(Exception, match=message):
+        paddle_ext.run_op("spmd_batched_matmul", paddle.zeros(x), paddle.zeros(y), transpose_y)

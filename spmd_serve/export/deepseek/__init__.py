@@ -27,7 +27,7 @@ class DeepseekFamily(ModelFamily[DeepseekConfig]):
     architectures = ARCHITECTURES
     model_types = MODEL_TYPES
     kv_int8 = False  # the MLA latent pool is fp32 only (no int8-KV graphs or scales are exported)
-    decode_graphs = True  # spmd_mla_decode attends for single-token queries; chunks use Paddle's ops
+    decode_graphs = True  # spmd_mla_decode attends for single-token queries; chunks: batched products
 
     def parse_config(self, cfg: dict, architecture: str) -> DeepseekConfig:
         return DeepseekConfig.from_hf(cfg, architecture)

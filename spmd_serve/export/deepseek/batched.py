@@ -7,8 +7,9 @@ built `dense` (the routed experts) is held as `dense_weights` says the dense lin
 export's --dtype (fp32, bfloat16 or float16), each weight in the panel layout with the C++ ops (the
 grouped op's, export/deepseek/moe.py).  A quantised or 16-bit stack is widened to fp32 right before
 Paddle's matmul (one transient weight-sized tensor; this CPU build has no batched int8 or 16-bit
-matmul), so the params stay int8 / int4 / 16-bit on disk and in memory.  MLA's absorbed stacks run
-only that matmul, every step: they stay fp32 [N, in, out] (a small part of the model).
+matmul), so the params stay int8 / int4 / 16-bit on disk and in memory.  MLA's absorbed stacks stay
+fp32 [N, in, out] in a 16-bit export (a small part of the model); with the C++ ops an fp32 stack runs
+`spmd_batched_matmul` (`batched_matmul`, which mla.py's prefill attention takes too).
 """
 
 from __future__ import annotations
@@ -17,9 +18,11 @@ import numpy as np
 import paddle
 from paddle import nn
 
+from ops import paddle_ext
 from spmd_serve.export.layers import dense_form, hold_dense, make_param, unpack_int4
 from spmd_serve.export.panels import to_panels
 from spmd_serve.export.quant import QuantStack
+from spmd_serve.export.variant import GraphVariant
 
 
 class BatchedLinear(nn.Layer):
@@ -51,5 +54,17 @@ class BatchedLinear(nn.Layer):
         q = unpack_int4(self.qweight, self.fan_in, g)  # [N, G, g, out]
         return (q * self.scale.unsqueeze(2)).reshape([self.n, self.fan_in, self.fan_out])
 
-    def forward(self, x):
+    def forward(self, x, variant: GraphVariant | None = None):
+        """x [N, T, in]; with the C++ ops an fp32 [N, in, out] stack runs `spmd_batched_matmul`."""
+        if variant is not None and self.method is None and self.dtype == "float32" and not self.panels:
+            return batched_matmul(x, self.weight, variant)
         return paddle.matmul(x, self.weight_fp32())
+
+
+def batched_matmul(x, y, variant: GraphVariant, transpose_y: bool = False):
+    """x [N, T, K] @ y [N, K, M] (y [N, M, K] when transpose_y) → [N, T, M]: with the C++ ops
+    `spmd_batched_matmul` (ops/cpu_kernels/batched_matmul.cc: gemm.h's product a slice, on the op
+    library's threads), else Paddle's matmul."""
+    if variant.cpp_ops:
+        return paddle_ext.run_op("spmd_batched_matmul", x, y, transpose_y)
+    return paddle.matmul(x, y, transpose_y=transpose_y)

@@ -28,7 +28,7 @@ from paddle import nn
 from paddle.static import InputSpec
 
 from ops import paddle_ext
-from spmd_serve.export.deepseek.batched import BatchedLinear
+from spmd_serve.export.deepseek.batched import BatchedLinear, batched_matmul
 from spmd_serve.export.deepseek.sharding import kv_layout
 from spmd_serve.export.graph_inputs import grouped_mask
 from spmd_serve.export.layers import add_rms_norm, float32_dense, fuse_columns, make_linear, make_param, rms_norm
@@ -104,18 +104,18 @@ class MlaStage(Stage):
             [_norm(kv, self.kv_a_ln, self.eps, variant), _rope(k_pe, cos, sin, dr)], axis=-1
         )  # [T, K]
         q_pe = _rope(q_pe, cos.unsqueeze(1), sin.unsqueeze(1), dr)
-        q_lat = self.w_uk(q_nope.transpose([1, 0, 2]))  # [h, T, c]
+        q_lat = self.w_uk(q_nope.transpose([1, 0, 2]), variant)  # [h, T, c]
         query = paddle.concat([q_lat, q_pe.transpose([1, 0, 2])], axis=-1)  # [h, T, K]
         if variant.fused_decode_attention:  # ops/cpu_kernels/mla_decode.cc: pool write + attention
             cache = env[self.layout.cache_inputs(self.layer)[0]]
             args = (env["block_tables"], env["ctx_lens"], env["slot_mapping"])
             ctx = paddle_ext.run_op("spmd_mla_decode", query, latent, cache, *args)  # [h, B, K]
         else:
-            ctx = self._attend(query, latent, env)  # [h, T, K]
-        out = self.w_uv(ctx).transpose([1, 0, 2]).reshape([-1, nh * self.dv])  # [T, h dv]
+            ctx = self._attend(query, latent, env, variant)  # [h, T, K]
+        out = self.w_uv(ctx, variant).transpose([1, 0, 2]).reshape([-1, nh * self.dv])  # [T, h dv]
         return h, self.o(out, variant), [] if variant.fused_decode_attention else [latent]
 
-    def _attend(self, query, latent, env):
+    def _attend(self, query, latent, env, variant: GraphVariant):
         """softmax over past and new cached vectors of each sequence's grid of queries: [h, T, K]."""
         nh, k = self.heads, self.c + self.dr
         grid = env["grid_index"]  # [B, S]
@@ -123,13 +123,13 @@ class MlaStage(Stage):
         p = paddle.shape(env["latent_index"])[1]
         flat = grid.reshape([-1])
         qg = paddle.gather(query, flat, axis=1).reshape([nh, -1, s, k]).transpose([1, 0, 2, 3])  # [B, h, S, K]
-        qg = qg.reshape([0, 1, -1, k])  # [B, 1, h S, K]: row = head * S + s
-        new = paddle.gather(latent, flat, axis=0).reshape([-1, 1, s, k])  # [B, 1, S, K]
-        past = paddle.gather_nd(env[self.layout.cache_inputs(self.layer)[0]], env["latent_index"]).unsqueeze(1)
+        qg = qg.reshape([0, -1, k])  # [B, h S, K]: row = head * S + s
+        new = paddle.gather(latent, flat, axis=0).reshape([-1, s, k])  # [B, S, K]
+        past = paddle.gather_nd(env[self.layout.cache_inputs(self.layer)[0]], env["latent_index"])  # [B, P, K]
         scores = paddle.concat(
-            [paddle.matmul(qg, past, transpose_y=True), paddle.matmul(qg, new, transpose_y=True)], axis=-1
-        )  # [B, 1, h S, P + S]
-        probs = nn.functional.softmax(scores + grouped_mask(env, nh), axis=-1)
-        ctx = paddle.matmul(probs[:, :, :, :p], past) + paddle.matmul(probs[:, :, :, p:], new)  # [B, 1, h S, K]
-        ctx = ctx.reshape([0, nh, -1, k]).transpose([0, 2, 1, 3]).reshape([-1, nh, k])  # [B S, h, K]
+            [batched_matmul(qg, past, variant, True), batched_matmul(qg, new, variant, True)], axis=-1
+        )  # [B, h S, P + S]
+        probs = nn.functional.softmax(scores + grouped_mask(env, nh).squeeze(1), axis=-1)
+        ctx = batched_matmul(probs[:, :, :p], past, variant) + batched_matmul(probs[:, :, p:], new, variant)
+        ctx = ctx.reshape([0, nh, -1, k]).transpose([0, 2, 1, 3]).reshape([-1, nh, k])  # [B, h S, K] → [B S, h, K]
         return paddle.gather(ctx, env["unpad_index"], axis=0).transpose([1, 0, 2])  # [h, T, K]
