@@ -19,7 +19,7 @@
 #include "moe_grouped.h"
 
 using spmd_moe::check;
-using spmd_moe::check_scale;
+using spmd::check_scale;
 using spmd_moe::grouped;
 
 std::vector<paddle::Tensor> MoeExpertsForward(const paddle::Tensor& x, const paddle::Tensor& idx,
@@ -30,8 +30,8 @@ std::vector<paddle::Tensor> MoeExpertsForward(const paddle::Tensor& x, const pad
   PD_CHECK(gate_up.dtype() == paddle::DataType::FLOAT32 && down.dtype() == paddle::DataType::FLOAT32, op,
            ": the expert weights must be float32");
   const paddle::Tensor gc = gate_up.contiguous(), dc = down.contiguous();
-  return {grouped(x, idx, weight, d.E, spmd_moe::F32Stack{gc.data<float>(), d.H, 2 * d.I},
-                  spmd_moe::F32Stack{dc.data<float>(), d.I, d.H})};
+  return {grouped(x, idx, weight, d.E, spmd::F32Stack{gc.data<float>(), d.H, 2 * d.I},
+                  spmd::F32Stack{dc.data<float>(), d.I, d.H})};
 }
 
 // int8 (per-column scales [E, N]) or int4 (two a byte along K, group scales [E, K / group, N]) stacks
@@ -47,11 +47,11 @@ std::vector<paddle::Tensor> moe_quant(bool int4, const paddle::Tensor& x, const 
   check_scale(op, dn_s, d.E, d.I, d.H, int4);
   const paddle::Tensor gq = gu_q.contiguous(), gs = gu_s.contiguous(), dq = dn_q.contiguous(), ds = dn_s.contiguous();
   if (!int4)
-    return {grouped(x, idx, weight, d.E, spmd_moe::I8Stack{gq.data<int8_t>(), gs.data<float>(), d.H, 2 * d.I},
-                    spmd_moe::I8Stack{dq.data<int8_t>(), ds.data<float>(), d.I, d.H})};
+    return {grouped(x, idx, weight, d.E, spmd::I8Stack{gq.data<int8_t>(), gs.data<float>(), d.H, 2 * d.I},
+                    spmd::I8Stack{dq.data<int8_t>(), ds.data<float>(), d.I, d.H})};
   return {grouped(x, idx, weight, d.E,
-                  spmd_moe::I4Stack{gq.data<int8_t>(), gs.data<float>(), d.H, 2 * d.I, d.H / gu_s.shape()[1]},
-                  spmd_moe::I4Stack{dq.data<int8_t>(), ds.data<float>(), d.I, d.H, d.I / dn_s.shape()[1]})};
+                  spmd::I4Stack{gq.data<int8_t>(), gs.data<float>(), d.H, 2 * d.I, d.H / gu_s.shape()[1]},
+                  spmd::I4Stack{dq.data<int8_t>(), ds.data<float>(), d.I, d.H, d.I / dn_s.shape()[1]})};
 }
 
 std::vector<paddle::Tensor> MoeExpertsInt8Forward(const paddle::Tensor& x, const paddle::Tensor& idx,

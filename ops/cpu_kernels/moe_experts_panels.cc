@@ -25,8 +25,8 @@ paddle::Tensor panel_experts(const char* op, const char* name, paddle::DataType 
   const paddle::Tensor gc = gate_up.contiguous(), dc = down.contiguous();
   const auto* gu = reinterpret_cast<const E*>(gc.data<PaddleE>());
   const auto* dn = reinterpret_cast<const E*>(dc.data<PaddleE>());
-  return spmd_moe::grouped(x, idx, weight, d.E, spmd_moe::PanelStack<E>{gu, d.H, 2 * d.I},
-                           spmd_moe::PanelStack<E>{dn, d.I, d.H});
+  return spmd_moe::grouped(x, idx, weight, d.E, spmd::PanelStack<E>{gu, d.H, 2 * d.I},
+                           spmd::PanelStack<E>{dn, d.I, d.H});
 }
 
 }  // namespace

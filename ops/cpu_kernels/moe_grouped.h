@@ -11,40 +11,11 @@
 
 #include "gemm.h"
 #include "paddle/extension.h"
+#include "weight_stacks.h"
 
 namespace spmd_moe {
 
 constexpr int64_t kTokenChunk = 64;  // tokens a round: bounds the routed rows' scratch ([chunk * k, H])
-
-// A stack of E [K, N] weights in one of gemm.h's layouts; at(e) is expert e's (weights.h) and its
-// per-column scale (int8) or null
-struct F32Stack {
-  const float* w;
-  int64_t K, N;
-  std::pair<spmd::F32W, const float*> at(int64_t e) const { return {{w + e * K * N, N}, nullptr}; }
-};
-struct I8Stack {
-  const int8_t* q;
-  const float* scale;   // [E, N]
-  int64_t K, N;
-  std::pair<spmd::I8W, const float*> at(int64_t e) const { return {{q + e * K * N, N}, scale + e * N}; }
-};
-struct I4Stack {
-  const int8_t* q;      // [E, K / 2, N]
-  const float* scale;   // [E, K / group, N]
-  int64_t K, N, group;
-  std::pair<spmd::I4W, const float*> at(int64_t e) const {
-    return {{q + e * K / 2 * N, scale + e * K / group * N, N, group}, nullptr};
-  }
-};
-// fp32, bf16 or f16 (simd.h Bf16, F16): each expert's [K, N] in weights.h's panels (Panels<E>; 16 bits
-// widened exactly in registers): the sums of the F32Stack of the (widened) weights, bit for bit
-template <typename E>
-struct PanelStack {
-  const E* w;
-  int64_t K, N;
-  std::pair<spmd::Panels<E>, const float*> at(int64_t e) const { return {{w + e * K * N, K, N}, nullptr}; }
-};
 
 // y [n, N] = x [n, K] @ the stack's expert e
 template <typename Stack>
@@ -133,17 +104,6 @@ inline Dims check(const char* op, const paddle::Tensor& x, const paddle::Tensor&
                ds[1] * rows_per_byte == I && ds[2] == H && I2 % 2 == 0,
            op, ": shapes do not agree");
   return {H, E, I};
-}
-
-// a per-column scale [E, N] (int8) or a group scale [E, K / group, N] (int4) of a stack
-inline void check_scale(const char* op, const paddle::Tensor& s, int64_t E, int64_t K, int64_t N, bool grouped_scale) {
-  PD_CHECK(s.dtype() == paddle::DataType::FLOAT32, op, ": scales must be float32");
-  const auto ss = s.shape();
-  if (!grouped_scale)
-    PD_CHECK(ss.size() == 2 && ss[0] == E && ss[1] == N, op, ": an int8 stack's scale must be [E, N]");
-  else
-    PD_CHECK(ss.size() == 3 && ss[0] == E && ss[2] == N && ss[1] > 0 && K % ss[1] == 0 && (K / ss[1]) % 2 == 0, op,
-             ": an int4 stack's scale must be [E, K / group, N] with an even group dividing K");
 }
 
 }  // namespace spmd_moe

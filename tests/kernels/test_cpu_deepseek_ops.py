@@ -230,3 +230,29 @@ def test_batched_matmul_matches_float64(n, t, k, m, transpose_y):
 def test_batched_matmul_refuses_shapes_that_do_not_match(x, y, transpose_y, message):
     with pytest.raises(Exception, match=message):
         paddle_ext.run_op("spmd_batched_matmul", paddle.zeros(x), paddle.zeros(y), transpose_y)
+
+
+@pytest.mark.parametrize("method,group", [("weight_only_int8", None), ("weight_only_int4", 8)])
+@pytest.mark.parametrize("n,t", [(3, 1), (16, 9), (1, 70)])
+def test_quantised_batched_linear_matches_its_dequantised_stack(method, group, n, t):
+    """spmd_batched_linear_int8 / _int4 over a QuantStack (a quantised export's w_uk / w_uv): the fp32
+    op's result over the stack dequantised (numpy), to fp32 rounding (int8 here: x in bf16); threads
+    change no bit."""
+    from spmd_serve.export.quant import dequantize_stack, quantize_stack
+
+    x, y = batched_case(n, t, 32, 24, False)
+    stack = quantize_stack(y, method, group)
+    op = "spmd_batched_linear_int8" if method == "weight_only_int8" else "spmd_batched_linear_int4"
+    args = [paddle.to_tensor(a) for a in (x, stack.q, stack.scale)]
+    got = paddle_ext.run_op(op, *args).numpy()
+    want = paddle_ext.run_op(
+        "spmd_batched_matmul", paddle.to_tensor(x), paddle.to_tensor(dequantize_stack(stack)), False
+    )
+    np.testing.assert_allclose(got, want.numpy(), **twin_tolerance(method, want.numpy(), 1e-5, 1e-5))
+    paddle_ext.set_num_threads(2)
+    try:
+        assert np.array_equal(paddle_ext.run_op(op, *args).numpy(), got)
+    finally:
+        paddle_ext.set_num_threads(1)
+    with pytest.raises(Exception, match=r"stack's scale must be"):
+        paddle_ext.run_op(op, args[0], args[1], paddle.to_tensor(stack.scale[:, :-1]))

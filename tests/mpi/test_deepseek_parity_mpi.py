@@ -13,7 +13,7 @@ split by heads / units and the routed experts by rank (expert parallelism).  int
 exports of V3 at TP 2 serve their TP 1 tokens (every rank holds the TP 1 integers; that the
 quantised graphs compute their dequantised weights is test_deepseek_export.py's).  The fp8 checkpoint
 and its bf16 twin hold bf16 values, so --dtype auto exports both in bfloat16 (experts, dense linears,
-embedding; tests/graphs/test_deepseek_half.py): this serves the 16-bit DeepSeek graphs at TP 2.
+embedding; tests/graphs/test_deepseek_weight_forms.py): this serves the 16-bit DeepSeek graphs at TP 2.
 """
 
 from __future__ import annotations

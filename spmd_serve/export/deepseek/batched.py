@@ -8,8 +8,9 @@ export's --dtype (fp32, bfloat16 or float16), each weight in the panel layout wi
 grouped op's, export/deepseek/moe.py).  A quantised or 16-bit stack is widened to fp32 right before
 Paddle's matmul (one transient weight-sized tensor; this CPU build has no batched int8 or 16-bit
 matmul), so the params stay int8 / int4 / 16-bit on disk and in memory.  MLA's absorbed stacks stay
-fp32 [N, in, out] in a 16-bit export (a small part of the model); with the C++ ops an fp32 stack runs
-`spmd_batched_matmul` (`batched_matmul`, which mla.py's prefill attention takes too).
+fp32 [N, in, out] in a 16-bit export (a small part of the model); with the C++ ops they run
+ops/cpu_kernels/batched_matmul.cc's ops (fp32: `batched_matmul`, which mla.py's prefill attention
+takes too; int8 / int4: read as they are held, not widened).
 """
 
 from __future__ import annotations
@@ -55,8 +56,14 @@ class BatchedLinear(nn.Layer):
         return (q * self.scale.unsqueeze(2)).reshape([self.n, self.fan_in, self.fan_out])
 
     def forward(self, x, variant: GraphVariant | None = None):
-        """x [N, T, in]; with the C++ ops an fp32 [N, in, out] stack runs `spmd_batched_matmul`."""
-        if variant is not None and self.method is None and self.dtype == "float32" and not self.panels:
+        """x [N, T, in]; with the C++ ops an fp32 [N, in, out] stack runs `spmd_batched_matmul`, a
+        quantised one `spmd_batched_linear_int8` / `_int4` (no fp32 copy of the stack)."""
+        if variant is None or not variant.cpp_ops:
+            return paddle.matmul(x, self.weight_fp32())
+        if self.method is not None:
+            op = "spmd_batched_linear_int8" if self.method == "weight_only_int8" else "spmd_batched_linear_int4"
+            return paddle_ext.run_op(op, x, self.qweight, self.scale)
+        if self.dtype == "float32" and not self.panels:
             return batched_matmul(x, self.weight, variant)
         return paddle.matmul(x, self.weight_fp32())
 

@@ -1,9 +1,15 @@
-"""DeepSeek exports in 16 bits (`spmd_serve export --dtype bfloat16 | float16`, and --dtype auto on a
-checkpoint of such values): the routed experts, the dense linears and the embedding table are held in
-16 bits, the weights the export folds a factor into (the query's softmax scale) and MLA's absorbed
-stacks in float32, and the graphs compute in float32.  So a checkpoint of 16-bit values is served
-with the float32 export's logits, bit for bit, at about half the bytes.  (Served under mpirun against
-PaddleNLP: tests/mpi/test_deepseek_parity_mpi.py's bf16 twin.)"""
+"""DeepSeek's weight forms in its graphs with the C++ ops.
+
+* 16 bits (`spmd_serve export --dtype bfloat16 | float16`, and --dtype auto on a checkpoint of such
+  values): the routed experts, the dense linears and the embedding table are held in 16 bits, the
+  weights the export folds a factor into (the query's softmax scale) and MLA's absorbed stacks in
+  float32, and the graphs compute in float32.  So a checkpoint of 16-bit values is served with the
+  float32 export's logits, bit for bit, at about half the bytes.  (Served under mpirun against
+  PaddleNLP: tests/mpi/test_deepseek_parity_mpi.py's bf16 twin.)
+* fp32 experts are held in panels (`spmd_moe_experts_panels`); MLA's products run
+  `spmd_batched_matmul`, and a quantised export's w_uk / w_uv `spmd_batched_linear_int8` / `_int4`
+  (read as held, not dequantised first).
+"""
 
 from __future__ import annotations
 
@@ -91,3 +97,32 @@ def test_a_16_bit_deepseek_export_rounds_a_float32_checkpoint(name):
     proj_a = "paddle.bfloat16" if name == "v3-yarn1" else "paddle.float32"
     assert dtypes == {"q_b": "paddle.float32", "proj_a": proj_a, "w_uk": "paddle.float32"}
     assert str(moe.router.weight.dtype) == "paddle.float32" and str(moe.shared_down.weight.dtype) == "paddle.bfloat16"
+
+
+@pytest.mark.parametrize("method", ["weight_only_int8", "weight_only_int4"])
+def test_quantised_mla_stacks_run_the_batched_ops(method, tmp_path):
+    """A quantised export's graphs read w_uk / w_uv with `spmd_batched_linear_int8` / `_int4`, which
+    compute what the fp32 op computes over the dequantised stacks (to the int8 ops' rounding of x)."""
+    import paddle
+
+    from spmd_serve.export import export_checkpoint
+    from spmd_serve.export.deepseek.batched import BatchedLinear
+    from spmd_serve.export.quant import dequantize_stack, quantize_stack
+    from spmd_serve.export.variant import GraphVariant
+    from tests.support.deepseek_zoo import CONFIGS, make_weights, write
+    from tests.support.linear_weights import twin_tolerance
+
+    cfg = CONFIGS["v2"]
+    out = export_checkpoint(write("hf", tmp_path / "src", cfg, make_weights(cfg)), tmp_path / "q", quant=method)
+    op = "spmd_batched_linear_int8" if method == "weight_only_int8" else "spmd_batched_linear_int4"
+    assert op in set().union(*(op_names(f) for f in (out / "rank_0").glob("seg_*.json")))
+    rng = np.random.default_rng(3)
+    stack = quantize_stack(rng.standard_normal((4, 16, 32)).astype(np.float32), method, 8)
+    x = paddle.to_tensor(rng.standard_normal((4, 7, 16)).astype(np.float32))
+    cpp = GraphVariant(cpp_ops=True)
+    with paddle.no_grad():
+        got = BatchedLinear(stack)(x, cpp).numpy()
+        want = BatchedLinear(dequantize_stack(stack))(x, cpp).numpy()
+        general = BatchedLinear(stack)(x).numpy()  # Paddle's ops: dequantised, then matmul
+    np.testing.assert_allclose(got, want, **twin_tolerance(method, want, 1e-5, 1e-5))
+    np.testing.assert_allclose(general, want, rtol=1e-5, atol=1e-5)
