@@ -5,11 +5,12 @@ oneDNN settings) the runs alternate A, B, A, B, ... in one process, so a noisy s
 slows every variant alike; each prints its median, 25th percentile and minimum.
 
     python benchmarks/graph_step.py DIR [DIR ...] --batch B --past C [--query Q] [--onednn 0 1] [--threads 1]
-                                    [--runs 40] [--prof] [--kv-int8 0 1] [--huge-pages 0 1]
+                                    [--runs 40] [--prof] [--kv-int8 0 1] [--huge-pages 0 1] [--decode-graph]
 
 `--onednn 0 1` runs every directory with oneDNN off and on (one predictor each); `--huge-pages 0 1`
 with its parameters left on 4 KB pages and read onto 2 MB pages, as a served rank's
-(worker/params.py; default 1, as served).  `--prof` turns
+(worker/params.py; default 1, as served).  `--decode-graph`: the segment's decode variant (DeepSeek's
+fused MLA decode), which a served step whose every query is one token runs; else the general graph.  `--prof` turns
 on Paddle's per-op profiler (printed at exit: calls per op type over warm-up + runs, so it also
 counts the ops one run executes; Paddle also writes `profile.log` into the current directory —
 do not commit it).  Used for the before/after of graph changes in RESULTS.md.
@@ -49,11 +50,16 @@ class Graph:
         kv_int8: bool = False,
         num_blocks: int = 256,
         huge_pages: bool = True,
+        decode: bool = False,
     ) -> None:
         rank_dir = Path(model_dir) / "rank_0"
         man = read_manifest(rank_dir)
         ops = register_graph_ops(man, rank_dir, threads)  # the C++ ops get the threads, as in ModelRunner
         self.dims, spec = man.dims, man.specs(kv_int8)[0]
+        if decode:  # the variant a served step whose every query is one token runs (DeepSeek's MLA)
+            if spec.decode is None:
+                raise SystemExit(f"{model_dir}: the export has no decode graph (--decode-graph)")
+            spec = spec.decode
         self.inv_freq = man.inv_freq_array
         self.label = f"{model_dir} {spec.name} onednn={int(onednn)}"
         # as served (worker/params.py): the predictor made from a skeleton, bound to the rank's copy
@@ -132,6 +138,7 @@ def main() -> None:
     ap.add_argument("--prof", action="store_true")
     ap.add_argument("--kv-int8", type=int, nargs="+", default=[0], help="1: the int8-KV graphs and pool (0 1: both)")
     ap.add_argument("--huge-pages", type=int, nargs="+", default=[1], help="1: parameters on 2 MB pages (0 1: both)")
+    ap.add_argument("--decode-graph", action="store_true", help="the export's decode graph (--query 1), as served")
     args = ap.parse_args()
     if env_setting("malloc_tuning"):
         tune_malloc()  # as ModelRunner (SPMD_MALLOC_TUNING=0: glibc's)
@@ -139,7 +146,7 @@ def main() -> None:
     blocks = args.batch * ((args.past + args.query + BLOCK - 1) // BLOCK)  # the step's, none shared
     graphs = []
     for d, o, q, h in variants:
-        graphs.append(Graph(d, bool(o), args.threads, args.prof, bool(q), max(256, blocks), bool(h)))
+        graphs.append(Graph(d, bool(o), args.threads, args.prof, bool(q), max(256, blocks), bool(h), args.decode_graph))
         graphs[-1].label += f" huge_pages={h}"
         print(f"{graphs[-1].label}: {graphs[-1].params.report()}", flush=True)
     feeds = step_inputs(graphs, args.batch, args.past, args.query)
