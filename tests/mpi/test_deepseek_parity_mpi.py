@@ -13,7 +13,8 @@ split by heads / units and the routed experts by rank (expert parallelism).  int
 exports of V3 at TP 2 serve their TP 1 tokens (every rank holds the TP 1 integers; that the
 quantised graphs compute their dequantised weights is test_deepseek_export.py's).  The fp8 checkpoint
 and its bf16 twin hold bf16 values, so --dtype auto exports both in bfloat16 (experts, dense linears,
-embedding; tests/graphs/test_deepseek_weight_forms.py): this serves the 16-bit DeepSeek graphs at TP 2.
+embedding; tests/graphs/test_deepseek_weight_forms.py): the twin serves the 16-bit DeepSeek graphs
+against PaddleNLP at 1, 2 and 4 ranks.
 """
 
 from __future__ import annotations
@@ -46,7 +47,7 @@ def prompts() -> list[list[int]]:
 @pytest.fixture(scope="module")
 def zoo(tmp_path_factory):
     """name → (reference model, {tp: served dir}); "fp8" and "bf16" are the V3 fp8 checkpoint and
-    its bf16 twin (DeepSeek's fp8 → bf16 cast), served at TP 2."""
+    its bf16 twin (DeepSeek's fp8 → bf16 cast), served at TP 2 (the twin at every TP too)."""
     from spmd_serve.export import export_checkpoint
     from tests.support.deepseek_reference import assert_drops_nothing, reference_from_weights
 
@@ -66,7 +67,7 @@ def zoo(tmp_path_factory):
     bf16_dir = write_bf16(root / "bf16-ckpt", cfg, decoded)
     ref = reference_from_weights(cfg, decoded)
     out["fp8"] = (ref, {2: export_checkpoint(fp8_dir, root / "fp8-tp2", tp=2)})
-    out["bf16"] = (ref, {2: export_checkpoint(bf16_dir, root / "bf16-tp2", tp=2)})
+    out["bf16"] = (ref, {tp: export_checkpoint(bf16_dir, root / f"bf16-tp{tp}", tp=tp) for tp in TPS})
     for name in ("fp8", "bf16"):  # --dtype auto: the weights are bf16 values (power-of-two block scales)
         assert json.loads((out[name][1][2] / "config.json").read_text())["spmd_serve"]["dtype"] == "bfloat16"
     return out
@@ -111,14 +112,14 @@ def _check_against_reference(name: str, tp: int, ref_model, tokens, logits, prom
 
 
 @pytest.mark.parametrize("tp", TPS)
-@pytest.mark.parametrize("name", list(CONFIGS))
+@pytest.mark.parametrize("name", [*CONFIGS, "bf16"])
 def test_served_greedy_tokens_equal_paddlenlp(name, tp, zoo, served, prompts):
     tokens, logits = served[name, tp]
     worst = _check_against_reference(name, tp, zoo[name][0], tokens, logits, prompts)
     assert worst <= 1e-4, f"{name} TP={tp}: max |logit diff| {worst:.2e}"
 
 
-@pytest.mark.parametrize("name", list(CONFIGS))
+@pytest.mark.parametrize("name", [*CONFIGS, "bf16"])
 def test_every_tp_serves_the_same_tokens(name, served):
     assert served[name, 1][0].tolist() == served[name, 2][0].tolist() == served[name, 4][0].tolist()
 
