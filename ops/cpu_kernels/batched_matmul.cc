@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "gemm.h"
+#include "op_build.h"
 #include "paddle/extension.h"
 #include "tensor_pool.h"
 #include "weight_stacks.h"
@@ -99,11 +100,13 @@ std::vector<paddle::Tensor> batched_quant(bool int4, const paddle::Tensor& x, co
   return {batched(x, M, spmd::I4Stack{qc.data<int8_t>(), sc.data<float>(), K, M, K / s.shape()[1]})};
 }
 
-std::vector<paddle::Tensor> BatchedInt8Forward(const paddle::Tensor& x, const paddle::Tensor& q, const paddle::Tensor& s) {
+std::vector<paddle::Tensor> BatchedInt8Forward(const paddle::Tensor& x, const paddle::Tensor& q,
+                                               const paddle::Tensor& s) {
   return batched_quant(false, x, q, s);
 }
 
-std::vector<paddle::Tensor> BatchedInt4Forward(const paddle::Tensor& x, const paddle::Tensor& q, const paddle::Tensor& s) {
+std::vector<paddle::Tensor> BatchedInt4Forward(const paddle::Tensor& x, const paddle::Tensor& q,
+                                               const paddle::Tensor& s) {
   return batched_quant(true, x, q, s);
 }
 
@@ -136,13 +139,5 @@ PD_BUILD_OP(spmd_batched_matmul)
     .SetInferShapeFn(PD_INFER_SHAPE(BatchedMatmulShape))
     .SetInferDtypeFn(PD_INFER_DTYPE(BatchedMatmulDtype));
 
-#define SPMD_BATCHED_QUANT(name, fn)                      \
-  PD_BUILD_OP(name)                                       \
-      .Inputs({"X", "Q", "Scale"})                        \
-      .Outputs({"Out"})                                   \
-      .SetKernelFn(PD_KERNEL(fn))                         \
-      .SetInferShapeFn(PD_INFER_SHAPE(BatchedQuantShape)) \
-      .SetInferDtypeFn(PD_INFER_DTYPE(BatchedQuantDtype))
-
-SPMD_BATCHED_QUANT(spmd_batched_linear_int8, BatchedInt8Forward);
-SPMD_BATCHED_QUANT(spmd_batched_linear_int4, BatchedInt4Forward);
+SPMD_OP(spmd_batched_linear_int8, BatchedInt8Forward, BatchedQuantShape, BatchedQuantDtype, "X", "Q", "Scale");
+SPMD_OP(spmd_batched_linear_int4, BatchedInt4Forward, BatchedQuantShape, BatchedQuantDtype, "X", "Q", "Scale");

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "linear_op.h"
+#include "op_build.h"
 
 namespace {
 
@@ -48,13 +49,5 @@ std::vector<paddle::DataType> LinearHalfDtype(const paddle::DataType&, const pad
   return {paddle::DataType::FLOAT32};
 }
 
-#define SPMD_LINEAR_HALF(name, fn)                      \
-  PD_BUILD_OP(name)                                     \
-      .Inputs({"X", "W"})                               \
-      .Outputs({"Out"})                                 \
-      .SetKernelFn(PD_KERNEL(fn))                       \
-      .SetInferShapeFn(PD_INFER_SHAPE(LinearHalfShape)) \
-      .SetInferDtypeFn(PD_INFER_DTYPE(LinearHalfDtype))
-
-SPMD_LINEAR_HALF(spmd_linear_bf16, LinearBf16Forward);
-SPMD_LINEAR_HALF(spmd_linear_f16, LinearF16Forward);
+SPMD_OP(spmd_linear_bf16, LinearBf16Forward, LinearHalfShape, LinearHalfDtype, "X", "W");
+SPMD_OP(spmd_linear_f16, LinearF16Forward, LinearHalfShape, LinearHalfDtype, "X", "W");

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "moe_grouped.h"
+#include "op_build.h"
 
 using spmd_moe::check;
 using spmd::check_scale;
@@ -82,23 +83,9 @@ std::vector<paddle::DataType> MoeExpertsQuantDtype(const paddle::DataType& x, co
   return {x};
 }
 
-PD_BUILD_OP(spmd_moe_experts)
-    .Inputs({"X", "Idx", "Weight", "GateUp", "Down"})
-    .Outputs({"Out"})
-    .SetKernelFn(PD_KERNEL(MoeExpertsForward))
-    .SetInferShapeFn(PD_INFER_SHAPE(MoeExpertsShape))
-    .SetInferDtypeFn(PD_INFER_DTYPE(MoeExpertsDtype));
-
-PD_BUILD_OP(spmd_moe_experts_int8)
-    .Inputs({"X", "Idx", "Weight", "GateUpQ", "GateUpScale", "DownQ", "DownScale"})
-    .Outputs({"Out"})
-    .SetKernelFn(PD_KERNEL(MoeExpertsInt8Forward))
-    .SetInferShapeFn(PD_INFER_SHAPE(MoeExpertsQuantShape))
-    .SetInferDtypeFn(PD_INFER_DTYPE(MoeExpertsQuantDtype));
-
-PD_BUILD_OP(spmd_moe_experts_int4)
-    .Inputs({"X", "Idx", "Weight", "GateUpQ", "GateUpScale", "DownQ", "DownScale"})
-    .Outputs({"Out"})
-    .SetKernelFn(PD_KERNEL(MoeExpertsInt4Forward))
-    .SetInferShapeFn(PD_INFER_SHAPE(MoeExpertsQuantShape))
-    .SetInferDtypeFn(PD_INFER_DTYPE(MoeExpertsQuantDtype));
+SPMD_OP(spmd_moe_experts, MoeExpertsForward, MoeExpertsShape, MoeExpertsDtype, "X", "Idx", "Weight", "GateUp",
+        "Down");
+SPMD_OP(spmd_moe_experts_int8, MoeExpertsInt8Forward, MoeExpertsQuantShape, MoeExpertsQuantDtype, "X", "Idx", "Weight",
+        "GateUpQ", "GateUpScale", "DownQ", "DownScale");
+SPMD_OP(spmd_moe_experts_int4, MoeExpertsInt4Forward, MoeExpertsQuantShape, MoeExpertsQuantDtype, "X", "Idx", "Weight",
+        "GateUpQ", "GateUpScale", "DownQ", "DownScale");

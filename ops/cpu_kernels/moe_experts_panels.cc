@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "moe_grouped.h"
+#include "op_build.h"
 
 namespace {
 
@@ -52,14 +53,9 @@ std::vector<paddle::Tensor> MoeExpertsF16Forward(const paddle::Tensor& x, const 
                                                     idx, weight, gate_up, down)};
 }
 
-#define SPMD_MOE_PANELS(name, fn)                       \
-  PD_BUILD_OP(name)                                     \
-      .Inputs({"X", "Idx", "Weight", "GateUp", "Down"}) \
-      .Outputs({"Out"})                                 \
-      .SetKernelFn(PD_KERNEL(fn))                       \
-      .SetInferShapeFn(PD_INFER_SHAPE(MoeExpertsShape)) \
-      .SetInferDtypeFn(PD_INFER_DTYPE(MoeExpertsDtype))
-
-SPMD_MOE_PANELS(spmd_moe_experts_panels, MoeExpertsPanelsForward);
-SPMD_MOE_PANELS(spmd_moe_experts_bf16, MoeExpertsBf16Forward);
-SPMD_MOE_PANELS(spmd_moe_experts_f16, MoeExpertsF16Forward);
+SPMD_OP(spmd_moe_experts_panels, MoeExpertsPanelsForward, MoeExpertsShape, MoeExpertsDtype,
+        "X", "Idx", "Weight", "GateUp", "Down");
+SPMD_OP(spmd_moe_experts_bf16, MoeExpertsBf16Forward, MoeExpertsShape, MoeExpertsDtype,
+        "X", "Idx", "Weight", "GateUp", "Down");
+SPMD_OP(spmd_moe_experts_f16, MoeExpertsF16Forward, MoeExpertsShape, MoeExpertsDtype,
+        "X", "Idx", "Weight", "GateUp", "Down");

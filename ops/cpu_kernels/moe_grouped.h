@@ -1,8 +1,9 @@
 // The grouped pass of the MoE expert ops (moe_experts.cc: fp32 [E, K, N], int8, int4 stacks;
-// moe_experts_panels.cc: fp32, bf16 and f16 stacks in panels), as templates over the stack's weight form: each expert computes
-// SwiGLU(x @ gate|up) @ down over only the tokens routed to it, as a task on the op library's threads,
-// and each token's results are added in its slots' order afterwards, so the bits do not depend on the
-// thread count (moe_experts.cc says more).  Also the ops' shared shape checks.
+// moe_experts_panels.cc: fp32, bf16 and f16 stacks in panels), as templates over the stack's weight
+// form (weight_stacks.h): each expert computes SwiGLU(x @ gate|up) @ down over only the tokens routed
+// to it, as a task on the op library's threads, and each token's results are added in its slots'
+// order afterwards, so the bits do not depend on the thread count (moe_experts.cc says more).  Also
+// the ops' shared shape checks.
 #pragma once
 
 #include <algorithm>

@@ -25,6 +25,13 @@ from spmd_serve.export.panels import to_panels
 from spmd_serve.export.quant import QuantStack
 from spmd_serve.export.variant import GraphVariant
 
+# the grouped expert op (ops/cpu_kernels/moe_experts*.cc) of a stack in the panel layout, by dtype
+_PANEL_EXPERTS = {
+    "float32": "spmd_moe_experts_panels",
+    "bfloat16": "spmd_moe_experts_bf16",
+    "float16": "spmd_moe_experts_f16",
+}
+
 
 class BatchedLinear(nn.Layer):
     """x [N, T, in] (or [T, in], broadcast over N) @ the stack → [N, T, out]."""
@@ -54,6 +61,17 @@ class BatchedLinear(nn.Layer):
         g = self.group
         q = unpack_int4(self.qweight, self.fan_in, g)  # [N, G, g, out]
         return (q * self.scale.unsqueeze(2)).reshape([self.n, self.fan_in, self.fan_out])
+
+    def grouped_op(self) -> tuple[str, list[paddle.Tensor]]:
+        """The grouped expert op that reads this stack (export/deepseek/moe.py) and its tensors."""
+        if self.method is not None:
+            op = "spmd_moe_experts_int8" if self.method == "weight_only_int8" else "spmd_moe_experts_int4"
+            return op, [self.qweight, self.scale]
+        if self.panels:
+            return _PANEL_EXPERTS[self.dtype], [self.weight]
+        if self.dtype != "float32":
+            raise ValueError(f"{self.dtype} experts have C++ ops in the panel layout only (dense_weights(True, ...))")
+        return "spmd_moe_experts", [self.weight]  # [E, in, out]: exports from before the panels
 
     def forward(self, x, variant: GraphVariant | None = None):
         """x [N, T, in]; with the C++ ops an fp32 [N, in, out] stack runs `spmd_batched_matmul`, a

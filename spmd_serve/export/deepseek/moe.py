@@ -33,13 +33,6 @@ from spmd_serve.export.segment import Stage
 from spmd_serve.export.variant import GraphVariant
 from spmd_serve.manifest import ShardDims
 
-# the grouped op of stacks in the panel layout, by dtype (moe_experts_panels.cc)
-_PANEL_EXPERTS = {
-    "float32": "spmd_moe_experts_panels",
-    "bfloat16": "spmd_moe_experts_bf16",
-    "float16": "spmd_moe_experts_f16",
-}
-
 
 class Router(nn.Layer):
     """x [T, H] → (expert ids [T, k] int64, weights [T, k] fp32)."""
@@ -102,15 +95,9 @@ class MoeStage(Stage):
         return variant.cpp_ops
 
     def _grouped_experts(self, x, local_idx, weights):
-        """ops/cpu_kernels/moe_experts.cc over this rank's stacks: each expert over its own rows."""
-        gu, dn = self.gate_up, self.down
-        if gu.method is None:
-            if gu.dtype != "float32" and not gu.panels:
-                raise ValueError(f"{gu.dtype} experts have C++ ops in the panel layout only (dense_weights(True, ...))")
-            op = _PANEL_EXPERTS[gu.dtype] if gu.panels else "spmd_moe_experts"
-            return paddle_ext.run_op(op, x, local_idx, weights, gu.weight, dn.weight)
-        op = "spmd_moe_experts_int8" if gu.method == "weight_only_int8" else "spmd_moe_experts_int4"
-        return paddle_ext.run_op(op, x, local_idx, weights, gu.qweight, gu.scale, dn.qweight, dn.scale)
+        """ops/cpu_kernels/moe_experts*.cc over this rank's stacks: each expert over its own rows."""
+        op, gate_up = self.gate_up.grouped_op()
+        return paddle_ext.run_op(op, x, local_idx, weights, *gate_up, *self.down.grouped_op()[1])
 
     def stats(self) -> list[str]:
         return [f"moe_expert_tokens:{self.layer}"]  # [E] int64: tokens routed to each expert this step
