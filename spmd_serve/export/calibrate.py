@@ -9,15 +9,23 @@ by `KV_SCALE_MARGIN`.  Values past a scale's range are clipped on write, and cou
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import os
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from types import SimpleNamespace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from spmd_serve.export.calibration_text import CalibrationWindow
 from spmd_serve.export.family import ArchConfig, ModelFamily
+from spmd_serve.export.variant import GraphVariant
+from spmd_serve.kv_layout import KVLayout
+from spmd_serve.manifest import ShardDims
 from spmd_serve.worker.step_tables import step_feeds
+
+if TYPE_CHECKING:
+    from spmd_serve.export.segment import GraphSegment
 
 # int8 KV scales are max|K|, max|V| over the calibration windows widened by this factor: an entry
 # up to 1.25x the largest the calibration saw is stored unclipped (other text, other positions),
@@ -28,25 +36,64 @@ KV_SCALE_MARGIN = 1.25
 def calibrate_kv_scales(
     family: ModelFamily[Any],
     mc: ArchConfig,
-    weights: dict[str, np.ndarray],
+    weights: Mapping[str, np.ndarray],
     windows: Sequence[CalibrationWindow],
     quant: str | None = None,
     group: int | None = None,
     margin: float = KV_SCALE_MARGIN,
+    cpp_ops: bool = False,
 ) -> dict[str, np.ndarray]:
     """Run the served (TP=1, quantised as exported) model eagerly on each window (one causal
     sequence at its positions, no past) and take, per layer and scale entry (KV head), max |entry|
     over tokens, windows and the rest of the token's shape (K after RoPE, V), divided by 127 and
-    widened by `margin`.  Returns {cache tensor: [num_layers, *scale_shape] float32}."""
-    import paddle
+    widened by `margin`.  Returns {cache tensor: [num_layers, *scale_shape] float32}.
+    `cpp_ops`: the linears and norms are the C++ ops (the weights built inside
+    `layers.dense_weights(True, ...)`), attention Paddle's over the window (GraphVariant.grid_attention);
+    both on every core this process may use."""
 
     from spmd_serve.export.segment import build_segments
 
     dims = family.shard_dims(mc, 1)
     layout = family.kv_layout(mc, dims)
     stages = family.build_stages(family.rank_weights(mc, weights, dims, 0, quant, group), dims, 0)
-    seg = build_segments(stages, dims)[0]
+    seg = build_segments(stages, dims)[0].with_variant(GraphVariant(cpp_ops=cpp_ops, grid_attention=True))
     seg.eval()
+    with all_cores(cpp_ops):
+        return _window_maxima(seg, mc, dims, layout, windows, margin)
+
+
+@contextmanager
+def all_cores(cpp_ops: bool) -> Iterator[None]:
+    """Paddle's CPU kernels (and the C++ ops' pool) on every core this process may use, then back:
+    at one thread a 1B model's calibration took ~10 minutes of an export's 12 (RESULTS.md "Session 60")."""
+    from paddle.base import core
+
+    from ops import paddle_ext
+
+    cores = len(os.sched_getaffinity(0))
+    before = paddle_ext.num_threads() if cpp_ops else None
+    core.set_num_threads(cores)  # (Paddle has no getter: the export runs it at its default, 1)
+    if cpp_ops:
+        paddle_ext.set_num_threads(cores)
+    try:
+        yield
+    finally:
+        core.set_num_threads(1)
+        if before is not None:
+            paddle_ext.set_num_threads(before)
+
+
+def _window_maxima(
+    seg: GraphSegment,
+    mc: ArchConfig,
+    dims: ShardDims,
+    layout: KVLayout,
+    windows: Sequence[CalibrationWindow],
+    margin: float,
+) -> dict[str, np.ndarray]:
+    """calibrate_kv_scales's passes over `seg` (the eager TP=1 model)."""
+    import paddle
+
     block = 16
     # new entries [T, *token_shape]: keep the leading scale_shape axes of the token's shape
     axes = (0, *range(1 + len(layout.scale_shape), 1 + len(layout.tensors[0].token_shape)))

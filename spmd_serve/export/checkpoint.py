@@ -7,7 +7,8 @@ Accepted (CONTRACT §1 `spmd_serve export`):
 * HuggingFace format: `model.safetensors`, or shards listed in `model.safetensors.index.json`;
   tensor names `model.…`/`lm_head.weight`, linear weights [out, in]; F32, F16 and BF16 tensors, and
   the published DeepSeek-V3/R1 fp8 layout: F8_E4M3 weights with a `<name>_scale_inv` per block of
-  `quantization_config.weight_block_size` (128 x 128), dequantised here to float32.
+  `quantization_config.weight_block_size` (128 x 128), dequantised here to float32.  Tensors are
+  read from their file when used (export/lazy.py), never all at once.
 * PaddleNLP format (what `save_pretrained` writes in 3.0.0b4): `model_state.pdparams` (or shards
   listed in `model_state.pdparams.index.json`) or PaddleNLP safetensors (`model.safetensors`, same
   index convention); tensor names `llama.…`/`qwen2.…`, linear weights and an untied `lm_head`
@@ -21,7 +22,9 @@ missing tensors.
 from __future__ import annotations
 
 import json
+import math
 import struct
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +33,7 @@ import numpy as np
 from spmd_serve.export.errors import CheckpointError
 from spmd_serve.export.families import parse_model_config
 from spmd_serve.export.family import ArchConfig, ModelFamily
+from spmd_serve.export.lazy import LazyMap, Thunk, lazy_view, merged, shape_of, thunk_of
 from spmd_serve.export.static_files import is_static_export
 from spmd_serve.export.static_model import load_static, served_config, static_config
 
@@ -83,46 +87,59 @@ def _e4m3_table() -> np.ndarray:
 E4M3 = _e4m3_table()
 
 
-def dequantize_fp8_blocks(weights: dict[str, np.ndarray], block: tuple[int, int]) -> dict[str, np.ndarray]:
+def _dequantized(q: Thunk, scale: Thunk, block: tuple[int, int]) -> np.ndarray:
+    arr, sc = q(), scale()
+    full = np.repeat(np.repeat(sc, block[0], axis=0), block[1], axis=1)[: arr.shape[0], : arr.shape[1]]
+    return (arr * full).astype(np.float32)
+
+
+def dequantize_fp8_blocks(weights: Mapping[str, np.ndarray], block: tuple[int, int]) -> LazyMap:
     """Every `X` with an `X_scale_inv` [ceil(out/bo), ceil(in/bi)] becomes X * its block's scale
-    (the published fp8 layout); the scale tensors are dropped."""
-    out = {}
-    for name, arr in weights.items():
+    (the published fp8 layout), when read; the scale tensors are dropped."""
+    out = LazyMap()
+    for name in weights:
         if name.endswith("_scale_inv"):
             continue
-        scale = weights.get(name + "_scale_inv")
-        if scale is not None:
-            full = np.repeat(np.repeat(scale, block[0], axis=0), block[1], axis=1)[: arr.shape[0], : arr.shape[1]]
-            arr = (arr * full).astype(np.float32)
-        out[name] = arr
+        if name + "_scale_inv" in weights:
+            scale = thunk_of(weights, name + "_scale_inv")
+            out.put(name, _dequantized, thunk_of(weights, name), scale, block, shape=shape_of(weights, name))
+        else:
+            out.take(name, weights)
     return out
 
 
-def read_safetensors(path: Path, u16_is_bf16: bool = False) -> dict[str, np.ndarray]:
-    """All tensors of one safetensors file as float32 numpy (BF16 included, which numpy lacks).
-    PaddleNLP writes bfloat16 tensors as U16 (numpy's view of them): `u16_is_bf16` when its
+def _read_tensor(path: Path, offset: int, count: int, kind: Any, shape: list[int]) -> np.ndarray:
+    """One tensor of a safetensors file, as float32 (`kind`: _ST_DTYPES's)."""
+    with open(path, "rb") as f:
+        f.seek(offset)
+        if kind == "bf16":
+            arr = _bf16_to_f32(np.fromfile(f, np.uint16, count))
+        elif kind == "e4m3":
+            arr = E4M3[np.fromfile(f, np.uint8, count)]
+        else:
+            arr = np.fromfile(f, np.dtype(kind), count).astype(np.float32, copy=False)
+    if arr.size != count:
+        raise CheckpointError(f"{path.name} ends inside a tensor (truncated download?)")
+    return arr.reshape(shape)
+
+
+def read_safetensors(path: Path, u16_is_bf16: bool = False) -> LazyMap:
+    """The tensors of one safetensors file, each read as float32 when used (BF16 included, which numpy
+    lacks).  PaddleNLP writes bfloat16 tensors as U16 (numpy's view of them): `u16_is_bf16` when its
     config.json says dtype bfloat16."""
     with open(path, "rb") as f:
         (n,) = struct.unpack("<Q", f.read(8))
         header = json.loads(f.read(n))
-        base = 8 + n
-        out = {}
-        for name, meta in header.items():
-            if name == "__metadata__":
-                continue
-            kind = "bf16" if meta["dtype"] == "U16" and u16_is_bf16 else _ST_DTYPES.get(meta["dtype"])
-            if kind is None:
-                raise CheckpointError(f"{path.name}: tensor {name} has dtype {meta['dtype']}, not a float type")
-            start, end = meta["data_offsets"]
-            f.seek(base + start)
-            raw = f.read(end - start)
-            if kind == "bf16":
-                arr = _bf16_to_f32(np.frombuffer(raw, np.uint16))
-            elif kind == "e4m3":
-                arr = E4M3[np.frombuffer(raw, np.uint8)]
-            else:
-                arr = np.frombuffer(raw, np.dtype(kind)).astype(np.float32)  # type: ignore[call-overload]
-            out[name] = arr.reshape(meta["shape"])
+    base = 8 + n
+    out = LazyMap()
+    for name, meta in header.items():
+        if name == "__metadata__":
+            continue
+        kind = "bf16" if meta["dtype"] == "U16" and u16_is_bf16 else _ST_DTYPES.get(meta["dtype"])
+        if kind is None:
+            raise CheckpointError(f"{path.name}: tensor {name} has dtype {meta['dtype']}, not a float type")
+        shape, start = [int(d) for d in meta["shape"]], int(meta["data_offsets"][0])
+        out.put(name, _read_tensor, path, base + start, math.prod(shape), kind, shape, shape=tuple(shape))
     return out
 
 
@@ -163,8 +180,9 @@ def _weight_files(ckpt: Path) -> list[Path]:
     )
 
 
-def load_checkpoint(ckpt: Path) -> tuple[dict, ArchConfig, dict[str, np.ndarray], dict]:
-    """(config.json, its family's parsed config, float32 weights in HF names/layout, what was read)."""
+def load_checkpoint(ckpt: Path) -> tuple[dict, ArchConfig, Mapping[str, np.ndarray], dict]:
+    """(config.json, its family's parsed config, float32 weights in HF names/layout, what was read).
+    The weights of safetensors files are read when used (export/lazy.py), each time."""
     ckpt = Path(ckpt)
     if is_static_export(ckpt):
         static_cfg = static_config(ckpt)
@@ -175,32 +193,32 @@ def load_checkpoint(ckpt: Path) -> tuple[dict, ArchConfig, dict[str, np.ndarray]
     cfg = read_config(ckpt)
     family, mc = parse_model_config(cfg)
     files = _weight_files(ckpt)
-    raw: dict[str, np.ndarray] = {}
     bf16 = "bfloat16" in (cfg.get("dtype"), cfg.get("torch_dtype"))
-    for f in files:
-        raw.update(read_safetensors(f, bf16) if f.suffix == ".safetensors" else _read_pdparams(f))
+    raw: Mapping[str, np.ndarray] = merged(
+        *(read_safetensors(f, bf16) if f.suffix == ".safetensors" else _read_pdparams(f) for f in files)
+    )
     if any(k.endswith("_scale_inv") for k in raw):
         block = (cfg.get("quantization_config") or {}).get("weight_block_size", [128, 128])
         raw = dequantize_fp8_blocks(raw, (int(block[0]), int(block[1])))
-    weights, fmt = family.to_hf_layout(raw, mc)
+    hf, fmt = family.to_hf_layout(raw, mc)
     source = {
         "format": fmt,
         "files": [f.name for f in files],
         "architecture": mc.architecture,
         "source_dtype": cfg.get("torch_dtype") or cfg.get("dtype"),
     }
-    return cfg, mc, _checked(ckpt, family, mc, weights), source
+    return cfg, mc, _checked(ckpt, family, mc, hf), source
 
 
-def _checked(
-    ckpt: Path, family: ModelFamily[Any], mc: ArchConfig, weights: dict[str, np.ndarray]
-) -> dict[str, np.ndarray]:
+def _checked(ckpt: Path, family: ModelFamily[Any], mc: ArchConfig, weights: Mapping[str, np.ndarray]) -> LazyMap:
     """The tensors the family serves (names and shapes checked against config.json) and its extras."""
     want = family.expected_tensors(mc)
     missing = [k for k in want if k not in weights]
     if missing:
         raise CheckpointError(f"{ckpt}: {len(missing)} tensor(s) missing for {mc.architecture}, e.g. {missing[0]}")
     for k, shape in want.items():
-        if tuple(weights[k].shape) != shape:
-            raise CheckpointError(f"{ckpt}: {k} has shape {list(weights[k].shape)}, config.json implies {list(shape)}")
-    return {k: weights[k] for k in want} | family.extra_tensors(mc, weights)
+        if shape_of(weights, k) != shape:
+            raise CheckpointError(
+                f"{ckpt}: {k} has shape {list(shape_of(weights, k))}, config.json implies {list(shape)}"
+            )
+    return merged(lazy_view(weights, want), family.extra_tensors(mc, weights))

@@ -53,7 +53,7 @@ class Companion:
     folder: str
     family: ModelFamily[Any]
     config: ArchConfig
-    weights: dict[str, np.ndarray]
+    weights: Mapping[str, np.ndarray]
     hf_config: dict[str, Any]
 
 
@@ -75,7 +75,7 @@ class ModelFamily(ABC, Generic[C]):
         """config.json → the family's config; UnsupportedModel for what its stages cannot compute."""
 
     @abstractmethod
-    def to_hf_layout(self, weights: dict[str, np.ndarray], mc: C) -> tuple[dict[str, np.ndarray], str]:
+    def to_hf_layout(self, weights: Mapping[str, np.ndarray], mc: C) -> tuple[Mapping[str, np.ndarray], str]:
         """Checkpoint tensors → HF names and layout; returns (weights, "huggingface" | "paddlenlp")."""
 
     @abstractmethod
@@ -90,12 +90,12 @@ class ModelFamily(ABC, Generic[C]):
             "converted yet; export from the checkpoint they were made from"
         )
 
-    def extra_tensors(self, mc: C, hf: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    def extra_tensors(self, mc: C, hf: Mapping[str, np.ndarray]) -> Mapping[str, np.ndarray]:
         """Checkpoint tensors exported besides the served ones (e.g. DeepSeek's MTP layers), checked
         and kept by the checkpoint reader; none by default."""
         return {}
 
-    def companions(self, mc: C, hf: dict[str, np.ndarray], cfg: dict[str, Any]) -> list[Companion]:
+    def companions(self, mc: C, hf: Mapping[str, np.ndarray], cfg: dict[str, Any]) -> list[Companion]:
         """Exports written beside the target's, each in its own folder at the same tp, quantisation
         and graph ops (e.g. DeepSeek's MTP layer as a draft model); none by default."""
         return []
@@ -110,8 +110,8 @@ class ModelFamily(ABC, Generic[C]):
 
     @abstractmethod
     def rank_weights(
-        self, mc: C, hf: dict[str, np.ndarray], dims: ShardDims, rank: int, quant: str | None, group: int | None
-    ) -> dict[str, Any]:
+        self, mc: C, hf: Mapping[str, np.ndarray], dims: ShardDims, rank: int, quant: str | None, group: int | None
+    ) -> Mapping[str, Any]:
         """This rank's weights as its stages take them (quantised with `quant`)."""
 
     @abstractmethod
@@ -129,7 +129,7 @@ class ModelFamily(ABC, Generic[C]):
         """This rank's share of the calibrated int8 KV scales ([num_layers, *scale_shape] each, at tp = 1)."""
 
     @abstractmethod
-    def build_stages(self, weights: dict[str, Any], dims: ShardDims, rank: int) -> list:
+    def build_stages(self, weights: Mapping[str, Any], dims: ShardDims, rank: int) -> list:
         """The rank's stages (export/segment.py `Stage`s), in order; imports Paddle."""
 
     @abstractmethod

@@ -9,6 +9,8 @@ checkpoints are read is export/checkpoint.py's business; what each architecture 
 
 from __future__ import annotations
 
+import filecmp
+import gc
 import glob
 import json
 import logging
@@ -70,7 +72,7 @@ def _save_variant(seg, dims: ShardDims, rank_dir: Path, variant: GraphVariant) -
 
     spec = save_segment(seg.with_variant(variant), dims, rank_dir)
     own, twin = rank_dir / f"{spec.name}.pdiparams", rank_dir / f"{spec.params}.pdiparams"
-    if own.read_bytes() == twin.read_bytes():
+    if filecmp.cmp(own, twin, shallow=False):  # in chunks: a rank's params may be most of the memory
         own.unlink()
         return spec
     return replace(spec, params=None)
@@ -79,7 +81,7 @@ def _save_variant(seg, dims: ShardDims, rank_dir: Path, variant: GraphVariant) -
 def export_rank(
     family: ModelFamily[Any],
     mc: ArchConfig,
-    weights: dict[str, np.ndarray],
+    weights: Mapping[str, np.ndarray],
     dims: ShardDims,
     rank: int,
     out: Path,
@@ -131,7 +133,7 @@ def export_rank(
 def _export_model(
     family: ModelFamily[Any],
     mc: ArchConfig,
-    weights: dict[str, np.ndarray],
+    weights: Mapping[str, np.ndarray],
     dims: ShardDims,
     out: Path,
     cfg: dict,
@@ -144,6 +146,7 @@ def _export_model(
     """Every rank's folder and config.json (`cfg` with the `spmd_serve` key) of one model in `out`."""
     for rank in range(dims.tp):
         export_rank(family, mc, weights, dims, rank, out, quant, group, kv_scales, cpp_ops, served.dtype)
+        gc.collect()  # the rank's layers (Paddle's hold cycles) before the next rank's: one rank's params at a time
     (out / "config.json").write_text(json.dumps(dict(cfg, spmd_serve=served.to_json()), indent=1))
 
 
@@ -211,8 +214,9 @@ def export_checkpoint(
             windows, text = calibration_windows(ckpt, mc.vocab, context)
             from spmd_serve.export.layers import dense_weights  # (Paddle: not at the package's import)
 
-            with dense_weights(False, dtype):  # the scales of the weights the graphs will hold
-                kv_scales = calibrate_kv_scales(family, mc, weights, windows, quant, group)
+            with dense_weights(cpp_ops, dtype):  # the scales of the weights the graphs will hold
+                kv_scales = calibrate_kv_scales(family, mc, weights, windows, quant, group, cpp_ops=cpp_ops)
+            gc.collect()  # the calibration's TP=1 model, before the ranks' are built
             spans = [[w.start, w.start + len(w.ids) - 1] for w in windows]  # first and last position of each
             options["kv_int8_calibration"] = {"text": text, "positions": spans, "margin": KV_SCALE_MARGIN}
         served = ServedConfig(

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -43,6 +44,7 @@ __all__ = [
     "quant_weight",
     "quantize",
     "quantize_vocab",
+    "shard_vocab",
     "record",
 ]
 QMAX = {"weight_only_int8": 127, "weight_only_int4": 7}
@@ -162,6 +164,13 @@ def quantize_vocab(w_hf: np.ndarray, method: str, group: int | None) -> QuantWei
     """A rank's [V_local, H] embedding or lm_head rows → the QuantWeight of the [H, V_local] linear.
     Every vocab row lives whole on one rank, so scales computed here are the unsharded ones."""
     return quant_weight(np.ascontiguousarray(w_hf.T), hf_scales(w_hf, method, group), method, group)
+
+
+def shard_vocab(shard: Mapping[str, Any], name: str, method: str, group: int | None) -> QuantWeight:
+    """A rank shard's `embed` [V_local, H] or `lm_head` [H, V_local] quantised as an [H, V_local]
+    linear (quantize_vocab: the lm_head as its transpose)."""
+    w = shard[name]
+    return quantize_vocab(w if name == "embed" else w.T, method, group)
 
 
 def record(method: str | None, group: int | None, tensors: tuple[str, ...], unquantised: tuple[str, ...]):

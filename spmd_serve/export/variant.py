@@ -19,13 +19,17 @@ class GraphVariant:
     kv_int8: bool = False  # the pool is int8 with per-head fp32 scales (graph inputs `<t>_scale_<l>`)
     cpp_ops: bool = False  # graphs may call our C++ ops
     decode: bool = False  # every sequence of the step has one new token (ModelFamily.decode_graphs)
+    # Paddle's attention over the padded grid even with the C++ ops (which then run the linears and
+    # norms): the export's eager calibration passes (export/calibrate.py), which attend a window at
+    # its own positions with no pool; never traced
+    grid_attention: bool = False
 
     @property
     def paged_attention(self) -> bool:
         """RoPE, the pool write and attention in the one `spmd_paged_attention` op over the flat
         token layout (`spmd_paged_attention_int8` for an int8 pool): the graph writes this step's K/V
         itself, so it has no `<t>_new_<l>` outputs."""
-        return self.cpp_ops
+        return self.cpp_ops and not self.grid_attention
 
     @property
     def fused_decode_attention(self) -> bool:

@@ -18,6 +18,7 @@ import numpy as np
 from spmd_serve.export.deepseek import mtp, quant, sharding, weights
 from spmd_serve.export.deepseek.config import ARCHITECTURES, MODEL_TYPES, DeepseekConfig
 from spmd_serve.export.family import Companion, ModelFamily
+from spmd_serve.export.lazy import lazy_view, merged
 from spmd_serve.kv_layout import KVLayout
 from spmd_serve.manifest import QuantRecord, ShardDims
 
@@ -32,16 +33,16 @@ class DeepseekFamily(ModelFamily[DeepseekConfig]):
     def parse_config(self, cfg: dict, architecture: str) -> DeepseekConfig:
         return DeepseekConfig.from_hf(cfg, architecture)
 
-    def to_hf_layout(self, w: dict[str, np.ndarray], mc: DeepseekConfig) -> tuple[dict[str, np.ndarray], str]:
+    def to_hf_layout(self, w: Mapping[str, np.ndarray], mc: DeepseekConfig) -> tuple[Mapping[str, np.ndarray], str]:
         return weights.to_hf_layout(w, mc)
 
     def expected_tensors(self, mc: DeepseekConfig) -> dict[str, tuple[int, ...]]:
         return weights.expected_tensors(mc)
 
-    def extra_tensors(self, mc: DeepseekConfig, hf: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    def extra_tensors(self, mc: DeepseekConfig, hf: Mapping[str, np.ndarray]) -> Mapping[str, np.ndarray]:
         return weights.mtp_tensors(mc, hf)
 
-    def companions(self, mc: DeepseekConfig, hf: dict[str, np.ndarray], cfg: dict[str, Any]) -> list[Companion]:
+    def companions(self, mc: DeepseekConfig, hf: Mapping[str, np.ndarray], cfg: dict[str, Any]) -> list[Companion]:
         return mtp.companions(self, mc, hf, cfg)
 
     def shard_dims(self, mc: DeepseekConfig, tp: int) -> ShardDims:
@@ -55,18 +56,18 @@ class DeepseekFamily(ModelFamily[DeepseekConfig]):
     def rank_weights(
         self,
         mc: DeepseekConfig,
-        hf: dict[str, np.ndarray],
+        hf: Mapping[str, np.ndarray],
         dims: ShardDims,
         rank: int,
         method: str | None,
         group: int | None,
-    ) -> dict[str, Any]:
+    ) -> Mapping[str, Any]:
         # the head's hidden rows for the MTP draft, as the checkpoint's MTP convention reads them
         hidden_out = mc.hidden_out or weights.TARGET_HIDDEN[weights.mtp_convention(mc, hf)]
-        shard = dict(sharding.shard_weights(hf, mc, dims, rank), config=replace(mc, hidden_out=hidden_out))
+        shard = lazy_view(sharding.shard_weights(hf, mc, dims, rank), config=replace(mc, hidden_out=hidden_out))
         if method:
             shard = quant.quantize_shard(shard, hf, mc, dims, rank, method, group)
-        return shard | (mtp.input_weights(hf, mc, dims, rank) if mc.mtp_draft is not None else {})
+        return merged(shard, mtp.input_weights(hf, mc, dims, rank) if mc.mtp_draft is not None else {})
 
     def quant_group(self, mc: DeepseekConfig, dims: ShardDims, requested: int | None) -> int:
         return quant.quant_group(mc, dims, requested)
@@ -79,7 +80,7 @@ class DeepseekFamily(ModelFamily[DeepseekConfig]):
     ) -> dict[str, list[list[float]]]:
         raise NotImplementedError("the MLA pool has no int8 scales (kv_int8 = False)")
 
-    def build_stages(self, w: dict[str, Any], dims: ShardDims, rank: int) -> list:
+    def build_stages(self, w: Mapping[str, Any], dims: ShardDims, rank: int) -> list:
         from spmd_serve.export.deepseek.mla import MlaStage
         from spmd_serve.export.deepseek.moe import MoeStage
         from spmd_serve.export.llama.stages import EmbedStage, HeadStage, MlpStage

@@ -20,6 +20,7 @@ which writes the new vectors into the pool and attends; it has no `latent_new` o
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from contextlib import nullcontext
 from typing import Any
 
@@ -54,7 +55,7 @@ def _rope(x, cos, sin, d: int):
 class MlaStage(Stage):
     """Outputs this step's cached vectors `latent_new_<l>` [T, K] for the runner to write."""
 
-    def __init__(self, w: dict[str, Any], dims: ShardDims, layer: int) -> None:
+    def __init__(self, w: Mapping[str, Any], dims: ShardDims, layer: int) -> None:
         super().__init__()
         mc, p = w["config"], f"layers.{layer}."
         self.lora = mc.q_lora_rank is not None

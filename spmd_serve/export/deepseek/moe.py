@@ -20,6 +20,7 @@ loop over experts.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import paddle
@@ -37,7 +38,7 @@ from spmd_serve.manifest import ShardDims
 class Router(nn.Layer):
     """x [T, H] → (expert ids [T, k] int64, weights [T, k] fp32)."""
 
-    def __init__(self, w: dict[str, Any], layer: int) -> None:
+    def __init__(self, w: Mapping[str, Any], layer: int) -> None:
         super().__init__()
         mc, p = w["config"], f"layers.{layer}."
         self.weight = make_param(self, w[p + "router"])  # [H, E]
@@ -72,7 +73,7 @@ class Router(nn.Layer):
 class MoeStage(Stage):
     """residual add + RMSNorm → router → this rank's routed experts + shared experts (partial)."""
 
-    def __init__(self, w: dict[str, Any], dims: ShardDims, layer: int, rank: int) -> None:
+    def __init__(self, w: Mapping[str, Any], dims: ShardDims, layer: int, rank: int) -> None:
         super().__init__()
         mc, p = w["config"], f"layers.{layer}."
         self.ln = make_param(self, w[p + "ln2"])

@@ -26,6 +26,7 @@ Only the first MTP layer is exported (DeepSeek-V3 has one).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
@@ -35,13 +36,14 @@ from spmd_serve.export.deepseek import weights
 from spmd_serve.export.deepseek.config import DeepseekConfig, MtpDraft
 from spmd_serve.export.errors import ShardingError
 from spmd_serve.export.family import Companion, ModelFamily
+from spmd_serve.export.lazy import LazyMap, constant
 from spmd_serve.manifest import PREV_HIDDEN, ShardDims
 
 _OWN = ("enorm.weight", "hnorm.weight", "eh_proj.weight", "eh_proj.bias", "embed_tokens.weight")
 _SHARED_HEAD = {"shared_head.norm.weight": "model.norm.weight", "shared_head.head.weight": "lm_head.weight"}
 
 
-def draft_checkpoint(mc: DeepseekConfig, hf: dict[str, np.ndarray]) -> tuple[DeepseekConfig, dict[str, np.ndarray]]:
+def draft_checkpoint(mc: DeepseekConfig, hf: Mapping[str, np.ndarray]) -> tuple[DeepseekConfig, LazyMap]:
     """(the one-layer config, HF-named weights) of the MTP draft: layer L's tensors as layer 0's, its
     own embedding / shared_head where the checkpoint has them (else the target's), eh_proj's input
     rows embedding first, and `mtp.*` for the input stage."""
@@ -58,19 +60,32 @@ def draft_checkpoint(mc: DeepseekConfig, hf: dict[str, np.ndarray]) -> tuple[Dee
         hidden_out="pre_norm",  # chained drafts read the MTP's own rows before its norm
         mtp_draft=MtpDraft(layer, convention),
     )
-    out = {dst + k[len(src) :]: v for k, v in hf.items() if k.startswith(src) and not k.endswith(_OWN)}
-    out = {k: v for k, v in out.items() if not k.startswith(dst + "shared_head.")}
-    out["model.embed_tokens.weight"] = hf.get(src + "embed_tokens.weight", hf["model.embed_tokens.weight"])
+    out = LazyMap()
+    for k in hf:
+        if k.startswith(src) and not k.endswith(_OWN) and not k.startswith(src + "shared_head."):
+            out.take(dst + k[len(src) :], hf, k)
+    out.take("model.embed_tokens.weight", hf, _own_or(hf, src + "embed_tokens.weight", "model.embed_tokens.weight"))
     for own, target in _SHARED_HEAD.items():
-        out[target] = hf.get(src + own, hf[target])
-    h = mc.hidden
-    w = hf[src + "eh_proj.weight"]  # [H, 2H] HF layout
-    if convention == weights.PADDLENLP:
-        w = np.concatenate([w[:, h:], w[:, :h]], axis=1)  # PaddleNLP's concat(h, e) → (e, h)
-    out["mtp.eh_proj"] = w
-    out["mtp.eh_bias"] = hf.get(src + "eh_proj.bias", np.zeros(h, np.float32))
-    out["mtp.enorm"], out["mtp.hnorm"] = hf[src + "enorm.weight"], hf[src + "hnorm.weight"]
+        out.take(target, hf, _own_or(hf, src + own, target))
+    out.put("mtp.eh_proj", _eh_proj, hf, src + "eh_proj.weight", mc.hidden, convention == weights.PADDLENLP)
+    if src + "eh_proj.bias" in hf:
+        out.take("mtp.eh_bias", hf, src + "eh_proj.bias")
+    else:
+        out.put("mtp.eh_bias", constant, np.zeros(mc.hidden, np.float32))
+    out.take("mtp.enorm", hf, src + "enorm.weight")
+    out.take("mtp.hnorm", hf, src + "hnorm.weight")
     return draft_mc, out
+
+
+def _own_or(hf: Mapping[str, np.ndarray], own: str, target: str) -> str:
+    """The MTP layer's own tensor where the checkpoint has it, else the target's."""
+    return own if own in hf else target
+
+
+def _eh_proj(hf: Mapping[str, np.ndarray], name: str, h: int, paddlenlp: bool) -> np.ndarray:
+    """eh_proj [H, 2H] (HF layout), its input columns embedding first."""
+    w = hf[name]
+    return np.concatenate([w[:, h:], w[:, :h]], axis=1) if paddlenlp else w  # PaddleNLP's concat(h, e) → (e, h)
 
 
 def check_split(mc: DeepseekConfig, tp: int) -> None:
@@ -79,7 +94,9 @@ def check_split(mc: DeepseekConfig, tp: int) -> None:
         raise ShardingError(f"MTP eh_proj input 2 * hidden_size={2 * mc.hidden} is not divisible by --tp {tp}")
 
 
-def input_weights(hf: dict[str, np.ndarray], mc: DeepseekConfig, dims: ShardDims, rank: int) -> dict[str, np.ndarray]:
+def input_weights(
+    hf: Mapping[str, np.ndarray], mc: DeepseekConfig, dims: ShardDims, rank: int
+) -> dict[str, np.ndarray]:
     """`MtpInputStage`'s weights on `rank`: `mtp.{enorm,hnorm}`, its rows of eh_proj (Paddle layout
     [2H / tp, H]) and the bias (rank 0's only: the ranks' partials are summed)."""
     per = 2 * mc.hidden // dims.tp
@@ -104,7 +121,7 @@ def draft_record(draft: MtpDraft) -> dict[str, Any]:
 
 
 def companions(
-    family: ModelFamily[DeepseekConfig], mc: DeepseekConfig, hf: dict[str, np.ndarray], cfg: dict[str, Any]
+    family: ModelFamily[DeepseekConfig], mc: DeepseekConfig, hf: Mapping[str, np.ndarray], cfg: dict[str, Any]
 ) -> list[Companion]:
     """The MTP draft beside the target (none without MTP layers), exported by the same family."""
     if weights.mtp_convention(mc, hf) is None:

@@ -9,6 +9,9 @@ residual stream from the reduced sum.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 import paddle
 from paddle.static import InputSpec
 
@@ -23,7 +26,7 @@ class MtpInputStage(Stage):
 
     streamless = True  # the MLA stage after it starts the residual stream
 
-    def __init__(self, w: dict, dims: ShardDims, rank: int) -> None:
+    def __init__(self, w: Mapping[str, Any], dims: ShardDims, rank: int) -> None:
         super().__init__()
         self.enorm, self.hnorm = make_param(self, w["mtp.enorm"]), make_param(self, w["mtp.hnorm"])
         self.eh_proj = make_linear(w["mtp.eh_proj"])  # [2H / tp, H]: this rank's input rows

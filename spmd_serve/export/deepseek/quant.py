@@ -12,20 +12,24 @@ rank thus holds exactly the integers a TP=1 export holds (export/quant.py has th
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 
 from spmd_serve.export.deepseek.config import DeepseekConfig
+from spmd_serve.export.lazy import LazyMap, lazy_view
 from spmd_serve.export.quant import (
     QUANT_METHODS,
     QuantError,
+    QuantStack,
+    QuantWeight,
     choose_group,
     hf_scales,
     quant_weight,
     quantize_stack,
-    quantize_vocab,
     record,
+    shard_vocab,
 )
 from spmd_serve.manifest import QuantRecord, ShardDims
 
@@ -57,33 +61,51 @@ def quant_group(mc: DeepseekConfig, dims: ShardDims, requested: int | None) -> i
     return choose_group(local_in_dims(mc, dims), dims.tp, requested)
 
 
-def _local(w: np.ndarray, method: str, group: int | None):
+def _local(shard: Mapping[str, Any], key: str, method: str, group: int | None) -> QuantWeight:
     """A column shard or replicated [in, out] weight: its scales are its own columns'."""
+    w = shard[key]
     return quant_weight(w, hf_scales(w.T, method, group), method, group)
 
 
+def _stack(shard: Mapping[str, Any], key: str, method: str, group: int | None) -> QuantStack:
+    return quantize_stack(shard[key], method, group)
+
+
+def _row_shard(
+    shard: Mapping[str, Any], hf: Mapping[str, np.ndarray], key: str, rank: int, method: str, group: int | None
+) -> QuantWeight:
+    """A row shard: the unsharded weight's scales (int4: this rank's input groups of them)."""
+    w, name = shard[key], key.split(".", 2)[-1]
+    s_hf = hf_scales(hf[f"model.layers.{key.split('.')[1]}.{_ROWS[name]}.weight"], method, group)
+    if method == "weight_only_int4":
+        per = w.shape[0] // group
+        s_hf = s_hf[:, rank * per : (rank + 1) * per]
+    return quant_weight(w, s_hf, method, group)
+
+
 def quantize_shard(
-    shard: dict[str, Any], hf: dict[str, np.ndarray], mc: DeepseekConfig, dims: ShardDims, rank: int, method: str, group
-) -> dict[str, Any]:
-    """Replace the quantised tensors of one rank's `shard_weights` output (module docstring)."""
+    shard: Mapping[str, Any],
+    hf: Mapping[str, np.ndarray],
+    mc: DeepseekConfig,
+    dims: ShardDims,
+    rank: int,
+    method: str,
+    group: int | None,
+) -> LazyMap:
+    """Replace the quantised tensors of one rank's `shard_weights` output (module docstring), made when read."""
     if method not in QUANT_METHODS:
         raise QuantError(f"--quant {method!r} is not one of {', '.join(QUANT_METHODS)}")
-    out = dict(shard)
-    for key, w in shard.items():
+    out = lazy_view(shard)
+    for key in shard:
         name = key.split(".", 2)[-1] if key.startswith("layers.") else key
         if name in _COLUMNS:
-            out[key] = _local(w, method, group)
+            out.put(key, _local, shard, key, method, group)
         elif name in _STACKS:
-            out[key] = quantize_stack(w, method, group)
+            out.put(key, _stack, shard, key, method, group)
         elif name in _ROWS:
-            layer = key.split(".")[1]
-            s_hf = hf_scales(hf[f"model.layers.{layer}.{_ROWS[name]}.weight"], method, group)
-            if method == "weight_only_int4":  # this rank's input groups
-                per = w.shape[0] // group
-                s_hf = s_hf[:, rank * per : (rank + 1) * per]
-            out[key] = quant_weight(w, s_hf, method, group)
-    out["embed"] = quantize_vocab(shard["embed"], method, group)  # [V_local, H]
-    out["lm_head"] = quantize_vocab(shard["lm_head"].T, method, group)  # [H, V_local].T
+            out.put(key, _row_shard, shard, hf, key, rank, method, group)
+    for name in ("embed", "lm_head"):
+        out.put(name, shard_vocab, shard, name, method, group)
     return out
 
 

@@ -19,13 +19,15 @@ Linear layout ([in, out]).
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
 
 from spmd_serve.export.deepseek.config import DeepseekConfig
 from spmd_serve.export.errors import ShardingError
-from spmd_serve.export.llama.sharding import vocab_rows
+from spmd_serve.export.lazy import LazyMap, as_float32, constant
+from spmd_serve.export.llama.sharding import embed_rows, vocab_rows
 from spmd_serve.kv_layout import KVLayout
 from spmd_serve.manifest import ShardDims
 
@@ -106,18 +108,33 @@ def _rows(w_hf: np.ndarray, sl: slice) -> np.ndarray:
     return np.ascontiguousarray(w_hf[:, sl].T)
 
 
-def _mlp(hf: dict[str, np.ndarray], src: str, dst: str, sl: slice) -> dict[str, np.ndarray]:
+def _linear(hf: Mapping[str, np.ndarray], name: str, cut: Callable[..., np.ndarray], *args: Any) -> np.ndarray:
+    return cut(hf[name], *args)
+
+
+def _mlp(out: LazyMap, hf: Mapping[str, np.ndarray], src: str, dst: str, sl: slice) -> None:
     """A SwiGLU MLP's gate / up column shards and down row shard `sl` of its units."""
-    return {
-        dst + "gate": _cols(hf[src + "gate_proj.weight"], sl),
-        dst + "up": _cols(hf[src + "up_proj.weight"], sl),
-        dst + "down": _rows(hf[src + "down_proj.weight"], sl),
-    }
+    out.put(dst + "gate", _linear, hf, src + "gate_proj.weight", _cols, sl)
+    out.put(dst + "up", _linear, hf, src + "up_proj.weight", _cols, sl)
+    out.put(dst + "down", _linear, hf, src + "down_proj.weight", _rows, sl)
 
 
-def _stack(hf: dict[str, np.ndarray], pattern: str, experts: range) -> np.ndarray:
+def _stack(hf: Mapping[str, np.ndarray], pattern: str, experts: range) -> np.ndarray:
     """Experts' HF [out, in] weights → one [E_local, in, out] stack."""
     return np.stack([hf[pattern.format(e)].T for e in experts])
+
+
+def _experts_gate_up(hf: Mapping[str, np.ndarray], m: str, experts: range) -> np.ndarray:
+    gate, up = (_stack(hf, f"{m}experts.{{}}.{part}_proj.weight", experts) for part in ("gate", "up"))
+    return np.concatenate([gate, up], axis=2)  # silu(gate) * up
+
+
+def _absorbed_part(hf: Mapping[str, np.ndarray], name: str, mc: DeepseekConfig, heads: slice, i: int) -> np.ndarray:
+    return _absorbed(hf[name], mc, heads)[i]
+
+
+def _head(hf: Mapping[str, np.ndarray], dims: ShardDims, rank: int) -> np.ndarray:
+    return np.ascontiguousarray(vocab_rows(hf["lm_head.weight"], dims, rank).T)
 
 
 def _units(total: int, tp: int, rank: int) -> slice:
@@ -125,42 +142,45 @@ def _units(total: int, tp: int, rank: int) -> slice:
     return slice(rank * per, (rank + 1) * per)
 
 
-def shard_weights(hf: dict[str, np.ndarray], mc: DeepseekConfig, dims: ShardDims, rank: int) -> dict[str, Any]:
+def shard_weights(hf: Mapping[str, np.ndarray], mc: DeepseekConfig, dims: ShardDims, rank: int) -> LazyMap:
     """This rank's weights: `embed`, `norm`, `lm_head`; per layer `layers.<i>.` + `ln1`, `ln2`, `q`
     or `q_a`, `q_a_ln`, `q_b`; `kv_a`, `kv_a_ln`, `w_uk`, `w_uv`, `o`; dense: `gate`, `up`, `down`;
     MoE: `router`, `router_bias`, `experts.gate_up` [E_local, H, 2 I], `experts.down` [E_local, I, H],
-    `shared.{gate,up,down}`.  `config` is the model's DeepseekConfig."""
+    `shared.{gate,up,down}`; each cut from the checkpoint's when read (export/lazy.py).  `config` is
+    the model's DeepseekConfig."""
     tp = dims.tp
     heads = _units(mc.heads, tp, rank)
-    out: dict[str, Any] = {
-        "config": mc,
-        "embed": vocab_rows(hf["model.embed_tokens.weight"], dims, rank),
-        "norm": hf["model.norm.weight"],
-        "lm_head": np.ascontiguousarray(vocab_rows(hf["lm_head.weight"], dims, rank).T),
-    }
+    out = LazyMap()
+    out.put("embed", embed_rows, hf, dims, rank)
+    out.take("norm", hf, "model.norm.weight")
+    out.put("lm_head", _head, hf, dims, rank)
     for i in range(mc.num_layers):
         p, a, m, d = f"model.layers.{i}.", f"model.layers.{i}.self_attn.", f"model.layers.{i}.mlp.", f"layers.{i}."
-        out[d + "ln1"], out[d + "ln2"] = hf[p + "input_layernorm.weight"], hf[p + "post_attention_layernorm.weight"]
+        out.take(d + "ln1", hf, p + "input_layernorm.weight")
+        out.take(d + "ln2", hf, p + "post_attention_layernorm.weight")
         if mc.q_lora_rank is None:
-            out[d + "q"] = _query(hf[a + "q_proj.weight"], mc, heads)
+            out.put(d + "q", _linear, hf, a + "q_proj.weight", _query, mc, heads)
         else:
-            out[d + "q_a"] = np.ascontiguousarray(hf[a + "q_a_proj.weight"].T)
-            out[d + "q_a_ln"] = hf[a + "q_a_layernorm.weight"]
-            out[d + "q_b"] = _query(hf[a + "q_b_proj.weight"], mc, heads)
-        out[d + "kv_a"] = _kv_a(hf[a + "kv_a_proj_with_mqa.weight"], mc)
-        out[d + "kv_a_ln"] = hf[a + "kv_a_layernorm.weight"]
-        out[d + "w_uk"], out[d + "w_uv"] = _absorbed(hf[a + "kv_b_proj.weight"], mc, heads)
-        out[d + "o"] = _rows(hf[a + "o_proj.weight"], slice(heads.start * mc.v_head_dim, heads.stop * mc.v_head_dim))
+            out.put(d + "q_a", _linear, hf, a + "q_a_proj.weight", np.transpose)
+            out.take(d + "q_a_ln", hf, a + "q_a_layernorm.weight")
+            out.put(d + "q_b", _linear, hf, a + "q_b_proj.weight", _query, mc, heads)
+        out.put(d + "kv_a", _linear, hf, a + "kv_a_proj_with_mqa.weight", _kv_a, mc)
+        out.take(d + "kv_a_ln", hf, a + "kv_a_layernorm.weight")
+        out.put(d + "w_uk", _absorbed_part, hf, a + "kv_b_proj.weight", mc, heads, 0)
+        out.put(d + "w_uv", _absorbed_part, hf, a + "kv_b_proj.weight", mc, heads, 1)
+        o_units = slice(heads.start * mc.v_head_dim, heads.stop * mc.v_head_dim)
+        out.put(d + "o", _linear, hf, a + "o_proj.weight", _rows, o_units)
         if not mc.is_moe(i):
-            out |= _mlp(hf, m, d, _units(mc.intermediate, tp, rank))
+            _mlp(out, hf, m, d, _units(mc.intermediate, tp, rank))
             continue
-        out[d + "router"] = np.ascontiguousarray(hf[m + "gate.weight"].T)  # [H, E], replicated
+        out.put(d + "router", _linear, hf, m + "gate.weight", np.transpose)  # [H, E], replicated
         if mc.topk_method == "noaux_tc":
-            out[d + "router_bias"] = hf[m + "gate.e_score_correction_bias"]
+            out.take(d + "router_bias", hf, m + "gate.e_score_correction_bias")
         own = experts_of_rank(mc, tp, rank)
-        gate, up, down = (_stack(hf, f"{m}experts.{{}}.{part}_proj.weight", own) for part in ("gate", "up", "down"))
-        out[d + "experts.gate_up"] = np.concatenate([gate, up], axis=2)  # silu(gate) * up
-        out[d + "experts.down"] = down
+        out.put(d + "experts.gate_up", _experts_gate_up, hf, m, own)
+        out.put(d + "experts.down", _stack, hf, f"{m}experts.{{}}.down_proj.weight", own)
         if mc.n_shared_experts:
-            out |= _mlp(hf, m + "shared_experts.", d + "shared.", _units(mc.shared_intermediate, tp, rank))
-    return {k: v if k == "config" else np.ascontiguousarray(v, dtype=np.float32) for k, v in out.items()}
+            _mlp(out, hf, m + "shared_experts.", d + "shared.", _units(mc.shared_intermediate, tp, rank))
+    out = as_float32(out)
+    out.put("config", constant, mc)
+    return out

@@ -14,16 +14,19 @@ lm_head [hidden, vocab]).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import numpy as np
 
 from spmd_serve.export.deepseek.config import DeepseekConfig
 from spmd_serve.export.errors import CheckpointError
+from spmd_serve.export.lazy import LazyMap, lazy_view, shape_of, thunk_of, transposed
 
 _PREFIXES = ("deepseek_v2.", "deepseek_v3.")
 
 
-def to_hf_layout(weights: dict[str, np.ndarray], mc: DeepseekConfig) -> tuple[dict[str, np.ndarray], str]:
-    """Rename / transpose PaddleNLP tensors to HF's; returns (weights, 'huggingface' | 'paddlenlp')."""
+def to_hf_layout(weights: Mapping[str, np.ndarray], mc: DeepseekConfig) -> tuple[Mapping[str, np.ndarray], str]:
+    """Rename / transpose PaddleNLP tensors to HF's (when read); returns (weights, 'huggingface' | 'paddlenlp')."""
     if any(k.startswith("model.") for k in weights):
         return weights, "huggingface"
     if not any(k.startswith(_PREFIXES) for k in weights):
@@ -31,16 +34,19 @@ def to_hf_layout(weights: dict[str, np.ndarray], mc: DeepseekConfig) -> tuple[di
             f"unrecognised tensor names (e.g. {next(iter(weights), '?')!r}): expected "
             "HuggingFace `model.…` or PaddleNLP `deepseek_v2.…`/`deepseek_v3.…` names"
         )
-    out = {}
-    for name, arr in weights.items():
+    out = LazyMap()
+    for name in weights:
+        hf_name = name
         if name != "lm_head.weight":
             prefix = next((p for p in _PREFIXES if name.startswith(p)), None)
             if prefix is None:
                 raise CheckpointError(f"unexpected tensor {name!r} in a PaddleNLP checkpoint")
-            name = "model." + name[len(prefix) :]
-        if arr.ndim == 2 and not name.endswith("embed_tokens.weight"):
-            arr = arr.T  # Paddle [in, out] → HF [out, in]
-        out[name] = np.ascontiguousarray(arr)
+            hf_name = "model." + name[len(prefix) :]
+        shape = shape_of(weights, name)
+        if len(shape) == 2 and not hf_name.endswith("embed_tokens.weight"):  # Paddle [in, out] → HF [out, in]
+            out.put(hf_name, transposed, thunk_of(weights, name), shape=shape[::-1])
+        else:
+            out.take(hf_name, weights, name)
     return out, "paddlenlp"
 
 
@@ -101,20 +107,19 @@ def expected_tensors(mc: DeepseekConfig) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
-def mtp_tensors(mc: DeepseekConfig, weights: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+def mtp_tensors(mc: DeepseekConfig, weights: Mapping[str, np.ndarray]) -> LazyMap:
     """The checkpoint's MTP-layer tensors (`model.layers.<L + j>.*`, j < num_nextn_predict_layers),
     as found: HF checkpoints hold their own embed_tokens / shared_head, PaddleNLP's share the
     model's and add an eh_proj bias.  CheckpointError when a layer's decoder part is missing."""
-    out: dict[str, np.ndarray] = {}
+    found: list[str] = []
     for j in range(mc.num_nextn_predict_layers):
         prefix = f"model.layers.{mc.num_layers + j}."
-        found = {k: v for k, v in weights.items() if k.startswith(prefix)}
         need = [*layer_tensors(mc, mc.num_layers + j, mc.is_moe(mc.num_layers + j)), prefix + "eh_proj.weight"]
-        missing = [k for k in need if k not in found]
+        missing = [k for k in need if k not in weights]
         if missing:
             raise CheckpointError(f"num_nextn_predict_layers={mc.num_nextn_predict_layers}: {missing[0]} is missing")
-        out |= found
-    return out
+        found += [k for k in weights if k.startswith(prefix)]
+    return lazy_view(weights, found)
 
 
 MTP_FOLDER = "mtp"  # the MTP draft's export, beside the target's rank folders (export/deepseek/mtp.py)
@@ -123,7 +128,7 @@ PADDLENLP, HUGGINGFACE = "paddlenlp", "huggingface"
 TARGET_HIDDEN = {PADDLENLP: "pre_norm", HUGGINGFACE: "post_norm", None: None}
 
 
-def mtp_convention(mc: DeepseekConfig, weights: dict[str, np.ndarray]) -> str | None:
+def mtp_convention(mc: DeepseekConfig, weights: Mapping[str, np.ndarray]) -> str | None:
     """Whose code the checkpoint's MTP layer follows; None without MTP layers.  PaddleNLP's
     `DeepseekV2MTPLayer` (its eh_proj an nn.Linear with a bias, sharing the model's embedding, final
     norm and head) reads the target's hidden rows before the final norm, eh_proj(concat(hnorm(h),

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from spmd_serve.export.family import ModelFamily
+from spmd_serve.export.lazy import lazy_view
 from spmd_serve.export.llama import quant, sharding, static, weights
 from spmd_serve.export.llama.config import ARCHITECTURES, MODEL_TYPES, ModelConfig
 from spmd_serve.kv_layout import KVLayout
@@ -31,7 +32,7 @@ class LlamaFamily(ModelFamily[ModelConfig]):
     def parse_config(self, cfg: dict, architecture: str) -> ModelConfig:
         return ModelConfig.from_hf(cfg)
 
-    def to_hf_layout(self, w: dict[str, np.ndarray], mc: ModelConfig) -> tuple[dict[str, np.ndarray], str]:
+    def to_hf_layout(self, w: Mapping[str, np.ndarray], mc: ModelConfig) -> tuple[Mapping[str, np.ndarray], str]:
         return weights.to_hf_layout(w, mc)
 
     def static_to_hf(self, params: StaticParams, mc: ModelConfig) -> dict[str, np.ndarray]:
@@ -49,16 +50,16 @@ class LlamaFamily(ModelFamily[ModelConfig]):
     def rank_weights(
         self,
         mc: ModelConfig,
-        hf: dict[str, np.ndarray],
+        hf: Mapping[str, np.ndarray],
         dims: ShardDims,
         rank: int,
         method: str | None,
         group: int | None,
-    ) -> dict[str, Any]:
+    ) -> Mapping[str, Any]:
         shard = sharding.shard_weights(hf, mc, dims, rank)
         if method:
             shard = quant.quantize_shard(shard, hf, mc, dims, rank, method, group)
-        return dict(shard, inv_freq=mc.inv_freq().astype(np.float32))  # RoPE's, for the paged attention op
+        return lazy_view(shard, inv_freq=mc.inv_freq().astype(np.float32))  # RoPE's, for the paged attention op
 
     def quant_group(self, mc: ModelConfig, dims: ShardDims, requested: int | None) -> int:
         return quant.quant_group(dims, requested)
@@ -72,7 +73,7 @@ class LlamaFamily(ModelFamily[ModelConfig]):
         heads = sharding.kv_heads_of_rank(mc, dims, rank)  # scales are [num_layers, kv_heads]
         return {name: sc[:, heads].tolist() for name, sc in scales.items()}
 
-    def build_stages(self, w: dict[str, Any], dims: ShardDims, rank: int) -> list:
+    def build_stages(self, w: Mapping[str, Any], dims: ShardDims, rank: int) -> list:
         from spmd_serve.export.llama.attention import AttentionStage
         from spmd_serve.export.llama.stages import EmbedStage, HeadStage, MlpStage
 

@@ -18,6 +18,8 @@ and return this step's K/V for the runner to write.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 import paddle
@@ -44,7 +46,7 @@ class AttentionStage(Stage):
 
     takes_deferred = True
 
-    def __init__(self, w: dict[str, np.ndarray], dims: ShardDims, layer: int) -> None:
+    def __init__(self, w: Mapping[str, Any], dims: ShardDims, layer: int) -> None:
         super().__init__()
         p = f"layers.{layer}."
         self.ln = make_param(self, w[p + "ln1"])

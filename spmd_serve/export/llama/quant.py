@@ -8,18 +8,22 @@ own input groups (int4); see export/quant.py for the arithmetic.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import numpy as np
 
+from spmd_serve.export.lazy import LazyMap, lazy_view
 from spmd_serve.export.llama.config import ModelConfig
 from spmd_serve.export.llama.sharding import LINEARS, linear_slices
 from spmd_serve.export.quant import (
     QUANT_METHODS,
     QuantError,
+    QuantWeight,
     choose_group,
     hf_scales,
     quant_weight,
-    quantize_vocab,
     record,
+    shard_vocab,
 )
 from spmd_serve.manifest import QuantRecord, ShardDims
 
@@ -33,25 +37,32 @@ def quant_group(dims: ShardDims, requested: int | None) -> int:
     return choose_group(local_in_dims(dims), dims.tp, requested)
 
 
+def _quantised(
+    shard: Mapping, hf: Mapping[str, np.ndarray], i: int, name: str, sl: slice, method: str, group: int | None
+) -> QuantWeight:
+    module, kind, _ = LINEARS[name]
+    s_hf = hf_scales(hf[f"model.layers.{i}.{module}.weight"], method, group)
+    if kind == "cols":
+        s_hf = s_hf[sl]  # this rank's output channels
+    elif method == "weight_only_int4":
+        s_hf = s_hf[:, sl.start // group : sl.stop // group]  # this rank's input groups
+    return quant_weight(shard[f"layers.{i}.{name}"], s_hf, method, group)
+
+
 def quantize_shard(
-    shard: dict, hf: dict[str, np.ndarray], mc: ModelConfig, dims: ShardDims, rank: int, method: str, group: int | None
-) -> dict:
+    shard: Mapping, hf: Mapping[str, np.ndarray], mc: ModelConfig, dims: ShardDims, rank: int, method: str, group
+) -> LazyMap:
     """Replace the linear weights, lm_head and embedding table of one rank's `shard_weights` output
-    by `QuantWeight`s whose scales are the unsharded weights' (see the module docstring)."""
+    by `QuantWeight`s whose scales are the unsharded weights' (see the module docstring), made when read."""
     if method not in QUANT_METHODS:
         raise QuantError(f"--quant {method!r} is not one of {', '.join(QUANT_METHODS)}")
     sl = linear_slices(mc, dims, rank)
-    out = dict(shard)
+    out = lazy_view(shard)
     for i in range(dims.num_layers):
-        for name, (module, kind, key) in LINEARS.items():
-            s_hf, s = hf_scales(hf[f"model.layers.{i}.{module}.weight"], method, group), sl[key]
-            if kind == "cols":
-                s_hf = s_hf[s]  # this rank's output channels
-            elif method == "weight_only_int4":
-                s_hf = s_hf[:, s.start // group : s.stop // group]  # this rank's input groups
-            out[f"layers.{i}.{name}"] = quant_weight(shard[f"layers.{i}.{name}"], s_hf, method, group)
-    out["embed"] = quantize_vocab(shard["embed"], method, group)  # [V_local, H]
-    out["lm_head"] = quantize_vocab(shard["lm_head"].T, method, group)  # [H, V_local].T
+        for name, (_, _, key) in LINEARS.items():
+            out.put(f"layers.{i}.{name}", _quantised, shard, hf, i, name, sl[key], method, group)
+    for name in ("embed", "lm_head"):
+        out.put(name, shard_vocab, shard, name, method, group)
     return out
 
 

@@ -9,9 +9,12 @@ Architecture options (q/k/v biases, tied embeddings, rope scaling) come from `Mo
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import numpy as np
 
 from spmd_serve.export.errors import ShardingError
+from spmd_serve.export.lazy import LazyMap, as_float32
 from spmd_serve.export.llama.config import ModelConfig
 from spmd_serve.kv_layout import KVLayout
 from spmd_serve.manifest import ShardDims
@@ -119,39 +122,45 @@ def linear_slices(mc: ModelConfig, dims: ShardDims, rank: int) -> dict[str, slic
     }
 
 
-def shard_weights(
-    hf: dict[str, np.ndarray], cfg: dict | ModelConfig, dims: ShardDims, rank: int
-) -> dict[str, np.ndarray]:
+def _head(hf: Mapping[str, np.ndarray], mc: ModelConfig, dims: ShardDims, rank: int) -> np.ndarray:
+    name = "model.embed_tokens.weight" if mc.tie_word_embeddings or "lm_head.weight" not in hf else "lm_head.weight"
+    return np.ascontiguousarray(vocab_rows(hf[name], dims, rank).T)
+
+
+def embed_rows(hf: Mapping[str, np.ndarray], dims: ShardDims, rank: int) -> np.ndarray:
+    """The checkpoint's embedding table's rows of `rank` (vocab_rows)."""
+    return vocab_rows(hf["model.embed_tokens.weight"], dims, rank)
+
+
+def _linear(hf: Mapping[str, np.ndarray], name: str, kind: str, sl: slice) -> np.ndarray:
+    return (_cols if kind == "cols" else _rows)(hf[name], sl)
+
+
+def _part(hf: Mapping[str, np.ndarray], name: str, sl: slice) -> np.ndarray:
+    return hf[name][sl]
+
+
+def shard_weights(hf: Mapping[str, np.ndarray], cfg: dict | ModelConfig, dims: ShardDims, rank: int) -> LazyMap:
     """This rank's weights, named `embed`, `layers.{i}.{q,k,v,o,gate,up,down,ln1,ln2}` (and
-    `layers.{i}.{q,k,v}_bias` with attention_bias), `norm`, `lm_head`.  (RoPE's inv_freq is not a
-    weight of the checkpoint: LlamaFamily.rank_weights adds it, and the manifest records it.)"""
+    `layers.{i}.{q,k,v}_bias` with attention_bias), `norm`, `lm_head`; each cut from the checkpoint's
+    when read (export/lazy.py).  (RoPE's inv_freq is not a weight of the checkpoint:
+    LlamaFamily.rank_weights adds it, and the manifest records it.)"""
     mc = cfg if isinstance(cfg, ModelConfig) else ModelConfig.from_hf(cfg)
     r = rank
     sl = linear_slices(mc, dims, r)
     q_sl, kv_sl = sl["q"], sl["kv"]
-    embed = hf["model.embed_tokens.weight"]
-    head = embed if mc.tie_word_embeddings or "lm_head.weight" not in hf else hf["lm_head.weight"]
-    out = {
-        "embed": vocab_rows(embed, dims, r),
-        "norm": hf["model.norm.weight"],
-        "lm_head": np.ascontiguousarray(vocab_rows(head, dims, r).T),
-    }
+    out = LazyMap()
+    out.put("embed", embed_rows, hf, dims, r)
+    out.take("norm", hf, "model.norm.weight")
+    out.put("lm_head", _head, hf, mc, dims, r)
     for i in range(dims.num_layers):
         p, a = f"model.layers.{i}.", f"model.layers.{i}.self_attn."
-        out.update(
-            {
-                f"layers.{i}.ln1": hf[p + "input_layernorm.weight"],
-                f"layers.{i}.ln2": hf[p + "post_attention_layernorm.weight"],
-            }
-        )
+        out.take(f"layers.{i}.ln1", hf, p + "input_layernorm.weight")
+        out.take(f"layers.{i}.ln2", hf, p + "post_attention_layernorm.weight")
         for name, (module, kind, key) in LINEARS.items():
-            out[f"layers.{i}.{name}"] = (_cols if kind == "cols" else _rows)(hf[f"{p}{module}.weight"], sl[key])
+            out.put(f"layers.{i}.{name}", _linear, hf, f"{p}{module}.weight", kind, sl[key])
         if dims.attention_bias:
-            out.update(
-                {
-                    f"layers.{i}.q_bias": hf[a + "q_proj.bias"][q_sl],
-                    f"layers.{i}.k_bias": hf[a + "k_proj.bias"][kv_sl],
-                    f"layers.{i}.v_bias": hf[a + "v_proj.bias"][kv_sl],
-                }
-            )
-    return {k: np.ascontiguousarray(v, dtype=np.float32) for k, v in out.items()}
+            out.put(f"layers.{i}.q_bias", _part, hf, a + "q_proj.bias", q_sl)
+            out.put(f"layers.{i}.k_bias", _part, hf, a + "k_proj.bias", kv_sl)
+            out.put(f"layers.{i}.v_bias", _part, hf, a + "v_proj.bias", kv_sl)
+    return as_float32(out)

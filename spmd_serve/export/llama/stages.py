@@ -6,7 +6,9 @@ come from `shard_weights` (+ `quantize_shard`), names as there (`embed`, `layers
 
 from __future__ import annotations
 
-import numpy as np
+from collections.abc import Mapping
+from typing import Any
+
 import paddle
 from paddle import nn
 
@@ -38,7 +40,7 @@ class EmbedStage(Stage):
 
     streamless = True
 
-    def __init__(self, w: dict, dims: ShardDims, rank: int) -> None:
+    def __init__(self, w: Mapping[str, Any], dims: ShardDims, rank: int) -> None:
         super().__init__()
         self.method = getattr(w["embed"], "method", None)
         if self.method is None:
@@ -83,7 +85,7 @@ class MlpStage(Stage):
 
     takes_deferred = True
 
-    def __init__(self, w: dict[str, np.ndarray], dims: ShardDims, layer: int) -> None:
+    def __init__(self, w: Mapping[str, Any], dims: ShardDims, layer: int) -> None:
         super().__init__()
         p = f"layers.{layer}."
         self.ln = make_param(self, w[p + "ln2"])
@@ -107,7 +109,7 @@ class HeadStage(Stage):
 
     gives_logits = True
 
-    def __init__(self, w: dict[str, np.ndarray], dims: ShardDims, hidden_out: str | None = None) -> None:
+    def __init__(self, w: Mapping[str, Any], dims: ShardDims, hidden_out: str | None = None) -> None:
         super().__init__()
         self.norm, self.lm_head = make_param(self, w["norm"]), make_linear(w["lm_head"])  # [H, V_local]
         self.eps = dims.rms_norm_eps

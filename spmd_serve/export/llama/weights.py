@@ -7,16 +7,19 @@ and an untied `lm_head` [in, out] (Paddle's Linear layout); HF names them `model
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import numpy as np
 
 from spmd_serve.export.errors import CheckpointError
+from spmd_serve.export.lazy import LazyMap, shape_of, thunk_of, transposed
 from spmd_serve.export.llama.config import ModelConfig
 
 _PREFIXES = {"llama.": "model.", "qwen2.": "model."}  # PaddleNLP base-model prefixes → HF's
 
 
-def to_hf_layout(weights: dict[str, np.ndarray], mc: ModelConfig) -> tuple[dict[str, np.ndarray], str]:
-    """Rename/transposes PaddleNLP tensors to HF's; returns (weights, 'huggingface'|'paddlenlp')."""
+def to_hf_layout(weights: Mapping[str, np.ndarray], mc: ModelConfig) -> tuple[Mapping[str, np.ndarray], str]:
+    """Rename/transposes PaddleNLP tensors to HF's (when read); returns (weights, 'huggingface'|'paddlenlp')."""
     if any(k.startswith("model.") for k in weights):
         return weights, "huggingface"
     if not any(k.startswith(tuple(_PREFIXES)) for k in weights):
@@ -24,20 +27,22 @@ def to_hf_layout(weights: dict[str, np.ndarray], mc: ModelConfig) -> tuple[dict[
             f"unrecognised tensor names (e.g. {next(iter(weights), '?')!r}): expected "
             "HuggingFace `model.…` or PaddleNLP `llama.…`/`qwen2.…` names"
         )
-    out = {}
-    for name, arr in weights.items():
+    out = LazyMap()
+    for name in weights:
+        shape = shape_of(weights, name)
         if name == "lm_head.weight":
             if mc.tie_word_embeddings:
                 continue  # PaddleNLP saves the tied embedding here too
-            arr = arr.T  # PaddleNLP's LMHead: [hidden, vocab]
+            out.put(name, transposed, thunk_of(weights, name), shape=shape[::-1])  # PaddleNLP's LMHead: [hidden, vocab]
+            continue
+        prefix = next((p for p in _PREFIXES if name.startswith(p)), None)
+        if prefix is None:
+            raise CheckpointError(f"unexpected tensor {name!r} in a PaddleNLP checkpoint")
+        hf_name = _PREFIXES[prefix] + name[len(prefix) :]
+        if len(shape) == 2 and hf_name.endswith("_proj.weight"):  # Paddle Linear [in, out] → HF [out, in]
+            out.put(hf_name, transposed, thunk_of(weights, name), shape=shape[::-1])
         else:
-            prefix = next((p for p in _PREFIXES if name.startswith(p)), None)
-            if prefix is None:
-                raise CheckpointError(f"unexpected tensor {name!r} in a PaddleNLP checkpoint")
-            name = _PREFIXES[prefix] + name[len(prefix) :]
-            if arr.ndim == 2 and name.endswith("_proj.weight"):
-                arr = arr.T  # Paddle Linear [in, out] → HF [out, in]
-        out[name] = np.ascontiguousarray(arr)
+            out.take(hf_name, weights, name)
     return out, "paddlenlp"
 
 
