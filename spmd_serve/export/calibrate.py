@@ -9,6 +9,7 @@ by `KV_SCALE_MARGIN`.  Values past a scale's range are clipped on write, and cou
 
 from __future__ import annotations
 
+import gc
 import os
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -25,7 +26,7 @@ from spmd_serve.manifest import ShardDims
 from spmd_serve.worker.step_tables import step_feeds
 
 if TYPE_CHECKING:
-    from spmd_serve.export.segment import GraphSegment
+    from spmd_serve.export.segment import Stage
 
 # int8 KV scales are max|K|, max|V| over the calibration windows widened by this factor: an entry
 # up to 1.25x the largest the calibration saw is stored unclipped (other text, other positions),
@@ -47,19 +48,74 @@ def calibrate_kv_scales(
     sequence at its positions, no past) and take, per layer and scale entry (KV head), max |entry|
     over tokens, windows and the rest of the token's shape (K after RoPE, V), divided by 127 and
     widened by `margin`.  Returns {cache tensor: [num_layers, *scale_shape] float32}.
+    Stage by stage (`ModelFamily.iter_stages`): every window through a stage before the next stage is
+    built, so one stage's parameters are held at a time, not the whole TP = 1 model's.
     `cpp_ops`: the linears and norms are the C++ ops (the weights built inside
     `layers.dense_weights(True, ...)`), attention Paddle's over the window (GraphVariant.grid_attention);
     both on every core this process may use."""
-
-    from spmd_serve.export.segment import build_segments
+    import paddle
 
     dims = family.shard_dims(mc, 1)
     layout = family.kv_layout(mc, dims)
-    stages = family.build_stages(family.rank_weights(mc, weights, dims, 0, quant, group), dims, 0)
-    seg = build_segments(stages, dims)[0].with_variant(GraphVariant(cpp_ops=cpp_ops, grid_attention=True))
-    seg.eval()
-    with all_cores(cpp_ops):
-        return _window_maxima(seg, mc, dims, layout, windows, margin)
+    variant = GraphVariant(cpp_ops=cpp_ops, grid_attention=True)
+    shard = family.rank_weights(mc, weights, dims, 0, quant, group)
+    passes = [_WindowPass(w, mc, dims, layout) for w in windows]
+    # new entries [T, *token_shape]: keep the leading scale_shape axes of the token's shape
+    axes = (0, *range(1 + len(layout.scale_shape), 1 + len(layout.tensors[0].token_shape)))
+    amax = {t: np.zeros((layout.num_layers, *layout.scale_shape), np.float32) for t in layout.names()}
+    with all_cores(cpp_ops), paddle.no_grad():
+        for stage in family.iter_stages(shard, dims, 0):
+            stage.eval()
+            for p in passes:  # one at a time: eager attention holds window² scores per head
+                new = p.step(stage, variant)
+                if stage.kv_layer is not None:
+                    for t, entries in zip(layout.names(), new):
+                        got = np.abs(entries.numpy()).max(axis=axes)
+                        amax[t][stage.kv_layer] = np.maximum(amax[t][stage.kv_layer], got)
+            del stage
+            gc.collect()  # the stage's parameters (Paddle's layers hold cycles) before the next's
+    return {t: (np.maximum(a, 1e-6) * margin / 127).astype(np.float32) for t, a in amax.items()}
+
+
+class _WindowPass:
+    """One window's way through the stages: its residual stream and partial, and the graph inputs
+    the stages read (step_tables.step_feeds; an empty one-block pool per cache tensor: no past)."""
+
+    BLOCK = 16
+
+    def __init__(self, w: CalibrationWindow, mc: ArchConfig, dims: ShardDims, layout: KVLayout) -> None:
+        n = len(w.ids)
+        self.plan = SimpleNamespace(
+            input_ids=np.asarray(w.ids, np.int64),
+            positions=np.arange(w.start, w.start + n),  # RoPE's angles: the window's positions
+            query_lens=np.array([n]),
+            ctx_lens=np.zeros(1, np.int64),
+            block_tables=np.zeros((1, 1), np.int64),
+        )
+        self.inv_freq, self.dims, self.layout = mc.inv_freq(), dims, layout
+        self.env: dict[str, Any] = {}
+        self.h: Any = None
+        self.delta: Any = None
+
+    def _feed(self, name: str) -> np.ndarray:
+        for layer in range(self.layout.num_layers):
+            for tensor, cache in zip(self.layout.tensors, self.layout.cache_inputs(layer)):
+                if cache == name:
+                    return np.zeros((1, *self.layout.block_shape(tensor, self.BLOCK)), np.float32)
+        return step_feeds(self.plan, self.dims, self.inv_freq, self.BLOCK, [name])[name]
+
+    def step(self, stage: Stage, variant: GraphVariant) -> list:
+        """Run `stage` on this window; returns its new cache entries (K, V: [T, *token_shape])."""
+        import paddle
+
+        from spmd_serve.export.deferred import materialize
+
+        for name in stage.inputs(variant):
+            if name not in self.env:
+                self.env[name] = paddle.to_tensor(self._feed(name))
+        self.h, delta, new = stage.step(self.h, self.delta, self.env, variant)
+        self.delta = materialize(delta, variant)  # (the graphs leave a row shard to the next op)
+        return new[: len(new) - len(stage.stats())]
 
 
 @contextmanager
@@ -81,40 +137,3 @@ def all_cores(cpp_ops: bool) -> Iterator[None]:
         core.set_num_threads(1)
         if before is not None:
             paddle_ext.set_num_threads(before)
-
-
-def _window_maxima(
-    seg: GraphSegment,
-    mc: ArchConfig,
-    dims: ShardDims,
-    layout: KVLayout,
-    windows: Sequence[CalibrationWindow],
-    margin: float,
-) -> dict[str, np.ndarray]:
-    """calibrate_kv_scales's passes over `seg` (the eager TP=1 model)."""
-    import paddle
-
-    block = 16
-    # new entries [T, *token_shape]: keep the leading scale_shape axes of the token's shape
-    axes = (0, *range(1 + len(layout.scale_shape), 1 + len(layout.tensors[0].token_shape)))
-    new = [layout.new_outputs(layer) for layer in range(layout.num_layers)]
-    amax: dict[str, np.ndarray] = {}
-    for w in windows:  # one pass each: eager attention holds window² scores per head
-        n = len(w.ids)
-        plan = SimpleNamespace(
-            input_ids=np.asarray(w.ids, np.int64),
-            positions=np.arange(w.start, w.start + n),  # RoPE's angles: the window's positions
-            query_lens=np.array([n]),
-            ctx_lens=np.zeros(1, np.int64),
-            block_tables=np.zeros((1, 1), np.int64),
-        )  # no past: one masked block
-        env: dict[str, Any] = step_feeds(plan, dims, mc.inv_freq(), block, seg.spec.inputs)
-        for layer in range(layout.num_layers):  # an empty pool of one block per cache tensor
-            for tensor, name in zip(layout.tensors, layout.cache_inputs(layer)):
-                env[name] = np.zeros((1, *layout.block_shape(tensor, block)), np.float32)
-        with paddle.no_grad():
-            outs = dict(zip(seg.spec.outputs, seg([paddle.to_tensor(env[k]) for k in seg.spec.inputs])))
-        for i, t in enumerate(layout.names()):
-            a = np.stack([np.abs(outs[names[i]].numpy()).max(axis=axes) for names in new])
-            amax[t] = a if t not in amax else np.maximum(amax[t], a)
-    return {t: (np.maximum(a, 1e-6) * margin / 127).astype(np.float32) for t, a in amax.items()}

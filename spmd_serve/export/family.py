@@ -12,7 +12,7 @@ else branches on the architecture.  Llama 2/3 and Qwen2/2.5 are one family with 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
@@ -131,6 +131,11 @@ class ModelFamily(ABC, Generic[C]):
     @abstractmethod
     def build_stages(self, weights: Mapping[str, Any], dims: ShardDims, rank: int) -> list:
         """The rank's stages (export/segment.py `Stage`s), in order; imports Paddle."""
+
+    def iter_stages(self, weights: Mapping[str, Any], dims: ShardDims, rank: int) -> Iterator[Any]:
+        """build_stages's stages one at a time, each built when it is reached where the family can
+        (the int8-KV calibration runs them so, holding one stage's parameters); by default all first."""
+        yield from self.build_stages(weights, dims, rank)
 
     @abstractmethod
     def served_options(self, mc: C) -> dict[str, Any]:

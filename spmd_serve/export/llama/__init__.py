@@ -8,7 +8,7 @@ attention.py and stages.py make the graph stages (Paddle, imported only when a g
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -74,14 +74,17 @@ class LlamaFamily(ModelFamily[ModelConfig]):
         return {name: sc[:, heads].tolist() for name, sc in scales.items()}
 
     def build_stages(self, w: Mapping[str, Any], dims: ShardDims, rank: int) -> list:
+        return list(self.iter_stages(w, dims, rank))
+
+    def iter_stages(self, w: Mapping[str, Any], dims: ShardDims, rank: int) -> Iterator[Any]:
         from spmd_serve.export.llama.attention import AttentionStage
         from spmd_serve.export.llama.stages import EmbedStage, HeadStage, MlpStage
 
-        stages: list = [EmbedStage(w, dims, rank)]
+        yield EmbedStage(w, dims, rank)
         for layer in range(dims.num_layers):
-            stages += [AttentionStage(w, dims, layer), MlpStage(w, dims, layer)]
-        stages.append(HeadStage(w, dims))
-        return stages
+            yield AttentionStage(w, dims, layer)
+            yield MlpStage(w, dims, layer)
+        yield HeadStage(w, dims)
 
     def served_options(self, mc: ModelConfig) -> dict[str, Any]:
         return {
