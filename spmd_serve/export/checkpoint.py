@@ -139,7 +139,17 @@ def read_safetensors(path: Path, u16_is_bf16: bool = False) -> LazyMap:
         if kind is None:
             raise CheckpointError(f"{path.name}: tensor {name} has dtype {meta['dtype']}, not a float type")
         shape, start = [int(d) for d in meta["shape"]], int(meta["data_offsets"][0])
-        out.put(name, _read_tensor, path, base + start, math.prod(shape), kind, shape, shape=tuple(shape))
+        out.put(
+            name,
+            _read_tensor,
+            path,
+            base + start,
+            math.prod(shape),
+            kind,
+            shape,
+            shape=tuple(shape),
+            bf16=kind == "bf16",
+        )
     return out
 
 

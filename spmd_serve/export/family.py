@@ -82,7 +82,7 @@ class ModelFamily(ABC, Generic[C]):
     def expected_tensors(self, mc: C) -> dict[str, tuple[int, ...]]:
         """HF tensor name → shape that a checkpoint of `mc` must provide."""
 
-    def static_to_hf(self, params: StaticParams, mc: C) -> dict[str, np.ndarray]:
+    def static_to_hf(self, params: StaticParams, mc: C) -> Mapping[str, np.ndarray]:
         """The original tool's static inference model (export/static_params.py: its fused per-rank
         parameters, taken by name) → HF names and layout, float32; refused unless the family maps them."""
         raise CheckpointError(

@@ -21,12 +21,14 @@ Thunk = Callable[[], Any]
 
 
 class LazyMap(Mapping[str, Any]):
-    """name → value, computed by its thunk on each access.  `shapes` (optional, per name): an array's
-    shape without computing it (`shape_of`)."""
+    """name → value, computed by its thunk on each access.  What is known of a value without computing
+    it: its shape (`shape_of`), and whether every element is a bfloat16 value (`all_bfloat16`: a tensor
+    stored as BF16, or one renamed or transposed from such)."""
 
-    def __init__(self, thunks: Mapping[str, Thunk] | None = None, shapes: Mapping[str, tuple] | None = None) -> None:
-        self._thunks: dict[str, Thunk] = dict(thunks or {})
-        self._shapes: dict[str, tuple] = dict(shapes or {})
+    def __init__(self) -> None:
+        self._thunks: dict[str, Thunk] = {}
+        self._shapes: dict[str, tuple] = {}
+        self._bf16: set[str] = set()
 
     def __getitem__(self, name: str) -> Any:
         return self._thunks[name]()
@@ -40,24 +42,46 @@ class LazyMap(Mapping[str, Any]):
     def __len__(self) -> int:
         return len(self._thunks)
 
-    def put(self, name: str, fn: Callable[..., Any], *args: Any, shape: tuple | None = None) -> None:
-        """`name` = fn(*args), computed on access."""
+    def put(
+        self, name: str, fn: Callable[..., Any], *args: Any, shape: tuple | None = None, bf16: bool = False
+    ) -> None:
+        """`name` = fn(*args), computed on access; `shape` and `bf16` as known (the class docstring)."""
+        self._forget(name)
         self._thunks[name] = partial(fn, *args) if args else fn
+        if fn is constant and shape is None:
+            shape = np.shape(args[0])
         if shape is not None:
             self._shapes[name] = tuple(shape)
+        if bf16:
+            self._bf16.add(name)
 
     def take(self, name: str, m: Mapping[str, Any], src: str | None = None) -> None:
         """`name` = m[src or name], computed when this one is read (its known shape carried)."""
         src = src or name
+        self._forget(name)
         self._thunks[name] = thunk_of(m, src)
         if isinstance(m, LazyMap) and (s := m.known_shape(src)) is not None:
             self._shapes[name] = s
+        if isinstance(m, LazyMap) and src in m._bf16:
+            self._bf16.add(name)
+
+    def _forget(self, name: str) -> None:
+        """(what was known of a value `name` is replacing)"""
+        self._shapes.pop(name, None)
+        self._bf16.discard(name)
 
     def thunk(self, name: str) -> Thunk:
         return self._thunks[name]
 
     def known_shape(self, name: str) -> tuple | None:
         return self._shapes.get(name)
+
+    def known_bfloat16(self, name: str) -> bool:
+        return name in self._bf16
+
+    def all_bfloat16(self) -> bool:
+        """Whether every value is known to be bfloat16 values (then no value need be read to tell)."""
+        return bool(self._thunks) and self._bf16.issuperset(self._thunks)
 
 
 def constant(value: Any) -> Any:
@@ -84,10 +108,14 @@ def merged(*maps: Mapping[str, Any]) -> LazyMap:
     """The union of `maps` (later ones win), none of their values computed."""
     out = LazyMap()
     for m in maps:
-        view = lazy_view(m)
-        out._thunks.update(view._thunks)
-        out._shapes.update(view._shapes)
+        for n in m:
+            out.take(n, m)
     return out
+
+
+def is_bf16(m: Mapping[str, Any], name: str) -> bool:
+    """Whether m[name] is known to be bfloat16 values without computing it."""
+    return isinstance(m, LazyMap) and m.known_bfloat16(name)
 
 
 def shape_of(m: Mapping[str, Any], name: str) -> tuple:
@@ -109,7 +137,8 @@ def as_float32(m: LazyMap, keep: Iterable[str] = ()) -> LazyMap:
     """`m` with every value but `keep`'s made a contiguous float32 array on access."""
     keep = set(keep)
     out = LazyMap()
-    for n, fn in m._thunks.items():
-        out._thunks[n] = fn if n in keep else partial(_float32, fn)
-    out._shapes.update(m._shapes)
+    for n in m:
+        out.take(n, m)
+        if n not in keep:
+            out._thunks[n] = partial(_float32, m.thunk(n))
     return out

@@ -31,6 +31,7 @@ from spmd_serve.export.errors import REFUSALS, ExportError, QuantError
 from spmd_serve.export.families import family_of
 from spmd_serve.export.family import ArchConfig, ModelFamily
 from spmd_serve.export.graph_ops import custom_ops_in, resolve_graph_ops
+from spmd_serve.export.lazy import LazyMap
 from spmd_serve.export.quant import bf16_valued, f16_valued
 from spmd_serve.export.variant import GraphVariant
 from spmd_serve.manifest import (
@@ -159,7 +160,8 @@ def export_dtype(dtype: str, weights: Mapping[str, np.ndarray]) -> str:
     float32 export's bit for bit, at half the memory), else float32.  float16 asked for weights beyond
     its range (65504) is refused: they would become inf."""
     if dtype == AUTO_DTYPE:
-        if bf16_valued(weights.values()):
+        # a checkpoint stored in bfloat16 (export/lazy.py knows it): no weight need be read to tell
+        if (isinstance(weights, LazyMap) and weights.all_bfloat16()) or bf16_valued(weights.values()):
             return "bfloat16"
         return "float16" if f16_valued(weights.values()) else "float32"
     if dtype == "float16":
@@ -236,6 +238,8 @@ def export_checkpoint(
         if out.exists():
             shutil.rmtree(out)
         os.replace(tmp, out)
+    except (*REFUSALS, ManifestError) as e:  # a tensor is read when used: it may be the one that is wrong
+        raise ExportError(str(e)) from None
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)

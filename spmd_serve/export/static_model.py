@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -94,7 +95,7 @@ def _rank_dirs(ckpt: Path, cfg: dict) -> list[Path]:
 
 def load_static(
     ckpt: Path, cfg: dict, family: ModelFamily[Any], mc: ArchConfig
-) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+) -> tuple[Mapping[str, np.ndarray], dict[str, Any]]:
     """(float32 HF-named weights, what was read: format, files, quantisation, weight layout, tp) of the
     static inference model in `ckpt` whose `static_config` is `cfg`, by `family`'s mapping."""
     ranks = _rank_dirs(ckpt, cfg)

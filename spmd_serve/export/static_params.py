@@ -51,13 +51,17 @@ class StaticParams:
             raise CheckpointError(f"{self.where[rank]}: expected one {what} parameter ({pattern}), {found}")
         return hits[0]
 
-    def tensor(self, rank: int, name: str, shape: tuple[int, ...]) -> np.ndarray:
+    def check_tensor(self, rank: int, name: str, shape: tuple[int, ...]) -> np.ndarray:
+        """`name` of `rank` (taken), checked to be a float tensor of `shape`; as stored."""
         a = self._get(rank, name)
         if a.dtype == np.int8 or tuple(a.shape) != shape:
             raise CheckpointError(
                 f"{self.where[rank]}: {name} is {a.dtype} {list(a.shape)}, expected a float tensor {list(shape)}"
             )
-        return to_float32(a)
+        return a
+
+    def tensor(self, rank: int, name: str, shape: tuple[int, ...]) -> np.ndarray:
+        return to_float32(self.check_tensor(rank, name, shape))
 
     def replicated(self, name: str, shape: tuple[int, ...]) -> np.ndarray:
         """A tensor every rank holds whole (norms): rank 0's, checked equal on the others."""
@@ -67,13 +71,13 @@ class StaticParams:
                 raise CheckpointError(f"{self.where[r]}: {name} differs from rank_0's (every rank holds it whole)")
         return first
 
-    def linear(self, rank: int, name: str, k: int, n: int, stored_out_in: bool = False) -> np.ndarray:
-        """A [k, n] (input × output) linear of `rank` as float32 [k, n]: unquantised (stored [k, n], or
-        [n, k] with `stored_out_in`) or weight-only (`weight_quantize` of [k, n] + `<name>_scale`)."""
+    def check_linear(self, rank: int, name: str, k: int, n: int, stored_out_in: bool = False) -> int | None:
+        """`linear`'s checks and records (taken; weight-only bits, group and layout), without converting
+        it: its bits (8 or 4), or None unquantised.  What a lazy conversion calls first."""
         a = self._get(rank, name)
         if a.dtype != np.int8:
-            w = self.tensor(rank, name, (n, k) if stored_out_in else (k, n))
-            return w.T if stored_out_in else w
+            self.check_tensor(rank, name, (n, k) if stored_out_in else (k, n))
+            return None
         bits = 8 if a.shape == (n, k) else 4 if n % 2 == 0 and a.shape == (n // 2, k) else None
         if bits is None:
             raise CheckpointError(
@@ -90,6 +94,18 @@ class StaticParams:
         self.groups.add(None if scale.ndim == 1 else k // max(scale.shape[0], 1))
         if self.layout is None:
             self.layout = detect_layout(f"{self.where[rank]}: {name}", a, scale, k, n, bits)
+        return bits
+
+    def linear(self, rank: int, name: str, k: int, n: int, stored_out_in: bool = False) -> np.ndarray:
+        """A [k, n] (input × output) linear of `rank` as float32 [k, n]: unquantised (stored [k, n], or
+        [n, k] with `stored_out_in`) or weight-only (`weight_quantize` of [k, n] + `<name>_scale`)."""
+        bits = self.check_linear(rank, name, k, n, stored_out_in)
+        a = self.params[rank][name]
+        if bits is None:
+            w = to_float32(a)
+            return w.T if stored_out_in else w
+        scale = to_float32(self.params[rank][name + "_scale"])
+        assert self.layout is not None  # (check_linear found it)
         return weight_only_to_float(f"{self.where[rank]}: {name}", a, scale, k, n, bits, self.layout)
 
     def unused(self) -> list[tuple[int, str]]:

@@ -118,3 +118,51 @@ def test_the_calibration_on_the_cpp_ops_gives_paddles_scales(tmp_path):
     assert scales[True].keys() == scales[False].keys() == {"k", "v"}
     for t in scales[True]:
         np.testing.assert_allclose(scales[True][t], scales[False][t], rtol=2e-5)
+
+
+@pytest.mark.parametrize("save", ["hf", "paddlenlp"])
+def test_a_checkpoint_stored_in_bfloat16_is_exported_so_without_reading_it(save, tmp_path):
+    """--dtype auto on a checkpoint whose tensors are all stored BF16 (HF, or PaddleNLP's U16 with
+    dtype bfloat16) answers bfloat16 from the files' headers: truncated after load_checkpoint, the
+    files are never read.  One float32 tensor among them and every value is looked at again."""
+    from spmd_serve.export.checkpoint import load_checkpoint
+    from spmd_serve.export.pipeline import export_dtype
+    from spmd_serve.served_config import AUTO_DTYPE
+    from tests.support.paddlenlp_reference import reference_from_weights
+
+    cfg = ARCHS["qwen2_untied"]
+    ckpt = tmp_path / "bf16"
+    if save == "hf":
+        from tests.support.deepseek_zoo import write_bf16
+
+        write_bf16(ckpt, cfg, make_weights(cfg))
+    else:
+        model = reference_from_weights(cfg, make_weights(cfg))
+        model.to(dtype="bfloat16")
+        model.save_pretrained(str(ckpt), safe_serialization=True)
+    files = sorted(ckpt.glob("*.safetensors"))
+    assert files
+    _, _, weights, _ = load_checkpoint(ckpt)
+    for f in files:
+        f.write_bytes(f.read_bytes()[:64])  # the header only, cut: any tensor read would fail
+    assert export_dtype(AUTO_DTYPE, weights) == "bfloat16"
+
+    from spmd_serve.export.lazy import merged
+
+    with pytest.raises(Exception, match="ends inside a tensor"):  # the scan reads them
+        export_dtype(AUTO_DTYPE, merged(weights, {"extra": np.ones(3, np.float32)}))
+
+
+def test_a_truncated_checkpoint_is_still_refused_in_one_line(tmp_path, capsys):
+    """A tensor is read when the export uses it, so a file cut short is found then: the command still
+    ends with its one-line error (exit 2) and leaves no output directory."""
+    from spmd_serve.export import main
+
+    cfg = ARCHS["llama2"]
+    ckpt = write("hf", tmp_path / "ckpt", cfg, make_weights(cfg), None)
+    path = ckpt / "model.safetensors"
+    path.write_bytes(path.read_bytes()[:-100])
+    assert main(["--checkpoint", str(ckpt), "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("spmd_serve export: error: model.safetensors ends inside a tensor") and "\n" not in err
+    assert not (tmp_path / "out").exists()

@@ -20,7 +20,7 @@ import numpy as np
 
 from spmd_serve.export.deepseek.config import DeepseekConfig
 from spmd_serve.export.errors import CheckpointError
-from spmd_serve.export.lazy import LazyMap, lazy_view, shape_of, thunk_of, transposed
+from spmd_serve.export.lazy import LazyMap, is_bf16, lazy_view, shape_of, thunk_of, transposed
 
 _PREFIXES = ("deepseek_v2.", "deepseek_v3.")
 
@@ -44,7 +44,7 @@ def to_hf_layout(weights: Mapping[str, np.ndarray], mc: DeepseekConfig) -> tuple
             hf_name = "model." + name[len(prefix) :]
         shape = shape_of(weights, name)
         if len(shape) == 2 and not hf_name.endswith("embed_tokens.weight"):  # Paddle [in, out] → HF [out, in]
-            out.put(hf_name, transposed, thunk_of(weights, name), shape=shape[::-1])
+            out.put(hf_name, transposed, thunk_of(weights, name), shape=shape[::-1], bf16=is_bf16(weights, name))
         else:
             out.take(hf_name, weights, name)
     return out, "paddlenlp"

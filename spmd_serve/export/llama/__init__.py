@@ -35,7 +35,7 @@ class LlamaFamily(ModelFamily[ModelConfig]):
     def to_hf_layout(self, w: Mapping[str, np.ndarray], mc: ModelConfig) -> tuple[Mapping[str, np.ndarray], str]:
         return weights.to_hf_layout(w, mc)
 
-    def static_to_hf(self, params: StaticParams, mc: ModelConfig) -> dict[str, np.ndarray]:
+    def static_to_hf(self, params: StaticParams, mc: ModelConfig) -> Mapping[str, np.ndarray]:
         return static.static_to_hf(params, mc)
 
     def expected_tensors(self, mc: ModelConfig) -> dict[str, tuple[int, ...]]:

@@ -19,11 +19,13 @@ need tp to divide the KV heads, so a model where it does not is refused.
 
 from __future__ import annotations
 
+from functools import partial
 from typing import TYPE_CHECKING
 
 import numpy as np
 
 from spmd_serve.export.errors import CheckpointError
+from spmd_serve.export.lazy import LazyMap, as_float32, constant, transposed
 from spmd_serve.export.llama.config import ModelConfig
 
 if TYPE_CHECKING:
@@ -41,8 +43,25 @@ def _cat(parts: list[np.ndarray], axis: int) -> np.ndarray:
     return parts[0] if len(parts) == 1 else np.concatenate(parts, axis=axis)
 
 
-def static_to_hf(p: StaticParams, mc: ModelConfig) -> dict[str, np.ndarray]:
-    """Every rank's fused parameters → the unsharded HF tensors (float32, [out, in] linears)."""
+def _vocab_table(p: StaticParams, names: list[str], shape: tuple[int, int], axis: int, whole: bool) -> np.ndarray:
+    """The ranks' embedding ([V_r, H], axis 0) or lm_head ([H, V_r], axis 1) parts, as the model's."""
+    parts = [p.tensor(r, name, shape) for r, name in enumerate(names)]
+    return parts[0] if whole else _cat(parts, axis)
+
+
+def _hf_linear(p: StaticParams, name: str, dims: tuple[int, int, bool], cols: slice | None, axis: int) -> np.ndarray:
+    """The ranks' [k, n] linears `name` (columns `cols` of each), joined along `axis`, as HF's [out, in]."""
+    parts = [p.linear(r, name, *dims) for r in range(p.tp)]
+    return _cat([w if cols is None else w[:, cols] for w in parts], axis).T
+
+
+def _bias(p: StaticParams, name: str, size: int, cols: slice) -> np.ndarray:
+    return _cat([p.tensor(r, name, (size,))[cols] for r in range(p.tp)], 0)
+
+
+def static_to_hf(p: StaticParams, mc: ModelConfig) -> LazyMap:
+    """Every rank's fused parameters → the unsharded HF tensors (float32, [out, in] linears), each
+    converted when read (export/lazy.py); every parameter is checked and taken here."""
     tp, h, hd, model = p.tp, mc.hidden, mc.head_dim, PREFIXES[mc.architecture]
     if mc.heads % tp or mc.kv_heads % tp or mc.intermediate % tp:
         raise CheckpointError(
@@ -51,31 +70,50 @@ def static_to_hf(p: StaticParams, mc: ModelConfig) -> dict[str, np.ndarray]:
         )
     q, kv, inter, v = mc.heads // tp * hd, mc.kv_heads // tp * hd, mc.intermediate // tp, _vocab_part(mc, tp)
     ranks = range(tp)
-    embed = [p.tensor(r, p.find(r, r"(vocab_parallel_)?embedding_\d+\.w_0", "embedding"), (v, h)) for r in ranks]
-    out = {
-        "model.embed_tokens.weight": embed[0] if v == mc.vocab else _cat(embed, 0),
-        "model.norm.weight": p.replicated(p.find(0, r"create_parameter_\d+\.w_0", "final norm"), (h,)),
-    }
+    out = LazyMap()
+    embed = [p.find(r, r"(vocab_parallel_)?embedding_\d+\.w_0", "embedding") for r in ranks]
+    for r in ranks:
+        p.check_tensor(r, embed[r], (v, h))
+    out.put("model.embed_tokens.weight", _vocab_table, p, embed, (v, h), 0, v == mc.vocab, shape=(mc.vocab, h))
+    out.put("model.norm.weight", constant, p.replicated(p.find(0, r"create_parameter_\d+\.w_0", "final norm"), (h,)))
     if not mc.tie_word_embeddings:
-        heads = [p.tensor(r, p.find(r, rf"{model}_?lm_head_\d+\.w_0", "lm_head"), (h, v)) for r in ranks]
-        out["lm_head.weight"] = (heads[0] if v == mc.vocab else _cat(heads, 1)).T
+        heads = [p.find(r, rf"{model}_?lm_head_\d+\.w_0", "lm_head") for r in ranks]
+        for r in ranks:
+            p.check_tensor(r, heads[r], (h, v))
+        out.put(
+            "lm_head.weight", transposed, partial(_vocab_table, p, heads, (h, v), 1, v == mc.vocab), shape=(mc.vocab, h)
+        )
     for i in range(mc.num_layers):
         fused, hf = f"fuse{model}.{i}.", f"model.layers.{i}."
-        qkv = [p.linear(r, fused + "qkv_weight", h, q + 2 * kv, stored_out_in=True) for r in ranks]
-        o = [p.linear(r, fused + "out_proj_weight", q, h) for r in ranks]
-        ffn1 = [p.linear(r, fused + "ffn1_weight", h, 2 * inter) for r in ranks]
-        ffn2 = [p.linear(r, fused + "ffn2_weight", inter, h) for r in ranks]
+        dims = {
+            "qkv_weight": (h, q + 2 * kv, True),
+            "out_proj_weight": (q, h, False),
+            "ffn1_weight": (h, 2 * inter, False),
+            "ffn2_weight": (inter, h, False),
+        }
+        for name, d in dims.items():
+            for r in ranks:
+                p.check_linear(r, fused + name, *d)
         cuts = {"q_proj": slice(0, q), "k_proj": slice(q, q + kv), "v_proj": slice(q + kv, q + 2 * kv)}
         for name, cols in cuts.items():
-            out[f"{hf}self_attn.{name}.weight"] = _cat([w[:, cols] for w in qkv], 1).T
+            rows = (cols.stop - cols.start) * tp
+            qkv = dims["qkv_weight"]
+            out.put(f"{hf}self_attn.{name}.weight", _hf_linear, p, fused + "qkv_weight", qkv, cols, 1, shape=(rows, h))
         if mc.attention_bias:
-            bias = [p.tensor(r, fused + "qkv_bias", (q + 2 * kv,)) for r in ranks]
+            for r in ranks:
+                p.check_tensor(r, fused + "qkv_bias", (q + 2 * kv,))
             for name, cols in cuts.items():
-                out[f"{hf}self_attn.{name}.bias"] = _cat([b[cols] for b in bias], 0)
-        out[f"{hf}self_attn.o_proj.weight"] = _cat(o, 0).T
-        out[f"{hf}mlp.gate_proj.weight"] = _cat([w[:, :inter] for w in ffn1], 1).T
-        out[f"{hf}mlp.up_proj.weight"] = _cat([w[:, inter:] for w in ffn1], 1).T
-        out[f"{hf}mlp.down_proj.weight"] = _cat(ffn2, 0).T
-        out[f"{hf}input_layernorm.weight"] = p.replicated(fused + "ln_scale", (h,))
-        out[f"{hf}post_attention_layernorm.weight"] = p.replicated(fused + "ffn_ln_scale", (h,))
-    return {k: np.ascontiguousarray(a) for k, a in out.items()}
+                size = (cols.stop - cols.start) * tp
+                out.put(f"{hf}self_attn.{name}.bias", _bias, p, fused + "qkv_bias", q + 2 * kv, cols, shape=(size,))
+        o = dims["out_proj_weight"]
+        out.put(f"{hf}self_attn.o_proj.weight", _hf_linear, p, fused + "out_proj_weight", o, None, 0, shape=(h, q * tp))
+        ffn1 = dims["ffn1_weight"]
+        big = (inter * tp, h)
+        out.put(f"{hf}mlp.gate_proj.weight", _hf_linear, p, fused + "ffn1_weight", ffn1, slice(0, inter), 1, shape=big)
+        up = slice(inter, 2 * inter)
+        out.put(f"{hf}mlp.up_proj.weight", _hf_linear, p, fused + "ffn1_weight", ffn1, up, 1, shape=big)
+        ffn2 = dims["ffn2_weight"]
+        out.put(f"{hf}mlp.down_proj.weight", _hf_linear, p, fused + "ffn2_weight", ffn2, None, 0, shape=big[::-1])
+        out.put(f"{hf}input_layernorm.weight", constant, p.replicated(fused + "ln_scale", (h,)))
+        out.put(f"{hf}post_attention_layernorm.weight", constant, p.replicated(fused + "ffn_ln_scale", (h,)))
+    return as_float32(out)

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 import numpy as np
 
 from spmd_serve.export.errors import CheckpointError
-from spmd_serve.export.lazy import LazyMap, shape_of, thunk_of, transposed
+from spmd_serve.export.lazy import LazyMap, is_bf16, shape_of, thunk_of, transposed
 from spmd_serve.export.llama.config import ModelConfig
 
 _PREFIXES = {"llama.": "model.", "qwen2.": "model."}  # PaddleNLP base-model prefixes → HF's
@@ -33,14 +33,16 @@ def to_hf_layout(weights: Mapping[str, np.ndarray], mc: ModelConfig) -> tuple[Ma
         if name == "lm_head.weight":
             if mc.tie_word_embeddings:
                 continue  # PaddleNLP saves the tied embedding here too
-            out.put(name, transposed, thunk_of(weights, name), shape=shape[::-1])  # PaddleNLP's LMHead: [hidden, vocab]
+            out.put(
+                name, transposed, thunk_of(weights, name), shape=shape[::-1], bf16=is_bf16(weights, name)
+            )  # PaddleNLP's LMHead: [hidden, vocab]
             continue
         prefix = next((p for p in _PREFIXES if name.startswith(p)), None)
         if prefix is None:
             raise CheckpointError(f"unexpected tensor {name!r} in a PaddleNLP checkpoint")
         hf_name = _PREFIXES[prefix] + name[len(prefix) :]
         if len(shape) == 2 and hf_name.endswith("_proj.weight"):  # Paddle Linear [in, out] → HF [out, in]
-            out.put(hf_name, transposed, thunk_of(weights, name), shape=shape[::-1])
+            out.put(hf_name, transposed, thunk_of(weights, name), shape=shape[::-1], bf16=is_bf16(weights, name))
         else:
             out.take(hf_name, weights, name)
     return out, "paddlenlp"
