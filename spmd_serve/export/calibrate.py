@@ -9,7 +9,6 @@ by `KV_SCALE_MARGIN`.  Values past a scale's range are clipped on write, and cou
 
 from __future__ import annotations
 
-import gc
 import os
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -72,8 +71,11 @@ def calibrate_kv_scales(
                     for t, entries in zip(layout.names(), new):
                         got = np.abs(entries.numpy()).max(axis=axes)
                         amax[t][stage.kv_layer] = np.maximum(amax[t][stage.kv_layer], got)
+            # its weights freed now, not when a collection finds the layer (Paddle's layers hold cycles;
+            # gc.collect() a stage took 0.14 s, 17 % of a 33M model's calibration); stages share none
+            for tensor in (*stage.parameters(), *stage.buffers()):
+                tensor._clear_data()
             del stage
-            gc.collect()  # the stage's parameters (Paddle's layers hold cycles) before the next's
     return {t: (np.maximum(a, 1e-6) * margin / 127).astype(np.float32) for t, a in amax.items()}
 
 
