@@ -94,16 +94,20 @@ class _WindowPass:
             ctx_lens=np.zeros(1, np.int64),
             block_tables=np.zeros((1, 1), np.int64),
         )
-        self.inv_freq, self.dims, self.layout = mc.inv_freq(), dims, layout
+        self.inv_freq, self.dims = mc.inv_freq(), dims
+        # an empty pool of one block per cache tensor of every layer, by input name
+        self.pools = {
+            name: (1, *layout.block_shape(tensor, self.BLOCK))
+            for layer in range(layout.num_layers)
+            for tensor, name in zip(layout.tensors, layout.cache_inputs(layer))
+        }
         self.env: dict[str, Any] = {}
         self.h: Any = None
         self.delta: Any = None
 
     def _feed(self, name: str) -> np.ndarray:
-        for layer in range(self.layout.num_layers):
-            for tensor, cache in zip(self.layout.tensors, self.layout.cache_inputs(layer)):
-                if cache == name:
-                    return np.zeros((1, *self.layout.block_shape(tensor, self.BLOCK)), np.float32)
+        if name in self.pools:
+            return np.zeros(self.pools[name], np.float32)
         return step_feeds(self.plan, self.dims, self.inv_freq, self.BLOCK, [name])[name]
 
     def step(self, stage: Stage, variant: GraphVariant) -> list:

@@ -133,12 +133,10 @@ def _float32(fn: Thunk) -> np.ndarray:
     return np.ascontiguousarray(fn(), dtype=np.float32)
 
 
-def as_float32(m: LazyMap, keep: Iterable[str] = ()) -> LazyMap:
-    """`m` with every value but `keep`'s made a contiguous float32 array on access."""
-    keep = set(keep)
+def as_float32(m: LazyMap) -> LazyMap:
+    """`m` with every value made a contiguous float32 array on access."""
     out = LazyMap()
     for n in m:
         out.take(n, m)
-        if n not in keep:
-            out._thunks[n] = partial(_float32, m.thunk(n))
+        out._thunks[n] = partial(_float32, m.thunk(n))
     return out

@@ -218,7 +218,6 @@ def export_checkpoint(
 
             with dense_weights(cpp_ops, dtype):  # the scales of the weights the graphs will hold
                 kv_scales = calibrate_kv_scales(family, mc, weights, windows, quant, group, cpp_ops=cpp_ops)
-            gc.collect()  # the calibration's TP=1 model, before the ranks' are built
             spans = [[w.start, w.start + len(w.ids) - 1] for w in windows]  # first and last position of each
             options["kv_int8_calibration"] = {"text": text, "positions": spans, "margin": KV_SCALE_MARGIN}
         served = ServedConfig(
