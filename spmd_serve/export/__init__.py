@@ -2,7 +2,8 @@
 
     cli.py          the `spmd_serve export` command
     pipeline.py     export_checkpoint / export_rank / ensure_demo_model: the directory, atomically
-    checkpoint.py   reading HF / PaddleNLP checkpoints (safetensors, pdparams; sharded or not)
+    checkpoint.py   reading HF / PaddleNLP checkpoints (safetensors, pdparams; sharded or not): the files'
+                    tensors by weight_files.py (safetensors) and pdparams.py (Paddle's pickles), lazy.py
     static_model.py the original tool's static inference models (static_files.py reads their files,
                     weight_layout.py undoes weight_quantize's int8/int4 packing)
     family.py       what an architecture family provides; families.py: the registry

@@ -12,7 +12,8 @@ Accepted (CONTRACT §1 `spmd_serve export`):
 * PaddleNLP format (what `save_pretrained` writes in 3.0.0b4): `model_state.pdparams` (or shards
   listed in `model_state.pdparams.index.json`) or PaddleNLP safetensors (`model.safetensors`, same
   index convention); tensor names `llama.…`/`qwen2.…`, linear weights and an untied `lm_head`
-  stored [in, out] (Paddle's Linear layout).  They are renamed and transposed to HF's.
+  stored [in, out] (Paddle's Linear layout).  They are renamed and transposed to HF's.  A pdparams
+  file is Paddle's pickle, read without running it (export/pdparams.py), its arrays when used too.
 * The original tool's static inference models (`rank_<i>/model.json|model.pdmodel + model.pdiparams`,
   what `download_model` fetches): converted by export/static_model.py.
 Refused, with the reason: a directory `spmd_serve export` wrote itself, unsupported architectures,
@@ -22,8 +23,6 @@ missing tensors.
 from __future__ import annotations
 
 import json
-import math
-import struct
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -34,8 +33,10 @@ from spmd_serve.export.errors import CheckpointError
 from spmd_serve.export.families import parse_model_config
 from spmd_serve.export.family import ArchConfig, ModelFamily
 from spmd_serve.export.lazy import LazyMap, Thunk, lazy_view, merged, shape_of, thunk_of
+from spmd_serve.export.pdparams import read_pdparams
 from spmd_serve.export.static_files import is_static_export
 from spmd_serve.export.static_model import load_static, served_config, static_config
+from spmd_serve.export.weight_files import read_safetensors
 
 
 def read_config(ckpt: Path) -> dict:
@@ -57,36 +58,6 @@ def read_config(ckpt: Path) -> dict:
     return cfg
 
 
-# ---------------------------------------------------------------- safetensors without torch
-
-_ST_DTYPES = {
-    "F32": np.float32,
-    "F16": np.float16,
-    "F64": np.float64,
-    "BF16": "bf16",
-    "F8_E4M3": "e4m3",
-    "I64": np.int64,
-    "I32": np.int32,
-}
-
-
-def _bf16_to_f32(raw: np.ndarray) -> np.ndarray:
-    return (raw.astype(np.uint32) << 16).view(np.float32)
-
-
-def _e4m3_table() -> np.ndarray:
-    """float8_e4m3fn by byte (numpy has no fp8): 1 sign, 4 exponent (bias 7), 3 mantissa bits;
-    exponent 0 is subnormal; S.1111.111 is NaN (no infinities)."""
-    b = np.arange(256)
-    exp, man = (b >> 3) & 0xF, (b & 7).astype(np.float64)
-    mag = np.where(exp == 0, man * 2.0**-9, (8 + man) * 2.0 ** (exp - 10.0))
-    mag = np.where((b & 0x7F) == 0x7F, np.nan, mag)
-    return np.where(b & 0x80, -mag, mag).astype(np.float32)
-
-
-E4M3 = _e4m3_table()
-
-
 def _dequantized(q: Thunk, scale: Thunk, block: tuple[int, int]) -> np.ndarray:
     arr, sc = q(), scale()
     full = np.repeat(np.repeat(sc, block[0], axis=0), block[1], axis=1)[: arr.shape[0], : arr.shape[1]]
@@ -105,62 +76,6 @@ def dequantize_fp8_blocks(weights: Mapping[str, np.ndarray], block: tuple[int, i
             out.put(name, _dequantized, thunk_of(weights, name), scale, block, shape=shape_of(weights, name))
         else:
             out.take(name, weights)
-    return out
-
-
-def _read_tensor(path: Path, offset: int, count: int, kind: Any, shape: list[int]) -> np.ndarray:
-    """One tensor of a safetensors file, as float32 (`kind`: _ST_DTYPES's)."""
-    with open(path, "rb") as f:
-        f.seek(offset)
-        if kind == "bf16":
-            arr = _bf16_to_f32(np.fromfile(f, np.uint16, count))
-        elif kind == "e4m3":
-            arr = E4M3[np.fromfile(f, np.uint8, count)]
-        else:
-            arr = np.fromfile(f, np.dtype(kind), count).astype(np.float32, copy=False)
-    if arr.size != count:
-        raise CheckpointError(f"{path.name} ends inside a tensor (truncated download?)")
-    return arr.reshape(shape)
-
-
-def read_safetensors(path: Path, u16_is_bf16: bool = False) -> LazyMap:
-    """The tensors of one safetensors file, each read as float32 when used (BF16 included, which numpy
-    lacks).  PaddleNLP writes bfloat16 tensors as U16 (numpy's view of them): `u16_is_bf16` when its
-    config.json says dtype bfloat16."""
-    with open(path, "rb") as f:
-        (n,) = struct.unpack("<Q", f.read(8))
-        header = json.loads(f.read(n))
-    base = 8 + n
-    out = LazyMap()
-    for name, meta in header.items():
-        if name == "__metadata__":
-            continue
-        kind = "bf16" if meta["dtype"] == "U16" and u16_is_bf16 else _ST_DTYPES.get(meta["dtype"])
-        if kind is None:
-            raise CheckpointError(f"{path.name}: tensor {name} has dtype {meta['dtype']}, not a float type")
-        shape, start = [int(d) for d in meta["shape"]], int(meta["data_offsets"][0])
-        out.put(
-            name,
-            _read_tensor,
-            path,
-            base + start,
-            math.prod(shape),
-            kind,
-            shape,
-            shape=tuple(shape),
-            bf16=kind == "bf16",
-        )
-    return out
-
-
-def _read_pdparams(path: Path) -> dict[str, np.ndarray]:
-    import paddle
-
-    state = paddle.load(str(path), return_numpy=True)
-    out = {}
-    for k, v in state.items():
-        v = np.asarray(v)
-        out[k] = _bf16_to_f32(v) if v.dtype == np.uint16 else v.astype(np.float32)  # Paddle stores bf16 as uint16
     return out
 
 
@@ -205,7 +120,7 @@ def load_checkpoint(ckpt: Path) -> tuple[dict, ArchConfig, Mapping[str, np.ndarr
     files = _weight_files(ckpt)
     bf16 = "bfloat16" in (cfg.get("dtype"), cfg.get("torch_dtype"))
     raw: Mapping[str, np.ndarray] = merged(
-        *(read_safetensors(f, bf16) if f.suffix == ".safetensors" else _read_pdparams(f) for f in files)
+        *(read_safetensors(f, bf16) if f.suffix == ".safetensors" else read_pdparams(f) for f in files)
     )
     if any(k.endswith("_scale_inv") for k in raw):
         block = (cfg.get("quantization_config") or {}).get("weight_block_size", [128, 128])

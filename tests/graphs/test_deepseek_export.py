@@ -60,7 +60,7 @@ def test_every_format_reads_back_the_same_weights(name, fmt, sources, tmp_path):
 
 
 def test_e4m3_tables_agree():
-    from spmd_serve.export.checkpoint import E4M3
+    from spmd_serve.export.weight_files import E4M3
 
     ours, independent = E4M3, fp8_e4m3_table()
     assert np.array_equal(np.isnan(ours), np.isnan(independent))

@@ -67,7 +67,7 @@ def _write_st_raw(path: Path, tensors: dict[str, tuple[str, np.ndarray]]) -> Non
 
 
 def test_bf16_and_f16_safetensors_read_as_float32(tmp_path):
-    from spmd_serve.export.checkpoint import read_safetensors
+    from spmd_serve.export.weight_files import read_safetensors
 
     x = np.random.default_rng(0).standard_normal((3, 5)).astype(np.float32)
     bf16 = (x.view(np.uint32) >> 16).astype(np.uint16)  # truncation to bfloat16
