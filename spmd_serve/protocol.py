@@ -34,7 +34,8 @@ class StepPlan:
     block_tables: I64  # [B, MB] int64 block ids; rows padded with 0 (masked by ctx/query lens)
     slot_mapping: I64  # [T] int64 cache slot (block * block_size + offset) of each new token
     # [B] int64 logits rows wanted per sequence: those of its last n tokens (1; 1 + drafts for a
-    # speculative step, whose every draft position is scored).  None: 1 for every sequence.
+    # speculative step, whose every draft position is scored; a chunk's positions for one scoring its
+    # prompt: engine/prompt_logprobs.py).  None: 1 for every sequence.
     logits_lens: I64 | None = None
     # [T, H] float32 hidden rows a draft plan feeds (the MTP draft's `prev_hidden`: RUN_DRAFT only,
     # travelling in the payload as [H, the rows' bytes as int64 words])
@@ -54,7 +55,7 @@ class StepPlan:
 
     @property
     def speculative(self) -> bool:
-        """Some sequence wants more than its last token's logits (it verifies drafts)."""
+        """Some sequence wants more than its last token's logits (it verifies drafts, or scores its prompt)."""
         return bool((self.row_lens != 1).any())
 
     @property

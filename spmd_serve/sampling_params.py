@@ -41,6 +41,9 @@ class SamplingParams:
     include_stop_str_in_output: bool = False
     ignore_eos: bool = False
     logprobs: int | None = None  # None: no logprobs; k >= 0: the chosen token's + top k
+    # the same for every prompt token after the first (OpenAI's echo with logprobs): each as the model
+    # predicted it from the tokens before it (engine/prompt_logprobs.py)
+    prompt_logprobs: int | None = None
     # OpenAI's logit_bias: (token id, bias) pairs, ids ascending and distinct, added to the row's logits
     # before the penalties and every draw (engine/logits_adjust.py); logprobs stay the model's raw ones
     logit_bias: tuple[tuple[int, float], ...] = ()
@@ -73,8 +76,9 @@ class SamplingParams:
             raise ValueError(f"top_k must be an integer in [0, {INT32_MAX}], got {self.top_k!r}")
         if not self.repetition_penalty > 0:
             raise ValueError(f"penalty_score must be > 0, got {self.repetition_penalty!r}")
-        if self.logprobs is not None and not (_is_int(self.logprobs) and 0 <= self.logprobs <= MAX_LOGPROBS):
-            raise ValueError(f"logprobs must be an integer in [0, {MAX_LOGPROBS}], got {self.logprobs!r}")
+        for name, k in (("logprobs", self.logprobs), ("prompt_logprobs", self.prompt_logprobs)):
+            if k is not None and not (_is_int(k) and 0 <= k <= MAX_LOGPROBS):
+                raise ValueError(f"{name} must be an integer in [0, {MAX_LOGPROBS}], got {k!r}")
         if self.seed is not None and (not _is_int(self.seed) or not 0 <= self.seed <= INT64_MAX):
             raise ValueError(f"seed must be an integer in [0, {INT64_MAX}], got {self.seed!r}")
         allowed = self.allowed_token_ids

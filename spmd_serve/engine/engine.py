@@ -19,6 +19,7 @@ import time
 import numpy as np
 import numpy.typing as npt
 
+from spmd_serve.engine import prompt_logprobs
 from spmd_serve.engine.client import AbortCommand, AddCommand
 from spmd_serve.engine.drain import DEFAULT_DRAIN_TIMEOUT_S, Drain
 from spmd_serve.engine.interfaces import FrontEnd, PlanComm, Runner
@@ -192,6 +193,8 @@ class Engine:
         """End the requests whose sampling failed, append the sampled tokens and apply the stop
         rules (metrics recorded)."""
         self._fail(sampled.failed)
+        for s in out.seqs:  # before the update: a request it finishes reports them
+            s.request.prompt_logprobs += sampled.prompt_logprobs.get(s.request.req_id, ())
         done = self.scheduler.update(out, sampled.token_by_request())
         self.metrics.on_update(done)
         if self.speculator is not None:
@@ -220,7 +223,9 @@ class Engine:
 
     def _publish(self, done: list[Request], sampled: SampledStep) -> list[Request]:
         """Stream one output per request that got a token (waits for the IO side's hand-off)."""
-        self.client.publish([RequestOutput.step(r, sampled.logprobs.get(r.req_id)) for r in done])
+        self.client.publish(
+            [RequestOutput.step(r, sampled.logprobs.get(r.req_id), prompt_logprobs.once(r)) for r in done]
+        )
         return done
 
     def _report_no_progress(self) -> None:

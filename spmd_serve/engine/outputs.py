@@ -51,9 +51,16 @@ class RequestOutput:
     num_cached_tokens: int = 0  # prompt tokens whose K/V came from the prefix cache
     # One entry per new token when the request asked for logprobs: (chosen logprob, top n).
     logprobs: list[TokenLogprobs] | None = None
+    # The first output of a request that asked for prompt logprobs: one entry per prompt token after the first.
+    prompt_logprobs: list[TokenLogprobs] | None = None
 
     @classmethod
-    def step(cls, req: _Stepped, logprobs: list[TokenLogprobs] | None = None) -> RequestOutput:
+    def step(
+        cls,
+        req: _Stepped,
+        logprobs: list[TokenLogprobs] | None = None,
+        prompt_logprobs: list[TokenLogprobs] | None = None,
+    ) -> RequestOutput:
         """The tokens this step appended to `req` (and whether that ended it); `logprobs`: one
         entry per token sampled for it (a stop may have dropped the last ones)."""
         n = max(req.num_new_tokens, 1)
@@ -65,6 +72,7 @@ class RequestOutput:
             num_prompt_tokens=req.num_prompt_tokens,
             num_cached_tokens=req.num_cached_tokens or 0,
             logprobs=None if logprobs is None else logprobs[:n],
+            prompt_logprobs=prompt_logprobs,
         )
 
     @classmethod

@@ -1,5 +1,6 @@
 """Turns the scheduler's decision for one step into the StepPlan every rank executes (a sequence
-that verifies drafts feeds them after its known tokens and wants the logits of every position).
+that verifies drafts feeds them after its known tokens and wants the logits of every position; one
+scoring its prompt wants those of its chunk's positions: engine/prompt_logprobs.py).
 
 The plan is built as its wire payload (protocol.StepPlan.unpack's layout) in Python lists and made
 an array once: this runs between two graph steps, when the caches are cold, where each numpy call
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from spmd_serve.engine.prompt_logprobs import logits_rows
 from spmd_serve.protocol import RUN, StepPlan
 from spmd_serve.scheduler.scheduler import SchedulerOutput
 
@@ -44,7 +46,8 @@ def build_plan(out: SchedulerOutput, step_id: int, block_size: int) -> StepPlan:
     for s in seqs:
         wire += s.request.block_ids
         wire += [0] * (mb - len(s.request.block_ids))
-    speculative = any(s.num_draft for s in seqs)
-    if speculative:  # every draft position's logits too
-        wire += [1 + s.num_draft for s in seqs]
-    return StepPlan.from_wire(RUN, step_id, len(seqs), len(ids), mb, np.array(wire, np.int64), speculative)
+    rows = [logits_rows(s) for s in seqs]
+    more = len(rows) != sum(rows)  # (each >= 1) every draft position's logits too, or a prompt's
+    if more:
+        wire += rows
+    return StepPlan.from_wire(RUN, step_id, len(seqs), len(ids), mb, np.array(wire, np.int64), more)

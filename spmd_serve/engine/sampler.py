@@ -1,7 +1,9 @@
 """Rank 0's sampling adapter: the requests whose chunk completes this step → ops.sample's per-row
 arrays → one token per request, in one batched call; plus the OpenAI logprobs of the chosen tokens.
 `Sampler.sample` returns both as one `SampledStep`.  A request that verifies speculative drafts
-has a row per position and gets its accepted drafts plus one token (engine/verify.py).
+has a row per position and gets its accepted drafts plus one token (engine/verify.py); one that
+scores its prompt has a row per position of its chunk, whose entries come back too
+(engine/prompt_logprobs.py).
 
 A request's allowed_token_ids, logit_bias and min_p act on a copy of its rows first
 (engine/logits_adjust.py; the logprobs stay the raw model's).
@@ -31,9 +33,10 @@ import numpy as np
 import numpy.typing as npt
 
 import ops.sample
-from spmd_serve.engine import logits_adjust
+from spmd_serve.engine import logits_adjust, prompt_logprobs
 from spmd_serve.engine.logits_adjust import SampledRequest
 from spmd_serve.engine.outputs import TokenLogprobs
+from spmd_serve.engine.prompt_logprobs import logits_rows
 from spmd_serve.engine.verify import accept_matching, position_rows, rejection_sample, target_probs
 from spmd_serve.sampling_params import SamplingParams
 from spmd_serve.scheduler.request import Request
@@ -138,6 +141,7 @@ class SampledStep:
     num_draft: int = 0
     num_accepted: int = 0
     num_verifying: int = 0  # requests that verified drafts
+    prompt_logprobs: dict[str, list[TokenLogprobs]] = field(default_factory=dict)  # by req_id: this step's
 
     def token_by_request(self) -> dict[str, list[int]]:
         return {r.req_id: t for r, t in zip(self.requests, self.tokens)}
@@ -160,20 +164,24 @@ class Sampler:
     draft_probs: Callable[[Request], Any] | None = None
 
     def sample(self, out: SchedulerOutput, logits: npt.NDArray[np.float32]) -> SampledStep:
-        """logits [R, V]: one row per scheduled sequence (1 + its drafts when it verifies drafts),
-        in plan order."""
+        """logits [R, V]: `logits_rows` per scheduled sequence (1; 1 + its drafts when it verifies
+        drafts; its chunk's scored positions when it scores its prompt), in plan order."""
         usual = self._plain_step(out, logits)
         if usual is not None:
             return usual
         jobs: list[_Job] = []
+        prompt_lps: dict[str, list[TokenLogprobs]] = {}
         row = 0
         for s in out.seqs:
-            if s.samples:
+            n = logits_rows(s)
+            if s.request.params.prompt_logprobs is not None:  # (engine/prompt_logprobs.py; a 1-token chunk too)
+                prompt_lps[s.request.req_id] = prompt_logprobs.score(s, logits[row : row + n], token_logprobs)
+            if s.samples:  # its last rows: the next token's (after its drafts')
                 drafts = s.request.draft_token_ids[: s.num_draft]
-                jobs.append((s.request, list(range(row, row + 1 + s.num_draft)), drafts))
-            row += 1 + s.num_draft
+                jobs.append((s.request, list(range(row + n - 1 - s.num_draft, row + n)), drafts))
+            row += n
         if not jobs:
-            return SampledStep()
+            return SampledStep(prompt_logprobs=prompt_lps)
         failed: dict[str, str] = {}
         try:
             tokens = self._verify(logits, jobs)
@@ -221,6 +229,7 @@ class Sampler:
             num_draft=sum(len(jobs[k][2]) for k in kept),
             num_accepted=sum(len(tokens[k]) - 1 for k in kept),
             num_verifying=sum(1 for k in kept if jobs[k][2]),
+            prompt_logprobs=prompt_lps,
         )
 
     def _plain_step(self, out: SchedulerOutput, logits: npt.NDArray[np.float32]) -> SampledStep | None:

@@ -107,20 +107,33 @@ def output_to_wire(out: RequestOutput, n: int) -> list[Any]:
         out.num_prompt_tokens,
         out.num_cached_tokens,
         out.logprobs,
+        out.prompt_logprobs,
     ]
 
 
 def output_from_wire(item: Any, req_id: str) -> RequestOutput:
     """The list `output_to_wire` made, for the request the worker knows as `req_id`."""
-    if not isinstance(item, list) or len(item) != 9:
+    if not isinstance(item, list) or len(item) != 10:
         raise WireError(f"bad output: {item!r:.200}")
-    _, ids, finished, reason, code, msg, num_prompt, num_cached, logprobs = item
-    lps: list[TokenLogprobs] | None = None
-    if logprobs is not None:
-        lps = [(chosen, [(int(t), lp) for t, lp in top]) for chosen, top in logprobs]
+    _, ids, finished, reason, code, msg, num_prompt, num_cached, logprobs, prompt = item
     return RequestOutput(
-        req_id, list(ids), bool(finished), reason, int(code), str(msg), int(num_prompt), int(num_cached), lps
+        req_id,
+        list(ids),
+        bool(finished),
+        reason,
+        int(code),
+        str(msg),
+        int(num_prompt),
+        int(num_cached),
+        _entries(logprobs),
+        _entries(prompt),
     )
+
+
+def _entries(wire: Any) -> list[TokenLogprobs] | None:
+    if wire is None:
+        return None
+    return [(chosen, [(int(t), lp) for t, lp in top]) for chosen, top in wire]
 
 
 def facts_from_hello(msg: Message) -> tuple[frozenset[int], list[int]]:

@@ -68,8 +68,8 @@ class BlockManager:
         that token to sample from its logits, and it must write its K/V into a block of its own.
         Looks only; `allocate(..., cached=)` takes them.
         """
-        if self.cache is None or request.block_ids:
-            return []
+        if self.cache is None or request.block_ids or request.params.prompt_logprobs is not None:
+            return []  # (prompt logprobs: every prompt position's logits are computed, none taken)
         return self.cache.lookup(self._hashes(request, (request.num_tokens - 1) // self.block_size))
 
     def num_reclaimed(self, cached: Sequence[int]) -> int:

@@ -105,7 +105,8 @@ def test_prompt_forms():
         ({"logprobs": 21}, "logprobs"),
         ({"min_tokens": 17}, "min_tokens"),
         ({"stream_options": {"include_usage": True}}, "stream_options"),
-        ({"echo": True, "logprobs": 1}, "echo"),
+        ({"max_tokens": 0}, "max_tokens"),  # 0 only with echo
+        ({"echo": True, "max_tokens": -1}, "max_tokens"),
         ({"tools": [{"type": "function"}]}, "tools"),
         ({"best_of": 2}, "best_of"),
         ({"presence_penalty": 3}, "presence_penalty"),
@@ -142,3 +143,16 @@ def test_context_length_message_is_vllm_s():
     with pytest.raises(OpenAIError) as e:
         parse(prompt=[5] * 101)
     assert "MAX_SEQ_LEN" in e.value.msg and "101" in e.value.msg
+
+
+def test_echo_with_logprobs_scores_the_prompt_and_max_tokens_0_echoes_it_alone():
+    """vLLM's (and lm-evaluation-harness's) prompt scoring: echo with logprobs asks the engine for the
+    prompt's logprobs too; max_tokens 0 with echo is the prompt alone (the engine makes one token,
+    which the answer leaves out)."""
+    r = parse(echo=True, logprobs=3, max_tokens=5)
+    assert (r.params.prompt_logprobs, r.params.logprobs, r.params.max_tokens, r.echo_only) == (3, 3, 5, False)
+    r = parse(echo=True, logprobs=0, max_tokens=0)
+    assert (r.params.prompt_logprobs, r.params.max_tokens, r.echo_only) == (0, 1, True)
+    r = parse(echo=True, max_tokens=0)
+    assert (r.params.prompt_logprobs, r.params.max_tokens, r.echo_only) == (None, 1, True)
+    assert parse(logprobs=2).params.prompt_logprobs is None

@@ -48,6 +48,7 @@ class Delta:
     logprobs: list[Any] = field(default_factory=list)  # one entry per id when asked for
     finish_reason: str | None = None  # set on the last delta: "stop" | "length"
     num_cached_tokens: int = 0  # prompt tokens the engine found in its prefix cache
+    prompt_logprobs: list[Any] | None = None  # the first delta of a request asking prompt logprobs
 
 
 class Generation:
@@ -144,6 +145,13 @@ class Generation:
             reason = None
             if out.finished or asm.stopped:
                 reason = "stop" if asm.stopped else (out.finish_reason or "stop")
-            yield Delta(text, list(out.new_token_ids), list(out.logprobs or []), reason, self.num_cached_tokens)
+            yield Delta(
+                text,
+                list(out.new_token_ids),
+                list(out.logprobs or []),
+                reason,
+                self.num_cached_tokens,
+                out.prompt_logprobs,
+            )
             if reason is not None:
                 return

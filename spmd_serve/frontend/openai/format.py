@@ -12,8 +12,9 @@ from typing import Any
 
 from spmd_serve.frontend.openai.protocol import OpenAIRequest
 
-# (chosen logprob, [(token id, logprob)] top n), as the engine reports per token
-TokenLogprobs = tuple[float, list[tuple[int, float]]]
+# (chosen logprob, [(token id, logprob)] top n), as the engine reports per token; None for a prompt's
+# first token (echo: nothing predicts it)
+TokenLogprobs = tuple[float, list[tuple[int, float]]] | None
 
 
 @dataclass
@@ -48,7 +49,9 @@ class Formatter:
             return None
         if self.chat:
             content = []
-            for tid, (lp, top) in entries:
+            for tid, entry in entries:
+                assert entry is not None, "chat has no echo, so no prompt entries"
+                lp, top = entry
                 text, raw = self._token(tid)
                 content.append(
                     {
@@ -62,14 +65,22 @@ class Formatter:
                 )
             return {"content": content}
         out: dict[str, list[Any]] = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
-        for tid, (lp, top) in entries:
+        for tid, entry in entries:
             text, _ = self._token(tid)
             out["tokens"].append(text)
-            out["token_logprobs"].append(lp)
-            out["top_logprobs"].append({self._token(i)[0]: v for i, v in top})
+            out["token_logprobs"].append(None if entry is None else entry[0])
+            out["top_logprobs"].append(None if entry is None else {self._token(i)[0]: v for i, v in entry[1]})
             out["text_offset"].append(state.text_offset)
             state.text_offset += len(text)
         return out
+
+    def prompt_entries(self, state: ChoiceState, scored: list[Any] | None) -> list[tuple[int, TokenLogprobs]]:
+        """Echo with logprobs: the prompt's tokens as logprobs entries (its first unscored), from the
+        engine's entries of the others (the first output's); none for any other output."""
+        if scored is None or not self.req.echo:
+            return []
+        prompt = self.req.prompts[state.index // self.req.n]
+        return [(prompt[0], None), *zip(prompt[1:], scored)]
 
     def usage(self, states: list[ChoiceState]) -> dict[str, Any]:
         """Each prompt counts once, whatever `n` (so do its cached tokens: its first choice's)."""

@@ -175,19 +175,23 @@ class OpenAIServing:
         return gens
 
     @staticmethod
-    def _apply(state: ChoiceState, d: Delta) -> list:
+    def _apply(fmt: Formatter, state: ChoiceState, d: Delta) -> tuple[str, list]:
+        """(text to send, logprobs entries) of one delta; the choice's state advanced."""
+        state.finish_reason = "length" if fmt.req.echo_only and d.finish_reason else d.finish_reason
+        state.cached_tokens = d.num_cached_tokens
+        entries = fmt.prompt_entries(state, d.prompt_logprobs)
+        if fmt.req.echo_only:  # max_tokens 0: the one token the engine made is not the answer's
+            return "", entries
         state.text += d.text
         state.num_tokens += len(d.token_ids)
-        state.finish_reason = d.finish_reason
-        state.cached_tokens = d.num_cached_tokens
-        return list(zip(d.token_ids, d.logprobs))
+        return d.text, entries + list(zip(d.token_ids, d.logprobs))
 
     async def _whole(
         self, h: JsonBodyHandler, fmt: Formatter, gens: list[Generation], states: list[ChoiceState]
     ) -> None:
         try:
             async for i, d in merged(gens):
-                states[i].logprobs += self._apply(states[i], d)
+                states[i].logprobs += self._apply(fmt, states[i], d)[1]
         except GenerationError as e:
             return send_openai_error(h, e.status, e.msg)
         if not h.gone:
@@ -200,10 +204,11 @@ class OpenAIServing:
     ) -> None:
         try:
             async for i, d in merged(gens):
-                entries = self._apply(states[i], d)
-                if not (d.text or d.finish_reason or entries or not states[i].started):
+                text, entries = self._apply(fmt, states[i], d)
+                reason = states[i].finish_reason
+                if not (text or reason or entries or not states[i].started):
                     continue  # text held back for a stop string and nothing else
-                if not await h.send_chunk(sse(fmt.chunk(states, i, d.text, entries, d.finish_reason)), SSE):
+                if not await h.send_chunk(sse(fmt.chunk(states, i, text, entries, reason)), SSE):
                     return
         except GenerationError as e:
             if not h.started:  # nothing sent yet: a plain HTTP error

@@ -60,6 +60,7 @@ class OpenAIRequest:
     continuous_usage: bool = False  # vLLM's continuous_usage_stats (with include_usage): usage in every chunk
     echo: bool = False
     logprobs: int | None = None  # None: none; k: the chosen token's and the top k
+    echo_only: bool = False  # echo with max_tokens 0 (vLLM's): the prompt alone (the engine's 1 token dropped)
 
 
 # One test per kind, only the one asked for runs: float tests on a huge int would overflow.
@@ -172,10 +173,11 @@ def _check_vocab(prompts: list[list[int]], tokenizer: Any) -> None:
             raise OpenAIError(400, f"token id {max(ids)} is outside the vocabulary (size {vocab})", "prompt")
 
 
-def _max_tokens(body: dict[str, Any], kind: str, prompt_len: int, limits: Limits) -> int:
-    """The completion budget, checked against MAX_DEC_LEN, MAX_SEQ_LEN and the context."""
+def _max_tokens(body: dict[str, Any], kind: str, prompt_len: int, limits: Limits, echo: bool) -> int:
+    """The completion budget, checked against MAX_DEC_LEN, MAX_SEQ_LEN and the context; 0 only with
+    echo (the prompt scored, as lm-evaluation-harness asks vLLM)."""
     key = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
-    asked = _get(body, key, "int", None, 1)
+    asked = _get(body, key, "int", None, 0 if echo else 1)
     if asked is not None and asked > limits.max_dec_len:
         raise OpenAIError(400, f"{key}({asked}) exceeds the limit MAX_DEC_LEN({limits.max_dec_len})", key)
     if prompt_len > limits.max_seq_len:
@@ -189,7 +191,7 @@ def _max_tokens(body: dict[str, Any], kind: str, prompt_len: int, limits: Limits
     room = limits.model_max_len - prompt_len
     default = COMPLETIONS_DEFAULT_MAX_TOKENS if kind == "completion" else limits.max_dec_len
     completion = asked if asked is not None else max(1, min(room, default))
-    if prompt_len + completion > limits.model_max_len:
+    if prompt_len + max(completion, 1) > limits.model_max_len:
         raise OpenAIError(
             400,
             f"This model's maximum context length is {limits.model_max_len} "
@@ -244,9 +246,7 @@ def parse_openai(
     _truncated(body, prompts, texts, tokenizer)
     _check_vocab(prompts, tokenizer)
     logprobs = _logprobs(body, kind)
-    if echo and logprobs is not None:
-        raise OpenAIError(400, "echo together with logprobs is not supported: prompt logprobs are not computed", "echo")
-    max_tokens = min(_max_tokens(body, kind, len(p), limits) for p in prompts)
+    max_tokens = min(_max_tokens(body, kind, len(p), limits, echo) for p in prompts)
     min_tokens = _get(body, "min_tokens", "int", 0, 0)
     if min_tokens > max_tokens:
         raise OpenAIError(400, f"min_tokens({min_tokens}) must not exceed max_tokens({max_tokens})", "min_tokens")
@@ -258,7 +258,7 @@ def parse_openai(
     except FieldError as e:
         raise OpenAIError(400, e.msg, e.param) from None
     params = SamplingParams(
-        max_tokens=max_tokens,
+        max_tokens=max(max_tokens, 1),
         min_tokens=min_tokens,
         temperature=_get(body, "temperature", "num", 1.0, 0),
         top_p=_get(body, "top_p", "num", 1.0, 0, 1),
@@ -273,10 +273,22 @@ def parse_openai(
         include_stop_str_in_output=_get(body, "include_stop_str_in_output", "bool", False),
         ignore_eos=_get(body, "ignore_eos", "bool", False),
         logprobs=logprobs,
+        prompt_logprobs=logprobs if echo else None,
         logit_bias=bias,
         allowed_token_ids=allowed,
     )
     _get(body, "user", "str", None)
     return OpenAIRequest(
-        kind, model, prompts, texts, params.validate(), n, stream, include_usage, continuous, echo, logprobs
+        kind,
+        model,
+        prompts,
+        texts,
+        params.validate(),
+        n,
+        stream,
+        include_usage,
+        continuous,
+        echo,
+        logprobs,
+        not max_tokens,
     )

@@ -1,0 +1,120 @@
+"""The prompt scored, as lm-evaluation-harness asks an OpenAI server (`echo` with `logprobs`,
+`max_tokens` 0 for the prompt alone): against `mpirun -n 2 spmd_serve` on the demo model with
+16-token prefill chunks, every prompt token's logprob is PaddleNLP's own model's, streamed or not,
+with the prefix cache holding the prompt already, and beside other requests in the same steps."""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import openai
+import pytest
+
+from tests.support.server_process import ServerProcess
+
+pytestmark = pytest.mark.mpi
+TOP = 2
+
+
+@pytest.fixture(scope="module")
+def server(served_tp2, tmp_path_factory):
+    with ServerProcess(
+        2,
+        served_tp2,
+        tmp_path_factory.mktemp("logs") / "server.log",
+        MAX_SEQ_LEN="200",
+        MAX_DEC_LEN="64",
+        SPMD_MAX_NUM_BATCHED_TOKENS="16",  # a 45-token prompt in three chunks
+    ) as srv:
+        yield srv
+
+
+@pytest.fixture(scope="module")
+def client(server) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"http://127.0.0.1:{server.http_port}/v1", api_key="-", max_retries=0, timeout=120)
+
+
+@pytest.fixture(scope="module")
+def prompts(demo_checkpoint) -> list[list[int]]:
+    from tests.support.paddlenlp_reference import load_reference_model
+
+    vocab = load_reference_model(demo_checkpoint).config.vocab_size
+    rng = np.random.default_rng(7)
+    return [[1, *rng.integers(3, vocab, n - 1).tolist()] for n in (45, 17, 2)]
+
+
+@pytest.fixture(scope="module")
+def reference(demo_checkpoint, prompts) -> list[np.ndarray]:
+    """PaddleNLP's log-softmax rows of each prompt, [len - 1, V] (row i: token i + 1's distribution)."""
+    import paddle
+
+    from tests.support.paddlenlp_reference import load_reference_model
+
+    model = load_reference_model(demo_checkpoint)
+    out = []
+    with paddle.no_grad():
+        for ids in prompts:
+            x = model(input_ids=paddle.to_tensor([ids]), use_cache=False, return_dict=True).logits[0].numpy()
+            x = x[:-1].astype(np.float64)
+            out.append(
+                x - (x.max(1, keepdims=True) + np.log(np.exp(x - x.max(1, keepdims=True)).sum(1, keepdims=True)))
+            )
+    return out
+
+
+def _check_prompt_part(lp, ids: list[int], ref: np.ndarray) -> None:
+    """The first len(ids) logprobs entries: the prompt's, against the reference rows."""
+    n = len(ids)
+    assert lp.token_logprobs[0] is None and lp.top_logprobs[0] is None
+    got = np.array(lp.token_logprobs[1:n])
+    want = ref[np.arange(n - 1), ids[1:]]
+    np.testing.assert_allclose(got, want, atol=2e-3)
+    for i in range(1, n):
+        top = lp.top_logprobs[i]  # by token text: two tokens of one text (bytes of a character) share a key
+        assert 1 <= len(top) <= TOP and max(top.values()) >= got[i - 1] - 1e-6
+        best = np.sort(ref[i - 1])[::-1][:TOP]
+        assert all(np.abs(best - v).min() < 2e-3 for v in top.values()), (top, best)
+
+
+def test_max_tokens_0_scores_the_prompt_alone(client, prompts, reference):
+    for ids, ref in zip(prompts, reference):
+        r = client.completions.create(model="default", prompt=ids, max_tokens=0, echo=True, logprobs=TOP)
+        c = r.choices[0]
+        assert len(c.logprobs.tokens) == len(ids) and c.finish_reason == "length"
+        assert r.usage.completion_tokens == 0 and r.usage.prompt_tokens == len(ids)
+        _check_prompt_part(c.logprobs, ids, ref)
+
+
+def test_the_prompt_then_the_completion_streamed_or_not(client, prompts, reference):
+    ids, ref = prompts[0], reference[0]
+    kw = dict(model="default", prompt=ids, max_tokens=4, echo=True, logprobs=TOP, temperature=0)
+    whole = client.completions.create(**kw).choices[0]
+    assert len(whole.logprobs.tokens) == len(ids) + 4
+    _check_prompt_part(whole.logprobs, ids, ref)
+    chunks = list(client.completions.create(stream=True, **kw))
+    streamed = [v for ch in chunks for v in ch.choices[0].logprobs.token_logprobs]
+    assert streamed == whole.logprobs.token_logprobs
+    assert "".join(ch.choices[0].text for ch in chunks) == whole.text
+
+
+def test_a_cached_prefix_is_scored_all_the_same_beside_other_requests(client, prompts, reference):
+    """The prompt computed (and its blocks cached) by a plain request first, then scored while other
+    requests share the steps: every entry is still the model's."""
+    ids, ref = prompts[0], reference[0]
+    client.completions.create(model="default", prompt=ids, max_tokens=2)
+    with ThreadPoolExecutor(4) as pool:
+        plain = [pool.submit(client.completions.create, model="default", prompt=p, max_tokens=8) for p in prompts]
+        scored = [
+            pool.submit(client.completions.create, model="default", prompt=ids, max_tokens=0, echo=True, logprobs=TOP)
+            for _ in range(2)
+        ]
+        for f in plain:
+            assert f.result().choices[0].finish_reason in ("stop", "length")
+        for f in scored:
+            _check_prompt_part(f.result().choices[0].logprobs, ids, ref)
+
+
+def test_max_tokens_0_without_echo_is_refused(client):
+    with pytest.raises(openai.BadRequestError, match="max_tokens"):
+        client.completions.create(model="default", prompt="hello", max_tokens=0)
