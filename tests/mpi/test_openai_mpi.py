@@ -150,6 +150,25 @@ def test_echo_returns_the_prompt_first(client):
     assert "".join(c.choices[0].text for c in chunks) == r.choices[0].text
 
 
+def test_continue_final_message_continues_the_last_message(client, served_tp2):
+    """vLLM's assistant prefill: the reply continues the last message's text (its end of turn cut),
+    the greedy tokens of completing that prompt; asking for a new turn as well is a 400."""
+    from spmd_serve.frontend.text.tokenizer import ServingTokenizer
+
+    msgs = [*CHAT, {"role": "assistant", "content": "Once upon a time, a cat"}]
+    extra = {"continue_final_message": True, "ignore_eos": True}
+    r = client.chat.completions.create(model="default", messages=msgs, max_tokens=8, temperature=0, extra_body=extra)
+    ids = ServingTokenizer.from_model_dir(served_tp2).encode_prompt(messages=msgs, continue_final_message=True)
+    c = client.completions.create(
+        model="default", prompt=ids, max_tokens=8, temperature=0, extra_body={"ignore_eos": True}
+    )
+    assert r.choices[0].message.content == c.choices[0].text and r.usage.prompt_tokens == len(ids)
+    with pytest.raises(openai.BadRequestError, match="cannot both be true"):
+        client.chat.completions.create(
+            model="default", messages=msgs, max_tokens=2, extra_body={**extra, "add_generation_prompt": True}
+        )
+
+
 def test_temperature_zero_and_top_p_zero_are_greedy(client, base):
     greedy = requests.post(
         base + "/v1/chat/completions",

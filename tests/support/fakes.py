@@ -57,12 +57,21 @@ class FakeTokenizer:
     def decode(self, ids: list[int]) -> str:
         return "".join(chr(i - OFFSET) for i in ids if i >= OFFSET)
 
-    def render_chat(self, messages: list[dict], system: str | None = None) -> str:
+    def render_chat(
+        self,
+        messages: list[dict],
+        system: str | None = None,
+        add_generation_prompt: bool = True,
+        continue_final_message: bool = False,
+    ) -> str:
         turns = ([{"role": "system", "content": system}] if system else []) + list(messages)
-        return "".join(f"<{m['role']}>{m['content']}\n" for m in turns) + "<assistant>"
+        text = "".join(f"<{m['role']}>{m['content']}\n" for m in turns)
+        if continue_final_message:  # (the real one: frontend/text/chat_template.render)
+            return text[:-1]
+        return text + ("<assistant>" if add_generation_prompt else "")
 
     def encode_prompt(
-        self, *, text: str | None = None, messages: list[dict] | None = None, system: str | None = None
+        self, *, text: str | None = None, messages: list[dict] | None = None, system: str | None = None, **chat: bool
     ) -> list[int]:
         if text is not None:
             messages = [{"role": "user", "content": text}]
@@ -74,7 +83,7 @@ class FakeTokenizer:
             for m in messages
         ):
             raise ValueError("messages: role must be user, assistant or system")
-        return [BOS] + self.encode(self.render_chat(messages, system))
+        return [BOS] + self.encode(self.render_chat(messages, system, **chat))
 
     def detokenizer(self, prompt_ids: list[int], continue_prompt: bool = False) -> FakeDetokenizer:
         return FakeDetokenizer(self)

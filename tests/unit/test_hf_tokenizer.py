@@ -149,6 +149,30 @@ def test_template_renders_as_transformers(flavour: str, use_hf: bool, qwen_dir: 
     )
 
 
+@pytest.mark.parametrize("flavour", ["qwen2", "llama3"])
+def test_generation_prompt_off_and_continuing_the_final_message_render_as_transformers(
+    flavour: str, qwen_dir: Path, llama3_dir: Path
+) -> None:
+    """vLLM's add_generation_prompt false and continue_final_message (the reply continues the last
+    message: the template's end of turn after it cut), as transformers renders them."""
+    transformers = pytest.importorskip("transformers")
+    d = qwen_dir if flavour == "qwen2" else llama3_dir
+    ours, ref = (
+        ServingTokenizer.from_model_dir(d, use_hf_tokenizer=True),
+        transformers.AutoTokenizer.from_pretrained(str(d)),
+    )
+    prefill = [*CHAT, {"role": "assistant", "content": "  The answer is "}]
+    for msgs in (CHAT, prefill):
+        assert ours.render_chat(msgs, add_generation_prompt=False) == ref.apply_chat_template(
+            msgs, tokenize=False, add_generation_prompt=False
+        )
+    want = ref.apply_chat_template(prefill, tokenize=False, continue_final_message=True)
+    assert ours.render_chat(prefill, continue_final_message=True) == want and want.endswith("The answer is")
+    empty = [*CHAT, {"role": "assistant", "content": " "}]
+    with pytest.raises(ValueError, match="the final message is empty"):
+        ours.render_chat(empty, continue_final_message=True)
+
+
 @pytest.mark.parametrize("template", [QWEN2_TEMPLATE, LLAMA3_TEMPLATE])
 def test_template_renders_as_paddlenlp(template: str, demo_checkpoint: Path, qwen_dir: Path, tmp_path: Path) -> None:
     """PaddleNLP's own apply_chat_template: the demo Llama (SentencePiece) tokenizer carrying a

@@ -81,6 +81,8 @@ OPENAI_ONLY = (
     "response_format",
     "tools",
     "tool_choice",
+    "add_generation_prompt",
+    "continue_final_message",
 )
 _INT_FIELDS = ("max_dec_len", "min_dec_len", "seed")
 _NUM_FIELDS = ("topp", "temperature", "penalty_score", "frequency_score", "presence_score", "timeout")

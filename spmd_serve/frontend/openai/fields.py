@@ -26,7 +26,7 @@ _COMMON = frozenset(
 )  # fmt: skip
 HONOURED: dict[str, frozenset[str]] = {
     "completion": _COMMON | {"prompt", "echo", "add_special_tokens"},
-    "chat": _COMMON | {"messages", "top_logprobs"},
+    "chat": _COMMON | {"messages", "top_logprobs", "add_generation_prompt", "continue_final_message"},
 }
 STREAM_OPTIONS = {"include_usage": (), "continuous_usage_stats": ()}  # the same rule, inside stream_options
 
@@ -46,8 +46,6 @@ NEUTRAL: dict[str, dict[str, tuple[Any, ...]]] = {
     "chat": {
         **_NEUTRAL_COMMON,
         "echo": (False,),  # vLLM's chat echo (repeat the last message) is not built
-        "add_generation_prompt": (True,),
-        "continue_final_message": (False,),
         "add_special_tokens": (False,),
         "documents": (),
         "chat_template": (),

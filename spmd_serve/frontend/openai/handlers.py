@@ -159,7 +159,7 @@ class OpenAIServing:
                 index = p * req.n + i
                 seed = req.params.seed
                 params = dataclasses.replace(req.params, seed=None if seed is None else choice_seed(seed, index))
-                # completions continue the prompt's text; chat starts a new message
+                # completions continue the prompt's text; chat starts a new message (unless it continues one)
                 gens.append(
                     Generation(
                         self.client,
@@ -168,7 +168,7 @@ class OpenAIServing:
                         prompt,
                         params,
                         deadline,
-                        continue_prompt=req.kind == "completion",
+                        continue_prompt=req.continues,
                         stops_after_min_tokens=True,
                     )
                 )

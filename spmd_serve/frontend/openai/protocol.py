@@ -31,16 +31,10 @@ class OpenAIError(ProtocolError):
 
 
 _TYPES = {
-    400: "invalid_request_error",
-    401: "authentication_error",
-    404: "not_found_error",
-    405: "invalid_request_error",
-    409: "invalid_request_error",
-    413: "invalid_request_error",
-    429: "rate_limit_error",
-    503: "service_unavailable",
-    504: "timeout",
-}
+    400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error", 405: "invalid_request_error",
+    409: "invalid_request_error", 413: "invalid_request_error", 429: "rate_limit_error",
+    503: "service_unavailable", 504: "timeout",
+}  # fmt: skip
 
 
 def error_body(status: int, msg: str, param: str | None = None) -> dict[str, Any]:
@@ -61,6 +55,7 @@ class OpenAIRequest:
     echo: bool = False
     logprobs: int | None = None  # None: none; k: the chosen token's and the top k
     echo_only: bool = False  # echo with max_tokens 0 (vLLM's): the prompt alone (the engine's 1 token dropped)
+    continues: bool = False  # the output reads as the prompt's continuation (completions; continue_final_message)
 
 
 # One test per kind, only the one asked for runs: float tests on a huge int would overflow.
@@ -148,8 +143,17 @@ def _chat_prompt(body: dict[str, Any], tokenizer: Any) -> tuple[list[list[int]],
     msgs = body.get("messages")
     if not isinstance(msgs, list) or not msgs:
         raise OpenAIError(400, "messages must be a non-empty list of {role, content}", "messages")
+    # vLLM's: continue_final_message (the reply continues the last message) implies no generation prompt
+    cont = _get(body, "continue_final_message", "bool", False)
+    if cont and body.get("add_generation_prompt") is True:
+        raise OpenAIError(
+            400, "continue_final_message and add_generation_prompt cannot both be true", "continue_final_message"
+        )
+    options = {"continue_final_message": True} if cont else {}  # (only what differs from the defaults)
+    if not _get(body, "add_generation_prompt", "bool", True):
+        options["add_generation_prompt"] = False
     try:
-        ids = tokenizer.encode_prompt(messages=msgs)
+        ids = tokenizer.encode_prompt(messages=msgs, **options)
     except ValueError as e:
         raise OpenAIError(400, f"invalid messages: {e}", "messages") from None
     return [list(ids)], [""]
@@ -278,17 +282,6 @@ def parse_openai(
         allowed_token_ids=allowed,
     )
     _get(body, "user", "str", None)
-    return OpenAIRequest(
-        kind,
-        model,
-        prompts,
-        texts,
-        params.validate(),
-        n,
-        stream,
-        include_usage,
-        continuous,
-        echo,
-        logprobs,
-        not max_tokens,
-    )
+    continues = kind == "completion" or bool(body.get("continue_final_message"))
+    flags = dict(echo=echo, logprobs=logprobs, echo_only=not max_tokens, continues=continues)
+    return OpenAIRequest(kind, model, prompts, texts, params.validate(), n, stream, include_usage, continuous, **flags)

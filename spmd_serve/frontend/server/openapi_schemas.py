@@ -177,6 +177,9 @@ def schemas(s: IOSettings) -> dict[str, Schema]:
             description=unsupported, additionalProperties=False),
         "ChatCompletionRequest": _obj(["model", "messages"], {
             **common, **neutral("chat"), "messages": _list(message, minItems=1), "logprobs": _opt(BOOL),
+            "add_generation_prompt": _opt(BOOL | {"description": "default true"}),
+            "continue_final_message": _opt(BOOL | {"description": "the reply continues the last message "
+                                                   "(its end of turn cut; not with add_generation_prompt true)"}),
             "top_logprobs": _opt(_int(0, MAX_LOGPROBS, description="needs logprobs: true"))},
             description=unsupported, additionalProperties=False),
         "Usage": usage,

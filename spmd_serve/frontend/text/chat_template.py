@@ -83,8 +83,24 @@ def render(
     messages: list[dict[str, Any]],
     special_tokens: dict[str, Any],
     add_generation_prompt: bool = True,
+    continue_final_message: bool = False,
 ) -> str:
-    """The prompt text; jinja2.TemplateError / TypeError etc. propagate to the caller."""
-    return template.render(
-        messages=messages, tools=None, documents=None, add_generation_prompt=add_generation_prompt, **special_tokens
+    """The prompt text; jinja2.TemplateError / TypeError etc. propagate to the caller.
+    `continue_final_message` (vLLM's, HF's): the text ends where the last message's content does (what
+    the template writes after it, an end of turn, cut), so the model continues that message."""
+    text = template.render(
+        messages=messages,
+        tools=None,
+        documents=None,
+        add_generation_prompt=add_generation_prompt and not continue_final_message,
+        **special_tokens,
     )
+    if not continue_final_message:
+        return text
+    final = messages[-1]["content"].strip()  # as transformers cuts (templates may strip what they write)
+    if not final:
+        raise ValueError("continue_final_message: the final message is empty, so there is nothing to continue")
+    at = text.rfind(final)
+    if at < 0:
+        raise ValueError("continue_final_message: the final message does not appear in the rendered chat")
+    return text[: at + len(final)]

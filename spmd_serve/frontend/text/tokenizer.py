@@ -254,21 +254,21 @@ class ServingTokenizer:
             raise ValueError("messages must not be empty")
         return out
 
-    def render_chat(self, messages: list[dict], system: str | None = None) -> str:
+    def render_chat(self, messages: list[dict], system: str | None = None, **options: bool) -> str:
         """The chat template applied to `messages` (with `system` as a leading system message),
-        ending with the assistant generation prompt."""
+        ending with the assistant generation prompt (`options`: chat_template.render's)."""
         if self._template is None:
             raise ValueError("this model has no chat template; send 'text' instead of 'messages'")
         msgs = self._normalize_messages(messages, system)
         try:
-            return chat_template.render(self._template, msgs, self._special_strings)
+            return chat_template.render(self._template, msgs, self._special_strings, **options)
         except jinja2.TemplateError as e:  # includes raise_exception() and sandbox violations
             raise ValueError(f"chat template rejected the messages: {e}") from e
         except (TypeError, KeyError, AttributeError, IndexError) as e:
             raise ValueError(f"chat template failed on the messages: {e!r}") from e
 
     def encode_prompt(
-        self, *, text: str | None = None, messages: list[dict] | None = None, system: str | None = None
+        self, *, text: str | None = None, messages: list[dict] | None = None, system: str | None = None, **chat: bool
     ) -> list[int]:
         """Prompt ids for a request: exactly one of `text` (one user turn) or `messages`.
 
@@ -283,7 +283,7 @@ class ServingTokenizer:
             raise ValueError(f"text must be a string, got {type(text).__name__}")
         if self._template is not None:
             msgs = messages if messages is not None else [{"role": "user", "content": text}]
-            return self.encode(self.render_chat(msgs, system=system))
+            return self.encode(self.render_chat(msgs, system=system, **chat))
         if messages is not None or text is None:
             raise ValueError("this model has no chat template; send 'text' instead of 'messages'")
         if system is not None:
