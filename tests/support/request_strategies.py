@@ -140,7 +140,14 @@ OPENAI = {
         "logprobs": integer(0, 5),
         "add_special_tokens": BOOL,
     },
-    "chat": {**_OPENAI_COMMON, "messages": MESSAGES, "logprobs": BOOL, "top_logprobs": integer(0, 5)},
+    "chat": {
+        **_OPENAI_COMMON,
+        "messages": MESSAGES,
+        "logprobs": BOOL,
+        "top_logprobs": integer(0, 5),
+        "add_generation_prompt": BOOL,
+        "continue_final_message": BOOL,
+    },
 }
 for _kind, _fields in OPENAI.items():  # the known unsupported ones: their neutral values, or anything else
     for _name, _neutral in NEUTRAL[_kind].items():
