@@ -111,11 +111,11 @@ def test_the_calibration_on_the_cpp_ops_gives_paddles_scales(tmp_path):
         np.testing.assert_allclose(scales[True][t], scales[False][t], rtol=2e-5)
 
 
-@pytest.mark.parametrize("save", ["hf", "paddlenlp"])
+@pytest.mark.parametrize("save", ["hf", "paddlenlp", "paddlenlp_pdparams"])
 def test_a_checkpoint_stored_in_bfloat16_is_exported_so_without_reading_it(save, tmp_path):
     """--dtype auto on a checkpoint whose tensors are all stored BF16 (HF, or PaddleNLP's U16 with
-    dtype bfloat16) answers bfloat16 from the files' headers: truncated after load_checkpoint, the
-    files are never read.  One float32 tensor among them and every value is looked at again."""
+    dtype bfloat16, or its pickled uint16 arrays) answers bfloat16 from the files' headers: truncated
+    after load_checkpoint, the files are never read.  One float32 tensor among them and every value is looked at again."""
     from spmd_serve.export.checkpoint import load_checkpoint
     from spmd_serve.export.pipeline import export_dtype
     from spmd_serve.served_config import AUTO_DTYPE
@@ -130,8 +130,8 @@ def test_a_checkpoint_stored_in_bfloat16_is_exported_so_without_reading_it(save,
     else:
         model = reference_from_weights(cfg, make_weights(cfg))
         model.to(dtype="bfloat16")
-        model.save_pretrained(str(ckpt), safe_serialization=True)
-    files = sorted(ckpt.glob("*.safetensors"))
+        model.save_pretrained(str(ckpt), safe_serialization=save == "paddlenlp")
+    files = sorted(ckpt.glob("*.safetensors")) + sorted(ckpt.glob("*.pdparams"))
     assert files
     _, _, weights, _ = load_checkpoint(ckpt)
     for f in files:
