@@ -114,8 +114,9 @@ def test_the_calibration_on_the_cpp_ops_gives_paddles_scales(tmp_path):
 @pytest.mark.parametrize("save", ["hf", "paddlenlp", "paddlenlp_pdparams"])
 def test_a_checkpoint_stored_in_bfloat16_is_exported_so_without_reading_it(save, tmp_path):
     """--dtype auto on a checkpoint whose tensors are all stored BF16 (HF, or PaddleNLP's U16 with
-    dtype bfloat16, or its pickled uint16 arrays) answers bfloat16 from the files' headers: truncated
-    after load_checkpoint, the files are never read.  One float32 tensor among them and every value is looked at again."""
+    dtype bfloat16, or its pickled uint16 arrays) answers bfloat16 from the files' headers:
+    truncated after load_checkpoint, the files are never read.  One float32 tensor among them and
+    every value is looked at again."""
     from spmd_serve.export.checkpoint import load_checkpoint
     from spmd_serve.export.pipeline import export_dtype
     from spmd_serve.served_config import AUTO_DTYPE

@@ -138,6 +138,31 @@ def test_logprobs_one_per_token_and_exactly_k_top(client):
     assert "".join(lp.tokens) == c.choices[0].text
 
 
+def test_return_tokens_as_token_ids_names_every_token(client, served_tp2):
+    """vLLM's return_tokens_as_token_ids: logprobs name tokens "token_id:<id>" (the same values, the
+    same text from those ids), so two tokens of one text keep their own top_logprobs keys."""
+    from spmd_serve.frontend.text.tokenizer import ServingTokenizer
+
+    kw = dict(model="default", prompt="Hello", max_tokens=6, logprobs=3, temperature=0)
+    plain = client.completions.create(**kw, extra_body={"ignore_eos": True}).choices[0]
+    named = client.completions.create(**kw, extra_body={"ignore_eos": True, "return_tokens_as_token_ids": True})
+    lp = named.choices[0].logprobs
+    assert lp.token_logprobs == plain.logprobs.token_logprobs and named.choices[0].text == plain.text
+    ids = [int(t.removeprefix("token_id:")) for t in lp.tokens]
+    assert ServingTokenizer.from_model_dir(served_tp2).decode(ids) == plain.text.lstrip()
+    assert all(len(top) == 3 and all(k.startswith("token_id:") for k in top) for top in lp.top_logprobs)
+    chat = client.chat.completions.create(
+        model="default",
+        messages=CHAT,
+        max_tokens=3,
+        logprobs=True,
+        top_logprobs=1,
+        extra_body={"return_tokens_as_token_ids": True},
+    )
+    for tok in chat.choices[0].logprobs.content:
+        assert tok.token.startswith("token_id:") and bytes(tok.bytes).decode() == tok.token
+
+
 def test_echo_returns_the_prompt_first(client):
     r = client.completions.create(model="default", prompt="The quick brown fox", max_tokens=4, echo=True, temperature=0)
     assert r.choices[0].text.startswith("The quick brown fox")

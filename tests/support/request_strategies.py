@@ -120,6 +120,7 @@ _OPENAI_COMMON = {
     "allowed_token_ids": ids(1, 4),
     "include_stop_str_in_output": BOOL,
     "truncate_prompt_tokens": integer(1, 20),
+    "return_tokens_as_token_ids": BOOL,
     # token id (a decimal string) -> bias; bad maps: ids past every bound, "07"-style repeats, junk values
     "logit_bias": Field(
         st.dictionaries(TOKEN.map(str), st.floats(-100, 100), max_size=4),

@@ -20,7 +20,6 @@ NOT_BUILT: dict[str, tuple[Any, ...]] = {
     "use_beam_search": (False,), "length_penalty": (1,), "logits_processors": ([],),
     # detokenisation: special tokens are always skipped
     "skip_special_tokens": (True,), "spaces_between_special_tokens": (True,),
-    "return_tokens_as_token_ids": (False,),
     # structured output
     "guided_json": (), "guided_regex": (), "guided_choice": (), "guided_grammar": (), "guided_decoding_backend": (),
     "guided_whitespace_pattern": (), "structural_tag": (),

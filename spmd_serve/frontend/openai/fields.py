@@ -21,7 +21,7 @@ _COMMON = frozenset(
         "stream", "stream_options", "presence_penalty", "frequency_penalty", "repetition_penalty", "seed",
         "min_tokens", "ignore_eos", "user", "logprobs", "logit_bias", "min_p", "allowed_token_ids",
         # vLLM's extras we honour
-        "stop_token_ids", "include_stop_str_in_output", "truncate_prompt_tokens",
+        "stop_token_ids", "include_stop_str_in_output", "truncate_prompt_tokens", "return_tokens_as_token_ids",
     }
 )  # fmt: skip
 HONOURED: dict[str, frozenset[str]] = {

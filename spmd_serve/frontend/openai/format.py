@@ -40,6 +40,11 @@ class Formatter:
         self.chat = req.kind == "chat"
 
     def _token(self, token_id: int) -> tuple[str, list[int]]:
+        """A token's text and bytes in logprobs: its own, or "token_id:<id>" (vLLM's
+        return_tokens_as_token_ids: every token named apart, bytes of no character included)."""
+        if self.req.tokens_as_ids:
+            name = f"token_id:{token_id}"
+            return name, list(name.encode())
         raw = self.tok.token_bytes(token_id)
         return raw.decode("utf-8", errors="replace"), list(raw)
 

@@ -56,6 +56,7 @@ class OpenAIRequest:
     logprobs: int | None = None  # None: none; k: the chosen token's and the top k
     echo_only: bool = False  # echo with max_tokens 0 (vLLM's): the prompt alone (the engine's 1 token dropped)
     continues: bool = False  # the output reads as the prompt's continuation (completions; continue_final_message)
+    tokens_as_ids: bool = False  # vLLM's return_tokens_as_token_ids: logprobs name tokens "token_id:<id>"
 
 
 # One test per kind, only the one asked for runs: float tests on a huge int would overflow.
@@ -284,4 +285,5 @@ def parse_openai(
     _get(body, "user", "str", None)
     continues = kind == "completion" or bool(body.get("continue_final_message"))
     flags = dict(echo=echo, logprobs=logprobs, echo_only=not max_tokens, continues=continues)
+    flags["tokens_as_ids"] = _get(body, "return_tokens_as_token_ids", "bool", False)
     return OpenAIRequest(kind, model, prompts, texts, params.validate(), n, stream, include_usage, continuous, **flags)

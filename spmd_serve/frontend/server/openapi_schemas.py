@@ -131,7 +131,8 @@ def schemas(s: IOSettings) -> dict[str, Schema]:
                                 propertyNames={"pattern": "^[0-9]{1,10}$"},
                                 description="token id (a decimal string below the vocabulary size) -> bias added "
                                 "to its logit; logprobs stay the model's own")),
-        "truncate_prompt_tokens": _opt(_int(1, description="keep the prompt's last N tokens"))}
+        "truncate_prompt_tokens": _opt(_int(1, description="keep the prompt's last N tokens")),
+        "return_tokens_as_token_ids": _opt(BOOL | {"description": 'logprobs name tokens "token_id:<id>"'})}
 
     def neutral(kind: str) -> dict[str, Schema]:   # known fields, accepted only with these values
         return {k: _only(v) for k, v in NEUTRAL[kind].items()}
