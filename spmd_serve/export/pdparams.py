@@ -23,13 +23,14 @@ import io
 import pickle
 import struct
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from spmd_serve.export.errors import CheckpointError
-from spmd_serve.export.lazy import LazyMap, constant
+from spmd_serve.export.lazy import LazyMap, constant, transposed
 from spmd_serve.export.weight_files import bf16_to_f32, read_tensor
 
 _UNPACKED = "UnpackBigParamInfor@@"  # (sic) Paddle's key for arrays saved in slices (protocol 2/3)
@@ -137,24 +138,17 @@ class _SpanUnpickler(pickle._Unpickler):  # the pure-Python one: its opcodes can
         return super().load()
 
 
-def _array_of(path: Path, a: _ArraySpan) -> tuple[Any, tuple, bool]:
-    """(thunk args for LazyMap.put, shape, stored as bfloat16) of one pickled array."""
+def _array_of(path: Path, a: _ArraySpan) -> tuple[tuple, tuple, bool]:
+    """(LazyMap.put's fn and args, shape, stored as bfloat16) of one pickled array."""
     bf16 = a.dtype == np.uint16  # Paddle stores bfloat16 as uint16
-    kind = "bf16" if bf16 else a.dtype.str
     order = a.shape[::-1] if a.fortran else a.shape  # F order: the transpose's C layout
     if isinstance(a.raw, _Span):
-        count = a.raw.size // a.dtype.itemsize
-        args: tuple = (read_tensor, path, a.raw.offset, count, kind, list(order))
+        kind = "bf16" if bf16 else a.dtype.str
+        thunk = partial(read_tensor, path, a.raw.offset, a.raw.size // a.dtype.itemsize, kind, list(order))
     else:
         raw = np.frombuffer(bytes(a.raw), a.dtype).reshape(order)
-        args = (constant, bf16_to_f32(raw) if bf16 else raw.astype(np.float32))
-    if a.fortran:
-        args = (_transposed, *args)
-    return args, a.shape, bf16
-
-
-def _transposed(fn: Any, *args: Any) -> np.ndarray:
-    return fn(*args).T
+        thunk = partial(constant, bf16_to_f32(raw) if bf16 else raw.astype(np.float32))
+    return ((transposed, thunk) if a.fortran else (thunk,)), a.shape, bf16
 
 
 def read_pdparams(path: Path) -> LazyMap:
