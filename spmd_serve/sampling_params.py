@@ -39,6 +39,10 @@ class SamplingParams:
     # out of the output unless include_stop_str_in_output, which also keeps a stop string's text
     stop_token_ids: tuple[int, ...] = ()
     include_stop_str_in_output: bool = False
+    # vLLM's: false writes special tokens' text (the model's eos ids too, but not the one that stopped
+    # it unless include_stop_str_in_output); frontend.text.detokenizer.join_with_specials' rule
+    skip_special_tokens: bool = True
+    spaces_between_special_tokens: bool = True
     ignore_eos: bool = False
     logprobs: int | None = None  # None: no logprobs; k >= 0: the chosen token's + top k
     # the same for every prompt token after the first (OpenAI's echo with logprobs): each as the model

@@ -76,3 +76,41 @@ def test_tokenizer_problems_stop_start_up_with_one_line(served_tp1, tmp_path, ca
     lines = error_lines(res)
     assert res.returncode != 0 and len(lines) == 1 and expect in lines[0], res.stderr[-2000:]
     assert "cannot load the tokenizer of" in lines[0] and "Traceback" not in res.stderr
+
+
+def test_openai_skip_special_tokens_false_writes_them(served_tp1, tmp_path):
+    """vLLM's skip_special_tokens false, served (the official client): the answer's special tokens
+    are written, streamed and whole alike, as ServingTokenizer.decode writes them; the eos that
+    stopped a request is written only with include_stop_str_in_output."""
+    import openai
+
+    from spmd_serve.frontend.text.tokenizer import ServingTokenizer
+
+    tok = ServingTokenizer.from_model_dir(served_tp1)
+    eos, words = tok.eos_token_ids[0], [tok.encode(w)[-1] for w in (" cat", " dog")]
+    extra = {"ignore_eos": True, "allowed_token_ids": sorted({eos, *words}), "return_tokens_as_token_ids": True}
+    # near-uniform draws over the three allowed ids (seeded: the same draws every run)
+    kw = dict(model="default", messages=[{"role": "user", "content": "Hi"}], max_tokens=16, temperature=50, seed=3)
+    kw.update(logprobs=True, top_logprobs=0)
+    with ServerProcess(1, served_tp1, tmp_path / "server.log") as srv:
+        client = openai.OpenAI(base_url=f"http://127.0.0.1:{srv.http_port}/v1", api_key="x", max_retries=0)
+        shown = client.chat.completions.create(**kw, extra_body={**extra, "skip_special_tokens": False}).choices[0]
+        ids = [int(t.token.removeprefix("token_id:")) for t in shown.logprobs.content]
+        assert eos in ids and set(words) & set(ids), ids
+        assert shown.message.content == tok.decode(ids, skip_special_tokens=False)
+        assert tok.special_text(eos) in shown.message.content
+        stream = client.chat.completions.create(
+            **kw,
+            stream=True,
+            extra_body={**extra, "skip_special_tokens": False, "spaces_between_special_tokens": False},
+        )
+        joined = "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
+        assert joined == tok.decode(ids, False, spaces_between_special_tokens=False) != shown.message.content
+        skipped = client.chat.completions.create(**kw, extra_body=extra).choices[0]
+        assert skipped.message.content == tok.decode(ids)  # the default
+        stop = dict(model="default", prompt="Hello", max_tokens=4, temperature=0, logit_bias={str(eos): 100})
+        texts = [
+            client.completions.create(**stop, extra_body={"skip_special_tokens": False, **keep}).choices[0]
+            for keep in ({}, {"include_stop_str_in_output": True})
+        ]
+    assert [(c.text, c.finish_reason) for c in texts] == [("", "stop"), (tok.special_text(eos), "stop")]

@@ -85,7 +85,7 @@ class FakeTokenizer:
             raise ValueError("messages: role must be user, assistant or system")
         return [BOS] + self.encode(self.render_chat(messages, system, **chat))
 
-    def detokenizer(self, prompt_ids: list[int], continue_prompt: bool = False) -> FakeDetokenizer:
+    def detokenizer(self, prompt_ids: list[int], *continue_skip_spaces: bool) -> FakeDetokenizer:
         return FakeDetokenizer(self)
 
 

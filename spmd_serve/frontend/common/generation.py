@@ -67,11 +67,19 @@ class Generation:
     ) -> None:
         self.client, self.req_id, self.prompt = client, req_id, prompt
         self.params, self.deadline = params, deadline
+        detokenizer = tokenizer.detokenizer(
+            prompt, continue_prompt, params.skip_special_tokens, params.spaces_between_special_tokens
+        )
+        # the token that stopped the request leaves no text (vLLM's rule), unless the stop is kept:
+        # a stop_token_ids one, or an eos one whose text is written (skip_special_tokens false)
+        hidden = set(params.stop_token_ids)
+        if not params.skip_special_tokens:
+            hidden |= {*tokenizer.eos_token_ids, *params.eos_token_ids}
         self.asm = OutputAssembler(
-            tokenizer.detokenizer(prompt, continue_prompt=continue_prompt),
+            detokenizer,
             params.stop_sequences,
             params.include_stop_str_in_output,
-            frozenset(() if params.include_stop_str_in_output else params.stop_token_ids),
+            frozenset(() if params.include_stop_str_in_output else hidden),
             params.min_tokens if stops_after_min_tokens else 0,  # OpenAI's min_tokens (vLLM's rule)
         )
         self.first_token_at: float | None = None
@@ -135,7 +143,7 @@ class Generation:
                 self.first_token_at = time.monotonic()
                 self.num_cached_tokens = out.num_cached_tokens
             try:
-                text = asm.add(out.new_token_ids, out.finished)
+                text = asm.add(out.new_token_ids, out.finished, out.finish_reason == "stop")
             except Exception as e:  # this request's detokenisation or stop strings: it alone fails
                 log.exception("request %s: turning tokens into text failed", self.req_id)
                 self.client.abort(self.req_id)

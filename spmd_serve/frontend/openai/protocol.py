@@ -276,6 +276,8 @@ def parse_openai(
         stop_sequences=_stop(body),
         stop_token_ids=stop_ids,
         include_stop_str_in_output=_get(body, "include_stop_str_in_output", "bool", False),
+        skip_special_tokens=_get(body, "skip_special_tokens", "bool", True),
+        spaces_between_special_tokens=_get(body, "spaces_between_special_tokens", "bool", True),
         ignore_eos=_get(body, "ignore_eos", "bool", False),
         logprobs=logprobs,
         prompt_logprobs=logprobs if echo else None,

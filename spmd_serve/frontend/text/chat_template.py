@@ -1,4 +1,5 @@
-"""Chat templates: found in a model directory and rendered with HuggingFace's conventions.
+"""Chat templates: found in a model directory and rendered with HuggingFace's conventions, and the
+messages checked before they reach one (`normalize_messages`: roles, content as text parts).
 
 Where a template comes from (as HF's `from_pretrained` does): `chat_template.jinja` if present
 (it overrides the config), else tokenizer_config.json's `chat_template`, a string or HF's list of
@@ -24,6 +25,7 @@ import jinja2.ext
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 TEMPLATE_FILE = "chat_template.jinja"
+_ROLES_HINT = "each message must be an object with string 'role' and 'content'"
 
 
 def _raise_exception(message: str) -> None:
@@ -104,3 +106,47 @@ def render(
     if at < 0:
         raise ValueError("continue_final_message: the final message does not appear in the rendered chat")
     return text[: at + len(final)]
+
+
+def _content_text(content: Any, index: int) -> str:
+    """Message content as a string: a str, or a list of {"type": "text", "text": ...} parts."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        texts = []
+        for part in content:
+            if not (isinstance(part, dict) and part.get("type") == "text" and isinstance(part.get("text"), str)):
+                raise ValueError(
+                    f"messages[{index}].content: only parts of the form "
+                    "{'type': 'text', 'text': <string>} are supported"
+                )
+            texts.append(part["text"])
+        return "".join(texts)
+    raise ValueError(
+        f"messages[{index}].content must be a string or a list of text parts, got {type(content).__name__}"
+    )
+
+
+def normalize_messages(messages: Any, system: str | None) -> list[dict[str, Any]]:
+    """`messages` (with `system` as a leading system message) checked, each content made one string;
+    ValueError naming the first bad message."""
+    if not isinstance(messages, list):
+        raise ValueError(f"messages must be a list, got {type(messages).__name__}")
+    out: list[dict[str, str]] = []
+    if system is not None:
+        if not isinstance(system, str):
+            raise ValueError(f"system must be a string, got {type(system).__name__}")
+        out.append({"role": "system", "content": system})
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict):
+            raise ValueError(f"messages[{i}] is {type(m).__name__}; {_ROLES_HINT}")
+        if not isinstance(m.get("role"), str):
+            raise ValueError(f"messages[{i}].role is missing or not a string; {_ROLES_HINT}")
+        if "content" not in m or m["content"] is None:
+            raise ValueError(f"messages[{i}].content is missing; {_ROLES_HINT}")
+        # the message's other keys (`name`, ...) go to the template as they came, as vLLM and
+        # transformers pass them: the template uses them or not, nothing is dropped on the way
+        out.append({**m, "content": _content_text(m["content"], i)})
+    if not out:
+        raise ValueError("messages must not be empty")
+    return out

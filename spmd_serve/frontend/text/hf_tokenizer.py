@@ -134,9 +134,14 @@ class HFTokenizer:
         return full + list(ids)  # the probe vanished (never seen): take what was added as a prefix
 
     def decode(
-        self, ids: list[int], skip_special_tokens: bool = True, clean_up_tokenization_spaces: bool = False
+        self,
+        ids: list[int],
+        skip_special_tokens: bool = True,
+        clean_up_tokenization_spaces: bool = False,
+        spaces_between_special_tokens: bool = True,
     ) -> str:
-        # The Rust decode never does transformers' "clean-up" of spaces.
+        # The Rust decode never does transformers' "clean-up" of spaces, and puts no spaces around
+        # added tokens (so spaces_between_special_tokens changes nothing, as with HF's fast ones).
         return self._tk.decode([int(i) for i in ids], skip_special_tokens=skip_special_tokens)
 
     def convert_ids_to_tokens(self, token_id: int) -> str | None:

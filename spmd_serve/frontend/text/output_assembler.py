@@ -3,8 +3,9 @@
 Used by every protocol through `frontend.common.generation.Generation`.  Stop strings are checked
 on the detokenised text (CONTRACT.md §3: per request, never shared across the batch) and the stop
 text is trimmed, unless the request keeps it (OpenAI's include_stop_str_in_output).  A request
-that ended on one of its `hidden_stop_ids` (OpenAI's stop_token_ids) leaves that token's text out
-in the same way (vLLM's rule); the ids themselves are all reported.  Stop strings are looked for
+that ended on one of its `hidden_stop_ids` (OpenAI's stop_token_ids; with skip_special_tokens false,
+the eos ids too) leaves that token's text out in the same way (vLLM's rule); the ids themselves are
+all reported.  Stop strings are looked for
 only from the token after the first `min_tokens` on (vLLM's rule for OpenAI's min_tokens, as the
 engine masks EOS and stop ids until then; 0 for the native API, whose min_dec_len holds off EOS only).
 """
@@ -40,20 +41,21 @@ class OutputAssembler:
         self.sent = 0  # characters of self.text already handed out
         self.stopped = False  # a stop string was found (text is cut before it)
 
-    def add(self, new_ids: list[int], finished: bool) -> str:
-        """Feed one engine output; return the text that may be sent now."""
+    def add(self, new_ids: list[int], finished: bool, stopped: bool = True) -> str:
+        """Feed one engine output; return the text that may be sent now.  `stopped`: when finished,
+        the engine stopped on the last token (finish_reason "stop"), not at a length limit."""
         if self.stopped:  # the text is final once cut at a stop string
             return ""
         if len(new_ids) > 1:  # a speculative step's tokens: one at a time, so that the ids end at
             delta = ""  # the token that completed a stop string, as they would without speculation
             for i, token in enumerate(new_ids):
-                delta += self.add([token], finished and i == len(new_ids) - 1)
+                delta += self.add([token], finished and i == len(new_ids) - 1, stopped)
                 if self.stopped:
                     break
             return delta
         self.ids.extend(new_ids)
         checked = len(self.text)
-        if finished and new_ids and new_ids[-1] in self._hidden:  # the stop token ended it
+        if finished and stopped and new_ids and new_ids[-1] in self._hidden:  # the stop token ended it
             new_ids = new_ids[:-1]
         self.text += self._detok.step(new_ids)
         if finished:

@@ -27,10 +27,8 @@ from typing import Any
 import jinja2
 
 from spmd_serve.frontend.text import chat_template, paddlenlp_import
-from spmd_serve.frontend.text.detokenizer import IncrementalDetokenizer
+from spmd_serve.frontend.text.detokenizer import IncrementalDetokenizer, join_with_specials
 from spmd_serve.frontend.text.hf_tokenizer import HFTokenizer, sentencepiece_bytes
-
-_ROLES_HINT = "each message must be an object with string 'role' and 'content'"
 
 
 def _read_json(path: Path) -> dict[str, Any]:
@@ -47,25 +45,6 @@ def _as_id_list(value: Any) -> list[int]:
     if isinstance(value, (list, tuple)):
         return [int(v) for v in value if v is not None]
     return [int(value)]
-
-
-def _content_text(content: Any, index: int) -> str:
-    """Message content as a string: a str, or a list of {"type": "text", "text": ...} parts."""
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        texts = []
-        for part in content:
-            if not (isinstance(part, dict) and part.get("type") == "text" and isinstance(part.get("text"), str)):
-                raise ValueError(
-                    f"messages[{index}].content: only parts of the form "
-                    "{'type': 'text', 'text': <string>} are supported"
-                )
-            texts.append(part["text"])
-        return "".join(texts)
-    raise ValueError(
-        f"messages[{index}].content must be a string or a list of text parts, got {type(content).__name__}"
-    )
 
 
 def _added_token_splitter(tok: Any) -> re.Pattern[str] | None:
@@ -206,15 +185,34 @@ class ServingTokenizer:
                 ids += [int(t) for t in self._tok.convert_tokens_to_ids(self._tok.tokenize(part))]
         return ids
 
-    def decode(self, ids: list[int]) -> str:
-        """Text of `ids` with special tokens skipped and no whitespace 'clean-up' (which would
-        break streaming: the deltas must add up to exactly this)."""
+    def decode(
+        self, ids: list[int], skip_special_tokens: bool = True, spaces_between_special_tokens: bool = True
+    ) -> str:
+        """Text of `ids` with special tokens skipped (or written, as `join_with_specials` writes
+        them) and no whitespace 'clean-up' (which would break streaming: the deltas must add up to
+        exactly this).  `spaces_between_special_tokens` also reaches PaddleNLP's decode, which joins
+        the text around an added token with a space unless it is false; tokenizer.json's tokenizers
+        put no spaces there (HF's and vLLM's rule for fast tokenizers)."""
+        spaces_between_special_tokens &= self._hf is None
+        if not skip_special_tokens:
+            sep = " " if spaces_between_special_tokens else ""
+            run_text = lambda run: self.decode(run, True, spaces_between_special_tokens)  # noqa: E731
+            return join_with_specials(run_text, ids, self.special_token_ids, self.special_text, sep)
         ids = [int(i) for i in ids if int(i) not in self.special_token_ids]
         if not ids:
             return ""
         if self._sp is not None:
             return self._sp.decode(ids)
-        return self._tok.decode(ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)
+        return self._tok.decode(
+            ids,
+            skip_special_tokens=True,
+            clean_up_tokenization_spaces=False,
+            spaces_between_special_tokens=spaces_between_special_tokens,
+        )
+
+    def special_text(self, token_id: int) -> str:
+        """How a special token reads when written out: its own string."""
+        return self.token_bytes(token_id).decode("utf-8", "replace")
 
     def token_bytes(self, token_id: int) -> bytes:
         """The bytes one token contributes to the text (for logprobs): SentencePiece's byte
@@ -232,34 +230,12 @@ class ServingTokenizer:
             return raw
         return self._tok.convert_tokens_to_string([piece]).encode()
 
-    def _normalize_messages(self, messages: Any, system: str | None) -> list[dict[str, Any]]:
-        if not isinstance(messages, list):
-            raise ValueError(f"messages must be a list, got {type(messages).__name__}")
-        out: list[dict[str, str]] = []
-        if system is not None:
-            if not isinstance(system, str):
-                raise ValueError(f"system must be a string, got {type(system).__name__}")
-            out.append({"role": "system", "content": system})
-        for i, m in enumerate(messages):
-            if not isinstance(m, dict):
-                raise ValueError(f"messages[{i}] is {type(m).__name__}; {_ROLES_HINT}")
-            if not isinstance(m.get("role"), str):
-                raise ValueError(f"messages[{i}].role is missing or not a string; {_ROLES_HINT}")
-            if "content" not in m or m["content"] is None:
-                raise ValueError(f"messages[{i}].content is missing; {_ROLES_HINT}")
-            # the message's other keys (`name`, ...) go to the template as they came, as vLLM and
-            # transformers pass them: the template uses them or not, nothing is dropped on the way
-            out.append({**m, "content": _content_text(m["content"], i)})
-        if not out:
-            raise ValueError("messages must not be empty")
-        return out
-
     def render_chat(self, messages: list[dict], system: str | None = None, **options: bool) -> str:
         """The chat template applied to `messages` (with `system` as a leading system message),
         ending with the assistant generation prompt (`options`: chat_template.render's)."""
         if self._template is None:
             raise ValueError("this model has no chat template; send 'text' instead of 'messages'")
-        msgs = self._normalize_messages(messages, system)
+        msgs = chat_template.normalize_messages(messages, system)
         try:
             return chat_template.render(self._template, msgs, self._special_strings, **options)
         except jinja2.TemplateError as e:  # includes raise_exception() and sandbox violations
@@ -292,7 +268,14 @@ class ServingTokenizer:
             text = f"{system}\n{text}"
         return self.encode(text, add_special_tokens=True)
 
-    def detokenizer(self, prompt_ids: list[int], continue_prompt: bool = False) -> IncrementalDetokenizer:
+    def detokenizer(
+        self,
+        prompt_ids: list[int],
+        continue_prompt: bool = False,
+        skip_special_tokens: bool = True,
+        spaces_between_special_tokens: bool = True,
+    ) -> IncrementalDetokenizer:
         """A fresh streaming decoder for one request's output ids (`continue_prompt`: the text
-        reads as the prompt's continuation, leading space included)."""
-        return IncrementalDetokenizer(self, prompt_ids, continue_prompt)
+        reads as the prompt's continuation, leading space included; the rest: `decode`'s)."""
+        spaces = spaces_between_special_tokens and self._hf is None  # as decode() decides
+        return IncrementalDetokenizer(self, prompt_ids, continue_prompt, skip_special_tokens, spaces)
