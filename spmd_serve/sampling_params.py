@@ -17,6 +17,8 @@ INT64_MAX = 2**63 - 1  # seeds: the engine's own draws are 63-bit; a user's must
 FLOAT32_MAX = 3.4028234663852886e38  # temperature, top_p and the penalties are float32 rows
 SAMPLING_EPS = 1e-5  # temperatures below this are greedy (as vLLM)
 MAX_LOGPROBS = 20  # top-n logprobs a request may ask for (OpenAI's own limit)
+MAX_BAD_WORDS = 128  # token sequences one request may ban (vLLM's bad_words: each word, maybe twice)
+MAX_BAD_WORD_TOKENS = 64  # ids in one of them
 MAX_LOGIT_BIAS = 100.0  # |bias| a request may add to a token's logit (OpenAI's range: -100 bans, 100 forces)
 
 
@@ -52,6 +54,9 @@ class SamplingParams:
     # before the penalties and every draw (engine/logits_adjust.py); logprobs stay the model's raw ones
     logit_bias: tuple[tuple[int, float], ...] = ()
     allowed_token_ids: tuple[int, ...] = ()  # vLLM's: when given, every other token is masked (ascending, distinct)
+    # vLLM's bad_words as token sequences: a sequence's last id is masked wherever the output ends
+    # with the ids before it (engine/logits_adjust.py)
+    bad_words: tuple[tuple[int, ...], ...] = ()
 
     def validate(self) -> SamplingParams:
         """Raise ValueError naming the first bad field; return self for chaining."""
@@ -96,6 +101,15 @@ class SamplingParams:
             bad = [i for i in ids if not (_is_int(i) and 0 <= i <= INT32_MAX)]
             if bad:
                 raise ValueError(f"{name} must be integers in [0, {INT32_MAX}], got {bad[0]!r}")
+        if len(self.bad_words) > MAX_BAD_WORDS or not all(
+            0 < len(w) <= MAX_BAD_WORD_TOKENS and all(_is_int(t) and 0 <= t <= INT32_MAX for t in w)
+            for w in self.bad_words
+        ):
+            raise ValueError(
+                f"bad_words must be at most {MAX_BAD_WORDS} sequences of 1 to {MAX_BAD_WORD_TOKENS} token ids"
+            )
+        if allowed and set(allowed) <= {w[0] for w in self.bad_words if len(w) == 1}:
+            raise ValueError("bad_words ban every token allowed_token_ids allows")
         if not all(isinstance(s, str) for s in self.stop_sequences):
             raise ValueError("stop_sequences must be strings")
         biased = [t for t, _ in self.logit_bias]

@@ -1,7 +1,9 @@
 """What a request asks of its own rows of logits before ops.sample draws from them, in this order:
 vLLM's `allowed_token_ids` (every other token masked), OpenAI's `logit_bias` (added to the named
-tokens' logits) and vLLM's `min_p` (tokens whose probability, after the penalties and the
-temperature, is below min_p x that of the row's most likely token are dropped).  All act on a copy
+tokens' logits), vLLM's `bad_words` (a banned sequence's last token masked where the output so far
+ends with the rest of it, as vLLM's `apply_bad_words`) and vLLM's `min_p` (tokens whose
+probability, after the penalties and the temperature, is below min_p x that of the row's most
+likely token are dropped).  All act on a copy
 — the raw logits stay for the logprobs (the model's own, as vLLM reports) and for
 `Sampler.observe` — and only when some request in the step asks; ops.sample (and its CUDA twin)
 stay as they are.
@@ -42,7 +44,9 @@ def _min_p_rows(views: Sequence[SampledRequest]) -> list[int]:
 
 def wanted(views: Sequence[SampledRequest]) -> bool:
     """Whether any row asks for an adjustment (the usual step: none, and no copy is made)."""
-    return any(v.params.logit_bias or v.params.allowed_token_ids for v in views) or bool(_min_p_rows(views))
+    return any(v.params.logit_bias or v.params.allowed_token_ids or v.params.bad_words for v in views) or bool(
+        _min_p_rows(views)
+    )
 
 
 def adjusted(logits: Any, rows: Sequence[int], views: Sequence[SampledRequest], arrays: Any) -> Any:
@@ -58,6 +62,9 @@ def adjusted(logits: Any, rows: Sequence[int], views: Sequence[SampledRequest], 
         if v.params.logit_bias:
             ids, bias = zip(*v.params.logit_bias)
             out[r, list(ids)] += np.asarray(bias, np.float32)
+        for *before, last in v.params.bad_words:  # a view's output: before this row's token
+            if not before or v.output_token_ids[-len(before) :] == before:
+                out[r, last] = -np.inf
     pick = _min_p_rows(views)
     if pick:
         at = [rows[i] for i in pick]

@@ -203,10 +203,10 @@ class Sampler:
                 )
             allowed = r.params.allowed_token_ids
             if r.req_id not in failed and allowed and not set(ts) <= set(allowed):
-                # every allowed id masked (EOS ids until min_tokens): the row was all -inf
+                # every allowed id masked (EOS ids until min_tokens, bad_words): the row was all -inf
                 failed[r.req_id] = (
-                    "no token of allowed_token_ids can be drawn at this step: all of them are EOS or stop ids, "
-                    "masked until min_tokens are generated"
+                    "no token of allowed_token_ids can be drawn at this step: each is an EOS or stop id, "
+                    "masked until min_tokens are generated, or ends one of bad_words"
                 )
         logprobs: dict[str, list[TokenLogprobs]] = {}
         for (r, rows, _), ts in zip(jobs, tokens):

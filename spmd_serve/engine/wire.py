@@ -88,10 +88,11 @@ def params_from_wire(data: Any) -> SamplingParams:
     if not isinstance(data, dict) or not set(data) <= _PARAM_FIELDS:
         raise WireError(f"bad sampling parameters: {data!r:.200}")
     fields: dict[str, Any] = {k: tuple(v) if k in _TUPLE_FIELDS else v for k, v in data.items()}
-    try:  # pairs arrive as lists
+    try:  # pairs and sequences arrive as lists
         fields["logit_bias"] = tuple((int(t), float(b)) for t, b in fields.get("logit_bias", ()))
+        fields["bad_words"] = tuple(tuple(int(t) for t in w) for w in fields.get("bad_words", ()))
     except (TypeError, ValueError):
-        raise WireError(f"bad logit_bias: {data.get('logit_bias')!r:.200}") from None
+        raise WireError(f"bad logit_bias or bad_words: {data!r:.200}") from None
     return SamplingParams(**fields)
 
 

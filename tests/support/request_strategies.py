@@ -17,7 +17,7 @@ from typing import Any
 
 from hypothesis import strategies as st
 
-from spmd_serve.frontend.common.vllm_extras import DETOKENIZE, NOT_BUILT
+from spmd_serve.frontend.common.vllm_extras import NOT_BUILT, OPENAI_EXTRAS
 from spmd_serve.frontend.openai.fields import HONOURED, NEUTRAL
 
 VOCAB = 1024  # the demo model's (spmd_serve/export/demo/checkpoint.py, preset "tiny")
@@ -92,7 +92,7 @@ NATIVE = {
     "timeout": number(0.001, 60),
     **{k: BOOL for k in ("stream", "return_usage", "return_all_tokens", "benchmark")},
     # vLLM's extras this server does not build: their neutral values, or anything else (refused)
-    **{k: Field(st.sampled_from([*v, None])) for k, v in {**NOT_BUILT, **DETOKENIZE}.items()},
+    **{k: Field(st.sampled_from([*v, None])) for k, v in {**NOT_BUILT, **OPENAI_EXTRAS}.items()},
 }
 NATIVE_PROMPTS = ("text", "messages", "input_ids")
 
@@ -121,6 +121,7 @@ _OPENAI_COMMON = {
     "include_stop_str_in_output": BOOL,
     "skip_special_tokens": BOOL,
     "spaces_between_special_tokens": BOOL,
+    "bad_words": Field(st.lists(TEXT, max_size=3), st.one_of(TEXT, st.lists(JUNK, min_size=1, max_size=3), JUNK)),
     "truncate_prompt_tokens": integer(1, 20),
     "return_tokens_as_token_ids": BOOL,
     # token id (a decimal string) -> bias; bad maps: ids past every bound, "07"-style repeats, junk values

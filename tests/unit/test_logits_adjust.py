@@ -1,7 +1,8 @@
 """A request's adjustments of its own rows before ops.sample (spmd_serve/engine/logits_adjust.py),
 through the Sampler: OpenAI's logit_bias forces and bans tokens of its request only, vLLM's min_p
 draws only the tokens above its share of the top one after penalties and temperature (against a
-float64 reference, renormalised), and both leave greedy rows' rules and the raw logprobs alone."""
+float64 reference, renormalised), and both leave greedy rows' rules and the raw logprobs alone;
+vLLM's allowed_token_ids and bad_words mask only their request's tokens."""
 
 from __future__ import annotations
 
@@ -134,3 +135,46 @@ def test_allowed_ids_that_min_tokens_masks_fail_that_request_alone():
     other = Request("o", [1], SamplingParams(max_tokens=4, temperature=0))
     step = Sampler().sample(_step(stuck, other), x)
     assert "allowed_token_ids" in step.failed["s"] and step.token_by_request() == {"o": [0]}
+
+
+# ---------------------------------------------------------------- bad_words
+
+
+def test_bad_words_ban_a_sequence_s_last_token_only_after_the_rest_of_it():
+    """vLLM's apply_bad_words: a one-token word is never drawn; a longer one's last token is masked
+    only where the output ends with the tokens before it (the prompt does not count)."""
+    x = np.array([0.0, 5.0, 4.0, 3.0, 2.0, 1.0], np.float32)  # greedy order: 1, 2, 3, 4, 5, 0
+    banned = ((1,), (0, 2), (4, 3, 2))  # 1 always; 2 after 0; 2 after 4, 3
+
+    def greedy(output: list[int], prompt: list[int] | None = None) -> int:
+        r = Request("g", prompt or [1], SamplingParams(max_tokens=4, temperature=0, bad_words=banned, logprobs=1))
+        r.output_token_ids = list(output)
+        step = Sampler().sample(_step(r), x[None, :])
+        assert step.logprobs["g"][0][0] == pytest.approx(float(x[step.tokens[0][0]] - np.log(np.exp(x).sum())))
+        return step.tokens[0][0]
+
+    assert greedy([]) == 2 and greedy([3]) == 2  # 1 banned; 2 free
+    assert greedy([0]) == 3 and greedy([5, 4, 3]) == 3  # 2 banned after 0, and after 4, 3
+    assert greedy([3, 3]) == 2 and greedy([], prompt=[4, 3]) == 2  # not after 3, 3; the prompt's tail is not output
+    hot = SamplingParams(max_tokens=4, temperature=2.0, bad_words=banned)
+    assert set(_draws(x, hot, 300, output=[0]).tolist()) == {0, 3, 4, 5}  # each other one drawn, never 1 or 2
+
+
+def test_bad_words_bounds_and_a_ban_of_every_allowed_token_are_refused():
+    for bad in [((),), ((1,),) * 129, ((1,) * 65,), ((-1,),)]:
+        with pytest.raises(ValueError, match="bad_words must be at most 128 sequences of 1 to 64 token ids"):
+            SamplingParams(bad_words=bad).validate()
+    with pytest.raises(ValueError, match="bad_words ban every token allowed_token_ids allows"):
+        SamplingParams(allowed_token_ids=(2, 5), bad_words=((5,), (2,))).validate()
+    SamplingParams(allowed_token_ids=(2, 5), bad_words=((5,), (3, 2))).validate()  # 2 is free after other tokens
+
+
+def test_bad_words_that_mask_every_allowed_token_fail_that_request_alone():
+    x = np.zeros((2, 8), np.float32)
+    stuck = Request(
+        "s", [1], SamplingParams(max_tokens=4, temperature=0, allowed_token_ids=(5, 6), bad_words=((3, 5), (3, 6)))
+    )
+    stuck.output_token_ids = [3]
+    other = Request("o", [1], SamplingParams(max_tokens=4, temperature=0))
+    step = Sampler().sample(_step(stuck, other), x)
+    assert "bad_words" in step.failed["s"] and step.token_by_request() == {"o": [0]}

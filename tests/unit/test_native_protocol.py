@@ -105,7 +105,7 @@ def test_the_not_built_extras_are_refused_alike_by_both_apis():
 
 def test_every_field_the_openai_api_honours_is_native_an_alias_or_refused():
     # the two tables live apart (a protocol imports no other): this keeps them from drifting
-    from spmd_serve.frontend.common.vllm_extras import DETOKENIZE
+    from spmd_serve.frontend.common.vllm_extras import OPENAI_EXTRAS
     from spmd_serve.frontend.native import protocol as native
     from spmd_serve.frontend.openai.fields import HONOURED, NEUTRAL
 
@@ -114,7 +114,7 @@ def test_every_field_the_openai_api_honours_is_native_an_alias_or_refused():
     not_native = set(HONOURED["completion"] | HONOURED["chat"]) - native_names - aliases
     # model makes a body OpenAI's; user is ignored there too; prompt is the completions endpoint's;
     # the detokenisation extras are taken at their neutral value (always so natively)
-    left = {"model", "user", "prompt", "add_special_tokens", *DETOKENIZE}
+    left = {"model", "user", "prompt", "add_special_tokens", *OPENAI_EXTRAS}
     assert not_native - set(native.OPENAI_ONLY) == left
     # and the refused names are the OpenAI API's: honoured there, or known and not implemented
     assert set(native.OPENAI_ONLY) <= not_native | set(NEUTRAL["completion"]) | set(NEUTRAL["chat"])

@@ -2,7 +2,7 @@
 completion and chat requests define is honoured or refused by name, an unknown one is refused with
 OpenAI's wording, and the vLLM extras we honour act: stop_token_ids (stop, even with ignore_eos;
 their text left out unless include_stop_str_in_output), include_stop_str_in_output for stop
-strings, truncate_prompt_tokens."""
+strings, truncate_prompt_tokens, bad_words."""
 
 from __future__ import annotations
 
@@ -70,7 +70,6 @@ def test_unknown_fields_are_refused_with_openai_s_wording(kind):
     [
         ("completion", "logits_processors", [], ["x"]),
         ("chat", "length_penalty", 1, 0.5),
-        ("completion", "bad_words", [], ["x"]),
         ("completion", "use_beam_search", False, True),
         ("chat", "response_format", {"type": "text"}, {"type": "json_object"}),
         ("chat", "tools", [], [{"type": "function", "function": {"name": "f"}}]),
@@ -105,6 +104,31 @@ def test_stop_token_ids_reach_the_params_and_are_checked_against_the_vocabulary(
         with pytest.raises(OpenAIError) as e:
             parse(stop_token_ids=bad)
         assert e.value.param == "stop_token_ids"
+
+
+def test_bad_words_become_token_sequences_as_vllm_makes_them(tmp_path):
+    """Each word's ids (leading spaces stripped, repeats dropped), and with a tokenizer that has a
+    word-initial piece (byte-level BPE: "cat" and "Ġcat") its ids after a space too."""
+    from spmd_serve.frontend.text.tokenizer import ServingTokenizer
+    from tests.support.hf_tokenizer_dirs import write_byte_level_dir
+
+    p = parse(bad_words=["ab", "  ab", "c"]).params  # char-level: " ab" is one id longer, not a variant
+    assert p.bad_words == (tuple(TOK.encode("ab")), tuple(TOK.encode("c")))
+    qwen = ServingTokenizer.from_model_dir(write_byte_level_dir(tmp_path / "q", "qwen2"), use_hf_tokenizer=True)
+    words = parse_openai("completion", {"model": "m", "prompt": "x", "bad_words": ["cat"]}, qwen, LIMITS, ("m",))
+    assert words.params.bad_words == (tuple(qwen.encode("cat")), tuple(qwen.encode(" cat")))
+    spaced, plain = qwen.encode(" cat"), qwen.encode("cat")
+    assert len(spaced) == len(plain) and spaced[0] != plain[0]  # ("Ġcat"-style: the case the rule is for)
+    for bad, says in [
+        ("ab", "a list of non-blank strings"), ([""], "non-blank"), (["a", " "], "non-blank"), ([3], "strings"),
+        (["x" * 65], "more than 64 tokens"), ([chr(97 + i % 26) * (1 + i // 26) for i in range(129)], "at most 128"),
+    ]:  # fmt: skip
+        with pytest.raises(OpenAIError) as e:
+            parse(bad_words=bad)
+        assert (e.value.param, says in e.value.msg) == ("bad_words", True), e.value.msg
+    with pytest.raises(OpenAIError, match="ban every token allowed_token_ids allows"):
+        parse(bad_words=["a", "b"], allowed_token_ids=TOK.encode("ba"))
+    assert parse(bad_words=["a", "cb"], allowed_token_ids=TOK.encode("ba")).params.allowed_token_ids
 
 
 def test_truncate_prompt_tokens_keeps_the_last_ones():

@@ -124,11 +124,14 @@ def test_a_seeded_request_does_not_depend_on_its_batch():
     assert together.num_draft == 4 and together.num_verifying == 2
 
 
-def test_drafts_verified_under_logit_bias_and_min_p_give_the_plain_tokens():
+def test_drafts_verified_under_logit_bias_min_p_and_bad_words_give_the_plain_tokens():
     """The adjustments (engine/logits_adjust.py) apply to every verified position as to plain
-    decoding's single row: a seeded request's tokens are the same with and without drafts."""
+    decoding's single row, bad_words on the output as it stands before that position (the drafts
+    before it included): a seeded request's tokens are the same with and without drafts."""
     rng = np.random.default_rng(6)
-    base = SamplingParams(max_tokens=8, temperature=1.2, min_p=0.15, logit_bias=((1, 1.5), (4, -100.0)))
+    base = SamplingParams(
+        max_tokens=8, temperature=1.2, min_p=0.15, logit_bias=((1, 1.5), (4, -100.0)), bad_words=((0, 3), (3, 1), (2,))
+    )
     for trial in range(100):
         logits = rng.normal(0, 2.0, (4, V)).astype(np.float32)
         params = SamplingParams(**{**base.__dict__, "seed": trial})
@@ -138,7 +141,8 @@ def test_drafts_verified_under_logit_bias_and_min_p_give_the_plain_tokens():
             req.output_token_ids = list(out)
             out += Sampler().sample(SchedulerOutput([ScheduledSeq(req, 0, 3, True)]), logits[j : j + 1]).tokens[0]
         plain = out[2:]
-        assert 4 not in plain
+        assert 4 not in plain and 2 not in plain
+        assert not {(0, 3), (3, 1)} & set(zip(out[1:], out[2:]))  # the pairs banned, from the output's last token on
         drafts = [t if rng.random() < 0.7 else int(rng.integers(V)) for t in plain[:3]]
         got = Sampler().sample(SchedulerOutput([ScheduledSeq(_request(params, drafts), 4, 4, True, 3)]), logits)
         assert got.tokens[0] == accept_matching(drafts, plain)

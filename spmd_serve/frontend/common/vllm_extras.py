@@ -2,8 +2,8 @@
 does not build: accepted only at their neutral value (the one that changes nothing, e.g.
 `bad_words: []`, `use_beam_search: false`) and otherwise refused by name, by the OpenAI API
 (openai.fields, among its other not-implemented fields) and by the native one (native.protocol:
-a body without "model" that carries one was meant for a vLLM-style server).  Also the
-detokenisation extras the OpenAI API honours and the native one takes only at their neutral value.
+a body without "model" that carries one was meant for a vLLM-style server).  Also the extras
+the OpenAI API honours and the native one takes only at their neutral value.
 
 Pure data and two helpers, shared by both protocols (which import no other protocol).
 """
@@ -17,15 +17,17 @@ from spmd_serve.frontend.common.parsing import show
 # field -> its neutral values (JSON null always counts as absent; () accepts only null)
 NOT_BUILT: dict[str, tuple[Any, ...]] = {
     # sampling: not in this server's sampler
-    "bad_words": ([],), "prompt_logprobs": (),
+    "prompt_logprobs": (),
     "use_beam_search": (False,), "length_penalty": (1,), "logits_processors": ([],),
     # structured output
     "guided_json": (), "guided_regex": (), "guided_choice": (), "guided_grammar": (), "guided_decoding_backend": (),
     "guided_whitespace_pattern": (), "structural_tag": (),
 }  # fmt: skip
-# vLLM's detokenisation extras: the OpenAI API honours them; the native API always skips special
-# tokens, so there they are accepted at these neutral values only
-DETOKENIZE: dict[str, tuple[Any, ...]] = {"skip_special_tokens": (True,), "spaces_between_special_tokens": (True,)}
+# vLLM's extras the OpenAI API honours and the native one does not (it always skips special tokens,
+# bans no words): there they are accepted at these neutral values only
+OPENAI_EXTRAS: dict[str, tuple[Any, ...]] = {
+    "skip_special_tokens": (True,), "spaces_between_special_tokens": (True,), "bad_words": ([],),
+}  # fmt: skip
 
 
 def same(value: Any, neutral: Any) -> bool:

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from spmd_serve.frontend.common.parsing import Limits, ProtocolError, check_in_vocab, finite_number, is_int, show
-from spmd_serve.frontend.common.vllm_extras import DETOKENIZE, NOT_BUILT, refusal
+from spmd_serve.frontend.common.vllm_extras import NOT_BUILT, OPENAI_EXTRAS, refusal
 from spmd_serve.sampling_params import SamplingParams
 
 
@@ -128,10 +128,10 @@ def parse_native_request(body: dict[str, Any]) -> NativeRequest:
             rid,
         )
     # vLLM's extras this server does not build: at their neutral value they change nothing
-    for key, neutrals in {**NOT_BUILT, **DETOKENIZE}.items():
+    for key, neutrals in {**NOT_BUILT, **OPENAI_EXTRAS}.items():
         message = None if body.get(key) is None else refusal(key, body[key], neutrals)
         if message is not None:
-            where = '; the OpenAI HTTP API takes it (a body with "model")' if key in DETOKENIZE else ""
+            where = '; the OpenAI HTTP API takes it (a body with "model")' if key in OPENAI_EXTRAS else ""
             raise ProtocolError(400, message + where, rid)
 
     given = [k for k in ("text", "messages", "input_ids") if body.get(k) is not None]

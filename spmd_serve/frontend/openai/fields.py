@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from spmd_serve.frontend.common.parsing import ProtocolError
-from spmd_serve.frontend.common.vllm_extras import DETOKENIZE, NOT_BUILT, refusal
+from spmd_serve.frontend.common.vllm_extras import NOT_BUILT, OPENAI_EXTRAS, refusal
 
 _COMMON = frozenset(
     {
@@ -22,7 +22,7 @@ _COMMON = frozenset(
         "min_tokens", "ignore_eos", "user", "logprobs", "logit_bias", "min_p", "allowed_token_ids",
         # vLLM's extras we honour
         "stop_token_ids", "include_stop_str_in_output", "truncate_prompt_tokens", "return_tokens_as_token_ids",
-        *DETOKENIZE,
+        *OPENAI_EXTRAS,
     }
 )  # fmt: skip
 HONOURED: dict[str, frozenset[str]] = {

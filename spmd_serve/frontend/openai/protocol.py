@@ -260,6 +260,7 @@ def parse_openai(
     try:
         stop_ids, bias = token_params.stop_token_ids(body, tokenizer), token_params.logit_bias(body, tokenizer)
         allowed = token_params.allowed_token_ids(body, tokenizer)
+        banned = token_params.bad_words(body, tokenizer, allowed)
     except FieldError as e:
         raise OpenAIError(400, e.msg, e.param) from None
     params = SamplingParams(
@@ -283,6 +284,7 @@ def parse_openai(
         prompt_logprobs=logprobs if echo else None,
         logit_bias=bias,
         allowed_token_ids=allowed,
+        bad_words=banned,
     )
     _get(body, "user", "str", None)
     continues = kind == "completion" or bool(body.get("continue_final_message"))

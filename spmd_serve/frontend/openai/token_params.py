@@ -1,7 +1,7 @@
 """The OpenAI request fields that name token ids — vLLM's `stop_token_ids` and `allowed_token_ids`,
 and OpenAI's `logit_bias` — read from a body: their shapes and bounds, and every id checked against
-the vocabulary.  Each refusal is a `FieldError` naming the field (openai.protocol answers it as a
-400)."""
+the vocabulary; and vLLM's `bad_words`, turned into token ids.  Each refusal is a `FieldError`
+naming the field (openai.protocol answers it as a 400)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from typing import Any
 
 from spmd_serve.frontend.common.parsing import ProtocolError, check_in_vocab, finite_number, is_int, show
 from spmd_serve.frontend.openai.fields import FieldError
-from spmd_serve.sampling_params import INT32_MAX, MAX_LOGIT_BIAS
+from spmd_serve.sampling_params import INT32_MAX, MAX_BAD_WORD_TOKENS, MAX_BAD_WORDS, MAX_LOGIT_BIAS
 
 
 def _in_vocab(name: str, ids: list[int], tokenizer: Any) -> None:
@@ -70,3 +70,30 @@ def logit_bias(body: dict[str, Any], tokenizer: Any) -> tuple[tuple[int, float],
         pairs[token] = number
     _in_vocab("logit_bias", list(pairs), tokenizer)
     return tuple(sorted(pairs.items()))
+
+
+def bad_words(body: dict[str, Any], tokenizer: Any, allowed: tuple[int, ...]) -> tuple[tuple[int, ...], ...]:
+    """vLLM's ["word", ...] → the token sequences to ban, as vLLM's SamplingParams.update_from_tokenizer
+    makes them: each word's ids (leading spaces stripped), and also its ids after a space where
+    that is as many ids and starts with another one (a word-initial piece of its own).  Refused
+    when they ban each of the `allowed` token ids outright (nothing could be drawn)."""
+    words = body.get("bad_words")
+    if words is None:
+        return ()
+    if not isinstance(words, list) or not all(isinstance(w, str) and w.strip() for w in words):
+        raise FieldError(f"bad_words must be a list of non-blank strings, got {show(words)}", "bad_words")
+    out: dict[tuple[int, ...], None] = {}  # distinct, in order
+    for word in words:
+        plain = tuple(tokenizer.encode(word.lstrip()))
+        spaced = tuple(tokenizer.encode(" " + word.lstrip()))
+        if not plain or not spaced:  # all of it normalised away
+            raise FieldError(f"bad_words: {show(word)} has no tokens", "bad_words")
+        for ids in (plain, spaced) if spaced[0] != plain[0] and len(spaced) == len(plain) else (plain,):
+            if len(ids) > MAX_BAD_WORD_TOKENS:
+                raise FieldError(f"bad_words: {show(word)} is more than {MAX_BAD_WORD_TOKENS} tokens", "bad_words")
+            out[ids] = None
+    if len(out) > MAX_BAD_WORDS:
+        raise FieldError(f"bad_words makes {len(out)} token sequences to ban; at most {MAX_BAD_WORDS}", "bad_words")
+    if allowed and set(allowed) <= {ids[0] for ids in out if len(ids) == 1}:
+        raise FieldError("bad_words ban every token allowed_token_ids allows", "bad_words")
+    return tuple(out)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from spmd_serve.frontend.common.vllm_extras import DETOKENIZE, NOT_BUILT
+from spmd_serve.frontend.common.vllm_extras import NOT_BUILT, OPENAI_EXTRAS
 from spmd_serve.frontend.native.protocol import OPENAI_ONLY
 from spmd_serve.frontend.openai.fields import NEUTRAL
 from spmd_serve.frontend.openai.protocol import MAX_N
@@ -108,7 +108,7 @@ def schemas(s: IOSettings) -> dict[str, Schema]:
         **{k: _opt(BOOL) for k in ("stream", "return_usage", "return_all_tokens", "benchmark")},
         "model": False,     # a body with "model" is an OpenAI chat request
         **{k: False for k in OPENAI_ONLY},  # refused by name: the OpenAI API's alone
-        **{k: _only(v) for k, v in {**NOT_BUILT, **DETOKENIZE}.items()},  # vLLM's extras: refused unless neutral
+        **{k: _only(v) for k, v in {**NOT_BUILT, **OPENAI_EXTRAS}.items()},  # vLLM's extras: refused unless neutral
     }
     common = {   # the sampling fields /v1/completions and OpenAI chat share
         "model": {"enum": list(s.model_names)},
@@ -127,6 +127,7 @@ def schemas(s: IOSettings) -> dict[str, Schema]:
         "stop_token_ids": _opt(_list(_int(0), description="ids below the vocabulary size")),
         "include_stop_str_in_output": _opt(BOOL),
         "skip_special_tokens": _opt(BOOL), "spaces_between_special_tokens": _opt(BOOL),
+        "bad_words": _opt(_list(STR, description="words never generated (vLLM's: as their tokens)")),
         "allowed_token_ids": _opt(_list(_int(0), minItems=1, description="the draw is limited to these ids")),
         "logit_bias": _opt(_obj([], {}, additionalProperties=_num(-100, 100),
                                 propertyNames={"pattern": "^[0-9]{1,10}$"},

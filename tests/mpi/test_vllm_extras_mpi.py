@@ -1,0 +1,85 @@
+"""vLLM's request extras, served by `mpirun -n 1 spmd_serve` to the official `openai` client:
+`skip_special_tokens` false (the answer's special tokens written, streamed and whole alike, as
+ServingTokenizer.decode writes them; the eos that stopped a request written only with
+include_stop_str_in_output) and `bad_words` (never generated: the greedy answer is the free one up to
+where it would have completed a banned word, and never holds one)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import openai
+import pytest
+
+from spmd_serve.frontend.text.tokenizer import ServingTokenizer
+from tests.support.server_process import ServerProcess
+
+pytestmark = pytest.mark.mpi
+CHAT = [{"role": "user", "content": "Hi"}]
+
+
+@pytest.fixture(scope="module")
+def client(served_tp1: Path, tmp_path_factory) -> openai.OpenAI:
+    with ServerProcess(1, served_tp1, tmp_path_factory.mktemp("logs") / "server.log") as srv:
+        yield openai.OpenAI(base_url=f"http://127.0.0.1:{srv.http_port}/v1", api_key="x", max_retries=0, timeout=60)
+
+
+@pytest.fixture(scope="module")
+def tok(served_tp1: Path) -> ServingTokenizer:
+    return ServingTokenizer.from_model_dir(served_tp1)
+
+
+def _ids(logprobs_tokens: list[str]) -> list[int]:
+    return [int(t.removeprefix("token_id:")) for t in logprobs_tokens]
+
+
+def test_skip_special_tokens_false_writes_them(client, tok):
+    eos, words = tok.eos_token_ids[0], [tok.encode(w)[-1] for w in (" cat", " dog")]
+    extra = {"ignore_eos": True, "allowed_token_ids": sorted({eos, *words}), "return_tokens_as_token_ids": True}
+    # near-uniform draws over the three allowed ids (seeded: the same draws every run)
+    kw = dict(model="default", messages=CHAT, max_tokens=16, temperature=50, seed=3, logprobs=True, top_logprobs=0)
+    shown = client.chat.completions.create(**kw, extra_body={**extra, "skip_special_tokens": False}).choices[0]
+    ids = _ids([t.token for t in shown.logprobs.content])
+    assert eos in ids and set(words) & set(ids), ids
+    assert shown.message.content == tok.decode(ids, skip_special_tokens=False)
+    assert tok.special_text(eos) in shown.message.content
+    stream = client.chat.completions.create(
+        **kw, stream=True, extra_body={**extra, "skip_special_tokens": False, "spaces_between_special_tokens": False}
+    )
+    joined = "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
+    assert joined == tok.decode(ids, False, spaces_between_special_tokens=False) != shown.message.content
+    skipped = client.chat.completions.create(**kw, extra_body=extra).choices[0]
+    assert skipped.message.content == tok.decode(ids)  # the default
+    stop = dict(model="default", prompt="Hello", max_tokens=4, temperature=0, logit_bias={str(eos): 100})
+    texts = [
+        client.completions.create(**stop, extra_body={"skip_special_tokens": False, **keep}).choices[0]
+        for keep in ({}, {"include_stop_str_in_output": True})
+    ]
+    assert [(c.text, c.finish_reason) for c in texts] == [("", "stop"), (tok.special_text(eos), "stop")]
+
+
+def _find(seq: list[int], part: list[int]) -> int:
+    """Where `part` first ends inside `seq` (the index of its last id), or -1."""
+    n = len(part)
+    return next((i + n - 1 for i in range(len(seq) - n + 1) if seq[i : i + n] == part), -1)
+
+
+@pytest.mark.parametrize("length", [1, 2])
+def test_bad_words_are_never_generated(client, tok, length):
+    """A word (one token, or two) the free greedy answer writes, banned: the answer is the free one
+    up to the token that would have completed it, differs there, and never holds it."""
+    kw = dict(model="default", prompt="Once upon a time", max_tokens=24, temperature=0, logprobs=0)
+    extra = {"ignore_eos": True, "return_tokens_as_token_ids": True}
+    free = _ids(client.completions.create(**kw, extra_body=extra).choices[0].logprobs.tokens)
+    # a word whose text encodes back to the same ids (so bad_words names exactly these tokens)
+    at = next(
+        k
+        for k in range(1, len(free) - length)
+        if (text := tok.decode(free[k : k + length]).strip()).isalpha() and tok.encode(text) == free[k : k + length]
+    )
+    word = tok.decode(free[at : at + length]).strip()
+    banned = client.completions.create(**kw, extra_body={**extra, "bad_words": [word]}).choices[0]
+    got = _ids(banned.logprobs.tokens)
+    end = _find(free, tok.encode(word))
+    assert got[:end] == free[:end] and got[end] != free[end], (word, free, got)
+    assert _find(got, tok.encode(word)) == -1 and word not in banned.text.split()
