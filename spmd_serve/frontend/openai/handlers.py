@@ -26,8 +26,9 @@ from spmd_serve.engine.client import EngineClient
 from spmd_serve.frontend.common.generation import Delta, Generation, GenerationError
 from spmd_serve.frontend.common.http_base import AUTH_HINT, JsonBodyHandler, bearer_ok, reason_phrase
 from spmd_serve.frontend.common.parsing import Limits, ProtocolError
+from spmd_serve.frontend.openai.body import OpenAIError, error_body
 from spmd_serve.frontend.openai.format import ChoiceState, Formatter, model_list
-from spmd_serve.frontend.openai.protocol import OpenAIError, OpenAIRequest, check_model, error_body, parse_openai
+from spmd_serve.frontend.openai.protocol import OpenAIRequest, check_model, parse_openai
 
 log = logging.getLogger(__name__)
 SSE = "text/event-stream; charset=utf-8"
