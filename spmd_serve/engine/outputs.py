@@ -12,6 +12,9 @@ from typing import Protocol
 
 # (logprob of the chosen token, [(token id, logprob)] of the top n, best first)
 TokenLogprobs = tuple[float, list[tuple[int, float]]]
+# a prompt token's: the same and its rank in its row (1 + how many other tokens the model put at least
+# as high: vLLM's prompt_logprobs report it)
+PromptLogprobs = tuple[float, list[tuple[int, float]], int]
 
 
 class _Stepped(Protocol):
@@ -52,14 +55,14 @@ class RequestOutput:
     # One entry per new token when the request asked for logprobs: (chosen logprob, top n).
     logprobs: list[TokenLogprobs] | None = None
     # The first output of a request that asked for prompt logprobs: one entry per prompt token after the first.
-    prompt_logprobs: list[TokenLogprobs] | None = None
+    prompt_logprobs: list[PromptLogprobs] | None = None
 
     @classmethod
     def step(
         cls,
         req: _Stepped,
         logprobs: list[TokenLogprobs] | None = None,
-        prompt_logprobs: list[TokenLogprobs] | None = None,
+        prompt_logprobs: list[PromptLogprobs] | None = None,
     ) -> RequestOutput:
         """The tokens this step appended to `req` (and whether that ended it); `logprobs`: one
         entry per token sampled for it (a stop may have dropped the last ones)."""

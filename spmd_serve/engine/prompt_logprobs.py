@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from spmd_serve.engine.outputs import TokenLogprobs
+from spmd_serve.engine.outputs import PromptLogprobs, TokenLogprobs
 from spmd_serve.scheduler.request import Request
 from spmd_serve.scheduler.scheduler import ScheduledSeq
 
@@ -40,19 +40,27 @@ def logits_rows(seq: ScheduledSeq) -> int:
     return 1 + seq.num_draft if span is None else span[1] - span[0]
 
 
-def score(seq: ScheduledSeq, rows: npt.NDArray[np.floating[Any]], token_logprobs: Any) -> list[TokenLogprobs]:
+def _ranked(entry: TokenLogprobs, row: npt.NDArray[np.floating[Any]], token: int) -> PromptLogprobs:
+    """`entry` with `token`'s rank in `row`: how many tokens have a logit at least its own (vLLM's
+    count, so 1 for the most likely token)."""
+    return (*entry, int(np.count_nonzero(row >= row[token])))
+
+
+def score(seq: ScheduledSeq, rows: npt.NDArray[np.floating[Any]], token_logprobs: Any) -> list[PromptLogprobs]:
     """The entries of the prompt tokens `seq`'s rows ([logits_rows(seq), V]) score, in order;
-    `token_logprobs(row, token, top_n)` makes one."""
+    `token_logprobs(row, token, top_n)` makes one, and its rank is added."""
     span = _scored(seq)
     if span is None:
         return []
     q, end = span
     stop = min(end, seq.request.num_prompt_tokens - 1)  # positions q .. stop - 1 score prompt tokens
     prompt, top = seq.request.prompt_token_ids, seq.request.params.prompt_logprobs
-    return [token_logprobs(rows[p - q], prompt[p + 1], top) for p in range(q, stop)]
+    return [
+        _ranked(token_logprobs(rows[p - q], prompt[p + 1], top), rows[p - q], prompt[p + 1]) for p in range(q, stop)
+    ]
 
 
-def once(request: Request) -> list[TokenLogprobs] | None:
+def once(request: Request) -> list[PromptLogprobs] | None:
     """The request's prompt entries for its first output (all are made by then: the chunk that samples
     its first token scores the prompt's last), None for every other output and where none are wanted."""
     if request.params.prompt_logprobs is None or request.prompt_logprobs_sent:

@@ -35,7 +35,7 @@ import numpy.typing as npt
 import ops.sample
 from spmd_serve.engine import logits_adjust, prompt_logprobs
 from spmd_serve.engine.logits_adjust import SampledRequest
-from spmd_serve.engine.outputs import TokenLogprobs
+from spmd_serve.engine.outputs import PromptLogprobs, TokenLogprobs
 from spmd_serve.engine.prompt_logprobs import logits_rows
 from spmd_serve.engine.verify import accept_matching, position_rows, rejection_sample, target_probs
 from spmd_serve.sampling_params import SamplingParams
@@ -141,7 +141,7 @@ class SampledStep:
     num_draft: int = 0
     num_accepted: int = 0
     num_verifying: int = 0  # requests that verified drafts
-    prompt_logprobs: dict[str, list[TokenLogprobs]] = field(default_factory=dict)  # by req_id: this step's
+    prompt_logprobs: dict[str, list[PromptLogprobs]] = field(default_factory=dict)  # by req_id: this step's
 
     def token_by_request(self) -> dict[str, list[int]]:
         return {r.req_id: t for r, t in zip(self.requests, self.tokens)}
@@ -170,7 +170,7 @@ class Sampler:
         if usual is not None:
             return usual
         jobs: list[_Job] = []
-        prompt_lps: dict[str, list[TokenLogprobs]] = {}
+        prompt_lps: dict[str, list[PromptLogprobs]] = {}
         row = 0
         for s in out.seqs:
             n = logits_rows(s)

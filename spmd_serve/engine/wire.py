@@ -127,14 +127,18 @@ def output_from_wire(item: Any, req_id: str) -> RequestOutput:
         int(num_prompt),
         int(num_cached),
         _entries(logprobs),
-        _entries(prompt),
+        None if prompt is None else [(chosen, _top(top), int(rank)) for chosen, top, rank in prompt],
     )
 
 
 def _entries(wire: Any) -> list[TokenLogprobs] | None:
     if wire is None:
         return None
-    return [(chosen, [(int(t), lp) for t, lp in top]) for chosen, top in wire]
+    return [(chosen, _top(top)) for chosen, top in wire]
+
+
+def _top(wire: Any) -> list[tuple[int, float]]:
+    return [(int(t), lp) for t, lp in wire]
 
 
 def facts_from_hello(msg: Message) -> tuple[frozenset[int], list[int]]:

@@ -79,7 +79,7 @@ class Request:
         self.num_new_tokens = 0
         # params.prompt_logprobs: the entries of prompt tokens 1, 2, ... computed so far (kept across a
         # preemption: a recomputed chunk does not score them again), and whether an output carried them
-        self.prompt_logprobs: list[tuple[float, list[tuple[int, float]]]] = []
+        self.prompt_logprobs: list[tuple[float, list[tuple[int, float]], int]] = []  # (outputs.PromptLogprobs)
         self.prompt_logprobs_sent = False
         self.status = RequestStatus.WAITING
         self.finish_reason: str | None = None

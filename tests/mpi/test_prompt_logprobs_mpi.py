@@ -1,7 +1,8 @@
 """The prompt scored, as lm-evaluation-harness asks an OpenAI server (`echo` with `logprobs`,
 `max_tokens` 0 for the prompt alone): against `mpirun -n 2 spmd_serve` on the demo model with
 16-token prefill chunks, every prompt token's logprob is PaddleNLP's own model's, streamed or not,
-with the prefix cache holding the prompt already, and beside other requests in the same steps."""
+with the prefix cache holding the prompt already, and beside other requests in the same steps; and
+vLLM's `prompt_logprobs` (each token's logprob and rank, its position's top k) against the same rows."""
 
 from __future__ import annotations
 
@@ -118,3 +119,37 @@ def test_a_cached_prefix_is_scored_all_the_same_beside_other_requests(client, pr
 def test_max_tokens_0_without_echo_is_refused(client):
     with pytest.raises(openai.BadRequestError, match="max_tokens"):
         client.completions.create(model="default", prompt="hello", max_tokens=0)
+
+
+def _check_vllm_prompt_logprobs(entries: list, ids: list[int], ref: np.ndarray, k: int) -> None:
+    """vLLM's prompt_logprobs: None, then per prompt token {id: {logprob, rank, decoded_token}}, the
+    token's own first (its rank: how many tokens the reference puts at least as high, up to ties
+    within the tolerance), then its position's top k (ranks 1..k) that are other tokens."""
+    assert entries[0] is None and len(entries) == len(ids)
+    tol = 2e-3
+    for i, entry in enumerate(entries[1:]):
+        row, tok = ref[i], ids[i + 1]
+        own, *others = entry.items()
+        assert int(own[0]) == tok and abs(own[1]["logprob"] - row[tok]) < tol
+        assert (row > row[tok] + tol).sum() + 1 <= own[1]["rank"] <= (row >= row[tok] - tol).sum()
+        best = np.argsort(-row, kind="stable")
+        assert len(others) == (k - 1 if own[1]["rank"] <= k else k)  # the token itself listed once
+        for t, v in others:
+            assert 1 <= v["rank"] <= k and abs(v["logprob"] - row[int(t)]) < tol
+            assert abs(row[best[v["rank"] - 1]] - v["logprob"]) < tol and isinstance(v["decoded_token"], str)
+
+
+@pytest.mark.parametrize("k", [0, TOP])
+def test_vllm_prompt_logprobs(client, prompts, reference, k):
+    """vLLM's prompt_logprobs field, in completions (per choice, with n) and chat (once), against
+    PaddleNLP's rows; refused with stream."""
+    ids, ref = prompts[0], reference[0]
+    r = client.completions.create(model="default", prompt=ids, max_tokens=2, n=2, extra_body={"prompt_logprobs": k})
+    for c in r.choices:
+        _check_vllm_prompt_logprobs(c.model_extra["prompt_logprobs"], ids, ref, k)
+    chat = client.chat.completions.create(
+        model="default", messages=[{"role": "user", "content": "hi"}], max_tokens=2, extra_body={"prompt_logprobs": k}
+    )
+    assert chat.model_extra["prompt_logprobs"][0] is None and len(chat.model_extra["prompt_logprobs"]) > 1
+    with pytest.raises(openai.BadRequestError, match="prompt_logprobs are not available when stream=true"):
+        client.completions.create(model="default", prompt=ids, stream=True, extra_body={"prompt_logprobs": k})

@@ -79,7 +79,6 @@ def test_unknown_fields_are_refused_with_openai_s_wording(kind):
         ("completion", "suffix", "", "!"),
         ("completion", "priority", 0, 1),
         ("chat", "guided_choice", None, ["a", "b"]),
-        ("completion", "prompt_logprobs", None, 0),
         ("chat", "store", False, True),
     ],
 )

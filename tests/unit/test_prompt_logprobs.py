@@ -15,6 +15,7 @@ from spmd_serve.scheduler.request import Request
 from spmd_serve.scheduler.scheduler import ScheduledSeq, SchedulerOutput
 
 PROMPT = [5, 9, 2, 7, 7, 1, 3, 8, 4, 6]
+V = 12
 
 
 def _entry(row, token, top):
@@ -23,10 +24,12 @@ def _entry(row, token, top):
 
 
 def _run(request: Request, start: int, n: int) -> tuple[int, list]:
-    """One chunk [start, start + n): (rows asked, entries made); row p's logits say p."""
+    """One chunk [start, start + n): (rows asked, entries made); row p's logits say p, and rank token t
+    V - t (they grow with the id)."""
     seq = ScheduledSeq(request, start, n, samples=start + n == request.num_tokens)
     rows = logits_rows(seq)
-    logits = np.arange(start + n - rows, start + n, dtype=np.float32)[:, None] * np.ones((1, 4), np.float32)
+    positions = np.arange(start + n - rows, start + n, dtype=np.float32)
+    logits = positions[:, None] + np.arange(V, dtype=np.float32)[None, :] / 64
     made = score(seq, logits, _entry)
     request.prompt_logprobs += made
     return rows, made
@@ -40,7 +43,7 @@ def test_every_prompt_token_after_the_first_is_scored_once_by_the_position_befor
         rows, made = _run(r, start, n)
         assert rows == n  # every position of the chunk: a prompt token's row or the next token's
         start += n
-    assert r.prompt_logprobs == [(float(p), [(PROMPT[p + 1], 2.0)]) for p in range(len(PROMPT) - 1)]
+    assert r.prompt_logprobs == [(float(p), [(PROMPT[p + 1], 2.0)], V - PROMPT[p + 1]) for p in range(len(PROMPT) - 1)]
     first = once(r)
     assert first == r.prompt_logprobs and once(r) is None  # on the first output only
 
@@ -86,5 +89,8 @@ def test_the_sampler_scores_every_chunk_and_samples_from_the_last_row(chunks):
         r.prompt_logprobs += step.prompt_logprobs.get("a", [])
         sampled = step.token_by_request().get("a", sampled)
         start += n
-    want = [token_logprobs(logits[p], PROMPT[p + 1], 1) for p in range(len(PROMPT) - 1)]
+    want = [
+        (*token_logprobs(logits[p], PROMPT[p + 1], 1), 1 + int((logits[p] > logits[p, PROMPT[p + 1]]).sum()))
+        for p in range(len(PROMPT) - 1)
+    ]  # each with its rank (no ties in these rows)
     assert r.prompt_logprobs == want and sampled == [11]

@@ -63,6 +63,8 @@ def test_sampling_params_arrive_as_they_left():
         stop_sequences=("\n\n", "é"),
         logprobs=3,
         logit_bias=((4, -100.0), (17, 2.5)),
+        bad_words=((3,), (8, 9)),
+        skip_special_tokens=False,
     )
     (msg,) = FrameDecoder().feed(encode({"t": "add", "params": params_to_wire(params)}))
     assert params_from_wire(msg["params"]) == params
@@ -70,11 +72,14 @@ def test_sampling_params_arrive_as_they_left():
         params_from_wire({"max_tokens": 1, "__class__": "x"})
     with pytest.raises(WireError):
         params_from_wire({"max_tokens": 1, "logit_bias": [[1, 2, 3]]})
+    with pytest.raises(WireError):
+        params_from_wire({"max_tokens": 1, "bad_words": [[1, "x"]]})
 
 
 def test_outputs_arrive_as_they_left():
     outs = [
         RequestOutput("r", [5], False, None, num_prompt_tokens=4, logprobs=[(-0.5, [(5, -0.5), (6, -1.25)])]),
+        RequestOutput("r", [5], False, None, prompt_logprobs=[(-2.0, [(6, -1.0)], 3), (-0.5, [], 1)]),
         RequestOutput.error("r", 409, "req_id 'r' is already in flight"),
     ]
     for out in outs:

@@ -29,6 +29,7 @@ class ChoiceState:
     text_offset: int = 0  # completions logprobs: characters before the next token
     logprobs: list[tuple[int, TokenLogprobs]] = field(default_factory=list)
     cached_tokens: int = 0  # of its prompt, served from the prefix cache
+    prompt_logprobs: list[Any] | None = None  # vLLM's: [None, {token id: {logprob, rank, decoded_token}}, ...]
 
 
 class Formatter:
@@ -84,8 +85,25 @@ class Formatter:
         engine's entries of the others (the first output's); none for any other output."""
         if scored is None or not self.req.echo:
             return []
-        prompt = self.req.prompts[state.index // self.req.n]
-        return [(prompt[0], None), *zip(prompt[1:], scored)]
+        prompt, k = self.req.prompts[state.index // self.req.n], self.req.logprobs or 0
+        return [(prompt[0], None), *((tid, (lp, top[:k])) for tid, (lp, top, _) in zip(prompt[1:], scored))]
+
+    def prompt_logprobs(self, state: ChoiceState, scored: list[Any] | None) -> None:
+        """vLLM's prompt_logprobs of the choice, from the engine's entries (the first output's): None
+        for the first token, then per token its own entry first (its rank counts the tokens the model
+        put at least as high) and the position's top k after it, keyed by token id."""
+        k = self.req.prompt_logprobs
+        if scored is None or k is None:
+            return
+        out: list[Any] = [None]
+        for tid, (lp, top, rank) in zip(self.req.prompts[state.index // self.req.n][1:], scored):
+            entry = {str(tid): self._scored(tid, lp, rank)}
+            entry.update({str(i): self._scored(i, v, r) for r, (i, v) in enumerate(top[:k], 1) if i != tid})
+            out.append(entry)
+        state.prompt_logprobs = out
+
+    def _scored(self, token_id: int, logprob: float, rank: int) -> dict[str, Any]:
+        return {"logprob": logprob, "rank": rank, "decoded_token": self._token(token_id)[0]}
 
     def usage(self, states: list[ChoiceState]) -> dict[str, Any]:
         """Each prompt counts once, whatever `n` (so do its cached tokens: its first choice's)."""
@@ -119,7 +137,11 @@ class Formatter:
             else:
                 text = (self.req.prompt_texts[s.index // self.req.n] if self.req.echo else "") + s.text
                 choices.append({"index": s.index, "text": text, "logprobs": lp, "finish_reason": s.finish_reason})
+                if self.req.prompt_logprobs is not None:  # vLLM's: per choice in completions
+                    choices[-1]["prompt_logprobs"] = s.prompt_logprobs
         body = self._envelope("chat.completion" if self.chat else "text_completion", choices)
+        if self.chat and self.req.prompt_logprobs is not None:  # vLLM's: once for chat's one prompt
+            body["prompt_logprobs"] = states[0].prompt_logprobs
         body["usage"] = self.usage(states)
         return body
 

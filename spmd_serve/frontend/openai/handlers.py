@@ -181,6 +181,7 @@ class OpenAIServing:
         state.finish_reason = "length" if fmt.req.echo_only and d.finish_reason else d.finish_reason
         state.cached_tokens = d.num_cached_tokens
         entries = fmt.prompt_entries(state, d.prompt_logprobs)
+        fmt.prompt_logprobs(state, d.prompt_logprobs)
         if fmt.req.echo_only:  # max_tokens 0: the one token the engine made is not the answer's
             return "", entries
         state.text += d.text

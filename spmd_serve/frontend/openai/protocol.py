@@ -40,6 +40,7 @@ class OpenAIRequest:
     echo_only: bool = False  # echo with max_tokens 0 (vLLM's): the prompt alone (the engine's 1 token dropped)
     continues: bool = False  # the output reads as the prompt's continuation (completions; continue_final_message)
     tokens_as_ids: bool = False  # vLLM's return_tokens_as_token_ids: logprobs name tokens "token_id:<id>"
+    prompt_logprobs: int | None = None  # vLLM's: the prompt's tokens scored, with the top k of each position
 
 
 def _stop(body: dict[str, Any]) -> tuple[str, ...]:
@@ -103,6 +104,15 @@ def _logprobs(body: dict[str, Any], kind: str) -> int | None:
     return top or 0
 
 
+def _prompt_logprobs(body: dict[str, Any], stream: bool) -> int | None:
+    """vLLM's prompt_logprobs: each prompt token's logprob, rank and the top k of its position; as in
+    vLLM, not with stream (its answer has no place for them)."""
+    k: int | None = get(body, "prompt_logprobs", "int", None, 0, MAX_LOGPROBS)
+    if k is not None and stream:
+        raise OpenAIError(400, "prompt_logprobs are not available when stream=true", "prompt_logprobs")
+    return k
+
+
 def check_model(model: str, model_names: tuple[str, ...]) -> None:
     """404 naming the served models unless `model` is one of them."""
     if model not in model_names:
@@ -135,7 +145,8 @@ def parse_openai(
     )
     prompts_of.truncate(body, prompts, texts, tokenizer)
     prompts_of.check_vocab(prompts, tokenizer)
-    logprobs = _logprobs(body, kind)
+    logprobs, prompt_k = _logprobs(body, kind), _prompt_logprobs(body, stream)
+    scored = [k for k in (logprobs if echo else None, prompt_k) if k is not None]  # the engine's top: the larger
     max_tokens = min(_max_tokens(body, kind, len(p), limits, echo) for p in prompts)
     min_tokens = get(body, "min_tokens", "int", 0, 0)
     if min_tokens > max_tokens:
@@ -166,7 +177,7 @@ def parse_openai(
         spaces_between_special_tokens=get(body, "spaces_between_special_tokens", "bool", True),
         ignore_eos=get(body, "ignore_eos", "bool", False),
         logprobs=logprobs,
-        prompt_logprobs=logprobs if echo else None,
+        prompt_logprobs=max(scored) if scored else None,
         logit_bias=bias,
         allowed_token_ids=allowed,
         bad_words=banned,
@@ -175,4 +186,5 @@ def parse_openai(
     continues = kind == "completion" or bool(body.get("continue_final_message"))
     flags = dict(echo=echo, logprobs=logprobs, echo_only=not max_tokens, continues=continues)
     flags["tokens_as_ids"] = get(body, "return_tokens_as_token_ids", "bool", False)
+    flags["prompt_logprobs"] = prompt_k
     return OpenAIRequest(kind, model, prompts, texts, params.validate(), n, stream, include_usage, continuous, **flags)
