@@ -19,6 +19,8 @@ SAMPLING_EPS = 1e-5  # temperatures below this are greedy (as vLLM)
 MAX_LOGPROBS = 20  # top-n logprobs a request may ask for (OpenAI's own limit)
 MAX_BAD_WORDS = 128  # token sequences one request may ban (vLLM's bad_words: each word, maybe twice)
 MAX_BAD_WORD_TOKENS = 64  # ids in one of them
+MAX_CHOICES = 64  # vLLM's guided_choice: answers one request may be held to
+MAX_CHOICE_TOKENS = 256  # ids in one of them
 MAX_LOGIT_BIAS = 100.0  # |bias| a request may add to a token's logit (OpenAI's range: -100 bans, 100 forces)
 
 
@@ -57,6 +59,9 @@ class SamplingParams:
     # vLLM's bad_words as token sequences: a sequence's last id is masked wherever the output ends
     # with the ids before it (engine/logits_adjust.py)
     bad_words: tuple[tuple[int, ...], ...] = ()
+    # vLLM's guided_choice as token sequences: the answer is one of them, then an eos id
+    # (engine/logits_adjust.py masks every other token)
+    guided_sequences: tuple[tuple[int, ...], ...] = ()
 
     def validate(self) -> SamplingParams:
         """Raise ValueError naming the first bad field; return self for chaining."""
@@ -108,6 +113,13 @@ class SamplingParams:
             raise ValueError(
                 f"bad_words must be at most {MAX_BAD_WORDS} sequences of 1 to {MAX_BAD_WORD_TOKENS} token ids"
             )
+        if len(self.guided_sequences) > MAX_CHOICES or not all(
+            0 < len(s) <= MAX_CHOICE_TOKENS and all(_is_int(t) and 0 <= t <= INT32_MAX for t in s)
+            for s in self.guided_sequences
+        ):
+            raise ValueError(f"guided_choice must be 1 to {MAX_CHOICES} answers of 1 to {MAX_CHOICE_TOKENS} tokens")
+        if self.guided_sequences and (self.ignore_eos or self.min_tokens):
+            raise ValueError("guided_choice ends the answer with an EOS: not with ignore_eos or min_tokens")
         if allowed and set(allowed) <= {w[0] for w in self.bad_words if len(w) == 1}:
             raise ValueError("bad_words ban every token allowed_token_ids allows")
         if not all(isinstance(s, str) for s in self.stop_sequences):

@@ -1,7 +1,9 @@
 """What a request asks of its own rows of logits before ops.sample draws from them, in this order:
 vLLM's `allowed_token_ids` (every other token masked), OpenAI's `logit_bias` (added to the named
 tokens' logits), vLLM's `bad_words` (a banned sequence's last token masked where the output so far
-ends with the rest of it, as vLLM's `apply_bad_words`) and vLLM's `min_p` (tokens whose
+ends with the rest of it, as vLLM's `apply_bad_words`), vLLM's `guided_choice` (only the tokens that
+keep the answer on one of its token sequences, and the eos ids once it is one whole: `guided_next`)
+and vLLM's `min_p` (tokens whose
 probability, after the penalties and the temperature, is below min_p x that of the row's most
 likely token are dropped).  All act on a copy
 — the raw logits stay for the logprobs (the model's own, as vLLM reports) and for
@@ -38,15 +40,31 @@ class SampledRequest(Protocol):
     def eos_token_ids(self) -> frozenset[int]: ...
 
 
+def guided_next(params: SamplingParams, output: Sequence[int], eos: frozenset[int]) -> set[int]:
+    """The ids that keep `output` on one of params.guided_sequences: each sequence's next id where the
+    output is a prefix of it, and the eos ids where it is one whole (empty: the output left them)."""
+    n, so_far = len(output), tuple(output)
+    nxt = {s[n] for s in params.guided_sequences if len(s) > n and s[:n] == so_far}
+    return nxt | eos if so_far in params.guided_sequences else nxt
+
+
+def on_choice(params: SamplingParams, output: list[int], tokens: list[int], eos: frozenset[int]) -> bool:
+    """Whether each of a step's `tokens` after `output` kept the answer on a guided_choice one (or none
+    is asked for)."""
+    ok = (t in guided_next(params, output + tokens[:j], eos) for j, t in enumerate(tokens))
+    return not params.guided_sequences or all(ok)
+
+
 def _min_p_rows(views: Sequence[SampledRequest]) -> list[int]:
     return [i for i, v in enumerate(views) if v.params.min_p > 0 and not v.params.greedy]
 
 
 def wanted(views: Sequence[SampledRequest]) -> bool:
     """Whether any row asks for an adjustment (the usual step: none, and no copy is made)."""
-    return any(v.params.logit_bias or v.params.allowed_token_ids or v.params.bad_words for v in views) or bool(
-        _min_p_rows(views)
-    )
+    return any(
+        v.params.logit_bias or v.params.allowed_token_ids or v.params.bad_words or v.params.guided_sequences
+        for v in views
+    ) or bool(_min_p_rows(views))
 
 
 def adjusted(logits: Any, rows: Sequence[int], views: Sequence[SampledRequest], arrays: Any) -> Any:
@@ -65,6 +83,11 @@ def adjusted(logits: Any, rows: Sequence[int], views: Sequence[SampledRequest], 
         for *before, last in v.params.bad_words:  # a view's output: before this row's token
             if not before or v.output_token_ids[-len(before) :] == before:
                 out[r, last] = -np.inf
+        if v.params.guided_sequences:  # the rest masked (an eos id past the vocabulary is no row's)
+            keep = [t for t in guided_next(v.params, v.output_token_ids, v.eos_token_ids) if t < out.shape[1]]
+            kept = out[r, keep]
+            out[r] = -np.inf
+            out[r, keep] = kept
     pick = _min_p_rows(views)
     if pick:
         at = [rows[i] for i in pick]

@@ -202,6 +202,13 @@ class Sampler:
                     f"sampling failed for this request: token {bad[0]} is outside the vocabulary ({vocab})"
                 )
             allowed = r.params.allowed_token_ids
+            if r.req_id not in failed and not logits_adjust.on_choice(
+                r.params, r.output_token_ids, ts, r.eos_token_ids
+            ):
+                failed[r.req_id] = (  # every token that keeps the answer on a choice masked: an all -inf row
+                    "no token of guided_choice's answers can be drawn at this step: each is masked (allowed_token_ids, "
+                    "bad_words, or an EOS id until min_tokens)"
+                )
             if r.req_id not in failed and allowed and not set(ts) <= set(allowed):
                 # every allowed id masked (EOS ids until min_tokens, bad_words): the row was all -inf
                 failed[r.req_id] = (

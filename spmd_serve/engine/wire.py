@@ -90,9 +90,10 @@ def params_from_wire(data: Any) -> SamplingParams:
     fields: dict[str, Any] = {k: tuple(v) if k in _TUPLE_FIELDS else v for k, v in data.items()}
     try:  # pairs and sequences arrive as lists
         fields["logit_bias"] = tuple((int(t), float(b)) for t, b in fields.get("logit_bias", ()))
-        fields["bad_words"] = tuple(tuple(int(t) for t in w) for w in fields.get("bad_words", ()))
+        for name in ("bad_words", "guided_sequences"):  # tuples of tuples
+            fields[name] = tuple(tuple(int(t) for t in w) for w in fields.get(name, ()))
     except (TypeError, ValueError):
-        raise WireError(f"bad logit_bias or bad_words: {data!r:.200}") from None
+        raise WireError(f"bad logit_bias, bad_words or guided_sequences: {data!r:.200}") from None
     return SamplingParams(**fields)
 
 

@@ -1,8 +1,9 @@
 """vLLM's request extras, served by `mpirun -n 1 spmd_serve` to the official `openai` client:
 `skip_special_tokens` false (the answer's special tokens written, streamed and whole alike, as
 ServingTokenizer.decode writes them; the eos that stopped a request written only with
-include_stop_str_in_output) and `bad_words` (never generated: the greedy answer is the free one up to
-where it would have completed a banned word, and never holds one)."""
+include_stop_str_in_output), `bad_words` (never generated: the greedy answer is the free one up to
+where it would have completed a banned word, and never holds one) and `guided_choice` (every answer
+one of the choices)."""
 
 from __future__ import annotations
 
@@ -83,3 +84,24 @@ def test_bad_words_are_never_generated(client, tok, length):
     end = _find(free, tok.encode(word))
     assert got[:end] == free[:end] and got[end] != free[end], (word, free, got)
     assert _find(got, tok.encode(word)) == -1 and word not in banned.text.split()
+
+
+def test_guided_choice_answers_one_of_the_choices(client):
+    """vLLM's guided_choice: every sampled answer (chat, streamed or not; a completion continuing its
+    prompt) is one of the choices, ended by the model's EOS."""
+    choices = ["yes", "no", "not sure"]
+    kw = dict(model="default", messages=CHAT, max_tokens=12, temperature=4.0, seed=5, n=8)  # spread
+    whole = client.chat.completions.create(**kw, extra_body={"guided_choice": choices})
+    assert {c.message.content for c in whole.choices} <= set(choices)
+    assert {c.finish_reason for c in whole.choices} == {"stop"} and len({c.message.content for c in whole.choices}) > 1
+    stream = client.chat.completions.create(**kw, stream=True, extra_body={"guided_choice": choices})
+    texts = ["" for _ in range(8)]
+    for chunk in stream:
+        for c in chunk.choices:
+            texts[c.index] += c.delta.content or ""
+    assert texts == [c.message.content for c in whole.choices]  # same seeds, same answers
+    spaced = [" " + c for c in choices]  # a completion continues the prompt: the word's own space
+    comp = client.completions.create(
+        model="default", prompt="Is it raining?", max_tokens=12, n=4, seed=2, extra_body={"guided_choice": spaced}
+    )
+    assert {c.text for c in comp.choices} <= set(spaced) and {c.finish_reason for c in comp.choices} == {"stop"}

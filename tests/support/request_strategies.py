@@ -122,6 +122,7 @@ _OPENAI_COMMON = {
     "skip_special_tokens": BOOL,
     "spaces_between_special_tokens": BOOL,
     "prompt_logprobs": integer(0, 20),
+    "guided_choice": Field(st.lists(TEXT, min_size=1, max_size=3), st.one_of(TEXT, st.lists(JUNK, max_size=3), JUNK)),
     "bad_words": Field(st.lists(TEXT, max_size=3), st.one_of(TEXT, st.lists(JUNK, min_size=1, max_size=3), JUNK)),
     "truncate_prompt_tokens": integer(1, 20),
     "return_tokens_as_token_ids": BOOL,

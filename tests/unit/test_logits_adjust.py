@@ -178,3 +178,70 @@ def test_bad_words_that_mask_every_allowed_token_fail_that_request_alone():
     other = Request("o", [1], SamplingParams(max_tokens=4, temperature=0))
     step = Sampler().sample(_step(stuck, other), x)
     assert "bad_words" in step.failed["s"] and step.token_by_request() == {"o": [0]}
+
+
+# ---------------------------------------------------------------- guided_choice
+
+CHOICES = ((3, 4), (3, 5, 6), (7,), (7, 8))  # token sequences; eos 9
+
+
+def _guided(output: list[int], x: np.ndarray, temperature: float = 0.0, seed: int = 0) -> int:
+    r = Request("c", [1], SamplingParams(max_tokens=8, temperature=temperature, seed=seed, guided_sequences=CHOICES))
+    r.output_token_ids, r.eos_token_ids = list(output), frozenset({9})
+    step = Sampler().sample(_step(r), x[None, :])
+    assert not step.failed, step.failed
+    return step.tokens[0][0]
+
+
+def test_guided_choice_keeps_every_answer_on_a_choice_then_ends_it():
+    """Only the next ids of the choices the output is a prefix of are drawn, and an eos once it is
+    a whole one (both where a longer choice extends it), whatever the model prefers."""
+    rng = np.random.default_rng(5)
+    seen = set()
+    for trial in range(60):
+        x = rng.normal(0, 3.0, 12).astype(np.float32)
+        out: list[int] = []
+        while not out or out[-1] != 9:
+            out.append(_guided(out, x, temperature=1.0, seed=trial))
+            assert len(out) <= 4
+        assert tuple(out[:-1]) in CHOICES
+        seen.add(tuple(out[:-1]))
+    assert seen == set(CHOICES)  # each reached: (3, 4) and (7,) end by eos, (7, 8) past a whole one
+    x = np.arange(12, dtype=np.float32)  # the model prefers 11, then 10, ...: greedy takes the best allowed
+    assert [_guided([], x), _guided([7], x), _guided([3], x), _guided([3, 5], x), _guided([3, 4], x)] == [7, 9, 5, 6, 9]
+
+
+def _step_at(r: Request, num_draft: int) -> SchedulerOutput:
+    return SchedulerOutput([ScheduledSeq(r, r.num_tokens - 1, 1, True, num_draft=num_draft)])
+
+
+def test_guided_choice_drafts_verify_as_plain_decoding():
+    """A verified draft position is held to the choices by the output before it, drafts included."""
+    rng = np.random.default_rng(9)
+    for trial in range(50):
+        logits = rng.normal(0, 2.0, (3, 12)).astype(np.float32)
+        params = SamplingParams(max_tokens=8, temperature=1.0, seed=trial, guided_sequences=CHOICES)
+        plain = [3]
+        for j in range(3):  # plain decoding, one position a step
+            r = Request("c", [1, 2, 3], params, eos_token_ids=frozenset({9}))
+            r.output_token_ids = list(plain)
+            plain += Sampler().sample(_step_at(r, 0), logits[j : j + 1]).tokens[0]
+            if plain[-1] == 9:
+                break
+        r = Request("c", [1, 2, 3], params, eos_token_ids=frozenset({9}))
+        r.output_token_ids, r.draft_token_ids = [3], [5, 6]
+        got = Sampler().sample(SchedulerOutput([ScheduledSeq(r, 3, 3, True, num_draft=2)]), logits).tokens[0]
+        assert got == plain[1 : 1 + len(got)]
+
+
+def test_guided_choice_that_other_masks_leave_nothing_fails_that_request_alone():
+    x = np.zeros((2, 12), np.float32)
+    stuck = Request(
+        "s", [1], SamplingParams(max_tokens=4, temperature=0, guided_sequences=CHOICES, bad_words=((3,), (7,)))
+    )
+    stuck.eos_token_ids = frozenset({9})
+    other = Request("o", [1], SamplingParams(max_tokens=4, temperature=0))
+    step = Sampler().sample(_step(stuck, other), x)
+    assert "guided_choice" in step.failed["s"] and step.token_by_request() == {"o": [0]}
+    with pytest.raises(ValueError, match="not with ignore_eos or min_tokens"):
+        SamplingParams(guided_sequences=CHOICES, ignore_eos=True).validate()

@@ -2,7 +2,7 @@
 completion and chat requests define is honoured or refused by name, an unknown one is refused with
 OpenAI's wording, and the vLLM extras we honour act: stop_token_ids (stop, even with ignore_eos;
 their text left out unless include_stop_str_in_output), include_stop_str_in_output for stop
-strings, truncate_prompt_tokens, bad_words."""
+strings, truncate_prompt_tokens, bad_words, guided_choice."""
 
 from __future__ import annotations
 
@@ -78,7 +78,7 @@ def test_unknown_fields_are_refused_with_openai_s_wording(kind):
         ("chat", "add_special_tokens", False, True),
         ("completion", "suffix", "", "!"),
         ("completion", "priority", 0, 1),
-        ("chat", "guided_choice", None, ["a", "b"]),
+        ("chat", "guided_regex", None, "a+"),
         ("chat", "store", False, True),
     ],
 )
@@ -128,6 +128,37 @@ def test_bad_words_become_token_sequences_as_vllm_makes_them(tmp_path):
     with pytest.raises(OpenAIError, match="ban every token allowed_token_ids allows"):
         parse(bad_words=["a", "b"], allowed_token_ids=TOK.encode("ba"))
     assert parse(bad_words=["a", "cb"], allowed_token_ids=TOK.encode("ba")).params.allowed_token_ids
+
+
+def test_guided_choice_becomes_token_sequences_that_read_back_as_the_answers():
+    p = parse("chat", guided_choice=["yes", "no", "yes"]).params
+    assert p.guided_sequences == (tuple(TOK.encode("yes")), tuple(TOK.encode("no")))
+    for body, says in [
+        ({"guided_choice": "yes"}, "1 to 64 non-empty strings"), ({"guided_choice": []}, "1 to 64"),
+        ({"guided_choice": ["a", ""]}, "non-empty"), ({"guided_choice": ["a"] * 65}, "1 to 64"),
+        ({"guided_choice": ["a"], "ignore_eos": True}, "not with ignore_eos or min_tokens"),
+        ({"guided_choice": ["a"], "min_tokens": 1}, "not with ignore_eos or min_tokens"),
+        ({"guided_choice": ["x" * 257]}, "more than 256 tokens"),
+    ]:  # fmt: skip
+        with pytest.raises(OpenAIError) as e:
+            parse("chat", **body)
+        assert (e.value.param, says in e.value.msg) == ("guided_choice", True), e.value.msg
+
+
+def test_a_choice_whose_tokens_read_otherwise_is_refused(demo_checkpoint):
+    """SentencePiece writes a word's first piece with its space: as a completion's continuation
+    "▁yes" reads " yes", so the answer could never be "yes" itself (a chat answer starts afresh);
+    " yes" is those tokens."""
+    from spmd_serve.frontend.text.tokenizer import ServingTokenizer
+
+    tok = ServingTokenizer.from_model_dir(demo_checkpoint)
+    body = {"model": "m", "prompt": "Answer:", "guided_choice": ["yes"]}
+    with pytest.raises(OpenAIError, match='tokens for "yes" read " yes" after the prompt, not the answer itself'):
+        parse_openai("completion", body, tok, LIMITS, ("m",))
+    spaced = parse_openai("completion", {**body, "guided_choice": [" yes"]}, tok, LIMITS, ("m",))
+    assert spaced.params.guided_sequences == (tuple(tok.encode("yes")),)  # the word marker writes the space
+    chat = {"model": "m", "messages": [{"role": "user", "content": "?"}], "guided_choice": ["yes"]}
+    assert parse_openai("chat", chat, tok, LIMITS, ("m",)).params.guided_sequences == (tuple(tok.encode("yes")),)
 
 
 def test_truncate_prompt_tokens_keeps_the_last_ones():

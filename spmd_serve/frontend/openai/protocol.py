@@ -157,6 +157,9 @@ def parse_openai(
         stop_ids, bias = token_params.stop_token_ids(body, tokenizer), token_params.logit_bias(body, tokenizer)
         allowed = token_params.allowed_token_ids(body, tokenizer)
         banned = token_params.bad_words(body, tokenizer, allowed)
+        eos_ends = not (min_tokens or get(body, "ignore_eos", "bool", False))
+        continues = kind == "completion" or bool(body.get("continue_final_message"))
+        choices = token_params.guided_choice(body, tokenizer, prompts, continues, eos_ends)
     except FieldError as e:
         raise OpenAIError(400, e.msg, e.param) from None
     params = SamplingParams(
@@ -181,10 +184,14 @@ def parse_openai(
         logit_bias=bias,
         allowed_token_ids=allowed,
         bad_words=banned,
+        guided_sequences=choices,
     )
     get(body, "user", "str", None)
-    continues = kind == "completion" or bool(body.get("continue_final_message"))
     flags = dict(echo=echo, logprobs=logprobs, echo_only=not max_tokens, continues=continues)
     flags["tokens_as_ids"] = get(body, "return_tokens_as_token_ids", "bool", False)
     flags["prompt_logprobs"] = prompt_k
-    return OpenAIRequest(kind, model, prompts, texts, params.validate(), n, stream, include_usage, continuous, **flags)
+    try:  # (every field was checked above: this is the engine's own bounds, once more)
+        params.validate()
+    except ValueError as e:
+        raise OpenAIError(400, str(e)) from None
+    return OpenAIRequest(kind, model, prompts, texts, params, n, stream, include_usage, continuous, **flags)

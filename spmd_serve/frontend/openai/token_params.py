@@ -1,6 +1,6 @@
 """The OpenAI request fields that name token ids — vLLM's `stop_token_ids` and `allowed_token_ids`,
 and OpenAI's `logit_bias` — read from a body: their shapes and bounds, and every id checked against
-the vocabulary; and vLLM's `bad_words`, turned into token ids.  Each refusal is a `FieldError`
+the vocabulary; and vLLM's `bad_words` and `guided_choice`, turned into token ids.  Each refusal is a `FieldError`
 naming the field (openai.protocol answers it as a 400)."""
 
 from __future__ import annotations
@@ -9,7 +9,14 @@ from typing import Any
 
 from spmd_serve.frontend.common.parsing import ProtocolError, check_in_vocab, finite_number, is_int, show
 from spmd_serve.frontend.openai.fields import FieldError
-from spmd_serve.sampling_params import INT32_MAX, MAX_BAD_WORD_TOKENS, MAX_BAD_WORDS, MAX_LOGIT_BIAS
+from spmd_serve.sampling_params import (
+    INT32_MAX,
+    MAX_BAD_WORD_TOKENS,
+    MAX_BAD_WORDS,
+    MAX_CHOICE_TOKENS,
+    MAX_CHOICES,
+    MAX_LOGIT_BIAS,
+)
 
 
 def _in_vocab(name: str, ids: list[int], tokenizer: Any) -> None:
@@ -97,3 +104,51 @@ def bad_words(body: dict[str, Any], tokenizer: Any, allowed: tuple[int, ...]) ->
     if allowed and set(allowed) <= {ids[0] for ids in out if len(ids) == 1}:
         raise FieldError("bad_words ban every token allowed_token_ids allows", "bad_words")
     return tuple(out)
+
+
+def guided_choice(
+    body: dict[str, Any], tokenizer: Any, prompts: list[list[int]], continues: bool, ends_on_eos: bool
+) -> tuple[tuple[int, ...], ...]:
+    """vLLM's ["answer", ...] → the token sequences the answer is held to: each answer's own ids,
+    which must read back as exactly that answer after every prompt (`continues`: as its
+    continuation), else a 400 naming it; for an answer with a leading space, also the ids of the
+    rest (SentencePiece's word marker writes that space).  `ends_on_eos` false (ignore_eos,
+    min_tokens) is refused, since an EOS ends the answer."""
+    choices = body.get("guided_choice")
+    if choices is None:
+        return ()
+    if not (
+        isinstance(choices, list) and 0 < len(choices) <= MAX_CHOICES and all(isinstance(c, str) and c for c in choices)
+    ):
+        raise FieldError(
+            f"guided_choice must be 1 to {MAX_CHOICES} non-empty strings, got {show(choices)}", "guided_choice"
+        )
+    if not ends_on_eos:
+        raise FieldError(
+            "guided_choice ends the answer with an EOS: not with ignore_eos or min_tokens", "guided_choice"
+        )
+    out: dict[tuple[int, ...], None] = {}
+    for choice in choices:
+        spaced = [choice[1:]] if choice.startswith(" ") and choice[1:] else []
+        candidates = [tuple(tokenizer.encode(text)) for text in (choice, *spaced)]
+        readings = [_readings(ids, tokenizer, prompts, continues) for ids in candidates]
+        exact = [ids for ids, texts in zip(candidates, readings) if texts == {choice}]
+        if not exact:
+            where = " after the prompt" if continues else ""
+            raise FieldError(
+                f"guided_choice: this model's tokens for {show(choice)} read {show(min(readings[0]))}{where}, not "
+                "the answer itself", "guided_choice",
+            )  # fmt: skip
+        if len(exact[0]) > MAX_CHOICE_TOKENS:
+            raise FieldError(f"guided_choice: {show(choice)} is more than {MAX_CHOICE_TOKENS} tokens", "guided_choice")
+        out[exact[0]] = None
+    return tuple(out)
+
+
+def _readings(ids: tuple[int, ...], tokenizer: Any, prompts: list[list[int]], continues: bool) -> set[str]:
+    """The texts `ids` read as an answer after each prompt, as the response will write them."""
+    texts = set()
+    for prompt in prompts:
+        detok = tokenizer.detokenizer(prompt, continues)
+        texts.add(detok.step(ids) + detok.flush())
+    return texts

@@ -128,6 +128,7 @@ def schemas(s: IOSettings) -> dict[str, Schema]:
         "include_stop_str_in_output": _opt(BOOL),
         "skip_special_tokens": _opt(BOOL), "spaces_between_special_tokens": _opt(BOOL),
         "bad_words": _opt(_list(STR, description="words never generated (vLLM's: as their tokens)")),
+        "guided_choice": _opt(_list(STR, minItems=1, maxItems=64, description="the answer is one of these")),
         "prompt_logprobs": _opt(_int(0, MAX_LOGPROBS, description="vLLM's: the prompt scored; not with stream")),
         "allowed_token_ids": _opt(_list(_int(0), minItems=1, description="the draw is limited to these ids")),
         "logit_bias": _opt(_obj([], {}, additionalProperties=_num(-100, 100),
