@@ -105,3 +105,28 @@ def test_guided_choice_answers_one_of_the_choices(client):
         model="default", prompt="Is it raining?", max_tokens=12, n=4, seed=2, extra_body={"guided_choice": spaced}
     )
     assert {c.text for c in comp.choices} <= set(spaced) and {c.finish_reason for c in comp.choices} == {"stop"}
+
+
+def test_tokenize_counts_what_the_completions_count_and_detokenize_reads_back(client, tok):
+    """vLLM's /tokenize and /detokenize: a prompt's or chat's ids are the ones a completion's usage
+    counts; the pieces are the vocabulary's; the ids read back as the text, special tokens written."""
+    import requests
+
+    base = str(client.base_url).removesuffix("/v1/")
+    text = "Once upon a time, 你好 🌍"
+    ids = requests.post(f"{base}/tokenize", json={"prompt": text, "return_token_strs": True}, timeout=30).json()
+    usage = client.completions.create(model="default", prompt=text, max_tokens=1).usage
+    assert ids["count"] == len(ids["tokens"]) == usage.prompt_tokens and ids["tokens"] == tok.encode(text, True)
+    assert ids["token_strs"] == tok.pieces(ids["tokens"]) and ids["max_model_len"] > ids["count"]
+    chat = requests.post(f"{base}/tokenize", json={"model": "default", "messages": CHAT}, timeout=30).json()
+    assert (
+        chat["count"]
+        == client.chat.completions.create(model="default", messages=CHAT, max_tokens=1).usage.prompt_tokens
+    )
+    assert chat["token_strs"] is None
+    back = requests.post(f"{base}/detokenize", json={"tokens": chat["tokens"]}, timeout=30).json()["prompt"]
+    assert back == tok.decode(chat["tokens"], skip_special_tokens=False) and tok.special_text(tok.bos_token_id) in back
+    bad = requests.post(f"{base}/tokenize", json={"prompt": "x", "messages": CHAT}, timeout=30)
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "prompt"
+    bad = requests.post(f"{base}/detokenize", json={"tokens": [tok.vocab_size]}, timeout=30)
+    assert bad.status_code == 400 and "below" in bad.json()["error"]["message"]

@@ -1,11 +1,10 @@
 """Test doubles for the IO side: a fake engine thread and a character-level fake tokenizer.
 
-FakeEngine plays the engine side of a real EngineClient: it takes commands, "generates" one token
-per step by cycling through the prompt (BOS skipped), honours max/min tokens and eos ids, and
-records every abort so tests can assert the IO side stopped the work.
-FakeTokenizer has the interface of spmd_serve/frontend/text/tokenizer.py: one id per character.
-Harness runs an IOServer + FakeEngine on free ports; the helpers at the end talk to it.
-FakeComm and FakeRunner stand in for the other ranks under the real Engine loop.
+FakeEngine plays the engine side of a real EngineClient: it takes commands, "generates" one token per step by cycling
+through the prompt (BOS skipped), honours max/min tokens and eos ids, and records every abort so tests can assert the
+IO side stopped the work.  FakeTokenizer (tests/support/fake_tokenizer.py, re-exported) has one id per character.
+Harness runs an IOServer + FakeEngine on free ports; the helpers at the end talk to it.  FakeComm and
+FakeRunner stand in for the other ranks under the real Engine loop.
 """
 
 from __future__ import annotations
@@ -20,73 +19,7 @@ import numpy as np
 import requests
 
 from spmd_serve.engine.client import AbortCommand, AddCommand, EngineClient, RequestOutput
-
-BOS, EOS, OFFSET = 1, 2, 3  # ids below OFFSET are special and decode to ""
-
-
-class FakeDetokenizer:
-    def __init__(self, tok: FakeTokenizer) -> None:
-        self._tok = tok
-        self.text = ""
-
-    def step(self, new_ids: list[int]) -> str:
-        if self._tok.poison & set(new_ids):  # a request whose detokenisation fails
-            raise ValueError("undecodable fake token")
-        delta = self._tok.decode(new_ids)
-        self.text += delta
-        return delta
-
-    def flush(self) -> str:
-        return ""
-
-
-class FakeTokenizer:
-    eos_token_ids = [EOS]
-    bos_token_id = BOS
-    has_chat_template = True
-    vocab_size = 0x110000 + OFFSET
-    poison: frozenset[int] = frozenset()  # ids the detokenizer fails on
-
-    def token_bytes(self, token_id: int) -> bytes:
-        return self.decode([token_id]).encode()
-
-    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
-        # a tokenizer whose settings add BOS (tokenizer_config's add_bos_token: true)
-        return [BOS] * add_special_tokens + [ord(c) + OFFSET for c in text]
-
-    def decode(self, ids: list[int]) -> str:
-        return "".join(chr(i - OFFSET) for i in ids if i >= OFFSET)
-
-    def render_chat(
-        self,
-        messages: list[dict],
-        system: str | None = None,
-        add_generation_prompt: bool = True,
-        continue_final_message: bool = False,
-    ) -> str:
-        turns = ([{"role": "system", "content": system}] if system else []) + list(messages)
-        text = "".join(f"<{m['role']}>{m['content']}\n" for m in turns)
-        if continue_final_message:  # (the real one: frontend/text/chat_template.render)
-            return text[:-1]
-        return text + ("<assistant>" if add_generation_prompt else "")
-
-    def encode_prompt(
-        self, *, text: str | None = None, messages: list[dict] | None = None, system: str | None = None, **chat: bool
-    ) -> list[int]:
-        if text is not None:
-            messages = [{"role": "user", "content": text}]
-        # ValueError for every malformed message, as the real ServingTokenizer raises
-        if not messages or any(
-            not isinstance(m, dict)
-            or m.get("role") not in ("user", "assistant", "system")
-            or not isinstance(m.get("content"), (str, list))
-            for m in messages
-        ):
-            raise ValueError("messages: role must be user, assistant or system")
-        return [BOS] + self.encode(self.render_chat(messages, system, **chat))
-
-    def detokenizer(self, prompt_ids: list[int], *continue_skip_spaces: bool) -> FakeDetokenizer:
-        return FakeDetokenizer(self)
+from tests.support.fake_tokenizer import BOS, EOS, OFFSET, FakeDetokenizer, FakeTokenizer  # noqa: F401 (re-exported)
 
 
 # ---- the other ranks, for the real Engine loop ------------------------------------------------

@@ -3,10 +3,11 @@
 This module owns that document and the handler that serves it.  It describes every route of
 `make_service_app`: the native API and OpenAI chat sharing `POST /v1/chat/completions` (told
 apart by the presence of "model"), `/v1/completions`, the legacy doubled paths, the model lists,
-the health aliases and this document itself.  Ranges, enums and required fields are the ones the
-parsers (native.protocol, openai.protocol) enforce; limits come from this server's settings, so
-the document describes the running server, not a generic one.  Rules a JSON Schema cannot state
-(prompt length in tokens, min <= max, vocabulary size) are in descriptions and end in a 400.
+vLLM's /tokenize and /detokenize, the health aliases and this document itself.  Ranges, enums
+and required fields are the ones the parsers (native.protocol, openai.protocol) enforce; limits
+come from this server's settings, so the document describes the running server, not a generic one.
+Rules a JSON Schema cannot state (prompt length in tokens, min <= max, vocabulary size) are in
+descriptions and end in a 400.
 """
 
 from __future__ import annotations
@@ -48,9 +49,10 @@ def _post(
         "requestBody": {"required": True, "content": {JSON: {"schema": request}}},
         "responses": {
             "200": {
-                "description": f"{JSON}: the whole answer; with stream: true, "
-                f"{streamed}, one object per line / event "
-                "(SSE ends with `data: [DONE]`)",
+                "description": f"{JSON}: the whole answer; with stream: true, {streamed}, one object per line / "
+                "event (SSE ends with `data: [DONE]`)"
+                if streamed
+                else f"{JSON}: the answer",
                 "content": {mt: {"schema": sch} for mt, sch in ok.items()},
             },
             **_errors(codes, error, s),
@@ -108,6 +110,10 @@ def openapi_document(s: IOSettings) -> dict[str, Any]:
         either,
         s,
     )
+    tokenize = _post("vLLM's /tokenize: a prompt's or chat's token ids", ref("TokenizeRequest"),
+                     {JSON: ref("Tokenized")}, (400, 401, 404, 413), ref("OpenAIError"), s)  # fmt: skip
+    detokenize = _post("vLLM's /detokenize: token ids' text, special tokens written", ref("DetokenizeRequest"),
+                       {JSON: ref("Detokenized")}, (400, 401, 404, 413), ref("OpenAIError"), s)  # fmt: skip
     models = _get("Served model names", ref("ModelList"), _errors((401,), ref("OpenAIError"), s), s, auth=True)
     model = _get("One served model", ref("Model"), _errors((401, 404), ref("OpenAIError"), s), s, auth=True)
     model["parameters"] = [{"name": "name", "in": "path", "required": True, "schema": {"type": "string"}}]
@@ -137,6 +143,8 @@ def openapi_document(s: IOSettings) -> dict[str, Any]:
             "/v1/models/{name}": {"get": model},
             "/v1/chat/completions/models": {"get": models},
             "/v1/chat/completions/models/{name}": {"get": model},
+            "/tokenize": {"post": tokenize},
+            "/detokenize": {"post": detokenize},
             "/health": {"get": live, "head": bare},
             "/v2/health/live": {"get": live, "head": bare},
             "/v2/health/ready": {"get": ready, "head": bare},

@@ -214,6 +214,16 @@ def schemas(s: IOSettings) -> dict[str, Schema]:
                             {"req_id": STR, "error_msg": STR, "error_code": _int(400, 599)}),
         "OpenAIError": _obj(["error"], {"error": _obj(["message", "type", "param", "code"], {
             "message": STR, "type": STR, "param": _opt(STR), "code": _int(400, 599)})}),
+        "TokenizeRequest": _obj([], {
+            "model": {"enum": list(s.model_names)}, "prompt": STR, "messages": _list(message, minItems=1),
+            **{k: _opt(BOOL) for k in ("add_special_tokens", "add_generation_prompt", "continue_final_message",
+                                       "return_token_strs")}},
+            description="vLLM's: exactly one of prompt and messages", additionalProperties=False),
+        "Tokenized": _obj(["count", "max_model_len", "tokens", "token_strs"], {
+            "count": _int(0), "max_model_len": _int(1), "tokens": IDS, "token_strs": _opt(_list(STR))}),
+        "DetokenizeRequest": _obj(["tokens"], {"model": {"enum": list(s.model_names)}, "tokens": IDS},
+                                  additionalProperties=False),
+        "Detokenized": _obj(["prompt"], {"prompt": STR}),
         "HealthOk": _obj(["status"], {"status": {"const": "ok"}}),
         "HealthError": _obj(["error_code", "error_msg"], {"error_code": {"const": 503},
                                                           "error_msg": STR}),

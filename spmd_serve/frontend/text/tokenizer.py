@@ -210,6 +210,10 @@ class ServingTokenizer:
             spaces_between_special_tokens=spaces_between_special_tokens,
         )
 
+    def pieces(self, ids: list[int]) -> list[str]:
+        """The vocabulary's own strings for `ids` ("▁Hello", "Ġworld", "<0xE4>"), as vLLM's /tokenize gives them."""
+        return [str(self._tok.convert_ids_to_tokens(int(i))) for i in ids]
+
     def special_text(self, token_id: int) -> str:
         """How a special token reads when written out: its own string."""
         return self.token_bytes(token_id).decode("utf-8", "replace")
