@@ -130,3 +130,18 @@ def test_tokenize_counts_what_the_completions_count_and_detokenize_reads_back(cl
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "prompt"
     bad = requests.post(f"{base}/detokenize", json={"tokens": [tok.vocab_size]}, timeout=30)
     assert bad.status_code == 400 and "below" in bad.json()["error"]["message"]
+
+
+def test_chat_echo_repeats_the_assistant_s_last_message(client):
+    """vLLM's chat echo: the answer after the last message when the assistant wrote it (an assistant
+    prefill continued reads whole), streamed or not; after a user's message, the answer alone."""
+    prefill = [*CHAT, {"role": "assistant", "content": "Once upon a time"}]
+    kw = dict(model="default", max_tokens=6, temperature=0)
+    plain = client.chat.completions.create(messages=prefill, **kw, extra_body={"continue_final_message": True})
+    extra = {"continue_final_message": True, "echo": True}
+    echoed = client.chat.completions.create(messages=prefill, **kw, extra_body=extra)
+    assert echoed.choices[0].message.content == "Once upon a time" + plain.choices[0].message.content
+    stream = client.chat.completions.create(messages=prefill, **kw, stream=True, extra_body=extra)
+    assert "".join(c.choices[0].delta.content or "" for c in stream if c.choices) == echoed.choices[0].message.content
+    alone = client.chat.completions.create(messages=CHAT, **kw, extra_body={"echo": True}).choices[0].message.content
+    assert alone == client.chat.completions.create(messages=CHAT, **kw).choices[0].message.content

@@ -122,6 +122,9 @@ _OPENAI_COMMON = {
     "skip_special_tokens": BOOL,
     "spaces_between_special_tokens": BOOL,
     "prompt_logprobs": integer(0, 20),
+    "structured_outputs": Field(
+        st.fixed_dictionaries({"choice": st.lists(TEXT, min_size=1, max_size=3)}), st.one_of(TEXT, JUNK)
+    ),
     "guided_choice": Field(st.lists(TEXT, min_size=1, max_size=3), st.one_of(TEXT, st.lists(JUNK, max_size=3), JUNK)),
     "bad_words": Field(st.lists(TEXT, max_size=3), st.one_of(TEXT, st.lists(JUNK, min_size=1, max_size=3), JUNK)),
     "truncate_prompt_tokens": integer(1, 20),
@@ -153,6 +156,7 @@ OPENAI = {
         "top_logprobs": integer(0, 5),
         "add_generation_prompt": BOOL,
         "continue_final_message": BOOL,
+        "echo": BOOL,
     },
 }
 for _kind, _fields in OPENAI.items():  # the known unsupported ones: their neutral values, or anything else

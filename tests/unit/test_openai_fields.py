@@ -74,7 +74,6 @@ def test_unknown_fields_are_refused_with_openai_s_wording(kind):
         ("chat", "response_format", {"type": "text"}, {"type": "json_object"}),
         ("chat", "tools", [], [{"type": "function", "function": {"name": "f"}}]),
         ("chat", "tool_choice", "none", "required"),
-        ("chat", "echo", False, True),
         ("chat", "add_special_tokens", False, True),
         ("completion", "suffix", "", "!"),
         ("completion", "priority", 0, 1),
@@ -143,6 +142,21 @@ def test_guided_choice_becomes_token_sequences_that_read_back_as_the_answers():
         with pytest.raises(OpenAIError) as e:
             parse("chat", **body)
         assert (e.value.param, says in e.value.msg) == ("guided_choice", True), e.value.msg
+
+
+def test_structured_outputs_choice_is_guided_choice():
+    """Later vLLM's structured_outputs: its choice is guided_choice; what else it holds is refused by name."""
+    p = parse("chat", structured_outputs={"choice": ["yes", "no"], "disable_fallback": False}).params
+    assert p.guided_sequences == parse("chat", guided_choice=["yes", "no"]).params.guided_sequences
+    for body, param in [
+        ({"structured_outputs": {"json": {"type": "object"}}}, "structured_outputs.json"),
+        ({"structured_outputs": {"choice": ["a"]}, "guided_choice": ["a"]}, "structured_outputs"),
+        ({"structured_outputs": ["a"]}, "structured_outputs"),
+        ({"structured_outputs": {"choice": "a"}}, "structured_outputs.choice"),
+    ]:
+        with pytest.raises(OpenAIError) as e:
+            parse("chat", **body)
+        assert e.value.param == param, e.value.msg
 
 
 def test_a_choice_whose_tokens_read_otherwise_is_refused(demo_checkpoint):

@@ -123,7 +123,8 @@ def test_refusals_name_the_parameter(body, param):
 def test_chat_specific_refusals():
     for body, param in (
         ({"top_logprobs": 2}, "top_logprobs"),
-        ({"echo": True}, "echo"),
+        ({"echo": 1}, "echo"),
+        ({"echo": True, "max_tokens": 0}, "max_tokens"),  # (completions' echo alone scores a prompt)
         ({"messages": []}, "messages"),
         ({"messages": [{"role": "robot", "content": "x"}]}, "messages"),
     ):

@@ -84,6 +84,7 @@ OPENAI_ONLY = (
     "add_generation_prompt",
     "continue_final_message",
     "return_tokens_as_token_ids",
+    "structured_outputs",
 )
 _INT_FIELDS = ("max_dec_len", "min_dec_len", "seed")
 _NUM_FIELDS = ("topp", "temperature", "penalty_score", "frequency_score", "presence_score", "timeout")

@@ -22,12 +22,13 @@ _COMMON = frozenset(
         "min_tokens", "ignore_eos", "user", "logprobs", "logit_bias", "min_p", "allowed_token_ids",
         # vLLM's extras we honour
         "stop_token_ids", "include_stop_str_in_output", "truncate_prompt_tokens", "return_tokens_as_token_ids",
+        "structured_outputs",  # (later vLLM's: its "choice" is guided_choice; the rest refused by name)
         *OPENAI_EXTRAS,
     }
 )  # fmt: skip
 HONOURED: dict[str, frozenset[str]] = {
     "completion": _COMMON | {"prompt", "echo", "add_special_tokens"},
-    "chat": _COMMON | {"messages", "top_logprobs", "add_generation_prompt", "continue_final_message"},
+    "chat": _COMMON | {"messages", "top_logprobs", "add_generation_prompt", "continue_final_message", "echo"},
 }
 STREAM_OPTIONS = {"include_usage": (), "continuous_usage_stats": ()}  # the same rule, inside stream_options
 
@@ -46,7 +47,6 @@ NEUTRAL: dict[str, dict[str, tuple[Any, ...]]] = {
     "completion": {**_NEUTRAL_COMMON, "suffix": ("",)},
     "chat": {
         **_NEUTRAL_COMMON,
-        "echo": (False,),  # vLLM's chat echo (repeat the last message) is not built
         "add_special_tokens": (False,),
         "documents": (),
         "chat_template": (),

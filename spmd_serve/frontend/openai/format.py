@@ -83,7 +83,7 @@ class Formatter:
     def prompt_entries(self, state: ChoiceState, scored: list[Any] | None) -> list[tuple[int, TokenLogprobs]]:
         """Echo with logprobs: the prompt's tokens as logprobs entries (its first unscored), from the
         engine's entries of the others (the first output's); none for any other output."""
-        if scored is None or not self.req.echo:
+        if scored is None or not self.req.echo or self.chat:
             return []
         prompt, k = self.req.prompts[state.index // self.req.n], self.req.logprobs or 0
         return [(prompt[0], None), *((tid, (lp, top[:k])) for tid, (lp, top, _) in zip(prompt[1:], scored))]
@@ -126,10 +126,11 @@ class Formatter:
         for s in states:
             lp = self.logprobs(s.logprobs, s)
             if self.chat:
+                echoed = self.req.prompt_texts[0] if self.req.echo else ""  # vLLM's chat echo: the last message
                 choices.append(
                     {
                         "index": s.index,
-                        "message": {"role": "assistant", "content": s.text},
+                        "message": {"role": "assistant", "content": echoed + s.text},
                         "logprobs": lp,
                         "finish_reason": s.finish_reason,
                     }
@@ -158,6 +159,8 @@ class Formatter:
         state = states[i]
         first, state.started = not state.started, True
         lp = self.logprobs(entries, state)
+        if first and self.req.echo:  # the echoed prompt (completions) or last message (chat) first
+            text = self.req.prompt_texts[state.index // self.req.n if not self.chat else 0] + text
         if self.chat:
             delta: dict[str, Any] = (
                 {"role": "assistant", "content": text}
@@ -166,8 +169,6 @@ class Formatter:
             )
             choice = {"index": state.index, "delta": delta, "logprobs": lp, "finish_reason": finish_reason}
         else:
-            if first and self.req.echo:
-                text = self.req.prompt_texts[state.index // self.req.n] + text
             choice = {"index": state.index, "text": text, "logprobs": lp, "finish_reason": finish_reason}
         body = self._envelope("chat.completion.chunk" if self.chat else "text_completion", [choice])
         if self.req.include_usage:

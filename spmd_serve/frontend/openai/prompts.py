@@ -11,6 +11,7 @@ from typing import Any
 
 from spmd_serve.frontend.common.parsing import is_int
 from spmd_serve.frontend.openai.body import OpenAIError, get
+from spmd_serve.frontend.text import chat_template
 
 
 def completion_prompts(body: dict[str, Any], tokenizer: Any) -> tuple[list[list[int]], list[str]]:
@@ -76,3 +77,10 @@ def check_vocab(prompts: list[list[int]], tokenizer: Any) -> None:
             raise OpenAIError(400, "the prompt is empty", "prompt")
         if vocab is not None and max(ids) >= vocab:
             raise OpenAIError(400, f"token id {max(ids)} is outside the vocabulary (size {vocab})", "prompt")
+
+
+def echoed_message(body: dict[str, Any]) -> str:
+    """vLLM's chat echo: the last message's content (its text parts joined) when the assistant wrote
+    it, which the answer then follows (with continue_final_message, continues); else nothing."""
+    last = body["messages"][-1]
+    return chat_template.normalize_messages([last], None)[0]["content"] if last.get("role") == "assistant" else ""

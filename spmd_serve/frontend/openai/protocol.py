@@ -139,15 +139,18 @@ def parse_openai(
         raise OpenAIError(400, "stream_options must be an object and needs stream=true", "stream_options")
     include_usage = get(opts or {}, "include_usage", "bool", False)
     continuous = include_usage and get(opts or {}, "continuous_usage_stats", "bool", False)
-    echo = get(body, "echo", "bool", False)  # chat: refused by check_fields unless false
+    echo = get(body, "echo", "bool", False)
+    scores = echo and kind == "completion"  # completions' echo scores the prompt (chat's repeats a message)
     prompts, texts = (prompts_of.completion_prompts if kind == "completion" else prompts_of.chat_prompt)(
         body, tokenizer
     )
     prompts_of.truncate(body, prompts, texts, tokenizer)
     prompts_of.check_vocab(prompts, tokenizer)
     logprobs, prompt_k = _logprobs(body, kind), _prompt_logprobs(body, stream)
-    scored = [k for k in (logprobs if echo else None, prompt_k) if k is not None]  # the engine's top: the larger
-    max_tokens = min(_max_tokens(body, kind, len(p), limits, echo) for p in prompts)
+    scored = [k for k in (logprobs if scores else None, prompt_k) if k is not None]  # the engine's top: the larger
+    max_tokens = min(_max_tokens(body, kind, len(p), limits, scores) for p in prompts)
+    if kind == "chat" and echo:  # vLLM's: the answer after the last message, when the assistant wrote it
+        texts = [prompts_of.echoed_message(body)]
     min_tokens = get(body, "min_tokens", "int", 0, 0)
     if min_tokens > max_tokens:
         raise OpenAIError(400, f"min_tokens({min_tokens}) must not exceed max_tokens({max_tokens})", "min_tokens")

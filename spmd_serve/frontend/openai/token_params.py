@@ -106,6 +106,24 @@ def bad_words(body: dict[str, Any], tokenizer: Any, allowed: tuple[int, ...]) ->
     return tuple(out)
 
 
+def _choice_field(body: dict[str, Any]) -> tuple[Any, str]:
+    """(the choices, the field that named them): vLLM's guided_choice, or the structured_outputs object
+    of its later versions, of which only "choice" is built (the rest refused by name)."""
+    outputs = body.get("structured_outputs")
+    if outputs is None:
+        return body.get("guided_choice"), "guided_choice"
+    if not isinstance(outputs, dict):
+        raise FieldError(f"structured_outputs must be an object, got {show(outputs)}", "structured_outputs")
+    other = next((k for k, v in outputs.items() if k != "choice" and v not in (None, False)), None)
+    if other is not None:  # (its flags are false by default: false changes nothing)
+        raise FieldError(
+            f"structured_outputs.{other} is not supported by this server (only choice)", f"structured_outputs.{other}"
+        )
+    if body.get("guided_choice") is not None:
+        raise FieldError("guided_choice and structured_outputs cannot both be given", "structured_outputs")
+    return outputs.get("choice"), "structured_outputs.choice"
+
+
 def guided_choice(
     body: dict[str, Any], tokenizer: Any, prompts: list[list[int]], continues: bool, ends_on_eos: bool
 ) -> tuple[tuple[int, ...], ...]:
@@ -114,19 +132,15 @@ def guided_choice(
     continuation), else a 400 naming it; for an answer with a leading space, also the ids of the
     rest (SentencePiece's word marker writes that space).  `ends_on_eos` false (ignore_eos,
     min_tokens) is refused, since an EOS ends the answer."""
-    choices = body.get("guided_choice")
+    choices, name = _choice_field(body)
     if choices is None:
         return ()
     if not (
         isinstance(choices, list) and 0 < len(choices) <= MAX_CHOICES and all(isinstance(c, str) and c for c in choices)
     ):
-        raise FieldError(
-            f"guided_choice must be 1 to {MAX_CHOICES} non-empty strings, got {show(choices)}", "guided_choice"
-        )
+        raise FieldError(f"{name} must be 1 to {MAX_CHOICES} non-empty strings, got {show(choices)}", name)
     if not ends_on_eos:
-        raise FieldError(
-            "guided_choice ends the answer with an EOS: not with ignore_eos or min_tokens", "guided_choice"
-        )
+        raise FieldError(f"{name} ends the answer with an EOS: not with ignore_eos or min_tokens", name)
     out: dict[tuple[int, ...], None] = {}
     for choice in choices:
         spaced = [choice[1:]] if choice.startswith(" ") and choice[1:] else []
@@ -136,11 +150,11 @@ def guided_choice(
         if not exact:
             where = " after the prompt" if continues else ""
             raise FieldError(
-                f"guided_choice: this model's tokens for {show(choice)} read {show(min(readings[0]))}{where}, not "
-                "the answer itself", "guided_choice",
+                f"{name}: this model's tokens for {show(choice)} read {show(min(readings[0]))}{where}, not "
+                "the answer itself", name,
             )  # fmt: skip
         if len(exact[0]) > MAX_CHOICE_TOKENS:
-            raise FieldError(f"guided_choice: {show(choice)} is more than {MAX_CHOICE_TOKENS} tokens", "guided_choice")
+            raise FieldError(f"{name}: {show(choice)} is more than {MAX_CHOICE_TOKENS} tokens", name)
         out[exact[0]] = None
     return tuple(out)
 

@@ -129,6 +129,8 @@ def schemas(s: IOSettings) -> dict[str, Schema]:
         "skip_special_tokens": _opt(BOOL), "spaces_between_special_tokens": _opt(BOOL),
         "bad_words": _opt(_list(STR, description="words never generated (vLLM's: as their tokens)")),
         "guided_choice": _opt(_list(STR, minItems=1, maxItems=64, description="the answer is one of these")),
+        "structured_outputs": _opt(_obj([], {"choice": _opt(_list(STR, minItems=1, maxItems=64))},
+                                        description="later vLLM's: only choice (guided_choice) is built")),
         "prompt_logprobs": _opt(_int(0, MAX_LOGPROBS, description="vLLM's: the prompt scored; not with stream")),
         "allowed_token_ids": _opt(_list(_int(0), minItems=1, description="the draw is limited to these ids")),
         "logit_bias": _opt(_obj([], {}, additionalProperties=_num(-100, 100),
@@ -183,6 +185,7 @@ def schemas(s: IOSettings) -> dict[str, Schema]:
         "ChatCompletionRequest": _obj(["model", "messages"], {
             **common, **neutral("chat"), "messages": _list(message, minItems=1), "logprobs": _opt(BOOL),
             "add_generation_prompt": _opt(BOOL | {"description": "default true"}),
+            "echo": _opt(BOOL | {"description": "vLLM's: the last message first, when the assistant wrote it"}),
             "continue_final_message": _opt(BOOL | {"description": "the reply continues the last message "
                                                    "(its end of turn cut; not with add_generation_prompt true)"}),
             "top_logprobs": _opt(_int(0, MAX_LOGPROBS, description="needs logprobs: true"))},
