@@ -48,11 +48,10 @@ def guided_next(params: SamplingParams, output: Sequence[int], eos: frozenset[in
     return nxt | eos if so_far in params.guided_sequences else nxt
 
 
-def on_choice(params: SamplingParams, output: list[int], tokens: list[int], eos: frozenset[int]) -> bool:
-    """Whether each of a step's `tokens` after `output` kept the answer on a guided_choice one (or none
-    is asked for)."""
-    ok = (t in guided_next(params, output + tokens[:j], eos) for j, t in enumerate(tokens))
-    return not params.guided_sequences or all(ok)
+def on_choice(request: SampledRequest, tokens: list[int]) -> bool:
+    """Whether each of a step's `tokens` after the request's output kept its answer on a guided_choice one."""
+    out, p, eos = request.output_token_ids, request.params, request.eos_token_ids
+    return all(t in guided_next(p, out + tokens[:j], eos) for j, t in enumerate(tokens))
 
 
 def _min_p_rows(views: Sequence[SampledRequest]) -> list[int]:

@@ -202,9 +202,8 @@ class Sampler:
                     f"sampling failed for this request: token {bad[0]} is outside the vocabulary ({vocab})"
                 )
             allowed = r.params.allowed_token_ids
-            if r.req_id not in failed and not logits_adjust.on_choice(
-                r.params, r.output_token_ids, ts, r.eos_token_ids
-            ):
+            choices = r.params.guided_sequences  # (the usual request: none, and nothing to look at)
+            if choices and r.req_id not in failed and not logits_adjust.on_choice(r, ts):
                 failed[r.req_id] = (  # every token that keeps the answer on a choice masked: an all -inf row
                     "no token of guided_choice's answers can be drawn at this step: each is masked (allowed_token_ids, "
                     "bad_words, or an EOS id until min_tokens)"
