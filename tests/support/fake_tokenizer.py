@@ -52,6 +52,7 @@ class FakeTokenizer:
         system: str | None = None,
         add_generation_prompt: bool = True,
         continue_final_message: bool = False,
+        template_kwargs: dict | None = None,  # (no variables in this template)
     ) -> str:
         turns = ([{"role": "system", "content": system}] if system else []) + list(messages)
         text = "".join(f"<{m['role']}>{m['content']}\n" for m in turns)
@@ -60,7 +61,7 @@ class FakeTokenizer:
         return text + ("<assistant>" if add_generation_prompt else "")
 
     def encode_prompt(
-        self, *, text: str | None = None, messages: list[dict] | None = None, system: str | None = None, **chat: bool
+        self, *, text: str | None = None, messages: list[dict] | None = None, system: str | None = None, **chat
     ) -> list[int]:
         if text is not None:
             messages = [{"role": "user", "content": text}]

@@ -157,6 +157,7 @@ OPENAI = {
         "add_generation_prompt": BOOL,
         "continue_final_message": BOOL,
         "echo": BOOL,
+        "chat_template_kwargs": Field(st.dictionaries(st.sampled_from(["enable_thinking", "x", "tools"]), LEAF)),
     },
 }
 for _kind, _fields in OPENAI.items():  # the known unsupported ones: their neutral values, or anything else

@@ -223,3 +223,33 @@ def test_named_template_list_and_errors(llama3_dir: Path, tmp_path: Path) -> Non
     with_template("{{ raise_exception('only user turns') }}")
     with pytest.raises(ValueError, match="chat template rejected the messages: only user turns"):
         ServingTokenizer.from_model_dir(d, True).render_chat(CHAT)
+
+
+def test_chat_template_kwargs_reach_the_template_as_transformers_passes_them(tmp_path: Path) -> None:
+    """vLLM's chat_template_kwargs (Qwen3's enable_thinking): the request's ids are those of
+    transformers' apply_chat_template with the same variables; a variable the request's own fields set
+    is refused by name."""
+    from spmd_serve.frontend.common.parsing import Limits
+    from spmd_serve.frontend.openai.body import OpenAIError
+    from spmd_serve.frontend.openai.protocol import parse_openai
+    from tests.support.hf_tokenizer_dirs import QWEN2_TEMPLATE
+
+    transformers = pytest.importorskip("transformers")
+    thinking = "{%- if add_generation_prompt and enable_thinking is defined and enable_thinking is false %}"
+    template = QWEN2_TEMPLATE + thinking + "{{- '<think>\\n\\n</think>\\n\\n' }}{%- endif %}"
+    model = write_byte_level_dir(tmp_path / "qwen3ish", "qwen2", extra_config={"chat_template": template})
+    tok, ref = ServingTokenizer.from_model_dir(model, True), transformers.AutoTokenizer.from_pretrained(str(model))
+    msgs = [{"role": "user", "content": "Hi"}]
+    limits = Limits(max_seq_len=100, max_dec_len=50, model_max_len=120)
+
+    def ids(**body: object) -> list[int]:
+        return parse_openai("chat", {"model": "m", "messages": msgs, **body}, tok, limits, ("m",)).prompts[0]
+
+    off = ref.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True, enable_thinking=False)
+    assert "</think>" in off and ids(chat_template_kwargs={"enable_thinking": False}) == tok.encode(off)
+    plain = ref.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
+    assert ids(chat_template_kwargs={"enable_thinking": True}) == ids() == tok.encode(plain) != tok.encode(off)
+    for bad, param in [({"tools": []}, "chat_template_kwargs.tools"), ([1], "chat_template_kwargs")]:
+        with pytest.raises(OpenAIError) as e:
+            ids(chat_template_kwargs=bad)
+        assert e.value.param == param

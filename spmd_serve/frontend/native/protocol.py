@@ -85,6 +85,7 @@ OPENAI_ONLY = (
     "continue_final_message",
     "return_tokens_as_token_ids",
     "structured_outputs",
+    "chat_template_kwargs",
 )
 _INT_FIELDS = ("max_dec_len", "min_dec_len", "seed")
 _NUM_FIELDS = ("topp", "temperature", "penalty_score", "frequency_score", "presence_score", "timeout")

@@ -28,7 +28,8 @@ _COMMON = frozenset(
 )  # fmt: skip
 HONOURED: dict[str, frozenset[str]] = {
     "completion": _COMMON | {"prompt", "echo", "add_special_tokens"},
-    "chat": _COMMON | {"messages", "top_logprobs", "add_generation_prompt", "continue_final_message", "echo"},
+    "chat": _COMMON
+    | {"messages", "top_logprobs", "add_generation_prompt", "continue_final_message", "echo", "chat_template_kwargs"},
 }
 STREAM_OPTIONS = {"include_usage": (), "continuous_usage_stats": ()}  # the same rule, inside stream_options
 
@@ -45,13 +46,7 @@ _NEUTRAL_COMMON: dict[str, tuple[Any, ...]] = {
 }  # fmt: skip
 NEUTRAL: dict[str, dict[str, tuple[Any, ...]]] = {
     "completion": {**_NEUTRAL_COMMON, "suffix": ("",)},
-    "chat": {
-        **_NEUTRAL_COMMON,
-        "add_special_tokens": (False,),
-        "documents": (),
-        "chat_template": (),
-        "chat_template_kwargs": ({},),
-    },
+    "chat": {**_NEUTRAL_COMMON, "add_special_tokens": (False,), "documents": (), "chat_template": ()},
 }
 
 

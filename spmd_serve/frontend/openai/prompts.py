@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from spmd_serve.frontend.common.parsing import is_int
+from spmd_serve.frontend.common.parsing import is_int, show
 from spmd_serve.frontend.openai.body import OpenAIError, get
 from spmd_serve.frontend.text import chat_template
 
@@ -51,14 +51,35 @@ def chat_prompt(body: dict[str, Any], tokenizer: Any) -> tuple[list[list[int]], 
         raise OpenAIError(
             400, "continue_final_message and add_generation_prompt cannot both be true", "continue_final_message"
         )
-    options = {"continue_final_message": True} if cont else {}  # (only what differs from the defaults)
+    options: dict[str, Any] = {"continue_final_message": True} if cont else {}  # (only what differs from the defaults)
     if not get(body, "add_generation_prompt", "bool", True):
         options["add_generation_prompt"] = False
+    variables = body.get("chat_template_kwargs")
+    if variables:
+        options["template_kwargs"] = _template_kwargs(variables)
     try:
         ids = tokenizer.encode_prompt(messages=msgs, **options)
     except ValueError as e:
         raise OpenAIError(400, f"invalid messages: {e}", "messages") from None
     return [list(ids)], [""]
+
+
+# the template's own variables, which the request's fields set (or which are not built: tools, documents)
+_RESERVED = ("messages", "add_generation_prompt", "continue_final_message", "tools", "documents")
+
+
+def _template_kwargs(variables: Any) -> dict[str, Any]:
+    """vLLM's chat_template_kwargs: more variables for the chat template (Qwen3's enable_thinking, ...)."""
+    if not isinstance(variables, dict):
+        raise OpenAIError(400, f"chat_template_kwargs must be an object, got {show(variables)}", "chat_template_kwargs")
+    taken = next((k for k in _RESERVED if k in variables), None)
+    if taken is not None:
+        raise OpenAIError(
+            400,
+            f"chat_template_kwargs.{taken}: not a variable a request may set this way",
+            f"chat_template_kwargs.{taken}",
+        )
+    return variables
 
 
 def truncate(body: dict[str, Any], prompts: list[list[int]], texts: list[str], tokenizer: Any) -> None:

@@ -4,7 +4,7 @@ own tokenizer and chat template.
 
 /tokenize takes `prompt` (a string; the tokenizer's own special tokens unless `add_special_tokens`
 is false) or chat `messages` (rendered as /v1/chat/completions renders them, with
-`add_generation_prompt` / `continue_final_message`), and answers {"count", "max_model_len",
+`add_generation_prompt` / `continue_final_message` / `chat_template_kwargs`), and answers {"count", "max_model_len",
 "tokens", "token_strs"} (the vocabulary's pieces with `return_token_strs`, else null).  /detokenize
 takes {"tokens": [...]} and answers {"prompt": text}, special tokens written, as vLLM's (HF's
 decode) does.  `model`, when given, must name the served model.  As everywhere, an unknown field is
@@ -25,7 +25,7 @@ from spmd_serve.frontend.openai.protocol import check_model
 _FIELDS = {
     "tokenize": {
         "model", "prompt", "messages", "add_special_tokens", "add_generation_prompt", "continue_final_message",
-        "return_token_strs",
+        "return_token_strs", "chat_template_kwargs",
     },
     "detokenize": {"model", "tokens"},
 }  # fmt: skip

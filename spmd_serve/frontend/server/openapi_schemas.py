@@ -186,6 +186,8 @@ def schemas(s: IOSettings) -> dict[str, Schema]:
             **common, **neutral("chat"), "messages": _list(message, minItems=1), "logprobs": _opt(BOOL),
             "add_generation_prompt": _opt(BOOL | {"description": "default true"}),
             "echo": _opt(BOOL | {"description": "vLLM's: the last message first, when the assistant wrote it"}),
+            "chat_template_kwargs": _opt(_obj([], {}, description="vLLM's: more chat template variables "
+                                              "(e.g. enable_thinking); not messages, tools, ...")),
             "continue_final_message": _opt(BOOL | {"description": "the reply continues the last message "
                                                    "(its end of turn cut; not with add_generation_prompt true)"}),
             "top_logprobs": _opt(_int(0, MAX_LOGPROBS, description="needs logprobs: true"))},
@@ -220,7 +222,7 @@ def schemas(s: IOSettings) -> dict[str, Schema]:
         "TokenizeRequest": _obj([], {
             "model": {"enum": list(s.model_names)}, "prompt": STR, "messages": _list(message, minItems=1),
             **{k: _opt(BOOL) for k in ("add_special_tokens", "add_generation_prompt", "continue_final_message",
-                                       "return_token_strs")}},
+                                       "return_token_strs")}, "chat_template_kwargs": _opt(_obj([], {}))},
             description="vLLM's: exactly one of prompt and messages", additionalProperties=False),
         "Tokenized": _obj(["count", "max_model_len", "tokens", "token_strs"], {
             "count": _int(0), "max_model_len": _int(1), "tokens": IDS, "token_strs": _opt(_list(STR))}),

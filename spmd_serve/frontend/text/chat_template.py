@@ -86,16 +86,19 @@ def render(
     special_tokens: dict[str, Any],
     add_generation_prompt: bool = True,
     continue_final_message: bool = False,
+    template_kwargs: dict[str, Any] | None = None,
 ) -> str:
     """The prompt text; jinja2.TemplateError / TypeError etc. propagate to the caller.
     `continue_final_message` (vLLM's, HF's): the text ends where the last message's content does (what
-    the template writes after it, an end of turn, cut), so the model continues that message."""
+    the template writes after it, an end of turn, cut), so the model continues that message.
+    `template_kwargs` (vLLM's chat_template_kwargs, e.g. Qwen3's enable_thinking): more variables,
+    which win over the special-token strings, as transformers passes them (not the ones above)."""
     text = template.render(
         messages=messages,
         tools=None,
         documents=None,
         add_generation_prompt=add_generation_prompt and not continue_final_message,
-        **special_tokens,
+        **{**special_tokens, **(template_kwargs or {})},
     )
     if not continue_final_message:
         return text

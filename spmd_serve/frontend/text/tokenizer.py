@@ -234,7 +234,7 @@ class ServingTokenizer:
             return raw
         return self._tok.convert_tokens_to_string([piece]).encode()
 
-    def render_chat(self, messages: list[dict], system: str | None = None, **options: bool) -> str:
+    def render_chat(self, messages: list[dict], system: str | None = None, **options: Any) -> str:
         """The chat template applied to `messages` (with `system` as a leading system message),
         ending with the assistant generation prompt (`options`: chat_template.render's)."""
         if self._template is None:
@@ -248,7 +248,7 @@ class ServingTokenizer:
             raise ValueError(f"chat template failed on the messages: {e!r}") from e
 
     def encode_prompt(
-        self, *, text: str | None = None, messages: list[dict] | None = None, system: str | None = None, **chat: bool
+        self, *, text: str | None = None, messages: list[dict] | None = None, system: str | None = None, **chat: Any
     ) -> list[int]:
         """Prompt ids for a request: exactly one of `text` (one user turn) or `messages`.
 
