@@ -67,6 +67,9 @@ CXXFLAGS = (
 )  # the C API of mpi.h only
 
 
+SOURCE_FLAGS = {"sample_draw.cc": ("-ffp-contract=off",)}  # the numpy twin's float32 steps bit for bit: no FMA
+
+
 class ExtensionUnavailable(RuntimeError):
     """The C++ op library cannot be built or loaded here; the message says why and what to install."""
 
@@ -146,7 +149,8 @@ def _commands(objs: Path, out: Path) -> tuple[list[list[str]], list[str]]:
     march = f"-march={os.environ.get('SPMD_OPS_MARCH') or 'native'}"
     includes = [f"-I{root / 'include'}", f"-I{root / 'include' / 'third_party'}"]
     flags = [march, *CXXFLAGS, *_emulate_flags(), *includes, *mpi_compile]
-    compiles = [[cxx, *flags, "-c", str(src), "-o", str(objs / f"{src.stem}.o")] for src in sources()]
+    own = SOURCE_FLAGS
+    compiles = [[cxx, *flags, *own.get(s.name, ()), "-c", str(s), "-o", str(objs / f"{s.stem}.o")] for s in sources()]
     link = [
         cxx,
         march,

@@ -98,6 +98,7 @@ def sample(logits: Any, *args: Any, **kwargs: Any) -> Any:
             kwargs.pop(gpu_only, None)
         return sample_cpu(logits, *args, **kwargs)
     kwargs.pop("with_logprobs", None)  # the kernel always computes them (in the same pass)
+    kwargs.pop("native", None)  # (the CPU path's C steps)
     if "out_tokens" not in kwargs:  # host parameters: staged to the device and back
         return sample_gpu_staged(logits, *args, **kwargs)
     return sample_gpu(logits, *args, **kwargs)

@@ -6,6 +6,7 @@ penalties), with the constants the CUDA source embeds.  Semantics: ops/sample.py
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import numpy as np
 
@@ -225,13 +226,15 @@ def sample_cpu(
     num_logprobs: int = 0,
     *,
     with_logprobs: bool = True,
+    native: Any = None,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """logits [B, V] (float32/float16; bf16 callers convert to float32, which is exact) ->
     (tokens [B] int32, logprobs [B] float32, top_ids [B, n] int32, top_logprobs [B, n] float32).
     with_logprobs=False (the CPU path only: a caller that ignores `logprobs`) skips the greedy rows'
     log-sum-exp and returns NaN there; tokens and every other output are unchanged.
     Element-wise steps run over all greedy / all sampled rows at once; the ranking per sampled row
-    sorts only the prefix its steps read (`_draw`)."""
+    sorts only the prefix its steps read (`_draw`).  `native` (ops.sample_native.kernels()): the
+    weights and the draws in C, the same bits."""
     logits = np.asarray(logits)
     b_sz, v_sz = logits.shape
     check_num_logprobs(num_logprobs)
@@ -262,10 +265,11 @@ def sample_cpu(
     finite = np.isfinite(m)
     logprobs[rows[~finite]] = np.nan
     d = s - np.where(finite, m, np.float32(0))[:, None]  # float32, <= 0 on finite rows
-    q = exp2_weight(d)
+    q = (native.exp2_weight if native is not None else exp2_weight)(d)
+    draw = native.draw if native is not None else _draw
     for i in np.flatnonzero(finite):
         b = rows[i]
-        ids, tok, total, kept = _draw(s[i], q[i], int(top_k[b]), top_p[b], int(x0[i]), n)
+        ids, tok, total, kept = draw(s[i], q[i], int(top_k[b]), top_p[b], int(x0[i]), n)
         tokens[b] = tok
         ln_z = np.float32(np.log(np.float64(total)) - _LN2_31)
         logprobs[b] = d[i, tok] - ln_z

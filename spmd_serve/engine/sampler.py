@@ -33,6 +33,7 @@ import numpy as np
 import numpy.typing as npt
 
 import ops.sample
+from ops import sample_native
 from spmd_serve.engine import logits_adjust, prompt_logprobs
 from spmd_serve.engine.logits_adjust import SampledRequest
 from spmd_serve.engine.outputs import PromptLogprobs, TokenLogprobs
@@ -108,7 +109,8 @@ def sample(logits: Any, requests: Sequence[SampledRequest]) -> list[int]:
         # (measured), as this runs right after the graph has pushed everything out of the caches
         return ops.sample.greedy_tokens(logits if logits.dtype == np.float32 else logits.astype(np.float32))
     # the logprobs reported are token_logprobs' (raw logits), not ops.sample's: skip them on the CPU
-    tokens = ops.sample.sample(logits, **sample_arrays(requests), with_logprobs=False)[0]
+    native = sample_native.kernels()  # the draws in C where the rank loaded the op library (the same bits)
+    tokens = ops.sample.sample(logits, **sample_arrays(requests), with_logprobs=False, native=native)[0]
     return [int(t) for t in np.asarray(tokens)]
 
 
