@@ -1,7 +1,8 @@
 // The CPU sampler's two per-element steps in C, bit for bit those of the numpy twin (ops/sample_twin.py),
 // which stays the oracle: `spmd_exp2_weight` is its exp2_weight and `spmd_sample_draw` its _draw.  The
 // twin spends ~20 numpy passes over a sampled row's vocabulary (1-4 ms a row at 32k-128k tokens on this
-// project's CPU); these make two or three, and the default draw (no top-k / top-p) sorts almost nothing.  Called through ctypes (ops/sample_native.py), on numpy
+// project's CPU); these make two to four, and a draw without top-k or top logprobs sorts almost
+// nothing.  Called through ctypes (ops/sample_native.py), on numpy
 // arrays; no Paddle here.
 #include <algorithm>
 #include <cmath>
@@ -62,37 +63,82 @@ uint64_t rank_key(const float* s, long i) {  // ~key << 32 | id: ascending is ra
   return static_cast<uint64_t>(~float_key(s[i])) << 32 | static_cast<uint64_t>(i);
 }
 
-// The default draw (no top-k, no top-p, no top logprobs): the token where the ranked weights' running sum
-// passes t = x0 * Q / 2**32.  Every heavier bucket ranks wholly before the bucket holding t, and within
-// it a weighted quickselect halves the candidates (the better-ranked half's mass says which half holds
-// the crossing) until a few are left to sort: the twin's ranking, the same token, O(V) work.
-long draw_all(const float* s, const uint32_t* q, long V, const Buckets& b, uint64_t x0, std::vector<uint64_t>& buf) {
-  const uint64_t t = static_cast<uint64_t>((static_cast<unsigned __int128>(x0) * b.q_all) >> 32);
-  uint64_t acc = 0;
-  int at = b.top;
-  for (; at > 0 && acc + b.mass[at] <= t; --at) acc += b.mass[at];
-  buf.clear();
-  for (long i = 0; i < V; ++i)
-    if (q[i] && bucket(q[i]) == at) buf.push_back(rank_key(s, i));
+// Where the ranked weights' running sum (from `acc`) first satisfies `reach` (monotone in it), among one
+// bucket's rank keys `buf` (any order; the bucket's tokens all rank after those `acc` sums): a weighted
+// quickselect halves the candidates (the better-ranked half's mass says which half holds the crossing)
+// until a few are left to sort, so the twin's ranking decides at O(size) cost.
+struct Crossing {
+  uint64_t key;  // the rank key there
+  uint64_t sum;  // the running sum through it
+  long count;    // the bucket's ranks through it
+};
+
+template <class Reach>
+Crossing cross(std::vector<uint64_t>& buf, const uint32_t* q, uint64_t acc, Reach reach) {
   auto lo = buf.begin(), hi = buf.end();
+  long before = 0;
   while (hi - lo > 64) {
     const auto mid = lo + (hi - lo) / 2;
     std::nth_element(lo, mid, hi);  // [lo, mid): the better-ranked half, unordered
     uint64_t half = 0;
     for (auto it = lo; it != mid; ++it) half += q[*it & 0xFFFFFFFFu];
-    if (acc + half > t) {
+    if (reach(acc + half)) {
       hi = mid;
     } else {
       acc += half;
+      before += mid - lo;
       lo = mid;
     }
   }
   std::sort(lo, hi);
   for (auto it = lo; it != hi; ++it) {
     acc += q[*it & 0xFFFFFFFFu];
-    if (acc > t) return static_cast<long>(*it & 0xFFFFFFFFu);
+    ++before;
+    if (reach(acc)) return {*it, acc, before};
   }
-  return static_cast<long>(*(hi - 1) & 0xFFFFFFFFu);  // (never: the bucket's mass passes t)
+  return {*(hi - 1), acc, before};  // (never: the caller's bucket passes the mark)
+}
+
+// The rank keys of bucket `at`'s tokens (only those ranked at or before `upto`) into `buf`.
+void collect(const float* s, const uint32_t* q, long V, int at, uint64_t upto, std::vector<uint64_t>& buf) {
+  buf.clear();
+  for (long i = 0; i < V; ++i)
+    if (q[i] && bucket(q[i]) == at) {
+      const uint64_t key = rank_key(s, i);
+      if (key <= upto) buf.push_back(key);
+    }
+}
+
+// The token where the ranked weights' running sum passes t (< the kept mass, which ends at rank key
+// `upto` in bucket `last`): every heavier bucket ranks wholly before a lighter one, so only the bucket
+// holding t is searched.
+long draw_below(const float* s, const uint32_t* q, long V, const Buckets& b, uint64_t t, int last, uint64_t upto,
+                std::vector<uint64_t>& buf) {
+  uint64_t acc = 0;
+  int at = b.top;
+  for (; at > last && acc + b.mass[at] <= t; --at) acc += b.mass[at];
+  collect(s, q, V, at, at == last ? upto : ~0ull, buf);
+  return static_cast<long>(cross(buf, q, acc, [t](uint64_t u) { return u > t; }).key & 0xFFFFFFFFu);
+}
+
+// top-p without top-k or top logprobs: the kept ranks end where the running sum first reaches
+// need = ceil(top_p * Q); the draw is then below their mass (the twin's loop, without ranking the row).
+long draw_top_p(const float* s, const uint32_t* q, long V, const Buckets& b, float top_p, uint64_t x0,
+                uint64_t* total, long* kept, std::vector<uint64_t>& buf) {
+  const uint64_t need = static_cast<uint64_t>(std::ceil(static_cast<double>(top_p) * static_cast<double>(b.q_all)));
+  uint64_t acc = 0;
+  long count = 0;
+  int at = b.top;
+  for (; at > 0 && acc + b.mass[at] < need; --at) {
+    acc += b.mass[at];
+    count += b.count[at];
+  }
+  collect(s, q, V, at, ~0ull, buf);
+  const Crossing end = cross(buf, q, acc, [need](uint64_t u) { return u >= need; });
+  *total = end.sum;
+  *kept = count + end.count;
+  const uint64_t t = static_cast<uint64_t>((static_cast<unsigned __int128>(x0) * end.sum) >> 32);
+  return draw_below(s, q, V, b, t, at, end.key, buf);
 }
 
 }  // namespace
@@ -137,10 +183,15 @@ extern "C" long spmd_sample_draw(const float* s, const uint32_t* q, long V, long
   const long n_pos = b.n_pos;
   const uint64_t q_all = b.q_all;
   const long k = top_k <= 0 ? n_pos : std::min(top_k, n_pos);
-  if (k == n_pos && !(top_p < 1.0f) && n == 0) {
-    *token = draw_all(s, q, V, b, x0, ranking);
-    *total_out = q_all;
-    *kept_out = n_pos;
+  if (k == n_pos && n == 0) {  // no top-k, no top logprobs: the row is not ranked
+    if (top_p < 1.0f) {
+      *token = draw_top_p(s, q, V, b, top_p, x0, total_out, kept_out, ranking);
+    } else {
+      const uint64_t t = static_cast<uint64_t>((static_cast<unsigned __int128>(x0) * q_all) >> 32);
+      *token = draw_below(s, q, V, b, t, 0, ~0ull, ranking);
+      *total_out = q_all;
+      *kept_out = n_pos;
+    }
     return 0;
   }
   ranking.clear();
