@@ -3,12 +3,10 @@ vLLM's `allowed_token_ids` (every other token masked), OpenAI's `logit_bias` (ad
 tokens' logits), vLLM's `bad_words` (a banned sequence's last token masked where the output so far
 ends with the rest of it, as vLLM's `apply_bad_words`), vLLM's `guided_choice` (only the tokens that
 keep the answer on one of its token sequences, and the eos ids once it is one whole: `guided_next`)
-and vLLM's `min_p` (tokens whose
-probability, after the penalties and the temperature, is below min_p x that of the row's most
-likely token are dropped).  All act on a copy
-— the raw logits stay for the logprobs (the model's own, as vLLM reports) and for
-`Sampler.observe` — and only when some request in the step asks; ops.sample (and its CUDA twin)
-stay as they are.
+and vLLM's `min_p` (tokens whose probability, after the penalties and the temperature, is below
+min_p x that of the row's most likely token are dropped).  All act on a copy — the raw logits stay
+for the logprobs (the model's own, as vLLM reports) and for `Sampler.observe` — and only when some
+request in the step asks; ops.sample (and its CUDA twin) stay as they are.
 
 Masks are -inf: the penalties leave -inf where it is, so ops.sample then draws from the kept
 tokens, renormalised, with its own top-k / top-p on top.  min_p's threshold is taken on the

@@ -69,6 +69,11 @@ def _check(obj: dict[str, Any], honoured: frozenset[str], neutral: dict[str, tup
             raise FieldError(message, where + key)
 
 
+def check_known(body: dict[str, Any], honoured: frozenset[str]) -> None:
+    """Refuse, with OpenAI's wording for an unknown argument, every non-null field not `honoured`."""
+    _check(body, honoured, {}, "")
+
+
 def check_fields(body: dict[str, Any], kind: str) -> None:
     """Refuse, naming it, every field of a `kind` ("completion" | "chat") body that is neither
     honoured nor given its neutral value; the same inside stream_options."""

@@ -19,22 +19,24 @@ from spmd_serve.frontend.common.http_base import AUTH_HINT, JsonBodyHandler, bea
 from spmd_serve.frontend.common.parsing import ProtocolError, is_int, show
 from spmd_serve.frontend.openai import prompts
 from spmd_serve.frontend.openai.body import OpenAIError, get
+from spmd_serve.frontend.openai.fields import FieldError, check_known
 from spmd_serve.frontend.openai.handlers import OpenAIServing, send_openai_error
 from spmd_serve.frontend.openai.protocol import check_model
 
 _FIELDS = {
-    "tokenize": {
+    "tokenize": frozenset({
         "model", "prompt", "messages", "add_special_tokens", "add_generation_prompt", "continue_final_message",
         "return_token_strs", "chat_template_kwargs",
-    },
-    "detokenize": {"model", "tokens"},
+    }),
+    "detokenize": frozenset({"model", "tokens"}),
 }  # fmt: skip
 
 
 def _check(body: dict[str, Any], what: str, model_names: tuple[str, ...]) -> None:
-    for key in body:
-        if key not in _FIELDS[what] and body[key] is not None:
-            raise OpenAIError(400, f"Unrecognized request argument supplied: {key}", key)
+    try:
+        check_known(body, _FIELDS[what])
+    except FieldError as e:
+        raise OpenAIError(400, e.msg, e.param) from None
     model = body.get("model")
     if model is not None:
         if not isinstance(model, str):

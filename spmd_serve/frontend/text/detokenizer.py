@@ -34,7 +34,7 @@ class _Decoder(Protocol):
         self, ids: list[int], skip_special_tokens: bool = True, spaces_between_special_tokens: bool = True
     ) -> str: ...
 
-    def token_bytes(self, token_id: int) -> bytes: ...
+    def special_text(self, token_id: int) -> str: ...
 
 
 def join_with_specials(
@@ -150,7 +150,7 @@ class IncrementalDetokenizer:
                 self._run_len += 1
                 pending = True
             elif self._show_special:  # the run ends here, as join_with_specials cuts it
-                out += self._end_run() + self._piece(self._tokenizer.token_bytes(tid).decode("utf-8", "replace"))
+                out += self._end_run() + self._piece(self._tokenizer.special_text(tid))
                 pending = False
             # else: decode() skips special tokens, so dropping them here keeps the windows identical
             # to slices of what decode(all output ids) sees.
