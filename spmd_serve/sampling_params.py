@@ -62,6 +62,9 @@ class SamplingParams:
     # vLLM's guided_choice as token sequences: the answer is one of them, then an eos id
     # (engine/logits_adjust.py masks every other token)
     guided_sequences: tuple[tuple[int, ...], ...] = ()
+    # OpenAI's response_format json_object: the answer is one JSON object, then an eos id
+    # (engine/json_masks.py masks every token that would leave it)
+    json_object: bool = False
 
     def validate(self) -> SamplingParams:
         """Raise ValueError naming the first bad field; return self for chaining."""
@@ -120,6 +123,8 @@ class SamplingParams:
             raise ValueError(f"guided_choice must be 1 to {MAX_CHOICES} answers of 1 to {MAX_CHOICE_TOKENS} tokens")
         if self.guided_sequences and (self.ignore_eos or self.min_tokens):
             raise ValueError("guided_choice ends the answer with an EOS: not with ignore_eos or min_tokens")
+        if self.json_object and (self.ignore_eos or self.min_tokens or self.guided_sequences):
+            raise ValueError("a json_object answer ends with an EOS: not with ignore_eos, min_tokens or guided_choice")
         if allowed and set(allowed) <= {w[0] for w in self.bad_words if len(w) == 1}:
             raise ValueError("bad_words ban every token allowed_token_ids allows")
         if not all(isinstance(s, str) for s in self.stop_sequences):

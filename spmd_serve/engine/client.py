@@ -17,7 +17,9 @@ import threading
 import time
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
+from typing import Any
 
+from spmd_serve.engine import json_masks
 from spmd_serve.engine.outputs import RequestOutput
 from spmd_serve.sampling_params import SamplingParams
 from spmd_serve.scheduler.scheduler import QueueFullError
@@ -78,13 +80,24 @@ class AbortCommand:
     requested_at: float = field(default_factory=time.monotonic)  # for the abort-delay metric
 
 
+@dataclass
+class VocabCommand:
+    """Every token's bytes, sent before the first json_object request (engine/json_masks.py)."""
+
+    token_bytes: list[bytes]
+
+
+Command = AddCommand | AbortCommand | VocabCommand
+
+
 class EngineClient:
     """Thread-safe bridge, shared by the IO and engine threads of one process."""
 
     def __init__(self, capacity: int) -> None:
         self.capacity = capacity  # BATCH_SIZE + MAX_CACHED_TASK_NUM
         self._cv = threading.Condition()
-        self._commands: collections.deque[AddCommand | AbortCommand] = collections.deque()
+        self._commands: collections.deque[Command] = collections.deque()
+        self._vocab_sent = False
         self._streams: dict[str, asyncio.Queue[RequestOutput]] = {}
         # A req_id may be reused as soon as its request is aborted, while outputs the engine
         # computed for the aborted one are still on their way to the IO loop.  Each batch of
@@ -123,6 +136,13 @@ class EngineClient:
             self._cv.notify()
         return stream
 
+    def provide_vocabulary(self, tokenizer: Any) -> None:
+        """Before a json_object request: the engine gets every token's bytes, once."""
+        if not self._vocab_sent:
+            with self._cv:
+                self._commands.append(VocabCommand(json_masks.vocabulary_bytes(tokenizer)))
+            self._vocab_sent = True
+
     def abort(self, req_id: str, reason: str = "abort") -> None:
         """Stop generating for req_id (client gone, deadline; reason "stop": a stop string was
         seen).  Idempotent."""
@@ -157,7 +177,7 @@ class EngineClient:
         with self._cv:
             self._cv.notify_all()
 
-    def take_commands(self) -> list[AddCommand | AbortCommand]:
+    def take_commands(self) -> list[Command]:
         with self._cv:
             cmds = list(self._commands)
             self._commands.clear()

@@ -20,9 +20,10 @@ import numpy as np
 import numpy.typing as npt
 
 from spmd_serve.engine import prompt_logprobs
-from spmd_serve.engine.client import AbortCommand, AddCommand
+from spmd_serve.engine.client import AbortCommand, AddCommand, VocabCommand
 from spmd_serve.engine.drain import DEFAULT_DRAIN_TIMEOUT_S, Drain
 from spmd_serve.engine.interfaces import FrontEnd, PlanComm, Runner
+from spmd_serve.engine.json_masks import JsonVocab
 from spmd_serve.engine.metrics import EngineMetrics
 from spmd_serve.engine.outputs import RequestOutput
 from spmd_serve.engine.plan_builder import build_plan
@@ -86,6 +87,10 @@ class Engine:
                 self.metrics.on_abort(req, cmd.requested_at, cmd.reason)
                 if req is not None and cmd.reason != "stop":  # a client gone: a line, as vLLM's "Aborted request"
                     log.info("aborted request %s (%s), %d tokens out", cmd.req_id, cmd.reason, req.num_output_tokens)
+                continue
+            if isinstance(cmd, VocabCommand):
+                if self.sampler.json_vocab is None:
+                    self.sampler.json_vocab = JsonVocab(cmd.token_bytes)
                 continue
             err = self._admit(cmd)
             if err is not None:

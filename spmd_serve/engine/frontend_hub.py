@@ -28,6 +28,7 @@ from spmd_serve.engine.client import (
     REFUSAL_STATUS,
     AbortCommand,
     AddCommand,
+    Command,
     DuplicateRequestError,
     NotReadyError,
     QueueFullError,
@@ -36,12 +37,11 @@ from spmd_serve.engine.client import (
 from spmd_serve.engine.link import Link, LinkClosed, LinkPoller
 from spmd_serve.engine.outputs import RequestOutput
 from spmd_serve.engine.routes import Routes
-from spmd_serve.engine.wire import Message, WireError, facts_from_hello, output_to_wire, params_from_wire
+from spmd_serve.engine.wire import Message, WireError, facts_from_hello, output_to_wire, params_from_wire, vocab_command
 
 log = logging.getLogger("spmd_serve.engine")
 BEAT_S = 0.25  # at most this often a heartbeat goes to the workers (and on every busy edge)
 TICK_S = 0.5  # how often `tick` (the worker supervisor's check) runs
-Command = AddCommand | AbortCommand
 MetricsRenderer = Callable[[str], tuple[bytes, str]]  # Accept header -> (body, content type)
 
 
@@ -235,6 +235,8 @@ class FrontendHub:
             req_id = self._routes.pop_number(link, msg["n"])
             if req_id is not None:
                 self._pending.append(AbortCommand(req_id, str(msg["reason"]), float(msg["at"])))
+        elif kind == "vocab":  # (every worker may send it: the engine keeps the first)
+            self._pending.append(vocab_command(msg))
         elif kind == "handoff":
             if self.on_handoff is not None:
                 self.on_handoff(float(msg["s"]), int(msg["n"]))

@@ -15,7 +15,7 @@ from typing import Protocol
 import numpy as np
 import numpy.typing as npt
 
-from spmd_serve.engine.client import AbortCommand, AddCommand
+from spmd_serve.engine.client import Command
 from spmd_serve.engine.outputs import RequestOutput
 from spmd_serve.protocol import StepPlan
 from spmd_serve.timing import PhaseTimer
@@ -53,7 +53,7 @@ class FrontEnd(Protocol):
     busy_since: float | None  # set while a step executes (a long prefill is no hang)
     on_handoff: Callable[[float, int], None] | None  # (seconds, batches) publish → delivered
 
-    def take_commands(self) -> list[AddCommand | AbortCommand]: ...
+    def take_commands(self) -> list[Command]: ...
 
     def publish(self, outputs: list[RequestOutput]) -> None: ...
 

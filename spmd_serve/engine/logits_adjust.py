@@ -2,16 +2,18 @@
 vLLM's `allowed_token_ids` (every other token masked), OpenAI's `logit_bias` (added to the named
 tokens' logits), vLLM's `bad_words` (a banned sequence's last token masked where the output so far
 ends with the rest of it, as vLLM's `apply_bad_words`), vLLM's `guided_choice` (only the tokens that
-keep the answer on one of its token sequences, and the eos ids once it is one whole: `guided_next`)
-and vLLM's `min_p` (tokens whose probability, after the penalties and the temperature, is below
-min_p x that of the row's most likely token are dropped).  All act on a copy — the raw logits stay
-for the logprobs (the model's own, as vLLM reports) and for `Sampler.observe` — and only when some
-request in the step asks; ops.sample (and its CUDA twin) stay as they are.
+keep the answer on one of its token sequences, and the eos ids once it is one whole: `guided_next`),
+OpenAI's `response_format: json_object` (only the tokens that keep the answer JSON, and the eos ids
+once it is one whole object: engine/json_masks.py) and vLLM's `min_p` (tokens whose probability,
+after the penalties and the temperature, is below min_p x that of the row's most likely token are
+dropped). All act on a copy — the raw logits stay for the logprobs (the model's own, as vLLM
+reports) and for `Sampler.observe` — and only when some request in the step asks; ops.sample (and
+its CUDA twin) stay as they are.
 
-Masks are -inf: the penalties leave -inf where it is, so ops.sample then draws from the kept
-tokens, renormalised, with its own top-k / top-p on top.  min_p's threshold is taken on the
-penalised logits p in float32 as ops.sample computes them (its `apply_penalties`): token i stays
-iff (p_i / T - max_j p_j / T) >= ln(min_p), in float64 — vLLM's p_i >= min_p * p_max.
+Masks are -inf: the penalties leave -inf where it is, so ops.sample then draws from the kept tokens,
+renormalised, with its own top-k / top-p on top. min_p's threshold is taken on the penalised logits
+p in float32 as ops.sample computes them (its `apply_penalties`): token i stays iff (p_i / T - max_j
+p_j / T) >= ln(min_p), in float64 — vLLM's p_i >= min_p * p_max.
 """
 
 from __future__ import annotations
@@ -20,8 +22,11 @@ from collections.abc import Sequence
 from typing import Any, Protocol
 
 import numpy as np
+import numpy.typing as npt
 
 import ops.sample
+from spmd_serve.engine import json_masks
+from spmd_serve.engine.json_masks import JsonVocab
 from spmd_serve.sampling_params import SamplingParams
 
 
@@ -52,6 +57,44 @@ def on_choice(request: SampledRequest, tokens: list[int]) -> bool:
     return all(t in guided_next(p, out + tokens[:j], eos) for j, t in enumerate(tokens))
 
 
+def json_keep(vocab: JsonVocab | None, view: SampledRequest, width: int) -> npt.NDArray[np.bool_]:
+    """[width] the tokens that keep `view`'s answer on its way to one JSON object (engine/json_masks.py),
+    and its eos ids once it is one."""
+    if vocab is None:
+        raise ValueError("json_object needs the vocabulary's bytes, which no HTTP worker sent this engine")
+    state = vocab.state_of(getattr(view, "holder", None) or view, view.output_token_ids)
+    keep = np.zeros(width, bool)
+    n = min(width, len(vocab))
+    keep[:n] = vocab.allowed(state)[:n]
+    keep[[e for e in view.eos_token_ids if e < width]] = json_masks.complete(state)
+    return keep
+
+
+def off_limits(request: SampledRequest, tokens: list[int], width: int, vocab: JsonVocab | None) -> str | None:
+    """Why a request's drawn `tokens` cannot stand, or None.  A token outside the vocabulary would
+    fail every rank's next graph; one its own masks forbid was drawn from a row they left all -inf."""
+    bad = [t for t in tokens if not 0 <= t < width]
+    p = request.params
+    if bad:
+        return f"sampling failed for this request: token {bad[0]} is outside the vocabulary ({width})"
+    if p.guided_sequences and not on_choice(request, tokens):
+        return (
+            "no token of guided_choice's answers can be drawn at this step: each is masked (allowed_token_ids, "
+            "bad_words, or an EOS id until min_tokens)"
+        )
+    if p.json_object and not json_masks.keeps_json(vocab, request, tokens):
+        return (
+            "no token that keeps the answer one JSON object can be drawn at this step: each is masked "
+            "(allowed_token_ids, bad_words or logit_bias)"
+        )
+    if p.allowed_token_ids and not set(tokens) <= set(p.allowed_token_ids):
+        return (
+            "no token of allowed_token_ids can be drawn at this step: each is an EOS or stop id, "
+            "masked until min_tokens are generated, or ends one of bad_words"
+        )
+    return None
+
+
 def _min_p_rows(views: Sequence[SampledRequest]) -> list[int]:
     return [i for i, v in enumerate(views) if v.params.min_p > 0 and not v.params.greedy]
 
@@ -59,15 +102,21 @@ def _min_p_rows(views: Sequence[SampledRequest]) -> list[int]:
 def wanted(views: Sequence[SampledRequest]) -> bool:
     """Whether any row asks for an adjustment (the usual step: none, and no copy is made)."""
     return any(
-        v.params.logit_bias or v.params.allowed_token_ids or v.params.bad_words or v.params.guided_sequences
+        v.params.logit_bias
+        or v.params.allowed_token_ids
+        or v.params.bad_words
+        or v.params.guided_sequences
+        or v.params.json_object
         for v in views
     ) or bool(_min_p_rows(views))
 
 
-def adjusted(logits: Any, rows: Sequence[int], views: Sequence[SampledRequest], arrays: Any) -> Any:
+def adjusted(
+    logits: Any, rows: Sequence[int], views: Sequence[SampledRequest], arrays: Any, vocab: JsonVocab | None = None
+) -> Any:
     """logits [R, V] → a float32 copy where row rows[i] carries views[i]'s adjustments (above).
     `arrays(views)`: sampler.sample_arrays (the penalties' per-row parameters, as ops.sample gets
-    them).  Each row is listed once (`rows` distinct)."""
+    them).  Each row is listed once (`rows` distinct).  `vocab`: the tokens' bytes, for json_object."""
     out = logits.astype(np.float32)  # a copy (float16 logits too: a bias of 100 is exact in float32)
     for r, v in zip(rows, views):
         if v.params.allowed_token_ids:  # every other token masked, before the bias (which cannot revive it)
@@ -85,6 +134,8 @@ def adjusted(logits: Any, rows: Sequence[int], views: Sequence[SampledRequest], 
             kept = out[r, keep]
             out[r] = -np.inf
             out[r, keep] = kept
+        if v.params.json_object:
+            out[r, ~json_keep(vocab, v, out.shape[1])] = -np.inf
     pick = _min_p_rows(views)
     if pick:
         at = [rows[i] for i in pick]

@@ -26,9 +26,18 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from spmd_serve.engine import json_masks
 from spmd_serve.engine.client import EngineClient, NotReadyError, check_admission
 from spmd_serve.engine.outputs import RequestOutput
-from spmd_serve.engine.wire import FrameDecoder, Message, WireError, encode, output_from_wire, params_to_wire
+from spmd_serve.engine.wire import (
+    FrameDecoder,
+    Message,
+    WireError,
+    encode,
+    output_from_wire,
+    params_to_wire,
+    vocab_to_wire,
+)  # fmt: skip
 from spmd_serve.sampling_params import SamplingParams
 
 HANDOFF_REPORT_S = 0.2  # how often the hand-off times go back to the engine's /metrics
@@ -73,6 +82,12 @@ class RemoteEngineClient(EngineClient):
         add = {"n": n, "id": req_id, "prompt": list(prompt_token_ids), "params": params_to_wire(params)}
         self._send({"t": "add", **add, "at": time.monotonic()})
         return stream
+
+    def provide_vocabulary(self, tokenizer: Any) -> None:
+        """The engine's copy goes on this link, ahead of the request that needs it."""
+        if not self._vocab_sent:
+            self._send(vocab_to_wire(json_masks.vocabulary_bytes(tokenizer)))
+            self._vocab_sent = True
 
     def abort(self, req_id: str, reason: str = "abort") -> None:
         self._open.discard(req_id)

@@ -35,6 +35,7 @@ import numpy.typing as npt
 import ops.sample
 from ops import sample_native
 from spmd_serve.engine import logits_adjust, prompt_logprobs
+from spmd_serve.engine.json_masks import JsonVocab
 from spmd_serve.engine.logits_adjust import SampledRequest
 from spmd_serve.engine.outputs import PromptLogprobs, TokenLogprobs
 from spmd_serve.engine.prompt_logprobs import logits_rows
@@ -164,6 +165,7 @@ class Sampler:
     (None: deterministic drafts)."""
 
     draft_probs: Callable[[Request], Any] | None = None
+    json_vocab: JsonVocab | None = None  # every token's bytes (the HTTP workers' hello), for json_object
 
     def sample(self, out: SchedulerOutput, logits: npt.NDArray[np.float32]) -> SampledStep:
         """logits [R, V]: `logits_rows` per scheduled sequence (1; 1 + its drafts when it verifies
@@ -196,26 +198,10 @@ class Sampler:
                 except Exception as e:
                     failed[job[0].req_id] = _why(e)
                     tokens.append([])
-        vocab = logits.shape[-1]
         for (r, _, _), ts in zip(jobs, tokens):
-            bad = [t for t in ts if not 0 <= t < vocab]
-            if r.req_id not in failed and bad:  # would fail every rank's next graph
-                failed[r.req_id] = (
-                    f"sampling failed for this request: token {bad[0]} is outside the vocabulary ({vocab})"
-                )
-            allowed = r.params.allowed_token_ids
-            choices = r.params.guided_sequences  # (the usual request: none, and nothing to look at)
-            if choices and r.req_id not in failed and not logits_adjust.on_choice(r, ts):
-                failed[r.req_id] = (  # every token that keeps the answer on a choice masked: an all -inf row
-                    "no token of guided_choice's answers can be drawn at this step: each is masked (allowed_token_ids, "
-                    "bad_words, or an EOS id until min_tokens)"
-                )
-            if r.req_id not in failed and allowed and not set(ts) <= set(allowed):
-                # every allowed id masked (EOS ids until min_tokens, bad_words): the row was all -inf
-                failed[r.req_id] = (
-                    "no token of allowed_token_ids can be drawn at this step: each is an EOS or stop id, "
-                    "masked until min_tokens are generated, or ends one of bad_words"
-                )
+            why = None if r.req_id in failed else logits_adjust.off_limits(r, ts, logits.shape[-1], self.json_vocab)
+            if why:
+                failed[r.req_id] = why
         logprobs: dict[str, list[TokenLogprobs]] = {}
         for (r, rows, _), ts in zip(jobs, tokens):
             if r.params.logprobs is not None and r.req_id not in failed:
@@ -270,11 +256,11 @@ class Sampler:
         for r, idx, drafts in jobs:
             rows += idx
             if drafts:
-                views += position_rows(r.params, r.output_token_ids, r.eos_token_ids, drafts)
+                views += position_rows(r.params, r.output_token_ids, r.eos_token_ids, drafts, r)
             else:
                 views.append(r)
         if logits_adjust.wanted(views):  # allowed ids, bias, min_p: a copy, for the verdicts too
-            logits = logits_adjust.adjusted(logits, rows, views, sample_arrays)
+            logits = logits_adjust.adjusted(logits, rows, views, sample_arrays, self.json_vocab)
         # every row, the usual case: no copy of the logits (they are cold after the graph)
         targets = sample(logits if rows == list(range(len(logits))) else logits[rows], views)
         out: list[list[int]] = []

@@ -51,13 +51,14 @@ class PositionRow:
     params: SamplingParams
     output_token_ids: list[int]
     eos_token_ids: frozenset[int]
+    holder: Any = None  # the request whose output this extends (its JSON parse state: engine/json_masks.py)
 
 
 def position_rows(
-    params: SamplingParams, output: list[int], eos: frozenset[int], drafts: Sequence[int]
+    params: SamplingParams, output: list[int], eos: frozenset[int], drafts: Sequence[int], holder: Any = None
 ) -> list[PositionRow]:
     """The 1 + len(drafts) rows of a step that verifies `drafts` after a request's `output`."""
-    return [PositionRow(params, output + list(drafts[:j]), eos) for j in range(len(drafts) + 1)]
+    return [PositionRow(params, output + list(drafts[:j]), eos, holder) for j in range(len(drafts) + 1)]
 
 
 def accept_matching(drafts: Sequence[int], targets: Sequence[int]) -> list[int]:

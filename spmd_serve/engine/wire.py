@@ -18,11 +18,13 @@ time.monotonic() instant, which every process on the host reads from the same cl
 
 from __future__ import annotations
 
+import base64
 import dataclasses
 import json
 import struct
 from typing import Any
 
+from spmd_serve.engine.client import VocabCommand
 from spmd_serve.engine.outputs import RequestOutput, TokenLogprobs
 from spmd_serve.sampling_params import SamplingParams
 
@@ -148,3 +150,32 @@ def facts_from_hello(msg: Message) -> tuple[frozenset[int], list[int]]:
     if not all(isinstance(i, int) for i in (*eos, *warm_up)):
         raise WireError("malformed tokenizer facts in a hello")
     return frozenset(eos), list(warm_up)
+
+
+def vocab_to_wire(token_bytes: list[bytes]) -> Message:
+    """Every token's bytes (json_masks.vocabulary_bytes), for json_object: one base64 run and the lengths."""
+    return {
+        "t": "vocab",
+        "bytes": base64.b64encode(b"".join(token_bytes)).decode(),
+        "lens": [len(b) for b in token_bytes],
+    }
+
+
+def vocab_command(msg: Message) -> VocabCommand:
+    """A "vocab" message → the engine's command (the tokens' bytes)."""
+    return VocabCommand(vocab_from_wire(msg))
+
+
+def vocab_from_wire(msg: Message) -> list[bytes]:
+    try:
+        joined, lens = base64.b64decode(msg["bytes"], validate=True), msg["lens"]
+        ok = all(isinstance(n, int) and n >= 0 for n in lens) and sum(lens) == len(joined)
+    except (KeyError, TypeError, ValueError):
+        ok = False
+    if not ok:
+        raise WireError("malformed vocab message")
+    out, at = [], 0
+    for n in lens:
+        out.append(joined[at : at + n])
+        at += n
+    return out

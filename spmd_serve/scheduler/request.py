@@ -9,6 +9,7 @@ live on the workers, addressed through `block_ids`.
 from __future__ import annotations
 
 import enum
+from typing import Any
 
 from spmd_serve.sampling_params import SamplingParams
 
@@ -76,6 +77,8 @@ class Request:
         # it, then cleared: they are never part of all_token_ids), and how many tokens the last
         # update appended (1 + accepted drafts; a frame may carry several).
         self.draft_token_ids: list[int] = []
+        # params.json_object: (output tokens read, the JSON parse state after them): engine/json_masks.py
+        self.json_progress: tuple[int, Any] | None = None
         self.num_new_tokens = 0
         # params.prompt_logprobs: the entries of prompt tokens 1, 2, ... computed so far (kept across a
         # preemption: a recomputed chunk does not score them again), and whether an output carried them

@@ -2,16 +2,19 @@
 `skip_special_tokens` false (the answer's special tokens written, streamed and whole alike, as
 ServingTokenizer.decode writes them; the eos that stopped a request written only with
 include_stop_str_in_output), `bad_words` (never generated: the greedy answer is the free one up to
-where it would have completed a banned word, and never holds one) and `guided_choice` (every answer
-one of the choices)."""
+where it would have completed a banned word, and never holds one), `guided_choice` (every answer
+one of the choices) and OpenAI's `response_format: json_object` (every answer on its way to one
+JSON object, and one whole when it stopped)."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import openai
 import pytest
 
+from spmd_serve.engine import json_grammar
 from spmd_serve.frontend.text.tokenizer import ServingTokenizer
 from tests.support.server_process import ServerProcess
 
@@ -105,6 +108,36 @@ def test_guided_choice_answers_one_of_the_choices(client):
         model="default", prompt="Is it raining?", max_tokens=12, n=4, seed=2, extra_body={"guided_choice": spaced}
     )
     assert {c.text for c in comp.choices} <= set(spaced) and {c.finish_reason for c in comp.choices} == {"stop"}
+
+
+def test_json_object_answers_are_json(client, tok):
+    """Sampled answers (chat and completions, streamed or not): each token keeps the answer on its way
+    to one JSON object, and an answer that stopped is one.  Held to "{", "}" and the EOS as well,
+    the only answer left is "{}", then the EOS."""
+    fmt, extra = {"type": "json_object"}, {"return_tokens_as_token_ids": True}
+    for temperature, seed in ((0, 0), (1.0, 1), (1.0, 2), (0.7, 3)):
+        kw = dict(model="default", max_tokens=80, temperature=temperature, seed=seed)
+        chat = client.chat.completions.create(
+            **kw, messages=CHAT, logprobs=True, response_format=fmt, extra_body=extra
+        ).choices[0]
+        ids = _ids([t.token for t in chat.logprobs.content])
+        comp = client.completions.create(
+            **kw, prompt="Data:", logprobs=0, extra_body={**extra, "response_format": fmt}
+        ).choices[0]
+        for text, answer_ids, finish in ((chat.message.content, ids, chat.finish_reason),
+                                          (comp.text, _ids(comp.logprobs.tokens), comp.finish_reason)):  # fmt: skip
+            state = json_grammar.step(json_grammar.START_STATE, b"".join(tok.token_bytes(i) for i in answer_ids))
+            assert state is not None, text
+            assert finish in ("stop", "length") and (finish == "length" or isinstance(json.loads(text), dict)), text
+        stream = client.chat.completions.create(**kw, messages=CHAT, response_format=fmt, stream=True)
+        assert "".join(c.choices[0].delta.content or "" for c in stream if c.choices) == chat.message.content
+    held = {"allowed_token_ids": sorted({*tok.encode("{}")[-2:], *tok.eos_token_ids})}
+    for how in ({"response_format": fmt}, {"extra_body": {"structured_outputs": {"json_object": True}}}):
+        extra_body = {**held, **how.pop("extra_body", {})}
+        got = client.chat.completions.create(
+            model="default", messages=CHAT, max_tokens=8, temperature=1.0, seed=4, extra_body=extra_body, **how
+        ).choices[0]
+        assert (got.message.content, got.finish_reason) == ("{}", "stop")
 
 
 def test_tokenize_counts_what_the_completions_count_and_detokenize_reads_back(client, tok):

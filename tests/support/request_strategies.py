@@ -123,7 +123,15 @@ _OPENAI_COMMON = {
     "spaces_between_special_tokens": BOOL,
     "prompt_logprobs": integer(0, 20),
     "structured_outputs": Field(
-        st.fixed_dictionaries({"choice": st.lists(TEXT, min_size=1, max_size=3)}), st.one_of(TEXT, JUNK)
+        st.one_of(
+            st.fixed_dictionaries({"choice": st.lists(TEXT, min_size=1, max_size=3)}),
+            st.fixed_dictionaries({"json_object": st.booleans()}),
+        ),
+        st.one_of(TEXT, JUNK, st.fixed_dictionaries({"json_object": JUNK}), st.just({"json": {}})),
+    ),
+    "response_format": Field(
+        st.sampled_from([{"type": "text"}, {"type": "json_object"}]),
+        st.one_of(TEXT, JUNK, st.just({"type": "json_schema", "json_schema": {"name": "x", "schema": {}}})),
     ),
     "guided_choice": Field(st.lists(TEXT, min_size=1, max_size=3), st.one_of(TEXT, st.lists(JUNK, max_size=3), JUNK)),
     "bad_words": Field(st.lists(TEXT, max_size=3), st.one_of(TEXT, st.lists(JUNK, min_size=1, max_size=3), JUNK)),

@@ -71,7 +71,7 @@ def test_unknown_fields_are_refused_with_openai_s_wording(kind):
         ("completion", "logits_processors", [], ["x"]),
         ("chat", "length_penalty", 1, 0.5),
         ("completion", "use_beam_search", False, True),
-        ("chat", "response_format", {"type": "text"}, {"type": "json_object"}),
+        ("chat", "response_format", {"type": "text"}, {"type": "json_schema", "json_schema": {"name": "x"}}),
         ("chat", "tools", [], [{"type": "function", "function": {"name": "f"}}]),
         ("chat", "tool_choice", "none", "required"),
         ("chat", "add_special_tokens", False, True),

@@ -22,7 +22,8 @@ _COMMON = frozenset(
         "min_tokens", "ignore_eos", "user", "logprobs", "logit_bias", "min_p", "allowed_token_ids",
         # vLLM's extras we honour
         "stop_token_ids", "include_stop_str_in_output", "truncate_prompt_tokens", "return_tokens_as_token_ids",
-        "structured_outputs",  # (later vLLM's: its "choice" is guided_choice; the rest refused by name)
+        "response_format",  # text or json_object (json_schema refused by name)
+        "structured_outputs",  # (later vLLM's: "choice" is guided_choice, "json_object"; the rest refused by name)
         *OPENAI_EXTRAS,
     }
 )  # fmt: skip
@@ -37,7 +38,7 @@ STREAM_OPTIONS = {"include_usage": (), "continuous_usage_stats": ()}  # the same
 _NEUTRAL_COMMON: dict[str, tuple[Any, ...]] = {
     **NOT_BUILT,  # vLLM's sampling, detokenisation and structured-output extras (common.vllm_extras)
     # structured output, tools
-    "response_format": ({"type": "text"},), "tools": ([],), "tool_choice": ("none",), "functions": ([],),
+    "tools": ([],), "tool_choice": ("none",), "functions": ([],),
     "function_call": ("none",), "parallel_tool_calls": (),
     # serving (vLLM, OpenAI): no priorities, stored completions, salted caches, ...
     "priority": (0,), "request_id": (), "cache_salt": (), "kv_transfer_params": (), "vllm_xargs": ({},),

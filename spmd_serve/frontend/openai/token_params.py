@@ -114,14 +114,43 @@ def _choice_field(body: dict[str, Any]) -> tuple[Any, str]:
         return body.get("guided_choice"), "guided_choice"
     if not isinstance(outputs, dict):
         raise FieldError(f"structured_outputs must be an object, got {show(outputs)}", "structured_outputs")
-    other = next((k for k, v in outputs.items() if k != "choice" and v not in (None, False)), None)
+    other = next((k for k, v in outputs.items() if k not in ("choice", "json_object") and v not in (None, False)), None)
     if other is not None:  # (its flags are false by default: false changes nothing)
         raise FieldError(
-            f"structured_outputs.{other} is not supported by this server (only choice)", f"structured_outputs.{other}"
+            f"structured_outputs.{other} is not supported by this server (only choice and json_object)",
+            f"structured_outputs.{other}",
         )
     if body.get("guided_choice") is not None:
         raise FieldError("guided_choice and structured_outputs cannot both be given", "structured_outputs")
     return outputs.get("choice"), "structured_outputs.choice"
+
+
+def json_object(body: dict[str, Any], ends_on_eos: bool) -> bool:
+    """Whether the answer must be one JSON object: OpenAI's `response_format: {"type": "json_object"}`
+    or vLLM's `structured_outputs: {"json_object": true}`.  A JSON schema is refused by name (not
+    built); so are ignore_eos and min_tokens, since an EOS ends the answer."""
+    fmt, outputs = body.get("response_format"), body.get("structured_outputs")
+    kind = fmt.get("type") if isinstance(fmt, dict) else None
+    if fmt is not None and kind not in ("text", "json_object", "json_schema"):
+        raise FieldError(
+            f"response_format must be an object with type 'text', 'json_object' or 'json_schema', got {show(fmt)}",
+            "response_format",
+        )
+    if kind == "json_schema":
+        raise FieldError(
+            "response_format json_schema is not supported by this server (json_object is)", "response_format"
+        )
+    flag = outputs.get("json_object") if isinstance(outputs, dict) else None
+    if not (flag is None or isinstance(flag, bool)):
+        raise FieldError(f"structured_outputs.json_object must be a boolean, got {show(flag)}", "structured_outputs")
+    name = "response_format" if kind == "json_object" else "structured_outputs.json_object"
+    if not (kind == "json_object" or flag):
+        return False
+    if not ends_on_eos:
+        raise FieldError(f"{name} ends the answer with an EOS: not with ignore_eos or min_tokens", name)
+    if body.get("guided_choice") is not None or (isinstance(outputs, dict) and outputs.get("choice") is not None):
+        raise FieldError(f"{name} and a guided choice cannot both be given", name)
+    return True
 
 
 def guided_choice(

@@ -1,0 +1,137 @@
+"""OpenAI's response_format json_object through the Sampler (spmd_serve/engine/logits_adjust.py with
+engine/json_masks.py): whatever the model prefers, every answer stays on its way to one JSON object
+and an EOS comes only once it is one; drafts verify as plain decoding does; a request whose other
+masks leave no JSON token fails alone; the front end's fields map to it."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from spmd_serve.engine import json_grammar as g
+from spmd_serve.engine.json_masks import JsonVocab
+from spmd_serve.engine.sampler import Sampler
+from spmd_serve.frontend.common.parsing import Limits
+from spmd_serve.frontend.openai.body import OpenAIError
+from spmd_serve.frontend.openai.fields import FieldError
+from spmd_serve.frontend.openai.protocol import parse_openai
+from spmd_serve.frontend.openai.token_params import json_object
+from spmd_serve.sampling_params import SamplingParams
+from spmd_serve.scheduler.request import Request
+from spmd_serve.scheduler.scheduler import ScheduledSeq, SchedulerOutput
+from tests.support.fake_tokenizer import FakeTokenizer
+
+EOS = 0
+VOCAB = [b"", b"{", b"}", b"[", b"]", b'"', b'"a"', b":", b",", b" ", b"\n", b"1", b"-2.5", b"true", b"null",
+         b"x", b"},", b'":', b'{"', b"]}", b"\n  ", b"tr", b"ue", b"no", b"{}"]  # fmt: skip
+
+
+def _sampler() -> Sampler:
+    s = Sampler()
+    s.json_vocab = JsonVocab(VOCAB)
+    return s
+
+
+def _text(ids: list[int]) -> bytes:
+    return b"".join(VOCAB[t] for t in ids)
+
+
+def _request(out: list[int], **kw) -> Request:
+    r = Request("j", [1], SamplingParams(max_tokens=64, json_object=True, **kw), eos_token_ids=frozenset({EOS}))
+    r.output_token_ids = out
+    return r
+
+
+def _next(sampler: Sampler, r: Request, x: np.ndarray) -> int:
+    step = sampler.sample(SchedulerOutput([ScheduledSeq(r, 0, 1, True)]), x[None, :])
+    assert not step.failed, step.failed
+    return step.tokens[0][0]
+
+
+def test_every_answer_stays_json_and_ends_only_when_whole():
+    rng = np.random.default_rng(4)
+    sampler, whole = _sampler(), 0
+    for trial in range(40):
+        r = _request([], temperature=1.0, seed=trial)
+        while len(r.output_token_ids) < 60:
+            t = _next(sampler, r, rng.normal(0, 2.0, len(VOCAB)).astype(np.float32))
+            if t == EOS:
+                assert isinstance(json.loads(_text(r.output_token_ids)), dict)
+                whole += 1
+                break
+            r.output_token_ids.append(t)
+            assert g.step(g.START_STATE, _text(r.output_token_ids)) is not None, _text(r.output_token_ids)
+    assert whole >= 10, whole  # (random logits close most objects within 60 tokens)
+
+
+def test_greedy_takes_the_best_token_that_keeps_it_json():
+    x = np.zeros(len(VOCAB), np.float32)
+    x[VOCAB.index(b"x")], x[EOS], x[VOCAB.index(b"{}")], x[VOCAB.index(b"{")] = 9, 8, 7, 6  # x, eos: never first
+    sampler = _sampler()
+    assert _next(sampler, _request([], temperature=0), x) == VOCAB.index(b"{}")
+    assert _next(sampler, _request([VOCAB.index(b"{}")], temperature=0), x) == EOS
+    assert _next(sampler, _request([VOCAB.index(b"{")], temperature=0), x) == VOCAB.index(b"}")  # "{}" cannot follow
+
+
+def test_drafts_verify_as_plain_decoding():
+    rng = np.random.default_rng(9)
+    sampler = _sampler()
+    start = [VOCAB.index(b'{"'), VOCAB.index(b"x")]  # '{"x' so far: inside a key
+    drafts = [VOCAB.index(b'":'), VOCAB.index(b"1")]
+    for trial in range(40):
+        logits = rng.normal(0, 2.0, (3, len(VOCAB))).astype(np.float32)
+        logits[:2, drafts] += rng.choice([0.0, 6.0], 2)[:, None] * np.eye(2)  # drafts often, not always, favoured
+        plain = list(start)
+        for j in range(3):
+            plain.append(_next(sampler, _request(list(plain), temperature=1.0, seed=trial), logits[j]))
+            if plain[-1] == EOS:
+                break
+        r = _request(list(start), temperature=1.0, seed=trial)
+        r.prompt_token_ids, r.draft_token_ids = [1, 2, 3], list(drafts)
+        out = SchedulerOutput([ScheduledSeq(r, r.num_tokens - 1, 3, True, num_draft=2)])
+        got = sampler.sample(out, logits).tokens[0]
+        assert got == plain[2 : 2 + len(got)]
+
+
+def test_a_request_left_no_json_token_fails_alone_and_so_does_one_without_a_vocabulary():
+    x = np.zeros((2, len(VOCAB)), np.float32)
+    stuck = _request([], temperature=0, allowed_token_ids=(VOCAB.index(b"x"), VOCAB.index(b"no")))
+    other = Request("o", [1], SamplingParams(max_tokens=4, temperature=0))
+    step = _sampler().sample(SchedulerOutput([ScheduledSeq(r, 0, 1, True) for r in (stuck, other)]), x)
+    assert "one JSON object" in step.failed["j"] and step.token_by_request() == {"o": [0]}
+    step = Sampler().sample(SchedulerOutput([ScheduledSeq(_request([], temperature=0), 0, 1, True)]), x[:1])
+    assert "vocabulary" in step.failed["j"]
+    with pytest.raises(ValueError, match="not with ignore_eos"):
+        SamplingParams(json_object=True, ignore_eos=True).validate()
+
+
+@pytest.mark.parametrize(
+    "body,want",
+    [({}, False), ({"response_format": {"type": "text"}}, False), ({"response_format": {"type": "json_object"}}, True),
+     ({"structured_outputs": {"json_object": True}}, True), ({"structured_outputs": {"json_object": False}}, False),
+     ({"response_format": {"type": "json_schema", "json_schema": {}}}, "json_schema is not supported"),
+     ({"response_format": {"type": "yaml"}}, "must be an object with type"), ({"response_format": "json"}, "must be"),
+     ({"structured_outputs": {"json_object": 1}}, "must be a boolean"),
+     ({"response_format": {"type": "json_object"}, "guided_choice": ["a"]}, "cannot both")],
+)  # fmt: skip
+def test_the_openai_fields(body, want):
+    if isinstance(want, bool):
+        assert json_object(body, True) is want
+    else:
+        with pytest.raises(FieldError, match=want):
+            json_object(body, True)
+    if want is True:
+        with pytest.raises(FieldError, match="not with ignore_eos or min_tokens"):
+            json_object(body, False)
+        for kind in ("completion", "chat"):
+            assert _parse(kind, body).params.json_object
+            with pytest.raises(OpenAIError, match="not with ignore_eos"):
+                _parse(kind, {**body, "min_tokens": 2})
+
+
+def _parse(kind: str, body: dict):
+    prompt = {"prompt": "hi"} if kind == "completion" else {"messages": [{"role": "user", "content": "hi"}]}
+    limits = Limits(max_seq_len=100, max_dec_len=50, model_max_len=120)
+    return parse_openai(kind, {"model": "m", **prompt, **body}, FakeTokenizer(), limits, ("m",))
