@@ -21,6 +21,8 @@ MAX_BAD_WORDS = 128  # token sequences one request may ban (vLLM's bad_words: ea
 MAX_BAD_WORD_TOKENS = 64  # ids in one of them
 MAX_CHOICES = 64  # vLLM's guided_choice: answers one request may be held to
 MAX_CHOICE_TOKENS = 256  # ids in one of them
+MAX_SCHEMA_CHARS = 1 << 16  # a json_schema's text
+JSON_OBJECT = '{"type":"object"}'  # OpenAI's json_object as a schema: any one object
 MAX_LOGIT_BIAS = 100.0  # |bias| a request may add to a token's logit (OpenAI's range: -100 bans, 100 forces)
 
 
@@ -62,9 +64,10 @@ class SamplingParams:
     # vLLM's guided_choice as token sequences: the answer is one of them, then an eos id
     # (engine/logits_adjust.py masks every other token)
     guided_sequences: tuple[tuple[int, ...], ...] = ()
-    # OpenAI's response_format json_object: the answer is one JSON object, then an eos id
-    # (engine/json_masks.py masks every token that would leave it)
-    json_object: bool = False
+    # OpenAI's response_format json_object / json_schema, vLLM's guided_json: the answer is one JSON
+    # value of this schema (JSON text; json_object's is JSON_OBJECT), then an eos id
+    # (engine/json_schema.py makes its grammar; engine/json_masks.py masks every token that would leave it)
+    json_schema: str = ""
 
     def validate(self) -> SamplingParams:
         """Raise ValueError naming the first bad field; return self for chaining."""
@@ -123,8 +126,10 @@ class SamplingParams:
             raise ValueError(f"guided_choice must be 1 to {MAX_CHOICES} answers of 1 to {MAX_CHOICE_TOKENS} tokens")
         if self.guided_sequences and (self.ignore_eos or self.min_tokens):
             raise ValueError("guided_choice ends the answer with an EOS: not with ignore_eos or min_tokens")
-        if self.json_object and (self.ignore_eos or self.min_tokens or self.guided_sequences):
-            raise ValueError("a json_object answer ends with an EOS: not with ignore_eos, min_tokens or guided_choice")
+        if not isinstance(self.json_schema, str) or len(self.json_schema) > MAX_SCHEMA_CHARS:
+            raise ValueError(f"a JSON schema must be JSON text of at most {MAX_SCHEMA_CHARS} characters")
+        if self.json_schema and (self.ignore_eos or self.min_tokens or self.guided_sequences):
+            raise ValueError("a JSON answer ends with an EOS: not with ignore_eos, min_tokens or guided_choice")
         if allowed and set(allowed) <= {w[0] for w in self.bad_words if len(w) == 1}:
             raise ValueError("bad_words ban every token allowed_token_ids allows")
         if not all(isinstance(s, str) for s in self.stop_sequences):

@@ -82,7 +82,7 @@ class AbortCommand:
 
 @dataclass
 class VocabCommand:
-    """Every token's bytes, sent before the first json_object request (engine/json_masks.py)."""
+    """Every token's bytes, sent before the first JSON-schema request (engine/json_masks.py)."""
 
     token_bytes: list[bytes]
 
@@ -137,7 +137,7 @@ class EngineClient:
         return stream
 
     def provide_vocabulary(self, tokenizer: Any) -> None:
-        """Before a json_object request: the engine gets every token's bytes, once."""
+        """Before a request with a JSON schema: the engine gets every token's bytes, once."""
         if not self._vocab_sent:
             with self._cv:
                 self._commands.append(VocabCommand(json_masks.vocabulary_bytes(tokenizer)))

@@ -1,114 +1,42 @@
-"""JSON as bytes, for OpenAI's `response_format: {"type": "json_object"}`: one JSON object (RFC 8259),
-then the end.  A byte automaton: a finite table `TABLE[state, byte] -> state` for everything but the
-closing brackets, and a stack of the open containers for those.  The table alone decides a byte
-unless it closes a container (`POP`), so a whole vocabulary can be walked through it with numpy
-(engine/json_masks.py) and only the tokens that close something need the stack (`step`).
+"""JSON answers as bytes: a `Grammar` is a finite table `table[state, byte] -> state` and, for the
+containers whose contents are free (any JSON object or array), a stack of where to go once each
+closes.  The table alone decides a byte unless it closes such a container (`POP`), so a whole
+vocabulary can be walked through it with numpy (engine/json_masks.py) and only the tokens that close
+one need the stack (`Grammar.step`).
+
+A grammar is made from a schema's nodes (engine/json_schema.py): ("any",) any value, ("anyobj",),
+("anyarr",), ("object", ((key bytes, node, required), ...)) with its properties in that order (as
+vLLM's and outlines' grammars write them; an optional one may be left out), ("array", item node),
+("string",), ("integer",), ("number",), ("enum", (the values' JSON bytes, ...)) (booleans, null,
+enum, const) and ("union", (node, ...)) of values that begin with different bytes.  Node 0 is the
+root; OpenAI's json_object is (("anyobj",),).
 
 Whitespace is llama.cpp's json.gbnf rule, so a model cannot pad forever: between two lexemes
-nothing, one space, or a newline and up to 20 spaces or tabs (any pretty-printed object fits).  The
-object may be preceded by such a run too; after its `}` only an EOS may come.  Strings take any
-Unicode as well-formed UTF-8 lead and continuation bytes (not checked further: a decoder's U+FFFD
-is still a string's character), and no raw control character, as the RFC says.
+nothing, one space, or a newline and up to 20 spaces or tabs (a pretty-printed answer fits).  The
+root value may follow such a run; after it only an EOS may come.  Strings take any Unicode as
+well-formed UTF-8 lead and continuation bytes (a decoder's U+FFFD is still a string's character) and
+no raw control character, as RFC 8259 says.
 """
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
-import numpy.typing as npt
 
-DEAD, POP, END = 0, 1, 2  # no way on; a `}` or `]` (the stack decides what follows); the object is whole
-OBJ, ARR = 1, 2  # an open container on the stack
+DEAD, POP, END = 0, 1, 2  # no way on; a free container closes (the stack decides); the answer is whole
 MAX_INDENT = 20  # spaces or tabs after a newline between two lexemes
+GENERIC = "G"  # a value of a free container: any JSON value
 
-State = tuple[int, tuple[int, ...]]  # (table state, the open containers, outermost first)
-_Name = tuple[object, ...]
-_Edges = dict[int, tuple[_Name, int]]  # byte -> (next state's name, container it opens or 0)
-
+State = tuple[int, tuple[int, ...]]  # (table state, where each open free container returns to, outermost first)
+Node = tuple[Any, ...]  # (kinds and shapes: the module docstring)
+_Name = tuple[Any, ...]  # a state: (kind, its parameters...)
+_Edges = dict[int, tuple[_Name, _Name | None]]  # byte -> (next state, the state to return to if it opens a container)
+_END: _Name = ("end",)
 _DIGITS = b"0123456789"
 _HEX = b"0123456789abcdefABCDEF"
-_LITERALS = (b"true", b"false", b"null")
-
-
-def _value_edges(ctx: str) -> _Edges:
-    """A value's first byte inside `ctx` ("O": an object's, "A": an array's; "R": the root, an object)."""
-    edges: _Edges = {ord("{"): (("key_or_close",), OBJ)}
-    if ctx == "R":
-        return edges
-    edges[ord("[")] = (("val_or_close",), ARR)
-    edges[ord('"')] = (("str", ctx, "body"), 0)
-    edges[ord("-")] = (("num", ctx, "minus"), 0)
-    edges[ord("0")] = (("num", ctx, "zero"), 0)
-    for b in b"123456789":
-        edges[b] = (("num", ctx, "int"), 0)
-    for word in _LITERALS:
-        edges[word[0]] = (("lit", ctx, word, 1), 0)
-    return edges
-
-
-def _after(ctx: str) -> _Name:
-    """Where a finished value inside `ctx` leaves the automaton (ws allowed next)."""
-    return ("ws", ("after", ctx), 0)
-
-
-def _lexeme_edges(base: _Name) -> _Edges:
-    """The non-whitespace bytes a between-lexemes state takes."""
-    kind = base[0]
-    if kind == "val":
-        return _value_edges(str(base[1]))
-    if kind == "val_or_close":
-        return {**_value_edges("A"), ord("]"): (("pop",), 0)}
-    if kind == "key_or_close":
-        return {ord('"'): (("str", "K", "body"), 0), ord("}"): (("pop",), 0)}
-    if kind == "key":
-        return {ord('"'): (("str", "K", "body"), 0)}
-    if kind == "colon":
-        return {ord(":"): (("ws", ("val", "O"), 0), 0)}
-    if base == ("after", "O"):
-        return {ord(","): (("ws", ("key",), 0), 0), ord("}"): (("pop",), 0)}
-    return {ord(","): (("ws", ("val", "A"), 0), 0), ord("]"): (("pop",), 0)}  # ("after", "A")
-
-
-def _ws_edges(name: _Name) -> _Edges:
-    """("ws", base, taken): taken is 0 (none yet), "sp" (one space) or ("nl", n) (newline, n indents)."""
-    _, base, taken = name
-    assert isinstance(base, tuple)
-    edges = {b: (_with_ws(target), push) for b, (target, push) in _lexeme_edges(base).items()}
-    if taken == 0:
-        edges[ord(" ")] = (("ws", base, "sp"), 0)
-        edges[ord("\n")] = (("ws", base, ("nl", 0)), 0)
-    elif isinstance(taken, tuple) and taken[1] < MAX_INDENT:
-        for b in b" \t":
-            edges[b] = (("ws", base, ("nl", taken[1] + 1)), 0)
-    return edges
-
-
-def _with_ws(name: _Name) -> _Name:
-    """A container just opened takes whitespace before its first lexeme."""
-    return ("ws", name, 0) if name[0] in ("key_or_close", "val_or_close") else name
-
-
-def _string_edges(name: _Name) -> _Edges:
-    """("str", owner, sub): owner "K" (a key), "O" or "A" (a value in one); sub "body", "esc",
-    ("u", n) (n hex digits to go) or ("utf", n) (n UTF-8 continuation bytes to go)."""
-    _, owner, sub = name
-    body: _Name = ("str", owner, "body")
-    if sub == "body":
-        close = ("ws", ("colon",), 0) if owner == "K" else _after(str(owner))
-        edges: _Edges = {b: (body, 0) for b in range(0x20, 0x80)}
-        edges[ord('"')] = (close, 0)
-        edges[ord("\\")] = (("str", owner, "esc"), 0)
-        for lead, (lo, hi) in ((1, (0xC2, 0xDF)), (2, (0xE0, 0xEF)), (3, (0xF0, 0xF4))):
-            edges.update({b: (("str", owner, ("utf", lead)), 0) for b in range(lo, hi + 1)})
-        return edges
-    if sub == "esc":
-        return {**{b: (body, 0) for b in b'"\\/bfnrt'}, ord("u"): (("str", owner, ("u", 4)), 0)}
-    assert isinstance(sub, tuple)
-    more: _Name = ("str", owner, (sub[0], sub[1] - 1)) if sub[1] > 1 else body
-    return {b: (more, 0) for b in (_HEX if sub[0] == "u" else range(0x80, 0xC0))}
-
-
 _NUMBER: dict[str, tuple[bool, dict[bytes, str]]] = {  # sub: (may end here, bytes -> next sub)
     "minus": (False, {b"0": "zero", b"123456789": "int"}),
     "zero": (True, {b".": "dot", b"eE": "e"}),
@@ -119,73 +47,247 @@ _NUMBER: dict[str, tuple[bool, dict[bytes, str]]] = {  # sub: (may end here, byt
     "esign": (False, {_DIGITS: "exp"}),
     "exp": (True, {_DIGITS: "exp"}),
 }
+_LITERALS = (b"true", b"false", b"null")
 
 
-def _number_edges(name: _Name) -> _Edges:
-    """("num", ctx, sub): a number ends at the first byte that cannot continue it, which is then
-    read as the byte after a value."""
-    _, ctx, sub = name
-    may_end, nexts = _NUMBER[str(sub)]
-    edges = _ws_edges(_after(str(ctx))) if may_end else {}
-    for chars, nxt in nexts.items():
-        edges.update({b: (("num", ctx, nxt), 0) for b in chars})
-    return edges
+def _ws(base: _Name) -> _Name:
+    """A between-lexemes state, entered before any whitespace (the end takes none)."""
+    return base if base == _END else ("ws", base, 0)
 
 
-def _literal_edges(name: _Name) -> _Edges:
-    _, ctx, word, i = name
-    assert isinstance(word, bytes) and isinstance(i, int)
-    return {word[i]: (("lit", ctx, word, i + 1) if i + 1 < len(word) else _after(str(ctx)), 0)}
+class _Builder:
+    """The edges of every state of one schema, by the state's name."""
+
+    def __init__(self, nodes: tuple[Node, ...]) -> None:
+        self.nodes = nodes
+        self.kinds: dict[object, Callable[[_Name], _Edges]] = {
+            "ws": self._ws_edges, "str": self._string, "num": self._number, "lit": self._literal, "key": self._key,
+        }  # fmt: skip
+
+    def edges(self, name: _Name) -> _Edges:
+        return self.kinds[name[0]](name)
+
+    def _ws_edges(self, name: _Name) -> _Edges:
+        """("ws", base, taken): taken 0 (none yet), "sp" (one space) or ("nl", n) (a newline, n indents)."""
+        _, base, taken = name
+        assert isinstance(base, tuple)
+        edges = self._lexeme(base)
+        if taken == 0:
+            edges[ord(" ")] = (("ws", base, "sp"), None)
+            edges[ord("\n")] = (("ws", base, ("nl", 0)), None)
+        elif isinstance(taken, tuple) and taken[1] < MAX_INDENT:
+            for b in b" \t":
+                edges[b] = (("ws", base, ("nl", taken[1] + 1)), None)
+        return edges
+
+    def _after(self, exit_: _Name) -> _Edges:
+        """The bytes that may end a number or literal: those after the value, whitespace too."""
+        return self._ws_edges(("ws", exit_, 0)) if exit_ != _END else {}
+
+    def _lexeme(self, base: _Name) -> _Edges:
+        """The non-whitespace bytes a between-lexemes state takes."""
+        kind, *args = base
+        free_o, free_a = ("g_after", "O"), ("g_after", "A")
+        if kind == "val":
+            return self._value(args[0], args[1])
+        if kind == "g_val_or_close":
+            return {**self._value(GENERIC, free_a), ord("]"): (("pop",), None)}
+        if kind in ("g_key_or_close", "g_key"):
+            edges: _Edges = {ord('"'): (("str", ("g_colon",), "body"), None)}
+            return {**edges, ord("}"): (("pop",), None)} if kind == "g_key_or_close" else edges
+        if kind == "g_colon":
+            return {ord(":"): (_ws(("val", GENERIC, free_o)), None)}
+        if base == free_o:
+            return {ord(","): (_ws(("g_key",)), None), ord("}"): (("pop",), None)}
+        if base == free_a:
+            return {ord(","): (_ws(("val", GENERIC, free_a)), None), ord("]"): (("pop",), None)}
+        node, exit_ = args[0], args[1]
+        if kind == "obj":
+            return self._object(node, exit_, *args[2:])
+        if kind == "objkey":
+            return {ord('"'): (("key", node, exit_, args[2], b'"'), None)}
+        if kind == "colon":
+            props = self.nodes[node][1]
+            return {ord(":"): (_ws(("val", props[args[2]][1], ("obj", node, exit_, args[2] + 1, 1))), None)}
+        item = self.nodes[node][1]
+        close = {ord("]"): (_ws(exit_), None)}
+        if kind == "arr0":
+            return {**self._value(item, ("arr1", node, exit_)), **close}
+        return {ord(","): (_ws(("val", item, ("arr1", node, exit_))), None), **close}  # arr1
+
+    def _value(self, node: Any, exit_: _Name) -> _Edges:
+        """A value's first byte (`node`: an index into the nodes, or GENERIC), then where it goes."""
+        kind = "any" if node == GENERIC else self.nodes[node][0]
+        back = _ws(exit_)
+        if kind in ("any", "anyobj", "anyarr"):
+            edges: _Edges = {}
+            if kind != "anyarr":
+                edges[ord("{")] = (_ws(("g_key_or_close",)), back)
+            if kind != "anyobj":
+                edges[ord("[")] = (_ws(("g_val_or_close",)), back)
+            if kind == "any":
+                edges.update(self._value_string(exit_))
+                edges.update(self._value_number(exit_, False))
+                edges.update(self._enum(_LITERALS, exit_))
+            return edges
+        spec = self.nodes[node]
+        if kind == "object":
+            return {ord("{"): (_ws(("obj", node, exit_, 0, 0)), None)}
+        if kind == "array":
+            return {ord("["): (_ws(("arr0", node, exit_)), None)}
+        if kind == "string":
+            return self._value_string(exit_)
+        if kind in ("integer", "number"):
+            return self._value_number(exit_, kind == "integer")
+        if kind == "enum":
+            return self._enum(spec[1], exit_)
+        out: _Edges = {}
+        for alt in spec[1]:
+            edges = self._value(alt, exit_)
+            if set(edges) & set(out):
+                raise ValueError("json_schema: anyOf / oneOf / type lists whose values begin alike are not supported")
+            out.update(edges)
+        return out
+
+    def _value_string(self, exit_: _Name) -> _Edges:
+        return {ord('"'): (("str", exit_, "body"), None)}
+
+    def _value_number(self, exit_: _Name, integer: bool) -> _Edges:
+        edges: _Edges = {
+            ord("-"): (("num", exit_, "minus", integer), None),
+            ord("0"): (("num", exit_, "zero", integer), None),
+        }
+        edges.update({b: (("num", exit_, "int", integer), None) for b in b"123456789"})
+        return edges
+
+    def _enum(self, values: tuple[bytes, ...], exit_: _Name) -> _Edges:
+        return self._literal(("lit", exit_, values, b""))
+
+    def _literal(self, name: _Name) -> _Edges:
+        """("lit", exit, values, read): one of `values` (JSON bytes) being read; where `read` is one
+        of them whole, the bytes after a value end it (a number may go on: [1, 12])."""
+        _, exit_, values, read = name
+        assert isinstance(values, tuple) and isinstance(read, bytes)
+        edges = self._after(exit_) if read in values else {}
+        for v in values:
+            if v.startswith(read) and len(v) > len(read):
+                edges[v[len(read)]] = (("lit", exit_, values, v[: len(read) + 1]), None)
+        return edges
+
+    def _string(self, name: _Name) -> _Edges:
+        """("str", exit, sub): sub "body", "esc", ("u", n) (n hex digits to go) or ("utf", n)
+        (n UTF-8 continuation bytes to go)."""
+        _, exit_, sub = name
+        body: _Name = ("str", exit_, "body")
+        if sub == "body":
+            edges: _Edges = {b: (body, None) for b in range(0x20, 0x80)}
+            edges[ord('"')] = (_ws(exit_), None)
+            edges[ord("\\")] = (("str", exit_, "esc"), None)
+            for lead, (lo, hi) in ((1, (0xC2, 0xDF)), (2, (0xE0, 0xEF)), (3, (0xF0, 0xF4))):
+                edges.update({b: (("str", exit_, ("utf", lead)), None) for b in range(lo, hi + 1)})
+            return edges
+        if sub == "esc":
+            return {**{b: (body, None) for b in b'"\\/bfnrt'}, ord("u"): (("str", exit_, ("u", 4)), None)}
+        assert isinstance(sub, tuple)
+        more: _Name = ("str", exit_, (sub[0], sub[1] - 1)) if sub[1] > 1 else body
+        return {b: (more, None) for b in (_HEX if sub[0] == "u" else range(0x80, 0xC0))}
+
+    def _number(self, name: _Name) -> _Edges:
+        """("num", exit, sub, integer): a number ends at the first byte that cannot go on, which is
+        then read as the byte after the value."""
+        _, exit_, sub, integer = name
+        may_end, nexts = _NUMBER[str(sub)]
+        edges = self._after(exit_) if may_end else {}
+        for chars, nxt in nexts.items():
+            if not (integer and nxt in ("dot", "e")):
+                edges.update({b: (("num", exit_, nxt, integer), None) for b in chars})
+        return edges
+
+    def _object(self, node: int, exit_: _Name, i: int, emitted: int) -> _Edges:
+        """("obj", node, exit, i, emitted): properties from the i-th on may come next (up to the
+        first required one); `emitted`: one came already, so a comma goes first."""
+        props = self.nodes[node][1]
+        edges: _Edges = {}
+        if not any(required for _, _, required in props[i:]):
+            edges[ord("}")] = (_ws(exit_), None)
+        if i < len(props):
+            edges[ord(",") if emitted else ord('"')] = (
+                (_ws(("objkey", node, exit_, i)), None) if emitted else (("key", node, exit_, i, b'"'), None)
+            )
+        return edges
+
+    def _key(self, name: _Name) -> _Edges:
+        """("key", node, exit, i, read): a property's name (its JSON bytes, quotes included) being read."""
+        _, node, exit_, i, read = name
+        props = self.nodes[node][1]
+        assert isinstance(i, int) and isinstance(read, bytes)
+        edges: _Edges = {}
+        for j in range(i, len(props)):
+            key = props[j][0]
+            if key.startswith(read) and len(key) > len(read):
+                nxt = key[: len(read) + 1]
+                edges[key[len(read)]] = (
+                    (_ws(("colon", node, exit_, j)) if nxt == key else ("key", node, exit_, i, nxt)),
+                    None,
+                )
+            if props[j][2]:
+                break  # a required property cannot be skipped
+        return edges
 
 
-_KINDS: dict[object, Callable[[_Name], _Edges]] = {
-    "ws": _ws_edges, "str": _string_edges, "num": _number_edges, "lit": _literal_edges,
-}  # fmt: skip
-START: _Name = ("ws", ("val", "R"), 0)
+class Grammar:
+    """One schema's tables: `table[s, b]` the next state (DEAD, POP), `pushes[s, b]` the state a free
+    container opened there returns to once it closes (0: it opens none)."""
 
+    def __init__(self, nodes: tuple[Node, ...]) -> None:
+        build = _Builder(nodes)
+        start: _Name = ("ws", ("val", 0, _END), 0)
+        ids: dict[_Name, int] = {("dead",): DEAD, ("pop",): POP, _END: END, start: 3}
+        edges: dict[_Name, _Edges] = {}
+        todo = [start]
+        while todo:
+            name = todo.pop()
+            edges[name] = build.edges(name)
+            for target, back in edges[name].values():
+                for n in (target, back):
+                    if n is not None and n not in ids:
+                        ids[n] = len(ids)
+                        todo.append(n)
+        if len(ids) > MAX_STATES:
+            raise ValueError(f"this JSON schema makes {len(ids)} grammar states; at most {MAX_STATES} are supported")
+        self.table = np.full((len(ids), 256), DEAD, np.int16)
+        self.pushes = np.zeros((len(ids), 256), np.int16)
+        self.table[POP] = POP  # absorbing: a vocabulary walk marks the token for `step`
+        for name, out in edges.items():
+            for b, (target, back) in out.items():
+                self.table[ids[name], b] = ids[target]
+                self.pushes[ids[name], b] = 0 if back is None else ids[back]
+        self.start: State = (3, ())
+        self.serial = next(_SERIALS)  # (json_masks' cache key: unlike an id, never reused)
+        self._t: list[list[int]] = self.table.tolist()  # plain lists: ~4x faster than numpy scalars byte by byte
+        self._p: list[list[int]] = self.pushes.tolist()
 
-def _build() -> tuple[npt.NDArray[np.int16], npt.NDArray[np.int8], dict[str, int]]:
-    """Every state reachable from START, numbered after DEAD, POP and END, into the two tables."""
-    ids: dict[_Name, int] = {("dead",): DEAD, ("pop",): POP, ("end",): END, START: 3}
-    edges: dict[_Name, _Edges] = {}
-    todo = [START]
-    while todo:
-        name = todo.pop()
-        edges[name] = _KINDS[name[0]](name)
-        for target, _ in edges[name].values():
-            if target not in ids:
-                ids[target] = len(ids)
-                todo.append(target)
-    table = np.full((len(ids), 256), DEAD, np.int16)
-    pushes = np.zeros((len(ids), 256), np.int8)
-    table[POP] = POP  # absorbing: a vocabulary walk marks the token for `step`
-    for name, out in edges.items():
-        for b, (target, push) in out.items():
-            table[ids[name], b], pushes[ids[name], b] = ids[target], push
-    after = {"O": ids[_after("O")], "A": ids[_after("A")]}
-    return table, pushes, {"start": ids[START], **after}
-
-
-TABLE, PUSHES, _IDS = _build()
-START_STATE: State = (_IDS["start"], ())
-_AFTER_CLOSE = {OBJ: _IDS["O"], ARR: _IDS["A"]}  # the state after a value inside that container
-_T: list[list[int]] = TABLE.tolist()  # plain lists: ~4x faster than numpy scalars byte by byte
-_P: list[list[int]] = PUSHES.tolist()
-
-
-def step(state: State | None, data: bytes) -> State | None:
-    """The state after `data` from `state`, or None where a byte has no way on (None stays None)."""
-    if state is None:
-        return None
-    s, stack = state
-    for b in data:
-        t = _T[s][b]
-        if t == DEAD:
+    def step(self, state: State | None, data: bytes) -> State | None:
+        """The state after `data` from `state`, or None where a byte has no way on (None stays None)."""
+        if state is None:
             return None
-        if t == POP:  # the top container closes: what follows is that of the one around it
-            stack = stack[:-1]
-            t = _AFTER_CLOSE[stack[-1]] if stack else END
-        elif _P[s][b]:
-            stack = (*stack, _P[s][b])
-        s = t
-    return s, stack
+        s, stack = state
+        for b in data:
+            t = self._t[s][b]
+            if t == DEAD:
+                return None
+            if t == POP:  # the innermost free container closes: on to where it was opened for
+                t, stack = stack[-1], stack[:-1]
+            elif self._p[s][b]:
+                stack = (*stack, self._p[s][b])
+            s = t
+        return s, stack
+
+
+_SERIALS = itertools.count()
+MAX_STATES = 20000  # (int16 tables; a schema of a few dozen properties makes a few thousand)
+
+
+def complete(state: State | None) -> bool:
+    """Whether the answer is one whole value (only an EOS may follow)."""
+    return state is not None and state[0] == END

@@ -1,86 +1,90 @@
-"""Which tokens keep a request's answer JSON (engine/json_grammar.py): `JsonVocab.allowed` gives the
-mask of a row, `state_of` the parse state after a request's output so far.
+"""Which tokens keep a request's answer on its JSON grammar (engine/json_grammar.py): `JsonVocab.allowed`
+gives the mask of a row, `state_of` the parse state after a request's output so far.
 
 A mask is the whole vocabulary walked through the grammar's table from the row's table state, one
 numpy gather per byte position over the tokens at least that long (sorted by length, so that is a
-prefix of them).  The table state alone decides every token but those that close a container on
-the way: those few (a `}` or `]` at a place one may come) are stepped with the stack, in Python.
-The table part is kept per table state (a few dozen occur in practice, out of ~270), so a step
-usually costs a copy of a cached mask.
+prefix of them).  The table state alone decides every token but those that close a free container
+on the way: those few (a `}` or `]` where one may come) are stepped with the stack, in Python.  The
+table part is kept per (grammar, table state), bit-packed, for the MAX_CACHED last used, so a step
+usually costs unpacking a cached mask.
 
-Rank 0 holds no tokenizer: each token's bytes come in the HTTP workers' hello
-(http_worker.tokenizer_facts); special tokens come as b"" and are never allowed, nor is any id the
-table lacks (a model's padded vocabulary rows).
+Rank 0 holds no tokenizer: each token's bytes come from an HTTP worker before its first JSON request
+(`vocabulary_bytes`, EngineClient.provide_vocabulary); special tokens come as b"" and are never
+allowed, nor is any id the table lacks (a model's padded vocabulary rows).
 """
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
-from spmd_serve.engine import json_grammar
-from spmd_serve.engine.json_grammar import DEAD, END, POP, State
+from spmd_serve.engine.json_grammar import DEAD, POP, Grammar, State, complete
 
 Mask = npt.NDArray[np.bool_]
+MAX_CACHED = 4096  # table-state masks kept (V/8 bytes each: 19 KB at 150k tokens)
 
 
 class JsonVocab:
-    """The vocabulary's token bytes, arranged for walking, and the table-state masks seen so far."""
+    """The vocabulary's token bytes, arranged for walking, and the table-state masks seen lately."""
 
     def __init__(self, token_bytes: Sequence[bytes]) -> None:
         self.token_bytes = list(token_bytes)
         lens = np.fromiter((len(b) for b in self.token_bytes), np.int64, len(self.token_bytes))
         self._order = np.argsort(-lens, kind="stable")  # longest first: the tokens >= j bytes long are a prefix
         self._nonempty = lens > 0
-        longest = int(lens.max(initial=0))
-        counts = np.searchsorted(-lens[self._order], -np.arange(1, longest + 1), side="right")
+        counts = np.searchsorted(-lens[self._order], -np.arange(1, int(lens.max(initial=0)) + 1), side="right")
         sizes = lens[self._order]
         joined = np.frombuffer(b"".join(self.token_bytes[i] for i in self._order.tolist()), np.uint8)
         starts = np.cumsum(sizes) - sizes
         # column j: byte j of every token longer than j, in that order  [counts[j]] uint8
         self._columns = [joined[starts[:n] + j] for j, n in enumerate(counts.tolist())]
-        self._cache: dict[int, tuple[Mask, list[int]]] = {}
+        self._cache: OrderedDict[tuple[int, int], tuple[npt.NDArray[np.uint8], list[int]]] = OrderedDict()
 
     def __len__(self) -> int:
         return len(self.token_bytes)
 
-    def _table_part(self, s: int) -> tuple[Mask, list[int]]:
+    def _table_part(self, grammar: Grammar, s: int) -> tuple[Mask, list[int]]:
         """(tokens the table lets through from table state `s` whatever the stack, tokens that
         reach a closing bracket on the way), both over the vocabulary's ids."""
-        if s not in self._cache:
+        key = (grammar.serial, s)
+        if key not in self._cache:
             st = np.full(len(self), s, np.int16)  # in length order
             for col in self._columns:
                 n = len(col)
-                st[:n] = json_grammar.TABLE[st[:n], col]
+                st[:n] = grammar.table[st[:n], col]
             ok = np.empty(len(self), bool)
             ok[self._order] = (st != DEAD) & (st != POP)
             closing = np.empty(len(self), bool)
             closing[self._order] = st == POP
-            self._cache[s] = (ok & self._nonempty, np.flatnonzero(closing).tolist())
-        return self._cache[s]
+            self._cache[key] = (np.packbits(ok & self._nonempty), np.flatnonzero(closing).tolist())
+            if len(self._cache) > MAX_CACHED:
+                self._cache.popitem(last=False)
+        self._cache.move_to_end(key)
+        packed, closing_ids = self._cache[key]
+        return np.unpackbits(packed, count=len(self)).view(bool), closing_ids
 
-    def allowed(self, state: State | None) -> Mask:
+    def allowed(self, grammar: Grammar, state: State | None) -> Mask:
         """A fresh mask [len(self)] of the tokens that may follow `state` (none after None)."""
         if state is None:
             return np.zeros(len(self), bool)
-        ok, closing = self._table_part(state[0])
-        mask = ok.copy()
+        mask, closing = self._table_part(grammar, state[0])
         for t in closing:
-            mask[t] = json_grammar.step(state, self.token_bytes[t]) is not None
+            mask[t] = grammar.step(state, self.token_bytes[t]) is not None
         return mask
 
-    def state_of(self, holder: Any, output: Sequence[int]) -> State | None:
+    def state_of(self, grammar: Grammar, holder: Any, output: Sequence[int]) -> State | None:
         """The state after `output`, the output of `holder` (a Request) or one that extends it (a
         draft position's).  The request keeps (tokens read, state) in `json_progress`, so each step
         reads only its new tokens; output only ever grows, and anything else is read afresh."""
-        n, state = getattr(holder, "json_progress", None) or (0, json_grammar.START_STATE)
+        n, state = getattr(holder, "json_progress", None) or (0, grammar.start)
         if n > len(output):
-            n, state = 0, json_grammar.START_STATE
+            n, state = 0, grammar.start
         for t in output[n:]:
-            state = json_grammar.step(state, self.token_bytes[t] if 0 <= t < len(self) else b"\x00")
+            state = grammar.step(state, self.token_bytes[t] if 0 <= t < len(self) and self.token_bytes[t] else b"\0")
         if output is holder.output_token_ids and hasattr(holder, "json_progress"):
             holder.json_progress = (len(output), state)
         return state
@@ -92,21 +96,14 @@ def vocabulary_bytes(tokenizer: Any) -> list[bytes]:
     return [b"" if i in specials else tokenizer.token_bytes(i) for i in range(tokenizer.vocab_size)]
 
 
-def keeps_json(vocab: JsonVocab | None, request: Any, tokens: Sequence[int]) -> bool:
-    """Whether `tokens` after `request`'s output keep its answer on its way to one JSON object, an eos
-    id only once it is one (a draw from a row every json_object token was masked in does not)."""
+def keeps_json(vocab: JsonVocab | None, grammar: Grammar, request: Any, tokens: Sequence[int]) -> bool:
+    """Whether `tokens` after `request`'s output keep its answer on `grammar`, an eos id only once the
+    answer is whole (a draw from a row where every such token was masked does not)."""
     if vocab is None:
         return False
-    state = vocab.state_of(request, request.output_token_ids)
+    state = vocab.state_of(grammar, request, request.output_token_ids)
     for t in tokens:
         if t in request.eos_token_ids:
             return complete(state)
-        state = json_grammar.step(
-            state, vocab.token_bytes[t] if 0 <= t < len(vocab) and vocab.token_bytes[t] else b"\x00"
-        )
+        state = grammar.step(state, vocab.token_bytes[t] if 0 <= t < len(vocab) and vocab.token_bytes[t] else b"\0")
     return state is not None
-
-
-def complete(state: State | None) -> bool:
-    """Whether the answer is one whole JSON object (only an EOS may follow)."""
-    return state is not None and state[0] == END

@@ -3,12 +3,12 @@ vLLM's `allowed_token_ids` (every other token masked), OpenAI's `logit_bias` (ad
 tokens' logits), vLLM's `bad_words` (a banned sequence's last token masked where the output so far
 ends with the rest of it, as vLLM's `apply_bad_words`), vLLM's `guided_choice` (only the tokens that
 keep the answer on one of its token sequences, and the eos ids once it is one whole: `guided_next`),
-OpenAI's `response_format: json_object` (only the tokens that keep the answer JSON, and the eos ids
-once it is one whole object: engine/json_masks.py) and vLLM's `min_p` (tokens whose probability,
-after the penalties and the temperature, is below min_p x that of the row's most likely token are
-dropped). All act on a copy — the raw logits stay for the logprobs (the model's own, as vLLM
-reports) and for `Sampler.observe` — and only when some request in the step asks; ops.sample (and
-its CUDA twin) stay as they are.
+a JSON answer (OpenAI's `response_format`, vLLM's `guided_json`: only the tokens that keep the
+answer on its schema's grammar, and the eos ids once it is whole: engine/json_masks.py) and vLLM's
+`min_p` (tokens whose probability, after the penalties and the temperature, is below min_p x that of
+the row's most likely token are dropped). All act on a copy — the raw logits stay for the logprobs
+(the model's own, as vLLM reports) and for `Sampler.observe` — and only when some request in the
+step asks; ops.sample (and its CUDA twin) stay as they are.
 
 Masks are -inf: the penalties leave -inf where it is, so ops.sample then draws from the kept tokens,
 renormalised, with its own top-k / top-p on top. min_p's threshold is taken on the penalised logits
@@ -25,7 +25,8 @@ import numpy as np
 import numpy.typing as npt
 
 import ops.sample
-from spmd_serve.engine import json_masks
+from spmd_serve.engine import json_masks, json_schema
+from spmd_serve.engine.json_grammar import complete
 from spmd_serve.engine.json_masks import JsonVocab
 from spmd_serve.sampling_params import SamplingParams
 
@@ -58,15 +59,16 @@ def on_choice(request: SampledRequest, tokens: list[int]) -> bool:
 
 
 def json_keep(vocab: JsonVocab | None, view: SampledRequest, width: int) -> npt.NDArray[np.bool_]:
-    """[width] the tokens that keep `view`'s answer on its way to one JSON object (engine/json_masks.py),
-    and its eos ids once it is one."""
+    """[width] the tokens that keep `view`'s answer on its JSON schema's grammar (engine/json_masks.py),
+    and its eos ids once it is whole."""
     if vocab is None:
-        raise ValueError("json_object needs the vocabulary's bytes, which no HTTP worker sent this engine")
-    state = vocab.state_of(getattr(view, "holder", None) or view, view.output_token_ids)
+        raise ValueError("a JSON answer needs the vocabulary's bytes, which no HTTP worker sent this engine")
+    grammar = json_schema.grammar(view.params.json_schema)
+    state = vocab.state_of(grammar, getattr(view, "holder", None) or view, view.output_token_ids)
     keep = np.zeros(width, bool)
     n = min(width, len(vocab))
-    keep[:n] = vocab.allowed(state)[:n]
-    keep[[e for e in view.eos_token_ids if e < width]] = json_masks.complete(state)
+    keep[:n] = vocab.allowed(grammar, state)[:n]
+    keep[[e for e in view.eos_token_ids if e < width]] = complete(state)
     return keep
 
 
@@ -82,9 +84,9 @@ def off_limits(request: SampledRequest, tokens: list[int], width: int, vocab: Js
             "no token of guided_choice's answers can be drawn at this step: each is masked (allowed_token_ids, "
             "bad_words, or an EOS id until min_tokens)"
         )
-    if p.json_object and not json_masks.keeps_json(vocab, request, tokens):
+    if p.json_schema and not json_masks.keeps_json(vocab, json_schema.grammar(p.json_schema), request, tokens):
         return (
-            "no token that keeps the answer one JSON object can be drawn at this step: each is masked "
+            "no token that keeps the answer on its JSON schema can be drawn at this step: each is masked "
             "(allowed_token_ids, bad_words or logit_bias)"
         )
     if p.allowed_token_ids and not set(tokens) <= set(p.allowed_token_ids):
@@ -106,7 +108,7 @@ def wanted(views: Sequence[SampledRequest]) -> bool:
         or v.params.allowed_token_ids
         or v.params.bad_words
         or v.params.guided_sequences
-        or v.params.json_object
+        or v.params.json_schema
         for v in views
     ) or bool(_min_p_rows(views))
 
@@ -116,7 +118,7 @@ def adjusted(
 ) -> Any:
     """logits [R, V] → a float32 copy where row rows[i] carries views[i]'s adjustments (above).
     `arrays(views)`: sampler.sample_arrays (the penalties' per-row parameters, as ops.sample gets
-    them).  Each row is listed once (`rows` distinct).  `vocab`: the tokens' bytes, for json_object."""
+    them).  Each row is listed once (`rows` distinct).  `vocab`: the tokens' bytes, for JSON answers."""
     out = logits.astype(np.float32)  # a copy (float16 logits too: a bias of 100 is exact in float32)
     for r, v in zip(rows, views):
         if v.params.allowed_token_ids:  # every other token masked, before the bias (which cannot revive it)
@@ -134,7 +136,7 @@ def adjusted(
             kept = out[r, keep]
             out[r] = -np.inf
             out[r, keep] = kept
-        if v.params.json_object:
+        if v.params.json_schema:
             out[r, ~json_keep(vocab, v, out.shape[1])] = -np.inf
     pick = _min_p_rows(views)
     if pick:

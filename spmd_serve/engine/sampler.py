@@ -165,7 +165,7 @@ class Sampler:
     (None: deterministic drafts)."""
 
     draft_probs: Callable[[Request], Any] | None = None
-    json_vocab: JsonVocab | None = None  # every token's bytes (the HTTP workers' hello), for json_object
+    json_vocab: JsonVocab | None = None  # every token's bytes (the HTTP workers' hello), for JSON schemas
 
     def sample(self, out: SchedulerOutput, logits: npt.NDArray[np.float32]) -> SampledStep:
         """logits [R, V]: `logits_rows` per scheduled sequence (1; 1 + its drafts when it verifies

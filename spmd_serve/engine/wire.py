@@ -153,7 +153,7 @@ def facts_from_hello(msg: Message) -> tuple[frozenset[int], list[int]]:
 
 
 def vocab_to_wire(token_bytes: list[bytes]) -> Message:
-    """Every token's bytes (json_masks.vocabulary_bytes), for json_object: one base64 run and the lengths."""
+    """Every token's bytes (json_masks.vocabulary_bytes), for JSON schemas: one base64 run and the lengths."""
     return {
         "t": "vocab",
         "bytes": base64.b64encode(b"".join(token_bytes)).decode(),

@@ -14,8 +14,9 @@ from pathlib import Path
 import openai
 import pytest
 
-from spmd_serve.engine import json_grammar
+from spmd_serve.engine.json_schema import grammar
 from spmd_serve.frontend.text.tokenizer import ServingTokenizer
+from spmd_serve.sampling_params import JSON_OBJECT
 from tests.support.server_process import ServerProcess
 
 pytestmark = pytest.mark.mpi
@@ -115,6 +116,7 @@ def test_json_object_answers_are_json(client, tok):
     to one JSON object, and an answer that stopped is one.  Held to "{", "}" and the EOS as well,
     the only answer left is "{}", then the EOS."""
     fmt, extra = {"type": "json_object"}, {"return_tokens_as_token_ids": True}
+    any_object = grammar(JSON_OBJECT)
     for temperature, seed in ((0, 0), (1.0, 1), (1.0, 2), (0.7, 3)):
         kw = dict(model="default", max_tokens=80, temperature=temperature, seed=seed)
         chat = client.chat.completions.create(
@@ -126,7 +128,7 @@ def test_json_object_answers_are_json(client, tok):
         ).choices[0]
         for text, answer_ids, finish in ((chat.message.content, ids, chat.finish_reason),
                                           (comp.text, _ids(comp.logprobs.tokens), comp.finish_reason)):  # fmt: skip
-            state = json_grammar.step(json_grammar.START_STATE, b"".join(tok.token_bytes(i) for i in answer_ids))
+            state = any_object.step(any_object.start, b"".join(tok.token_bytes(i) for i in answer_ids))
             assert state is not None, text
             assert finish in ("stop", "length") and (finish == "length" or isinstance(json.loads(text), dict)), text
         stream = client.chat.completions.create(**kw, messages=CHAT, response_format=fmt, stream=True)
@@ -138,6 +140,39 @@ def test_json_object_answers_are_json(client, tok):
             model="default", messages=CHAT, max_tokens=8, temperature=1.0, seed=4, extra_body=extra_body, **how
         ).choices[0]
         assert (got.message.content, got.finish_reason) == ("{}", "stop")
+
+
+def test_json_schema_answers_keep_to_the_schema(client):
+    """response_format json_schema (and vLLM's guided_json): every answer that stopped is one of the
+    schema's objects, its properties in order; the greedy one stops; a keyword not built is a 400."""
+    schema = {
+        "type": "object",
+        "properties": {"a": {"type": "integer"}, "b": {"enum": ["yes", "no"]}, "c": {"type": "boolean"},
+                       "d": {"type": ["string", "null"]}},
+        "required": ["a", "b", "c"],
+    }  # fmt: skip
+    fmt = {"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}
+    finished = []
+    for temperature, seed, how in ((0, 0, "r"), (1.0, 2, "g"), (1.0, 5, "r"), (0.7, 3, "g")):
+        extra = {"response_format": fmt} if how == "r" else {"extra_body": {"guided_json": schema}}
+        ask = [{"role": "user", "content": "Describe a cat."}]  # (greedy, the demo model closes the object)
+        kw = dict(model="default", messages=ask, max_tokens=60, temperature=temperature, seed=seed)
+        got = client.chat.completions.create(**kw, **extra).choices[0]
+        if got.finish_reason == "stop":
+            value = json.loads(got.message.content)
+            assert list(value)[:3] == ["a", "b", "c"] and set(value) <= {"a", "b", "c", "d"}, value
+            assert isinstance(value["a"], int) and value["b"] in ("yes", "no") and isinstance(value["c"], bool)
+            assert value.get("d") is None or isinstance(value["d"], str)
+            finished.append(temperature)
+    assert 0 in finished, finished
+    bad = {"type": "object", "properties": {"e": {"type": "string", "format": "email"}}}
+    with pytest.raises(openai.BadRequestError, match="'format' is not supported"):
+        client.chat.completions.create(
+            model="default",
+            messages=CHAT,
+            max_tokens=4,
+            response_format={**fmt, "json_schema": {"name": "x", "schema": bad}},
+        )
 
 
 def test_tokenize_counts_what_the_completions_count_and_detokenize_reads_back(client, tok):

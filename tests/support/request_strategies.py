@@ -95,6 +95,12 @@ NATIVE = {
     **{k: Field(st.sampled_from([*v, None])) for k, v in {**NOT_BUILT, **OPENAI_EXTRAS}.items()},
 }
 NATIVE_PROMPTS = ("text", "messages", "input_ids")
+SCHEMAS = st.sampled_from([  # JSON schemas engine/json_schema.py builds
+    {"type": "object"},
+    {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": ["string", "null"]}}, "required": ["a"]},
+    {"type": "object",
+     "properties": {"x": {"enum": ["u", "v", 1]}, "y": {"type": "array", "items": {"type": "boolean"}}}},
+])  # fmt: skip
 
 _OPENAI_COMMON = {
     "model": Field(st.sampled_from(["default", "default", "default", "no-such-model"])),
@@ -126,12 +132,26 @@ _OPENAI_COMMON = {
         st.one_of(
             st.fixed_dictionaries({"choice": st.lists(TEXT, min_size=1, max_size=3)}),
             st.fixed_dictionaries({"json_object": st.booleans()}),
+            st.fixed_dictionaries({"json": SCHEMAS}),
         ),
-        st.one_of(TEXT, JUNK, st.fixed_dictionaries({"json_object": JUNK}), st.just({"json": {}})),
+        st.one_of(TEXT, JUNK, st.fixed_dictionaries({"json_object": JUNK}), st.fixed_dictionaries({"json": JUNK})),
     ),
     "response_format": Field(
-        st.sampled_from([{"type": "text"}, {"type": "json_object"}]),
-        st.one_of(TEXT, JUNK, st.just({"type": "json_schema", "json_schema": {"name": "x", "schema": {}}})),
+        st.one_of(
+            st.sampled_from([{"type": "text"}, {"type": "json_object"}]),
+            st.fixed_dictionaries(
+                {
+                    "type": st.just("json_schema"),
+                    "json_schema": st.fixed_dictionaries({"name": st.just("x"), "schema": SCHEMAS}),
+                }
+            ),
+        ),
+        st.one_of(
+            TEXT, JUNK, st.just({"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "string"}}})
+        ),
+    ),
+    "guided_json": Field(
+        SCHEMAS | SCHEMAS.map(json.dumps), st.one_of(TEXT, JUNK, st.just({"type": "object", "pattern": "a"}))
     ),
     "guided_choice": Field(st.lists(TEXT, min_size=1, max_size=3), st.one_of(TEXT, st.lists(JUNK, max_size=3), JUNK)),
     "bad_words": Field(st.lists(TEXT, max_size=3), st.one_of(TEXT, st.lists(JUNK, min_size=1, max_size=3), JUNK)),

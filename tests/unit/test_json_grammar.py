@@ -1,5 +1,6 @@
-"""The json_object grammar (spmd_serve/engine/json_grammar.py) against Python's json module, and its
-vocabulary masks (spmd_serve/engine/json_masks.py) against stepping every token alone."""
+"""The json_object grammar (spmd_serve/engine/json_grammar.py, engine/json_schema.py) against Python's
+json module, and its vocabulary masks (spmd_serve/engine/json_masks.py) against stepping every token
+alone."""
 
 from __future__ import annotations
 
@@ -11,9 +12,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from spmd_serve.engine import json_grammar as g
-from spmd_serve.engine.json_masks import JsonVocab, complete
+from spmd_serve.engine.json_grammar import complete
+from spmd_serve.engine.json_masks import JsonVocab
+from spmd_serve.engine.json_schema import grammar
 from spmd_serve.engine.wire import WireError, vocab_from_wire, vocab_to_wire
+from spmd_serve.sampling_params import JSON_OBJECT
 
+G = grammar(JSON_OBJECT)
 LEAVES = st.one_of(
     st.none(), st.booleans(), st.integers(-(10**12), 10**12),
     st.floats(allow_nan=False, allow_infinity=False), st.text(max_size=8),
@@ -41,13 +46,13 @@ def test_every_object_json_writes_is_read_whole_and_its_prefixes_are_open(obj, l
     text = _text(obj, layout)
     if text.count(b"\n") and max(len(line) - len(line.lstrip(b" \t")) for line in text.split(b"\n")) > g.MAX_INDENT:
         return  # (deeper than the whitespace rule: refused by design, tested below)
-    state = g.START_STATE
+    state = G.start
     for i, b in enumerate(text):
         assert not complete(state), text[:i]
-        state = g.step(state, bytes([b]))
+        state = G.step(state, bytes([b]))
         assert state is not None, (text[: i + 1], text)
     assert complete(state)
-    assert g.step(state, b" ") is None and g.step(state, b"{") is None  # only an EOS after the object
+    assert G.step(state, b" ") is None and G.step(state, b"{") is None  # only an EOS after the object
 
 
 @settings(max_examples=400, deadline=None)
@@ -58,7 +63,7 @@ def test_what_the_grammar_reads_whole_is_one_json_object(obj, layout, at, junk):
     text = _text(obj, layout)
     i = at % (len(text) + 1)
     for mutated in (text[:i] + junk + text[i:], text[:i] + text[i + 1 :], text[:i] + junk + text[i + len(junk) :]):
-        if complete(g.step(g.START_STATE, mutated)):
+        if complete(G.step(G.start, mutated)):
             assert isinstance(json.loads(mutated), dict), mutated
 
 
@@ -69,13 +74,13 @@ def test_what_the_grammar_reads_whole_is_one_json_object(obj, layout, at, junk):
      b'{"a":"\x80"}', b'{"a":"\xc3"}', b'{"a":NaN}', b"{  }", b"{\n" + b" " * 21 + b"}", b"{\r\n}"],
 )  # fmt: skip
 def test_what_is_not_one_object_or_pads_beyond_the_rule_is_refused(text):
-    state = g.step(g.START_STATE, text)
+    state = G.step(G.start, text)
     assert not complete(state)
 
 
 def test_strings_take_escapes_and_utf8():
     for text in [b'{"\\"\\\\\\/\\b\\f\\n\\r\\t\\u00e9":"\xc3\xa9\xe2\x82\xac\xf0\x9f\x98\x80"}', b'{"a":"\x7f"}']:
-        assert complete(g.step(g.START_STATE, text)), text
+        assert complete(G.step(G.start, text)), text
         assert isinstance(json.loads(text), dict)
 
 
@@ -97,15 +102,15 @@ def test_a_vocabulary_mask_is_each_token_stepped_alone():
         json.dumps({"a": [1, {"b": "x\u00e9", "c": [[], {}]}], "d": -0.5e3, "e": None}, **layout).encode()
         for layout in DUMPS
     ]
-    states = {g.START_STATE}
+    states = {G.start}
     for text in texts:
         for i in range(len(text) + 1):
-            states.add(g.step(g.START_STATE, text[:i]))
+            states.add(G.step(G.start, text[:i]))
     assert None not in states and len({s[0] for s in states}) > 40
     for state in states:
-        expected = [bool(t) and g.step(state, t) is not None for t in vocab]
-        assert masks.allowed(state).tolist() == expected, state
-    assert not masks.allowed(None).any()
+        expected = [bool(t) and G.step(state, t) is not None for t in vocab]
+        assert masks.allowed(G, state).tolist() == expected, state
+    assert not masks.allowed(G, None).any()
 
 
 def test_the_parse_state_is_kept_on_the_request_and_read_on():
@@ -117,13 +122,13 @@ def test_the_parse_state_is_kept_on_the_request_and_read_on():
         output_token_ids = [1, 2, 3]
 
     h = Holder()
-    assert masks.state_of(h, h.output_token_ids) == g.step(g.START_STATE, b'{"a":')
-    assert h.json_progress == (3, g.step(g.START_STATE, b'{"a":'))
+    assert masks.state_of(G, h, h.output_token_ids) == G.step(G.start, b'{"a":')
+    assert h.json_progress == (3, G.step(G.start, b'{"a":'))
     h.output_token_ids += [4, 5]
-    assert complete(masks.state_of(h, h.output_token_ids)) and h.json_progress[0] == 5
+    assert complete(masks.state_of(G, h, h.output_token_ids)) and h.json_progress[0] == 5
     draft = [*h.output_token_ids, 6]  # a draft position's output: read on, not kept
-    assert masks.state_of(h, draft) is None and h.json_progress[0] == 5
-    assert masks.state_of(h, [1]) == g.step(g.START_STATE, b"{")  # shorter than what was read: afresh
+    assert masks.state_of(G, h, draft) is None and h.json_progress[0] == 5
+    assert masks.state_of(G, h, [1]) == G.step(G.start, b"{")  # shorter than what was read: afresh
 
 
 def test_the_vocabulary_crosses_the_wire_whole():

@@ -1,7 +1,7 @@
-"""OpenAI's response_format json_object through the Sampler (spmd_serve/engine/logits_adjust.py with
-engine/json_masks.py): whatever the model prefers, every answer stays on its way to one JSON object
-and an EOS comes only once it is one; drafts verify as plain decoding does; a request whose other
-masks leave no JSON token fails alone; the front end's fields map to it."""
+"""JSON answers through the Sampler (spmd_serve/engine/logits_adjust.py with engine/json_masks.py):
+whatever the model prefers, every answer stays on its way to one JSON object (json_object) or one of
+its schema, and an EOS comes only once it is whole; drafts verify as plain decoding does; a request
+whose other masks leave no JSON token fails alone; the front end's fields map to a schema."""
 
 from __future__ import annotations
 
@@ -10,22 +10,23 @@ import json
 import numpy as np
 import pytest
 
-from spmd_serve.engine import json_grammar as g
 from spmd_serve.engine.json_masks import JsonVocab
+from spmd_serve.engine.json_schema import grammar
 from spmd_serve.engine.sampler import Sampler
 from spmd_serve.frontend.common.parsing import Limits
 from spmd_serve.frontend.openai.body import OpenAIError
 from spmd_serve.frontend.openai.fields import FieldError
 from spmd_serve.frontend.openai.protocol import parse_openai
-from spmd_serve.frontend.openai.token_params import json_object
-from spmd_serve.sampling_params import SamplingParams
+from spmd_serve.frontend.openai.token_params import json_schema
+from spmd_serve.sampling_params import JSON_OBJECT, SamplingParams
 from spmd_serve.scheduler.request import Request
 from spmd_serve.scheduler.scheduler import ScheduledSeq, SchedulerOutput
 from tests.support.fake_tokenizer import FakeTokenizer
 
 EOS = 0
 VOCAB = [b"", b"{", b"}", b"[", b"]", b'"', b'"a"', b":", b",", b" ", b"\n", b"1", b"-2.5", b"true", b"null",
-         b"x", b"},", b'":', b'{"', b"]}", b"\n  ", b"tr", b"ue", b"no", b"{}"]  # fmt: skip
+         b"x", b"},", b'":', b'{"', b"]}", b"\n  ", b"tr", b"ue", b"no", b"{}", b'"b"', b'"y"', b"y", b'"x"', b"0",
+         b"a", b"b"]  # fmt: skip
 
 
 def _sampler() -> Sampler:
@@ -39,7 +40,12 @@ def _text(ids: list[int]) -> bytes:
 
 
 def _request(out: list[int], **kw) -> Request:
-    r = Request("j", [1], SamplingParams(max_tokens=64, json_object=True, **kw), eos_token_ids=frozenset({EOS}))
+    r = Request(
+        "j",
+        [1],
+        SamplingParams(max_tokens=64, json_schema=kw.pop("schema", JSON_OBJECT), **kw),
+        eos_token_ids=frozenset({EOS}),
+    )
     r.output_token_ids = out
     return r
 
@@ -62,8 +68,28 @@ def test_every_answer_stays_json_and_ends_only_when_whole():
                 whole += 1
                 break
             r.output_token_ids.append(t)
-            assert g.step(g.START_STATE, _text(r.output_token_ids)) is not None, _text(r.output_token_ids)
+            assert grammar(JSON_OBJECT).step(grammar(JSON_OBJECT).start, _text(r.output_token_ids)) is not None, _text(
+                r.output_token_ids
+            )
     assert whole >= 10, whole  # (random logits close most objects within 60 tokens)
+
+
+def test_every_answer_keeps_to_its_schema():
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"enum": ["x", "y"]}}, "required": ["a"]}
+    rng = np.random.default_rng(6)
+    sampler, whole = _sampler(), set()
+    for trial in range(40):
+        r = _request([], temperature=1.0, seed=trial, schema=json.dumps(schema))
+        while len(r.output_token_ids) < 40:
+            t = _next(sampler, r, rng.normal(0, 2.0, len(VOCAB)).astype(np.float32))
+            if t == EOS:
+                got = json.loads(_text(r.output_token_ids))
+                assert list(got)[:1] == ["a"] and set(got) <= {"a", "b"} and isinstance(got["a"], int), got
+                assert got.get("b", "x") in ("x", "y")
+                whole.add(tuple(got))
+                break
+            r.output_token_ids.append(t)
+    assert whole == {("a",), ("a", "b")}, whole  # (both shapes reached: b is optional)
 
 
 def test_greedy_takes_the_best_token_that_keeps_it_json():
@@ -100,33 +126,48 @@ def test_a_request_left_no_json_token_fails_alone_and_so_does_one_without_a_voca
     stuck = _request([], temperature=0, allowed_token_ids=(VOCAB.index(b"x"), VOCAB.index(b"no")))
     other = Request("o", [1], SamplingParams(max_tokens=4, temperature=0))
     step = _sampler().sample(SchedulerOutput([ScheduledSeq(r, 0, 1, True) for r in (stuck, other)]), x)
-    assert "one JSON object" in step.failed["j"] and step.token_by_request() == {"o": [0]}
+    assert "JSON schema" in step.failed["j"] and step.token_by_request() == {"o": [0]}
     step = Sampler().sample(SchedulerOutput([ScheduledSeq(_request([], temperature=0), 0, 1, True)]), x[:1])
     assert "vocabulary" in step.failed["j"]
     with pytest.raises(ValueError, match="not with ignore_eos"):
-        SamplingParams(json_object=True, ignore_eos=True).validate()
+        SamplingParams(json_schema=JSON_OBJECT, ignore_eos=True).validate()
+
+
+PERSON = {"type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"]}
 
 
 @pytest.mark.parametrize(
     "body,want",
-    [({}, False), ({"response_format": {"type": "text"}}, False), ({"response_format": {"type": "json_object"}}, True),
-     ({"structured_outputs": {"json_object": True}}, True), ({"structured_outputs": {"json_object": False}}, False),
-     ({"response_format": {"type": "json_schema", "json_schema": {}}}, "json_schema is not supported"),
+    [({}, ""), ({"response_format": {"type": "text"}}, ""), ({"response_format": {"type": "json_object"}}, JSON_OBJECT),
+     ({"structured_outputs": {"json_object": True}}, JSON_OBJECT), ({"structured_outputs": {"json_object": False}}, ""),
+     ({"response_format": {"type": "json_schema", "json_schema": {"name": "p", "schema": PERSON}}}, PERSON),
+     ({"guided_json": PERSON}, PERSON), ({"guided_json": json.dumps(PERSON)}, PERSON),
+     ({"structured_outputs": {"json": PERSON}}, PERSON),
+     ({"response_format": {"type": "json_schema", "json_schema": {"schema": PERSON}}}, "must be an object with a name"),
+     ({"guided_json": {"type": "object", "properties": {"a": {"type": "string", "format": "email"}}}},
+      "guided_json: json_schema.properties.a: the keyword 'format' is not supported"),
+     ({"guided_json": "{not json"}, "guided_json: Expecting"),
+     ({"guided_json": {"type": "array"}}, "root must be an object"),
      ({"response_format": {"type": "yaml"}}, "must be an object with type"), ({"response_format": "json"}, "must be"),
      ({"structured_outputs": {"json_object": 1}}, "must be a boolean"),
+     ({"response_format": {"type": "json_object"}, "guided_json": PERSON},
+      "response_format and guided_json cannot both"),
      ({"response_format": {"type": "json_object"}, "guided_choice": ["a"]}, "cannot both")],
 )  # fmt: skip
 def test_the_openai_fields(body, want):
-    if isinstance(want, bool):
-        assert json_object(body, True) is want
+    if isinstance(want, dict):
+        assert json.loads(json_schema(body, True)) == want
+    elif want in ("", JSON_OBJECT):
+        assert json_schema(body, True) == want
     else:
         with pytest.raises(FieldError, match=want):
-            json_object(body, True)
-    if want is True:
+            json_schema(body, True)
+        return
+    if want:
         with pytest.raises(FieldError, match="not with ignore_eos or min_tokens"):
-            json_object(body, False)
+            json_schema(body, False)
         for kind in ("completion", "chat"):
-            assert _parse(kind, body).params.json_object
+            assert _parse(kind, body).params.json_schema == json_schema(body, True)
             with pytest.raises(OpenAIError, match="not with ignore_eos"):
                 _parse(kind, {**body, "min_tokens": 2})
 

@@ -71,7 +71,7 @@ def test_unknown_fields_are_refused_with_openai_s_wording(kind):
         ("completion", "logits_processors", [], ["x"]),
         ("chat", "length_penalty", 1, 0.5),
         ("completion", "use_beam_search", False, True),
-        ("chat", "response_format", {"type": "text"}, {"type": "json_schema", "json_schema": {"name": "x"}}),
+        ("chat", "response_format", {"type": "text"}, {"type": "yaml"}),
         ("chat", "tools", [], [{"type": "function", "function": {"name": "f"}}]),
         ("chat", "tool_choice", "none", "required"),
         ("chat", "add_special_tokens", False, True),
@@ -145,11 +145,11 @@ def test_guided_choice_becomes_token_sequences_that_read_back_as_the_answers():
 
 
 def test_structured_outputs_choice_is_guided_choice():
-    """Later vLLM's structured_outputs: its choice is guided_choice; what else it holds is refused by name."""
+    """Later vLLM's structured_outputs: its choice is guided_choice; what is not built is refused by name."""
     p = parse("chat", structured_outputs={"choice": ["yes", "no"], "disable_fallback": False}).params
     assert p.guided_sequences == parse("chat", guided_choice=["yes", "no"]).params.guided_sequences
     for body, param in [
-        ({"structured_outputs": {"json": {"type": "object"}}}, "structured_outputs.json"),
+        ({"structured_outputs": {"regex": "a+"}}, "structured_outputs.regex"),
         ({"structured_outputs": {"choice": ["a"]}, "guided_choice": ["a"]}, "structured_outputs"),
         ({"structured_outputs": ["a"]}, "structured_outputs"),
         ({"structured_outputs": {"choice": "a"}}, "structured_outputs.choice"),

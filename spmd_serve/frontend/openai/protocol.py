@@ -163,7 +163,7 @@ def parse_openai(
         eos_ends = not (min_tokens or get(body, "ignore_eos", "bool", False))
         continues = kind == "completion" or bool(body.get("continue_final_message"))
         choices = token_params.guided_choice(body, tokenizer, prompts, continues, eos_ends)
-        as_json = token_params.json_object(body, eos_ends)
+        schema = token_params.json_schema(body, eos_ends)
     except FieldError as e:
         raise OpenAIError(400, e.msg, e.param) from None
     params = SamplingParams(
@@ -189,7 +189,7 @@ def parse_openai(
         allowed_token_ids=allowed,
         bad_words=banned,
         guided_sequences=choices,
-        json_object=as_json,
+        json_schema=schema,
     )
     get(body, "user", "str", None)
     flags = dict(echo=echo, logprobs=logprobs, echo_only=not max_tokens, continues=continues)

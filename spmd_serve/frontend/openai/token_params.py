@@ -5,18 +5,24 @@ naming the field (openai.protocol answers it as a 400)."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
+from spmd_serve.engine import json_schema as json_schemas
 from spmd_serve.frontend.common.parsing import ProtocolError, check_in_vocab, finite_number, is_int, show
 from spmd_serve.frontend.openai.fields import FieldError
 from spmd_serve.sampling_params import (
     INT32_MAX,
+    JSON_OBJECT,
     MAX_BAD_WORD_TOKENS,
     MAX_BAD_WORDS,
     MAX_CHOICE_TOKENS,
     MAX_CHOICES,
     MAX_LOGIT_BIAS,
+    MAX_SCHEMA_CHARS,
 )
+
+_STRUCTURED = ("choice", "json", "json_object")  # later vLLM's structured_outputs that are built
 
 
 def _in_vocab(name: str, ids: list[int], tokenizer: Any) -> None:
@@ -114,10 +120,10 @@ def _choice_field(body: dict[str, Any]) -> tuple[Any, str]:
         return body.get("guided_choice"), "guided_choice"
     if not isinstance(outputs, dict):
         raise FieldError(f"structured_outputs must be an object, got {show(outputs)}", "structured_outputs")
-    other = next((k for k, v in outputs.items() if k not in ("choice", "json_object") and v not in (None, False)), None)
+    other = next((k for k, v in outputs.items() if k not in _STRUCTURED and v not in (None, False)), None)
     if other is not None:  # (its flags are false by default: false changes nothing)
         raise FieldError(
-            f"structured_outputs.{other} is not supported by this server (only choice and json_object)",
+            f"structured_outputs.{other} is not supported by this server (only choice, json and json_object)",
             f"structured_outputs.{other}",
         )
     if body.get("guided_choice") is not None:
@@ -125,10 +131,12 @@ def _choice_field(body: dict[str, Any]) -> tuple[Any, str]:
     return outputs.get("choice"), "structured_outputs.choice"
 
 
-def json_object(body: dict[str, Any], ends_on_eos: bool) -> bool:
-    """Whether the answer must be one JSON object: OpenAI's `response_format: {"type": "json_object"}`
-    or vLLM's `structured_outputs: {"json_object": true}`.  A JSON schema is refused by name (not
-    built); so are ignore_eos and min_tokens, since an EOS ends the answer."""
+def json_schema(body: dict[str, Any], ends_on_eos: bool) -> str:
+    """The JSON schema the answer is held to, as JSON text ("" for none): OpenAI's `response_format`
+    (json_object: any object; json_schema: its `schema`), vLLM's `guided_json` or its later
+    `structured_outputs` ("json", "json_object").  At most one may be given, not with a guided choice,
+    ignore_eos or min_tokens (an EOS ends the answer); a schema this server cannot hold an answer
+    to is refused naming what (engine/json_schema.py)."""
     fmt, outputs = body.get("response_format"), body.get("structured_outputs")
     kind = fmt.get("type") if isinstance(fmt, dict) else None
     if fmt is not None and kind not in ("text", "json_object", "json_schema"):
@@ -136,21 +144,38 @@ def json_object(body: dict[str, Any], ends_on_eos: bool) -> bool:
             f"response_format must be an object with type 'text', 'json_object' or 'json_schema', got {show(fmt)}",
             "response_format",
         )
-    if kind == "json_schema":
-        raise FieldError(
-            "response_format json_schema is not supported by this server (json_object is)", "response_format"
-        )
-    flag = outputs.get("json_object") if isinstance(outputs, dict) else None
+    outputs = outputs if isinstance(outputs, dict) else {}
+    given: dict[str, Any] = {}
+    if kind == "json_object":
+        given["response_format"] = JSON_OBJECT
+    elif kind == "json_schema":
+        spec = fmt.get("json_schema")  # type: ignore[union-attr]
+        if not isinstance(spec, dict) or not isinstance(spec.get("name"), str):
+            raise FieldError("response_format.json_schema must be an object with a name", "response_format")
+        given["response_format"] = spec.get("schema", JSON_OBJECT)
+    for name, value in (("guided_json", body.get("guided_json")), ("structured_outputs.json", outputs.get("json"))):
+        if value is not None:
+            given[name] = value
+    flag = outputs.get("json_object")
     if not (flag is None or isinstance(flag, bool)):
         raise FieldError(f"structured_outputs.json_object must be a boolean, got {show(flag)}", "structured_outputs")
-    name = "response_format" if kind == "json_object" else "structured_outputs.json_object"
-    if not (kind == "json_object" or flag):
-        return False
+    if flag:
+        given["structured_outputs.json_object"] = JSON_OBJECT
+    if not given:
+        return ""
+    name, schema = next(iter(given.items()))
+    if len(given) > 1 or body.get("guided_choice") is not None or outputs.get("choice") is not None:
+        raise FieldError(f"{name} and {(set(given) - {name} or {'a guided choice'}).pop()} cannot both be given", name)
     if not ends_on_eos:
         raise FieldError(f"{name} ends the answer with an EOS: not with ignore_eos or min_tokens", name)
-    if body.get("guided_choice") is not None or (isinstance(outputs, dict) and outputs.get("choice") is not None):
-        raise FieldError(f"{name} and a guided choice cannot both be given", name)
-    return True
+    try:
+        text = schema if isinstance(schema, str) else json.dumps(schema, separators=(",", ":"), ensure_ascii=False)
+        json_schemas.grammar(text)  # (kept: the engine's is made from the same text)
+    except (ValueError, RecursionError) as e:  # (JSONDecodeError is a ValueError)
+        raise FieldError(f"{name}: {str(e) or type(e).__name__}", name) from None
+    if len(text) > MAX_SCHEMA_CHARS:
+        raise FieldError(f"{name} is more than {MAX_SCHEMA_CHARS} characters of JSON", name)
+    return text
 
 
 def guided_choice(

@@ -64,6 +64,7 @@ def _only(neutrals: tuple[Any, ...]) -> Schema:
 
 
 STR, BOOL, IDS = {"type": "string"}, {"type": "boolean"}, _list(_int(0))
+SCHEMA = {"type": ["object", "string"], "description": "a JSON Schema (or its JSON text) the answer is held to"}
 STOP = {"type": "string", "minLength": 1}  # "" would match at once: refused
 STRINGS = {"anyOf": [STOP, _list(STOP)]}  # stop strings: one or a list
 FINISH = {"enum": ["stop", "length"]}
@@ -130,10 +131,12 @@ def schemas(s: IOSettings) -> dict[str, Schema]:
         "bad_words": _opt(_list(STR, description="words never generated (vLLM's: as their tokens)")),
         "guided_choice": _opt(_list(STR, minItems=1, maxItems=64, description="the answer is one of these")),
         "structured_outputs": _opt(_obj([], {"choice": _opt(_list(STR, minItems=1, maxItems=64)),
-                                             "json_object": _opt(BOOL)},
-                                        description="later vLLM's: choice (guided_choice) and json_object are built")),
-        "response_format": _opt(_obj(["type"], {"type": {"enum": ["text", "json_object"]}},
-                                     description="json_object: the answer is one JSON object")),
+                                             "json": _opt(SCHEMA), "json_object": _opt(BOOL)},
+                                        description="later vLLM's: choice (guided_choice), json and json_object")),
+        "guided_json": _opt(SCHEMA),
+        "response_format": _opt(_obj(["type"], {"type": {"enum": ["text", "json_object", "json_schema"]},
+                                                "json_schema": _obj(["name"], {"name": STR, "schema": SCHEMA})},
+                                     description="json_object: any one JSON object; json_schema: one of its schema")),
         "prompt_logprobs": _opt(_int(0, MAX_LOGPROBS, description="vLLM's: the prompt scored; not with stream")),
         "allowed_token_ids": _opt(_list(_int(0), minItems=1, description="the draw is limited to these ids")),
         "logit_bias": _opt(_obj([], {}, additionalProperties=_num(-100, 100),

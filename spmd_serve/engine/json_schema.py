@@ -1,0 +1,136 @@
+"""A JSON Schema as the nodes of a byte grammar (engine/json_grammar.py), for OpenAI's
+`response_format: {"type": "json_schema"}` and vLLM's `guided_json`.
+
+Built: `type` (one, or a list), `properties` (written in their order; those not `required` may be
+left out), `required`, `additionalProperties` false or absent (OpenAI's strict mode: no other
+property), `items`, `enum`, `const`, `anyOf` / `oneOf` of values that begin with different bytes
+(e.g. pydantic's Optional: a string or null), `$ref` into `$defs` / `definitions` (not
+recursive), and an object or array with nothing said of its contents (any).  Annotations
+(`title`, `description`, `default`, ...) change nothing.  Any other keyword (`pattern`,
+`minLength`, `minimum`, `format`, ...) is refused by name, as is a schema whose root is not an
+object: none is silently left out.
+
+`grammar(text)` is cached on the schema's text: the HTTP worker checks a request's schema and the
+engine compiles it once for all the requests that send it.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from typing import Any
+
+from spmd_serve.engine.json_grammar import Grammar, Node
+
+ANNOTATIONS = frozenset(
+    {"title", "description", "default", "examples", "$schema", "$id", "$comment", "deprecated", "readOnly",
+     "writeOnly", "$defs", "definitions"}
+)  # fmt: skip
+_BUILT = frozenset(
+    {"type", "properties", "required", "additionalProperties", "items", "enum", "const", "anyOf", "oneOf", "$ref"}
+)
+_SCALARS = {"string": ("string",), "integer": ("integer",), "number": ("number",)}
+_LITERAL = {"boolean": (b"true", b"false"), "null": (b"null",)}
+MAX_NODES = 2000
+
+
+class _Nodes:
+    def __init__(self, root: dict[str, Any]) -> None:
+        self.root = root  # where $ref looks
+        self.nodes: list[Node] = []
+        self._refs: list[str] = []  # the $refs being expanded (a recursive one is refused)
+
+    def add(self, schema: Any, where: str) -> int:
+        """The index of the node for `schema` (at `where`, named in refusals)."""
+        if len(self.nodes) >= MAX_NODES:
+            raise ValueError(f"json_schema has more than {MAX_NODES} parts")
+        at = len(self.nodes)
+        self.nodes.append(("any",))
+        self.nodes[at] = self._node(schema, where)
+        return at
+
+    def _node(self, schema: Any, where: str) -> Node:
+        if schema is True or schema == {}:
+            return ("any",)
+        if not isinstance(schema, dict):
+            raise ValueError(f"json_schema{where} must be an object, got {json.dumps(schema)[:80]}")
+        other = sorted(set(schema) - _BUILT - ANNOTATIONS)
+        if other:
+            raise ValueError(f"json_schema{where}: the keyword {other[0]!r} is not supported by this server")
+        if "$ref" in schema:
+            return self._ref(schema, where)
+        if "const" in schema or "enum" in schema:
+            values = [schema["const"]] if "const" in schema else schema["enum"]
+            if not isinstance(values, list) or not values:
+                raise ValueError(f"json_schema{where}.enum must be a non-empty list")
+            return ("enum", tuple(dict.fromkeys(_dumps(v) for v in values)))
+        alts = schema.get("anyOf", schema.get("oneOf"))
+        if alts is not None:
+            if not isinstance(alts, list) or not alts or ("anyOf" in schema and "oneOf" in schema):
+                raise ValueError(f"json_schema{where}: anyOf / oneOf must be one non-empty list")
+            return ("union", tuple(self.add(a, f"{where}.anyOf[{k}]") for k, a in enumerate(alts)))
+        kind = schema.get("type")
+        if isinstance(kind, list):
+            one = {k: v for k, v in schema.items() if k != "type"}
+            return ("union", tuple(self.add({**one, "type": k}, f"{where}.type[{i}]") for i, k in enumerate(kind)))
+        if kind is None:
+            kind = "object" if "properties" in schema else "array" if "items" in schema else None
+        if kind is None:
+            return ("any",)
+        if kind in _SCALARS:
+            return _SCALARS[kind]
+        if kind in _LITERAL:
+            return ("enum", _LITERAL[kind])
+        if kind == "array":
+            return ("array", self.add(schema["items"], f"{where}.items")) if "items" in schema else ("anyarr",)
+        if kind == "object":
+            return self._object(schema, where)
+        raise ValueError(f"json_schema{where}.type {kind!r} is not a JSON Schema type")
+
+    def _object(self, schema: dict[str, Any], where: str) -> Node:
+        props, required = schema.get("properties"), schema.get("required", [])
+        extra = schema.get("additionalProperties", False)
+        if extra not in (True, False, {}):  # (a schema for the other values: not built)
+            raise ValueError(f"json_schema{where}: additionalProperties other than true or false is not supported")
+        if not isinstance(required, list) or not all(isinstance(r, str) for r in required):
+            raise ValueError(f"json_schema{where}.required must be a list of names")
+        if props is None and not required:
+            return ("object", ()) if extra is False and "additionalProperties" in schema else ("anyobj",)
+        if extra is not False:
+            raise ValueError(f"json_schema{where}: additionalProperties true is not supported with properties")
+        if not isinstance(props, dict) or set(required) - set(props or {}):
+            raise ValueError(f"json_schema{where}: every required name must be one of its properties")
+        return (
+            "object",
+            tuple((_dumps(k), self.add(v, f"{where}.properties.{k}"), k in required) for k, v in props.items()),
+        )
+
+    def _ref(self, schema: dict[str, Any], where: str) -> Node:
+        ref = schema["$ref"]
+        parts = ref.split("/") if isinstance(ref, str) else []
+        target = self.root.get(parts[1], {}).get(parts[2]) if len(parts) == 3 and parts[0] == "#" else None
+        if target is None or len(schema) > 1 + len(set(schema) & ANNOTATIONS):
+            raise ValueError(f"json_schema{where}: $ref {ref!r} must name one of $defs (and stand alone)")
+        if ref in self._refs:
+            raise ValueError(f"json_schema{where}: the recursive $ref {ref!r} is not supported")
+        self._refs.append(ref)
+        try:
+            return self._node(target, f"{where}({ref})")
+        finally:
+            self._refs.pop()
+
+
+def _dumps(value: Any) -> bytes:
+    """A value as a model writes it compactly (keys and enum values are matched byte for byte)."""
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode()
+
+
+@functools.lru_cache(maxsize=64)
+def grammar(text: str) -> Grammar:
+    """The grammar of a schema given as JSON text; ValueError names what is not supported."""
+    schema = json.loads(text)
+    nodes = _Nodes(schema if isinstance(schema, dict) else {})
+    nodes.add(schema, "")
+    if nodes.nodes[0][0] not in ("object", "anyobj"):
+        raise ValueError("json_schema's root must be an object schema")
+    return Grammar(tuple(nodes.nodes))

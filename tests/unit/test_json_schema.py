@@ -1,0 +1,183 @@
+"""JSON schemas as grammars (spmd_serve/engine/json_schema.py, engine/json_grammar.py): every value a
+schema allows, written with its properties in order, is read whole; what the grammar reads whole is
+valid (a reference check of the built keywords); every keyword not built is refused by name; the
+vocabulary masks equal stepping each token alone."""
+
+from __future__ import annotations
+
+import json
+import random
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from spmd_serve.engine.json_grammar import complete
+from spmd_serve.engine.json_masks import JsonVocab
+from spmd_serve.engine.json_schema import grammar
+
+PET = {"type": "object", "properties": {"legs": {"type": "integer"}, "name": {"type": "string"}}, "required": ["legs"]}
+SCHEMA: dict[str, Any] = {  # the shapes pydantic writes: $defs, Optional (anyOf with null), enums, lists
+    "$defs": {"Pet": {**PET, "title": "Pet"}},
+    "type": "object",
+    "title": "Person",
+    "properties": {
+        "name": {"type": "string", "description": "the name"},
+        "age": {"type": "integer"},
+        "score": {"type": "number", "default": 0},
+        "kind": {"enum": ["a", "b", 1, 12, None, True]},
+        "tags": {"type": "array", "items": {"type": "string"}},
+        "pet": {"anyOf": [{"$ref": "#/$defs/Pet"}, {"type": "null"}]},
+        "ok": {"type": ["boolean", "null"]},
+        "extra": {"type": "object"},
+        "anything": {},
+        "const": {"const": "fixed"},
+    },
+    "required": ["name", "age"],
+    "additionalProperties": False,
+}
+G = grammar(json.dumps(SCHEMA))
+FREE = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False) | st.text(max_size=5),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=4), inner, max_size=3),
+    max_leaves=6,
+)
+
+
+def _value(schema: Any) -> st.SearchStrategy[Any]:
+    """Values of a schema of the built keywords; objects with their properties in the schema's order."""
+    if "$ref" in schema:
+        return _value(SCHEMA["$defs"][schema["$ref"].split("/")[-1]])
+    if "const" in schema:
+        return st.just(schema["const"])
+    if "enum" in schema:
+        return st.sampled_from(schema["enum"])
+    if "anyOf" in schema:
+        return st.one_of([_value(s) for s in schema["anyOf"]])
+    kind = schema.get("type")
+    if isinstance(kind, list):
+        return st.one_of([_value({"type": k}) for k in kind])
+    if kind == "object" and "properties" in schema:
+        props, required = schema["properties"], set(schema.get("required", ()))
+        parts = st.fixed_dictionaries(
+            {k: _value(v) for k, v in props.items() if k in required},
+            optional={k: _value(v) for k, v in props.items() if k not in required},
+        )
+        return parts.map(lambda d: {k: d[k] for k in props if k in d})
+    simple = {"string": st.text(max_size=6), "integer": st.integers(), "boolean": st.booleans(), "null": st.none(),
+              "number": st.floats(allow_nan=False, allow_infinity=False) | st.integers(),
+              "object": st.dictionaries(st.text(max_size=4), FREE, max_size=3)}  # fmt: skip
+    if kind == "array":
+        return st.lists(_value(schema["items"]), max_size=3)
+    return simple[kind] if kind else FREE
+
+
+def _valid(schema: Any, v: Any) -> bool:
+    """The reference: is `v` one of `schema`'s values (properties in any order)?"""
+    if "$ref" in schema:
+        return _valid(SCHEMA["$defs"][schema["$ref"].split("/")[-1]], v)
+    if "const" in schema or "enum" in schema:
+        return any(json.dumps(v) == json.dumps(e) for e in schema.get("enum", [schema.get("const")]))
+    if "anyOf" in schema:
+        return any(_valid(s, v) for s in schema["anyOf"])
+    kind = schema.get("type")
+    if isinstance(kind, list):
+        return any(_valid({"type": k}, v) for k in kind)
+    checks = {"string": lambda: isinstance(v, str), "null": lambda: v is None, "boolean": lambda: isinstance(v, bool),
+              "integer": lambda: isinstance(v, int) and not isinstance(v, bool),
+              "number": lambda: isinstance(v, (int, float)) and not isinstance(v, bool),
+              "array": lambda: isinstance(v, list) and all(_valid(schema["items"], x) for x in v),
+              "object": lambda: isinstance(v, dict) and ("properties" not in schema or (
+                  set(v) <= set(schema["properties"]) and set(schema.get("required", ())) <= set(v)
+                  and all(_valid(schema["properties"][k], x) for k, x in v.items())))}  # fmt: skip
+    return checks[kind]() if kind else True
+
+
+LAYOUTS = [dict(separators=(",", ":"), ensure_ascii=False), dict(), dict(indent=2, ensure_ascii=False)]
+
+
+@settings(max_examples=300, deadline=None)
+@given(_value(SCHEMA), st.sampled_from(LAYOUTS))
+def test_every_value_of_the_schema_is_read_whole(value, layout):
+    assert _valid(SCHEMA, value)
+    text = json.dumps(value, **layout).encode()
+    state = G.start
+    for i in range(len(text)):
+        state = G.step(state, text[i : i + 1])
+        assert state is not None and not complete(state) or i == len(text) - 1, text[: i + 1]
+    assert complete(state), text
+
+
+@settings(max_examples=400, deadline=None)
+@given(_value(SCHEMA), st.sampled_from(LAYOUTS), st.integers(0, 10**6), st.binary(min_size=1, max_size=4))
+def test_what_the_grammar_reads_whole_is_valid(value, layout, at, junk):
+    text = json.dumps(value, **layout).encode()
+    i = at % (len(text) + 1)
+    for mutated in (text[:i] + junk + text[i:], text[:i] + text[i + 1 :], text[:i] + junk + text[i + len(junk) :]):
+        if complete(G.step(G.start, mutated)):
+            assert _valid(SCHEMA, json.loads(mutated)), mutated
+
+
+@pytest.mark.parametrize(
+    "text",
+    [b'{"age":1,"name":"x"}', b'{"name":"x"}', b'{"name":"x","age":1.5}', b'{"name":"x","age":1,"kind":"c"}',
+     b'{"name":"x","age":1,"zzz":1}', b'{"name":"x","age":1,"pet":{"name":"y"}}', b'{"name":"x","age":1,"const":"fix"}',
+     b'{"name":1,"age":1}', b'{"name":"x","age":1,"tags":[1]}', b'{"name":"x","age":1,}'],
+)  # fmt: skip
+def test_what_breaks_the_schema_or_its_order_is_refused(text):
+    assert not complete(G.step(G.start, text))
+
+
+@pytest.mark.parametrize(
+    "schema,why",
+    [({"type": "string"}, "root must be an object"), ({"type": "object", "minProperties": 1}, "'minProperties'"),
+     ({"type": "object", "properties": {"a": {"type": "string", "pattern": "x"}}},
+      "properties.a: the keyword 'pattern'"),
+     ({"type": "object", "properties": {"a": {"type": "integer", "minimum": 0}}}, "'minimum'"),
+     ({"type": "object", "properties": {"a": {"anyOf": [{"type": "integer"}, {"type": "number"}]}}}, "begin alike"),
+     ({"type": "object", "properties": {"a": {"type": "date"}}}, "not a JSON Schema type"),
+     ({"type": "object", "properties": {}, "additionalProperties": True}, "additionalProperties true"),
+     ({"type": "object", "additionalProperties": {"type": "integer"}}, "other than true or false"),
+     ({"type": "object", "properties": {"a": {}}, "required": ["b"]}, "every required name"),
+     ({"$defs": {"N": {"type": "object", "properties": {"n": {"$ref": "#/$defs/N"}}}}, "$ref": "#/$defs/N"},
+      "recursive"),
+     ({"type": "object", "properties": {"a": {"$ref": "#/$defs/Missing"}}}, "must name one of"),
+     ({"type": "object", "properties": {"a": {"enum": []}}}, "non-empty list"), ([1], "must be an object")],
+)  # fmt: skip
+def test_what_is_not_built_is_refused_by_name(schema, why):
+    with pytest.raises(ValueError, match=why.replace("$", r"\$")):
+        grammar(json.dumps(schema))
+
+
+def test_an_enum_s_objects_and_arrays_are_written_compactly():
+    g = grammar(json.dumps({"type": "object", "properties": {"c": {"const": {"x": [1, 2]}}}, "required": ["c"]}))
+    assert complete(g.step(g.start, b'{"c": {"x":[1,2]}}'))
+    assert g.step(g.start, b'{"c": {"x": ') is None
+
+
+def test_json_object_and_empty_objects():
+    any_object = grammar('{"type": "object"}')
+    assert complete(any_object.step(any_object.start, b'{"a": [1, {"b": null}]}'))
+    closed = grammar('{"type": "object", "additionalProperties": false}')
+    assert complete(closed.step(closed.start, b"{}")) and closed.step(closed.start, b'{"') is None
+
+
+def test_a_vocabulary_mask_is_each_token_stepped_alone():
+    rng = random.Random(5)
+    pieces = [b'{"', b'"name"', b'":', b'"age"', b": ", b", ", b'"', b"na", b"me", b"ag", b"e", b"1", b"12", b"-",
+              b".5", b"}", b"]", b"[", b"{", b"null", b"nu", b"ll", b"true", b'"pet"', b'{"legs', b'":1}', b"},",
+              b"\n  ",
+              b'"kind": 1', b'2}', b'"a"', b"]}", b"}}", b"}]", b'"x"']  # fmt: skip
+    alphabet = b'{}[]":, \nabcegilmnprstuxy012-.'
+    vocab = [b"", *pieces, *(bytes(rng.choice(alphabet) for _ in range(rng.randint(1, 5))) for _ in range(400))]
+    masks = JsonVocab(vocab)
+    value = {"name": "x", "age": 3, "kind": 12, "tags": ["a"], "pet": {"legs": 4, "name": "p"}, "extra": {"q": [1, {}]},
+             "anything": [None, {"z": "]"}], "const": "fixed"}  # fmt: skip
+    states = {G.start}
+    for layout in LAYOUTS:
+        text = json.dumps(value, **layout).encode()
+        states |= {G.step(G.start, text[:i]) for i in range(len(text) + 1)}
+    assert None not in states and len({s[0] for s in states}) > 60
+    for state in states:
+        assert masks.allowed(G, state).tolist() == [bool(t) and G.step(state, t) is not None for t in vocab], state
