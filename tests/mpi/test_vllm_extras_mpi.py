@@ -175,6 +175,33 @@ def test_json_schema_answers_keep_to_the_schema(client):
         )
 
 
+def test_a_named_tool_choice_answers_with_a_call_of_that_function(client):
+    """The official client's tools with a named tool_choice: the answer is one call of the function,
+    its arguments the function's parameters once it stopped, streamed as the same call; "auto" is a 400."""
+    weather = {"type": "function", "function": {"name": "get_weather", "parameters": {
+        "type": "object", "properties": {"city": {"enum": ["Paris", "Rome"]}, "days": {"type": "integer"}},
+        "required": ["city", "days"]}}}  # fmt: skip
+    named = {"type": "function", "function": {"name": "get_weather"}}
+    kw = dict(
+        model="default", messages=CHAT, max_tokens=40, temperature=0.8, seed=7, tools=[weather], tool_choice=named
+    )
+    got = client.chat.completions.create(**kw).choices[0]
+    (call,) = got.message.tool_calls
+    assert call.function.name == "get_weather" and call.type == "function" and not got.message.content
+    if got.finish_reason == "stop":
+        args = json.loads(call.function.arguments)
+        assert list(args) == ["city", "days"] and args["city"] in ("Paris", "Rome") and isinstance(args["days"], int)
+    pieces, names = [], set()
+    for chunk in client.chat.completions.create(**kw, stream=True):
+        for c in chunk.choices:
+            for d in c.delta.tool_calls or []:
+                pieces.append(d.function.arguments or "")
+                names |= {d.function.name} - {None}
+    assert "".join(pieces) == call.function.arguments and names == {"get_weather"}
+    with pytest.raises(openai.BadRequestError, match="auto"):
+        client.chat.completions.create(**{**kw, "tool_choice": "auto"})
+
+
 def test_tokenize_counts_what_the_completions_count_and_detokenize_reads_back(client, tok):
     """vLLM's /tokenize and /detokenize: a prompt's or chat's ids are the ones a completion's usage
     counts; the pieces are the vocabulary's; the ids read back as the text, special tokens written."""

@@ -53,9 +53,11 @@ class FakeTokenizer:
         add_generation_prompt: bool = True,
         continue_final_message: bool = False,
         template_kwargs: dict | None = None,  # (no variables in this template)
+        tools: list | None = None,  # (a line naming them, as a template that shows tools would)
     ) -> str:
         turns = ([{"role": "system", "content": system}] if system else []) + list(messages)
-        text = "".join(f"<{m['role']}>{m['content']}\n" for m in turns)
+        shown = f"<tools>{' '.join(t['function']['name'] for t in tools)}\n" if tools else ""
+        text = shown + "".join(f"<{m['role']}>{m['content'] or ''}\n" for m in turns)
         if continue_final_message:  # (the real one: frontend/text/chat_template.render)
             return text[:-1]
         return text + ("<assistant>" if add_generation_prompt else "")

@@ -95,6 +95,8 @@ NATIVE = {
     **{k: Field(st.sampled_from([*v, None])) for k, v in {**NOT_BUILT, **OPENAI_EXTRAS}.items()},
 }
 NATIVE_PROMPTS = ("text", "messages", "input_ids")
+TOOL = {"type": "function", "function": {"name": "get_weather", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}  # fmt: skip
 SCHEMAS = st.sampled_from([  # JSON schemas engine/json_schema.py builds
     {"type": "object"},
     {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": ["string", "null"]}}, "required": ["a"]},
@@ -186,6 +188,14 @@ OPENAI = {
         "continue_final_message": BOOL,
         "echo": BOOL,
         "chat_template_kwargs": Field(st.dictionaries(st.sampled_from(["enable_thinking", "x", "tools"]), LEAF)),
+        "tools": Field(
+            st.sampled_from([[], [TOOL]]),
+            st.one_of(JUNK, st.lists(JUNK, min_size=1, max_size=2), st.just([{"type": "function", "function": {}}])),
+        ),
+        "tool_choice": Field(
+            st.sampled_from(["none", {"type": "function", "function": {"name": "get_weather"}}]),
+            st.one_of(st.sampled_from(["auto", "required", {"type": "function", "function": {"name": "x"}}]), JUNK),
+        ),
     },
 }
 for _kind, _fields in OPENAI.items():  # the known unsupported ones: their neutral values, or anything else

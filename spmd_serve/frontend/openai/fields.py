@@ -30,7 +30,8 @@ _COMMON = frozenset(
 HONOURED: dict[str, frozenset[str]] = {
     "completion": _COMMON | {"prompt", "echo", "add_special_tokens"},
     "chat": _COMMON
-    | {"messages", "top_logprobs", "add_generation_prompt", "continue_final_message", "echo", "chat_template_kwargs"},
+    | {"messages", "top_logprobs", "add_generation_prompt", "continue_final_message", "echo", "chat_template_kwargs"}
+    | {"tools", "tool_choice"},  # (none, or a named function: openai.tools)
 }
 STREAM_OPTIONS = {"include_usage": (), "continuous_usage_stats": ()}  # the same rule, inside stream_options
 
@@ -47,7 +48,12 @@ _NEUTRAL_COMMON: dict[str, tuple[Any, ...]] = {
 }  # fmt: skip
 NEUTRAL: dict[str, dict[str, tuple[Any, ...]]] = {
     "completion": {**_NEUTRAL_COMMON, "suffix": ("",)},
-    "chat": {**_NEUTRAL_COMMON, "add_special_tokens": (False,), "documents": (), "chat_template": ()},
+    "chat": {
+        **{k: v for k, v in _NEUTRAL_COMMON.items() if k not in ("tools", "tool_choice")},  # (honoured)
+        "add_special_tokens": (False,),
+        "documents": (),
+        "chat_template": (),
+    },  # fmt: skip
 }
 
 

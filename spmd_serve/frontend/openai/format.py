@@ -10,6 +10,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from spmd_serve.frontend.openai import tools
 from spmd_serve.frontend.openai.protocol import OpenAIRequest
 
 # (chosen logprob, [(token id, logprob)] top n), as the engine reports per token; None for a prompt's
@@ -30,6 +31,7 @@ class ChoiceState:
     logprobs: list[tuple[int, TokenLogprobs]] = field(default_factory=list)
     cached_tokens: int = 0  # of its prompt, served from the prefix cache
     prompt_logprobs: list[Any] | None = None  # vLLM's: [None, {token id: {logprob, rank, decoded_token}}, ...]
+    call_id: str = field(default_factory=tools.call_id)  # a named tool_choice: the id of the choice's call
 
 
 class Formatter:
@@ -127,14 +129,10 @@ class Formatter:
             lp = self.logprobs(s.logprobs, s)
             if self.chat:
                 echoed = self.req.prompt_texts[0] if self.req.echo else ""  # vLLM's chat echo: the last message
-                choices.append(
-                    {
-                        "index": s.index,
-                        "message": {"role": "assistant", "content": echoed + s.text},
-                        "logprobs": lp,
-                        "finish_reason": s.finish_reason,
-                    }
-                )
+                message: dict[str, Any] = {"role": "assistant", "content": echoed + s.text}
+                if self.req.tool_function:  # vLLM's: the answer is the named function's arguments
+                    message = {**message, "content": echoed, "tool_calls": [self._call(s)]}
+                choices.append({"index": s.index, "message": message, "logprobs": lp, "finish_reason": s.finish_reason})
             else:
                 text = (self.req.prompt_texts[s.index // self.req.n] if self.req.echo else "") + s.text
                 choices.append({"index": s.index, "text": text, "logprobs": lp, "finish_reason": s.finish_reason})
@@ -161,8 +159,12 @@ class Formatter:
         lp = self.logprobs(entries, state)
         if first and self.req.echo:  # the echoed prompt (completions) or last message (chat) first
             text = self.req.prompt_texts[state.index // self.req.n if not self.chat else 0] + text
-        if self.chat:
-            delta: dict[str, Any] = (
+        if self.chat and self.req.tool_function and (text or first):
+            call = tools.tool_call_delta(self.req.tool_function, text, state.call_id, first)
+            delta: dict[str, Any] = {"role": "assistant", "tool_calls": [call]} if first else {"tool_calls": [call]}
+            choice = {"index": state.index, "delta": delta, "logprobs": lp, "finish_reason": finish_reason}
+        elif self.chat:
+            delta = (
                 {"role": "assistant", "content": text}
                 if first
                 else ({"content": text} if text or finish_reason is None else {})
@@ -174,6 +176,9 @@ class Formatter:
         if self.req.include_usage:
             body["usage"] = self.usage(states) if self.req.continuous_usage else None
         return body
+
+    def _call(self, s: ChoiceState) -> dict[str, Any]:
+        return tools.tool_call(self.req.tool_function, s.text, s.call_id)
 
     def usage_chunk(self, states: list[ChoiceState]) -> dict[str, Any]:
         body = self._envelope("chat.completion.chunk" if self.chat else "text_completion", [])

@@ -11,6 +11,7 @@ from typing import Any
 
 from spmd_serve.frontend.common.parsing import is_int, show
 from spmd_serve.frontend.openai.body import OpenAIError, get
+from spmd_serve.frontend.openai.tools import template_messages
 from spmd_serve.frontend.text import chat_template
 
 
@@ -41,7 +42,10 @@ def completion_prompts(body: dict[str, Any], tokenizer: Any) -> tuple[list[list[
     return ids_list, texts
 
 
-def chat_prompt(body: dict[str, Any], tokenizer: Any) -> tuple[list[list[int]], list[str]]:
+def chat_prompt(
+    body: dict[str, Any], tokenizer: Any, tools: list[dict[str, Any]] | None = None
+) -> tuple[list[list[int]], list[str]]:
+    """The chat's prompt ids (and "" for its text); `tools`: the template's (frontend/openai/tools.py)."""
     msgs = body.get("messages")
     if not isinstance(msgs, list) or not msgs:
         raise OpenAIError(400, "messages must be a non-empty list of {role, content}", "messages")
@@ -57,8 +61,10 @@ def chat_prompt(body: dict[str, Any], tokenizer: Any) -> tuple[list[list[int]], 
     variables = body.get("chat_template_kwargs")
     if variables:
         options["template_kwargs"] = _template_kwargs(variables)
+    if tools is not None:
+        options["tools"] = tools
     try:
-        ids = tokenizer.encode_prompt(messages=msgs, **options)
+        ids = tokenizer.encode_prompt(messages=template_messages(msgs), **options)
     except ValueError as e:
         raise OpenAIError(400, f"invalid messages: {e}", "messages") from None
     return [list(ids)], [""]

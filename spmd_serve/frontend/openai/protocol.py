@@ -14,7 +14,7 @@ from typing import Any
 
 from spmd_serve.frontend.common.parsing import Limits
 from spmd_serve.frontend.openai import prompts as prompts_of
-from spmd_serve.frontend.openai import token_params
+from spmd_serve.frontend.openai import token_params, tools
 from spmd_serve.frontend.openai.body import OpenAIError as OpenAIError  # (re-exported: the parsers' refusal)
 from spmd_serve.frontend.openai.body import get
 from spmd_serve.frontend.openai.fields import FieldError, check_fields
@@ -41,6 +41,7 @@ class OpenAIRequest:
     continues: bool = False  # the output reads as the prompt's continuation (completions; continue_final_message)
     tokens_as_ids: bool = False  # vLLM's return_tokens_as_token_ids: logprobs name tokens "token_id:<id>"
     prompt_logprobs: int | None = None  # vLLM's: the prompt's tokens scored, with the top k of each position
+    tool_function: str = ""  # a named tool_choice: the answer is that function's call (frontend/openai/tools.py)
 
 
 def _stop(body: dict[str, Any]) -> tuple[str, ...]:
@@ -141,9 +142,14 @@ def parse_openai(
     continuous = include_usage and get(opts or {}, "continuous_usage_stats", "bool", False)
     echo = get(body, "echo", "bool", False)
     scores = echo and kind == "completion"  # completions' echo scores the prompt (chat's repeats a message)
-    prompts, texts = (prompts_of.completion_prompts if kind == "completion" else prompts_of.chat_prompt)(
-        body, tokenizer
-    )
+    try:
+        calls = tools.parse_tools(body) if kind == "chat" else tools.ToolRequest()
+    except FieldError as e:
+        raise OpenAIError(400, e.msg, e.param) from None
+    if kind == "completion":
+        prompts, texts = prompts_of.completion_prompts(body, tokenizer)
+    else:
+        prompts, texts = prompts_of.chat_prompt(body, tokenizer, calls.tools)
     prompts_of.truncate(body, prompts, texts, tokenizer)
     prompts_of.check_vocab(prompts, tokenizer)
     logprobs, prompt_k = _logprobs(body, kind), _prompt_logprobs(body, stream)
@@ -163,7 +169,7 @@ def parse_openai(
         eos_ends = not (min_tokens or get(body, "ignore_eos", "bool", False))
         continues = kind == "completion" or bool(body.get("continue_final_message"))
         choices = token_params.guided_choice(body, tokenizer, prompts, continues, eos_ends)
-        schema = token_params.json_schema(body, eos_ends)
+        schema = token_params.json_schema(body, eos_ends, calls.schema)
     except FieldError as e:
         raise OpenAIError(400, e.msg, e.param) from None
     params = SamplingParams(
@@ -195,6 +201,7 @@ def parse_openai(
     flags = dict(echo=echo, logprobs=logprobs, echo_only=not max_tokens, continues=continues)
     flags["tokens_as_ids"] = get(body, "return_tokens_as_token_ids", "bool", False)
     flags["prompt_logprobs"] = prompt_k
+    flags["tool_function"] = calls.function
     try:  # (every field was checked above: this is the engine's own bounds, once more)
         params.validate()
     except ValueError as e:

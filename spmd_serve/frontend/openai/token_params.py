@@ -131,12 +131,13 @@ def _choice_field(body: dict[str, Any]) -> tuple[Any, str]:
     return outputs.get("choice"), "structured_outputs.choice"
 
 
-def json_schema(body: dict[str, Any], ends_on_eos: bool) -> str:
+def json_schema(body: dict[str, Any], ends_on_eos: bool, tool_schema: str = "") -> str:
     """The JSON schema the answer is held to, as JSON text ("" for none): OpenAI's `response_format`
     (json_object: any object; json_schema: its `schema`), vLLM's `guided_json` or its later
     `structured_outputs` ("json", "json_object").  At most one may be given, not with a guided choice,
     ignore_eos or min_tokens (an EOS ends the answer); a schema this server cannot hold an answer
-    to is refused naming what (engine/json_schema.py)."""
+    to is refused naming what (engine/json_schema.py).  `tool_schema`: a named tool_choice's
+    function's parameters (frontend/openai/tools.py), held to the same way."""
     fmt, outputs = body.get("response_format"), body.get("structured_outputs")
     kind = fmt.get("type") if isinstance(fmt, dict) else None
     if fmt is not None and kind not in ("text", "json_object", "json_schema"):
@@ -145,7 +146,7 @@ def json_schema(body: dict[str, Any], ends_on_eos: bool) -> str:
             "response_format",
         )
     outputs = outputs if isinstance(outputs, dict) else {}
-    given: dict[str, Any] = {}
+    given: dict[str, Any] = {"tool_choice": tool_schema} if tool_schema else {}
     if kind == "json_object":
         given["response_format"] = JSON_OBJECT
     elif kind == "json_schema":

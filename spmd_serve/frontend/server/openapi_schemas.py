@@ -168,6 +168,11 @@ def schemas(s: IOSettings) -> dict[str, Schema]:
                      else ref("Usage")})
 
     chat_choice = {"index": _int(0), "logprobs": chat_lp, "finish_reason": _opt(FINISH)}
+    function = {"name": STR, "arguments": STR}  # a named tool_choice's answer: one call (its arguments streamed)
+    call = _obj(["id", "type", "function"], {"id": STR, "type": {"const": "function"}, "function": _obj(
+        ["name", "arguments"], function)})
+    call_delta = _obj(["index", "function"], {"index": {"const": 0}, "id": STR, "type": {"const": "function"},
+                                              "function": _obj(["arguments"], function)})
     cmpl_choice = {"index": _int(0), "text": STR, "logprobs": cmpl_lp,
                    "finish_reason": _opt(FINISH)}
     frame = _obj(["req_id", "token", "token_ids", "is_end", "send_idx", "error_msg", "error_code"],
@@ -196,7 +201,14 @@ def schemas(s: IOSettings) -> dict[str, Schema]:
                                               "(e.g. enable_thinking); not messages, tools, ...")),
             "continue_final_message": _opt(BOOL | {"description": "the reply continues the last message "
                                                    "(its end of turn cut; not with add_generation_prompt true)"}),
-            "top_logprobs": _opt(_int(0, MAX_LOGPROBS, description="needs logprobs: true"))},
+            "top_logprobs": _opt(_int(0, MAX_LOGPROBS, description="needs logprobs: true")),
+            "tools": _opt(_list(_obj(["type", "function"], {"type": {"const": "function"}, "function": _obj(
+                ["name"], {"name": {"type": "string", "pattern": "^[A-Za-z0-9_-]{1,64}$"}, "description": STR,
+                           "parameters": {"type": "object"}})}), maxItems=128)),
+            "tool_choice": _opt({"anyOf": [{"const": "none"}, _obj(["type", "function"], {
+                "type": {"const": "function"}, "function": _obj(["name"], {"name": STR})})],
+                "description": '"none", or a function of tools named: the answer is its call ("auto", '
+                '"required": not built)'})},
             description=unsupported, additionalProperties=False),
         "Usage": usage,
         "NativeUsage": native_usage,
@@ -213,10 +225,10 @@ def schemas(s: IOSettings) -> dict[str, Schema]:
         "CompletionChunk": envelope("text_completion", _obj(list(cmpl_choice), cmpl_choice), True),
         "ChatCompletion": envelope("chat.completion", _obj(list(chat_choice) + ["message"], {
             **chat_choice, "message": _obj(["role", "content"], {
-                "role": {"const": "assistant"}, "content": STR})}), False),
+                "role": {"const": "assistant"}, "content": STR, "tool_calls": _list(call)})}), False),
         "ChatCompletionChunk": envelope("chat.completion.chunk", _obj(
             list(chat_choice) + ["delta"], {**chat_choice, "delta": _obj([], {
-                "role": {"const": "assistant"}, "content": STR})}), True),
+                "role": {"const": "assistant"}, "content": STR, "tool_calls": _list(call_delta)})}), True),
         "Model": _obj(["id", "object", "created", "owned_by"],
                       {"id": STR, "object": {"const": "model"}, "created": _int(0), "owned_by": STR,
                        "root": STR, "max_model_len": _int(1)}),

@@ -87,15 +87,17 @@ def render(
     add_generation_prompt: bool = True,
     continue_final_message: bool = False,
     template_kwargs: dict[str, Any] | None = None,
+    tools: list[dict[str, Any]] | None = None,
 ) -> str:
     """The prompt text; jinja2.TemplateError / TypeError etc. propagate to the caller.
     `continue_final_message` (vLLM's, HF's): the text ends where the last message's content does (what
     the template writes after it, an end of turn, cut), so the model continues that message.
     `template_kwargs` (vLLM's chat_template_kwargs, e.g. Qwen3's enable_thinking): more variables,
-    which win over the special-token strings, as transformers passes them (not the ones above)."""
+    which win over the special-token strings, as transformers passes them (not the ones above).
+    `tools`: OpenAI's function tools, as transformers passes them (frontend/openai/tools.py)."""
     text = template.render(
         messages=messages,
-        tools=None,
+        tools=tools,
         documents=None,
         add_generation_prompt=add_generation_prompt and not continue_final_message,
         **{**special_tokens, **(template_kwargs or {})},
@@ -145,6 +147,9 @@ def normalize_messages(messages: Any, system: str | None) -> list[dict[str, Any]
             raise ValueError(f"messages[{i}] is {type(m).__name__}; {_ROLES_HINT}")
         if not isinstance(m.get("role"), str):
             raise ValueError(f"messages[{i}].role is missing or not a string; {_ROLES_HINT}")
+        if m.get("content") is None and m.get("tool_calls"):  # an assistant turn that called tools
+            out.append(dict(m))
+            continue
         if "content" not in m or m["content"] is None:
             raise ValueError(f"messages[{i}].content is missing; {_ROLES_HINT}")
         # the message's other keys (`name`, ...) go to the template as they came, as vLLM and

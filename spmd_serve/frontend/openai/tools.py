@@ -1,0 +1,123 @@
+"""OpenAI's function tools in chat requests, as vLLM serves them without a tool-call parser.
+
+* `tools`: the functions, checked and handed to the chat template as its `tools` variable (as
+  transformers' apply_chat_template does), so a model trained on a tool format sees them.
+* `tool_choice`: "none" (the tools are shown, the answer is text); a named function
+  ({"type": "function", "function": {"name": ...}}): the answer is held to that function's
+  `parameters` schema (engine/json_schema.py) and comes back as one tool call whose `arguments`
+  are the answer's text, streamed as tool-call deltas.  "auto" (OpenAI's default when tools are
+  given) and "required" need the model's tool calls parsed out of free text, which this server does
+  not do: each is a 400 saying so, as vLLM answers without --tool-call-parser.
+* Assistant messages that carried tool calls come back in `messages` with null content; their
+  `arguments` strings are handed to the template as objects (vLLM's rule: HF templates write them
+  with `tojson`).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from spmd_serve.frontend.common.parsing import show
+from spmd_serve.frontend.openai.fields import FieldError
+
+MAX_TOOLS = 128
+_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")  # OpenAI's rule for a function's name
+NO_PARAMETERS = {"type": "object", "properties": {}}  # a function whose `parameters` are left out takes none
+
+
+@dataclass(frozen=True)
+class ToolRequest:
+    """What a chat request's tool fields ask: the template's `tools` (None: none given), the named
+    function the answer is held to ("": none) and that function's parameters schema as JSON text."""
+
+    tools: list[dict[str, Any]] | None = None
+    function: str = ""
+    schema: str = ""
+
+
+def parse_tools(body: dict[str, Any]) -> ToolRequest:
+    tools, choice = body.get("tools"), body.get("tool_choice")
+    if tools is None or tools == []:  # (no tools: as none given)
+        if choice not in (None, "none"):
+            raise FieldError("tool_choice needs tools", "tool_choice")
+        return ToolRequest()
+    if not isinstance(tools, list) or len(tools) > MAX_TOOLS:
+        raise FieldError(f"tools must be a list of at most {MAX_TOOLS} functions, got {show(tools)}", "tools")
+    functions = {_function(t, i)["name"]: _function(t, i) for i, t in enumerate(tools)}
+    if choice is None or choice in ("auto", "required"):
+        raise FieldError(
+            f'tool_choice "{choice or "auto"}" is not supported by this server (it does not parse tool calls out '
+            'of free text): send "none", or name the function ({"type": "function", "function": {"name": ...}})',
+            "tool_choice",
+        )
+    if choice == "none":
+        return ToolRequest(tools)
+    named = choice.get("function") if isinstance(choice, dict) and choice.get("type") == "function" else None
+    name = named.get("name") if isinstance(named, dict) else None
+    if not isinstance(name, str) or name not in functions:
+        raise FieldError(
+            f'tool_choice must be "none" or {{"type": "function", "function": {{"name": one of tools}}}}, '
+            f"got {show(choice)}",
+            "tool_choice",
+        )
+    parameters = functions[name].get("parameters", NO_PARAMETERS)
+    return ToolRequest(tools, name, json.dumps(parameters, separators=(",", ":"), ensure_ascii=False))
+
+
+def _function(tool: Any, i: int) -> dict[str, Any]:
+    function = tool.get("function") if isinstance(tool, dict) and tool.get("type") == "function" else None
+    if (
+        not isinstance(function, dict)
+        or not isinstance(function.get("name"), str)
+        or not _NAME.fullmatch(function["name"])
+    ):
+        raise FieldError(
+            f"tools[{i}] must be {{'type': 'function', 'function': {{'name': <1 to 64 of a-z A-Z 0-9 _ ->, ...}}}}",
+            f"tools[{i}]",
+        )
+    if not isinstance(function.get("parameters", {}), dict) or not isinstance(function.get("description", ""), str):
+        raise FieldError(f"tools[{i}].function: parameters must be an object, description a string", f"tools[{i}]")
+    return function
+
+
+def template_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Messages as chat templates take them: an assistant turn's tool calls with their `arguments`
+    as objects (a string that is not JSON stays as it came)."""
+    out = []
+    for m in messages:
+        calls = m.get("tool_calls") if isinstance(m, dict) else None
+        if isinstance(calls, list) and calls:
+            m = {**m, "tool_calls": [_call_for_template(c) for c in calls]}
+        out.append(m)
+    return out
+
+
+def _call_for_template(call: Any) -> Any:
+    function = call.get("function") if isinstance(call, dict) else None
+    if not (isinstance(function, dict) and isinstance(function.get("arguments"), str)):
+        return call
+    try:
+        arguments = json.loads(function["arguments"])
+    except ValueError:
+        return call
+    return {**call, "function": {**function, "arguments": arguments}}
+
+
+def call_id() -> str:
+    return f"chatcmpl-tool-{uuid.uuid4().hex}"
+
+
+def tool_call(name: str, arguments: str, ident: str) -> dict[str, Any]:
+    """The message's one tool call (the answer's text is its arguments)."""
+    return {"id": ident, "type": "function", "function": {"name": name, "arguments": arguments}}
+
+
+def tool_call_delta(name: str, arguments: str, ident: str, first: bool) -> dict[str, Any]:
+    """A streamed piece of it: the first names the call, the rest add to its arguments."""
+    if first:
+        return {"index": 0, "id": ident, "type": "function", "function": {"name": name, "arguments": arguments}}
+    return {"index": 0, "function": {"arguments": arguments}}
