@@ -12,7 +12,9 @@ enum, const) and ("union", (node, ...)) of values that begin with different byte
 root; OpenAI's json_object is (("anyobj",),).
 
 Whitespace is llama.cpp's json.gbnf rule, so a model cannot pad forever: between two lexemes
-nothing, one space, or a newline and up to 20 spaces or tabs (a pretty-printed answer fits).  The
+nothing, one space, or a newline and up to 20 spaces or tabs (a pretty-printed answer fits).  Numbers
+are bounded as its json-schema grammars bound them (16 there, MAX_DIGITS here): at most 24 digits in
+the integral part, in the fraction and in the exponent, so a model cannot write digits forever.  The
 root value may follow such a run; after it only an EOS may come.  Strings take any Unicode as
 well-formed UTF-8 lead and continuation bytes (a decoder's U+FFFD is still a string's character) and
 no raw control character, as RFC 8259 says.
@@ -28,6 +30,7 @@ import numpy as np
 
 DEAD, POP, END = 0, 1, 2  # no way on; a free container closes (the stack decides); the answer is whole
 MAX_INDENT = 20  # spaces or tabs after a newline between two lexemes
+MAX_DIGITS = 24  # of a number's integral part, fraction or exponent (int64s and doubles' reprs fit)
 GENERIC = "G"  # a value of a free container: any JSON value
 
 State = tuple[int, tuple[int, ...]]  # (table state, where each open free container returns to, outermost first)
@@ -154,10 +157,10 @@ class _Builder:
 
     def _value_number(self, exit_: _Name, integer: bool) -> _Edges:
         edges: _Edges = {
-            ord("-"): (("num", exit_, "minus", integer), None),
-            ord("0"): (("num", exit_, "zero", integer), None),
+            ord("-"): (("num", exit_, "minus", integer, 0), None),
+            ord("0"): (("num", exit_, "zero", integer, 1), None),
         }
-        edges.update({b: (("num", exit_, "int", integer), None) for b in b"123456789"})
+        edges.update({b: (("num", exit_, "int", integer, 1), None) for b in b"123456789"})
         return edges
 
     def _enum(self, values: tuple[bytes, ...], exit_: _Name) -> _Edges:
@@ -193,14 +196,16 @@ class _Builder:
         return {b: (more, None) for b in (_HEX if sub[0] == "u" else range(0x80, 0xC0))}
 
     def _number(self, name: _Name) -> _Edges:
-        """("num", exit, sub, integer): a number ends at the first byte that cannot go on, which is
-        then read as the byte after the value."""
-        _, exit_, sub, integer = name
+        """("num", exit, sub, integer, n): a number ends at the first byte that cannot go on, which is
+        then read as the byte after the value; `n` digits of its current run (integral part,
+        fraction, exponent) so far, at most MAX_DIGITS."""
+        _, exit_, sub, integer, n = name
         may_end, nexts = _NUMBER[str(sub)]
         edges = self._after(exit_) if may_end else {}
         for chars, nxt in nexts.items():
-            if not (integer and nxt in ("dot", "e")):
-                edges.update({b: (("num", exit_, nxt, integer), None) for b in chars})
+            more = n + 1 if nxt == sub else int(nxt in ("int", "frac", "exp"))
+            if not (integer and nxt in ("dot", "e")) and more <= MAX_DIGITS:
+                edges.update({b: (("num", exit_, nxt, integer, more), None) for b in chars})
         return edges
 
     def _object(self, node: int, exit_: _Name, i: int, emitted: int) -> _Edges:

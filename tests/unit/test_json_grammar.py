@@ -78,6 +78,12 @@ def test_what_is_not_one_object_or_pads_beyond_the_rule_is_refused(text):
     assert not complete(state)
 
 
+def test_numbers_are_bounded_to_max_digits_a_run():
+    for run in (b"1" * g.MAX_DIGITS, b"1." + b"0" * g.MAX_DIGITS, b"1e" + b"9" * g.MAX_DIGITS):
+        assert complete(G.step(G.start, b'{"a":' + run + b"}"))
+        assert G.step(G.start, b'{"a":' + run + b"1") is None
+
+
 def test_strings_take_escapes_and_utf8():
     for text in [b'{"\\"\\\\\\/\\b\\f\\n\\r\\t\\u00e9":"\xc3\xa9\xe2\x82\xac\xf0\x9f\x98\x80"}', b'{"a":"\x7f"}']:
         assert complete(G.step(G.start, text)), text

@@ -38,8 +38,9 @@ SCHEMA: dict[str, Any] = {  # the shapes pydantic writes: $defs, Optional (anyOf
     "additionalProperties": False,
 }
 G = grammar(json.dumps(SCHEMA))
+INTS = st.integers(-(10**24) + 1, 10**24 - 1)  # (MAX_DIGITS: longer numbers are refused)
 FREE = st.recursive(
-    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False) | st.text(max_size=5),
+    st.none() | st.booleans() | INTS | st.floats(allow_nan=False, allow_infinity=False) | st.text(max_size=5),
     lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=4), inner, max_size=3),
     max_leaves=6,
 )
@@ -65,8 +66,8 @@ def _value(schema: Any) -> st.SearchStrategy[Any]:
             optional={k: _value(v) for k, v in props.items() if k not in required},
         )
         return parts.map(lambda d: {k: d[k] for k in props if k in d})
-    simple = {"string": st.text(max_size=6), "integer": st.integers(), "boolean": st.booleans(), "null": st.none(),
-              "number": st.floats(allow_nan=False, allow_infinity=False) | st.integers(),
+    simple = {"string": st.text(max_size=6), "integer": INTS, "boolean": st.booleans(), "null": st.none(),
+              "number": st.floats(allow_nan=False, allow_infinity=False) | INTS,
               "object": st.dictionaries(st.text(max_size=4), FREE, max_size=3)}  # fmt: skip
     if kind == "array":
         return st.lists(_value(schema["items"]), max_size=3)
