@@ -18,7 +18,7 @@ import time
 
 import numpy as np
 
-from spmd_serve.engine.json_grammar import complete
+from spmd_serve.engine.grammar_table import complete
 from spmd_serve.engine.json_masks import JsonVocab
 from spmd_serve.engine.json_schema import grammar
 

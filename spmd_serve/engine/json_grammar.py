@@ -1,43 +1,37 @@
-"""JSON answers as bytes: a `Grammar` is a finite table `table[state, byte] -> state` and, for the
-containers whose contents are free (any JSON object or array), a stack of where to go once each
-closes.  The table alone decides a byte unless it closes such a container (`POP`), so a whole
-vocabulary can be walked through it with numpy (engine/json_masks.py) and only the tokens that close
-one need the stack (`Grammar.step`).
+"""JSON answers as bytes: a `Grammar` (engine/grammar_table.py) is a finite table `table[state, byte]
+-> state` and, for the containers whose contents are free (any JSON object or array), a stack of
+where to go once each closes. The table alone decides a byte unless it closes such a container
+(`POP`), so a whole vocabulary can be walked through it with numpy (engine/json_masks.py) and only
+the tokens that close one need the stack (`Grammar.step`).
 
 A grammar is made from a schema's nodes (engine/json_schema.py): ("any",) any value, ("anyobj",),
 ("anyarr",), ("object", ((key bytes, node, required), ...)) with its properties in that order (as
-vLLM's and outlines' grammars write them; an optional one may be left out), ("array", item node),
-("string",), ("integer",), ("number",), ("enum", (the values' JSON bytes, ...)) (booleans, null,
-enum, const) and ("union", (node, ...)) of values that begin with different bytes.  Node 0 is the
-root; OpenAI's json_object is (("anyobj",),).
+vLLM's and outlines' grammars write them; an optional one may be left out), ("array", item node,
+minItems, maxItems or None), ("string", minLength, maxLength or None), ("integer",), ("number",),
+("enum", (the values' JSON bytes, ...)) (booleans, null, enum, const) and ("union", (node, ...)) of
+values that begin with different bytes. Node 0 is the root; OpenAI's json_object is (("anyobj",),).
 
 Whitespace is llama.cpp's json.gbnf rule, so a model cannot pad forever: between two lexemes
-nothing, one space, or a newline and up to 20 spaces or tabs (a pretty-printed answer fits).  Numbers
+nothing, one space, or a newline and up to 20 spaces or tabs (a pretty-printed answer fits). Numbers
 are bounded as its json-schema grammars bound them (16 there, MAX_DIGITS here): at most 24 digits in
-the integral part, in the fraction and in the exponent, so a model cannot write digits forever.  The
-root value may follow such a run; after it only an EOS may come.  Strings take any Unicode as
-well-formed UTF-8 lead and continuation bytes (a decoder's U+FFFD is still a string's character) and
-no raw control character, as RFC 8259 says.
+the integral part, in the fraction and in the exponent, so a model cannot write digits forever. The
+root value may follow such a run; after it only an EOS may come. Strings take any Unicode as well-
+formed UTF-8 lead and continuation bytes (a decoder's U+FFFD is still a string's character) and no
+raw control character, as RFC 8259 says.
 """
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Callable
 from typing import Any
 
-import numpy as np
+from spmd_serve.engine.grammar_table import END_NAME, POP_NAME, Edges, Grammar, Name
 
-DEAD, POP, END = 0, 1, 2  # no way on; a free container closes (the stack decides); the answer is whole
 MAX_INDENT = 20  # spaces or tabs after a newline between two lexemes
 MAX_DIGITS = 24  # of a number's integral part, fraction or exponent (int64s and doubles' reprs fit)
 GENERIC = "G"  # a value of a free container: any JSON value
 
-State = tuple[int, tuple[int, ...]]  # (table state, where each open free container returns to, outermost first)
 Node = tuple[Any, ...]  # (kinds and shapes: the module docstring)
-_Name = tuple[Any, ...]  # a state: (kind, its parameters...)
-_Edges = dict[int, tuple[_Name, _Name | None]]  # byte -> (next state, the state to return to if it opens a container)
-_END: _Name = ("end",)
 _DIGITS = b"0123456789"
 _HEX = b"0123456789abcdefABCDEF"
 _NUMBER: dict[str, tuple[bool, dict[bytes, str]]] = {  # sub: (may end here, bytes -> next sub)
@@ -53,9 +47,9 @@ _NUMBER: dict[str, tuple[bool, dict[bytes, str]]] = {  # sub: (may end here, byt
 _LITERALS = (b"true", b"false", b"null")
 
 
-def _ws(base: _Name) -> _Name:
+def _ws(base: Name) -> Name:
     """A between-lexemes state, entered before any whitespace (the end takes none)."""
-    return base if base == _END else ("ws", base, 0)
+    return base if base == END_NAME else ("ws", base, 0)
 
 
 class _Builder:
@@ -63,14 +57,14 @@ class _Builder:
 
     def __init__(self, nodes: tuple[Node, ...]) -> None:
         self.nodes = nodes
-        self.kinds: dict[object, Callable[[_Name], _Edges]] = {
+        self.kinds: dict[object, Callable[[Name], Edges]] = {
             "ws": self._ws_edges, "str": self._string, "num": self._number, "lit": self._literal, "key": self._key,
         }  # fmt: skip
 
-    def edges(self, name: _Name) -> _Edges:
+    def edges(self, name: Name) -> Edges:
         return self.kinds[name[0]](name)
 
-    def _ws_edges(self, name: _Name) -> _Edges:
+    def _ws_edges(self, name: Name) -> Edges:
         """("ws", base, taken): taken 0 (none yet), "sp" (one space) or ("nl", n) (a newline, n indents)."""
         _, base, taken = name
         assert isinstance(base, tuple)
@@ -83,27 +77,27 @@ class _Builder:
                 edges[b] = (("ws", base, ("nl", taken[1] + 1)), None)
         return edges
 
-    def _after(self, exit_: _Name) -> _Edges:
+    def _after(self, exit_: Name) -> Edges:
         """The bytes that may end a number or literal: those after the value, whitespace too."""
-        return self._ws_edges(("ws", exit_, 0)) if exit_ != _END else {}
+        return self._ws_edges(("ws", exit_, 0)) if exit_ != END_NAME else {}
 
-    def _lexeme(self, base: _Name) -> _Edges:
+    def _lexeme(self, base: Name) -> Edges:
         """The non-whitespace bytes a between-lexemes state takes."""
         kind, *args = base
         free_o, free_a = ("g_after", "O"), ("g_after", "A")
         if kind == "val":
             return self._value(args[0], args[1])
         if kind == "g_val_or_close":
-            return {**self._value(GENERIC, free_a), ord("]"): (("pop",), None)}
+            return {**self._value(GENERIC, free_a), ord("]"): (POP_NAME, None)}
         if kind in ("g_key_or_close", "g_key"):
-            edges: _Edges = {ord('"'): (("str", ("g_colon",), "body"), None)}
-            return {**edges, ord("}"): (("pop",), None)} if kind == "g_key_or_close" else edges
+            edges: Edges = {ord('"'): (("str", ("g_colon",), "body", None, 0), None)}
+            return {**edges, ord("}"): (POP_NAME, None)} if kind == "g_key_or_close" else edges
         if kind == "g_colon":
             return {ord(":"): (_ws(("val", GENERIC, free_o)), None)}
         if base == free_o:
-            return {ord(","): (_ws(("g_key",)), None), ord("}"): (("pop",), None)}
+            return {ord(","): (_ws(("g_key",)), None), ord("}"): (POP_NAME, None)}
         if base == free_a:
-            return {ord(","): (_ws(("val", GENERIC, free_a)), None), ord("]"): (("pop",), None)}
+            return {ord(","): (_ws(("val", GENERIC, free_a)), None), ord("]"): (POP_NAME, None)}
         node, exit_ = args[0], args[1]
         if kind == "obj":
             return self._object(node, exit_, *args[2:])
@@ -112,18 +106,24 @@ class _Builder:
         if kind == "colon":
             props = self.nodes[node][1]
             return {ord(":"): (_ws(("val", props[args[2]][1], ("obj", node, exit_, args[2] + 1, 1))), None)}
-        item = self.nodes[node][1]
-        close = {ord("]"): (_ws(exit_), None)}
-        if kind == "arr0":
-            return {**self._value(item, ("arr1", node, exit_)), **close}
-        return {ord(","): (_ws(("val", item, ("arr1", node, exit_))), None), **close}  # arr1
+        return self._array(node, exit_, args[2])
 
-    def _value(self, node: Any, exit_: _Name) -> _Edges:
+    def _array(self, node: int, exit_: Name, c: int) -> Edges:
+        """("arr", node, exit, c): an array after its `c`-th item (counted up to maxItems, or up to
+        minItems where there is none); ']' once minItems came, another item up to maxItems."""
+        _, item, lo, hi = self.nodes[node]
+        after: Name = ("arr", node, exit_, c + 1 if hi is not None else min(c + 1, lo))
+        edges: Edges = {ord("]"): (_ws(exit_), None)} if c >= lo else {}
+        if hi is None or c < hi:
+            edges.update(self._value(item, after) if c == 0 else {ord(","): (_ws(("val", item, after)), None)})
+        return edges
+
+    def _value(self, node: Any, exit_: Name) -> Edges:
         """A value's first byte (`node`: an index into the nodes, or GENERIC), then where it goes."""
         kind = "any" if node == GENERIC else self.nodes[node][0]
         back = _ws(exit_)
         if kind in ("any", "anyobj", "anyarr"):
-            edges: _Edges = {}
+            edges: Edges = {}
             if kind != "anyarr":
                 edges[ord("{")] = (_ws(("g_key_or_close",)), back)
             if kind != "anyobj":
@@ -137,14 +137,14 @@ class _Builder:
         if kind == "object":
             return {ord("{"): (_ws(("obj", node, exit_, 0, 0)), None)}
         if kind == "array":
-            return {ord("["): (_ws(("arr0", node, exit_)), None)}
+            return {ord("["): (_ws(("arr", node, exit_, 0)), None)}
         if kind == "string":
-            return self._value_string(exit_)
+            return self._value_string(exit_, None if spec[1:] == (0, None) else spec[1:])
         if kind in ("integer", "number"):
             return self._value_number(exit_, kind == "integer")
         if kind == "enum":
             return self._enum(spec[1], exit_)
-        out: _Edges = {}
+        out: Edges = {}
         for alt in spec[1]:
             edges = self._value(alt, exit_)
             if set(edges) & set(out):
@@ -152,21 +152,21 @@ class _Builder:
             out.update(edges)
         return out
 
-    def _value_string(self, exit_: _Name) -> _Edges:
-        return {ord('"'): (("str", exit_, "body"), None)}
+    def _value_string(self, exit_: Name, bounds: tuple[int, int | None] | None = None) -> Edges:
+        return {ord('"'): (("str", exit_, "body", bounds, 0), None)}
 
-    def _value_number(self, exit_: _Name, integer: bool) -> _Edges:
-        edges: _Edges = {
+    def _value_number(self, exit_: Name, integer: bool) -> Edges:
+        edges: Edges = {
             ord("-"): (("num", exit_, "minus", integer, 0), None),
             ord("0"): (("num", exit_, "zero", integer, 1), None),
         }
         edges.update({b: (("num", exit_, "int", integer, 1), None) for b in b"123456789"})
         return edges
 
-    def _enum(self, values: tuple[bytes, ...], exit_: _Name) -> _Edges:
+    def _enum(self, values: tuple[bytes, ...], exit_: Name) -> Edges:
         return self._literal(("lit", exit_, values, b""))
 
-    def _literal(self, name: _Name) -> _Edges:
+    def _literal(self, name: Name) -> Edges:
         """("lit", exit, values, read): one of `values` (JSON bytes) being read; where `read` is one
         of them whole, the bytes after a value end it (a number may go on: [1, 12])."""
         _, exit_, values, read = name
@@ -177,25 +177,33 @@ class _Builder:
                 edges[v[len(read)]] = (("lit", exit_, values, v[: len(read) + 1]), None)
         return edges
 
-    def _string(self, name: _Name) -> _Edges:
-        """("str", exit, sub): sub "body", "esc", ("u", n) (n hex digits to go) or ("utf", n)
-        (n UTF-8 continuation bytes to go)."""
-        _, exit_, sub = name
-        body: _Name = ("str", exit_, "body")
+    def _string(self, name: Name) -> Edges:
+        """("str", exit, sub, bounds, k): sub "body", "esc", ("u", n) (n hex digits to go) or ("utf", n)
+        (n UTF-8 continuation bytes to go); `bounds` (minLength, maxLength or None) or None, `k` the
+        characters so far (each begins at a plain byte, a backslash or a UTF-8 lead byte; counted up
+        to maxLength, or up to minLength where there is none)."""
+        _, exit_, sub, bounds, k = name
         if sub == "body":
-            edges: _Edges = {b: (body, None) for b in range(0x20, 0x80)}
-            edges[ord('"')] = (_ws(exit_), None)
-            edges[ord("\\")] = (("str", exit_, "esc"), None)
-            for lead, (lo, hi) in ((1, (0xC2, 0xDF)), (2, (0xE0, 0xEF)), (3, (0xF0, 0xF4))):
-                edges.update({b: (("str", exit_, ("utf", lead)), None) for b in range(lo, hi + 1)})
+            lo, hi = bounds or (0, None)
+            nk = (k + 1 if hi is not None else min(k + 1, lo)) if bounds else 0
+            edges: Edges = {}
+            if hi is None or k < hi:  # another character may begin
+                edges = {b: (("str", exit_, "body", bounds, nk), None) for b in range(0x20, 0x80)}
+                edges[ord("\\")] = (("str", exit_, "esc", bounds, nk), None)
+                for lead, (a, z) in ((1, (0xC2, 0xDF)), (2, (0xE0, 0xEF)), (3, (0xF0, 0xF4))):
+                    edges.update({b: (("str", exit_, ("utf", lead), bounds, nk), None) for b in range(a, z + 1)})
+            if k >= lo:
+                edges[ord('"')] = (_ws(exit_), None)
+            else:
+                edges.pop(ord('"'), None)
             return edges
+        body: Name = ("str", exit_, "body", bounds, k)
         if sub == "esc":
-            return {**{b: (body, None) for b in b'"\\/bfnrt'}, ord("u"): (("str", exit_, ("u", 4)), None)}
-        assert isinstance(sub, tuple)
-        more: _Name = ("str", exit_, (sub[0], sub[1] - 1)) if sub[1] > 1 else body
+            return {**{b: (body, None) for b in b'"\\/bfnrt'}, ord("u"): (("str", exit_, ("u", 4), bounds, k), None)}
+        more: Name = ("str", exit_, (sub[0], sub[1] - 1), bounds, k) if sub[1] > 1 else body
         return {b: (more, None) for b in (_HEX if sub[0] == "u" else range(0x80, 0xC0))}
 
-    def _number(self, name: _Name) -> _Edges:
+    def _number(self, name: Name) -> Edges:
         """("num", exit, sub, integer, n): a number ends at the first byte that cannot go on, which is
         then read as the byte after the value; `n` digits of its current run (integral part,
         fraction, exponent) so far, at most MAX_DIGITS."""
@@ -208,11 +216,11 @@ class _Builder:
                 edges.update({b: (("num", exit_, nxt, integer, more), None) for b in chars})
         return edges
 
-    def _object(self, node: int, exit_: _Name, i: int, emitted: int) -> _Edges:
+    def _object(self, node: int, exit_: Name, i: int, emitted: int) -> Edges:
         """("obj", node, exit, i, emitted): properties from the i-th on may come next (up to the
         first required one); `emitted`: one came already, so a comma goes first."""
         props = self.nodes[node][1]
-        edges: _Edges = {}
+        edges: Edges = {}
         if not any(required for _, _, required in props[i:]):
             edges[ord("}")] = (_ws(exit_), None)
         if i < len(props):
@@ -221,12 +229,12 @@ class _Builder:
             )
         return edges
 
-    def _key(self, name: _Name) -> _Edges:
+    def _key(self, name: Name) -> Edges:
         """("key", node, exit, i, read): a property's name (its JSON bytes, quotes included) being read."""
         _, node, exit_, i, read = name
         props = self.nodes[node][1]
         assert isinstance(i, int) and isinstance(read, bytes)
-        edges: _Edges = {}
+        edges: Edges = {}
         for j in range(i, len(props)):
             key = props[j][0]
             if key.startswith(read) and len(key) > len(read):
@@ -240,59 +248,6 @@ class _Builder:
         return edges
 
 
-class Grammar:
-    """One schema's tables: `table[s, b]` the next state (DEAD, POP), `pushes[s, b]` the state a free
-    container opened there returns to once it closes (0: it opens none)."""
-
-    def __init__(self, nodes: tuple[Node, ...]) -> None:
-        build = _Builder(nodes)
-        start: _Name = ("ws", ("val", 0, _END), 0)
-        ids: dict[_Name, int] = {("dead",): DEAD, ("pop",): POP, _END: END, start: 3}
-        edges: dict[_Name, _Edges] = {}
-        todo = [start]
-        while todo:
-            name = todo.pop()
-            edges[name] = build.edges(name)
-            for target, back in edges[name].values():
-                for n in (target, back):
-                    if n is not None and n not in ids:
-                        ids[n] = len(ids)
-                        todo.append(n)
-        if len(ids) > MAX_STATES:
-            raise ValueError(f"this JSON schema makes {len(ids)} grammar states; at most {MAX_STATES} are supported")
-        self.table = np.full((len(ids), 256), DEAD, np.int16)
-        self.pushes = np.zeros((len(ids), 256), np.int16)
-        self.table[POP] = POP  # absorbing: a vocabulary walk marks the token for `step`
-        for name, out in edges.items():
-            for b, (target, back) in out.items():
-                self.table[ids[name], b] = ids[target]
-                self.pushes[ids[name], b] = 0 if back is None else ids[back]
-        self.start: State = (3, ())
-        self.serial = next(_SERIALS)  # (json_masks' cache key: unlike an id, never reused)
-        self._t: list[list[int]] = self.table.tolist()  # plain lists: ~4x faster than numpy scalars byte by byte
-        self._p: list[list[int]] = self.pushes.tolist()
-
-    def step(self, state: State | None, data: bytes) -> State | None:
-        """The state after `data` from `state`, or None where a byte has no way on (None stays None)."""
-        if state is None:
-            return None
-        s, stack = state
-        for b in data:
-            t = self._t[s][b]
-            if t == DEAD:
-                return None
-            if t == POP:  # the innermost free container closes: on to where it was opened for
-                t, stack = stack[-1], stack[:-1]
-            elif self._p[s][b]:
-                stack = (*stack, self._p[s][b])
-            s = t
-        return s, stack
-
-
-_SERIALS = itertools.count()
-MAX_STATES = 20000  # (int16 tables; a schema of a few dozen properties makes a few thousand)
-
-
-def complete(state: State | None) -> bool:
-    """Whether the answer is one whole value (only an EOS may follow)."""
-    return state is not None and state[0] == END
+def grammar_of(nodes: tuple[Node, ...]) -> Grammar:
+    """The tables of a schema's nodes (node 0 the root), read from the start: whitespace, then the root."""
+    return Grammar(_Builder(nodes).edges, ("ws", ("val", 0, END_NAME), 0))

@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from spmd_serve.engine.json_grammar import DEAD, POP, Grammar, State, complete
+from spmd_serve.engine.grammar_table import DEAD, POP, Grammar, State, complete
 
 Mask = npt.NDArray[np.bool_]
 MAX_CACHED = 4096  # table-state masks kept (V/8 bytes each: 19 KB at 150k tokens)

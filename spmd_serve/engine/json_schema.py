@@ -3,11 +3,12 @@
 
 Built: `type` (one, or a list), `properties` (written in their order; those not `required` may be
 left out), `required`, `additionalProperties` false or absent (OpenAI's strict mode: no other
-property), `items`, `enum`, `const`, `anyOf` / `oneOf` of values that begin with different bytes
+property), `items`, `minItems` / `maxItems` and `minLength` / `maxLength` (each up to MAX_BOUND), `enum`
+and `const` (written compactly), `anyOf` / `oneOf` of values that begin with different bytes
 (e.g. pydantic's Optional: a string or null), `$ref` into `$defs` / `definitions` (not
 recursive), and an object or array with nothing said of its contents (any).  Annotations
-(`title`, `description`, `default`, ...) change nothing.  Any other keyword (`pattern`,
-`minLength`, `minimum`, `format`, ...) is refused by name, as is a schema whose root is not an
+(`title`, `description`, `default`, ...) change nothing.  Any other keyword (`pattern`, `format`,
+`minimum`, `uniqueItems`, ...) is refused by name, as is a schema whose root is not an
 object: none is silently left out.
 
 `grammar(text)` is cached on the schema's text: the HTTP worker checks a request's schema and the
@@ -20,16 +21,19 @@ import functools
 import json
 from typing import Any
 
-from spmd_serve.engine.json_grammar import Grammar, Node
+from spmd_serve.engine.grammar_table import Grammar
+from spmd_serve.engine.json_grammar import Node, grammar_of
 
 ANNOTATIONS = frozenset(
     {"title", "description", "default", "examples", "$schema", "$id", "$comment", "deprecated", "readOnly",
      "writeOnly", "$defs", "definitions"}
 )  # fmt: skip
 _BUILT = frozenset(
-    {"type", "properties", "required", "additionalProperties", "items", "enum", "const", "anyOf", "oneOf", "$ref"}
-)
-_SCALARS = {"string": ("string",), "integer": ("integer",), "number": ("number",)}
+    {"type", "properties", "required", "additionalProperties", "items", "enum", "const", "anyOf", "oneOf", "$ref",
+     "minLength", "maxLength", "minItems", "maxItems"}
+)  # fmt: skip
+MAX_BOUND = 256  # the largest minLength / maxLength / minItems / maxItems built (each count is grammar states)
+_SCALARS = {"integer": ("integer",), "number": ("number",)}
 _LITERAL = {"boolean": (b"true", b"false"), "null": (b"null",)}
 MAX_NODES = 2000
 
@@ -79,10 +83,15 @@ class _Nodes:
             return ("any",)
         if kind in _SCALARS:
             return _SCALARS[kind]
+        if kind == "string":
+            return ("string", *_bounds(schema, "minLength", "maxLength", where))
         if kind in _LITERAL:
             return ("enum", _LITERAL[kind])
         if kind == "array":
-            return ("array", self.add(schema["items"], f"{where}.items")) if "items" in schema else ("anyarr",)
+            lo, hi = _bounds(schema, "minItems", "maxItems", where)
+            if "items" not in schema and (lo, hi) == (0, None):
+                return ("anyarr",)
+            return ("array", self.add(schema.get("items", True), f"{where}.items"), lo, hi)
         if kind == "object":
             return self._object(schema, where)
         raise ValueError(f"json_schema{where}.type {kind!r} is not a JSON Schema type")
@@ -120,6 +129,17 @@ class _Nodes:
             self._refs.pop()
 
 
+def _bounds(schema: dict[str, Any], low: str, high: str, where: str) -> tuple[int, int | None]:
+    """(minimum count, maximum count or None) from two keywords, each at most MAX_BOUND."""
+    lo, hi = schema.get(low, 0), schema.get(high)
+    for name, n in ((low, lo), (high, hi)):
+        if n is not None and not (isinstance(n, int) and not isinstance(n, bool) and 0 <= n <= MAX_BOUND):
+            raise ValueError(f"json_schema{where}.{name} must be an integer in [0, {MAX_BOUND}] here, got {n!r}")
+    if hi is not None and lo > hi:
+        raise ValueError(f"json_schema{where}: {low} exceeds {high}")
+    return lo, hi
+
+
 def _dumps(value: Any) -> bytes:
     """A value as a model writes it compactly (keys and enum values are matched byte for byte)."""
     return json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode()
@@ -133,4 +153,4 @@ def grammar(text: str) -> Grammar:
     nodes.add(schema, "")
     if nodes.nodes[0][0] not in ("object", "anyobj"):
         raise ValueError("json_schema's root must be an object schema")
-    return Grammar(tuple(nodes.nodes))
+    return grammar_of(tuple(nodes.nodes))

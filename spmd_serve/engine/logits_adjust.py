@@ -26,7 +26,7 @@ import numpy.typing as npt
 
 import ops.sample
 from spmd_serve.engine import json_masks, json_schema
-from spmd_serve.engine.json_grammar import complete
+from spmd_serve.engine.grammar_table import complete
 from spmd_serve.engine.json_masks import JsonVocab
 from spmd_serve.sampling_params import SamplingParams
 

@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from spmd_serve.engine import json_grammar as g
-from spmd_serve.engine.json_grammar import complete
+from spmd_serve.engine.grammar_table import complete
 from spmd_serve.engine.json_masks import JsonVocab
 from spmd_serve.engine.json_schema import grammar
 from spmd_serve.engine.wire import WireError, vocab_from_wire, vocab_to_wire

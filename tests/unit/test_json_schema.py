@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from spmd_serve.engine.json_grammar import complete
+from spmd_serve.engine.grammar_table import complete
 from spmd_serve.engine.json_masks import JsonVocab
 from spmd_serve.engine.json_schema import grammar
 
@@ -23,11 +23,12 @@ SCHEMA: dict[str, Any] = {  # the shapes pydantic writes: $defs, Optional (anyOf
     "type": "object",
     "title": "Person",
     "properties": {
-        "name": {"type": "string", "description": "the name"},
+        "name": {"type": "string", "description": "the name", "minLength": 1, "maxLength": 6},
         "age": {"type": "integer"},
         "score": {"type": "number", "default": 0},
         "kind": {"enum": ["a", "b", 1, 12, None, True]},
-        "tags": {"type": "array", "items": {"type": "string"}},
+        "tags": {"type": "array", "items": {"type": "string", "maxLength": 3}, "minItems": 1, "maxItems": 3},
+        "pair": {"type": "array", "minItems": 2},
         "pet": {"anyOf": [{"$ref": "#/$defs/Pet"}, {"type": "null"}]},
         "ok": {"type": ["boolean", "null"]},
         "extra": {"type": "object"},
@@ -70,7 +71,12 @@ def _value(schema: Any) -> st.SearchStrategy[Any]:
               "number": st.floats(allow_nan=False, allow_infinity=False) | INTS,
               "object": st.dictionaries(st.text(max_size=4), FREE, max_size=3)}  # fmt: skip
     if kind == "array":
-        return st.lists(_value(schema["items"]), max_size=3)
+        lo = schema.get("minItems", 0)
+        hi = schema.get("maxItems", lo + 3)
+        return st.lists(_value(schema.get("items", {})), min_size=lo, max_size=hi)
+    if kind == "string" and {"minLength", "maxLength"} & set(schema):
+        bmp = st.characters(max_codepoint=0xFFFF, exclude_categories=("Cs",))  # (an astral one escapes as two)
+        return st.text(bmp, min_size=schema.get("minLength", 0), max_size=schema.get("maxLength", 8))
     return simple[kind] if kind else FREE
 
 
@@ -85,10 +91,17 @@ def _valid(schema: Any, v: Any) -> bool:
     kind = schema.get("type")
     if isinstance(kind, list):
         return any(_valid({"type": k}, v) for k in kind)
+    lo, hi = schema.get("minLength", schema.get("minItems", 0)), schema.get("maxLength", schema.get("maxItems"))
+    if (
+        isinstance(v, (str, list))
+        and kind in ("string", "array")
+        and not lo <= len(v) <= (len(v) if hi is None else hi)
+    ):
+        return False
     checks = {"string": lambda: isinstance(v, str), "null": lambda: v is None, "boolean": lambda: isinstance(v, bool),
               "integer": lambda: isinstance(v, int) and not isinstance(v, bool),
               "number": lambda: isinstance(v, (int, float)) and not isinstance(v, bool),
-              "array": lambda: isinstance(v, list) and all(_valid(schema["items"], x) for x in v),
+              "array": lambda: isinstance(v, list) and all(_valid(schema.get("items", {}), x) for x in v),
               "object": lambda: isinstance(v, dict) and ("properties" not in schema or (
                   set(v) <= set(schema["properties"]) and set(schema.get("required", ())) <= set(v)
                   and all(_valid(schema["properties"][k], x) for k, x in v.items())))}  # fmt: skip
@@ -122,7 +135,9 @@ def test_what_the_grammar_reads_whole_is_valid(value, layout, at, junk):
 
 @pytest.mark.parametrize(
     "text",
-    [b'{"age":1,"name":"x"}', b'{"name":"x"}', b'{"name":"x","age":1.5}', b'{"name":"x","age":1,"kind":"c"}',
+    [b'{"age":1,"name":"x"}', b'{"name":"x"}', b'{"name":"","age":1}', b'{"name":"abcdefg","age":1}',
+     b'{"name":"x","age":1,"tags":[]}', b'{"name":"x","age":1,"tags":["abcd"]}', b'{"name":"x","age":1,"pair":[1]}',
+     b'{"name":"x","age":1.5}', b'{"name":"x","age":1,"kind":"c"}',
      b'{"name":"x","age":1,"zzz":1}', b'{"name":"x","age":1,"pet":{"name":"y"}}', b'{"name":"x","age":1,"const":"fix"}',
      b'{"name":1,"age":1}', b'{"name":"x","age":1,"tags":[1]}', b'{"name":"x","age":1,}'],
 )  # fmt: skip
@@ -144,7 +159,11 @@ def test_what_breaks_the_schema_or_its_order_is_refused(text):
      ({"$defs": {"N": {"type": "object", "properties": {"n": {"$ref": "#/$defs/N"}}}}, "$ref": "#/$defs/N"},
       "recursive"),
      ({"type": "object", "properties": {"a": {"$ref": "#/$defs/Missing"}}}, "must name one of"),
-     ({"type": "object", "properties": {"a": {"enum": []}}}, "non-empty list"), ([1], "must be an object")],
+     ({"type": "object", "properties": {"a": {"enum": []}}}, "non-empty list"), ([1], "must be an object"),
+     ({"type": "object", "properties": {"a": {"type": "string", "maxLength": 1000}}},
+      r"maxLength must be .* \[0, 256\]"),
+     ({"type": "object", "properties": {"a": {"type": "array", "minItems": 3, "maxItems": 2}}}, "minItems exceeds"),
+     ({"type": "object", "properties": {"a": {"type": "string", "minLength": True}}}, "minLength must be")],
 )  # fmt: skip
 def test_what_is_not_built_is_refused_by_name(schema, why):
     with pytest.raises(ValueError, match=why.replace("$", r"\$")):
@@ -173,7 +192,8 @@ def test_a_vocabulary_mask_is_each_token_stepped_alone():
     alphabet = b'{}[]":, \nabcegilmnprstuxy012-.'
     vocab = [b"", *pieces, *(bytes(rng.choice(alphabet) for _ in range(rng.randint(1, 5))) for _ in range(400))]
     masks = JsonVocab(vocab)
-    value = {"name": "x", "age": 3, "kind": 12, "tags": ["a"], "pet": {"legs": 4, "name": "p"}, "extra": {"q": [1, {}]},
+    value = {"name": "x", "age": 3, "kind": 12, "tags": ["a"], "pair": [1, [2]], "pet": {"legs": 4, "name": "p"},
+             "extra": {"q": [1, {}]},
              "anything": [None, {"z": "]"}], "const": "fixed"}  # fmt: skip
     states = {G.start}
     for layout in LAYOUTS:
