@@ -7,7 +7,8 @@ the tokens that close one need the stack (`Grammar.step`).
 A grammar is made from a schema's nodes (engine/json_schema.py): ("any",) any value, ("anyobj",),
 ("anyarr",), ("object", ((key bytes, node, required), ...)) with its properties in that order (as
 vLLM's and outlines' grammars write them; an optional one may be left out), ("array", item node,
-minItems, maxItems or None), ("string", minLength, maxLength or None), ("integer",), ("number",),
+minItems, maxItems or None), ("string", minLength, maxLength or None), ("integer",) or ("integer",
+minimum or None, maximum or None), ("number",),
 ("enum", (the values' JSON bytes, ...)) (booleans, null, enum, const) and ("union", (node, ...)) of
 values that begin with different bytes. Node 0 is the root; OpenAI's json_object is (("anyobj",),).
 
@@ -25,6 +26,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from spmd_serve.engine import json_ranges
 from spmd_serve.engine.grammar_table import END_NAME, POP_NAME, Edges, Grammar, Name
 
 MAX_INDENT = 20  # spaces or tabs after a newline between two lexemes
@@ -59,6 +61,7 @@ class _Builder:
         self.nodes = nodes
         self.kinds: dict[object, Callable[[Name], Edges]] = {
             "ws": self._ws_edges, "str": self._string, "num": self._number, "lit": self._literal, "key": self._key,
+            "intr": self._intr,
         }  # fmt: skip
 
     def edges(self, name: Name) -> Edges:
@@ -140,6 +143,8 @@ class _Builder:
             return {ord("["): (_ws(("arr", node, exit_, 0)), None)}
         if kind == "string":
             return self._value_string(exit_, None if spec[1:] == (0, None) else spec[1:])
+        if kind == "integer" and len(spec) > 1:
+            return self._value_bounded(exit_, spec[1], spec[2])
         if kind in ("integer", "number"):
             return self._value_number(exit_, kind == "integer")
         if kind == "enum":
@@ -161,6 +166,28 @@ class _Builder:
             ord("0"): (("num", exit_, "zero", integer, 1), None),
         }
         edges.update({b: (("num", exit_, "int", integer, 1), None) for b in b"123456789"})
+        return edges
+
+    def _value_bounded(self, exit_: Name, lo: int | None, hi: int | None) -> Edges:
+        """An integer in [lo, hi] (either None: unbounded): its sign, then its magnitude's digits
+        (engine/json_ranges.py), or a lone 0."""
+        edges: Edges = {}
+        if (lo is None or lo <= 0) and (hi is None or hi >= 0):
+            edges[ord("0")] = (("num", exit_, "zero", True, 1), None)
+        pos = (max(lo, 1) if lo is not None else 1, hi)
+        if hi is None or hi >= pos[0]:
+            edges.update(self._intr(("intr", exit_, *pos, 0, "eq", "eq")))
+        neg = (max(1, -hi) if hi is not None and hi < 0 else 1, None if lo is None else -lo)
+        if lo is None or lo < 0:
+            edges[ord("-")] = (("intr", exit_, *neg, 0, "eq", "eq"), None)
+        return edges
+
+    def _intr(self, name: Name) -> Edges:
+        """("intr", exit, a, b, k, cl, ch): a magnitude in [a, b] being read (json_ranges' state)."""
+        _, exit_, a, b, *state = name
+        edges = self._after(exit_) if json_ranges.may_end(a, b, tuple(state)) else {}
+        for byte, nxt in json_ranges.digits(a, b, tuple(state), MAX_DIGITS).items():
+            edges[byte] = (("intr", exit_, a, b, *nxt), None)
         return edges
 
     def _enum(self, values: tuple[bytes, ...], exit_: Name) -> Edges:

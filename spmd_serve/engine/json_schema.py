@@ -3,12 +3,13 @@
 
 Built: `type` (one, or a list), `properties` (written in their order; those not `required` may be
 left out), `required`, `additionalProperties` false or absent (OpenAI's strict mode: no other
-property), `items`, `minItems` / `maxItems` and `minLength` / `maxLength` (each up to MAX_BOUND), `enum`
+property), `items`, `minItems` / `maxItems` and `minLength` / `maxLength` (each up to MAX_BOUND), an
+integer's `minimum` / `maximum` (and their exclusive forms: engine/json_ranges.py), `enum`
 and `const` (written compactly), `anyOf` / `oneOf` of values that begin with different bytes
 (e.g. pydantic's Optional: a string or null), `$ref` into `$defs` / `definitions` (not
 recursive), and an object or array with nothing said of its contents (any).  Annotations
 (`title`, `description`, `default`, ...) change nothing.  Any other keyword (`pattern`, `format`,
-`minimum`, `uniqueItems`, ...) is refused by name, as is a schema whose root is not an
+`multipleOf`, `uniqueItems`, a number's `minimum`, ...) is refused by name, as is a schema whose root is not an
 object: none is silently left out.
 
 `grammar(text)` is cached on the schema's text: the HTTP worker checks a request's schema and the
@@ -19,10 +20,11 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 from typing import Any
 
 from spmd_serve.engine.grammar_table import Grammar
-from spmd_serve.engine.json_grammar import Node, grammar_of
+from spmd_serve.engine.json_grammar import MAX_DIGITS, Node, grammar_of
 
 ANNOTATIONS = frozenset(
     {"title", "description", "default", "examples", "$schema", "$id", "$comment", "deprecated", "readOnly",
@@ -30,10 +32,10 @@ ANNOTATIONS = frozenset(
 )  # fmt: skip
 _BUILT = frozenset(
     {"type", "properties", "required", "additionalProperties", "items", "enum", "const", "anyOf", "oneOf", "$ref",
-     "minLength", "maxLength", "minItems", "maxItems"}
+     "minLength", "maxLength", "minItems", "maxItems", "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"}
 )  # fmt: skip
 MAX_BOUND = 256  # the largest minLength / maxLength / minItems / maxItems built (each count is grammar states)
-_SCALARS = {"integer": ("integer",), "number": ("number",)}
+_RANGE = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum")
 _LITERAL = {"boolean": (b"true", b"false"), "null": (b"null",)}
 MAX_NODES = 2000
 
@@ -81,8 +83,12 @@ class _Nodes:
             kind = "object" if "properties" in schema else "array" if "items" in schema else None
         if kind is None:
             return ("any",)
-        if kind in _SCALARS:
-            return _SCALARS[kind]
+        if kind == "integer":
+            return ("integer", *_int_range(schema, where)) if set(_RANGE) & set(schema) else ("integer",)
+        if kind == "number":
+            if set(_RANGE) & set(schema):
+                raise ValueError(f"json_schema{where}: minimum / maximum are built for integers only, not numbers")
+            return ("number",)
         if kind == "string":
             return ("string", *_bounds(schema, "minLength", "maxLength", where))
         if kind in _LITERAL:
@@ -137,6 +143,30 @@ def _bounds(schema: dict[str, Any], low: str, high: str, where: str) -> tuple[in
             raise ValueError(f"json_schema{where}.{name} must be an integer in [0, {MAX_BOUND}] here, got {n!r}")
     if hi is not None and lo > hi:
         raise ValueError(f"json_schema{where}: {low} exceeds {high}")
+    return lo, hi
+
+
+def _int_range(schema: dict[str, Any], where: str) -> tuple[int | None, int | None]:
+    """An integer's [lo, hi] from minimum / maximum and their exclusive forms (draft 4's booleans too)."""
+    values = {k: schema.get(k) for k in _RANGE}
+    if any(not (v is None or isinstance(v, bool) or isinstance(v, (int, float)) and math.isfinite(v))
+           for v in values.values()):  # fmt: skip
+        raise ValueError(f"json_schema{where}: minimum / maximum must be finite numbers")
+    lo = None if values["minimum"] is None else math.ceil(values["minimum"])
+    hi = None if values["maximum"] is None else math.floor(values["maximum"])
+    ex_lo, ex_hi = values["exclusiveMinimum"], values["exclusiveMaximum"]
+    if ex_lo is True and values["minimum"] is not None:  # (draft 4: a flag on minimum)
+        lo = math.floor(values["minimum"]) + 1
+    elif ex_lo is not None and not isinstance(ex_lo, bool):
+        lo = max(lo if lo is not None else -math.inf, math.floor(ex_lo) + 1)
+    if ex_hi is True and values["maximum"] is not None:
+        hi = math.ceil(values["maximum"]) - 1
+    elif ex_hi is not None and not isinstance(ex_hi, bool):
+        hi = min(hi if hi is not None else math.inf, math.ceil(ex_hi) - 1)
+    if lo is not None and hi is not None and lo > hi:
+        raise ValueError(f"json_schema{where}: no integer is within its minimum and maximum")
+    if any(v is not None and abs(v) >= 10**MAX_DIGITS for v in (lo, hi)):
+        raise ValueError(f"json_schema{where}: minimum / maximum beyond {MAX_DIGITS} digits are not supported")
     return lo, hi
 
 

@@ -6,6 +6,7 @@ vocabulary masks equal stepping each token alone."""
 from __future__ import annotations
 
 import json
+import math
 import random
 from typing import Any
 
@@ -24,7 +25,7 @@ SCHEMA: dict[str, Any] = {  # the shapes pydantic writes: $defs, Optional (anyOf
     "title": "Person",
     "properties": {
         "name": {"type": "string", "description": "the name", "minLength": 1, "maxLength": 6},
-        "age": {"type": "integer"},
+        "age": {"type": "integer", "minimum": 0, "exclusiveMaximum": 150},
         "score": {"type": "number", "default": 0},
         "kind": {"enum": ["a", "b", 1, 12, None, True]},
         "tags": {"type": "array", "items": {"type": "string", "maxLength": 3}, "minItems": 1, "maxItems": 3},
@@ -74,6 +75,8 @@ def _value(schema: Any) -> st.SearchStrategy[Any]:
         lo = schema.get("minItems", 0)
         hi = schema.get("maxItems", lo + 3)
         return st.lists(_value(schema.get("items", {})), min_size=lo, max_size=hi)
+    if kind == "integer" and "minimum" in schema:
+        return st.integers(schema["minimum"], schema["exclusiveMaximum"] - 1)
     if kind == "string" and {"minLength", "maxLength"} & set(schema):
         bmp = st.characters(max_codepoint=0xFFFF, exclude_categories=("Cs",))  # (an astral one escapes as two)
         return st.text(bmp, min_size=schema.get("minLength", 0), max_size=schema.get("maxLength", 8))
@@ -91,6 +94,12 @@ def _valid(schema: Any, v: Any) -> bool:
     kind = schema.get("type")
     if isinstance(kind, list):
         return any(_valid({"type": k}, v) for k in kind)
+    if (
+        kind == "integer"
+        and isinstance(v, int)
+        and not schema.get("minimum", v) <= v < schema.get("exclusiveMaximum", v + 1)
+    ):
+        return False
     lo, hi = schema.get("minLength", schema.get("minItems", 0)), schema.get("maxLength", schema.get("maxItems"))
     if (
         isinstance(v, (str, list))
@@ -135,7 +144,8 @@ def test_what_the_grammar_reads_whole_is_valid(value, layout, at, junk):
 
 @pytest.mark.parametrize(
     "text",
-    [b'{"age":1,"name":"x"}', b'{"name":"x"}', b'{"name":"","age":1}', b'{"name":"abcdefg","age":1}',
+    [b'{"age":1,"name":"x"}', b'{"name":"x"}', b'{"name":"x","age":-1}', b'{"name":"x","age":150}',
+     b'{"name":"x","age":-0}', b'{"name":"x","age":007}', b'{"name":"","age":1}', b'{"name":"abcdefg","age":1}',
      b'{"name":"x","age":1,"tags":[]}', b'{"name":"x","age":1,"tags":["abcd"]}', b'{"name":"x","age":1,"pair":[1]}',
      b'{"name":"x","age":1.5}', b'{"name":"x","age":1,"kind":"c"}',
      b'{"name":"x","age":1,"zzz":1}', b'{"name":"x","age":1,"pet":{"name":"y"}}', b'{"name":"x","age":1,"const":"fix"}',
@@ -150,7 +160,7 @@ def test_what_breaks_the_schema_or_its_order_is_refused(text):
     [({"type": "string"}, "root must be an object"), ({"type": "object", "minProperties": 1}, "'minProperties'"),
      ({"type": "object", "properties": {"a": {"type": "string", "pattern": "x"}}},
       "properties.a: the keyword 'pattern'"),
-     ({"type": "object", "properties": {"a": {"type": "integer", "minimum": 0}}}, "'minimum'"),
+     ({"type": "object", "properties": {"a": {"type": "integer", "multipleOf": 2}}}, "'multipleOf'"),
      ({"type": "object", "properties": {"a": {"anyOf": [{"type": "integer"}, {"type": "number"}]}}}, "begin alike"),
      ({"type": "object", "properties": {"a": {"type": "date"}}}, "not a JSON Schema type"),
      ({"type": "object", "properties": {}, "additionalProperties": True}, "additionalProperties true"),
@@ -163,7 +173,10 @@ def test_what_breaks_the_schema_or_its_order_is_refused(text):
      ({"type": "object", "properties": {"a": {"type": "string", "maxLength": 1000}}},
       r"maxLength must be .* \[0, 256\]"),
      ({"type": "object", "properties": {"a": {"type": "array", "minItems": 3, "maxItems": 2}}}, "minItems exceeds"),
-     ({"type": "object", "properties": {"a": {"type": "string", "minLength": True}}}, "minLength must be")],
+     ({"type": "object", "properties": {"a": {"type": "string", "minLength": True}}}, "minLength must be"),
+     ({"type": "object", "properties": {"a": {"type": "number", "minimum": 0}}}, "integers only"),
+     ({"type": "object", "properties": {"a": {"type": "integer", "minimum": 3, "maximum": 2.5}}}, "no integer"),
+     ({"type": "object", "properties": {"a": {"type": "integer", "minimum": "1"}}}, "finite numbers")],
 )  # fmt: skip
 def test_what_is_not_built_is_refused_by_name(schema, why):
     with pytest.raises(ValueError, match=why.replace("$", r"\$")):
@@ -202,3 +215,38 @@ def test_a_vocabulary_mask_is_each_token_stepped_alone():
     assert None not in states and len({s[0] for s in states}) > 60
     for state in states:
         assert masks.allowed(G, state).tolist() == [bool(t) and G.step(state, t) is not None for t in vocab], state
+
+
+@pytest.mark.parametrize(
+    "bounds",
+    [dict(minimum=0), dict(minimum=1, maximum=10), dict(minimum=-5, maximum=5), dict(maximum=-3),
+     dict(exclusiveMinimum=0, exclusiveMaximum=100), dict(minimum=-120, maximum=-7), dict(minimum=17),
+     dict(minimum=2.5, maximum=7.5), dict(minimum=0, exclusiveMinimum=True, maximum=3), dict(exclusiveMinimum=-1.5)],
+)  # fmt: skip
+def test_an_integer_s_range_is_exactly_its_integers(bounds):
+    g = grammar(json.dumps({"type": "object", "properties": {"n": {"type": "integer", **bounds}}, "required": ["n"]}))
+    lows, highs = [-math.inf], [math.inf]  # the reference: the keywords' meaning, one by one
+    if "minimum" in bounds:
+        lows.append(
+            math.ceil(bounds["minimum"]) if bounds.get("exclusiveMinimum") is not True else bounds["minimum"] + 1
+        )
+    if not isinstance(bounds.get("exclusiveMinimum", True), bool):
+        lows.append(math.floor(bounds["exclusiveMinimum"]) + 1)
+    if "maximum" in bounds:
+        highs.append(math.floor(bounds["maximum"]))
+    if "exclusiveMaximum" in bounds:
+        highs.append(math.ceil(bounds["exclusiveMaximum"]) - 1)
+    lo, hi = max(lows), min(highs)
+    rng = random.Random(7)
+    for n in [*range(-250, 250), *(rng.randint(-(10**9), 10**9) for _ in range(300))]:
+        assert complete(g.step(g.start, b'{"n":%d}' % n)) == (lo <= n <= hi), n
+    # no dead end: from every state its digits reach, the number can still end in range
+    todo, seen = [g.step(g.start, b'{"n":')], set()
+    while todo:
+        state = todo.pop()
+        nexts = [g.step(state, bytes([b])) for b in b"-0123456789"]
+        assert complete(g.step(state, b"}")) or any(nexts), state
+        for nxt in nexts:
+            if nxt is not None and nxt not in seen and len(seen) < 3000:
+                seen.add(nxt)
+                todo.append(nxt)
