@@ -7,6 +7,7 @@ returns to once it closes.  END is the state after the whole answer: only an EOS
 from __future__ import annotations
 
 import itertools
+from array import array
 from collections.abc import Callable
 from typing import Any
 
@@ -49,8 +50,9 @@ class Grammar:
                 self.pushes[ids[name], b] = 0 if back is None else ids[back]
         self.start: State = (3, ())
         self.serial = next(_SERIALS)  # (json_masks' cache key: unlike an id, never reused)
-        self._t: list[list[int]] = self.table.tolist()  # plain lists: ~4x faster than numpy scalars byte by byte
-        self._p: list[list[int]] = self.pushes.tolist()
+        # rows as arrays: read byte by byte as fast as lists (numpy scalars are ~4x slower), in half the memory
+        self._t = [array("h", row) for row in self.table.tolist()]
+        self._p = [array("h", row) for row in self.pushes.tolist()]
 
     def step(self, state: State | None, data: bytes) -> State | None:
         """The state after `data` from `state`, or None where a byte has no way on (None stays None)."""

@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from spmd_serve.engine import json_schema
 from spmd_serve.engine.grammar_table import DEAD, POP, Grammar, State, complete
 
 Mask = npt.NDArray[np.bool_]
@@ -76,18 +77,21 @@ class JsonVocab:
             mask[t] = grammar.step(state, self.token_bytes[t]) is not None
         return mask
 
-    def state_of(self, grammar: Grammar, holder: Any, output: Sequence[int]) -> State | None:
-        """The state after `output`, the output of `holder` (a Request) or one that extends it (a
-        draft position's).  The request keeps (tokens read, state) in `json_progress`, so each step
-        reads only its new tokens; output only ever grows, and anything else is read afresh."""
-        n, state = getattr(holder, "json_progress", None) or (0, grammar.start)
-        if n > len(output):
+    def state_of(self, holder: Any, output: Sequence[int]) -> tuple[Grammar, State | None]:
+        """The grammar of `holder`'s schema (a Request's, or a draft position's view of one) and the
+        state after `output`, its output or one that extends it.  The request keeps (grammar, tokens
+        read, state) in `json_progress`: each step reads only its new tokens (output only ever grows;
+        anything else is read afresh), and the grammar stays while the request does, whatever
+        json_schema.grammar's cache drops."""
+        kept = getattr(holder, "json_progress", None)
+        grammar, n, state = kept or (json_schema.grammar(holder.params.json_schema), 0, None)
+        if kept is None or n > len(output):
             n, state = 0, grammar.start
         for t in output[n:]:
             state = grammar.step(state, self.token_bytes[t] if 0 <= t < len(self) and self.token_bytes[t] else b"\0")
         if output is holder.output_token_ids and hasattr(holder, "json_progress"):
-            holder.json_progress = (len(output), state)
-        return state
+            holder.json_progress = (grammar, len(output), state)
+        return grammar, state
 
 
 def vocabulary_bytes(tokenizer: Any) -> list[bytes]:
@@ -96,12 +100,12 @@ def vocabulary_bytes(tokenizer: Any) -> list[bytes]:
     return [b"" if i in specials else tokenizer.token_bytes(i) for i in range(tokenizer.vocab_size)]
 
 
-def keeps_json(vocab: JsonVocab | None, grammar: Grammar, request: Any, tokens: Sequence[int]) -> bool:
-    """Whether `tokens` after `request`'s output keep its answer on `grammar`, an eos id only once the
-    answer is whole (a draw from a row where every such token was masked does not)."""
+def keeps_json(vocab: JsonVocab | None, request: Any, tokens: Sequence[int]) -> bool:
+    """Whether `tokens` after `request`'s output keep its answer on its schema's grammar, an eos id
+    only once the answer is whole (a draw from a row where every such token was masked does not)."""
     if vocab is None:
         return False
-    state = vocab.state_of(grammar, request, request.output_token_ids)
+    grammar, state = vocab.state_of(request, request.output_token_ids)
     for t in tokens:
         if t in request.eos_token_ids:
             return complete(state)

@@ -25,7 +25,7 @@ import numpy as np
 import numpy.typing as npt
 
 import ops.sample
-from spmd_serve.engine import json_masks, json_schema
+from spmd_serve.engine import json_masks
 from spmd_serve.engine.grammar_table import complete
 from spmd_serve.engine.json_masks import JsonVocab
 from spmd_serve.sampling_params import SamplingParams
@@ -63,8 +63,8 @@ def json_keep(vocab: JsonVocab | None, view: SampledRequest, width: int) -> npt.
     and its eos ids once it is whole."""
     if vocab is None:
         raise ValueError("a JSON answer needs the vocabulary's bytes, which no HTTP worker sent this engine")
-    grammar = json_schema.grammar(view.params.json_schema)
-    state = vocab.state_of(grammar, getattr(view, "holder", None) or view, view.output_token_ids)
+    holder = getattr(view, "holder", None)
+    grammar, state = vocab.state_of(holder or view, view.output_token_ids)
     keep = np.zeros(width, bool)
     n = min(width, len(vocab))
     keep[:n] = vocab.allowed(grammar, state)[:n]
@@ -84,7 +84,7 @@ def off_limits(request: SampledRequest, tokens: list[int], width: int, vocab: Js
             "no token of guided_choice's answers can be drawn at this step: each is masked (allowed_token_ids, "
             "bad_words, or an EOS id until min_tokens)"
         )
-    if p.json_schema and not json_masks.keeps_json(vocab, json_schema.grammar(p.json_schema), request, tokens):
+    if p.json_schema and not json_masks.keeps_json(vocab, request, tokens):
         return (
             "no token that keeps the answer on its JSON schema can be drawn at this step: each is masked "
             "(allowed_token_ids, bad_words or logit_bias)"

@@ -77,8 +77,8 @@ class Request:
         # it, then cleared: they are never part of all_token_ids), and how many tokens the last
         # update appended (1 + accepted drafts; a frame may carry several).
         self.draft_token_ids: list[int] = []
-        # params.json_schema: (output tokens read, the JSON parse state after them): engine/json_masks.py
-        self.json_progress: tuple[int, Any] | None = None
+        # params.json_schema: (its grammar, output tokens read, the parse state after them): engine/json_masks.py
+        self.json_progress: tuple[Any, int, Any] | None = None
         self.num_new_tokens = 0
         # params.prompt_logprobs: the entries of prompt tokens 1, 2, ... computed so far (kept across a
         # preemption: a recomputed chunk does not score them again), and whether an output carried them

@@ -16,7 +16,8 @@ from spmd_serve.engine.grammar_table import complete
 from spmd_serve.engine.json_masks import JsonVocab
 from spmd_serve.engine.json_schema import grammar
 from spmd_serve.engine.wire import WireError, vocab_from_wire, vocab_to_wire
-from spmd_serve.sampling_params import JSON_OBJECT
+from spmd_serve.sampling_params import JSON_OBJECT, SamplingParams
+from spmd_serve.scheduler.request import Request
 
 G = grammar(JSON_OBJECT)
 LEAVES = st.one_of(
@@ -122,19 +123,17 @@ def test_a_vocabulary_mask_is_each_token_stepped_alone():
 def test_the_parse_state_is_kept_on_the_request_and_read_on():
     vocab = [b"", b"{", b'"a"', b":", b"1", b"}", b"x"]
     masks = JsonVocab(vocab)
-
-    class Holder:
-        json_progress = None
-        output_token_ids = [1, 2, 3]
-
-    h = Holder()
-    assert masks.state_of(G, h, h.output_token_ids) == G.step(G.start, b'{"a":')
-    assert h.json_progress == (3, G.step(G.start, b'{"a":'))
+    h = Request("r", [1], SamplingParams(json_schema=JSON_OBJECT))
+    h.output_token_ids = [1, 2, 3]
+    assert masks.state_of(h, h.output_token_ids) == (G, G.step(G.start, b'{"a":'))
+    assert h.json_progress == (G, 3, G.step(G.start, b'{"a":'))
     h.output_token_ids += [4, 5]
-    assert complete(masks.state_of(G, h, h.output_token_ids)) and h.json_progress[0] == 5
+    assert complete(masks.state_of(h, h.output_token_ids)[1]) and h.json_progress[1] == 5
     draft = [*h.output_token_ids, 6]  # a draft position's output: read on, not kept
-    assert masks.state_of(G, h, draft) is None and h.json_progress[0] == 5
-    assert masks.state_of(G, h, [1]) == G.step(G.start, b"{")  # shorter than what was read: afresh
+    assert masks.state_of(h, draft)[1] is None and h.json_progress[1] == 5
+    assert masks.state_of(h, [1])[1] == G.step(G.start, b"{")  # shorter than what was read: afresh
+    grammar.cache_clear()  # the request keeps its own grammar whatever the cache drops
+    assert masks.state_of(h, h.output_token_ids)[0] is G
 
 
 def test_the_vocabulary_crosses_the_wire_whole():
