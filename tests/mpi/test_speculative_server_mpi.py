@@ -6,7 +6,8 @@ counts the drafts verified and accepted, by method.  SPECULATE_METHOD=draft_mode
 model drafting for itself gives the same answer with every greedy draft accepted, counted under
 method="draft_model", its draft plans timed as the step's "draft" phase.  SPECULATE_METHOD=mtp on
 deepseek-tiny (its MTP layer's `mtp/` export) answers as plain decoding does, counted under
-method="mtp"; on an export without an MTP layer it is refused at start in one line."""
+method="mtp"; on an export without an MTP layer it is refused at start in one line.  JSON answers
+(a schema's, json_object's) are the same with drafts from either method."""
 
 from __future__ import annotations
 
@@ -127,3 +128,35 @@ def test_mtp_on_a_model_without_an_mtp_layer_is_refused_at_start(served_tp1):
     lines = error_lines(res)
     assert res.returncode != 0 and len(lines) == 1, res.stderr[-2000:]
     assert f"SPECULATE_METHOD=mtp: MODEL_DIR={served_tp1} has no MTP draft (mtp/)" in lines[0]
+
+
+def test_json_answers_verify_drafts_as_plain_decoding(server, draft_server):
+    """JSON schemas with drafts: the draft model drafts without the schema's mask, so its drafts
+    leave the grammar and are refused at verification; the n-gram server's greedy answers, drafts
+    mostly unusable, are the reference.  Both give the same answers, each on its way to the schema's
+    value, and one whole where it stopped."""
+    import openai
+
+    schema = {"type": "object", "properties": {"a": {"type": "integer", "minimum": 0, "maximum": 99},
+              "b": {"enum": ["yes", "no"]}, "c": {"type": "array", "items": {"type": "boolean"}, "maxItems": 3}},
+              "required": ["a", "b", "c"]}  # fmt: skip
+    fmt = {"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}
+    answers = []
+    for srv in (server, draft_server):
+        client = openai.OpenAI(base_url=f"http://127.0.0.1:{srv.http_port}/v1", api_key="x", max_retries=0)
+        answers.append([
+            client.chat.completions.create(
+                model="default", messages=[{"role": "user", "content": f"Describe cat {i}."}], max_tokens=60,
+                temperature=0, response_format=fmt if i < 3 else {"type": "json_object"},
+            ).choices[0]
+            for i in range(5)
+        ])  # fmt: skip
+    assert [(c.message.content, c.finish_reason) for c in answers[0]] == [
+        (c.message.content, c.finish_reason) for c in answers[1]
+    ]
+    from spmd_serve.engine.grammar_table import complete
+    from spmd_serve.engine.json_schema import grammar
+
+    for c, g in zip(answers[1], [grammar(json.dumps(schema))] * 3 + [grammar('{"type":"object"}')] * 2):
+        state = g.step(g.start, c.message.content.encode())  # (a random-weight model: it may not stop)
+        assert state is not None and (c.finish_reason == "length" or complete(state)), c.message.content
