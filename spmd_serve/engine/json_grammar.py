@@ -8,9 +8,10 @@ A grammar is made from a schema's nodes (engine/json_schema.py): ("any",) any va
 ("anyarr",), ("object", ((key bytes, node, required), ...)) with its properties in that order (as
 vLLM's and outlines' grammars write them; an optional one may be left out), ("array", item node,
 minItems, maxItems or None), ("string", minLength, maxLength or None), ("integer",) or ("integer",
-minimum or None, maximum or None), ("number",),
-("enum", (the values' JSON bytes, ...)) (booleans, null, enum, const) and ("union", (node, ...)) of
-values that begin with different bytes. Node 0 is the root; OpenAI's json_object is (("anyobj",),).
+minimum or None, maximum or None), ("number",), ("enum", (the values' JSON bytes, ...)) (booleans,
+null, enum, const) and ("union", (node, ...)) (read as the set of its alternatives' states until
+they part: a discriminated union of objects too). Node 0 is the root; OpenAI's json_object is
+(("anyobj",),).
 
 Whitespace is llama.cpp's json.gbnf rule, so a model cannot pad forever: between two lexemes
 nothing, one space, or a newline and up to 20 spaces or tabs (a pretty-printed answer fits). Numbers
@@ -61,7 +62,7 @@ class _Builder:
         self.nodes = nodes
         self.kinds: dict[object, Callable[[Name], Edges]] = {
             "ws": self._ws_edges, "str": self._string, "num": self._number, "lit": self._literal, "key": self._key,
-            "intr": self._intr,
+            "intr": self._intr, "set": lambda name: self._union([self.edges(n) for n in name[1]]),
         }  # fmt: skip
 
     def edges(self, name: Name) -> Edges:
@@ -149,12 +150,24 @@ class _Builder:
             return self._value_number(exit_, kind == "integer")
         if kind == "enum":
             return self._enum(spec[1], exit_)
+        return self._union([self._value(alt, exit_) for alt in spec[1]])
+
+    def _union(self, alternatives: list[Edges]) -> Edges:
+        """Alternatives' edges as one (a subset construction): where several go on one byte, to the
+        set of their states, ("set", names), read on together until they part or meet; a free
+        container opened there must be the same for all of them."""
+        merged: dict[int, list[tuple[Name, Name | None]]] = {}
+        for edges in alternatives:
+            for b, edge in edges.items():
+                merged.setdefault(b, []).append(edge)
         out: Edges = {}
-        for alt in spec[1]:
-            edges = self._value(alt, exit_)
-            if set(edges) & set(out):
-                raise ValueError("json_schema: anyOf / oneOf / type lists whose values begin alike are not supported")
-            out.update(edges)
+        for b, ways in merged.items():
+            targets, backs = frozenset(t for t, _ in ways), {back for _, back in ways}
+            if len(backs) > 1 or (POP_NAME in targets and len(targets) > 1):
+                raise ValueError(
+                    "json_schema: anyOf / oneOf alternatives that open free containers alike are not built"
+                )
+            out[b] = (next(iter(targets)) if len(targets) == 1 else ("set", targets), backs.pop())
         return out
 
     def _value_string(self, exit_: Name, bounds: tuple[int, int | None] | None = None) -> Edges:

@@ -4,13 +4,13 @@
 Built: `type` (one, or a list), `properties` (written in their order; those not `required` may be
 left out), `required`, `additionalProperties` false or absent (OpenAI's strict mode: no other
 property), `items`, `minItems` / `maxItems` and `minLength` / `maxLength` (each up to MAX_BOUND), an
-integer's `minimum` / `maximum` (and their exclusive forms: engine/json_ranges.py), `enum`
-and `const` (written compactly), `anyOf` / `oneOf` of values that begin with different bytes
-(e.g. pydantic's Optional: a string or null), `$ref` into `$defs` / `definitions` (not
-recursive), and an object or array with nothing said of its contents (any).  Annotations
-(`title`, `description`, `default`, ...) change nothing.  Any other keyword (`pattern`, `format`,
-`multipleOf`, `uniqueItems`, a number's `minimum`, ...) is refused by name, as is a schema whose root is not an
-object: none is silently left out.
+integer's `minimum` / `maximum` (and their exclusive forms: engine/json_ranges.py), `enum` and
+`const` (written compactly), `anyOf` / `oneOf` (as anyOf, as vLLM's grammars read it: pydantic's
+Optional, a discriminated union of objects; not two free containers, e.g. two bare objects), `$ref`
+into `$defs` / `definitions` (not recursive), and an object or array with nothing said of its
+contents (any). Annotations (`title`, `description`, `default`, ...) change nothing. Any other
+keyword (`pattern`, `format`, `multipleOf`, `uniqueItems`, a number's `minimum`, ...) is refused by
+name, as is a schema whose root is not an object: none is silently left out.
 
 `grammar(text)` is cached on the schema's text: the HTTP worker checks a request's schema and the
 engine compiles it once for all the requests that send it.

@@ -35,6 +35,21 @@ SCHEMA: dict[str, Any] = {  # the shapes pydantic writes: $defs, Optional (anyOf
         "extra": {"type": "object"},
         "anything": {},
         "const": {"const": "fixed"},
+        "shape": {
+            "anyOf": [  # a discriminated union: read together until "kind" parts them
+                {
+                    "type": "object",
+                    "properties": {"kind": {"const": "circle"}, "r": {"type": "number"}},
+                    "required": ["kind", "r"],
+                },
+                {
+                    "type": "object",
+                    "properties": {"kind": {"const": "square"}, "side": {"type": "integer"}},
+                    "required": ["kind"],
+                },
+            ]
+        },
+        "num": {"anyOf": [{"type": "integer"}, {"type": "number"}]},
     },
     "required": ["name", "age"],
     "additionalProperties": False,
@@ -161,7 +176,7 @@ def test_what_breaks_the_schema_or_its_order_is_refused(text):
      ({"type": "object", "properties": {"a": {"type": "string", "pattern": "x"}}},
       "properties.a: the keyword 'pattern'"),
      ({"type": "object", "properties": {"a": {"type": "integer", "multipleOf": 2}}}, "'multipleOf'"),
-     ({"type": "object", "properties": {"a": {"anyOf": [{"type": "integer"}, {"type": "number"}]}}}, "begin alike"),
+     ({"type": "object", "properties": {"a": {"anyOf": [{"type": "object"}, PET]}}}, "free containers alike"),
      ({"type": "object", "properties": {"a": {"type": "date"}}}, "not a JSON Schema type"),
      ({"type": "object", "properties": {}, "additionalProperties": True}, "additionalProperties true"),
      ({"type": "object", "additionalProperties": {"type": "integer"}}, "other than true or false"),
@@ -207,7 +222,8 @@ def test_a_vocabulary_mask_is_each_token_stepped_alone():
     masks = JsonVocab(vocab)
     value = {"name": "x", "age": 3, "kind": 12, "tags": ["a"], "pair": [1, [2]], "pet": {"legs": 4, "name": "p"},
              "extra": {"q": [1, {}]},
-             "anything": [None, {"z": "]"}], "const": "fixed"}  # fmt: skip
+             "anything": [None, {"z": "]"}], "const": "fixed", "shape": {"kind": "square", "side": 3},
+             "num": 2.5}  # fmt: skip
     states = {G.start}
     for layout in LAYOUTS:
         text = json.dumps(value, **layout).encode()
