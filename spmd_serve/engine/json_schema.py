@@ -10,7 +10,7 @@ Optional, a discriminated union of objects; not two free containers, e.g. two ba
 into `$defs` / `definitions` (not recursive), and an object or array with nothing said of its
 contents (any). Annotations (`title`, `description`, `default`, ...) change nothing. Any other
 keyword (`pattern`, `format`, `multipleOf`, `uniqueItems`, a number's `minimum`, ...) is refused by
-name, as is a schema whose root is not an object: none is silently left out.
+name, as is a schema whose root is not an object or an array: none is silently left out.
 
 `grammar(text)` is cached on the schema's text: the HTTP worker checks a request's schema and the
 engine compiles it once for all the requests that send it.
@@ -181,6 +181,6 @@ def grammar(text: str) -> Grammar:
     schema = json.loads(text)
     nodes = _Nodes(schema if isinstance(schema, dict) else {})
     nodes.add(schema, "")
-    if nodes.nodes[0][0] not in ("object", "anyobj"):
-        raise ValueError("json_schema's root must be an object schema")
+    if nodes.nodes[0][0] not in ("object", "anyobj", "array", "anyarr"):  # (a bare scalar has no end)
+        raise ValueError("json_schema's root must be an object or array schema")
     return grammar_of(tuple(nodes.nodes))

@@ -177,7 +177,8 @@ def test_json_schema_answers_keep_to_the_schema(client):
 
 def test_a_named_tool_choice_answers_with_a_call_of_that_function(client):
     """The official client's tools with a named tool_choice: the answer is one call of the function,
-    its arguments the function's parameters once it stopped, streamed as the same call; "auto" is a 400."""
+    its arguments the function's parameters once it stopped, streamed as the same call; "auto" is a
+    400; "required" answers with calls of the tools."""
     weather = {"type": "function", "function": {"name": "get_weather", "parameters": {
         "type": "object", "properties": {"city": {"enum": ["Paris", "Rome"]}, "days": {"type": "integer"}},
         "required": ["city", "days"]}}}  # fmt: skip
@@ -200,6 +201,18 @@ def test_a_named_tool_choice_answers_with_a_call_of_that_function(client):
     assert "".join(pieces) == call.function.arguments and names == {"get_weather"}
     with pytest.raises(openai.BadRequestError, match="auto"):
         client.chat.completions.create(**{**kw, "tool_choice": "auto"})
+    # "required": a list of calls of any of the tools, whole in the last chunk when streamed
+    now = {"type": "function", "function": {"name": "now"}}
+    req = {**kw, "tools": [weather, now], "tool_choice": "required", "max_tokens": 60}
+    whole = client.chat.completions.create(**req).choices[0]
+    got = [(c.function.name, json.loads(c.function.arguments)) for c in whole.message.tool_calls or []]
+    assert whole.finish_reason in ("tool_calls", "length") and (whole.finish_reason == "tool_calls") == bool(got)
+    assert all(
+        name == "now" and args == {} or name == "get_weather" and set(args) == {"city", "days"} for name, args in got
+    )
+    last = [c for chunk in client.chat.completions.create(**req, stream=True) for c in chunk.choices][-1]
+    assert last.finish_reason == whole.finish_reason
+    assert [(c.function.name, json.loads(c.function.arguments)) for c in last.delta.tool_calls or []] == got
 
 
 def test_tokenize_counts_what_the_completions_count_and_detokenize_reads_back(client, tok):

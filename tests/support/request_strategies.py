@@ -193,8 +193,8 @@ OPENAI = {
             st.one_of(JUNK, st.lists(JUNK, min_size=1, max_size=2), st.just([{"type": "function", "function": {}}])),
         ),
         "tool_choice": Field(
-            st.sampled_from(["none", {"type": "function", "function": {"name": "get_weather"}}]),
-            st.one_of(st.sampled_from(["auto", "required", {"type": "function", "function": {"name": "x"}}]), JUNK),
+            st.sampled_from(["none", "required", {"type": "function", "function": {"name": "get_weather"}}]),
+            st.one_of(st.sampled_from(["auto", {"type": "function", "function": {"name": "x"}}]), JUNK),
         ),
     },
 }

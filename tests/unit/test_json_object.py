@@ -147,7 +147,7 @@ PERSON = {"type": "object", "properties": {"name": {"type": "string"}}, "require
      ({"guided_json": {"type": "object", "properties": {"a": {"type": "string", "format": "email"}}}},
       "guided_json: json_schema.properties.a: the keyword 'format' is not supported"),
      ({"guided_json": "{not json"}, "guided_json: Expecting"),
-     ({"guided_json": {"type": "array"}}, "root must be an object"),
+     ({"guided_json": {"type": "integer"}}, "root must be an object or array"),
      ({"response_format": {"type": "yaml"}}, "must be an object with type"), ({"response_format": "json"}, "must be"),
      ({"structured_outputs": {"json_object": 1}}, "must be a boolean"),
      ({"response_format": {"type": "json_object"}, "guided_json": PERSON},

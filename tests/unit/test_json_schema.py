@@ -172,7 +172,8 @@ def test_what_breaks_the_schema_or_its_order_is_refused(text):
 
 @pytest.mark.parametrize(
     "schema,why",
-    [({"type": "string"}, "root must be an object"), ({"type": "object", "minProperties": 1}, "'minProperties'"),
+    [({"type": "string"}, "root must be an object or array"),
+     ({"type": "object", "minProperties": 1}, "'minProperties'"),
      ({"type": "object", "properties": {"a": {"type": "string", "pattern": "x"}}},
       "properties.a: the keyword 'pattern'"),
      ({"type": "object", "properties": {"a": {"type": "integer", "multipleOf": 2}}}, "'multipleOf'"),

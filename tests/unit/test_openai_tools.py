@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from spmd_serve.engine.grammar_table import complete
+from spmd_serve.engine.json_schema import grammar
 from spmd_serve.frontend.common.parsing import Limits
 from spmd_serve.frontend.openai.format import ChoiceState, Formatter
 from spmd_serve.frontend.openai.protocol import OpenAIError, parse_openai
@@ -73,7 +75,6 @@ def test_a_named_tool_choice_holds_the_answer_to_the_function_s_parameters():
     "body,param,msg",
     [(dict(tools=[WEATHER]), "tool_choice", 'tool_choice "auto" is not supported'),
      (dict(tools=[WEATHER], tool_choice="auto"), "tool_choice", '"auto" is not supported'),
-     (dict(tools=[WEATHER], tool_choice="required"), "tool_choice", '"required" is not supported'),
      (dict(tools=[WEATHER], tool_choice={"type": "function", "function": {"name": "x"}}), "tool_choice",
       "one of tools"),
      (dict(tool_choice="auto"), "tool_choice", "needs tools"),
@@ -116,3 +117,40 @@ def test_the_answer_comes_back_as_one_tool_call_whole_and_streamed():
         "finish_reason": "stop",
     }
     assert all("content" not in c["delta"] for c in chunks)
+
+
+def test_tool_choice_required_holds_the_answer_to_a_list_of_calls_and_returns_them():
+    now = {"type": "function", "function": {"name": "now"}}
+    req = _parse(tools=[WEATHER, now], tool_choice="required", stream=True)
+    g = grammar(req.params.json_schema)
+    for text, whole in [('[{"name":"now","parameters":{}}]', True), ('[{"name": "get_weather", "parameters": '
+                        '{"city": "Rome"}}, {"name":"now","parameters":{}}]', True), ("[]", False),
+                        ('[{"name":"now","parameters":{"x":1}}]', False),
+                        ('[{"name":"get_weather","parameters":{}}]', False),
+                        ('{"name":"now","parameters":{}}', False)]:  # fmt: skip
+        assert complete(g.step(g.start, text.encode())) == whole, text
+    fmt = Formatter(req, "chatcmpl-1", FakeTokenizer(), "m")
+    text = '[{"name": "get_weather", "parameters": {"city": "Rome"}}, {"name": "now", "parameters": {}}]'
+    choice = fmt.whole([ChoiceState(0, text=text, finish_reason="stop")])["choices"][0]
+    calls = choice["message"]["tool_calls"]
+    assert choice["finish_reason"] == "tool_calls" and choice["message"]["content"] == ""
+    assert [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in calls] == [
+        ("get_weather", {"city": "Rome"}),
+        ("now", {}),
+    ]
+    assert len({c["id"] for c in calls}) == 2
+    cut = fmt.whole([ChoiceState(0, text=text[:30], finish_reason="length")])["choices"][0]  # no whole list
+    assert (cut["message"]["content"], cut["finish_reason"], "tool_calls" in cut["message"]) == (
+        text[:30],
+        "length",
+        False,
+    )
+    state = ChoiceState(0)
+    chunks = []
+    for piece, reason in ((text[:20], None), (text[20:], None), ("", "stop")):
+        state.text, state.finish_reason = state.text + piece, reason  # (as the handler advances it)
+        chunks.append(fmt.chunk([state], 0, piece, [], reason)["choices"][0])
+    assert [c["delta"] for c in chunks[:2]] == [{"role": "assistant"}, {}]  # the calls come whole, last
+    last = chunks[2]
+    assert last["finish_reason"] == "tool_calls" and [d["index"] for d in last["delta"]["tool_calls"]] == [0, 1]
+    assert last["delta"]["tool_calls"][0]["function"] == calls[0]["function"]

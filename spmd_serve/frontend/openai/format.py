@@ -130,9 +130,14 @@ class Formatter:
             if self.chat:
                 echoed = self.req.prompt_texts[0] if self.req.echo else ""  # vLLM's chat echo: the last message
                 message: dict[str, Any] = {"role": "assistant", "content": echoed + s.text}
-                if self.req.tool_function:  # vLLM's: the answer is the named function's arguments
+                reason, calls = s.finish_reason, self._calls(s, s.finish_reason)
+                if calls is not None:  # tool_choice "required"
+                    message, reason = {**message, "content": "", "tool_calls": calls}, "tool_calls"
+                elif (
+                    self.req.tool_function and self.req.tool_function != tools.REQUIRED
+                ):  # vLLM's: the answer is the named function's arguments
                     message = {**message, "content": echoed, "tool_calls": [self._call(s)]}
-                choices.append({"index": s.index, "message": message, "logprobs": lp, "finish_reason": s.finish_reason})
+                choices.append({"index": s.index, "message": message, "logprobs": lp, "finish_reason": reason})
             else:
                 text = (self.req.prompt_texts[s.index // self.req.n] if self.req.echo else "") + s.text
                 choices.append({"index": s.index, "text": text, "logprobs": lp, "finish_reason": s.finish_reason})
@@ -159,16 +164,8 @@ class Formatter:
         lp = self.logprobs(entries, state)
         if first and self.req.echo:  # the echoed prompt (completions) or last message (chat) first
             text = self.req.prompt_texts[state.index // self.req.n if not self.chat else 0] + text
-        if self.chat and self.req.tool_function and (text or first):
-            call = tools.tool_call_delta(self.req.tool_function, text, state.call_id, first)
-            delta: dict[str, Any] = {"role": "assistant", "tool_calls": [call]} if first else {"tool_calls": [call]}
-            choice = {"index": state.index, "delta": delta, "logprobs": lp, "finish_reason": finish_reason}
-        elif self.chat:
-            delta = (
-                {"role": "assistant", "content": text}
-                if first
-                else ({"content": text} if text or finish_reason is None else {})
-            )
+        if self.chat:
+            delta, finish_reason = self._chat_delta(state, text, first, finish_reason)
             choice = {"index": state.index, "delta": delta, "logprobs": lp, "finish_reason": finish_reason}
         else:
             choice = {"index": state.index, "text": text, "logprobs": lp, "finish_reason": finish_reason}
@@ -179,6 +176,31 @@ class Formatter:
 
     def _call(self, s: ChoiceState) -> dict[str, Any]:
         return tools.tool_call(self.req.tool_function, s.text, s.call_id)
+
+    def _chat_delta(
+        self, state: ChoiceState, text: str, first: bool, finish_reason: str | None
+    ) -> tuple[dict[str, Any], str | None]:
+        """A chat chunk's delta (and finish reason): text, a named tool call's arguments so far, or
+        tool_choice "required"'s calls, whole in the last chunk."""
+        role = {"role": "assistant"} if first else {}
+        if self.req.tool_function == tools.REQUIRED:
+            calls = self._calls(state, finish_reason)
+            if calls is not None:
+                return {**role, "tool_calls": [{"index": j, **c} for j, c in enumerate(calls)]}, "tool_calls"
+            # (cut short: no whole list of calls, its text the content)
+            return ({**role, "content": state.text} if finish_reason is not None else role), finish_reason
+        if self.req.tool_function and (text or first):
+            call = tools.tool_call_delta(self.req.tool_function, text, state.call_id, first)
+            return {**role, "tool_calls": [call]}, finish_reason
+        return ({**role, "content": text} if first or text or finish_reason is None else {}), finish_reason
+
+    def _calls(self, s: ChoiceState, reason: str | None) -> list[dict[str, Any]] | None:
+        """tool_choice "required": a finished answer's tool calls (None: not that, or cut short by
+        max_tokens, which leaves no whole list of calls: its text stays the content)."""
+        if self.req.tool_function != tools.REQUIRED or reason != "stop":
+            return None
+        calls = tools.calls_of(s.text)
+        return None if calls is None else [tools.tool_call(name, args, tools.call_id()) for name, args in calls]
 
     def usage_chunk(self, states: list[ChoiceState]) -> dict[str, Any]:
         body = self._envelope("chat.completion.chunk" if self.chat else "text_completion", [])

@@ -5,9 +5,11 @@
 * `tool_choice`: "none" (the tools are shown, the answer is text); a named function
   ({"type": "function", "function": {"name": ...}}): the answer is held to that function's
   `parameters` schema (engine/json_schema.py) and comes back as one tool call whose `arguments`
-  are the answer's text, streamed as tool-call deltas.  "auto" (OpenAI's default when tools are
-  given) and "required" need the model's tool calls parsed out of free text, which this server does
-  not do: each is a 400 saying so, as vLLM answers without --tool-call-parser.
+  are the answer's text, streamed as tool-call deltas.  "required" (vLLM's way): the answer is held
+  to a JSON list of one or more calls, [{"name": one of them, "parameters": its}, ...], and comes back
+  as those tool calls with finish_reason "tool_calls" (streamed: all in the last chunk).  "auto"
+  (OpenAI's default when tools are given) needs the model's tool calls parsed out of free text,
+  which this server does not do: a 400 saying so, as vLLM answers without --tool-call-parser.
 * Assistant messages that carried tool calls come back in `messages` with null content; their
   `arguments` strings are handed to the template as objects (vLLM's rule: HF templates write them
   with `tojson`).
@@ -25,6 +27,7 @@ from spmd_serve.frontend.common.parsing import show
 from spmd_serve.frontend.openai.fields import FieldError
 
 MAX_TOOLS = 128
+REQUIRED = "\0required"  # ToolRequest.function for tool_choice "required" (no function's name)
 _NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")  # OpenAI's rule for a function's name
 NO_PARAMETERS = {"type": "object", "properties": {}}  # a function whose `parameters` are left out takes none
 
@@ -35,7 +38,7 @@ class ToolRequest:
     function the answer is held to ("": none) and that function's parameters schema as JSON text."""
 
     tools: list[dict[str, Any]] | None = None
-    function: str = ""
+    function: str = ""  # (REQUIRED: tool_choice "required", a list of calls of any of them)
     schema: str = ""
 
 
@@ -48,14 +51,22 @@ def parse_tools(body: dict[str, Any]) -> ToolRequest:
     if not isinstance(tools, list) or len(tools) > MAX_TOOLS:
         raise FieldError(f"tools must be a list of at most {MAX_TOOLS} functions, got {show(tools)}", "tools")
     functions = {_function(t, i)["name"]: _function(t, i) for i, t in enumerate(tools)}
-    if choice is None or choice in ("auto", "required"):
+    if choice is None or choice == "auto":
         raise FieldError(
-            f'tool_choice "{choice or "auto"}" is not supported by this server (it does not parse tool calls out '
-            'of free text): send "none", or name the function ({"type": "function", "function": {"name": ...}})',
+            'tool_choice "auto" is not supported by this server (it does not parse tool calls out of free text): '
+            'send "none", "required", or name the function ({"type": "function", "function": {"name": ...}})',
             "tool_choice",
         )
     if choice == "none":
         return ToolRequest(tools)
+    if choice == "required":  # vLLM's: a JSON list of calls, each {"name": one of them, "parameters": its}
+        calls = [
+            {"type": "object", "required": ["name", "parameters"],
+             "properties": {"name": {"const": name}, "parameters": f.get("parameters", NO_PARAMETERS)}}
+            for name, f in functions.items()
+        ]  # fmt: skip
+        schema = {"type": "array", "minItems": 1, "items": {"anyOf": calls}}
+        return ToolRequest(tools, REQUIRED, json.dumps(schema, separators=(",", ":"), ensure_ascii=False))
     named = choice.get("function") if isinstance(choice, dict) and choice.get("type") == "function" else None
     name = named.get("name") if isinstance(named, dict) else None
     if not isinstance(name, str) or name not in functions:
@@ -114,6 +125,15 @@ def call_id() -> str:
 def tool_call(name: str, arguments: str, ident: str) -> dict[str, Any]:
     """The message's one tool call (the answer's text is its arguments)."""
     return {"id": ident, "type": "function", "function": {"name": name, "arguments": arguments}}
+
+
+def calls_of(text: str) -> list[tuple[str, str]] | None:
+    """A "required" answer's calls as (name, arguments JSON), or None where it is no whole list of them."""
+    try:
+        calls = json.loads(text)
+        return [(c["name"], json.dumps(c["parameters"], ensure_ascii=False)) for c in calls]
+    except (ValueError, TypeError, KeyError):  # (a stop string can cut the answer anywhere)
+        return None
 
 
 def tool_call_delta(name: str, arguments: str, ident: str, first: bool) -> dict[str, Any]:

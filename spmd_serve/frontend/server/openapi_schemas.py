@@ -167,11 +167,12 @@ def schemas(s: IOSettings) -> dict[str, Schema]:
                      "choices": _list(choice), "usage": _opt(ref("Usage")) if chunk
                      else ref("Usage")})
 
-    chat_choice = {"index": _int(0), "logprobs": chat_lp, "finish_reason": _opt(FINISH)}
+    chat_finish = {"enum": ["stop", "length", "tool_calls"]}  # (tool_calls: tool_choice "required")
+    chat_choice = {"index": _int(0), "logprobs": chat_lp, "finish_reason": _opt(chat_finish)}
     function = {"name": STR, "arguments": STR}  # a named tool_choice's answer: one call (its arguments streamed)
     call = _obj(["id", "type", "function"], {"id": STR, "type": {"const": "function"}, "function": _obj(
         ["name", "arguments"], function)})
-    call_delta = _obj(["index", "function"], {"index": {"const": 0}, "id": STR, "type": {"const": "function"},
+    call_delta = _obj(["index", "function"], {"index": _int(0), "id": STR, "type": {"const": "function"},
                                               "function": _obj(["arguments"], function)})
     cmpl_choice = {"index": _int(0), "text": STR, "logprobs": cmpl_lp,
                    "finish_reason": _opt(FINISH)}
@@ -205,10 +206,10 @@ def schemas(s: IOSettings) -> dict[str, Schema]:
             "tools": _opt(_list(_obj(["type", "function"], {"type": {"const": "function"}, "function": _obj(
                 ["name"], {"name": {"type": "string", "pattern": "^[A-Za-z0-9_-]{1,64}$"}, "description": STR,
                            "parameters": {"type": "object"}})}), maxItems=128)),
-            "tool_choice": _opt({"anyOf": [{"const": "none"}, _obj(["type", "function"], {
+            "tool_choice": _opt({"anyOf": [{"enum": ["none", "required"]}, _obj(["type", "function"], {
                 "type": {"const": "function"}, "function": _obj(["name"], {"name": STR})})],
-                "description": '"none", or a function of tools named: the answer is its call ("auto", '
-                '"required": not built)'})},
+                "description": '"none"; "required": a list of calls; or a function of tools named: the answer is '
+                'its call ("auto": not built)'})},
             description=unsupported, additionalProperties=False),
         "Usage": usage,
         "NativeUsage": native_usage,
