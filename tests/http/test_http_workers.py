@@ -211,6 +211,27 @@ def test_the_hellos_carry_the_tokenizer_facts_rank_0_needs(harness):
     assert 1 not in fresh.hub.workers and fresh.hub.warm_up_ids == []
 
 
+def test_each_worker_sends_the_vocabulary_once_ahead_of_its_first_json_request(harness):
+    """Rank 0 holds no tokenizer: a worker sends every token's bytes (special ones empty) before its
+    first request with a JSON schema, once; the engine takes them as a command, before that request."""
+    from spmd_serve.engine.json_masks import vocabulary_bytes
+    from tests.support.fakes import FakeTokenizer
+
+    h = harness()
+    body = {"model": "default", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}
+    plain = requests.post(h.workers[0].base + "/v1/chat/completions", json=body, timeout=10)
+    assert plain.status_code == 200 and h.engine.vocabs == []
+    as_json = {**body, "response_format": {"type": "json_object"}}
+    for w, sent in ((0, 1), (0, 1), (1, 2)):
+        res = requests.post(h.workers[w].base + "/v1/chat/completions", json=as_json, timeout=10)
+        assert res.status_code == 200, res.text
+        assert len(h.engine.vocabs) == sent
+    want = vocabulary_bytes(FakeTokenizer())
+    assert [v for _, v in h.engine.vocabs] == [want, want] and b"" in want and any(want)
+    first = h.engine.vocabs[0][0]  # adds taken before the first vocabulary: the plain request's
+    assert first == 1 and h.engine.added[first].params.json_schema
+
+
 def test_a_worker_that_exited_after_saying_why_is_reported_by_its_reason():
     """A worker that fails (a bad tokenizer) sends its reason and exits, possibly long before rank 0,
     still loading, waits for the hellos: the reason is the error, not the bare exit code."""

@@ -29,10 +29,11 @@ class FakeTokenizer:
     bos_token_id = BOS
     has_chat_template = True
     vocab_size = 0x110000 + OFFSET
+    special_token_ids = frozenset({BOS, EOS})
     poison: frozenset[int] = frozenset()  # ids the detokenizer fails on
 
     def token_bytes(self, token_id: int) -> bytes:
-        return self.decode([token_id]).encode()
+        return self.decode([token_id]).encode("utf-8", "surrogatepass")  # (a lone surrogate's bytes too)
 
     def pieces(self, ids: list[int]) -> list[str]:
         return [self.decode([i]) for i in ids]

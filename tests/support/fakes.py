@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import requests
 
-from spmd_serve.engine.client import AbortCommand, AddCommand, EngineClient, RequestOutput
+from spmd_serve.engine.client import AbortCommand, AddCommand, EngineClient, RequestOutput, VocabCommand
 from tests.support.fake_tokenizer import BOS, EOS, OFFSET, FakeDetokenizer, FakeTokenizer  # noqa: F401 (re-exported)
 
 
@@ -76,6 +76,7 @@ class FakeEngine:
         self.step_s = step_s
         self.aborted: list[str] = []
         self.added: list[AddCommand] = []
+        self.vocabs: list[tuple[int, list[bytes]]] = []  # (adds taken before it, the tokens' bytes)
         self.fail_after: dict[str, int] = {}  # req_id -> fail with error after this many tokens
         self.prefix_cache = False  # report cached prompt tokens as the real engine would
         self.paused = threading.Event()  # no steps and no heartbeat while set
@@ -116,6 +117,8 @@ class FakeEngine:
                 if isinstance(cmd, AbortCommand):
                     self.aborted.append(cmd.req_id)
                     self._running.pop(cmd.req_id, None)
+                elif isinstance(cmd, VocabCommand):  # (the fake masks no JSON answer: kept for the tests)
+                    self.vocabs.append((len(self.added), cmd.token_bytes))
                 else:
                     earlier = [c.prompt_token_ids for c in self.added] if self.prefix_cache else []
                     cached = fake_cached_tokens(cmd.prompt_token_ids, earlier)
