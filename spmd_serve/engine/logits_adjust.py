@@ -87,7 +87,7 @@ def off_limits(request: SampledRequest, tokens: list[int], width: int, vocab: Js
     if p.json_schema and not json_masks.keeps_json(vocab, request, tokens):
         return (
             "no token that keeps the answer on its JSON schema can be drawn at this step: each is masked "
-            "(allowed_token_ids, bad_words or logit_bias)"
+            "(allowed_token_ids, bad_words or logit_bias), or no token of the vocabulary writes what must come next"
         )
     if p.allowed_token_ids and not set(tokens) <= set(p.allowed_token_ids):
         return (
