@@ -48,6 +48,11 @@ class JsonVocab:
     def __len__(self) -> int:
         return len(self.token_bytes)
 
+    def written(self, t: int) -> bytes:
+        """Token t's bytes as a grammar reads them: a special token, or an id past the table, as a
+        byte no grammar takes (such a token leaves every answer)."""
+        return self.token_bytes[t] if 0 <= t < len(self) and self.token_bytes[t] else b"\0"
+
     def _table_part(self, grammar: Grammar, s: int) -> tuple[Mask, list[int]]:
         """(tokens the table lets through from table state `s` whatever the stack, tokens that
         reach a closing bracket on the way), both over the vocabulary's ids."""
@@ -88,7 +93,7 @@ class JsonVocab:
         if kept is None or n > len(output):
             n, state = 0, grammar.start
         for t in output[n:]:
-            state = grammar.step(state, self.token_bytes[t] if 0 <= t < len(self) and self.token_bytes[t] else b"\0")
+            state = grammar.step(state, self.written(t))
         if output is holder.output_token_ids and hasattr(holder, "json_progress"):
             holder.json_progress = (grammar, len(output), state)
         return grammar, state
@@ -109,5 +114,5 @@ def keeps_json(vocab: JsonVocab | None, request: Any, tokens: Sequence[int]) -> 
     for t in tokens:
         if t in request.eos_token_ids:
             return complete(state)
-        state = grammar.step(state, vocab.token_bytes[t] if 0 <= t < len(vocab) and vocab.token_bytes[t] else b"\0")
+        state = grammar.step(state, vocab.written(t))
     return state is not None
