@@ -9,6 +9,7 @@ import pytest
 import requests
 
 from tests.support.fakes import FakeTokenizer, echo, wait_idle
+from tests.support.hf_tokenizer_dirs import QWEN2_TEMPLATE
 
 TOK = FakeTokenizer()
 
@@ -206,3 +207,24 @@ def test_a_vanishing_temperature_is_greedy():
     from spmd_serve.sampling_params import SamplingParams
 
     assert SamplingParams(temperature=1e-320).greedy and not SamplingParams(temperature=0.1).greedy
+
+
+def test_tool_choice_auto_returns_the_calls_the_answer_wrote(make_server):
+    """The official client with tools and no tool_choice ("auto"), a model whose template writes
+    <tool_call> blocks: the fake engine echoes a prompt holding one, and the answer comes back as the
+    call plus the text around it, whole and streamed (a character a step) alike."""
+    srv = make_server(max_dec_len=128)
+    srv.tokenizer.chat_template_source = QWEN2_TEMPLATE
+    c = openai.OpenAI(base_url=srv.base + "/v1", api_key="k", max_retries=0)
+    now = {"type": "function", "function": {"name": "now", "parameters": {"type": "object", "properties": {}}}}
+    call = '<tool_call>{"name": "now", "arguments": {}}</tool_call>'
+    kw = dict(model="default", messages=[{"role": "user", "content": "Hi" + call}], tools=[now], max_tokens=120)
+    kw["stop"] = ["\n<assistant>"]  # (the fake's rendering after the message: the answer stops there)
+    whole = c.chat.completions.create(**kw).choices[0]
+    assert (whole.message.content, whole.finish_reason) == ("<tools>now\n<user>Hi", "tool_calls")
+    assert [(t.function.name, t.function.arguments) for t in whole.message.tool_calls] == [("now", "{}")]
+    chunks = [ch.choices[0] for ch in c.chat.completions.create(**kw, stream=True)]
+    assert "".join(ch.delta.content or "" for ch in chunks) == whole.message.content
+    calls = [t for ch in chunks for t in ch.delta.tool_calls or []]
+    assert [(t.index, t.function.name, t.function.arguments) for t in calls] == [(0, "now", "{}")]
+    assert chunks[-1].finish_reason == "tool_calls" and calls[0].id.startswith("chatcmpl-tool-")

@@ -28,6 +28,7 @@ class FakeTokenizer:
     eos_token_ids = [EOS]
     bos_token_id = BOS
     has_chat_template = True
+    chat_template_source: str | None = None  # (its template shows no tools: tool_choice "auto" refused)
     vocab_size = 0x110000 + OFFSET
     special_token_ids = frozenset({BOS, EOS})
     poison: frozenset[int] = frozenset()  # ids the detokenizer fails on

@@ -38,7 +38,9 @@ QWEN2_TEMPLATE = (
     '        {{- "\\n" }}\n'
     "        {{- tool | tojson }}\n"
     "    {%- endfor %}\n"
-    '    {{- "\\n</tools><|im_end|>\\n" }}\n'
+    '    {{- "\\n</tools>\\n\\nFor each function call, return a json object with function name and arguments '
+    'within <tool_call></tool_call> XML tags:\\n<tool_call>\\n{\\"name\\": <function-name>, \\"arguments\\": '
+    '<args-json-object>}\\n</tool_call><|im_end|>\\n" }}\n'
     "{%- else %}\n"
     "    {%- if messages[0]['role'] == 'system' %}\n"
     "        {{- '<|im_start|>system\\n' + messages[0]['content'] + '<|im_end|>\\n' }}\n"

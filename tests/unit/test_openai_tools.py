@@ -1,7 +1,8 @@
 """OpenAI's function tools in chat requests (spmd_serve/frontend/openai/tools.py): the tools and a
 history with tool calls reach the chat template as transformers passes them (the prompt ids equal
 apply_chat_template's), a named tool_choice holds the answer to the function's parameters and
-returns it as a tool call (whole and streamed), and what is not built is refused by name."""
+returns it as a tool call (whole and streamed), "auto" reads the calls out of a free answer in the
+template's format (whole and streamed), and what is not built is refused by name."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from spmd_serve.engine.json_schema import grammar
 from spmd_serve.frontend.common.parsing import Limits
 from spmd_serve.frontend.openai.format import ChoiceState, Formatter
 from spmd_serve.frontend.openai.protocol import OpenAIError, parse_openai
+from spmd_serve.frontend.openai.tool_parsers import HERMES
 from spmd_serve.frontend.text.tokenizer import ServingTokenizer
 from tests.support.fake_tokenizer import FakeTokenizer
 from tests.support.hf_tokenizer_dirs import QWEN2_TEMPLATE, write_byte_level_dir
@@ -73,8 +75,8 @@ def test_a_named_tool_choice_holds_the_answer_to_the_function_s_parameters():
 
 @pytest.mark.parametrize(
     "body,param,msg",
-    [(dict(tools=[WEATHER]), "tool_choice", 'tool_choice "auto" is not supported'),
-     (dict(tools=[WEATHER], tool_choice="auto"), "tool_choice", '"auto" is not supported'),
+    [(dict(tools=[WEATHER]), "tool_choice", "template shows it the tools, and this one's does not"),
+     (dict(tools=[WEATHER], tool_choice="auto"), "tool_choice", '"auto" (the default with tools) needs'),
      (dict(tools=[WEATHER], tool_choice={"type": "function", "function": {"name": "x"}}), "tool_choice",
       "one of tools"),
      (dict(tool_choice="auto"), "tool_choice", "needs tools"),
@@ -154,3 +156,42 @@ def test_tool_choice_required_holds_the_answer_to_a_list_of_calls_and_returns_th
     last = chunks[2]
     assert last["finish_reason"] == "tool_calls" and [d["index"] for d in last["delta"]["tool_calls"]] == [0, 1]
     assert last["delta"]["tool_calls"][0]["function"] == calls[0]["function"]
+
+
+def _hermes_tokenizer() -> FakeTokenizer:
+    tok = FakeTokenizer()
+    tok.chat_template_source = QWEN2_TEMPLATE  # (the model writes <tool_call> blocks)
+    return tok
+
+
+def test_tool_choice_auto_reads_the_calls_out_of_a_free_answer():
+    tok = _hermes_tokenizer()
+    now = {"type": "function", "function": {"name": "now"}}
+    for choice in ({}, {"tool_choice": "auto"}):  # (OpenAI's default with tools)
+        req = _parse(tok, tools=[WEATHER, now], stream=True, **choice)
+        assert (req.tool_format, req.tool_names, req.params.json_schema) == (HERMES, {"get_weather", "now"}, "")
+    fmt = Formatter(req, "chatcmpl-1", tok, "m")
+    text = 'Let me see.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>\n'
+    text += '<tool_call>{"name": "now", "arguments": {}}</tool_call>'
+    choice = fmt.whole([ChoiceState(0, text=text, finish_reason="stop")])["choices"][0]
+    calls = [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in choice["message"]["tool_calls"]]
+    assert calls == [("get_weather", {"city": "Paris"}), ("now", {})] and choice["finish_reason"] == "tool_calls"
+    assert choice["message"]["content"] == "Let me see.\n"
+    only = fmt.whole([ChoiceState(0, text=text[len("Let me see.\n") :], finish_reason="stop")])["choices"][0]["message"]
+    assert only["content"] is None and len(only["tool_calls"]) == 2  # no text besides the calls: null
+    plain = fmt.whole([ChoiceState(0, text="It is sunny.", finish_reason="stop")])["choices"][0]
+    assert (plain["message"], plain["finish_reason"]) == ({"role": "assistant", "content": "It is sunny."}, "stop")
+    cut = fmt.whole([ChoiceState(0, text=text[:40], finish_reason="length")])["choices"][0]
+    assert (cut["message"]["content"], cut["finish_reason"], "tool_calls" in cut["message"]) == (text[:40], "length",
+                                                                                                   False)  # fmt: skip
+    # streamed a character at a time: text that may begin a call is held (no chunk), calls come whole
+    state, chunks = ChoiceState(0), []
+    for k, piece in enumerate(text):
+        chunks.append(fmt.chunk([state], 0, piece, [], "stop" if k == len(text) - 1 else None))
+    sent = [c["choices"][0] for c in chunks if c is not None]
+    assert len(sent) < len(chunks) and sent[0]["delta"]["role"] == "assistant"
+    assert "".join(c["delta"].get("content") or "" for c in sent) == "Let me see.\n"
+    deltas = [d for c in sent for d in c["delta"].get("tool_calls", [])]
+    assert [(d["index"], d["function"]["name"], json.loads(d["function"]["arguments"])) for d in deltas] == [
+        (0, "get_weather", {"city": "Paris"}), (1, "now", {})]  # fmt: skip
+    assert len({d["id"] for d in deltas}) == 2 and sent[-1]["finish_reason"] == "tool_calls"

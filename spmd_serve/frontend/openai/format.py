@@ -10,7 +10,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from spmd_serve.frontend.openai import tools
+from spmd_serve.frontend.openai import tool_parsers, tools
 from spmd_serve.frontend.openai.protocol import OpenAIRequest
 
 # (chosen logprob, [(token id, logprob)] top n), as the engine reports per token; None for a prompt's
@@ -32,6 +32,8 @@ class ChoiceState:
     cached_tokens: int = 0  # of its prompt, served from the prefix cache
     prompt_logprobs: list[Any] | None = None  # vLLM's: [None, {token id: {logprob, rank, decoded_token}}, ...]
     call_id: str = field(default_factory=tools.call_id)  # a named tool_choice: the id of the choice's call
+    calls: tool_parsers.CallParser | None = None  # tool_choice "auto": the streamed answer's reader
+    num_calls: int = 0  # ... and the calls it has sent
 
 
 class Formatter:
@@ -133,6 +135,8 @@ class Formatter:
                 reason, calls = s.finish_reason, self._calls(s, s.finish_reason)
                 if calls is not None:  # tool_choice "required"
                     message, reason = {**message, "content": "", "tool_calls": calls}, "tool_calls"
+                elif self.req.tool_function == tools.AUTO:
+                    message, reason = self._auto_message(echoed + s.text, reason)
                 elif (
                     self.req.tool_function and self.req.tool_function != tools.REQUIRED
                 ):  # vLLM's: the answer is the named function's arguments
@@ -156,9 +160,10 @@ class Formatter:
         text: str,
         entries: list[tuple[int, TokenLogprobs]],
         finish_reason: str | None,
-    ) -> dict[str, Any]:
+    ) -> dict[str, Any] | None:
         """One streamed chunk of choice i (its first carries the role / the echoed prompt); its
-        usage: null, or with continuous_usage_stats the request's so far (every choice, as at the end)."""
+        usage: null, or with continuous_usage_stats the request's so far (every choice, as at the end).
+        None: nothing to send yet (text that may begin a tool call, held back)."""
         state = states[i]
         first, state.started = not state.started, True
         lp = self.logprobs(entries, state)
@@ -166,6 +171,8 @@ class Formatter:
             text = self.req.prompt_texts[state.index // self.req.n if not self.chat else 0] + text
         if self.chat:
             delta, finish_reason = self._chat_delta(state, text, first, finish_reason)
+            if self.req.tool_function == tools.AUTO and not (delta or finish_reason or lp):
+                return None  # (text that may begin a call, held back)
             choice = {"index": state.index, "delta": delta, "logprobs": lp, "finish_reason": finish_reason}
         else:
             choice = {"index": state.index, "text": text, "logprobs": lp, "finish_reason": finish_reason}
@@ -189,6 +196,8 @@ class Formatter:
                 return {**role, "tool_calls": [{"index": j, **c} for j, c in enumerate(calls)]}, "tool_calls"
             # (cut short: no whole list of calls, its text the content)
             return ({**role, "content": state.text} if finish_reason is not None else role), finish_reason
+        if self.req.tool_function == tools.AUTO:
+            return self._auto_delta(state, text, role, finish_reason)
         if self.req.tool_function and (text or first):
             call = tools.tool_call_delta(self.req.tool_function, text, state.call_id, first)
             return {**role, "tool_calls": [call]}, finish_reason
@@ -201,6 +210,39 @@ class Formatter:
             return None
         calls = tools.calls_of(s.text)
         return None if calls is None else [tools.tool_call(name, args, tools.call_id()) for name, args in calls]
+
+    def _reader(self) -> tool_parsers.CallParser:
+        return tool_parsers.CallParser(self.req.tool_format, self.req.tool_names)
+
+    def _auto_message(self, text: str, reason: str | None) -> tuple[dict[str, Any], str | None]:
+        """tool_choice "auto": the answer's message (the calls read out of its text, the rest its
+        content: null where nothing else) and finish reason ("tool_calls" where it stopped on calls)."""
+        reader = self._reader()
+        (content, calls), (more, later) = reader.feed(text), reader.finish()
+        calls += later
+        message: dict[str, Any] = {"role": "assistant", "content": content + more or (None if calls else "")}
+        if not calls:
+            return message, reason
+        message["tool_calls"] = [tools.tool_call(name, args, tools.call_id()) for name, args in calls]
+        return message, "tool_calls" if reason == "stop" else reason
+
+    def _auto_delta(
+        self, state: ChoiceState, text: str, role: dict[str, str], finish_reason: str | None
+    ) -> tuple[dict[str, Any], str | None]:
+        """... streamed: the text that cannot begin a call, and each call once it is closed."""
+        state.calls = state.calls or self._reader()
+        content, calls = state.calls.feed(text)
+        if finish_reason is not None:
+            more, later = state.calls.finish()
+            content, calls = content + more, calls + later
+        delta: dict[str, Any] = {**role, "content": content} if content or (role and not calls) else {}
+        if calls:
+            delta["tool_calls"] = [
+                {"index": state.num_calls + j, **tools.tool_call(name, args, tools.call_id())}
+                for j, (name, args) in enumerate(calls)
+            ]
+            state.num_calls += len(calls)
+        return delta, "tool_calls" if finish_reason == "stop" and state.num_calls else finish_reason
 
     def usage_chunk(self, states: list[ChoiceState]) -> dict[str, Any]:
         body = self._envelope("chat.completion.chunk" if self.chat else "text_completion", [])

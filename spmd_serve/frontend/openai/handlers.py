@@ -210,7 +210,8 @@ class OpenAIServing:
                 reason = states[i].finish_reason
                 if not (text or reason or entries or not states[i].started):
                     continue  # text held back for a stop string and nothing else
-                if not await h.send_chunk(sse(fmt.chunk(states, i, text, entries, reason)), SSE):
+                chunk = fmt.chunk(states, i, text, entries, reason)
+                if chunk is not None and not await h.send_chunk(sse(chunk), SSE):
                     return
         except GenerationError as e:
             if not h.started:  # nothing sent yet: a plain HTTP error

@@ -14,7 +14,7 @@ from typing import Any
 
 from spmd_serve.frontend.common.parsing import Limits
 from spmd_serve.frontend.openai import prompts as prompts_of
-from spmd_serve.frontend.openai import token_params, tools
+from spmd_serve.frontend.openai import token_params, tool_parsers, tools
 from spmd_serve.frontend.openai.body import OpenAIError as OpenAIError  # (re-exported: the parsers' refusal)
 from spmd_serve.frontend.openai.body import get
 from spmd_serve.frontend.openai.fields import FieldError, check_fields
@@ -42,6 +42,8 @@ class OpenAIRequest:
     tokens_as_ids: bool = False  # vLLM's return_tokens_as_token_ids: logprobs name tokens "token_id:<id>"
     prompt_logprobs: int | None = None  # vLLM's: the prompt's tokens scored, with the top k of each position
     tool_function: str = ""  # a named tool_choice: the answer is that function's call (frontend/openai/tools.py)
+    tool_names: frozenset[str] = frozenset()  # tool_choice "auto": the tools whose calls are read out of the answer
+    tool_format: str = ""  # ... in this format (openai.tool_parsers)
 
 
 def _stop(body: dict[str, Any]) -> tuple[str, ...]:
@@ -143,7 +145,8 @@ def parse_openai(
     echo = get(body, "echo", "bool", False)
     scores = echo and kind == "completion"  # completions' echo scores the prompt (chat's repeats a message)
     try:
-        calls = tools.parse_tools(body) if kind == "chat" else tools.ToolRequest()
+        template = getattr(tokenizer, "chat_template_source", None)
+        calls = tools.parse_tools(body, tool_parsers.format_of(template)) if kind == "chat" else tools.ToolRequest()
     except FieldError as e:
         raise OpenAIError(400, e.msg, e.param) from None
     if kind == "completion":
@@ -201,7 +204,7 @@ def parse_openai(
     flags = dict(echo=echo, logprobs=logprobs, echo_only=not max_tokens, continues=continues)
     flags["tokens_as_ids"] = get(body, "return_tokens_as_token_ids", "bool", False)
     flags["prompt_logprobs"] = prompt_k
-    flags["tool_function"] = calls.function
+    flags.update(tool_function=calls.function, tool_names=calls.names, tool_format=calls.format)
     try:  # (every field was checked above: this is the engine's own bounds, once more)
         params.validate()
     except ValueError as e:

@@ -1,4 +1,4 @@
-"""OpenAI's function tools in chat requests, as vLLM serves them without a tool-call parser.
+"""OpenAI's function tools in chat requests, as vLLM serves them.
 
 * `tools`: the functions, checked and handed to the chat template as its `tools` variable (as
   transformers' apply_chat_template does), so a model trained on a tool format sees them.
@@ -8,8 +8,9 @@
   are the answer's text, streamed as tool-call deltas.  "required" (vLLM's way): the answer is held
   to a JSON list of one or more calls, [{"name": one of them, "parameters": its}, ...], and comes back
   as those tool calls with finish_reason "tool_calls" (streamed: all in the last chunk).  "auto"
-  (OpenAI's default when tools are given) needs the model's tool calls parsed out of free text,
-  which this server does not do: a 400 saying so, as vLLM answers without --tool-call-parser.
+  (OpenAI's default when tools are given): the answer is free, and the calls the model writes in
+  its template's format are read out of it (openai.tool_parsers); refused where the model's
+  template never shows the tools.
 * Assistant messages that carried tool calls come back in `messages` with null content; their
   `arguments` strings are handed to the template as objects (vLLM's rule: HF templates write them
   with `tojson`).
@@ -28,6 +29,7 @@ from spmd_serve.frontend.openai.fields import FieldError
 
 MAX_TOOLS = 128
 REQUIRED = "\0required"  # ToolRequest.function for tool_choice "required" (no function's name)
+AUTO = "\0auto"  # ... and for "auto"
 _NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")  # OpenAI's rule for a function's name
 NO_PARAMETERS = {"type": "object", "properties": {}}  # a function whose `parameters` are left out takes none
 
@@ -35,14 +37,18 @@ NO_PARAMETERS = {"type": "object", "properties": {}}  # a function whose `parame
 @dataclass(frozen=True)
 class ToolRequest:
     """What a chat request's tool fields ask: the template's `tools` (None: none given), the named
-    function the answer is held to ("": none) and that function's parameters schema as JSON text."""
+    function the answer is held to ("": none) and that function's parameters schema as JSON text;
+    for "auto", the tools' names and the format their calls are read in."""
 
     tools: list[dict[str, Any]] | None = None
-    function: str = ""  # (REQUIRED: tool_choice "required", a list of calls of any of them)
+    function: str = ""  # (REQUIRED: tool_choice "required", a list of calls of any of them; AUTO)
     schema: str = ""
+    names: frozenset[str] = frozenset()
+    format: str = ""  # AUTO: tool_parsers.HERMES or JSON
 
 
-def parse_tools(body: dict[str, Any]) -> ToolRequest:
+def parse_tools(body: dict[str, Any], call_format: str | None) -> ToolRequest:
+    """`call_format`: the format of the tool calls the model's template teaches (None: it shows no tools)."""
     tools, choice = body.get("tools"), body.get("tool_choice")
     if tools is None or tools == []:  # (no tools: as none given)
         if choice not in (None, "none"):
@@ -52,11 +58,14 @@ def parse_tools(body: dict[str, Any]) -> ToolRequest:
         raise FieldError(f"tools must be a list of at most {MAX_TOOLS} functions, got {show(tools)}", "tools")
     functions = {_function(t, i)["name"]: _function(t, i) for i, t in enumerate(tools)}
     if choice is None or choice == "auto":
-        raise FieldError(
-            'tool_choice "auto" is not supported by this server (it does not parse tool calls out of free text): '
-            'send "none", "required", or name the function ({"type": "function", "function": {"name": ...}})',
-            "tool_choice",
-        )
+        if call_format is None:
+            raise FieldError(
+                'tool_choice "auto" (the default with tools) needs a model whose chat template shows it the tools, '
+                'and this one\'s does not: send "none", "required", or name the function '
+                '({"type": "function", "function": {"name": ...}})',
+                "tool_choice",
+            )
+        return ToolRequest(tools, AUTO, names=frozenset(functions), format=call_format)
     if choice == "none":
         return ToolRequest(tools)
     if choice == "required":  # vLLM's: a JSON list of calls, each {"name": one of them, "parameters": its}

@@ -167,7 +167,7 @@ def schemas(s: IOSettings) -> dict[str, Schema]:
                      "choices": _list(choice), "usage": _opt(ref("Usage")) if chunk
                      else ref("Usage")})
 
-    chat_finish = {"enum": ["stop", "length", "tool_calls"]}  # (tool_calls: tool_choice "required")
+    chat_finish = {"enum": ["stop", "length", "tool_calls"]}  # (tool_calls: tool_choice "required", "auto")
     chat_choice = {"index": _int(0), "logprobs": chat_lp, "finish_reason": _opt(chat_finish)}
     function = {"name": STR, "arguments": STR}  # a named tool_choice's answer: one call (its arguments streamed)
     call = _obj(["id", "type", "function"], {"id": STR, "type": {"const": "function"}, "function": _obj(
@@ -206,10 +206,11 @@ def schemas(s: IOSettings) -> dict[str, Schema]:
             "tools": _opt(_list(_obj(["type", "function"], {"type": {"const": "function"}, "function": _obj(
                 ["name"], {"name": {"type": "string", "pattern": "^[A-Za-z0-9_-]{1,64}$"}, "description": STR,
                            "parameters": {"type": "object"}})}), maxItems=128)),
-            "tool_choice": _opt({"anyOf": [{"enum": ["none", "required"]}, _obj(["type", "function"], {
+            "tool_choice": _opt({"anyOf": [{"enum": ["none", "auto", "required"]}, _obj(["type", "function"], {
                 "type": {"const": "function"}, "function": _obj(["name"], {"name": STR})})],
-                "description": '"none"; "required": a list of calls; or a function of tools named: the answer is '
-                'its call ("auto": not built)'})},
+                "description": '"none"; "auto" (the default with tools; a model whose chat template shows tools): '
+                'the calls the answer writes in its template\'s format; "required": a list of calls; or a '
+                'function of tools named: the answer is its call'})},
             description=unsupported, additionalProperties=False),
         "Usage": usage,
         "NativeUsage": native_usage,
@@ -226,7 +227,7 @@ def schemas(s: IOSettings) -> dict[str, Schema]:
         "CompletionChunk": envelope("text_completion", _obj(list(cmpl_choice), cmpl_choice), True),
         "ChatCompletion": envelope("chat.completion", _obj(list(chat_choice) + ["message"], {
             **chat_choice, "message": _obj(["role", "content"], {
-                "role": {"const": "assistant"}, "content": STR, "tool_calls": _list(call)})}), False),
+                "role": {"const": "assistant"}, "content": _opt(STR), "tool_calls": _list(call)})}), False),
         "ChatCompletionChunk": envelope("chat.completion.chunk", _obj(
             list(chat_choice) + ["delta"], {**chat_choice, "delta": _obj([], {
                 "role": {"const": "assistant"}, "content": STR, "tool_calls": _list(call_delta)})}), True),

@@ -121,6 +121,7 @@ class ServingTokenizer:
         self._special_strings: dict[str, Any] = {
             k: v for k, v in dict(getattr(tokenizer, "special_tokens_map", {}) or {}).items() if v is not None
         }
+        self.chat_template_source = chat_template_source  # (what tool-call format the model writes)
         self._template: jinja2.Template | None = (
             chat_template.compile_template(chat_template_source) if chat_template_source else None
         )
