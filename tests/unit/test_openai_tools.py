@@ -80,6 +80,7 @@ def test_a_named_tool_choice_holds_the_answer_to_the_function_s_parameters():
      (dict(tools=[WEATHER], tool_choice={"type": "function", "function": {"name": "x"}}), "tool_choice",
       "one of tools"),
      (dict(tool_choice="auto"), "tool_choice", "needs tools"),
+     (dict(tools=[WEATHER], tool_choice="none", parallel_tool_calls="no"), "parallel_tool_calls", "boolean"),
      (dict(tools={"a": 1}, tool_choice="none"), "tools", "list"),
      (dict(tools=[{"type": "function", "function": {"name": "a b"}}], tool_choice="none"), "tools[0]", "1 to 64"),
      (dict(tools=[{"type": "function", "function": {"name": "f", "parameters": [1]}}], tool_choice="none"),
@@ -124,6 +125,8 @@ def test_the_answer_comes_back_as_one_tool_call_whole_and_streamed():
 def test_tool_choice_required_holds_the_answer_to_a_list_of_calls_and_returns_them():
     now = {"type": "function", "function": {"name": "now"}}
     req = _parse(tools=[WEATHER, now], tool_choice="required", stream=True)
+    one = _parse(tools=[WEATHER, now], tool_choice="required", parallel_tool_calls=False).params.json_schema
+    assert json.loads(one) == {**json.loads(req.params.json_schema), "maxItems": 1}
     g = grammar(req.params.json_schema)
     for text, whole in [('[{"name":"now","parameters":{}}]', True), ('[{"name": "get_weather", "parameters": '
                         '{"city": "Rome"}}, {"name":"now","parameters":{}}]', True), ("[]", False),
@@ -170,6 +173,7 @@ def test_tool_choice_auto_reads_the_calls_out_of_a_free_answer():
     for choice in ({}, {"tool_choice": "auto"}):  # (OpenAI's default with tools)
         req = _parse(tok, tools=[WEATHER, now], stream=True, **choice)
         assert (req.tool_format, req.tool_names, req.params.json_schema) == (HERMES, {"get_weather", "now"}, "")
+    assert _parse(tok, tools=[now], parallel_tool_calls=False).max_calls == 1 and req.max_calls is None
     fmt = Formatter(req, "chatcmpl-1", tok, "m")
     text = 'Let me see.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>\n'
     text += '<tool_call>{"name": "now", "arguments": {}}</tool_call>'

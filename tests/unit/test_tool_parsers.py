@@ -23,8 +23,8 @@ LLAMA31_TOOLS = (
 )
 
 
-def read(fmt: str, pieces: list[str]) -> tuple[str, list[tuple[str, str]]]:
-    reader, content, calls = CallParser(fmt, NAMES), [], []
+def read(fmt: str, pieces: list[str], max_calls: int | None = None) -> tuple[str, list[tuple[str, str]]]:
+    reader, content, calls = CallParser(fmt, NAMES, max_calls), [], []
     for piece in pieces:
         text, more = reader.feed(piece)
         content.append(text)
@@ -90,10 +90,16 @@ def test_json_calls_are_the_whole_answer_or_it_is_text(text, content, calls):
     assert read(JSON, list(text)) == (content, calls)
 
 
-def reference_hermes(text: str) -> tuple[str, list[tuple[str, str]]]:
+def test_parallel_tool_calls_false_reads_the_first_call_only():
+    assert read(HERMES, [CALL + "\n" + CALL], 1) == ("\n" + CALL, [PARIS])  # (the second: text after a call)
+    two = '[{"name": "now", "arguments": {}}, {"name": "now", "arguments": {}}]'
+    assert read(JSON, [two], 1) == (two, []) and read(JSON, [two[1:33]], 1) == ("", [("now", "{}")])
+
+
+def reference_hermes(text: str, max_calls: int | None) -> tuple[str, list[tuple[str, str]]]:
     """The rule as documented, read with a regex: blocks <tool_call>...</tool_call> (or to the end)
-    that are calls of the tools become calls; the rest is text, and a text of spaces alone next to
-    a call is dropped."""
+    that are calls of the tools become calls (the first max_calls of them); the rest is text, and a
+    text of spaces alone next to a call is dropped."""
     parts: list[tuple[str, object]] = []  # ("text", str) | ("call", (name, args))
     at = 0
     for m in re.finditer(r"<tool_call>(.*?)(?:</tool_call>|\Z)", text, re.S):
@@ -108,7 +114,8 @@ def reference_hermes(text: str) -> tuple[str, list[tuple[str, str]]]:
                 args = json.loads(args)
             except ValueError:
                 args = None
-        if isinstance(obj, dict) and obj.get("name") in NAMES and isinstance(args, dict):
+        room = max_calls is None or sum(k == "call" for k, _ in parts) < max_calls
+        if isinstance(obj, dict) and obj.get("name") in NAMES and isinstance(args, dict) and room:
             parts.append(("call", (obj["name"], json.dumps(args, ensure_ascii=False))))
         else:
             parts.append(("text", m.group(0)))
@@ -150,12 +157,12 @@ PIECES = st.sampled_from(
 
 
 @settings(max_examples=400, deadline=None)
-@given(st.lists(PIECES, max_size=8), st.lists(st.integers(0, 400), max_size=12))
-def test_hermes_streamed_in_any_pieces_equals_the_reference(pieces, cuts):
+@given(st.lists(PIECES, max_size=8), st.lists(st.integers(0, 400), max_size=12), st.sampled_from([None, 1]))
+def test_hermes_streamed_in_any_pieces_equals_the_reference(pieces, cuts, max_calls):
     text = "".join(pieces)
     bounds = sorted({0, len(text), *(c % (len(text) + 1) for c in cuts)})
     split = [text[a:b] for a, b in zip(bounds, bounds[1:])]
-    assert read(HERMES, split) == read(HERMES, [text]) == reference_hermes(text)
+    assert read(HERMES, split, max_calls) == read(HERMES, [text], max_calls) == reference_hermes(text, max_calls)
 
 
 @settings(max_examples=200, deadline=None)

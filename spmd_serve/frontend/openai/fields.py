@@ -31,7 +31,7 @@ HONOURED: dict[str, frozenset[str]] = {
     "completion": _COMMON | {"prompt", "echo", "add_special_tokens"},
     "chat": _COMMON
     | {"messages", "top_logprobs", "add_generation_prompt", "continue_final_message", "echo", "chat_template_kwargs"}
-    | {"tools", "tool_choice"},  # (none, or a named function: openai.tools)
+    | {"tools", "tool_choice", "parallel_tool_calls"},  # (openai.tools)
 }
 STREAM_OPTIONS = {"include_usage": (), "continuous_usage_stats": ()}  # the same rule, inside stream_options
 
@@ -49,7 +49,7 @@ _NEUTRAL_COMMON: dict[str, tuple[Any, ...]] = {
 NEUTRAL: dict[str, dict[str, tuple[Any, ...]]] = {
     "completion": {**_NEUTRAL_COMMON, "suffix": ("",)},
     "chat": {
-        **{k: v for k, v in _NEUTRAL_COMMON.items() if k not in ("tools", "tool_choice")},  # (honoured)
+        **{k: v for k, v in _NEUTRAL_COMMON.items() if k not in ("tools", "tool_choice", "parallel_tool_calls")},
         "add_special_tokens": (False,),
         "documents": (),
         "chat_template": (),

@@ -212,7 +212,7 @@ class Formatter:
         return None if calls is None else [tools.tool_call(name, args, tools.call_id()) for name, args in calls]
 
     def _reader(self) -> tool_parsers.CallParser:
-        return tool_parsers.CallParser(self.req.tool_format, self.req.tool_names)
+        return tool_parsers.CallParser(self.req.tool_format, self.req.tool_names, self.req.max_calls)
 
     def _auto_message(self, text: str, reason: str | None) -> tuple[dict[str, Any], str | None]:
         """tool_choice "auto": the answer's message (the calls read out of its text, the rest its

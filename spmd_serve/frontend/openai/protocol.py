@@ -44,6 +44,7 @@ class OpenAIRequest:
     tool_function: str = ""  # a named tool_choice: the answer is that function's call (frontend/openai/tools.py)
     tool_names: frozenset[str] = frozenset()  # tool_choice "auto": the tools whose calls are read out of the answer
     tool_format: str = ""  # ... in this format (openai.tool_parsers)
+    max_calls: int | None = None  # ... at most this many (parallel_tool_calls false: 1)
 
 
 def _stop(body: dict[str, Any]) -> tuple[str, ...]:
@@ -205,6 +206,7 @@ def parse_openai(
     flags["tokens_as_ids"] = get(body, "return_tokens_as_token_ids", "bool", False)
     flags["prompt_logprobs"] = prompt_k
     flags.update(tool_function=calls.function, tool_names=calls.names, tool_format=calls.format)
+    flags["max_calls"] = calls.max_calls
     try:  # (every field was checked above: this is the engine's own bounds, once more)
         params.validate()
     except ValueError as e:

@@ -10,10 +10,10 @@ model, but with nothing to set):
 * none (the template never shows the tools): "auto" is refused, since the model cannot call them.
 
 A call counts only when it is whole JSON naming one of the request's tools with an object of
-arguments; anything else the model wrote stays text in `content`, so nothing is lost. Whitespace
-alone around calls is dropped (vLLM drops all text after the first call). Streamed, text goes out as
-soon as it cannot be the start of a call, and a call goes out whole once it is closed, so the
-streamed content and calls equal the whole answer's.
+arguments (with parallel_tool_calls false, only the first does); anything else the model wrote stays
+text in `content`, so nothing is lost.  Whitespace alone around calls is dropped (vLLM drops all text
+after the first call).  Streamed, text goes out as soon as it cannot be the start of a call, and a
+call goes out whole once it is closed, so the streamed content and calls equal the whole answer's.
 """
 
 from __future__ import annotations
@@ -88,8 +88,9 @@ class CallParser:
     """One choice's answer read as it comes: feed() each new piece of text, finish() at its end;
     each returns the content to send now and the calls closed since."""
 
-    def __init__(self, fmt: str, names: frozenset[str]) -> None:
-        self.fmt, self.names = fmt, names
+    def __init__(self, fmt: str, names: frozenset[str], max_calls: int | None = None) -> None:
+        self.fmt, self.names, self.max_calls = fmt, names, max_calls  # (beyond max_calls, calls are text)
+        self.count = 0  # calls read
         self.pending = ""  # text not yet sent: a possible tag's start, a call being written, held spaces
         self.inside = False  # hermes: within <tool_call> ... </tool_call>; json: the answer is calls
         self.held = ""  # hermes: spaces alone since the last call (or the start), not yet sent
@@ -116,6 +117,8 @@ class CallParser:
         if not end:
             return "", []
         calls = _json_calls(self.pending, self.names)
+        if calls and self.max_calls is not None and len(calls) > self.max_calls:
+            calls = None
         out, self.pending = ("", "") if calls else (self.pending, "")
         return out, calls or []
 
@@ -130,10 +133,11 @@ class CallParser:
                 block = self.pending if close < 0 else self.pending[: close + len(CLOSE)]
                 self.pending, self.inside = self.pending[len(block) :], False
                 call = _call(_loads(block.removesuffix(CLOSE)), self.names)
-                if call is None:  # not a call of a tool: the text it was
+                if call is None or self.count == self.max_calls:  # not a call of a tool (or one too many)
                     self._add(OPEN + block, out)
                 else:
                     calls.append(call)
+                    self.count += 1
                     self.held, self.in_text, self.after_call = "", False, True
                 continue
             start = self.pending.find(OPEN)

@@ -11,6 +11,8 @@
   (OpenAI's default when tools are given): the answer is free, and the calls the model writes in
   its template's format are read out of it (openai.tool_parsers); refused where the model's
   template never shows the tools.
+* `parallel_tool_calls` false: at most one call ("required": a list of one; "auto": a later call
+  stays text).
 * Assistant messages that carried tool calls come back in `messages` with null content; their
   `arguments` strings are handed to the template as objects (vLLM's rule: HF templates write them
   with `tojson`).
@@ -45,11 +47,15 @@ class ToolRequest:
     schema: str = ""
     names: frozenset[str] = frozenset()
     format: str = ""  # AUTO: tool_parsers.HERMES or JSON
+    max_calls: int | None = None  # parallel_tool_calls false: 1
 
 
 def parse_tools(body: dict[str, Any], call_format: str | None) -> ToolRequest:
     """`call_format`: the format of the tool calls the model's template teaches (None: it shows no tools)."""
-    tools, choice = body.get("tools"), body.get("tool_choice")
+    tools, choice, parallel = body.get("tools"), body.get("tool_choice"), body.get("parallel_tool_calls", True)
+    if not isinstance(parallel, bool) and parallel is not None:
+        raise FieldError(f"parallel_tool_calls must be a boolean, got {show(parallel)}", "parallel_tool_calls")
+    max_calls = None if parallel in (True, None) else 1
     if tools is None or tools == []:  # (no tools: as none given)
         if choice not in (None, "none"):
             raise FieldError("tool_choice needs tools", "tool_choice")
@@ -65,7 +71,7 @@ def parse_tools(body: dict[str, Any], call_format: str | None) -> ToolRequest:
                 '({"type": "function", "function": {"name": ...}})',
                 "tool_choice",
             )
-        return ToolRequest(tools, AUTO, names=frozenset(functions), format=call_format)
+        return ToolRequest(tools, AUTO, names=frozenset(functions), format=call_format, max_calls=max_calls)
     if choice == "none":
         return ToolRequest(tools)
     if choice == "required":  # vLLM's: a JSON list of calls, each {"name": one of them, "parameters": its}
@@ -74,7 +80,7 @@ def parse_tools(body: dict[str, Any], call_format: str | None) -> ToolRequest:
              "properties": {"name": {"const": name}, "parameters": f.get("parameters", NO_PARAMETERS)}}
             for name, f in functions.items()
         ]  # fmt: skip
-        schema = {"type": "array", "minItems": 1, "items": {"anyOf": calls}}
+        schema = {"type": "array", "minItems": 1, "items": {"anyOf": calls}, **({"maxItems": 1} if max_calls else {})}
         return ToolRequest(tools, REQUIRED, json.dumps(schema, separators=(",", ":"), ensure_ascii=False))
     named = choice.get("function") if isinstance(choice, dict) and choice.get("type") == "function" else None
     name = named.get("name") if isinstance(named, dict) else None

@@ -210,7 +210,8 @@ def schemas(s: IOSettings) -> dict[str, Schema]:
                 "type": {"const": "function"}, "function": _obj(["name"], {"name": STR})})],
                 "description": '"none"; "auto" (the default with tools; a model whose chat template shows tools): '
                 'the calls the answer writes in its template\'s format; "required": a list of calls; or a '
-                'function of tools named: the answer is its call'})},
+                'function of tools named: the answer is its call'}),
+            "parallel_tool_calls": _opt(BOOL | {"description": "false: at most one call (default true)"})},
             description=unsupported, additionalProperties=False),
         "Usage": usage,
         "NativeUsage": native_usage,
