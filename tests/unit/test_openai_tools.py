@@ -16,7 +16,7 @@ from spmd_serve.engine.json_schema import grammar
 from spmd_serve.frontend.common.parsing import Limits
 from spmd_serve.frontend.openai.format import ChoiceState, Formatter
 from spmd_serve.frontend.openai.protocol import OpenAIError, parse_openai
-from spmd_serve.frontend.openai.tool_parsers import HERMES
+from spmd_serve.frontend.openai.tool_formats import HERMES
 from spmd_serve.frontend.text.tokenizer import ServingTokenizer
 from tests.support.fake_tokenizer import FakeTokenizer
 from tests.support.hf_tokenizer_dirs import QWEN2_TEMPLATE, write_byte_level_dir
@@ -199,3 +199,23 @@ def test_tool_choice_auto_reads_the_calls_out_of_a_free_answer():
     assert [(d["index"], d["function"]["name"], json.loads(d["function"]["arguments"])) for d in deltas] == [
         (0, "get_weather", {"city": "Paris"}), (1, "now", {})]  # fmt: skip
     assert len({d["id"] for d in deltas}) == 2 and sent[-1]["finish_reason"] == "tool_calls"
+
+
+class _SpecialTags(FakeTokenizer):
+    """A tokenizer where <tool_call> and </tool_call> are special tokens (as some models mark them)."""
+
+    TAGS = {"<tool_call>": 3, "</tool_call>": 4}
+    special_token_ids = frozenset({*FakeTokenizer.special_token_ids, 3, 4})
+    chat_template_source = QWEN2_TEMPLATE
+
+    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
+        return [self.TAGS[text]] if text in self.TAGS else super().encode(text, add_special_tokens)
+
+
+def test_auto_keeps_the_calls_tags_where_they_are_special_tokens():
+    """A decode that skips special tokens would drop the tags before they are read: "auto" keeps them
+    unless the request says otherwise (vLLM's rule)."""
+    assert _parse(_SpecialTags(), tools=[WEATHER]).params.skip_special_tokens is False
+    assert _parse(_SpecialTags(), tools=[WEATHER], skip_special_tokens=True).params.skip_special_tokens is True
+    assert _parse(_SpecialTags(), tools=[WEATHER], tool_choice="none").params.skip_special_tokens is True
+    assert _parse(_hermes_tokenizer(), tools=[WEATHER]).params.skip_special_tokens is True  # (tags as text)

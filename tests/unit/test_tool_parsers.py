@@ -1,18 +1,19 @@
-"""tool_choice "auto"'s reader (spmd_serve/frontend/openai/tool_parsers.py): the format follows the
-chat template; the whole answer's content and calls equal a reference reading of the documented
-rule (a regex over the text, not the streaming state machine); and any split of the answer into
-streamed pieces gives the same content and calls."""
+"""tool_choice "auto"'s reader (spmd_serve/frontend/openai/tool_parsers.py, tool_formats.py): the
+format follows the chat template; each format's calls are read and everything else is kept; the
+whole answer's content and calls equal a reference reading of the documented rule (a regex over the
+text, not the streaming state machine); and any split of the answer into streamed pieces gives the
+same content and calls."""
 
 from __future__ import annotations
 
-import json
 import re
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from spmd_serve.frontend.openai.tool_parsers import HERMES, JSON, CallParser, format_of
+from spmd_serve.frontend.openai.tool_formats import DEEPSEEK, HERMES, JSON, TAGS, format_of
+from spmd_serve.frontend.openai.tool_parsers import CallParser
 from tests.support.hf_tokenizer_dirs import LLAMA3_TEMPLATE, QWEN2_TEMPLATE
 
 NAMES = frozenset({"get_weather", "now"})
@@ -21,6 +22,17 @@ LLAMA31_TOOLS = (
     '{%- if tools is not none %}{{- \'Respond in the format {"name": function name, "parameters": dictionary '
     "of argument name and its value}.' }}{%- for t in tools %}{{- t | tojson }}{%- endfor %}{%- endif %}"
 )
+
+
+# DeepSeek-V3's way of writing an assistant's tool calls in the history (its template's part)
+DEEPSEEK_V3_TOOLS = (
+    "{%- for tool in message['tool_calls'] %}{{- '<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>' + tool['type'] + "
+    "'<｜tool▁sep｜>' + tool['function']['name'] + '\\n' + '```json' + '\\n' + tool['function']['arguments'] + "
+    "'\\n' + '```' + '<｜tool▁call▁end｜>' }}{%- endfor %}"
+)
+DS_V3 = '<｜tool▁call▁begin｜>function<｜tool▁sep｜>get_weather\n```json\n{"city": "Paris"}\n```<｜tool▁call▁end｜>'
+DS_V31 = "<｜tool▁call▁begin｜>now<｜tool▁sep｜>{}<｜tool▁call▁end｜>"
+DS_BLOCK = "<｜tool▁calls▁begin｜>" + DS_V3 + "\n" + DS_V31 + "<｜tool▁calls▁end｜>"
 
 
 def read(fmt: str, pieces: list[str], max_calls: int | None = None) -> tuple[str, list[tuple[str, str]]]:
@@ -35,6 +47,7 @@ def read(fmt: str, pieces: list[str], max_calls: int | None = None) -> tuple[str
 
 def test_the_format_follows_the_chat_template():
     assert format_of(QWEN2_TEMPLATE) == HERMES
+    assert format_of(DEEPSEEK_V3_TOOLS) == DEEPSEEK
     assert format_of(LLAMA31_TOOLS) == JSON
     assert format_of(LLAMA3_TEMPLATE) is None and format_of(None) is None and format_of("") is None
 
@@ -96,27 +109,19 @@ def test_parallel_tool_calls_false_reads_the_first_call_only():
     assert read(JSON, [two], 1) == (two, []) and read(JSON, [two[1:33]], 1) == ("", [("now", "{}")])
 
 
-def reference_hermes(text: str, max_calls: int | None) -> tuple[str, list[tuple[str, str]]]:
-    """The rule as documented, read with a regex: blocks <tool_call>...</tool_call> (or to the end)
-    that are calls of the tools become calls (the first max_calls of them); the rest is text, and a
-    text of spaces alone next to a call is dropped."""
-    parts: list[tuple[str, object]] = []  # ("text", str) | ("call", (name, args))
-    at = 0
-    for m in re.finditer(r"<tool_call>(.*?)(?:</tool_call>|\Z)", text, re.S):
+def reference(fmt: str, text: str, max_calls: int | None) -> tuple[str, list[tuple[str, str]]]:
+    """The rule as documented, read with a regex: blocks between the format's tags (or from its open
+    tag to the end) that are calls of the tools become calls (while within max_calls); the rest is
+    text, and a text of spaces alone next to calls is dropped."""
+    tags = TAGS[fmt]
+    parts: list[tuple[str, object]] = []  # ("text", str) | ("calls", [(name, args)])
+    at, count = 0, 0
+    for m in re.finditer(re.escape(tags.open) + "(.*?)(?:" + re.escape(tags.close) + r"|\Z)", text, re.S):
         parts.append(("text", text[at : m.start()]))
-        try:
-            obj = json.loads(m.group(1))
-        except ValueError:
-            obj = None
-        args = obj.get("arguments", obj.get("parameters")) if isinstance(obj, dict) else None
-        if isinstance(args, str):
-            try:
-                args = json.loads(args)
-            except ValueError:
-                args = None
-        room = max_calls is None or sum(k == "call" for k, _ in parts) < max_calls
-        if isinstance(obj, dict) and obj.get("name") in NAMES and isinstance(args, dict) and room:
-            parts.append(("call", (obj["name"], json.dumps(args, ensure_ascii=False))))
+        calls = tags.read(m.group(1), NAMES)
+        if calls is not None and (max_calls is None or count + len(calls) <= max_calls):
+            parts.append(("calls", calls))
+            count += len(calls)
         else:
             parts.append(("text", m.group(0)))
         at = m.end()
@@ -129,9 +134,9 @@ def reference_hermes(text: str, max_calls: int | None) -> tuple[str, list[tuple[
             merged.append((kind, value))
     content = [
         v for i, (k, v) in enumerate(merged) if k == "text" and (
-            str(v).strip() or not any(merged[j][0] == "call" for j in (i - 1, i + 1) if 0 <= j < len(merged)))
+            str(v).strip() or not any(merged[j][0] == "calls" for j in (i - 1, i + 1) if 0 <= j < len(merged)))
     ]  # fmt: skip
-    return "".join(map(str, content)), [v for k, v in merged if k == "call"]  # type: ignore[misc]
+    return "".join(map(str, content)), [c for k, v in merged if k == "calls" for c in v]  # type: ignore[attr-defined]
 
 
 PIECES = st.sampled_from(
@@ -156,18 +161,61 @@ PIECES = st.sampled_from(
 )
 
 
-@settings(max_examples=400, deadline=None)
-@given(st.lists(PIECES, max_size=8), st.lists(st.integers(0, 400), max_size=12), st.sampled_from([None, 1]))
-def test_hermes_streamed_in_any_pieces_equals_the_reference(pieces, cuts, max_calls):
-    text = "".join(pieces)
-    bounds = sorted({0, len(text), *(c % (len(text) + 1) for c in cuts)})
-    split = [text[a:b] for a, b in zip(bounds, bounds[1:])]
-    assert read(HERMES, split, max_calls) == read(HERMES, [text], max_calls) == reference_hermes(text, max_calls)
-
-
 @settings(max_examples=200, deadline=None)
 @given(st.lists(PIECES, max_size=6), st.lists(st.integers(0, 400), max_size=12))
 def test_json_streamed_in_any_pieces_equals_whole(pieces, cuts):
     text = "".join(pieces)
+    assert read(JSON, _split(text, cuts)) == read(JSON, [text])
+
+
+@pytest.mark.parametrize(
+    "text,content,calls",
+    [
+        (DS_BLOCK, "", [PARIS, ("now", "{}")]),
+        ("Checking.\n" + DS_BLOCK + "\n", "Checking.\n", [PARIS, ("now", "{}")]),
+        ("<｜tool▁calls▁begin｜>" + DS_V31, "", [("now", "{}")]),  # never closed (the model stopped)
+        ("<｜tool▁calls▁begin｜>" + DS_V31.replace("now", "rm") + "<｜tool▁calls▁end｜>",
+         "<｜tool▁calls▁begin｜>" + DS_V31.replace("now", "rm") + "<｜tool▁calls▁end｜>", []),
+        ("<｜tool▁calls▁begin｜>x" + DS_V31 + "<｜tool▁calls▁end｜>", "<｜tool▁calls▁begin｜>x" + DS_V31
+         + "<｜tool▁calls▁end｜>", []),  # (all of a block is calls, or it is text)
+        (DS_V31, DS_V31, []),  # (a call outside a block: text)
+    ],
+)  # fmt: skip
+def test_deepseek_blocks_of_calls_are_read_v3_and_v31(text, content, calls):
+    assert read(DEEPSEEK, [text]) == (content, calls)
+    assert read(DEEPSEEK, list(text)) == (content, calls)
+    assert read(DEEPSEEK, [DS_BLOCK], 1) == (DS_BLOCK, [])  # parallel_tool_calls false: two calls are text
+
+
+DS_PIECES = st.sampled_from(
+    [
+        DS_BLOCK,
+        "<｜tool▁calls▁begin｜>",
+        "<｜tool▁calls▁end｜>",
+        DS_V3,
+        DS_V31,
+        "<｜tool",
+        "<｜",
+        "\n",
+        " ",
+        "Sure.",
+        "<｜tool▁calls▁begin｜>" + DS_V31 + "<｜tool▁calls▁end｜>",
+    ]  # fmt: skip
+)
+
+
+def _split(text: str, cuts: list[int]) -> list[str]:
     bounds = sorted({0, len(text), *(c % (len(text) + 1) for c in cuts)})
-    assert read(JSON, [text[a:b] for a, b in zip(bounds, bounds[1:])]) == read(JSON, [text])
+    return [text[a:b] for a, b in zip(bounds, bounds[1:])]
+
+
+@pytest.mark.parametrize("fmt", [HERMES, DEEPSEEK])
+@settings(max_examples=300, deadline=None)
+@given(data=st.data())
+def test_tagged_formats_streamed_in_any_pieces_equal_the_reference(fmt, data):
+    text = "".join(data.draw(st.lists(PIECES if fmt == HERMES else DS_PIECES, max_size=8)))
+    split, max_calls = (
+        _split(text, data.draw(st.lists(st.integers(0, 600), max_size=12))),
+        data.draw(st.sampled_from([None, 1])),
+    )
+    assert read(fmt, split, max_calls) == read(fmt, [text], max_calls) == reference(fmt, text, max_calls)

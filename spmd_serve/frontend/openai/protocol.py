@@ -14,7 +14,7 @@ from typing import Any
 
 from spmd_serve.frontend.common.parsing import Limits
 from spmd_serve.frontend.openai import prompts as prompts_of
-from spmd_serve.frontend.openai import token_params, tool_parsers, tools
+from spmd_serve.frontend.openai import token_params, tool_formats, tools
 from spmd_serve.frontend.openai.body import OpenAIError as OpenAIError  # (re-exported: the parsers' refusal)
 from spmd_serve.frontend.openai.body import get
 from spmd_serve.frontend.openai.fields import FieldError, check_fields
@@ -43,7 +43,7 @@ class OpenAIRequest:
     prompt_logprobs: int | None = None  # vLLM's: the prompt's tokens scored, with the top k of each position
     tool_function: str = ""  # a named tool_choice: the answer is that function's call (frontend/openai/tools.py)
     tool_names: frozenset[str] = frozenset()  # tool_choice "auto": the tools whose calls are read out of the answer
-    tool_format: str = ""  # ... in this format (openai.tool_parsers)
+    tool_format: str = ""  # ... in this format (openai.tool_formats)
     max_calls: int | None = None  # ... at most this many (parallel_tool_calls false: 1)
 
 
@@ -147,7 +147,7 @@ def parse_openai(
     scores = echo and kind == "completion"  # completions' echo scores the prompt (chat's repeats a message)
     try:
         template = getattr(tokenizer, "chat_template_source", None)
-        calls = tools.parse_tools(body, tool_parsers.format_of(template)) if kind == "chat" else tools.ToolRequest()
+        calls = tools.parse_tools(body, tool_formats.format_of(template)) if kind == "chat" else tools.ToolRequest()
     except FieldError as e:
         raise OpenAIError(400, e.msg, e.param) from None
     if kind == "completion":
@@ -190,7 +190,10 @@ def parse_openai(
         stop_sequences=_stop(body),
         stop_token_ids=stop_ids,
         include_stop_str_in_output=get(body, "include_stop_str_in_output", "bool", False),
-        skip_special_tokens=get(body, "skip_special_tokens", "bool", True),
+        # (tool_choice "auto" where the calls' tags are special tokens: kept, to be read; vLLM's rule too)
+        skip_special_tokens=get(
+            body, "skip_special_tokens", "bool", not tool_formats.tags_are_special(calls.format, tokenizer)
+        ),
         spaces_between_special_tokens=get(body, "spaces_between_special_tokens", "bool", True),
         ignore_eos=get(body, "ignore_eos", "bool", False),
         logprobs=logprobs,

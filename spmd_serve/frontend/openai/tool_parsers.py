@@ -1,79 +1,17 @@
-"""tool_choice "auto": the model's tool calls read out of its free text, whole or as it streams.
+"""tool_choice "auto": the model's tool calls read out of its free text, whole or as it streams, in
+the format its chat template teaches (openai.tool_formats).
 
-Which format is read follows the model's chat template (as vLLM's --tool-call-parser is chosen for a
-model, but with nothing to set):
-* "hermes", where the template writes `<tool_call>` (Qwen2/2.5/3, Hermes, ...): each call is
-  `<tool_call>{"name": ..., "arguments": {...}}</tool_call>` anywhere in the answer;
-* "json", where the template shows `tools` some other way (Llama-3.1/3.2, Mistral with its special
-  tokens skipped): an answer that begins with `{` or `[` is a call, a list of calls, or calls
-  separated by ";", each {"name", "arguments" or "parameters"};
-* none (the template never shows the tools): "auto" is refused, since the model cannot call them.
-
-A call counts only when it is whole JSON naming one of the request's tools with an object of
-arguments (with parallel_tool_calls false, only the first does); anything else the model wrote stays
-text in `content`, so nothing is lost.  Whitespace alone around calls is dropped (vLLM drops all text
-after the first call).  Streamed, text goes out as soon as it cannot be the start of a call, and a
-call goes out whole once it is closed, so the streamed content and calls equal the whole answer's.
+A block of calls counts only when all of it is calls of the request's tools (with
+parallel_tool_calls false, only while no call has been read before it, and of one call); anything
+else the model wrote stays text in `content`, so nothing is lost.  Whitespace alone around calls is
+dropped (vLLM drops all text after the first call).  Streamed, text goes out as soon as it cannot be
+the start of a block, and a block's calls go out once it is closed, so the streamed content and
+calls equal the whole answer's.
 """
 
 from __future__ import annotations
 
-import json
-import re
-from functools import lru_cache
-from typing import Any
-
-HERMES, JSON = "hermes", "json"
-OPEN, CLOSE = "<tool_call>", "</tool_call>"
-Call = tuple[str, str]  # (function name, arguments as JSON text)
-
-
-@lru_cache(maxsize=8)
-def format_of(template: str | None) -> str | None:
-    """The tool-call format a chat template's model writes (None: its template shows no tools)."""
-    if not template:
-        return None
-    if OPEN in template:
-        return HERMES
-    return JSON if re.search(r"\btools\b", template) else None
-
-
-def _call(obj: Any, names: frozenset[str]) -> Call | None:
-    """A parsed call object as (name, arguments JSON), or None where it is not a call of a tool."""
-    if not isinstance(obj, dict) or obj.get("name") not in names:
-        return None
-    arguments = obj.get("arguments", obj.get("parameters"))
-    if isinstance(arguments, str):  # (some models write the arguments as a JSON string)
-        try:
-            arguments = json.loads(arguments)
-        except ValueError:
-            return None
-    if not isinstance(arguments, dict):
-        return None
-    return obj["name"], json.dumps(arguments, ensure_ascii=False)
-
-
-def _json_calls(text: str, names: frozenset[str]) -> list[Call] | None:
-    """The "json" format: the whole answer as one call, a list of calls, or calls separated by ";"
-    (None where any part of it is not)."""
-    decoder, at = json.JSONDecoder(), 0
-    calls: list[Call] = []
-    while True:
-        at = len(text) - len(text[at:].lstrip())
-        if at == len(text):
-            return calls or None
-        try:
-            obj, at = decoder.raw_decode(text, at)
-        except ValueError:
-            return None
-        for item in obj if isinstance(obj, list) and obj else [obj]:
-            call = _call(item, names)
-            if call is None:
-                return None
-            calls.append(call)
-        rest = text[at:].lstrip()
-        if rest.startswith(";"):
-            at = len(text) - len(rest) + 1
+from spmd_serve.frontend.openai.tool_formats import JSON, TAGS, Call, json_calls
 
 
 def _held_prefix(text: str, tag: str) -> int:
@@ -91,19 +29,26 @@ class CallParser:
     def __init__(self, fmt: str, names: frozenset[str], max_calls: int | None = None) -> None:
         self.fmt, self.names, self.max_calls = fmt, names, max_calls  # (beyond max_calls, calls are text)
         self.count = 0  # calls read
-        self.pending = ""  # text not yet sent: a possible tag's start, a call being written, held spaces
-        self.inside = False  # hermes: within <tool_call> ... </tool_call>; json: the answer is calls
-        self.held = ""  # hermes: spaces alone since the last call (or the start), not yet sent
-        self.in_text = False  # hermes: text other than spaces has been sent since the last call
-        self.after_call = False  # hermes: a call has been read
+        self.pending = ""  # text not yet sent: a possible tag's start, a block being written
+        self.inside = False  # tags: within a block; json: the answer is calls
+        self.held = ""  # tags: spaces alone since the last block of calls (or the start), not yet sent
+        self.in_text = False  # tags: text other than spaces has been sent since the last block of calls
+        self.after_call = False  # tags: a call has been read
         self.decided = False  # json: the answer's first character read (calls, or text)
 
     def feed(self, text: str) -> tuple[str, list[Call]]:
         self.pending += text
-        return self._hermes(False) if self.fmt == HERMES else self._json(False)
+        return self._json(False) if self.fmt == JSON else self._tagged(False)
 
     def finish(self) -> tuple[str, list[Call]]:
-        return self._hermes(True) if self.fmt == HERMES else self._json(True)
+        return self._json(True) if self.fmt == JSON else self._tagged(True)
+
+    def _room(self, calls: list[Call] | None) -> list[Call] | None:
+        """The calls, or None where they would go beyond max_calls."""
+        if calls is None or (self.max_calls is not None and self.count + len(calls) > self.max_calls):
+            return None
+        self.count += len(calls)
+        return calls
 
     def _json(self, end: bool) -> tuple[str, list[Call]]:
         if not self.decided:
@@ -116,36 +61,34 @@ class CallParser:
             return out, []
         if not end:
             return "", []
-        calls = _json_calls(self.pending, self.names)
-        if calls and self.max_calls is not None and len(calls) > self.max_calls:
-            calls = None
+        calls = self._room(json_calls(self.pending, self.names))
         out, self.pending = ("", "") if calls else (self.pending, "")
         return out, calls or []
 
-    def _hermes(self, end: bool) -> tuple[str, list[Call]]:
+    def _tagged(self, end: bool) -> tuple[str, list[Call]]:
+        tags = TAGS[self.fmt]
         out: list[str] = []
         calls: list[Call] = []
         while True:
-            if self.inside:  # a call being written: read once closed (or at the answer's end)
-                close = self.pending.find(CLOSE)
+            if self.inside:  # a block being written: read once closed (or at the answer's end)
+                close = self.pending.find(tags.close)
                 if close < 0 and not end:
                     break
-                block = self.pending if close < 0 else self.pending[: close + len(CLOSE)]
+                block = self.pending if close < 0 else self.pending[: close + len(tags.close)]
                 self.pending, self.inside = self.pending[len(block) :], False
-                call = _call(_loads(block.removesuffix(CLOSE)), self.names)
-                if call is None or self.count == self.max_calls:  # not a call of a tool (or one too many)
-                    self._add(OPEN + block, out)
+                read = self._room(tags.read(block.removesuffix(tags.close), self.names))
+                if read is None:  # not calls of the tools (or one too many): the text it was
+                    self._add(tags.open + block, out)
                 else:
-                    calls.append(call)
-                    self.count += 1
+                    calls += read
                     self.held, self.in_text, self.after_call = "", False, True
                 continue
-            start = self.pending.find(OPEN)
+            start = self.pending.find(tags.open)
             if start >= 0:
                 self._add(self.pending[:start], out)
-                self.pending, self.inside = self.pending[start + len(OPEN) :], True
+                self.pending, self.inside = self.pending[start + len(tags.open) :], True
                 continue
-            keep = 0 if end else _held_prefix(self.pending, OPEN)
+            keep = 0 if end else _held_prefix(self.pending, tags.open)
             self._add(self.pending[: len(self.pending) - keep], out)
             self.pending = self.pending[len(self.pending) - keep :]
             if end and self.held:  # spaces alone at the end: dropped after a call, else the answer's
@@ -155,17 +98,10 @@ class CallParser:
         return "".join(out), calls
 
     def _add(self, text: str, out: list[str]) -> None:
-        """Text outside calls: sent, but spaces alone (so far) between calls or before the first are
-        held until text (send them) or a call (drop them) follows."""
+        """Text outside blocks: sent, but spaces alone (so far) between blocks or before the first
+        are held until text (send them) or calls (drop them) follow."""
         if self.in_text or text.strip():
             out.append(self.held + text)
             self.held, self.in_text = "", True
         else:
             self.held += text
-
-
-def _loads(body: str) -> Any:
-    try:
-        return json.loads(body)
-    except ValueError:
-        return None

@@ -9,8 +9,8 @@
   to a JSON list of one or more calls, [{"name": one of them, "parameters": its}, ...], and comes back
   as those tool calls with finish_reason "tool_calls" (streamed: all in the last chunk).  "auto"
   (OpenAI's default when tools are given): the answer is free, and the calls the model writes in
-  its template's format are read out of it (openai.tool_parsers); refused where the model's
-  template never shows the tools.
+  its template's format are read out of it (openai.tool_parsers, tool_formats); refused where the
+  model's template never shows the tools.
 * `parallel_tool_calls` false: at most one call ("required": a list of one; "auto": a later call
   stays text).
 * Assistant messages that carried tool calls come back in `messages` with null content; their
@@ -46,7 +46,7 @@ class ToolRequest:
     function: str = ""  # (REQUIRED: tool_choice "required", a list of calls of any of them; AUTO)
     schema: str = ""
     names: frozenset[str] = frozenset()
-    format: str = ""  # AUTO: tool_parsers.HERMES or JSON
+    format: str = ""  # AUTO: one of tool_formats' formats
     max_calls: int | None = None  # parallel_tool_calls false: 1
 
 
