@@ -8,7 +8,8 @@ A grammar is made from a schema's nodes (engine/json_schema.py): ("any",) any va
 ("anyarr",), ("object", ((key bytes, node, required), ...)) with its properties in that order (as
 vLLM's and outlines' grammars write them; an optional one may be left out), ("array", item node,
 minItems, maxItems or None), ("string", minLength, maxLength or None), ("integer",) or ("integer",
-minimum or None, maximum or None), ("number",), ("enum", (the values' JSON bytes, ...)) (booleans,
+minimum or None, maximum or None), ("number",), ("pattern", DFA) (a string held to a regular expression:
+engine/json_patterns.py), ("enum", (the values' JSON bytes, ...)) (booleans,
 null, enum, const) and ("union", (node, ...)) (read as the set of its alternatives' states until
 they part: a discriminated union of objects too). Node 0 is the root; OpenAI's json_object is
 (("anyobj",),).
@@ -27,7 +28,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from spmd_serve.engine import json_ranges
+from spmd_serve.engine import json_patterns, json_ranges
 from spmd_serve.engine.grammar_table import END_NAME, POP_NAME, Edges, Grammar, Name
 
 MAX_INDENT = 20  # spaces or tabs after a newline between two lexemes
@@ -63,6 +64,7 @@ class _Builder:
         self.kinds: dict[object, Callable[[Name], Edges]] = {
             "ws": self._ws_edges, "str": self._string, "num": self._number, "lit": self._literal, "key": self._key,
             "intr": self._intr, "set": lambda name: self._union([self.edges(n) for n in name[1]]),
+            "rx": lambda name: json_patterns.edges(self.nodes[name[1]][1], name, _ws(name[3])),
         }  # fmt: skip
 
     def edges(self, name: Name) -> Edges:
@@ -144,6 +146,8 @@ class _Builder:
             return {ord("["): (_ws(("arr", node, exit_, 0)), None)}
         if kind == "string":
             return self._value_string(exit_, None if spec[1:] == (0, None) else spec[1:])
+        if kind == "pattern":  # (its DFA's state 0 after the quote)
+            return {ord('"'): (("rx", node, 0, exit_, False), None)}
         if kind == "integer" and len(spec) > 1:
             return self._value_bounded(exit_, spec[1], spec[2])
         if kind in ("integer", "number"):

@@ -3,13 +3,15 @@
 
 Built: `type` (one, or a list), `properties` (written in their order; those not `required` may be
 left out), `required`, `additionalProperties` false or absent (OpenAI's strict mode: no other
-property), `items`, `minItems` / `maxItems` and `minLength` / `maxLength` (each up to MAX_BOUND), an
+property), `items`, `minItems` / `maxItems` and `minLength` / `maxLength` (each up to MAX_BOUND), a
+string's `pattern` and `format` (date, time, date-time, uuid, ipv4, hostname, email; not with
+minLength / maxLength: engine/json_patterns.py), an
 integer's `minimum` / `maximum` (and their exclusive forms: engine/json_ranges.py), `enum` and
 `const` (written compactly), `anyOf` / `oneOf` (as anyOf, as vLLM's grammars read it: pydantic's
 Optional, a discriminated union of objects; not two free containers, e.g. two bare objects), `$ref`
 into `$defs` / `definitions` (not recursive), and an object or array with nothing said of its
 contents (any). Annotations (`title`, `description`, `default`, ...) change nothing. Any other
-keyword (`pattern`, `format`, `multipleOf`, `uniqueItems`, a number's `minimum`, ...) is refused by
+keyword (`multipleOf`, `uniqueItems`, a number's `minimum`, another format, ...) is refused by
 name, as is a schema whose root is not an object or an array: none is silently left out.
 
 `grammar(text)` is cached on the schema's text: the HTTP worker checks a request's schema and the
@@ -25,6 +27,7 @@ from typing import Any
 
 from spmd_serve.engine.grammar_table import Grammar
 from spmd_serve.engine.json_grammar import MAX_DIGITS, Node, grammar_of
+from spmd_serve.engine.json_patterns import FORMATS, string_dfa
 
 ANNOTATIONS = frozenset(
     {"title", "description", "default", "examples", "$schema", "$id", "$comment", "deprecated", "readOnly",
@@ -32,7 +35,8 @@ ANNOTATIONS = frozenset(
 )  # fmt: skip
 _BUILT = frozenset(
     {"type", "properties", "required", "additionalProperties", "items", "enum", "const", "anyOf", "oneOf", "$ref",
-     "minLength", "maxLength", "minItems", "maxItems", "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"}
+     "minLength", "maxLength", "minItems", "maxItems", "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum",
+     "pattern", "format"}
 )  # fmt: skip
 MAX_BOUND = 256  # the largest minLength / maxLength / minItems / maxItems built (each count is grammar states)
 _RANGE = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum")
@@ -90,7 +94,7 @@ class _Nodes:
                 raise ValueError(f"json_schema{where}: minimum / maximum are built for integers only, not numbers")
             return ("number",)
         if kind == "string":
-            return ("string", *_bounds(schema, "minLength", "maxLength", where))
+            return _string(schema, where)
         if kind in _LITERAL:
             return ("enum", _LITERAL[kind])
         if kind == "array":
@@ -133,6 +137,23 @@ class _Nodes:
             return self._node(target, f"{where}({ref})")
         finally:
             self._refs.pop()
+
+
+def _string(schema: dict[str, Any], where: str) -> Node:
+    """A string: any (within minLength / maxLength), or held to its pattern or format."""
+    bounds = _bounds(schema, "minLength", "maxLength", where)
+    pattern, fmt = schema.get("pattern"), schema.get("format")
+    if pattern is None and fmt is None:
+        return ("string", *bounds)
+    if pattern is not None and fmt is not None or bounds != (0, None):
+        raise ValueError(
+            f"json_schema{where}: pattern or format with another of them, minLength or maxLength is not supported"
+        )
+    if fmt is not None and fmt not in FORMATS:
+        raise ValueError(f"json_schema{where}: the format {fmt!r} is not supported (built: {', '.join(FORMATS)})")
+    if fmt is None and not isinstance(pattern, str):
+        raise ValueError(f"json_schema{where}.pattern must be a string")
+    return ("pattern", string_dfa(FORMATS[fmt] if fmt is not None else pattern, f"json_schema{where}.pattern"))
 
 
 def _bounds(schema: dict[str, Any], low: str, high: str, where: str) -> tuple[int, int | None]:

@@ -4,12 +4,14 @@ ServingTokenizer.decode writes them; the eos that stopped a request written only
 include_stop_str_in_output), `bad_words` (never generated: the greedy answer is the free one up to
 where it would have completed a banned word, and never holds one), `guided_choice` (every answer
 one of the choices), OpenAI's `response_format: json_object` (every answer on its way to one
-JSON object, and one whole when it stopped) and tool_choice "auto" (the calls read out of the
-answer, for a model whose template writes <tool_call> blocks)."""
+JSON object, and one whole when it stopped; a schema's string formats and patterns) and
+tool_choice "auto" (the calls read out of the answer, for a model whose template writes <tool_call>
+blocks)."""
 
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -168,8 +170,18 @@ def test_json_schema_answers_keep_to_the_schema(client):
             assert value.get("d") is None or isinstance(value["d"], str)
             finished.append(temperature)
     assert 0 in finished, finished
-    bad = {"type": "object", "properties": {"e": {"type": "string", "format": "email"}}}
-    with pytest.raises(openai.BadRequestError, match="'format' is not supported"):
+    # a string's format and pattern: fixed lengths and bounded whitespace, so every answer ends
+    held = {"type": "object", "properties": {"day": {"type": "string", "format": "date"}, "code": {
+        "type": "string", "pattern": "^[A-Z]{3}-[0-9]{2}$"}}, "required": ["day", "code"]}  # fmt: skip
+    for seed in range(3):
+        kw = dict(model="default", messages=CHAT, max_tokens=256, temperature=1.0, seed=seed)
+        got = client.chat.completions.create(**kw, extra_body={"guided_json": held}).choices[0]
+        value = json.loads(got.message.content)
+        assert got.finish_reason == "stop" and list(value) == ["day", "code"], got
+        assert re.fullmatch(r"[0-9]{4}-(0[1-9]|1[0-2])-(0[1-9]|[12][0-9]|3[01])", value["day"]), value
+        assert re.fullmatch(r"[A-Z]{3}-[0-9]{2}", value["code"]), value
+    bad = {"type": "object", "properties": {"e": {"type": "string", "format": "ipv6"}}}
+    with pytest.raises(openai.BadRequestError, match="the format 'ipv6' is not supported"):
         client.chat.completions.create(
             model="default",
             messages=CHAT,

@@ -88,8 +88,8 @@ def test_a_named_tool_choice_holds_the_answer_to_the_function_s_parameters():
      (dict(tools=[WEATHER], tool_choice=NAMED, response_format={"type": "json_object"}), "tool_choice", "cannot both"),
      (dict(tools=[WEATHER], tool_choice=NAMED, ignore_eos=True), "tool_choice", "not with ignore_eos"),
      (dict(tools=[{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {
-         "d": {"type": "string", "format": "date"}}}}}], tool_choice={"type": "function", "function": {"name": "f"}}),
-      "tool_choice", "'format' is not supported")],
+         "d": {"type": "string", "format": "iri"}}}}}], tool_choice={"type": "function", "function": {"name": "f"}}),
+      "tool_choice", "the format 'iri' is not supported")],
 )  # fmt: skip
 def test_what_is_not_built_is_refused_by_name(body, param, msg):
     with pytest.raises(OpenAIError) as e:

@@ -1,0 +1,55 @@
+"""A JSON string held to a regular expression: JSON Schema's `pattern`, and the `format`s built
+(FORMATS, each as its pattern), as states of a JSON grammar (engine/json_grammar.py).
+
+The string's characters are the pattern DFA's (engine/regex_dfa.py) bytes, written as a model would
+write them in JSON: raw, except a quote, a backslash and the control characters with a short escape
+(\\n \\t \\r \\b \\f), which come as that escape; other control characters cannot be written, and no
+character is taken as a \\u escape (stricter than JSON, never looser).  The closing quote comes only
+where the pattern may end.
+"""
+
+from __future__ import annotations
+
+import functools
+
+from spmd_serve.engine.grammar_table import Edges, Name
+from spmd_serve.engine.regex_dfa import Dfa, compile_dfa
+
+# byte -> the letter after a backslash that writes it in a JSON string
+ESCAPED = {0x22: ord('"'), 0x5C: ord("\\"), 0x0A: ord("n"), 0x09: ord("t"), 0x0D: ord("r"), 0x08: ord("b"),
+           0x0C: ord("f")}  # fmt: skip
+WRITABLE = frozenset(range(0x20, 0x100)) | frozenset(ESCAPED)
+_TIME = r"([01][0-9]|2[0-3]):[0-5][0-9]:([0-5][0-9]|60)(\.[0-9]{1,9})?(Z|[+-]([01][0-9]|2[0-3]):[0-5][0-9])"
+_DATE = r"[0-9]{4}-(0[1-9]|1[0-2])-(0[1-9]|[12][0-9]|3[01])"
+_OCTET = r"(25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])"
+_LABEL = r"[A-Za-z0-9]([A-Za-z0-9-]*[A-Za-z0-9])?"  # (a label's 63-character bound left out: 8x the states)
+FORMATS = {  # RFC 3339's date, time and date-time, RFC 4122's uuid, ...; an email's address simplified
+    "date": _DATE,
+    "time": _TIME,
+    "date-time": _DATE + "T" + _TIME,
+    "uuid": r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}",
+    "ipv4": rf"({_OCTET}\.){{3}}{_OCTET}",
+    "hostname": rf"{_LABEL}(\.{_LABEL})*",
+    "email": r"[A-Za-z0-9._%+-]+@[A-Za-z0-9-]+(\.[A-Za-z0-9-]+)+",
+}
+
+
+@functools.lru_cache(maxsize=64)
+def string_dfa(pattern: str, where: str) -> Dfa:
+    return compile_dfa(pattern, where, WRITABLE)
+
+
+def edges(dfa: Dfa, name: Name, close: Name) -> Edges:
+    """("rx", node, s, exit, escaped): in the string at DFA state `s`; `escaped`: a backslash was
+    just written, so the letter of one of the escaped bytes comes next.  `close`: after the string."""
+    _, node, s, exit_, escaped = name
+    assert isinstance(s, int)
+    out = dfa.trans[s]
+    if escaped:
+        return {letter: (("rx", node, out[b], exit_, False), None) for b, letter in ESCAPED.items() if b in out}
+    result: Edges = {b: (("rx", node, t, exit_, False), None) for b, t in out.items() if b not in ESCAPED}
+    if any(b in ESCAPED for b in out):
+        result[ord("\\")] = (("rx", node, s, exit_, True), None)
+    if s in dfa.accept:
+        result[ord('"')] = (close, None)
+    return result

@@ -1,0 +1,138 @@
+"""Strings held to a regular expression (spmd_serve/engine/regex_dfa.py, json_patterns.py): the DFA
+accepts exactly what Python's re.fullmatch does (every string hypothesis draws from the pattern, and
+random strings either way), from every state a match can still end, and in a schema a `pattern` or
+`format` string is read whole exactly when its JSON value matches; what is not built is refused."""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+import uuid
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from spmd_serve.engine.grammar_table import complete
+from spmd_serve.engine.json_masks import JsonVocab
+from spmd_serve.engine.json_patterns import FORMATS, WRITABLE
+from spmd_serve.engine.json_schema import grammar
+from spmd_serve.engine.regex_dfa import compile_dfa
+
+PATTERNS = [r"^[a-z\d]+(-x|y){2,3}.$", r"[^a-c\W]*", r"\d{4}-\d{2}", r"(ab|a)*b?", r"[é-ü]+😊?", r"a{0,3}",
+            r"(a|b|)c", r"\w+@\w+(\.\w+)+", r"[\s\S]x", r'"[^"\\]*"', r"[^\u00e9]+", r"x*?y+?",
+            r"[\u0100-\U0001F600]{1,2}", *FORMATS.values()]  # fmt: skip
+ALPHABET = 'abcxy-019é😊ü \n.@_W"\\:TZ+'
+
+
+def accepts(dfa, text: str) -> bool:
+    state: int | None = 0
+    for b in text.encode():
+        state = dfa.trans[state].get(b)
+        if state is None:
+            return False
+    return state in dfa.accept
+
+
+def full(pattern: str, text: str) -> bool:
+    """re.fullmatch with ECMA's ASCII classes where the pattern names one, Unicode otherwise."""
+    flags = re.ASCII if re.search(r"\\[dws]", pattern, re.I) else 0
+    return re.fullmatch(pattern.removeprefix("^").removesuffix("$"), text, flags) is not None
+
+
+@pytest.mark.parametrize("pattern", PATTERNS)
+def test_the_dfa_accepts_what_re_fullmatch_does(pattern):
+    dfa, rng = compile_dfa(pattern, "p"), random.Random(pattern)
+    for _ in range(2000):
+        text = "".join(rng.choice(ALPHABET) for _ in range(rng.randint(0, 9)))
+        assert accepts(dfa, text) == full(pattern, text), (pattern, text)
+    # from every state a match can still end (an answer held to it never strands)
+    reach = set(dfa.accept)
+    while len(reach) < len(dfa.trans):
+        more = {s for s, out in enumerate(dfa.trans) if set(out.values()) & reach} - reach
+        assert more, f"states {set(range(len(dfa.trans))) - reach} cannot end"
+        reach |= more
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.data())
+def test_every_string_the_pattern_describes_is_accepted(data):
+    pattern = data.draw(st.sampled_from(PATTERNS))
+    flags = re.ASCII if re.search(r"\\[dws]", pattern, re.I) else 0
+    text = data.draw(st.from_regex(re.compile(pattern.removeprefix("^").removesuffix("$"), flags), fullmatch=True))
+    assert accepts(compile_dfa(pattern, "p"), text)
+
+
+def test_any_character_class_is_exact_over_all_of_unicode():
+    rng = random.Random(1)
+    for pattern in (r"[^a]", r".", r"[\u0100-\U0001F600]", r"[^\u00e9\U00010000-\U0010FFFF]", r"\W"):
+        dfa = compile_dfa(pattern, "p")
+        for _ in range(5000):
+            c = chr(rng.choice([rng.randint(0, 0x7FF), rng.randint(0, 0xFFFF), rng.randint(0, 0x10FFFF)]))
+            if not 0xD800 <= ord(c) <= 0xDFFF:
+                assert accepts(dfa, c) == full(pattern, c), (pattern, hex(ord(c)))
+
+
+def _object(value: dict) -> bytes:
+    return json.dumps({"v": value}, ensure_ascii=False).encode()
+
+
+def _schema(string: dict) -> object:
+    return grammar(json.dumps({"type": "object", "properties": {"v": {"type": "string", **string}}, "required": ["v"]}))
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.sampled_from(PATTERNS[:13]), st.text(ALPHABET, max_size=8))
+def test_a_pattern_string_is_read_whole_exactly_when_its_value_matches(pattern, value):
+    g = _schema({"pattern": pattern})
+    written = b'{"v":' + json.dumps(value, ensure_ascii=False).encode() + b"}"  # (quote, backslash, \n escaped)
+    assert complete(g.step(g.start, written)) == full(pattern, value), written
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.dates(), st.datetimes(timezones=st.timezones()), st.uuids(), st.ip_addresses(v=4))
+def test_formats_read_what_python_writes_of_them(day, moment, ident, address):
+    stamp = moment.isoformat()
+    for fmt, value in (("date", day.isoformat()), ("date-time", stamp), ("time", stamp.split("T")[1]),
+                       ("uuid", str(ident)), ("ipv4", str(address))):  # fmt: skip
+        if fmt in ("date-time", "time") and moment.utcoffset() and moment.utcoffset().seconds % 60:
+            continue  # (RFC 3339 offsets are whole minutes)
+        g = _schema({"format": fmt})
+        assert complete(g.step(g.start, json.dumps({"v": value}).encode())), (fmt, value)
+
+
+@pytest.mark.parametrize(
+    "fmt,bad", [("date", "2024-13-01"), ("date", "24-01-01"), ("time", "25:00:00Z"), ("time", "12:00:00"),
+                ("uuid", str(uuid.uuid4())[:-1]), ("ipv4", "256.1.1.1"), ("ipv4", "1.2.3"),
+                ("email", "a@b"), ("hostname", "-a.b"), ("date-time", "2024-01-01 12:00:00Z")],
+)  # fmt: skip
+def test_formats_refuse_what_is_not_of_them(fmt, bad):
+    g = _schema({"format": fmt})
+    assert not complete(g.step(g.start, json.dumps({"v": bad}).encode()))
+
+
+@pytest.mark.parametrize(
+    "string,why",
+    [({"pattern": "(a)\\1"}, "groupref is not supported"), ({"pattern": "a(?=b)"}, "assert is not supported"),
+     ({"pattern": "(?i)a"}, "flags"), ({"pattern": "a$b"}, "only at the pattern's ends"),
+     ({"pattern": "["}, "not a valid regular expression"), ({"pattern": "a{300}"}, "above 256"),
+     ({"pattern": "\x01"}, "matches no string that can be written"), ({"pattern": 5}, "must be a string"),
+     ({"pattern": "a", "maxLength": 3}, "not supported"), ({"format": "ipv6"}, "the format 'ipv6'"),
+     ({"pattern": "a", "format": "date"}, "not supported")],
+)  # fmt: skip
+def test_what_is_not_built_is_refused_by_name(string, why):
+    with pytest.raises(ValueError, match=re.escape(why)):
+        _schema(string)
+
+
+def test_masks_equal_stepping_each_token_alone():
+    """The vocabulary walk over a pattern string's states (escapes, multi-byte characters) equals
+    stepping every token alone, from every state the grammar has."""
+    g = _schema({"pattern": r'[a-c"\\é]{1,3}-\d'})
+    tokens = [bytes([b]) for b in range(256)] + [b'"a', b'\\"', b"\\\\", "é".encode(), b'-1"', b'-1"}', b'{"v":"']
+    vocab = JsonVocab(tokens)
+    for s in range(3, len(g.table)):
+        want = [g.step((s, ()), t) is not None for t in tokens]
+        assert vocab.allowed(g, (s, ())).tolist() == want, s
+    assert 0x01 not in WRITABLE and 0x0A in WRITABLE
