@@ -68,6 +68,14 @@ class SamplingParams:
     # value of this schema (JSON text; json_object's is JSON_OBJECT), then an eos id
     # (engine/json_schema.py makes its grammar; engine/json_masks.py masks every token that would leave it)
     json_schema: str = ""
+    # vLLM's guided_regex: the answer is one match of this pattern, then an eos id where it may end
+    # (engine/json_patterns.answer_grammar; masked as a JSON answer is)
+    regex: str = ""
+
+    @property
+    def grammar(self) -> bool:
+        """Whether the answer is held to a grammar (a JSON schema's or a pattern's)."""
+        return bool(self.json_schema or self.regex)
 
     def validate(self) -> SamplingParams:
         """Raise ValueError naming the first bad field; return self for chaining."""
@@ -128,8 +136,14 @@ class SamplingParams:
             raise ValueError("guided_choice ends the answer with an EOS: not with ignore_eos or min_tokens")
         if not isinstance(self.json_schema, str) or len(self.json_schema) > MAX_SCHEMA_CHARS:
             raise ValueError(f"a JSON schema must be JSON text of at most {MAX_SCHEMA_CHARS} characters")
-        if self.json_schema and (self.ignore_eos or self.min_tokens or self.guided_sequences):
-            raise ValueError("a JSON answer ends with an EOS: not with ignore_eos, min_tokens or guided_choice")
+        if not isinstance(self.regex, str) or len(self.regex) > MAX_SCHEMA_CHARS:
+            raise ValueError(f"a guided_regex must be a string of at most {MAX_SCHEMA_CHARS} characters")
+        if self.json_schema and self.regex:
+            raise ValueError("an answer is held to a JSON schema or to a pattern, not both")
+        if self.grammar and (self.ignore_eos or self.min_tokens or self.guided_sequences):
+            raise ValueError(
+                "a JSON or guided_regex answer ends with an EOS: not with ignore_eos, min_tokens or guided_choice"
+            )
         if allowed and set(allowed) <= {w[0] for w in self.bad_words if len(w) == 1}:
             raise ValueError("bad_words ban every token allowed_token_ids allows")
         if not all(isinstance(s, str) for s in self.stop_sequences):

@@ -1,7 +1,8 @@
 """A byte grammar's tables and its stepper (engine/json_grammar.py builds them from a JSON schema's
 nodes): `table[state, byte]` the next state, with DEAD (no way on) and POP (a free container closes:
 the stack decides what follows), and `pushes[state, byte]` the state a free container opened there
-returns to once it closes.  END is the state after the whole answer: only an EOS may follow it.
+returns to once it closes.  END is the state after the whole answer: only an EOS may follow it;
+a grammar may name other states where an EOS may come too (a regular expression's accepting ones).
 """
 
 from __future__ import annotations
@@ -27,7 +28,9 @@ class Grammar:
     """The tables of every state reachable from `start`, numbered after DEAD, POP and END, with
     `edges(name)` giving a state's bytes."""
 
-    def __init__(self, edges_of: Callable[[Name], Edges], start: Name) -> None:
+    def __init__(
+        self, edges_of: Callable[[Name], Edges], start: Name, may_end: Callable[[Name], bool] | None = None
+    ) -> None:
         ids: dict[Name, int] = {("dead",): DEAD, POP_NAME: POP, END_NAME: END, start: 3}
         edges: dict[Name, Edges] = {}
         todo = [start]
@@ -49,6 +52,7 @@ class Grammar:
                 self.table[ids[name], b] = ids[target]
                 self.pushes[ids[name], b] = 0 if back is None else ids[back]
         self.start: State = (3, ())
+        self.ends = frozenset({END} | {ids[name] for name in edges if may_end is not None and may_end(name)})
         self.serial = next(_SERIALS)  # (json_masks' cache key: unlike an id, never reused)
         # rows as arrays: read byte by byte as fast as lists (numpy scalars are ~4x slower), in half the memory
         self._t = [array("h", row) for row in self.table.tolist()]
@@ -69,6 +73,10 @@ class Grammar:
                 stack = (*stack, self._p[s][b])
             s = t
         return s, stack
+
+    def may_end(self, state: State | None) -> bool:
+        """Whether an EOS may come after `state` (the answer whole, or at an accepting state)."""
+        return state is not None and state[0] in self.ends
 
 
 def complete(state: State | None) -> bool:

@@ -22,8 +22,8 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from spmd_serve.engine import json_schema
-from spmd_serve.engine.grammar_table import DEAD, POP, Grammar, State, complete
+from spmd_serve.engine import json_patterns, json_schema
+from spmd_serve.engine.grammar_table import DEAD, POP, Grammar, State
 
 Mask = npt.NDArray[np.bool_]
 MAX_CACHED = 4096  # table-state masks kept (V/8 bytes each: 19 KB at 150k tokens)
@@ -89,7 +89,7 @@ class JsonVocab:
         anything else is read afresh), and the grammar stays while the request does, whatever
         json_schema.grammar's cache drops."""
         kept = getattr(holder, "json_progress", None)
-        grammar, n, state = kept or (json_schema.grammar(holder.params.json_schema), 0, None)
+        grammar, n, state = kept or (grammar_of(holder.params), 0, None)
         if kept is None or n > len(output):
             n, state = 0, grammar.start
         for t in output[n:]:
@@ -97,6 +97,11 @@ class JsonVocab:
         if output is holder.output_token_ids and hasattr(holder, "json_progress"):
             holder.json_progress = (grammar, len(output), state)
         return grammar, state
+
+
+def grammar_of(params: Any) -> Grammar:
+    """A request's grammar: its JSON schema's, or its guided_regex's."""
+    return json_patterns.answer_grammar(params.regex) if params.regex else json_schema.grammar(params.json_schema)
 
 
 def vocabulary_bytes(tokenizer: Any) -> list[bytes]:
@@ -113,6 +118,6 @@ def keeps_json(vocab: JsonVocab | None, request: Any, tokens: Sequence[int]) -> 
     grammar, state = vocab.state_of(request, request.output_token_ids)
     for t in tokens:
         if t in request.eos_token_ids:
-            return complete(state)
+            return grammar.may_end(state)
         state = grammar.step(state, vocab.written(t))
     return state is not None

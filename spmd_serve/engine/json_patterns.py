@@ -1,5 +1,6 @@
 """A JSON string held to a regular expression: JSON Schema's `pattern`, and the `format`s built
-(FORMATS, each as its pattern), as states of a JSON grammar (engine/json_grammar.py).
+(FORMATS, each as its pattern), as states of a JSON grammar (engine/json_grammar.py); and a whole
+answer held to one (vLLM's guided_regex: `answer_grammar`), ended by an EOS where it may end.
 
 The string's characters are the pattern DFA's (engine/regex_dfa.py) bytes, written as a model would
 write them in JSON: raw, except a quote, a backslash and the control characters with a short escape
@@ -12,7 +13,7 @@ from __future__ import annotations
 
 import functools
 
-from spmd_serve.engine.grammar_table import Edges, Name
+from spmd_serve.engine.grammar_table import Edges, Grammar, Name
 from spmd_serve.engine.regex_dfa import Dfa, compile_dfa
 
 # byte -> the letter after a backslash that writes it in a JSON string
@@ -53,3 +54,15 @@ def edges(dfa: Dfa, name: Name, close: Name) -> Edges:
     if s in dfa.accept:
         result[ord('"')] = (close, None)
     return result
+
+
+@functools.lru_cache(maxsize=64)
+def answer_grammar(pattern: str, where: str = "guided_regex") -> Grammar:
+    """The grammar of an answer that is one match of `pattern` (any byte its DFA takes); ValueError
+    names what is not built (the pattern named `where`)."""
+    dfa = compile_dfa(pattern, where)
+    return Grammar(
+        lambda name: {b: (("rxa", t), None) for b, t in dfa.trans[name[1]].items()},
+        ("rxa", 0),
+        lambda name: name[1] in dfa.accept,
+    )

@@ -85,6 +85,8 @@ class _Nodes:
             return ("union", tuple(self.add({**one, "type": k}, f"{where}.type[{i}]") for i, k in enumerate(kind)))
         if kind is None:
             kind = "object" if "properties" in schema else "array" if "items" in schema else None
+        if kind is None and {"pattern", "format"} & set(schema):  # (a string's, which any value may be)
+            raise ValueError(f"json_schema{where}: pattern and format are supported with type string only")
         if kind is None:
             return ("any",)
         if kind == "integer":

@@ -26,7 +26,6 @@ import numpy.typing as npt
 
 import ops.sample
 from spmd_serve.engine import json_masks
-from spmd_serve.engine.grammar_table import complete
 from spmd_serve.engine.json_masks import JsonVocab
 from spmd_serve.sampling_params import SamplingParams
 
@@ -62,13 +61,13 @@ def json_keep(vocab: JsonVocab | None, view: SampledRequest, width: int) -> npt.
     """[width] the tokens that keep `view`'s answer on its JSON schema's grammar (engine/json_masks.py),
     and its eos ids once it is whole."""
     if vocab is None:
-        raise ValueError("a JSON answer needs the vocabulary's bytes, which no HTTP worker sent this engine")
+        raise ValueError("a JSON or guided_regex answer needs the vocabulary's bytes, which no HTTP worker sent")
     holder = getattr(view, "holder", None)
     grammar, state = vocab.state_of(holder or view, view.output_token_ids)
     keep = np.zeros(width, bool)
     n = min(width, len(vocab))
     keep[:n] = vocab.allowed(grammar, state)[:n]
-    keep[[e for e in view.eos_token_ids if e < width]] = complete(state)
+    keep[[e for e in view.eos_token_ids if e < width]] = grammar.may_end(state)
     return keep
 
 
@@ -84,7 +83,7 @@ def off_limits(request: SampledRequest, tokens: list[int], width: int, vocab: Js
             "no token of guided_choice's answers can be drawn at this step: each is masked (allowed_token_ids, "
             "bad_words, or an EOS id until min_tokens)"
         )
-    if p.json_schema and not json_masks.keeps_json(vocab, request, tokens):
+    if p.grammar and not json_masks.keeps_json(vocab, request, tokens):
         return (
             "no token that keeps the answer on its JSON schema can be drawn at this step: each is masked "
             "(allowed_token_ids, bad_words or logit_bias), or no token of the vocabulary writes what must come next"
@@ -108,7 +107,7 @@ def wanted(views: Sequence[SampledRequest]) -> bool:
         or v.params.allowed_token_ids
         or v.params.bad_words
         or v.params.guided_sequences
-        or v.params.json_schema
+        or v.params.grammar
         for v in views
     ) or bool(_min_p_rows(views))
 
@@ -136,7 +135,7 @@ def adjusted(
             kept = out[r, keep]
             out[r] = -np.inf
             out[r, keep] = kept
-        if v.params.json_schema:
+        if v.params.grammar:
             out[r, ~json_keep(vocab, v, out.shape[1])] = -np.inf
     pick = _min_p_rows(views)
     if pick:

@@ -4,15 +4,13 @@ ServingTokenizer.decode writes them; the eos that stopped a request written only
 include_stop_str_in_output), `bad_words` (never generated: the greedy answer is the free one up to
 where it would have completed a banned word, and never holds one), `guided_choice` (every answer
 one of the choices), OpenAI's `response_format: json_object` (every answer on its way to one
-JSON object, and one whole when it stopped; a schema's string formats and patterns) and
-tool_choice "auto" (the calls read out of the answer, for a model whose template writes <tool_call>
-blocks)."""
+JSON object, and one whole when it stopped; a schema's string formats and patterns)
+(tool_choice "auto" and guided_regex: test_tools_auto_mpi.py)."""
 
 from __future__ import annotations
 
 import json
 import re
-import shutil
 from pathlib import Path
 
 import openai
@@ -21,7 +19,6 @@ import pytest
 from spmd_serve.engine.json_schema import grammar
 from spmd_serve.frontend.text.tokenizer import ServingTokenizer
 from spmd_serve.sampling_params import JSON_OBJECT
-from tests.support.hf_tokenizer_dirs import QWEN2_TEMPLATE
 from tests.support.server_process import ServerProcess
 
 pytestmark = pytest.mark.mpi
@@ -268,33 +265,3 @@ def test_chat_echo_repeats_the_assistant_s_last_message(client):
     assert "".join(c.choices[0].delta.content or "" for c in stream if c.choices) == echoed.choices[0].message.content
     alone = client.chat.completions.create(messages=CHAT, **kw, extra_body={"echo": True}).choices[0].message.content
     assert alone == client.chat.completions.create(messages=CHAT, **kw).choices[0].message.content
-
-
-def test_tool_choice_auto_reads_the_calls_out_of_the_answer(served_tp1: Path, tmp_path: Path):
-    """The demo model with Qwen2.5's chat template (its chat_template.jinja beside the weights): the
-    official client's tools with no tool_choice. The answer is held by guided_choice to a call, or
-    to a sentence and a call, so what the model writes is known; each comes back as that call and
-    the text around it, whole and streamed alike. A tool the request did not name stays text."""
-    model = shutil.copytree(served_tp1, tmp_path / "qwen-template")
-    (model / "chat_template.jinja").write_text(QWEN2_TEMPLATE)
-    weather = {"type": "function", "function": {"name": "get_weather", "parameters": {
-        "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}  # fmt: skip
-    call = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
-    with ServerProcess(1, model, tmp_path / "server.log") as srv:
-        client = openai.OpenAI(base_url=f"http://127.0.0.1:{srv.http_port}/v1", api_key="x", max_retries=0, timeout=60)
-        kw = dict(model="default", messages=CHAT, max_tokens=200, temperature=0, tools=[weather])
-        for answer, content in [(call, None), ("Let me look.\n" + call, "Let me look.\n")]:
-            got = client.chat.completions.create(**kw, extra_body={"guided_choice": [answer]}).choices[0]
-            assert (got.message.content, got.finish_reason) == (content, "tool_calls")
-            assert [(c.function.name, json.loads(c.function.arguments)) for c in got.message.tool_calls] == [
-                ("get_weather", {"city": "Paris"})]  # fmt: skip
-            chunks = [c.choices[0] for c in client.chat.completions.create(
-                **kw, stream=True, extra_body={"guided_choice": [answer]}) if c.choices]  # fmt: skip
-            assert "".join(c.delta.content or "" for c in chunks) == (content or "")
-            deltas = [d for c in chunks for d in c.delta.tool_calls or []]
-            assert [(d.function.name, d.function.arguments) for d in deltas] == [
-                (c.function.name, c.function.arguments) for c in got.message.tool_calls]  # fmt: skip
-            assert chunks[-1].finish_reason == "tool_calls"
-        other = call.replace("get_weather", "get_time")
-        got = client.chat.completions.create(**kw, extra_body={"guided_choice": [other]}).choices[0]
-        assert (got.message.content, got.message.tool_calls, got.finish_reason) == (other, None, "stop")

@@ -102,7 +102,10 @@ SCHEMAS = st.sampled_from([  # JSON schemas engine/json_schema.py builds
     {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": ["string", "null"]}}, "required": ["a"]},
     {"type": "object",
      "properties": {"x": {"enum": ["u", "v", 1]}, "y": {"type": "array", "items": {"type": "boolean"}}}},
+    {"type": "object", "properties": {"d": {"type": "string", "format": "date"}, "p": {"type": "string",
+     "pattern": "[a-z]{1,3}-[0-9]"}}},
 ])  # fmt: skip
+REGEXES = st.sampled_from([r"(yes|no)", r"[0-9]{1,4}", r"\w+@\w+\.com", r".{0,8}"])  # patterns built
 
 _OPENAI_COMMON = {
     "model": Field(st.sampled_from(["default", "default", "default", "no-such-model"])),
@@ -135,6 +138,7 @@ _OPENAI_COMMON = {
             st.fixed_dictionaries({"choice": st.lists(TEXT, min_size=1, max_size=3)}),
             st.fixed_dictionaries({"json_object": st.booleans()}),
             st.fixed_dictionaries({"json": SCHEMAS}),
+            st.fixed_dictionaries({"regex": REGEXES}),
         ),
         st.one_of(TEXT, JUNK, st.fixed_dictionaries({"json_object": JUNK}), st.fixed_dictionaries({"json": JUNK})),
     ),
@@ -153,8 +157,9 @@ _OPENAI_COMMON = {
         ),
     ),
     "guided_json": Field(
-        SCHEMAS | SCHEMAS.map(json.dumps), st.one_of(TEXT, JUNK, st.just({"type": "object", "pattern": "a"}))
+        SCHEMAS | SCHEMAS.map(json.dumps), st.one_of(TEXT, JUNK, st.just({"type": "object", "multipleOf": 2}))
     ),
+    "guided_regex": Field(REGEXES, st.one_of(JUNK, st.sampled_from(["(a)\\1", "[", "a(?=b)", "\x01"]))),
     "guided_choice": Field(st.lists(TEXT, min_size=1, max_size=3), st.one_of(TEXT, st.lists(JUNK, max_size=3), JUNK)),
     "bad_words": Field(st.lists(TEXT, max_size=3), st.one_of(TEXT, st.lists(JUNK, min_size=1, max_size=3), JUNK)),
     "truncate_prompt_tokens": integer(1, 20),

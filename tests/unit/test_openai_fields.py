@@ -77,7 +77,7 @@ def test_unknown_fields_are_refused_with_openai_s_wording(kind):
         ("chat", "add_special_tokens", False, True),
         ("completion", "suffix", "", "!"),
         ("completion", "priority", 0, 1),
-        ("chat", "guided_regex", None, "a+"),
+        ("chat", "guided_grammar", None, "root ::= x"),
         ("chat", "store", False, True),
     ],
 )
@@ -149,7 +149,7 @@ def test_structured_outputs_choice_is_guided_choice():
     p = parse("chat", structured_outputs={"choice": ["yes", "no"], "disable_fallback": False}).params
     assert p.guided_sequences == parse("chat", guided_choice=["yes", "no"]).params.guided_sequences
     for body, param in [
-        ({"structured_outputs": {"regex": "a+"}}, "structured_outputs.regex"),
+        ({"structured_outputs": {"grammar": "a+"}}, "structured_outputs.grammar"),
         ({"structured_outputs": {"choice": ["a"]}, "guided_choice": ["a"]}, "structured_outputs"),
         ({"structured_outputs": ["a"]}, "structured_outputs"),
         ({"structured_outputs": {"choice": "a"}}, "structured_outputs.choice"),

@@ -174,6 +174,9 @@ def parse_openai(
         continues = kind == "completion" or bool(body.get("continue_final_message"))
         choices = token_params.guided_choice(body, tokenizer, prompts, continues, eos_ends)
         schema = token_params.json_schema(body, eos_ends, calls.schema)
+        regex = token_params.guided_regex(
+            body, eos_ends, "a guided choice" if choices else "a JSON schema" * bool(schema)
+        )
     except FieldError as e:
         raise OpenAIError(400, e.msg, e.param) from None
     params = SamplingParams(
@@ -203,6 +206,7 @@ def parse_openai(
         bad_words=banned,
         guided_sequences=choices,
         json_schema=schema,
+        regex=regex,
     )
     get(body, "user", "str", None)
     flags = dict(echo=echo, logprobs=logprobs, echo_only=not max_tokens, continues=continues)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from spmd_serve.engine import json_patterns
 from spmd_serve.engine import json_schema as json_schemas
 from spmd_serve.frontend.common.parsing import ProtocolError, check_in_vocab, finite_number, is_int, show
 from spmd_serve.frontend.openai.fields import FieldError
@@ -22,7 +23,7 @@ from spmd_serve.sampling_params import (
     MAX_SCHEMA_CHARS,
 )
 
-_STRUCTURED = ("choice", "json", "json_object")  # later vLLM's structured_outputs that are built
+_STRUCTURED = ("choice", "json", "json_object", "regex")  # later vLLM's structured_outputs that are built
 
 
 def _in_vocab(name: str, ids: list[int], tokenizer: Any) -> None:
@@ -123,7 +124,7 @@ def _choice_field(body: dict[str, Any]) -> tuple[Any, str]:
     other = next((k for k, v in outputs.items() if k not in _STRUCTURED and v not in (None, False)), None)
     if other is not None:  # (its flags are false by default: false changes nothing)
         raise FieldError(
-            f"structured_outputs.{other} is not supported by this server (only choice, json and json_object)",
+            f"structured_outputs.{other} is not supported by this server (only choice, json, json_object and regex)",
             f"structured_outputs.{other}",
         )
     if body.get("guided_choice") is not None:
@@ -177,6 +178,35 @@ def json_schema(body: dict[str, Any], ends_on_eos: bool, tool_schema: str = "") 
     if len(text) > MAX_SCHEMA_CHARS:
         raise FieldError(f"{name} is more than {MAX_SCHEMA_CHARS} characters of JSON", name)
     return text
+
+
+def guided_regex(body: dict[str, Any], ends_on_eos: bool, other: str) -> str:
+    """vLLM's guided_regex (or structured_outputs' "regex"): the pattern the whole answer is one match
+    of ("" for none; engine/json_patterns.answer_grammar).  Not with `other` (the structured output
+    already given, if any), ignore_eos or min_tokens; a pattern not built is refused naming what."""
+    outputs = body.get("structured_outputs")
+    given = [
+        (name, value)
+        for name, value in (
+            ("guided_regex", body.get("guided_regex")),
+            ("structured_outputs.regex", outputs.get("regex") if isinstance(outputs, dict) else None),
+        )
+        if value is not None
+    ]
+    if not given:
+        return ""
+    (name, pattern), *more = given
+    if more or other:
+        raise FieldError(f"{name} and {more[0][0] if more else other} cannot both be given", name)
+    if not isinstance(pattern, str) or len(pattern) > MAX_SCHEMA_CHARS:
+        raise FieldError(f"{name} must be a string of at most {MAX_SCHEMA_CHARS} characters", name)
+    if not ends_on_eos:
+        raise FieldError(f"{name} ends the answer with an EOS: not with ignore_eos or min_tokens", name)
+    try:
+        json_patterns.answer_grammar(pattern, name)
+    except ValueError as e:
+        raise FieldError(str(e), name) from None
+    return pattern
 
 
 def guided_choice(

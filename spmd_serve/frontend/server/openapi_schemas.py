@@ -131,9 +131,11 @@ def schemas(s: IOSettings) -> dict[str, Schema]:
         "bad_words": _opt(_list(STR, description="words never generated (vLLM's: as their tokens)")),
         "guided_choice": _opt(_list(STR, minItems=1, maxItems=64, description="the answer is one of these")),
         "structured_outputs": _opt(_obj([], {"choice": _opt(_list(STR, minItems=1, maxItems=64)),
-                                             "json": _opt(SCHEMA), "json_object": _opt(BOOL)},
-                                        description="later vLLM's: choice (guided_choice), json and json_object")),
+                                             "json": _opt(SCHEMA), "json_object": _opt(BOOL), "regex": _opt(STR)},
+                                        description="later vLLM's: choice (guided_choice), json, json_object "
+                                        "and regex (guided_regex)")),
         "guided_json": _opt(SCHEMA),
+        "guided_regex": _opt(STR | {"description": "vLLM's: the answer is one match of this pattern"}),
         "response_format": _opt(_obj(["type"], {"type": {"enum": ["text", "json_object", "json_schema"]},
                                                 "json_schema": _obj(["name"], {"name": STR, "schema": SCHEMA})},
                                      description="json_object: any one JSON object; json_schema: one of its schema")),

@@ -1,0 +1,73 @@
+"""tool_choice "auto" and vLLM's guided_regex, served by `mpirun -n 1 spmd_serve` (the demo model with
+Qwen2.5's chat template beside its weights) to the official `openai` client: the calls an answer
+writes come back as tool calls, whole and streamed alike; a guided_regex answer is one match of its
+pattern, ended by the EOS where the pattern may end."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+from pathlib import Path
+
+import openai
+import pytest
+
+from tests.support.hf_tokenizer_dirs import QWEN2_TEMPLATE
+from tests.support.server_process import ServerProcess
+
+pytestmark = pytest.mark.mpi
+CHAT = [{"role": "user", "content": "Hi"}]
+
+
+@pytest.fixture(scope="module")
+def client(served_tp1: Path, tmp_path_factory) -> openai.OpenAI:
+    model = shutil.copytree(served_tp1, tmp_path_factory.mktemp("qwen") / "qwen-template")
+    (model / "chat_template.jinja").write_text(QWEN2_TEMPLATE)
+    with ServerProcess(1, model, tmp_path_factory.mktemp("logs") / "server.log") as srv:
+        yield openai.OpenAI(base_url=f"http://127.0.0.1:{srv.http_port}/v1", api_key="x", max_retries=0, timeout=60)
+
+
+def test_tool_choice_auto_reads_the_calls_out_of_the_answer(client):
+    """The official client's tools with no tool_choice. The answer is held by guided_choice to a
+    call, or to a sentence and a call, so what the model writes is known; each comes back as that call and
+    the text around it, whole and streamed alike. A tool the request did not name stays text."""
+    weather = {"type": "function", "function": {"name": "get_weather", "parameters": {
+        "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}  # fmt: skip
+    call = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
+    kw = dict(model="default", messages=CHAT, max_tokens=200, temperature=0, tools=[weather])
+    for answer, content in [(call, None), ("Let me look.\n" + call, "Let me look.\n")]:
+        got = client.chat.completions.create(**kw, extra_body={"guided_choice": [answer]}).choices[0]
+        assert (got.message.content, got.finish_reason) == (content, "tool_calls")
+        assert [(c.function.name, json.loads(c.function.arguments)) for c in got.message.tool_calls] == [
+            ("get_weather", {"city": "Paris"})]  # fmt: skip
+        chunks = [c.choices[0] for c in client.chat.completions.create(
+            **kw, stream=True, extra_body={"guided_choice": [answer]}) if c.choices]  # fmt: skip
+        assert "".join(c.delta.content or "" for c in chunks) == (content or "")
+        deltas = [d for c in chunks for d in c.delta.tool_calls or []]
+        assert [(d.function.name, d.function.arguments) for d in deltas] == [
+            (c.function.name, c.function.arguments) for c in got.message.tool_calls]  # fmt: skip
+        assert chunks[-1].finish_reason == "tool_calls"
+    other = call.replace("get_weather", "get_time")
+    got = client.chat.completions.create(**kw, extra_body={"guided_choice": [other]}).choices[0]
+    assert (got.message.content, got.message.tool_calls, got.finish_reason) == (other, None, "stop")
+
+
+@pytest.mark.parametrize("pattern", [r"(yes|no|maybe)", r"[A-Z][a-z]{2,5}-[0-9]{1,3}", r"\d+(\.\d{1,2})?"])
+def test_guided_regex_answers_match_the_pattern(client, pattern):
+    """Sampled answers (chat and completions, guided_regex and structured_outputs.regex) each match the
+    whole pattern and end by the EOS; streamed equals whole; a pattern not built is a 400 naming it."""
+    for extra in ({"guided_regex": pattern}, {"structured_outputs": {"regex": pattern}}):
+        kw = dict(model="default", max_tokens=64, temperature=1.0, seed=4, n=4, extra_body=extra)
+        chat = client.chat.completions.create(messages=CHAT, **kw).choices
+        comp = client.completions.create(prompt="The answer is", **kw).choices
+        for c in chat + comp:
+            text = c.message.content if hasattr(c, "message") else c.text
+            assert c.finish_reason == "stop" and re.fullmatch(pattern, text, re.ASCII), (pattern, text)
+        streamed = ["" for _ in range(4)]
+        for chunk in client.chat.completions.create(messages=CHAT, stream=True, **kw):
+            for c in chunk.choices:
+                streamed[c.index] += c.delta.content or ""
+        assert streamed == [c.message.content for c in chat]
+    with pytest.raises(openai.BadRequestError, match=r"guided_regex: groupref is not supported"):
+        client.completions.create(model="default", prompt="x", max_tokens=4, extra_body={"guided_regex": "(a)\\1"})
