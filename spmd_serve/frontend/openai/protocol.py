@@ -174,9 +174,8 @@ def parse_openai(
         continues = kind == "completion" or bool(body.get("continue_final_message"))
         choices = token_params.guided_choice(body, tokenizer, prompts, continues, eos_ends)
         schema = token_params.json_schema(body, eos_ends, calls.schema)
-        regex = token_params.guided_regex(
-            body, eos_ends, "a guided choice" if choices else "a JSON schema" * bool(schema)
-        )
+        held = "a guided choice" if choices else "a JSON schema" if schema else ""  # (what else holds the answer)
+        regex = token_params.guided_regex(body, eos_ends, held)
     except FieldError as e:
         raise OpenAIError(400, e.msg, e.param) from None
     params = SamplingParams(
