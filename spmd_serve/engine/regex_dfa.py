@@ -24,6 +24,7 @@ from re import _parser as sre_parse  # type: ignore[attr-defined]
 from typing import Any
 
 MAX_DFA_STATES = 2000
+MAX_NFA_STATES = 50000
 MAX_REPEAT = 256  # the largest bounded count {m,n} built (each count is copies of its NFA)
 _TOP = 0x10FFFF
 Ranges = list[tuple[int, int]]  # code point intervals, sorted and apart
@@ -83,12 +84,14 @@ def _utf8(lo: int, hi: int) -> list[list[tuple[int, int]]]:
 class _Nfa:
     """A Thompson NFA: eps[s] the states s reaches for free, edges[s] its (lo byte, hi byte, next)."""
 
-    def __init__(self, dotall: bool) -> None:
+    def __init__(self, dotall: bool, where: str) -> None:
         self.eps: list[list[int]] = []
         self.edges: list[list[tuple[int, int, int]]] = []
-        self.dotall = dotall
+        self.dotall, self.where = dotall, where
 
     def state(self) -> int:
+        if len(self.eps) >= MAX_NFA_STATES:  # (nested counts multiply: (a{200}){200} is 40,000 copies)
+            raise ValueError(f"{self.where} is too large (more than {MAX_NFA_STATES} NFA states)")
         self.eps.append([])
         self.edges.append([])
         return len(self.eps) - 1
@@ -205,32 +208,37 @@ def compile_dfa(pattern: str, where: str, writable: frozenset[int] = frozenset(r
         items = items[:-1]
     if any(op is sre.AT for op, _ in items):
         raise ValueError(f"{where}: anchors are supported only at the pattern's ends")
-    nfa = _Nfa(bool(parsed.state.flags & sre.SRE_FLAG_DOTALL))
+    nfa = _Nfa(bool(parsed.state.flags & sre.SRE_FLAG_DOTALL), where)
     start, end = nfa.seq(items, where)
     return _determinize(nfa, start, end, writable, where)
 
 
 def _determinize(nfa: _Nfa, start: int, end: int, writable: frozenset[int], where: str) -> Dfa:
-    def closure(states: set[int]) -> frozenset[int]:
-        todo, seen = list(states), set(states)
-        while todo:
-            for t in nfa.eps[todo.pop()]:
-                if t not in seen:
-                    seen.add(t)
-                    todo.append(t)
-        return frozenset(seen)
+    closures: dict[frozenset[int], frozenset[int]] = {}
 
-    ids = {closure({start}): 0}
+    def closure(states: frozenset[int]) -> frozenset[int]:
+        if states not in closures:
+            todo, seen = list(states), set(states)
+            while todo:
+                for t in nfa.eps[todo.pop()]:
+                    if t not in seen:
+                        seen.add(t)
+                        todo.append(t)
+            closures[states] = frozenset(seen)
+        return closures[states]
+
+    ids = {closure(frozenset({start})): 0}
     trans: list[dict[int, frozenset[int]]] = []
     order = [next(iter(ids))]
     while len(trans) < len(order):
-        moves: dict[int, set[int]] = {}
-        for s in order[len(trans)]:
-            for a, b, t in nfa.edges[s]:
-                for byte in range(a, b + 1):
-                    if byte in writable:
-                        moves.setdefault(byte, set()).add(t)
-        trans.append({byte: closure(ts) for byte, ts in moves.items()})
+        edges = [e for s in order[len(trans)] for e in nfa.edges[s]]
+        cuts = sorted({a for a, _, _ in edges} | {b + 1 for _, b, _ in edges})
+        moves: dict[int, frozenset[int]] = {}
+        for lo, hi in zip(cuts, cuts[1:]):  # bytes lo..hi-1 go to the same NFA states
+            targets = frozenset(t for a, b, t in edges if a <= lo and hi - 1 <= b)
+            if targets:
+                moves.update(dict.fromkeys((byte for byte in range(lo, hi) if byte in writable), closure(targets)))
+        trans.append(moves)
         for target in trans[-1].values():
             if target not in ids:
                 ids[target] = len(order)
@@ -238,14 +246,17 @@ def _determinize(nfa: _Nfa, start: int, end: int, writable: frozenset[int], wher
                 if len(order) > MAX_DFA_STATES:
                     raise ValueError(f"{where} makes more than {MAX_DFA_STATES} states")
     # keep only the states from which a match can still end (a held answer never strands)
+    into: list[list[int]] = [[] for _ in order]  # the states that go to each (reversed edges)
+    for i, out in enumerate(trans):
+        for t in set(out.values()):
+            into[ids[t]].append(i)
     live = {i for i, states in enumerate(order) if end in states}
-    grew = True
-    while grew:
-        grew = False
-        for i, out in enumerate(trans):
-            if i not in live and any(ids[t] in live for t in out.values()):
+    todo = list(live)
+    while todo:
+        for i in into[todo.pop()]:
+            if i not in live:
                 live.add(i)
-                grew = True
+                todo.append(i)
     if 0 not in live:
         raise ValueError(f"{where} matches no string that can be written")
     renum = {old: new for new, old in enumerate(sorted(live))}
@@ -253,14 +264,30 @@ def _determinize(nfa: _Nfa, start: int, end: int, writable: frozenset[int], wher
     return _minimal(table, {renum[i] for i in live if end in order[i]})
 
 
+def _runs(out: dict[int, int]) -> list[tuple[int, int, int]]:
+    """(first byte, last byte, target) of each run of consecutive bytes that go to one state."""
+    runs: list[tuple[int, int, int]] = []
+    for b in sorted(out):
+        if runs and runs[-1][1] == b - 1 and runs[-1][2] == out[b]:
+            runs[-1] = (runs[-1][0], b, out[b])
+        else:
+            runs.append((b, b, out[b]))
+    return runs
+
+
 def _minimal(trans: list[dict[int, int]], accept: set[int]) -> Dfa:
     """The same DFA with states that read alike merged (Moore's partition refinement): fewer grammar
     states, so fewer masks to walk."""
+    runs = [_runs(out) for out in trans]  # (each state's runs of bytes that go to one state)
+    shapes: dict[tuple[tuple[int, int], ...], int] = {}
+    shape = [shapes.setdefault(tuple((lo, hi) for lo, hi, _ in r), len(shapes)) for r in runs]  # (a small id)
+    targets = [[t for _, _, t in r] for r in runs]
     cls = [int(i in accept) for i in range(len(trans))]
-    while True:
+    while True:  # (a state's key: its class, its runs, and their targets' classes; states whose runs
+        # differ only where their targets are alike stay apart: larger than minimal, never wrong)
         keys: dict[tuple[Any, ...], int] = {}
-        new = [keys.setdefault((cls[i], tuple((b, cls[t]) for b, t in sorted(out.items()))), len(keys))
-               for i, out in enumerate(trans)]  # fmt: skip
+        new = [keys.setdefault((cls[i], shape[i], tuple(map(cls.__getitem__, targets[i]))), len(keys))
+               for i in range(len(trans))]  # fmt: skip
         if len(keys) == len(set(cls)):
             break
         cls = new

@@ -118,6 +118,8 @@ def test_formats_refuse_what_is_not_of_them(fmt, bad):
      ({"pattern": "(?i)a"}, "flags"), ({"pattern": "a$b"}, "only at the pattern's ends"),
      ({"pattern": "["}, "not a valid regular expression"), ({"pattern": "a{300}"}, "above 256"),
      ({"pattern": "\x01"}, "matches no string that can be written"), ({"pattern": 5}, "must be a string"),
+     ({"pattern": "(a{256}){256}"}, "too large (more than 50000 NFA states)"),
+     ({"pattern": ".{0,256}"}, "makes more than 2000 states"),
      ({"pattern": "a", "maxLength": 3}, "not supported"), ({"format": "ipv6"}, "the format 'ipv6'"),
      ({"pattern": "a", "format": "date"}, "not supported")],
 )  # fmt: skip
