@@ -83,15 +83,16 @@ def test_chat_stream_equals_non_stream_and_usage_chunk(client):
 
 
 def test_content_as_text_parts_equals_a_string(client):
+    """Text parts are joined by newlines, as vLLM joins them for a template that reads a string."""
     parts = [
         {
             "role": "user",
-            "content": [{"type": "text", "text": "Tell me a story "}, {"type": "text", "text": "about a cat."}],
+            "content": [{"type": "text", "text": "Tell me a story"}, {"type": "text", "text": "about a cat."}],
         }
     ]
     kw = dict(model="default", max_tokens=6, temperature=0, extra_body={"min_tokens": 6})
     a = client.chat.completions.create(messages=parts, **kw)
-    b = client.chat.completions.create(messages=CHAT, **kw)
+    b = client.chat.completions.create(messages=[{"role": "user", "content": "Tell me a story\nabout a cat."}], **kw)
     assert a.choices[0].message.content == b.choices[0].message.content
     assert a.usage.prompt_tokens == b.usage.prompt_tokens
 

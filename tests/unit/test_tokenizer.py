@@ -77,7 +77,7 @@ def test_chat_system_field_and_parts(tok: ServingTokenizer) -> None:
         {"role": "assistant", "content": "c"},
     ]
     out = tok.render_chat(msgs, system="S")
-    assert out == ("<s><|system|>\nS<|end|>\n<|user|>\nab<|end|>\n<|assistant|>\nc<|end|>\n<|assistant|>\n")
+    assert out == ("<s><|system|>\nS<|end|>\n<|user|>\na\nb<|end|>\n<|assistant|>\nc<|end|>\n<|assistant|>\n")
 
 
 def test_message_keys_reach_the_template(tok: ServingTokenizer) -> None:

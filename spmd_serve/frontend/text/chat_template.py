@@ -114,7 +114,8 @@ def render(
 
 
 def _content_text(content: Any, index: int) -> str:
-    """Message content as a string: a str, or a list of {"type": "text", "text": ...} parts."""
+    """Message content as a string: a str, or a list of {"type": "text", "text": ...} parts joined by
+    newlines (vLLM's rule for a template that reads content as a string, as chat templates do)."""
     if isinstance(content, str):
         return content
     if isinstance(content, list):
@@ -126,7 +127,7 @@ def _content_text(content: Any, index: int) -> str:
                     "{'type': 'text', 'text': <string>} are supported"
                 )
             texts.append(part["text"])
-        return "".join(texts)
+        return "\n".join(texts)
     raise ValueError(
         f"messages[{index}].content must be a string or a list of text parts, got {type(content).__name__}"
     )
