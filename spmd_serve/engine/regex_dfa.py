@@ -33,6 +33,8 @@ _CATEGORY: dict[Any, Ranges] = {
     sre.CATEGORY_WORD: [(0x30, 0x39), (0x41, 0x5A), (0x5F, 0x5F), (0x61, 0x7A)],
     sre.CATEGORY_SPACE: [(0x09, 0x0D), (0x20, 0x20)],
 }
+_NEGATED = {sre.CATEGORY_NOT_DIGIT: sre.CATEGORY_DIGIT, sre.CATEGORY_NOT_WORD: sre.CATEGORY_WORD,
+            sre.CATEGORY_NOT_SPACE: sre.CATEGORY_SPACE}  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -178,18 +180,11 @@ def _class(items: Any, where: str) -> Ranges:
             ranges.append(av)
         elif op is sre.CATEGORY and av in _CATEGORY:
             ranges += _CATEGORY[av]
-        elif op is sre.CATEGORY and _not(av) is not None:
-            ranges += _complement(_CATEGORY[_not(av)])
+        elif op is sre.CATEGORY and av in _NEGATED:
+            ranges += _complement(_CATEGORY[_NEGATED[av]])
         else:
             raise ValueError(f"{where}: {str(av).lower()} is not supported in a character class")
     return _complement(ranges) if negate else ranges
-
-
-def _not(category: Any) -> Any:
-    for base in _CATEGORY:
-        if str(category) == str(base).replace("CATEGORY_", "CATEGORY_NOT_"):
-            return base
-    return None
 
 
 def compile_dfa(pattern: str, where: str, writable: frozenset[int] = frozenset(range(256))) -> Dfa:

@@ -33,7 +33,6 @@ class ChoiceState:
     prompt_logprobs: list[Any] | None = None  # vLLM's: [None, {token id: {logprob, rank, decoded_token}}, ...]
     call_id: str = field(default_factory=tools.call_id)  # a named tool_choice: the id of the choice's call
     calls: tool_parsers.CallParser | None = None  # tool_choice "auto": the streamed answer's reader
-    num_calls: int = 0  # ... and the calls it has sent
 
 
 class Formatter:
@@ -238,11 +237,10 @@ class Formatter:
         delta: dict[str, Any] = {**role, "content": content} if content or (role and not calls) else {}
         if calls:
             delta["tool_calls"] = [
-                {"index": state.num_calls + j, **tools.tool_call(name, args, tools.call_id())}
+                {"index": state.calls.count - len(calls) + j, **tools.tool_call(name, args, tools.call_id())}
                 for j, (name, args) in enumerate(calls)
-            ]
-            state.num_calls += len(calls)
-        return delta, "tool_calls" if finish_reason == "stop" and state.num_calls else finish_reason
+            ]  # (the reader's count: every call it has read, these last)
+        return delta, "tool_calls" if finish_reason == "stop" and state.calls.count else finish_reason
 
     def usage_chunk(self, states: list[ChoiceState]) -> dict[str, Any]:
         body = self._envelope("chat.completion.chunk" if self.chat else "text_completion", [])

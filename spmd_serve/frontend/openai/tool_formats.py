@@ -41,7 +41,11 @@ class Tags:
     open: str
     close: str
     read: Callable[[str, frozenset[str]], list[Call] | None]
-    marks: tuple[str, ...] = ()  # every tag its calls are written with
+    inner: tuple[str, ...] = ()  # the other tags its calls are written with
+
+    @property
+    def marks(self) -> tuple[str, ...]:
+        return (self.open, self.close, *self.inner)
 
 
 def call_of(obj: Any, names: frozenset[str]) -> Call | None:
@@ -87,11 +91,8 @@ def _deepseek_block(body: str, names: frozenset[str]) -> list[Call] | None:
 
 
 TAGS = {
-    HERMES: Tags("<tool_call>", "</tool_call>", _hermes_block, ("<tool_call>", "</tool_call>")),
-    DEEPSEEK: Tags(
-        "<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>", _deepseek_block,
-        ("<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>", _DS_CALL, _DS_END, _DS_SEP),
-    ),
+    HERMES: Tags("<tool_call>", "</tool_call>", _hermes_block),
+    DEEPSEEK: Tags("<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>", _deepseek_block, (_DS_CALL, _DS_END, _DS_SEP)),
 }  # fmt: skip
 
 

@@ -33,7 +33,6 @@ class CallParser:
         self.inside = False  # tags: within a block; json: the answer is calls
         self.held = ""  # tags: spaces alone since the last block of calls (or the start), not yet sent
         self.in_text = False  # tags: text other than spaces has been sent since the last block of calls
-        self.after_call = False  # tags: a call has been read
         self.decided = False  # json: the answer's first character read (calls, or text)
 
     def feed(self, text: str) -> tuple[str, list[Call]]:
@@ -81,7 +80,7 @@ class CallParser:
                     self._add(tags.open + block, out)
                 else:
                     calls += read
-                    self.held, self.in_text, self.after_call = "", False, True
+                    self.held, self.in_text = "", False
                 continue
             start = self.pending.find(tags.open)
             if start >= 0:
@@ -92,7 +91,7 @@ class CallParser:
             self._add(self.pending[: len(self.pending) - keep], out)
             self.pending = self.pending[len(self.pending) - keep :]
             if end and self.held:  # spaces alone at the end: dropped after a call, else the answer's
-                out.append("" if self.after_call else self.held)
+                out.append("" if self.count else self.held)
                 self.held = ""
             break
         return "".join(out), calls
