@@ -44,19 +44,27 @@ class Grammar:
                         todo.append(n)
                 if len(ids) > MAX_STATES:
                     raise ValueError(f"this JSON schema makes more than {MAX_STATES} grammar states")
-        self.table = np.full((len(ids), 256), DEAD, np.int16)
-        self.pushes = np.zeros((len(ids), 256), np.int16)
-        self.table[POP] = POP  # absorbing: a vocabulary walk marks the token for `step`
+        # every edge as (flat index state * 256 + byte, target, return state), set in one numpy store
+        at, targets, backs = array("q"), array("h"), array("h")
         for name, out in edges.items():
+            row = ids[name] * 256
             for b, (target, back) in out.items():
-                self.table[ids[name], b] = ids[target]
-                self.pushes[ids[name], b] = 0 if back is None else ids[back]
+                at.append(row + b)
+                targets.append(ids[target])
+                backs.append(0 if back is None else ids[back])
+        table = np.full(len(ids) * 256, DEAD, np.int16)
+        pushes = np.zeros(len(ids) * 256, np.int16)
+        idx = np.frombuffer(at, np.int64)
+        table[idx] = np.frombuffer(targets, np.int16)
+        pushes[idx] = np.frombuffer(backs, np.int16)
+        table[POP * 256 : POP * 256 + 256] = POP  # absorbing: a vocabulary walk marks the token for `step`
+        self.table, self.pushes = table.reshape(len(ids), 256), pushes.reshape(len(ids), 256)
         self.start: State = (3, ())
         self.ends = frozenset({END} | {ids[name] for name in edges if may_end is not None and may_end(name)})
         self.serial = next(_SERIALS)  # (json_masks' cache key: unlike an id, never reused)
-        # rows as arrays: read byte by byte as fast as lists (numpy scalars are ~4x slower), in half the memory
-        self._t = [array("h", row) for row in self.table.tolist()]
-        self._p = [array("h", row) for row in self.pushes.tolist()]
+        # flat [state * 256 + byte] arrays: read byte by byte as fast as lists (numpy scalars are ~4x
+        # slower), in a quarter of the memory, and made by one copy (rows of lists took half the build)
+        self._t, self._p = array("h", table.tobytes()), array("h", pushes.tobytes())
 
     def step(self, state: State | None, data: bytes) -> State | None:
         """The state after `data` from `state`, or None where a byte has no way on (None stays None)."""
@@ -64,13 +72,13 @@ class Grammar:
             return None
         s, stack = state
         for b in data:
-            t = self._t[s][b]
+            t = self._t[s * 256 + b]
             if t == DEAD:
                 return None
             if t == POP:  # the innermost free container closes: on to where it was opened for
                 t, stack = stack[-1], stack[:-1]
-            elif self._p[s][b]:
-                stack = (*stack, self._p[s][b])
+            elif self._p[s * 256 + b]:
+                stack = (*stack, self._p[s * 256 + b])
             s = t
         return s, stack
 

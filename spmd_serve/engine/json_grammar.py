@@ -61,6 +61,7 @@ class _Builder:
 
     def __init__(self, nodes: tuple[Node, ...]) -> None:
         self.nodes = nodes
+        self._lexemes: dict[Name, Edges] = {}  # by base: shared by its MAX_INDENT + 2 whitespace states
         self.kinds: dict[object, Callable[[Name], Edges]] = {
             "ws": self._ws_edges, "str": self._string, "num": self._number, "lit": self._literal, "key": self._key,
             "intr": self._intr, "set": lambda name: self._union([self.edges(n) for n in name[1]]),
@@ -74,7 +75,9 @@ class _Builder:
         """("ws", base, taken): taken 0 (none yet), "sp" (one space) or ("nl", n) (a newline, n indents)."""
         _, base, taken = name
         assert isinstance(base, tuple)
-        edges = self._lexeme(base)
+        if base not in self._lexemes:
+            self._lexemes[base] = self._lexeme(base)
+        edges = dict(self._lexemes[base])  # (a copy: the whitespace edges go into it)
         if taken == 0:
             edges[ord(" ")] = (("ws", base, "sp"), None)
             edges[ord("\n")] = (("ws", base, ("nl", 0)), None)
@@ -283,10 +286,8 @@ class _Builder:
             key = props[j][0]
             if key.startswith(read) and len(key) > len(read):
                 nxt = key[: len(read) + 1]
-                edges[key[len(read)]] = (
-                    (_ws(("colon", node, exit_, j)) if nxt == key else ("key", node, exit_, i, nxt)),
-                    None,
-                )
+                target: Name = _ws(("colon", node, exit_, j)) if nxt == key else ("key", node, exit_, i, nxt)
+                edges[key[len(read)]] = (target, None)
             if props[j][2]:
                 break  # a required property cannot be skipped
         return edges
