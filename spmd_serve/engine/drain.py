@@ -8,15 +8,14 @@ from __future__ import annotations
 import logging
 import time
 
-from spmd_serve.scheduler.scheduler import Scheduler
+from spmd_serve.scheduler.request import Request
 
 log = logging.getLogger("spmd_serve.engine")
 DEFAULT_DRAIN_TIMEOUT_S = 60.0  # how long in-flight requests may take (SPMD_DRAIN_TIMEOUT_S)
 
 
-def in_flight(scheduler: Scheduler, show: int = 4) -> str:
+def in_flight(reqs: list[Request], show: int = 4) -> str:
     """'N request(s) in flight (id: done of max tokens, ...)': what a drain waits for or aborts."""
-    reqs = [*scheduler.running, *scheduler.waiting]
     each = ", ".join(f"{r.req_id}: {r.num_output_tokens} of {r.params.max_tokens} tokens" for r in reqs[:show])
     return f"{len(reqs)} request(s) in flight ({each}{', ...' if len(reqs) > show else ''})"
 
@@ -26,23 +25,23 @@ class Drain:
         self.timeout_s = timeout_s
         self.deadline: float | None = None  # set by the first `done` call: the drain has begun
 
-    def done(self, scheduler: Scheduler, abort: bool) -> bool:
-        """May the loop end now?  Yes once nothing is in flight, the timeout has passed, or `abort`
-        (a second signal asked for it); until then in-flight requests keep running."""
+    def done(self, reqs: list[Request], abort: bool) -> bool:
+        """May the loop end now (`reqs`: the requests in flight)?  Yes once there are none, the
+        timeout has passed, or `abort` (a second signal asked for it); until then they keep running."""
         now = time.monotonic()
         if self.deadline is None:
             self.deadline = now + self.timeout_s
-            if scheduler.has_unfinished():
+            if reqs:
                 log.info(
                     "draining: %s may take up to %g s (a second SIGTERM aborts them now)",
-                    in_flight(scheduler),
+                    in_flight(reqs),
                     self.timeout_s,
                 )
-        if not scheduler.has_unfinished():
+        if not reqs:
             return True
         if abort or now >= self.deadline:
             why = "abort requested" if abort else f"drain timeout of {self.timeout_s:g} s passed"
-            log.warning("%s: aborting %s", why, in_flight(scheduler))
+            log.warning("%s: aborting %s", why, in_flight(reqs))
             return True
         return False
 

@@ -3,16 +3,15 @@ sample → update → publish outputs.  Other ranks: receive the plan → run th
 program on every rank; which loop runs is chosen once at start-up (DESIGN §1–2).
 
 What belongs to one request fails that request only: its parameters are validated again at
-admission (400), and a request whose sampling fails (`SampledStep.failed`) ends with an error
-output while the step goes on for every other one.  An exception anywhere else in the step (the
-graphs, the collectives, the scheduler's own state) is not a request's and ends the job.
+admission (engine/admission.py, which also holds a request back while its grammar compiles), and
+a request whose sampling fails (`SampledStep.failed`) ends with an error output while the step goes
+on for every other one.  An exception anywhere else in the step (the graphs, the collectives, the
+scheduler's own state) is not a request's and ends the job.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import logging
-import random
 import threading
 import time
 
@@ -20,20 +19,21 @@ import numpy as np
 import numpy.typing as npt
 
 from spmd_serve.engine import prompt_logprobs
-from spmd_serve.engine.client import AbortCommand, AddCommand, VocabCommand
+from spmd_serve.engine.admission import HELD_WAIT_S, Admission
+from spmd_serve.engine.client import AbortCommand, VocabCommand
 from spmd_serve.engine.drain import DEFAULT_DRAIN_TIMEOUT_S, Drain
 from spmd_serve.engine.interfaces import FrontEnd, PlanComm, Runner
 from spmd_serve.engine.json_masks import JsonVocab
 from spmd_serve.engine.metrics import EngineMetrics
 from spmd_serve.engine.outputs import RequestOutput
 from spmd_serve.engine.plan_builder import build_plan
-from spmd_serve.engine.sampler import SampledStep, Sampler, eos_masking
+from spmd_serve.engine.sampler import SampledStep, Sampler
 from spmd_serve.engine.speculative import Speculator
 from spmd_serve.engine.step_stats import StepStats
 from spmd_serve.protocol import RUN, RUN_DRAFT, SHUTDOWN, StepPlan
 from spmd_serve.sampling_params import SamplingParams
 from spmd_serve.scheduler.request import Request
-from spmd_serve.scheduler.scheduler import QueueFullError, Scheduler, SchedulerConfig, SchedulerOutput
+from spmd_serve.scheduler.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
 
 log = logging.getLogger("spmd_serve.engine")
 IDLE_WAIT_S = 0.5  # rank 0 sleeps on the command queue (no MPI) when there is nothing to do
@@ -63,6 +63,7 @@ class Engine:
             self.sampler.draft_probs = speculator.proposer.draft_probs
         self.block_size = sched_cfg.block_size
         self.eos = eos_token_ids
+        self.admission = Admission(self.scheduler, eos_token_ids, client.wake)
         self.stats = StepStats(log_every=log_every, runner=runner.timings)
         self.metrics = metrics if metrics is not None else EngineMetrics()
         self.metrics.watch_steps(self.stats)  # step phases in /metrics, read at scrape time
@@ -83,7 +84,7 @@ class Engine:
         errors: list[RequestOutput] = []
         for cmd in self.client.take_commands():
             if isinstance(cmd, AbortCommand):
-                req = self.scheduler.abort_request(cmd.req_id)
+                req = self.admission.abort(cmd.req_id)
                 self.metrics.on_abort(req, cmd.requested_at, cmd.reason)
                 if req is not None and cmd.reason != "stop":  # a client gone: a line, as vLLM's "Aborted request"
                     log.info("aborted request %s (%s), %d tokens out", cmd.req_id, cmd.reason, req.num_output_tokens)
@@ -92,37 +93,10 @@ class Engine:
                 if self.sampler.json_vocab is None:
                     self.sampler.json_vocab = JsonVocab(cmd.token_bytes)
                 continue
-            err = self._admit(cmd)
+            err = self.admission.admit(cmd)
             if err is not None:
                 errors.append(err)
-        self.client.publish(errors)
-
-    def _admit(self, cmd: AddCommand) -> RequestOutput | None:
-        params = cmd.params
-        try:  # whatever sent it: a request that passed cannot overflow the sampler's arrays
-            params.validate()
-        except ValueError as e:
-            return RequestOutput.error(cmd.req_id, 400, str(e))
-        if params.seed is None:  # fix the seed at admission so preemption/recompute can't change tokens
-            params = dataclasses.replace(params, seed=random.getrandbits(63))
-        req = Request(
-            cmd.req_id,
-            cmd.prompt_token_ids,
-            params,
-            eos_token_ids=self.eos | frozenset(params.eos_token_ids) | frozenset(params.stop_token_ids),
-            arrival_time=cmd.arrival_time,
-        )
-        min_tokens, masked = eos_masking(req)
-        if min_tokens > 0 and params.allowed_token_ids and set(params.allowed_token_ids) <= set(masked):
-            msg = f"allowed_token_ids are all EOS or stop ids, which are masked until min_tokens({min_tokens})"
-            return RequestOutput.error(cmd.req_id, 400, msg)
-        try:
-            self.scheduler.add_request(req)
-        except QueueFullError as e:
-            return RequestOutput.error(cmd.req_id, 429, str(e))
-        except ValueError as e:
-            return RequestOutput.error(cmd.req_id, 400, str(e))
-        return None
+        self.client.publish(errors + self.admission.release())
 
     # ---- the loop ---------------------------------------------------------------------------
     def run(self) -> None:
@@ -130,14 +104,14 @@ class Engine:
             self.client.heartbeat = time.monotonic()
             self._apply_commands()
             self.metrics.update_gauges(self.scheduler)  # every turn: a scrape is current when idle too
-            if self.stop_event.is_set() and self.drain.done(self.scheduler, self.abort_event.is_set()):
+            if self.stop_event.is_set() and self.drain.done(self.admission.in_flight(), self.abort_event.is_set()):
                 break
             if self.scheduler.has_unfinished():
                 self.step()
                 if self._empty_steps:  # nothing schedulable: only a new command can change that
                     self.client.wait_for_work(0.01)
-            else:
-                self.client.wait_for_work(IDLE_WAIT_S)
+            else:  # (a grammar compiling wakes it when made; the short wait bounds a wake-up missed)
+                self.client.wait_for_work(HELD_WAIT_S if self.admission.held else IDLE_WAIT_S)
         self._shutdown()
 
     def step(self) -> list[Request]:
@@ -261,9 +235,10 @@ class Engine:
 
     def _shutdown(self) -> None:
         """Fail whatever is still in flight with an error frame, then stop every rank."""
-        pending = list(self.scheduler.running) + list(self.scheduler.waiting)
+        pending = self.admission.in_flight()
         for req in pending:
-            self.scheduler.abort_request(req.req_id)
+            self.admission.abort(req.req_id)
+        self.admission.close()
         msg = self.drain.error_message()
         self.client.publish([RequestOutput.error(r.req_id, 503, msg) for r in pending])
         self.comm.send_plan(StepPlan.shutdown(self.step_id + 1))

@@ -58,3 +58,6 @@ class FrontEnd(Protocol):
     def publish(self, outputs: list[RequestOutput]) -> None: ...
 
     def wait_for_work(self, timeout: float) -> None: ...
+
+    def wake(self) -> None:
+        """From any thread: end a `wait_for_work` now."""
