@@ -29,6 +29,7 @@ from spmd_serve.frontend.common.parsing import Limits, ProtocolError
 from spmd_serve.frontend.openai.body import OpenAIError, error_body
 from spmd_serve.frontend.openai.format import ChoiceState, Formatter, model_list
 from spmd_serve.frontend.openai.protocol import OpenAIRequest, check_model, parse_openai
+from spmd_serve.frontend.openai.token_params import Slow
 
 log = logging.getLogger(__name__)
 SSE = "text/event-stream; charset=utf-8"
@@ -108,8 +109,11 @@ class OpenAIServing:
     async def handle(self, h: JsonBodyHandler, kind: str, body: dict[str, Any]) -> None:
         if not bearer_ok(h.request.headers.get("Authorization"), self.api_key):
             return send_openai_error(h, 401, AUTH_HINT)
+        slow: Slow = []
         try:
-            req = parse_openai(kind, body, self.tokenizer, self.limits, self.model_names)
+            req = parse_openai(kind, body, self.tokenizer, self.limits, self.model_names, slow)
+            for check in slow:  # (a new schema's grammar: ~0.1 s, which every stream of this worker would wait)
+                await asyncio.get_running_loop().run_in_executor(None, check)
         except ProtocolError as e:
             return send_openai_error(h, e.status, e.msg, getattr(e, "param", None))
         wanted = len(req.prompts) * req.n

@@ -124,9 +124,16 @@ def check_model(model: str, model_names: tuple[str, ...]) -> None:
 
 
 def parse_openai(
-    kind: str, body: dict[str, Any], tokenizer: Any, limits: Limits, model_names: tuple[str, ...]
+    kind: str,
+    body: dict[str, Any],
+    tokenizer: Any,
+    limits: Limits,
+    model_names: tuple[str, ...],
+    slow: token_params.Slow | None = None,
 ) -> OpenAIRequest:
-    """Validate one OpenAI body of `kind` ("completion" | "chat") against our limits."""
+    """Validate one OpenAI body of `kind` ("completion" | "chat") against our limits.  With `slow`,
+    the checks that may take long (a grammar's compile) are put there to be run (each may raise a
+    FieldError), not run here."""
     model = body.get("model")
     if not isinstance(model, str):
         raise OpenAIError(400, "model must be a string", "model")
@@ -173,9 +180,9 @@ def parse_openai(
         eos_ends = not (min_tokens or get(body, "ignore_eos", "bool", False))
         continues = kind == "completion" or bool(body.get("continue_final_message"))
         choices = token_params.guided_choice(body, tokenizer, prompts, continues, eos_ends)
-        schema = token_params.json_schema(body, eos_ends, calls.schema)
+        schema = token_params.json_schema(body, eos_ends, calls.schema, slow)
         held = "a guided choice" if choices else "a JSON schema" if schema else ""  # (what else holds the answer)
-        regex = token_params.guided_regex(body, eos_ends, held)
+        regex = token_params.guided_regex(body, eos_ends, held, slow)
     except FieldError as e:
         raise OpenAIError(400, e.msg, e.param) from None
     params = SamplingParams(

@@ -6,6 +6,7 @@ naming the field (openai.protocol answers it as a 400)."""
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Any
 
 from spmd_serve.engine import json_patterns
@@ -23,6 +24,7 @@ from spmd_serve.sampling_params import (
     MAX_SCHEMA_CHARS,
 )
 
+Slow = list[Callable[[], None]]  # checks that may take long (a grammar's compile): run off the IO loop
 _STRUCTURED = ("choice", "json", "json_object", "regex")  # later vLLM's structured_outputs that are built
 
 
@@ -132,13 +134,14 @@ def _choice_field(body: dict[str, Any]) -> tuple[Any, str]:
     return outputs.get("choice"), "structured_outputs.choice"
 
 
-def json_schema(body: dict[str, Any], ends_on_eos: bool, tool_schema: str = "") -> str:
+def json_schema(body: dict[str, Any], ends_on_eos: bool, tool_schema: str = "", slow: Slow | None = None) -> str:
     """The JSON schema the answer is held to, as JSON text ("" for none): OpenAI's `response_format`
     (json_object: any object; json_schema: its `schema`), vLLM's `guided_json` or its later
     `structured_outputs` ("json", "json_object").  At most one may be given, not with a guided choice,
     ignore_eos or min_tokens (an EOS ends the answer); a schema this server cannot hold an answer
     to is refused naming what (engine/json_schema.py).  `tool_schema`: a named tool_choice's
-    function's parameters (frontend/openai/tools.py), held to the same way."""
+    function's parameters (frontend/openai/tools.py), held to the same way.  The schema's grammar is
+    compiled to check it now, or later by the check put in `slow` where that is given."""
     fmt, outputs = body.get("response_format"), body.get("structured_outputs")
     kind = fmt.get("type") if isinstance(fmt, dict) else None
     if fmt is not None and kind not in ("text", "json_object", "json_schema"):
@@ -172,18 +175,36 @@ def json_schema(body: dict[str, Any], ends_on_eos: bool, tool_schema: str = "") 
         raise FieldError(f"{name} ends the answer with an EOS: not with ignore_eos or min_tokens", name)
     try:
         text = schema if isinstance(schema, str) else json.dumps(schema, separators=(",", ":"), ensure_ascii=False)
-        json_schemas.grammar(text)  # (kept: the engine's is made from the same text)
-    except (ValueError, RecursionError) as e:  # (JSONDecodeError is a ValueError)
+    except (ValueError, RecursionError) as e:
         raise FieldError(f"{name}: {str(e) or type(e).__name__}", name) from None
     if len(text) > MAX_SCHEMA_CHARS:
         raise FieldError(f"{name} is more than {MAX_SCHEMA_CHARS} characters of JSON", name)
+    _check(
+        lambda: json_schemas.grammar(text), f"{name}: ", name, slow
+    )  # (kept: the engine's is made from the same text)
     return text
 
 
-def guided_regex(body: dict[str, Any], ends_on_eos: bool, other: str) -> str:
+def _check(compile_: Callable[[], object], prefix: str, name: str, slow: Slow | None) -> None:
+    """Compile a grammar now, or put that in `slow`: a FieldError naming `name` if it is refused."""
+
+    def check() -> None:
+        try:
+            compile_()
+        except (ValueError, RecursionError) as e:  # (JSONDecodeError is a ValueError)
+            raise FieldError(f"{prefix}{str(e) or type(e).__name__}", name) from None
+
+    if slow is None:
+        check()
+    else:
+        slow.append(check)
+
+
+def guided_regex(body: dict[str, Any], ends_on_eos: bool, other: str, slow: Slow | None = None) -> str:
     """vLLM's guided_regex (or structured_outputs' "regex"): the pattern the whole answer is one match
     of ("" for none; engine/json_patterns.answer_grammar).  Not with `other` (the structured output
-    already given, if any), ignore_eos or min_tokens; a pattern not built is refused naming what."""
+    already given, if any), ignore_eos or min_tokens; a pattern not built is refused naming what
+    (now, or by the check put in `slow` where that is given)."""
     outputs = body.get("structured_outputs")
     given = [
         (name, value)
@@ -202,10 +223,7 @@ def guided_regex(body: dict[str, Any], ends_on_eos: bool, other: str) -> str:
         raise FieldError(f"{name} must be a string of at most {MAX_SCHEMA_CHARS} characters", name)
     if not ends_on_eos:
         raise FieldError(f"{name} ends the answer with an EOS: not with ignore_eos or min_tokens", name)
-    try:
-        json_patterns.answer_grammar(pattern, name)
-    except ValueError as e:
-        raise FieldError(str(e), name) from None
+    _check(lambda: json_patterns.answer_grammar(pattern, name), "", name, slow)
     return pattern
 
 
