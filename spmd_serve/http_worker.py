@@ -14,6 +14,7 @@ connection to rank 0 ends (after failing every request in flight with 503).
 
 from __future__ import annotations
 
+import gc
 import json
 import logging
 import os
@@ -98,6 +99,7 @@ def main() -> int:
     except (OSError, ValueError, TimeoutError) as e:
         report_start_failure(sock, worker, token, str(e))
         return 2
+    gc.freeze()  # start-up's objects out of full collections' walks (as on the ranks: server.py)
     log.info("serving (pid %d)", os.getpid())
     while not link.done.wait(1.0):
         if not io.running:  # the IO thread failed (logged): exit, and rank 0 starts another worker

@@ -20,6 +20,7 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import functools
+import gc
 import json
 import signal
 import sys
@@ -109,8 +110,10 @@ def heap_report(who: str) -> dict[str, object]:
     """`heap_stats`, RSS and Python's own small-object count of this process (`who`: "rank0",
     "http1", ...), for the soak (benchmarks/soak.py) to tell a leak from retention: a C/C++ leak
     grows `in_use`, a Python one `py_blocks` (pymalloc's arenas are mmapped, outside malloc's
-    counts); glibc keeping freed pages grows `free_held` only."""
-    return {"who": who, "rss": rss_bytes(), "py_blocks": sys.getallocatedblocks(), **(heap_stats() or {})}
+    counts); glibc keeping freed pages grows `free_held` only.  `gc_frozen`: the objects start-up left
+    out of the collector's walks (gc.freeze: server.py, http_worker.py)."""
+    py = {"py_blocks": sys.getallocatedblocks(), "gc_frozen": gc.get_freeze_count()}
+    return {"who": who, "rss": rss_bytes(), **py, **(heap_stats() or {})}
 
 
 def install_heap_report(who: str, signum: int = signal.SIGUSR2) -> None:
