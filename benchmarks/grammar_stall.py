@@ -73,6 +73,10 @@ def main() -> None:
             end = time.monotonic()
             done.set()
     gaps = [(b - a) * 1e3 for a, b in zip(frames, frames[1:]) if start <= b <= end]
+    big = [
+        (round(a, 3), round((b - a) * 1e3)) for a, b in zip(frames, frames[1:]) if start <= b <= end and b - a > 0.04
+    ]
+    print("big gaps (start, ms):", big)
     gaps.sort()
     print(f"plain stream during {args.schemas} new schemas of {args.props} properties ({end - start:.2f} s):")
     print(f"  frames {len(gaps)}, gap median {statistics.median(gaps):.1f} ms, p99 "
