@@ -6,10 +6,12 @@ the tokens that close one need the stack (`Grammar.step`).
 
 A grammar is made from a schema's nodes (engine/json_schema.py): ("any",) any value, ("anyobj",),
 ("anyarr",), ("object", ((key bytes, node, required), ...)) with its properties in that order (as
-vLLM's and outlines' grammars write them; an optional one may be left out), ("array", item node,
-minItems, maxItems or None), ("string", minLength, maxLength or None), ("integer",) or ("integer",
-minimum or None, maximum or None), ("number",), ("pattern", DFA) (a string held to a regular expression:
-engine/json_patterns.py), ("enum", (the values' JSON bytes, ...)) (booleans,
+vLLM's and outlines' grammars write them; an optional one may be left out), ("dict", value node) (any
+keys, each value of one schema: additionalProperties), ("array", item node, minItems, maxItems or
+None), ("tuple", (item node, ...)) (prefixItems: exactly those), ("string", minLength, maxLength or
+None), ("integer",) or ("integer", minimum or None, maximum or None), ("number",), ("decimal", its
+json_decimals.ranges) (a number within a minimum / maximum), ("pattern", DFA) (a string held to a
+regular expression: engine/json_patterns.py), ("enum", (the values' JSON bytes, ...)) (booleans,
 null, enum, const) and ("union", (node, ...)) (read as the set of its alternatives' states until
 they part: a discriminated union of objects too). Node 0 is the root; OpenAI's json_object is
 (("anyobj",),).
@@ -19,8 +21,9 @@ nothing, one space, or a newline and up to 20 spaces or tabs (a pretty-printed a
 are bounded as its json-schema grammars bound them (16 there, MAX_DIGITS here): at most 24 digits in
 the integral part, in the fraction and in the exponent, so a model cannot write digits forever. The
 root value may follow such a run; after it only an EOS may come. Strings take any Unicode as well-
-formed UTF-8 lead and continuation bytes (a decoder's U+FFFD is still a string's character) and no
-raw control character, as RFC 8259 says.
+formed UTF-8 (no overlong form, no surrogate, nothing past U+10FFFF: each character one code point,
+so a maxLength counts what the client decodes) and no raw control character, as RFC 8259 says; a
+`\\u` escape of a surrogate only as a pair, as strict parsers want it.
 """
 
 from __future__ import annotations
@@ -28,26 +31,20 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from spmd_serve.engine import json_patterns, json_ranges
+from spmd_serve.engine import json_patterns
 from spmd_serve.engine.grammar_table import END_NAME, POP_NAME, Edges, Grammar, Name
+from spmd_serve.engine.json_numbers import NumberStates
 
 MAX_INDENT = 20  # spaces or tabs after a newline between two lexemes
-MAX_DIGITS = 24  # of a number's integral part, fraction or exponent (int64s and doubles' reprs fit)
 GENERIC = "G"  # a value of a free container: any JSON value
 
 Node = tuple[Any, ...]  # (kinds and shapes: the module docstring)
-_DIGITS = b"0123456789"
 _HEX = b"0123456789abcdefABCDEF"
-_NUMBER: dict[str, tuple[bool, dict[bytes, str]]] = {  # sub: (may end here, bytes -> next sub)
-    "minus": (False, {b"0": "zero", b"123456789": "int"}),
-    "zero": (True, {b".": "dot", b"eE": "e"}),
-    "int": (True, {_DIGITS: "int", b".": "dot", b"eE": "e"}),
-    "dot": (False, {_DIGITS: "frac"}),
-    "frac": (True, {_DIGITS: "frac", b"eE": "e"}),
-    "e": (False, {b"+-": "esign", _DIGITS: "exp"}),
-    "esign": (False, {_DIGITS: "exp"}),
-    "exp": (True, {_DIGITS: "exp"}),
-}
+# well-formed UTF-8 (Unicode's table 3-7): lead bytes a..z, the continuation bytes after, the first's range
+_UTF8 = ((0xC2, 0xDF, 1, (0x80, 0xBF)), (0xE0, 0xE0, 2, (0xA0, 0xBF)), (0xE1, 0xEC, 2, (0x80, 0xBF)),
+         (0xED, 0xED, 2, (0x80, 0x9F)), (0xEE, 0xEF, 2, (0x80, 0xBF)), (0xF0, 0xF0, 3, (0x90, 0xBF)),
+         (0xF1, 0xF3, 3, (0x80, 0xBF)), (0xF4, 0xF4, 3, (0x80, 0x8F)))  # fmt: skip
+_OPENS = {"array": ("[", "arr"), "tuple": ("[", "tup"), "dict": ("{", "dict")}  # node: its bracket, first state
 _LITERALS = (b"true", b"false", b"null")
 
 
@@ -56,7 +53,7 @@ def _ws(base: Name) -> Name:
     return base if base == END_NAME else ("ws", base, 0)
 
 
-class _Builder:
+class _Builder(NumberStates):
     """The edges of every state of one schema, by the state's name."""
 
     def __init__(self, nodes: tuple[Node, ...]) -> None:
@@ -64,7 +61,7 @@ class _Builder:
         self._lexemes: dict[Name, Edges] = {}  # by base: shared by its MAX_INDENT + 2 whitespace states
         self.kinds: dict[object, Callable[[Name], Edges]] = {
             "ws": self._ws_edges, "str": self._string, "num": self._number, "lit": self._literal, "key": self._key,
-            "intr": self._intr, "set": lambda name: self._union([self.edges(n) for n in name[1]]),
+            "intr": self._intr, "dec": self._dec, "set": lambda name: self._union([self.edges(n) for n in name[1]]),
             "rx": lambda name: json_patterns.edges(self.nodes[name[1]][1], name, _ws(name[3])),
         }  # fmt: skip
 
@@ -115,6 +112,20 @@ class _Builder:
         if kind == "colon":
             props = self.nodes[node][1]
             return {ord(":"): (_ws(("val", props[args[2]][1], ("obj", node, exit_, args[2] + 1, 1))), None)}
+        if kind == "tup":  # a tuple's items in their order (prefixItems), then ']'
+            items, i = self.nodes[node][1], args[2]
+            nxt: Name = ("tup", node, exit_, i + 1)
+            if i == len(items):
+                return {ord("]"): (_ws(exit_), None)}
+            return self._value(items[i], nxt) if i == 0 else {ord(","): (_ws(("val", items[i], nxt)), None)}
+        if kind in ("dict", "dkey"):  # any keys, each value of one schema (additionalProperties)
+            key: Edges = {ord('"'): (("str", ("dcolon", node, exit_), "body", None, 0), None)}
+            if kind == "dkey":
+                return key
+            more = key if args[2] == 0 else {ord(","): (_ws(("dkey", node, exit_)), None)}
+            return {**more, ord("}"): (_ws(exit_), None)}
+        if kind == "dcolon":
+            return {ord(":"): (_ws(("val", self.nodes[node][1], ("dict", node, exit_, 1))), None)}
         return self._array(node, exit_, args[2])
 
     def _array(self, node: int, exit_: Name, c: int) -> Edges:
@@ -145,14 +156,17 @@ class _Builder:
         spec = self.nodes[node]
         if kind == "object":
             return {ord("{"): (_ws(("obj", node, exit_, 0, 0)), None)}
-        if kind == "array":
-            return {ord("["): (_ws(("arr", node, exit_, 0)), None)}
+        if kind in _OPENS:
+            bracket, first = _OPENS[kind]
+            return {ord(bracket): (_ws((first, node, exit_, 0)), None)}
         if kind == "string":
             return self._value_string(exit_, None if spec[1:] == (0, None) else spec[1:])
         if kind == "pattern":  # (its DFA's state 0 after the quote)
             return {ord('"'): (("rx", node, 0, exit_, False), None)}
         if kind == "integer" and len(spec) > 1:
             return self._value_bounded(exit_, spec[1], spec[2])
+        if kind == "decimal":
+            return self._value_decimal(exit_, spec[1], spec[2])
         if kind in ("integer", "number"):
             return self._value_number(exit_, kind == "integer")
         if kind == "enum":
@@ -180,36 +194,6 @@ class _Builder:
     def _value_string(self, exit_: Name, bounds: tuple[int, int | None] | None = None) -> Edges:
         return {ord('"'): (("str", exit_, "body", bounds, 0), None)}
 
-    def _value_number(self, exit_: Name, integer: bool) -> Edges:
-        edges: Edges = {
-            ord("-"): (("num", exit_, "minus", integer, 0), None),
-            ord("0"): (("num", exit_, "zero", integer, 1), None),
-        }
-        edges.update({b: (("num", exit_, "int", integer, 1), None) for b in b"123456789"})
-        return edges
-
-    def _value_bounded(self, exit_: Name, lo: int | None, hi: int | None) -> Edges:
-        """An integer in [lo, hi] (either None: unbounded): its sign, then its magnitude's digits
-        (engine/json_ranges.py), or a lone 0."""
-        edges: Edges = {}
-        if (lo is None or lo <= 0) and (hi is None or hi >= 0):
-            edges[ord("0")] = (("num", exit_, "zero", True, 1), None)
-        pos = (max(lo, 1) if lo is not None else 1, hi)
-        if hi is None or hi >= pos[0]:
-            edges.update(self._intr(("intr", exit_, *pos, 0, "eq", "eq")))
-        neg = (max(1, -hi) if hi is not None and hi < 0 else 1, None if lo is None else -lo)
-        if lo is None or lo < 0:
-            edges[ord("-")] = (("intr", exit_, *neg, 0, "eq", "eq"), None)
-        return edges
-
-    def _intr(self, name: Name) -> Edges:
-        """("intr", exit, a, b, k, cl, ch): a magnitude in [a, b] being read (json_ranges' state)."""
-        _, exit_, a, b, *state = name
-        edges = self._after(exit_) if json_ranges.may_end(a, b, tuple(state)) else {}
-        for byte, nxt in json_ranges.digits(a, b, tuple(state), MAX_DIGITS).items():
-            edges[byte] = (("intr", exit_, a, b, *nxt), None)
-        return edges
-
     def _enum(self, values: tuple[bytes, ...], exit_: Name) -> Edges:
         return self._literal(("lit", exit_, values, b""))
 
@@ -225,10 +209,11 @@ class _Builder:
         return edges
 
     def _string(self, name: Name) -> Edges:
-        """("str", exit, sub, bounds, k): sub "body", "esc", ("u", n) (n hex digits to go) or ("utf", n)
-        (n UTF-8 continuation bytes to go); `bounds` (minLength, maxLength or None) or None, `k` the
-        characters so far (each begins at a plain byte, a backslash or a UTF-8 lead byte; counted up
-        to maxLength, or up to minLength where there is none)."""
+        """("str", exit, sub, bounds, k): sub "body", "esc", a `\\u` escape's (`_unicode_escape`) or
+        ("utf", n, (a, z)) (n UTF-8 continuation bytes to go, the next one in a..z); `bounds`
+        (minLength, maxLength or None) or None, `k` the characters so far (each begins at a plain
+        byte, a backslash or a UTF-8 lead byte; counted up to maxLength, or up to minLength where
+        there is none)."""
         _, exit_, sub, bounds, k = name
         if sub == "body":
             lo, hi = bounds or (0, None)
@@ -237,8 +222,8 @@ class _Builder:
             if hi is None or k < hi:  # another character may begin
                 edges = {b: (("str", exit_, "body", bounds, nk), None) for b in range(0x20, 0x80)}
                 edges[ord("\\")] = (("str", exit_, "esc", bounds, nk), None)
-                for lead, (a, z) in ((1, (0xC2, 0xDF)), (2, (0xE0, 0xEF)), (3, (0xF0, 0xF4))):
-                    edges.update({b: (("str", exit_, ("utf", lead), bounds, nk), None) for b in range(a, z + 1)})
+                for a, z, n, first in _UTF8:
+                    edges.update({b: (("str", exit_, ("utf", n, first), bounds, nk), None) for b in range(a, z + 1)})
             if k >= lo:
                 edges[ord('"')] = (_ws(exit_), None)
             else:
@@ -247,21 +232,11 @@ class _Builder:
         body: Name = ("str", exit_, "body", bounds, k)
         if sub == "esc":
             return {**{b: (body, None) for b in b'"\\/bfnrt'}, ord("u"): (("str", exit_, ("u", 4), bounds, k), None)}
-        more: Name = ("str", exit_, (sub[0], sub[1] - 1), bounds, k) if sub[1] > 1 else body
-        return {b: (more, None) for b in (_HEX if sub[0] == "u" else range(0x80, 0xC0))}
-
-    def _number(self, name: Name) -> Edges:
-        """("num", exit, sub, integer, n): a number ends at the first byte that cannot go on, which is
-        then read as the byte after the value; `n` digits of its current run (integral part,
-        fraction, exponent) so far, at most MAX_DIGITS."""
-        _, exit_, sub, integer, n = name
-        may_end, nexts = _NUMBER[str(sub)]
-        edges = self._after(exit_) if may_end else {}
-        for chars, nxt in nexts.items():
-            more = n + 1 if nxt == sub else int(nxt in ("int", "frac", "exp"))
-            if not (integer and nxt in ("dot", "e")) and more <= MAX_DIGITS:
-                edges.update({b: (("num", exit_, nxt, integer, more), None) for b in chars})
-        return edges
+        if sub[0] == "utf":
+            _, n, (a, z) = sub
+            more: Name = ("str", exit_, ("utf", n - 1, (0x80, 0xBF)), bounds, k) if n > 1 else body
+            return {b: (more, None) for b in range(a, z + 1)}
+        return {b: (("str", exit_, nxt, bounds, k) if nxt else body, None) for b, nxt in _unicode_escape(sub).items()}
 
     def _object(self, node: int, exit_: Name, i: int, emitted: int) -> Edges:
         """("obj", node, exit, i, emitted): properties from the i-th on may come next (up to the
@@ -291,6 +266,24 @@ class _Builder:
             if props[j][2]:
                 break  # a required property cannot be skipped
         return edges
+
+
+def _unicode_escape(sub: tuple[str, int]) -> dict[int, tuple[str, int] | None]:
+    """The bytes a `\\u` escape's state takes, each to its next state (None: the escape is whole):
+    ("u", n) n hex digits to go, the first not a D; ("ud", 3) after a D: 0-7 a code point, 8-B a
+    high surrogate, whose low one (`\\uDC00`-`\\uDFFF`) must follow: ("hi", n), then ("lo", i) at
+    byte i of `\\uD[C-F]`.  A lone surrogate is never written: strict parsers (pydantic's, serde's)
+    refuse it."""
+    kind, n = sub
+    if kind == "u":
+        nxt = ("u", n - 1) if n > 1 else None
+        return {b: ("ud", 3) if n == 4 and b in b"dD" else nxt for b in _HEX}
+    if kind == "ud":
+        return {**{b: ("u", 2) for b in b"01234567"}, **{b: ("hi", 2) for b in b"89abAB"}}
+    if kind == "hi":
+        return {b: ("hi", n - 1) if n > 1 else ("lo", 0) for b in _HEX}
+    nxt = ("lo", n + 1) if n < 3 else ("u", 2)
+    return {b: nxt for b in (b"\\", b"u", b"dD", b"cdefCDEF")[n]}
 
 
 def grammar_of(nodes: tuple[Node, ...]) -> Grammar:

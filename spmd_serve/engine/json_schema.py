@@ -3,16 +3,18 @@
 
 Built: `type` (one, or a list), `properties` (written in their order; those not `required` may be
 left out), `required`, `additionalProperties` false or absent (OpenAI's strict mode: no other
-property), `items`, `minItems` / `maxItems` and `minLength` / `maxLength` (each up to MAX_BOUND), a
-string's `pattern` and `format` (date, time, date-time, uuid, ipv4, hostname, email; not with
-minLength / maxLength: engine/json_patterns.py), an
-integer's `minimum` / `maximum` (and their exclusive forms: engine/json_ranges.py), `enum` and
-`const` (written compactly), `anyOf` / `oneOf` (as anyOf, as vLLM's grammars read it: pydantic's
-Optional, a discriminated union of objects; not two free containers, e.g. two bare objects), `$ref`
-into `$defs` / `definitions` (not recursive), and an object or array with nothing said of its
-contents (any). Annotations (`title`, `description`, `default`, ...) change nothing. Any other
-keyword (`multipleOf`, `uniqueItems`, a number's `minimum`, another format, ...) is refused by
-name, as is a schema whose root is not an object or an array: none is silently left out.
+property) or, without `properties`, a schema for every value (pydantic's `dict[str, X]`), `items`,
+`prefixItems` for exactly its items (pydantic's tuples), `minItems` / `maxItems` and `minLength` /
+`maxLength` (each up to MAX_BOUND), a string's `pattern` and `format` (date, time, date-time, uuid,
+ipv4, hostname, email; not with minLength / maxLength: engine/json_patterns.py), `minimum` /
+`maximum` and their exclusive forms for an integer (engine/json_ranges.py) and for a number (written
+without an exponent: engine/json_decimals.py), `enum` and `const` (written compactly), `anyOf` /
+`oneOf` (as anyOf, as vLLM's grammars read it: pydantic's Optional, a discriminated union of
+objects; not two free containers, e.g. two bare objects), `$ref` into `$defs` / `definitions` (not
+recursive), and an object or array with nothing said of its contents (any). Annotations (`title`,
+`description`, `default`, OpenAPI's `discriminator` beside a oneOf, ...) change nothing. Any other
+keyword (`multipleOf`, `uniqueItems`, `minProperties`, another format, ...) is refused by name, as
+is a schema whose root is not an object or an array: none is silently left out.
 
 `grammar(text)` is cached on the schema's text: the HTTP worker checks a request's schema and the
 engine compiles it once for all the requests that send it.
@@ -23,20 +25,23 @@ from __future__ import annotations
 import functools
 import json
 import math
+from decimal import Decimal
 from typing import Any
 
+from spmd_serve.engine import json_decimals
 from spmd_serve.engine.grammar_table import Grammar
-from spmd_serve.engine.json_grammar import MAX_DIGITS, Node, grammar_of
+from spmd_serve.engine.json_grammar import Node, grammar_of
+from spmd_serve.engine.json_numbers import MAX_DIGITS
 from spmd_serve.engine.json_patterns import FORMATS, string_dfa
 
 ANNOTATIONS = frozenset(
     {"title", "description", "default", "examples", "$schema", "$id", "$comment", "deprecated", "readOnly",
-     "writeOnly", "$defs", "definitions"}
+     "writeOnly", "$defs", "definitions", "discriminator"}
 )  # fmt: skip
 _BUILT = frozenset(
     {"type", "properties", "required", "additionalProperties", "items", "enum", "const", "anyOf", "oneOf", "$ref",
      "minLength", "maxLength", "minItems", "maxItems", "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum",
-     "pattern", "format"}
+     "pattern", "format", "prefixItems"}
 )  # fmt: skip
 MAX_BOUND = 256  # the largest minLength / maxLength / minItems / maxItems built (each count is grammar states)
 _RANGE = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum")
@@ -92,13 +97,13 @@ class _Nodes:
         if kind == "integer":
             return ("integer", *_int_range(schema, where)) if set(_RANGE) & set(schema) else ("integer",)
         if kind == "number":
-            if set(_RANGE) & set(schema):
-                raise ValueError(f"json_schema{where}: minimum / maximum are built for integers only, not numbers")
-            return ("number",)
+            return ("decimal", *_num_range(schema, where)) if set(_RANGE) & set(schema) else ("number",)
         if kind == "string":
             return _string(schema, where)
         if kind in _LITERAL:
             return ("enum", _LITERAL[kind])
+        if kind == "array" and "prefixItems" in schema:
+            return self._tuple(schema, where)
         if kind == "array":
             lo, hi = _bounds(schema, "minItems", "maxItems", where)
             if "items" not in schema and (lo, hi) == (0, None):
@@ -111,8 +116,10 @@ class _Nodes:
     def _object(self, schema: dict[str, Any], where: str) -> Node:
         props, required = schema.get("properties"), schema.get("required", [])
         extra = schema.get("additionalProperties", False)
-        if extra not in (True, False, {}):  # (a schema for the other values: not built)
-            raise ValueError(f"json_schema{where}: additionalProperties other than true or false is not supported")
+        if isinstance(extra, dict) and extra and props is None and not required:  # pydantic's dict[str, X]
+            return ("dict", self.add(extra, f"{where}.additionalProperties"))
+        if extra not in (True, False, {}):
+            raise ValueError(f"json_schema{where}: an additionalProperties schema is built without properties only")
         if not isinstance(required, list) or not all(isinstance(r, str) for r in required):
             raise ValueError(f"json_schema{where}.required must be a list of names")
         if props is None and not required:
@@ -125,6 +132,16 @@ class _Nodes:
             "object",
             tuple((_dumps(k), self.add(v, f"{where}.properties.{k}"), k in required) for k, v in props.items()),
         )
+
+    def _tuple(self, schema: dict[str, Any], where: str) -> Node:
+        """prefixItems: exactly those items (pydantic's tuple: minItems = maxItems = their count)."""
+        items, (lo, hi) = schema["prefixItems"], _bounds(schema, "minItems", "maxItems", where)
+        if not isinstance(items, list) or lo != len(items) or not (hi == len(items) or schema.get("items") is False):
+            raise ValueError(
+                f"json_schema{where}: prefixItems is built for exactly its items "
+                "(minItems and maxItems its count, or minItems its count and items false)"
+            )
+        return ("tuple", tuple(self.add(v, f"{where}.prefixItems[{k}]") for k, v in enumerate(items)))
 
     def _ref(self, schema: dict[str, Any], where: str) -> Node:
         ref = schema["$ref"]
@@ -169,12 +186,38 @@ def _bounds(schema: dict[str, Any], low: str, high: str, where: str) -> tuple[in
     return lo, hi
 
 
-def _int_range(schema: dict[str, Any], where: str) -> tuple[int | None, int | None]:
-    """An integer's [lo, hi] from minimum / maximum and their exclusive forms (draft 4's booleans too)."""
+def _range_values(schema: dict[str, Any], where: str) -> dict[str, Any]:
+    """minimum / maximum and their exclusive forms (None where absent), each a finite number or, for
+    the exclusive ones, draft 4's flag on the other."""
     values = {k: schema.get(k) for k in _RANGE}
     if any(not (v is None or isinstance(v, bool) or isinstance(v, (int, float)) and math.isfinite(v))
            for v in values.values()):  # fmt: skip
         raise ValueError(f"json_schema{where}: minimum / maximum must be finite numbers")
+    return values
+
+
+def _num_range(schema: dict[str, Any], where: str) -> tuple[Any, ...]:
+    """A number's range as json_decimals' automata (nonnegative, negative): the tightest of
+    minimum / exclusiveMinimum, and of maximum / exclusiveMaximum, each read as the decimal written."""
+    values = _range_values(schema, where)
+    ends: list[tuple[Decimal, bool] | None] = []
+    for plain, strict, tighter in (("minimum", "exclusiveMinimum", 1), ("maximum", "exclusiveMaximum", -1)):
+        v, ex = values[plain], values[strict]
+        cands = [(_decimal(v), ex is True)] if v is not None else []
+        cands += [(_decimal(ex), True)] if ex is not None and not isinstance(ex, bool) else []
+        # the tighter bound; at the same value the exclusive one
+        ends.append(max(cands, key=lambda c: (tighter * c[0], c[1])) if cands else None)
+    return json_decimals.ranges(ends[0], ends[1], MAX_DIGITS, where)
+
+
+def _decimal(v: float) -> Decimal:
+    """A bound as written (0.1 is 0.1, not the double nearest it)."""
+    return Decimal(v) if isinstance(v, int) else Decimal(repr(v))
+
+
+def _int_range(schema: dict[str, Any], where: str) -> tuple[int | None, int | None]:
+    """An integer's [lo, hi] from minimum / maximum and their exclusive forms (draft 4's booleans too)."""
+    values = _range_values(schema, where)
     lo = None if values["minimum"] is None else math.ceil(values["minimum"])
     hi = None if values["maximum"] is None else math.floor(values["maximum"])
     ex_lo, ex_hi = values["exclusiveMinimum"], values["exclusiveMaximum"]

@@ -1,7 +1,8 @@
 """tool_choice "auto" and vLLM's guided_regex, served by `mpirun -n 1 spmd_serve` (the demo model with
 Qwen2.5's chat template beside its weights) to the official `openai` client: the calls an answer
 writes come back as tool calls, whole and streamed alike; a guided_regex answer is one match of its
-pattern, ended by the EOS where the pattern may end."""
+pattern, ended by the EOS where the pattern may end; the client's `parse` with a pydantic model of
+bounded numbers, a tuple and a discriminated union gets an instance of it back."""
 
 from __future__ import annotations
 
@@ -10,8 +11,11 @@ import re
 import shutil
 from pathlib import Path
 
+from typing import Literal, Union
+
 import openai
 import pytest
+from pydantic import BaseModel, Field
 
 from tests.support.hf_tokenizer_dirs import QWEN2_TEMPLATE
 from tests.support.server_process import ServerProcess
@@ -71,3 +75,31 @@ def test_guided_regex_answers_match_the_pattern(client, pattern):
         assert streamed == [c.message.content for c in chat]
     with pytest.raises(openai.BadRequestError, match=r"guided_regex: groupref is not supported"):
         client.completions.create(model="default", prompt="x", max_tokens=4, extra_body={"guided_regex": "(a)\\1"})
+
+
+class Cat(BaseModel):
+    pet_type: Literal["cat"]
+    meows: int = Field(ge=0, le=10)
+
+
+class Dog(BaseModel):
+    pet_type: Literal["dog"]
+    bark: float = Field(gt=-1.5, lt=2)
+
+
+class Review(BaseModel):  # (no free string: every sampled answer ends within max_tokens)
+    stars: int = Field(ge=1, le=5)
+    confidence: float = Field(ge=0, le=1)
+    point: tuple[int, bool]
+    pet: Union[Cat, Dog] = Field(discriminator="pet_type")
+
+
+def test_the_clients_parse_with_a_pydantic_model_gets_an_instance(client):
+    """`client.chat.completions.parse(response_format=Model)`: the client sends the model's strict
+    schema (minimum / maximum on a float, prefixItems, oneOf with OpenAPI's discriminator) and
+    validates the answer with pydantic; sampled answers are all valid instances."""
+    for seed in range(4):
+        kw = dict(model="default", messages=CHAT, max_tokens=800, temperature=1.0, seed=seed)
+        got = client.chat.completions.parse(**kw, response_format=Review).choices[0]
+        assert got.finish_reason == "stop" and isinstance(got.message.parsed, Review), got
+        assert 0 <= got.message.parsed.confidence <= 1 and 1 <= got.message.parsed.stars <= 5

@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from spmd_serve.engine import json_grammar as g
 from spmd_serve.engine.grammar_table import complete
 from spmd_serve.engine.json_masks import JsonVocab
+from spmd_serve.engine.json_numbers import MAX_DIGITS
 from spmd_serve.engine.json_schema import grammar
 from spmd_serve.engine.wire import WireError, vocab_from_wire, vocab_to_wire
 from spmd_serve.sampling_params import JSON_OBJECT, SamplingParams
@@ -72,7 +73,9 @@ def test_what_the_grammar_reads_whole_is_one_json_object(obj, layout, at, junk):
     "text",
     [b"[]", b'"a"', b"1", b"{}}", b"{} ", b'{"a":01}', b'{"a" 1}', b'{"a":1,}', b'{,}', b'{"a":"\n"}', b'{"a":-}',
      b'{"a":1.}', b'{"a":tru}', b'{"a":.5}', b'{"a":"\\x"}', b'{"a":"\\u12g4"}', b"{'a':1}", b'{"a":\xff}',
-     b'{"a":"\x80"}', b'{"a":"\xc3"}', b'{"a":NaN}', b"{  }", b"{\n" + b" " * 21 + b"}", b"{\r\n}"],
+     b'{"a":"\x80"}', b'{"a":"\xc3"}', b'{"a":"\xe0\x80\x80"}', b'{"a":"\xed\xa0\x80"}', b'{"a":"\xf4\x90\x80\x80"}',
+     b'{"a":"\xc0\xaf"}', b'{"a":"\\ud800"}', b'{"a":"\\udc00"}', b'{"a":"\\ud83dx"}', b'{"a":"\\ud83d\\u0041"}',
+     b'{"a":NaN}', b"{  }", b"{\n" + b" " * 21 + b"}", b"{\r\n}"],
 )  # fmt: skip
 def test_what_is_not_one_object_or_pads_beyond_the_rule_is_refused(text):
     state = G.step(G.start, text)
@@ -80,13 +83,17 @@ def test_what_is_not_one_object_or_pads_beyond_the_rule_is_refused(text):
 
 
 def test_numbers_are_bounded_to_max_digits_a_run():
-    for run in (b"1" * g.MAX_DIGITS, b"1." + b"0" * g.MAX_DIGITS, b"1e" + b"9" * g.MAX_DIGITS):
+    for run in (b"1" * MAX_DIGITS, b"1." + b"0" * MAX_DIGITS, b"1e" + b"9" * MAX_DIGITS):
         assert complete(G.step(G.start, b'{"a":' + run + b"}"))
         assert G.step(G.start, b'{"a":' + run + b"1") is None
 
 
 def test_strings_take_escapes_and_utf8():
-    for text in [b'{"\\"\\\\\\/\\b\\f\\n\\r\\t\\u00e9":"\xc3\xa9\xe2\x82\xac\xf0\x9f\x98\x80"}', b'{"a":"\x7f"}']:
+    for text in [
+        b'{"\\"\\\\\\/\\b\\f\\n\\r\\t\\u00e9":"\xc3\xa9\xe2\x82\xac\xf0\x9f\x98\x80"}',
+        b'{"a":"\x7f"}',
+        b'{"a":"\\ud83d\\ude00\\uD7FF\\uE000\xed\x9f\xbf\xf4\x8f\xbf\xbf\xe0\xa0\x80"}',
+    ]:
         assert complete(G.step(G.start, text)), text
         assert isinstance(json.loads(text), dict)
 
@@ -123,17 +130,18 @@ def test_a_vocabulary_mask_is_each_token_stepped_alone():
 def test_the_parse_state_is_kept_on_the_request_and_read_on():
     vocab = [b"", b"{", b'"a"', b":", b"1", b"}", b"x"]
     masks = JsonVocab(vocab)
+    g = grammar(JSON_OBJECT)  # (the cached one now: other tests' schemas may have pushed G out)
     h = Request("r", [1], SamplingParams(json_schema=JSON_OBJECT))
     h.output_token_ids = [1, 2, 3]
-    assert masks.state_of(h, h.output_token_ids) == (G, G.step(G.start, b'{"a":'))
-    assert h.json_progress == (G, 3, G.step(G.start, b'{"a":'))
+    assert masks.state_of(h, h.output_token_ids) == (g, g.step(g.start, b'{"a":'))
+    assert h.json_progress == (g, 3, g.step(g.start, b'{"a":'))
     h.output_token_ids += [4, 5]
     assert complete(masks.state_of(h, h.output_token_ids)[1]) and h.json_progress[1] == 5
     draft = [*h.output_token_ids, 6]  # a draft position's output: read on, not kept
     assert masks.state_of(h, draft)[1] is None and h.json_progress[1] == 5
-    assert masks.state_of(h, [1])[1] == G.step(G.start, b"{")  # shorter than what was read: afresh
+    assert masks.state_of(h, [1])[1] == g.step(g.start, b"{")  # shorter than what was read: afresh
     grammar.cache_clear()  # the request keeps its own grammar whatever the cache drops
-    assert masks.state_of(h, h.output_token_ids)[0] is G
+    assert masks.state_of(h, h.output_token_ids)[0] is g
 
 
 def test_the_vocabulary_crosses_the_wire_whole():
@@ -142,3 +150,9 @@ def test_the_vocabulary_crosses_the_wire_whole():
     for bad in ({"bytes": "e30=", "lens": [1, 2]}, {"bytes": "!!", "lens": []}, {"bytes": "e30=", "lens": [-1, 3]}, {}):
         with pytest.raises(WireError, match="malformed vocab"):
             vocab_from_wire(bad)
+
+
+def test_a_surrogate_pair_is_one_character_of_a_max_length():
+    g = grammar(json.dumps({"type": "object", "properties": {"s": {"type": "string", "maxLength": 1}}}))
+    assert complete(g.step(g.start, b'{"s":"\\ud83d\\ude00"}')) and complete(g.step(g.start, '{"s":"😀"}'.encode()))
+    assert not complete(g.step(g.start, b'{"s":"\\ud83d\\ude00a"}'))

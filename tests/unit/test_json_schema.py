@@ -50,6 +50,14 @@ SCHEMA: dict[str, Any] = {  # the shapes pydantic writes: $defs, Optional (anyOf
             ]
         },
         "num": {"anyOf": [{"type": "integer"}, {"type": "number"}]},
+        "ratio": {"type": "number", "minimum": 0, "exclusiveMaximum": 1},
+        "counts": {"type": "object", "additionalProperties": {"type": "integer"}},
+        "point": {
+            "type": "array",
+            "prefixItems": [{"type": "integer"}, {"type": "string"}],
+            "minItems": 2,
+            "maxItems": 2,
+        },
     },
     "required": ["name", "age"],
     "additionalProperties": False,
@@ -76,6 +84,12 @@ def _value(schema: Any) -> st.SearchStrategy[Any]:
     kind = schema.get("type")
     if isinstance(kind, list):
         return st.one_of([_value({"type": k}) for k in kind])
+    if kind == "number" and "minimum" in schema:  # (as a model writes it here: no exponent)
+        return st.decimals(0, 1, places=4).filter(lambda d: d < 1).map(float)
+    if kind == "object" and isinstance(schema.get("additionalProperties"), dict):
+        return st.dictionaries(st.text(max_size=4), _value(schema["additionalProperties"]), max_size=3)
+    if "prefixItems" in schema:
+        return st.tuples(*map(_value, schema["prefixItems"])).map(list)
     if kind == "object" and "properties" in schema:
         props, required = schema["properties"], set(schema.get("required", ()))
         parts = st.fixed_dictionaries(
@@ -109,6 +123,12 @@ def _valid(schema: Any, v: Any) -> bool:
     kind = schema.get("type")
     if isinstance(kind, list):
         return any(_valid({"type": k}, v) for k in kind)
+    if kind == "number" and "minimum" in schema and not (isinstance(v, (int, float)) and 0 <= v < 1):
+        return False
+    if "prefixItems" in schema:
+        return isinstance(v, list) and len(v) == 2 and all(map(_valid, schema["prefixItems"], v))
+    if kind == "object" and isinstance(schema.get("additionalProperties"), dict):
+        return isinstance(v, dict) and all(_valid(schema["additionalProperties"], x) for x in v.values())
     if (
         kind == "integer"
         and isinstance(v, int)
@@ -180,7 +200,9 @@ def test_what_breaks_the_schema_or_its_order_is_refused(text):
      ({"type": "object", "properties": {"a": {"anyOf": [{"type": "object"}, PET]}}}, "free containers alike"),
      ({"type": "object", "properties": {"a": {"type": "date"}}}, "not a JSON Schema type"),
      ({"type": "object", "properties": {}, "additionalProperties": True}, "additionalProperties true"),
-     ({"type": "object", "additionalProperties": {"type": "integer"}}, "other than true or false"),
+     ({"type": "object", "properties": {"a": {}}, "additionalProperties": {"type": "integer"}}, "without properties"),
+     ({"type": "object", "properties": {"a": {"type": "array", "prefixItems": [{}], "maxItems": 1}}}, "exactly its"),
+     ({"type": "object", "properties": {"a": {"type": "array", "uniqueItems": True}}}, "'uniqueItems'"),
      ({"type": "object", "properties": {"a": {}}, "required": ["b"]}, "every required name"),
      ({"$defs": {"N": {"type": "object", "properties": {"n": {"$ref": "#/$defs/N"}}}}, "$ref": "#/$defs/N"},
       "recursive"),
@@ -190,7 +212,7 @@ def test_what_breaks_the_schema_or_its_order_is_refused(text):
       r"maxLength must be .* \[0, 256\]"),
      ({"type": "object", "properties": {"a": {"type": "array", "minItems": 3, "maxItems": 2}}}, "minItems exceeds"),
      ({"type": "object", "properties": {"a": {"type": "string", "minLength": True}}}, "minLength must be"),
-     ({"type": "object", "properties": {"a": {"type": "number", "minimum": 0}}}, "integers only"),
+     ({"type": "object", "properties": {"a": {"type": "number", "minimum": 1, "maximum": 0.5}}}, "no number"),
      ({"type": "object", "properties": {"a": {"type": "integer", "minimum": 3, "maximum": 2.5}}}, "no integer"),
      ({"type": "object", "properties": {"a": {"type": "integer", "minimum": "1"}}}, "finite numbers")],
 )  # fmt: skip

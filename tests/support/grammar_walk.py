@@ -1,0 +1,24 @@
+"""A random writer for a byte grammar (engine/grammar_table.py): `walk` takes, byte by byte, any
+byte the grammar allows (whitespace rarely) until the value is whole, and fails if it is ever left
+with none (a stranded state).  What it writes is some answer the masks could let a model write."""
+
+from __future__ import annotations
+
+import random
+
+from spmd_serve.engine.grammar_table import DEAD, Grammar, complete
+
+WHITESPACE = b" \n\t"
+
+
+def walk(g: Grammar, rng: random.Random, max_bytes: int = 20000) -> bytes:
+    """Bytes chosen at random among those `g` allows from its start, until the value is whole."""
+    state, out = g.start, b""
+    while not complete(state):
+        assert len(out) < max_bytes, f"no end after {out[:200]!r}..."
+        allowed = [b for b in range(256) if g.table[state[0], b] != DEAD and g.step(state, bytes([b])) is not None]
+        assert allowed, f"stranded after {out!r}"
+        plain = [b for b in allowed if b not in WHITESPACE] or allowed
+        b = rng.choice(plain if rng.random() < 0.95 else allowed)
+        state, out = g.step(state, bytes([b])), out + bytes([b])
+    return out
