@@ -11,13 +11,11 @@ import re
 import shutil
 from pathlib import Path
 
-from typing import Literal, Union
-
 import openai
 import pytest
-from pydantic import BaseModel, Field
 
 from tests.support.hf_tokenizer_dirs import QWEN2_TEMPLATE
+from tests.support.pydantic_models import Review
 from tests.support.server_process import ServerProcess
 
 pytestmark = pytest.mark.mpi
@@ -75,23 +73,6 @@ def test_guided_regex_answers_match_the_pattern(client, pattern):
         assert streamed == [c.message.content for c in chat]
     with pytest.raises(openai.BadRequestError, match=r"guided_regex: groupref is not supported"):
         client.completions.create(model="default", prompt="x", max_tokens=4, extra_body={"guided_regex": "(a)\\1"})
-
-
-class Cat(BaseModel):
-    pet_type: Literal["cat"]
-    meows: int = Field(ge=0, le=10)
-
-
-class Dog(BaseModel):
-    pet_type: Literal["dog"]
-    bark: float = Field(gt=-1.5, lt=2)
-
-
-class Review(BaseModel):  # (no free string: every sampled answer ends within max_tokens)
-    stars: int = Field(ge=1, le=5)
-    confidence: float = Field(ge=0, le=1)
-    point: tuple[int, bool]
-    pet: Union[Cat, Dog] = Field(discriminator="pet_type")
 
 
 def test_the_clients_parse_with_a_pydantic_model_gets_an_instance(client):

@@ -5,45 +5,17 @@ answer a random walk through the grammar writes is one pydantic validates."""
 
 from __future__ import annotations
 
-import enum
 import json
 import random
-from typing import Literal
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from pydantic import BaseModel, Field
 
 from spmd_serve.engine.grammar_table import complete
 from spmd_serve.engine.json_schema import grammar
 from tests.support.grammar_walk import walk
-
-
-class Color(str, enum.Enum):
-    red = "red"
-    green = "green"
-
-
-class Cat(BaseModel):
-    pet_type: Literal["cat"]
-    meows: int = Field(ge=0, le=10)
-
-
-class Dog(BaseModel):
-    pet_type: Literal["dog"]
-    bark: float = Field(gt=-1.5, lt=2)
-
-
-class Record(BaseModel):
-    score: float = Field(ge=0, le=1)
-    counts: dict[str, int]
-    point: tuple[int, str]
-    pet: Cat | Dog = Field(discriminator="pet_type")
-    color: Color = Color.red
-    note: str | None = Field(default=None, max_length=4)
-    tags: list[str] = Field(default_factory=list, max_length=2)
-
+from tests.support.pydantic_models import Cat, Color, Dog, Record
 
 G = grammar(json.dumps(Record.model_json_schema()))
 WORDS = st.text(st.characters(codec="utf-8", exclude_categories=("Cs",)), max_size=4)

@@ -1,0 +1,45 @@
+"""pydantic models with the shapes pydantic writes for everyday fields, for the JSON-schema tests
+(tests/unit/test_json_pydantic.py) and the served one (tests/mpi/test_tools_auto_mpi.py)."""
+
+from __future__ import annotations
+
+import enum
+from typing import Literal
+
+from pydantic import BaseModel, Field
+
+
+class Color(str, enum.Enum):
+    red = "red"
+    green = "green"
+
+
+class Cat(BaseModel):
+    pet_type: Literal["cat"]
+    meows: int = Field(ge=0, le=10)
+
+
+class Dog(BaseModel):
+    pet_type: Literal["dog"]
+    bark: float = Field(gt=-1.5, lt=2)
+
+
+class Record(BaseModel):
+    """A float in bounds, dict[str, int], a tuple, a discriminated union, an enum, Optional, a bounded list."""
+
+    score: float = Field(ge=0, le=1)
+    counts: dict[str, int]
+    point: tuple[int, str]
+    pet: Cat | Dog = Field(discriminator="pet_type")
+    color: Color = Color.red
+    note: str | None = Field(default=None, max_length=4)
+    tags: list[str] = Field(default_factory=list, max_length=2)
+
+
+class Review(BaseModel):
+    """No free string: every answer sampled under its grammar ends within a few hundred tokens."""
+
+    stars: int = Field(ge=1, le=5)
+    confidence: float = Field(ge=0, le=1)
+    point: tuple[int, bool]
+    pet: Cat | Dog = Field(discriminator="pet_type")
