@@ -12,7 +12,9 @@ None), ("tuple", (item node, ...)) (prefixItems: exactly those), ("string", minL
 None), ("integer",) or ("integer", minimum or None, maximum or None), ("number",), ("decimal", its
 json_decimals.ranges) (a number within a minimum / maximum), ("pattern", DFA) (a string held to a
 regular expression: engine/json_patterns.py), ("enum", (the values' JSON bytes, ...)) (booleans,
-null, enum, const) and ("union", (node, ...)) (read as the set of its alternatives' states until
+null, enum, const), ("recur", node) (a recursive $ref to an object or array node: its states are
+made once, with POP as their exit, and its opening bracket pushes where to return, as a free
+container's does) and ("union", (node, ...)) (read as the set of its alternatives' states until
 they part: a discriminated union of objects too). Node 0 is the root; OpenAI's json_object is
 (("anyobj",),).
 
@@ -49,8 +51,9 @@ _LITERALS = (b"true", b"false", b"null")
 
 
 def _ws(base: Name) -> Name:
-    """A between-lexemes state, entered before any whitespace (the end takes none)."""
-    return base if base == END_NAME else ("ws", base, 0)
+    """A between-lexemes state, entered before any whitespace (the end takes none; POP is the
+    closing bracket's own target, the stack's return state taking the whitespace after it)."""
+    return base if base in (END_NAME, POP_NAME) else ("ws", base, 0)
 
 
 class _Builder(NumberStates):
@@ -129,10 +132,11 @@ class _Builder(NumberStates):
         return self._array(node, exit_, args[2])
 
     def _array(self, node: int, exit_: Name, c: int) -> Edges:
-        """("arr", node, exit, c): an array after its `c`-th item (counted up to maxItems, or up to
-        minItems where there is none); ']' once minItems came, another item up to maxItems."""
+        """("arr", node, exit, c): an array after its `c`-th item (counted up to maxItems, or where
+        there is none up to minItems, and at least to 1: the first item comes without a comma);
+        ']' once minItems came, another item up to maxItems."""
         _, item, lo, hi = self.nodes[node]
-        after: Name = ("arr", node, exit_, c + 1 if hi is not None else min(c + 1, lo))
+        after: Name = ("arr", node, exit_, c + 1 if hi is not None else min(c + 1, max(lo, 1)))
         edges: Edges = {ord("]"): (_ws(exit_), None)} if c >= lo else {}
         if hi is None or c < hi:
             edges.update(self._value(item, after) if c == 0 else {ord(","): (_ws(("val", item, after)), None)})
@@ -171,6 +175,8 @@ class _Builder(NumberStates):
             return self._value_number(exit_, kind == "integer")
         if kind == "enum":
             return self._enum(spec[1], exit_)
+        if kind == "recur":  # a recursive $ref's object / array: opened on the stack, its closing bracket pops
+            return {b: (target, back) for b, (target, _) in self._value(spec[1], POP_NAME).items()}
         return self._union([self._value(alt, exit_) for alt in spec[1]])
 
     def _union(self, alternatives: list[Edges]) -> Edges:

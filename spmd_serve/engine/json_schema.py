@@ -10,11 +10,12 @@ ipv4, hostname, email; not with minLength / maxLength: engine/json_patterns.py),
 `maximum` and their exclusive forms for an integer (engine/json_ranges.py) and for a number (written
 without an exponent: engine/json_decimals.py), `enum` and `const` (written compactly), `anyOf` /
 `oneOf` (as anyOf, as vLLM's grammars read it: pydantic's Optional, a discriminated union of
-objects; not two free containers, e.g. two bare objects), `$ref` into `$defs` / `definitions` (not
-recursive), and an object or array with nothing said of its contents (any). Annotations (`title`,
-`description`, `default`, OpenAPI's `discriminator` beside a oneOf, ...) change nothing. Any other
-keyword (`multipleOf`, `uniqueItems`, `minProperties`, another format, ...) is refused by name, as
-is a schema whose root is not an object or an array: none is silently left out.
+objects; not two free containers, e.g. two bare objects), `$ref` into `$defs` / `definitions` (a
+recursive one to an object or an array: pydantic's trees), and an object or array with nothing said
+of its contents (any). Annotations (`title`, `description`, `default`, OpenAPI's `discriminator`
+beside a oneOf, ...) change nothing. Any other keyword (`multipleOf`, `uniqueItems`,
+`minProperties`, another format, ...) is refused by name, as is a schema whose root is not an
+object or an array: none is silently left out.
 
 `grammar(text)` is cached on the schema's text: the HTTP worker checks a request's schema and the
 engine compiles it once for all the requests that send it.
@@ -53,7 +54,7 @@ class _Nodes:
     def __init__(self, root: dict[str, Any]) -> None:
         self.root = root  # where $ref looks
         self.nodes: list[Node] = []
-        self._refs: list[str] = []  # the $refs being expanded (a recursive one is refused)
+        self._refs: dict[str, int] = {}  # the $refs being expanded, each with the node it makes
 
     def add(self, schema: Any, where: str) -> int:
         """The index of the node for `schema` (at `where`, named in refusals)."""
@@ -61,10 +62,11 @@ class _Nodes:
             raise ValueError(f"json_schema has more than {MAX_NODES} parts")
         at = len(self.nodes)
         self.nodes.append(("any",))
-        self.nodes[at] = self._node(schema, where)
+        self.nodes[at] = self._node(schema, where, at)
         return at
 
-    def _node(self, schema: Any, where: str) -> Node:
+    def _node(self, schema: Any, where: str, at: int) -> Node:
+        """The node for `schema`, to be stored at index `at`."""
         if schema is True or schema == {}:
             return ("any",)
         if not isinstance(schema, dict):
@@ -73,7 +75,7 @@ class _Nodes:
         if other:
             raise ValueError(f"json_schema{where}: the keyword {other[0]!r} is not supported by this server")
         if "$ref" in schema:
-            return self._ref(schema, where)
+            return self._ref(schema, where, at)
         if "const" in schema or "enum" in schema:
             values = [schema["const"]] if "const" in schema else schema["enum"]
             if not isinstance(values, list) or not values:
@@ -143,19 +145,21 @@ class _Nodes:
             )
         return ("tuple", tuple(self.add(v, f"{where}.prefixItems[{k}]") for k, v in enumerate(items)))
 
-    def _ref(self, schema: dict[str, Any], where: str) -> Node:
+    def _ref(self, schema: dict[str, Any], where: str, at: int) -> Node:
+        """$ref's target expanded here; met again inside that expansion, ("recur", the node the
+        expansion makes), which must be an object or an array (its brackets bound it on the stack)."""
         ref = schema["$ref"]
         parts = ref.split("/") if isinstance(ref, str) else []
         target = self.root.get(parts[1], {}).get(parts[2]) if len(parts) == 3 and parts[0] == "#" else None
         if target is None or len(schema) > 1 + len(set(schema) & ANNOTATIONS):
             raise ValueError(f"json_schema{where}: $ref {ref!r} must name one of $defs (and stand alone)")
         if ref in self._refs:
-            raise ValueError(f"json_schema{where}: the recursive $ref {ref!r} is not supported")
-        self._refs.append(ref)
+            return ("recur", self._refs[ref])
+        self._refs[ref] = at
         try:
-            return self._node(target, f"{where}({ref})")
+            return self._node(target, f"{where}({ref})", at)
         finally:
-            self._refs.pop()
+            del self._refs[ref]
 
 
 def _string(schema: dict[str, Any], where: str) -> Node:
@@ -249,4 +253,7 @@ def grammar(text: str) -> Grammar:
     nodes.add(schema, "")
     if nodes.nodes[0][0] not in ("object", "anyobj", "array", "anyarr"):  # (a bare scalar has no end)
         raise ValueError("json_schema's root must be an object or array schema")
+    for node in nodes.nodes:
+        if node[0] == "recur" and nodes.nodes[node[1]][0] not in ("object", "array", "dict", "tuple"):
+            raise ValueError("json_schema: a recursive $ref is built to an object or an array only")
     return grammar_of(tuple(nodes.nodes))

@@ -25,7 +25,7 @@ class Dog(BaseModel):
 
 
 class Record(BaseModel):
-    """A float in bounds, dict[str, int], a tuple, a discriminated union, an enum, Optional, a bounded list."""
+    """A float in bounds, dict[str, int], a tuple, a discriminated union, an enum, Optional, lists."""
 
     score: float = Field(ge=0, le=1)
     counts: dict[str, int]
@@ -34,6 +34,7 @@ class Record(BaseModel):
     color: Color = Color.red
     note: str | None = Field(default=None, max_length=4)
     tags: list[str] = Field(default_factory=list, max_length=2)
+    ids: list[int] = Field(default_factory=list)  # (no bounds)
 
 
 class Review(BaseModel):
@@ -43,3 +44,11 @@ class Review(BaseModel):
     confidence: float = Field(ge=0, le=1)
     point: tuple[int, bool]
     pet: Cat | Dog = Field(discriminator="pet_type")
+
+
+class Tree(BaseModel):
+    """Recursive (a $ref to itself): read with the grammar's stack."""
+
+    name: Literal["a", "b"]
+    kids: list[Tree] = Field(default_factory=list, max_length=3)
+    next: Tree | None = None

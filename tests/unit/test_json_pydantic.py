@@ -1,7 +1,7 @@
 """pydantic's own schemas and validators against our grammars: a model with the shapes pydantic
 writes for everyday fields (a float in bounds, dict[str, int], a tuple, a discriminated union, an
-enum, Optional, a bounded list) compiles; any instance pydantic dumps is read whole; and every
-answer a random walk through the grammar writes is one pydantic validates."""
+enum, Optional, a bounded list), and a recursive one (a tree), compile; any instance pydantic dumps
+is read whole; and every answer a random walk through the grammar writes is one pydantic validates."""
 
 from __future__ import annotations
 
@@ -15,9 +15,10 @@ from hypothesis import strategies as st
 from spmd_serve.engine.grammar_table import complete
 from spmd_serve.engine.json_schema import grammar
 from tests.support.grammar_walk import walk
-from tests.support.pydantic_models import Cat, Color, Dog, Record
+from tests.support.pydantic_models import Cat, Color, Dog, Record, Tree
 
 G = grammar(json.dumps(Record.model_json_schema()))
+TREE = grammar(json.dumps(Tree.model_json_schema()))
 WORDS = st.text(st.characters(codec="utf-8", exclude_categories=("Cs",)), max_size=4)
 PETS = st.builds(Cat, pet_type=st.just("cat"), meows=st.integers(0, 10)) | st.builds(
     Dog, pet_type=st.just("dog"), bark=st.decimals(-1.4, 1.9, places=2).map(float)
@@ -31,6 +32,7 @@ RECORDS = st.builds(
     color=st.sampled_from(Color),
     note=st.none() | WORDS,
     tags=st.lists(WORDS, max_size=2),
+    ids=st.lists(st.integers(-9, 10**6), max_size=4),
 )
 
 
@@ -58,3 +60,28 @@ def test_out_of_bounds_values_are_not_read():
         start = text.index(key)
         end = text.index(",", start) if key != '"point"' else text.index("]", start) + 1
         assert not complete(G.step(G.start, (text[:start] + bad + text[end:]).encode())), bad
+
+
+TREES = st.deferred(
+    lambda: st.builds(Tree, name=st.sampled_from(["a", "b"]), kids=st.lists(TREES, max_size=3), next=st.none() | TREES)
+)
+
+
+@settings(max_examples=100, deadline=None)
+@given(TREES)
+def test_a_recursive_model_s_instances_are_read_whole(tree):
+    text = tree.model_dump_json()  # (compact: pretty-printed, a deep tree passes the 20 indents allowed)
+    assert complete(TREE.step(TREE.start, text.encode())), text
+
+
+def test_every_tree_the_grammar_lets_out_is_valid_to_pydantic():
+    rng = random.Random(11)
+    depths = set()
+    for _ in range(60):
+        tree = Tree.model_validate_json(walk(TREE, rng))  # raises where it is not
+        depths.add(_depth(tree))
+    assert max(depths) >= 3  # (the walks did nest: the stack was used)
+
+
+def _depth(tree: Tree) -> int:
+    return 1 + max([_depth(k) for k in tree.kids] + [_depth(tree.next) if tree.next else 0])

@@ -30,6 +30,7 @@ SCHEMA: dict[str, Any] = {  # the shapes pydantic writes: $defs, Optional (anyOf
         "kind": {"enum": ["a", "b", 1, 12, None, True]},
         "tags": {"type": "array", "items": {"type": "string", "maxLength": 3}, "minItems": 1, "maxItems": 3},
         "pair": {"type": "array", "minItems": 2},
+        "names": {"type": "array", "items": {"type": "string"}},  # (no bounds: pydantic's list[str])
         "pet": {"anyOf": [{"$ref": "#/$defs/Pet"}, {"type": "null"}]},
         "ok": {"type": ["boolean", "null"]},
         "extra": {"type": "object"},
@@ -204,8 +205,8 @@ def test_what_breaks_the_schema_or_its_order_is_refused(text):
      ({"type": "object", "properties": {"a": {"type": "array", "prefixItems": [{}], "maxItems": 1}}}, "exactly its"),
      ({"type": "object", "properties": {"a": {"type": "array", "uniqueItems": True}}}, "'uniqueItems'"),
      ({"type": "object", "properties": {"a": {}}, "required": ["b"]}, "every required name"),
-     ({"$defs": {"N": {"type": "object", "properties": {"n": {"$ref": "#/$defs/N"}}}}, "$ref": "#/$defs/N"},
-      "recursive"),
+     ({"$defs": {"N": {"anyOf": [{"type": "integer"}, {"type": "array", "items": {"$ref": "#/$defs/N"}}]}},
+       "type": "object", "properties": {"a": {"$ref": "#/$defs/N"}}}, "recursive $ref is built to an object"),
      ({"type": "object", "properties": {"a": {"$ref": "#/$defs/Missing"}}}, "must name one of"),
      ({"type": "object", "properties": {"a": {"enum": []}}}, "non-empty list"), ([1], "must be an object"),
      ({"type": "object", "properties": {"a": {"type": "string", "maxLength": 1000}}},
