@@ -1,20 +1,22 @@
 """A structured output's grammar is compiled off the HTTP worker's IO loop (a schema of dozens of
-properties takes ~0.1 s, which every stream the loop serves would wait), and what its compile
-refuses is still a 400 naming the field, before anything is sent to the engine."""
+properties takes ~0.1 s, which every stream the loop serves would wait), and so is the one reading of
+every token's bytes the engine's masks need; what the compile refuses is still a 400 naming the
+field, before anything is sent to the engine."""
 
 import threading
 
 import pytest
 import requests
 
-from spmd_serve.engine import json_patterns, json_schema
+from spmd_serve.engine import json_masks, json_patterns, json_schema
 from spmd_serve.frontend.openai import handlers
 
 
 @pytest.fixture
 def threads(monkeypatch):
-    """{"parse": the threads that parsed a body (the IO loop's), "compile": those that compiled}."""
-    seen: dict[str, set[str]] = {"parse": set(), "compile": set()}
+    """{"parse": the threads that parsed a body (the IO loop's), "compile": those that compiled,
+    "vocabulary": those that read the tokenizer's every token (once)}."""
+    seen: dict[str, set[str]] = {"parse": set(), "compile": set(), "vocabulary": set()}
 
     def recorded(kind, fn):
         def call(*args, **kw):
@@ -26,6 +28,8 @@ def threads(monkeypatch):
     monkeypatch.setattr(handlers, "parse_openai", recorded("parse", handlers.parse_openai))
     monkeypatch.setattr(json_schema, "grammar", recorded("compile", json_schema.grammar))
     monkeypatch.setattr(json_patterns, "answer_grammar", recorded("compile", json_patterns.answer_grammar))
+    monkeypatch.setattr(json_masks, "read_vocabulary", recorded("vocabulary", json_masks.read_vocabulary))
+    monkeypatch.setattr(json_masks, "_VOCABULARIES", {})
     return seen
 
 
@@ -45,6 +49,8 @@ def post(srv, **fields) -> requests.Response:
 def test_a_grammar_compiles_off_the_io_loop(srv, threads, fields):
     assert post(srv, **fields).status_code == 200
     assert threads["parse"] and threads["compile"] and not threads["parse"] & threads["compile"]
+    assert len(threads["vocabulary"]) == 1 and not threads["parse"] & threads["vocabulary"]
+    assert post(srv, **fields).status_code == 200 and len(threads["vocabulary"]) == 1  # (read once)
 
 
 @pytest.mark.parametrize(

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import json
 import logging
 import time
@@ -22,6 +23,7 @@ from typing import Any
 
 from tornado.web import RequestHandler
 
+from spmd_serve.engine import json_masks
 from spmd_serve.engine.client import EngineClient
 from spmd_serve.frontend.common.generation import Delta, Generation, GenerationError
 from spmd_serve.frontend.common.http_base import AUTH_HINT, JsonBodyHandler, bearer_ok, reason_phrase
@@ -112,6 +114,8 @@ class OpenAIServing:
         slow: Slow = []
         try:
             req = parse_openai(kind, body, self.tokenizer, self.limits, self.model_names, slow)
+            if req.params.grammar:  # (the engine's masks need every token's bytes: read once, here too)
+                slow.append(functools.partial(json_masks.vocabulary_bytes, self.tokenizer))
             for check in slow:  # (a new schema's grammar: ~0.1 s, which every stream of this worker would wait)
                 await asyncio.get_running_loop().run_in_executor(None, check)
         except ProtocolError as e:

@@ -24,7 +24,7 @@ from spmd_serve.sampling_params import (
     MAX_SCHEMA_CHARS,
 )
 
-Slow = list[Callable[[], None]]  # checks that may take long (a grammar's compile): run off the IO loop
+Slow = list[Callable[[], object]]  # work that may take long (a grammar's compile): run off the IO loop
 _STRUCTURED = ("choice", "json", "json_object", "regex")  # later vLLM's structured_outputs that are built
 
 
