@@ -8,7 +8,8 @@ dozens of properties: thousands of states), and made at the request's first samp
 thread, it stalled every other stream that long (benchmarks/grammar_stall.py).  The helper thread
 shares the GIL with the engine thread, which so loses a switch interval (5 ms) now and then instead
 of the whole compile at once.  The grammar made goes with the request (`json_progress`), so its
-first sampling finds it whatever the grammar caches dropped meanwhile.
+first sampling finds it whatever the grammar caches dropped meanwhile.  The masks' vocabulary (every
+token's bytes, sent once ahead of the first such request) is arranged on the same thread.
 """
 
 from __future__ import annotations
@@ -18,16 +19,19 @@ import logging
 import random
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
+from typing import TypeVar
 
 from spmd_serve.engine import json_masks
 from spmd_serve.engine.client import AddCommand
 from spmd_serve.engine.grammar_table import Grammar
+from spmd_serve.engine.json_masks import JsonVocab
 from spmd_serve.engine.outputs import RequestOutput
 from spmd_serve.engine.sampler import eos_masking
 from spmd_serve.scheduler.request import Request, RequestStatus
 from spmd_serve.scheduler.scheduler import QueueFullError, Scheduler
 
 log = logging.getLogger("spmd_serve.engine")
+T = TypeVar("T")
 HELD_WAIT_S = 0.005  # the engine's longest idle wait while a grammar compiles (its end also wakes it)
 
 
@@ -39,6 +43,7 @@ class Admission:
         self.scheduler, self.eos, self._wake = scheduler, eos_token_ids, wake
         self.held: dict[str, tuple[Request, Future[Grammar]]] = {}  # in arrival order
         self._pool: ThreadPoolExecutor | None = None  # (made with the first grammar)
+        self._vocab: Future[JsonVocab] | None = None  # the masks' vocabulary, made on the same thread
 
     def admit(self, cmd: AddCommand) -> RequestOutput | None:
         """Take one new request: None, or the error output that refuses it."""
@@ -57,20 +62,33 @@ class Admission:
             return RequestOutput.error(cmd.req_id, 400, msg)
         if not params.grammar:
             return self._schedule(req)
+        self.held[req.req_id] = (req, self._submit(json_masks.grammar_of, params))
+        return None
+
+    def read_vocabulary(self, token_bytes: list[bytes]) -> None:
+        """Arrange every token's bytes for the masks (json_masks.JsonVocab: ~0.1 s at 150k tokens) on
+        the helper thread; the first of them counts (each HTTP worker sends the same)."""
+        if self._vocab is None:
+            self._vocab = self._submit(JsonVocab, token_bytes)
+
+    def vocabulary(self) -> JsonVocab | None:
+        """The masks' vocabulary once made (None before)."""
+        return self._vocab.result() if self._vocab is not None and self._vocab.done() else None
+
+    def _submit(self, fn: Callable[..., T], *args: object) -> Future[T]:
         if self._pool is None:
             self._pool = ThreadPoolExecutor(1, thread_name_prefix="spmd-grammar")
-        future = self._pool.submit(json_masks.grammar_of, params)
+        future = self._pool.submit(fn, *args)
         future.add_done_callback(lambda _: self._wake())
-        self.held[req.req_id] = (req, future)
-        return None
+        return future
 
     def release(self) -> list[RequestOutput]:
         """Hand every held request whose grammar is made to the scheduler (one made sooner may pass
         one still compiling); the error outputs of those refused."""
         errors: list[RequestOutput] = []
         for req_id, (req, future) in list(self.held.items()):
-            if not future.done():
-                continue
+            if not future.done() or self._vocab is not None and not self._vocab.done():
+                continue  # (its masks need the vocabulary too, sent ahead of it)
             del self.held[req_id]
             try:
                 grammar = future.result()

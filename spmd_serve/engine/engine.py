@@ -23,7 +23,6 @@ from spmd_serve.engine.admission import HELD_WAIT_S, Admission
 from spmd_serve.engine.client import AbortCommand, VocabCommand
 from spmd_serve.engine.drain import DEFAULT_DRAIN_TIMEOUT_S, Drain
 from spmd_serve.engine.interfaces import FrontEnd, PlanComm, Runner
-from spmd_serve.engine.json_masks import JsonVocab
 from spmd_serve.engine.metrics import EngineMetrics
 from spmd_serve.engine.outputs import RequestOutput
 from spmd_serve.engine.plan_builder import build_plan
@@ -90,13 +89,15 @@ class Engine:
                     log.info("aborted request %s (%s), %d tokens out", cmd.req_id, cmd.reason, req.num_output_tokens)
                 continue
             if isinstance(cmd, VocabCommand):
-                if self.sampler.json_vocab is None:
-                    self.sampler.json_vocab = JsonVocab(cmd.token_bytes)
+                self.admission.read_vocabulary(cmd.token_bytes)
                 continue
             err = self.admission.admit(cmd)
             if err is not None:
                 errors.append(err)
-        self.client.publish(errors + self.admission.release())
+        released = self.admission.release()  # (a request held to a grammar only once the vocabulary is made)
+        if self.sampler.json_vocab is None:  # (made on the admission's helper thread)
+            self.sampler.json_vocab = self.admission.vocabulary()
+        self.client.publish(errors + released)
 
     # ---- the loop ---------------------------------------------------------------------------
     def run(self) -> None:

@@ -1,7 +1,8 @@
 """A request held to a grammar waits outside the scheduler while the grammar compiles on a helper
 thread (engine/admission.py), in the real Engine loop with fake ranks: the other requests keep
 stepping meanwhile, the grammar made goes with the request (compiled once), a grammar refused is a
-400, and an abort, a drain and a stop each treat a held request as in flight."""
+400, and an abort, a drain and a stop each treat a held request as in flight; the masks' vocabulary
+is made on the same helper thread, and a held request waits for it too."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from spmd_serve.engine import json_masks
+from spmd_serve.engine import admission, json_masks
 from spmd_serve.engine.client import VocabCommand
 from spmd_serve.engine.engine import Engine
 from spmd_serve.sampling_params import SamplingParams
@@ -136,3 +137,25 @@ def test_a_stop_past_the_drain_answers_a_held_request_503(rig, monkeypatch):
     outs = io.read_all(queue)
     gate.open()
     assert len(outs) == 1 and outs[0].error_code == 503 and "drain timeout" in outs[0].error_msg
+
+
+def test_the_vocabulary_is_made_on_the_helper_thread_before_a_held_request_goes_on(rig, monkeypatch):
+    gate, made_on, real = threading.Event(), [], admission.JsonVocab
+
+    def held_vocab(token_bytes: list[bytes]) -> Any:
+        made_on.append(threading.current_thread().name)
+        assert gate.wait(20), "the test never opened the gate"
+        return real(token_bytes)
+
+    monkeypatch.setattr(admission, "JsonVocab", held_vocab)
+    eng = start_with_vocab(rig)
+    _, client, io, _ = rig
+    plain_q = io.call(client.add_request, "plain", [3, 4], plain(400))
+    queue = io.call(client.add_request, "json", [3], regex("ab"))
+    wait_until(lambda: "json" in eng.admission.held and made_on)
+    before = output_tokens(eng, "plain")
+    wait_until(lambda: output_tokens(eng, "plain") >= before + 10)  # (the engine thread steps on)
+    assert "json" in eng.admission.held and eng.sampler.json_vocab is None  # (it waits for the vocabulary)
+    gate.set()
+    assert [t for o in io.read_all(queue) for t in o.new_token_ids] == [1, 2, EOS]
+    assert made_on and made_on[0].startswith("spmd-grammar") and not plain_q.empty()
