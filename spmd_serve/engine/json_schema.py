@@ -7,8 +7,9 @@ property) or, without `properties`, a schema for every value (pydantic's `dict[s
 `prefixItems` for exactly its items (pydantic's tuples), `minItems` / `maxItems` and `minLength` /
 `maxLength` (each up to MAX_BOUND), a string's `pattern` and `format` (date, time, date-time, uuid,
 ipv4, hostname, email; not with minLength / maxLength: engine/json_patterns.py), `minimum` /
-`maximum` and their exclusive forms for an integer (engine/json_ranges.py) and for a number (written
-without an exponent: engine/json_decimals.py), `enum` and `const` (written compactly), `anyOf` /
+`maximum` and their exclusive forms for an integer (engine/json_ranges.py; OpenAPI's int32 / int64
+formats as their ranges) and for a number (written without an exponent: engine/json_decimals.py;
+formats float / double), `enum` and `const` (written compactly), `anyOf` /
 `oneOf` (as anyOf, as vLLM's grammars read it: pydantic's Optional, a discriminated union of
 objects; not two free containers, e.g. two bare objects), `$ref` into `$defs` / `definitions` (a
 recursive one to an object or an array: pydantic's trees), and an object or array with nothing said
@@ -46,6 +47,9 @@ _BUILT = frozenset(
 )  # fmt: skip
 MAX_BOUND = 256  # the largest minLength / maxLength / minItems / maxItems built (each count is grammar states)
 _RANGE = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum")
+# OpenAPI's formats of numbers: an integer's bound it (int32, int64), a number's say how it is held
+# (float and double: any number written here fits one)
+_NUMBER_FORMATS = {"integer": ("int32", "int64"), "number": ("float", "double")}
 _LITERAL = {"boolean": (b"true", b"false"), "null": (b"null",)}
 MAX_NODES = 2000
 
@@ -96,8 +100,13 @@ class _Nodes:
             raise ValueError(f"json_schema{where}: pattern and format are supported with type string only")
         if kind is None:
             return ("any",)
+        if kind in _NUMBER_FORMATS and schema.get("format", _NUMBER_FORMATS[kind][0]) not in _NUMBER_FORMATS[kind]:
+            raise ValueError(
+                f"json_schema{where}: the {kind} format {schema['format']!r} is not supported "
+                f"(built: {', '.join(_NUMBER_FORMATS[kind])})"
+            )
         if kind == "integer":
-            return ("integer", *_int_range(schema, where)) if set(_RANGE) & set(schema) else ("integer",)
+            return ("integer", *_int_range(schema, where)) if {*_RANGE, "format"} & set(schema) else ("integer",)
         if kind == "number":
             return ("decimal", *_num_range(schema, where)) if set(_RANGE) & set(schema) else ("number",)
         if kind == "string":
@@ -233,6 +242,12 @@ def _int_range(schema: dict[str, Any], where: str) -> tuple[int | None, int | No
         hi = math.ceil(values["maximum"]) - 1
     elif ex_hi is not None and not isinstance(ex_hi, bool):
         hi = min(hi if hi is not None else math.inf, math.ceil(ex_hi) - 1)
+    if schema.get("format") in _NUMBER_FORMATS["integer"]:  # (OpenAPI's int32 / int64: their range)
+        bits = int(schema["format"][-2:])
+        lo, hi = (
+            max(lo if lo is not None else -math.inf, -(2 ** (bits - 1))),
+            min(hi if hi is not None else math.inf, 2 ** (bits - 1) - 1),
+        )
     if lo is not None and hi is not None and lo > hi:
         raise ValueError(f"json_schema{where}: no integer is within its minimum and maximum")
     if any(v is not None and abs(v) >= 10**MAX_DIGITS for v in (lo, hi)):

@@ -126,3 +126,19 @@ def test_any_walk_ends_in_range(num):
         x = Decimal(json.loads(walk(g, rng), parse_float=Decimal, parse_int=Decimal)["x"])
         lo, hi = num.get("minimum", num.get("exclusiveMinimum")), num.get("maximum", num.get("exclusiveMaximum"))
         assert in_range(x, lo, hi, "exclusiveMinimum" in num, "exclusiveMaximum" in num), (num, x)
+
+
+def test_openapi_number_formats():
+    """int32 / int64 bound an integer (with its own minimum too); float / double hold any number."""
+    cases = {("integer", "int32", None): (["2147483647", "-2147483648", "0"], ["2147483648", "-2147483649"]),
+             ("integer", "int64", 0): (["9223372036854775807", "0"], ["9223372036854775808", "-1"]),
+             ("number", "double", None): (["1.5e300", "-0.25", "7"], ["1e", "x"])}  # fmt: skip
+    for (kind, fmt, lo), (good, bad) in cases.items():
+        num = {"type": kind, "format": fmt, **({"minimum": lo} if lo is not None else {})}
+        g = grammar(json.dumps({"type": "object", "properties": {"x": num}}))
+        assert [t for t in good if not reads(g, '{"x":' + t + "}")] == [] and not any(
+            reads(g, '{"x":' + t + "}") for t in bad
+        ), num
+    for kind, fmt in (("integer", "uint8"), ("number", "decimal")):
+        with pytest.raises(ValueError, match=f"the {kind} format '{fmt}' is not supported"):
+            grammar(json.dumps({"type": "object", "properties": {"x": {"type": kind, "format": fmt}}}))
