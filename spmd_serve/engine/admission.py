@@ -72,8 +72,10 @@ class Admission:
             self._vocab = self._submit(JsonVocab, token_bytes)
 
     def vocabulary(self) -> JsonVocab | None:
-        """The masks' vocabulary once made (None before)."""
-        return self._vocab.result() if self._vocab is not None and self._vocab.done() else None
+        """The masks' vocabulary once made (None before, or if making it failed)."""
+        if self._vocab is None or not self._vocab.done() or self._vocab.exception() is not None:
+            return None
+        return self._vocab.result()
 
     def _submit(self, fn: Callable[..., T], *args: object) -> Future[T]:
         if self._pool is None:
@@ -91,13 +93,15 @@ class Admission:
                 continue  # (its masks need the vocabulary too, sent ahead of it)
             del self.held[req_id]
             try:
+                if self._vocab is not None and self._vocab.exception() is not None:
+                    raise RuntimeError(f"the vocabulary failed: {self._vocab.exception()!r}")
                 grammar = future.result()
             except (ValueError, RecursionError) as e:  # (the front end compiled it too: another sender's)
                 errors.append(RequestOutput.error(req_id, 400, str(e) or type(e).__name__))
                 continue
             except Exception as e:  # a bug in a compile fails its request only
-                log.exception("request %s: its grammar failed to compile", req_id)
-                errors.append(RequestOutput.error(req_id, 500, f"grammar compile failed: {type(e).__name__}"))
+                log.exception("request %s: its grammar or the vocabulary failed", req_id)
+                errors.append(RequestOutput.error(req_id, 500, f"grammar compile failed: {e}"))
                 continue
             req.json_progress = (grammar, 0, grammar.start)
             if (err := self._schedule(req)) is not None:

@@ -159,3 +159,15 @@ def test_the_vocabulary_is_made_on_the_helper_thread_before_a_held_request_goes_
     gate.set()
     assert [t for o in io.read_all(queue) for t in o.new_token_ids] == [1, 2, EOS]
     assert made_on and made_on[0].startswith("spmd-grammar") and not plain_q.empty()
+
+
+def test_a_vocabulary_that_fails_fails_the_held_requests_only(rig, monkeypatch):
+    def broken(token_bytes: list[bytes]) -> Any:
+        raise MemoryError("no room")
+
+    monkeypatch.setattr(admission, "JsonVocab", broken)
+    start_with_vocab(rig)
+    _, client, io, _ = rig
+    outs = io.read_all(io.call(client.add_request, "json", [3], regex("ab")))
+    assert len(outs) == 1 and outs[0].error_code == 500 and "no room" in outs[0].error_msg
+    assert len(io.read_all(io.call(client.add_request, "plain", [3], plain(3)))) == 3  # the engine serves on
