@@ -76,7 +76,7 @@ def test_a_compiling_grammar_holds_only_its_request(rig, monkeypatch):
     gate = Gate(monkeypatch)
     eng = start_with_vocab(rig)
     _, client, io, _ = rig
-    plain_q = io.call(client.add_request, "plain", [3, 4], plain(400))
+    io.call(client.add_request, "plain", [3, 4], plain(400))
     wait_until(lambda: output_tokens(eng, "plain") > 0)
     held_q = io.call(client.add_request, "json", [3], regex("ab"))
     wait_until(lambda: "json" in eng.admission.held)
@@ -87,7 +87,6 @@ def test_a_compiling_grammar_holds_only_its_request(rig, monkeypatch):
     outs = io.read_all(held_q)
     assert [t for o in outs for t in o.new_token_ids] == [1, 2, EOS] and outs[-1].finish_reason == "stop"
     assert gate.calls == 1  # the grammar made went with the request: the sampler did not make it again
-    assert output_tokens(eng, "plain") < 400 and not plain_q.empty()  # (still streaming: the test's abort ends it)
 
 
 def test_a_grammar_refused_by_its_compile_is_a_400(rig):
@@ -150,7 +149,7 @@ def test_the_vocabulary_is_made_on_the_helper_thread_before_a_held_request_goes_
     monkeypatch.setattr(admission, "JsonVocab", held_vocab)
     eng = start_with_vocab(rig)
     _, client, io, _ = rig
-    plain_q = io.call(client.add_request, "plain", [3, 4], plain(400))
+    io.call(client.add_request, "plain", [3, 4], plain(400))
     queue = io.call(client.add_request, "json", [3], regex("ab"))
     wait_until(lambda: "json" in eng.admission.held and made_on)
     before = output_tokens(eng, "plain")
@@ -158,7 +157,7 @@ def test_the_vocabulary_is_made_on_the_helper_thread_before_a_held_request_goes_
     assert "json" in eng.admission.held and eng.sampler.json_vocab is None  # (it waits for the vocabulary)
     gate.set()
     assert [t for o in io.read_all(queue) for t in o.new_token_ids] == [1, 2, EOS]
-    assert made_on and made_on[0].startswith("spmd-grammar") and not plain_q.empty()
+    assert made_on and made_on[0].startswith("spmd-grammar")
 
 
 def test_a_vocabulary_that_fails_fails_the_held_requests_only(rig, monkeypatch):
