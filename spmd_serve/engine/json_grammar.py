@@ -22,10 +22,7 @@ Whitespace is llama.cpp's json.gbnf rule, so a model cannot pad forever: between
 nothing, one space, or a newline and up to 20 spaces or tabs (a pretty-printed answer fits). Numbers
 are bounded as its json-schema grammars bound them (16 there, MAX_DIGITS here): at most 24 digits in
 the integral part, in the fraction and in the exponent, so a model cannot write digits forever. The
-root value may follow such a run; after it only an EOS may come. Strings take any Unicode as well-
-formed UTF-8 (no overlong form, no surrogate, nothing past U+10FFFF: each character one code point,
-so a maxLength counts what the client decodes) and no raw control character, as RFC 8259 says; a
-`\\u` escape of a surrogate only as a pair, as strict parsers want it.
+root value may follow such a run; after it only an EOS may come. Strings: engine/json_strings.py.
 """
 
 from __future__ import annotations
@@ -36,16 +33,12 @@ from typing import Any
 from spmd_serve.engine import json_patterns
 from spmd_serve.engine.grammar_table import END_NAME, POP_NAME, Edges, Grammar, Name
 from spmd_serve.engine.json_numbers import NumberStates
+from spmd_serve.engine.json_strings import StringStates
 
 MAX_INDENT = 20  # spaces or tabs after a newline between two lexemes
 GENERIC = "G"  # a value of a free container: any JSON value
 
 Node = tuple[Any, ...]  # (kinds and shapes: the module docstring)
-_HEX = b"0123456789abcdefABCDEF"
-# well-formed UTF-8 (Unicode's table 3-7): lead bytes a..z, the continuation bytes after, the first's range
-_UTF8 = ((0xC2, 0xDF, 1, (0x80, 0xBF)), (0xE0, 0xE0, 2, (0xA0, 0xBF)), (0xE1, 0xEC, 2, (0x80, 0xBF)),
-         (0xED, 0xED, 2, (0x80, 0x9F)), (0xEE, 0xEF, 2, (0x80, 0xBF)), (0xF0, 0xF0, 3, (0x90, 0xBF)),
-         (0xF1, 0xF3, 3, (0x80, 0xBF)), (0xF4, 0xF4, 3, (0x80, 0x8F)))  # fmt: skip
 _OPENS = {"array": ("[", "arr"), "tuple": ("[", "tup"), "dict": ("{", "dict")}  # node: its bracket, first state
 _LITERALS = (b"true", b"false", b"null")
 
@@ -56,7 +49,7 @@ def _ws(base: Name) -> Name:
     return base if base in (END_NAME, POP_NAME) else ("ws", base, 0)
 
 
-class _Builder(NumberStates):
+class _Builder(NumberStates, StringStates):
     """The edges of every state of one schema, by the state's name."""
 
     def __init__(self, nodes: tuple[Node, ...]) -> None:
@@ -85,6 +78,9 @@ class _Builder(NumberStates):
             for b in b" \t":
                 edges[b] = (("ws", base, ("nl", taken[1] + 1)), None)
         return edges
+
+    def _close(self, exit_: Name) -> Name:
+        return _ws(exit_)
 
     def _after(self, exit_: Name) -> Edges:
         """The bytes that may end a number or literal: those after the value, whitespace too."""
@@ -121,15 +117,25 @@ class _Builder(NumberStates):
             if i == len(items):
                 return {ord("]"): (_ws(exit_), None)}
             return self._value(items[i], nxt) if i == 0 else {ord(","): (_ws(("val", items[i], nxt)), None)}
-        if kind in ("dict", "dkey"):  # any keys, each value of one schema (additionalProperties)
-            key: Edges = {ord('"'): (("str", ("dcolon", node, exit_), "body", None, 0), None)}
-            if kind == "dkey":
-                return key
-            more = key if args[2] == 0 else {ord(","): (_ws(("dkey", node, exit_)), None)}
-            return {**more, ord("}"): (_ws(exit_), None)}
-        if kind == "dcolon":
-            return {ord(":"): (_ws(("val", self.nodes[node][1], ("dict", node, exit_, 1))), None)}
+        if kind in ("dict", "dkey", "dcolon"):
+            return self._dict(kind, node, exit_, args[2])
         return self._array(node, exit_, args[2])
+
+    def _dict(self, kind: str, node: int, exit_: Name, c: int) -> Edges:
+        """An object of any keys, each value of one schema (additionalProperties), after `c` entries
+        (counted as an array's items: minProperties, maxProperties): ("dict", ...) between entries,
+        ("dkey", ...) after a comma, ("dcolon", ...) after a key."""
+        _, value, lo, hi = self.nodes[node]
+        if kind == "dcolon":
+            after: Name = ("dict", node, exit_, c + 1 if hi is not None else min(c + 1, max(lo, 1)))
+            return {ord(":"): (_ws(("val", value, after)), None)}
+        key: Edges = {ord('"'): (("str", ("dcolon", node, exit_, c), "body", None, 0), None)}
+        if kind == "dkey":
+            return key
+        edges: Edges = {ord("}"): (_ws(exit_), None)} if c >= lo else {}
+        if hi is None or c < hi:
+            edges.update(key if c == 0 else {ord(","): (_ws(("dkey", node, exit_, c)), None)})
+        return edges
 
     def _array(self, node: int, exit_: Name, c: int) -> Edges:
         """("arr", node, exit, c): an array after its `c`-th item (counted up to maxItems, or where
@@ -197,9 +203,6 @@ class _Builder(NumberStates):
             out[b] = (next(iter(targets)) if len(targets) == 1 else ("set", targets), backs.pop())
         return out
 
-    def _value_string(self, exit_: Name, bounds: tuple[int, int | None] | None = None) -> Edges:
-        return {ord('"'): (("str", exit_, "body", bounds, 0), None)}
-
     def _enum(self, values: tuple[bytes, ...], exit_: Name) -> Edges:
         return self._literal(("lit", exit_, values, b""))
 
@@ -213,36 +216,6 @@ class _Builder(NumberStates):
             if v.startswith(read) and len(v) > len(read):
                 edges[v[len(read)]] = (("lit", exit_, values, v[: len(read) + 1]), None)
         return edges
-
-    def _string(self, name: Name) -> Edges:
-        """("str", exit, sub, bounds, k): sub "body", "esc", a `\\u` escape's (`_unicode_escape`) or
-        ("utf", n, (a, z)) (n UTF-8 continuation bytes to go, the next one in a..z); `bounds`
-        (minLength, maxLength or None) or None, `k` the characters so far (each begins at a plain
-        byte, a backslash or a UTF-8 lead byte; counted up to maxLength, or up to minLength where
-        there is none)."""
-        _, exit_, sub, bounds, k = name
-        if sub == "body":
-            lo, hi = bounds or (0, None)
-            nk = (k + 1 if hi is not None else min(k + 1, lo)) if bounds else 0
-            edges: Edges = {}
-            if hi is None or k < hi:  # another character may begin
-                edges = {b: (("str", exit_, "body", bounds, nk), None) for b in range(0x20, 0x80)}
-                edges[ord("\\")] = (("str", exit_, "esc", bounds, nk), None)
-                for a, z, n, first in _UTF8:
-                    edges.update({b: (("str", exit_, ("utf", n, first), bounds, nk), None) for b in range(a, z + 1)})
-            if k >= lo:
-                edges[ord('"')] = (_ws(exit_), None)
-            else:
-                edges.pop(ord('"'), None)
-            return edges
-        body: Name = ("str", exit_, "body", bounds, k)
-        if sub == "esc":
-            return {**{b: (body, None) for b in b'"\\/bfnrt'}, ord("u"): (("str", exit_, ("u", 4), bounds, k), None)}
-        if sub[0] == "utf":
-            _, n, (a, z) = sub
-            more: Name = ("str", exit_, ("utf", n - 1, (0x80, 0xBF)), bounds, k) if n > 1 else body
-            return {b: (more, None) for b in range(a, z + 1)}
-        return {b: (("str", exit_, nxt, bounds, k) if nxt else body, None) for b, nxt in _unicode_escape(sub).items()}
 
     def _object(self, node: int, exit_: Name, i: int, emitted: int) -> Edges:
         """("obj", node, exit, i, emitted): properties from the i-th on may come next (up to the
@@ -272,24 +245,6 @@ class _Builder(NumberStates):
             if props[j][2]:
                 break  # a required property cannot be skipped
         return edges
-
-
-def _unicode_escape(sub: tuple[str, int]) -> dict[int, tuple[str, int] | None]:
-    """The bytes a `\\u` escape's state takes, each to its next state (None: the escape is whole):
-    ("u", n) n hex digits to go, the first not a D; ("ud", 3) after a D: 0-7 a code point, 8-B a
-    high surrogate, whose low one (`\\uDC00`-`\\uDFFF`) must follow: ("hi", n), then ("lo", i) at
-    byte i of `\\uD[C-F]`.  A lone surrogate is never written: strict parsers (pydantic's, serde's)
-    refuse it."""
-    kind, n = sub
-    if kind == "u":
-        nxt = ("u", n - 1) if n > 1 else None
-        return {b: ("ud", 3) if n == 4 and b in b"dD" else nxt for b in _HEX}
-    if kind == "ud":
-        return {**{b: ("u", 2) for b in b"01234567"}, **{b: ("hi", 2) for b in b"89abAB"}}
-    if kind == "hi":
-        return {b: ("hi", n - 1) if n > 1 else ("lo", 0) for b in _HEX}
-    nxt = ("lo", n + 1) if n < 3 else ("u", 2)
-    return {b: nxt for b in (b"\\", b"u", b"dD", b"cdefCDEF")[n]}
 
 
 def grammar_of(nodes: tuple[Node, ...]) -> Grammar:

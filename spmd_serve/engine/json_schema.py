@@ -3,7 +3,8 @@
 
 Built: `type` (one, or a list), `properties` (written in their order; those not `required` may be
 left out), `required`, `additionalProperties` false or absent (OpenAI's strict mode: no other
-property) or, without `properties`, a schema for every value (pydantic's `dict[str, X]`), `items`,
+property) or, without `properties`, a schema for every value (pydantic's `dict[str, X]`, with its
+`minProperties` / `maxProperties`), `items`,
 `prefixItems` for exactly its items (pydantic's tuples), `minItems` / `maxItems` and `minLength` /
 `maxLength` (each up to MAX_BOUND), a string's `pattern` and `format` (date, time, date-time, uuid,
 ipv4, hostname, email; not with minLength / maxLength: engine/json_patterns.py), `minimum` /
@@ -15,8 +16,9 @@ objects; not two free containers, e.g. two bare objects), `$ref` into `$defs` / 
 recursive one to an object or an array: pydantic's trees), and an object or array with nothing said
 of its contents (any). Annotations (`title`, `description`, `default`, OpenAPI's `discriminator`
 beside a oneOf, ...) change nothing. Any other keyword (`multipleOf`, `uniqueItems`,
-`minProperties`, another format, ...) is refused by name, as is a schema whose root is not an
-object or an array: none is silently left out.
+`minProperties` beside `properties`, another format, one type's keyword on a schema of no type,
+...) is refused by name, as is a schema whose root is not an object or an array: none is silently
+left out.
 
 `grammar(text)` is cached on the schema's text: the HTTP worker checks a request's schema and the
 engine compiles it once for all the requests that send it.
@@ -43,9 +45,13 @@ ANNOTATIONS = frozenset(
 _BUILT = frozenset(
     {"type", "properties", "required", "additionalProperties", "items", "enum", "const", "anyOf", "oneOf", "$ref",
      "minLength", "maxLength", "minItems", "maxItems", "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum",
-     "pattern", "format", "prefixItems"}
+     "pattern", "format", "prefixItems", "minProperties", "maxProperties"}
 )  # fmt: skip
 MAX_BOUND = 256  # the largest minLength / maxLength / minItems / maxItems built (each count is grammar states)
+_TYPED = frozenset(
+    {"minLength", "maxLength", "minItems", "maxItems", "prefixItems", "minProperties", "maxProperties", "minimum",
+     "maximum", "exclusiveMinimum", "exclusiveMaximum"}
+)  # fmt: skip
 _RANGE = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum")
 # OpenAPI's formats of numbers: an integer's bound it (int32, int64), a number's say how it is held
 # (float and double: any number written here fits one)
@@ -98,6 +104,8 @@ class _Nodes:
             kind = "object" if "properties" in schema else "array" if "items" in schema else None
         if kind is None and {"pattern", "format"} & set(schema):  # (a string's, which any value may be)
             raise ValueError(f"json_schema{where}: pattern and format are supported with type string only")
+        if kind is None and _TYPED & set(schema):  # (a keyword of one type's, on any value: not built)
+            raise ValueError(f"json_schema{where}: {sorted(_TYPED & set(schema))[0]} is supported with a type only")
         if kind is None:
             return ("any",)
         if kind in _NUMBER_FORMATS and schema.get("format", _NUMBER_FORMATS[kind][0]) not in _NUMBER_FORMATS[kind]:
@@ -128,7 +136,12 @@ class _Nodes:
         props, required = schema.get("properties"), schema.get("required", [])
         extra = schema.get("additionalProperties", False)
         if isinstance(extra, dict) and extra and props is None and not required:  # pydantic's dict[str, X]
-            return ("dict", self.add(extra, f"{where}.additionalProperties"))
+            lo, hi = _bounds(schema, "minProperties", "maxProperties", where)
+            return ("dict", self.add(extra, f"{where}.additionalProperties"), lo, hi)
+        if {"minProperties", "maxProperties"} & set(schema):
+            raise ValueError(
+                f"json_schema{where}: minProperties / maxProperties are built with an additionalProperties schema only"
+            )
         if extra not in (True, False, {}):
             raise ValueError(f"json_schema{where}: an additionalProperties schema is built without properties only")
         if not isinstance(required, list) or not all(isinstance(r, str) for r in required):

@@ -35,6 +35,7 @@ class Record(BaseModel):
     note: str | None = Field(default=None, max_length=4)
     tags: list[str] = Field(default_factory=list, max_length=2)
     ids: list[int] = Field(default_factory=list)  # (no bounds)
+    votes: dict[str, bool] = Field(default_factory=lambda: {"x": True}, min_length=1, max_length=2)
 
 
 class Review(BaseModel):

@@ -1,6 +1,6 @@
 """pydantic's own schemas and validators against our grammars: a model with the shapes pydantic
-writes for everyday fields (a float in bounds, dict[str, int], a tuple, a discriminated union, an
-enum, Optional, a bounded list), and a recursive one (a tree), compile; any instance pydantic dumps
+writes for everyday fields (a float in bounds, dicts with and without a size, a tuple, a
+discriminated union, an enum, Optional, lists), and a recursive one (a tree), compile; any instance pydantic dumps
 is read whole; and every answer a random walk through the grammar writes is one pydantic validates."""
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ RECORDS = st.builds(
     note=st.none() | WORDS,
     tags=st.lists(WORDS, max_size=2),
     ids=st.lists(st.integers(-9, 10**6), max_size=4),
+    votes=st.dictionaries(WORDS, st.booleans(), min_size=1, max_size=2),
 )
 
 

@@ -194,7 +194,8 @@ def test_what_breaks_the_schema_or_its_order_is_refused(text):
 @pytest.mark.parametrize(
     "schema,why",
     [({"type": "string"}, "root must be an object or array"),
-     ({"type": "object", "minProperties": 1}, "'minProperties'"),
+     ({"type": "object", "minProperties": 1}, "minProperties / maxProperties are built with an additionalProp"),
+     ({"type": "object", "properties": {"a": {"minItems": 1}}}, "minItems is supported with a type only"),
      ({"type": "object", "properties": {"a": {"type": "string", "pattern": "(x)\\1"}}},
       r"properties.a.pattern: groupref is not supported"),
      ({"type": "object", "properties": {"a": {"type": "integer", "multipleOf": 2}}}, "'multipleOf'"),
