@@ -104,7 +104,7 @@ class Engine:
         while True:
             self.client.heartbeat = time.monotonic()
             self._apply_commands()
-            self.metrics.update_gauges(self.scheduler)  # every turn: a scrape is current when idle too
+            self.metrics.update_gauges(self.scheduler, len(self.admission.held))  # every turn: current when idle too
             if self.stop_event.is_set() and self.drain.done(self.admission.in_flight(), self.abort_event.is_set()):
                 break
             if self.scheduler.has_unfinished():

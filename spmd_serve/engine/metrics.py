@@ -186,11 +186,12 @@ class EngineMetrics:
         self._steps_watched.stats = stats
 
     # ---- engine-loop hooks ----------------------------------------------------------------
-    def update_gauges(self, scheduler: Scheduler) -> None:
+    def update_gauges(self, scheduler: Scheduler, held: int = 0) -> None:
+        """`held`: requests waiting outside the scheduler (engine/admission.py: a grammar compiling)."""
         bm = scheduler.block_manager
         self.gauges.set(
             len(scheduler.running),
-            len(scheduler.waiting),
+            len(scheduler.waiting) + held,
             bm.num_free_blocks,
             bm.num_blocks,
             scheduler.config.max_num_seqs,

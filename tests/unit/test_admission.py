@@ -18,6 +18,7 @@ from spmd_serve.engine.client import VocabCommand
 from spmd_serve.engine.engine import Engine
 from spmd_serve.sampling_params import SamplingParams
 from tests.support.engine_rig import Rig, engine_rig
+from tests.support.metrics_scrape import Samples
 
 EOS = 0
 VOCAB = [b"", b"a", b"b"] + [b"z"] * 29  # ids 1, 2 spell the answers; FakeRunner favours 7 ("z")
@@ -83,6 +84,7 @@ def test_a_compiling_grammar_holds_only_its_request(rig, monkeypatch):
     before = output_tokens(eng, "plain")
     wait_until(lambda: output_tokens(eng, "plain") >= before + 10)  # steps go on while it compiles
     assert all(r.req_id != "json" for r in [*eng.scheduler.running, *eng.scheduler.waiting])
+    assert Samples.of(eng.metrics.registry).get("num_requests_waiting") == 1  # (it waits, as /metrics says)
     gate.open()
     outs = io.read_all(held_q)
     assert [t for o in outs for t in o.new_token_ids] == [1, 2, EOS] and outs[-1].finish_reason == "stop"
