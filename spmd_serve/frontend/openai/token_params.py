@@ -179,9 +179,8 @@ def json_schema(body: dict[str, Any], ends_on_eos: bool, tool_schema: str = "", 
         raise FieldError(f"{name}: {str(e) or type(e).__name__}", name) from None
     if len(text) > MAX_SCHEMA_CHARS:
         raise FieldError(f"{name} is more than {MAX_SCHEMA_CHARS} characters of JSON", name)
-    _check(
-        lambda: json_schemas.grammar(text), f"{name}: ", name, slow
-    )  # (kept: the engine's is made from the same text)
+    # (the grammar is kept: the engine's is made from the same text where it shares this process)
+    _check(lambda: json_schemas.grammar(text), f"{name}: ", name, slow)
     return text
 
 
