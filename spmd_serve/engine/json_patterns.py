@@ -24,7 +24,7 @@ _TIME = r"([01][0-9]|2[0-3]):[0-5][0-9]:([0-5][0-9]|60)(\.[0-9]{1,9})?(Z|[+-]([0
 _DATE = r"[0-9]{4}-(0[1-9]|1[0-2])-(0[1-9]|[12][0-9]|3[01])"
 _OCTET = r"(25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])"
 _LABEL = r"[A-Za-z0-9]([A-Za-z0-9-]*[A-Za-z0-9])?"  # (a label's 63-character bound left out: 8x the states)
-FORMATS = {  # RFC 3339's date, time and date-time, RFC 4122's uuid, ...; an email's address simplified
+FORMATS = {  # RFC 3339's date, time and date-time, RFC 4122's uuid, ...; an email's address and a URI simplified
     "date": _DATE,
     "time": _TIME,
     "date-time": _DATE + "T" + _TIME,
@@ -32,6 +32,8 @@ FORMATS = {  # RFC 3339's date, time and date-time, RFC 4122's uuid, ...; an ema
     "ipv4": rf"({_OCTET}\.){{3}}{_OCTET}",
     "hostname": rf"{_LABEL}(\.{_LABEL})*",
     "email": r"[A-Za-z0-9._%+-]+@[A-Za-z0-9-]+(\.[A-Za-z0-9-]+)+",
+    # RFC 3986's absolute URI, its parts' characters not told apart: a scheme, then its characters
+    "uri": r"[A-Za-z][A-Za-z0-9+.\-]*:([A-Za-z0-9\-._~:/?#\[\]@!$&'()*+,;=]|%[0-9A-Fa-f]{2})+",
 }
 
 

@@ -7,7 +7,7 @@ property) or, without `properties`, a schema for every value (pydantic's `dict[s
 `minProperties` / `maxProperties`), `items`,
 `prefixItems` for exactly its items (pydantic's tuples), `minItems` / `maxItems` and `minLength` /
 `maxLength` (each up to MAX_BOUND), a string's `pattern` and `format` (date, time, date-time, uuid,
-ipv4, hostname, email; not with minLength / maxLength: engine/json_patterns.py), `minimum` /
+ipv4, hostname, email, uri; not with minLength / maxLength: engine/json_patterns.py), `minimum` /
 `maximum` and their exclusive forms for an integer (engine/json_ranges.py; OpenAPI's int32 / int64
 formats as their ranges) and for a number (written without an exponent: engine/json_decimals.py;
 formats float / double), `enum` and `const` (written compactly), `anyOf` /

@@ -105,7 +105,8 @@ def test_formats_read_what_python_writes_of_them(day, moment, ident, address):
 @pytest.mark.parametrize(
     "fmt,bad", [("date", "2024-13-01"), ("date", "24-01-01"), ("time", "25:00:00Z"), ("time", "12:00:00"),
                 ("uuid", str(uuid.uuid4())[:-1]), ("ipv4", "256.1.1.1"), ("ipv4", "1.2.3"),
-                ("email", "a@b"), ("hostname", "-a.b"), ("date-time", "2024-01-01 12:00:00Z")],
+                ("email", "a@b"), ("hostname", "-a.b"), ("date-time", "2024-01-01 12:00:00Z"), ("uri", "example.com"),
+                ("uri", "http://a b"), ("uri", "http:"), ("uri", "http://a/%zz"), ("uri", "1http://a")],
 )  # fmt: skip
 def test_formats_refuse_what_is_not_of_them(fmt, bad):
     g = _schema({"format": fmt})
@@ -138,3 +139,12 @@ def test_masks_equal_stepping_each_token_alone():
         want = [g.step((s, ()), t) is not None for t in tokens]
         assert vocab.allowed(g, (s, ())).tolist() == want, s
     assert 0x01 not in WRITABLE and 0x0A in WRITABLE
+
+
+@pytest.mark.parametrize(
+    "uri", ["https://example.com/a/b?c=d&e=%20f#g", "mailto:a@b.c", "urn:isbn:0451450523", "http://[::1]:80/",
+            "ftp://u:p@host/x;type=a", "HTTP://EXAMPLE.COM"],
+)  # fmt: skip
+def test_a_uri_format_reads_absolute_uris(uri):
+    g = _schema({"format": "uri"})
+    assert complete(g.step(g.start, json.dumps({"v": uri}).encode())), uri
