@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import itertools
 from array import array
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Iterable
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -22,6 +22,7 @@ Edges = dict[int, tuple[Name, Name | None]]  # byte -> (next state, the state to
 END_NAME: Name = ("end",)
 POP_NAME: Name = ("pop",)
 _SERIALS = itertools.count()
+T = TypeVar("T")
 
 
 class Grammar:
@@ -90,3 +91,16 @@ class Grammar:
 def complete(state: State | None) -> bool:
     """Whether the answer is one whole value (only an EOS may follow)."""
     return state is not None and state[0] == END
+
+
+def can_end(ends: Iterable[T], into: Callable[[T], Iterable[T]]) -> set[T]:
+    """Every state from which one of `ends` can be reached (`into(s)`: the states with an edge to s):
+    those an answer held to an automaton may be in without being stranded."""
+    live = set(ends)
+    todo = list(live)
+    while todo:
+        for s in into(todo.pop()):
+            if s not in live:
+                live.add(s)
+                todo.append(s)
+    return live

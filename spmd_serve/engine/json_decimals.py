@@ -19,6 +19,8 @@ import functools
 from dataclasses import dataclass, field
 from decimal import Decimal
 
+from spmd_serve.engine.grammar_table import can_end
+
 Cmp = str  # "lt" | "eq" | "gt"
 # (phase, n, cl, ch): "int" n integer digits read, "zero" (n = 1) the integer part is 0, "dot" (n = 0)
 # and "frac" after the point, n fraction digits read; cl / ch how the digits so far compare with lo / hi
@@ -121,13 +123,7 @@ def magnitudes(lo: Bound, hi: Bound | None, max_digits: int) -> Magnitudes | Non
             if t not in seen:
                 seen.add(t)
                 todo.append(t)
-    live = {s for s in seen if m.accepts(s)}
-    todo = list(live)
-    while todo:
-        for s in back.get(todo.pop(), ()):
-            if s not in live:
-                live.add(s)
-                todo.append(s)
+    live = can_end((s for s in seen if m.accepts(s)), lambda s: back.get(s, ()))
     return Magnitudes(lo, hi, max_digits, frozenset(live)) if START in live else None
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import functools
 
-from spmd_serve.engine.grammar_table import Edges, Grammar, Name
+from spmd_serve.engine.grammar_table import Edges, Grammar, Name, can_end
 from spmd_serve.engine.regex_dfa import Dfa, compile_dfa
 
 # byte -> the letter after a backslash that writes it in a JSON string
@@ -37,9 +37,41 @@ FORMATS = {  # RFC 3339's date, time and date-time, RFC 4122's uuid, ...; an ema
 }
 
 
+MAX_BOUNDED_STATES = 20000  # a pattern's DFA times a length's counts (the grammar's own limit too)
+
+
 @functools.lru_cache(maxsize=64)
-def string_dfa(pattern: str, where: str) -> Dfa:
-    return compile_dfa(pattern, where, WRITABLE)
+def string_dfa(pattern: str, where: str, lo: int = 0, hi: int | None = None) -> Dfa:
+    """A string pattern's DFA; with a length, the product with a count of its characters (each
+    begins at a byte that is no UTF-8 continuation: up to `hi`, or up to `lo` where there is none),
+    only the states from which a match of that length can still end."""
+    dfa = compile_dfa(pattern, where, WRITABLE)
+    if (lo, hi) == (0, None):
+        return dfa
+    ids, trans, todo = {(0, 0): 0}, [dict[int, int]()], [(0, 0)]
+    while todo:
+        s, c = here = todo.pop()
+        for b, t in dfa.trans[s].items():
+            k = c + (not 0x80 <= b < 0xC0)
+            nxt = (t, k if hi is not None else min(k, lo))
+            if hi is not None and k > hi:
+                continue
+            if nxt not in ids:
+                if len(ids) >= MAX_BOUNDED_STATES:
+                    raise ValueError(f"{where} with its length makes more than {MAX_BOUNDED_STATES} states")
+                ids[nxt] = len(ids)
+                trans.append({})
+                todo.append(nxt)
+            trans[ids[here]][b] = ids[nxt]
+    accept = {i for (s, c), i in ids.items() if s in dfa.accept and c >= lo}
+    into: list[list[int]] = [[] for _ in trans]  # (reversed edges)
+    for i, out in enumerate(trans):
+        for t in out.values():
+            into[t].append(i)
+    live = can_end(accept, into.__getitem__)
+    if 0 not in live:
+        raise ValueError(f"{where}: no string of the pattern has a length within minLength and maxLength")
+    return Dfa(tuple({b: t for b, t in out.items() if t in live} for out in trans), frozenset(accept))
 
 
 def edges(dfa: Dfa, name: Name, close: Name) -> Edges:

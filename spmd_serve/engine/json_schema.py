@@ -7,7 +7,7 @@ property) or, without `properties`, a schema for every value (pydantic's `dict[s
 `minProperties` / `maxProperties`), `items`,
 `prefixItems` for exactly its items (pydantic's tuples), `minItems` / `maxItems` and `minLength` /
 `maxLength` (each up to MAX_BOUND), a string's `pattern` and `format` (date, time, date-time, uuid,
-ipv4, hostname, email, uri; not with minLength / maxLength: engine/json_patterns.py), `minimum` /
+ipv4, hostname, email, uri; with minLength / maxLength too: engine/json_patterns.py), `minimum` /
 `maximum` and their exclusive forms for an integer (engine/json_ranges.py; OpenAPI's int32 / int64
 formats as their ranges) and for a number (written without an exponent: engine/json_decimals.py;
 formats float / double), `enum` and `const` (written compactly), `anyOf` /
@@ -185,20 +185,18 @@ class _Nodes:
 
 
 def _string(schema: dict[str, Any], where: str) -> Node:
-    """A string: any (within minLength / maxLength), or held to its pattern or format."""
+    """A string within minLength / maxLength: any, or held to its pattern or format."""
     bounds = _bounds(schema, "minLength", "maxLength", where)
     pattern, fmt = schema.get("pattern"), schema.get("format")
     if pattern is None and fmt is None:
         return ("string", *bounds)
-    if pattern is not None and fmt is not None or bounds != (0, None):
-        raise ValueError(
-            f"json_schema{where}: pattern or format with another of them, minLength or maxLength is not supported"
-        )
+    if pattern is not None and fmt is not None:
+        raise ValueError(f"json_schema{where}: pattern and format together are not supported")
     if fmt is not None and fmt not in FORMATS:
         raise ValueError(f"json_schema{where}: the format {fmt!r} is not supported (built: {', '.join(FORMATS)})")
     if fmt is None and not isinstance(pattern, str):
         raise ValueError(f"json_schema{where}.pattern must be a string")
-    return ("pattern", string_dfa(FORMATS[fmt] if fmt is not None else pattern, f"json_schema{where}.pattern"))
+    return ("pattern", string_dfa(FORMATS[fmt] if fmt is not None else pattern, f"json_schema{where}.pattern", *bounds))
 
 
 def _bounds(schema: dict[str, Any], low: str, high: str, where: str) -> tuple[int, int | None]:

@@ -23,6 +23,8 @@ from re import _constants as sre  # type: ignore[attr-defined]
 from re import _parser as sre_parse  # type: ignore[attr-defined]
 from typing import Any
 
+from spmd_serve.engine.grammar_table import can_end
+
 MAX_DFA_STATES = 2000
 MAX_NFA_STATES = 50000
 MAX_REPEAT = 256  # the largest bounded count {m,n} built (each count is copies of its NFA)
@@ -245,13 +247,7 @@ def _determinize(nfa: _Nfa, start: int, end: int, writable: frozenset[int], wher
     for i, out in enumerate(trans):
         for t in set(out.values()):
             into[ids[t]].append(i)
-    live = {i for i, states in enumerate(order) if end in states}
-    todo = list(live)
-    while todo:
-        for i in into[todo.pop()]:
-            if i not in live:
-                live.add(i)
-                todo.append(i)
+    live = can_end((i for i, states in enumerate(order) if end in states), into.__getitem__)
     if 0 not in live:
         raise ValueError(f"{where} matches no string that can be written")
     renum = {old: new for new, old in enumerate(sorted(live))}

@@ -90,6 +90,20 @@ def test_a_pattern_string_is_read_whole_exactly_when_its_value_matches(pattern, 
     assert complete(g.step(g.start, written)) == full(pattern, value), written
 
 
+@settings(max_examples=150, deadline=None)
+@given(st.sampled_from(PATTERNS[:13]), st.text(ALPHABET, max_size=8), st.integers(0, 4), st.none() | st.integers(0, 6))
+def test_a_pattern_with_a_length_reads_exactly_its_matches_of_that_length(pattern, value, lo, hi):
+    hi = None if hi is None else max(hi, lo)
+    try:
+        g = _schema({"pattern": pattern, "minLength": lo, **({"maxLength": hi} if hi is not None else {})})
+    except ValueError as e:
+        assert "no string of the pattern has a length" in str(e)
+        return
+    written = b'{"v":' + json.dumps(value, ensure_ascii=False).encode() + b"}"
+    fits = lo <= len(value) and (hi is None or len(value) <= hi)
+    assert complete(g.step(g.start, written)) == (full(pattern, value) and fits), (written, lo, hi)
+
+
 @settings(max_examples=100, deadline=None)
 @given(st.dates(), st.datetimes(timezones=st.timezones()), st.uuids(), st.ip_addresses(v=4))
 def test_formats_read_what_python_writes_of_them(day, moment, ident, address):
@@ -121,7 +135,8 @@ def test_formats_refuse_what_is_not_of_them(fmt, bad):
      ({"pattern": "\x01"}, "matches no string that can be written"), ({"pattern": 5}, "must be a string"),
      ({"pattern": "(a{256}){256}"}, "too large (more than 50000 NFA states)"),
      ({"pattern": ".{0,256}"}, "makes more than 2000 states"),
-     ({"pattern": "a", "maxLength": 3}, "not supported"), ({"format": "ipv6"}, "the format 'ipv6'"),
+     ({"pattern": "abc", "maxLength": 2}, "no string of the pattern has a length"),
+     ({"format": "ipv6"}, "the format 'ipv6'"),
      ({"pattern": "a", "format": "date"}, "not supported")],
 )  # fmt: skip
 def test_what_is_not_built_is_refused_by_name(string, why):
