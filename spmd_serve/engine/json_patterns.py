@@ -45,9 +45,9 @@ def string_dfa(pattern: str, where: str, lo: int = 0, hi: int | None = None) -> 
     """A string pattern's DFA; with a length, the product with a count of its characters (each
     begins at a byte that is no UTF-8 continuation: up to `hi`, or up to `lo` where there is none),
     only the states from which a match of that length can still end."""
-    dfa = compile_dfa(pattern, where, WRITABLE)
     if (lo, hi) == (0, None):
-        return dfa
+        return compile_dfa(pattern, where, WRITABLE)
+    dfa = string_dfa(pattern, where)  # (the unbounded one, cached: one compile for every length asked)
     ids, trans, todo = {(0, 0): 0}, [dict[int, int]()], [(0, 0)]
     while todo:
         s, c = here = todo.pop()

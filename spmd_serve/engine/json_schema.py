@@ -48,11 +48,10 @@ _BUILT = frozenset(
      "pattern", "format", "prefixItems", "minProperties", "maxProperties"}
 )  # fmt: skip
 MAX_BOUND = 256  # the largest minLength / maxLength / minItems / maxItems built (each count is grammar states)
-_TYPED = frozenset(
-    {"minLength", "maxLength", "minItems", "maxItems", "prefixItems", "minProperties", "maxProperties", "minimum",
-     "maximum", "exclusiveMinimum", "exclusiveMaximum"}
-)  # fmt: skip
 _RANGE = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum")
+_TYPED = frozenset(  # keywords of one type's values
+    {"minLength", "maxLength", "minItems", "maxItems", "prefixItems", "minProperties", "maxProperties", *_RANGE}
+)
 # OpenAPI's formats of numbers: an integer's bound it (int32, int64), a number's say how it is held
 # (float and double: any number written here fits one)
 _NUMBER_FORMATS = {"integer": ("int32", "int64"), "number": ("float", "double")}
