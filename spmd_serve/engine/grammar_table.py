@@ -3,6 +3,14 @@ nodes): `table[state, byte]` the next state, with DEAD (no way on) and POP (a fr
 the stack decides what follows), and `pushes[state, byte]` the state a free container opened there
 returns to once it closes.  END is the state after the whole answer: only an EOS may follow it;
 a grammar may name other states where an EOS may come too (a regular expression's accepting ones).
+
+A long count (a string's characters up to a large maxLength) is not a state per count: its middle
+stretch is one set of *counted* states, and the count itself rides on the stack while the answer is
+in them (`far`: each such state's first count, the count it leaves at, and the state it leaves to).
+The table cannot tell where in the stretch an answer is, so the stretch ends FAR_WINDOW characters
+before anything the count changes: a token of at most FAR_WINDOW bytes read from a counted state
+cannot reach it, and the masks (engine/json_masks.py) step longer ones with the stack, as they step
+tokens that close a free container.
 """
 
 from __future__ import annotations
@@ -16,11 +24,14 @@ import numpy as np
 
 DEAD, POP, END = 0, 1, 2  # no way on; a free container closes (the stack decides); the answer is whole
 MAX_STATES = 20000  # (int16 tables; a schema of a few dozen properties makes a few thousand)
+FAR_WINDOW = 32  # bytes a token may have and still be read by the table alone from a counted state
 State = tuple[int, tuple[int, ...]]  # (table state, where each open free container returns to, outermost first)
 Name = tuple[Any, ...]  # a state: (kind, its parameters...)
 Edges = dict[int, tuple[Name, Name | None]]  # byte -> (next state, the state to return to if it opens a container)
 END_NAME: Name = ("end",)
 POP_NAME: Name = ("pop",)
+COUNTS: Name = POP_NAME  # an edge's return state out of a counted state: the byte adds one to the count
+Counted = Callable[[Name], "tuple[int, int, Name] | None"]  # a counted state: (first count, last + 1, state there)
 _SERIALS = itertools.count()
 T = TypeVar("T")
 
@@ -30,14 +41,25 @@ class Grammar:
     `edges(name)` giving a state's bytes."""
 
     def __init__(
-        self, edges_of: Callable[[Name], Edges], start: Name, may_end: Callable[[Name], bool] | None = None
+        self,
+        edges_of: Callable[[Name], Edges],
+        start: Name,
+        may_end: Callable[[Name], bool] | None = None,
+        counted: Counted | None = None,
     ) -> None:
         ids: dict[Name, int] = {("dead",): DEAD, POP_NAME: POP, END_NAME: END, start: 3}
         edges: dict[Name, Edges] = {}
+        far: dict[Name, tuple[int, int, Name]] = {}
         todo = [start]
         while todo:
             name = todo.pop()
+            stretch = counted(name) if counted is not None else None
             edges[name] = edges_of(name)
+            if stretch is not None:
+                far[name] = stretch
+                if stretch[2] not in ids:  # (reached by the stepper alone, where the count leaves the stretch)
+                    ids[stretch[2]] = len(ids)
+                    todo.append(stretch[2])
             for target, back in edges[name].values():
                 for n in (target, back):
                     if n is not None and n not in ids:
@@ -66,11 +88,17 @@ class Grammar:
         # flat [state * 256 + byte] arrays: read byte by byte as fast as lists (numpy scalars are ~4x
         # slower), in a quarter of the memory, and made by one copy (rows of lists took half the build)
         self._t, self._p = array("h", table.tobytes()), array("h", pushes.tobytes())
+        # counted state -> (its first count, the count that leaves it, the state at that count)
+        self.far = {ids[name]: (first, limit, ids[there]) for name, (first, limit, there) in far.items()}
+        self.is_far = np.zeros(len(ids), bool)
+        self.is_far[list(self.far)] = True
 
     def step(self, state: State | None, data: bytes) -> State | None:
         """The state after `data` from `state`, or None where a byte has no way on (None stays None)."""
         if state is None:
             return None
+        if self.far:
+            return self._step_counted(state, data)
         s, stack = state
         for b in data:
             t = self._t[s * 256 + b]
@@ -80,6 +108,30 @@ class Grammar:
                 t, stack = stack[-1], stack[:-1]
             elif self._p[s * 256 + b]:
                 stack = (*stack, self._p[s * 256 + b])
+            s = t
+        return s, stack
+
+    def _step_counted(self, state: State, data: bytes) -> State | None:
+        """`step` where some states are counted: the count is the stack's top while in them."""
+        s, stack = state
+        for b in data:
+            i = s * 256 + b
+            t = self._t[i]
+            if t == DEAD:
+                return None
+            if t == POP:
+                t, stack = stack[-1], stack[:-1]
+            elif s not in self.far:
+                if self._p[i]:
+                    stack = (*stack, self._p[i])
+                if t in self.far:  # into a counted stretch, at its first count
+                    stack = (*stack, self.far[t][0])
+            elif t not in self.far:  # out of the stretch (the string ends)
+                stack = stack[:-1]
+            elif self._p[i]:  # COUNTS: one more; at the stretch's end, on to the counted states after it
+                count = stack[-1] + 1
+                _, limit, there = self.far[t]
+                t, stack = (there, stack[:-1]) if count == limit else (t, (*stack[:-1], count))
             s = t
         return s, stack
 

@@ -64,6 +64,15 @@ class _Builder(NumberStates, StringStates):
     def edges(self, name: Name) -> Edges:
         return self.kinds[name[0]](name)
 
+    def counted(self, name: Name) -> tuple[int, int, Name] | None:
+        """A state in a long maxLength's counted stretch (engine/grammar_table.py), or None."""
+        if name[0] == "set" and any(self.counted(n) for n in name[1]):
+            raise ValueError("json_schema: anyOf / oneOf alternatives that are strings of a long maxLength alike "
+                             "are not built")  # fmt: skip
+        if name[0] == "rx":
+            return json_patterns.counted(self.nodes[name[1]][1], name)
+        return self._string_counted(name)
+
     def _ws_edges(self, name: Name) -> Edges:
         """("ws", base, taken): taken 0 (none yet), "sp" (one space) or ("nl", n) (a newline, n indents)."""
         _, base, taken = name
@@ -249,4 +258,5 @@ class _Builder(NumberStates, StringStates):
 
 def grammar_of(nodes: tuple[Node, ...]) -> Grammar:
     """The tables of a schema's nodes (node 0 the root), read from the start: whitespace, then the root."""
-    return Grammar(_Builder(nodes).edges, ("ws", ("val", 0, END_NAME), 0))
+    builder = _Builder(nodes)
+    return Grammar(builder.edges, ("ws", ("val", 0, END_NAME), 0), counted=builder.counted)

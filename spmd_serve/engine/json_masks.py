@@ -4,7 +4,9 @@ gives the mask of a row, `state_of` the parse state after a request's output so 
 A mask is the whole vocabulary walked through the grammar's table from the row's table state, one
 numpy gather per byte position over the tokens at least that long (sorted by length, so that is a
 prefix of them).  The table state alone decides every token but those that close a free container
-on the way: those few (a `}` or `]` where one may come) are stepped with the stack, in Python.  The
+on the way, and those longer than FAR_WINDOW bytes that meet a long count's counted states (where
+the count decides): those few (a `}` or `]` where one may come) are stepped with the stack, in
+Python.  The
 table part is kept per (grammar, table state), bit-packed, for the MAX_CACHED last used, so a step
 usually costs unpacking a cached mask.
 
@@ -23,7 +25,7 @@ import numpy as np
 import numpy.typing as npt
 
 from spmd_serve.engine import json_patterns, json_schema
-from spmd_serve.engine.grammar_table import DEAD, POP, Grammar, State
+from spmd_serve.engine.grammar_table import DEAD, FAR_WINDOW, POP, Grammar, State
 
 Mask = npt.NDArray[np.bool_]
 MAX_CACHED = 4096  # table-state masks kept (V/8 bytes each: 19 KB at 150k tokens)
@@ -43,6 +45,7 @@ class JsonVocab:
         starts = np.cumsum(sizes) - sizes
         # column j: byte j of every token longer than j, in that order  [counts[j]] uint8
         self._columns = [joined[starts[:n] + j] for j, n in enumerate(counts.tolist())]
+        self._long = sizes > FAR_WINDOW  # (in length order) beyond the table's reach in a counted stretch
         self._cache: OrderedDict[tuple[int, int], tuple[npt.NDArray[np.uint8], list[int]]] = OrderedDict()
 
     def __len__(self) -> int:
@@ -59,13 +62,16 @@ class JsonVocab:
         key = (grammar.serial, s)
         if key not in self._cache:
             st = np.full(len(self), s, np.int16)  # in length order
+            met = np.full(len(self), grammar.is_far[s]) if grammar.far else None  # a counted state on the way
             for col in self._columns:
                 n = len(col)
                 st[:n] = grammar.table[st[:n], col]
+                if met is not None:
+                    met[:n] |= grammar.is_far[st[:n]]
             ok = np.empty(len(self), bool)
             ok[self._order] = (st != DEAD) & (st != POP)
-            closing = np.empty(len(self), bool)
-            closing[self._order] = st == POP
+            closing = np.empty(len(self), bool)  # (and the long tokens that meet a counted state: its count decides)
+            closing[self._order] = (st == POP) | (met & self._long if met is not None else False)
             self._cache[key] = (np.packbits(ok & self._nonempty), np.flatnonzero(closing).tolist())
             if len(self._cache) > MAX_CACHED:
                 self._cache.popitem(last=False)

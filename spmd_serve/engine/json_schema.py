@@ -4,10 +4,10 @@
 Built: `type` (one, or a list), `properties` (written in their order; those not `required` may be
 left out), `required`, `additionalProperties` false or absent (OpenAI's strict mode: no other
 property) or, without `properties`, a schema for every value (pydantic's `dict[str, X]`, with its
-`minProperties` / `maxProperties`), `items`,
-`prefixItems` for exactly its items (pydantic's tuples), `minItems` / `maxItems` and `minLength` /
-`maxLength` (each up to MAX_BOUND), a string's `pattern` and `format` (date, time, date-time, uuid,
-ipv4, hostname, email, uri; with minLength / maxLength too: engine/json_patterns.py), `minimum` /
+`minProperties` / `maxProperties`), `items`, `prefixItems` for exactly its items (pydantic's
+tuples), `minItems` / `maxItems` and `minLength` (each up to MAX_BOUND), `maxLength` (any: a long
+one is counted on the stack), a string's `pattern` and `format` (date, time, date-time, uuid, ipv4,
+hostname, email, uri; with minLength / maxLength too: engine/json_patterns.py), `minimum` /
 `maximum` and their exclusive forms for an integer (engine/json_ranges.py; OpenAPI's int32 / int64
 formats as their ranges) and for a number (written without an exponent: engine/json_decimals.py;
 formats float / double), `enum` and `const` (written compactly), `anyOf` /
@@ -47,7 +47,8 @@ _BUILT = frozenset(
      "minLength", "maxLength", "minItems", "maxItems", "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum",
      "pattern", "format", "prefixItems", "minProperties", "maxProperties"}
 )  # fmt: skip
-MAX_BOUND = 256  # the largest minLength / maxLength / minItems / maxItems built (each count is grammar states)
+MAX_BOUND = 256  # the largest minLength / minItems / maxItems built (each count is grammar states)
+MAX_LENGTH = 2**31 - 1  # the largest maxLength (past minLength + 64 counted on the stack: json_strings.py)
 _RANGE = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum")
 _TYPED = frozenset(  # keywords of one type's values
     {"minLength", "maxLength", "minItems", "maxItems", "prefixItems", "minProperties", "maxProperties", *_RANGE}
@@ -185,7 +186,7 @@ class _Nodes:
 
 def _string(schema: dict[str, Any], where: str) -> Node:
     """A string within minLength / maxLength: any, or held to its pattern or format."""
-    bounds = _bounds(schema, "minLength", "maxLength", where)
+    bounds = _bounds(schema, "minLength", "maxLength", where, MAX_LENGTH)
     pattern, fmt = schema.get("pattern"), schema.get("format")
     if pattern is None and fmt is None:
         return ("string", *bounds)
@@ -198,12 +199,12 @@ def _string(schema: dict[str, Any], where: str) -> Node:
     return ("pattern", string_dfa(FORMATS[fmt] if fmt is not None else pattern, f"json_schema{where}.pattern", *bounds))
 
 
-def _bounds(schema: dict[str, Any], low: str, high: str, where: str) -> tuple[int, int | None]:
-    """(minimum count, maximum count or None) from two keywords, each at most MAX_BOUND."""
+def _bounds(schema: dict[str, Any], low: str, high: str, where: str, most: int = MAX_BOUND) -> tuple[int, int | None]:
+    """(minimum count, maximum count or None) from two keywords, at most MAX_BOUND and `most`."""
     lo, hi = schema.get(low, 0), schema.get(high)
-    for name, n in ((low, lo), (high, hi)):
-        if n is not None and not (isinstance(n, int) and not isinstance(n, bool) and 0 <= n <= MAX_BOUND):
-            raise ValueError(f"json_schema{where}.{name} must be an integer in [0, {MAX_BOUND}] here, got {n!r}")
+    for name, n, top in ((low, lo, MAX_BOUND), (high, hi, most)):
+        if n is not None and not (isinstance(n, int) and not isinstance(n, bool) and 0 <= n <= top):
+            raise ValueError(f"json_schema{where}.{name} must be an integer in [0, {top}] here, got {n!r}")
     if hi is not None and lo > hi:
         raise ValueError(f"json_schema{where}: {low} exceeds {high}")
     return lo, hi

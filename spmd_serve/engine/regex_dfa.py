@@ -18,7 +18,7 @@ strands; `writable` bytes alone are taken (a JSON string cannot hold most contro
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from re import _constants as sre  # type: ignore[attr-defined]
 from re import _parser as sre_parse  # type: ignore[attr-defined]
 from typing import Any
@@ -41,10 +41,12 @@ _NEGATED = {sre.CATEGORY_NOT_DIGIT: sre.CATEGORY_DIGIT, sre.CATEGORY_NOT_WORD: s
 
 @dataclass(frozen=True)
 class Dfa:
-    """trans[state]: byte -> next state; the start is state 0; `accept`: where a match may end."""
+    """trans[state]: byte -> next state; the start is state 0; `accept`: where a match may end;
+    `far`: counted states (engine/grammar_table.py) of a length's stretch, as a Grammar's."""
 
     trans: tuple[dict[int, int], ...]
     accept: frozenset[int]
+    far: dict[int, tuple[int, int, int]] = field(default_factory=dict)
 
 
 def _norm(ranges: Ranges) -> Ranges:

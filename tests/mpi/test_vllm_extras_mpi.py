@@ -4,7 +4,7 @@ ServingTokenizer.decode writes them; the eos that stopped a request written only
 include_stop_str_in_output), `bad_words` (never generated: the greedy answer is the free one up to
 where it would have completed a banned word, and never holds one), `guided_choice` (every answer
 one of the choices), OpenAI's `response_format: json_object` (every answer on its way to one
-JSON object, and one whole when it stopped; a schema's string formats and patterns)
+JSON object, and one whole when it stopped; a schema's string formats and patterns, long maxLengths)
 (tool_choice "auto" and guided_regex: test_tools_auto_mpi.py)."""
 
 from __future__ import annotations
@@ -177,6 +177,17 @@ def test_json_schema_answers_keep_to_the_schema(client):
         assert got.finish_reason == "stop" and list(value) == ["day", "code"], got
         assert re.fullmatch(r"[0-9]{4}-(0[1-9]|1[0-2])-(0[1-9]|[12][0-9]|3[01])", value["day"]), value
         assert re.fullmatch(r"[A-Z]{3}-[0-9]{2}", value["code"]), value
+    # long maxLengths, counted on the stack past their first counts: the answer crosses the count's
+    # stretch (a run of 150 letters), or may stop anywhere up to 100 characters
+    long = {"type": "object", "properties": {"run": {"type": "string", "pattern": "^[a-z]{150}$", "maxLength": 300},
+            "text": {"type": "string", "maxLength": 100}}, "required": ["run", "text"]}  # fmt: skip
+    assert grammar(json.dumps(long)).far
+    for seed in range(2):
+        kw = dict(model="default", messages=CHAT, max_tokens=400, temperature=1.0, seed=seed)
+        got = client.chat.completions.create(**kw, extra_body={"guided_json": long}).choices[0]
+        value = json.loads(got.message.content)
+        assert got.finish_reason == "stop" and re.fullmatch("[a-z]{150}", value["run"]), got
+        assert len(value["text"]) <= 100, value
     bad = {"type": "object", "properties": {"e": {"type": "string", "format": "ipv6"}}}
     with pytest.raises(openai.BadRequestError, match="the format 'ipv6' is not supported"):
         client.chat.completions.create(

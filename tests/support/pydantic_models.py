@@ -6,7 +6,7 @@ from __future__ import annotations
 import enum
 from typing import Literal
 
-from pydantic import BaseModel, Field
+from pydantic import AnyUrl, BaseModel, Field, HttpUrl
 
 
 class Color(str, enum.Enum):
@@ -25,7 +25,8 @@ class Dog(BaseModel):
 
 
 class Record(BaseModel):
-    """A float in bounds, dict[str, int], a tuple, a discriminated union, an enum, Optional, lists."""
+    """A float in bounds, dict[str, int], a tuple, a discriminated union, an enum, Optional, lists,
+    a long string, URLs."""
 
     score: float = Field(ge=0, le=1)
     counts: dict[str, int]
@@ -36,6 +37,9 @@ class Record(BaseModel):
     tags: list[str] = Field(default_factory=list, max_length=2)
     ids: list[int] = Field(default_factory=list)  # (no bounds)
     votes: dict[str, bool] = Field(default_factory=lambda: {"x": True}, min_length=1, max_length=2)
+    summary: str = Field(default="", max_length=300)  # (a long maxLength: counted on the stack)
+    site: AnyUrl | None = None
+    home: HttpUrl | None = None  # (format uri, maxLength 2083; pydantic also wants http or https)
 
 
 class Review(BaseModel):
