@@ -1,7 +1,8 @@
 """pydantic's own schemas and validators against our grammars: a model with the shapes pydantic
 writes for everyday fields (a float in bounds, dicts with and without a size, a tuple, a
 discriminated union, an enum, Optional, lists, a long string, URLs), and a recursive one (a
-tree), compile; any instance pydantic dumps is read whole; and every answer a random walk through the grammar writes is one pydantic validates."""
+tree), compile; any instance pydantic dumps is read whole; and every answer a random walk through
+the grammar writes is one pydantic validates."""
 
 from __future__ import annotations
 

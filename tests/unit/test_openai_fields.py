@@ -175,6 +175,23 @@ def test_a_choice_whose_tokens_read_otherwise_is_refused(demo_checkpoint):
     assert parse_openai("chat", chat, tok, LIMITS, ("m",)).params.guided_sequences == (tuple(tok.encode("yes")),)
 
 
+def test_a_token_prompt_s_echo_writes_its_special_tokens(demo_checkpoint):
+    """vLLM's echo of a prompt of token ids is the tokenizer's decode, special tokens written (as
+    HF's decode writes them): a BOS the client sent shows; a text prompt echoes as it was sent."""
+    from spmd_serve.frontend.text.tokenizer import ServingTokenizer
+
+    tok = ServingTokenizer.from_model_dir(demo_checkpoint)
+    ids = [tok.bos_token_id, *tok.encode("Hello there")]
+    body = {"model": "m", "prompt": ids, "echo": True, "max_tokens": 1}
+    got = parse_openai("completion", body, tok, LIMITS, ("m",)).prompt_texts[0]
+    assert got == tok.decode(ids, skip_special_tokens=False)  # (a space after it: this tokenizer's decode)
+    assert got.startswith(tok.special_text(ids[0])) and got.endswith(tok.decode(ids)) and got != tok.decode(ids)
+    text = parse_openai("completion", {**body, "prompt": "Hello there"}, tok, LIMITS, ("m",))
+    assert text.prompt_texts == ["Hello there"]
+    cut = parse_openai("completion", {**body, "truncate_prompt_tokens": len(ids)}, tok, LIMITS, ("m",))
+    assert cut.prompt_texts == [got]
+
+
 def test_truncate_prompt_tokens_keeps_the_last_ones():
     r = parse(prompt="abcdef", truncate_prompt_tokens=3, echo=True)
     assert r.prompts == [TOK.encode("def")] and r.prompt_texts == ["def"]

@@ -36,7 +36,7 @@ def completion_prompts(body: dict[str, Any], tokenizer: Any) -> tuple[list[list[
         elif isinstance(item, list) and item and all(is_int(t) and t >= 0 for t in item):
             check_vocab([item], tokenizer)  # before decode(), which fails on such an id
             ids_list.append(list(item))
-            texts.append(tokenizer.decode(item))
+            texts.append(tokenizer.decode(item, skip_special_tokens=False))  # (echo: vLLM's text, a BOS written)
         else:
             raise bad
     return ids_list, texts
@@ -94,7 +94,7 @@ def truncate(body: dict[str, Any], prompts: list[list[int]], texts: list[str], t
     for i, ids in enumerate(prompts):
         if k is not None and len(ids) > k:
             prompts[i] = ids[-k:]
-            texts[i] = tokenizer.decode(prompts[i]) if texts[i] else ""
+            texts[i] = tokenizer.decode(prompts[i], skip_special_tokens=False) if texts[i] else ""
 
 
 def check_vocab(prompts: list[list[int]], tokenizer: Any) -> None:
