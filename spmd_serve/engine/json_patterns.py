@@ -24,12 +24,35 @@ _TIME = r"([01][0-9]|2[0-3]):[0-5][0-9]:([0-5][0-9]|60)(\.[0-9]{1,9})?(Z|[+-]([0
 _DATE = r"[0-9]{4}-(0[1-9]|1[0-2])-(0[1-9]|[12][0-9]|3[01])"
 _OCTET = r"(25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])"
 _LABEL = r"[A-Za-z0-9]([A-Za-z0-9-]*[A-Za-z0-9])?"  # (a label's 63-character bound left out: 8x the states)
+_H16, _IPV4 = "[0-9a-fA-F]{1,4}", rf"({_OCTET}\.){{3}}{_OCTET}"
+_LS32 = rf"({_H16}:{_H16}|{_IPV4})"
+
+
+def _before(n: int) -> str:
+    """RFC 3986's `[ *n( h16 ":" ) h16 ]`: the groups before an IPv6 address's `::`."""
+    return rf"(({_H16}:){{0,{n}}}{_H16})?"
+
+
+# RFC 3986's IPv6address, its nine forms (no zone)
+_IPV6 = "|".join([rf"({_H16}:){{6}}{_LS32}", rf"::({_H16}:){{5}}{_LS32}",
+                  *(rf"{_before(n)}::({_H16}:){{{4 - n}}}{_LS32}" for n in range(4)), rf"{_before(4)}::{_LS32}",
+                  rf"{_before(5)}::{_H16}", rf"{_before(6)}::"])  # fmt: skip
+# ISO 8601's duration as pydantic writes and reads a timedelta: its parts in order, at least one;
+# a fraction of seconds; weeks alone (RFC 3339's appendix A); no sign; at most 9 digits a number
+# (a timedelta's days: a model cannot write digits forever)
+_N = "[0-9]{1,9}"
+_SEC = rf"{_N}(\.{_N})?S"
+_CLOCK = rf"T({_N}H({_N}M)?({_SEC})?|{_N}M({_SEC})?|{_SEC})"
+_DURATION = rf"P(({_N}Y({_N}M)?({_N}D)?|{_N}M({_N}D)?|{_N}D)({_CLOCK})?|{_CLOCK}|{_N}W)"
 FORMATS = {  # RFC 3339's date, time and date-time, RFC 4122's uuid, ...; an email's address and a URI simplified
+    # (the nine formats OpenAI's strict mode supports, and uri)
     "date": _DATE,
     "time": _TIME,
     "date-time": _DATE + "T" + _TIME,
     "uuid": r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}",
-    "ipv4": rf"({_OCTET}\.){{3}}{_OCTET}",
+    "ipv4": _IPV4,
+    "ipv6": _IPV6,
+    "duration": _DURATION,
     "hostname": rf"{_LABEL}(\.{_LABEL})*",
     "email": r"[A-Za-z0-9._%+-]+@[A-Za-z0-9-]+(\.[A-Za-z0-9-]+)+",
     # RFC 3986's absolute URI, its parts' characters not told apart: a scheme, then its characters

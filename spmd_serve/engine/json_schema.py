@@ -6,8 +6,8 @@ left out), `required`, `additionalProperties` false or absent (OpenAI's strict m
 property) or, without `properties`, a schema for every value (pydantic's `dict[str, X]`, with its
 `minProperties` / `maxProperties`), `items`, `prefixItems` for exactly its items (pydantic's
 tuples), `minItems` / `maxItems` and `minLength` (each up to MAX_BOUND), `maxLength` (any: a long
-one is counted on the stack), a string's `pattern` and `format` (date, time, date-time, uuid, ipv4,
-hostname, email, uri; with minLength / maxLength too: engine/json_patterns.py), `minimum` /
+one is counted on the stack), a string's `pattern` and `format` (date, time, date-time, duration,
+uuid, ipv4, ipv6, hostname, email, uri; with minLength / maxLength too: engine/json_patterns.py), `minimum` /
 `maximum` and their exclusive forms for an integer (engine/json_ranges.py; OpenAPI's int32 / int64
 formats as their ranges) and for a number (written without an exponent: engine/json_decimals.py;
 formats float / double), `enum` and `const` (written compactly), `anyOf` /
