@@ -20,8 +20,12 @@ from spmd_serve.engine.regex_dfa import Dfa, compile_dfa
 ESCAPED = {0x22: ord('"'), 0x5C: ord("\\"), 0x0A: ord("n"), 0x09: ord("t"), 0x0D: ord("r"), 0x08: ord("b"),
            0x0C: ord("f")}  # fmt: skip
 WRITABLE = frozenset(range(0x20, 0x100)) | frozenset(ESCAPED)
-_TIME = r"([01][0-9]|2[0-3]):[0-5][0-9]:([0-5][0-9]|60)(\.[0-9]{1,9})?(Z|[+-]([01][0-9]|2[0-3]):[0-5][0-9])"
-_DATE = r"[0-9]{4}-(0[1-9]|1[0-2])-(0[1-9]|[12][0-9]|3[01])"
+# (RFC 3339's leap second, :60, left out: Python's datetime and pydantic refuse it)
+_TIME = r"([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](\.[0-9]{1,9})?(Z|[+-]([01][0-9]|2[0-3]):[0-5][0-9])"
+# a day its month has: February's 29th only in a leap year (by 4, not by 100 unless by 400)
+_LEAP = r"([0-9]{2}(0[48]|[2468][048]|[13579][26])|(0[48]|[2468][048]|[13579][26])00)-02-29"
+_DATE = (rf"([0-9]{{4}}-((0[13578]|1[02])-(0[1-9]|[12][0-9]|3[01])|(0[469]|11)-(0[1-9]|[12][0-9]|30)"
+         rf"|02-(0[1-9]|1[0-9]|2[0-8]))|{_LEAP})")  # fmt: skip
 _OCTET = r"(25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])"
 _LABEL = r"[A-Za-z0-9]([A-Za-z0-9-]*[A-Za-z0-9])?"  # (a label's 63-character bound left out: 8x the states)
 _H16, _IPV4 = "[0-9a-fA-F]{1,4}", rf"({_OCTET}\.){{3}}{_OCTET}"
@@ -57,7 +61,14 @@ FORMATS = {  # RFC 3339's date, time and date-time, RFC 4122's uuid, ...; an ema
     "email": r"[A-Za-z0-9._%+-]+@[A-Za-z0-9-]+(\.[A-Za-z0-9-]+)+",
     # RFC 3986's absolute URI, its parts' characters not told apart: a scheme, then its characters
     "uri": r"[A-Za-z][A-Za-z0-9+.\-]*:([A-Za-z0-9\-._~:/?#\[\]@!$&'()*+,;=]|%[0-9A-Fa-f]{2})+",
+    # pydantic's: IPvAnyAddress, and UUID1 ... UUID8 (the version's digit, RFC 4122's variant)
+    "ipvanyaddress": f"({_IPV4})|({_IPV6})",
+    **{
+        f"uuid{v}": rf"[0-9a-fA-F]{{8}}-[0-9a-fA-F]{{4}}-{v}[0-9a-fA-F]{{3}}-[89abAB][0-9a-fA-F]{{3}}-[0-9a-fA-F]{{12}}"
+        for v in (1, 3, 4, 5, 6, 7, 8)
+    },
 }
+ANY_STRING_FORMATS = ("password", "binary", "path")  # (pydantic's SecretStr, bytes, Path: any string is one)
 
 
 MAX_BOUNDED_STATES = 20000  # a pattern's DFA times a length's counts (the grammar's own limit too)

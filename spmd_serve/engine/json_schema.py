@@ -7,7 +7,8 @@ property) or, without `properties`, a schema for every value (pydantic's `dict[s
 `minProperties` / `maxProperties`), `items`, `prefixItems` for exactly its items (pydantic's
 tuples), `minItems` / `maxItems` and `minLength` (each up to MAX_BOUND), `maxLength` (any: a long
 one is counted on the stack), a string's `pattern` and `format` (date, time, date-time, duration,
-uuid, ipv4, ipv6, hostname, email, uri; with minLength / maxLength too: engine/json_patterns.py), `minimum` /
+uuid, ipv4, ipv6, hostname, email, uri, pydantic's uuid1 ... uuid8 and ipvanyaddress; password, binary, path as
+any string; with minLength / maxLength too: engine/json_patterns.py), `minimum` /
 `maximum` and their exclusive forms for an integer (engine/json_ranges.py; OpenAPI's int32 / int64
 formats as their ranges) and for a number (written without an exponent: engine/json_decimals.py;
 formats float / double), `enum` and `const` (written compactly), `anyOf` /
@@ -36,7 +37,7 @@ from spmd_serve.engine import json_decimals
 from spmd_serve.engine.grammar_table import Grammar
 from spmd_serve.engine.json_grammar import Node, grammar_of
 from spmd_serve.engine.json_numbers import MAX_DIGITS
-from spmd_serve.engine.json_patterns import FORMATS, string_dfa
+from spmd_serve.engine.json_patterns import ANY_STRING_FORMATS, FORMATS, string_dfa
 
 ANNOTATIONS = frozenset(
     {"title", "description", "default", "examples", "$schema", "$id", "$comment", "deprecated", "readOnly",
@@ -192,8 +193,11 @@ def _string(schema: dict[str, Any], where: str) -> Node:
         return ("string", *bounds)
     if pattern is not None and fmt is not None:
         raise ValueError(f"json_schema{where}: pattern and format together are not supported")
+    if fmt in ANY_STRING_FORMATS and pattern is None:
+        return ("string", *bounds)
     if fmt is not None and fmt not in FORMATS:
-        raise ValueError(f"json_schema{where}: the format {fmt!r} is not supported (built: {', '.join(FORMATS)})")
+        built = ", ".join([*FORMATS, *ANY_STRING_FORMATS])
+        raise ValueError(f"json_schema{where}: the format {fmt!r} is not supported (built: {built})")
     if fmt is None and not isinstance(pattern, str):
         raise ValueError(f"json_schema{where}.pattern must be a string")
     return ("pattern", string_dfa(FORMATS[fmt] if fmt is not None else pattern, f"json_schema{where}.pattern", *bounds))

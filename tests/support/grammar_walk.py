@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import random
 
+import numpy as np
+
 from spmd_serve.engine.grammar_table import DEAD, Grammar, complete
 
 WHITESPACE = b" \n\t"
@@ -16,7 +18,8 @@ def walk(g: Grammar, rng: random.Random, max_bytes: int = 20000) -> bytes:
     state, out = g.start, b""
     while not complete(state):
         assert len(out) < max_bytes, f"no end after {out[:200]!r}..."
-        allowed = [b for b in range(256) if g.table[state[0], b] != DEAD and g.step(state, bytes([b])) is not None]
+        ways = np.flatnonzero(g.table[state[0]] != DEAD).tolist()  # (the table's; a POP's way is the stack's)
+        allowed = [b for b in ways if g.step(state, bytes([b])) is not None]
         assert allowed, f"stranded after {out!r}"
         plain = [b for b in allowed if b not in WHITESPACE] or allowed
         b = rng.choice(plain if rng.random() < 0.95 else allowed)

@@ -4,9 +4,12 @@
 from __future__ import annotations
 
 import enum
+from datetime import datetime, timedelta
+from ipaddress import IPv6Address
+from pathlib import Path
 from typing import Literal
 
-from pydantic import AnyUrl, BaseModel, Field, HttpUrl
+from pydantic import UUID4, AnyUrl, BaseModel, Field, HttpUrl, IPvAnyAddress, SecretStr
 
 
 class Color(str, enum.Enum):
@@ -57,3 +60,17 @@ class Tree(BaseModel):
     name: Literal["a", "b"]
     kids: list[Tree] = Field(default_factory=list, max_length=3)
     next: Tree | None = None
+
+
+class Kinds(BaseModel):
+    """pydantic's types whose schemas are string formats (uuid4, date-time, duration, ipvanyaddress,
+    ipv6, password, binary, path)."""
+
+    id: UUID4
+    at: datetime
+    took: timedelta
+    host: IPvAnyAddress
+    v6: IPv6Address
+    secret: SecretStr
+    blob: bytes
+    where: Path

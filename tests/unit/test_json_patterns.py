@@ -10,7 +10,7 @@ import json
 import random
 import re
 import uuid
-from datetime import timedelta
+from datetime import date, timedelta
 
 import pytest
 from hypothesis import given, settings
@@ -167,7 +167,8 @@ def test_a_duration_is_one_pydantic_reads():
 
 
 @pytest.mark.parametrize(
-    "fmt,bad", [("date", "2024-13-01"), ("date", "24-01-01"), ("time", "25:00:00Z"), ("time", "12:00:00"),
+    "fmt,bad", [("date", "2024-13-01"), ("date", "2023-02-29"), ("date", "1900-02-29"), ("date", "2024-04-31"),
+                ("time", "23:59:60Z"), ("date", "24-01-01"), ("time", "25:00:00Z"), ("time", "12:00:00"),
                 ("uuid", str(uuid.uuid4())[:-1]), ("ipv4", "256.1.1.1"), ("ipv4", "1.2.3"),
                 ("email", "a@b"), ("hostname", "-a.b"), ("date-time", "2024-01-01 12:00:00Z"), ("uri", "example.com"),
                 ("uri", "http://a b"), ("uri", "http:"), ("uri", "http://a/%zz"), ("uri", "1http://a")],
@@ -213,3 +214,15 @@ def test_masks_equal_stepping_each_token_alone():
 def test_a_uri_format_reads_absolute_uris(uri):
     g = _schema({"format": "uri"})
     assert complete(g.step(g.start, json.dumps({"v": uri}).encode())), uri
+
+
+def test_a_date_is_a_day_of_its_month():
+    """Every day of 1896-2404 (leap years by 4, not 1900 or 2100, 2000 and 2400 yes) is read whole,
+    and no other month-day of those years."""
+    dfa = compile_dfa(FORMATS["date"], "date")
+    days = {(date(1896, 1, 1) + timedelta(n)).isoformat() for n in range((date(2405, 1, 1) - date(1896, 1, 1)).days)}
+    for year in range(1896, 2405):
+        for month in range(1, 13):
+            for day in range(1, 32):
+                text = f"{year:04d}-{month:02d}-{day:02d}"
+                assert accepts(dfa, text) == (text in days), text
