@@ -58,6 +58,7 @@ class Magnitudes:
     hi: Bound | None
     max_digits: int
     live: frozenset[DecState] = field(default=frozenset(), compare=False)
+    start = START
 
     def _int_end(self, k: int, cl: Cmp, ch: Cmp) -> tuple[Cmp, Cmp]:
         """The integer parts' comparisons once k digits ended it (without leading zeros a shorter

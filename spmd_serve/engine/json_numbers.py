@@ -1,14 +1,17 @@
 """A JSON value's number states (engine/json_grammar.py's builder takes them in): any number
 ("num": RFC 8259's syntax, each run of digits at most MAX_DIGITS long), an integer held to a
-minimum / maximum ("intr": engine/json_ranges.py) and a number held to them ("dec":
-engine/json_decimals.py, written without an exponent).  Each ends at the first byte that cannot go
-on, which is then read as the byte after the value (`_after`).
+minimum / maximum ("intr": engine/json_ranges.py) and a number held to them, or to a multipleOf
+("dec": engine/json_decimals.py, engine/json_multiples.py; written without an exponent).  Each
+ends at the first byte that cannot go on, which is then read as the byte after the value (`_after`).
 """
 
 from __future__ import annotations
 
 from spmd_serve.engine import json_decimals, json_ranges
 from spmd_serve.engine.grammar_table import Edges, Name
+from spmd_serve.engine.json_multiples import Multiples
+
+Magnitudes = json_decimals.Magnitudes | Multiples
 
 MAX_DIGITS = 24  # of a number's integral part, fraction or exponent (int64s and doubles' reprs fit)
 _DIGITS = b"0123456789"
@@ -60,20 +63,18 @@ class NumberStates:
             edges[byte] = (("intr", exit_, a, b, *nxt), None)
         return edges
 
-    def _value_decimal(
-        self, exit_: Name, pos: json_decimals.Magnitudes | None, neg: json_decimals.Magnitudes | None
-    ) -> Edges:
-        """A number in a range (json_decimals.ranges): a nonnegative one's digits, or '-' and a
-        negative one's magnitude."""
-        edges = self._dec(("dec", exit_, pos, json_decimals.START)) if pos is not None else {}
+    def _value_decimal(self, exit_: Name, pos: Magnitudes | None, neg: Magnitudes | None) -> Edges:
+        """A number in a range (json_decimals.ranges; json_multiples.of where it is a multiple of
+        something): a nonnegative one's digits, or '-' and a negative one's magnitude."""
+        edges = self._dec(("dec", exit_, pos, pos.start)) if pos is not None else {}
         if neg is not None:
-            edges[ord("-")] = (("dec", exit_, neg, json_decimals.START), None)
+            edges[ord("-")] = (("dec", exit_, neg, neg.start), None)
         return edges
 
     def _dec(self, name: Name) -> Edges:
-        """("dec", exit, magnitudes, state): a number's magnitude being read (json_decimals' state)."""
+        """("dec", exit, magnitudes, state): a number's magnitude being read (their automaton's state)."""
         _, exit_, m, state = name
-        assert isinstance(m, json_decimals.Magnitudes) and isinstance(state, tuple)
+        assert isinstance(m, (json_decimals.Magnitudes, Multiples)) and isinstance(state, tuple)
         edges = self._after(exit_) if m.accepts(state) else {}
         edges.update({b: (("dec", exit_, m, nxt), None) for b, nxt in m.edges(state).items()})
         return edges

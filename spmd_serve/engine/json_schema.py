@@ -11,12 +11,13 @@ uuid, ipv4, ipv6, hostname, email, uri, pydantic's uuid1 ... uuid8 and ipvanyadd
 any string; with minLength / maxLength too: engine/json_patterns.py), `minimum` /
 `maximum` and their exclusive forms for an integer (engine/json_ranges.py; OpenAPI's int32 / int64
 formats as their ranges) and for a number (written without an exponent: engine/json_decimals.py;
-formats float / double), `enum` and `const` (written compactly), `anyOf` /
+formats float / double), `multipleOf` of either (engine/json_numeric.py builds the number nodes),
+`enum` and `const` (written compactly), `anyOf` /
 `oneOf` (as anyOf, as vLLM's grammars read it: pydantic's Optional, a discriminated union of
 objects; not two free containers, e.g. two bare objects), `$ref` into `$defs` / `definitions` (a
 recursive one to an object or an array: pydantic's trees), and an object or array with nothing said
 of its contents (any). Annotations (`title`, `description`, `default`, OpenAPI's `discriminator`
-beside a oneOf, ...) change nothing. Any other keyword (`multipleOf`, `uniqueItems`,
+beside a oneOf, ...) change nothing. Any other keyword (`uniqueItems`,
 `minProperties` beside `properties`, another format, one type's keyword on a schema of no type,
 ...) is refused by name, as is a schema whose root is not an object or an array: none is silently
 left out.
@@ -29,14 +30,11 @@ from __future__ import annotations
 
 import functools
 import json
-import math
-from decimal import Decimal
 from typing import Any
 
-from spmd_serve.engine import json_decimals
+from spmd_serve.engine import json_numeric
 from spmd_serve.engine.grammar_table import Grammar
 from spmd_serve.engine.json_grammar import Node, grammar_of
-from spmd_serve.engine.json_numbers import MAX_DIGITS
 from spmd_serve.engine.json_patterns import ANY_STRING_FORMATS, FORMATS, string_dfa
 
 ANNOTATIONS = frozenset(
@@ -46,17 +44,23 @@ ANNOTATIONS = frozenset(
 _BUILT = frozenset(
     {"type", "properties", "required", "additionalProperties", "items", "enum", "const", "anyOf", "oneOf", "$ref",
      "minLength", "maxLength", "minItems", "maxItems", "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum",
-     "pattern", "format", "prefixItems", "minProperties", "maxProperties"}
+     "pattern", "format", "prefixItems", "minProperties", "maxProperties", "multipleOf"}
 )  # fmt: skip
 MAX_BOUND = 256  # the largest minLength / minItems / maxItems built (each count is grammar states)
 MAX_LENGTH = 2**31 - 1  # the largest maxLength (past minLength + 64 counted on the stack: json_strings.py)
-_RANGE = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum")
 _TYPED = frozenset(  # keywords of one type's values
-    {"minLength", "maxLength", "minItems", "maxItems", "prefixItems", "minProperties", "maxProperties", *_RANGE}
+    {
+        "minLength",
+        "maxLength",
+        "minItems",
+        "maxItems",
+        "prefixItems",
+        "minProperties",
+        "maxProperties",
+        "multipleOf",
+        *json_numeric.RANGE,
+    }
 )
-# OpenAPI's formats of numbers: an integer's bound it (int32, int64), a number's say how it is held
-# (float and double: any number written here fits one)
-_NUMBER_FORMATS = {"integer": ("int32", "int64"), "number": ("float", "double")}
 _LITERAL = {"boolean": (b"true", b"false"), "null": (b"null",)}
 MAX_NODES = 2000
 
@@ -109,15 +113,8 @@ class _Nodes:
             raise ValueError(f"json_schema{where}: {sorted(_TYPED & set(schema))[0]} is supported with a type only")
         if kind is None:
             return ("any",)
-        if kind in _NUMBER_FORMATS and schema.get("format", _NUMBER_FORMATS[kind][0]) not in _NUMBER_FORMATS[kind]:
-            raise ValueError(
-                f"json_schema{where}: the {kind} format {schema['format']!r} is not supported "
-                f"(built: {', '.join(_NUMBER_FORMATS[kind])})"
-            )
-        if kind == "integer":
-            return ("integer", *_int_range(schema, where)) if {*_RANGE, "format"} & set(schema) else ("integer",)
-        if kind == "number":
-            return ("decimal", *_num_range(schema, where)) if set(_RANGE) & set(schema) else ("number",)
+        if kind in json_numeric.NUMBER_FORMATS:
+            return json_numeric.node(schema, kind, where)
         if kind == "string":
             return _string(schema, where)
         if kind in _LITERAL:
@@ -211,62 +208,6 @@ def _bounds(schema: dict[str, Any], low: str, high: str, where: str, most: int =
             raise ValueError(f"json_schema{where}.{name} must be an integer in [0, {top}] here, got {n!r}")
     if hi is not None and lo > hi:
         raise ValueError(f"json_schema{where}: {low} exceeds {high}")
-    return lo, hi
-
-
-def _range_values(schema: dict[str, Any], where: str) -> dict[str, Any]:
-    """minimum / maximum and their exclusive forms (None where absent), each a finite number or, for
-    the exclusive ones, draft 4's flag on the other."""
-    values = {k: schema.get(k) for k in _RANGE}
-    if any(not (v is None or isinstance(v, bool) or isinstance(v, (int, float)) and math.isfinite(v))
-           for v in values.values()):  # fmt: skip
-        raise ValueError(f"json_schema{where}: minimum / maximum must be finite numbers")
-    return values
-
-
-def _num_range(schema: dict[str, Any], where: str) -> tuple[Any, ...]:
-    """A number's range as json_decimals' automata (nonnegative, negative): the tightest of
-    minimum / exclusiveMinimum, and of maximum / exclusiveMaximum, each read as the decimal written."""
-    values = _range_values(schema, where)
-    ends: list[tuple[Decimal, bool] | None] = []
-    for plain, strict, tighter in (("minimum", "exclusiveMinimum", 1), ("maximum", "exclusiveMaximum", -1)):
-        v, ex = values[plain], values[strict]
-        cands = [(_decimal(v), ex is True)] if v is not None else []
-        cands += [(_decimal(ex), True)] if ex is not None and not isinstance(ex, bool) else []
-        # the tighter bound; at the same value the exclusive one
-        ends.append(max(cands, key=lambda c: (tighter * c[0], c[1])) if cands else None)
-    return json_decimals.ranges(ends[0], ends[1], MAX_DIGITS, where)
-
-
-def _decimal(v: float) -> Decimal:
-    """A bound as written (0.1 is 0.1, not the double nearest it)."""
-    return Decimal(v) if isinstance(v, int) else Decimal(repr(v))
-
-
-def _int_range(schema: dict[str, Any], where: str) -> tuple[int | None, int | None]:
-    """An integer's [lo, hi] from minimum / maximum and their exclusive forms (draft 4's booleans too)."""
-    values = _range_values(schema, where)
-    lo = None if values["minimum"] is None else math.ceil(values["minimum"])
-    hi = None if values["maximum"] is None else math.floor(values["maximum"])
-    ex_lo, ex_hi = values["exclusiveMinimum"], values["exclusiveMaximum"]
-    if ex_lo is True and values["minimum"] is not None:  # (draft 4: a flag on minimum)
-        lo = math.floor(values["minimum"]) + 1
-    elif ex_lo is not None and not isinstance(ex_lo, bool):
-        lo = max(lo if lo is not None else -math.inf, math.floor(ex_lo) + 1)
-    if ex_hi is True and values["maximum"] is not None:
-        hi = math.ceil(values["maximum"]) - 1
-    elif ex_hi is not None and not isinstance(ex_hi, bool):
-        hi = min(hi if hi is not None else math.inf, math.ceil(ex_hi) - 1)
-    if schema.get("format") in _NUMBER_FORMATS["integer"]:  # (OpenAPI's int32 / int64: their range)
-        bits = int(schema["format"][-2:])
-        lo, hi = (
-            max(lo if lo is not None else -math.inf, -(2 ** (bits - 1))),
-            min(hi if hi is not None else math.inf, 2 ** (bits - 1) - 1),
-        )
-    if lo is not None and hi is not None and lo > hi:
-        raise ValueError(f"json_schema{where}: no integer is within its minimum and maximum")
-    if any(v is not None and abs(v) >= 10**MAX_DIGITS for v in (lo, hi)):
-        raise ValueError(f"json_schema{where}: minimum / maximum beyond {MAX_DIGITS} digits are not supported")
     return lo, hi
 
 

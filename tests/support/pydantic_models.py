@@ -43,6 +43,8 @@ class Record(BaseModel):
     summary: str = Field(default="", max_length=300)  # (a long maxLength: counted on the stack)
     site: AnyUrl | None = None
     home: HttpUrl | None = None  # (format uri, maxLength 2083; pydantic also wants http or https)
+    price: float = Field(default=0, ge=0, multiple_of=0.25)
+    step: int = Field(default=0, multiple_of=5)
 
 
 class Review(BaseModel):

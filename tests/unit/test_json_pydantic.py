@@ -42,6 +42,8 @@ RECORDS = st.builds(
     summary=st.text(st.characters(codec="utf-8", exclude_categories=("Cs",)), max_size=300),
     site=st.none() | st.sampled_from(["https://example.com/a?b=c#d", "mailto:a@b.c", "urn:isbn:0451450523"]),
     home=st.none() | st.sampled_from(["http://[::1]:80/x", "https://example.com/%20a/" + "b" * 2000]),
+    price=st.integers(0, 4000).map(lambda n: n / 4),
+    step=st.integers(-100, 100).map(lambda n: n * 5),
 )
 
 
@@ -67,7 +69,15 @@ def test_out_of_bounds_values_are_not_read():
     text = good.model_dump_json()
     assert complete(G.step(G.start, text.encode()))
     assert complete(G.step(G.start, text.replace('"summary":""', f'"summary":"{"a" * 300}"').encode()))
-    for bad in ('"score":1.01', '"meows":11', '"point":[1,"x",2]', '"counts":{"a":1.5}', f'"summary":"{"a" * 301}"'):
+    assert text.endswith('"step":0}') and not complete(G.step(G.start, text.replace('"step":0', '"step":7').encode()))
+    for bad in (
+        '"score":1.01',
+        '"meows":11',
+        '"point":[1,"x",2]',
+        '"counts":{"a":1.5}',
+        f'"summary":"{"a" * 301}"',
+        '"price":0.3',
+    ):
         key = bad.split(":")[0]
         start = text.index(key)
         end = text.index(",", start) if key != '"point"' else text.index("]", start) + 1
