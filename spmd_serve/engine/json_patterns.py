@@ -1,5 +1,5 @@
 """A JSON string held to a regular expression: JSON Schema's `pattern`, and the `format`s built
-(FORMATS, each as its pattern), as states of a JSON grammar (engine/json_grammar.py); and a whole
+(engine/json_formats.py, each as a DFA), as states of a JSON grammar (engine/json_grammar.py); and a whole
 answer held to one (vLLM's guided_regex: `answer_grammar`), ended by an EOS where it may end.
 
 The string's characters are the pattern DFA's (engine/regex_dfa.py) bytes, written as a model would
@@ -20,55 +20,6 @@ from spmd_serve.engine.regex_dfa import Dfa, compile_dfa
 ESCAPED = {0x22: ord('"'), 0x5C: ord("\\"), 0x0A: ord("n"), 0x09: ord("t"), 0x0D: ord("r"), 0x08: ord("b"),
            0x0C: ord("f")}  # fmt: skip
 WRITABLE = frozenset(range(0x20, 0x100)) | frozenset(ESCAPED)
-# (RFC 3339's leap second, :60, left out: Python's datetime and pydantic refuse it)
-_TIME = r"([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](\.[0-9]{1,9})?(Z|[+-]([01][0-9]|2[0-3]):[0-5][0-9])"
-# a day its month has: February's 29th only in a leap year (by 4, not by 100 unless by 400)
-_LEAP = r"([0-9]{2}(0[48]|[2468][048]|[13579][26])|(0[48]|[2468][048]|[13579][26])00)-02-29"
-_DATE = (rf"([0-9]{{4}}-((0[13578]|1[02])-(0[1-9]|[12][0-9]|3[01])|(0[469]|11)-(0[1-9]|[12][0-9]|30)"
-         rf"|02-(0[1-9]|1[0-9]|2[0-8]))|{_LEAP})")  # fmt: skip
-_OCTET = r"(25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])"
-_LABEL = r"[A-Za-z0-9]([A-Za-z0-9-]*[A-Za-z0-9])?"  # (a label's 63-character bound left out: 8x the states)
-_H16, _IPV4 = "[0-9a-fA-F]{1,4}", rf"({_OCTET}\.){{3}}{_OCTET}"
-_LS32 = rf"({_H16}:{_H16}|{_IPV4})"
-
-
-def _before(n: int) -> str:
-    """RFC 3986's `[ *n( h16 ":" ) h16 ]`: the groups before an IPv6 address's `::`."""
-    return rf"(({_H16}:){{0,{n}}}{_H16})?"
-
-
-# RFC 3986's IPv6address, its nine forms (no zone)
-_IPV6 = "|".join([rf"({_H16}:){{6}}{_LS32}", rf"::({_H16}:){{5}}{_LS32}",
-                  *(rf"{_before(n)}::({_H16}:){{{4 - n}}}{_LS32}" for n in range(4)), rf"{_before(4)}::{_LS32}",
-                  rf"{_before(5)}::{_H16}", rf"{_before(6)}::"])  # fmt: skip
-# ISO 8601's duration as pydantic writes and reads a timedelta: its parts in order, at least one;
-# a fraction of seconds; weeks alone (RFC 3339's appendix A); no sign; at most 9 digits a number
-# (a timedelta's days: a model cannot write digits forever)
-_N = "[0-9]{1,9}"
-_SEC = rf"{_N}(\.{_N})?S"
-_CLOCK = rf"T({_N}H({_N}M)?({_SEC})?|{_N}M({_SEC})?|{_SEC})"
-_DURATION = rf"P(({_N}Y({_N}M)?({_N}D)?|{_N}M({_N}D)?|{_N}D)({_CLOCK})?|{_CLOCK}|{_N}W)"
-FORMATS = {  # RFC 3339's date, time and date-time, RFC 4122's uuid, ...; an email's address and a URI simplified
-    # (the nine formats OpenAI's strict mode supports, and uri)
-    "date": _DATE,
-    "time": _TIME,
-    "date-time": _DATE + "T" + _TIME,
-    "uuid": r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}",
-    "ipv4": _IPV4,
-    "ipv6": _IPV6,
-    "duration": _DURATION,
-    "hostname": rf"{_LABEL}(\.{_LABEL})*",
-    "email": r"[A-Za-z0-9._%+-]+@[A-Za-z0-9-]+(\.[A-Za-z0-9-]+)+",
-    # RFC 3986's absolute URI, its parts' characters not told apart: a scheme, then its characters
-    "uri": r"[A-Za-z][A-Za-z0-9+.\-]*:([A-Za-z0-9\-._~:/?#\[\]@!$&'()*+,;=]|%[0-9A-Fa-f]{2})+",
-    # pydantic's: IPvAnyAddress, and UUID1 ... UUID8 (the version's digit, RFC 4122's variant)
-    "ipvanyaddress": f"({_IPV4})|({_IPV6})",
-    **{
-        f"uuid{v}": rf"[0-9a-fA-F]{{8}}-[0-9a-fA-F]{{4}}-{v}[0-9a-fA-F]{{3}}-[89abAB][0-9a-fA-F]{{3}}-[0-9a-fA-F]{{12}}"
-        for v in (1, 3, 4, 5, 6, 7, 8)
-    },
-}
-ANY_STRING_FORMATS = ("password", "binary", "path")  # (pydantic's SecretStr, bytes, Path: any string is one)
 
 
 MAX_BOUNDED_STATES = 20000  # a pattern's DFA times a length's counts (the grammar's own limit too)
@@ -77,14 +28,20 @@ FAR = -1  # a count within the counted stretch
 
 @functools.lru_cache(maxsize=64)
 def string_dfa(pattern: str, where: str, lo: int = 0, hi: int | None = None) -> Dfa:
-    """A string pattern's DFA; with a length, the product with a count of its characters (each
-    begins at a byte that is no UTF-8 continuation: up to `hi`, or up to `lo` where there is none),
-    only the states from which a match of that length can still end.  A long maxLength is counted on
-    the stack (`Dfa.far`) from `lo` to where the count must be known again: FAR_WINDOW characters
-    (a token's reach) and the longest way to a match (`_reach`) before `hi`."""
+    """A string pattern's DFA, within a length where one is given (`bounded`)."""
     if (lo, hi) == (0, None):
         return compile_dfa(pattern, where, WRITABLE)
-    dfa = string_dfa(pattern, where)  # (the unbounded one, cached: one compile for every length asked)
+    return bounded(string_dfa(pattern, where), where, lo, hi)  # (the unbounded one cached: one compile)
+
+
+def bounded(dfa: Dfa, where: str, lo: int = 0, hi: int | None = None) -> Dfa:
+    """A string DFA's product with a count of its characters (each begins at a byte that is no
+    UTF-8 continuation: up to `hi`, or up to `lo` where there is none), only the states from which a
+    match of that length can still end.  A long maxLength is counted on the stack (`Dfa.far`) from
+    `lo` to where the count must be known again: FAR_WINDOW characters (a token's reach) and the
+    longest way to a match (`_reach`) before `hi`."""
+    if (lo, hi) == (0, None):
+        return dfa
     first, limit = (lo, hi - FAR_WINDOW - _reach(dfa)) if hi is not None else (0, 0)
     first, limit = (first, limit) if limit - first >= 2 else (0, 0)
 

@@ -7,8 +7,8 @@ property) or, without `properties`, a schema for every value (pydantic's `dict[s
 `minProperties` / `maxProperties`), `items`, `prefixItems` for exactly its items (pydantic's
 tuples), `minItems` / `maxItems` and `minLength` (each up to MAX_BOUND), `maxLength` (any: a long
 one is counted on the stack), a string's `pattern` and `format` (date, time, date-time, duration,
-uuid, ipv4, ipv6, hostname, email, uri, pydantic's uuid1 ... uuid8 and ipvanyaddress; password, binary, path as
-any string; with minLength / maxLength too: engine/json_patterns.py), `minimum` /
+uuid, ipv4, ipv6, hostname, email, uri, pydantic's uuid1 ... uuid8 and ipvanyaddress: engine/json_formats.py;
+password, binary, path as any string; with minLength / maxLength too: engine/json_patterns.py), `minimum` /
 `maximum` and their exclusive forms for an integer (engine/json_ranges.py; OpenAPI's int32 / int64
 formats as their ranges) and for a number (written without an exponent: engine/json_decimals.py;
 formats float / double), `multipleOf` of either (engine/json_numeric.py builds the number nodes),
@@ -34,8 +34,9 @@ from typing import Any
 
 from spmd_serve.engine import json_numeric
 from spmd_serve.engine.grammar_table import Grammar
+from spmd_serve.engine.json_formats import ANY_STRING_FORMATS, FORMATS, format_dfa
 from spmd_serve.engine.json_grammar import Node, grammar_of
-from spmd_serve.engine.json_patterns import ANY_STRING_FORMATS, FORMATS, string_dfa
+from spmd_serve.engine.json_patterns import string_dfa
 
 ANNOTATIONS = frozenset(
     {"title", "description", "default", "examples", "$schema", "$id", "$comment", "deprecated", "readOnly",
@@ -197,7 +198,9 @@ def _string(schema: dict[str, Any], where: str) -> Node:
         raise ValueError(f"json_schema{where}: the format {fmt!r} is not supported (built: {built})")
     if fmt is None and not isinstance(pattern, str):
         raise ValueError(f"json_schema{where}.pattern must be a string")
-    return ("pattern", string_dfa(FORMATS[fmt] if fmt is not None else pattern, f"json_schema{where}.pattern", *bounds))
+    if fmt is not None:
+        return ("pattern", format_dfa(fmt, f"json_schema{where}.format", *bounds))
+    return ("pattern", string_dfa(pattern, f"json_schema{where}.pattern", *bounds))
 
 
 def _bounds(schema: dict[str, Any], low: str, high: str, where: str, most: int = MAX_BOUND) -> tuple[int, int | None]:
