@@ -8,7 +8,8 @@ A grammar is made from a schema's nodes (engine/json_schema.py): ("any",) any va
 ("anyarr",), ("object", ((key bytes, node, required), ...)) with its properties in that order (as
 vLLM's and outlines' grammars write them; an optional one may be left out), ("dict", value node) (any
 keys, each value of one schema: additionalProperties), ("array", item node, minItems, maxItems or
-None), ("tuple", (item node, ...)) (prefixItems: exactly those), ("string", minLength, maxLength or
+None), ("tuple", (item node, ...)) (prefixItems: exactly those), ("uarray", (the values' JSON bytes, ...),
+minItems, maxItems or None) (uniqueItems over listed values: engine/json_sets.py), ("string", minLength, maxLength or
 None), ("integer",) or ("integer", minimum or None, maximum or None), ("number",), ("decimal", its
 json_decimals.ranges) (a number within a minimum / maximum), ("pattern", DFA) (a string held to a
 regular expression: engine/json_patterns.py), ("enum", (the values' JSON bytes, ...)) (booleans,
@@ -33,13 +34,19 @@ from typing import Any
 from spmd_serve.engine import json_patterns
 from spmd_serve.engine.grammar_table import END_NAME, POP_NAME, Edges, Grammar, Name
 from spmd_serve.engine.json_numbers import NumberStates
+from spmd_serve.engine.json_sets import SetStates
 from spmd_serve.engine.json_strings import StringStates
 
 MAX_INDENT = 20  # spaces or tabs after a newline between two lexemes
 GENERIC = "G"  # a value of a free container: any JSON value
 
 Node = tuple[Any, ...]  # (kinds and shapes: the module docstring)
-_OPENS = {"array": ("[", "arr"), "tuple": ("[", "tup"), "dict": ("{", "dict")}  # node: its bracket, first state
+_OPENS = {
+    "array": ("[", "arr"),
+    "tuple": ("[", "tup"),
+    "dict": ("{", "dict"),
+    "uarray": ("[", "uarr"),
+}  # node: its bracket, first state
 _LITERALS = (b"true", b"false", b"null")
 
 
@@ -49,7 +56,7 @@ def _ws(base: Name) -> Name:
     return base if base in (END_NAME, POP_NAME) else ("ws", base, 0)
 
 
-class _Builder(NumberStates, StringStates):
+class _Builder(NumberStates, StringStates, SetStates):
     """The edges of every state of one schema, by the state's name."""
 
     def __init__(self, nodes: tuple[Node, ...]) -> None:
@@ -57,7 +64,8 @@ class _Builder(NumberStates, StringStates):
         self._lexemes: dict[Name, Edges] = {}  # by base: shared by its MAX_INDENT + 2 whitespace states
         self.kinds: dict[object, Callable[[Name], Edges]] = {
             "ws": self._ws_edges, "str": self._string, "num": self._number, "lit": self._literal, "key": self._key,
-            "intr": self._intr, "dec": self._dec, "set": lambda name: self._union([self.edges(n) for n in name[1]]),
+            "intr": self._intr, "dec": self._dec, "ulit": self._unique_literal,
+            "set": lambda name: self._union([self.edges(n) for n in name[1]]),
             "rx": lambda name: json_patterns.edges(self.nodes[name[1]][1], name, _ws(name[3])),
         }  # fmt: skip
 
@@ -113,6 +121,8 @@ class _Builder(NumberStates, StringStates):
         if base == free_a:
             return {ord(","): (_ws(("val", GENERIC, free_a)), None), ord("]"): (POP_NAME, None)}
         node, exit_ = args[0], args[1]
+        if kind in ("uarr", "uitem"):
+            return self._unique(kind, node, exit_, args[2])
         if kind == "obj":
             return self._object(node, exit_, *args[2:])
         if kind == "objkey":

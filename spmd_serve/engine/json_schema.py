@@ -17,13 +17,10 @@ formats float / double), `multipleOf` of either (engine/json_numeric.py builds t
 objects; not two free containers, e.g. two bare objects), `$ref` into `$defs` / `definitions` (a
 recursive one to an object or an array: pydantic's trees), and an object or array with nothing said
 of its contents (any). Annotations (`title`, `description`, `default`, OpenAPI's `discriminator`
-beside a oneOf, ...) change nothing. Any other keyword (`uniqueItems`,
-`minProperties` beside `properties`, another format, one type's keyword on a schema of no type,
-...) is refused by name, as is a schema whose root is not an object or an array: none is silently
-left out.
-
-`grammar(text)` is cached on the schema's text: the HTTP worker checks a request's schema and the
-engine compiles it once for all the requests that send it.
+beside a oneOf, ...) change nothing; `uniqueItems` is built over a few listed values
+(engine/json_sets.py). Any other keyword (`uniqueItems` of other items, `minProperties` beside
+`properties`, another format, one type's keyword on a schema of no type, ...) is refused by name,
+as is a schema whose root is not an object or an array: none is silently left out.
 """
 
 from __future__ import annotations
@@ -37,6 +34,7 @@ from spmd_serve.engine.grammar_table import Grammar
 from spmd_serve.engine.json_formats import ANY_STRING_FORMATS, FORMATS, format_dfa
 from spmd_serve.engine.json_grammar import Node, grammar_of
 from spmd_serve.engine.json_patterns import string_dfa
+from spmd_serve.engine.json_sets import MAX_VALUES
 
 ANNOTATIONS = frozenset(
     {"title", "description", "default", "examples", "$schema", "$id", "$comment", "deprecated", "readOnly",
@@ -45,7 +43,7 @@ ANNOTATIONS = frozenset(
 _BUILT = frozenset(
     {"type", "properties", "required", "additionalProperties", "items", "enum", "const", "anyOf", "oneOf", "$ref",
      "minLength", "maxLength", "minItems", "maxItems", "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum",
-     "pattern", "format", "prefixItems", "minProperties", "maxProperties", "multipleOf"}
+     "pattern", "format", "prefixItems", "minProperties", "maxProperties", "multipleOf", "uniqueItems"}
 )  # fmt: skip
 MAX_BOUND = 256  # the largest minLength / minItems / maxItems built (each count is grammar states)
 MAX_LENGTH = 2**31 - 1  # the largest maxLength (past minLength + 64 counted on the stack: json_strings.py)
@@ -59,6 +57,7 @@ _TYPED = frozenset(  # keywords of one type's values
         "minProperties",
         "maxProperties",
         "multipleOf",
+        "uniqueItems",
         *json_numeric.RANGE,
     }
 )
@@ -120,6 +119,8 @@ class _Nodes:
             return _string(schema, where)
         if kind in _LITERAL:
             return ("enum", _LITERAL[kind])
+        if kind == "array" and schema.get("uniqueItems", False) is not False:
+            return self._set(schema, where)
         if kind == "array" and "prefixItems" in schema:
             return self._tuple(schema, where)
         if kind == "array":
@@ -155,6 +156,16 @@ class _Nodes:
             "object",
             tuple((_dumps(k), self.add(v, f"{where}.properties.{k}"), k in required) for k, v in props.items()),
         )
+
+    def _set(self, schema: dict[str, Any], where: str) -> Node:
+        """uniqueItems: distinct items, each one of a few listed values (engine/json_sets.py)."""
+        item = self.nodes[self.add(schema.get("items", True), f"{where}.items")]
+        if schema["uniqueItems"] is not True or item[0] != "enum" or len(item[1]) > MAX_VALUES:
+            raise ValueError(
+                f"json_schema{where}: uniqueItems is built for items of at most {MAX_VALUES} listed values "
+                "(enum, const, boolean) only"
+            )
+        return ("uarray", item[1], *_bounds(schema, "minItems", "maxItems", where))
 
     def _tuple(self, schema: dict[str, Any], where: str) -> Node:
         """prefixItems: exactly those items (pydantic's tuple: minItems = maxItems = their count)."""

@@ -205,7 +205,7 @@ def test_what_breaks_the_schema_or_its_order_is_refused(text):
      ({"type": "object", "properties": {}, "additionalProperties": True}, "additionalProperties true"),
      ({"type": "object", "properties": {"a": {}}, "additionalProperties": {"type": "integer"}}, "without properties"),
      ({"type": "object", "properties": {"a": {"type": "array", "prefixItems": [{}], "maxItems": 1}}}, "exactly its"),
-     ({"type": "object", "properties": {"a": {"type": "array", "uniqueItems": True}}}, "'uniqueItems'"),
+     ({"type": "object", "properties": {"a": {"type": "array", "uniqueItems": True}}}, "uniqueItems is built for"),
      ({"type": "object", "properties": {"a": {}}, "required": ["b"]}, "every required name"),
      ({"$defs": {"N": {"anyOf": [{"type": "integer"}, {"type": "array", "items": {"$ref": "#/$defs/N"}}]}},
        "type": "object", "properties": {"a": {"$ref": "#/$defs/N"}}}, "recursive $ref is built to an object"),
