@@ -14,7 +14,7 @@ formats as their ranges) and for a number (written without an exponent: engine/j
 formats float / double), `multipleOf` of either (engine/json_numeric.py builds the number nodes),
 `enum` and `const` (written compactly), `anyOf` /
 `oneOf` (as anyOf, as vLLM's grammars read it: pydantic's Optional, a discriminated union of
-objects; not two free containers, e.g. two bare objects), `$ref` into `$defs` / `definitions` (a
+objects; not two free containers, e.g. two bare objects), `$ref` into `$defs` / `definitions` or to the root, `#` (a
 recursive one to an object or an array: pydantic's trees), and an object or array with nothing said
 of its contents (any). Annotations (`title`, `description`, `default`, OpenAPI's `discriminator`
 beside a oneOf, ...) change nothing; `uniqueItems` is built over a few listed values
@@ -69,7 +69,8 @@ class _Nodes:
     def __init__(self, root: dict[str, Any]) -> None:
         self.root = root  # where $ref looks
         self.nodes: list[Node] = []
-        self._refs: dict[str, int] = {}  # the $refs being expanded, each with the node it makes
+        # the $refs being expanded, each with the node it makes: "#" (the root, node 0) throughout
+        self._refs: dict[str, int] = {"#": 0}
 
     def add(self, schema: Any, where: str) -> int:
         """The index of the node for `schema` (at `where`, named in refusals)."""
@@ -183,8 +184,9 @@ class _Nodes:
         ref = schema["$ref"]
         parts = ref.split("/") if isinstance(ref, str) else []
         target = self.root.get(parts[1], {}).get(parts[2]) if len(parts) == 3 and parts[0] == "#" else None
+        target = self.root if ref == "#" else target  # (OpenAI's recursive root: "$ref": "#")
         if target is None or len(schema) > 1 + len(set(schema) & ANNOTATIONS):
-            raise ValueError(f"json_schema{where}: $ref {ref!r} must name one of $defs (and stand alone)")
+            raise ValueError(f"json_schema{where}: $ref {ref!r} must name one of $defs or be '#' (and stand alone)")
         if ref in self._refs:
             return ("recur", self._refs[ref])
         self._refs[ref] = at

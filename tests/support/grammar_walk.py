@@ -13,8 +13,10 @@ from spmd_serve.engine.grammar_table import DEAD, Grammar, complete
 WHITESPACE = b" \n\t"
 
 
-def walk(g: Grammar, rng: random.Random, max_bytes: int = 20000) -> bytes:
-    """Bytes chosen at random among those `g` allows from its start, until the value is whole."""
+def walk(g: Grammar, rng: random.Random, max_bytes: int = 20000, close: float = 0.0) -> bytes:
+    """Bytes chosen at random among those `g` allows from its start, until the value is whole;
+    `close`: how often a closing bracket is taken where one may come (a recursive schema's walk
+    then ends)."""
     state, out = g.start, b""
     while not complete(state):
         assert len(out) < max_bytes, f"no end after {out[:200]!r}..."
@@ -22,6 +24,9 @@ def walk(g: Grammar, rng: random.Random, max_bytes: int = 20000) -> bytes:
         allowed = [b for b in ways if g.step(state, bytes([b])) is not None]
         assert allowed, f"stranded after {out!r}"
         plain = [b for b in allowed if b not in WHITESPACE] or allowed
+        closing = [b for b in allowed if b in b"]}"]
+        if closing and rng.random() < close:
+            plain = closing
         b = rng.choice(plain if rng.random() < 0.95 else allowed)
         state, out = g.step(state, bytes([b])), out + bytes([b])
     return out
