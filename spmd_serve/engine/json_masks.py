@@ -4,11 +4,10 @@ gives the mask of a row, `state_of` the parse state after a request's output so 
 A mask is the whole vocabulary walked through the grammar's table from the row's table state, one
 numpy gather per byte position over the tokens at least that long (sorted by length, so that is a
 prefix of them).  The table state alone decides every token but those that close a free container
-on the way, and those longer than FAR_WINDOW bytes that meet a long count's counted states (where
-the count decides): those few (a `}` or `]` where one may come) are stepped with the stack, in
-Python.  The
-table part is kept per (grammar, table state), bit-packed, for the MAX_CACHED last used, so a step
-usually costs unpacking a cached mask.
+on the way (a `}` or `]` where one may come), and those longer than FAR_WINDOW bytes that meet a
+long count's counted states (where the count decides): those few are stepped with the stack, in
+Python.  The table part is kept per (grammar, table state), bit-packed, for the MAX_CACHED last
+used, so a step usually costs unpacking a cached mask.
 
 Rank 0 holds no tokenizer: each token's bytes come from an HTTP worker before its first JSON request
 (`vocabulary_bytes`, EngineClient.provide_vocabulary); special tokens come as b"" and are never
