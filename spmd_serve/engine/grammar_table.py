@@ -156,3 +156,21 @@ def can_end(ends: Iterable[T], into: Callable[[T], Iterable[T]]) -> set[T]:
                 live.add(s)
                 todo.append(s)
     return live
+
+
+def live_states(
+    start: T, steps: Callable[[T], Iterable[T]], accepts: Callable[[T], bool], most: int | None = None, where: str = ""
+) -> set[T]:
+    """The states reachable from `start` (`steps(s)`: where s leads) from which an accepting one can
+    still be reached; ValueError past `most` states, if given (`where` names what made them)."""
+    seen, todo, back = {start}, [start], dict[T, list[T]]()
+    while todo:
+        s = todo.pop()
+        for t in steps(s):
+            back.setdefault(t, []).append(s)
+            if t not in seen:
+                if most is not None and len(seen) >= most:
+                    raise ValueError(f"{where} makes more than {most} states here")
+                seen.add(t)
+                todo.append(t)
+    return can_end((s for s in seen if accepts(s)), lambda s: back.get(s, ()))

@@ -19,7 +19,7 @@ import functools
 from dataclasses import dataclass, field
 from decimal import Decimal
 
-from spmd_serve.engine.grammar_table import can_end
+from spmd_serve.engine.grammar_table import live_states
 
 Cmp = str  # "lt" | "eq" | "gt"
 # (phase, n, cl, ch): "int" n integer digits read, "zero" (n = 1) the integer part is 0, "dot" (n = 0)
@@ -116,15 +116,7 @@ class Magnitudes:
 def magnitudes(lo: Bound, hi: Bound | None, max_digits: int) -> Magnitudes | None:
     """The automaton of [lo, hi] with its live states (None where no magnitude is in range)."""
     m = Magnitudes(lo, hi, max_digits)
-    seen, todo, back = {START}, [START], dict[DecState, list[DecState]]()
-    while todo:
-        s = todo.pop()
-        for t in m.steps(s).values():
-            back.setdefault(t, []).append(s)
-            if t not in seen:
-                seen.add(t)
-                todo.append(t)
-    live = can_end((s for s in seen if m.accepts(s)), lambda s: back.get(s, ()))
+    live = live_states(START, lambda s: m.steps(s).values(), m.accepts)  # (a few hundred states at most)
     return Magnitudes(lo, hi, max_digits, frozenset(live)) if START in live else None
 
 

@@ -92,11 +92,13 @@ ANY_STRING_FORMATS = ("password", "binary", "path")  # (pydantic's SecretStr, by
 @functools.lru_cache(maxsize=64)
 def format_dfa(fmt: str, where: str, lo: int = 0, hi: int | None = None) -> Dfa:
     """The DFA of a format's values within minLength `lo` / maxLength `hi`."""
-    return bounded(_whole(fmt, where), where, lo, hi)
+    return bounded(_whole(fmt), where, lo, hi)
 
 
-@functools.lru_cache(maxsize=32)
-def _whole(fmt: str, where: str) -> Dfa:
+@functools.lru_cache(maxsize=len(FORMATS))
+def _whole(fmt: str) -> Dfa:
+    """A format's DFA, made once whatever property names it (its rules are this module's)."""
+    where = f"the format {fmt!r}"
     dfas = [compile_dfa(rule, where, WRITABLE) for rule in FORMATS[fmt]]
     return functools.reduce(lambda a, b: intersect(a, b, where), dfas)
 

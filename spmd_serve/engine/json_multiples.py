@@ -21,7 +21,7 @@ from decimal import Decimal
 
 import numpy as np
 
-from spmd_serve.engine.grammar_table import can_end
+from spmd_serve.engine.grammar_table import live_states
 from spmd_serve.engine.json_decimals import START, DecState, Magnitudes
 
 MAX_STATES = 20000  # (the magnitudes' live states times the remainders' classes and fraction digits)
@@ -87,14 +87,11 @@ class Multiples:
 
 
 def of(
-    value: object, pos: Magnitudes | None, neg: Magnitudes | None, integer: bool, max_digits: int, where: str
+    q: Decimal, pos: Magnitudes | None, neg: Magnitudes | None, integer: bool, max_digits: int, where: str
 ) -> tuple[Multiples | None, Multiples | None]:
-    """The multiples of `value` (the schema's multipleOf) among `pos` (nonnegative magnitudes) and
-    `neg` (negative ones), as json_decimals.ranges gives them; ValueError where none is in range or
-    the automaton is too large."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
-        raise ValueError(f"json_schema{where}.multipleOf must be a number greater than 0")
-    q = Decimal(value) if isinstance(value, int) else Decimal(repr(value))  # (as written: 0.1, not its double)
+    """The multiples of q (the schema's multipleOf as written, > 0) among `pos` (nonnegative
+    magnitudes) and `neg` (negative ones), as json_decimals.ranges gives them; ValueError where none
+    is in range or the automaton is too large."""
     _, digits, exponent = q.normalize().as_tuple()
     assert isinstance(exponent, int)
     a, d = int("".join(map(str, digits))) * 10 ** max(exponent, 0), max(-exponent, 0)
@@ -113,15 +110,5 @@ def of(
 @functools.lru_cache(maxsize=64)
 def _multiples(inner: Magnitudes, a: int, d: int, integer: bool, where: str) -> Multiples | None:
     m = Multiples(inner, a, d, integer)
-    seen, todo, back = {m.start}, [m.start], dict[MultState, list[MultState]]()
-    while todo:
-        s = todo.pop()
-        for t in m.steps(s).values():
-            back.setdefault(t, []).append(s)
-            if t not in seen:
-                if len(seen) >= MAX_STATES:
-                    raise ValueError(f"json_schema{where}.multipleOf makes more than {MAX_STATES} states here")
-                seen.add(t)
-                todo.append(t)
-    live = can_end((s for s in seen if m.accepts(s)), lambda s: back.get(s, ()))
+    live = live_states(m.start, lambda s: m.steps(s).values(), m.accepts, MAX_STATES, f"json_schema{where}.multipleOf")
     return Multiples(inner, a, d, integer, frozenset(live)) if m.start in live else None

@@ -11,7 +11,7 @@ from spmd_serve.engine import json_decimals, json_ranges
 from spmd_serve.engine.grammar_table import Edges, Name
 from spmd_serve.engine.json_multiples import Multiples
 
-Magnitudes = json_decimals.Magnitudes | Multiples
+NumberAutomaton = json_decimals.Magnitudes | Multiples  # (a range's, or a multipleOf's in it)
 
 MAX_DIGITS = 24  # of a number's integral part, fraction or exponent (int64s and doubles' reprs fit)
 _DIGITS = b"0123456789"
@@ -63,7 +63,7 @@ class NumberStates:
             edges[byte] = (("intr", exit_, a, b, *nxt), None)
         return edges
 
-    def _value_decimal(self, exit_: Name, pos: Magnitudes | None, neg: Magnitudes | None) -> Edges:
+    def _value_decimal(self, exit_: Name, pos: NumberAutomaton | None, neg: NumberAutomaton | None) -> Edges:
         """A number in a range (json_decimals.ranges; json_multiples.of where it is a multiple of
         something): a nonnegative one's digits, or '-' and a negative one's magnitude."""
         edges = self._dec(("dec", exit_, pos, pos.start)) if pos is not None else {}

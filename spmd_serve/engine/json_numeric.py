@@ -36,7 +36,10 @@ def node(schema: dict[str, Any], kind: str, where: str) -> Node:
     lo, hi = _num_ends(schema, where) if kind == "number" else _int_ends(schema, where)
     pos, neg = json_decimals.ranges(lo, hi, MAX_DIGITS, where)
     if "multipleOf" in schema:
-        return ("decimal", *json_multiples.of(schema["multipleOf"], pos, neg, kind == "integer", MAX_DIGITS, where))
+        q = schema["multipleOf"]
+        if isinstance(q, bool) or not isinstance(q, (int, float)) or not math.isfinite(q) or q <= 0:
+            raise ValueError(f"json_schema{where}.multipleOf must be a number greater than 0")
+        return ("decimal", *json_multiples.of(_decimal(q), pos, neg, kind == "integer", MAX_DIGITS, where))
     return ("decimal", pos, neg)
 
 
@@ -71,7 +74,7 @@ def _int_ends(schema: dict[str, Any], where: str) -> tuple[End, End]:
 
 
 def _decimal(v: float) -> Decimal:
-    """A bound as written (0.1 is 0.1, not the double nearest it)."""
+    """A bound or a multipleOf as written (0.1 is 0.1, not the double nearest it)."""
     return Decimal(v) if isinstance(v, int) else Decimal(repr(v))
 
 
