@@ -3,10 +3,11 @@ made-up byte-level vocabulary of --vocab tokens (words and word pieces with and 
 space, punctuation runs, every single byte), a grammar (json_object, or a pydantic-like schema),
 and --answers answers drawn at random among the allowed tokens, each step's `allowed` timed.
 
-    python benchmarks/json_masks.py [--vocab 150000] [--answers 8] [--tokens 200] [--schema]
+    python benchmarks/json_masks.py [--vocab 150000] [--answers 8] [--tokens 200] [--schema | --gbnf FILE]
 
-Prints the vocabulary's set-up time, the schema's compile time, and per step: the median and p99
-of a step whose table state was seen before (a cached mask) and of one seeing it first (a walk).
+Prints the vocabulary's set-up time, the schema's (or the GBNF grammar's: guided_grammar) compile
+time, and per step: the median and p99 of a step whose table state was seen before (a cached mask)
+and of one seeing it first (a walk).
 """
 
 from __future__ import annotations
@@ -15,9 +16,11 @@ import argparse
 import json
 import random
 import time
+from pathlib import Path
 
 import numpy as np
 
+from spmd_serve.engine import gbnf_grammar
 from spmd_serve.engine.grammar_table import complete
 from spmd_serve.engine.json_masks import JsonVocab
 from spmd_serve.engine.json_schema import grammar
@@ -48,13 +51,17 @@ def main() -> None:
     ap.add_argument("--answers", type=int, default=8)
     ap.add_argument("--tokens", type=int, default=200)
     ap.add_argument("--schema", action="store_true")
+    ap.add_argument("--gbnf", help="a GBNF grammar's file (guided_grammar) instead of a schema")
     a = ap.parse_args()
     rng = random.Random(0)
     tokens = vocabulary(a.vocab, rng)
     t0 = time.perf_counter()
     vocab = JsonVocab(tokens)
     t1 = time.perf_counter()
-    g = grammar(json.dumps(SCHEMA) if a.schema else '{"type":"object"}')
+    if a.gbnf:
+        g = gbnf_grammar.answer_grammar(Path(a.gbnf).read_text())
+    else:
+        g = grammar(json.dumps(SCHEMA) if a.schema else '{"type":"object"}')
     t2 = time.perf_counter()
     print(f"vocabulary {len(tokens)} tokens: set up {1e3 * (t1 - t0):.0f} ms; grammar {g.table.shape[0]} states, "
           f"compiled in {1e3 * (t2 - t1):.1f} ms")  # fmt: skip

@@ -71,11 +71,14 @@ class SamplingParams:
     # vLLM's guided_regex: the answer is one match of this pattern, then an eos id where it may end
     # (engine/json_patterns.answer_grammar; masked as a JSON answer is)
     regex: str = ""
+    # vLLM's guided_grammar: the answer is one match of this GBNF grammar's root rule, then an eos id
+    # where it may end (engine/gbnf_grammar.answer_grammar; masked as a JSON answer is)
+    gbnf: str = ""
 
     @property
     def grammar(self) -> bool:
-        """Whether the answer is held to a grammar (a JSON schema's or a pattern's)."""
-        return bool(self.json_schema or self.regex)
+        """Whether the answer is held to a grammar (a JSON schema's, a pattern's or a GBNF one's)."""
+        return bool(self.json_schema or self.regex or self.gbnf)
 
     def validate(self) -> SamplingParams:
         """Raise ValueError naming the first bad field; return self for chaining."""
@@ -136,13 +139,15 @@ class SamplingParams:
             raise ValueError("guided_choice ends the answer with an EOS: not with ignore_eos or min_tokens")
         if not isinstance(self.json_schema, str) or len(self.json_schema) > MAX_SCHEMA_CHARS:
             raise ValueError(f"a JSON schema must be JSON text of at most {MAX_SCHEMA_CHARS} characters")
-        if not isinstance(self.regex, str) or len(self.regex) > MAX_SCHEMA_CHARS:
-            raise ValueError(f"a guided_regex must be a string of at most {MAX_SCHEMA_CHARS} characters")
-        if self.json_schema and self.regex:
-            raise ValueError("an answer is held to a JSON schema or to a pattern, not both")
+        for name, text in (("guided_regex", self.regex), ("guided_grammar", self.gbnf)):
+            if not isinstance(text, str) or len(text) > MAX_SCHEMA_CHARS:
+                raise ValueError(f"a {name} must be a string of at most {MAX_SCHEMA_CHARS} characters")
+        if bool(self.json_schema) + bool(self.regex) + bool(self.gbnf) > 1:
+            raise ValueError("an answer is held to one of a JSON schema, a pattern and a grammar, not more")
         if self.grammar and (self.ignore_eos or self.min_tokens or self.guided_sequences):
             raise ValueError(
-                "a JSON or guided_regex answer ends with an EOS: not with ignore_eos, min_tokens or guided_choice"
+                "a JSON, guided_regex or guided_grammar answer ends with an EOS: not with ignore_eos, min_tokens "
+                "or guided_choice"
             )
         if allowed and set(allowed) <= {w[0] for w in self.bad_words if len(w) == 1}:
             raise ValueError("bad_words ban every token allowed_token_ids allows")

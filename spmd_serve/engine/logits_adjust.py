@@ -61,7 +61,9 @@ def json_keep(vocab: JsonVocab | None, view: SampledRequest, width: int) -> npt.
     """[width] the tokens that keep `view`'s answer on its JSON schema's grammar (engine/json_masks.py),
     and its eos ids once it is whole."""
     if vocab is None:
-        raise ValueError("a JSON or guided_regex answer needs the vocabulary's bytes, which no HTTP worker sent")
+        raise ValueError(
+            "a JSON, guided_regex or guided_grammar answer needs the vocabulary's bytes, which no HTTP worker sent"
+        )
     holder = getattr(view, "holder", None)
     grammar, state = vocab.state_of(holder or view, view.output_token_ids)
     keep = np.zeros(width, bool)

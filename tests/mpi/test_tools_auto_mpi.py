@@ -1,11 +1,13 @@
-"""tool_choice "auto" and vLLM's guided_regex, served by `mpirun -n 1 spmd_serve` (the demo model with
+"""tool_choice "auto", vLLM's guided_regex and guided_grammar, served by `mpirun -n 1 spmd_serve` (the demo model with
 Qwen2.5's chat template beside its weights) to the official `openai` client: the calls an answer
 writes come back as tool calls, whole and streamed alike; a guided_regex answer is one match of its
-pattern, ended by the EOS where the pattern may end; the client's `parse` with a pydantic model of
+pattern, ended by the EOS where the pattern may end, and a guided_grammar answer a sentence of its
+grammar; the client's `parse` with a pydantic model of
 bounded numbers, a tuple and a discriminated union gets an instance of it back."""
 
 from __future__ import annotations
 
+import ast
 import json
 import re
 import shutil
@@ -55,24 +57,50 @@ def test_tool_choice_auto_reads_the_calls_out_of_the_answer(client):
     assert (got.message.content, got.message.tool_calls, got.finish_reason) == (other, None, "stop")
 
 
+def _sampled_answers(client, extra: dict, prompt: str, seed: int) -> list[str]:
+    """Four sampled chat answers and four completions held by `extra`, each ended by the EOS; the
+    chat answers streamed equal to them whole."""
+    kw = dict(model="default", max_tokens=64, temperature=1.0, seed=seed, n=4, extra_body=extra)
+    chat = client.chat.completions.create(messages=CHAT, **kw).choices
+    comp = client.completions.create(prompt=prompt, **kw).choices
+    assert [c.finish_reason for c in chat + comp] == ["stop"] * 8
+    streamed = ["" for _ in range(4)]
+    for chunk in client.chat.completions.create(messages=CHAT, stream=True, **kw):
+        for c in chunk.choices:
+            streamed[c.index] += c.delta.content or ""
+    assert streamed == [c.message.content for c in chat]
+    return [c.message.content for c in chat] + [c.text for c in comp]
+
+
 @pytest.mark.parametrize("pattern", [r"(yes|no|maybe)", r"[A-Z][a-z]{2,5}-[0-9]{1,3}", r"\d+(\.\d{1,2})?"])
 def test_guided_regex_answers_match_the_pattern(client, pattern):
     """Sampled answers (chat and completions, guided_regex and structured_outputs.regex) each match the
     whole pattern and end by the EOS; streamed equals whole; a pattern not built is a 400 naming it."""
     for extra in ({"guided_regex": pattern}, {"structured_outputs": {"regex": pattern}}):
-        kw = dict(model="default", max_tokens=64, temperature=1.0, seed=4, n=4, extra_body=extra)
-        chat = client.chat.completions.create(messages=CHAT, **kw).choices
-        comp = client.completions.create(prompt="The answer is", **kw).choices
-        for c in chat + comp:
-            text = c.message.content if hasattr(c, "message") else c.text
-            assert c.finish_reason == "stop" and re.fullmatch(pattern, text, re.ASCII), (pattern, text)
-        streamed = ["" for _ in range(4)]
-        for chunk in client.chat.completions.create(messages=CHAT, stream=True, **kw):
-            for c in chunk.choices:
-                streamed[c.index] += c.delta.content or ""
-        assert streamed == [c.message.content for c in chat]
+        for text in _sampled_answers(client, extra, "The answer is", seed=4):
+            assert re.fullmatch(pattern, text, re.ASCII), (pattern, text)
     with pytest.raises(openai.BadRequestError, match=r"guided_regex: groupref is not supported"):
         client.completions.create(model="default", prompt="x", max_tokens=4, extra_body={"guided_regex": "(a)\\1"})
+
+
+EXPRESSIONS = """root ::= "(" expr ")" ([-+*] term)?
+expr ::= term ([-+*] term){0,3}
+term ::= [1-9] [0-9]? | "(" expr ")" | "-" term
+"""
+
+
+def test_guided_grammar_answers_are_sentences_of_the_grammar(client):
+    """Sampled answers held to a GBNF grammar with nested brackets (guided_grammar and
+    structured_outputs.grammar) are each an expression Python's own parser reads, ended by the EOS;
+    streamed equals whole; a grammar not built is a 400 naming why."""
+    for extra in ({"guided_grammar": EXPRESSIONS}, {"structured_outputs": {"grammar": EXPRESSIONS}}):
+        for text in _sampled_answers(client, extra, "1 + 2 =", seed=5):
+            assert re.fullmatch(r"\([-+*()0-9]+", text), text
+            ast.parse(text, mode="eval")  # (brackets closed in order: the stack served)
+    with pytest.raises(openai.BadRequestError, match=r"guided_grammar: the rules refer back to themselves"):
+        client.completions.create(
+            model="default", prompt="x", max_tokens=4, extra_body={"guided_grammar": 'root ::= root "a" | "a"'}
+        )
 
 
 def test_the_clients_parse_with_a_pydantic_model_gets_an_instance(client):

@@ -89,5 +89,5 @@ def test_the_fields():
     ]:
         with pytest.raises(OpenAIError, match=re.escape(want)):
             _parse(body)
-    with pytest.raises(ValueError, match="not both"):
+    with pytest.raises(ValueError, match="not more"):
         SamplingParams(json_schema='{"type":"object"}', regex="a").validate()

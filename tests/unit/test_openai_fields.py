@@ -77,7 +77,7 @@ def test_unknown_fields_are_refused_with_openai_s_wording(kind):
         ("chat", "add_special_tokens", False, True),
         ("completion", "suffix", "", "!"),
         ("completion", "priority", 0, 1),
-        ("chat", "guided_grammar", None, "root ::= x"),
+        ("chat", "guided_decoding_backend", None, "xgrammar"),
         ("chat", "store", False, True),
     ],
 )

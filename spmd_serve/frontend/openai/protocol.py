@@ -183,6 +183,7 @@ def parse_openai(
         schema = token_params.json_schema(body, eos_ends, calls.schema, slow)
         held = "a guided choice" if choices else "a JSON schema" if schema else ""  # (what else holds the answer)
         regex = token_params.guided_regex(body, eos_ends, held, slow)
+        gbnf = token_params.guided_grammar(body, eos_ends, held or ("a guided_regex" if regex else ""), slow)
     except FieldError as e:
         raise OpenAIError(400, e.msg, e.param) from None
     params = SamplingParams(
@@ -213,6 +214,7 @@ def parse_openai(
         guided_sequences=choices,
         json_schema=schema,
         regex=regex,
+        gbnf=gbnf,
     )
     get(body, "user", "str", None)
     flags = dict(echo=echo, logprobs=logprobs, echo_only=not max_tokens, continues=continues)

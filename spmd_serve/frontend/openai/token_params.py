@@ -9,7 +9,7 @@ import json
 from collections.abc import Callable
 from typing import Any
 
-from spmd_serve.engine import json_patterns
+from spmd_serve.engine import gbnf_grammar, json_patterns
 from spmd_serve.engine import json_schema as json_schemas
 from spmd_serve.frontend.common.parsing import ProtocolError, check_in_vocab, finite_number, is_int, show
 from spmd_serve.frontend.openai.fields import FieldError
@@ -25,7 +25,7 @@ from spmd_serve.sampling_params import (
 )
 
 Slow = list[Callable[[], object]]  # work that may take long (a grammar's compile): run off the IO loop
-_STRUCTURED = ("choice", "json", "json_object", "regex")  # later vLLM's structured_outputs that are built
+_STRUCTURED = ("choice", "json", "json_object", "regex", "grammar")  # later vLLM's structured_outputs that are built
 
 
 def _in_vocab(name: str, ids: list[int], tokenizer: Any) -> None:
@@ -126,7 +126,7 @@ def _choice_field(body: dict[str, Any]) -> tuple[Any, str]:
     other = next((k for k, v in outputs.items() if k not in _STRUCTURED and v not in (None, False)), None)
     if other is not None:  # (its flags are false by default: false changes nothing)
         raise FieldError(
-            f"structured_outputs.{other} is not supported by this server (only choice, json, json_object and regex)",
+            f"structured_outputs.{other} is not supported by this server (only {', '.join(_STRUCTURED)})",
             f"structured_outputs.{other}",
         )
     if body.get("guided_choice") is not None:
@@ -204,26 +204,40 @@ def guided_regex(body: dict[str, Any], ends_on_eos: bool, other: str, slow: Slow
     of ("" for none; engine/json_patterns.answer_grammar).  Not with `other` (the structured output
     already given, if any), ignore_eos or min_tokens; a pattern not built is refused naming what
     (now, or by the check put in `slow` where that is given)."""
+    return _guided_text(body, "regex", json_patterns.answer_grammar, ends_on_eos, other, slow)
+
+
+def guided_grammar(body: dict[str, Any], ends_on_eos: bool, other: str, slow: Slow | None = None) -> str:
+    """vLLM's guided_grammar (or structured_outputs' "grammar"): the GBNF grammar whose root rule the
+    whole answer is one match of ("" for none; engine/gbnf_grammar.answer_grammar), as guided_regex."""
+    return _guided_text(body, "grammar", gbnf_grammar.answer_grammar, ends_on_eos, other, slow)
+
+
+def _guided_text(
+    body: dict[str, Any], key: str, compile_: Callable[[str, str], object], ends_on_eos: bool, other: str,
+    slow: Slow | None,
+) -> str:  # fmt: skip
+    """The text of guided_<key> or structured_outputs.<key> ("" for neither), checked by `compile_`."""
     outputs = body.get("structured_outputs")
     given = [
         (name, value)
         for name, value in (
-            ("guided_regex", body.get("guided_regex")),
-            ("structured_outputs.regex", outputs.get("regex") if isinstance(outputs, dict) else None),
+            (f"guided_{key}", body.get(f"guided_{key}")),
+            (f"structured_outputs.{key}", outputs.get(key) if isinstance(outputs, dict) else None),
         )
         if value is not None
     ]
     if not given:
         return ""
-    (name, pattern), *more = given
+    (name, text), *more = given
     if more or other:
         raise FieldError(f"{name} and {more[0][0] if more else other} cannot both be given", name)
-    if not isinstance(pattern, str) or len(pattern) > MAX_SCHEMA_CHARS:
+    if not isinstance(text, str) or len(text) > MAX_SCHEMA_CHARS:
         raise FieldError(f"{name} must be a string of at most {MAX_SCHEMA_CHARS} characters", name)
     if not ends_on_eos:
         raise FieldError(f"{name} ends the answer with an EOS: not with ignore_eos or min_tokens", name)
-    _check(lambda: json_patterns.answer_grammar(pattern, name), "", name, slow)
-    return pattern
+    _check(lambda: compile_(text, name), "", name, slow)
+    return text
 
 
 def guided_choice(
