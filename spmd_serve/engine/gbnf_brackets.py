@@ -1,14 +1,17 @@
-"""Where a GBNF grammar's recursion is read with the stack (engine/gbnf_grammar.py): its *brackets*.
+"""Where a GBNF grammar's recursion is read with the stack (engine/gbnf_grammar.py): its *brackets*,
+and where it needs none: its *jumps*.
 
 A byte grammar (engine/grammar_table.py) pushes where to return on one byte and pops on one byte.
 So a rule that refers back to itself is built where its recursion is written between two
 one-byte characters of one sequence: in `term ::= "(" ws expr ")" ws | num`, the `(` pushes where to
 go after the `)`, and the `)` pops.  In each sequence of a recursive rule that mentions its own rules
 (those it can reach and that reach it), the bracket is the nearest one-byte item before the first
-such mention and the nearest after the last (else one around each mention that has them).  Every
-other reference is written out in place, which
-ends only if those references alone make no cycle: left recursion (`expr ::= expr "+" term`) and
-recursion without such brackets are refused, naming the rules.
+such mention and the nearest after the last (else one around each mention that has them).  A
+reference to one of its own rules at a rule's very end (`ws ::= [ ] ws | ""`, `factor ::= "-"
+unary | num` with `unary ::= factor`) is a jump: nothing follows it, so it returns where the rule
+returns and needs no stack.  Every other reference is written out in place, which ends only if those
+references alone make no cycle: left recursion (`expr ::= expr "+" term`) and recursion without
+brackets are refused, naming the rules.
 """
 
 from __future__ import annotations
@@ -24,9 +27,8 @@ def one_byte(item: Node) -> list[tuple[int, int]] | None:
     return None
 
 
-def _cycles(rules: dict[str, Node]) -> dict[str, frozenset[str]]:
-    """Each rule's strongly connected component of the reference graph (Tarjan's, iterative)."""
-    graph = {name: sorted(set(_refs(node))) for name, node in rules.items()}
+def _cycles(graph: dict[str, list[str]]) -> dict[str, frozenset[str]]:
+    """Each rule's strongly connected component of a reference graph (Tarjan's, iterative)."""
     index: dict[str, int] = {}
     low: dict[str, int] = {}
     stack: list[str] = []
@@ -61,33 +63,11 @@ def _cycles(rules: dict[str, Node]) -> dict[str, frozenset[str]]:
     return comp
 
 
-def untail(rules: dict[str, Node]) -> dict[str, Node]:
-    """The rules with a rule's own name at the end of its alternatives read as a loop: `x ::= a x | b`
-    as `x ::= a* b` (`ws ::= [ ] ws | ""`, `ws ::= ([ ] ws)?`), needing no stack."""
-    out = dict(rules)
-    for name, node in rules.items():
-        node = _unwrap(node)
-        alts = [_unwrap(a) for a in node.items] if isinstance(node, Alt) else [node]
-        if len(alts) == 1 and isinstance(node, Rep) and (node.lo, node.hi) == (0, 1):
-            alts = [_unwrap(node.item), Seq([])]
-        tails = [a for a in alts if isinstance(a, Seq) and a.items and _is_ref(a.items[-1], name)]
-        if tails:
-            ends = [a for a in alts if a not in tails]
-            loop: list[Node] = [Seq(a.items[:-1]) for a in tails if isinstance(a, Seq)]
-            out[name] = Seq([Rep(Alt(loop) if len(loop) > 1 else loop[0], 0, None), Alt(ends) if ends else Chars([])])
-    return out
-
-
 def _unwrap(item: Node) -> Node:
     """The item a group of one item holds."""
     while isinstance(item, Seq) and len(item.items) == 1:
         item = item.items[0]
     return item
-
-
-def _is_ref(item: Node, name: str) -> bool:
-    item = _unwrap(item)
-    return isinstance(item, Ref) and item.name == name
 
 
 def _spans(items: list[Node], own: list[int]) -> list[tuple[int, int]]:
@@ -106,61 +86,76 @@ def _spans(items: list[Node], own: list[int]) -> list[tuple[int, int]]:
     return spans
 
 
-def brackets(rules: dict[str, Node], where: str) -> dict[Seq, list[tuple[int, int]]]:
-    """The brackets (sequence -> its (opening index, closing index) spans, in order); ValueError
-    where the references outside them make a cycle."""
-    comp = _cycles(rules)
+def brackets(rules: dict[str, Node], where: str) -> tuple[dict[Seq, list[tuple[int, int]]], set[Ref]]:
+    """(the brackets: sequence -> its (opening index, closing index) spans, in order; the jumps: a
+    rule's references to its own rules at its very end); ValueError where the other references
+    outside brackets make a cycle."""
+    comp = _cycles({name: sorted(set(_refs(node))) for name, node in rules.items()})
     found: dict[Seq, list[tuple[int, int]]] = {}
+    jumps: set[Ref] = set()
     plain: dict[str, set[str]] = {name: set() for name in rules}  # the references outside brackets
 
-    def visit(node: Node, rule: str, inside: bool) -> None:
+    def visit(node: Node, rule: str, inside: bool, tail: bool) -> None:
         if isinstance(node, Ref):
-            if not inside:
+            if tail and node.name in comp[rule] and recursive(rule):
+                jumps.add(node)
+            elif not inside:
                 plain[rule].add(node.name)
-        elif isinstance(node, Rep):
-            visit(node.item, rule, inside)
+        elif isinstance(node, Rep):  # (an optional item ends where the repeat ends)
+            visit(node.item, rule, inside, tail and (node.lo, node.hi) in ((0, 1), (1, 1)))
         elif isinstance(node, Alt):
             for item in node.items:
-                visit(item, rule, inside)
+                visit(item, rule, inside, tail)
         elif isinstance(node, Seq):
             own = [k for k, item in enumerate(node.items) if any(n in comp[rule] for n in _refs(item))]
-            recursive = len(comp[rule]) > 1 or rule in _refs(rules[rule])
-            if own and recursive and not inside and _spans(node.items, own):
+            if own and recursive(rule) and not inside and _spans(node.items, own):
                 found[node] = _spans(node.items, own)
             spans = found.get(node, [])
             for k, item in enumerate(node.items):
-                visit(item, rule, inside or any(a < k < b for a, b in spans))
+                within = any(a < k < b for a, b in spans)
+                visit(item, rule, inside or within, tail and k == len(node.items) - 1 and not within)
+
+    def recursive(rule: str) -> bool:
+        return len(comp[rule]) > 1 or rule in _refs(rules[rule])
 
     for name, node in rules.items():
-        visit(node, name, False)
-    _acyclic(plain, where)
-    return found
+        visit(node, name, False, True)
+    jumped: dict[str, set[str]] = {name: set() for name in rules}
+    for name, node in rules.items():
+        jumped[name] = {r.name for r in _mentions(node) if r in jumps}
+    _acyclic(plain, jumped, where)
+    return found, jumps
 
 
-def _acyclic(plain: dict[str, set[str]], where: str) -> None:
-    """ValueError naming a cycle of references outside brackets, if there is one."""
-    state: dict[str, int] = {}  # 1: on the path, 2: done
-    for root in plain:
-        path: list[str] = []
-        work = [(root, iter(sorted(plain[root])))] if root not in state else []
-        if work:
-            state[root] = 1
-            path.append(root)
-        while work:
-            v, out = work[-1]
-            w = next(out, None)
-            if w is None:
-                state[v] = 2
-                path.pop()
-                work.pop()
-            elif state.get(w) == 1:
-                cycle = " -> ".join([*path[path.index(w) :], w])
+def _mentions(node: Node) -> list[Ref]:
+    """The references `node` makes itself."""
+    if isinstance(node, Ref):
+        return [node]
+    if isinstance(node, Rep):
+        return _mentions(node.item)
+    if isinstance(node, (Seq, Alt)):
+        return [r for item in node.items for r in _mentions(item)]
+    return []
+
+
+def _acyclic(plain: dict[str, set[str]], jumped: dict[str, set[str]], where: str) -> None:
+    """ValueError naming a cycle of references outside brackets that is not jumps alone (each copy of
+    a rule written out in place would write out another), if there is one."""
+    comp = _cycles({name: sorted(plain[name] | jumped[name]) for name in plain})
+    for u in sorted(plain):
+        for v in sorted(plain[u]):
+            if v in comp[u]:  # (then back from v to u, breadth first)
+                came = {v: v}
+                todo = [v]
+                for w in todo:
+                    todo += [x for x in sorted(plain[w] | jumped[w]) if x in comp[u] and x not in came]
+                    came.update({x: w for x in plain[w] | jumped[w] if x in comp[u] and x not in came})
+                path = [u]
+                while path[-1] != v:
+                    path.append(came[path[-1]])
+                cycle = " -> ".join([u, *reversed(path)])
                 raise ValueError(
                     f"{where}: the rules refer back to themselves ({cycle}) without one-character brackets "
                     'around the recursion, such as "(" ... ")": not built (a left recursion, or a recursion '
                     "a byte grammar cannot read with its stack)"
                 )
-            elif w not in state:
-                state[w] = 1
-                path.append(w)
-                work.append((w, iter(sorted(plain[w]))))

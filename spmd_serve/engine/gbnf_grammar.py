@@ -2,7 +2,8 @@
 (engine/grammar_table.py), so the masks (engine/json_masks.py) walk it as they walk a JSON schema's.
 
 The rules are written out in place as a Thompson NFA over bytes (characters as their UTF-8 byte
-sequences, engine/regex_dfa.py), except at the brackets of engine/gbnf_brackets.py: a bracket's
+sequences, engine/regex_dfa.py), a jump of engine/gbnf_brackets.py as an edge to its rule's start in
+the same copy, and at the brackets: a bracket's
 opening byte is a *push* edge (into its inside, built once, remembering where to go after it) and
 its closing byte, where its inside may end, a *pop*.  Subset construction then makes one table:
 a state is a set of NFA positions of one inside (or of the answer's top level).  The stack must be
@@ -26,6 +27,7 @@ from spmd_serve.engine.regex_dfa import _Nfa
 MAX_DEPTH = 200  # rules written out within rules (a deeper chain is refused, not a RecursionError)
 MAX_UNROLLS = 64  # brackets written out in place where a byte would push and be read otherwise too
 Move = tuple[str, int, int]  # a table row's way for a byte (_Table)
+Copy = tuple[dict[str, int], int]  # a rule written out in place: (its rules' starts in it, its end)
 Push = tuple[int, int, int, int]  # (lo byte, hi byte, bracket id, the NFA state after its closing byte)
 
 
@@ -35,7 +37,8 @@ class _Builder(_Nfa):
 
     def __init__(self, rules: dict[str, Node], where: str) -> None:
         super().__init__(True, where)
-        self.rules, self.found = rules, gbnf_brackets.brackets(rules, where)
+        self.rules = rules
+        self.found, self.jumps = gbnf_brackets.brackets(rules, where)
         self.pushes: list[list[Push]] = []
         self.closes: list[list[tuple[int, int]]] = []
         self.ids: dict[tuple[Seq, int], int] = {}  # (a bracket's sequence, its opening index) -> its id
@@ -47,25 +50,44 @@ class _Builder(_Nfa):
         self.closes.append([])
         return super().state()
 
-    def node(self, node: Node, depth: int = 0) -> tuple[int, int]:
+    def rule(self, name: str, depth: int = 0) -> tuple[int, int]:
+        """A fresh copy of rule `name` written out in place, with the rules it jumps to (each made
+        once in this copy, all ending where it ends)."""
+        end = self.state()
+        return self._enter(name, ({}, end), depth), end
+
+    def _enter(self, name: str, copy: Copy, depth: int) -> int:
+        """Rule `name`'s start in `copy` (made there the first time)."""
+        made, end = copy
+        if name not in made:
+            made[name] = self.state()
+            s, e = self.node(self.rules[name], depth, copy)
+            self.eps[made[name]].append(s)
+            self.eps[e].append(end)
+        return made[name]
+
+    def node(self, node: Node, depth: int = 0, copy: Copy | None = None) -> tuple[int, int]:
+        """`node`'s fragment (start, end); `copy`: the rule copy it is in, where its jumps go."""
         if depth > MAX_DEPTH:
             raise ValueError(f"{self.where}: rules nest more than {MAX_DEPTH} deep")
         if isinstance(node, Chars):
             return self.chars(node.ranges)
         if isinstance(node, Ref):
-            return self.node(self.rules[node.name], depth + 1)
+            if node in self.jumps and copy is not None:  # (its end is never reached: the jump's target ends the copy)
+                return self._enter(node.name, copy, depth + 1), self.state()
+            return self.rule(node.name, depth + 1)
         if isinstance(node, Alt):
             start, end = self.state(), self.state()
             for item in node.items:
-                s, e = self.node(item, depth)
+                s, e = self.node(item, depth, copy)
                 self.eps[start].append(s)
                 self.eps[e].append(end)
             return start, end
         if isinstance(node, Rep):
-            return self._repeat(node, depth)
-        return self._seq(node, depth)
+            return self._repeat(node, depth, copy)
+        return self._seq(node, depth, copy)
 
-    def _seq(self, node: Seq, depth: int) -> tuple[int, int]:
+    def _seq(self, node: Seq, depth: int, copy: Copy | None = None) -> tuple[int, int]:
         start = end = self.state()
         spans = {a: b for a, b in self.found.get(node, [])}
         k = 0
@@ -78,7 +100,7 @@ class _Builder(_Nfa):
                     self.pushes[end].append((lo, hi, b, after))
                 end, k = after, span[1] + 1
                 continue
-            s, e = self.node(node.items[k], depth)
+            s, e = self.node(node.items[k], depth, copy)
             self.eps[end].append(s)
             end, k = e, k + 1
         return start, end
@@ -104,21 +126,21 @@ class _Builder(_Nfa):
         self.eps[site].append(s)
         self.eps[e].append(after)
 
-    def _repeat(self, node: Rep, depth: int) -> tuple[int, int]:
+    def _repeat(self, node: Rep, depth: int, copy: Copy | None) -> tuple[int, int]:
         start = end = self.state()
         for _ in range(node.lo):
-            s, e = self.node(node.item, depth)
+            s, e = self.node(node.item, depth, copy)
             self.eps[end].append(s)
             end = e
         tail = self.state()
         if node.hi is None:
-            s, e = self.node(node.item, depth)
+            s, e = self.node(node.item, depth, copy)
             self.eps[end] += [s, tail]
             self.eps[e] += [s, tail]
             return start, tail
         for _ in range(node.hi - node.lo):
             self.eps[end].append(tail)
-            s, e = self.node(node.item, depth)
+            s, e = self.node(node.item, depth, copy)
             self.eps[end].append(s)
             end = e
         self.eps[end].append(tail)
@@ -244,9 +266,8 @@ class _Table:
 def answer_grammar(text: str, where: str = "guided_grammar") -> Grammar:
     """The grammar of an answer that is one match of GBNF `text`'s `root` rule; ValueError names what
     is not built or wrong (the grammar named `where`)."""
-    rules = gbnf_brackets.untail(parse(text, where))
-    nfa = _Builder(rules, where)
-    start, accept = nfa.node(rules["root"])
+    nfa = _Builder(parse(text, where), where)
+    start, accept = nfa.rule("root")
     made = 0
     for unrolled in itertools.count():
         try:
