@@ -70,13 +70,21 @@ def _unwrap(item: Node) -> Node:
     return item
 
 
-def _spans(items: list[Node], own: list[int]) -> list[tuple[int, int]]:
-    """A sequence's brackets around its items at `own` (its rule's recursion): one around them all,
-    else one around each it can (the others may be brackets of their own inside)."""
+class NoMoreChoices(Exception):
+    """A sequence's choices of brackets are all tried."""
+
+
+def _spans(items: list[Node], own: list[int], pick: int) -> list[tuple[int, int]]:
+    """A sequence's brackets around its items at `own` (its rule's recursion), its `pick`-th choice:
+    one around them all (the nearest first, then wider, the opening end first), else one around each
+    it can (the others may be brackets of their own inside)."""
     one = [k for k, item in enumerate(items) if one_byte(item)]
     opens, closes = [k for k in one if k < own[0]], [k for k in one if k > own[-1]]
-    if opens and closes:
-        return [(opens[-1], closes[0])]
+    choices = [[(o, c)] for o in reversed(opens) for c in closes]
+    if pick >= max(len(choices), 1):
+        raise NoMoreChoices
+    if choices:
+        return choices[pick]
     spans: list[tuple[int, int]] = []
     for m in own:
         after = spans[-1][1] if spans else -1
@@ -86,10 +94,12 @@ def _spans(items: list[Node], own: list[int]) -> list[tuple[int, int]]:
     return spans
 
 
-def brackets(rules: dict[str, Node], where: str) -> tuple[dict[Seq, list[tuple[int, int]]], set[Ref]]:
-    """(the brackets: sequence -> its (opening index, closing index) spans, in order; the jumps: a
-    rule's references to its own rules at its very end); ValueError where the other references
-    outside brackets make a cycle."""
+def brackets(
+    rules: dict[str, Node], where: str, choice: dict[Seq, int]
+) -> tuple[dict[Seq, list[tuple[int, int]]], set[Ref]]:
+    """(the brackets: sequence -> its (opening index, closing index) spans, in order, its `choice`-th
+    (default 0); the jumps: a rule's references to its own rules at its very end); ValueError where
+    the other references outside brackets make a cycle, NoMoreChoices past a sequence's last."""
     comp = _cycles({name: sorted(set(_refs(node))) for name, node in rules.items()})
     found: dict[Seq, list[tuple[int, int]]] = {}
     jumps: set[Ref] = set()
@@ -108,8 +118,9 @@ def brackets(rules: dict[str, Node], where: str) -> tuple[dict[Seq, list[tuple[i
                 visit(item, rule, inside, tail)
         elif isinstance(node, Seq):
             own = [k for k, item in enumerate(node.items) if any(n in comp[rule] for n in _refs(item))]
-            if own and recursive(rule) and not inside and _spans(node.items, own):
-                found[node] = _spans(node.items, own)
+            spans = _spans(node.items, own, choice.get(node, 0)) if own and recursive(rule) and not inside else []
+            if spans:
+                found[node] = spans
             spans = found.get(node, [])
             for k, item in enumerate(node.items):
                 within = any(a < k < b for a, b in spans)

@@ -7,6 +7,7 @@ or the bytes; the masks equal stepping each token alone."""
 from __future__ import annotations
 
 import ast
+import functools
 import json
 import random
 import re
@@ -63,23 +64,49 @@ GRAMMARS = {
     "counted": r'root ::= "a" root "b" | "c"',  # a^n c b^n
     "list": 'root ::= ("- " item)+\nitem ::= [^\\n]+ "\\n"',
     "kana": 'root ::= [ぁ-ゟ]+ ("、" [ぁ-ゟ]+)* "。"? .{0,2}',
+    "xml": 'root ::= element\nelement ::= "<" name ">" content "</" name ">"\ncontent ::= ([^<]+ | element)*\n'
+    "name ::= [a-z]+",  # (the `<` after text may begin an element or close: brackets `>` to `/`)
     "lines": 'root ::= line{1,3}\nline ::= ( [A-Z] [a-z]* " " )+ "\\U0001F600"? "\\n"',
 }
 
 
 def _walk(g: Grammar, rng: random.Random, stop: float = 0.15, limit: int = 200) -> bytes:
-    """Bytes chosen at random among those `g` allows until it may end (and a draw says stop);
-    fails if it is ever left with no way on and cannot end (a stranded state)."""
+    """Bytes chosen at random among those `g` allows until it may end (and a draw says stop), past
+    `limit` bytes mostly the byte nearest an end; fails if it is ever left with no way on and cannot
+    end (a stranded state)."""
+    left = _distances(g)
     state, out = g.start, b""
     while True:
         row = g.table[state[0]].tolist()
         ways = [b for b, t in enumerate(row) if t != DEAD and (t != POP or g.step(state, bytes([b])))]
         if g.may_end(state) and (not ways or rng.random() < stop or len(out) > limit):
             return out
-        assert ways, f"stranded after {out!r}"
-        closing = [b for b in ways if b in b')]}"b']
-        b = rng.choice(closing if closing and len(out) > limit // 2 and rng.random() < 0.7 else ways)
+        assert ways and len(out) < 50 * limit, f"stranded after {out!r}"
+        if len(out) > limit and rng.random() < 0.8:
+            ways = [min(ways, key=lambda b: _left(left, g.step(state, bytes([b]))))]
+        b = rng.choice(ways)
         state, out = g.step(state, bytes([b])), out + bytes([b])
+
+
+@functools.cache
+def _distances(g: Grammar) -> list[float]:
+    """Per table state, the fewest bytes to where the answer may end or the innermost bracket closes."""
+    left = [0.0 if s in g.ends else float("inf") for s in range(len(g.table))]
+    while True:
+        new = [min([left[s]] + [_way(left, g, s, b, t) for b, t in enumerate(g.table[s].tolist()) if t != DEAD])
+               for s in range(len(left))]  # fmt: skip
+        if new == left:
+            return left
+        left = new
+
+
+def _way(left: list[float], g: Grammar, s: int, b: int, t: int) -> float:
+    """The fewest bytes to an end (or a close) by byte b from s (to t): a push's inside, then its return."""
+    return 1 + (0 if t == POP else left[t] + (left[g.pushes[s, b]] if g.pushes[s, b] else 0))
+
+
+def _left(left: list[float], state) -> float:
+    return left[state[0]] + sum(left[r] for r in state[1])
 
 
 def _mutants(rng: random.Random, data: bytes) -> list[bytes]:
@@ -92,8 +119,7 @@ def _mutants(rng: random.Random, data: bytes) -> list[bytes]:
 def test_the_grammar_reads_what_its_rules_read(name):
     rules, g = parse(GRAMMARS[name]), answer_grammar(GRAMMARS[name])
     oracle, rng = Oracle(rules), random.Random(name)
-    texts = [oracle.derive(rng).encode() for _ in range(60)] + [_walk(g, rng) for _ in range(60)]
-    for data in texts:
+    for data in [oracle.derive(rng).encode() for _ in range(60)] + [_walk(g, rng) for _ in range(60)]:
         assert oracle.accepts(data), data  # (a derivation is in the language; so must every walk be)
         assert g.may_end(g.step(g.start, data)), data
         for other in _mutants(rng, data):
