@@ -32,7 +32,14 @@ MAX_REBRACKETS = 16  # other choices of brackets where a closing byte would be r
 def answer_grammar(text: str, where: str = "guided_grammar") -> Grammar:
     """The grammar of an answer that is one match of GBNF `text`'s `root` rule; ValueError names what
     is not built or wrong (the grammar named `where`)."""
-    rules = parse(text, where)
+    try:
+        return _choose(parse(text, where), where)
+    except RecursionError:  # (groups nested hundreds deep: the parser and the builder recurse)
+        raise ValueError(f"{where} nests too deep") from None
+
+
+def _choose(rules: dict[str, Node], where: str) -> Grammar:
+    """The byte grammar with the first choices of brackets that read every closing byte one way."""
     choice: dict[Seq, int] = {}
     for tried in itertools.count():
         try:

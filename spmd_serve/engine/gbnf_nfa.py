@@ -12,7 +12,7 @@ from spmd_serve.engine import gbnf_brackets
 from spmd_serve.engine.gbnf_parse import Alt, Chars, Node, Ref, Rep, Seq
 from spmd_serve.engine.regex_dfa import _Nfa
 
-MAX_DEPTH = 200  # rules written out within rules (a deeper chain is refused, not a RecursionError)
+MAX_DEPTH = 64  # rules written out within rules (a deeper chain is refused, before a RecursionError)
 Copy = tuple[dict[str, int], int]  # a rule written out in place: (its rules' starts in it, its end)
 Push = tuple[int, int, int, int]  # (lo byte, hi byte, bracket id, the NFA state after its closing byte)
 

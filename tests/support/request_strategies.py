@@ -106,6 +106,7 @@ SCHEMAS = st.sampled_from([  # JSON schemas engine/json_schema.py builds
      "pattern": "[a-z]{1,3}-[0-9]"}}},
 ])  # fmt: skip
 REGEXES = st.sampled_from([r"(yes|no)", r"[0-9]{1,4}", r"\w+@\w+\.com", r".{0,8}"])  # patterns built
+GRAMMARS = st.sampled_from(['root ::= "(" root ")" | [a-z]{1,3}', 'root ::= ("- " [a-z]+ "\\n"){1,3}'])  # GBNF built
 
 _OPENAI_COMMON = {
     "model": Field(st.sampled_from(["default", "default", "default", "no-such-model"])),
@@ -139,6 +140,7 @@ _OPENAI_COMMON = {
             st.fixed_dictionaries({"json_object": st.booleans()}),
             st.fixed_dictionaries({"json": SCHEMAS}),
             st.fixed_dictionaries({"regex": REGEXES}),
+            st.fixed_dictionaries({"grammar": GRAMMARS}),
         ),
         st.one_of(TEXT, JUNK, st.fixed_dictionaries({"json_object": JUNK}), st.fixed_dictionaries({"json": JUNK})),
     ),
@@ -160,6 +162,7 @@ _OPENAI_COMMON = {
         SCHEMAS | SCHEMAS.map(json.dumps), st.one_of(TEXT, JUNK, st.just({"type": "object", "multipleOf": 2}))
     ),
     "guided_regex": Field(REGEXES, st.one_of(JUNK, st.sampled_from(["(a)\\1", "[", "a(?=b)", "\x01"]))),
+    "guided_grammar": Field(GRAMMARS, st.one_of(JUNK, st.sampled_from(["root ::= x", 'root ::= root "a"', "a ::= ("]))),
     "guided_choice": Field(st.lists(TEXT, min_size=1, max_size=3), st.one_of(TEXT, st.lists(JUNK, max_size=3), JUNK)),
     "bad_words": Field(st.lists(TEXT, max_size=3), st.one_of(TEXT, st.lists(JUNK, min_size=1, max_size=3), JUNK)),
     "truncate_prompt_tokens": integer(1, 20),

@@ -167,6 +167,11 @@ def test_the_stack_holds_the_nesting():
         ('root ::= "a"\nroot ::= "b"', "rule 'root' is defined twice"),
         ("root ::= @", "unexpected '@'"),
         ('root ::= "a"{300}', "at most 256"),
+        ("root ::= " + "(" * 400 + '"a"' + ")" * 400, "nests too deep"),
+        (
+            "root ::= r0\n" + "".join(f'r{i} ::= "a" r{i + 1} "b"\n' for i in range(70)) + 'r70 ::= "c"',
+            "more than 64 deep",
+        ),
     ],
 )
 def test_what_is_not_built_or_wrong_is_refused_by_name(text, message):
