@@ -132,7 +132,10 @@ def parse(text: str, where: str = "guided_grammar") -> dict[str, Node]:
             raise r.fail(f"expected a rule's name, found {r.text[r.at : r.at + 10]!r}")
         r.space()
         if not r.text.startswith("::=", r.at):
-            raise r.fail(f"expected '::=' after {name!r}")
+            lark = (
+                " (GBNF rules are `name ::= ...`: a Lark grammar's `name: ...` is not read)" if r.peek() == ":" else ""
+            )
+            raise r.fail(f"expected '::=' after {name!r}{lark}")
         r.at += 3
         if name in rules:
             raise r.fail(f"rule {name!r} is defined twice")

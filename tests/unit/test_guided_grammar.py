@@ -166,6 +166,7 @@ def test_the_stack_holds_the_nesting():
         ('root ::= ("a"', "'(' without its ')'"),
         ('root ::= "a"\nroot ::= "b"', "rule 'root' is defined twice"),
         ("root ::= @", "unexpected '@'"),
+        ('start: "a"', "after 'start' (GBNF rules are `name ::= ...`: a Lark grammar's `name: ...` is not read)"),
         ('root ::= "a"{300}', "at most 256"),
         ("root ::= " + "(" * 400 + '"a"' + ")" * 400, "nests too deep"),
         (
