@@ -103,6 +103,24 @@ def _whole(fmt: str) -> Dfa:
     return functools.reduce(lambda a, b: intersect(a, b, where), dfas)
 
 
+@functools.lru_cache(maxsize=64)
+def other_keys(names: tuple[str, ...], where: str) -> Dfa:
+    """A key that is none of `names` (additionalProperties beside properties): any string, intersected
+    with the complement of the names' trie (read as the string's own bytes: a JSON answer writes a
+    character one way only, json_patterns.py)."""
+    trie: list[dict[int, int]] = [{}]
+    ends = set()
+    for name in names:
+        at = 0
+        for b in name.encode():
+            at = trie[at].setdefault(b, len(trie))
+            trie += [{}] if at == len(trie) else []
+        ends.add(at)
+    other = len(trie)  # (off the trie: no name)
+    trans = tuple({b: out.get(b, other) for b in range(256)} for out in trie) + (dict.fromkeys(range(256), other),)
+    return intersect(compile_dfa(r"[\s\S]*", where, WRITABLE), Dfa(trans, frozenset(range(other + 1)) - ends), where)
+
+
 def intersect(a: Dfa, b: Dfa, where: str) -> Dfa:
     """The DFA of the strings both take (their product), only states from which both can end."""
     ids, trans, todo = {(0, 0): 0}, [dict[int, int]()], [(0, 0)]

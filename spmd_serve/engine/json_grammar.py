@@ -127,6 +127,9 @@ class _Builder(NumberStates, StringStates, SetStates):
             return self._object(node, exit_, *args[2:])
         if kind == "objkey":
             return {ord('"'): (("key", node, exit_, args[2], b'"'), None)}
+        if kind == "xcolon":  # (an additional property's key read: its value, then only more of them)
+            after: Name = ("obj", node, exit_, len(self.nodes[node][1]), 1)
+            return {ord(":"): (_ws(("val", self.nodes[node][3], after)), None)}
         if kind == "colon":
             props = self.nodes[node][1]
             return {ord(":"): (_ws(("val", props[args[2]][1], ("obj", node, exit_, args[2] + 1, 1))), None)}
@@ -238,12 +241,15 @@ class _Builder(NumberStates, StringStates, SetStates):
 
     def _object(self, node: int, exit_: Name, i: int, emitted: int) -> Edges:
         """("obj", node, exit, i, emitted): properties from the i-th on may come next (up to the
-        first required one); `emitted`: one came already, so a comma goes first."""
-        props = self.nodes[node][1]
+        first required one), or once none is required, another key where the schema allows them
+        (additionalProperties: its key a pattern node's, then everything listed is past);
+        `emitted`: one came already, so a comma goes first."""
+        props, other = self.nodes[node][1], self.nodes[node][2:]
         edges: Edges = {}
-        if not any(required for _, _, required in props[i:]):
+        done = not any(required for _, _, required in props[i:])
+        if done:
             edges[ord("}")] = (_ws(exit_), None)
-        if i < len(props):
+        if i < len(props) or (other and done):
             edges[ord(",") if emitted else ord('"')] = (
                 (_ws(("objkey", node, exit_, i)), None) if emitted else (("key", node, exit_, i, b'"'), None)
             )
@@ -252,7 +258,7 @@ class _Builder(NumberStates, StringStates, SetStates):
     def _key(self, name: Name) -> Edges:
         """("key", node, exit, i, read): a property's name (its JSON bytes, quotes included) being read."""
         _, node, exit_, i, read = name
-        props = self.nodes[node][1]
+        props, other = self.nodes[node][1], self.nodes[node][2:]
         assert isinstance(i, int) and isinstance(read, bytes)
         edges: Edges = {}
         for j in range(i, len(props)):
@@ -263,6 +269,9 @@ class _Builder(NumberStates, StringStates, SetStates):
                 edges[key[len(read)]] = (target, None)
             if props[j][2]:
                 break  # a required property cannot be skipped
+        if read == b'"' and other and not any(required for _, _, required in props[i:]):  # (or another key:
+            # both read on until they part, at the latest at a listed key's closing quote, which no other takes)
+            return self._union([edges, self.edges(("rx", other[0], 0, ("xcolon", node, exit_), False))])
         return edges
 
 

@@ -3,8 +3,9 @@
 
 Built: `type` (one, or a list), `properties` (written in their order; those not `required` may be
 left out), `required`, `additionalProperties` false or absent (OpenAI's strict mode: no other
-property) or, without `properties`, a schema for every value (pydantic's `dict[str, X]`, with its
-`minProperties` / `maxProperties`), `items`, `prefixItems` for exactly its items (pydantic's
+property), true or a schema beside `properties` (other keys after the listed ones, none of theirs:
+pydantic's extra="allow") or, without `properties`, a schema for every value (pydantic's
+`dict[str, X]`, with its `minProperties` / `maxProperties`), `items`, `prefixItems` for exactly its items (pydantic's
 tuples), `minItems` / `maxItems` and `minLength` (each up to MAX_BOUND), `maxLength` (any: a long
 one is counted on the stack), a string's `pattern` and `format` (date, time, date-time, duration,
 uuid, ipv4, ipv6, hostname, email, uri, pydantic's uuid1 ... uuid8 and ipvanyaddress: engine/json_formats.py;
@@ -31,7 +32,7 @@ from typing import Any
 
 from spmd_serve.engine import json_numeric
 from spmd_serve.engine.grammar_table import Grammar
-from spmd_serve.engine.json_formats import ANY_STRING_FORMATS, FORMATS, format_dfa
+from spmd_serve.engine.json_formats import ANY_STRING_FORMATS, FORMATS, format_dfa, other_keys
 from spmd_serve.engine.json_grammar import Node, grammar_of
 from spmd_serve.engine.json_patterns import string_dfa
 from spmd_serve.engine.json_sets import MAX_VALUES
@@ -143,20 +144,19 @@ class _Nodes:
             raise ValueError(
                 f"json_schema{where}: minProperties / maxProperties are built with an additionalProperties schema only"
             )
-        if extra not in (True, False, {}):
-            raise ValueError(f"json_schema{where}: an additionalProperties schema is built without properties only")
         if not isinstance(required, list) or not all(isinstance(r, str) for r in required):
             raise ValueError(f"json_schema{where}.required must be a list of names")
         if props is None and not required:
             return ("object", ()) if extra is False and "additionalProperties" in schema else ("anyobj",)
-        if extra is not False:
-            raise ValueError(f"json_schema{where}: additionalProperties true is not supported with properties")
         if not isinstance(props, dict) or set(required) - set(props or {}):
             raise ValueError(f"json_schema{where}: every required name must be one of its properties")
-        return (
-            "object",
-            tuple((_dumps(k), self.add(v, f"{where}.properties.{k}"), k in required) for k, v in props.items()),
-        )
+        listed = tuple((_dumps(k), self.add(v, f"{where}.properties.{k}"), k in required) for k, v in props.items())
+        if extra is False:
+            return ("object", listed)
+        # other keys after the listed ones (pydantic's extra="allow"), each none of theirs, valued by its schema
+        key = len(self.nodes)
+        self.nodes.append(("pattern", other_keys(tuple(props), f"json_schema{where}.additionalProperties")))
+        return ("object", listed, key, self.add(extra, f"{where}.additionalProperties"))
 
     def _set(self, schema: dict[str, Any], where: str) -> Node:
         """uniqueItems: distinct items, each one of a few listed values (engine/json_sets.py)."""
