@@ -41,32 +41,35 @@ def answer_grammar(text: str, where: str = "guided_grammar") -> Grammar:
 def _choose(rules: dict[str, Node], where: str) -> Grammar:
     """The byte grammar with the first choices of brackets that read every closing byte one way."""
     choice: dict[Seq, int] = {}
+    made = [0]  # (the states made by every try: all of them are bounded, not each)
     for tried in itertools.count():
         try:
-            return _grammar(rules, where, choice)
+            return _grammar(rules, where, choice, made)
         except Rebracket as e:
             choice[e.seq] = choice.get(e.seq, 0) + 1
             try:
                 gbnf_brackets.brackets(rules, where, choice)
             except (gbnf_brackets.NoMoreChoices, ValueError):
                 raise ValueError(str(e)) from None
-            if tried == MAX_REBRACKETS:
+            if tried == MAX_REBRACKETS or made[0] > 2 * MAX_STATES:
                 raise ValueError(str(e)) from None
     raise AssertionError  # (unreached)
 
 
-def _grammar(rules: dict[str, Node], where: str, choice: dict[Seq, int]) -> Grammar:
+def _grammar(rules: dict[str, Node], where: str, choice: dict[Seq, int], made: list[int]) -> Grammar:
     """The byte grammar with these choices of brackets; Rebracket where one pops ambiguously."""
     nfa = GbnfNfa(rules, where, choice)
     start, accept = nfa.rule("root")
-    made = 0
     for unrolled in itertools.count():
         try:
             table = Table(nfa, start, accept)
             break
+        except Rebracket as e:
+            made[0] += e.made
+            raise
         except Unroll as e:  # (then made again from the start: the rows before it read the old NFA)
-            made += e.made
-            if unrolled == MAX_UNROLLS or made > 2 * MAX_STATES:
+            made[0] += e.made
+            if unrolled == MAX_UNROLLS or made[0] > 2 * MAX_STATES:
                 raise ValueError(str(e)) from None
             for site in e.sites:
                 nfa.unroll(*site)

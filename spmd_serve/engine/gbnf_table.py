@@ -25,9 +25,9 @@ class Unroll(Exception):
 class Rebracket(Exception):
     """A byte that would pop and also be read otherwise: the sequence whose bracket pops there."""
 
-    def __init__(self, message: str, seq: Seq) -> None:
+    def __init__(self, message: str, seq: Seq, made: int) -> None:
         super().__init__(message)
-        self.seq = seq
+        self.seq, self.made = seq, made  # (made: the states made before it)
 
 
 class Table:
@@ -95,7 +95,7 @@ class Table:
                 )
                 if "c" in kinds:
                     closing = next(s for s in members if any(a <= lo <= b for a, b in nfa.closes[s]))
-                    raise Rebracket(message, nfa.made[nfa.closing[closing]][0])
+                    raise Rebracket(message, nfa.made[nfa.closing[closing]][0], len(self.sets))
                 sites = [(s, *p[2:]) for s in members for p in nfa.pushes[s] if p[0] <= lo <= p[1]]
                 raise Unroll(message, sites, len(self.sets))
             kind = ways[0][0]
