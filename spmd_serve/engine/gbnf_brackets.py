@@ -16,7 +16,7 @@ brackets are refused, naming the rules.
 
 from __future__ import annotations
 
-from spmd_serve.engine.gbnf_parse import Alt, Chars, Node, Ref, Rep, Seq, _refs
+from spmd_serve.engine.gbnf_parse import Alt, Chars, Node, Ref, Rep, Seq, _refs, mentions
 
 
 def one_byte(item: Node) -> list[tuple[int, int]] | None:
@@ -133,20 +133,9 @@ def brackets(
         visit(node, name, False, True)
     jumped: dict[str, set[str]] = {name: set() for name in rules}
     for name, node in rules.items():
-        jumped[name] = {r.name for r in _mentions(node) if r in jumps}
+        jumped[name] = {r.name for r in mentions(node) if r in jumps}
     _acyclic(plain, jumped, where)
     return found, jumps
-
-
-def _mentions(node: Node) -> list[Ref]:
-    """The references `node` makes itself."""
-    if isinstance(node, Ref):
-        return [node]
-    if isinstance(node, Rep):
-        return _mentions(node.item)
-    if isinstance(node, (Seq, Alt)):
-        return [r for item in node.items for r in _mentions(item)]
-    return []
 
 
 def _acyclic(plain: dict[str, set[str]], jumped: dict[str, set[str]], where: str) -> None:

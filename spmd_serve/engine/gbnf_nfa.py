@@ -113,23 +113,7 @@ class GbnfNfa(_Nfa):
         s, e = self._seq(Seq(node.items[first : last + 1]), depth)  # (a new sequence: no bracket of its own)
         self.eps[site].append(s)
         self.eps[e].append(after)
+        self._closures.clear()  # (the closures read the old edges)
 
     def _repeat(self, node: Rep, depth: int, copy: Copy | None) -> tuple[int, int]:
-        start = end = self.state()
-        for _ in range(node.lo):
-            s, e = self.node(node.item, depth, copy)
-            self.eps[end].append(s)
-            end = e
-        tail = self.state()
-        if node.hi is None:
-            s, e = self.node(node.item, depth, copy)
-            self.eps[end] += [s, tail]
-            self.eps[e] += [s, tail]
-            return start, tail
-        for _ in range(node.hi - node.lo):
-            self.eps[end].append(tail)
-            s, e = self.node(node.item, depth, copy)
-            self.eps[end].append(s)
-            end = e
-        self.eps[end].append(tail)
-        return start, tail
+        return self.copies(node.lo, node.hi, lambda: self.node(node.item, depth, copy))

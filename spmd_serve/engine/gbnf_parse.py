@@ -239,12 +239,17 @@ def _repeats(r: _Reader, item: Node) -> Node:
             return item
 
 
-def _refs(node: Node) -> list[str]:
-    """The rule names `node` mentions itself (not through the rules it names)."""
+def mentions(node: Node) -> list[Ref]:
+    """The references `node` makes itself (not through the rules it names)."""
     if isinstance(node, Ref):
-        return [node.name]
+        return [node]
     if isinstance(node, Rep):
-        return _refs(node.item)
+        return mentions(node.item)
     if isinstance(node, (Seq, Alt)):
-        return [name for item in node.items for name in _refs(item)]
+        return [r for item in node.items for r in mentions(item)]
     return []
+
+
+def _refs(node: Node) -> list[str]:
+    """The rule names `node` mentions itself."""
+    return [r.name for r in mentions(node)]

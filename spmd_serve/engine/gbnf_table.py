@@ -36,27 +36,15 @@ class Table:
 
     def __init__(self, nfa: GbnfNfa, start: int, accept: int) -> None:
         self.nfa, self.accept = nfa, accept
-        self._closures: dict[frozenset[int], frozenset[int]] = {}
         self.sets: list[frozenset[int]] = []
         self.ids: dict[frozenset[int], int] = {}
         # (state, byte) it was first reached by, (state, opening byte, closing byte) for a state first
         # reached as where a bracket returns to: a refusal's example
         self.came: list[tuple[int, ...]] = []
         self.rows: list[dict[int, Move]] = []
-        self._add(self._closure(frozenset({start})), (-1, 0))
+        self._add(self.nfa.closure(frozenset({start})), (-1, 0))
         while len(self.rows) < len(self.sets):
             self.rows.append(self._row(len(self.rows)))
-
-    def _closure(self, states: frozenset[int]) -> frozenset[int]:
-        if states not in self._closures:
-            todo, seen = list(states), set(states)
-            while todo:
-                for t in self.nfa.eps[todo.pop()]:
-                    if t not in seen:
-                        seen.add(t)
-                        todo.append(t)
-            self._closures[states] = frozenset(seen)
-        return self._closures[states]
 
     def _add(self, states: frozenset[int], came: tuple[int, ...]) -> int:
         if states not in self.ids:
@@ -100,11 +88,11 @@ class Table:
                 raise Unroll(message, sites, len(self.sets))
             kind = ways[0][0]
             if kind == "n":
-                target = self._closure(frozenset(m[1] for m in ways))
+                target = self.nfa.closure(frozenset(m[1] for m in ways))
                 move: Move = ("n", self._add(target, (i, lo)), -1)
             elif kind == "p":
-                inside = self._closure(frozenset({nfa.insides[ways[0][1]][0]}))
-                back = self._closure(frozenset(m[2] for m in ways))
+                inside = self.nfa.closure(frozenset({nfa.insides[ways[0][1]][0]}))
+                back = self.nfa.closure(frozenset(m[2] for m in ways))
                 close = nfa.closes[nfa.insides[ways[0][1]][1]][0][0]
                 move = ("p", self._add(inside, (i, lo)), self._add(back, (i, lo, close)))
             else:

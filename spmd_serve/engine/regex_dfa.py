@@ -18,6 +18,7 @@ strands; `writable` bytes alone are taken (a JSON string cannot hold most contro
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from re import _constants as sre  # type: ignore[attr-defined]
 from re import _parser as sre_parse  # type: ignore[attr-defined]
@@ -94,6 +95,7 @@ class _Nfa:
         self.eps: list[list[int]] = []
         self.edges: list[list[tuple[int, int, int]]] = []
         self.dotall, self.where = dotall, where
+        self._closures: dict[frozenset[int], frozenset[int]] = {}
 
     def state(self) -> int:
         if len(self.eps) >= MAX_NFA_STATES:  # (nested counts multiply: (a{200}){200} is 40,000 copies)
@@ -149,27 +151,40 @@ class _Nfa:
     def repeat(self, lo: int, hi: Any, items: Any, where: str) -> tuple[int, int]:
         if lo > MAX_REPEAT or (hi is not sre.MAXREPEAT and hi > MAX_REPEAT):
             raise ValueError(f"{where}: a repeat count above {MAX_REPEAT} is not supported")
+        return self.copies(lo, None if hi is sre.MAXREPEAT else hi, lambda: self.seq(items, where))
+
+    def copies(self, lo: int, hi: int | None, make: Callable[[], tuple[int, int]]) -> tuple[int, int]:
+        """lo to hi (None: any number of) fragments made by `make`, one after another."""
         start = end = self.state()
         for _ in range(lo):
-            s, e = self.seq(items, where)
+            s, e = make()
             self.eps[end].append(s)
             end = e
-        if hi is sre.MAXREPEAT:  # then any number more
-            s, e = self.seq(items, where)
-            self.eps[end] += [s]
-            self.eps[e] += [s]
-            tail = self.state()
-            self.eps[end].append(tail)
-            self.eps[e].append(tail)
-            return start, tail
         tail = self.state()
+        if hi is None:  # then any number more
+            s, e = make()
+            self.eps[end] += [s, tail]
+            self.eps[e] += [s, tail]
+            return start, tail
         for _ in range(hi - lo):  # each optional copy may end the run
             self.eps[end].append(tail)
-            s, e = self.seq(items, where)
+            s, e = make()
             self.eps[end].append(s)
             end = e
         self.eps[end].append(tail)
         return start, tail
+
+    def closure(self, states: frozenset[int]) -> frozenset[int]:
+        """The states `states` reach for free (kept: an NFA that changes must clear `_closures`)."""
+        if states not in self._closures:
+            todo, seen = list(states), set(states)
+            while todo:
+                for t in self.eps[todo.pop()]:
+                    if t not in seen:
+                        seen.add(t)
+                        todo.append(t)
+            self._closures[states] = frozenset(seen)
+        return self._closures[states]
 
 
 def _class(items: Any, where: str) -> Ranges:
@@ -213,19 +228,7 @@ def compile_dfa(pattern: str, where: str, writable: frozenset[int] = frozenset(r
 
 
 def _determinize(nfa: _Nfa, start: int, end: int, writable: frozenset[int], where: str) -> Dfa:
-    closures: dict[frozenset[int], frozenset[int]] = {}
-
-    def closure(states: frozenset[int]) -> frozenset[int]:
-        if states not in closures:
-            todo, seen = list(states), set(states)
-            while todo:
-                for t in nfa.eps[todo.pop()]:
-                    if t not in seen:
-                        seen.add(t)
-                        todo.append(t)
-            closures[states] = frozenset(seen)
-        return closures[states]
-
+    closure = nfa.closure
     ids = {closure(frozenset({start})): 0}
     trans: list[dict[int, frozenset[int]]] = []
     order = [next(iter(ids))]
