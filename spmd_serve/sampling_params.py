@@ -74,11 +74,16 @@ class SamplingParams:
     # vLLM's guided_grammar: the answer is one match of this GBNF grammar's root rule, then an eos id
     # where it may end (engine/gbnf_grammar.answer_grammar; masked as a JSON answer is)
     gbnf: str = ""
+    # vLLM's structural_tag (compact JSON text): free text whose triggers open structures of a begin,
+    # a JSON value and an end (engine/structural_tag.answer_grammar; masked as a JSON answer is);
+    # the answer may end anywhere in the free text
+    structural_tag: str = ""
 
     @property
     def grammar(self) -> bool:
-        """Whether the answer is held to a grammar (a JSON schema's, a pattern's or a GBNF one's)."""
-        return bool(self.json_schema or self.regex or self.gbnf)
+        """Whether the answer is held to a grammar (a JSON schema's, a pattern's, a GBNF one's or a
+        structural tag's)."""
+        return bool(self.json_schema or self.regex or self.gbnf or self.structural_tag)
 
     def validate(self) -> SamplingParams:
         """Raise ValueError naming the first bad field; return self for chaining."""
@@ -139,15 +144,19 @@ class SamplingParams:
             raise ValueError("guided_choice ends the answer with an EOS: not with ignore_eos or min_tokens")
         if not isinstance(self.json_schema, str) or len(self.json_schema) > MAX_SCHEMA_CHARS:
             raise ValueError(f"a JSON schema must be JSON text of at most {MAX_SCHEMA_CHARS} characters")
-        for name, text in (("guided_regex", self.regex), ("guided_grammar", self.gbnf)):
+        texts = (("guided_regex", self.regex), ("guided_grammar", self.gbnf), ("structural_tag", self.structural_tag))
+        for name, text in texts:
             if not isinstance(text, str) or len(text) > MAX_SCHEMA_CHARS:
                 raise ValueError(f"a {name} must be a string of at most {MAX_SCHEMA_CHARS} characters")
-        if bool(self.json_schema) + bool(self.regex) + bool(self.gbnf) > 1:
-            raise ValueError("an answer is held to one of a JSON schema, a pattern and a grammar, not more")
-        if self.grammar and (self.ignore_eos or self.min_tokens or self.guided_sequences):
+        if bool(self.json_schema) + sum(bool(t) for _, t in texts) + bool(self.guided_sequences) > 1:
             raise ValueError(
-                "a JSON, guided_regex or guided_grammar answer ends with an EOS: not with ignore_eos, min_tokens "
-                "or guided_choice"
+                "an answer is held to one of a guided choice, a JSON schema, a pattern, a grammar and a structural "
+                "tag, not more"
+            )
+        # (a structural tag's answer may end anywhere in its free text: ignore_eos and min_tokens only delay that)
+        if (self.json_schema or self.regex or self.gbnf) and (self.ignore_eos or self.min_tokens):
+            raise ValueError(
+                "a JSON, guided_regex or guided_grammar answer ends with an EOS: not with ignore_eos or min_tokens"
             )
         if allowed and set(allowed) <= {w[0] for w in self.bad_words if len(w) == 1}:
             raise ValueError("bad_words ban every token allowed_token_ids allows")

@@ -56,7 +56,7 @@ def _ws(base: Name) -> Name:
     return base if base in (END_NAME, POP_NAME) else ("ws", base, 0)
 
 
-class _Builder(NumberStates, StringStates, SetStates):
+class Builder(NumberStates, StringStates, SetStates):
     """The edges of every state of one schema, by the state's name."""
 
     def __init__(self, nodes: tuple[Node, ...]) -> None:
@@ -277,5 +277,5 @@ class _Builder(NumberStates, StringStates, SetStates):
 
 def grammar_of(nodes: tuple[Node, ...]) -> Grammar:
     """The tables of a schema's nodes (node 0 the root), read from the start: whitespace, then the root."""
-    builder = _Builder(nodes)
+    builder = Builder(nodes)
     return Grammar(builder.edges, ("ws", ("val", 0, END_NAME), 0), counted=builder.counted)

@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from spmd_serve.engine import gbnf_grammar, json_patterns, json_schema
+from spmd_serve.engine import gbnf_grammar, json_patterns, json_schema, structural_tag
 from spmd_serve.engine.grammar_table import DEAD, FAR_WINDOW, POP, Grammar, State
 
 Mask = npt.NDArray[np.bool_]
@@ -105,7 +105,10 @@ class JsonVocab:
 
 
 def grammar_of(params: Any) -> Grammar:
-    """A request's grammar: its JSON schema's, its guided_regex's or its guided_grammar's."""
+    """A request's grammar: its JSON schema's, its guided_regex's, its guided_grammar's or its
+    structural tag's."""
+    if params.structural_tag:
+        return structural_tag.answer_grammar(params.structural_tag)
     if params.gbnf:
         return gbnf_grammar.answer_grammar(params.gbnf)
     return json_patterns.answer_grammar(params.regex) if params.regex else json_schema.grammar(params.json_schema)

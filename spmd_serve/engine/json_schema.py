@@ -67,11 +67,11 @@ MAX_NODES = 2000
 
 
 class _Nodes:
-    def __init__(self, root: dict[str, Any]) -> None:
+    def __init__(self, root: dict[str, Any], nodes: list[Node]) -> None:
         self.root = root  # where $ref looks
-        self.nodes: list[Node] = []
-        # the $refs being expanded, each with the node it makes: "#" (the root, node 0) throughout
-        self._refs: dict[str, int] = {"#": 0}
+        self.nodes = nodes  # (shared by the schemas of one grammar: each adds its own after the last's)
+        # the $refs being expanded, each with the node it makes: "#" (this schema's root, its first node) throughout
+        self._refs: dict[str, int] = {"#": len(nodes)}
 
     def add(self, schema: Any, where: str) -> int:
         """The index of the node for `schema` (at `where`, named in refusals)."""
@@ -232,15 +232,23 @@ def _dumps(value: Any) -> bytes:
     return json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode()
 
 
+def nodes_of(schemas: list[Any], where: str = "") -> tuple[tuple[Node, ...], list[int]]:
+    """The nodes of several schemas in one list (engine/json_grammar.py) and each one's root node;
+    ValueError names what is not supported (`where`: a schema's place in the request, by its index)."""
+    nodes: list[Node] = []
+    roots = []
+    for k, schema in enumerate(schemas):
+        at = where.format(k)
+        roots.append(_Nodes(schema if isinstance(schema, dict) else {}, nodes).add(schema, at))
+        if nodes[roots[-1]][0] not in ("object", "anyobj", "array", "anyarr"):  # (a bare scalar has no end)
+            raise ValueError(f"json_schema{at}'s root must be an object or array schema")
+    for node in nodes:
+        if node[0] == "recur" and nodes[node[1]][0] not in ("object", "array", "dict", "tuple"):
+            raise ValueError("json_schema: a recursive $ref is built to an object or an array only")
+    return tuple(nodes), roots
+
+
 @functools.lru_cache(maxsize=64)
 def grammar(text: str) -> Grammar:
     """The grammar of a schema given as JSON text; ValueError names what is not supported."""
-    schema = json.loads(text)
-    nodes = _Nodes(schema if isinstance(schema, dict) else {})
-    nodes.add(schema, "")
-    if nodes.nodes[0][0] not in ("object", "anyobj", "array", "anyarr"):  # (a bare scalar has no end)
-        raise ValueError("json_schema's root must be an object or array schema")
-    for node in nodes.nodes:
-        if node[0] == "recur" and nodes.nodes[node[1]][0] not in ("object", "array", "dict", "tuple"):
-            raise ValueError("json_schema: a recursive $ref is built to an object or an array only")
-    return grammar_of(tuple(nodes.nodes))
+    return grammar_of(nodes_of([json.loads(text)])[0])

@@ -8,7 +8,7 @@ import threading
 import pytest
 import requests
 
-from spmd_serve.engine import gbnf_grammar, json_masks, json_patterns, json_schema
+from spmd_serve.engine import gbnf_grammar, json_masks, json_patterns, json_schema, structural_tag
 from spmd_serve.frontend.openai import handlers
 
 
@@ -29,6 +29,7 @@ def threads(monkeypatch):
     monkeypatch.setattr(json_schema, "grammar", recorded("compile", json_schema.grammar))
     monkeypatch.setattr(json_patterns, "answer_grammar", recorded("compile", json_patterns.answer_grammar))
     monkeypatch.setattr(gbnf_grammar, "answer_grammar", recorded("compile", gbnf_grammar.answer_grammar))
+    monkeypatch.setattr(structural_tag, "answer_grammar", recorded("compile", structural_tag.answer_grammar))
     monkeypatch.setattr(json_masks, "read_vocabulary", recorded("vocabulary", json_masks.read_vocabulary))
     monkeypatch.setattr(json_masks, "_VOCABULARIES", {})
     return seen
@@ -46,6 +47,7 @@ def post(srv, **fields) -> requests.Response:
         {"response_format": {"type": "json_schema", "json_schema": {"name": "n", "schema": {"type": "object"}}}},
         {"guided_regex": "[a-z]{1,8}"},
         {"guided_grammar": 'root ::= "(" root ")" | [a-z]'},
+        {"structural_tag": {"structures": [{"begin": "<a>", "schema": {"type": "object"}}], "triggers": ["<a"]}},
     ],
 )
 def test_a_grammar_compiles_off_the_io_loop(srv, threads, fields):
@@ -68,6 +70,17 @@ def test_a_grammar_compiles_off_the_io_loop(srv, threads, fields):
         ({"structured_outputs": {"regex": "a(?=b)"}}, "structured_outputs.regex", "lookaround"),
         ({"guided_grammar": 'root ::= root "a" | "a"'}, "guided_grammar", "without one-character brackets"),
         ({"structured_outputs": {"grammar": "root ::= x"}}, "structured_outputs.grammar", "'x', which is not defined"),
+        (
+            {
+                "response_format": {
+                    "type": "structural_tag",
+                    "triggers": ["<"],
+                    "structures": [{"begin": "<a>", "schema": {"type": "object", "if": {}}}],
+                }
+            },
+            "response_format",
+            "the keyword 'if' is not supported",
+        ),
     ],
 )
 def test_a_grammar_its_compile_refuses_is_a_400_naming_the_field(srv, threads, fields, param, words):

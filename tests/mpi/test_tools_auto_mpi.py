@@ -1,8 +1,9 @@
-"""tool_choice "auto", vLLM's guided_regex and guided_grammar, served by `mpirun -n 1 spmd_serve` (the demo model with
-Qwen2.5's chat template beside its weights) to the official `openai` client: the calls an answer
-writes come back as tool calls, whole and streamed alike; a guided_regex answer is one match of its
-pattern, ended by the EOS where the pattern may end, and a guided_grammar answer a sentence of its
-grammar; the client's `parse` with a pydantic model of
+"""tool_choice "auto", vLLM's guided_regex, guided_grammar and structural_tag, served by `mpirun -n 1 spmd_serve`
+(the demo model with Qwen2.5's chat template beside its weights) to the official `openai` client: the calls an
+answer writes come back as tool calls, whole and streamed alike; a guided_regex answer is one match of its
+pattern, ended by the EOS where the pattern may end, a guided_grammar answer a sentence of its
+grammar, and a structural tag's answer free text whose every trigger opens a whole structure;
+the client's `parse` with a pydantic model of
 bounded numbers, a tuple and a discriminated union gets an instance of it back."""
 
 from __future__ import annotations
@@ -15,10 +16,12 @@ from pathlib import Path
 
 import openai
 import pytest
+import requests
 
 from tests.support.hf_tokenizer_dirs import QWEN2_TEMPLATE
 from tests.support.pydantic_models import Review
 from tests.support.server_process import ServerProcess
+from tests.support.structural_oracle import StructuralOracle
 
 pytestmark = pytest.mark.mpi
 CHAT = [{"role": "user", "content": "Hi"}]
@@ -57,13 +60,13 @@ def test_tool_choice_auto_reads_the_calls_out_of_the_answer(client):
     assert (got.message.content, got.message.tool_calls, got.finish_reason) == (other, None, "stop")
 
 
-def _sampled_answers(client, extra: dict, prompt: str, seed: int) -> list[str]:
-    """Four sampled chat answers and four completions held by `extra`, each ended by the EOS; the
-    chat answers streamed equal to them whole."""
+def _sampled_answers(client, extra: dict, prompt: str, seed: int, ends: tuple[str, ...] = ("stop",)) -> list[str]:
+    """Four sampled chat answers and four completions held by `extra`, each ended by the EOS (or by
+    another of `ends`); the chat answers streamed equal to them whole."""
     kw = dict(model="default", max_tokens=64, temperature=1.0, seed=seed, n=4, extra_body=extra)
     chat = client.chat.completions.create(messages=CHAT, **kw).choices
     comp = client.completions.create(prompt=prompt, **kw).choices
-    assert [c.finish_reason for c in chat + comp] == ["stop"] * 8
+    assert {c.finish_reason for c in chat + comp} <= set(ends)
     streamed = ["" for _ in range(4)]
     for chunk in client.chat.completions.create(messages=CHAT, stream=True, **kw):
         for c in chunk.choices:
@@ -101,6 +104,33 @@ def test_guided_grammar_answers_are_sentences_of_the_grammar(client):
         client.completions.create(
             model="default", prompt="x", max_tokens=4, extra_body={"guided_grammar": 'root ::= root "a" | "a"'}
         )
+
+
+# every full stop the model writes opens a structure: ".", one object of this schema, ";"
+TAG = {"structures": [{"begin": ".", "end": ";", "schema": {
+    "type": "object", "properties": {"n": {"type": "integer", "minimum": 0, "maximum": 99}}, "required": ["n"],
+    "additionalProperties": False}}], "triggers": ["."]}  # fmt: skip
+
+
+def test_structural_tag_answers_open_a_whole_structure_at_every_trigger(client):
+    """Sampled answers held to a structural tag (response_format, the structural_tag extra and
+    structured_outputs.structural_tag): free text in which every trigger opens the structure, each
+    whole and its value valid to its schema (tests/support/structural_oracle.py), up to the end or,
+    where max_tokens cut the answer, up to its last trigger; streamed equals whole; a schema not
+    built is a 400 naming the field."""
+    oracle, opened = StructuralOracle(TAG), 0
+    ids = requests.post(str(client.base_url).removesuffix("v1/") + "tokenize", timeout=30,
+                        json={"prompt": ".", "add_special_tokens": False}).json()["tokens"]  # fmt: skip
+    bias = {"logit_bias": {str(ids[-1]): 6}}  # (the demo model writes few full stops of its own)
+    for extra in ({"response_format": {"type": "structural_tag", **TAG}}, {"structural_tag": json.dumps(TAG)},
+                  {"structured_outputs": {"structural_tag": json.dumps(TAG)}}):  # fmt: skip
+        for text in _sampled_answers(client, {**extra, **bias}, "The numbers are", seed=6, ends=("stop", "length")):
+            assert oracle.accepts(text.encode()) or oracle.accepts(text[: text.rfind(".")].encode()), text
+            opened += len(re.findall(r'\.\s*\{\s*"n"\s*:\s*\d+\s*\}\s*;', text))
+    assert opened > 20
+    bad = {**TAG, "structures": [{**TAG["structures"][0], "schema": {"type": "object", "if": {}}}]}
+    with pytest.raises(openai.BadRequestError, match=r"structural_tag.*the keyword 'if' is not supported"):
+        client.completions.create(model="default", prompt="x", max_tokens=4, extra_body={"structural_tag": bad})
 
 
 def test_the_clients_parse_with_a_pydantic_model_gets_an_instance(client):

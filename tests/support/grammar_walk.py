@@ -1,14 +1,17 @@
 """A random writer for a byte grammar (engine/grammar_table.py): `walk` takes, byte by byte, any
 byte the grammar allows (whitespace rarely) until the value is whole, and fails if it is ever left
-with none (a stranded state).  What it writes is some answer the masks could let a model write."""
+with none (a stranded state).  What it writes is some answer the masks could let a model write.
+`walk_to_end` stops where the grammar may end instead (a pattern's, a GBNF grammar's, a structural
+tag's), and `mutants` gives near-misses of an answer."""
 
 from __future__ import annotations
 
+import functools
 import random
 
 import numpy as np
 
-from spmd_serve.engine.grammar_table import DEAD, Grammar, complete
+from spmd_serve.engine.grammar_table import DEAD, POP, Grammar, complete
 
 WHITESPACE = b" \n\t"
 
@@ -30,3 +33,49 @@ def walk(g: Grammar, rng: random.Random, max_bytes: int = 20000, close: float = 
         b = rng.choice(plain if rng.random() < 0.95 else allowed)
         state, out = g.step(state, bytes([b])), out + bytes([b])
     return out
+
+
+def walk_to_end(g: Grammar, rng: random.Random, stop: float = 0.15, limit: int = 200) -> bytes:
+    """Bytes chosen at random among those `g` allows until it may end (and a draw says stop), past
+    `limit` bytes mostly the byte nearest an end; fails if it is ever left with no way on and cannot
+    end (a stranded state)."""
+    left = _distances(g)
+    state, out = g.start, b""
+    while True:
+        row = g.table[state[0]].tolist()
+        ways = [b for b, t in enumerate(row) if t != DEAD and (t != POP or g.step(state, bytes([b])))]
+        if g.may_end(state) and (not ways or rng.random() < stop or len(out) > limit):
+            return out
+        assert ways and len(out) < 50 * limit, f"stranded after {out!r}"
+        if len(out) > limit and rng.random() < 0.8:
+            ways = [min(ways, key=lambda b: _left(left, g.step(state, bytes([b]))))]
+        b = rng.choice(ways)
+        state, out = g.step(state, bytes([b])), out + bytes([b])
+
+
+@functools.cache
+def _distances(g: Grammar) -> list[float]:
+    """Per table state, the fewest bytes to where the answer may end or the innermost bracket closes."""
+    left = [0.0 if s in g.ends else float("inf") for s in range(len(g.table))]
+    while True:
+        new = [min([left[s]] + [_way(left, g, s, b, t) for b, t in enumerate(g.table[s].tolist()) if t != DEAD])
+               for s in range(len(left))]  # fmt: skip
+        if new == left:
+            return left
+        left = new
+
+
+def _way(left: list[float], g: Grammar, s: int, b: int, t: int) -> float:
+    """The fewest bytes to an end (or a close) by byte b from s (to t): a push's inside, then its return."""
+    return 1 + (0 if t == POP else left[t] + (left[g.pushes[s, b]] if g.pushes[s, b] else 0))
+
+
+def _left(left: list[float], state) -> float:
+    return left[state[0]] + sum(left[r] for r in state[1])
+
+
+def mutants(rng: random.Random, data: bytes, noise_bytes: bytes = b'()[]{}"\\:,- abc019\n\xe3') -> list[bytes]:
+    """Six near-misses of `data`: a byte of `noise_bytes` put in, or a byte taken out, at random places."""
+    cuts = [rng.randrange(len(data) + 1) for _ in range(3)]
+    noise = [bytes([rng.choice(noise_bytes)]) for _ in range(3)]
+    return [data[:c] + n + data[c:] for c, n in zip(cuts, noise)] + [data[:c] + data[c + 1 :] for c in cuts]

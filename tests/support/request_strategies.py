@@ -107,6 +107,14 @@ SCHEMAS = st.sampled_from([  # JSON schemas engine/json_schema.py builds
 ])  # fmt: skip
 REGEXES = st.sampled_from([r"(yes|no)", r"[0-9]{1,4}", r"\w+@\w+\.com", r".{0,8}"])  # patterns built
 GRAMMARS = st.sampled_from(['root ::= "(" root ")" | [a-z]{1,3}', 'root ::= ("- " [a-z]+ "\\n"){1,3}'])  # GBNF built
+TAGS = st.sampled_from([  # structural tags built
+    {"structures": [{"begin": "<f=a>", "schema": {"type": "object"}, "end": "</f>"}], "triggers": ["<f="]},
+    {"structures": [{"begin": ".", "schema": {"type": "array", "items": {"type": "integer"}}}], "triggers": ["."]},
+])  # fmt: skip
+BAD_TAGS = st.sampled_from([
+    {"structures": [{"begin": "<a>", "schema": {"type": "string"}}], "triggers": ["<"]},
+    {"structures": [{"begin": "<a>", "schema": {}}], "triggers": ["<b"]}, {"format": {"type": "any_text"}},
+])  # fmt: skip
 
 _OPENAI_COMMON = {
     "model": Field(st.sampled_from(["default", "default", "default", "no-such-model"])),
@@ -141,6 +149,7 @@ _OPENAI_COMMON = {
             st.fixed_dictionaries({"json": SCHEMAS}),
             st.fixed_dictionaries({"regex": REGEXES}),
             st.fixed_dictionaries({"grammar": GRAMMARS}),
+            st.fixed_dictionaries({"structural_tag": TAGS.map(json.dumps)}),
         ),
         st.one_of(TEXT, JUNK, st.fixed_dictionaries({"json_object": JUNK}), st.fixed_dictionaries({"json": JUNK})),
     ),
@@ -153,9 +162,13 @@ _OPENAI_COMMON = {
                     "json_schema": st.fixed_dictionaries({"name": st.just("x"), "schema": SCHEMAS}),
                 }
             ),
+            TAGS.map(lambda t: {"type": "structural_tag", **t}),
         ),
         st.one_of(
-            TEXT, JUNK, st.just({"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "string"}}})
+            TEXT,
+            JUNK,
+            st.just({"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "string"}}}),
+            BAD_TAGS.map(lambda t: {"type": "structural_tag", **t}),
         ),
     ),
     "guided_json": Field(
@@ -163,6 +176,7 @@ _OPENAI_COMMON = {
     ),
     "guided_regex": Field(REGEXES, st.one_of(JUNK, st.sampled_from(["(a)\\1", "[", "a(?=b)", "\x01"]))),
     "guided_grammar": Field(GRAMMARS, st.one_of(JUNK, st.sampled_from(["root ::= x", 'root ::= root "a"', "a ::= ("]))),
+    "structural_tag": Field(TAGS | TAGS.map(json.dumps), st.one_of(TEXT, JUNK, BAD_TAGS)),
     "guided_choice": Field(st.lists(TEXT, min_size=1, max_size=3), st.one_of(TEXT, st.lists(JUNK, max_size=3), JUNK)),
     "bad_words": Field(st.lists(TEXT, max_size=3), st.one_of(TEXT, st.lists(JUNK, min_size=1, max_size=3), JUNK)),
     "truncate_prompt_tokens": integer(1, 20),

@@ -7,7 +7,6 @@ or the bytes; the masks equal stepping each token alone."""
 from __future__ import annotations
 
 import ast
-import functools
 import json
 import random
 import re
@@ -17,7 +16,6 @@ import pytest
 
 from spmd_serve.engine.gbnf_grammar import answer_grammar
 from spmd_serve.engine.gbnf_parse import parse
-from spmd_serve.engine.grammar_table import DEAD, POP, Grammar
 from spmd_serve.engine.json_masks import JsonVocab
 from spmd_serve.engine.sampler import Sampler
 from spmd_serve.frontend.common.parsing import Limits
@@ -27,6 +25,7 @@ from spmd_serve.scheduler.request import Request
 from spmd_serve.scheduler.scheduler import ScheduledSeq, SchedulerOutput
 from tests.support.fake_tokenizer import FakeTokenizer
 from tests.support.gbnf_oracle import Oracle
+from tests.support.grammar_walk import mutants, walk_to_end
 
 JSON = r"""
 root   ::= value                      # any JSON value, with whitespace between its lexemes
@@ -70,59 +69,14 @@ GRAMMARS = {
 }
 
 
-def _walk(g: Grammar, rng: random.Random, stop: float = 0.15, limit: int = 200) -> bytes:
-    """Bytes chosen at random among those `g` allows until it may end (and a draw says stop), past
-    `limit` bytes mostly the byte nearest an end; fails if it is ever left with no way on and cannot
-    end (a stranded state)."""
-    left = _distances(g)
-    state, out = g.start, b""
-    while True:
-        row = g.table[state[0]].tolist()
-        ways = [b for b, t in enumerate(row) if t != DEAD and (t != POP or g.step(state, bytes([b])))]
-        if g.may_end(state) and (not ways or rng.random() < stop or len(out) > limit):
-            return out
-        assert ways and len(out) < 50 * limit, f"stranded after {out!r}"
-        if len(out) > limit and rng.random() < 0.8:
-            ways = [min(ways, key=lambda b: _left(left, g.step(state, bytes([b]))))]
-        b = rng.choice(ways)
-        state, out = g.step(state, bytes([b])), out + bytes([b])
-
-
-@functools.cache
-def _distances(g: Grammar) -> list[float]:
-    """Per table state, the fewest bytes to where the answer may end or the innermost bracket closes."""
-    left = [0.0 if s in g.ends else float("inf") for s in range(len(g.table))]
-    while True:
-        new = [min([left[s]] + [_way(left, g, s, b, t) for b, t in enumerate(g.table[s].tolist()) if t != DEAD])
-               for s in range(len(left))]  # fmt: skip
-        if new == left:
-            return left
-        left = new
-
-
-def _way(left: list[float], g: Grammar, s: int, b: int, t: int) -> float:
-    """The fewest bytes to an end (or a close) by byte b from s (to t): a push's inside, then its return."""
-    return 1 + (0 if t == POP else left[t] + (left[g.pushes[s, b]] if g.pushes[s, b] else 0))
-
-
-def _left(left: list[float], state) -> float:
-    return left[state[0]] + sum(left[r] for r in state[1])
-
-
-def _mutants(rng: random.Random, data: bytes) -> list[bytes]:
-    cuts = [rng.randrange(len(data) + 1) for _ in range(3)]
-    noise = [bytes([rng.choice(b'()[]{}"\\:,- abc019\n\xe3')]) for _ in range(3)]
-    return [data[:c] + n + data[c:] for c, n in zip(cuts, noise)] + [data[:c] + data[c + 1 :] for c in cuts]
-
-
 @pytest.mark.parametrize("name", sorted(GRAMMARS))
 def test_the_grammar_reads_what_its_rules_read(name):
     rules, g = parse(GRAMMARS[name]), answer_grammar(GRAMMARS[name])
     oracle, rng = Oracle(rules), random.Random(name)
-    for data in [oracle.derive(rng).encode() for _ in range(60)] + [_walk(g, rng) for _ in range(60)]:
+    for data in [oracle.derive(rng).encode() for _ in range(60)] + [walk_to_end(g, rng) for _ in range(60)]:
         assert oracle.accepts(data), data  # (a derivation is in the language; so must every walk be)
         assert g.may_end(g.step(g.start, data)), data
-        for other in _mutants(rng, data):
+        for other in mutants(rng, data):
             assert g.may_end(g.step(g.start, other)) == oracle.accepts(other), other
 
 
@@ -130,8 +84,8 @@ def test_json_and_expressions_read_by_python():
     rng = random.Random(1)
     g, a = answer_grammar(JSON), answer_grammar(ARITHMETIC)
     for _ in range(80):
-        json.loads(_walk(g, rng, stop=0.3))
-        ast.parse(_walk(a, rng).decode(), mode="eval")
+        json.loads(walk_to_end(g, rng, stop=0.3))
+        ast.parse(walk_to_end(a, rng).decode(), mode="eval")
     for bad in (b"[1,]", b'{"a" 1}', b"01", b"[[]", b"{}}", b'"\x01"'):
         assert not g.may_end(g.step(g.start, bad)), bad
     assert g.may_end(g.step(g.start, b'{"a": [1, {"b": [null, true]}], "c": "\\u00e9"}\n'))
@@ -202,7 +156,7 @@ def test_masks_equal_stepping_each_token():
     g, vocab, rng = answer_grammar(JSON), JsonVocab(VOCAB), random.Random(3)
     seen = 0
     for _ in range(40):
-        data = _walk(g, rng, stop=0.05)
+        data = walk_to_end(g, rng, stop=0.05)
         state = g.start
         for b in data:
             expect = [bool(t) and g.step(state, t) is not None for t in VOCAB]

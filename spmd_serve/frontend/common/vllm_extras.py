@@ -19,15 +19,15 @@ NOT_BUILT: dict[str, tuple[Any, ...]] = {
     # sampling: not in this server's sampler
     "use_beam_search": (False,), "length_penalty": (1,), "logits_processors": ([],),
     # structured output
-    "guided_decoding_backend": (), "guided_whitespace_pattern": (), "structural_tag": (),
+    "guided_decoding_backend": (), "guided_whitespace_pattern": (),
 }  # fmt: skip
 # vLLM's extras the OpenAI API honours and the native one does not (it always skips special tokens,
-# bans no words, scores no prompt, holds no answer to choices, a schema, a pattern or a grammar):
+# bans no words, scores no prompt, holds no answer to choices, a schema, a pattern, a grammar or a structural tag):
 # there they are accepted at these neutral values only
 OPENAI_EXTRAS: dict[str, tuple[Any, ...]] = {
     "skip_special_tokens": (True,), "spaces_between_special_tokens": (True,), "bad_words": ([],),
     "prompt_logprobs": (), "guided_choice": (), "guided_json": (), "guided_regex": (),
-    "guided_grammar": (),
+    "guided_grammar": (), "structural_tag": (),
 }  # fmt: skip
 
 

@@ -65,6 +65,18 @@ class FieldError(ProtocolError):
         self.param = param
 
 
+def given_once(fields: list[tuple[str, Any]], other: str) -> tuple[str, Any] | None:
+    """The one (name, value) of `fields` given (not null), or None; two of them, or one beside
+    `other` (the structured output already given, if any), are a FieldError naming the first."""
+    given = [(name, value) for name, value in fields if value is not None]
+    if not given:
+        return None
+    (name, value), *more = given
+    if more or other:
+        raise FieldError(f"{name} and {more[0][0] if more else other} cannot both be given", name)
+    return name, value
+
+
 def _check(obj: dict[str, Any], honoured: frozenset[str], neutral: dict[str, tuple[Any, ...]], where: str) -> None:
     for key, value in obj.items():
         if value is None or key in honoured:

@@ -14,7 +14,7 @@ from typing import Any
 
 from spmd_serve.frontend.common.parsing import Limits
 from spmd_serve.frontend.openai import prompts as prompts_of
-from spmd_serve.frontend.openai import token_params, tool_formats, tools
+from spmd_serve.frontend.openai import structural_fields, token_params, tool_formats, tools
 from spmd_serve.frontend.openai.body import OpenAIError as OpenAIError  # (re-exported: the parsers' refusal)
 from spmd_serve.frontend.openai.body import get
 from spmd_serve.frontend.openai.fields import FieldError, check_fields
@@ -183,7 +183,9 @@ def parse_openai(
         schema = token_params.json_schema(body, eos_ends, calls.schema, slow)
         held = "a guided choice" if choices else "a JSON schema" if schema else ""  # (what else holds the answer)
         regex = token_params.guided_regex(body, eos_ends, held, slow)
-        gbnf = token_params.guided_grammar(body, eos_ends, held or ("a guided_regex" if regex else ""), slow)
+        held = held or ("a guided_regex" if regex else "")
+        gbnf = token_params.guided_grammar(body, eos_ends, held, slow)
+        tag = structural_fields.structural_tag(body, held or ("a guided_grammar" if gbnf else ""), slow)
     except FieldError as e:
         raise OpenAIError(400, e.msg, e.param) from None
     params = SamplingParams(
@@ -215,6 +217,7 @@ def parse_openai(
         json_schema=schema,
         regex=regex,
         gbnf=gbnf,
+        structural_tag=tag,
     )
     get(body, "user", "str", None)
     flags = dict(echo=echo, logprobs=logprobs, echo_only=not max_tokens, continues=continues)

@@ -12,7 +12,7 @@ from typing import Any
 from spmd_serve.engine import gbnf_grammar, json_patterns
 from spmd_serve.engine import json_schema as json_schemas
 from spmd_serve.frontend.common.parsing import ProtocolError, check_in_vocab, finite_number, is_int, show
-from spmd_serve.frontend.openai.fields import FieldError
+from spmd_serve.frontend.openai.fields import FieldError, given_once
 from spmd_serve.sampling_params import (
     INT32_MAX,
     JSON_OBJECT,
@@ -25,7 +25,14 @@ from spmd_serve.sampling_params import (
 )
 
 Slow = list[Callable[[], object]]  # work that may take long (a grammar's compile): run off the IO loop
-_STRUCTURED = ("choice", "json", "json_object", "regex", "grammar")  # later vLLM's structured_outputs that are built
+_STRUCTURED = (
+    "choice",
+    "json",
+    "json_object",
+    "regex",
+    "grammar",
+    "structural_tag",
+)  # later vLLM's structured_outputs that are built
 
 
 def _in_vocab(name: str, ids: list[int], tokenizer: Any) -> None:
@@ -144,9 +151,10 @@ def json_schema(body: dict[str, Any], ends_on_eos: bool, tool_schema: str = "", 
     compiled to check it now, or later by the check put in `slow` where that is given."""
     fmt, outputs = body.get("response_format"), body.get("structured_outputs")
     kind = fmt.get("type") if isinstance(fmt, dict) else None
-    if fmt is not None and kind not in ("text", "json_object", "json_schema"):
+    if fmt is not None and kind not in ("text", "json_object", "json_schema", "structural_tag"):
         raise FieldError(
-            f"response_format must be an object with type 'text', 'json_object' or 'json_schema', got {show(fmt)}",
+            "response_format must be an object with type 'text', 'json_object', 'json_schema' or 'structural_tag', "
+            f"got {show(fmt)}",
             "response_format",
         )
     outputs = outputs if isinstance(outputs, dict) else {}
@@ -180,11 +188,11 @@ def json_schema(body: dict[str, Any], ends_on_eos: bool, tool_schema: str = "", 
     if len(text) > MAX_SCHEMA_CHARS:
         raise FieldError(f"{name} is more than {MAX_SCHEMA_CHARS} characters of JSON", name)
     # (the grammar is kept: the engine's is made from the same text where it shares this process)
-    _check(lambda: json_schemas.grammar(text), f"{name}: ", name, slow)
+    check_grammar(lambda: json_schemas.grammar(text), f"{name}: ", name, slow)
     return text
 
 
-def _check(compile_: Callable[[], object], prefix: str, name: str, slow: Slow | None) -> None:
+def check_grammar(compile_: Callable[[], object], prefix: str, name: str, slow: Slow | None) -> None:
     """Compile a grammar now, or put that in `slow`: a FieldError naming `name` if it is refused."""
 
     def check() -> None:
@@ -219,24 +227,21 @@ def _guided_text(
 ) -> str:  # fmt: skip
     """The text of guided_<key> or structured_outputs.<key> ("" for neither), checked by `compile_`."""
     outputs = body.get("structured_outputs")
-    given = [
-        (name, value)
-        for name, value in (
+    given = given_once(
+        [
             (f"guided_{key}", body.get(f"guided_{key}")),
             (f"structured_outputs.{key}", outputs.get(key) if isinstance(outputs, dict) else None),
-        )
-        if value is not None
-    ]
-    if not given:
+        ],
+        other,
+    )
+    if given is None:
         return ""
-    (name, text), *more = given
-    if more or other:
-        raise FieldError(f"{name} and {more[0][0] if more else other} cannot both be given", name)
+    name, text = given
     if not isinstance(text, str) or len(text) > MAX_SCHEMA_CHARS:
         raise FieldError(f"{name} must be a string of at most {MAX_SCHEMA_CHARS} characters", name)
     if not ends_on_eos:
         raise FieldError(f"{name} ends the answer with an EOS: not with ignore_eos or min_tokens", name)
-    _check(lambda: compile_(text, name), "", name, slow)
+    check_grammar(lambda: compile_(text, name), "", name, slow)
     return text
 
 

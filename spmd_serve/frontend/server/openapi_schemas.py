@@ -65,6 +65,7 @@ def _only(neutrals: tuple[Any, ...]) -> Schema:
 
 STR, BOOL, IDS = {"type": "string"}, {"type": "boolean"}, _list(_int(0))
 SCHEMA = {"type": ["object", "string"], "description": "a JSON Schema (or its JSON text) the answer is held to"}
+TAG = {"type": ["object", "string"], "description": "vLLM's structural tag: {structures, triggers} (or its JSON text)"}
 STOP = {"type": "string", "minLength": 1}  # "" would match at once: refused
 STRINGS = {"anyOf": [STOP, _list(STOP)]}  # stop strings: one or a list
 FINISH = {"enum": ["stop", "length"]}
@@ -132,15 +133,22 @@ def schemas(s: IOSettings) -> dict[str, Schema]:
         "guided_choice": _opt(_list(STR, minItems=1, maxItems=64, description="the answer is one of these")),
         "structured_outputs": _opt(_obj([], {"choice": _opt(_list(STR, minItems=1, maxItems=64)),
                                              "json": _opt(SCHEMA), "json_object": _opt(BOOL), "regex": _opt(STR),
-                                             "grammar": _opt(STR)},
+                                             "grammar": _opt(STR), "structural_tag": _opt(TAG)},
                                         description="later vLLM's: choice (guided_choice), json, json_object "
-                                        "regex (guided_regex) and grammar (guided_grammar)")),
+                                        "regex (guided_regex), grammar (guided_grammar) and structural_tag")),
         "guided_json": _opt(SCHEMA),
         "guided_regex": _opt(STR | {"description": "vLLM's: the answer is one match of this pattern"}),
         "guided_grammar": _opt(STR | {"description": "vLLM's: the answer is one match of this GBNF grammar's root"}),
-        "response_format": _opt(_obj(["type"], {"type": {"enum": ["text", "json_object", "json_schema"]},
-                                                "json_schema": _obj(["name"], {"name": STR, "schema": SCHEMA})},
-                                     description="json_object: any one JSON object; json_schema: one of its schema")),
+        "structural_tag": _opt(TAG),
+        "response_format": _opt(_obj(["type"], {"type": {"enum": ["text", "json_object", "json_schema",
+                                                                  "structural_tag"]},
+                                                "json_schema": _obj(["name"], {"name": STR, "schema": SCHEMA}),
+                                                "structures": _list(_obj(["begin", "schema"], {
+                                                    "begin": STR, "schema": SCHEMA, "end": STR})),
+                                                "triggers": _list(STR)},
+                                     description="json_object: any one JSON object; json_schema: one of its schema; "
+                                     "structural_tag: free text whose triggers open a begin, a JSON value of its "
+                                     "schema and an end")),
         "prompt_logprobs": _opt(_int(0, MAX_LOGPROBS, description="vLLM's: the prompt scored; not with stream")),
         "allowed_token_ids": _opt(_list(_int(0), minItems=1, description="the draw is limited to these ids")),
         "logit_bias": _opt(_obj([], {}, additionalProperties=_num(-100, 100),

@@ -1,0 +1,197 @@
+"""vLLM's structural_tag (spmd_serve/engine/structural_tag.py): its byte grammar takes exactly what an
+independent reader takes (tests/support/structural_oracle.py: free text to the first trigger, then
+a begin, a JSON value its schema validates, an end) on random texts built from the structures'
+pieces, and every text its random walks write; what is not built or wrong is refused naming the
+field; the masks equal stepping each token; the OpenAI fields; the sampler keeps every answer on it."""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+
+import numpy as np
+import pytest
+
+from spmd_serve.engine.json_masks import JsonVocab
+from spmd_serve.engine.sampler import Sampler
+from spmd_serve.engine.structural_tag import answer_grammar
+from spmd_serve.frontend.common.parsing import Limits
+from spmd_serve.frontend.openai.protocol import OpenAIError, parse_openai
+from spmd_serve.sampling_params import SamplingParams
+from spmd_serve.scheduler.request import Request
+from spmd_serve.scheduler.scheduler import ScheduledSeq, SchedulerOutput
+from tests.support.fake_tokenizer import FakeTokenizer
+from tests.support.grammar_walk import mutants, walk_to_end
+from tests.support.structural_oracle import StructuralOracle
+
+CITY = {
+    "type": "object",
+    "properties": {"city": {"type": "string", "maxLength": 5}},
+    "required": ["city"],
+    "additionalProperties": False,
+}
+TZ = {
+    "type": "object",
+    "properties": {"tz": {"enum": ["utc", "cet"]}, "n": {"type": "integer"}},
+    "additionalProperties": False,
+}
+NAMES = {"type": "array", "items": {"type": "string"}, "maxItems": 2}
+ANY = {"type": "object"}
+SPECS = {
+    "functions": {"structures": [{"begin": "<f=weather>", "schema": CITY, "end": "</f>"},
+                                 {"begin": "<f=time>", "schema": TZ, "end": "</f>"}], "triggers": ["<f="]},
+    "hermes": {"structures": [{"begin": "<tool_call>", "schema": ANY, "end": "</tool_call>"}],
+               "triggers": ["<tool_call>"]},
+    # one trigger, two begins read together until they part; the same begin with two schemas; no end
+    "shared": {"structures": [{"begin": "a=", "schema": CITY, "end": ";"}, {"begin": "a=", "schema": NAMES, "end": ";"},
+                              {"begin": "ab", "schema": TZ}], "triggers": ["a"]},
+    # a trigger that begins with a space, after a value whose structure has no end
+    "spaced": {"structures": [{"begin": " <x", "schema": NAMES}, {"begin": "[[", "schema": TZ, "end": "]]"}],
+               "triggers": [" <x", "[["]},
+}  # fmt: skip
+VALUES = [{"city": "Oslo"}, {"city": "Kyoto!"}, {"tz": "utc", "n": 3}, {"n": -1}, {"tz": "gmt"}, {}, ["a", "b"],
+          ["a", "b", "c"], [], {"x": [1, {"y": None}]}, [1], "s"]  # fmt: skip
+
+
+def _accepts(g, data: bytes) -> bool:
+    return g.may_end(g.step(g.start, data))
+
+
+def _pieces(spec: dict, rng: random.Random) -> bytes:
+    """A text of free-text pieces (the tags' parts among them) and structures: a begin, a value
+    (valid to its schema or not; compact or json.dumps-spaced), an end, with or without spaces."""
+    parts = [" ", "\n", "x", "<", "a", "b", "=", ";", "]", "{}", *spec["triggers"]]
+    for s in spec["structures"]:
+        parts += [s["begin"], s["begin"][:-1], s.get("end", ""), s.get("end", "")[1:]]
+    text = ""
+    for _ in range(rng.randrange(1, 8)):
+        if rng.random() < 0.6:
+            text += rng.choice(parts)
+            continue
+        s = rng.choice(spec["structures"])
+        value = json.dumps(rng.choice(VALUES), separators=(",", ":") if rng.random() < 0.7 else None)
+        text += s["begin"] + rng.choice(["", " ", "\n"]) + value + rng.choice(["", "\n "]) + s.get("end", "")
+    return text.encode()
+
+
+@pytest.mark.parametrize("name", sorted(SPECS))
+def test_the_grammar_reads_what_the_oracle_reads(name):
+    spec, rng = SPECS[name], random.Random(name)
+    g, oracle = answer_grammar(json.dumps(spec)), StructuralOracle(spec)
+    taken = 0
+    for _ in range(1500):  # both ways: built from compact (or json.dumps-spaced) values the grammar writes
+        data = _pieces(spec, rng)
+        assert _accepts(g, data) == oracle.accepts(data), data
+        taken += oracle.accepts(data) and any(s["begin"].encode() in data for s in spec["structures"])
+    assert taken > 30  # (texts with whole structures, not only free text)
+    for _ in range(60):  # what the grammar lets a model write: never stranded, each the oracle's
+        data = walk_to_end(g, rng)
+        assert oracle.accepts(data), data
+        for other in mutants(rng, data, b'{}[]":, <>=;/abfx0\n'):
+            assert not _accepts(g, other) or oracle.accepts(other), other
+
+
+def test_text_runs_on_and_structures_hold_their_schema():
+    g = answer_grammar(json.dumps(SPECS["functions"]))
+    for ok in [b"", b"plain text < f= <f", b'<f=weather>{"city":"Oslo"}</f>', b'a<f=time>\n{ "n": 2 }\n</f>b<f']:
+        assert _accepts(g, ok), ok
+    assert g.step(g.start, b"<f=x") is None  # the trigger opens a structure: only its begins go on
+    assert g.step(g.start, b'<f=weather>{"town"') is None and g.step(g.start, b"text\0") is None
+    assert not _accepts(g, b'<f=weather>{"city":"Oslo"}')  # (no end inside a structure)
+    assert len(g.table) < 600
+
+
+@pytest.mark.parametrize("spec, message", [
+    ({"structures": [{"begin": "<a>", "schema": ANY}], "triggers": ["<b"]}, "starts with none of the triggers"),
+    ({"structures": [{"begin": "<a>", "schema": ANY}], "triggers": ["<a", "<b"]}, "'<b' begins no structure"),
+    ({"structures": [{"begin": "<a>", "schema": ANY}], "triggers": ["<", "<a"]}, "'<a' holds another trigger, '<'"),
+    ({"structures": [{"begin": "<a>", "schema": ANY}], "triggers": [""]}, "triggers[0] must be a non-empty string"),
+    ({"structures": [{"begin": "<a>"}], "triggers": ["<"]}, "structures[0] must be an object of begin, schema"),
+    ({"structures": [{"begin": "<a>", "schema": {"type": "string"}}], "triggers": ["<"]},
+     "json_schema(st.structures[0].schema)'s root must be an object or array"),
+    ({"structures": [{"begin": "<a>", "schema": {"type": "object", "if": {}}}], "triggers": ["<"]},
+     "json_schema(st.structures[0].schema): the keyword 'if' is not supported"),
+    ({"structures": [], "triggers": ["<"]}, "structures must be a list of 1 to 64"),
+    ({"structures": [{"begin": "<a>", "schema": ANY}], "triggers": "<"}, "triggers must be a list"),
+    ({"type": "structural_tag", "format": {"type": "triggered_tags"}}, "later form (format: ...) is not supported"),
+    ({"structures": [{"begin": "<a>", "schema": ANY}], "triggers": ["<"], "x": 1}, "x is not a structural tag's"),
+    ({"structures": [{"begin": "<a>", "schema": ANY, "end": 3}], "triggers": ["<"]}, "structures[0].end must be"),
+])  # fmt: skip
+def test_what_is_not_built_or_wrong_is_refused_by_name(spec, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        answer_grammar(json.dumps(spec), "st")
+
+
+VOCAB = [b"", b"<", b"<f", b"<f=", b"=", b"weather", b"time", b">", b">{", b'{"', b'"}', b"}", b"}</", b"</f>",
+         b"/", b"f", b"city", b'":', b":", b'"', b"Oslo", b" ", b"\n", b"x", b"text", b"tz", b"utc", b"n", b"1",
+         b"12", b","]  # fmt: skip
+
+
+def test_masks_equal_stepping_each_token():
+    g, vocab, rng = answer_grammar(json.dumps(SPECS["functions"])), JsonVocab(VOCAB), random.Random(3)
+    for _ in range(30):
+        state = g.start
+        for b in walk_to_end(g, rng, stop=0.05) + b'<f=weather>{"city":"x"}</f>':
+            expect = [bool(t) and g.step(state, t) is not None for t in VOCAB]
+            assert vocab.allowed(g, state).tolist() == expect, state
+            state = g.step(state, bytes([b]))
+
+
+def _parse(body: dict, kind: str = "completion"):
+    prompt = {"prompt": "hi"} if kind == "completion" else {"messages": [{"role": "user", "content": "hi"}]}
+    return parse_openai(kind, {"model": "m", **prompt, **body}, FakeTokenizer(), Limits(100, 50, 120), ("m",))
+
+
+def test_the_fields():
+    spec = SPECS["hermes"]
+    for kind in ("completion", "chat"):
+        for body in (
+            {"response_format": {"type": "structural_tag", **spec}},
+            {"structural_tag": json.dumps(spec)},
+            {"structured_outputs": {"structural_tag": json.dumps(spec)}},
+            {"structural_tag": spec},
+        ):
+            assert json.loads(_parse(body, kind).params.structural_tag)["triggers"] == ["<tool_call>"]
+    # (free text may run on: ignore_eos and min_tokens only put off the end)
+    assert _parse({"structural_tag": spec, "ignore_eos": True, "min_tokens": 3}).params.structural_tag
+    for body, want in [
+        ({"structural_tag": "{x"}, "structural_tag is not JSON text"),
+        ({"response_format": {"type": "structural_tag", "triggers": ["<"]}}, "response_format.structures must be"),
+        ({"structural_tag": spec, "guided_json": {"type": "object"}}, "structural_tag and a JSON schema cannot"),
+        ({"structural_tag": spec, "guided_choice": ["a"]}, "structural_tag and a guided choice cannot both"),
+        ({"structural_tag": spec, "guided_regex": "a"}, "structural_tag and a guided_regex cannot both"),
+        ({"structural_tag": spec, "guided_grammar": 'root ::= "a"'}, "structural_tag and a guided_grammar cannot"),
+        ({"structural_tag": spec, "structured_outputs": {"structural_tag": spec}}, "cannot both be given"),
+        ({"response_format": {"type": "structural_tag", **spec}, "structural_tag": spec}, "cannot both be given"),
+        ({"response_format": {"type": "xml"}}, "'json_schema' or 'structural_tag', got"),
+    ]:
+        with pytest.raises(OpenAIError, match=re.escape(want)):
+            _parse(body)
+    with pytest.raises(ValueError, match="not more"):
+        SamplingParams(regex="a", structural_tag=json.dumps(spec)).validate()
+
+
+def test_sampled_answers_stay_on_the_tag_and_end_only_in_text():
+    """Through the sampler with random logits (the EOS often likely): each answer is the oracle's."""
+    spec = SPECS["functions"]
+    text, vocab = json.dumps(spec), [b"", *VOCAB[1:]]
+    sampler, rng, oracle, opened = Sampler(), np.random.default_rng(0), StructuralOracle(spec), 0
+    sampler.json_vocab = JsonVocab(vocab)
+    for trial in range(60):
+        out: list[int] = []
+        params = SamplingParams(max_tokens=64, temperature=1.0, seed=trial, structural_tag=text)
+        r = Request("g", [1], params, frozenset({0}))
+        r.output_token_ids = out
+        for _ in range(60):
+            x = rng.normal(0, 2.0, len(vocab)).astype(np.float32)
+            x[[0, 2, 3]] += 1.0  # (the EOS and the trigger's pieces likelier)
+            step = sampler.sample(SchedulerOutput([ScheduledSeq(r, 0, 1, True)]), x[None, :])
+            assert not step.failed, step.failed
+            if step.tokens[0][0] == 0:
+                data = b"".join(vocab[t] for t in out)
+                assert oracle.accepts(data), data
+                opened += b"<f=" in data
+                break
+            out.append(step.tokens[0][0])
+    assert opened > 10
