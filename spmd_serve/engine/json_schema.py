@@ -232,16 +232,15 @@ def _dumps(value: Any) -> bytes:
     return json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode()
 
 
-def nodes_of(schemas: list[Any], where: str = "") -> tuple[tuple[Node, ...], list[int]]:
+def nodes_of(schemas: list[tuple[Any, str]]) -> tuple[tuple[Node, ...], list[int]]:
     """The nodes of several schemas in one list (engine/json_grammar.py) and each one's root node;
-    ValueError names what is not supported (`where`: a schema's place in the request, by its index)."""
+    ValueError names what is not supported (each schema with `where` it is in the request)."""
     nodes: list[Node] = []
     roots = []
-    for k, schema in enumerate(schemas):
-        at = where.format(k)
-        roots.append(_Nodes(schema if isinstance(schema, dict) else {}, nodes).add(schema, at))
+    for schema, where in schemas:
+        roots.append(_Nodes(schema if isinstance(schema, dict) else {}, nodes).add(schema, where))
         if nodes[roots[-1]][0] not in ("object", "anyobj", "array", "anyarr"):  # (a bare scalar has no end)
-            raise ValueError(f"json_schema{at}'s root must be an object or array schema")
+            raise ValueError(f"json_schema{where}'s root must be an object or array schema")
     for node in nodes:
         if node[0] == "recur" and nodes[node[1]][0] not in ("object", "array", "dict", "tuple"):
             raise ValueError("json_schema: a recursive $ref is built to an object or an array only")
@@ -251,4 +250,4 @@ def nodes_of(schemas: list[Any], where: str = "") -> tuple[tuple[Node, ...], lis
 @functools.lru_cache(maxsize=64)
 def grammar(text: str) -> Grammar:
     """The grammar of a schema given as JSON text; ValueError names what is not supported."""
-    return grammar_of(nodes_of([json.loads(text)])[0])
+    return grammar_of(nodes_of([(json.loads(text), "")])[0])

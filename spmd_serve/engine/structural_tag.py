@@ -1,88 +1,31 @@
-"""vLLM's `structural_tag` (xgrammar's structural tags in their first form, which vLLM's OpenAI API
-takes as `response_format: {"type": "structural_tag", "structures": [...], "triggers": [...]}` and as
-the `structural_tag` / `structured_outputs.structural_tag` JSON text): free text, in which each
-`trigger` written opens a structure — the rest of a `begin` that starts with it, one JSON value of
-that structure's `schema`, then its `end` — and free text again after it.  The answer may end (an
-EOS, or max_tokens) anywhere in free text, not inside a structure.
+"""vLLM's `structural_tag` (xgrammar's structural tags, read by engine/structural_formats.py): which
+texts an answer may be, as one byte grammar (engine/grammar_table.py).  vLLM's OpenAI API takes it as
+`response_format: {"type": "structural_tag", ...}` and as the `structural_tag` /
+`structured_outputs.structural_tag` JSON text.  In the first form, free text in which each trigger
+written opens a structure (the rest of a begin that starts with it, one JSON value of its schema,
+its end), then free text again; the later form composes such parts (engine/structural_formats.py).
 
-Held as one byte grammar (engine/grammar_table.py) with the JSON answers' states
-(engine/json_grammar.py): every schema's nodes in one list (json_schema.nodes_of), and three more
-kinds of state: ("stext", seen) free text, where `seen` is the longest end of it that begins a
-trigger (an Aho–Corasick automaton over the triggers); ("sbegin", i, k) structure i's begin after
-its k-th byte; ("send", i, k) its end after the k-th.  Where a trigger begins several structures,
-their states are read together (json_grammar's "set") until the begins part.  Whitespace may
-come between the begin and the value, and between the value and the end, as between JSON lexemes
-(the Hermes form writes "<tool_call>\\n{...}\\n</tool_call>").
+The states are json_grammar's for the JSON values (every schema's nodes in one list:
+json_schema.nodes_of) and these, each with the continuation K it goes on to (another state name, or
+END_NAME: the answer is whole): ("fk", node, K) a format node about to be read; ("fseq", node, i, K)
+a sequence at its i-th element; ("flit", bytes, k, K) a literal after its k-th byte; ("ftext", node,
+seen, K) free text, `seen` its longest end that begins one of its patterns (an Aho–Corasick
+automaton); ("fafter", node, K) after a triggered tag; ("fsep", node, count, K) tags with a
+separator after `count` of them; ("frx", node, state, K) and ("fgb", node, state, K) a regex's and a
+GBNF grammar's own states.  Where the text may go on one way or end and go on to K, both are read
+together (json_grammar's "set") until they part: the grammar stays one table.
 """
 
 from __future__ import annotations
 
 import functools
 import json
-from dataclasses import dataclass
 from typing import Any
 
-from spmd_serve.engine import json_schema
-from spmd_serve.engine.grammar_table import Edges, Grammar, Name
+from spmd_serve.engine import gbnf_grammar, json_schema, regex_dfa
+from spmd_serve.engine.grammar_table import DEAD, END_NAME, POP, POP_NAME, Edges, Grammar, Name
 from spmd_serve.engine.json_grammar import Builder
-
-MAX_STRUCTURES = 64
-MAX_TAG_BYTES = 256  # a begin, end or trigger
-
-
-@dataclass(frozen=True)
-class Spec:
-    """A structural tag read from the request: each structure's (begin, schema, end), the triggers."""
-
-    structures: tuple[tuple[bytes, Any, bytes], ...]
-    triggers: tuple[bytes, ...]
-
-
-def _tag(value: Any, where: str, empty: bool = True) -> bytes:
-    if not isinstance(value, str) or (not value and not empty) or len(value.encode()) > MAX_TAG_BYTES:
-        size = "a" if empty else "a non-empty"
-        raise ValueError(
-            f"{where} must be {size} string of at most {MAX_TAG_BYTES} bytes, got {json.dumps(value)[:60]}"
-        )
-    if "\0" in value:
-        raise ValueError(f"{where} must not hold a NUL character")
-    return value.encode()
-
-
-def read(spec: Any, name: str) -> Spec:
-    """A structural tag's object (`name`: the field it came in), checked; ValueError names the fault."""
-    if not isinstance(spec, dict):
-        raise ValueError(f"{name} must be an object with structures and triggers, got {json.dumps(spec)[:60]}")
-    if "format" in spec:
-        raise ValueError(f"{name}: the structural tag's later form (format: ...) is not supported by this server "
-                         "(only structures and triggers)")  # fmt: skip
-    other = sorted(set(spec) - {"type", "structures", "triggers"})
-    if other or spec.get("type", "structural_tag") != "structural_tag":
-        raise ValueError(f"{name}: {other[0] if other else 'type'} is not a structural tag's field here "
-                         "(structures, triggers and type 'structural_tag')")  # fmt: skip
-    items, triggers = spec.get("structures"), spec.get("triggers")
-    if not isinstance(items, list) or not 0 < len(items) <= MAX_STRUCTURES:
-        raise ValueError(f"{name}.structures must be a list of 1 to {MAX_STRUCTURES} structures")
-    if not isinstance(triggers, list) or not 0 < len(triggers) <= MAX_STRUCTURES:
-        raise ValueError(f"{name}.triggers must be a list of 1 to {MAX_STRUCTURES} strings")
-    trig = tuple(dict.fromkeys(_tag(t, f"{name}.triggers[{k}]", False) for k, t in enumerate(triggers)))
-    for t in trig:
-        inner = next((u for u in trig if u != t and u in t), None)
-        if inner is not None:
-            raise ValueError(f"{name}.triggers: {t.decode()!r} holds another trigger, {inner.decode()!r}")
-    structures = []
-    for k, item in enumerate(items):
-        where = f"{name}.structures[{k}]"
-        if not isinstance(item, dict) or set(item) - {"begin", "schema", "end"} or not {"begin", "schema"} <= set(item):
-            raise ValueError(f"{where} must be an object of begin, schema and end (end may be left out)")
-        begin, end = _tag(item["begin"], f"{where}.begin", False), _tag(item.get("end", ""), f"{where}.end")
-        if not any(begin.startswith(t) for t in trig):
-            raise ValueError(f"{where}.begin {item['begin']!r} starts with none of the triggers")
-        structures.append((begin, item["schema"], end))
-    for t in trig:
-        if not any(b.startswith(t) for b, _, _ in structures):
-            raise ValueError(f"{name}.triggers: {t.decode()!r} begins no structure")
-    return Spec(tuple(structures), trig)
+from spmd_serve.engine.structural_formats import STOP, TRIGGER, Formats, read
 
 
 def canonical(spec: Any, name: str) -> str:
@@ -92,92 +35,215 @@ def canonical(spec: Any, name: str) -> str:
 
 
 class _Builder(Builder):
-    """The JSON answers' builder with free text and the structures' begins and ends."""
+    """json_grammar's builder with the format nodes' states (the module docstring)."""
 
-    def __init__(self, spec: Spec, name: str) -> None:
-        nodes, self.roots = json_schema.nodes_of(
-            [s for _, s, _ in spec.structures], f"({name}.structures[{{}}].schema)"
-        )
+    def __init__(self, formats: Formats) -> None:
+        nodes, self.roots = json_schema.nodes_of(formats.schemas)
         super().__init__(nodes)
-        self.spec = spec
-        self.kinds.update(stext=self._text, sbegin=self._begin, send=self._end)
-        self._prefixes = {t[:n] for t in spec.triggers for n in range(1, len(t) + 1)}
-        self._goto: dict[tuple[bytes, int], bytes] = {}
+        self.f, self.roles = [_compiled(node) for node in formats.nodes], formats.roles
+        self._prefixes = {k: {p[:n] for p in roles for n in range(1, len(p) + 1)} for k, roles in self.roles.items()}
+        self._goto: dict[tuple[int, bytes, int], bytes] = {}
+        self._empties: dict[int, bool] = {}
+        self.kinds.update(fk=self._enter, fseq=self._seq, flit=self._lit, ftext=self._text, fafter=self._after_tag,
+                          fsep=self._sep, frx=self._rx, fgb=self._gbnf, end=lambda _: {})  # fmt: skip
 
     def _lexeme(self, base: Name) -> Edges:
-        return self._end(base) if base[0] == "send" else super()._lexeme(base)
+        return self.edges(base[1]) if base[0] == "fjx" else super()._lexeme(base)
 
     def _ws_edges(self, name: Name) -> Edges:
-        """JSON's whitespace, but after the value of a structure with no end: text at once (a
-        trigger may begin with a space)."""
+        """After a JSON value: K at once (whitespace there is K's, as xgrammar's JSON ends at its
+        last bracket; a trigger or an end may begin with a space)."""
         base = name[1]
-        if isinstance(base, tuple) and base[0] == "send" and not self.spec.structures[base[1]][2]:
-            return self._text(("stext", b""))
+        if isinstance(base, tuple) and base[0] == "fjx":
+            return self.edges(base[1])
         return super()._ws_edges(name)
 
+    def _union(self, alternatives: list[Edges]) -> Edges:
+        """json_grammar's union, its sets flat (a set of sets would make new names forever)."""
+        try:
+            edges = super()._union(alternatives)
+            return {b: (_flat(target), back) for b, (target, back) in edges.items()}
+        except ValueError:
+            raise ValueError("the structural tag reads one text two ways that open JSON containers alike (a free "
+                             "object or array beside other text): not supported") from None  # fmt: skip
+
+    def _or_end(self, edges: Edges, k: Name) -> Edges:
+        """`edges`, read together with K's (the text may end here and go on to K)."""
+        return edges if k == END_NAME else self._union([edges, self.edges(k)])
+
+    def _enter(self, name: Name) -> Edges:
+        _, n, k = name
+        node = self.f[n]
+        kind = node[0]
+        if kind == "const":
+            return self._lit(("flit", node[1], 0, k))
+        if kind == "json":
+            return self.edges(("ws", ("val", self.roots[node[1]], ("fjx", k)), 0))
+        if kind == "text":
+            return self._text(("ftext", n, b"", k))
+        if kind == "seq":
+            return self._seq(("fseq", n, 0, k))
+        if kind == "or":
+            return self._union([self._enter(("fk", c, k)) for c in node[1]])
+        if kind == "rx":
+            return self._rx(("frx", n, 0, k))
+        if kind == "gbnf":
+            return self._gbnf(("fgb", n, node[1].start[0], k))
+        if kind == "trig":  # (at_least_one: a tag at once)
+            after: Name = ("fafter", n, k)
+            return self._union([self._enter(("fk", t, after)) for t in node[2]]) if node[3] else self._text_of(n, k)
+        return self._sep(("fsep", n, 0, k))
+
+    def _seq(self, name: Name) -> Edges:
+        _, n, i, k = name
+        items = self.f[n][1]
+        return self._enter(("fk", items[i], ("fseq", n, i + 1, k) if i + 1 < len(items) else k))
+
+    def _lit(self, name: Name) -> Edges:
+        _, data, i, k = name
+        if i == len(data):
+            return self.edges(k)
+        return {data[i]: (("flit", data, i + 1, k) if i + 1 < len(data) else k, None)}
+
+    def _text_of(self, trig: int, k: Name) -> Edges:
+        return self._text(("ftext", self.f[trig][1], b"", ("fafter", trig, k)))
+
     def _text(self, name: Name) -> Edges:
-        """("stext", seen): any byte but NUL (a special token's); one ending a trigger opens the
-        structures whose begins start with it."""
-        seen = name[1]
-        assert isinstance(seen, bytes)
+        """Any byte but NUL (a special token's); one that ends a pattern: an excluded one has no way
+        on, a stop goes on to K (the tag's end read), a trigger to the tags its begin starts."""
+        _, n, seen, k = name
+        roles = self.roles[n]
+        out = k[2] if k[0] == "fafter" else k  # (what follows the text: past a triggered tags' own tags)
         edges: Edges = {}
         for b in range(1, 256):
-            after = self._next(seen, b)
-            if after not in self.spec.triggers:
-                edges[b] = (("stext", after), None)
-                continue
-            opened = frozenset(
-                self._begun(i, len(after)) for i, (begin, _, _) in enumerate(self.spec.structures)
-                if begin.startswith(after)
-            )  # fmt: skip
-            edges[b] = (next(iter(opened)) if len(opened) == 1 else ("set", opened), None)
-        return edges
+            after = self._next(n, seen, b)
+            role = roles.get(after)
+            if role is None:
+                edges[b] = (("ftext", n, after, k), None)
+            elif role == STOP:
+                edges[b] = (out, None)
+            elif role == TRIGGER:  # (k: ("fafter", trig, K), whose tags these are)
+                begun = frozenset(self._begun(t, after, k) for t in self.f[k[1]][2] if self._begin(t).startswith(after))
+                edges[b] = (next(iter(begun)) if len(begun) == 1 else ("set", begun), None)
+        return edges if STOP in roles.values() else self._or_end(edges, out)
 
-    def _next(self, seen: bytes, b: int) -> bytes:
-        """The longest end of seen + b that begins a trigger (Aho–Corasick's goto and failure); a
-        whole trigger exactly where one was written, since none holds another."""
-        key = (seen, b)
+    def _begin(self, tag: int) -> bytes:
+        begin: bytes = self.f[self.f[tag][1][0]][1]
+        return begin
+
+    def _begun(self, tag: int, read: bytes, k: Name) -> Name:
+        """The state after a tag's begin's first len(read) bytes (the trigger), going on to K."""
+        rest: Name = ("fseq", tag, 1, k)
+        begin = self._begin(tag)
+        return rest if len(read) == len(begin) else ("flit", begin, len(read), rest)
+
+    def _next(self, n: int, seen: bytes, b: int) -> bytes:
+        """The longest end of seen + b that begins one of text node n's patterns (Aho–Corasick's
+        goto and failure); a whole pattern exactly where one was written, since none holds another."""
+        key = (n, seen, b)
         if key not in self._goto:
             text = seen + bytes([b])
-            self._goto[key] = text if text in self._prefixes else self._next(self._fail(seen), b) if seen else b""
+            self._goto[key] = (
+                text if text in self._prefixes[n] else self._next(n, self._fail(n, seen), b) if seen else b""
+            )
         return self._goto[key]
 
-    def _fail(self, seen: bytes) -> bytes:
-        """The longest proper end of `seen` (itself a trigger's beginning) that begins a trigger."""
-        return b"" if len(seen) <= 1 else self._next(self._fail(seen[:-1]), seen[-1])
+    def _fail(self, n: int, seen: bytes) -> bytes:
+        return b"" if len(seen) <= 1 else self._next(n, self._fail(n, seen[:-1]), seen[-1])
 
-    def _begun(self, i: int, k: int) -> Name:
-        """The state after structure i's begin's k-th byte: the rest of it, or the value."""
-        if k < len(self.spec.structures[i][0]):
-            return ("sbegin", i, k)
-        return ("ws", ("val", self.roots[i], ("send", i, 0)), 0)
+    def _after_tag(self, name: Name) -> Edges:
+        """After a triggered tag: K (stop_after_first), else free text again."""
+        _, n, k = name
+        return self.edges(k) if self.f[n][4] else self._text_of(n, k)
 
-    def _begin(self, name: Name) -> Edges:
-        _, i, k = name
-        assert isinstance(i, int) and isinstance(k, int)
-        return {self.spec.structures[i][0][k]: (self._begun(i, k + 1), None)}
+    def _sep(self, name: Name) -> Edges:
+        """Tags with a separator after `count` of them: another (after the separator, past the first),
+        and K once at least one came (or none is needed)."""
+        _, n, count, k = name
+        _, alts, then, once, first = self.f[n]
+        more: Edges = {} if count and first else self._enter(("fk", alts if not count else then, ("fsep", n, 1, k)))
+        return self._or_end(more, k) if count or not once else more
 
-    def _end(self, name: Name) -> Edges:
-        """("send", i, k): structure i's end after its k-th byte (k = 0: the value is read), then text."""
-        _, i, k = name
-        assert isinstance(i, int) and isinstance(k, int)
-        end = self.spec.structures[i][2]
-        if k == len(end):
-            return self._text(("stext", b""))
-        return {end[k]: (("send", i, k + 1) if k + 1 < len(end) else ("stext", b""), None)}
+    def _rx(self, name: Name) -> Edges:
+        _, n, s, k = name
+        dfa = self.f[n][1]
+        edges: Edges = {b: (("frx", n, t, k), None) for b, t in dfa.trans[s].items()}
+        return self._or_end(edges, k) if s in dfa.accept else edges
+
+    def _gbnf(self, name: Name) -> Edges:
+        """A GBNF grammar's table row (its pops and pushes on the stack, as its own), K where it may end."""
+        _, n, s, k = name
+        g = self.f[n][1]
+        edges: Edges = {}
+        for b, t in enumerate(g.table[s].tolist()):
+            push = int(g.pushes[s, b])
+            if t != DEAD:
+                edges[b] = (POP_NAME, None) if t == POP else (("fgb", n, t, k), ("fgb", n, push, k) if push else None)
+        return self._or_end(edges, k) if s in g.ends else edges
 
     def may_end(self, name: Name) -> bool:
-        """Free text, or whitespace after a value whose structure's end is empty (text follows)."""
-        if name[0] == "set":
-            return any(self.may_end(n) for n in name[1])
-        after = name[1] if name[0] == "ws" else None
-        return name[0] == "stext" or (
-            isinstance(after, tuple) and after[0] == "send" and not self.spec.structures[after[1]][2]
-        )
+        """Whether the answer may end at `name` (an EOS may come): whatever is left may be empty."""
+        kind = name[0]
+        if name == END_NAME:
+            return True
+        if kind == "set":
+            return any(self.may_end(m) for m in name[1])
+        if kind == "ws":
+            return isinstance(name[1], tuple) and name[1][0] == "fjx" and self.may_end(name[1][1])
+        if kind == "fk":
+            return self._empty(name[1]) and self.may_end(name[2])
+        if kind == "fseq":
+            return all(self._empty(c) for c in self.f[name[1]][1][name[2] :]) and self.may_end(name[3])
+        if kind == "ftext":
+            k = name[3]
+            return self._empty(name[1]) and self.may_end(k[2] if k[0] == "fafter" else k)
+        if kind == "fafter":
+            return (self.f[name[1]][4] or self._empty(self.f[name[1]][1])) and self.may_end(name[2])
+        if kind == "fsep":  # (a state only after a tag: entering is "fk"'s)
+            return self.may_end(name[3])
+        if kind in ("frx", "fgb"):
+            node = self.f[name[1]]
+            return name[2] in (node[1].accept if kind == "frx" else node[1].ends) and self.may_end(name[3])
+        return False
+
+    def _empty(self, n: int) -> bool:
+        """Whether format node n may be read as no text at all."""
+        if n not in self._empties:
+            node = self.f[n]
+            kind = node[0]
+            if kind in ("seq", "or"):
+                empty = (all if kind == "seq" else any)(self._empty(c) for c in node[1])
+            elif kind in ("trig", "sep"):
+                empty = not node[3] and (kind == "sep" or self._empty(node[1]))
+            elif kind == "text":
+                empty = STOP not in self.roles[n].values()
+            elif kind in ("rx", "gbnf"):
+                empty = 0 in node[1].accept if kind == "rx" else node[1].start[0] in node[1].ends
+            else:
+                empty = node == ("const", b"")  # (a JSON value is never empty)
+            self._empties[n] = empty
+        return self._empties[n]
+
+
+def _compiled(node: tuple[Any, ...]) -> tuple[Any, ...]:
+    """A regex node with its DFA (over the bytes but NUL), a GBNF one with its grammar."""
+    if node[0] == "rx":
+        return ("rx", regex_dfa.compile_dfa(node[1], node[2], frozenset(range(1, 256))))
+    return ("gbnf", gbnf_grammar.answer_grammar(node[1], node[2])) if node[0] == "gbnf" else node
+
+
+def _members(name: Name) -> frozenset[Name]:
+    return frozenset(m for n in name[1] for m in _members(n)) if name[0] == "set" else frozenset((name,))
+
+
+def _flat(name: Name) -> Name:
+    members = _members(name)
+    return next(iter(members)) if len(members) == 1 else ("set", members)
 
 
 @functools.lru_cache(maxsize=64)
 def answer_grammar(text: str, name: str = "structural_tag") -> Grammar:
     """The grammar of a structural tag given as JSON text; ValueError names what is not supported."""
-    builder = _Builder(read(json.loads(text), name), name)
-    return Grammar(builder.edges, ("stext", b""), may_end=builder.may_end, counted=builder.counted)
+    formats = read(json.loads(text), name)
+    builder = _Builder(formats)
+    return Grammar(builder.edges, ("fk", formats.root, END_NAME), may_end=builder.may_end, counted=builder.counted)

@@ -47,7 +47,12 @@ def post(srv, **fields) -> requests.Response:
         {"response_format": {"type": "json_schema", "json_schema": {"name": "n", "schema": {"type": "object"}}}},
         {"guided_regex": "[a-z]{1,8}"},
         {"guided_grammar": 'root ::= "(" root ")" | [a-z]'},
-        {"structural_tag": {"structures": [{"begin": "<a>", "schema": {"type": "object"}}], "triggers": ["<a"]}},
+        {
+            "structural_tag": {
+                "structures": [{"begin": "<a>", "schema": {"type": "object"}, "end": ""}],
+                "triggers": ["<a"],
+            }
+        },
     ],
 )
 def test_a_grammar_compiles_off_the_io_loop(srv, threads, fields):
@@ -75,11 +80,16 @@ def test_a_grammar_compiles_off_the_io_loop(srv, threads, fields):
                 "response_format": {
                     "type": "structural_tag",
                     "triggers": ["<"],
-                    "structures": [{"begin": "<a>", "schema": {"type": "object", "if": {}}}],
+                    "structures": [{"begin": "<a>", "schema": {"type": "object", "if": {}}, "end": ""}],
                 }
             },
             "response_format",
             "the keyword 'if' is not supported",
+        ),
+        (
+            {"structural_tag": {"format": {"type": "sequence", "elements": [{"type": "regex", "pattern": "(a)\\1"}]}}},
+            "structural_tag",
+            "structural_tag.format.elements[0].pattern",
         ),
     ],
 )

@@ -114,16 +114,28 @@ TAG = {"structures": [{"begin": ".", "end": ";", "schema": {
 
 def test_structural_tag_answers_open_a_whole_structure_at_every_trigger(client):
     """Sampled answers held to a structural tag (response_format, the structural_tag extra and
-    structured_outputs.structural_tag): free text in which every trigger opens the structure, each
-    whole and its value valid to its schema (tests/support/structural_oracle.py), up to the end or,
-    where max_tokens cut the answer, up to its last trigger; streamed equals whole; a schema not
-    built is a 400 naming the field."""
+    structured_outputs.structural_tag; the first form and xgrammar's later one): free text in which
+    every trigger opens the structure, each whole and its value valid to its schema
+    (tests/support/structural_oracle.py), up to the end or, where max_tokens cut the answer, up to
+    its last trigger; streamed equals whole; a schema not built is a 400 naming the field."""
     oracle, opened = StructuralOracle(TAG), 0
     ids = requests.post(str(client.base_url).removesuffix("v1/") + "tokenize", timeout=30,
                         json={"prompt": ".", "add_special_tokens": False}).json()["tokens"]  # fmt: skip
     bias = {"logit_bias": {str(ids[-1]): 6}}  # (the demo model writes few full stops of its own)
+    later = {
+        "type": "triggered_tags",
+        "triggers": ["."],
+        "tags": [
+            {
+                "begin": ".",
+                "end": ";",
+                "content": {"type": "json_schema", "json_schema": TAG["structures"][0]["schema"]},
+            }
+        ],
+    }  # (xgrammar's later form, the same)
     for extra in ({"response_format": {"type": "structural_tag", **TAG}}, {"structural_tag": json.dumps(TAG)},
-                  {"structured_outputs": {"structural_tag": json.dumps(TAG)}}):  # fmt: skip
+                  {"structured_outputs": {"structural_tag": json.dumps(TAG)}},
+                  {"response_format": {"type": "structural_tag", "format": later}}):  # fmt: skip
         for text in _sampled_answers(client, {**extra, **bias}, "The numbers are", seed=6, ends=("stop", "length")):
             assert oracle.accepts(text.encode()) or oracle.accepts(text[: text.rfind(".")].encode()), text
             opened += len(re.findall(r'\.\s*\{\s*"n"\s*:\s*\d+\s*\}\s*;', text))

@@ -109,11 +109,13 @@ REGEXES = st.sampled_from([r"(yes|no)", r"[0-9]{1,4}", r"\w+@\w+\.com", r".{0,8}
 GRAMMARS = st.sampled_from(['root ::= "(" root ")" | [a-z]{1,3}', 'root ::= ("- " [a-z]+ "\\n"){1,3}'])  # GBNF built
 TAGS = st.sampled_from([  # structural tags built
     {"structures": [{"begin": "<f=a>", "schema": {"type": "object"}, "end": "</f>"}], "triggers": ["<f="]},
-    {"structures": [{"begin": ".", "schema": {"type": "array", "items": {"type": "integer"}}}], "triggers": ["."]},
+    {"structures": [{"begin": ".", "schema": {"type": "array", "items": {"type": "integer"}}, "end": ""}],
+     "triggers": ["."]},
+    {"format": {"type": "sequence", "elements": [{"type": "const_string", "value": "A: "}, {"type": "any_text"}]}},
 ])  # fmt: skip
 BAD_TAGS = st.sampled_from([
     {"structures": [{"begin": "<a>", "schema": {"type": "string"}}], "triggers": ["<"]},
-    {"structures": [{"begin": "<a>", "schema": {}}], "triggers": ["<b"]}, {"format": {"type": "any_text"}},
+    {"structures": [{"begin": "<a>", "schema": {}, "end": ""}], "triggers": ["<b"]}, {"format": {"type": "token"}},
 ])  # fmt: skip
 
 _OPENAI_COMMON = {

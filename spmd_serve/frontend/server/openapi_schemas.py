@@ -145,7 +145,8 @@ def schemas(s: IOSettings) -> dict[str, Schema]:
                                                 "json_schema": _obj(["name"], {"name": STR, "schema": SCHEMA}),
                                                 "structures": _list(_obj(["begin", "schema"], {
                                                     "begin": STR, "schema": SCHEMA, "end": STR})),
-                                                "triggers": _list(STR)},
+                                                "triggers": _list(STR),
+                                                "format": {"type": "object", "description": "xgrammar's later form"}},
                                      description="json_object: any one JSON object; json_schema: one of its schema; "
                                      "structural_tag: free text whose triggers open a begin, a JSON value of its "
                                      "schema and an end")),
