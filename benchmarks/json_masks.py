@@ -3,10 +3,10 @@ made-up byte-level vocabulary of --vocab tokens (words and word pieces with and 
 space, punctuation runs, every single byte), a grammar (json_object, or a pydantic-like schema),
 and --answers answers drawn at random among the allowed tokens, each step's `allowed` timed.
 
-    python benchmarks/json_masks.py [--vocab 150000] [--answers 8] [--tokens 200] [--schema | --gbnf FILE]
+    python benchmarks/json_masks.py [--vocab 150000] [--answers 8] [--tokens 200] [--schema | --gbnf FILE | --structural-tag FILE]
 
 Prints the vocabulary's set-up time, the schema's (or the GBNF grammar's: guided_grammar) compile
-time, and per step: the median and p99 of a step whose table state was seen before (a cached mask)
+time (or the structural tag's), and per step: the median and p99 of a step whose table state was seen before (a cached mask)
 and of one seeing it first (a walk).
 """
 
@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from spmd_serve.engine import gbnf_grammar
+from spmd_serve.engine import gbnf_grammar, structural_tag
 from spmd_serve.engine.grammar_table import complete
 from spmd_serve.engine.json_masks import JsonVocab
 from spmd_serve.engine.json_schema import grammar
@@ -52,6 +52,7 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=200)
     ap.add_argument("--schema", action="store_true")
     ap.add_argument("--gbnf", help="a GBNF grammar's file (guided_grammar) instead of a schema")
+    ap.add_argument("--structural-tag", help="a structural tag's JSON file (either form) instead of a schema")
     a = ap.parse_args()
     rng = random.Random(0)
     tokens = vocabulary(a.vocab, rng)
@@ -60,6 +61,8 @@ def main() -> None:
     t1 = time.perf_counter()
     if a.gbnf:
         g = gbnf_grammar.answer_grammar(Path(a.gbnf).read_text())
+    elif a.structural_tag:
+        g = structural_tag.answer_grammar(Path(a.structural_tag).read_text())
     else:
         g = grammar(json.dumps(SCHEMA) if a.schema else '{"type":"object"}')
     t2 = time.perf_counter()
