@@ -3,11 +3,12 @@ made-up byte-level vocabulary of --vocab tokens (words and word pieces with and 
 space, punctuation runs, every single byte), a grammar (json_object, or a pydantic-like schema),
 and --answers answers drawn at random among the allowed tokens, each step's `allowed` timed.
 
-    python benchmarks/json_masks.py [--vocab 150000] [--answers 8] [--tokens 200] [--schema | --gbnf FILE | --structural-tag FILE]
+    python benchmarks/json_masks.py [--vocab 150000] [--answers 8] [--tokens 200]
+        [--schema | --gbnf FILE | --structural-tag FILE]
 
-Prints the vocabulary's set-up time, the schema's (or the GBNF grammar's: guided_grammar) compile
-time (or the structural tag's), and per step: the median and p99 of a step whose table state was seen before (a cached mask)
-and of one seeing it first (a walk).
+Prints the vocabulary's set-up time, the compile time of the schema (or of the GBNF grammar:
+guided_grammar; or of the structural tag), and per step: the median and p99 of a step whose table
+state was seen before (a cached mask) and of one seeing it first (a walk).
 """
 
 from __future__ import annotations

@@ -46,6 +46,7 @@ class Grammar:
         start: Name,
         may_end: Callable[[Name], bool] | None = None,
         counted: Counted | None = None,
+        what: str = "this JSON schema",  # (named where it makes too many states)
     ) -> None:
         ids: dict[Name, int] = {("dead",): DEAD, POP_NAME: POP, END_NAME: END, start: 3}
         edges: dict[Name, Edges] = {}
@@ -66,7 +67,7 @@ class Grammar:
                         ids[n] = len(ids)
                         todo.append(n)
                 if len(ids) > MAX_STATES:
-                    raise ValueError(f"this JSON schema makes more than {MAX_STATES} grammar states")
+                    raise ValueError(f"{what} makes more than {MAX_STATES} grammar states")
         # every edge as (flat index state * 256 + byte, target, return state), set in one numpy store
         at, targets, backs = array("q"), array("h"), array("h")
         for name, out in edges.items():

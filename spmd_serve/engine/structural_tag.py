@@ -246,4 +246,5 @@ def answer_grammar(text: str, name: str = "structural_tag") -> Grammar:
     """The grammar of a structural tag given as JSON text; ValueError names what is not supported."""
     formats = read(json.loads(text), name)
     builder = _Builder(formats)
-    return Grammar(builder.edges, ("fk", formats.root, END_NAME), may_end=builder.may_end, counted=builder.counted)
+    start: Name = ("fk", formats.root, END_NAME)
+    return Grammar(builder.edges, start, may_end=builder.may_end, counted=builder.counted, what=f"the {name}")

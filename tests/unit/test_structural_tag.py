@@ -38,6 +38,7 @@ TZ = {
 }
 NAMES = {"type": "array", "items": {"type": "string"}, "maxItems": 2}
 ANY = {"type": "object"}
+ANY3 = {"type": "object", "properties": {"a": {"type": "string"}, "b": {"type": "integer"}, "c": {"type": "array"}}}
 SPECS = {
     "functions": {"structures": [{"begin": "<f=weather>", "schema": CITY, "end": "</f>"},
                                  {"begin": "<f=time>", "schema": TZ, "end": "</f>"}], "triggers": ["<f="]},
@@ -201,6 +202,10 @@ T = {"begin": "<a>", "content": {"type": "any_text"}, "end": "</a>"}
     ({"format": {"type": "sequence", "elements": [{"type": "any_text"}, {"type": "json_schema", "json_schema": ANY}]}},
      "reads one text two ways that open JSON containers alike"),
     ({"type": "structural_tag", "format": {"type": "any_text"}, "triggers": []}, "triggers is not a field beside"),
+    ({"format": {"type": "triggered_tags", "triggers": ["<"], "tags": [
+        {"begin": f"<{k}>", "content": {"type": "json_schema", "json_schema": ANY3}, "end": "</>"}
+        for k in range(64)]}},
+     "the st makes more than 20000 grammar states"),
 ])  # fmt: skip
 def test_what_is_not_built_or_wrong_is_refused_by_name(spec, message):
     with pytest.raises(ValueError, match=re.escape(message)):
@@ -241,6 +246,7 @@ def test_the_fields():
     assert _parse({"structural_tag": spec, "ignore_eos": True, "min_tokens": 3}).params.structural_tag
     for body, want in [
         ({"structural_tag": "{x"}, "structural_tag is not JSON text"),
+        ({"structural_tag": "[" * 20000}, "structural_tag is not JSON text this server reads: maximum recursion"),
         ({"response_format": {"type": "structural_tag", "triggers": ["<"]}}, "response_format.structures must be"),
         ({"structural_tag": spec, "guided_json": {"type": "object"}}, "structural_tag and a JSON schema cannot"),
         ({"structural_tag": spec, "guided_choice": ["a"]}, "structural_tag and a guided choice cannot both"),

@@ -32,8 +32,8 @@ def structural_tag(body: dict[str, Any], other: str, slow: Slow | None = None) -
             raise FieldError(f"{name} is more than {MAX_SCHEMA_CHARS} characters of JSON", name)
         try:
             spec = json.loads(spec)
-        except ValueError as e:
-            raise FieldError(f"{name} is not JSON text: {e}", name) from None
+        except (ValueError, RecursionError) as e:
+            raise FieldError(f"{name} is not JSON text this server reads: {e}", name) from None
     try:
         text = tags.canonical(spec, name)
     except (ValueError, RecursionError) as e:
