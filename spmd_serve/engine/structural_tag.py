@@ -63,9 +63,8 @@ class _Builder(Builder):
         try:
             edges = super()._union(alternatives)
             return {b: (_flat(target), back) for b, (target, back) in edges.items()}
-        except ValueError:
-            raise ValueError("the structural tag reads one text two ways that open JSON containers alike (a free "
-                             "object or array beside other text): not supported") from None  # fmt: skip
+        except ValueError as e:  # (here also where free text and a JSON value may both read the same bytes)
+            raise ValueError(f"{e} (in a structural tag, also text read beside a free JSON object or array)") from None
 
     def _or_end(self, edges: Edges, k: Name) -> Edges:
         """`edges`, read together with K's (the text may end here and go on to K)."""

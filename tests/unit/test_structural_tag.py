@@ -200,7 +200,7 @@ T = {"begin": "<a>", "content": {"type": "any_text"}, "end": "</a>"}
     ({"format": {"type": "regex", "pattern": "(a)\\1"}}, "st.format.pattern"),
     ({"format": {"type": "grammar", "grammar": "root ::= x"}}, "st.format.grammar: rule 'root' refers to 'x'"),
     ({"format": {"type": "sequence", "elements": [{"type": "any_text"}, {"type": "json_schema", "json_schema": ANY}]}},
-     "reads one text two ways that open JSON containers alike"),
+     "also text read beside a free JSON object or array"),
     ({"type": "structural_tag", "format": {"type": "any_text"}, "triggers": []}, "triggers is not a field beside"),
     ({"format": {"type": "triggered_tags", "triggers": ["<"], "tags": [
         {"begin": f"<{k}>", "content": {"type": "json_schema", "json_schema": ANY3}, "end": "</>"}
