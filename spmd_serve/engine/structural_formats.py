@@ -21,8 +21,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 MAX_NODES = 2000
-MAX_PATTERN_BYTES = 256
+MAX_TEXT_BYTES = 256  # a literal: a begin, a const_string, a separator
+MAX_PATTERN_BYTES = 64  # a string free text looks for: a trigger, an excluded string, an end
+MAX_DEPTH = 32  # formats within formats (each text within tags looks for their ends too)
+MAX_TEXT_PATTERNS = 1024  # all of one free text's patterns' bytes (its automaton's states)
 EXCLUDED, STOP, TRIGGER = "excluded", "stop", "trigger"
+_SAID = {EXCLUDED: "an excluded string", STOP: "an end of its tag", TRIGGER: "a trigger"}
 _FIELDS = {
     "const_string": {"value"}, "json_schema": {"json_schema", "style"}, "any_text": {"excludes"},
     "regex": {"pattern"}, "grammar": {"grammar"}, "sequence": {"elements"}, "or": {"elements"},
@@ -49,12 +53,10 @@ class Formats:
         return len(self.nodes) - 1
 
 
-def _text(value: Any, where: str, empty: bool = True) -> bytes:
-    if not isinstance(value, str) or (not value and not empty) or len(value.encode()) > MAX_PATTERN_BYTES:
+def _text(value: Any, where: str, empty: bool = True, most: int = MAX_TEXT_BYTES) -> bytes:
+    if not isinstance(value, str) or (not value and not empty) or len(value.encode()) > most:
         size = "a" if empty else "a non-empty"
-        raise ValueError(
-            f"{where} must be {size} string of at most {MAX_PATTERN_BYTES} bytes, got {json.dumps(value)[:60]}"
-        )
+        raise ValueError(f"{where} must be {size} string of at most {most} bytes, got {json.dumps(value)[:60]}")
     if "\0" in value:
         raise ValueError(f"{where} must not hold a NUL character")
     return value.encode()
@@ -105,9 +107,21 @@ def read(spec: Any, name: str) -> Formats:
 class _Reader:
     def __init__(self, out: Formats) -> None:
         self.out = out
+        self.depth = 0
 
-    def format(self, spec: Any, where: str, stops: tuple[bytes, ...]) -> int:
-        """The node of a format; `stops`: its enclosing tag's ends, where it is that tag's content."""
+    def format(self, spec: Any, where: str, stops: tuple[bytes, ...], fence: tuple[bytes, ...] = ()) -> int:
+        """The node of a format; `stops`: its enclosing tag's ends, where it is that tag's text content
+        (they end it); `fence`: the nearest enclosing tag's ends, which no free text within it may
+        write (as xgrammar's: text of a tag's sequence cannot run past its end)."""
+        self.depth += 1
+        try:
+            if self.depth > MAX_DEPTH:
+                raise ValueError(f"{where}: formats nested more than {MAX_DEPTH} deep are not supported")
+            return self._format(spec, where, stops, fence)
+        finally:
+            self.depth -= 1
+
+    def _format(self, spec: Any, where: str, stops: tuple[bytes, ...], fence: tuple[bytes, ...]) -> int:
         kind = spec.get("type") if isinstance(spec, dict) else None
         if kind not in _FIELDS:
             raise ValueError(f"{where}: the format type {json.dumps(kind)[:40]} is not supported by this server "
@@ -133,13 +147,16 @@ class _Reader:
                 raise ValueError(f"{where}.grammar must be a string")
             return add(("gbnf", spec["grammar"], f"{where}.grammar"))
         if kind in ("sequence", "or"):
-            items = [self.format(e, f"{where}.elements[{k}]", ()) for k, e in enumerate(_list(spec, "elements", where))]
+            elements = enumerate(_list(spec, "elements", where))
+            items = [self.format(e, f"{where}.elements[{k}]", (), fence) for k, e in elements]
             return add(("seq" if kind == "sequence" else "or", tuple(items)))
         if kind == "tag":
             return self.tag(spec, where)
         excluded = [
-            _text(e, f"{where}.excludes[{k}]", False) for k, e in enumerate(_list(spec, "excludes", where, True))
+            _text(e, f"{where}.excludes[{k}]", False, MAX_PATTERN_BYTES)
+            for k, e in enumerate(_list(spec, "excludes", where, True))
         ]
+        excluded += [e for e in fence if e not in stops and e not in excluded]  # (free text stays within its tag)
         if kind == "any_text":
             return add(("text", self.patterns(where, {EXCLUDED: excluded, STOP: list(stops)})))
         tags = [self.tag(t, f"{where}.tags[{k}]") for k, t in enumerate(_list(spec, "tags", where))]
@@ -153,7 +170,7 @@ class _Reader:
     def triggered(self, triggers: list[Any], tags: list[int], where: str, excluded: list[bytes],
                   flags: tuple[bool, bool], stops: tuple[bytes, ...], part: str) -> int:  # fmt: skip
         """("trig", ...): every tag's begin starts with a trigger, every trigger begins a tag (`part`)."""
-        trig = [_text(t, f"{where}.triggers[{k}]", False) for k, t in enumerate(triggers)]
+        trig = [_text(t, f"{where}.triggers[{k}]", False, MAX_PATTERN_BYTES) for k, t in enumerate(triggers)]
         begins = [self.out.nodes[self.out.nodes[t][1][0]][1] for t in tags]
         for k, begin in enumerate(begins):
             if not any(begin.startswith(t) for t in trig):
@@ -181,23 +198,35 @@ class _Reader:
         ends = ends if isinstance(ends, list) else [ends]
         if not ends or len(ends) > 64:
             raise ValueError(f"{where}.end must be a string or a list of 1 to 64 strings")
-        stops = tuple(_text(e, f"{where}.end") for e in ends) if text and all(ends) else ()
-        return self.tag_node(begin, self.format(content, f"{where}.content", stops), [] if stops else ends, where)
+        fence = tuple(_text(e, f"{where}.end", True, MAX_PATTERN_BYTES) for e in ends) if all(ends) else ()
+        stops = fence if text else ()
+        return self.tag_node(
+            begin, self.format(content, f"{where}.content", stops, fence), [] if stops else ends, where
+        )
 
     def tag_node(self, begin: bytes, content: int, ends: list[Any], where: str) -> int:
         """("seq", (begin, content[, one of the ends])): no ends where the content reads them."""
         items = [self.out.add(("const", begin)), content]
         if ends:
-            items.append(self.out.add(("or", tuple(self.out.add(("const", _text(e, f"{where}.end"))) for e in ends))))
+            ends_ = (self.out.add(("const", _text(e, f"{where}.end", True, MAX_PATTERN_BYTES))) for e in ends)
+            items.append(self.out.add(("or", tuple(ends_))))
         return self.out.add(("seq", tuple(items)))
 
     def patterns(self, where: str, by_role: dict[str, list[bytes]]) -> tuple[bytes, ...]:
         """A text node's patterns, their roles noted; none may hold another (each would be read twice)."""
-        roles = {p: role for role, ps in by_role.items() for p in ps}
+        roles: dict[bytes, str] = {}
+        for role, ps in by_role.items():
+            for p in ps:
+                if roles.get(p, role) != role:
+                    raise ValueError(f"{where}: {p.decode()!r} is both {_SAID[roles[p]]} and {_SAID[role]}")
+                roles[p] = role
+        if sum(map(len, roles)) > MAX_TEXT_PATTERNS:
+            raise ValueError(f"{where}: free text looking for more than {MAX_TEXT_PATTERNS} bytes of triggers, "
+                             "excluded strings and ends is not supported")  # fmt: skip
         for p in roles:
             inner = next((q for q in roles if q != p and q in p), None)
             if inner is not None:
-                raise ValueError(f"{where}: {p.decode()!r} holds {inner.decode()!r} (a {roles[inner]} string); "
+                raise ValueError(f"{where}: {p.decode()!r} holds {inner.decode()!r} ({_SAID[roles[inner]]}); "
                                  "such text would be read two ways")  # fmt: skip
         self.out.roles[len(self.out.nodes)] = roles
         return tuple(roles)

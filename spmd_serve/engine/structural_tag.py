@@ -44,6 +44,11 @@ class _Builder(Builder):
         self._prefixes = {k: {p[:n] for p in roles for n in range(1, len(p) + 1)} for k, roles in self.roles.items()}
         self._goto: dict[tuple[int, bytes, int], bytes] = {}
         self._empties: dict[int, bool] = {}
+        self._fails: dict[tuple[int, bytes], bytes] = {}
+        for node in self.f:  # (a repetition that may read nothing would repeat without end)
+            if node[0] == "sep" and self.f[self.f[node[2]][1][0]][1] == b"" and self._empty(node[1]):
+                raise ValueError("tags_with_separator with an empty separator and a tag that may be empty is not "
+                                 "supported (it would repeat without end)")  # fmt: skip
         self.kinds.update(fk=self._enter, fseq=self._seq, flit=self._lit, ftext=self._text, fafter=self._after_tag,
                           fsep=self._sep, frx=self._rx, fgb=self._gbnf, end=lambda _: {})  # fmt: skip
 
@@ -112,7 +117,7 @@ class _Builder(Builder):
         on, a stop goes on to K (the tag's end read), a trigger to the tags its begin starts."""
         _, n, seen, k = name
         roles = self.roles[n]
-        out = k[2] if k[0] == "fafter" else k  # (what follows the text: past a triggered tags' own tags)
+        out = self._past(n, k)
         edges: Edges = {}
         for b in range(1, 256):
             after = self._next(n, seen, b)
@@ -125,6 +130,11 @@ class _Builder(Builder):
                 begun = frozenset(self._begun(t, after, k) for t in self.f[k[1]][2] if self._begin(t).startswith(after))
                 edges[b] = (next(iter(begun)) if len(begun) == 1 else ("set", begun), None)
         return edges if STOP in roles.values() else self._or_end(edges, out)
+
+    def _past(self, n: int, k: Name) -> Name:
+        """What follows text node n: K, or past its triggered tags where it is theirs (k is then
+        ("fafter", trig, K); a tag's text content inside triggered tags goes on to that "fafter")."""
+        return k[2] if k[0] == "fafter" and self.f[k[1]][1] == n else k
 
     def _begin(self, tag: int) -> bytes:
         begin: bytes = self.f[self.f[tag][1][0]][1]
@@ -148,7 +158,10 @@ class _Builder(Builder):
         return self._goto[key]
 
     def _fail(self, n: int, seen: bytes) -> bytes:
-        return b"" if len(seen) <= 1 else self._next(n, self._fail(n, seen[:-1]), seen[-1])
+        """The longest proper end of `seen` that begins a pattern (kept: each is asked for often)."""
+        if (n, seen) not in self._fails:
+            self._fails[n, seen] = b"" if len(seen) <= 1 else self._next(n, self._fail(n, seen[:-1]), seen[-1])
+        return self._fails[n, seen]
 
     def _after_tag(self, name: Name) -> Edges:
         """After a triggered tag: K (stop_after_first), else free text again."""
@@ -176,7 +189,7 @@ class _Builder(Builder):
         edges: Edges = {}
         for b, t in enumerate(g.table[s].tolist()):
             push = int(g.pushes[s, b])
-            if t != DEAD:
+            if t != DEAD and b:  # (never NUL: a special token's)
                 edges[b] = (POP_NAME, None) if t == POP else (("fgb", n, t, k), ("fgb", n, push, k) if push else None)
         return self._or_end(edges, k) if s in g.ends else edges
 
@@ -194,8 +207,7 @@ class _Builder(Builder):
         if kind == "fseq":
             return all(self._empty(c) for c in self.f[name[1]][1][name[2] :]) and self.may_end(name[3])
         if kind == "ftext":
-            k = name[3]
-            return self._empty(name[1]) and self.may_end(k[2] if k[0] == "fafter" else k)
+            return self._empty(name[1]) and self.may_end(self._past(name[1], name[3]))
         if kind == "fafter":
             return (self.f[name[1]][4] or self._empty(self.f[name[1]][1])) and self.may_end(name[2])
         if kind == "fsep":  # (a state only after a tag: entering is "fk"'s)
@@ -244,6 +256,9 @@ def _flat(name: Name) -> Name:
 def answer_grammar(text: str, name: str = "structural_tag") -> Grammar:
     """The grammar of a structural tag given as JSON text; ValueError names what is not supported."""
     formats = read(json.loads(text), name)
-    builder = _Builder(formats)
-    start: Name = ("fk", formats.root, END_NAME)
-    return Grammar(builder.edges, start, may_end=builder.may_end, counted=builder.counted, what=f"the {name}")
+    try:
+        builder = _Builder(formats)
+        start: Name = ("fk", formats.root, END_NAME)
+        return Grammar(builder.edges, start, may_end=builder.may_end, counted=builder.counted, what=f"the {name}")
+    except RecursionError:  # (formats nested hundreds deep: the builder recurses)
+        raise ValueError(f"{name} nests too deep") from None

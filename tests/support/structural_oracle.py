@@ -39,9 +39,11 @@ class StructuralOracle:
         text = data.decode("utf-8", "surrogateescape")
         return "\0" not in text and len(text) in self._ends(self.root, text, 0, ())
 
-    def _ends(self, f: dict[str, Any], text: str, i: int, stops: tuple[str, ...]) -> set[int]:
+    def _ends(
+        self, f: dict[str, Any], text: str, i: int, stops: tuple[str, ...], fence: tuple[str, ...] = ()
+    ) -> set[int]:
         """Where format `f`, read from text[i], may end (`stops`: the enclosing tag's ends, where `f`
-        is its text content and reads them)."""
+        is its text content and reads them; `fence`: the nearest tag's ends, which its text may not write)."""
         kind = f.get("type", "tag")
         if kind == "const_string":
             return {i + len(f["value"])} if text.startswith(f["value"], i) else set()
@@ -53,20 +55,21 @@ class StructuralOracle:
             oracle = Oracle(parse(f["grammar"]))
             return {j for j in range(i, len(text) + 1) if oracle.accepts(text[i:j].encode("utf-8", "surrogateescape"))}
         if kind in ("sequence", "or"):
-            return self._seq(f["elements"], text, i) if kind == "sequence" else {
-                j for e in f["elements"] for j in self._ends(e, text, i, ())}  # fmt: skip
+            return self._seq(f["elements"], text, i, fence) if kind == "sequence" else {
+                j for e in f["elements"] for j in self._ends(e, text, i, (), fence)}  # fmt: skip
         if kind == "tag":
             return self._tag(f, text, i)
+        excluded = [*f.get("excludes", []), *(e for e in fence if e not in stops)]
         if kind == "any_text":
-            return self._text(text, i, f.get("excludes", []), stops, {})
+            return self._text(text, i, excluded, stops, {})
         if kind == "tags_with_separator":
             return self._separated(f, text, i)
-        return self._triggered(f, text, i, stops, True)
+        return self._triggered({**f, "excludes": excluded}, text, i, stops, True)
 
-    def _seq(self, items: list[dict[str, Any]], text: str, i: int) -> set[int]:
+    def _seq(self, items: list[dict[str, Any]], text: str, i: int, fence: tuple[str, ...]) -> set[int]:
         at = {i}
         for e in items:
-            at = {j for k in at for j in self._ends(e, text, k, ())}
+            at = {j for k in at for j in self._ends(e, text, k, (), fence)}
         return at
 
     def _tag(self, f: dict[str, Any], text: str, i: int) -> set[int]:
@@ -76,7 +79,8 @@ class StructuralOracle:
         body = f["content"]
         reads_ends = (body.get("type") == "any_text" or (body.get("type") == "triggered_tags"
                       and not body.get("stop_after_first"))) and all(ends)  # fmt: skip
-        inside = self._ends(body, text, i + len(f["begin"]), tuple(ends) if reads_ends else ())
+        fence = tuple(ends) if all(ends) else ()
+        inside = self._ends(body, text, i + len(f["begin"]), fence if reads_ends else (), fence)
         return inside if reads_ends else {j + len(e) for j in inside for e in ends if text.startswith(e, j)}
 
     def _text(self, text: str, i: int, excluded: list[str], stops: tuple[str, ...], triggers: dict) -> set[int]:

@@ -23,122 +23,12 @@ from spmd_serve.scheduler.request import Request
 from spmd_serve.scheduler.scheduler import ScheduledSeq, SchedulerOutput
 from tests.support.fake_tokenizer import FakeTokenizer
 from tests.support.grammar_walk import mutants, walk_to_end
-from tests.support.structural_oracle import StructuralOracle, later_form
-
-CITY = {
-    "type": "object",
-    "properties": {"city": {"type": "string", "maxLength": 5}},
-    "required": ["city"],
-    "additionalProperties": False,
-}
-TZ = {
-    "type": "object",
-    "properties": {"tz": {"enum": ["utc", "cet"]}, "n": {"type": "integer"}},
-    "additionalProperties": False,
-}
-NAMES = {"type": "array", "items": {"type": "string"}, "maxItems": 2}
-ANY = {"type": "object"}
-ANY3 = {"type": "object", "properties": {"a": {"type": "string"}, "b": {"type": "integer"}, "c": {"type": "array"}}}
-SPECS = {
-    "functions": {"structures": [{"begin": "<f=weather>", "schema": CITY, "end": "</f>"},
-                                 {"begin": "<f=time>", "schema": TZ, "end": "</f>"}], "triggers": ["<f="]},
-    "hermes": {"structures": [{"begin": "<tool_call>", "schema": ANY, "end": "</tool_call>"}],
-               "triggers": ["<tool_call>"]},
-    # one trigger, two begins read together until they part; the same begin with two schemas; no end
-    "shared": {"structures": [{"begin": "a=", "schema": CITY, "end": ";"}, {"begin": "a=", "schema": NAMES, "end": ";"},
-                              {"begin": "ab", "schema": TZ, "end": ""}], "triggers": ["a"]},
-    # a trigger that begins with a space, after a value whose structure has no end
-    "spaced": {"structures": [{"begin": " <x", "schema": NAMES, "end": ""}, {"begin": "[[", "schema": TZ, "end": "]]"}],
-               "triggers": [" <x", "[["]},
-    # the later form: reasoning, then free text with calls (one tag with two ends)
-    "think": {"format": {"type": "sequence", "elements": [
-        {"type": "tag", "begin": "<t>", "content": {"type": "any_text"}, "end": "</t>"},
-        {"type": "triggered_tags", "triggers": ["<f="], "tags": [
-            {"begin": "<f=a>", "content": {"type": "json_schema", "json_schema": CITY}, "end": "</f>"},
-            {"begin": "<f=b>", "content": {"type": "json_schema", "json_schema": TZ}, "end": ["</f>", "</b>"]}]}]}},
-    # one forced block of calls, separated, then nothing
-    "calls": {"format": {"type": "triggered_tags", "triggers": ["<c>"], "at_least_one": True, "stop_after_first": True,
-                         "tags": [{"begin": "<c>", "end": "</c>", "content": {
-                             "type": "tags_with_separator", "separator": ",", "at_least_one": True, "tags": [
-                                 {"begin": "(", "content": {"type": "json_schema", "json_schema": NAMES},
-                                  "end": ")"}]}}]}},
-    # a choice of a literal, a regex then a literal, or a GBNF grammar; then text without "bad"
-    "mixed": {"format": {"type": "sequence", "elements": [
-        {"type": "or", "elements": [{"type": "const_string", "value": "yes"},
-                                    {"type": "sequence", "elements": [{"type": "regex", "pattern": "[0-9]{1,3}"},
-                                                                      {"type": "const_string", "value": "!"}]},
-                                    {"type": "grammar", "grammar": 'root ::= "(" root ")" | "x"'}]},
-        {"type": "any_text", "excludes": ["bad"]}]}},
-    # at least one tag, separated, nothing else
-    "list": {"format": {"type": "tags_with_separator", "separator": ", ", "at_least_one": True, "tags": [
-        {"begin": "<", "content": {"type": "regex", "pattern": "[a-z]{1,4}"}, "end": ">"}]}},
-    # triggered tags inside a tag: its text ends at the tag's first end; "STOP" never written
-    "nested": {"format": {"type": "tag", "begin": "", "end": ["</done>", "!!"], "content": {
-        "type": "triggered_tags", "triggers": ["<f="], "excludes": ["STOP"], "tags": [
-            {"begin": "<f=a>", "content": {"type": "json_schema", "json_schema": CITY}, "end": "</f>"}]}}},
-}  # fmt: skip
-VALUES = [{"city": "Oslo"}, {"city": "Kyoto!"}, {"tz": "utc", "n": 3}, {"n": -1}, {"tz": "gmt"}, {}, ["a", "b"],
-          ["a", "b", "c"], [], {"x": [1, {"y": None}]}, [1], "s"]  # fmt: skip
+from tests.support.structural_oracle import StructuralOracle
+from tests.support.structural_texts import ANY, ANY3, SPECS, texts
 
 
 def _accepts(g, data: bytes) -> bool:
     return g.may_end(g.step(g.start, data))
-
-
-def _parts(f) -> tuple[list[str], list[tuple[str, str]]]:
-    """Every string of a format (begins, ends, triggers, literals, ...) and each tag's (begin, end)."""
-    strings: list[str] = []
-    tags: list[tuple[str, str]] = []
-    items = f if isinstance(f, list) else list(f.values()) if isinstance(f, dict) else []
-    if isinstance(f, dict) and "begin" in f:
-        tags.append((f["begin"], f["end"] if isinstance(f["end"], str) else f["end"][-1]))
-    for key in ("begin", "end", "value", "separator", "triggers", "excludes"):
-        value = f.get(key) if isinstance(f, dict) else None
-        strings += [value] if isinstance(value, str) else value if isinstance(value, list) else []
-    for item in items:
-        more, inner = _parts(item)
-        strings, tags = strings + more, tags + inner
-    return strings, tags
-
-
-def _derive(f: dict, rng: random.Random, parts: list[str]) -> str:
-    """A text the format may read, mostly: values drawn valid or not, text of pieces (an excluded
-    string or a trigger among them at times)."""
-    kind = f.get("type", "tag")
-    if kind == "const_string":
-        return f["value"]
-    if kind == "json_schema":
-        return json.dumps(rng.choice(VALUES), separators=(",", ":") if rng.random() < 0.7 else None)
-    if kind in ("regex", "grammar"):
-        return rng.choice(
-            ["7", "12", "345", "1234", "a", "abc", "abcde"] if kind == "regex" else ["x", "(x)", "((x))", "(x", "y"]
-        )
-    if kind in ("sequence", "or"):
-        items = f["elements"] if kind == "sequence" else [rng.choice(f["elements"])]
-        return "".join(_derive(e, rng, parts) for e in items)
-    if kind == "any_text":
-        return "".join(rng.choice(parts) for _ in range(rng.randrange(3)))
-    if kind == "tag":
-        end = f["end"] if isinstance(f["end"], str) else rng.choice(f["end"])
-        return f["begin"] + rng.choice(["", "", "\n"]) * (f["content"].get("type") == "json_schema") + _derive(
-            f["content"], rng, parts) + end  # fmt: skip
-    count = rng.randint(1 if f.get("at_least_one") else 0, 1 if f.get("stop_after_first") else 3)
-    if kind == "tags_with_separator":
-        return f["separator"].join(_derive(rng.choice(f["tags"]), rng, parts) for _ in range(count))
-    text = "" if f.get("at_least_one") else rng.choice(parts)
-    for _ in range(count):
-        text += _derive(rng.choice(f["tags"]), rng, parts) + ("" if f.get("stop_after_first") else rng.choice(parts))
-    return text
-
-
-def _texts(spec: dict, rng: random.Random) -> list[bytes]:
-    """Derived texts and texts of pieces (the format's strings and their parts, letters, values)."""
-    strings, _ = _parts(later_form(spec))
-    parts = [" ", "\n", "x", "<", "a", "b", "=", ";", "]", "{}", "(x)", "12", *strings, *(t[:-1] for t in strings)]
-    plain = [p for p in parts if not any(t in p for t in strings)] or [" "]
-    derived = [_derive(later_form(spec), rng, plain if rng.random() < 0.8 else parts) for _ in range(600)]
-    pieces = ["".join(rng.choice(parts) for _ in range(rng.randrange(1, 8))) for _ in range(300)]
-    return [t.encode() for t in ["", *derived, *pieces]]
 
 
 @pytest.mark.parametrize("name", sorted(SPECS))
@@ -146,7 +36,7 @@ def test_the_grammar_reads_what_the_oracle_reads(name):
     spec, rng = SPECS[name], random.Random(name)
     g, oracle = answer_grammar(json.dumps(spec)), StructuralOracle(spec)
     taken = 0
-    for data in _texts(spec, rng):  # both ways
+    for data in texts(spec, rng):  # both ways
         assert _accepts(g, data) == oracle.accepts(data), data
         taken += oracle.accepts(data) and len(data) > 5
     assert taken > 20, taken  # (many derived texts are whole answers, not all)
@@ -155,6 +45,15 @@ def test_the_grammar_reads_what_the_oracle_reads(name):
         assert oracle.accepts(data), data
         for other in mutants(rng, data, b'{}[]":, <>=;/abfx0\n'):
             assert not _accepts(g, other) or oracle.accepts(other), other
+
+
+def test_no_nul_byte_in_any_part():
+    """A NUL byte is a special token's (json_masks.JsonVocab.written): never written, even where a
+    GBNF class or a regex would take it."""
+    for part in ({"type": "grammar", "grammar": "root ::= [^a]"}, {"type": "regex", "pattern": "[^a]"},
+                 {"type": "any_text"}):  # fmt: skip
+        g = answer_grammar(json.dumps({"format": part}))
+        assert g.step(g.start, b"\0") is None and _accepts(g, b"b")
 
 
 def test_text_runs_on_and_structures_hold_their_schema():
@@ -174,7 +73,7 @@ T = {"begin": "<a>", "content": {"type": "any_text"}, "end": "</a>"}
 @pytest.mark.parametrize("spec, message", [
     ({"structures": [A], "triggers": ["<b"]}, "structure 0's begin '<a>' starts with none of the triggers"),
     ({"structures": [A], "triggers": ["<a", "<b"]}, "'<b' begins no structure"),
-    ({"structures": [A], "triggers": ["<", "<a"]}, "'<a' holds '<' (a trigger string)"),
+    ({"structures": [A], "triggers": ["<", "<a"]}, "'<a' holds '<' (a trigger)"),
     ({"structures": [A], "triggers": [""]}, "triggers[0] must be a non-empty string"),
     ({"structures": [{"begin": "<a>", "schema": ANY}], "triggers": ["<"]}, "structures[0] must be an object of begin"),
     ({"structures": [{**A, "schema": {"type": "string"}}], "triggers": ["<"]},
@@ -193,7 +92,7 @@ T = {"begin": "<a>", "content": {"type": "any_text"}, "end": "</a>"}
     ({"format": {"type": "tag", "begin": "<a>", "content": {"type": "any_text"}}}, "must be a tag: an object of begin"),
     ({"format": {"type": "tag", **T, "end": []}}, "st.format.end must be a string or a list of 1 to 64 strings"),
     ({"format": {"type": "tag", **T, "content": {"type": "any_text", "excludes": ["x</a>y"]}}},
-     "'x</a>y' holds '</a>' (a stop"),
+     "'x</a>y' holds '</a>' (an end of its tag)"),
     ({"format": {"type": "triggered_tags", "triggers": ["<b"], "tags": [T]}}, "tag 0's begin '<a>' starts with none"),
     ({"format": {"type": "triggered_tags", "triggers": ["<"], "tags": [T], "at_least_one": 1}},
      "st.format.at_least_one must be a boolean"),
@@ -202,6 +101,14 @@ T = {"begin": "<a>", "content": {"type": "any_text"}, "end": "</a>"}
     ({"format": {"type": "sequence", "elements": [{"type": "any_text"}, {"type": "json_schema", "json_schema": ANY}]}},
      "also text read beside a free JSON object or array"),
     ({"type": "structural_tag", "format": {"type": "any_text"}, "triggers": []}, "triggers is not a field beside"),
+    ({"format": {"type": "triggered_tags", "triggers": ["<a"], "excludes": ["<a"], "tags": [T]}},
+     "'<a' is both a trigger and an excluded string"),
+    ({"format": {"type": "tags_with_separator", "separator": "", "tags": [
+        {"begin": "", "content": {"type": "regex", "pattern": "a*"}, "end": ""}]}}, "would repeat without end"),
+    ({"format": json.loads('{"type": "sequence", "elements": [' * 40 + '{"type": "any_text"}' + "]}" * 40)},
+     "formats nested more than 32 deep"),
+    ({"format": {"type": "any_text", "excludes": ["x" * 65]}}, "excludes[0] must be a non-empty string of at most 64"),
+    ({"format": {"type": "any_text", "excludes": [f"{k:02}" + "x" * 60 for k in range(17)]}}, "more than 1024 bytes"),
     ({"format": {"type": "triggered_tags", "triggers": ["<"], "tags": [
         {"begin": f"<{k}>", "content": {"type": "json_schema", "json_schema": ANY3}, "end": "</>"}
         for k in range(64)]}},
