@@ -11,7 +11,9 @@ where) (compiled with the grammar, not here: reading a spec stays quick);
 ("seq", (node, ...)); ("or", (node, ...)); ("trig", text node, (tag, ...), at_least_one,
 stop_after_first) with each tag a ("seq", (begin, content[, end])) whose begin is a const; ("sep",
 tags "or" node, separator "seq" node, at_least_one, stop_after_first).  A tag whose content is any
-text or triggered tags hands its ends to that text (xgrammar reads such text up to the first end).
+text or triggered tags hands its ends to that text (xgrammar reads such text up to the first end);
+free text deeper within a tag has the tag's ends among its excluded strings (its `fence`), as
+xgrammar's, so no text runs past the end of the tag it is in.
 """
 
 from __future__ import annotations
