@@ -4,8 +4,8 @@ the first ({"structures": [{"begin", "schema", "end"}], "triggers": [...]}) and 
 triggered_tags, tags_with_separator).  Every other format type, and any field beyond those listed,
 is refused by name: nothing a request sent is left out.
 
-Nodes (a list, index-referenced): ("const", bytes); ("json", k) the k-th schema; ("text", patterns)
-any text in which none of `patterns` is written, each pattern's role in `roles` (an excluded string,
+Nodes (a list, index-referenced): ("const", bytes); ("json", k) the k-th schema; ("text", roles)
+any text in which none of the patterns `roles` maps is written, each to its role (an excluded string,
 a tag's end that ends it, or a trigger that opens tags); ("rx", pattern, where) and ("gbnf", text,
 where) (compiled with the grammar, not here: reading a spec stays quick);
 ("seq", (node, ...)); ("or", (node, ...)); ("trig", text node, (tag, ...), at_least_one,
@@ -40,12 +40,10 @@ _FIELDS = {
 
 @dataclass
 class Formats:
-    """A spec's nodes, its root node, the JSON schemas (with where each is) and each text node's
-    patterns' roles."""
+    """A spec's nodes, its root node and the JSON schemas (with where each is)."""
 
     nodes: list[tuple[Any, ...]] = field(default_factory=list)
     schemas: list[tuple[Any, str]] = field(default_factory=list)
-    roles: dict[int, dict[bytes, str]] = field(default_factory=dict)
     root: int = 0
 
     def add(self, node: tuple[Any, ...]) -> int:
@@ -53,6 +51,11 @@ class Formats:
             raise ValueError(f"a structural tag of more than {MAX_NODES} parts is not supported")
         self.nodes.append(node)
         return len(self.nodes) - 1
+
+    def begin_of(self, tag: int) -> bytes:
+        """A tag's begin (its sequence's first node, a const)."""
+        begin: bytes = self.nodes[self.nodes[tag][1][0]][1]
+        return begin
 
 
 def _text(value: Any, where: str, empty: bool = True, most: int = MAX_TEXT_BYTES) -> bytes:
@@ -173,7 +176,7 @@ class _Reader:
                   flags: tuple[bool, bool], stops: tuple[bytes, ...], part: str) -> int:  # fmt: skip
         """("trig", ...): every tag's begin starts with a trigger, every trigger begins a tag (`part`)."""
         trig = [_text(t, f"{where}.triggers[{k}]", False, MAX_PATTERN_BYTES) for k, t in enumerate(triggers)]
-        begins = [self.out.nodes[self.out.nodes[t][1][0]][1] for t in tags]
+        begins = [self.out.begin_of(t) for t in tags]
         for k, begin in enumerate(begins):
             if not any(begin.startswith(t) for t in trig):
                 raise ValueError(f"{where}: {part} {k}'s begin {begin.decode()!r} starts with none of the triggers")
@@ -214,8 +217,8 @@ class _Reader:
             items.append(self.out.add(("or", tuple(ends_))))
         return self.out.add(("seq", tuple(items)))
 
-    def patterns(self, where: str, by_role: dict[str, list[bytes]]) -> tuple[bytes, ...]:
-        """A text node's patterns, their roles noted; none may hold another (each would be read twice)."""
+    def patterns(self, where: str, by_role: dict[str, list[bytes]]) -> dict[bytes, str]:
+        """A text node's patterns, each to its role; none may hold another (each would be read twice)."""
         roles: dict[bytes, str] = {}
         for role, ps in by_role.items():
             for p in ps:
@@ -230,5 +233,4 @@ class _Reader:
             if inner is not None:
                 raise ValueError(f"{where}: {p.decode()!r} holds {inner.decode()!r} ({_SAID[roles[inner]]}); "
                                  "such text would be read two ways")  # fmt: skip
-        self.out.roles[len(self.out.nodes)] = roles
-        return tuple(roles)
+        return roles

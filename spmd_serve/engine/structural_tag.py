@@ -40,7 +40,8 @@ class _Builder(Builder):
     def __init__(self, formats: Formats) -> None:
         nodes, self.roots = json_schema.nodes_of(formats.schemas)
         super().__init__(nodes)
-        self.f, self.roles = [_compiled(node) for node in formats.nodes], formats.roles
+        self.formats, self.f = formats, [_compiled(node) for node in formats.nodes]
+        self.roles: dict[int, dict[bytes, str]] = {n: node[1] for n, node in enumerate(self.f) if node[0] == "text"}
         self._prefixes = {k: {p[:n] for p in roles for n in range(1, len(p) + 1)} for k, roles in self.roles.items()}
         self._goto: dict[tuple[int, bytes, int], bytes] = {}
         self._empties: dict[int, bool] = {}
@@ -51,9 +52,6 @@ class _Builder(Builder):
                                  "supported (it would repeat without end)")  # fmt: skip
         self.kinds.update(fk=self._enter, fseq=self._seq, flit=self._lit, ftext=self._text, fafter=self._after_tag,
                           fsep=self._sep, frx=self._rx, fgb=self._gbnf, end=lambda _: {})  # fmt: skip
-
-    def _lexeme(self, base: Name) -> Edges:
-        return self.edges(base[1]) if base[0] == "fjx" else super()._lexeme(base)
 
     def _ws_edges(self, name: Name) -> Edges:
         """After a JSON value: K at once (whitespace there is K's, as xgrammar's JSON ends at its
@@ -127,7 +125,9 @@ class _Builder(Builder):
             elif role == STOP:
                 edges[b] = (out, None)
             elif role == TRIGGER:  # (k: ("fafter", trig, K), whose tags these are)
-                begun = frozenset(self._begun(t, after, k) for t in self.f[k[1]][2] if self._begin(t).startswith(after))
+                begun = frozenset(
+                    self._begun(t, after, k) for t in self.f[k[1]][2] if self.formats.begin_of(t).startswith(after)
+                )
                 edges[b] = (next(iter(begun)) if len(begun) == 1 else ("set", begun), None)
         return edges if STOP in roles.values() else self._or_end(edges, out)
 
@@ -136,14 +136,10 @@ class _Builder(Builder):
         ("fafter", trig, K); a tag's text content inside triggered tags goes on to that "fafter")."""
         return k[2] if k[0] == "fafter" and self.f[k[1]][1] == n else k
 
-    def _begin(self, tag: int) -> bytes:
-        begin: bytes = self.f[self.f[tag][1][0]][1]
-        return begin
-
     def _begun(self, tag: int, read: bytes, k: Name) -> Name:
         """The state after a tag's begin's first len(read) bytes (the trigger), going on to K."""
         rest: Name = ("fseq", tag, 1, k)
-        begin = self._begin(tag)
+        begin = self.formats.begin_of(tag)
         return rest if len(read) == len(begin) else ("flit", begin, len(read), rest)
 
     def _next(self, n: int, seen: bytes, b: int) -> bytes:
