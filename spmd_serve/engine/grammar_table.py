@@ -1,8 +1,10 @@
 """A byte grammar's tables and its stepper (engine/json_grammar.py builds them from a JSON schema's
-nodes): `table[state, byte]` the next state, with DEAD (no way on) and POP (a free container closes:
-the stack decides what follows), and `pushes[state, byte]` the state a free container opened there
-returns to once it closes.  END is the state after the whole answer: only an EOS may follow it;
-a grammar may name other states where an EOS may come too (a regular expression's accepting ones).
+nodes): `table[state, byte]` the next state, with DEAD (no way on), POP (a free container closes:
+the stack decides what follows) and RESUME (a run of indentation ends: the byte is read again by
+the state on the stack's top), and `pushes[state, byte]` the state a free container opened there
+returns to once it closes, or the state an indentation run entered there resumes at.  END is the
+state after the whole answer: only an EOS may follow it; a grammar may name other states where an
+EOS may come too (a regular expression's accepting ones).
 
 A long count (a string's characters up to a large maxLength) is not a state per count: its middle
 stretch is one set of *counted* states, and the count itself rides on the stack while the answer is
@@ -22,7 +24,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-DEAD, POP, END = 0, 1, 2  # no way on; a free container closes (the stack decides); the answer is whole
+DEAD, POP, END, RESUME = 0, 1, 2, 3  # no way on; a free container closes; the answer is whole; re-read
 MAX_STATES = 20000  # (int16 tables; a schema of a few dozen properties makes a few thousand)
 FAR_WINDOW = 32  # bytes a token may have and still be read by the table alone from a counted state
 State = tuple[int, tuple[int, ...]]  # (table state, where each open free container returns to, outermost first)
@@ -30,6 +32,7 @@ Name = tuple[Any, ...]  # a state: (kind, its parameters...)
 Edges = dict[int, tuple[Name, Name | None]]  # byte -> (next state, the state to return to if it opens a container)
 END_NAME: Name = ("end",)
 POP_NAME: Name = ("pop",)
+RESUME_NAME: Name = ("resume",)
 COUNTS: Name = POP_NAME  # an edge's return state out of a counted state: the byte adds one to the count
 Counted = Callable[[Name], "tuple[int, int, Name] | None"]  # a counted state: (first count, last + 1, state there)
 _SERIALS = itertools.count()
@@ -37,7 +40,7 @@ T = TypeVar("T")
 
 
 class Grammar:
-    """The tables of every state reachable from `start`, numbered after DEAD, POP and END, with
+    """The tables of every state reachable from `start`, numbered after DEAD, POP, END and RESUME, with
     `edges(name)` giving a state's bytes."""
 
     def __init__(
@@ -48,7 +51,7 @@ class Grammar:
         counted: Counted | None = None,
         what: str = "this JSON schema",  # (named where it makes too many states)
     ) -> None:
-        ids: dict[Name, int] = {("dead",): DEAD, POP_NAME: POP, END_NAME: END, start: 3}
+        ids: dict[Name, int] = {("dead",): DEAD, POP_NAME: POP, END_NAME: END, RESUME_NAME: RESUME, start: 4}
         edges: dict[Name, Edges] = {}
         far: dict[Name, tuple[int, int, Name]] = {}
         todo = [start]
@@ -83,7 +86,9 @@ class Grammar:
         pushes[idx] = np.frombuffer(backs, np.int16)
         table[POP * 256 : POP * 256 + 256] = POP  # absorbing: a vocabulary walk marks the token for `step`
         self.table, self.pushes = table.reshape(len(ids), 256), pushes.reshape(len(ids), 256)
-        self.start: State = (3, ())
+        # the states with a way to RESUME (indentation runs): their masks depend on the stack's top
+        self.resuming = frozenset(np.flatnonzero((self.table == RESUME).any(axis=1)).tolist())
+        self.start: State = (4, ())
         self.ends = frozenset({END} | {ids[name] for name in edges if may_end is not None and may_end(name)})
         self.serial = next(_SERIALS)  # (json_masks' cache key: unlike an id, never reused)
         # flat [state * 256 + byte] arrays: read byte by byte as fast as lists (numpy scalars are ~4x
@@ -103,6 +108,11 @@ class Grammar:
         s, stack = state
         for b in data:
             t = self._t[s * 256 + b]
+            if t == RESUME:  # (an indentation run ends: its whitespace state reads the byte)
+                if not stack:
+                    return None
+                s, stack = stack[-1], stack[:-1]
+                t = self._t[s * 256 + b]
             if t == DEAD:
                 return None
             if t == POP:  # the innermost free container closes: on to where it was opened for
@@ -118,6 +128,12 @@ class Grammar:
         for b in data:
             i = s * 256 + b
             t = self._t[i]
+            if t == RESUME:
+                if not stack:
+                    return None
+                s, stack = stack[-1], stack[:-1]
+                i = s * 256 + b
+                t = self._t[i]
             if t == DEAD:
                 return None
             if t == POP:

@@ -19,11 +19,10 @@ container's does) and ("union", (node, ...)) (read as the set of its alternative
 they part: a discriminated union of objects too). Node 0 is the root; OpenAI's json_object is
 (("anyobj",),).
 
-Whitespace is llama.cpp's json.gbnf rule, so a model cannot pad forever: between two lexemes
-nothing, one space, or a newline and up to 20 spaces or tabs (a pretty-printed answer fits). Numbers
-are bounded as its json-schema grammars bound them (16 there, MAX_DIGITS here): at most 24 digits in
-the integral part, in the fraction and in the exponent, so a model cannot write digits forever. The
-root value may follow such a run; after it only an EOS may come. Strings: engine/json_strings.py.
+Whitespace between lexemes: engine/json_whitespace.py (the root value may follow some; after it
+only an EOS may come). Numbers are bounded as llama.cpp's json-schema grammars bound them (16 there,
+MAX_DIGITS here): at most 24 digits in the integral part, in the fraction and in the exponent, so a
+model cannot write digits forever. Strings: engine/json_strings.py.
 """
 
 from __future__ import annotations
@@ -36,8 +35,8 @@ from spmd_serve.engine.grammar_table import END_NAME, POP_NAME, Edges, Grammar, 
 from spmd_serve.engine.json_numbers import NumberStates
 from spmd_serve.engine.json_sets import SetStates
 from spmd_serve.engine.json_strings import StringStates
+from spmd_serve.engine.json_whitespace import WhitespaceStates, runs_apart, ws
 
-MAX_INDENT = 20  # spaces or tabs after a newline between two lexemes
 GENERIC = "G"  # a value of a free container: any JSON value
 
 Node = tuple[Any, ...]  # (kinds and shapes: the module docstring)
@@ -50,23 +49,17 @@ _OPENS = {
 _LITERALS = (b"true", b"false", b"null")
 
 
-def _ws(base: Name) -> Name:
-    """A between-lexemes state, entered before any whitespace (the end takes none; POP is the
-    closing bracket's own target, the stack's return state taking the whitespace after it)."""
-    return base if base in (END_NAME, POP_NAME) else ("ws", base, 0)
-
-
-class Builder(NumberStates, StringStates, SetStates):
+class Builder(NumberStates, StringStates, SetStates, WhitespaceStates):
     """The edges of every state of one schema, by the state's name."""
 
     def __init__(self, nodes: tuple[Node, ...]) -> None:
         self.nodes = nodes
-        self._lexemes: dict[Name, Edges] = {}  # by base: shared by its MAX_INDENT + 2 whitespace states
+        WhitespaceStates.__init__(self)
         self.kinds: dict[object, Callable[[Name], Edges]] = {
-            "ws": self._ws_edges, "str": self._string, "num": self._number, "lit": self._literal, "key": self._key,
-            "intr": self._intr, "dec": self._dec, "ulit": self._unique_literal,
+            "ws": self._ws_edges, "indent": self._indent, "str": self._string, "num": self._number,
+            "lit": self._literal, "key": self._key, "intr": self._intr, "dec": self._dec, "ulit": self._unique_literal,
             "set": lambda name: self._union([self.edges(n) for n in name[1]]),
-            "rx": lambda name: json_patterns.edges(self.nodes[name[1]][1], name, _ws(name[3])),
+            "rx": lambda name: json_patterns.edges(self.nodes[name[1]][1], name, ws(name[3])),
         }  # fmt: skip
 
     def edges(self, name: Name) -> Edges:
@@ -81,23 +74,8 @@ class Builder(NumberStates, StringStates, SetStates):
             return json_patterns.counted(self.nodes[name[1]][1], name)
         return self._string_counted(name)
 
-    def _ws_edges(self, name: Name) -> Edges:
-        """("ws", base, taken): taken 0 (none yet), "sp" (one space) or ("nl", n) (a newline, n indents)."""
-        _, base, taken = name
-        assert isinstance(base, tuple)
-        if base not in self._lexemes:
-            self._lexemes[base] = self._lexeme(base)
-        edges = dict(self._lexemes[base])  # (a copy: the whitespace edges go into it)
-        if taken == 0:
-            edges[ord(" ")] = (("ws", base, "sp"), None)
-            edges[ord("\n")] = (("ws", base, ("nl", 0)), None)
-        elif isinstance(taken, tuple) and taken[1] < MAX_INDENT:
-            for b in b" \t":
-                edges[b] = (("ws", base, ("nl", taken[1] + 1)), None)
-        return edges
-
     def _close(self, exit_: Name) -> Name:
-        return _ws(exit_)
+        return ws(exit_)
 
     def _after(self, exit_: Name) -> Edges:
         """The bytes that may end a number or literal: those after the value, whitespace too."""
@@ -115,11 +93,11 @@ class Builder(NumberStates, StringStates, SetStates):
             edges: Edges = {ord('"'): (("str", ("g_colon",), "body", None, 0), None)}
             return {**edges, ord("}"): (POP_NAME, None)} if kind == "g_key_or_close" else edges
         if kind == "g_colon":
-            return {ord(":"): (_ws(("val", GENERIC, free_o)), None)}
+            return {ord(":"): (ws(("val", GENERIC, free_o)), None)}
         if base == free_o:
-            return {ord(","): (_ws(("g_key",)), None), ord("}"): (POP_NAME, None)}
+            return {ord(","): (ws(("g_key",)), None), ord("}"): (POP_NAME, None)}
         if base == free_a:
-            return {ord(","): (_ws(("val", GENERIC, free_a)), None), ord("]"): (POP_NAME, None)}
+            return {ord(","): (ws(("val", GENERIC, free_a)), None), ord("]"): (POP_NAME, None)}
         node, exit_ = args[0], args[1]
         if kind in ("uarr", "uitem"):
             return self._unique(kind, node, exit_, args[2])
@@ -129,16 +107,16 @@ class Builder(NumberStates, StringStates, SetStates):
             return {ord('"'): (("key", node, exit_, args[2], b'"'), None)}
         if kind == "xcolon":  # (an additional property's key read: its value, then only more of them)
             after: Name = ("obj", node, exit_, len(self.nodes[node][1]), 1)
-            return {ord(":"): (_ws(("val", self.nodes[node][3], after)), None)}
+            return {ord(":"): (ws(("val", self.nodes[node][3], after)), None)}
         if kind == "colon":
             props = self.nodes[node][1]
-            return {ord(":"): (_ws(("val", props[args[2]][1], ("obj", node, exit_, args[2] + 1, 1))), None)}
+            return {ord(":"): (ws(("val", props[args[2]][1], ("obj", node, exit_, args[2] + 1, 1))), None)}
         if kind == "tup":  # a tuple's items in their order (prefixItems), then ']'
             items, i = self.nodes[node][1], args[2]
             nxt: Name = ("tup", node, exit_, i + 1)
             if i == len(items):
-                return {ord("]"): (_ws(exit_), None)}
-            return self._value(items[i], nxt) if i == 0 else {ord(","): (_ws(("val", items[i], nxt)), None)}
+                return {ord("]"): (ws(exit_), None)}
+            return self._value(items[i], nxt) if i == 0 else {ord(","): (ws(("val", items[i], nxt)), None)}
         if kind in ("dict", "dkey", "dcolon"):
             return self._dict(kind, node, exit_, args[2])
         return self._array(node, exit_, args[2])
@@ -150,13 +128,13 @@ class Builder(NumberStates, StringStates, SetStates):
         _, value, lo, hi = self.nodes[node]
         if kind == "dcolon":
             after: Name = ("dict", node, exit_, c + 1 if hi is not None else min(c + 1, max(lo, 1)))
-            return {ord(":"): (_ws(("val", value, after)), None)}
+            return {ord(":"): (ws(("val", value, after)), None)}
         key: Edges = {ord('"'): (("str", ("dcolon", node, exit_, c), "body", None, 0), None)}
         if kind == "dkey":
             return key
-        edges: Edges = {ord("}"): (_ws(exit_), None)} if c >= lo else {}
+        edges: Edges = {ord("}"): (ws(exit_), None)} if c >= lo else {}
         if hi is None or c < hi:
-            edges.update(key if c == 0 else {ord(","): (_ws(("dkey", node, exit_, c)), None)})
+            edges.update(key if c == 0 else {ord(","): (ws(("dkey", node, exit_, c)), None)})
         return edges
 
     def _array(self, node: int, exit_: Name, c: int) -> Edges:
@@ -165,21 +143,21 @@ class Builder(NumberStates, StringStates, SetStates):
         ']' once minItems came, another item up to maxItems."""
         _, item, lo, hi = self.nodes[node]
         after: Name = ("arr", node, exit_, c + 1 if hi is not None else min(c + 1, max(lo, 1)))
-        edges: Edges = {ord("]"): (_ws(exit_), None)} if c >= lo else {}
+        edges: Edges = {ord("]"): (ws(exit_), None)} if c >= lo else {}
         if hi is None or c < hi:
-            edges.update(self._value(item, after) if c == 0 else {ord(","): (_ws(("val", item, after)), None)})
+            edges.update(self._value(item, after) if c == 0 else {ord(","): (ws(("val", item, after)), None)})
         return edges
 
     def _value(self, node: Any, exit_: Name) -> Edges:
         """A value's first byte (`node`: an index into the nodes, or GENERIC), then where it goes."""
         kind = "any" if node == GENERIC else self.nodes[node][0]
-        back = _ws(exit_)
+        back = ws(exit_)
         if kind in ("any", "anyobj", "anyarr"):
             edges: Edges = {}
             if kind != "anyarr":
-                edges[ord("{")] = (_ws(("g_key_or_close",)), back)
+                edges[ord("{")] = (ws(("g_key_or_close",)), back)
             if kind != "anyobj":
-                edges[ord("[")] = (_ws(("g_val_or_close",)), back)
+                edges[ord("[")] = (ws(("g_val_or_close",)), back)
             if kind == "any":
                 edges.update(self._value_string(exit_))
                 edges.update(self._value_number(exit_, False))
@@ -187,10 +165,10 @@ class Builder(NumberStates, StringStates, SetStates):
             return edges
         spec = self.nodes[node]
         if kind == "object":
-            return {ord("{"): (_ws(("obj", node, exit_, 0, 0)), None)}
+            return {ord("{"): (ws(("obj", node, exit_, 0, 0)), None)}
         if kind in _OPENS:
             bracket, first = _OPENS[kind]
-            return {ord(bracket): (_ws((first, node, exit_, 0)), None)}
+            return {ord(bracket): (ws((first, node, exit_, 0)), None)}
         if kind == "string":
             return self._value_string(exit_, None if spec[1:] == (0, None) else spec[1:])
         if kind == "pattern":  # (its DFA's state 0 after the quote)
@@ -217,6 +195,8 @@ class Builder(NumberStates, StringStates, SetStates):
                 merged.setdefault(b, []).append(edge)
         out: Edges = {}
         for b, ways in merged.items():
+            if len(ways) > 1:
+                ways = runs_apart(ways)
             targets, backs = frozenset(t for t, _ in ways), {back for _, back in ways}
             if len(backs) > 1 or (POP_NAME in targets and len(targets) > 1):
                 raise ValueError(
@@ -248,10 +228,10 @@ class Builder(NumberStates, StringStates, SetStates):
         edges: Edges = {}
         done = not any(required for _, _, required in props[i:])
         if done:
-            edges[ord("}")] = (_ws(exit_), None)
+            edges[ord("}")] = (ws(exit_), None)
         if i < len(props) or (other and done):
             edges[ord(",") if emitted else ord('"')] = (
-                (_ws(("objkey", node, exit_, i)), None) if emitted else (("key", node, exit_, i, b'"'), None)
+                (ws(("objkey", node, exit_, i)), None) if emitted else (("key", node, exit_, i, b'"'), None)
             )
         return edges
 
@@ -265,7 +245,7 @@ class Builder(NumberStates, StringStates, SetStates):
             key = props[j][0]
             if key.startswith(read) and len(key) > len(read):
                 nxt = key[: len(read) + 1]
-                target: Name = _ws(("colon", node, exit_, j)) if nxt == key else ("key", node, exit_, i, nxt)
+                target: Name = ws(("colon", node, exit_, j)) if nxt == key else ("key", node, exit_, i, nxt)
                 edges[key[len(read)]] = (target, None)
             if props[j][2]:
                 break  # a required property cannot be skipped

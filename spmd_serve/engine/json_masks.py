@@ -6,8 +6,10 @@ numpy gather per byte position over the tokens at least that long (sorted by len
 prefix of them).  The table state alone decides every token but those that close a free container
 on the way (a `}` or `]` where one may come), and those longer than FAR_WINDOW bytes that meet a
 long count's counted states (where the count decides): those few are stepped with the stack, in
-Python.  The table part is kept per (grammar, table state), bit-packed, for the MAX_CACHED last
-used, so a step usually costs unpacking a cached mask.
+Python.  A run of indentation (shared by every place whitespace may come) ends by reading its byte
+again at the state its newline pushed: the walk keeps that state per token, and a row inside a run
+starts from the stack's top.  The table part is kept per (grammar, table state, that state),
+bit-packed, for the MAX_CACHED last used, so a step usually costs unpacking a cached mask.
 
 Rank 0 holds no tokenizer: each token's bytes come from an HTTP worker before its first JSON request
 (`vocabulary_bytes`, EngineClient.provide_vocabulary); special tokens come as b"" and are never
@@ -24,10 +26,11 @@ import numpy as np
 import numpy.typing as npt
 
 from spmd_serve.engine import gbnf_grammar, json_patterns, json_schema, structural_tag
-from spmd_serve.engine.grammar_table import DEAD, FAR_WINDOW, POP, Grammar, State
+from spmd_serve.engine.grammar_table import DEAD, FAR_WINDOW, POP, RESUME, Grammar, State
 
 Mask = npt.NDArray[np.bool_]
 MAX_CACHED = 4096  # table-state masks kept (V/8 bytes each: 19 KB at 150k tokens)
+NEWLINE = ord("\n")
 
 
 class JsonVocab:
@@ -44,8 +47,15 @@ class JsonVocab:
         starts = np.cumsum(sizes) - sizes
         # column j: byte j of every token longer than j, in that order  [counts[j]] uint8
         self._columns = [joined[starts[:n] + j] for j, n in enumerate(counts.tolist())]
+        # column j: the tokens (in length order) with a newline at byte j, and those with one before
+        # it (only they may end a run of indentation there, but in a row that starts inside one)
+        self._newlines = [np.flatnonzero(col == NEWLINE) for col in self._columns]
+        self._after_newline, had = [], np.zeros(len(self.token_bytes), bool)
+        for col, newline in zip(self._columns, self._newlines):
+            self._after_newline.append(np.flatnonzero(had[: len(col)]))
+            had[newline] = True
         self._long = sizes > FAR_WINDOW  # (in length order) beyond the table's reach in a counted stretch
-        self._cache: OrderedDict[tuple[int, int], tuple[npt.NDArray[np.uint8], list[int]]] = OrderedDict()
+        self._cache: OrderedDict[tuple[int, int, int], tuple[npt.NDArray[np.uint8], list[int]]] = OrderedDict()
 
     def __len__(self) -> int:
         return len(self.token_bytes)
@@ -55,16 +65,27 @@ class JsonVocab:
         byte no grammar takes (such a token leaves every answer)."""
         return self.token_bytes[t] if 0 <= t < len(self) and self.token_bytes[t] else b"\0"
 
-    def _table_part(self, grammar: Grammar, s: int) -> tuple[Mask, list[int]]:
-        """(tokens the table lets through from table state `s` whatever the stack, tokens that
-        reach a closing bracket on the way), both over the vocabulary's ids."""
-        key = (grammar.serial, s)
+    def _table_part(self, grammar: Grammar, s: int, back: int) -> tuple[Mask, list[int]]:
+        """(tokens the table lets through from table state `s` whatever the stack below `back` (the
+        state an indentation run there resumes at, else 0), tokens that reach a closing bracket on
+        the way), both over the vocabulary's ids."""
+        key = (grammar.serial, s, back)
         if key not in self._cache:
             st = np.full(len(self), s, np.int16)  # in length order
             met = np.full(len(self), grammar.is_far[s]) if grammar.far else None  # a counted state on the way
-            for col in self._columns:
+            # where each token's indentation run resumes: pushed by its last newline (only a newline enters one)
+            resume_at = np.full(len(self), back, np.int16) if grammar.resuming else None
+            in_run = s in grammar.resuming
+            for col, newline, after in zip(self._columns, self._newlines, self._after_newline):
                 n = len(col)
-                st[:n] = grammar.table[st[:n], col]
+                nxt = grammar.table[st[:n], col]
+                if resume_at is not None:
+                    again = np.flatnonzero(nxt == RESUME) if in_run else after[nxt[after] == RESUME]
+                    if len(again):  # (the run ends: the byte is read again where it resumes)
+                        nxt[again] = grammar.table[resume_at[again], col[again]]
+                    if len(newline):  # (a newline read again where a run resumed pushes nothing either)
+                        resume_at[newline] = grammar.pushes[st[newline], NEWLINE]
+                st[:n] = nxt
                 if met is not None:
                     met[:n] |= grammar.is_far[st[:n]]
             ok = np.empty(len(self), bool)
@@ -82,7 +103,8 @@ class JsonVocab:
         """A fresh mask [len(self)] of the tokens that may follow `state` (none after None)."""
         if state is None:
             return np.zeros(len(self), bool)
-        mask, closing = self._table_part(grammar, state[0])
+        s, stack = state
+        mask, closing = self._table_part(grammar, s, stack[-1] if s in grammar.resuming and stack else 0)
         for t in closing:
             mask[t] = grammar.step(state, self.token_bytes[t]) is not None
         return mask

@@ -11,7 +11,7 @@ import random
 
 import numpy as np
 
-from spmd_serve.engine.grammar_table import DEAD, POP, Grammar, complete
+from spmd_serve.engine.grammar_table import DEAD, POP, RESUME, Grammar, complete
 
 WHITESPACE = b" \n\t"
 
@@ -43,7 +43,7 @@ def walk_to_end(g: Grammar, rng: random.Random, stop: float = 0.15, limit: int =
     state, out = g.start, b""
     while True:
         row = g.table[state[0]].tolist()
-        ways = [b for b, t in enumerate(row) if t != DEAD and (t != POP or g.step(state, bytes([b])))]
+        ways = [b for b, t in enumerate(row) if t != DEAD and (t not in (POP, RESUME) or g.step(state, bytes([b])))]
         if g.may_end(state) and (not ways or rng.random() < stop or len(out) > limit):
             return out
         assert ways and len(out) < 50 * limit, f"stranded after {out!r}"
@@ -66,8 +66,9 @@ def _distances(g: Grammar) -> list[float]:
 
 
 def _way(left: list[float], g: Grammar, s: int, b: int, t: int) -> float:
-    """The fewest bytes to an end (or a close) by byte b from s (to t): a push's inside, then its return."""
-    return 1 + (0 if t == POP else left[t] + (left[g.pushes[s, b]] if g.pushes[s, b] else 0))
+    """The fewest bytes to an end (or a close) by byte b from s (to t): a push's inside, then its return
+    (an indentation run's end counts as a close: the byte is read again where it resumes)."""
+    return 1 + (0 if t in (POP, RESUME) else left[t] + (left[g.pushes[s, b]] if g.pushes[s, b] else 0))
 
 
 def _left(left: list[float], state) -> float:

@@ -142,7 +142,7 @@ def test_a_rule_ending_in_its_own_rules_needs_no_stack():
     assert g.may_end(g.step(g.start, b"x \t \ty")) and g.step(g.start, b"x \t \ty")[1] == ()
     g = answer_grammar('root ::= factor\nfactor ::= [0-9] | "-" unary | "(" factor ")"\nunary ::= factor')
     assert g.step(g.start, b"-" * 500 + b"(--(-")[1] != () and g.step(g.start, b"-" * 500)[1] == ()
-    assert g.may_end(g.step(g.start, b"--(-(1))")) and len(g.table) < 12
+    assert g.may_end(g.step(g.start, b"--(-(1))")) and len(g.table) - g.start[0] <= 8  # (after the reserved rows)
     g = answer_grammar('root ::= ("[" root "]" root)?')
     assert g.may_end(g.step(g.start, b"[[][]][]")) and g.step(g.start, b"[]]") is None
 

@@ -11,11 +11,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from spmd_serve.engine import json_grammar as g
 from spmd_serve.engine.grammar_table import complete
 from spmd_serve.engine.json_masks import JsonVocab
 from spmd_serve.engine.json_numbers import MAX_DIGITS
 from spmd_serve.engine.json_schema import grammar
+from spmd_serve.engine.json_whitespace import MAX_INDENT
 from spmd_serve.engine.wire import WireError, vocab_from_wire, vocab_to_wire
 from spmd_serve.sampling_params import JSON_OBJECT, SamplingParams
 from spmd_serve.scheduler.request import Request
@@ -46,7 +46,7 @@ def _text(obj: object, layout: dict) -> bytes:
 @given(OBJECTS, st.sampled_from(DUMPS))
 def test_every_object_json_writes_is_read_whole_and_its_prefixes_are_open(obj, layout):
     text = _text(obj, layout)
-    if text.count(b"\n") and max(len(line) - len(line.lstrip(b" \t")) for line in text.split(b"\n")) > g.MAX_INDENT:
+    if text.count(b"\n") and max(len(line) - len(line.lstrip(b" \t")) for line in text.split(b"\n")) > MAX_INDENT:
         return  # (deeper than the whitespace rule: refused by design, tested below)
     state = G.start
     for i, b in enumerate(text):

@@ -17,6 +17,7 @@ from spmd_serve.frontend.common.parsing import Limits
 from spmd_serve.frontend.openai.format import ChoiceState, Formatter
 from spmd_serve.frontend.openai.protocol import OpenAIError, parse_openai
 from spmd_serve.frontend.openai.tool_formats import HERMES
+from spmd_serve.frontend.openai.tools import MAX_TOOLS
 from spmd_serve.frontend.text.tokenizer import ServingTokenizer
 from tests.support.fake_tokenizer import FakeTokenizer
 from tests.support.hf_tokenizer_dirs import QWEN2_TEMPLATE, write_byte_level_dir
@@ -159,6 +160,29 @@ def test_tool_choice_required_holds_the_answer_to_a_list_of_calls_and_returns_th
     last = chunks[2]
     assert last["finish_reason"] == "tool_calls" and [d["index"] for d in last["delta"]["tool_calls"]] == [0, 1]
     assert last["delta"]["tool_calls"][0]["function"] == calls[0]["function"]
+
+
+def test_tool_choice_required_takes_as_many_tools_as_a_request_may_send():
+    """Every place whitespace may come shares one run of indentation states (engine/json_grammar.py):
+    a run of its own was 22 states each, so 43 such tools passed MAX_STATES and were refused."""
+    tools = [
+        {"type": "function", "function": {"name": f"tool_{i}", "parameters": {"type": "object", "properties": {
+            "city": {"type": "string"}, "unit": {"enum": ["c", "f"]}, "days": {"type": "integer"}},
+            "required": ["city"]}}}
+        for i in range(MAX_TOOLS)
+    ]  # fmt: skip
+    g = grammar(_parse(tools=tools, tool_choice="required").params.json_schema)
+    assert len(g.table) < 200 * MAX_TOOLS
+    calls = [{"name": "tool_127", "parameters": {"city": "Rome", "days": 3}}, {"name": "tool_0", "parameters": {
+        "city": "Oslo", "unit": "f"}}]  # fmt: skip
+    for layout in ({}, {"indent": 2}, {"indent": "\t"}, {"separators": (",", ":")}):
+        assert complete(g.step(g.start, json.dumps(calls, **layout).encode())), layout
+    assert g.step(g.start, b'[{"name": "tool_128"') is None
+    assert g.step(g.start, b"[\n" + b" " * 21) is None  # (still at most 20 indents)
+    wide = {"type": "object", "properties": {f"p{k}": {"type": "string"} for k in range(12)}}
+    many = [{"type": "function", "function": {"name": f"f{i}", "parameters": wide}} for i in range(MAX_TOOLS)]
+    with pytest.raises(OpenAIError, match=r"tool_choice \(the tools' parameters as one JSON schema\): .* 20000"):
+        _parse(tools=many, tool_choice="required")
 
 
 def _hermes_tokenizer() -> FakeTokenizer:

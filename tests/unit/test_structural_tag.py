@@ -24,7 +24,7 @@ from spmd_serve.scheduler.scheduler import ScheduledSeq, SchedulerOutput
 from tests.support.fake_tokenizer import FakeTokenizer
 from tests.support.grammar_walk import mutants, walk_to_end
 from tests.support.structural_oracle import StructuralOracle
-from tests.support.structural_texts import ANY, ANY3, SPECS, texts
+from tests.support.structural_texts import ANY, SPECS, texts
 
 
 def _accepts(g, data: bytes) -> bool:
@@ -68,6 +68,7 @@ def test_text_runs_on_and_structures_hold_their_schema():
 
 A = {"begin": "<a>", "schema": ANY, "end": ""}
 T = {"begin": "<a>", "content": {"type": "any_text"}, "end": "</a>"}
+ANY10 = {"type": "object", "properties": {f"k{i}": {"type": "string"} for i in range(10)}}
 
 
 @pytest.mark.parametrize("spec, message", [
@@ -110,7 +111,7 @@ T = {"begin": "<a>", "content": {"type": "any_text"}, "end": "</a>"}
     ({"format": {"type": "any_text", "excludes": ["x" * 65]}}, "excludes[0] must be a non-empty string of at most 64"),
     ({"format": {"type": "any_text", "excludes": [f"{k:02}" + "x" * 60 for k in range(17)]}}, "more than 1024 bytes"),
     ({"format": {"type": "triggered_tags", "triggers": ["<"], "tags": [
-        {"begin": f"<{k}>", "content": {"type": "json_schema", "json_schema": ANY3}, "end": "</>"}
+        {"begin": f"<{k}>", "content": {"type": "json_schema", "json_schema": ANY10}, "end": "</>"}
         for k in range(64)]}},
      "the st makes more than 20000 grammar states"),
 ])  # fmt: skip

@@ -188,7 +188,8 @@ def json_schema(body: dict[str, Any], ends_on_eos: bool, tool_schema: str = "", 
     if len(text) > MAX_SCHEMA_CHARS:
         raise FieldError(f"{name} is more than {MAX_SCHEMA_CHARS} characters of JSON", name)
     # (the grammar is kept: the engine's is made from the same text where it shares this process)
-    check_grammar(lambda: json_schemas.grammar(text), f"{name}: ", name, slow)
+    prefix = "tool_choice (the tools' parameters as one JSON schema): " if name == "tool_choice" else f"{name}: "
+    check_grammar(lambda: json_schemas.grammar(text), prefix, name, slow)
     return text
 
 
