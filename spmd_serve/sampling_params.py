@@ -68,6 +68,7 @@ class SamplingParams:
     # value of this schema (JSON text; json_object's is JSON_OBJECT), then an eos id
     # (engine/json_schema.py makes its grammar; engine/json_masks.py masks every token that would leave it)
     json_schema: str = ""
+    json_compact: bool = False  # vLLM's structured_outputs.disable_any_whitespace: no whitespace between its lexemes
     # vLLM's guided_regex: the answer is one match of this pattern, then an eos id where it may end
     # (engine/json_patterns.answer_grammar; masked as a JSON answer is)
     regex: str = ""
@@ -144,6 +145,8 @@ class SamplingParams:
             raise ValueError("guided_choice ends the answer with an EOS: not with ignore_eos or min_tokens")
         if not isinstance(self.json_schema, str) or len(self.json_schema) > MAX_SCHEMA_CHARS:
             raise ValueError(f"a JSON schema must be JSON text of at most {MAX_SCHEMA_CHARS} characters")
+        if not isinstance(self.json_compact, bool) or (self.json_compact and not self.json_schema):
+            raise ValueError("json_compact must be a boolean, true only with a JSON schema")
         texts = (("guided_regex", self.regex), ("guided_grammar", self.gbnf), ("structural_tag", self.structural_tag))
         for name, text in texts:
             if not isinstance(text, str) or len(text) > MAX_SCHEMA_CHARS:

@@ -133,7 +133,11 @@ def grammar_of(params: Any) -> Grammar:
         return structural_tag.answer_grammar(params.structural_tag)
     if params.gbnf:
         return gbnf_grammar.answer_grammar(params.gbnf)
-    return json_patterns.answer_grammar(params.regex) if params.regex else json_schema.grammar(params.json_schema)
+    return (
+        json_patterns.answer_grammar(params.regex)
+        if params.regex
+        else json_schema.grammar(params.json_schema, params.json_compact)
+    )
 
 
 _VOCABULARIES: dict[int, tuple[Any, list[bytes]]] = {}  # id(tokenizer) -> (it, its bytes): one a process

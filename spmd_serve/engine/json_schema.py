@@ -248,6 +248,7 @@ def nodes_of(schemas: list[tuple[Any, str]]) -> tuple[tuple[Node, ...], list[int
 
 
 @functools.lru_cache(maxsize=64)
-def grammar(text: str) -> Grammar:
-    """The grammar of a schema given as JSON text; ValueError names what is not supported."""
-    return grammar_of(nodes_of([(json.loads(text), "")])[0])
+def grammar(text: str, compact: bool = False) -> Grammar:
+    """The grammar of a schema given as JSON text (`compact`: no whitespace between lexemes);
+    ValueError names what is not supported."""
+    return grammar_of(nodes_of([(json.loads(text), "")])[0], not compact)

@@ -9,6 +9,10 @@ there (grammar_table's RESUME).  A run of its own for every place was MAX_INDENT
 three quarters of a schema's states (a tool of three properties: 650 states, now 190).  Inside a set
 of alternatives (json_grammar's union) a newline cannot push two states, so there each keeps a run
 of its own, ("ws", base, ("nl", n)) (`runs_apart`).
+
+Without any whitespace (vLLM's `disable_any_whitespace`: "json output will always be compact") a
+whitespace state takes only its base's lexemes: the answer is written as json.dumps(separators=(",",
+":")) writes it, so a model cannot pad at all.
 """
 
 from __future__ import annotations
@@ -33,8 +37,9 @@ def runs_apart(ways: list[Way]) -> list[Way]:
 class WhitespaceStates:
     """The whitespace states' edges; `_lexeme(base)` (the builder's) gives the bytes after them."""
 
-    def __init__(self) -> None:
+    def __init__(self, any_whitespace: bool = True) -> None:
         self._lexemes: dict[Name, Edges] = {}  # by base: shared by its whitespace states
+        self._any_whitespace = any_whitespace
 
     def _lexeme(self, base: Name) -> Edges:
         raise NotImplementedError
@@ -47,7 +52,7 @@ class WhitespaceStates:
         if base not in self._lexemes:
             self._lexemes[base] = self._lexeme(base)
         edges = dict(self._lexemes[base])  # (a copy: the whitespace edges go into it)
-        if taken == 0:
+        if taken == 0 and self._any_whitespace:
             edges[ord(" ")] = (("ws", base, "sp"), None)
             edges[ord("\n")] = (("indent", 0), ("ws", base, "lex"))
         elif isinstance(taken, tuple) and taken[1] < MAX_INDENT:

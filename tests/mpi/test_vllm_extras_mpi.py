@@ -4,7 +4,8 @@ ServingTokenizer.decode writes them; the eos that stopped a request written only
 include_stop_str_in_output), `bad_words` (never generated: the greedy answer is the free one up to
 where it would have completed a banned word, and never holds one), `guided_choice` (every answer
 one of the choices), OpenAI's `response_format: json_object` (every answer on its way to one
-JSON object, and one whole when it stopped; a schema's string formats and patterns, long maxLengths)
+JSON object, and one whole when it stopped; a schema's string formats and patterns, long maxLengths;
+disable_any_whitespace)
 (tool_choice "auto" and guided_regex: test_tools_auto_mpi.py)."""
 
 from __future__ import annotations
@@ -196,6 +197,25 @@ def test_json_schema_answers_keep_to_the_schema(client):
             max_tokens=4,
             response_format={**fmt, "json_schema": {"name": "x", "schema": bad}},
         )
+
+
+def test_a_compact_json_answer_has_no_whitespace_between_lexemes(client, tok):
+    """structured_outputs.disable_any_whitespace: with every whitespace token favoured (logit_bias),
+    the answer is written without any, whole and streamed alike; without the flag it pads."""
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"enum": ["yes", "no"]}},
+              "required": ["a", "b"]}  # fmt: skip
+    blank = [i for i in range(tok.vocab_size) if tok.token_bytes(i) and not tok.token_bytes(i).strip()]
+    kw = dict(model="default", messages=CHAT, max_tokens=120, temperature=0, logit_bias={str(i): 20 for i in blank})
+    held = {"structured_outputs": {"json": schema, "disable_any_whitespace": True}}
+    got = client.chat.completions.create(**kw, extra_body=held).choices[0]
+    value = json.loads(got.message.content)
+    assert got.finish_reason == "stop" and got.message.content == json.dumps(value, separators=(",", ":")), got
+    stream = client.chat.completions.create(**kw, stream=True, extra_body=held)
+    assert "".join(c.choices[0].delta.content or "" for c in stream if c.choices) == got.message.content
+    padded = client.chat.completions.create(**kw, extra_body={"structured_outputs": {"json": schema}}).choices[0]
+    assert padded.message.content.startswith((" ", "\n")), padded
+    with pytest.raises(openai.BadRequestError, match="disable_any_whitespace applies to a JSON answer"):
+        client.chat.completions.create(**kw, extra_body={"structured_outputs": {"disable_any_whitespace": True}})
 
 
 def test_a_named_tool_choice_answers_with_a_call_of_that_function(client):

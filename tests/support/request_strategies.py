@@ -149,11 +149,23 @@ _OPENAI_COMMON = {
             st.fixed_dictionaries({"choice": st.lists(TEXT, min_size=1, max_size=3)}),
             st.fixed_dictionaries({"json_object": st.booleans()}),
             st.fixed_dictionaries({"json": SCHEMAS}),
+            st.fixed_dictionaries({"json": SCHEMAS, "disable_any_whitespace": st.booleans()}),
             st.fixed_dictionaries({"regex": REGEXES}),
             st.fixed_dictionaries({"grammar": GRAMMARS}),
             st.fixed_dictionaries({"structural_tag": TAGS.map(json.dumps)}),
         ),
-        st.one_of(TEXT, JUNK, st.fixed_dictionaries({"json_object": JUNK}), st.fixed_dictionaries({"json": JUNK})),
+        st.one_of(
+            TEXT,
+            JUNK,
+            st.fixed_dictionaries({"json_object": JUNK}),
+            st.fixed_dictionaries({"json": JUNK}),
+            st.fixed_dictionaries(
+                {
+                    "json": SCHEMAS,
+                    "disable_any_whitespace": JUNK.filter(lambda v: v is not None and not isinstance(v, bool)),
+                }
+            ),
+        ),
     ),
     "response_format": Field(
         st.one_of(

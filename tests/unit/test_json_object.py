@@ -16,8 +16,8 @@ from spmd_serve.engine.sampler import Sampler
 from spmd_serve.frontend.common.parsing import Limits
 from spmd_serve.frontend.openai.body import OpenAIError
 from spmd_serve.frontend.openai.fields import FieldError
+from spmd_serve.frontend.openai.json_fields import json_schema
 from spmd_serve.frontend.openai.protocol import parse_openai
-from spmd_serve.frontend.openai.token_params import json_schema
 from spmd_serve.sampling_params import JSON_OBJECT, SamplingParams
 from spmd_serve.scheduler.request import Request
 from spmd_serve.scheduler.scheduler import ScheduledSeq, SchedulerOutput

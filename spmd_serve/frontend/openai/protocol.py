@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from spmd_serve.frontend.common.parsing import Limits
+from spmd_serve.frontend.openai import json_fields, structural_fields, token_params, tool_formats, tools
 from spmd_serve.frontend.openai import prompts as prompts_of
-from spmd_serve.frontend.openai import structural_fields, token_params, tool_formats, tools
 from spmd_serve.frontend.openai.body import OpenAIError as OpenAIError  # (re-exported: the parsers' refusal)
 from spmd_serve.frontend.openai.body import get
 from spmd_serve.frontend.openai.fields import FieldError, check_fields
@@ -180,7 +180,7 @@ def parse_openai(
         eos_ends = not (min_tokens or get(body, "ignore_eos", "bool", False))
         continues = kind == "completion" or bool(body.get("continue_final_message"))
         choices = token_params.guided_choice(body, tokenizer, prompts, continues, eos_ends)
-        schema = token_params.json_schema(body, eos_ends, calls.schema, slow)
+        schema = json_fields.json_schema(body, eos_ends, calls.schema, slow)
         held = "a guided choice" if choices else "a JSON schema" if schema else ""  # (what else holds the answer)
         regex = token_params.guided_regex(body, eos_ends, held, slow)
         held = held or ("a guided_regex" if regex else "")
@@ -215,6 +215,7 @@ def parse_openai(
         bad_words=banned,
         guided_sequences=choices,
         json_schema=schema,
+        json_compact=bool(schema) and json_fields.compact(body),
         regex=regex,
         gbnf=gbnf,
         structural_tag=tag,

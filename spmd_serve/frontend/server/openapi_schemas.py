@@ -133,9 +133,11 @@ def schemas(s: IOSettings) -> dict[str, Schema]:
         "guided_choice": _opt(_list(STR, minItems=1, maxItems=64, description="the answer is one of these")),
         "structured_outputs": _opt(_obj([], {"choice": _opt(_list(STR, minItems=1, maxItems=64)),
                                              "json": _opt(SCHEMA), "json_object": _opt(BOOL), "regex": _opt(STR),
-                                             "grammar": _opt(STR), "structural_tag": _opt(TAG)},
+                                             "grammar": _opt(STR), "structural_tag": _opt(TAG),
+                                             "disable_any_whitespace": _opt(BOOL)},
                                         description="later vLLM's: choice (guided_choice), json, json_object "
-                                        "regex (guided_regex), grammar (guided_grammar) and structural_tag")),
+                                        "regex (guided_regex), grammar (guided_grammar) and structural_tag; "
+                                        "disable_any_whitespace: a JSON answer written without whitespace")),
         "guided_json": _opt(SCHEMA),
         "guided_regex": _opt(STR | {"description": "vLLM's: the answer is one match of this pattern"}),
         "guided_grammar": _opt(STR | {"description": "vLLM's: the answer is one match of this GBNF grammar's root"}),
