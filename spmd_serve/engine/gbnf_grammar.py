@@ -15,10 +15,9 @@ kept, so an answer never strands.
 
 from __future__ import annotations
 
-import functools
 import itertools
 
-from spmd_serve.engine import gbnf_brackets
+from spmd_serve.engine import gbnf_brackets, grammar_cache
 from spmd_serve.engine.gbnf_nfa import GbnfNfa
 from spmd_serve.engine.gbnf_parse import Node, Seq, parse
 from spmd_serve.engine.gbnf_table import Rebracket, Table, Unroll
@@ -28,7 +27,7 @@ MAX_UNROLLS = 64  # pushes written out in place where a byte would push and be r
 MAX_REBRACKETS = 16  # other choices of brackets where a closing byte would be read otherwise too
 
 
-@functools.lru_cache(maxsize=64)
+@grammar_cache.cached
 def answer_grammar(text: str, where: str = "guided_grammar") -> Grammar:
     """The grammar of an answer that is one match of GBNF `text`'s `root` rule; ValueError names what
     is not built or wrong (the grammar named `where`)."""

@@ -85,15 +85,18 @@ class Grammar:
         table[idx] = np.frombuffer(targets, np.int16)
         pushes[idx] = np.frombuffer(backs, np.int16)
         table[POP * 256 : POP * 256 + 256] = POP  # absorbing: a vocabulary walk marks the token for `step`
-        self.table, self.pushes = table.reshape(len(ids), 256), pushes.reshape(len(ids), 256)
-        # the states with a way to RESUME (indentation runs): their masks depend on the stack's top
-        self.resuming = frozenset(np.flatnonzero((self.table == RESUME).any(axis=1)).tolist())
         self.start: State = (4, ())
         self.ends = frozenset({END} | {ids[name] for name in edges if may_end is not None and may_end(name)})
         self.serial = next(_SERIALS)  # (json_masks' cache key: unlike an id, never reused)
         # flat [state * 256 + byte] arrays: read byte by byte as fast as lists (numpy scalars are ~4x
-        # slower), in a quarter of the memory, and made by one copy (rows of lists took half the build)
+        # slower), in a quarter of the memory, and made by one copy (rows of lists took half the build);
+        # the [state, byte] tables the masks gather from are views of them (not second copies)
         self._t, self._p = array("h", table.tobytes()), array("h", pushes.tobytes())
+        self.table = np.frombuffer(self._t, np.int16).reshape(len(ids), 256)
+        self.pushes = np.frombuffer(self._p, np.int16).reshape(len(ids), 256)
+        self.nbytes = self.table.nbytes + self.pushes.nbytes
+        # the states with a way to RESUME (indentation runs): their masks depend on the stack's top
+        self.resuming = frozenset(np.flatnonzero((self.table == RESUME).any(axis=1)).tolist())
         # counted state -> (its first count, the count that leaves it, the state at that count)
         self.far = {ids[name]: (first, limit, ids[there]) for name, (first, limit, there) in far.items()}
         self.is_far = np.zeros(len(ids), bool)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 
+from spmd_serve.engine import grammar_cache
 from spmd_serve.engine.grammar_table import COUNTS, FAR_WINDOW, Edges, Grammar, Name, can_end
 from spmd_serve.engine.regex_dfa import Dfa, compile_dfa
 
@@ -134,7 +135,7 @@ def edges(dfa: Dfa, name: Name, close: Name) -> Edges:
     return result
 
 
-@functools.lru_cache(maxsize=64)
+@grammar_cache.cached
 def answer_grammar(pattern: str, where: str = "guided_regex") -> Grammar:
     """The grammar of an answer that is one match of `pattern` (any byte its DFA takes); ValueError
     names what is not built (the pattern named `where`)."""

@@ -26,11 +26,10 @@ as is a schema whose root is not an object or an array: none is silently left ou
 
 from __future__ import annotations
 
-import functools
 import json
 from typing import Any
 
-from spmd_serve.engine import json_numeric
+from spmd_serve.engine import grammar_cache, json_numeric
 from spmd_serve.engine.grammar_table import Grammar
 from spmd_serve.engine.json_formats import ANY_STRING_FORMATS, FORMATS, format_dfa, other_keys
 from spmd_serve.engine.json_grammar import Node, grammar_of
@@ -247,7 +246,7 @@ def nodes_of(schemas: list[tuple[Any, str]]) -> tuple[tuple[Node, ...], list[int
     return tuple(nodes), roots
 
 
-@functools.lru_cache(maxsize=64)
+@grammar_cache.cached
 def grammar(text: str, compact: bool = False) -> Grammar:
     """The grammar of a schema given as JSON text (`compact`: no whitespace between lexemes);
     ValueError names what is not supported."""

@@ -18,11 +18,10 @@ together (json_grammar's "set") until they part: the grammar stays one table.
 
 from __future__ import annotations
 
-import functools
 import json
 from typing import Any
 
-from spmd_serve.engine import gbnf_grammar, json_schema, regex_dfa
+from spmd_serve.engine import gbnf_grammar, grammar_cache, json_schema, regex_dfa
 from spmd_serve.engine.grammar_table import DEAD, END_NAME, POP, POP_NAME, Edges, Grammar, Name
 from spmd_serve.engine.json_grammar import Builder
 from spmd_serve.engine.structural_formats import STOP, TRIGGER, Formats, read
@@ -248,7 +247,7 @@ def _flat(name: Name) -> Name:
     return next(iter(members)) if len(members) == 1 else ("set", members)
 
 
-@functools.lru_cache(maxsize=64)
+@grammar_cache.cached
 def answer_grammar(text: str, name: str = "structural_tag") -> Grammar:
     """The grammar of a structural tag given as JSON text; ValueError names what is not supported."""
     formats = read(json.loads(text), name)
