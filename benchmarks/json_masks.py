@@ -4,11 +4,12 @@ space, punctuation runs, every single byte), a grammar (json_object, or a pydant
 and --answers answers drawn at random among the allowed tokens, each step's `allowed` timed.
 
     python benchmarks/json_masks.py [--vocab 150000] [--answers 8] [--tokens 200]
-        [--schema | --gbnf FILE | --structural-tag FILE]
+        [--schema [--compact] | --gbnf FILE | --structural-tag FILE | --tools N]
 
 Prints the vocabulary's set-up time, the compile time of the schema (or of the GBNF grammar:
-guided_grammar; or of the structural tag), and per step: the median and p99 of a step whose table
-state was seen before (a cached mask) and of one seeing it first (a walk).
+guided_grammar; of the structural tag; of tool_choice "required" over N three-property tools), and
+per step: the median and p99 of a step whose table state was seen before (a cached mask) and of one
+seeing it first (a walk).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from spmd_serve.engine import gbnf_grammar, structural_tag
 from spmd_serve.engine.grammar_table import complete
 from spmd_serve.engine.json_masks import JsonVocab
 from spmd_serve.engine.json_schema import grammar
+from spmd_serve.frontend.openai.tools import parse_tools
 
 SCHEMA = {
     "$defs": {"Pet": {"type": "object", "properties": {"kind": {"enum": ["cat", "dog"]}, "legs": {"type": "integer"}}}},
@@ -46,6 +48,12 @@ def vocabulary(size: int, rng: random.Random) -> list[bytes]:
     return sorted(out)
 
 
+def _tool(i: int) -> dict:
+    parameters = {"type": "object", "required": ["city"], "properties": {
+        "city": {"type": "string"}, "unit": {"enum": ["c", "f"]}, "days": {"type": "integer"}}}  # fmt: skip
+    return {"type": "function", "function": {"name": f"tool_{i}", "parameters": parameters}}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--vocab", type=int, default=150000)
@@ -54,6 +62,8 @@ def main() -> None:
     ap.add_argument("--schema", action="store_true")
     ap.add_argument("--gbnf", help="a GBNF grammar's file (guided_grammar) instead of a schema")
     ap.add_argument("--structural-tag", help="a structural tag's JSON file (either form) instead of a schema")
+    ap.add_argument("--tools", type=int, help='tool_choice "required" over this many three-property tools instead')
+    ap.add_argument("--compact", action="store_true", help="the schema's answer without whitespace")
     a = ap.parse_args()
     rng = random.Random(0)
     tokens = vocabulary(a.vocab, rng)
@@ -64,8 +74,10 @@ def main() -> None:
         g = gbnf_grammar.answer_grammar(Path(a.gbnf).read_text())
     elif a.structural_tag:
         g = structural_tag.answer_grammar(Path(a.structural_tag).read_text())
+    elif a.tools:
+        g = grammar(parse_tools({"tools": [_tool(i) for i in range(a.tools)], "tool_choice": "required"}, None).schema)
     else:
-        g = grammar(json.dumps(SCHEMA) if a.schema else '{"type":"object"}')
+        g = grammar(json.dumps(SCHEMA) if a.schema else '{"type":"object"}', a.compact)
     t2 = time.perf_counter()
     print(f"vocabulary {len(tokens)} tokens: set up {1e3 * (t1 - t0):.0f} ms; grammar {g.table.shape[0]} states, "
           f"compiled in {1e3 * (t2 - t1):.1f} ms")  # fmt: skip
