@@ -77,7 +77,7 @@ def main() -> None:
     elif a.tools:
         g = grammar(parse_tools({"tools": [_tool(i) for i in range(a.tools)], "tool_choice": "required"}, None).schema)
     else:
-        g = grammar(json.dumps(SCHEMA) if a.schema else '{"type":"object"}', a.compact)
+        g = grammar(json.dumps(SCHEMA) if a.schema else '{"type":"object"}', "" if a.compact else None)
     t2 = time.perf_counter()
     print(f"vocabulary {len(tokens)} tokens: set up {1e3 * (t1 - t0):.0f} ms; grammar {g.table.shape[0]} states, "
           f"compiled in {1e3 * (t2 - t1):.1f} ms")  # fmt: skip

@@ -22,6 +22,7 @@ MAX_BAD_WORD_TOKENS = 64  # ids in one of them
 MAX_CHOICES = 64  # vLLM's guided_choice: answers one request may be held to
 MAX_CHOICE_TOKENS = 256  # ids in one of them
 MAX_SCHEMA_CHARS = 1 << 16  # a json_schema's text
+MAX_WHITESPACE_CHARS = 256  # a JSON answer's whitespace pattern
 JSON_OBJECT = '{"type":"object"}'  # OpenAI's json_object as a schema: any one object
 MAX_LOGIT_BIAS = 100.0  # |bias| a request may add to a token's logit (OpenAI's range: -100 bans, 100 forces)
 
@@ -68,7 +69,9 @@ class SamplingParams:
     # value of this schema (JSON text; json_object's is JSON_OBJECT), then an eos id
     # (engine/json_schema.py makes its grammar; engine/json_masks.py masks every token that would leave it)
     json_schema: str = ""
-    json_compact: bool = False  # vLLM's structured_outputs.disable_any_whitespace: no whitespace between its lexemes
+    # vLLM's whitespace_pattern (disable_any_whitespace: ""): the regular expression every run of
+    # whitespace between the JSON answer's lexemes matches; None: llama.cpp's rule (engine/json_whitespace.py)
+    json_whitespace: str | None = None
     # vLLM's guided_regex: the answer is one match of this pattern, then an eos id where it may end
     # (engine/json_patterns.answer_grammar; masked as a JSON answer is)
     regex: str = ""
@@ -145,8 +148,14 @@ class SamplingParams:
             raise ValueError("guided_choice ends the answer with an EOS: not with ignore_eos or min_tokens")
         if not isinstance(self.json_schema, str) or len(self.json_schema) > MAX_SCHEMA_CHARS:
             raise ValueError(f"a JSON schema must be JSON text of at most {MAX_SCHEMA_CHARS} characters")
-        if not isinstance(self.json_compact, bool) or (self.json_compact and not self.json_schema):
-            raise ValueError("json_compact must be a boolean, true only with a JSON schema")
+        spaces = self.json_whitespace
+        if spaces is not None and not (
+            isinstance(spaces, str) and len(spaces) <= MAX_WHITESPACE_CHARS and self.json_schema
+        ):
+            raise ValueError(
+                f"json_whitespace must be a pattern of at most {MAX_WHITESPACE_CHARS} characters, "
+                "only with a JSON schema"
+            )
         texts = (("guided_regex", self.regex), ("guided_grammar", self.gbnf), ("structural_tag", self.structural_tag))
         for name, text in texts:
             if not isinstance(text, str) or len(text) > MAX_SCHEMA_CHARS:

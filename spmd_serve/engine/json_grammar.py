@@ -52,9 +52,9 @@ _LITERALS = (b"true", b"false", b"null")
 class Builder(NumberStates, StringStates, SetStates, WhitespaceStates):
     """The edges of every state of one schema, by the state's name."""
 
-    def __init__(self, nodes: tuple[Node, ...], any_whitespace: bool = True) -> None:
+    def __init__(self, nodes: tuple[Node, ...], whitespace: str | None = None) -> None:
         self.nodes = nodes
-        WhitespaceStates.__init__(self, any_whitespace)
+        WhitespaceStates.__init__(self, whitespace)
         self.kinds: dict[object, Callable[[Name], Edges]] = {
             "ws": self._ws_edges, "indent": self._indent, "str": self._string, "num": self._number,
             "lit": self._literal, "key": self._key, "intr": self._intr, "dec": self._dec, "ulit": self._unique_literal,
@@ -255,8 +255,8 @@ class Builder(NumberStates, StringStates, SetStates, WhitespaceStates):
         return edges
 
 
-def grammar_of(nodes: tuple[Node, ...], any_whitespace: bool = True) -> Grammar:
+def grammar_of(nodes: tuple[Node, ...], whitespace: str | None = None) -> Grammar:
     """The tables of a schema's nodes (node 0 the root), read from the start: whitespace, then the
-    root; without any whitespace between lexemes where `any_whitespace` is false."""
-    builder = Builder(nodes, any_whitespace)
+    root; `whitespace`: the pattern every run of it matches, if not the default rule."""
+    builder = Builder(nodes, whitespace)
     return Grammar(builder.edges, ("ws", ("val", 0, END_NAME), 0), counted=builder.counted)

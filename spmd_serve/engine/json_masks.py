@@ -136,7 +136,7 @@ def grammar_of(params: Any) -> Grammar:
     return (
         json_patterns.answer_grammar(params.regex)
         if params.regex
-        else json_schema.grammar(params.json_schema, params.json_compact)
+        else json_schema.grammar(params.json_schema, params.json_whitespace)
     )
 
 

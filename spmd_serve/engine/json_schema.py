@@ -247,7 +247,7 @@ def nodes_of(schemas: list[tuple[Any, str]]) -> tuple[tuple[Node, ...], list[int
 
 
 @grammar_cache.cached
-def grammar(text: str, compact: bool = False) -> Grammar:
-    """The grammar of a schema given as JSON text (`compact`: no whitespace between lexemes);
-    ValueError names what is not supported."""
-    return grammar_of(nodes_of([(json.loads(text), "")])[0], not compact)
+def grammar(text: str, whitespace: str | None = None) -> Grammar:
+    """The grammar of a schema given as JSON text (`whitespace`: the pattern every run of it between
+    lexemes matches, "" for none; None: llama.cpp's rule); ValueError names what is not supported."""
+    return grammar_of(nodes_of([(json.loads(text), "")])[0], whitespace)

@@ -5,8 +5,7 @@ include_stop_str_in_output), `bad_words` (never generated: the greedy answer is 
 where it would have completed a banned word, and never holds one), `guided_choice` (every answer
 one of the choices), OpenAI's `response_format: json_object` (every answer on its way to one
 JSON object, and one whole when it stopped; a schema's string formats and patterns, long maxLengths;
-disable_any_whitespace)
-(tool_choice "auto" and guided_regex: test_tools_auto_mpi.py)."""
+its whitespace) (tool_choice "auto" and guided_regex: test_tools_auto_mpi.py)."""
 
 from __future__ import annotations
 
@@ -199,21 +198,22 @@ def test_json_schema_answers_keep_to_the_schema(client):
         )
 
 
-def test_a_compact_json_answer_has_no_whitespace_between_lexemes(client, tok):
-    """structured_outputs.disable_any_whitespace: with every whitespace token favoured (logit_bias),
-    the answer is written without any, whole and streamed alike; without the flag it pads."""
-    schema = {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"enum": ["yes", "no"]}},
-              "required": ["a", "b"]}  # fmt: skip
+def test_a_json_answer_s_whitespace_is_the_request_s(client, tok):
+    """Every whitespace token favoured: disable_any_whitespace writes none (whole and streamed alike),
+    none given pads, guided_whitespace_pattern "\\n?" writes newlines alone."""
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"enum": ["y", "n"]}}, "required": ["a"]}
     blank = [i for i in range(tok.vocab_size) if tok.token_bytes(i) and not tok.token_bytes(i).strip()]
     kw = dict(model="default", messages=CHAT, max_tokens=120, temperature=0, logit_bias={str(i): 20 for i in blank})
     held = {"structured_outputs": {"json": schema, "disable_any_whitespace": True}}
-    got = client.chat.completions.create(**kw, extra_body=held).choices[0]
-    value = json.loads(got.message.content)
-    assert got.finish_reason == "stop" and got.message.content == json.dumps(value, separators=(",", ":")), got
+    ok = client.chat.completions.create(**kw, extra_body=held).choices[0]
+    assert ok.finish_reason == "stop" and (c := ok.message.content) == json.dumps(json.loads(c), separators=(",", ":"))
     stream = client.chat.completions.create(**kw, stream=True, extra_body=held)
-    assert "".join(c.choices[0].delta.content or "" for c in stream if c.choices) == got.message.content
+    assert "".join(k.choices[0].delta.content or "" for k in stream if k.choices) == c
     padded = client.chat.completions.create(**kw, extra_body={"structured_outputs": {"json": schema}}).choices[0]
     assert padded.message.content.startswith((" ", "\n")), padded
+    lined = client.chat.completions.create(**kw, extra_body={"guided_json": schema, "guided_whitespace_pattern": "\n?"})
+    between = re.sub(r'"[^"]*"', "", text := lined.choices[0].message.content)  # (no string holds a quote)
+    assert isinstance(json.loads(text), dict) and "\n" in between and not set(between) & set(" \t\r"), text
     with pytest.raises(openai.BadRequestError, match="disable_any_whitespace applies to a JSON answer"):
         client.chat.completions.create(**kw, extra_body={"structured_outputs": {"disable_any_whitespace": True}})
 

@@ -150,6 +150,7 @@ _OPENAI_COMMON = {
             st.fixed_dictionaries({"json_object": st.booleans()}),
             st.fixed_dictionaries({"json": SCHEMAS}),
             st.fixed_dictionaries({"json": SCHEMAS, "disable_any_whitespace": st.booleans()}),
+            st.fixed_dictionaries({"json": SCHEMAS, "whitespace_pattern": st.sampled_from(["[ ]?", "", "\n?", " *"])}),
             st.fixed_dictionaries({"regex": REGEXES}),
             st.fixed_dictionaries({"grammar": GRAMMARS}),
             st.fixed_dictionaries({"structural_tag": TAGS.map(json.dumps)}),
@@ -187,6 +188,9 @@ _OPENAI_COMMON = {
     ),
     "guided_json": Field(
         SCHEMAS | SCHEMAS.map(json.dumps), st.one_of(TEXT, JUNK, st.just({"type": "object", "multipleOf": 2}))
+    ),
+    "guided_whitespace_pattern": Field(
+        st.sampled_from(["[ ]?", "", " *", "\n?"]), st.one_of(JUNK, st.sampled_from(["\\s*", "[a ]", "(", " {40}"]))
     ),
     "guided_regex": Field(REGEXES, st.one_of(JUNK, st.sampled_from(["(a)\\1", "[", "a(?=b)", "\x01"]))),
     "guided_grammar": Field(GRAMMARS, st.one_of(JUNK, st.sampled_from(["root ::= x", 'root ::= root "a"', "a ::= ("]))),

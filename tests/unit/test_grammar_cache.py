@@ -23,8 +23,8 @@ def test_one_grammar_per_arguments_however_passed():
     grammar.cache_clear()
     text = _schema(0)
     g = grammar(text)
-    assert grammar(text, False) is g and grammar(text, compact=False) is g and grammar(text=text) is g
-    assert grammar(text, True) is not g
+    assert grammar(text, None) is g and grammar(text, whitespace=None) is g and grammar(text=text) is g
+    assert grammar(text, "") is not g and grammar(text, "") is grammar(text, whitespace="")
     assert g.nbytes == g.table.nbytes + g.pushes.nbytes > 0
 
 

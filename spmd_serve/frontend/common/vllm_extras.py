@@ -19,7 +19,7 @@ NOT_BUILT: dict[str, tuple[Any, ...]] = {
     # sampling: not in this server's sampler
     "use_beam_search": (False,), "length_penalty": (1,), "logits_processors": ([],),
     # structured output
-    "guided_decoding_backend": (), "guided_whitespace_pattern": (),
+    "guided_decoding_backend": (),
 }  # fmt: skip
 # vLLM's extras the OpenAI API honours and the native one does not (it always skips special tokens,
 # bans no words, scores no prompt, holds no answer to choices, a schema, a pattern, a grammar or a structural tag):
@@ -27,7 +27,7 @@ NOT_BUILT: dict[str, tuple[Any, ...]] = {
 OPENAI_EXTRAS: dict[str, tuple[Any, ...]] = {
     "skip_special_tokens": (True,), "spaces_between_special_tokens": (True,), "bad_words": ([],),
     "prompt_logprobs": (), "guided_choice": (), "guided_json": (), "guided_regex": (),
-    "guided_grammar": (), "structural_tag": (),
+    "guided_grammar": (), "structural_tag": (), "guided_whitespace_pattern": (),
 }  # fmt: skip
 
 

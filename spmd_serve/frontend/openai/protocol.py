@@ -215,7 +215,7 @@ def parse_openai(
         bad_words=banned,
         guided_sequences=choices,
         json_schema=schema,
-        json_compact=bool(schema) and json_fields.compact(body),
+        json_whitespace=json_fields.whitespace(body)[0] if schema else None,
         regex=regex,
         gbnf=gbnf,
         structural_tag=tag,

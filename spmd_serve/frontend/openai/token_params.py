@@ -30,6 +30,7 @@ _STRUCTURED = (
     "grammar",
     "structural_tag",
     "disable_any_whitespace",
+    "whitespace_pattern",
 )  # later vLLM's structured_outputs that are built
 
 

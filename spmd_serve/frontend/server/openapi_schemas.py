@@ -134,11 +134,13 @@ def schemas(s: IOSettings) -> dict[str, Schema]:
         "structured_outputs": _opt(_obj([], {"choice": _opt(_list(STR, minItems=1, maxItems=64)),
                                              "json": _opt(SCHEMA), "json_object": _opt(BOOL), "regex": _opt(STR),
                                              "grammar": _opt(STR), "structural_tag": _opt(TAG),
-                                             "disable_any_whitespace": _opt(BOOL)},
+                                             "disable_any_whitespace": _opt(BOOL), "whitespace_pattern": _opt(STR)},
                                         description="later vLLM's: choice (guided_choice), json, json_object "
                                         "regex (guided_regex), grammar (guided_grammar) and structural_tag; "
-                                        "disable_any_whitespace: a JSON answer written without whitespace")),
+                                        "disable_any_whitespace: a JSON answer written without whitespace; "
+                                        "whitespace_pattern (guided_whitespace_pattern): what each run of it matches")),
         "guided_json": _opt(SCHEMA),
+        "guided_whitespace_pattern": _opt(STR | {"description": "vLLM's: what a JSON answer's whitespace matches"}),
         "guided_regex": _opt(STR | {"description": "vLLM's: the answer is one match of this pattern"}),
         "guided_grammar": _opt(STR | {"description": "vLLM's: the answer is one match of this GBNF grammar's root"}),
         "structural_tag": _opt(TAG),
