@@ -25,12 +25,18 @@ from tests.support.structural_oracle import StructuralOracle
 
 pytestmark = pytest.mark.mpi
 CHAT = [{"role": "user", "content": "Hi"}]
+# Qwen3's and R1-0528's way of thinking, after Qwen2.5's template: the variable `thinking` opens a think block
+# in the generation prompt (true) or closes an empty one there (false)
+THINKING = (
+    "{%- if add_generation_prompt and thinking is defined %}"
+    "{{- '<think>\\n' if thinking else '<think>\\n\\n</think>\\n\\n' }}{%- endif %}"
+)
 
 
 @pytest.fixture(scope="module")
 def client(served_tp1: Path, tmp_path_factory) -> openai.OpenAI:
     model = shutil.copytree(served_tp1, tmp_path_factory.mktemp("qwen") / "qwen-template")
-    (model / "chat_template.jinja").write_text(QWEN2_TEMPLATE)
+    (model / "chat_template.jinja").write_text(QWEN2_TEMPLATE + THINKING)
     with ServerProcess(1, model, tmp_path_factory.mktemp("logs") / "server.log") as srv:
         yield openai.OpenAI(base_url=f"http://127.0.0.1:{srv.http_port}/v1", api_key="x", max_retries=0, timeout=60)
 
@@ -58,6 +64,33 @@ def test_tool_choice_auto_reads_the_calls_out_of_the_answer(client):
     other = call.replace("get_weather", "get_time")
     got = client.chat.completions.create(**kw, extra_body={"guided_choice": [other]}).choices[0]
     assert (got.message.content, got.message.tool_calls, got.finish_reason) == (other, None, "stop")
+
+
+def test_a_thinking_answer_comes_back_apart(client):
+    """A prompt left inside a think block (the real tokenizer's decoded tail shows it): each sampled
+    answer's thinking is its text up to `</think>` (all of it where it never closes), the rest its
+    content, as its raw text (separate_reasoning false) reads, whole and streamed alike; a prompt
+    that closes the block leaves the answer content."""
+    kw = dict(model="default", messages=CHAT, max_tokens=24, temperature=1.0, seed=11, n=2)
+
+    def answers(thinking: bool, stream: bool = False, **extra) -> list[tuple[str, str | None]]:
+        body = {"chat_template_kwargs": {"thinking": thinking}, **extra}
+        if not stream:
+            got = client.chat.completions.create(**kw, extra_body=body).choices
+            return [((c.message.model_extra or {}).get("reasoning", ""), c.message.content) for c in got]
+        parts = [["", ""], ["", ""]]
+        for chunk in client.chat.completions.create(**kw, extra_body=body, stream=True):
+            for c in chunk.choices:
+                parts[c.index][0] += (c.delta.model_extra or {}).get("reasoning") or ""
+                parts[c.index][1] += c.delta.content or ""
+        return [(think, content or None) for think, content in parts]
+
+    for thinking in (True, False):
+        raw = [content for _, content in answers(thinking, separate_reasoning=False)]
+        think, _, content = zip(*(text.partition("</think>") for text in raw))
+        expected = list(zip(think, [c or None for c in content])) if thinking else [("", text) for text in raw]
+        assert answers(thinking) == expected and answers(thinking, stream=True) == [
+            (t, c or None) for t, c in expected]  # fmt: skip
 
 
 def _sampled_answers(client, extra: dict, prompt: str, seed: int, ends: tuple[str, ...] = ("stop",)) -> list[str]:

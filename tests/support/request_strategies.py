@@ -233,6 +233,8 @@ OPENAI = {
             st.one_of(JUNK, st.lists(JUNK, min_size=1, max_size=2), st.just([{"type": "function", "function": {}}])),
         ),
         "parallel_tool_calls": BOOL,
+        "include_reasoning": BOOL,
+        "separate_reasoning": BOOL,
         "tool_choice": Field(
             st.sampled_from(["none", "required", {"type": "function", "function": {"name": "get_weather"}}]),
             st.one_of(st.sampled_from(["auto", {"type": "function", "function": {"name": "x"}}]), JUNK),

@@ -31,7 +31,8 @@ HONOURED: dict[str, frozenset[str]] = {
     "completion": _COMMON | {"prompt", "echo", "add_special_tokens"},
     "chat": _COMMON
     | {"messages", "top_logprobs", "add_generation_prompt", "continue_final_message", "echo", "chat_template_kwargs"}
-    | {"tools", "tool_choice", "parallel_tool_calls"},  # (openai.tools)
+    | {"tools", "tool_choice", "parallel_tool_calls"}  # (openai.tools)
+    | {"include_reasoning", "separate_reasoning"},  # (openai.reasoning: vLLM's and SGLang's)
 }
 STREAM_OPTIONS = {"include_usage": (), "continuous_usage_stats": ()}  # the same rule, inside stream_options
 

@@ -10,7 +10,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from spmd_serve.frontend.openai import tool_parsers, tools
+from spmd_serve.frontend.openai import reasoning, tool_parsers, tools
 from spmd_serve.frontend.openai.protocol import OpenAIRequest
 
 # (chosen logprob, [(token id, logprob)] top n), as the engine reports per token; None for a prompt's
@@ -33,6 +33,7 @@ class ChoiceState:
     prompt_logprobs: list[Any] | None = None  # vLLM's: [None, {token id: {logprob, rank, decoded_token}}, ...]
     call_id: str = field(default_factory=tools.call_id)  # a named tool_choice: the id of the choice's call
     calls: tool_parsers.CallParser | None = None  # tool_choice "auto": the streamed answer's reader
+    thinking: reasoning.ReasoningSplitter | None = None  # a reasoning model's streamed answer: its think block apart
 
 
 class Formatter:
@@ -130,17 +131,19 @@ class Formatter:
             lp = self.logprobs(s.logprobs, s)
             if self.chat:
                 echoed = self.req.prompt_texts[0] if self.req.echo else ""  # vLLM's chat echo: the last message
-                message: dict[str, Any] = {"role": "assistant", "content": echoed + s.text}
+                think, answer = self._splitter().split(s.text) if self.req.reasoning else ("", s.text)
+                message: dict[str, Any] = {"role": "assistant", "content": echoed + answer or (None if think else "")}
                 reason, calls = s.finish_reason, self._calls(s, s.finish_reason)
                 if calls is not None:  # tool_choice "required"
                     message, reason = {**message, "content": "", "tool_calls": calls}, "tool_calls"
                 elif self.req.tool_function == tools.AUTO:
-                    message, reason = self._auto_message(echoed + s.text, reason)
+                    message, reason = self._auto_message(echoed + answer, reason)
                 elif (
                     self.req.tool_function and self.req.tool_function != tools.REQUIRED
                 ):  # vLLM's: the answer is the named function's arguments
                     message = {**message, "content": echoed, "tool_calls": [self._call(s)]}
-                choices.append({"index": s.index, "message": message, "logprobs": lp, "finish_reason": reason})
+                choices.append({"index": s.index, "message": self._thought(message, think), "logprobs": lp})
+                choices[-1]["finish_reason"] = reason
             else:
                 text = (self.req.prompt_texts[s.index // self.req.n] if self.req.echo else "") + s.text
                 choices.append({"index": s.index, "text": text, "logprobs": lp, "finish_reason": s.finish_reason})
@@ -166,12 +169,19 @@ class Formatter:
         state = states[i]
         first, state.started = not state.started, True
         lp = self.logprobs(entries, state)
+        think = ""
+        if self.req.reasoning:  # (the answer's own text: an echoed message is content)
+            state.thinking = state.thinking or self._splitter()
+            think, text = state.thinking.feed(text)
+            if finish_reason is not None:
+                think, text = (a + b for a, b in zip((think, text), state.thinking.finish()))
         if first and self.req.echo:  # the echoed prompt (completions) or last message (chat) first
             text = self.req.prompt_texts[state.index // self.req.n if not self.chat else 0] + text
         if self.chat:
             delta, finish_reason = self._chat_delta(state, text, first, finish_reason)
-            if self.req.tool_function == tools.AUTO and not (delta or finish_reason or lp):
-                return None  # (text that may begin a call, held back)
+            delta = self._thought(delta, think)
+            if (self.req.tool_function == tools.AUTO or self.req.reasoning) and not (delta or finish_reason or lp):
+                return None  # (text that may begin a call or a think block's tag, held back)
             choice = {"index": state.index, "delta": delta, "logprobs": lp, "finish_reason": finish_reason}
         else:
             choice = {"index": state.index, "text": text, "logprobs": lp, "finish_reason": finish_reason}
@@ -200,7 +210,17 @@ class Formatter:
         if self.req.tool_function and (text or first):
             call = tools.tool_call_delta(self.req.tool_function, text, state.call_id, first)
             return {**role, "tool_calls": [call]}, finish_reason
-        return ({**role, "content": text} if first or text or finish_reason is None else {}), finish_reason
+        sends = text or not self.req.reasoning and (first or finish_reason is None)  # (thinking: content once there is)
+        return ({**role, "content": text} if sends else role), finish_reason
+
+    def _splitter(self) -> reasoning.ReasoningSplitter:
+        return reasoning.ReasoningSplitter(self.req.thinking_open)
+
+    def _thought(self, message: dict[str, Any], think: str) -> dict[str, Any]:
+        """A message or delta with its thinking, under vLLM's name and DeepSeek's (none where dropped)."""
+        if not think or self.req.reasoning != reasoning.SPLIT:
+            return message
+        return {**message, "reasoning": think, "reasoning_content": think}
 
     def _calls(self, s: ChoiceState, reason: str | None) -> list[dict[str, Any]] | None:
         """tool_choice "required": a finished answer's tool calls (None: not that, or cut short by

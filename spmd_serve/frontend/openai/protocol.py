@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from spmd_serve.frontend.common.parsing import Limits
-from spmd_serve.frontend.openai import json_fields, structural_fields, token_params, tool_formats, tools
+from spmd_serve.frontend.openai import json_fields, reasoning, structural_fields, token_params, tool_formats, tools
 from spmd_serve.frontend.openai import prompts as prompts_of
 from spmd_serve.frontend.openai.body import OpenAIError as OpenAIError  # (re-exported: the parsers' refusal)
 from spmd_serve.frontend.openai.body import get
@@ -45,6 +45,8 @@ class OpenAIRequest:
     tool_names: frozenset[str] = frozenset()  # tool_choice "auto": the tools whose calls are read out of the answer
     tool_format: str = ""  # ... in this format (openai.tool_formats)
     max_calls: int | None = None  # ... at most this many (parallel_tool_calls false: 1)
+    reasoning: str = ""  # chat: the answer's think block apart (openai.reasoning: SPLIT, DROP; "": not split)
+    thinking_open: bool = False  # ... which the prompt opened (the answer begins inside it)
 
 
 def _stop(body: dict[str, Any]) -> tuple[str, ...]:
@@ -226,6 +228,10 @@ def parse_openai(
     flags["prompt_logprobs"] = prompt_k
     flags.update(tool_function=calls.function, tool_names=calls.names, tool_format=calls.format)
     flags["max_calls"] = calls.max_calls
+    if kind == "chat":  # (an answer held by a grammar is what the grammar made: never split)
+        holds = params.grammar or bool(choices) or calls.function not in ("", tools.AUTO)
+        flags["reasoning"] = reasoning.mode(body, template, holds)
+        flags["thinking_open"] = bool(flags["reasoning"]) and reasoning.prompt_opens(tokenizer, prompts[0])
     try:  # (every field was checked above: this is the engine's own bounds, once more)
         params.validate()
     except ValueError as e:

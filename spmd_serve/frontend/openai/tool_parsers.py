@@ -14,7 +14,7 @@ from __future__ import annotations
 from spmd_serve.frontend.openai.tool_formats import JSON, TAGS, Call, json_calls
 
 
-def _held_prefix(text: str, tag: str) -> int:
+def held_prefix(text: str, tag: str) -> int:
     """How many of text's last characters could be the start of `tag` (held back while streaming)."""
     for n in range(min(len(tag) - 1, len(text)), 0, -1):
         if tag.startswith(text[-n:]):
@@ -87,7 +87,7 @@ class CallParser:
                 self._add(self.pending[:start], out)
                 self.pending, self.inside = self.pending[start + len(tags.open) :], True
                 continue
-            keep = 0 if end else _held_prefix(self.pending, tags.open)
+            keep = 0 if end else held_prefix(self.pending, tags.open)
             self._add(self.pending[: len(self.pending) - keep], out)
             self.pending = self.pending[len(self.pending) - keep :]
             if end and self.held:  # spaces alone at the end: dropped after a call, else the answer's

@@ -191,6 +191,8 @@ def schemas(s: IOSettings) -> dict[str, Schema]:
         ["name", "arguments"], function)})
     call_delta = _obj(["index", "function"], {"index": _int(0), "id": STR, "type": {"const": "function"},
                                               "function": _obj(["arguments"], function)})
+    # a thinking model's think block (vLLM's name, DeepSeek's API's)
+    thought = {k: STR | {"description": "the answer's think block"} for k in ("reasoning", "reasoning_content")}
     cmpl_choice = {"index": _int(0), "text": STR, "logprobs": cmpl_lp,
                    "finish_reason": _opt(FINISH)}
     frame = _obj(["req_id", "token", "token_ids", "is_end", "send_idx", "error_msg", "error_code"],
@@ -228,7 +230,9 @@ def schemas(s: IOSettings) -> dict[str, Schema]:
                 "description": '"none"; "auto" (the default with tools; a model whose chat template shows tools): '
                 'the calls the answer writes in its template\'s format; "required": a list of calls; or a '
                 'function of tools named: the answer is its call'}),
-            "parallel_tool_calls": _opt(BOOL | {"description": "false: at most one call (default true)"})},
+            "parallel_tool_calls": _opt(BOOL | {"description": "false: at most one call (default true)"}),
+            "include_reasoning": _opt(BOOL | {"description": "vLLM's: false drops a thinking model's think block"}),
+            "separate_reasoning": _opt(BOOL | {"description": "SGLang's: false keeps the think block in content"})},
             description=unsupported, additionalProperties=False),
         "Usage": usage,
         "NativeUsage": native_usage,
@@ -245,10 +249,10 @@ def schemas(s: IOSettings) -> dict[str, Schema]:
         "CompletionChunk": envelope("text_completion", _obj(list(cmpl_choice), cmpl_choice), True),
         "ChatCompletion": envelope("chat.completion", _obj(list(chat_choice) + ["message"], {
             **chat_choice, "message": _obj(["role", "content"], {
-                "role": {"const": "assistant"}, "content": _opt(STR), "tool_calls": _list(call)})}), False),
+                "role": {"const": "assistant"}, "content": _opt(STR), "tool_calls": _list(call), **thought})}), False),
         "ChatCompletionChunk": envelope("chat.completion.chunk", _obj(
             list(chat_choice) + ["delta"], {**chat_choice, "delta": _obj([], {
-                "role": {"const": "assistant"}, "content": STR, "tool_calls": _list(call_delta)})}), True),
+                "role": {"const": "assistant"}, "content": STR, "tool_calls": _list(call_delta), **thought})}), True),
         "Model": _obj(["id", "object", "created", "owned_by"],
                       {"id": STR, "object": {"const": "model"}, "created": _int(0), "owned_by": STR,
                        "root": STR, "max_model_len": _int(1)}),

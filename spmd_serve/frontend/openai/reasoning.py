@@ -1,0 +1,94 @@
+"""A reasoning model's thinking apart from its answer (DeepSeek-R1, QwQ, Qwen3, DeepSeek-V3.1): the
+chat answer's `<think> ... </think>` block comes back as the message's `reasoning` (vLLM's name) and
+`reasoning_content` (DeepSeek's API's and SGLang's), the rest as its `content`, whole and streamed
+alike, as vLLM's reasoning parsers and DeepSeek's own API give them.
+
+A model thinks when its chat template mentions `</think>` (no flag to set: a template that never
+shows a think block leaves every answer as it is).  The block is the one the answer opens at its
+start (Qwen3, the first R1), or the one the prompt leaves open (R1-0528's and QwQ's generation
+prompt ends with `<think>`): then everything up to `</think>` is thinking, all of it where the
+answer ends before closing it (cut by max_tokens).  Where a template closes the block itself
+(Qwen3's `enable_thinking: false`), the answer is all content.  An answer held by a grammar (a JSON
+schema, a pattern, choices, a named or required tool call) is never split: it is what the grammar
+made.  Per request, vLLM's `include_reasoning: false` drops the thinking and SGLang's
+`separate_reasoning: false` keeps it in `content` as written.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from spmd_serve.frontend.openai.body import OpenAIError, get
+from spmd_serve.frontend.openai.tool_parsers import held_prefix
+
+OPEN, CLOSE = "<think>", "</think>"
+SPLIT, DROP = "split", "drop"  # what a request does with the thinking ("" where there is none to split)
+_START, _INSIDE, _AFTER = 0, 1, 2
+
+
+def thinks(template: str | None) -> bool:
+    """Whether the chat template's model writes think blocks."""
+    return template is not None and CLOSE in template
+
+
+def prompt_opens(tokenizer: Any, prompt: list[int]) -> bool:
+    """Whether the prompt ends inside a think block (its generation prompt wrote `<think>`); its
+    last tokens are enough: the template writes the tag last, maybe with a newline."""
+    return tokenizer.decode(prompt[-8:], skip_special_tokens=False).rstrip().endswith(OPEN)
+
+
+def mode(body: dict[str, Any], template: str | None, held: bool) -> str:
+    """What the request does with a think block: SPLIT, DROP or "" (its fields read even where the
+    model does not think, so that a bad value is refused the same everywhere)."""
+    separate = get(body, "separate_reasoning", "bool", True)
+    include = get(body, "include_reasoning", "bool", True)
+    if not (separate or include):
+        raise OpenAIError(
+            400, "include_reasoning false needs the thinking separated (separate_reasoning true)", "include_reasoning"
+        )
+    if held or not separate or not thinks(template):
+        return ""
+    return SPLIT if include else DROP
+
+
+class ReasoningSplitter:
+    """One choice's answer read as it comes: feed() each new piece of text, finish() at its end; each
+    returns (thinking, content) to send now.  A possible tag's start is held back until it is known."""
+
+    def __init__(self, inside: bool) -> None:
+        self.state = _INSIDE if inside else _START
+        self.pending = ""
+
+    def feed(self, text: str) -> tuple[str, str]:
+        self.pending += text
+        return self._read(False)
+
+    def finish(self) -> tuple[str, str]:
+        return self._read(True)
+
+    def split(self, text: str) -> tuple[str, str]:
+        """A whole answer's (thinking, content)."""
+        think, content = self.feed(text)
+        more_think, more = self.finish()
+        return think + more_think, content + more
+
+    def _read(self, end: bool) -> tuple[str, str]:
+        if self.state == _START:
+            start = self.pending.lstrip()
+            if start.startswith(OPEN):  # (spaces before the tag are no one's text)
+                self.state, self.pending = _INSIDE, start[len(OPEN) :]
+            elif OPEN.startswith(start) and not end:
+                return "", ""  # (nothing yet, or the tag's start)
+            else:
+                self.state = _AFTER
+        if self.state == _AFTER:
+            out, self.pending = self.pending, ""
+            return "", out
+        close = self.pending.find(CLOSE)
+        if close >= 0:
+            think, content = self.pending[:close], self.pending[close + len(CLOSE) :]
+            self.state, self.pending = _AFTER, ""
+            return think, content
+        keep = 0 if end else held_prefix(self.pending, CLOSE)
+        think, self.pending = self.pending[: len(self.pending) - keep], self.pending[len(self.pending) - keep :]
+        return think, ""

@@ -1,0 +1,117 @@
+"""A reasoning model's think block apart from its answer (spmd_serve/frontend/openai/reasoning.py): the
+whole answer's (thinking, content) equal a reference reading of the documented rule (a regex over
+the text, not the streaming state machine), any split of the answer into streamed pieces gives the
+same, nothing is lost but the tags (and spaces before an opening one), and the request's fields
+choose split, dropped or inline thinking, refusing a bad value by name."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from spmd_serve.frontend.openai.body import OpenAIError
+from spmd_serve.frontend.openai.reasoning import CLOSE, DROP, OPEN, SPLIT, ReasoningSplitter, mode, prompt_opens
+from tests.support.fake_tokenizer import FakeTokenizer
+
+THINKING_TEMPLATE = "{{ messages }}{% if not thinking %}<think>\n\n</think>\n\n{% endif %}"
+
+
+def reference(text: str, inside: bool) -> tuple[str, str]:
+    """The rule as a regex: a block the prompt opened runs to the first CLOSE (or the end); else a
+    block counts only where the answer opens it first (after spaces), and runs the same way."""
+    m = re.fullmatch(r"(?s)\s*" + re.escape(OPEN) + "(.*)", text)
+    if not inside and m is None:
+        return "", text
+    body = text if inside else m.group(1)
+    think, closed, content = body.partition(CLOSE)
+    return think, content if closed else ""
+
+
+def streamed(text: str, cuts: list[int], inside: bool) -> tuple[str, str]:
+    splitter, think, content = ReasoningSplitter(inside), "", ""
+    for a, b in zip([0, *cuts], [*cuts, len(text)]):
+        t, c = splitter.feed(text[a:b])
+        think, content = think + t, content + c
+    t, c = splitter.finish()
+    return think + t, content + c
+
+
+EXAMPLES = [
+    ("<think>\nplan</think>\n\nThe answer.", False, ("\nplan", "\n\nThe answer.")),  # Qwen3, the first R1
+    ("\n <think>a</think>b", False, ("a", "b")),  # (spaces before the tag are no one's)
+    ("plan</think>answer", True, ("plan", "answer")),  # R1-0528, QwQ: the prompt opened it
+    ("plan, cut short", True, ("plan, cut short", "")),  # max_tokens before the close: all thinking
+    ("The answer.", False, ("", "The answer.")),  # no block
+    ("The <think>answer</think>.", False, ("", "The <think>answer</think>.")),  # not at the start: text
+    ("<think>a</think>b</think>c", False, ("a", "b</think>c")),  # one block: the first close ends it
+    ("<thin", False, ("", "<thin")),  # a tag's start that never became one
+    ("<think>", False, ("", "")),
+    ("a</thi", True, ("a</thi", "")),
+    ("", True, ("", "")),
+]
+
+
+@pytest.mark.parametrize("text, inside, expected", EXAMPLES)
+def test_examples_split_as_documented(text, inside, expected):
+    assert ReasoningSplitter(inside).split(text) == expected == reference(text, inside)
+
+
+pieces = st.lists(st.sampled_from(["<", "think", ">", "</", "/", OPEN, CLOSE, "a", " ", "\n", "</th", "ink>"]))
+
+
+@settings(max_examples=300, deadline=None)
+@given(parts=pieces, inside=st.booleans(), data=st.data())
+def test_any_streamed_split_equals_the_whole_and_the_rule(parts, inside, data):
+    text = "".join(parts)
+    cuts = sorted(data.draw(st.lists(st.integers(0, len(text)), max_size=8)))
+    assert streamed(text, cuts, inside) == ReasoningSplitter(inside).split(text) == reference(text, inside)
+
+
+def test_held_text_goes_out_as_soon_as_it_cannot_be_a_tag():
+    s = ReasoningSplitter(False)
+    assert [s.feed(p) for p in ["<", "th", "x", "y"]] == [("", ""), ("", ""), ("", "<thx"), ("", "y")]
+    s = ReasoningSplitter(True)
+    assert [s.feed(p) for p in ["a<", "/", "b", "</think", ">c"]] == [
+        ("a", ""), ("", ""), ("</b", ""), ("", ""), ("", "c")]  # fmt: skip
+
+
+def test_the_prompt_opens_a_block_where_its_generation_prompt_ends_with_the_tag():
+    tok = FakeTokenizer()
+    assert prompt_opens(tok, tok.encode("<assistant><think>\n"))
+    assert prompt_opens(tok, tok.encode("x</think>y<think>"))
+    assert not prompt_opens(tok, tok.encode("<assistant><think>\n\n</think>\n\n"))
+    assert not prompt_opens(tok, tok.encode("<assistant>"))
+
+
+@pytest.mark.parametrize(
+    "body, template, held, expected",
+    [
+        ({}, THINKING_TEMPLATE, False, SPLIT),
+        ({"include_reasoning": False}, THINKING_TEMPLATE, False, DROP),
+        ({"separate_reasoning": False}, THINKING_TEMPLATE, False, ""),
+        ({}, THINKING_TEMPLATE, True, ""),  # a grammar's answer is never split
+        ({}, "{{ messages }}", False, ""),  # the model never thinks
+        ({}, None, False, ""),
+        ({"include_reasoning": False}, "{{ messages }}", False, ""),
+    ],
+)
+def test_the_request_chooses_split_dropped_or_inline(body, template, held, expected):
+    assert mode(body, template, held) == expected
+
+
+@pytest.mark.parametrize(
+    "body, param",
+    [
+        ({"include_reasoning": "no"}, "include_reasoning"),
+        ({"separate_reasoning": 0}, "separate_reasoning"),
+        ({"include_reasoning": False, "separate_reasoning": False}, "include_reasoning"),
+    ],
+)
+def test_bad_values_are_refused_by_name_even_where_the_model_does_not_think(body, param):
+    for template in (THINKING_TEMPLATE, None):
+        with pytest.raises(OpenAIError) as e:
+            mode(body, template, False)
+        assert e.value.param == param and e.value.status == 400
