@@ -93,6 +93,22 @@ def test_a_thinking_answer_comes_back_apart(client):
             (t, c or None) for t, c in expected]  # fmt: skip
 
 
+def test_the_responses_api_answers_as_chat_does(client):
+    """/v1/responses to the official client's `responses.create`: the greedy answer is chat's for the same
+    conversation, whole and streamed, and a thinking prompt's reasoning item is chat's `reasoning`."""
+    for extra in ({}, {"chat_template_kwargs": {"thinking": True}}):
+        kw = dict(model="default", max_tokens=12, temperature=0, extra_body=extra)
+        chat = client.chat.completions.create(messages=CHAT, **kw).choices[0].message
+        kw = dict(model="default", input="Hi", max_output_tokens=12, temperature=0, extra_body=extra)
+        got = client.responses.create(**kw)
+        thought = [p.text for o in got.output if o.type == "reasoning" for p in o.content]
+        assert got.output_text == (chat.content or "") and got.status == "incomplete"
+        assert thought == [chat.model_extra["reasoning"]] if extra else not thought
+        events = list(client.responses.create(**kw, stream=True))
+        assert "".join(e.delta for e in events if e.type == "response.output_text.delta") == got.output_text
+        assert "".join(e.delta for e in events if e.type == "response.reasoning_text.delta") == "".join(thought)
+
+
 def _sampled_answers(client, extra: dict, prompt: str, seed: int, ends: tuple[str, ...] = ("stop",)) -> list[str]:
     """Four sampled chat answers and four completions held by `extra`, each ended by the EOS (or by
     another of `ends`); the chat answers streamed equal to them whole."""

@@ -5,7 +5,8 @@ EngineClient (refusals become `ProtocolError` with the contract's status), turns
 into `Delta`s through the request's `OutputAssembler` (stop strings cut, held-back text), and
 enforces the deadline.  It raises `GenerationError` when the request fails after submission
 (deadline, engine error, its own detokenisation); `cancel()` is for a client that went away,
-`close()` always runs last and leaves the engine nothing to compute for the request.
+`close()` always runs last and leaves the engine nothing to compute for the request.  `merged`
+reads several at once (a request's choices), in arrival order.
 """
 
 from __future__ import annotations
@@ -165,3 +166,37 @@ class Generation:
             )
             if reason is not None:
                 return
+
+
+async def merged(gens: list[Generation]) -> AsyncIterator[tuple[int, Delta]]:
+    """(choice index, delta) from every generation, in arrival order, until all have ended.
+    A GenerationError of any choice is raised here (the caller closes the others)."""
+    if len(gens) == 1:  # the usual n = 1: no pump task, no second queue hop per token
+        async for d in gens[0].deltas():
+            yield 0, d
+        return
+    queue: asyncio.Queue = asyncio.Queue()
+
+    async def pump(i: int, gen: Generation) -> None:
+        try:
+            async for d in gen.deltas():
+                queue.put_nowait((i, d))
+        except GenerationError as e:
+            queue.put_nowait((i, e))
+        finally:
+            queue.put_nowait((i, None))
+
+    tasks = [asyncio.ensure_future(pump(i, g)) for i, g in enumerate(gens)]
+    try:
+        live = len(gens)
+        while live:
+            i, item = await queue.get()
+            if item is None:
+                live -= 1
+            elif isinstance(item, GenerationError):
+                raise item
+            else:
+                yield i, item
+    finally:
+        for t in tasks:
+            t.cancel()

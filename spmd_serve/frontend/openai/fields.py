@@ -78,7 +78,7 @@ def given_once(fields: list[tuple[str, Any]], other: str) -> tuple[str, Any] | N
     return name, value
 
 
-def _check(obj: dict[str, Any], honoured: frozenset[str], neutral: dict[str, tuple[Any, ...]], where: str) -> None:
+def check_table(obj: dict[str, Any], honoured: frozenset[str], neutral: dict[str, tuple[Any, ...]], where: str) -> None:
     for key, value in obj.items():
         if value is None or key in honoured:
             continue
@@ -91,13 +91,13 @@ def _check(obj: dict[str, Any], honoured: frozenset[str], neutral: dict[str, tup
 
 def check_known(body: dict[str, Any], honoured: frozenset[str]) -> None:
     """Refuse, with OpenAI's wording for an unknown argument, every non-null field not `honoured`."""
-    _check(body, honoured, {}, "")
+    check_table(body, honoured, {}, "")
 
 
 def check_fields(body: dict[str, Any], kind: str) -> None:
     """Refuse, naming it, every field of a `kind` ("completion" | "chat") body that is neither
     honoured nor given its neutral value; the same inside stream_options."""
-    _check(body, HONOURED[kind], NEUTRAL[kind], "")
+    check_table(body, HONOURED[kind], NEUTRAL[kind], "")
     opts = body.get("stream_options")
     if isinstance(opts, dict):
-        _check(opts, frozenset(k for k, v in STREAM_OPTIONS.items() if not v), STREAM_OPTIONS, "stream_options.")
+        check_table(opts, frozenset(k for k, v in STREAM_OPTIONS.items() if not v), STREAM_OPTIONS, "stream_options.")

@@ -18,14 +18,14 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from tornado.web import RequestHandler
 
 from spmd_serve.engine import json_masks
 from spmd_serve.engine.client import EngineClient
-from spmd_serve.frontend.common.generation import Delta, Generation, GenerationError
+from spmd_serve.frontend.common.generation import Delta, Generation, GenerationError, merged
 from spmd_serve.frontend.common.http_base import AUTH_HINT, JsonBodyHandler, bearer_ok, reason_phrase
 from spmd_serve.frontend.common.parsing import Limits, ProtocolError
 from spmd_serve.frontend.openai.body import OpenAIError, error_body
@@ -50,6 +50,13 @@ def choice_seed(seed: int, index: int) -> int:
     return (z ^ z >> 31) % (1 << 63)  # the engine's seeds: non-negative int64
 
 
+Rename = Callable[[str, str | None], tuple[str, str | None]]  # (message, param) as another API names them
+
+
+def no_rename(msg: str, param: str | None) -> tuple[str, str | None]:
+    return msg, param
+
+
 def send_openai_error(handler: RequestHandler, status: int, msg: str, param: str | None = None) -> None:
     handler.set_status(status)
     handler.set_header("Content-Type", "application/json; charset=utf-8")
@@ -58,40 +65,6 @@ def send_openai_error(handler: RequestHandler, status: int, msg: str, param: str
 
 def sse(obj: Any) -> str:
     return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
-
-
-async def merged(gens: list[Generation]) -> AsyncIterator[tuple[int, Delta]]:
-    """(choice index, delta) from every generation, in arrival order, until all have ended.
-    A GenerationError of any choice is raised here (the caller closes the others)."""
-    if len(gens) == 1:  # the usual n = 1: no pump task, no second queue hop per token
-        async for d in gens[0].deltas():
-            yield 0, d
-        return
-    queue: asyncio.Queue = asyncio.Queue()
-
-    async def pump(i: int, gen: Generation) -> None:
-        try:
-            async for d in gen.deltas():
-                queue.put_nowait((i, d))
-        except GenerationError as e:
-            queue.put_nowait((i, e))
-        finally:
-            queue.put_nowait((i, None))
-
-    tasks = [asyncio.ensure_future(pump(i, g)) for i, g in enumerate(gens)]
-    try:
-        live = len(gens)
-        while live:
-            i, item = await queue.get()
-            if item is None:
-                live -= 1
-            elif isinstance(item, GenerationError):
-                raise item
-            else:
-                yield i, item
-    finally:
-        for t in tasks:
-            t.cancel()
 
 
 class OpenAIServing:
@@ -109,8 +82,24 @@ class OpenAIServing:
         self.model_names, self.api_key = model_names, api_key
 
     async def handle(self, h: JsonBodyHandler, kind: str, body: dict[str, Any]) -> None:
+        started = await self.start(h, kind, body, ("cmpl-" if kind == "completion" else "chatcmpl-") + uuid.uuid4().hex)
+        if started is not None:
+            fmt, gens, states = started
+            await self.answer(h, gens, (self._stream if fmt.req.stream else self._whole)(h, fmt, gens, states))
+
+    async def start(
+        self, h: JsonBodyHandler, kind: str, body: dict[str, Any], resp_id: str, rename: Rename = no_rename
+    ) -> tuple[Formatter, list[Generation], list[ChoiceState]] | None:
+        """Everything before the answer: the key checked, the body parsed and checked, its choices
+        submitted (cancelled if the client goes).  None where a refusal was sent instead (its message
+        and param through `rename`: the Responses API's names for the chat fields)."""
+
+        def refuse(status: int, msg: str, param: str | None = None) -> None:
+            send_openai_error(h, status, *rename(msg, param))
+
         if not bearer_ok(h.request.headers.get("Authorization"), self.api_key):
-            return send_openai_error(h, 401, AUTH_HINT)
+            send_openai_error(h, 401, AUTH_HINT)
+            return None
         slow: Slow = []
         try:
             req = parse_openai(kind, body, self.tokenizer, self.limits, self.model_names, slow)
@@ -119,18 +108,17 @@ class OpenAIServing:
             for check in slow:  # (a new schema's grammar: ~0.1 s, which every stream of this worker would wait)
                 await asyncio.get_running_loop().run_in_executor(None, check)
         except ProtocolError as e:
-            return send_openai_error(h, e.status, e.msg, getattr(e, "param", None))
+            refuse(e.status, e.msg, getattr(e, "param", None))
+            return None
         wanted = len(req.prompts) * req.n
         if wanted > self.client.capacity:  # could never be admitted: not a "try later" 429
-            return send_openai_error(
-                h,
+            refuse(
                 400,
                 f"{len(req.prompts)} prompt(s) × n={req.n} = {wanted} sequences exceed "
-                f"the server's capacity (BATCH_SIZE + MAX_CACHED_TASK_NUM = "
-                f"{self.client.capacity})",
+                f"the server's capacity (BATCH_SIZE + MAX_CACHED_TASK_NUM = {self.client.capacity})",
                 "n",
             )
-        resp_id = ("cmpl-" if kind == "completion" else "chatcmpl-") + uuid.uuid4().hex
+            return None
         gens = self._generations(req, resp_id)
         try:
             for g in gens:
@@ -138,7 +126,8 @@ class OpenAIServing:
         except ProtocolError as e:
             for g in gens:
                 g.close()
-            return send_openai_error(h, e.status, e.msg)
+            refuse(e.status, e.msg)
+            return None
 
         def cancel_all() -> None:
             for g in gens:
@@ -146,14 +135,15 @@ class OpenAIServing:
 
         h.on_gone.append(cancel_all)
         fmt = Formatter(req, resp_id, self.tokenizer, self.model_names[0])
-        states = [ChoiceState(i) for i in range(len(gens))]
+        return fmt, gens, [ChoiceState(i) for i in range(len(gens))]
+
+    @staticmethod
+    async def answer(h: JsonBodyHandler, gens: list[Generation], writing: Awaitable[None]) -> None:
+        """Await the answer's `writing`; whatever happens, the request ends and its choices close."""
         try:
-            if req.stream:
-                await self._stream(h, fmt, gens, states)
-            else:
-                await self._whole(h, fmt, gens, states)
+            await writing
         except Exception:  # a bug must still end the request cleanly, not hang the client
-            log.exception("OpenAI request %s failed", resp_id)
+            log.exception("OpenAI request %s failed", gens[0].req_id if gens else "?")
             if not (h.gone or h.finished or h.started):
                 send_openai_error(h, 500, "internal server error")
         finally:
@@ -184,7 +174,7 @@ class OpenAIServing:
         return gens
 
     @staticmethod
-    def _apply(fmt: Formatter, state: ChoiceState, d: Delta) -> tuple[str, list]:
+    def apply(fmt: Formatter, state: ChoiceState, d: Delta) -> tuple[str, list]:
         """(text to send, logprobs entries) of one delta; the choice's state advanced."""
         state.finish_reason = "length" if fmt.req.echo_only and d.finish_reason else d.finish_reason
         state.cached_tokens = d.num_cached_tokens
@@ -196,15 +186,23 @@ class OpenAIServing:
         state.num_tokens += len(d.token_ids)
         return d.text, entries + list(zip(d.token_ids, d.logprobs))
 
+    @classmethod
+    async def collect(
+        cls, h: JsonBodyHandler, fmt: Formatter, gens: list[Generation], states: list[ChoiceState]
+    ) -> bool:
+        """Read every choice to its end (a whole answer); False where one failed (its error sent)."""
+        try:
+            async for i, d in merged(gens):
+                states[i].logprobs += cls.apply(fmt, states[i], d)[1]
+        except GenerationError as e:
+            send_openai_error(h, e.status, e.msg)
+            return False
+        return True
+
     async def _whole(
         self, h: JsonBodyHandler, fmt: Formatter, gens: list[Generation], states: list[ChoiceState]
     ) -> None:
-        try:
-            async for i, d in merged(gens):
-                states[i].logprobs += self._apply(fmt, states[i], d)[1]
-        except GenerationError as e:
-            return send_openai_error(h, e.status, e.msg)
-        if not h.gone:
+        if await self.collect(h, fmt, gens, states) and not h.gone:
             h.set_header("Content-Type", "application/json; charset=utf-8")
             h.write(json.dumps(fmt.whole(states), ensure_ascii=False))
             await h.end()
@@ -214,7 +212,7 @@ class OpenAIServing:
     ) -> None:
         try:
             async for i, d in merged(gens):
-                text, entries = self._apply(fmt, states[i], d)
+                text, entries = self.apply(fmt, states[i], d)
                 reason = states[i].finish_reason
                 if not (text or reason or entries or not states[i].started):
                     continue  # text held back for a stop string and nothing else

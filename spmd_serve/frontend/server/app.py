@@ -24,6 +24,7 @@ from tornado.web import Application
 from spmd_serve.engine.client import EngineClient
 from spmd_serve.frontend.native.handler import NativeChatHandler, NotFoundHandler
 from spmd_serve.frontend.openai.handlers import OpenAIServing, openai_routes, send_openai_error
+from spmd_serve.frontend.openai.responses import responses_routes
 from spmd_serve.frontend.openai.tokenize import tokenize_routes
 from spmd_serve.frontend.server.cors import CorsApplication
 from spmd_serve.frontend.server.health import health_routes
@@ -72,7 +73,7 @@ def make_service_app(
     }
     routes: list[tuple] = [(r"/v1/chat/completions", NativeChatHandler, native)]
     routes += openai_routes(openai, settings.max_body_size) + [openapi_route(settings)]
-    routes += tokenize_routes(openai, settings.max_body_size)
+    routes += tokenize_routes(openai, settings.max_body_size) + responses_routes(openai, settings.max_body_size)
     routes += list(extra_handlers or [])
     routes += health_routes(client, settings.live_threshold_s, with_plain_health=True)
     return CorsApplication(routes, default_handler_class=ServiceNotFound)

@@ -2,7 +2,7 @@
 
 This module owns that document and the handler that serves it.  It describes every route of
 `make_service_app`: the native API and OpenAI chat sharing `POST /v1/chat/completions` (told
-apart by the presence of "model"), `/v1/completions`, the legacy doubled paths, the model lists,
+apart by the presence of "model"), `/v1/completions`, `/v1/responses`, the legacy doubled paths, the model lists,
 vLLM's /tokenize and /detokenize, the health aliases and this document itself.  Ranges, enums
 and required fields are the ones the parsers (native.protocol, openai.protocol) enforce; limits
 come from this server's settings, so the document describes the running server, not a generic one.
@@ -18,6 +18,7 @@ from typing import Any
 from tornado.web import RequestHandler
 
 from spmd_serve import __version__
+from spmd_serve.frontend.server.openapi_responses import responses_schemas
 from spmd_serve.frontend.server.openapi_schemas import JSON, NDJSON, SSE, Schema, ref, schemas
 from spmd_serve.frontend.server.settings import IOSettings
 
@@ -110,6 +111,13 @@ def openapi_document(s: IOSettings) -> dict[str, Any]:
         either,
         s,
     )
+    responses = _post("OpenAI Responses API: the chat answer as a Response", ref("ResponsesRequest"),
+                      {JSON: ref("Response"), SSE: _sse("ResponseEvent")}, gen_codes,
+                      ref("OpenAIError"), s)  # fmt: skip
+    responses["responses"]["200"]["description"] = (
+        f"{JSON}: the Response; with stream: true, {SSE}: `event: <type>` and `data: <event>`, the last "
+        "response.completed or response.incomplete (an error event after a failure), no [DONE]"
+    )
     tokenize = _post("vLLM's /tokenize: a prompt's or chat's token ids", ref("TokenizeRequest"),
                      {JSON: ref("Tokenized")}, (400, 401, 404, 413), ref("OpenAIError"), s)  # fmt: skip
     detokenize = _post("vLLM's /detokenize: token ids' text, special tokens written", ref("DetokenizeRequest"),
@@ -137,6 +145,7 @@ def openapi_document(s: IOSettings) -> dict[str, Any]:
         "paths": {
             "/v1/chat/completions": {"post": chat},
             "/v1/completions": {"post": completion},
+            "/v1/responses": {"post": responses},
             "/v1/chat/completions/completions": {"post": completion},
             "/v1/chat/completions/chat/completions": {"post": openai_chat},
             "/v1/models": {"get": models},
@@ -150,7 +159,7 @@ def openapi_document(s: IOSettings) -> dict[str, Any]:
             "/v2/health/ready": {"get": ready, "head": bare},
             "/openapi.json": {"get": _get("This document", {"type": "object"}, {}, s)},
         },
-        "components": {"schemas": schemas(s)},
+        "components": {"schemas": (table := schemas(s)) | responses_schemas(s, table["ChatCompletionRequest"])},
     }
     if s.api_key:
         doc["components"]["securitySchemes"] = {"bearer": {"type": "http", "scheme": "bearer"}}
