@@ -64,12 +64,19 @@ def test_the_request_may_drop_the_thinking_or_keep_it_inline(client):
     assert e.value.body["param"] == "separate_reasoning"
 
 
-def test_an_answer_without_a_block_is_content_and_a_held_one_is_never_split(client):
+def test_an_answer_without_a_block_is_content_and_one_held_to_choices_is_never_split(client):
     whole, streamed = both(client, messages=OPENED[:1], max_tokens=100, extra_body={"continue_final_message": False})
     assert whole == streamed == {"content": "<user>plan</think>answer", "finish": "stop"}
-    # (the fake engine holds nothing: what it echoes is the answer a JSON object's grammar would hold)
-    whole, streamed = both(client, messages=OPENED, max_tokens=100, response_format={"type": "json_object"})
+    # (the fake engine holds nothing: what it echoes is the answer the grammars would hold)
+    choice = {"guided_choice": ["<user>plan</think>answer"]}
+    whole, streamed = both(client, messages=OPENED, max_tokens=100, extra_body=choice)
     assert whole == streamed == {"content": "<user>plan</think>answer", "finish": "stop"}
+    whole, streamed = both(client, messages=OPENED, max_tokens=100, response_format={"type": "json_object"})
+    assert (
+        whole
+        == streamed
+        == {"content": "answer", "finish": "stop", "reasoning": "<user>plan", "reasoning_content": "<user>plan"}
+    )  # fmt: skip  (held after the think block)
 
 
 def test_tool_calls_are_read_after_the_thinking(make_server):

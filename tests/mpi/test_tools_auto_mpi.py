@@ -93,6 +93,28 @@ def test_a_thinking_answer_comes_back_apart(client):
             (t, c or None) for t, c in expected]  # fmt: skip
 
 
+def test_a_thinking_answer_is_held_to_its_schema_after_the_block(client):
+    """response_format json_schema where the prompt opens a think block: the block's text is free (its
+    grammar a structural tag's), and the content after it, if the answer got there, is one object of
+    the schema; streamed alike."""
+    schema = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}
+    fmt = {"type": "json_schema", "json_schema": {"name": "n", "schema": schema}}
+    kw = dict(model="default", messages=CHAT, max_tokens=32, temperature=1.0, seed=5, n=2, response_format=fmt,
+              extra_body={"chat_template_kwargs": {"thinking": True}})  # fmt: skip
+    got = client.chat.completions.create(**kw).choices
+    for c in got:
+        think = c.message.model_extra["reasoning"]
+        assert think and "</think>" not in think
+        assert (c.message.content, c.finish_reason) == (None, "length") or isinstance(
+            json.loads(c.message.content)["n"], int)  # fmt: skip
+    streamed = [["", ""], ["", ""]]
+    for chunk in client.chat.completions.create(**kw, stream=True):
+        for c in chunk.choices:
+            streamed[c.index][0] += (c.delta.model_extra or {}).get("reasoning") or ""
+            streamed[c.index][1] += c.delta.content or ""
+    assert streamed == [[c.message.model_extra["reasoning"], c.message.content or ""] for c in got]
+
+
 def test_the_responses_api_answers_as_chat_does(client):
     """/v1/responses to the official client's `responses.create`: the greedy answer is chat's for the same
     conversation, whole and streamed, and a thinking prompt's reasoning item is chat's `reasoning`."""

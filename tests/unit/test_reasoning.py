@@ -2,7 +2,8 @@
 whole answer's (thinking, content) equal a reference reading of the documented rule (a regex over
 the text, not the streaming state machine), any split of the answer into streamed pieces gives the
 same, nothing is lost but the tags (and spaces before an opening one), and the request's fields
-choose split, dropped or inline thinking, refusing a bad value by name."""
+choose split, dropped or inline thinking, refusing a bad value by name; an answer held to a schema,
+a pattern or a grammar is held after the think block."""
 
 from __future__ import annotations
 
@@ -12,8 +13,20 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from spmd_serve.engine.structural_tag import answer_grammar
 from spmd_serve.frontend.openai.body import OpenAIError
-from spmd_serve.frontend.openai.reasoning import CLOSE, DROP, OPEN, SPLIT, ReasoningSplitter, mode, prompt_opens
+from spmd_serve.frontend.openai.fields import FieldError
+from spmd_serve.frontend.openai.reasoning import (
+    CLOSE,
+    DROP,
+    OPEN,
+    SPLIT,
+    ReasoningSplitter,
+    after_thinking,
+    mode,
+    prompt_opens,
+)
+from spmd_serve.sampling_params import SamplingParams
 from tests.support.fake_tokenizer import FakeTokenizer
 
 THINKING_TEMPLATE = "{{ messages }}{% if not thinking %}<think>\n\n</think>\n\n{% endif %}"
@@ -115,3 +128,46 @@ def test_bad_values_are_refused_by_name_even_where_the_model_does_not_think(body
         with pytest.raises(OpenAIError) as e:
             mode(body, template, False)
         assert e.value.param == param and e.value.status == 400
+
+
+def _accepts(grammar, data: bytes) -> bool:
+    state = grammar.step(grammar.start, data)
+    return state is not None and grammar.may_end(state)
+
+
+SCHEMA = '{"type":"object","properties":{"a":{"type":"integer"}},"required":["a"]}'
+
+
+@pytest.mark.parametrize(
+    "params, opens, good, bad",
+    [
+        (SamplingParams(json_schema=SCHEMA), True, [b'plan {"a": "x"}</think>{"a": 1}', b'</think>\n{"a":1}'],
+         [b'{"a": 1}', b'plan</think>{"a": "x"}', b'plan</think>{"a":1}</think>', b"plan"]),
+        (SamplingParams(json_schema=SCHEMA), False, [b'<think>\nplan</think>{"a": 1}', b'{"a": 1}'],
+         [b'plan</think>{"a":1}', b'<think>plan{"a": 1}', b'{"a": 1}</think>']),
+        (SamplingParams(regex="(yes|no)"), True, [b"hm, yes or no?</think>yes", b"</think>no"],
+         [b"hm</think>maybe", b"yes", b"hm</think>yes!"]),
+        (SamplingParams(gbnf='root ::= "x"+'), True, [b"</think>xxx"], [b"xxx", b"</think>"]),
+    ],
+)  # fmt: skip
+def test_a_held_answer_is_held_after_the_think_block(params, opens, good, bad):
+    """The think block's free text first (the one the prompt opened, or one the answer may open),
+    then the held format, whole: nothing after it, nothing of it inside the block."""
+    grammar = answer_grammar(after_thinking(params, opens, "response_format"))
+    assert [_accepts(grammar, d) for d in good + bad] == [True] * len(good) + [False] * len(bad)
+
+
+@pytest.mark.parametrize(
+    "params",
+    [SamplingParams(json_schema=SCHEMA, json_whitespace=""), SamplingParams(), SamplingParams(structural_tag="{}")],
+)
+def test_other_answers_are_not_held_after_thinking(params):
+    assert after_thinking(params, True, "response_format") == ""
+
+
+def test_a_held_form_the_tag_cannot_hold_is_refused_naming_the_field():
+    slow: list = []
+    after_thinking(SamplingParams(regex="(a"), True, "guided_regex", slow)
+    with pytest.raises(FieldError) as e:
+        slow[0]()
+    assert e.value.param == "guided_regex"

@@ -9,6 +9,7 @@ sends as `{"error": {"message", "type", "param", "code"}}`.  No tornado and no e
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,6 +22,8 @@ from spmd_serve.frontend.openai.fields import FieldError, check_fields
 from spmd_serve.sampling_params import INT32_MAX, MAX_LOGPROBS, SamplingParams
 
 MAX_N = 16  # choices per request
+# the fields that may hold an answer to a schema, pattern or grammar (a refusal of the held form names the first)
+_HELD_BY = ("response_format", "guided_json", "guided_regex", "guided_grammar", "structured_outputs")
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # what OpenAI and vLLM use when /v1/completions omits it
 
 
@@ -228,10 +231,16 @@ def parse_openai(
     flags["prompt_logprobs"] = prompt_k
     flags.update(tool_function=calls.function, tool_names=calls.names, tool_format=calls.format)
     flags["max_calls"] = calls.max_calls
-    if kind == "chat":  # (an answer held by a grammar is what the grammar made: never split)
-        holds = params.grammar or bool(choices) or calls.function not in ("", tools.AUTO)
-        flags["reasoning"] = reasoning.mode(body, template, holds)
-        flags["thinking_open"] = bool(flags["reasoning"]) and reasoning.prompt_opens(tokenizer, prompts[0])
+    if kind == "chat":  # (an answer held to choices or a tool call is what the grammar made: never split)
+        mode = reasoning.mode(body, template, bool(choices) or calls.function not in ("", tools.AUTO))
+        opens = bool(mode) and reasoning.prompt_opens(tokenizer, prompts[0])
+        if mode and params.grammar:  # (a schema, pattern or grammar: held after the think block)
+            name = next(k for k in _HELD_BY if body.get(k) is not None)
+            thought = reasoning.after_thinking(params, opens, name, slow)
+            mode = mode if thought else ""
+            if thought:
+                params = dataclasses.replace(params, json_schema="", regex="", gbnf="", structural_tag=thought)
+        flags.update(reasoning=mode, thinking_open=opens and bool(mode))
     try:  # (every field was checked above: this is the engine's own bounds, once more)
         params.validate()
     except ValueError as e:

@@ -8,18 +8,23 @@ shows a think block leaves every answer as it is).  The block is the one the ans
 start (Qwen3, the first R1), or the one the prompt leaves open (R1-0528's and QwQ's generation
 prompt ends with `<think>`): then everything up to `</think>` is thinking, all of it where the
 answer ends before closing it (cut by max_tokens).  Where a template closes the block itself
-(Qwen3's `enable_thinking: false`), the answer is all content.  An answer held by a grammar (a JSON
-schema, a pattern, choices, a named or required tool call) is never split: it is what the grammar
-made.  Per request, vLLM's `include_reasoning: false` drops the thinking and SGLang's
-`separate_reasoning: false` keeps it in `content` as written.
+(Qwen3's `enable_thinking: false`), the answer is all content.  An answer held to a JSON schema, a
+pattern or a GBNF grammar is held only after the think block, as vLLM holds it (`after_thinking`: a
+structural tag of free text up to `</think>`, then the held format); one held to choices or a tool
+call is never split: it is what the grammar made.  Per request, vLLM's `include_reasoning: false`
+drops the thinking and SGLang's `separate_reasoning: false` keeps it in `content` as written.
 """
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
+from spmd_serve.engine import structural_tag as tags
 from spmd_serve.frontend.openai.body import OpenAIError, get
+from spmd_serve.frontend.openai.token_params import Slow, check_grammar
 from spmd_serve.frontend.openai.tool_parsers import held_prefix
+from spmd_serve.sampling_params import SamplingParams
 
 OPEN, CLOSE = "<think>", "</think>"
 SPLIT, DROP = "split", "drop"  # what a request does with the thinking ("" where there is none to split)
@@ -49,6 +54,28 @@ def mode(body: dict[str, Any], template: str | None, held: bool) -> str:
     if held or not separate or not thinks(template):
         return ""
     return SPLIT if include else DROP
+
+
+def after_thinking(params: SamplingParams, opens: bool, name: str, slow: Slow | None = None) -> str:
+    """The structural tag that holds a thinking model's answer to its JSON schema, pattern or GBNF
+    grammar only after the think block: free text up to `</think>` first (the block the prompt
+    opened), or an optional `<think> ... </think>` (a model that opens it itself, as Qwen3).  ""
+    where the answer is held otherwise (choices, a structural tag of its own, a JSON whitespace
+    pattern, which a structural tag's JSON does not take).  Compiled now, or by the check in `slow`;
+    a refusal names `name`."""
+    if params.json_schema and params.json_whitespace is None:
+        held: dict[str, Any] = {"type": "json_schema", "json_schema": json.loads(params.json_schema)}
+    elif params.regex:
+        held = {"type": "regex", "pattern": params.regex}
+    elif params.gbnf:
+        held = {"type": "grammar", "grammar": params.gbnf}
+    else:
+        return ""
+    think = {"type": "tag", "begin": "" if opens else OPEN, "content": {"type": "any_text"}, "end": CLOSE}
+    thought = {"type": "sequence", "elements": [think, held]}
+    text = tags.canonical({"format": thought if opens else {"type": "or", "elements": [thought, held]}}, name)
+    check_grammar(lambda: tags.answer_grammar(text, name), "", name, slow)
+    return text
 
 
 class ReasoningSplitter:
