@@ -171,3 +171,25 @@ def test_a_held_form_the_tag_cannot_hold_is_refused_naming_the_field():
     with pytest.raises(FieldError) as e:
         slow[0]()
     assert e.value.param == "guided_regex"
+
+
+def test_think_tags_that_are_special_tokens_are_kept_in_the_text_to_be_read():
+    """A tokenizer that marks `</think>` special: the answer's text keeps special tokens by default (a
+    request may still skip them); a model that does not think skips them as before."""
+    from spmd_serve.frontend.common.parsing import Limits
+    from spmd_serve.frontend.openai.protocol import parse_openai
+
+    class Tagged(FakeTokenizer):  # </think> is one special token
+        special_token_ids = frozenset({1, 2, 7})
+
+        def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
+            return [7] if text == CLOSE else super().encode(text, add_special_tokens)
+
+    limits = Limits(max_seq_len=100, max_dec_len=50, model_max_len=120)
+    for template, skips in ((THINKING_TEMPLATE, False), ("{{ messages }}", True)):
+        tok = Tagged()
+        tok.chat_template_source = template
+        body = {"model": "m", "messages": [{"role": "user", "content": "Hi"}]}
+        assert parse_openai("chat", body, tok, limits, ("m",)).params.skip_special_tokens is skips
+        body["skip_special_tokens"] = True
+        assert parse_openai("chat", body, tok, limits, ("m",)).params.skip_special_tokens is True

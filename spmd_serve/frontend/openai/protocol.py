@@ -207,9 +207,16 @@ def parse_openai(
         stop_sequences=_stop(body),
         stop_token_ids=stop_ids,
         include_stop_str_in_output=get(body, "include_stop_str_in_output", "bool", False),
-        # (tool_choice "auto" where the calls' tags are special tokens: kept, to be read; vLLM's rule too)
+        # (tool_choice "auto" where the calls' tags are special tokens: kept, to be read; vLLM's rule too; so
+        # are a thinking model's think tags)
         skip_special_tokens=get(
-            body, "skip_special_tokens", "bool", not tool_formats.tags_are_special(calls.format, tokenizer)
+            body,
+            "skip_special_tokens",
+            "bool",
+            not (
+                tool_formats.tags_are_special(calls.format, tokenizer)
+                or reasoning.tags_are_special(template, tokenizer)
+            ),
         ),
         spaces_between_special_tokens=get(body, "spaces_between_special_tokens", "bool", True),
         ignore_eos=get(body, "ignore_eos", "bool", False),

@@ -36,6 +36,13 @@ def thinks(template: str | None) -> bool:
     return template is not None and CLOSE in template
 
 
+def tags_are_special(template: str | None, tokenizer: Any) -> bool:
+    """Whether a thinking model's tags are special tokens of its tokenizer (a decode that skips special
+    tokens would drop them before they are read)."""
+    special: frozenset[int] = getattr(tokenizer, "special_token_ids", frozenset())
+    return thinks(template) and any(len(ids) == 1 and ids[0] in special for ids in map(tokenizer.encode, (OPEN, CLOSE)))
+
+
 def prompt_opens(tokenizer: Any, prompt: list[int]) -> bool:
     """Whether the prompt ends inside a think block (its generation prompt wrote `<think>`); its
     last tokens are enough: the template writes the tag last, maybe with a newline."""
