@@ -47,7 +47,7 @@ def test_the_answer_is_the_chat_answer_whole_and_streamed(srv):
     assert (u.input_tokens, u.output_tokens, u.total_tokens) == (
         chat.usage.prompt_tokens, chat.usage.completion_tokens, chat.usage.total_tokens)  # fmt: skip
     assert (whole.max_output_tokens, whole.instructions, whole.store) == (100, "Be brief.", False)
-    events, final = streamed(c, **kw)
+    events, final = streamed(c, **kw, stream_options={"include_obfuscation": False})
     assert [e.sequence_number for e in events] == list(range(len(events)))
     kinds = [e.type for e in events]
     assert kinds[:4] == ["response.created", "response.in_progress", "response.output_item.added",
@@ -124,6 +124,7 @@ def test_calls_are_function_call_items(srv):
         ({"text": {"format": {"type": "xml"}}}, "text.format", "json_schema"),
         ({"reasoning": {"effort": "high"}}, "reasoning", "not supported"),
         ({"metadata": {"a": 1}}, "metadata", "string values"),
+        ({"stream": True, "stream_options": {"include_obfuscation": True}}, "stream_options", "not supported"),
     ],
 )
 def test_what_is_not_built_is_refused_by_name(srv, fields, param, words):

@@ -34,7 +34,8 @@ NEUTRAL: dict[str, tuple[Any, ...]] = {
     "store": (False,), "background": (False,), "previous_response_id": (), "conversation": (), "prompt": (),
     "include": ([],), "reasoning": ({},), "truncation": ("disabled",), "service_tier": ("auto", "default"),
     "top_logprobs": (0,), "max_tool_calls": (), "prompt_cache_key": (), "prompt_cache_retention": (),
-    "safety_identifier": (), "stream_options": ({},), "context_management": (),
+    "safety_identifier": (), "context_management": (),
+    "stream_options": ({}, {"include_obfuscation": False}),  # (no padding of the events: what this server does)
 }  # fmt: skip
 _ROLES = {"user": "user", "assistant": "assistant", "system": "system", "developer": "system"}
 _TEXT_PARTS = ("input_text", "output_text")
