@@ -25,11 +25,11 @@ from tests.support.structural_oracle import StructuralOracle
 
 pytestmark = pytest.mark.mpi
 CHAT = [{"role": "user", "content": "Hi"}]
-# Qwen3's and R1-0528's way of thinking, after Qwen2.5's template: the variable `thinking` opens a think block
-# in the generation prompt (true) or closes an empty one there (false)
+# DeepSeek-V3.1's way of thinking, after Qwen2.5's template: the variable `thinking` opens a think block in
+# the generation prompt; without it an empty one is closed there (thinking off: the answer held from its start)
 THINKING = (
-    "{%- if add_generation_prompt and thinking is defined %}"
-    "{{- '<think>\\n' if thinking else '<think>\\n\\n</think>\\n\\n' }}{%- endif %}"
+    "{%- if add_generation_prompt %}"
+    "{{- '<think>\\n' if thinking is defined and thinking else '<think>\\n\\n</think>\\n\\n' }}{%- endif %}"
 )
 
 

@@ -7,6 +7,7 @@ a pattern or a grammar is held after the think block."""
 
 from __future__ import annotations
 
+import json
 import re
 
 import pytest
@@ -24,7 +25,8 @@ from spmd_serve.frontend.openai.reasoning import (
     ReasoningSplitter,
     after_thinking,
     mode,
-    prompt_opens,
+    plan,
+    prompt_tag,
 )
 from spmd_serve.sampling_params import SamplingParams
 from tests.support.fake_tokenizer import FakeTokenizer
@@ -91,12 +93,13 @@ def test_held_text_goes_out_as_soon_as_it_cannot_be_a_tag():
         ("a", ""), ("", ""), ("</b", ""), ("", ""), ("", "c")]  # fmt: skip
 
 
-def test_the_prompt_opens_a_block_where_its_generation_prompt_ends_with_the_tag():
+def test_the_prompt_opens_or_closes_a_block_where_its_generation_prompt_ends_with_the_tag():
     tok = FakeTokenizer()
-    assert prompt_opens(tok, tok.encode("<assistant><think>\n"))
-    assert prompt_opens(tok, tok.encode("x</think>y<think>"))
-    assert not prompt_opens(tok, tok.encode("<assistant><think>\n\n</think>\n\n"))
-    assert not prompt_opens(tok, tok.encode("<assistant>"))
+    assert (
+        prompt_tag(tok, tok.encode("<assistant><think>\n")) == prompt_tag(tok, tok.encode("</think>y<think>")) == OPEN
+    )
+    assert prompt_tag(tok, tok.encode("<assistant><think>\n\n</think>\n\n")) == CLOSE
+    assert prompt_tag(tok, tok.encode("<assistant>")) == prompt_tag(tok, tok.encode("<think>a</think>b")) == ""
 
 
 @pytest.mark.parametrize(
@@ -193,3 +196,25 @@ def test_think_tags_that_are_special_tokens_are_kept_in_the_text_to_be_read():
         assert parse_openai("chat", body, tok, limits, ("m",)).params.skip_special_tokens is skips
         body["skip_special_tokens"] = True
         assert parse_openai("chat", body, tok, limits, ("m",)).params.skip_special_tokens is True
+
+
+@pytest.mark.parametrize(
+    "prompt, body, params, held, expected",
+    [
+        ("<assistant><think>\n", {"guided_json": {}}, SamplingParams(json_schema=SCHEMA), False, (SPLIT, True, "seq")),
+        ("<assistant>", {"guided_json": {}}, SamplingParams(json_schema=SCHEMA), False, (SPLIT, False, "or")),
+        ("<think>\n\n</think>\n\n", {"guided_json": {}}, SamplingParams(json_schema=SCHEMA), False, ("", False, "")),
+        ("<assistant><think>\n", {"structural_tag": "{}"}, SamplingParams(structural_tag="{}"), False, ("", False, "")),
+        ("<assistant><think>\n", {}, SamplingParams(), True, ("", False, "")),
+        ("<think>\n\n</think>\n\n", {}, SamplingParams(), False, (SPLIT, False, "")),
+        ("<assistant><think>\n", {"separate_reasoning": False}, SamplingParams(regex="a"), False, ("", False, "")),
+    ],
+)  # fmt: skip
+def test_the_plan_follows_the_prompt_and_what_holds_the_answer(prompt, body, params, held, expected):
+    """Open block: held after it; none: an optional block first; closed by the template: held from the
+    first token (unsplit); choices, tool calls, a request's own structural tag: never split."""
+    tok = FakeTokenizer()
+    how, opens, out = plan(body, THINKING_TEMPLATE, tok, tok.encode(prompt), params, held)
+    form = json.loads(out.structural_tag)["format"]["type"][:3] if out is not params else ""
+    assert (how, opens, form) == expected
+    assert out is params or not (out.json_schema or out.regex or out.gbnf)

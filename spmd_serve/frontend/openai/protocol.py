@@ -9,7 +9,6 @@ sends as `{"error": {"message", "type", "param", "code"}}`.  No tornado and no e
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,8 +21,6 @@ from spmd_serve.frontend.openai.fields import FieldError, check_fields
 from spmd_serve.sampling_params import INT32_MAX, MAX_LOGPROBS, SamplingParams
 
 MAX_N = 16  # choices per request
-# the fields that may hold an answer to a schema, pattern or grammar (a refusal of the held form names the first)
-_HELD_BY = ("response_format", "guided_json", "guided_regex", "guided_grammar", "structured_outputs")
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # what OpenAI and vLLM use when /v1/completions omits it
 
 
@@ -238,16 +235,10 @@ def parse_openai(
     flags["prompt_logprobs"] = prompt_k
     flags.update(tool_function=calls.function, tool_names=calls.names, tool_format=calls.format)
     flags["max_calls"] = calls.max_calls
-    if kind == "chat":  # (an answer held to choices or a tool call is what the grammar made: never split)
-        mode = reasoning.mode(body, template, bool(choices) or calls.function not in ("", tools.AUTO))
-        opens = bool(mode) and reasoning.prompt_opens(tokenizer, prompts[0])
-        if mode and params.grammar:  # (a schema, pattern or grammar: held after the think block)
-            name = next(k for k in _HELD_BY if body.get(k) is not None)
-            thought = reasoning.after_thinking(params, opens, name, slow)
-            mode = mode if thought else ""
-            if thought:
-                params = dataclasses.replace(params, json_schema="", regex="", gbnf="", structural_tag=thought)
-        flags.update(reasoning=mode, thinking_open=opens and bool(mode))
+    if kind == "chat":  # (a thinking model's: its block apart, a held answer held after it)
+        holds = bool(choices) or calls.function not in ("", tools.AUTO)
+        mode, opens, params = reasoning.plan(body, template, tokenizer, prompts[0], params, holds, slow)
+        flags.update(reasoning=mode, thinking_open=opens)
     try:  # (every field was checked above: this is the engine's own bounds, once more)
         params.validate()
     except ValueError as e:

@@ -10,13 +10,15 @@ prompt ends with `<think>`): then everything up to `</think>` is thinking, all o
 answer ends before closing it (cut by max_tokens).  Where a template closes the block itself
 (Qwen3's `enable_thinking: false`), the answer is all content.  An answer held to a JSON schema, a
 pattern or a GBNF grammar is held only after the think block, as vLLM holds it (`after_thinking`: a
-structural tag of free text up to `</think>`, then the held format); one held to choices or a tool
-call is never split: it is what the grammar made.  Per request, vLLM's `include_reasoning: false`
+structural tag of free text up to `</think>`, then the held format), or from its first token where
+the prompt closed the block itself; one held to choices or a tool call is never split: it is what
+the grammar made.  Per request, vLLM's `include_reasoning: false`
 drops the thinking and SGLang's `separate_reasoning: false` keeps it in `content` as written.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from typing import Any
 
@@ -27,6 +29,8 @@ from spmd_serve.frontend.openai.tool_parsers import held_prefix
 from spmd_serve.sampling_params import SamplingParams
 
 OPEN, CLOSE = "<think>", "</think>"
+# the fields that may hold an answer to a schema, pattern or grammar (a refusal of the held form names the first)
+_HELD_BY = ("response_format", "guided_json", "guided_regex", "guided_grammar", "structured_outputs")
 SPLIT, DROP = "split", "drop"  # what a request does with the thinking ("" where there is none to split)
 _START, _INSIDE, _AFTER = 0, 1, 2
 
@@ -43,10 +47,30 @@ def tags_are_special(template: str | None, tokenizer: Any) -> bool:
     return thinks(template) and any(len(ids) == 1 and ids[0] in special for ids in map(tokenizer.encode, (OPEN, CLOSE)))
 
 
-def prompt_opens(tokenizer: Any, prompt: list[int]) -> bool:
-    """Whether the prompt ends inside a think block (its generation prompt wrote `<think>`); its
-    last tokens are enough: the template writes the tag last, maybe with a newline."""
-    return tokenizer.decode(prompt[-8:], skip_special_tokens=False).rstrip().endswith(OPEN)
+def prompt_tag(tokenizer: Any, prompt: list[int]) -> str:
+    """OPEN where the prompt ends inside a think block (its generation prompt wrote `<think>`), CLOSE
+    where it ends after one (an empty block that turns thinking off: Qwen3's, DeepSeek-V3.1's), else
+    "".  Its last tokens are enough: the template writes the tag last, maybe with newlines."""
+    tail = tokenizer.decode(prompt[-16:], skip_special_tokens=False).rstrip()
+    return next((tag for tag in (OPEN, CLOSE) if tail.endswith(tag)), "")
+
+
+def plan(
+    body: dict[str, Any], template: str | None, tokenizer: Any, prompt: list[int], params: SamplingParams,
+    held: bool, slow: Slow | None = None,
+) -> tuple[str, bool, SamplingParams]:  # fmt: skip
+    """A chat request's (mode, whether the prompt opened the block, its params): an answer `held` (to
+    choices, a tool call) is never split; one held to a schema, pattern or grammar is held after the
+    block (`after_thinking`), or from its first token where the prompt closed the block already."""
+    how = mode(body, template, held)
+    tag = prompt_tag(tokenizer, prompt) if how else ""
+    if how and params.grammar:
+        name = next((k for k in _HELD_BY if body.get(k) is not None), "structured_outputs")
+        thought = "" if tag == CLOSE else after_thinking(params, tag == OPEN, name, slow)
+        if not thought:
+            return "", False, params
+        params = dataclasses.replace(params, json_schema="", regex="", gbnf="", structural_tag=thought)
+    return how, tag == OPEN, params
 
 
 def mode(body: dict[str, Any], template: str | None, held: bool) -> str:
