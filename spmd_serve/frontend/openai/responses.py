@@ -31,6 +31,8 @@ class ResponsesHandler(JsonBodyHandler):
         send_openai_error(self, status, msg)
 
     async def post(self) -> None:
+        # (the key before the body is read: without it a request gets 401, not a 400 about its body;
+        # `start` checks it again for the chat routes, which read their bodies first)
         if not bearer_ok(self.request.headers.get("Authorization"), self.serving.api_key):
             return send_openai_error(self, 401, AUTH_HINT)
         try:
