@@ -75,8 +75,8 @@ class SamplingParams:
     # vLLM's guided_regex: the answer is one match of this pattern, then an eos id where it may end
     # (engine/json_patterns.answer_grammar; masked as a JSON answer is)
     regex: str = ""
-    # vLLM's guided_grammar: the answer is one match of this GBNF grammar's root rule, then an eos id
-    # where it may end (engine/gbnf_grammar.answer_grammar; masked as a JSON answer is)
+    # vLLM's guided_grammar: the answer is one match of this GBNF grammar's root rule (a Lark one's start),
+    # then an eos id where it may end (engine/gbnf_grammar.answer_grammar; masked as a JSON answer is)
     gbnf: str = ""
     # vLLM's structural_tag (compact JSON text): free text whose triggers open structures of a begin,
     # a JSON value and an end (engine/structural_tag.answer_grammar; masked as a JSON answer is);

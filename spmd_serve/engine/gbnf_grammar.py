@@ -1,5 +1,8 @@
-"""vLLM's guided_grammar: an answer held to a GBNF grammar (engine/gbnf_parse.py) as a byte grammar
-(engine/grammar_table.py), so the masks (engine/json_masks.py) walk it as they walk a JSON schema's.
+"""vLLM's guided_grammar: an answer held to a GBNF grammar (engine/gbnf_parse.py) or a Lark grammar
+(engine/lark_parse.py) as a byte grammar (engine/grammar_table.py), so the masks (engine/json_masks.py)
+walk it as they walk a JSON schema's.  A rule whose alternatives begin with itself (`sum: sum "+" product
+| product`, as Lark grammars are often written) is read as its other alternatives followed by any number
+of the rest: the same strings, with no left recursion.
 
 Its recursion is read with the stack at brackets and needs none at jumps (engine/gbnf_brackets.py);
 the rules become an NFA (engine/gbnf_nfa.py) and that one table (engine/gbnf_table.py).  The stack
@@ -17,9 +20,9 @@ from __future__ import annotations
 
 import itertools
 
-from spmd_serve.engine import gbnf_brackets, grammar_cache
+from spmd_serve.engine import gbnf_brackets, grammar_cache, lark_parse
 from spmd_serve.engine.gbnf_nfa import GbnfNfa
-from spmd_serve.engine.gbnf_parse import Node, Seq, parse
+from spmd_serve.engine.gbnf_parse import Alt, Node, Ref, Rep, Seq, parse
 from spmd_serve.engine.gbnf_table import Rebracket, Table, Unroll
 from spmd_serve.engine.grammar_table import MAX_STATES, POP_NAME, Edges, Grammar, Name
 
@@ -29,21 +32,38 @@ MAX_REBRACKETS = 16  # other choices of brackets where a closing byte would be r
 
 @grammar_cache.cached
 def answer_grammar(text: str, where: str = "guided_grammar") -> Grammar:
-    """The grammar of an answer that is one match of GBNF `text`'s `root` rule; ValueError names what
-    is not built or wrong (the grammar named `where`)."""
+    """The grammar of an answer that is one match of GBNF `text`'s `root` rule (or of a Lark grammar's
+    `start`: engine/lark_parse.py); ValueError names what is not built or wrong (the grammar named `where`)."""
     try:
-        return _choose(parse(text, where), where)
+        rules, start = (parse(text, where), "root") if lark_parse.is_gbnf(text) else lark_parse.parse(text, where)
+        return _choose({name: _loop(name, node) for name, node in rules.items()}, where, start)
     except RecursionError:  # (groups nested hundreds deep: the parser and the builder recurse)
         raise ValueError(f"{where} nests too deep") from None
 
 
-def _choose(rules: dict[str, Node], where: str) -> Grammar:
+def _loop(name: str, node: Node) -> Node:
+    """Rule `name` with its alternatives that begin with itself as a loop after the others."""
+    alts = node.items if isinstance(node, Alt) else [node]
+    rests = [Seq(alt.items[1:]) if isinstance(alt, Seq) and _is_ref(alt.items[:1], name) else None for alt in alts]
+    others = [alt for alt, rest in zip(alts, rests) if rest is None]
+    loops: list[Node] = [rest for rest in rests if rest is not None and rest.items]
+    if not others or len(others) == len(alts):
+        return node
+    first = others[0] if len(others) == 1 else Alt(others)
+    return Seq([first, Rep(loops[0] if len(loops) == 1 else Alt(loops), 0, None)] if loops else [first])
+
+
+def _is_ref(items: list[Node], name: str) -> bool:
+    return bool(items) and isinstance(items[0], Ref) and items[0].name == name
+
+
+def _choose(rules: dict[str, Node], where: str, start: str) -> Grammar:
     """The byte grammar with the first choices of brackets that read every closing byte one way."""
     choice: dict[Seq, int] = {}
     made = [0]  # (the states made by every try: all of them are bounded, not each)
     for tried in itertools.count():
         try:
-            return _grammar(rules, where, choice, made)
+            return _grammar(rules, where, choice, made, start)
         except Rebracket as e:
             choice[e.seq] = choice.get(e.seq, 0) + 1
             try:
@@ -55,10 +75,10 @@ def _choose(rules: dict[str, Node], where: str) -> Grammar:
     raise AssertionError  # (unreached)
 
 
-def _grammar(rules: dict[str, Node], where: str, choice: dict[Seq, int], made: list[int]) -> Grammar:
+def _grammar(rules: dict[str, Node], where: str, choice: dict[Seq, int], made: list[int], root: str) -> Grammar:
     """The byte grammar with these choices of brackets; Rebracket where one pops ambiguously."""
     nfa = GbnfNfa(rules, where, choice)
-    start, accept = nfa.rule("root")
+    start, accept = nfa.rule(root)
     for unrolled in itertools.count():
         try:
             table = Table(nfa, start, accept)

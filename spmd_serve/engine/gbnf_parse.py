@@ -1,5 +1,6 @@
 """A GBNF grammar's text (llama.cpp's grammar format, which vLLM's guided_grammar takes through
-xgrammar as EBNF) read into its rules: `parse(text)` gives each rule's expression as nodes, for
+xgrammar as EBNF; a text with no line that begins `name ::=` is read as Lark: engine/lark_parse.py) read
+into its rules: `parse(text)` gives each rule's expression as nodes, for
 engine/gbnf_grammar.py to build.
 
 The syntax: `name ::= expression` rules (names of letters, digits, `-` and `_`; `root` is the
@@ -19,6 +20,7 @@ from spmd_serve.engine.regex_dfa import MAX_REPEAT, Ranges, _complement, _norm
 _TOP = 0x10FFFF
 _ESCAPES = {"n": 10, "r": 13, "t": 9, "\\": 92, '"': 34, "'": 39, "[": 91, "]": 93, "-": 45, "^": 94, "/": 47}
 _HEX = {"x": 2, "u": 4, "U": 8}  # escape letter -> its hex digits
+_LARK = " (a grammar with a line that begins `name ::=` is read as GBNF, where Lark's `name: ...` is not)"
 _NAME = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_")
 
 
@@ -132,10 +134,7 @@ def parse(text: str, where: str = "guided_grammar") -> dict[str, Node]:
             raise r.fail(f"expected a rule's name, found {r.text[r.at : r.at + 10]!r}")
         r.space()
         if not r.text.startswith("::=", r.at):
-            lark = (
-                " (GBNF rules are `name ::= ...`: a Lark grammar's `name: ...` is not read)" if r.peek() == ":" else ""
-            )
-            raise r.fail(f"expected '::=' after {name!r}{lark}")
+            raise r.fail(f"expected '::=' after {name!r}{_LARK if r.peek() == ':' else ''}")
         r.at += 3
         if name in rules:
             raise r.fail(f"rule {name!r} is defined twice")
@@ -195,7 +194,7 @@ def _primary(r: _Reader) -> Node:
         return inner if isinstance(inner, Alt) else Seq([inner])  # (a group stays one item)
     if c in _NAME:
         return Ref(r.name())
-    raise r.fail(f"unexpected {c!r}")
+    raise r.fail(f"unexpected {c!r}{_LARK if c == ':' else ''}")
 
 
 def _class(r: _Reader) -> Ranges:

@@ -161,20 +161,31 @@ EXPRESSIONS = """root ::= "(" expr ")" ([-+*] term)?
 expr ::= term ([-+*] term){0,3}
 term ::= [1-9] [0-9]? | "(" expr ")" | "-" term
 """
+EXPRESSIONS_LARK = r"""
+start: "(" expr ")" (OP term)?
+expr: term (OP term) ~ 0..3
+term: /[1-9][0-9]?/ | "(" expr ")" | "-" term
+OP: /[-+*]/
+"""  # (the same language in Lark's syntax)
 
 
 def test_guided_grammar_answers_are_sentences_of_the_grammar(client):
-    """Sampled answers held to a GBNF grammar with nested brackets (guided_grammar and
-    structured_outputs.grammar) are each an expression Python's own parser reads, ended by the EOS;
+    """Sampled answers held to a grammar with nested brackets (guided_grammar in GBNF,
+    structured_outputs.grammar in Lark) are each an expression Python's own parser reads, ended by the EOS;
     streamed equals whole; a grammar not built is a 400 naming why."""
-    for extra in ({"guided_grammar": EXPRESSIONS}, {"structured_outputs": {"grammar": EXPRESSIONS}}):
+    for extra in ({"guided_grammar": EXPRESSIONS}, {"structured_outputs": {"grammar": EXPRESSIONS_LARK}}):
         for text in _sampled_answers(client, extra, "1 + 2 =", seed=5):
             assert re.fullmatch(r"\([-+*()0-9]+", text), text
             ast.parse(text, mode="eval")  # (brackets closed in order: the stack served)
     with pytest.raises(openai.BadRequestError, match=r"guided_grammar: the rules refer back to themselves"):
         client.completions.create(
-            model="default", prompt="x", max_tokens=4, extra_body={"guided_grammar": 'root ::= root "a" | "a"'}
+            model="default",
+            prompt="x",
+            max_tokens=4,
+            extra_body={"guided_grammar": 'root ::= x "a" | "a"\nx ::= root "b"'},
         )
+    with pytest.raises(openai.BadRequestError, match=re.escape("guided_grammar (read as Lark: no line begins")):
+        client.completions.create(model="default", prompt="x", max_tokens=4, extra_body={"guided_grammar": "start: x"})
 
 
 # every full stop the model writes opens a structure: ".", one object of this schema, ";"

@@ -81,3 +81,13 @@ class FakeTokenizer:
 
     def detokenizer(self, prompt_ids: list[int], *continue_skip_spaces: bool) -> FakeDetokenizer:
         return FakeDetokenizer(self)
+
+
+def parsed(body: dict, kind: str = "completion"):
+    """An OpenAI request body (model "m", prompt or one user message "hi", plus `body`) parsed with
+    this tokenizer: the OpenAIRequest, or the OpenAIError it is refused with."""
+    from spmd_serve.frontend.common.parsing import Limits
+    from spmd_serve.frontend.openai.protocol import parse_openai
+
+    prompt = {"prompt": "hi"} if kind == "completion" else {"messages": [{"role": "user", "content": "hi"}]}
+    return parse_openai(kind, {"model": "m", **prompt, **body}, FakeTokenizer(), Limits(100, 50, 120), ("m",))

@@ -80,3 +80,30 @@ def mutants(rng: random.Random, data: bytes, noise_bytes: bytes = b'()[]{}"\\:,-
     cuts = [rng.randrange(len(data) + 1) for _ in range(3)]
     noise = [bytes([rng.choice(noise_bytes)]) for _ in range(3)]
     return [data[:c] + n + data[c:] for c, n in zip(cuts, noise)] + [data[:c] + data[c + 1 :] for c in cuts]
+
+
+def sampled_answers(text: str, vocab: list[bytes], trials: int, steps: int = 40) -> list[bytes]:
+    """Answers held to guided_grammar `text` through the real sampler, with random logits over `vocab`
+    (id 0 the EOS, often the likeliest), one a trial: those the EOS ended (none may fail a step)."""
+    from spmd_serve.engine.json_masks import JsonVocab
+    from spmd_serve.engine.sampler import Sampler
+    from spmd_serve.sampling_params import SamplingParams
+    from spmd_serve.scheduler.request import Request
+    from spmd_serve.scheduler.scheduler import ScheduledSeq, SchedulerOutput
+
+    sampler, rng, ended = Sampler(), np.random.default_rng(0), []
+    sampler.json_vocab = JsonVocab(vocab)
+    for trial in range(trials):
+        out: list[int] = []
+        r = Request("g", [1], SamplingParams(max_tokens=64, temperature=1.0, seed=trial, gbnf=text), frozenset({0}))
+        r.output_token_ids = out
+        for _ in range(steps):
+            x = rng.normal(0, 2.0, len(vocab)).astype(np.float32)
+            x[0] += 1.5
+            step = sampler.sample(SchedulerOutput([ScheduledSeq(r, 0, 1, True)]), x[None, :])
+            assert not step.failed, step.failed
+            if step.tokens[0][0] == 0:
+                ended.append(b"".join(vocab[t] for t in out))
+                break
+            out.append(step.tokens[0][0])
+    return ended

@@ -13,12 +13,11 @@ import pytest
 from spmd_serve.engine.json_masks import JsonVocab
 from spmd_serve.engine.json_patterns import answer_grammar
 from spmd_serve.engine.sampler import Sampler
-from spmd_serve.frontend.common.parsing import Limits
-from spmd_serve.frontend.openai.protocol import OpenAIError, parse_openai
+from spmd_serve.frontend.openai.protocol import OpenAIError
 from spmd_serve.sampling_params import SamplingParams
 from spmd_serve.scheduler.request import Request
 from spmd_serve.scheduler.scheduler import ScheduledSeq, SchedulerOutput
-from tests.support.fake_tokenizer import FakeTokenizer
+from tests.support.fake_tokenizer import parsed
 
 EOS = 0
 VOCAB = [b"", b"a", b"b", b"ab", b"ba", b"-", b"1", b"12", b"2-", b"x", b"-1", b"bb", "é".encode(), b"\n"]
@@ -69,9 +68,7 @@ def test_the_eos_is_allowed_exactly_where_the_pattern_may_end():
         assert vocab.allowed(g, (s, ())).tolist() == [bool(t) and g.step((s, ()), t) is not None for t in VOCAB]
 
 
-def _parse(body: dict, kind: str = "completion"):
-    prompt = {"prompt": "hi"} if kind == "completion" else {"messages": [{"role": "user", "content": "hi"}]}
-    return parse_openai(kind, {"model": "m", **prompt, **body}, FakeTokenizer(), Limits(100, 50, 120), ("m",))
+_parse = parsed
 
 
 def test_the_fields():

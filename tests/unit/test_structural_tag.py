@@ -16,12 +16,11 @@ import pytest
 from spmd_serve.engine.json_masks import JsonVocab
 from spmd_serve.engine.sampler import Sampler
 from spmd_serve.engine.structural_tag import answer_grammar
-from spmd_serve.frontend.common.parsing import Limits
-from spmd_serve.frontend.openai.protocol import OpenAIError, parse_openai
+from spmd_serve.frontend.openai.protocol import OpenAIError
 from spmd_serve.sampling_params import SamplingParams
 from spmd_serve.scheduler.request import Request
 from spmd_serve.scheduler.scheduler import ScheduledSeq, SchedulerOutput
-from tests.support.fake_tokenizer import FakeTokenizer
+from tests.support.fake_tokenizer import parsed
 from tests.support.grammar_walk import mutants, walk_to_end
 from tests.support.structural_oracle import StructuralOracle
 from tests.support.structural_texts import ANY, SPECS, texts
@@ -135,9 +134,7 @@ def test_masks_equal_stepping_each_token():
             state = g.step(state, bytes([b]))
 
 
-def _parse(body: dict, kind: str = "completion"):
-    prompt = {"prompt": "hi"} if kind == "completion" else {"messages": [{"role": "user", "content": "hi"}]}
-    return parse_openai(kind, {"model": "m", **prompt, **body}, FakeTokenizer(), Limits(100, 50, 120), ("m",))
+_parse = parsed
 
 
 def test_the_fields():

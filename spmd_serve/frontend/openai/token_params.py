@@ -164,7 +164,7 @@ def guided_regex(body: dict[str, Any], ends_on_eos: bool, other: str, slow: Slow
 
 
 def guided_grammar(body: dict[str, Any], ends_on_eos: bool, other: str, slow: Slow | None = None) -> str:
-    """vLLM's guided_grammar (or structured_outputs' "grammar"): the GBNF grammar whose root rule the
+    """vLLM's guided_grammar (or structured_outputs' "grammar"): the GBNF (or Lark) grammar whose root rule the
     whole answer is one match of ("" for none; engine/gbnf_grammar.answer_grammar), as guided_regex."""
     return _guided_text(body, "grammar", gbnf_grammar.answer_grammar, ends_on_eos, other, slow)
 

@@ -142,7 +142,7 @@ def schemas(s: IOSettings) -> dict[str, Schema]:
         "guided_json": _opt(SCHEMA),
         "guided_whitespace_pattern": _opt(STR | {"description": "vLLM's: what a JSON answer's whitespace matches"}),
         "guided_regex": _opt(STR | {"description": "vLLM's: the answer is one match of this pattern"}),
-        "guided_grammar": _opt(STR | {"description": "vLLM's: the answer is one match of this GBNF grammar's root"}),
+        "guided_grammar": _opt(STR | {"description": "vLLM's: the answer is one match of this GBNF or Lark grammar"}),
         "structural_tag": _opt(TAG),
         "response_format": _opt(_obj(["type"], {"type": {"enum": ["text", "json_object", "json_schema",
                                                                   "structural_tag"]},
