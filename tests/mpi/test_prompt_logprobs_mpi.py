@@ -2,7 +2,8 @@
 `max_tokens` 0 for the prompt alone): against `mpirun -n 2 spmd_serve` on the demo model with
 16-token prefill chunks, every prompt token's logprob is PaddleNLP's own model's, streamed or not,
 with the prefix cache holding the prompt already, and beside other requests in the same steps; and
-vLLM's `prompt_logprobs` (each token's logprob and rank, its position's top k) against the same rows."""
+vLLM's `prompt_logprobs` (each token's logprob and rank, its position's top k) against the same rows; vLLM's
+return_token_ids beside the logprobs."""
 
 from __future__ import annotations
 
@@ -153,3 +154,16 @@ def test_vllm_prompt_logprobs(client, prompts, reference, k):
     assert chat.model_extra["prompt_logprobs"][0] is None and len(chat.model_extra["prompt_logprobs"]) > 1
     with pytest.raises(openai.BadRequestError, match="prompt_logprobs are not available when stream=true"):
         client.completions.create(model="default", prompt=ids, stream=True, extra_body={"prompt_logprobs": k})
+
+
+def test_return_token_ids_are_the_ids_scored(client, prompts):
+    """vLLM's return_token_ids: the prompt's ids as sent, the answer's as its logprobs name them
+    (return_tokens_as_token_ids), whole and streamed alike."""
+    kw = dict(model="default", prompt=prompts[1], max_tokens=8, temperature=0, logprobs=0)
+    kw["extra_body"] = {"return_token_ids": True, "return_tokens_as_token_ids": True}
+    got = client.completions.create(**kw).choices[0]
+    assert got.model_extra["prompt_token_ids"] == prompts[1] and len(got.model_extra["token_ids"]) == 8
+    assert [f"token_id:{t}" for t in got.model_extra["token_ids"]] == got.logprobs.tokens
+    chunks = [c.choices[0].model_extra for c in client.completions.create(**kw, stream=True)]
+    assert sum((c["token_ids"] for c in chunks), []) == got.model_extra["token_ids"]
+    assert chunks[0]["prompt_token_ids"] == prompts[1] and not any(c.get("prompt_token_ids") for c in chunks[1:])

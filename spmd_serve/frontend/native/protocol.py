@@ -66,7 +66,7 @@ OPENAI_ONLY = (
     "n", "best_of", "logprobs", "top_logprobs", "echo", "suffix", "top_k", "min_p", "logit_bias", "allowed_token_ids",
     "ignore_eos", "stop_token_ids", "include_stop_str_in_output", "truncate_prompt_tokens", "stream_options",
     "response_format", "tools", "tool_choice", "parallel_tool_calls", "add_generation_prompt", "continue_final_message",
-    "return_tokens_as_token_ids", "structured_outputs", "chat_template_kwargs", "include_reasoning",
+    "return_tokens_as_token_ids", "return_token_ids", "structured_outputs", "chat_template_kwargs", "include_reasoning",
     "separate_reasoning",
 )  # fmt: skip
 _INT_FIELDS = ("max_dec_len", "min_dec_len", "seed")

@@ -22,6 +22,7 @@ _COMMON = frozenset(
         "min_tokens", "ignore_eos", "user", "logprobs", "logit_bias", "min_p", "allowed_token_ids",
         # vLLM's extras we honour
         "stop_token_ids", "include_stop_str_in_output", "truncate_prompt_tokens", "return_tokens_as_token_ids",
+        "return_token_ids",
         "response_format", "guided_json",  # (json_object, json_schema: a schema engine/json_schema.py builds)
         "structured_outputs",  # (later vLLM's "choice", "json", "json_object", "regex" and "grammar")
         *OPENAI_EXTRAS,

@@ -1,5 +1,5 @@
 """The shapes of OpenAI responses (CONTRACT.md §4): completion and chat objects, their streamed
-chunks, usage, logprobs in both the legacy completions form and the chat form, and the model list.
+chunks, usage, vLLM's token ids (return_token_ids) and the model list (logprobs: openai.logprob_format).
 
 Pure functions of plain data, so the formats can be unit-tested without a server.
 """
@@ -11,11 +11,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from spmd_serve.frontend.openai import reasoning, tool_parsers, tools
+from spmd_serve.frontend.openai.logprob_format import LogprobFormat, TokenLogprobs
 from spmd_serve.frontend.openai.protocol import OpenAIRequest
-
-# (chosen logprob, [(token id, logprob)] top n), as the engine reports per token; None for a prompt's
-# first token (echo: nothing predicts it)
-TokenLogprobs = tuple[float, list[tuple[int, float]]] | None
 
 
 @dataclass
@@ -34,80 +31,17 @@ class ChoiceState:
     call_id: str = field(default_factory=tools.call_id)  # a named tool_choice: the id of the choice's call
     calls: tool_parsers.CallParser | None = None  # tool_choice "auto": the streamed answer's reader
     thinking: reasoning.ReasoningSplitter | None = None  # a reasoning model's streamed answer: its think block apart
+    token_ids: list[int] = field(default_factory=list)  # vLLM's return_token_ids: the answer's ids
+    ids_sent: int = 0  # ... of which streamed chunks have carried the first ones
 
 
-class Formatter:
+class Formatter(LogprobFormat):
     """Builds the objects of one response (one id, one model name, one creation time)."""
 
     def __init__(self, req: OpenAIRequest, resp_id: str, tokenizer: Any, model: str) -> None:
-        self.req, self.id, self.tok, self.model = req, resp_id, tokenizer, model
+        super().__init__(req, tokenizer)
+        self.id, self.model = resp_id, model
         self.created = int(time.time())
-        self.chat = req.kind == "chat"
-
-    def _token(self, token_id: int) -> tuple[str, list[int]]:
-        """A token's text and bytes in logprobs: its own, or "token_id:<id>" (vLLM's
-        return_tokens_as_token_ids: every token named apart, bytes of no character included)."""
-        if self.req.tokens_as_ids:
-            name = f"token_id:{token_id}"
-            return name, list(name.encode())
-        raw = self.tok.token_bytes(token_id)
-        return raw.decode("utf-8", errors="replace"), list(raw)
-
-    def logprobs(self, entries: list[tuple[int, TokenLogprobs]], state: ChoiceState) -> Any:
-        """The `logprobs` member for these tokens, or None when the request did not ask."""
-        if self.req.logprobs is None:
-            return None
-        if self.chat:
-            content = []
-            for tid, entry in entries:
-                assert entry is not None, "chat has no echo, so no prompt entries"
-                lp, top = entry
-                text, raw = self._token(tid)
-                content.append(
-                    {
-                        "token": text,
-                        "logprob": lp,
-                        "bytes": raw,
-                        "top_logprobs": [
-                            {"token": t, "logprob": v, "bytes": b} for t, b, v in ((*self._token(i), v) for i, v in top)
-                        ],
-                    }
-                )
-            return {"content": content}
-        out: dict[str, list[Any]] = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
-        for tid, entry in entries:
-            text, _ = self._token(tid)
-            out["tokens"].append(text)
-            out["token_logprobs"].append(None if entry is None else entry[0])
-            out["top_logprobs"].append(None if entry is None else {self._token(i)[0]: v for i, v in entry[1]})
-            out["text_offset"].append(state.text_offset)
-            state.text_offset += len(text)
-        return out
-
-    def prompt_entries(self, state: ChoiceState, scored: list[Any] | None) -> list[tuple[int, TokenLogprobs]]:
-        """Echo with logprobs: the prompt's tokens as logprobs entries (its first unscored), from the
-        engine's entries of the others (the first output's); none for any other output."""
-        if scored is None or not self.req.echo or self.chat:
-            return []
-        prompt, k = self.req.prompts[state.index // self.req.n], self.req.logprobs or 0
-        return [(prompt[0], None), *((tid, (lp, top[:k])) for tid, (lp, top, _) in zip(prompt[1:], scored))]
-
-    def prompt_logprobs(self, state: ChoiceState, scored: list[Any] | None) -> None:
-        """vLLM's prompt_logprobs of the choice, from the engine's entries (the first output's): None
-        for the first token, then per token its own entry first (its rank counts the tokens the model
-        put at least as high) and the position's top k after it, keyed by token id."""
-        k = self.req.prompt_logprobs
-        if scored is None or k is None:
-            return
-        out: list[Any] = [None]
-        for tid, (lp, top, rank) in zip(self.req.prompts[state.index // self.req.n][1:], scored):
-            entry = {str(tid): self._scored(tid, lp, rank)}
-            entry.update({str(i): self._scored(i, v, r) for r, (i, v) in enumerate(top[:k], 1) if i != tid})
-            out.append(entry)
-        state.prompt_logprobs = out
-
-    def _scored(self, token_id: int, logprob: float, rank: int) -> dict[str, Any]:
-        return {"logprob": logprob, "rank": rank, "decoded_token": self._token(token_id)[0]}
 
     def usage(self, states: list[ChoiceState]) -> dict[str, Any]:
         """Each prompt counts once, whatever `n` (so do its cached tokens: its first choice's)."""
@@ -149,9 +83,12 @@ class Formatter:
                 choices.append({"index": s.index, "text": text, "logprobs": lp, "finish_reason": s.finish_reason})
                 if self.req.prompt_logprobs is not None:  # vLLM's: per choice in completions
                     choices[-1]["prompt_logprobs"] = s.prompt_logprobs
+            self._token_ids(choices[-1], choices[-1], s, True)
         body = self._envelope("chat.completion" if self.chat else "text_completion", choices)
         if self.chat and self.req.prompt_logprobs is not None:  # vLLM's: once for chat's one prompt
             body["prompt_logprobs"] = states[0].prompt_logprobs
+        if self.chat and self.req.token_ids:
+            body["prompt_token_ids"] = self.req.prompts[0]
         body["usage"] = self.usage(states)
         return body
 
@@ -186,9 +123,19 @@ class Formatter:
         else:
             choice = {"index": state.index, "text": text, "logprobs": lp, "finish_reason": finish_reason}
         body = self._envelope("chat.completion.chunk" if self.chat else "text_completion", [choice])
+        self._token_ids(body, choice, state, first)
         if self.req.include_usage:
             body["usage"] = self.usage(states) if self.req.continuous_usage else None
         return body
+
+    def _token_ids(self, body: dict[str, Any], choice: dict[str, Any], state: ChoiceState, first: bool) -> None:
+        """vLLM's return_token_ids: the choice's answer ids not yet sent, and with its first (or whole)
+        answer its prompt's ids: in the choice for completions, beside the choices for chat."""
+        if not self.req.token_ids:
+            return
+        choice["token_ids"], state.ids_sent = state.token_ids[state.ids_sent :], len(state.token_ids)
+        if first:
+            (body if self.chat else choice)["prompt_token_ids"] = self.req.prompts[state.index // self.req.n]
 
     def _call(self, s: ChoiceState) -> dict[str, Any]:
         return tools.tool_call(self.req.tool_function, s.text, s.call_id)

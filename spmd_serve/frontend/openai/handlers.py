@@ -184,6 +184,8 @@ class OpenAIServing:
             return "", entries
         state.text += d.text
         state.num_tokens += len(d.token_ids)
+        if fmt.req.token_ids:
+            state.token_ids += d.token_ids
         return d.text, entries + list(zip(d.token_ids, d.logprobs))
 
     @classmethod

@@ -40,6 +40,7 @@ class OpenAIRequest:
     echo_only: bool = False  # echo with max_tokens 0 (vLLM's): the prompt alone (the engine's 1 token dropped)
     continues: bool = False  # the output reads as the prompt's continuation (completions; continue_final_message)
     tokens_as_ids: bool = False  # vLLM's return_tokens_as_token_ids: logprobs name tokens "token_id:<id>"
+    token_ids: bool = False  # vLLM's return_token_ids: the prompt's and each answer's token ids beside the text
     prompt_logprobs: int | None = None  # vLLM's: the prompt's tokens scored, with the top k of each position
     tool_function: str = ""  # a named tool_choice: the answer is that function's call (frontend/openai/tools.py)
     tool_names: frozenset[str] = frozenset()  # tool_choice "auto": the tools whose calls are read out of the answer
@@ -232,6 +233,7 @@ def parse_openai(
     get(body, "user", "str", None)
     flags = dict(echo=echo, logprobs=logprobs, echo_only=not max_tokens, continues=continues)
     flags["tokens_as_ids"] = get(body, "return_tokens_as_token_ids", "bool", False)
+    flags["token_ids"] = get(body, "return_token_ids", "bool", False)
     flags["prompt_logprobs"] = prompt_k
     flags.update(tool_function=calls.function, tool_names=calls.names, tool_format=calls.format)
     flags["max_calls"] = calls.max_calls

@@ -161,7 +161,9 @@ def schemas(s: IOSettings) -> dict[str, Schema]:
                                 description="token id (a decimal string below the vocabulary size) -> bias added "
                                 "to its logit; logprobs stay the model's own")),
         "truncate_prompt_tokens": _opt(_int(1, description="keep the prompt's last N tokens")),
-        "return_tokens_as_token_ids": _opt(BOOL | {"description": 'logprobs name tokens "token_id:<id>"'})}
+        "return_tokens_as_token_ids": _opt(BOOL | {"description": 'logprobs name tokens "token_id:<id>"'}),
+        "return_token_ids": _opt(BOOL | {"description": "vLLM's: prompt_token_ids and each choice's token_ids "
+                                         "(streamed: the new ids of each chunk, the prompt's in the first)"})}
 
     def neutral(kind: str) -> dict[str, Schema]:   # known fields, accepted only with these values
         return {k: _only(v) for k, v in NEUTRAL[kind].items()}
@@ -182,7 +184,7 @@ def schemas(s: IOSettings) -> dict[str, Schema]:
         return _obj(["id", "object", "created", "model", "choices"] + ([] if chunk else ["usage"]),
                     {"id": STR, "object": {"const": obj}, "created": _int(0), "model": STR,
                      "choices": _list(choice), "usage": _opt(ref("Usage")) if chunk
-                     else ref("Usage")})
+                     else ref("Usage"), "prompt_token_ids": IDS})  # (chat's, with return_token_ids)
 
     chat_finish = {"enum": ["stop", "length", "tool_calls"]}  # (tool_calls: tool_choice "required", "auto")
     chat_choice = {"index": _int(0), "logprobs": chat_lp, "finish_reason": _opt(chat_finish)}
@@ -195,6 +197,7 @@ def schemas(s: IOSettings) -> dict[str, Schema]:
     thought = {k: STR | {"description": "the answer's think block"} for k in ("reasoning", "reasoning_content")}
     cmpl_choice = {"index": _int(0), "text": STR, "logprobs": cmpl_lp,
                    "finish_reason": _opt(FINISH)}
+    ids = {"token_ids": IDS, "prompt_token_ids": IDS}  # (return_token_ids: chat's prompt ids beside the choices)
     frame = _obj(["req_id", "token", "token_ids", "is_end", "send_idx", "error_msg", "error_code"],
                  {"req_id": STR, "token": STR, "token_ids": IDS, "is_end": {"enum": [0, 1]},
                   "send_idx": _int(0), "error_msg": STR, "error_code": _int(0),
@@ -245,13 +248,13 @@ def schemas(s: IOSettings) -> dict[str, Schema]:
                                  "finish_reason", "error_msg", "usage", "benchmark")},
                               "result": STR, "error_code": {"const": 0}}),
         "NativeFrame": frame,
-        "Completion": envelope("text_completion", _obj(list(cmpl_choice), cmpl_choice), False),
-        "CompletionChunk": envelope("text_completion", _obj(list(cmpl_choice), cmpl_choice), True),
+        "Completion": envelope("text_completion", _obj(list(cmpl_choice), {**cmpl_choice, **ids}), False),
+        "CompletionChunk": envelope("text_completion", _obj(list(cmpl_choice), {**cmpl_choice, **ids}), True),
         "ChatCompletion": envelope("chat.completion", _obj(list(chat_choice) + ["message"], {
-            **chat_choice, "message": _obj(["role", "content"], {
+            **chat_choice, "token_ids": IDS, "message": _obj(["role", "content"], {
                 "role": {"const": "assistant"}, "content": _opt(STR), "tool_calls": _list(call), **thought})}), False),
         "ChatCompletionChunk": envelope("chat.completion.chunk", _obj(
-            list(chat_choice) + ["delta"], {**chat_choice, "delta": _obj([], {
+            list(chat_choice) + ["delta"], {**chat_choice, "token_ids": IDS, "delta": _obj([], {
                 "role": {"const": "assistant"}, "content": STR, "tool_calls": _list(call_delta), **thought})}), True),
         "Model": _obj(["id", "object", "created", "owned_by"],
                       {"id": STR, "object": {"const": "model"}, "created": _int(0), "owned_by": STR,
