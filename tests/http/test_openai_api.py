@@ -72,7 +72,7 @@ def test_n_choices_get_distinct_seeds(srv):
 
 
 def test_choice_seeds_of_neighbouring_seeds_do_not_overlap():
-    from spmd_serve.frontend.openai.handlers import choice_seed
+    from spmd_serve.frontend.common.generation import choice_seed
 
     # seed + index gave seed 1's choices 1..3 to seed 2's choices 0..2: a sweep drew the same samples
     drawn = [choice_seed(seed, i) for seed in range(200) for i in range(8)]

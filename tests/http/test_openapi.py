@@ -162,7 +162,7 @@ CHECKS = [no_server_error, status_code_conformance, content_type_conformance, re
 def non_streaming(doc: dict[str, Any]) -> Any:
     """The document with `stream` pinned to false, loaded by schemathesis."""
     doc = copy.deepcopy(doc)
-    for name in ("NativeRequest", "CompletionRequest", "ChatCompletionRequest", "ResponsesRequest"):
+    for name in ("NativeRequest", "CompletionRequest", "ChatCompletionRequest", "ResponsesRequest", "MessagesRequest"):
         doc["components"]["schemas"][name]["properties"]["stream"] = {"enum": [False, None]}
     return schemathesis.openapi.from_dict(doc)
 
@@ -202,6 +202,7 @@ POSTS = (
     "/v1/chat/completions/completions",
     "/v1/chat/completions/chat/completions",
     "/v1/responses",
+    "/v1/messages",
 )
 
 

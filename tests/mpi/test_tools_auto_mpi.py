@@ -14,6 +14,7 @@ import re
 import shutil
 from pathlib import Path
 
+import anthropic
 import openai
 import pytest
 import requests
@@ -129,6 +130,49 @@ def test_the_responses_api_answers_as_chat_does(client):
         events = list(client.responses.create(**kw, stream=True))
         assert "".join(e.delta for e in events if e.type == "response.output_text.delta") == got.output_text
         assert "".join(e.delta for e in events if e.type == "response.reasoning_text.delta") == "".join(thought)
+
+
+WEATHER = {"name": "get_weather", "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}}}
+CALL = {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}
+TURNS = [  # (a call and its result, in the Messages API's shape, and in chat's)
+    {"role": "user", "content": "Weather in Paris?"},
+    {
+        "role": "assistant",
+        "content": [{"type": "tool_use", "id": "c1", "name": "get_weather", "input": {"city": "Paris"}}],
+    },
+    {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "c1", "content": "sunny"}]},
+]
+SAME = [TURNS[0], {"role": "assistant", "content": None, "tool_calls": [CALL]},
+        {"role": "tool", "tool_call_id": "c1", "content": "sunny"}]  # fmt: skip
+
+
+def test_the_messages_api_answers_as_chat_does(client):
+    """/v1/messages to the official `anthropic` client, a conversation with a tool call and its result in
+    Qwen2.5's template: the greedy answer is chat's for the same messages, whole and streamed; thinking
+    (the template's `thinking` variable) comes back as a thinking block, chat's `reasoning`."""
+    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": WEATHER["input_schema"]}}]
+    base = str(client.base_url).removesuffix("/v1/")
+    messages = anthropic.Anthropic(base_url=base, api_key="x", max_retries=0).messages
+    for thinking in (None, {"type": "enabled", "budget_tokens": 1024}):
+        variables = {"enable_thinking": True, "thinking": True} if thinking else {}
+        extra = {"chat_template_kwargs": variables}
+        chat = client.chat.completions.create(
+            model="default", messages=SAME, tools=tools, max_tokens=12, temperature=0, extra_body=extra
+        )
+        kw = dict(model="default", messages=TURNS, tools=[WEATHER], max_tokens=12, extra_body={"temperature": 0})
+        kw.update({"thinking": thinking} if thinking else {})
+        got = messages.create(**kw)
+        answer = chat.choices[0].message
+        expect = [("thinking", answer.model_extra["reasoning"])] if thinking else []
+        expect += [("text", answer.content)] if answer.content else []
+        assert [(b.type, getattr(b, "thinking", None) or b.text) for b in got.content] == expect
+        reason = {"length": "max_tokens", "stop": "end_turn", "tool_calls": "tool_use"}[chat.choices[0].finish_reason]
+        assert (got.stop_reason, got.usage.output_tokens) == (reason, chat.usage.completion_tokens)
+        with messages.stream(**kw) as stream:
+            streamed = stream.get_final_message().content
+        assert [b.model_dump(exclude_none=True) for b in streamed] == [
+            b.model_dump(exclude_none=True) for b in got.content
+        ]
 
 
 def _sampled_answers(client, extra: dict, prompt: str, seed: int, ends: tuple[str, ...] = ("stop",)) -> list[str]:

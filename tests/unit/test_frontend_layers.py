@@ -1,5 +1,6 @@
 """The front end's layering, read from the source (no import): text <- common <- protocols <- server,
-no protocol imports another except triton -> native (Triton carries native requests), no import
+no protocol imports another except triton -> native (Triton carries native requests) and anthropic ->
+openai (the Messages API is served as the chat request it asks for), no import
 cycle between modules, every module under 300 lines, and no read of tornado's private handler
 state (`_finished`, `_reason`, ...)."""
 
@@ -22,7 +23,8 @@ ALLOWED = {
     "native": {"native", "common", "text"},
     "openai": {"openai", "common", "text"},
     "triton": {"triton", "native", "common", "text"},
-    "server": {"server", "native", "openai", "triton", "common", "text"},
+    "anthropic": {"anthropic", "openai", "common", "text"},
+    "server": {"server", "native", "openai", "triton", "anthropic", "common", "text"},
 }
 TORNADO_PRIVATE = {
     "_finished",

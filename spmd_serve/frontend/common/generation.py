@@ -34,6 +34,18 @@ log = logging.getLogger(__name__)
 _EXPIRED = object()  # put in a request's queue by its deadline timer
 
 
+def choice_seed(seed: int, index: int) -> int:
+    """The seed of choice `index` (over the prompts, then n) of a request seeded `seed`: choice 0 keeps
+    it (n = 1 draws what the first of n draws), the others a splitmix64 mix of both, so that no choice
+    of seed s repeats one of seed s + 1 (seed + index did: a sweep over seeds drew the same samples)."""
+    if index == 0:
+        return seed
+    z = (seed * 0x9E3779B97F4A7C15 + index) & (1 << 64) - 1
+    z = (z ^ z >> 30) * 0xBF58476D1CE4E5B9 & (1 << 64) - 1
+    z = (z ^ z >> 27) * 0x94D049BB133111EB & (1 << 64) - 1
+    return (z ^ z >> 31) % (1 << 63)  # the engine's seeds: non-negative int64
+
+
 class GenerationError(Exception):
     """The request failed after it was submitted; `tail` is text already made but not sent."""
 
@@ -50,6 +62,7 @@ class Delta:
     finish_reason: str | None = None  # set on the last delta: "stop" | "length"
     num_cached_tokens: int = 0  # prompt tokens the engine found in its prefix cache
     prompt_logprobs: list[Any] | None = None  # the first delta of a request asking prompt logprobs
+    stop_sequence: str = ""  # the stop string that ended the request (on its last delta), if one did
 
 
 class Generation:
@@ -163,6 +176,7 @@ class Generation:
                 reason,
                 self.num_cached_tokens,
                 out.prompt_logprobs,
+                asm.stop,
             )
             if reason is not None:
                 return

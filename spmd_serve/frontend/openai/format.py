@@ -32,6 +32,7 @@ class ChoiceState:
     calls: tool_parsers.CallParser | None = None  # tool_choice "auto": the streamed answer's reader
     thinking: reasoning.ReasoningSplitter | None = None  # a reasoning model's streamed answer: its think block apart
     token_ids: list[int] = field(default_factory=list)  # vLLM's return_token_ids: the answer's ids
+    stop_sequence: str = ""  # the stop string that ended the answer, if one did
     ids_sent: int = 0  # ... of which streamed chunks have carried the first ones
 
 
@@ -213,6 +214,26 @@ class Formatter(LogprobFormat):
         body = self._envelope("chat.completion.chunk" if self.chat else "text_completion", [])
         body["usage"] = self.usage(states)
         return body
+
+
+Pieces = tuple[str, str, list[dict[str, Any]]]  # (thinking, text, tool-call deltas) of a chat answer
+
+
+def whole_pieces(fmt: Formatter, states: list[ChoiceState]) -> tuple[Pieces, str | None]:
+    """A whole chat answer's (choice 0's) pieces and finish reason: what the Responses and Messages
+    APIs build their answers from (each call a delta with its index)."""
+    choice = fmt.whole(states)["choices"][0]
+    message = choice["message"]
+    calls = [{"index": j, **c} for j, c in enumerate(message.get("tool_calls") or [])]
+    return (message.get("reasoning") or "", message.get("content") or "", calls), choice["finish_reason"]
+
+
+def chunk_pieces(chunk: dict[str, Any]) -> tuple[Pieces, str | None]:
+    """... of one streamed chat chunk."""
+    choice = chunk["choices"][0]
+    delta = choice["delta"]
+    pieces = (delta.get("reasoning") or "", delta.get("content") or "", delta.get("tool_calls") or [])
+    return pieces, choice["finish_reason"]
 
 
 def model_list(names: tuple[str, ...], max_model_len: int) -> dict[str, Any]:

@@ -25,7 +25,7 @@ from tornado.web import RequestHandler
 
 from spmd_serve.engine import json_masks
 from spmd_serve.engine.client import EngineClient
-from spmd_serve.frontend.common.generation import Delta, Generation, GenerationError, merged
+from spmd_serve.frontend.common.generation import Delta, Generation, GenerationError, choice_seed, merged
 from spmd_serve.frontend.common.http_base import AUTH_HINT, JsonBodyHandler, bearer_ok, reason_phrase
 from spmd_serve.frontend.common.parsing import Limits, ProtocolError
 from spmd_serve.frontend.openai.body import OpenAIError, error_body
@@ -38,19 +38,8 @@ SSE = "text/event-stream; charset=utf-8"
 DEADLINE_S = 3600.0  # OpenAI bodies carry no timeout; this only guarantees that nothing hangs
 
 
-def choice_seed(seed: int, index: int) -> int:
-    """The seed of choice `index` (over the prompts, then n) of a request seeded `seed`: choice 0 keeps
-    it (n = 1 draws what the first of n draws), the others a splitmix64 mix of both, so that no choice
-    of seed s repeats one of seed s + 1 (seed + index did: a sweep over seeds drew the same samples)."""
-    if index == 0:
-        return seed
-    z = (seed * 0x9E3779B97F4A7C15 + index) & (1 << 64) - 1
-    z = (z ^ z >> 30) * 0xBF58476D1CE4E5B9 & (1 << 64) - 1
-    z = (z ^ z >> 27) * 0x94D049BB133111EB & (1 << 64) - 1
-    return (z ^ z >> 31) % (1 << 63)  # the engine's seeds: non-negative int64
-
-
 Rename = Callable[[str, str | None], tuple[str, str | None]]  # (message, param) as another API names them
+Refuse = Callable[[RequestHandler, int, str, str | None], None]  # sends an error body in an API's shape
 
 
 def no_rename(msg: str, param: str | None) -> tuple[str, str | None]:
@@ -88,16 +77,24 @@ class OpenAIServing:
             await self.answer(h, gens, (self._stream if fmt.req.stream else self._whole)(h, fmt, gens, states))
 
     async def start(
-        self, h: JsonBodyHandler, kind: str, body: dict[str, Any], resp_id: str, rename: Rename = no_rename
+        self,
+        h: JsonBodyHandler,
+        kind: str,
+        body: dict[str, Any],
+        resp_id: str,
+        rename: Rename = no_rename,
+        send: Refuse = send_openai_error,
+        key_checked: bool = False,
     ) -> tuple[Formatter, list[Generation], list[ChoiceState]] | None:
-        """Everything before the answer: the key checked, the body parsed and checked, its choices
-        submitted (cancelled if the client goes).  None where a refusal was sent instead (its message
-        and param through `rename`: the Responses API's names for the chat fields)."""
+        """Everything before the answer: the key checked (unless the route checked its own header),
+        the body parsed and checked, its choices submitted (cancelled if the client goes).  None where
+        a refusal was sent instead (by `send`, its message and param through `rename`: another API's
+        names for the chat fields)."""
 
         def refuse(status: int, msg: str, param: str | None = None) -> None:
-            send_openai_error(h, status, *rename(msg, param))
+            send(h, status, *rename(msg, param))
 
-        if not bearer_ok(h.request.headers.get("Authorization"), self.api_key):
+        if not key_checked and not bearer_ok(h.request.headers.get("Authorization"), self.api_key):
             send_openai_error(h, 401, AUTH_HINT)
             return None
         slow: Slow = []
@@ -138,14 +135,16 @@ class OpenAIServing:
         return fmt, gens, [ChoiceState(i) for i in range(len(gens))]
 
     @staticmethod
-    async def answer(h: JsonBodyHandler, gens: list[Generation], writing: Awaitable[None]) -> None:
+    async def answer(
+        h: JsonBodyHandler, gens: list[Generation], writing: Awaitable[None], send: Refuse = send_openai_error
+    ) -> None:
         """Await the answer's `writing`; whatever happens, the request ends and its choices close."""
         try:
             await writing
         except Exception:  # a bug must still end the request cleanly, not hang the client
             log.exception("OpenAI request %s failed", gens[0].req_id if gens else "?")
             if not (h.gone or h.finished or h.started):
-                send_openai_error(h, 500, "internal server error")
+                send(h, 500, "internal server error", None)
         finally:
             for g in gens:
                 g.close()
@@ -177,7 +176,7 @@ class OpenAIServing:
     def apply(fmt: Formatter, state: ChoiceState, d: Delta) -> tuple[str, list]:
         """(text to send, logprobs entries) of one delta; the choice's state advanced."""
         state.finish_reason = "length" if fmt.req.echo_only and d.finish_reason else d.finish_reason
-        state.cached_tokens = d.num_cached_tokens
+        state.cached_tokens, state.stop_sequence = d.num_cached_tokens, d.stop_sequence
         entries = fmt.prompt_entries(state, d.prompt_logprobs)
         fmt.prompt_logprobs(state, d.prompt_logprobs)
         if fmt.req.echo_only:  # max_tokens 0: the one token the engine made is not the answer's

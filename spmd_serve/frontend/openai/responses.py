@@ -15,7 +15,7 @@ from spmd_serve.frontend.common.generation import Generation, GenerationError, m
 from spmd_serve.frontend.common.http_base import AUTH_HINT, JsonBodyHandler, bearer_ok
 from spmd_serve.frontend.common.parsing import ProtocolError
 from spmd_serve.frontend.openai import responses_request
-from spmd_serve.frontend.openai.format import ChoiceState, Formatter
+from spmd_serve.frontend.openai.format import ChoiceState, Formatter, chunk_pieces, whole_pieces
 from spmd_serve.frontend.openai.handlers import SSE, OpenAIServing, send_openai_error
 from spmd_serve.frontend.openai.responses_format import ResponseBuilder, sse, usage
 
@@ -58,11 +58,9 @@ class ResponsesHandler(JsonBodyHandler):
     ) -> None:
         if not await OpenAIServing.collect(self, fmt, gens, states):
             return
-        choice = fmt.whole(states)["choices"][0]
-        message = choice["message"]
-        calls = [{"index": j, **c} for j, c in enumerate(message.get("tool_calls") or [])]
-        out.add(message.get("reasoning") or "", message.get("content") or "", calls)
-        out.end(choice["finish_reason"], self._usage(fmt, states, out))
+        pieces, reason = whole_pieces(fmt, states)
+        out.add(*pieces)
+        out.end(reason, self._usage(fmt, states, out))
         if not self.gone:
             self.set_header("Content-Type", "application/json; charset=utf-8")
             self.write(json.dumps(out.response(), ensure_ascii=False))
@@ -79,13 +77,10 @@ class ResponsesHandler(JsonBodyHandler):
                 chunk = fmt.chunk(states, i, text, entries, states[i].finish_reason)
                 if chunk is None:
                     continue
-                choice = chunk["choices"][0]
-                delta = choice["delta"]
-                events = out.add(
-                    delta.get("reasoning") or "", delta.get("content") or "", delta.get("tool_calls") or []
-                )
-                if choice["finish_reason"] is not None:
-                    events += out.end(choice["finish_reason"], self._usage(fmt, states, out))
+                pieces, reason = chunk_pieces(chunk)
+                events = out.add(*pieces)
+                if reason is not None:
+                    events += out.end(reason, self._usage(fmt, states, out))
                 if events and not await self._send(events):
                     return
         except GenerationError as e:

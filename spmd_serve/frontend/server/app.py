@@ -22,6 +22,7 @@ from tornado.netutil import bind_sockets
 from tornado.web import Application
 
 from spmd_serve.engine.client import EngineClient
+from spmd_serve.frontend.anthropic.handler import messages_routes
 from spmd_serve.frontend.native.handler import NativeChatHandler, NotFoundHandler
 from spmd_serve.frontend.openai.handlers import OpenAIServing, openai_routes, send_openai_error
 from spmd_serve.frontend.openai.responses import responses_routes
@@ -74,6 +75,7 @@ def make_service_app(
     routes: list[tuple] = [(r"/v1/chat/completions", NativeChatHandler, native)]
     routes += openai_routes(openai, settings.max_body_size) + [openapi_route(settings)]
     routes += tokenize_routes(openai, settings.max_body_size) + responses_routes(openai, settings.max_body_size)
+    routes += messages_routes(openai, settings.max_body_size)
     routes += list(extra_handlers or [])
     routes += health_routes(client, settings.live_threshold_s, with_plain_health=True)
     return CorsApplication(routes, default_handler_class=ServiceNotFound)

@@ -18,6 +18,7 @@ from typing import Any
 from tornado.web import RequestHandler
 
 from spmd_serve import __version__
+from spmd_serve.frontend.server.openapi_messages import messages_schemas
 from spmd_serve.frontend.server.openapi_responses import responses_schemas
 from spmd_serve.frontend.server.openapi_schemas import JSON, NDJSON, SSE, Schema, ref, schemas
 from spmd_serve.frontend.server.settings import IOSettings
@@ -118,6 +119,14 @@ def openapi_document(s: IOSettings) -> dict[str, Any]:
         f"{JSON}: the Response; with stream: true, {SSE}: `event: <type>` and `data: <event>`, the last "
         "response.completed or response.incomplete (an error event after a failure), no [DONE]"
     )
+    messages = _post("Anthropic Messages API: the chat answer as a Message", ref("MessagesRequest"),
+                     {JSON: ref("Message"), SSE: ref("MessageEvent")}, gen_codes, ref("AnthropicError"), s)  # fmt: skip
+    messages["responses"]["200"]["description"] = (
+        f"{JSON}: the Message; with stream: true, {SSE}: `event: <type>` and `data: <event>`, the last "
+        "message_stop (an error event after a failure); the key may also come as x-api-key"
+    )
+    count = _post("Anthropic's count_tokens: the prompt a Messages body is served with", ref("CountTokensRequest"),
+                  {JSON: ref("TokenCount")}, (400, 401, 404, 413), ref("AnthropicError"), s)  # fmt: skip
     tokenize = _post("vLLM's /tokenize: a prompt's or chat's token ids", ref("TokenizeRequest"),
                      {JSON: ref("Tokenized")}, (400, 401, 404, 413), ref("OpenAIError"), s)  # fmt: skip
     detokenize = _post("vLLM's /detokenize: token ids' text, special tokens written", ref("DetokenizeRequest"),
@@ -146,6 +155,8 @@ def openapi_document(s: IOSettings) -> dict[str, Any]:
             "/v1/chat/completions": {"post": chat},
             "/v1/completions": {"post": completion},
             "/v1/responses": {"post": responses},
+            "/v1/messages": {"post": messages},
+            "/v1/messages/count_tokens": {"post": count},
             "/v1/chat/completions/completions": {"post": completion},
             "/v1/chat/completions/chat/completions": {"post": openai_chat},
             "/v1/models": {"get": models},
@@ -159,7 +170,11 @@ def openapi_document(s: IOSettings) -> dict[str, Any]:
             "/v2/health/ready": {"get": ready, "head": bare},
             "/openapi.json": {"get": _get("This document", {"type": "object"}, {}, s)},
         },
-        "components": {"schemas": (table := schemas(s)) | responses_schemas(s, table["ChatCompletionRequest"])},
+        "components": {
+            "schemas": (table := schemas(s))
+            | responses_schemas(s, table["ChatCompletionRequest"])
+            | messages_schemas(s, table["ChatCompletionRequest"])
+        },
     }
     if s.api_key:
         doc["components"]["securitySchemes"] = {"bearer": {"type": "http", "scheme": "bearer"}}

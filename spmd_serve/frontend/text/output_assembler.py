@@ -40,6 +40,7 @@ class OutputAssembler:
         self.ids: list[int] = []
         self.sent = 0  # characters of self.text already handed out
         self.stopped = False  # a stop string was found (text is cut before it)
+        self.stop = ""  # ... this one
 
     def add(self, new_ids: list[int], finished: bool, stopped: bool = True) -> str:
         """Feed one engine output; return the text that may be sent now.  `stopped`: when finished,
@@ -64,9 +65,9 @@ class OutputAssembler:
             # A stop string starting before checked - hold would already have been found (or lies
             # wholly in the first min_tokens tokens' text).
             start = max(0, checked - self._hold)
-            hits = [(i, -len(s)) for i, s in ((self.text.find(s, start), s) for s in self._stops) if i >= 0]
+            hits = [(i, -len(s), s) for i, s in ((self.text.find(s, start), s) for s in self._stops) if i >= 0]
             if hits:
-                at, minus_len = min(hits)  # the first stop string, the longest of those there
+                at, minus_len, self.stop = min(hits)  # the first stop string, the longest of those there
                 self.text = self.text[: at - minus_len if self._include_stop else at]
                 self.stopped = True
         end = len(self.text)
