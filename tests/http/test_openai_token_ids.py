@@ -2,7 +2,8 @@
 prompt's ids (per choice for completions, beside the choices for chat) and each choice's answer ids,
 whole and streamed (each chunk its new ids, the prompt's in a choice's first chunk) alike; the ids are
 the tokenizer's own (/tokenize) and the engine's (the fake echoes its prompt after BOS, so its answer
-ids are the prompt's cycled), one per completion token; none unless asked, refused by the native API."""
+ids are the prompt's cycled), one per completion token; none unless asked, refused by the native API; and
+vLLM's stop_reason."""
 
 from __future__ import annotations
 
@@ -94,3 +95,22 @@ def test_none_unless_asked_and_refused_where_not_read(server):
         client.completions.create(model="default", prompt="hey", max_tokens=2, extra_body={"return_token_ids": 1})
     r = requests.post(server.base + "/v1/chat/completions", json={"text": "hey", "return_token_ids": True}, timeout=30)
     assert r.status_code == 400 and "return_token_ids" in r.json()["error_msg"]
+
+
+def test_stop_reason_names_what_stopped_the_answer(server):
+    """vLLM's stop_reason: the stop string, the stop_token_ids id, or null (a length), in the whole
+    answer's choices and in a stream's last chunk."""
+    client, c_id = server.client_, ord("c") + 3  # (the fake tokenizer's id of "c")
+    for extra, text, reason in [
+        ({"stop": ["ca"]}, "ab", "ca"),
+        ({"extra_body": {"stop_token_ids": [c_id]}}, "ab", c_id),
+        ({}, "abcabc", None),
+    ]:
+        kw = dict(model="default", prompt="abcabc", max_tokens=6, **extra)
+        whole = client.completions.create(**kw).choices[0]
+        assert (whole.text, whole.model_extra["stop_reason"]) == (text, reason)
+        chunks = [c.choices[0] for c in client.completions.create(**kw, stream=True)]
+        assert [c.model_extra.get("stop_reason", "absent") for c in chunks][-2:] == ["absent", reason]
+        chat = client.chat.completions.create(model="default", messages=[{"role": "user", "content": "abcabc"}],
+                                              max_tokens=20, **extra).choices[0]  # fmt: skip
+        assert chat.model_extra["stop_reason"] == reason

@@ -119,6 +119,7 @@ def test_the_answer_comes_back_as_one_tool_call_whole_and_streamed():
         "delta": {},
         "logprobs": None,
         "finish_reason": "stop",
+        "stop_reason": None,
     }
     assert all("content" not in c["delta"] for c in chunks)
 

@@ -33,6 +33,7 @@ class ChoiceState:
     thinking: reasoning.ReasoningSplitter | None = None  # a reasoning model's streamed answer: its think block apart
     token_ids: list[int] = field(default_factory=list)  # vLLM's return_token_ids: the answer's ids
     stop_sequence: str = ""  # the stop string that ended the answer, if one did
+    stop_reason: str | int | None = None  # vLLM's: that string, or the stop_token_ids id that ended it
     ids_sent: int = 0  # ... of which streamed chunks have carried the first ones
 
 
@@ -84,6 +85,7 @@ class Formatter(LogprobFormat):
                 choices.append({"index": s.index, "text": text, "logprobs": lp, "finish_reason": s.finish_reason})
                 if self.req.prompt_logprobs is not None:  # vLLM's: per choice in completions
                     choices[-1]["prompt_logprobs"] = s.prompt_logprobs
+            choices[-1]["stop_reason"] = s.stop_reason
             self._token_ids(choices[-1], choices[-1], s, True)
         body = self._envelope("chat.completion" if self.chat else "text_completion", choices)
         if self.chat and self.req.prompt_logprobs is not None:  # vLLM's: once for chat's one prompt
@@ -123,6 +125,8 @@ class Formatter(LogprobFormat):
             choice = {"index": state.index, "delta": delta, "logprobs": lp, "finish_reason": finish_reason}
         else:
             choice = {"index": state.index, "text": text, "logprobs": lp, "finish_reason": finish_reason}
+        if finish_reason is not None:  # (vLLM's: in the last chunk, as in the whole answer)
+            choice["stop_reason"] = state.stop_reason
         body = self._envelope("chat.completion.chunk" if self.chat else "text_completion", [choice])
         self._token_ids(body, choice, state, first)
         if self.req.include_usage:

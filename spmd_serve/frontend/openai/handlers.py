@@ -177,6 +177,9 @@ class OpenAIServing:
         """(text to send, logprobs entries) of one delta; the choice's state advanced."""
         state.finish_reason = "length" if fmt.req.echo_only and d.finish_reason else d.finish_reason
         state.cached_tokens, state.stop_sequence = d.num_cached_tokens, d.stop_sequence
+        if d.finish_reason == "stop":  # vLLM's stop_reason: the stop string, or the stop_token_ids id (not the EOS)
+            last = d.token_ids[-1] if d.token_ids else None
+            state.stop_reason = d.stop_sequence or (last if last in fmt.req.params.stop_token_ids else None)
         entries = fmt.prompt_entries(state, d.prompt_logprobs)
         fmt.prompt_logprobs(state, d.prompt_logprobs)
         if fmt.req.echo_only:  # max_tokens 0: the one token the engine made is not the answer's

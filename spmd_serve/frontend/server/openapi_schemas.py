@@ -197,7 +197,10 @@ def schemas(s: IOSettings) -> dict[str, Schema]:
     thought = {k: STR | {"description": "the answer's think block"} for k in ("reasoning", "reasoning_content")}
     cmpl_choice = {"index": _int(0), "text": STR, "logprobs": cmpl_lp,
                    "finish_reason": _opt(FINISH)}
-    ids = {"token_ids": IDS, "prompt_token_ids": IDS}  # (return_token_ids: chat's prompt ids beside the choices)
+    stop = {"anyOf": [STR, _int(0), {"type": "null"}], "description": "vLLM's: the stop string or stop_token_ids id "
+            "that ended the answer (null: the EOS or a length)"}
+    ids = {"token_ids": IDS, "prompt_token_ids": IDS, "stop_reason": stop}  # (return_token_ids: chat's prompt ids
+    # beside the choices)
     frame = _obj(["req_id", "token", "token_ids", "is_end", "send_idx", "error_msg", "error_code"],
                  {"req_id": STR, "token": STR, "token_ids": IDS, "is_end": {"enum": [0, 1]},
                   "send_idx": _int(0), "error_msg": STR, "error_code": _int(0),
@@ -251,10 +254,10 @@ def schemas(s: IOSettings) -> dict[str, Schema]:
         "Completion": envelope("text_completion", _obj(list(cmpl_choice), {**cmpl_choice, **ids}), False),
         "CompletionChunk": envelope("text_completion", _obj(list(cmpl_choice), {**cmpl_choice, **ids}), True),
         "ChatCompletion": envelope("chat.completion", _obj(list(chat_choice) + ["message"], {
-            **chat_choice, "token_ids": IDS, "message": _obj(["role", "content"], {
+            **chat_choice, "token_ids": IDS, "stop_reason": stop, "message": _obj(["role", "content"], {
                 "role": {"const": "assistant"}, "content": _opt(STR), "tool_calls": _list(call), **thought})}), False),
         "ChatCompletionChunk": envelope("chat.completion.chunk", _obj(
-            list(chat_choice) + ["delta"], {**chat_choice, "token_ids": IDS, "delta": _obj([], {
+            list(chat_choice) + ["delta"], {**chat_choice, "token_ids": IDS, "stop_reason": stop, "delta": _obj([], {
                 "role": {"const": "assistant"}, "content": STR, "tool_calls": _list(call_delta), **thought})}), True),
         "Model": _obj(["id", "object", "created", "owned_by"],
                       {"id": STR, "object": {"const": "model"}, "created": _int(0), "owned_by": STR,
