@@ -199,6 +199,7 @@ _OPENAI_COMMON = {
     "bad_words": Field(st.lists(TEXT, max_size=3), st.one_of(TEXT, st.lists(JUNK, min_size=1, max_size=3), JUNK)),
     "truncate_prompt_tokens": integer(1, 20),
     "return_tokens_as_token_ids": BOOL,
+    "return_token_ids": BOOL,
     # token id (a decimal string) -> bias; bad maps: ids past every bound, "07"-style repeats, junk values
     "logit_bias": Field(
         st.dictionaries(TOKEN.map(str), st.floats(-100, 100), max_size=4),
