@@ -47,10 +47,9 @@ class MessagesHandler(JsonBodyHandler):
         send_error(self, status, msg)
 
     def _key_ok(self) -> bool:
-        key, given = self.serving.api_key, self.request.headers.get("x-api-key")
-        return bearer_ok(None if given is None else f"Bearer {given}", key) or (
-            given is None and bearer_ok(self.request.headers.get("Authorization"), key)
-        )
+        given = self.request.headers.get("x-api-key")
+        return bearer_ok(self.request.headers.get("Authorization") if given is None else f"Bearer {given}",
+                         self.serving.api_key)  # fmt: skip
 
     async def post(self) -> None:
         if not self._key_ok():

@@ -86,7 +86,7 @@ class Formatter(LogprobFormat):
                 if self.req.prompt_logprobs is not None:  # vLLM's: per choice in completions
                     choices[-1]["prompt_logprobs"] = s.prompt_logprobs
             choices[-1]["stop_reason"] = s.stop_reason
-            self._token_ids(choices[-1], choices[-1], s, True)
+            self._token_ids(choices[-1], choices[-1], s, not self.chat)  # (chat's prompt ids: beside, below)
         body = self._envelope("chat.completion" if self.chat else "text_completion", choices)
         if self.chat and self.req.prompt_logprobs is not None:  # vLLM's: once for chat's one prompt
             body["prompt_logprobs"] = states[0].prompt_logprobs

@@ -199,8 +199,8 @@ def schemas(s: IOSettings) -> dict[str, Schema]:
                    "finish_reason": _opt(FINISH)}
     stop = {"anyOf": [STR, _int(0), {"type": "null"}], "description": "vLLM's: the stop string or stop_token_ids id "
             "that ended the answer (null: the EOS or a length)"}
-    ids = {"token_ids": IDS, "prompt_token_ids": IDS, "stop_reason": stop}  # (return_token_ids: chat's prompt ids
-    # beside the choices)
+    # (return_token_ids: a completion choice's ids; chat's prompt ids are beside the choices)
+    ids = {"token_ids": IDS, "prompt_token_ids": IDS, "stop_reason": stop}
     frame = _obj(["req_id", "token", "token_ids", "is_end", "send_idx", "error_msg", "error_code"],
                  {"req_id": STR, "token": STR, "token_ids": IDS, "is_end": {"enum": [0, 1]},
                   "send_idx": _int(0), "error_msg": STR, "error_code": _int(0),
