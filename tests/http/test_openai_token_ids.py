@@ -114,3 +114,19 @@ def test_stop_reason_names_what_stopped_the_answer(server):
         chat = client.chat.completions.create(model="default", messages=[{"role": "user", "content": "abcabc"}],
                                               max_tokens=20, **extra).choices[0]  # fmt: skip
         assert chat.model_extra["stop_reason"] == reason
+
+
+def test_a_speculative_steps_ids_end_at_the_stop(server):
+    """A step that accepts several tokens (speculative decoding) and completes a stop string with its
+    first: the ids after it are not the answer's ids, logprobs or completion tokens (whole or streamed)."""
+    server.engine.tokens_per_step = 3  # "abc" then "abc": "ca" is complete at the second step's first token
+    client, prompt = server.client_, tokenized(server, prompt="abcabc")
+    kw = dict(model="default", prompt="abcabc", max_tokens=9, stop=["ca"], logprobs=1, extra_body=ASK)
+    whole = client.completions.create(**kw)
+    c = whole.choices[0]
+    assert (c.text, c.model_extra["token_ids"], whole.usage.completion_tokens) == ("ab", echoed(prompt, 4), 4)
+    assert len(c.logprobs.tokens) == 4
+    chunks = list(client.completions.create(**kw, stream=True, stream_options={"include_usage": True}))
+    assert sum((ch.choices[0].model_extra["token_ids"] for ch in chunks if ch.choices), []) == echoed(prompt, 4)
+    assert sum(len(ch.choices[0].logprobs.tokens) for ch in chunks if ch.choices) == 4
+    assert chunks[-1].usage.completion_tokens == 4

@@ -1,10 +1,11 @@
 """Test doubles for the IO side: a fake engine thread and a character-level fake tokenizer.
 
-FakeEngine plays the engine side of a real EngineClient: it takes commands, "generates" one token per step by cycling
-through the prompt (BOS skipped), honours max/min tokens and eos ids, and records every abort so tests can assert the
-IO side stopped the work.  FakeTokenizer (tests/support/fake_tokenizer.py, re-exported) has one id per character.
-Harness runs an IOServer + FakeEngine on free ports; the helpers at the end talk to it.  FakeComm and
-FakeRunner stand in for the other ranks under the real Engine loop.
+FakeEngine plays the engine side of a real EngineClient: it takes commands, "generates" one token per step (or
+`tokens_per_step`, as a speculative engine does) by cycling through the prompt (BOS skipped), honours max/min
+tokens and eos ids, and records every abort so tests can assert the IO side stopped the work.  FakeTokenizer
+(tests/support/fake_tokenizer.py, re-exported) has one id per character.  Harness runs an IOServer + FakeEngine
+on free ports; the helpers at the end talk to it.  FakeComm and FakeRunner stand in for the other ranks under
+the real Engine loop.
 """
 
 from __future__ import annotations
@@ -79,6 +80,7 @@ class FakeEngine:
         self.vocabs: list[tuple[int, list[bytes]]] = []  # (adds taken before it, the tokens' bytes)
         self.fail_after: dict[str, int] = {}  # req_id -> fail with error after this many tokens
         self.prefix_cache = False  # report cached prompt tokens as the real engine would
+        self.tokens_per_step = 1  # > 1: a speculative engine's steps (several accepted tokens at once)
         self.paused = threading.Event()  # no steps and no heartbeat while set
         self._stop = threading.Event()
         self._running: dict[str, _Seq] = {}
@@ -135,21 +137,28 @@ class FakeEngine:
         if len(seq.out) >= self.fail_after.get(rid, 1 << 30):
             self._running.pop(rid)
             return RequestOutput(rid, [], True, "error", 500, "fake engine failure", len(seq.cmd.prompt_token_ids))
-        tok = prompt[len(seq.out) % len(prompt)]
-        seq.out.append(tok)
         eos = set(params.eos_token_ids) | set(params.stop_token_ids) | {EOS}
+        new: list[int] = []
         reason = None
-        if tok in eos and len(seq.out) >= params.min_tokens:
-            reason = "stop"
-        elif len(seq.out) >= params.max_tokens:
-            reason = "length"
+        while reason is None and len(new) < self.tokens_per_step:
+            tok = prompt[len(seq.out) % len(prompt)]
+            seq.out.append(tok)
+            new.append(tok)
+            if tok in eos and len(seq.out) >= params.min_tokens:
+                reason = "stop"
+            elif len(seq.out) >= params.max_tokens:
+                reason = "length"
         if reason:
             self._running.pop(rid)
         # fake logprobs: the chosen token at -0.5, then ids counting down from it
-        lps = None if params.logprobs is None else [(-0.5, [(tok - k, -0.5 - k) for k in range(params.logprobs)])]
+        lps = (
+            None
+            if params.logprobs is None
+            else [(-0.5, [(t - k, -0.5 - k) for k in range(params.logprobs)]) for t in new]
+        )
         return RequestOutput(
             rid,
-            [tok],
+            new,
             reason is not None,
             reason,
             num_prompt_tokens=len(seq.cmd.prompt_token_ids),

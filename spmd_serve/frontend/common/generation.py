@@ -158,6 +158,7 @@ class Generation:
             if out.new_token_ids and self.first_token_at is None:
                 self.first_token_at = time.monotonic()
                 self.num_cached_tokens = out.num_cached_tokens
+            taken = len(asm.ids)
             try:
                 text = asm.add(out.new_token_ids, out.finished, out.finish_reason == "stop")
             except Exception as e:  # this request's detokenisation or stop strings: it alone fails
@@ -169,10 +170,13 @@ class Generation:
             reason = None
             if out.finished or asm.stopped:
                 reason = "stop" if asm.stopped else (out.finish_reason or "stop")
+            # A speculative step's ids after the one that completed a stop string are not the answer's
+            # (the assembler took ids up to it): nor are they its token_ids, logprobs or usage.
+            taken = len(asm.ids) - taken
             yield Delta(
                 text,
-                list(out.new_token_ids),
-                list(out.logprobs or []),
+                list(out.new_token_ids[:taken]),
+                list(out.logprobs or [])[:taken],
                 reason,
                 self.num_cached_tokens,
                 out.prompt_logprobs,
