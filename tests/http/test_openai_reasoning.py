@@ -54,6 +54,16 @@ def test_an_answer_cut_before_the_close_is_all_thinking(client):
     assert streamed == {**whole, "content": ""}
 
 
+def test_an_all_thinking_answer_goes_back_into_the_conversation(client):
+    """Its message (content null) sent back as it came is an assistant turn with empty content."""
+    kw = dict(model="default", stop=["<user>x"], extra_body={"include_stop_str_in_output": True})
+    message = client.chat.completions.create(**KW, messages=OPENED, max_tokens=5).choices[0].message
+    assert message.content is None
+    turns = [OPENED[0], message.model_dump(), {"role": "user", "content": "x"}]
+    later = client.chat.completions.create(**kw, messages=turns, max_tokens=60).choices[0].message
+    assert later.content == "<user>plan</think>answer\n<assistant>\n<user>x"  # (the fake echoes its prompt)
+
+
 def test_the_request_may_drop_the_thinking_or_keep_it_inline(client):
     whole, streamed = both(client, messages=OPENED, max_tokens=100, extra_body={"include_reasoning": False})
     assert whole == streamed == {"content": "answer", "finish": "stop"}

@@ -5,6 +5,8 @@ and its detokenizer, which can be told to fail on some ids (`poison`).
 
 from __future__ import annotations
 
+from spmd_serve.frontend.text.chat_template import normalize_messages
+
 BOS, EOS, OFFSET = 1, 2, 3  # ids below OFFSET are special and decode to ""
 
 
@@ -69,13 +71,9 @@ class FakeTokenizer:
     ) -> list[int]:
         if text is not None:
             messages = [{"role": "user", "content": text}]
-        # ValueError for every malformed message, as the real ServingTokenizer raises
-        if not messages or any(
-            not isinstance(m, dict)
-            or m.get("role") not in ("user", "assistant", "system")
-            or not isinstance(m.get("content"), (str, list))
-            for m in messages
-        ):
+        # ValueError for every malformed message, as the real ServingTokenizer raises (its own checks)
+        messages = normalize_messages(messages, None)
+        if any(m["role"] not in ("user", "assistant", "system") for m in messages):
             raise ValueError("messages: role must be user, assistant or system")
         return [BOS] + self.encode(self.render_chat(messages, system, **chat))
 

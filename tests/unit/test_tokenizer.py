@@ -87,6 +87,19 @@ def test_message_keys_reach_the_template(tok: ServingTokenizer) -> None:
     assert uses.render_chat(named + [{"role": "user", "content": [{"type": "text", "text": "x"}]}]) == "bob: hi|: x|"
 
 
+def test_an_assistant_turn_that_only_thought_has_empty_content(tok: ServingTokenizer) -> None:
+    """Content null (this server's answer when it was all thinking) on an assistant turn: "" to the
+    template, its reasoning_content as it came; null content on any other turn stays refused."""
+    uses = ServingTokenizer(tok._tok, "{% for m in messages %}{{ m.role }}[{{ m.reasoning_content }}]{{ m.content }}|"
+                            "{% endfor %}", [2], 1)  # fmt: skip
+    thought = {"role": "assistant", "content": None, "reasoning_content": "hm"}
+    turns = [{"role": "user", "content": "hi"}, thought, {"role": "user", "content": "go on"}]
+    assert uses.render_chat(turns) == "user[]hi|assistant[hm]|user[]go on|"
+    assert uses.render_chat([turns[0], {"role": "assistant"}]) == "user[]hi|assistant[]|"
+    with pytest.raises(ValueError, match=r"messages\[0\]\.content is missing"):
+        uses.render_chat([{"role": "system", "content": None}])
+
+
 def test_encode_prompt(tok: ServingTokenizer) -> None:
     ids = tok.encode_prompt(text="Hello")
     assert ids == tok.encode(tok.render_chat([{"role": "user", "content": "Hello"}]))
@@ -110,6 +123,7 @@ def test_encode_prompt(tok: ServingTokenizer) -> None:
         {"messages": [{"content": "no role"}]},
         {"messages": [{"role": 3, "content": "x"}]},
         {"messages": [{"role": "user"}]},
+        {"messages": [{"role": "user", "content": None}]},
         {"messages": [{"role": "user", "content": 5}]},
         {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": "x"}]}]},
         {"messages": [{"role": "tool", "content": "x"}]},  # rejected by the template itself

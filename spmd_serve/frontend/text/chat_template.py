@@ -151,6 +151,11 @@ def normalize_messages(messages: Any, system: str | None) -> list[dict[str, Any]
         if m.get("content") is None and m.get("tool_calls"):  # an assistant turn that called tools
             out.append(dict(m))
             continue
+        if m.get("content") is None and m["role"] == "assistant":
+            # a turn that only thought (this server's own answer then has content null; vLLM takes it
+            # back): its content is the empty text, its other keys (reasoning_content) go on as they came
+            out.append({**m, "content": ""})
+            continue
         if "content" not in m or m["content"] is None:
             raise ValueError(f"messages[{i}].content is missing; {_ROLES_HINT}")
         # the message's other keys (`name`, ...) go to the template as they came, as vLLM and
