@@ -24,6 +24,7 @@ MAX_CHOICE_TOKENS = 256  # ids in one of them
 MAX_SCHEMA_CHARS = 1 << 16  # a json_schema's text
 MAX_WHITESPACE_CHARS = 256  # a JSON answer's whitespace pattern
 JSON_OBJECT = '{"type":"object"}'  # OpenAI's json_object as a schema: any one object
+MAX_SALT_CHARS = 1024  # a cache_salt's (vLLM suggests 43: 256 random bits in base64)
 MAX_LOGIT_BIAS = 100.0  # |bias| a request may add to a token's logit (OpenAI's range: -100 bans, 100 forces)
 
 
@@ -82,6 +83,9 @@ class SamplingParams:
     # a JSON value and an end (engine/structural_tag.answer_grammar; masked as a JSON answer is);
     # the answer may end anywhere in the free text
     structural_tag: str = ""
+    # vLLM's cache_salt: this request's prompt shares cached KV blocks only with requests of the same
+    # salt (a tenant's secret, so that another cannot time a hit on its prompts); "" = the shared cache
+    cache_salt: str = ""
 
     @property
     def grammar(self) -> bool:
@@ -180,6 +184,8 @@ class SamplingParams:
         bad_bias = [b for _, b in self.logit_bias if not (_is_float32(b) and abs(b) <= MAX_LOGIT_BIAS)]
         if bad_bias:
             raise ValueError(f"logit_bias values must be numbers in [-100, 100], got {bad_bias[0]!r}")
+        if not isinstance(self.cache_salt, str) or len(self.cache_salt) > MAX_SALT_CHARS:
+            raise ValueError(f"cache_salt must be a string of at most {MAX_SALT_CHARS} characters")
         return self
 
     @property

@@ -58,7 +58,8 @@ class BlockManager:
         have, bs = request.block_hashes, self.block_size
         if len(have) < num_blocks:
             tokens = request.all_token_ids[len(have) * bs : num_blocks * bs]
-            have.extend(chain_hashes(have[-1] if have else self.cache.root, tokens, bs))
+            parent = have[-1] if have else self.cache.root_for(request.params.cache_salt)
+            have.extend(chain_hashes(parent, tokens, bs))
         return have[:num_blocks]
 
     def match_prefix(self, request: Request) -> list[int]:

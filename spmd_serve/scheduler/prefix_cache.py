@@ -4,7 +4,8 @@ This module owns `chain_hashes` and `PrefixCache`.  A full block's K/V is a func
 up to its end (attention mixes the whole prefix into each position), of the model and of how the
 pool stores K/V (int8-KV), so its identity is a hash chain: block i's hash is
 sha256(block i-1's hash || block i's token ids), and the chain starts from sha256(salt), the salt
-naming the model and the KV format.  sha256 rather than Python's `hash`: two different prefixes
+naming the model and the KV format (and a request's own `cache_salt`, when it has one, salts its
+root again: `root_for`).  sha256 rather than Python's `hash`: two different prefixes
 must never share a block, and a 256-bit collision is not a case worth handling.
 
 `PrefixCache` only maps hashes to block ids and keeps the *free* cached blocks in least-recently
@@ -40,6 +41,13 @@ class PrefixCache:
         self._hash_of: dict[int, bytes] = {}
         # Free cached blocks, least recently freed first: the next to be evicted.
         self._evictable: OrderedDict[int, None] = OrderedDict()
+
+    def root_for(self, cache_salt: str) -> bytes:
+        """The chain's root for a request's cache_salt: its own unless the salt is "" (a salted
+        prompt's blocks are hashed apart from everyone else's, so they are found by no other salt)."""
+        if not cache_salt:
+            return self.root
+        return hashlib.sha256(self.root + b"\0salt\0" + cache_salt.encode("utf-8")).digest()
 
     @property
     def num_cached(self) -> int:

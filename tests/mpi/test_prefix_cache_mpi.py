@@ -90,3 +90,29 @@ def test_a_repeated_prompt_reports_its_cached_tokens_everywhere(server, tok):
     chat = client.chat.completions.create(model="default", messages=messages, max_tokens=6, temperature=0)
     assert chat.usage.prompt_tokens == n_prompt  # the same template: the same prompt, all but the last block cached
     assert chat.usage.prompt_tokens_details.cached_tokens == hit
+
+
+def test_a_cache_salt_keeps_a_prompts_blocks_to_its_own_salt(server, tok):
+    """vLLM's cache_salt on the real server: a salted prompt is found again under its salt alone; the
+    answer is the same whatever the salt (greedy), and its id is the request_id asked for."""
+    client = openai.OpenAI(base_url=server.url.rsplit("/chat/", 1)[0], api_key="none", max_retries=0)
+    # (a system prompt of its own: no other test's prompt shares a first block with this one)
+    messages = [{"role": "system", "content": "Salted. " + SYSTEM}, {"role": "user", "content": "Which bird?"}]
+    n_prompt = len(tok.encode_prompt(messages=messages))
+    hit = (n_prompt - 1) // BLOCK * BLOCK
+
+    def cached(salt: str | None) -> tuple[int, str]:
+        extra = {"request_id": f"salted-{salt}"} | ({"cache_salt": salt} if salt else {})
+        chat = client.chat.completions.create(
+            model="default", messages=messages, max_tokens=4, temperature=0, extra_body=extra
+        )
+        assert chat.id == f"chatcmpl-salted-{salt}"
+        return chat.usage.prompt_tokens_details.cached_tokens, chat.choices[0].message.content
+
+    first = cached("tenant-a")
+    assert first[0] == 0 and hit > 0
+    assert cached("tenant-a") == (hit, first[1])
+    assert cached("tenant-b") == (0, first[1])
+    assert cached(None) == (0, first[1])  # (the unsalted cache never held this prompt)
+    assert cached(None) == (hit, first[1])
+    assert cached("tenant-b") == (hit, first[1])

@@ -200,6 +200,8 @@ _OPENAI_COMMON = {
     "truncate_prompt_tokens": integer(1, 20),
     "return_tokens_as_token_ids": BOOL,
     "return_token_ids": BOOL,
+    "request_id": Field(TEXT, st.one_of(JUNK, st.just("x" * 257))),
+    "cache_salt": Field(st.text(min_size=1, max_size=40), st.one_of(JUNK, st.just(""), st.just("s" * 1025))),
     # token id (a decimal string) -> bias; bad maps: ids past every bound, "07"-style repeats, junk values
     "logit_bias": Field(
         st.dictionaries(TOKEN.map(str), st.floats(-100, 100), max_size=4),

@@ -165,3 +165,24 @@ def test_preempted_request_resumes_from_its_own_cached_blocks():
     assert b.num_cached_tokens == 0  # usage reports the first admission's hit only
     for r in (a, b):
         assert (r.output_token_ids, r.finish_reason) == reference(r, 256)
+
+
+def test_a_cache_salt_shares_blocks_only_with_the_same_salt():
+    """vLLM's cache_salt: a salted prompt's blocks are found by requests of its salt alone, and it
+    finds no unsalted (or otherwise salted) ones."""
+    bm = BlockManager(num_blocks=16, block_size=2, enable_caching=True)
+    prompt = [10, 11, 12, 13, 14]
+
+    def salted(req_id: str, salt: str) -> Request:
+        return Request(req_id, prompt, SamplingParams(max_tokens=2, cache_salt=salt), eos_token_ids=frozenset({1}))
+
+    a = salted("a", "tenant-1")
+    _computed(bm, a, 5)
+    assert bm.match_prefix(_req("plain", prompt)) == []
+    assert bm.match_prefix(salted("b", "tenant-2")) == []
+    assert bm.match_prefix(salted("c", "tenant-1")) == a.block_ids[:2]
+    plain = _req("plain2", prompt)
+    _computed(bm, plain, 5)
+    assert bm.match_prefix(_req("plain3", prompt)) == plain.block_ids[:2] != a.block_ids[:2]
+    assert PrefixCache("m").root_for("") == PrefixCache("m").root != PrefixCache("m").root_for("s")
+    assert PrefixCache("m").root_for("s") != PrefixCache("m2").root_for("s")  # (still the model's chain)

@@ -22,7 +22,7 @@ _COMMON = frozenset(
         "min_tokens", "ignore_eos", "user", "logprobs", "logit_bias", "min_p", "allowed_token_ids",
         # vLLM's extras we honour
         "stop_token_ids", "include_stop_str_in_output", "truncate_prompt_tokens", "return_tokens_as_token_ids",
-        "return_token_ids",
+        "return_token_ids", "request_id", "cache_salt",
         "response_format", "guided_json",  # (json_object, json_schema: a schema engine/json_schema.py builds)
         "structured_outputs",  # (later vLLM's "choice", "json", "json_object", "regex" and "grammar")
         *OPENAI_EXTRAS,
@@ -44,7 +44,7 @@ _NEUTRAL_COMMON: dict[str, tuple[Any, ...]] = {
     "tools": ([],), "tool_choice": ("none",), "functions": ([],),
     "function_call": ("none",), "parallel_tool_calls": (),
     # serving (vLLM, OpenAI): no priorities, stored completions, salted caches, ...
-    "priority": (0,), "request_id": (), "cache_salt": (), "kv_transfer_params": (), "vllm_xargs": ({},),
+    "priority": (0,), "kv_transfer_params": (), "vllm_xargs": ({},),
     "mm_processor_kwargs": ({},), "store": (False,), "metadata": ({},), "service_tier": ("auto", "default"),
     "reasoning_effort": (), "modalities": (["text"],), "audio": (), "prediction": (), "web_search_options": (),
 }  # fmt: skip

@@ -30,7 +30,7 @@ from spmd_serve.frontend.common.http_base import AUTH_HINT, JsonBodyHandler, bea
 from spmd_serve.frontend.common.parsing import Limits, ProtocolError
 from spmd_serve.frontend.openai.body import OpenAIError, error_body
 from spmd_serve.frontend.openai.format import ChoiceState, Formatter, model_list
-from spmd_serve.frontend.openai.protocol import OpenAIRequest, check_model, parse_openai
+from spmd_serve.frontend.openai.protocol import OpenAIRequest, check_model, named_id, parse_openai
 from spmd_serve.frontend.openai.token_params import Slow
 
 log = logging.getLogger(__name__)
@@ -71,7 +71,8 @@ class OpenAIServing:
         self.model_names, self.api_key = model_names, api_key
 
     async def handle(self, h: JsonBodyHandler, kind: str, body: dict[str, Any]) -> None:
-        started = await self.start(h, kind, body, ("cmpl-" if kind == "completion" else "chatcmpl-") + uuid.uuid4().hex)
+        prefix = "cmpl-" if kind == "completion" else "chatcmpl-"
+        started = await self.start(h, kind, body, prefix + uuid.uuid4().hex, named=prefix)
         if started is not None:
             fmt, gens, states = started
             await self.answer(h, gens, (self._stream if fmt.req.stream else self._whole)(h, fmt, gens, states))
@@ -85,11 +86,13 @@ class OpenAIServing:
         rename: Rename = no_rename,
         send: Refuse = send_openai_error,
         key_checked: bool = False,
+        named: str = "",
     ) -> tuple[Formatter, list[Generation], list[ChoiceState]] | None:
         """Everything before the answer: the key checked (unless the route checked its own header),
         the body parsed and checked, its choices submitted (cancelled if the client goes).  None where
         a refusal was sent instead (by `send`, its message and param through `rename`: another API's
-        names for the chat fields)."""
+        names for the chat fields).  `named`: the answer's id is this prefix and the X-Request-Id header, else
+        the body's request_id, where either is given (vLLM's; the engine's ids stay `resp_id`'s, unique)."""
 
         def refuse(status: int, msg: str, param: str | None = None) -> None:
             send(h, status, *rename(msg, param))
@@ -100,6 +103,7 @@ class OpenAIServing:
         slow: Slow = []
         try:
             req = parse_openai(kind, body, self.tokenizer, self.limits, self.model_names, slow)
+            shown = named_id(named, h.request.headers.get("X-Request-Id"), req)
             if req.params.grammar:  # (the engine's masks need every token's bytes: read once, here too)
                 slow.append(functools.partial(json_masks.vocabulary_bytes, self.tokenizer))
             for check in slow:  # (a new schema's grammar: ~0.1 s, which every stream of this worker would wait)
@@ -131,7 +135,7 @@ class OpenAIServing:
                 g.cancel()
 
         h.on_gone.append(cancel_all)
-        fmt = Formatter(req, resp_id, self.tokenizer, self.model_names[0])
+        fmt = Formatter(req, shown or resp_id, self.tokenizer, self.model_names[0])
         return fmt, gens, [ChoiceState(i) for i in range(len(gens))]
 
     @staticmethod

@@ -18,10 +18,11 @@ from spmd_serve.frontend.openai import prompts as prompts_of
 from spmd_serve.frontend.openai.body import OpenAIError as OpenAIError  # (re-exported: the parsers' refusal)
 from spmd_serve.frontend.openai.body import get
 from spmd_serve.frontend.openai.fields import FieldError, check_fields
-from spmd_serve.sampling_params import INT32_MAX, MAX_LOGPROBS, SamplingParams
+from spmd_serve.sampling_params import INT32_MAX, MAX_LOGPROBS, MAX_SALT_CHARS, SamplingParams
 
 MAX_N = 16  # choices per request
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # what OpenAI and vLLM use when /v1/completions omits it
+MAX_REQUEST_ID = 256  # characters of a request_id (or an X-Request-Id header): the answer's id
 
 
 @dataclass
@@ -48,6 +49,31 @@ class OpenAIRequest:
     max_calls: int | None = None  # ... at most this many (parallel_tool_calls false: 1)
     reasoning: str = ""  # chat: the answer's think block apart (openai.reasoning: SPLIT, DROP; "": not split)
     thinking_open: bool = False  # ... which the prompt opened (the answer begins inside it)
+    request_id: str = ""  # vLLM's: the answer's id after its prefix ("": a new one)
+
+
+def named_id(prefix: str, header: str | None, req: OpenAIRequest) -> str:
+    """vLLM's: the answer's id is `prefix` and the X-Request-Id header, else the body's request_id
+    ("" where neither is given, or no prefix: the server's own id)."""
+    if header is not None and len(header) > MAX_REQUEST_ID:
+        raise OpenAIError(400, f"the X-Request-Id header must be at most {MAX_REQUEST_ID} characters")
+    asked = header or req.request_id
+    return prefix + asked if prefix and asked else ""
+
+
+def _bounded(body: dict[str, Any], key: str, most: int) -> str:
+    """A string field of at most `most` characters ("" when absent)."""
+    text: str = get(body, key, "str", "")
+    if len(text) > most:
+        raise OpenAIError(400, f"{key} must be at most {most} characters, got {len(text)}", key)
+    return text
+
+
+def _cache_salt(body: dict[str, Any]) -> str:
+    salt = _bounded(body, "cache_salt", MAX_SALT_CHARS)
+    if body.get("cache_salt") == "":  # (vLLM's rule)
+        raise OpenAIError(400, "cache_salt must be a non-empty string if provided", "cache_salt")
+    return salt
 
 
 def _stop(body: dict[str, Any]) -> tuple[str, ...]:
@@ -229,12 +255,14 @@ def parse_openai(
         regex=regex,
         gbnf=gbnf,
         structural_tag=tag,
+        cache_salt=_cache_salt(body),
     )
     get(body, "user", "str", None)
     flags = dict(echo=echo, logprobs=logprobs, echo_only=not max_tokens, continues=continues)
     flags["tokens_as_ids"] = get(body, "return_tokens_as_token_ids", "bool", False)
     flags["token_ids"] = get(body, "return_token_ids", "bool", False)
     flags["prompt_logprobs"] = prompt_k
+    flags["request_id"] = _bounded(body, "request_id", MAX_REQUEST_ID)
     flags.update(tool_function=calls.function, tool_names=calls.names, tool_format=calls.format)
     flags["max_calls"] = calls.max_calls
     if kind == "chat":  # (a thinking model's: its block apart, a held answer held after it)

@@ -23,7 +23,7 @@ from spmd_serve.frontend.openai.fields import FieldError, check_table
 # chat's own fields, handed on as they came (vLLM's extras, which its Responses API takes too)
 PASSED = (
     "seed", "top_k", "min_p", "stop", "repetition_penalty", "presence_penalty", "frequency_penalty",
-    "ignore_eos", "min_tokens", "chat_template_kwargs", "include_reasoning", "separate_reasoning",
+    "ignore_eos", "min_tokens", "chat_template_kwargs", "include_reasoning", "separate_reasoning", "cache_salt",
 )  # fmt: skip
 HONOURED = frozenset(
     {"model", "input", "instructions", "max_output_tokens", "temperature", "top_p", "stream", "tools"}

@@ -12,9 +12,9 @@ from typing import Any
 from spmd_serve.frontend.common.vllm_extras import NOT_BUILT, OPENAI_EXTRAS
 from spmd_serve.frontend.native.protocol import OPENAI_ONLY
 from spmd_serve.frontend.openai.fields import NEUTRAL
-from spmd_serve.frontend.openai.protocol import MAX_N
+from spmd_serve.frontend.openai.protocol import MAX_N, MAX_REQUEST_ID
 from spmd_serve.frontend.server.settings import IOSettings
-from spmd_serve.sampling_params import MAX_LOGPROBS
+from spmd_serve.sampling_params import MAX_LOGPROBS, MAX_SALT_CHARS
 
 Schema = dict[str, Any]
 JSON, NDJSON, SSE = "application/json", "application/x-ndjson", "text/event-stream"
@@ -163,7 +163,11 @@ def schemas(s: IOSettings) -> dict[str, Schema]:
         "truncate_prompt_tokens": _opt(_int(1, description="keep the prompt's last N tokens")),
         "return_tokens_as_token_ids": _opt(BOOL | {"description": 'logprobs name tokens "token_id:<id>"'}),
         "return_token_ids": _opt(BOOL | {"description": "vLLM's: prompt_token_ids and each choice's token_ids "
-                                         "(streamed: the new ids of each chunk, the prompt's in the first)"})}
+                                         "(streamed: the new ids of each chunk, the prompt's in the first)"}),
+        "request_id": _opt(STR | dict(maxLength=MAX_REQUEST_ID, description="vLLM's: the answer's id after its prefix "
+                                "(the X-Request-Id header wins)")),
+        "cache_salt": _opt(STR | dict(minLength=1, maxLength=MAX_SALT_CHARS, description="vLLM's: cached prompt blocks "
+                                "are shared only with requests of the same salt"))}
 
     def neutral(kind: str) -> dict[str, Schema]:   # known fields, accepted only with these values
         return {k: _only(v) for k, v in NEUTRAL[kind].items()}
