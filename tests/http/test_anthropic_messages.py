@@ -140,6 +140,10 @@ def test_count_tokens_is_the_prompt_served(srv):
     counted = c.messages.count_tokens(model="default", system="Be brief.", messages=HI)
     served = c.messages.create(model="default", system="Be brief.", messages=HI, max_tokens=1)
     assert counted.input_tokens == served.usage.input_tokens + served.usage.cache_read_input_tokens > 5
+    long = [{"role": "user", "content": "word " * 400}]  # (beyond the server's context: it is still counted)
+    with pytest.raises(anthropic.BadRequestError, match="maximum context length"):
+        c.messages.create(model="default", messages=long, max_tokens=1)
+    assert c.messages.count_tokens(model="default", messages=long).input_tokens > 2000
 
 
 @pytest.mark.parametrize(

@@ -117,9 +117,39 @@ class MessageBuilder:
             return []
         self.open = False
         index = len(self.blocks) - 1
-        if index in self.arguments:  # (a tool's input: its whole JSON, read once it is written)
-            try:
-                self.blocks[index]["input"] = json.loads(self.arguments[index] or "{}")
-            except ValueError:
-                self.blocks[index]["input"] = {}
+        if index in self.arguments:  # (a tool's input: its JSON, read once it is written, or as far as it goes)
+            self.blocks[index]["input"] = partial_object(self.arguments[index])
         return [{"type": "content_block_stop", "index": index}]
+
+
+_CLOSERS = {"{": "}", "[": "]"}
+
+
+def partial_object(text: str) -> dict[str, Any]:
+    """The object a JSON text begins, as far as it is written (a tool call cut by max_tokens): what the
+    `anthropic` client reads from the same text streamed (jiter's partial mode): the members and elements
+    written whole, open containers closed, a value cut short left out with its key; {} where none."""
+    stack: list[str] = []  # the open containers' closers, innermost last
+    cuts: list[tuple[int, str]] = []  # (i, closers): text[:i] + closers is whole, where text is a JSON prefix
+    in_string = escaped = False
+    for i, ch in enumerate(text):
+        if in_string:
+            in_string, escaped = escaped or ch != '"', not escaped and ch == "\\"
+        elif ch == '"':
+            in_string = True
+        elif ch in _CLOSERS:
+            stack.append(_CLOSERS[ch])
+            cuts.append((i + 1, "".join(reversed(stack))))
+        elif ch in "]}" and stack:
+            stack.pop()
+            cuts.append((i + 1, "".join(reversed(stack))))
+        elif ch == ",":  # (what is before it ends with a whole member or element)
+            cuts.append((i, "".join(reversed(stack))))
+    tries = [text + "".join(reversed(stack))] if not in_string else []
+    for candidate in tries + [text[:i] + closers for i, closers in reversed(cuts[-3:])]:
+        try:
+            value = json.loads(candidate)
+        except ValueError:
+            continue
+        return value if isinstance(value, dict) else {}
+    return {}

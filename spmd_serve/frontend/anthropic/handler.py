@@ -2,13 +2,14 @@
 chat request it asks for (anthropic.request) and answered in its shapes (anthropic.format): one
 Message, or its events streamed as SSE (`event: <type>` and `data: {...}`; the last is
 `message_stop`; a failure after streaming began is an `error` event).  count_tokens answers
-{"input_tokens"}: the prompt the same body would be served with.  The key is the `x-api-key` header
+{"input_tokens"}: the prompt the same body would be served with (of any length).  The key is the `x-api-key` header
 (the official `anthropic` client's) or `Authorization: Bearer`; errors have Anthropic's body.
 """
 
 from __future__ import annotations
 
 import json
+import sys
 import uuid
 from typing import Any
 
@@ -18,7 +19,7 @@ from spmd_serve.frontend.anthropic import request
 from spmd_serve.frontend.anthropic.format import MessageBuilder, error_body, sse, stop_reason, usage
 from spmd_serve.frontend.common.generation import Generation, GenerationError, merged
 from spmd_serve.frontend.common.http_base import JsonBodyHandler, bearer_ok
-from spmd_serve.frontend.common.parsing import ProtocolError
+from spmd_serve.frontend.common.parsing import Limits, ProtocolError
 from spmd_serve.frontend.openai.format import ChoiceState, Formatter, chunk_pieces, whole_pieces
 from spmd_serve.frontend.openai.handlers import SSE, OpenAIServing
 from spmd_serve.frontend.openai.protocol import parse_openai
@@ -72,8 +73,11 @@ class MessagesHandler(JsonBodyHandler):
 
     def _count(self, chat: dict[str, Any]) -> None:
         s = self.serving
-        try:  # (one token to make: the prompt is what is counted)
-            parsed = parse_openai("chat", {**chat, "max_tokens": 1}, s.tokenizer, s.limits, s.model_names, [])
+        # (one token to make: the prompt is what is counted, whatever its length: a client such as
+        # Claude Code counts a conversation to learn that it no longer fits, and must be shortened)
+        unbounded = Limits(sys.maxsize, 1, sys.maxsize)
+        try:
+            parsed = parse_openai("chat", {**chat, "max_tokens": 1}, s.tokenizer, unbounded, s.model_names, [])
         except ProtocolError as e:
             return send_renamed(self, e.status, e.msg)
         self.write({"input_tokens": len(parsed.prompts[0])})
