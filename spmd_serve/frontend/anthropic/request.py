@@ -153,7 +153,10 @@ def _user(blocks: list[dict[str, Any]], where: str) -> list[dict[str, Any]]:
             raise OpenAIError(400, f"{where}[{j}].tool_use_id must be a string", f"{where}[{j}].tool_use_id")
         result = block.get("content")
         text = "" if result is None else "".join(_texts(_blocks(result, f"{where}[{j}].content"), f"{where}[{j}]"))
-        out.append({"role": "tool", "tool_call_id": block["tool_use_id"], "content": text})
+        message = {"role": "tool", "tool_call_id": block["tool_use_id"], "content": text}
+        if block.get("is_error") is not None:  # (a key of the tool message: the template's to show)
+            message["is_error"] = get(block, "is_error", "bool", False)
+        out.append(message)
     return out + ([{"role": "user", "content": "".join(texts)}] if texts or not out else [])
 
 
