@@ -68,12 +68,17 @@ def test_an_answer_cut_by_max_output_tokens_is_incomplete(srv):
     assert events[-1].type == "response.incomplete" and events[-1].response.output_text == "<user"
 
 
-def test_thinking_is_a_reasoning_item_before_the_message(srv):
-    tok = srv.tokenizer  # a model whose generation prompt opens a think block (R1-0528's, QwQ's)
+def thinking_model(srv) -> None:
+    """The fake as a model whose generation prompt opens a think block (R1-0528's, QwQ's)."""
+    tok = srv.tokenizer
     tok.chat_template_source = "{{ messages }}</think>"
     tok.render_chat = lambda *a, **k: FakeTokenizer.render_chat(tok, *a, **k) + "<think>" * k.get(
         "add_generation_prompt", True)  # fmt: skip
-    c = client(srv)
+
+
+def test_thinking_is_a_reasoning_item_before_the_message(srv):
+    thinking_model(srv)
+    tok, c = srv.tokenizer, client(srv)
     kw = dict(model="default", input=OPENED, max_output_tokens=100, extra_body=STOP)
     whole = c.responses.create(**kw)
     assert [o.type for o in whole.output] == ["reasoning", "message"] and whole.output_text == "answer"
@@ -105,6 +110,43 @@ def test_calls_are_function_call_items(srv):
     assert [o.type for o in named.output] == ["function_call"] and named.output[0].name == "now"
 
 
+def test_logprobs_come_with_the_output_text_whole_and_streamed(srv):
+    """include message.output_text.logprobs: the text's tokens' logprobs (chat's, top_logprobs
+    alternatives each), in the part, each delta event (its own tokens') and the done event."""
+    c = client(srv)
+    ask = dict(include=["message.output_text.logprobs"], top_logprobs=2)
+    kw = dict(model="default", input="Hi", max_output_tokens=100, extra_body=STOP)
+    whole = c.responses.create(**kw, **ask)
+    chat = c.chat.completions.create(model="default", messages=[{"role": "user", "content": "Hi"}], max_tokens=100,
+                                     stop=STOP["stop"], logprobs=True, top_logprobs=2)  # fmt: skip
+    expected = [e.model_dump() for e in chat.choices[0].logprobs.content]
+    part = whole.output[0].content[0]
+    # (every token the engine made: the stop string's too, as chat's logprobs have them)
+    assert [e.model_dump() for e in part.logprobs] == expected and "".join(e["token"] for e in expected) == (
+        "<user>Hi\n<assistant>")  # fmt: skip
+    assert all(len(e["top_logprobs"]) == 2 for e in expected) and whole.top_logprobs == 2
+    events, final = streamed(c, **kw, **ask)
+    deltas = [e for e in events if e.type == "response.output_text.delta"]
+    assert sum(([lp.model_dump() for lp in e.logprobs] for e in deltas), []) == expected
+    done = next(e for e in events if e.type == "response.output_text.done")
+    assert [lp.model_dump() for lp in done.logprobs] == expected
+    assert [e.model_dump() for e in final.output[0].content[0].logprobs] == expected
+    assert c.responses.create(**kw).output[0].content[0].logprobs == []  # (none unless asked)
+
+
+def test_a_thinking_answers_logprobs_come_with_the_text_after_it(srv):
+    thinking_model(srv)
+    c = client(srv)
+    kw = dict(model="default", input=OPENED, max_output_tokens=100, extra_body=STOP,
+              include=["message.output_text.logprobs"])  # fmt: skip
+    whole = c.responses.create(**kw)
+    tokens = [e.token for e in whole.output[1].content[0].logprobs]
+    assert "".join(tokens) == "<user>plan</think>answer\n<assistant>" and whole.output_text == "answer"
+    events, _ = streamed(c, **kw)
+    streamed_tokens = [lp.token for e in events if e.type == "response.output_text.delta" for lp in e.logprobs]
+    assert streamed_tokens == tokens
+
+
 @pytest.mark.parametrize(
     "fields, param, words",
     [
@@ -125,6 +167,15 @@ def test_calls_are_function_call_items(srv):
         ({"reasoning": {"effort": "high"}}, "reasoning", "not supported"),
         ({"metadata": {"a": 1}}, "metadata", "string values"),
         ({"stream": True, "stream_options": {"include_obfuscation": True}}, "stream_options", "not supported"),
+        ({"include": ["reasoning.encrypted_content"]}, "include", "'reasoning.encrypted_content' is not supported"),
+        ({"include": "message.output_text.logprobs"}, "include", "list of strings"),
+        ({"top_logprobs": 3}, "top_logprobs", "needs include"),
+        ({"include": ["message.output_text.logprobs"], "top_logprobs": 21}, "top_logprobs", "[0, 20]"),
+        (
+            {"include": ["message.output_text.logprobs"], "tools": [{"type": "function", "name": "f"}]},
+            "include",
+            "not supported with tools",
+        ),
     ],
 )
 def test_what_is_not_built_is_refused_by_name(srv, fields, param, words):

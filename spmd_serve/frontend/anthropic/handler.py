@@ -87,7 +87,7 @@ class MessagesHandler(JsonBodyHandler):
     ) -> None:
         if not await OpenAIServing.collect(self, fmt, gens, states):
             return
-        pieces, reason = whole_pieces(fmt, states)
+        pieces, reason, _ = whole_pieces(fmt, states)
         out.add(*pieces)
         out.end(stop_reason(reason, states[0].stop_sequence), states[0].stop_sequence, usage(fmt.usage(states)))
         if not self.gone:
@@ -106,7 +106,7 @@ class MessagesHandler(JsonBodyHandler):
                 began = True
                 chunk = fmt.chunk(states, i, text, entries, states[i].finish_reason)
                 if chunk is not None:
-                    pieces, reason = chunk_pieces(chunk)
+                    pieces, reason, _ = chunk_pieces(chunk)
                     events += out.add(*pieces)
                     if reason is not None:
                         stop = states[i].stop_sequence

@@ -223,21 +223,22 @@ class Formatter(LogprobFormat):
 Pieces = tuple[str, str, list[dict[str, Any]]]  # (thinking, text, tool-call deltas) of a chat answer
 
 
-def whole_pieces(fmt: Formatter, states: list[ChoiceState]) -> tuple[Pieces, str | None]:
-    """A whole chat answer's (choice 0's) pieces and finish reason: what the Responses and Messages
-    APIs build their answers from (each call a delta with its index)."""
+def whole_pieces(fmt: Formatter, states: list[ChoiceState]) -> tuple[Pieces, str | None, list[Any]]:
+    """A whole chat answer's (choice 0's) pieces, finish reason and logprobs entries (chat's, one per
+    token): what the Responses and Messages APIs build their answers from (each call a delta with its index)."""
     choice = fmt.whole(states)["choices"][0]
     message = choice["message"]
     calls = [{"index": j, **c} for j, c in enumerate(message.get("tool_calls") or [])]
-    return (message.get("reasoning") or "", message.get("content") or "", calls), choice["finish_reason"]
+    pieces = (message.get("reasoning") or "", message.get("content") or "", calls)
+    return pieces, choice["finish_reason"], (choice["logprobs"] or {}).get("content") or []
 
 
-def chunk_pieces(chunk: dict[str, Any]) -> tuple[Pieces, str | None]:
+def chunk_pieces(chunk: dict[str, Any]) -> tuple[Pieces, str | None, list[Any]]:
     """... of one streamed chat chunk."""
     choice = chunk["choices"][0]
     delta = choice["delta"]
     pieces = (delta.get("reasoning") or "", delta.get("content") or "", delta.get("tool_calls") or [])
-    return pieces, choice["finish_reason"]
+    return pieces, choice["finish_reason"], (choice.get("logprobs") or {}).get("content") or []
 
 
 def model_list(names: tuple[str, ...], max_model_len: int) -> dict[str, Any]:

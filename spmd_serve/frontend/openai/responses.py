@@ -58,8 +58,8 @@ class ResponsesHandler(JsonBodyHandler):
     ) -> None:
         if not await OpenAIServing.collect(self, fmt, gens, states):
             return
-        pieces, reason = whole_pieces(fmt, states)
-        out.add(*pieces)
+        pieces, reason, entries = whole_pieces(fmt, states)
+        out.add(*pieces, entries)
         out.end(reason, self._usage(fmt, states, out))
         if not self.gone:
             self.set_header("Content-Type", "application/json; charset=utf-8")
@@ -77,8 +77,8 @@ class ResponsesHandler(JsonBodyHandler):
                 chunk = fmt.chunk(states, i, text, entries, states[i].finish_reason)
                 if chunk is None:
                     continue
-                pieces, reason = chunk_pieces(chunk)
-                events = out.add(*pieces)
+                pieces, reason, entries = chunk_pieces(chunk)
+                events = out.add(*pieces, entries)
                 if reason is not None:
                     events += out.end(reason, self._usage(fmt, states, out))
                 if events and not await self._send(events):

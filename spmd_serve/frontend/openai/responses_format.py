@@ -6,7 +6,8 @@ with one `output_text` part, and one `function_call` item per call, in the order
 piece yields the events that announce it (`response.output_item.added`, `response.content_part.added`,
 `response.reasoning_text.delta`, `response.output_text.delta`, `response.function_call_arguments.delta`,
 and the `.done` events of the item a new one follows), so the streamed items and the whole answer's
-are built by the same code.  A finished answer is `completed`, one cut by max_output_tokens
+are built by the same code; where asked, the output text carries its tokens' logprobs (chat's
+entries; a thinking's tokens with the text after it).  A finished answer is `completed`, one cut by max_output_tokens
 `incomplete`.  Pure functions of plain data: no tornado, no engine.
 """
 
@@ -15,6 +16,7 @@ from __future__ import annotations
 import json
 import time
 import uuid
+from collections.abc import Sequence
 from typing import Any
 
 Event = dict[str, Any]
@@ -32,6 +34,7 @@ class ResponseBuilder:
         self.status = "in_progress"
         self.usage: dict[str, Any] | None = None
         self.thinking = ""  # all of the answer's thinking
+        self.logprobs: list[Any] = []  # entries of tokens not in an output text yet (its thinking's)
 
     def response(self) -> dict[str, Any]:
         body = {"id": self.id, "object": "response", "created_at": self.created, "model": self.model, **self.echo}
@@ -50,15 +53,21 @@ class ResponseBuilder:
             self._event("response.in_progress", response=snapshot),
         ]
 
-    def add(self, thinking: str, text: str, calls: list[dict[str, Any]]) -> list[Event]:
+    def add(self, thinking: str, text: str, calls: list[dict[str, Any]], logprobs: Sequence[Any] = ()) -> list[Event]:
         """Events of one piece of the answer: its thinking, its text, its tool-call deltas (chat's:
-        one with an id begins a call, one without adds to the open call's arguments)."""
+        one with an id begins a call, one without adds to the open call's arguments), and its tokens'
+        logprobs entries (chat's), which go with the output text (a thinking's: with the text after it)."""
         events: list[Event] = []
+        self.logprobs += logprobs
         if thinking:
             self.thinking += thinking
             events += self._into("reasoning") + self._delta("response.reasoning_text.delta", thinking)
         if text:
-            events += self._into("message") + self._delta("response.output_text.delta", text, logprobs=[])
+            entries, self.logprobs = self.logprobs, []
+            events += self._into("message") + self._delta("response.output_text.delta", text, logprobs=entries)
+        elif self.logprobs and self.open is not None and self.open["type"] == "message":  # (tokens of no text:
+            entries, self.logprobs = self.logprobs, []  # a stop string's, say)
+            events += self._delta("response.output_text.delta", "", logprobs=entries)
         for call in calls:
             function = call.get("function", {})
             if call.get("id") is not None or self.open is None or self.open["type"] != "function_call":
@@ -107,7 +116,10 @@ class ResponseBuilder:
 
     def _delta(self, kind: str, text: str, **more: Any) -> list[Event]:
         assert self.open is not None
-        self.open["content"][0]["text"] += text
+        part = self.open["content"][0]
+        part["text"] += text
+        if more.get("logprobs"):  # (a new list: the events already made hold the part's old one)
+            part["logprobs"] = part["logprobs"] + more["logprobs"]
         return [self._event(kind, item_id=self.open["id"], output_index=len(self.items) - 1, content_index=0,
                             delta=text, **more)]  # fmt: skip
 
@@ -124,7 +136,7 @@ class ResponseBuilder:
         else:
             part = item["content"][0]
             kind = "response.reasoning_text.done" if item["type"] == "reasoning" else "response.output_text.done"
-            extra: dict[str, Any] = {} if item["type"] == "reasoning" else {"logprobs": []}
+            extra: dict[str, Any] = {} if item["type"] == "reasoning" else {"logprobs": part["logprobs"]}
             done = [self._event(kind, **where, content_index=0, text=part["text"], **extra)]
             done.append(self._event("response.content_part.done", **where, content_index=0, part=dict(part)))
         return done + [self._event("response.output_item.done", output_index=where["output_index"], item=_copy(item))]

@@ -19,6 +19,7 @@ from typing import Any
 from spmd_serve.frontend.common.parsing import show
 from spmd_serve.frontend.openai.body import OpenAIError, get
 from spmd_serve.frontend.openai.fields import FieldError, check_table
+from spmd_serve.sampling_params import MAX_LOGPROBS
 
 # chat's own fields, handed on as they came (vLLM's extras, which its Responses API takes too)
 PASSED = (
@@ -27,13 +28,13 @@ PASSED = (
 )  # fmt: skip
 HONOURED = frozenset(
     {"model", "input", "instructions", "max_output_tokens", "temperature", "top_p", "stream", "tools"}
-    | {"tool_choice", "parallel_tool_calls", "text", "metadata", "user", *PASSED}
+    | {"tool_choice", "parallel_tool_calls", "text", "metadata", "user", "include", "top_logprobs", *PASSED}
 )
 NO_STORE = "this server keeps no responses: send the whole conversation in input"
 NEUTRAL: dict[str, tuple[Any, ...]] = {
     "store": (False,), "background": (False,), "previous_response_id": (), "conversation": (), "prompt": (),
-    "include": ([],), "reasoning": ({},), "truncation": ("disabled",), "service_tier": ("auto", "default"),
-    "top_logprobs": (0,), "max_tool_calls": (), "prompt_cache_key": (), "prompt_cache_retention": (),
+    "reasoning": ({},), "truncation": ("disabled",), "service_tier": ("auto", "default"),
+    "max_tool_calls": (), "prompt_cache_key": (), "prompt_cache_retention": (),
     "safety_identifier": (), "context_management": (),
     "stream_options": ({}, {"include_obfuscation": False}),  # (no padding of the events: what this server does)
 }  # fmt: skip
@@ -71,6 +72,11 @@ def parse(body: dict[str, Any]) -> ResponsesRequest:
     fmt = _format(text.get("format"))
     if fmt is not None:
         chat["response_format"] = fmt
+    top = _logprobs(body)
+    if top is not None:  # (chat's logprobs: the output text's tokens', each with its top alternatives)
+        if tools:  # (a call's tokens are not an output text's: they would have no place)
+            raise OpenAIError(400, f"include: {LOGPROBS!r} is not supported with tools", "include")
+        chat.update(logprobs=True, top_logprobs=top)
     metadata = body.get("metadata")
     if metadata is not None and not (
         isinstance(metadata, dict) and len(metadata) <= 16 and all(isinstance(v, str) for v in metadata.values())
@@ -83,9 +89,27 @@ def parse(body: dict[str, Any]) -> ResponsesRequest:
         "tool_choice": body.get("tool_choice") or ("auto" if tools else "none"), "tools": body.get("tools") or [],
         "text": {"format": text.get("format") or {"type": "text"}}, "user": body.get("user"),
         "store": False, "background": False, "previous_response_id": None, "truncation": "disabled",
-        "reasoning": {"effort": None, "summary": None}, "service_tier": "default",
+        "reasoning": {"effort": None, "summary": None}, "service_tier": "default", "top_logprobs": top or 0,
     }  # fmt: skip
     return ResponsesRequest(chat, echo)
+
+
+LOGPROBS = "message.output_text.logprobs"
+
+
+def _logprobs(body: dict[str, Any]) -> int | None:
+    """How many alternatives each output text token's logprob comes with, where `include` asks for
+    the logprobs (None: not asked); OpenAI's other `include` values name outputs this server has not."""
+    include = body.get("include") or []
+    if not (isinstance(include, list) and all(isinstance(v, str) for v in include)):
+        raise OpenAIError(400, f"include must be a list of strings, got {show(include)}", "include")
+    other = next((v for v in include if v != LOGPROBS), None)
+    if other is not None:
+        raise OpenAIError(400, f"include: {other!r} is not supported (only {LOGPROBS!r})", "include")
+    top: int = get(body, "top_logprobs", "int", 0, 0, MAX_LOGPROBS)
+    if top and not include:
+        raise OpenAIError(400, f"top_logprobs needs include: [{LOGPROBS!r}]", "top_logprobs")
+    return top if include else None
 
 
 def _messages(body: dict[str, Any]) -> list[dict[str, Any]]:
