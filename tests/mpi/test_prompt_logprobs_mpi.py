@@ -167,3 +167,32 @@ def test_return_token_ids_are_the_ids_scored(client, prompts):
     chunks = [c.choices[0].model_extra for c in client.completions.create(**kw, stream=True)]
     assert sum((c["token_ids"] for c in chunks), []) == got.model_extra["token_ids"]
     assert chunks[0]["prompt_token_ids"] == prompts[1] and not any(c.get("prompt_token_ids") for c in chunks[1:])
+
+
+def test_sglang_generate_answers_as_completions(server, client, prompts):
+    """SGLang's /generate on the real model: a batch's ids, text and logprobs are what completions
+    gives each prompt (greedy), whole and streamed."""
+    import json
+
+    import requests
+
+    url = f"http://127.0.0.1:{server.http_port}/generate"
+    body = {"input_ids": prompts[1:], "sampling_params": {"max_new_tokens": 6, "temperature": 0},
+            "return_logprob": True, "top_logprobs_num": TOP}  # fmt: skip
+    outs = requests.post(url, json=body, timeout=120).json()
+    lines = requests.post(url, json={**body, "stream": True}, timeout=120).text.split("\n\n")
+    last = {
+        o["index"]: o for o in (json.loads(x[len("data: ") :]) for x in lines[:-2]) if o["meta_info"]["finish_reason"]
+    }
+    assert lines[-2:] == ["data: [DONE]", ""] and [last[i]["output_ids"] for i in (0, 1)] == [
+        o["output_ids"] for o in outs
+    ]
+    for prompt, out in zip(prompts[1:], outs):
+        c = client.completions.create(model="default", prompt=prompt, max_tokens=6, temperature=0, logprobs=TOP,
+                                      extra_body={"return_token_ids": True}).choices[0]  # fmt: skip
+        assert (out["output_ids"], out["text"]) == (c.model_extra["token_ids"], c.text)
+        got = [lp for lp, _, _ in out["meta_info"]["output_token_logprobs"]]
+        assert got == pytest.approx(c.logprobs.token_logprobs, abs=1e-5)
+        assert (
+            out["meta_info"]["prompt_tokens"] == len(prompt) and len(out["meta_info"]["output_top_logprobs"][0]) == TOP
+        )

@@ -1,6 +1,7 @@
 """The front end's layering, read from the source (no import): text <- common <- protocols <- server,
-no protocol imports another except triton -> native (Triton carries native requests) and anthropic ->
-openai (the Messages API is served as the chat request it asks for), no import
+no protocol imports another except triton -> native (Triton carries native requests), anthropic ->
+openai (the Messages API is served as the chat request it asks for) and sglang -> openai (/generate
+is served as the completions request it asks for), no import
 cycle between modules, every module under 300 lines, and no read of tornado's private handler
 state (`_finished`, `_reason`, ...)."""
 
@@ -24,7 +25,8 @@ ALLOWED = {
     "openai": {"openai", "common", "text"},
     "triton": {"triton", "native", "common", "text"},
     "anthropic": {"anthropic", "openai", "common", "text"},
-    "server": {"server", "native", "openai", "triton", "anthropic", "common", "text"},
+    "sglang": {"sglang", "openai", "common", "text"},
+    "server": {"server", "native", "openai", "triton", "anthropic", "sglang", "common", "text"},
 }
 TORNADO_PRIVATE = {
     "_finished",

@@ -31,6 +31,7 @@ from spmd_serve.frontend.server.cors import CorsApplication
 from spmd_serve.frontend.server.health import health_routes
 from spmd_serve.frontend.server.openapi import openapi_route
 from spmd_serve.frontend.server.settings import IOSettings
+from spmd_serve.frontend.sglang.handler import generate_routes
 
 log = logging.getLogger(__name__)
 
@@ -75,7 +76,7 @@ def make_service_app(
     routes: list[tuple] = [(r"/v1/chat/completions", NativeChatHandler, native)]
     routes += openai_routes(openai, settings.max_body_size) + [openapi_route(settings)]
     routes += tokenize_routes(openai, settings.max_body_size) + responses_routes(openai, settings.max_body_size)
-    routes += messages_routes(openai, settings.max_body_size)
+    routes += messages_routes(openai, settings.max_body_size) + generate_routes(openai, settings.max_body_size)
     routes += list(extra_handlers or [])
     routes += health_routes(client, settings.live_threshold_s, with_plain_health=True)
     return CorsApplication(routes, default_handler_class=ServiceNotFound)

@@ -18,6 +18,7 @@ from typing import Any
 from tornado.web import RequestHandler
 
 from spmd_serve import __version__
+from spmd_serve.frontend.server.openapi_generate import generate_schemas
 from spmd_serve.frontend.server.openapi_messages import messages_schemas
 from spmd_serve.frontend.server.openapi_responses import responses_schemas
 from spmd_serve.frontend.server.openapi_schemas import JSON, NDJSON, SSE, Schema, ref, schemas
@@ -127,6 +128,9 @@ def openapi_document(s: IOSettings) -> dict[str, Any]:
     )
     count = _post("Anthropic's count_tokens: the prompt a Messages body is served with", ref("CountTokensRequest"),
                   {JSON: ref("TokenCount")}, (400, 401, 404, 413), ref("AnthropicError"), s)  # fmt: skip
+    generate = _post("SGLang's /generate: a prompt or a batch, SGLang's sampling_params and output",
+                     ref("GenerateRequest"), {JSON: ref("GenerateAnswer"), SSE: _sse("GenerateOutput")}, gen_codes,
+                     ref("OpenAIError"), s)  # fmt: skip
     tokenize = _post("vLLM's /tokenize: a prompt's or chat's token ids", ref("TokenizeRequest"),
                      {JSON: ref("Tokenized")}, (400, 401, 404, 413), ref("OpenAIError"), s)  # fmt: skip
     detokenize = _post("vLLM's /detokenize: token ids' text, special tokens written", ref("DetokenizeRequest"),
@@ -157,6 +161,7 @@ def openapi_document(s: IOSettings) -> dict[str, Any]:
             "/v1/responses": {"post": responses},
             "/v1/messages": {"post": messages},
             "/v1/messages/count_tokens": {"post": count},
+            "/generate": {"post": generate},
             "/v1/chat/completions/completions": {"post": completion},
             "/v1/chat/completions/chat/completions": {"post": openai_chat},
             "/v1/models": {"get": models},
@@ -174,6 +179,7 @@ def openapi_document(s: IOSettings) -> dict[str, Any]:
             "schemas": (table := schemas(s))
             | responses_schemas(s, table["ChatCompletionRequest"])
             | messages_schemas(s, table["ChatCompletionRequest"])
+            | generate_schemas(s, table["CompletionRequest"])
         },
     }
     if s.api_key:
