@@ -119,3 +119,21 @@ def test_logprobs(srv):
 def test_what_is_not_built_or_bad_is_refused_by_name(srv, body, words):
     r = generate(srv, **body)
     assert r.status_code == 400 and words in r.json()["error"]["message"], r.text
+
+
+def test_health_generate_and_model_info(make_server, monkeypatch):
+    """SGLang's probes: /health_generate is 200 once a token is made, 503 naming why otherwise (not
+    ready; an engine that makes no token in time); /get_model_info names the served model."""
+    from spmd_serve.frontend.sglang import info
+
+    srv = make_server()
+    r = requests.get(srv.base + "/health_generate", timeout=30)
+    assert (r.status_code, r.content) == (200, b"") and srv.engine.added[-1].params.max_tokens == 1
+    monkeypatch.setattr(info, "HEALTH_GENERATE_S", 0.3)
+    srv.engine.paused.set()
+    r = requests.get(srv.base + "/health_generate", timeout=30)
+    assert r.status_code == 503 and "deadline" in r.json()["error"]["message"]
+    srv.engine.paused.clear()
+    assert requests.get(make_server(ready=False).base + "/health_generate", timeout=30).status_code == 503
+    model = requests.get(srv.base + "/get_model_info", timeout=30).json()
+    assert (model["model_path"], model["is_generation"], model["has_image_understanding"]) == ("default", True, False)

@@ -32,6 +32,7 @@ from spmd_serve.frontend.server.health import health_routes
 from spmd_serve.frontend.server.openapi import openapi_route
 from spmd_serve.frontend.server.settings import IOSettings
 from spmd_serve.frontend.sglang.handler import generate_routes
+from spmd_serve.frontend.sglang.info import info_routes
 
 log = logging.getLogger(__name__)
 
@@ -77,6 +78,7 @@ def make_service_app(
     routes += openai_routes(openai, settings.max_body_size) + [openapi_route(settings)]
     routes += tokenize_routes(openai, settings.max_body_size) + responses_routes(openai, settings.max_body_size)
     routes += messages_routes(openai, settings.max_body_size) + generate_routes(openai, settings.max_body_size)
+    routes += info_routes(openai, settings.live_threshold_s)
     routes += list(extra_handlers or [])
     routes += health_routes(client, settings.live_threshold_s, with_plain_health=True)
     return CorsApplication(routes, default_handler_class=ServiceNotFound)

@@ -135,6 +135,11 @@ def openapi_document(s: IOSettings) -> dict[str, Any]:
                      {JSON: ref("Tokenized")}, (400, 401, 404, 413), ref("OpenAIError"), s)  # fmt: skip
     detokenize = _post("vLLM's /detokenize: token ids' text, special tokens written", ref("DetokenizeRequest"),
                        {JSON: ref("Detokenized")}, (400, 401, 404, 413), ref("OpenAIError"), s)  # fmt: skip
+    unhealthy = {"503": {"description": "not ready, draining, or no token within 20 s",
+                         "content": {JSON: {"schema": ref("OpenAIError")}}}}  # fmt: skip
+    health_generate = _get("SGLang's /health_generate: 200 (no body) once one token is generated", {}, unhealthy, s)
+    health_generate["responses"]["200"] = {"description": "healthy (no body)"}
+    model_info = _get("SGLang's /get_model_info: the served model", ref("ModelInfo"), {}, s)
     models = _get("Served model names", ref("ModelList"), _errors((401,), ref("OpenAIError"), s), s, auth=True)
     model = _get("One served model", ref("Model"), _errors((401, 404), ref("OpenAIError"), s), s, auth=True)
     model["parameters"] = [{"name": "name", "in": "path", "required": True, "schema": {"type": "string"}}]
@@ -162,6 +167,8 @@ def openapi_document(s: IOSettings) -> dict[str, Any]:
             "/v1/messages": {"post": messages},
             "/v1/messages/count_tokens": {"post": count},
             "/generate": {"post": generate},
+            "/health_generate": {"get": health_generate},
+            "/get_model_info": {"get": model_info},
             "/v1/chat/completions/completions": {"post": completion},
             "/v1/chat/completions/chat/completions": {"post": openai_chat},
             "/v1/models": {"get": models},

@@ -43,6 +43,9 @@ def generate_schemas(s: IOSettings, completion_request: Schema) -> dict[str, Sch
         description="with return_logprob: output_token_logprobs [logprob, token id, text or null] per token")
     output = _obj(["text", "output_ids", "meta_info"], {"text": STR, "output_ids": _list(_int(0)),
                                                         "meta_info": meta, "index": _int(0)})
-    return {"GenerateRequest": request, "GenerateOutput": output,
+    info = _obj(["model_path", "is_generation"], {"model_path": STR, "tokenizer_path": STR, "is_generation": BOOL,
+                                                  "preferred_sampling_params": {"type": "null"}, "weight_version": STR,
+                                                  "has_image_understanding": BOOL, "has_audio_understanding": BOOL})
+    return {"GenerateRequest": request, "GenerateOutput": output, "ModelInfo": info,
             "GenerateAnswer": {"anyOf": [output, _list(output)], "description": "a list for a batch or n > 1"}}
 # fmt: on
