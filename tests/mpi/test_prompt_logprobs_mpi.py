@@ -171,7 +171,7 @@ def test_return_token_ids_are_the_ids_scored(client, prompts):
 
 def test_sglang_generate_answers_as_completions(server, client, prompts):
     """SGLang's /generate on the real model: a batch's ids, text and logprobs are what completions
-    gives each prompt (greedy), whole and streamed."""
+    gives each prompt (greedy), whole and streamed; and its /health_generate probe."""
     import json
 
     import requests
@@ -196,3 +196,5 @@ def test_sglang_generate_answers_as_completions(server, client, prompts):
         assert (
             out["meta_info"]["prompt_tokens"] == len(prompt) and len(out["meta_info"]["output_top_logprobs"][0]) == TOP
         )
+    health = requests.get(f"http://127.0.0.1:{server.http_port}/health_generate", timeout=60)
+    assert (health.status_code, health.content) == (200, b"")  # (SGLang's probe: one token made)
