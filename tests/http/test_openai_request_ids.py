@@ -72,3 +72,6 @@ def test_a_salted_request_answers_and_a_long_header_is_refused(client):
     r = requests.post(str(client.base_url) + "chat/completions", json=CHAT,
                       headers={"X-Request-Id": "h" * 257}, timeout=30)  # fmt: skip
     assert r.status_code == 400 and "X-Request-Id header must be at most 256" in r.json()["error"]["message"]
+    body = {"model": "default", "input": "hi", "max_output_tokens": 2}
+    r = requests.post(str(client.base_url) + "responses", json=body, headers={"X-Request-Id": "h" * 257}, timeout=30)
+    assert r.status_code == 200 and r.json()["id"].startswith("resp_")  # (a route that names its own answers)

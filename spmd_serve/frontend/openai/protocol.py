@@ -54,11 +54,13 @@ class OpenAIRequest:
 
 def named_id(prefix: str, header: str | None, req: OpenAIRequest) -> str:
     """vLLM's: the answer's id is `prefix` and the X-Request-Id header, else the body's request_id
-    ("" where neither is given, or no prefix: the server's own id)."""
+    ("" where neither is given, or no prefix: the server's own id; the header is not read then)."""
+    if not prefix:
+        return ""
     if header is not None and len(header) > MAX_REQUEST_ID:
         raise OpenAIError(400, f"the X-Request-Id header must be at most {MAX_REQUEST_ID} characters")
     asked = header or req.request_id
-    return prefix + asked if prefix and asked else ""
+    return prefix + asked if asked else ""
 
 
 def _bounded(body: dict[str, Any], key: str, most: int) -> str:
