@@ -130,7 +130,7 @@ def test_health_generate_and_model_info(make_server, monkeypatch):
     r = requests.get(srv.base + "/health_generate", timeout=30)
     assert (r.status_code, r.content) == (200, b"") and srv.engine.added[-1].params.max_tokens == 1
     monkeypatch.setattr(info, "HEALTH_GENERATE_S", 0.3)
-    srv.engine.paused.set()
+    srv.engine.pause()
     r = requests.get(srv.base + "/health_generate", timeout=30)
     assert r.status_code == 503 and "deadline" in r.json()["error"]["message"]
     srv.engine.paused.clear()

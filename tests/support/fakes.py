@@ -81,7 +81,8 @@ class FakeEngine:
         self.fail_after: dict[str, int] = {}  # req_id -> fail with error after this many tokens
         self.prefix_cache = False  # report cached prompt tokens as the real engine would
         self.tokens_per_step = 1  # > 1: a speculative engine's steps (several accepted tokens at once)
-        self.paused = threading.Event()  # no steps and no heartbeat while set
+        self.paused = threading.Event()  # no steps and no heartbeat while set (`pause()` waits for it)
+        self._paused_seen = threading.Event()
         self._stop = threading.Event()
         self._running: dict[str, _Seq] = {}
         self._thread = threading.Thread(target=self._run, name="fake-engine", daemon=True)
@@ -97,6 +98,13 @@ class FakeEngine:
         self.client.wake()
         self._thread.join(timeout)
 
+    def pause(self, timeout: float = 10.0) -> None:
+        """No more steps, commands taken or heartbeats: returns once the engine thread has seen the
+        pause at the top of its loop (a step it was in, or commands it was taking, are done)."""
+        self._paused_seen.clear()
+        self.paused.set()
+        assert self._paused_seen.wait(timeout), "the fake engine did not pause"
+
     def wait_aborted(self, req_id: str, timeout: float = 1.0) -> bool:
         end = time.monotonic() + timeout
         while time.monotonic() < end:
@@ -108,6 +116,7 @@ class FakeEngine:
     def _run(self) -> None:
         while not self._stop.is_set():
             if self.paused.is_set():
+                self._paused_seen.set()
                 time.sleep(self.step_s)
                 continue
             self.client.heartbeat = time.monotonic()
