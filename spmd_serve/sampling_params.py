@@ -86,12 +86,23 @@ class SamplingParams:
     # vLLM's cache_salt: this request's prompt shares cached KV blocks only with requests of the same
     # salt (a tenant's secret, so that another cannot time a hit on its prompts); "" = the shared cache
     cache_salt: str = ""
+    # a thinking budget (vLLM's thinking_token_budget, the Messages API's budget_tokens): once the answer's
+    # think block holds this many tokens unclosed, the close tag's ids are forced (engine/think_budget.py); -1 none
+    think_budget: int = -1
+    think_inside: bool = False  # the prompt opened the block: the answer begins inside it
+    think_open: tuple[int, ...] = ()  # the tags' ids as the tokenizer writes each alone (think_close: the forced ones)
+    think_close: tuple[int, ...] = ()
 
     @property
     def grammar(self) -> bool:
         """Whether the answer is held to a grammar (a JSON schema's, a pattern's, a GBNF one's or a
         structural tag's)."""
         return bool(self.json_schema or self.regex or self.gbnf or self.structural_tag)
+
+    @property
+    def needs_vocabulary(self) -> bool:
+        """Whether rank 0 reads this request's tokens' bytes (its grammar's masks, its think tags)."""
+        return self.grammar or self.think_budget >= 0
 
     def validate(self) -> SamplingParams:
         """Raise ValueError naming the first bad field; return self for chaining."""
@@ -186,6 +197,12 @@ class SamplingParams:
             raise ValueError(f"logit_bias values must be numbers in [-100, 100], got {bad_bias[0]!r}")
         if not isinstance(self.cache_salt, str) or len(self.cache_salt) > MAX_SALT_CHARS:
             raise ValueError(f"cache_salt must be a string of at most {MAX_SALT_CHARS} characters")
+        if not _is_int(self.think_budget) or not -1 <= self.think_budget <= INT32_MAX:
+            raise ValueError(f"thinking_token_budget must be an integer in [0, {INT32_MAX}], got {self.think_budget!r}")
+        tags = (self.think_open, self.think_close)
+        if not all(0 < len(ids) <= MAX_BAD_WORD_TOKENS and all(_is_int(t) and t >= 0 for t in ids) for ids in tags):
+            if self.think_budget >= 0 or any(tags):
+                raise ValueError("a thinking budget needs the think tags' token ids")
         return self
 
     @property

@@ -4,7 +4,8 @@ tokens' logits), vLLM's `bad_words` (a banned sequence's last token masked where
 ends with the rest of it, as vLLM's `apply_bad_words`), vLLM's `guided_choice` (only the tokens that
 keep the answer on one of its token sequences, and the eos ids once it is one whole: `guided_next`),
 a JSON answer (OpenAI's `response_format`, vLLM's `guided_json`: only the tokens that keep the
-answer on its schema's grammar, and the eos ids once it is whole: engine/json_masks.py) and vLLM's
+answer on its schema's grammar, and the eos ids once it is whole: engine/json_masks.py), a thinking
+budget spent (every token but the close tag's next one masked: engine/think_budget.py) and vLLM's
 `min_p` (tokens whose probability, after the penalties and the temperature, is below min_p x that of
 the row's most likely token are dropped). All act on a copy — the raw logits stay for the logprobs
 (the model's own, as vLLM reports) and for `Sampler.observe` — and only when some request in the
@@ -25,7 +26,7 @@ import numpy as np
 import numpy.typing as npt
 
 import ops.sample
-from spmd_serve.engine import json_masks
+from spmd_serve.engine import json_masks, think_budget
 from spmd_serve.engine.json_masks import JsonVocab
 from spmd_serve.sampling_params import SamplingParams
 
@@ -90,7 +91,8 @@ def off_limits(request: SampledRequest, tokens: list[int], width: int, vocab: Js
             "no token that keeps the answer on its JSON schema can be drawn at this step: each is masked "
             "(allowed_token_ids, bad_words or logit_bias), or no token of the vocabulary writes what must come next"
         )
-    if p.allowed_token_ids and not set(tokens) <= set(p.allowed_token_ids):
+    # (a spent thinking budget's close tag is the model's whatever allowed_token_ids says, as vLLM forces it)
+    if p.allowed_token_ids and not set(tokens) <= {*p.allowed_token_ids, *p.think_close}:
         return (
             "no token of allowed_token_ids can be drawn at this step: each is an EOS or stop id, "
             "masked until min_tokens are generated, or ends one of bad_words"
@@ -110,6 +112,7 @@ def wanted(views: Sequence[SampledRequest]) -> bool:
         or v.params.bad_words
         or v.params.guided_sequences
         or v.params.grammar
+        or v.params.think_budget >= 0
         for v in views
     ) or bool(_min_p_rows(views))
 
@@ -139,6 +142,10 @@ def adjusted(
             out[r, keep] = kept
         if v.params.grammar:
             out[r, ~json_keep(vocab, v, out.shape[1])] = -np.inf
+        forced = think_budget.forced(v, vocab) if v.params.think_budget >= 0 else None
+        if forced is not None and forced < out.shape[1]:  # (over every mask above: the block must close)
+            out[r] = -np.inf
+            out[r, forced] = 0.0
     pick = _min_p_rows(views)
     if pick:
         at = [rows[i] for i in pick]

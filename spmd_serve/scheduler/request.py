@@ -79,6 +79,8 @@ class Request:
         self.draft_token_ids: list[int] = []
         # params.json_schema: (its grammar, output tokens read, the parse state after them): engine/json_masks.py
         self.json_progress: tuple[Any, int, Any] | None = None
+        # params.think_budget: (output tokens read, the think block's state after them): engine/think_budget.py
+        self.think_progress: tuple[int, Any] | None = None
         self.num_new_tokens = 0
         # params.prompt_logprobs: the entries of prompt tokens 1, 2, ... computed so far (kept across a
         # preemption: a recomputed chunk does not score them again), and whether an output carried them

@@ -79,6 +79,11 @@ def test_thinking_is_a_block_before_the_text(srv):
         ("thinking", "<user>plan"), ("text", "answer")]  # fmt: skip
     with c.messages.stream(model="default", messages=turns, max_tokens=100, stop_sequences=STOP) as stream:
         assert blocks(stream.get_final_message()) == blocks(got)
+    assert srv.engine.added[-1].params.think_budget == -1
+    # budget_tokens: chat's thinking_token_budget, the block the prompt opened closed after so many tokens
+    thinking = {"type": "enabled", "budget_tokens": 7}
+    c.messages.create(model="default", messages=turns, max_tokens=100, stop_sequences=STOP, thinking=thinking)
+    assert (srv.engine.added[-1].params.think_budget, srv.engine.added[-1].params.think_inside) == (7, True)
 
 
 def test_tool_use_blocks_and_tool_results(srv):
@@ -156,6 +161,7 @@ def test_count_tokens_is_the_prompt_served(srv):
         ({"messages": [{"role": "user", "content": [{"type": "image", "source": {}}]}]}, "image blocks are not"),
         ({"thinking": {"type": "enabled"}}, "thinking must be"),
         ({"thinking": {"type": "between_tools"}}, "thinking must be"),
+        ({"thinking": {"type": "enabled", "budget_tokens": 2**31}}, "thinking.budget_tokens must be an integer in"),
         ({"speed": "fast"}, 'speed: "fast" is not supported'),
         ({"inference_geo": "us"}, "inference_geo: not supported"),
         ({"output_config": {"effort": "high"}}, "no effort here"),

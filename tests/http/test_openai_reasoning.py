@@ -104,3 +104,24 @@ def test_tool_calls_are_read_after_the_thinking(make_server):
     assert "".join(ch.delta.model_extra.get("reasoning") or "" for ch in chunks) == "<tools>now\n<user>plan"
     assert "".join(ch.delta.content or "" for ch in chunks) == "ok"
     assert [t.function.name for ch in chunks for t in ch.delta.tool_calls or []] == ["now"]
+
+
+def test_a_thinking_budget_reaches_the_engine_from_chat_and_responses(make_server):
+    """vLLM's thinking_token_budget: the block the prompt opened is cut after so many tokens (the engine
+    forces the close tag: tests/unit/test_think_budget.py); the Responses API hands it on as chat's."""
+    srv = make_server(max_dec_len=128)
+    srv.tokenizer.chat_template_source = TEMPLATE
+    client = openai.OpenAI(base_url=srv.base + "/v1", api_key="k", max_retries=0)
+    client.chat.completions.create(**{**KW, "extra_body": {**KW["extra_body"], "thinking_token_budget": 3}},
+                                   messages=OPENED, max_tokens=10)  # fmt: skip
+    params = srv.engine.added[-1].params
+    assert (params.think_budget, params.think_inside, params.think_close) == (
+        3,
+        True,
+        tuple(srv.tokenizer.encode("</think>")),
+    )
+    client.responses.create(model="default", input="hi", max_output_tokens=3, extra_body={"thinking_token_budget": 2})
+    assert (srv.engine.added[-1].params.think_budget, srv.engine.added[-1].params.think_inside) == (2, False)
+    with pytest.raises(openai.BadRequestError) as e:
+        client.completions.create(model="default", prompt="a", max_tokens=3, extra_body={"thinking_token_budget": 2})
+    assert e.value.body["param"] == "thinking_token_budget" and "chat's" in e.value.body["message"]

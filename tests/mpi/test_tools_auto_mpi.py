@@ -19,19 +19,13 @@ import openai
 import pytest
 import requests
 
-from tests.support.hf_tokenizer_dirs import QWEN2_TEMPLATE
+from tests.support.hf_tokenizer_dirs import QWEN2_TEMPLATE, THINKING
 from tests.support.pydantic_models import Review
 from tests.support.server_process import ServerProcess
 from tests.support.structural_oracle import StructuralOracle
 
 pytestmark = pytest.mark.mpi
 CHAT = [{"role": "user", "content": "Hi"}]
-# DeepSeek-V3.1's way of thinking, after Qwen2.5's template: the variable `thinking` opens a think block in
-# the generation prompt; without it an empty one is closed there (thinking off: the answer held from its start)
-THINKING = (
-    "{%- if add_generation_prompt %}"
-    "{{- '<think>\\n' if thinking is defined and thinking else '<think>\\n\\n</think>\\n\\n' }}{%- endif %}"
-)
 
 
 @pytest.fixture(scope="module")

@@ -68,6 +68,12 @@ QWEN2_TEMPLATE = (
     "    {{- '<|im_start|>assistant\\n' }}\n"
     "{%- endif %}\n"
 )
+# DeepSeek-V3.1's way of thinking, after Qwen2.5's template (QWEN2_TEMPLATE + THINKING): the variable `thinking`
+# opens a think block in the generation prompt; without it an empty one is closed there (thinking off)
+THINKING = (
+    "{%- if add_generation_prompt %}"
+    "{{- '<think>\\n' if thinking is defined and thinking else '<think>\\n\\n</think>\\n\\n' }}{%- endif %}"
+)
 
 LLAMA3_TEMPLATE = (
     "{% set loop_messages = messages %}{% for message in loop_messages %}"

@@ -218,3 +218,45 @@ def test_the_plan_follows_the_prompt_and_what_holds_the_answer(prompt, body, par
     form = json.loads(out.structural_tag)["format"]["type"][:3] if out is not params else ""
     assert (how, opens, form) == expected
     assert out is params or not (out.json_schema or out.regex or out.gbnf)
+
+
+@pytest.mark.parametrize(
+    "prompt, body, params, held, template, expected",
+    [
+        ("<assistant><think>\n", {}, SamplingParams(), False, THINKING_TEMPLATE, (5, True)),
+        ("<assistant>", {}, SamplingParams(), False, THINKING_TEMPLATE, (5, False)),  # (the answer may open one)
+        ("<assistant><think>\n", {"separate_reasoning": False}, SamplingParams(), False, THINKING_TEMPLATE, (5, True)),
+        ("<assistant><think>\n", {"guided_json": {}}, SamplingParams(json_schema=SCHEMA), False, THINKING_TEMPLATE,
+         (5, True)),  # (held after the block)
+        ("<think>\n\n</think>\n\n", {}, SamplingParams(), False, THINKING_TEMPLATE, (-1, False)),  # (closed)
+        ("<assistant><think>\n", {}, SamplingParams(), True, THINKING_TEMPLATE, (-1, False)),  # (held: no block)
+        ("<assistant><think>\n", {"separate_reasoning": False}, SamplingParams(regex="a"), False, THINKING_TEMPLATE,
+         (-1, False)),  # (held from the first token)
+        ("<assistant><think>\n", {}, SamplingParams(), False, "{{ messages }}", (-1, False)),  # (never thinks)
+    ],
+)  # fmt: skip
+def test_a_thinking_budget_goes_where_the_answer_may_think(prompt, body, params, held, template, expected):
+    tok = FakeTokenizer()
+    out = plan({**body, "thinking_token_budget": 5}, template, tok, tok.encode(prompt), params, held)[2]
+    assert (out.think_budget, out.think_inside) == expected
+    if out.think_budget >= 0:
+        assert (out.think_open, out.think_close) == (tuple(tok.encode(OPEN)), tuple(tok.encode(CLOSE)))
+    assert plan(body, template, tok, tok.encode(prompt), params, held)[2].think_budget == -1
+
+
+def test_a_bad_thinking_budget_is_refused_by_name_and_completions_take_none():
+    from spmd_serve.frontend.common.parsing import Limits
+    from spmd_serve.frontend.openai.protocol import parse_openai
+
+    tok = FakeTokenizer()
+    tok.chat_template_source = THINKING_TEMPLATE
+    limits = Limits(max_seq_len=100, max_dec_len=50, model_max_len=120)
+    chat = {"model": "m", "messages": [{"role": "user", "content": "Hi"}]}
+    assert parse_openai("chat", {**chat, "thinking_token_budget": 0}, tok, limits, ("m",)).params.think_budget == 0
+    for bad in (-1, "5", True, 2**31, 1.5):
+        with pytest.raises(OpenAIError) as e:
+            parse_openai("chat", {**chat, "thinking_token_budget": bad}, tok, limits, ("m",))
+        assert (e.value.status, e.value.param) == (400, "thinking_token_budget")
+    with pytest.raises(OpenAIError) as e:
+        parse_openai("completion", {"model": "m", "prompt": "a", "thinking_token_budget": 5}, tok, limits, ("m",))
+    assert (e.value.status, e.value.param) == (400, "thinking_token_budget")

@@ -5,8 +5,9 @@ chat request it asks for: `system` (a string or text blocks, one system message 
 text; a last assistant turn is a prefill the answer continues), `max_tokens`, `stop_sequences`,
 `temperature`, `top_p`, `top_k`, custom `tools` (`input_schema`), `tool_choice` (auto, any, tool,
 none; `disable_parallel_tool_use`), `thinking` (enabled or disabled: the chat template's
-`enable_thinking` and `thinking` variables; the budget is not enforced, max_tokens bounds the whole
-answer).  `cache_control` is accepted anywhere and changes nothing (prefix caching is automatic).
+`enable_thinking` and `thinking` variables; its budget_tokens closes the think block after that many
+tokens, as chat's thinking_token_budget).  `cache_control` is accepted anywhere and changes nothing
+(prefix caching is automatic).
 The chat parser (openai.protocol) then checks it all and `rename` gives its refusals these names.
 Server tools, images, documents and fields of the API this server does not build are refused by
 name; an unknown field as Anthropic refuses one.  Pure data: no tornado, no engine.
@@ -65,9 +66,11 @@ def parse(body: dict[str, Any], fields: set[str] = FIELDS) -> MessagesRequest:
         chat["tools"] = _tools(body["tools"])
     if body.get("tool_choice") is not None:
         chat.update(_tool_choice(body["tool_choice"]))
-    thinking, shown = _thinking(body.get("thinking"))
+    thinking, shown, budget = _thinking(body.get("thinking"))
     if thinking is not None:  # (Qwen3's variable and DeepSeek-V3.1's)
         chat["chat_template_kwargs"] = {"enable_thinking": thinking, "thinking": thinking}
+    if budget is not None:  # (a cap, as Anthropic's: the think block is closed after it)
+        chat["thinking_token_budget"] = budget
     if not shown:
         chat["include_reasoning"] = False
     chat.update(_output_config(body.get("output_config")))
@@ -227,11 +230,12 @@ def _tool_choice(choice: Any) -> dict[str, Any]:
     return out
 
 
-def _thinking(thinking: Any) -> tuple[bool | None, bool]:
-    """(the template's thinking switch, None to leave it; whether the thinking is shown: display)."""
+def _thinking(thinking: Any) -> tuple[bool | None, bool, int | None]:
+    """(the template's thinking switch, None to leave it; whether the thinking is shown: display; its
+    budget_tokens)."""
     kind = thinking.get("type") if isinstance(thinking, dict) else None
     if thinking is None:
-        return None, True
+        return None, True, None
     keys = {"type", "display"} | ({"budget_tokens"} if kind == "enabled" else set())
     budget = thinking.get("budget_tokens") if kind == "enabled" else 1
     display = thinking.get("display") if isinstance(thinking, dict) else None
@@ -241,7 +245,7 @@ def _thinking(thinking: Any) -> tuple[bool | None, bool]:
         and display in (None, "summarized", "omitted")
     ):
         if isinstance(budget, int) and not isinstance(budget, bool) and budget >= 1:
-            return kind != "disabled", display != "omitted"
+            return kind != "disabled", display != "omitted", budget if kind == "enabled" else None
     shapes = (
         "{'type': 'enabled', 'budget_tokens': n, 'display'}, {'type': 'adaptive', 'display'} or {'type': 'disabled'}"
     )
@@ -267,6 +271,7 @@ def _output_config(config: Any) -> dict[str, Any]:
 _NAMES = [
     ("stop", "stop_sequences"),
     ("chat_template_kwargs", "thinking"),
+    ("thinking_token_budget", "thinking.budget_tokens"),
     ("parallel_tool_calls", "tool_choice"),
     ("response_format.json_schema.schema", "output_config.format.schema"),
     ("response_format", "output_config"),
@@ -285,6 +290,6 @@ def rename(msg: str, param: str | None) -> tuple[str, str | None]:
     msg = _tools_named(msg)
     msg = re.sub(r"\bstop\b(?= )", "stop_sequences", msg)
     msg = re.sub(r"\bresponse_format(: json_schema\b)?", "output_config.format", msg)
-    for old, new in _NAMES[1:3]:
+    for old, new in _NAMES[1:4]:
         msg = re.sub(rf"\b{old}\b", new, msg)
     return msg, param

@@ -81,7 +81,7 @@ class Generation:
     ) -> None:
         self.client, self.req_id, self.prompt = client, req_id, prompt
         self.params, self.deadline = params, deadline
-        if params.grammar:  # the engine's masks need every token's bytes: sent once, ahead of this
+        if params.needs_vocabulary:  # the engine's masks need every token's bytes: sent once, ahead of this
             client.provide_vocabulary(tokenizer)
         detokenizer = tokenizer.detokenizer(
             prompt, continue_prompt, params.skip_special_tokens, params.spaces_between_special_tokens

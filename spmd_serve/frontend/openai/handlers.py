@@ -104,7 +104,7 @@ class OpenAIServing:
         try:
             req = parse_openai(kind, body, self.tokenizer, self.limits, self.model_names, slow)
             shown = named_id(named, h.request.headers.get("X-Request-Id"), req)
-            if req.params.grammar:  # (the engine's masks need every token's bytes: read once, here too)
+            if req.params.needs_vocabulary:  # (the engine's masks need every token's bytes: read once, here too)
                 slow.append(functools.partial(json_masks.vocabulary_bytes, self.tokenizer))
             for check in slow:  # (a new schema's grammar: ~0.1 s, which every stream of this worker would wait)
                 await asyncio.get_running_loop().run_in_executor(None, check)

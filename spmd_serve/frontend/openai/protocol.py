@@ -169,6 +169,9 @@ def parse_openai(
     if not isinstance(model, str):
         raise OpenAIError(400, "model must be a string", "model")
     check_model(model, model_names)
+    if kind == "completion" and body.get("thinking_token_budget") is not None:
+        why = "thinking_token_budget is chat's: a completion's prompt has no chat template to open a think block"
+        raise OpenAIError(400, why, "thinking_token_budget")
     try:
         check_fields(body, kind)
     except FieldError as e:

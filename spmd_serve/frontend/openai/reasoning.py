@@ -13,7 +13,9 @@ pattern or a GBNF grammar is held only after the think block, as vLLM holds it (
 structural tag of free text up to `</think>`, then the held format), or from its first token where
 the prompt closed the block itself; one held to choices or a tool call is never split: it is what
 the grammar made.  Per request, vLLM's `include_reasoning: false`
-drops the thinking and SGLang's `separate_reasoning: false` keeps it in `content` as written.
+drops the thinking and SGLang's `separate_reasoning: false` keeps it in `content` as written, and
+vLLM's `thinking_token_budget` closes the block after that many tokens (the Messages API's
+`budget_tokens` too), as vLLM forces its end.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from spmd_serve.engine import structural_tag as tags
 from spmd_serve.frontend.openai.body import OpenAIError, get
 from spmd_serve.frontend.openai.token_params import Slow, check_grammar
 from spmd_serve.frontend.openai.tool_parsers import held_prefix
-from spmd_serve.sampling_params import SamplingParams
+from spmd_serve.sampling_params import INT32_MAX, SamplingParams
 
 OPEN, CLOSE = "<think>", "</think>"
 # the fields that may hold an answer to a schema, pattern or grammar (a refusal of the held form names the first)
@@ -61,16 +63,38 @@ def plan(
 ) -> tuple[str, bool, SamplingParams]:  # fmt: skip
     """A chat request's (mode, whether the prompt opened the block, its params): an answer `held` (to
     choices, a tool call) is never split; one held to a schema, pattern or grammar is held after the
-    block (`after_thinking`), or from its first token where the prompt closed the block already."""
+    block (`after_thinking`), or from its first token where the prompt closed the block already.
+    vLLM's `thinking_token_budget` caps the block (`with_budget`) wherever the answer may think."""
     how = mode(body, template, held)
-    tag = prompt_tag(tokenizer, prompt) if how else ""
-    if how and params.grammar:
+    budget = get(body, "thinking_token_budget", "int", -1, 0, INT32_MAX)
+    thinking = thinks(template) and not held
+    tag = prompt_tag(tokenizer, prompt) if how or (thinking and budget >= 0) else ""
+    if params.grammar and (how or budget >= 0):
         name = next((k for k in _HELD_BY if body.get(k) is not None), "structured_outputs")
-        thought = "" if tag == CLOSE else after_thinking(params, tag == OPEN, name, slow)
-        if not thought:
+        thought = "" if tag == CLOSE or not how else after_thinking(params, tag == OPEN, name, slow)
+        if not thought:  # (held from its first token: it does not think)
             return "", False, params
         params = dataclasses.replace(params, json_schema="", regex="", gbnf="", structural_tag=thought)
-    return how, tag == OPEN, params
+    if thinking and budget >= 0 and tag != CLOSE:
+        params = with_budget(params, budget, tag == OPEN, tokenizer)
+    return how, bool(how) and tag == OPEN, params
+
+
+def with_budget(params: SamplingParams, budget: int, inside: bool, tokenizer: Any) -> SamplingParams:
+    """`params` whose think block is closed after `budget` tokens (engine/think_budget.py)."""
+    think_open, think_close = (_tag_ids(tokenizer, tag) for tag in (OPEN, CLOSE))
+    return dataclasses.replace(
+        params, think_budget=budget, think_inside=inside, think_open=think_open, think_close=think_close
+    )
+
+
+def _tag_ids(tokenizer: Any, tag: str) -> tuple[int, ...]:
+    """The tag's ids as the tokenizer writes it, less a SentencePiece tokenizer's dummy-prefix space
+    (a token of its own before the tag: forced, it would end the thinking with a space)."""
+    ids = tokenizer.encode(tag)
+    while len(ids) > 1 and not tokenizer.token_bytes(ids[0]).strip():
+        ids = ids[1:]
+    return tuple(ids)
 
 
 def mode(body: dict[str, Any], template: str | None, held: bool) -> str:

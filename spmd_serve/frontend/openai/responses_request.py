@@ -25,6 +25,7 @@ from spmd_serve.sampling_params import MAX_LOGPROBS
 PASSED = (
     "seed", "top_k", "min_p", "stop", "repetition_penalty", "presence_penalty", "frequency_penalty",
     "ignore_eos", "min_tokens", "chat_template_kwargs", "include_reasoning", "separate_reasoning", "cache_salt",
+    "thinking_token_budget",
 )  # fmt: skip
 HONOURED = frozenset(
     {"model", "input", "instructions", "max_output_tokens", "temperature", "top_p", "stream", "tools"}

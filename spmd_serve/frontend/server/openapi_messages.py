@@ -37,7 +37,8 @@ def messages_schemas(s: IOSettings, chat_request: Schema) -> dict[str, Schema]:
     thinking = {"anyOf": [_obj(["type"], {"type": {"const": "disabled"}}, additionalProperties=False),
                           _obj(["type", "budget_tokens"], {"type": {"const": "enabled"}, "budget_tokens": _int(1)},
                                additionalProperties=False)],
-                "description": "the chat template's enable_thinking / thinking; the budget is not enforced"}
+                "description": "the chat template's enable_thinking / thinking; the think block is closed after "
+                               "budget_tokens tokens"}
     counted = {
         "model": chat["model"], "messages": _list(message, minItems=1), "system": _opt({"anyOf": [STR, _list(text)]}),
         "tools": _opt(_list(tool, maxItems=128)), "tool_choice": _opt(choice), "thinking": _opt(thinking),

@@ -14,7 +14,7 @@ from spmd_serve.frontend.native.protocol import OPENAI_ONLY
 from spmd_serve.frontend.openai.fields import NEUTRAL
 from spmd_serve.frontend.openai.protocol import MAX_N, MAX_REQUEST_ID
 from spmd_serve.frontend.server.settings import IOSettings
-from spmd_serve.sampling_params import MAX_LOGPROBS, MAX_SALT_CHARS
+from spmd_serve.sampling_params import INT32_MAX, MAX_LOGPROBS, MAX_SALT_CHARS
 
 Schema = dict[str, Any]
 JSON, NDJSON, SSE = "application/json", "application/x-ndjson", "text/event-stream"
@@ -242,7 +242,9 @@ def schemas(s: IOSettings) -> dict[str, Schema]:
                 'function of tools named: the answer is its call'}),
             "parallel_tool_calls": _opt(BOOL | {"description": "false: at most one call (default true)"}),
             "include_reasoning": _opt(BOOL | {"description": "vLLM's: false drops a thinking model's think block"}),
-            "separate_reasoning": _opt(BOOL | {"description": "SGLang's: false keeps the think block in content"})},
+            "separate_reasoning": _opt(BOOL | {"description": "SGLang's: false keeps the think block in content"}),
+            "thinking_token_budget": _opt(_int(0, INT32_MAX, description="vLLM's: the think block closed after "
+                                               "this many tokens"))},
             description=unsupported, additionalProperties=False),
         "Usage": usage,
         "NativeUsage": native_usage,
