@@ -86,6 +86,7 @@ def test_logprobs(srv):
     a, b = ids("ab")
     assert meta["output_token_logprobs"] == [[-0.5, a, None], [-0.5, b, None]]  # (the fake's: -0.5 each)
     assert meta["output_top_logprobs"][0] == [[-0.5, a, None], [-1.5, a - 1, None]]
+    assert meta["input_token_logprobs"] == meta["input_top_logprobs"] == []  # (logprob_start_len -1, the default)
     meta = generate(srv, **body, return_text_in_logprobs=True).json()["meta_info"]
     assert [t for _, _, t in meta["output_token_logprobs"]] == ["a", "b"]
     assert streamed(srv, **body)[-1]["meta_info"]["output_token_logprobs"] == [[-0.5, a, None], [-0.5, b, None]]
@@ -107,7 +108,7 @@ def test_logprobs(srv):
         ({"text": "a", "sampling_params": {"temperature": -1}}, "sampling_params.temperature"),
         ({"text": "a", "image_data": "x.png"}, "image_data: not supported"),
         ({"text": "a", "frobnicate": 1}, "frobnicate: not a field of /generate"),
-        ({"text": "a", "logprob_start_len": 0}, "logprob_start_len"),
+        ({"text": "a", "logprob_start_len": -2}, "logprob_start_len must be an integer in [-1, "),
         ({"text": ["a", "b"], "rid": "one"}, "rid must be a non-empty string for each of the 2"),
         ({"text": ["a", "b"], "sampling_params": [{"top_k": 1}, {"top_k": 2}]}, "sampling_params must be an object"),
         (

@@ -169,16 +169,17 @@ def test_return_token_ids_are_the_ids_scored(client, prompts):
     assert chunks[0]["prompt_token_ids"] == prompts[1] and not any(c.get("prompt_token_ids") for c in chunks[1:])
 
 
-def test_sglang_generate_answers_as_completions(server, client, prompts):
+def test_sglang_generate_answers_as_completions(server, client, prompts, reference):
     """SGLang's /generate on the real model: a batch's ids, text and logprobs are what completions
-    gives each prompt (greedy), whole and streamed; and its /health_generate probe."""
+    gives each prompt (greedy), whole and streamed; its prompt's logprobs from logprob_start_len are
+    PaddleNLP's rows; and its /health_generate probe."""
     import json
 
     import requests
 
     url = f"http://127.0.0.1:{server.http_port}/generate"
     body = {"input_ids": prompts[1:], "sampling_params": {"max_new_tokens": 6, "temperature": 0},
-            "return_logprob": True, "top_logprobs_num": TOP}  # fmt: skip
+            "return_logprob": True, "top_logprobs_num": TOP, "logprob_start_len": 1}  # fmt: skip
     outs = requests.post(url, json=body, timeout=120).json()
     lines = requests.post(url, json={**body, "stream": True}, timeout=120).text.split("\n\n")
     last = {
@@ -187,7 +188,19 @@ def test_sglang_generate_answers_as_completions(server, client, prompts):
     assert lines[-2:] == ["data: [DONE]", ""] and [last[i]["output_ids"] for i in (0, 1)] == [
         o["output_ids"] for o in outs
     ]
-    for prompt, out in zip(prompts[1:], outs):
+    for i, out in enumerate(outs):  # (streamed: in each line, as the output's logprobs)
+        streamed = last[i]["meta_info"]["input_token_logprobs"]
+        assert [e[1:] for e in streamed] == [e[1:] for e in out["meta_info"]["input_token_logprobs"]]
+        assert [e[0] for e in streamed] == pytest.approx([e[0] for e in out["meta_info"]["input_token_logprobs"]])
+    for prompt, ref, out in zip(prompts[1:], reference[1:], outs):
+        entries, tops = out["meta_info"]["input_token_logprobs"], out["meta_info"]["input_top_logprobs"]
+        assert [(tid, text) for _, tid, text in entries] == [(t, None) for t in prompt[1:]]  # (from position 1)
+        assert [lp for lp, _, _ in entries] == pytest.approx([ref[i][t] for i, t in enumerate(prompt[1:])], abs=2e-3)
+        # each position's top k: PaddleNLP's k best logprobs, each its token's
+        assert [lp for top in tops for lp, _, _ in top] == pytest.approx(
+            [v for row in ref for v in np.sort(row)[::-1][:TOP]], abs=2e-3
+        )
+        assert all(abs(ref[i][tid] - lp) < 2e-3 for i, top in enumerate(tops) for lp, tid, _ in top)
         c = client.completions.create(model="default", prompt=prompt, max_tokens=6, temperature=0, logprobs=TOP,
                                       extra_body={"return_token_ids": True}).choices[0]  # fmt: skip
         assert (out["output_ids"], out["text"]) == (c.model_extra["token_ids"], c.text)
@@ -196,5 +209,8 @@ def test_sglang_generate_answers_as_completions(server, client, prompts):
         assert (
             out["meta_info"]["prompt_tokens"] == len(prompt) and len(out["meta_info"]["output_top_logprobs"][0]) == TOP
         )
+    whole = requests.post(url, json={**body, "input_ids": prompts[2], "logprob_start_len": 0}, timeout=120).json()
+    assert whole["meta_info"]["input_token_logprobs"][0] == [None, prompts[2][0], None]  # (SGLang's: no logprob)
+    assert whole["meta_info"]["input_top_logprobs"][0] is None and len(whole["meta_info"]["input_top_logprobs"]) == 2
     health = requests.get(f"http://127.0.0.1:{server.http_port}/health_generate", timeout=60)
     assert (health.status_code, health.content) == (200, b"")  # (SGLang's probe: one token made)

@@ -8,7 +8,7 @@ from __future__ import annotations
 from spmd_serve.frontend.server.openapi_schemas import BOOL, NULL_IS_ABSENT, STR, Schema, _int, _list, _obj, _only, _opt
 from spmd_serve.frontend.server.settings import IOSettings
 from spmd_serve.frontend.sglang.request import NEUTRAL, SAMPLING
-from spmd_serve.sampling_params import MAX_LOGPROBS
+from spmd_serve.sampling_params import INT32_MAX, MAX_LOGPROBS
 
 
 # fmt: off
@@ -27,7 +27,8 @@ def generate_schemas(s: IOSettings, completion_request: Schema) -> dict[str, Sch
         "sampling_params": _opt(_obj([], sampling, additionalProperties=False,
                                      description="one for every prompt (a batch's list: all alike)")),
         "stream": _opt(BOOL), "return_logprob": _opt(BOOL), "return_text_in_logprobs": _opt(BOOL),
-        "top_logprobs_num": _opt(_int(0, MAX_LOGPROBS)), "logprob_start_len": _opt({"const": -1}),
+        "top_logprobs_num": _opt(_int(0, MAX_LOGPROBS)), "logprob_start_len": _opt(_int(
+            -1, INT32_MAX, description="with return_logprob: input_token_logprobs from this position (-1: none)")),
         "rid": _opt({"anyOf": [STR, _list(STR)]}), "model": _opt({"enum": list(s.model_names)}),
         **{k: _only(v) for k, v in NEUTRAL.items()},
     }, description="Exactly one of text, input_ids; any other field is refused with 400 naming it. "
@@ -39,7 +40,8 @@ def generate_schemas(s: IOSettings, completion_request: Schema) -> dict[str, Sch
         "id": STR, "finish_reason": finish, **{k: _int(0) for k in ("prompt_tokens", "completion_tokens",
                                                                     "cached_tokens")},
         "e2e_latency": {"type": "number"}, "output_token_logprobs": _list(_list({})),
-        "output_top_logprobs": _list(_list(_list({})))},
+        "output_top_logprobs": _list(_list(_list({}))), "input_token_logprobs": _list(_list({})),
+        "input_top_logprobs": _list({"anyOf": [{"type": "null"}, _list(_list({}))]})},
         description="with return_logprob: output_token_logprobs [logprob, token id, text or null] per token")
     output = _obj(["text", "output_ids", "meta_info"], {"text": STR, "output_ids": _list(_int(0)),
                                                         "meta_info": meta, "index": _int(0)})

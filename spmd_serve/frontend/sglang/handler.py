@@ -3,7 +3,8 @@
 (meta_info: `id`, `finish_reason` — `{"type": "stop", "matched": <the stop string or token id>}` or
 `{"type": "length", "length": max_new_tokens}` —, `prompt_tokens`, `completion_tokens`,
 `cached_tokens`, `e2e_latency`, and with `return_logprob` `output_token_logprobs` as
-`[logprob, token id, text or null]` and `output_top_logprobs`); a list of them for a batch or `n`
+`[logprob, token id, text or null]` and `output_top_logprobs`, and from `logprob_start_len` the prompt's
+`input_token_logprobs` and `input_top_logprobs`, the first token's logprob null); a list of them for a batch or `n`
 > 1.  Streamed, SSE `data:` lines each carrying an output's text and ids so far (SGLang's default, not
 incremental; `index` names the output of a batch), the last with its finish_reason, then
 `data: [DONE]`.  The key is a Bearer token, as on the OpenAI routes; errors have OpenAI's body.
@@ -69,9 +70,24 @@ class GenerateHandler(JsonBodyHandler):
             token, scored = self._token_text, [(tid, e) for tid, e in state.logprobs if e is not None]
             meta["output_token_logprobs"] = [[lp, tid, token(tid)] for tid, (lp, _) in scored]
             meta["output_top_logprobs"] = [[[v, i, token(i)] for i, v in top] for _, (_, top) in scored]
-            meta.update(input_token_logprobs=[], input_top_logprobs=[])  # (logprob_start_len -1: none)
+            meta.update(self._input_logprobs(fmt, state))
         out = {"text": state.text, "output_ids": list(state.token_ids), "meta_info": meta}
         return {**out, "index": state.index} if self.req.batch and self.req.stream else out
+
+    def _input_logprobs(self, fmt: Formatter, state: ChoiceState) -> dict[str, list[Any]]:
+        """input_token_logprobs and input_top_logprobs of the prompt from logprob_start_len (none for
+        -1): the first prompt token's logprob is null, as SGLang's; read off the choice's vLLM
+        prompt_logprobs (per position its token's entry and the top k, each with its rank)."""
+        prompt = fmt.req.prompts[state.index // fmt.req.n]
+        scored, token = state.prompt_logprobs or [], self._token_text
+        rows: list[Any] = []
+        tops: list[Any] = []
+        for pos in range(self.req.input_from, len(prompt)) if self.req.input_from >= 0 else ():
+            tid, entry = prompt[pos], scored[pos] if pos < len(scored) else None
+            rows.append([entry[str(tid)]["logprob"] if entry else None, tid, token(tid)])
+            ranked = sorted(entry.items(), key=lambda kv: kv[1]["rank"]) if entry else []
+            tops.append([[e["logprob"], int(i), token(int(i))] for i, e in ranked if e["rank"] <= self.req.top] or None)
+        return {"input_token_logprobs": rows, "input_top_logprobs": tops}
 
     def _token_text(self, token_id: int) -> str | None:
         if not self.req.text_in_logprobs:

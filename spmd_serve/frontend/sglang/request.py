@@ -3,10 +3,11 @@ prompt or a batch), `sampling_params` (SGLang's names: max_new_tokens, min_new_t
 stop_token_ids, temperature, top_p, top_k, min_p, the penalties, ignore_eos, skip_special_tokens,
 spaces_between_special_tokens, no_stop_trim, n, json_schema, regex, ebnf, structural_tag,
 logit_bias, sampling_seed), `stream`, `return_logprob` with `top_logprobs_num` and
-`return_text_in_logprobs`, and `rid`.  The completions parser (openai.protocol) then checks it all
+`return_text_in_logprobs`, the prompt's logprobs from `logprob_start_len` (the completions request's
+vLLM `prompt_logprobs`), and `rid`.  The completions parser (openai.protocol) then checks it all
 and `rename` gives its refusals SGLang's names.  What SGLang has and this server does not build
-(images, LoRA, hidden states, prompt logprobs from `logprob_start_len`) is refused by name, at any
-value but the one that changes nothing.  Pure data: no tornado, no engine.
+(images, LoRA, hidden states) is refused by name, at any value but the one that changes nothing.
+Pure data: no tornado, no engine.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from typing import Any
 
 from spmd_serve.frontend.common.parsing import show
 from spmd_serve.frontend.openai.body import OpenAIError, get
-from spmd_serve.sampling_params import MAX_LOGPROBS
+from spmd_serve.sampling_params import INT32_MAX, MAX_LOGPROBS
 
 FIELDS = {"text", "input_ids", "sampling_params", "stream", "return_logprob", "top_logprobs_num"} | {
     "return_text_in_logprobs", "rid", "logprob_start_len", "model",
@@ -47,6 +48,8 @@ class GenerateRequest:
     rids: list[str] = field(default_factory=list)  # the id of each prompt's outputs ("" = a fresh one)
     logprobs: bool = False  # return_logprob: output_token_logprobs (and output_top_logprobs)
     text_in_logprobs: bool = False  # ... with each token's text
+    input_from: int = -1  # logprob_start_len: input_token_logprobs from this prompt position (-1: none)
+    top: int = 0  # top_logprobs_num: each position's most likely tokens
     prompt_field: str = "text"  # "input_ids" where the prompt came as ids (the name a refusal gives it)
 
 
@@ -64,20 +67,22 @@ def parse(body: dict[str, Any], model: str, max_dec_len: int) -> GenerateRequest
     prompt, batch = _prompt(body)
     completion = {"model": body.get("model") or model, "prompt": prompt, **_sampling(body.get("sampling_params"))}
     completion.setdefault("max_tokens", min(DEFAULT_MAX_NEW_TOKENS, max_dec_len))
-    completion.update(stream=get(body, "stream", "bool", False), return_token_ids=True)
-    if body.get("logprob_start_len") not in (None, -1):
-        raise OpenAIError(400, "logprob_start_len: only -1 (the output's logprobs alone) is supported",
-                          "logprob_start_len")  # fmt: skip
+    stream = get(body, "stream", "bool", False)
+    completion.update(stream=stream, return_token_ids=True)
+    start = get(body, "logprob_start_len", "int", -1, -1, INT32_MAX)
     logprobs = get(body, "return_logprob", "bool", False)
     top = get(body, "top_logprobs_num", "int", 0, 0, MAX_LOGPROBS)
     if logprobs:
         completion["logprobs"] = top
+    if logprobs and start >= 0:  # (SGLang's meta_info has their place in a stream too: it is this handler's)
+        completion.update(prompt_logprobs=top, stream=False)
     prompts = len(prompt) if batch else 1
     rids = _rids(body.get("rid"), prompts)
     n = completion.get("n", 1)
     field = "text" if body.get("text") is not None else "input_ids"
-    return GenerateRequest(completion, completion["stream"], batch or n != 1, rids, logprobs,
-                           get(body, "return_text_in_logprobs", "bool", False), field)  # fmt: skip
+    return GenerateRequest(completion, stream, batch or n != 1, rids, logprobs,
+                           get(body, "return_text_in_logprobs", "bool", False), prompt_field=field,
+                           input_from=start if logprobs else -1, top=top)  # fmt: skip
 
 
 def _prompt(body: dict[str, Any]) -> tuple[Any, bool]:
