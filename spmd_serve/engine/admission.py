@@ -9,7 +9,8 @@ thread, it stalled every other stream that long (benchmarks/grammar_stall.py).  
 shares the GIL with the engine thread, which so loses a switch interval (5 ms) now and then instead
 of the whole compile at once.  The grammar made goes with the request (`json_progress`), so its
 first sampling finds it whatever the grammar caches dropped meanwhile.  The masks' vocabulary (every
-token's bytes, sent once ahead of the first such request) is arranged on the same thread.
+token's bytes, sent once ahead of the first such request) is arranged on the same thread; a request
+with a thinking budget (engine/think_budget.py, which reads the tags off those bytes) waits for it too.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from spmd_serve.engine.grammar_table import Grammar
 from spmd_serve.engine.json_masks import JsonVocab
 from spmd_serve.engine.outputs import RequestOutput
 from spmd_serve.engine.sampler import eos_masking
+from spmd_serve.sampling_params import SamplingParams
 from spmd_serve.scheduler.request import Request, RequestStatus
 from spmd_serve.scheduler.scheduler import QueueFullError, Scheduler
 
@@ -41,7 +43,7 @@ class Admission:
 
     def __init__(self, scheduler: Scheduler, eos_token_ids: frozenset[int], wake: Callable[[], None]) -> None:
         self.scheduler, self.eos, self._wake = scheduler, eos_token_ids, wake
-        self.held: dict[str, tuple[Request, Future[Grammar]]] = {}  # in arrival order
+        self.held: dict[str, tuple[Request, Future[Grammar | None]]] = {}  # in arrival order (None: no grammar)
         self._pool: ThreadPoolExecutor | None = None  # (made with the first grammar)
         self._vocab: Future[JsonVocab] | None = None  # the masks' vocabulary, made on the same thread
 
@@ -60,9 +62,11 @@ class Admission:
         if min_tokens > 0 and params.allowed_token_ids and set(params.allowed_token_ids) <= set(masked):
             msg = f"allowed_token_ids are all EOS or stop ids, which are masked until min_tokens({min_tokens})"
             return RequestOutput.error(cmd.req_id, 400, msg)
-        if not params.grammar:
+        if not params.needs_vocabulary:
             return self._schedule(req)
-        self.held[req.req_id] = (req, self._submit(json_masks.grammar_of, params))
+        # (a thinking budget reads its tags off the vocabulary's bytes: held for it too, with no grammar to make)
+        make: Callable[[SamplingParams], Grammar | None] = json_masks.grammar_of if params.grammar else _no_grammar
+        self.held[req.req_id] = (req, self._submit(make, params))
         return None
 
     def read_vocabulary(self, token_bytes: list[bytes]) -> None:
@@ -103,7 +107,8 @@ class Admission:
                 log.exception("request %s: its grammar or the vocabulary failed", req_id)
                 errors.append(RequestOutput.error(req_id, 500, f"grammar compile failed: {e}"))
                 continue
-            req.json_progress = (grammar, 0, grammar.start)
+            if grammar is not None:
+                req.json_progress = (grammar, 0, grammar.start)
             if (err := self._schedule(req)) is not None:
                 errors.append(err)
         return errors
@@ -134,3 +139,7 @@ class Admission:
         """Stop the helper thread (a compile under way is left to end alone)."""
         if self._pool is not None:
             self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+def _no_grammar(params: SamplingParams) -> None:
+    """A request held for the vocabulary alone (a thinking budget's) has no grammar to make."""

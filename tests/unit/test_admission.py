@@ -6,6 +6,7 @@ is made on the same helper thread, and a held request waits for it too."""
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 from collections.abc import Iterator
@@ -54,11 +55,11 @@ def plain(n: int) -> SamplingParams:
     return SamplingParams(max_tokens=n, min_tokens=n, temperature=0.0)
 
 
-def start_with_vocab(rig: Rig, **kw: Any) -> Engine:
+def start_with_vocab(rig: Rig, vocab: list[bytes] = VOCAB, **kw: Any) -> Engine:
     start, client, _, _ = rig
     eng = start(**kw)
     with client._cv:  # (what provide_vocabulary queues, from token bytes given here)
-        client._commands.append(VocabCommand(VOCAB))
+        client._commands.append(VocabCommand(vocab))
     return eng
 
 
@@ -160,6 +161,28 @@ def test_the_vocabulary_is_made_on_the_helper_thread_before_a_held_request_goes_
     gate.set()
     assert [t for o in io.read_all(queue) for t in o.new_token_ids] == [1, 2, EOS]
     assert made_on and made_on[0].startswith("spmd-grammar")
+
+
+def test_a_thinking_budget_waits_for_the_vocabulary_and_closes_the_block_in_its_pieces(rig, monkeypatch):
+    """Its tags are read off the tokens' bytes (ids 3-5 spell `</think>`): admitted before the vocabulary
+    is made, it would count its first tokens blind."""
+    gate, real = threading.Event(), admission.JsonVocab
+    monkeypatch.setattr(admission, "JsonVocab", lambda token_bytes: gate.wait(20) and real(token_bytes))
+    eng = start_with_vocab(rig, [b"", b"a", b"</think>", b"</", b"think", b">"] + [b"z"] * 26)
+    _, client, io, _ = rig
+    params = SamplingParams(max_tokens=8, min_tokens=8, temperature=0.0, think_budget=2, think_inside=True)
+    params = dataclasses.replace(params, think_open=(1,), think_close=(3, 4, 5))
+    io.call(client.add_request, "plain", [3, 4], plain(400))
+    queue = io.call(client.add_request, "thinks", [3], params)
+    wait_until(lambda: "thinks" in eng.admission.held)
+    before = output_tokens(eng, "plain")
+    wait_until(lambda: output_tokens(eng, "plain") >= before + 10)  # (the engine thread steps on)
+    assert "thinks" in eng.admission.held and eng.sampler.json_vocab is None
+    gate.set()
+    assert [t for o in io.read_all(queue) for t in o.new_token_ids] == [7, 7, 3, 4, 5, 7, 7, 7]
+    # a close tag of one token (its bytes whole): forced at once
+    forced = dataclasses.replace(params, think_close=(2,), think_budget=3)
+    assert [t for o in io.read_all(io.call(client.add_request, "early", [3], forced)) for t in o.new_token_ids][3] == 2
 
 
 def test_a_vocabulary_that_fails_fails_the_held_requests_only(rig, monkeypatch):
