@@ -253,3 +253,14 @@ def test_chat_template_kwargs_reach_the_template_as_transformers_passes_them(tmp
         with pytest.raises(OpenAIError) as e:
             ids(chat_template_kwargs=bad)
         assert e.value.param == param
+    # OpenAI's reasoning_effort (vLLM's rule): the switch on unless "none"; the request's own variables win
+    assert ids(reasoning_effort="none") == tok.encode(off) and ids(reasoning_effort="high") == tok.encode(plain)
+    assert ids(reasoning_effort="none", chat_template_kwargs={"enable_thinking": True}) == tok.encode(plain)
+    with pytest.raises(OpenAIError) as e:
+        ids(reasoning_effort="extreme")
+    assert e.value.param == "reasoning_effort" and "must be one of none, minimal" in e.value.msg
+    plain_model = write_byte_level_dir(tmp_path / "qwen2", "qwen2", extra_config={"chat_template": QWEN2_TEMPLATE})
+    with pytest.raises(OpenAIError) as e:  # (a template without a switch: it would change nothing)
+        parse_openai("chat", {"model": "m", "messages": msgs, "reasoning_effort": "low"},
+                     ServingTokenizer.from_model_dir(plain_model, True), limits, ("m",))  # fmt: skip
+    assert e.value.param == "reasoning_effort" and "reads no reasoning_effort" in e.value.msg

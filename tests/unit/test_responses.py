@@ -10,6 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from spmd_serve.frontend.openai.body import OpenAIError
 from spmd_serve.frontend.openai.responses_format import ResponseBuilder
 from spmd_serve.frontend.openai.responses_request import parse, rename
 
@@ -58,6 +59,16 @@ def test_tools_choice_and_format_become_chat_fields():
         "tool_choice"] and {"type": "function", "name": "w"})  # fmt: skip
 
 
+def test_reasoning_effort_is_chats_and_echoed():
+    req = parse({"model": "m", "input": "x", "reasoning": {"effort": "low", "summary": None}})
+    assert req.chat["reasoning_effort"] == "low" and req.echo["reasoning"] == {"effort": "low", "summary": None}
+    assert "reasoning_effort" not in parse({"model": "m", "input": "x", "reasoning": {}}).chat
+    for bad in ({"summary": "auto"}, "low"):
+        with pytest.raises(OpenAIError) as e:
+            parse({"model": "m", "input": "x", "reasoning": bad})
+        assert e.value.param == "reasoning" and "no summary here" in e.value.msg
+
+
 @pytest.mark.parametrize(
     "chat_param, msg, expected",
     [
@@ -69,6 +80,11 @@ def test_tools_choice_and_format_become_chat_fields():
         ("response_format.json_schema.schema", "bad", ("bad", "text.format.schema")),
         ("tools[3].function.parameters", "x", ("x", "tools[3].parameters")),
         ("messages", "invalid messages", ("invalid messages", "input")),
+        (
+            "reasoning_effort",
+            "reasoning_effort must be one of",
+            ("reasoning.effort must be one of", "reasoning.effort"),
+        ),
         (None, "plain", ("plain", None)),
     ],
 )

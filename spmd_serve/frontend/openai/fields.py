@@ -33,7 +33,7 @@ HONOURED: dict[str, frozenset[str]] = {
     "chat": _COMMON
     | {"messages", "top_logprobs", "add_generation_prompt", "continue_final_message", "echo", "chat_template_kwargs"}
     | {"tools", "tool_choice", "parallel_tool_calls"}  # (openai.tools)
-    | {"include_reasoning", "separate_reasoning", "thinking_token_budget"},  # (openai.reasoning: vLLM's, SGLang's)
+    | {"include_reasoning", "separate_reasoning", "thinking_token_budget", "reasoning_effort"},  # (openai.reasoning)
 }
 STREAM_OPTIONS = {"include_usage": (), "continuous_usage_stats": ()}  # the same rule, inside stream_options
 
@@ -55,7 +55,7 @@ NEUTRAL: dict[str, dict[str, tuple[Any, ...]]] = {
         "thinking_token_budget": (),
     },  # (chat's: a chat template's block)
     "chat": {
-        **{k: v for k, v in _NEUTRAL_COMMON.items() if k not in ("tools", "tool_choice", "parallel_tool_calls")},
+        **{k: v for k, v in _NEUTRAL_COMMON.items() if k not in HONOURED["chat"]},
         "add_special_tokens": (False,),
         "documents": (),
         "chat_template": (),

@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from spmd_serve.frontend.common.parsing import is_int, show
+from spmd_serve.frontend.openai import reasoning
 from spmd_serve.frontend.openai.body import OpenAIError, get
 from spmd_serve.frontend.openai.tools import template_messages
 from spmd_serve.frontend.text import chat_template
@@ -58,9 +59,10 @@ def chat_prompt(
     options: dict[str, Any] = {"continue_final_message": True} if cont else {}  # (only what differs from the defaults)
     if not get(body, "add_generation_prompt", "bool", True):
         options["add_generation_prompt"] = False
+    effort = reasoning.effort_variables(body, getattr(tokenizer, "chat_template_source", None))
     variables = body.get("chat_template_kwargs")
-    if variables:
-        options["template_kwargs"] = _template_kwargs(variables)
+    if variables or effort:
+        options["template_kwargs"] = {**effort, **_template_kwargs(variables or {})}
     if tools is not None:
         options["tools"] = tools
     try:

@@ -15,7 +15,8 @@ the prompt closed the block itself; one held to choices or a tool call is never 
 the grammar made.  Per request, vLLM's `include_reasoning: false`
 drops the thinking and SGLang's `separate_reasoning: false` keeps it in `content` as written, and
 vLLM's `thinking_token_budget` closes the block after that many tokens (the Messages API's
-`budget_tokens` too), as vLLM forces its end.
+`budget_tokens` too), as vLLM forces its end.  OpenAI's `reasoning_effort` (the Responses API's
+`reasoning.effort`) reaches the chat template as vLLM passes it (`effort_variables`).
 """
 
 from __future__ import annotations
@@ -25,9 +26,11 @@ import json
 from typing import Any
 
 from spmd_serve.engine import structural_tag as tags
+from spmd_serve.frontend.common.parsing import show
 from spmd_serve.frontend.openai.body import OpenAIError, get
 from spmd_serve.frontend.openai.token_params import Slow, check_grammar
 from spmd_serve.frontend.openai.tool_parsers import held_prefix
+from spmd_serve.frontend.text import chat_template
 from spmd_serve.sampling_params import INT32_MAX, SamplingParams
 
 OPEN, CLOSE = "<think>", "</think>"
@@ -95,6 +98,28 @@ def _tag_ids(tokenizer: Any, tag: str) -> tuple[int, ...]:
     while len(ids) > 1 and not tokenizer.token_bytes(ids[0]).strip():
         ids = ids[1:]
     return tuple(ids)
+
+
+EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh")  # OpenAI's reasoning_effort values
+_SWITCHES = ("reasoning_effort", "enable_thinking", "thinking")  # the template variables it sets
+
+
+def effort_variables(body: dict[str, Any], template: str | None) -> dict[str, Any]:
+    """OpenAI's reasoning_effort as vLLM passes it: a chat template variable of its own name, and the
+    thinking switch (Qwen3's enable_thinking, DeepSeek-V3.1's thinking) on unless it is "none"; a
+    request's own chat_template_kwargs win.  Refused where the template reads none of them (it would
+    change nothing)."""
+    effort = body.get("reasoning_effort")
+    if effort is None:
+        return {}
+    if effort not in EFFORTS:
+        raise OpenAIError(400, f"reasoning_effort must be one of {', '.join(EFFORTS)}, got {show(effort)}",
+                          "reasoning_effort")  # fmt: skip
+    if not chat_template.variables(template or "") & set(_SWITCHES):
+        why = "this model's chat template reads no reasoning_effort, enable_thinking or thinking variable"
+        raise OpenAIError(400, f"reasoning_effort: {why}, so it would change nothing", "reasoning_effort")
+    on = effort != "none"
+    return {"reasoning_effort": effort, "enable_thinking": on, "thinking": on}
 
 
 def mode(body: dict[str, Any], template: str | None, held: bool) -> str:

@@ -29,12 +29,13 @@ PASSED = (
 )  # fmt: skip
 HONOURED = frozenset(
     {"model", "input", "instructions", "max_output_tokens", "temperature", "top_p", "stream", "tools"}
-    | {"tool_choice", "parallel_tool_calls", "text", "metadata", "user", "include", "top_logprobs", *PASSED}
+    | {"tool_choice", "parallel_tool_calls", "text", "metadata", "user", "include", "top_logprobs", "reasoning"}
+    | set(PASSED)
 )
 NO_STORE = "this server keeps no responses: send the whole conversation in input"
 NEUTRAL: dict[str, tuple[Any, ...]] = {
     "store": (False,), "background": (False,), "previous_response_id": (), "conversation": (), "prompt": (),
-    "reasoning": ({},), "truncation": ("disabled",), "service_tier": ("auto", "default"),
+    "truncation": ("disabled",), "service_tier": ("auto", "default"),
     "max_tool_calls": (), "prompt_cache_key": (), "prompt_cache_retention": (),
     "safety_identifier": (), "context_management": (),
     "stream_options": ({}, {"include_obfuscation": False}),  # (no padding of the events: what this server does)
@@ -73,6 +74,9 @@ def parse(body: dict[str, Any]) -> ResponsesRequest:
     fmt = _format(text.get("format"))
     if fmt is not None:
         chat["response_format"] = fmt
+    effort = _effort(body.get("reasoning"))
+    if effort is not None:
+        chat["reasoning_effort"] = effort
     top = _logprobs(body)
     if top is not None:  # (chat's logprobs: the output text's tokens', each with its top alternatives)
         if tools:  # (a call's tokens are not an output text's: they would have no place)
@@ -90,12 +94,23 @@ def parse(body: dict[str, Any]) -> ResponsesRequest:
         "tool_choice": body.get("tool_choice") or ("auto" if tools else "none"), "tools": body.get("tools") or [],
         "text": {"format": text.get("format") or {"type": "text"}}, "user": body.get("user"),
         "store": False, "background": False, "previous_response_id": None, "truncation": "disabled",
-        "reasoning": {"effort": None, "summary": None}, "service_tier": "default", "top_logprobs": top or 0,
+        "reasoning": {"effort": effort, "summary": None}, "service_tier": "default", "top_logprobs": top or 0,
     }  # fmt: skip
     return ResponsesRequest(chat, echo)
 
 
 LOGPROBS = "message.output_text.logprobs"
+
+
+def _effort(reasoning: Any) -> Any:
+    """reasoning {"effort": ...}: chat's reasoning_effort (its summary is not built: the reasoning item
+    carries the thinking itself)."""
+    if reasoning is None:
+        return None
+    if not isinstance(reasoning, dict) or {k for k, v in reasoning.items() if v is not None} - {"effort"}:
+        raise OpenAIError(400, f"reasoning must be {{'effort': ...}} (no summary here), got {show(reasoning)}",
+                          "reasoning")  # fmt: skip
+    return reasoning.get("effort")
 
 
 def _logprobs(body: dict[str, Any]) -> int | None:
@@ -215,7 +230,7 @@ def _format(fmt: Any) -> dict[str, Any] | None:
 
 _NAMES = [  # chat's parameter -> the Responses API's (a prefix, longest first)
     ("response_format.json_schema", "text.format"), ("response_format", "text.format"),
-    ("max_tokens", "max_output_tokens"), ("messages", "input"),
+    ("max_tokens", "max_output_tokens"), ("reasoning_effort", "reasoning.effort"), ("messages", "input"),
 ]  # fmt: skip
 
 
@@ -224,6 +239,6 @@ def rename(msg: str, param: str | None) -> tuple[str, str | None]:
     if param is not None:
         param = re.sub(r"^(tools\[\d+\])\.function\b", r"\1", param)
         param = next((new + param[len(old) :] for old, new in _NAMES if param.startswith(old)), param)
-    for old, new in _NAMES[1:3]:
+    for old, new in _NAMES[1:4]:
         msg = re.sub(rf"\b{re.escape(old)}\b", new, msg)
     return msg, param

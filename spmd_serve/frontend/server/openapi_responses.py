@@ -58,6 +58,7 @@ def responses_schemas(s: IOSettings, chat_request: Schema) -> dict[str, Schema]:
         "text": _opt(_obj([], {"format": _opt(fmt), "verbosity": {"enum": ["medium", None]}},
                           additionalProperties=False)),
         "metadata": _opt(_obj([], {}, additionalProperties=STR, maxProperties=16)), "user": _opt(STR),
+        "reasoning": _opt(_obj([], {"effort": chat["reasoning_effort"]}, additionalProperties=False)),
         **{k: chat[k] for k in PASSED}, **{k: _only(v) for k, v in NEUTRAL.items()},
     }, description="Any other field is refused with 400 naming it; this server keeps no responses "
                    "(store false). " + NULL_IS_ABSENT, additionalProperties=False)

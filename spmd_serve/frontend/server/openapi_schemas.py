@@ -13,6 +13,7 @@ from spmd_serve.frontend.common.vllm_extras import NOT_BUILT, OPENAI_EXTRAS
 from spmd_serve.frontend.native.protocol import OPENAI_ONLY
 from spmd_serve.frontend.openai.fields import NEUTRAL
 from spmd_serve.frontend.openai.protocol import MAX_N, MAX_REQUEST_ID
+from spmd_serve.frontend.openai.reasoning import EFFORTS
 from spmd_serve.frontend.server.settings import IOSettings
 from spmd_serve.sampling_params import INT32_MAX, MAX_LOGPROBS, MAX_SALT_CHARS
 
@@ -244,7 +245,9 @@ def schemas(s: IOSettings) -> dict[str, Schema]:
             "include_reasoning": _opt(BOOL | {"description": "vLLM's: false drops a thinking model's think block"}),
             "separate_reasoning": _opt(BOOL | {"description": "SGLang's: false keeps the think block in content"}),
             "thinking_token_budget": _opt(_int(0, INT32_MAX, description="vLLM's: the think block closed after "
-                                               "this many tokens"))},
+                                               "this many tokens")),
+            "reasoning_effort": _opt({"enum": list(EFFORTS), "description": "the chat template's reasoning_effort, "
+                                      "enable_thinking and thinking (off for none)"})},
             description=unsupported, additionalProperties=False),
         "Usage": usage,
         "NativeUsage": native_usage,

@@ -15,6 +15,7 @@ that does not HTML-escape, and the variables `messages`, `add_generation_prompt`
 
 from __future__ import annotations
 
+import functools
 import json
 from datetime import datetime
 from pathlib import Path
@@ -22,6 +23,7 @@ from typing import Any
 
 import jinja2
 import jinja2.ext
+import jinja2.meta
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 TEMPLATE_FILE = "chat_template.jinja"
@@ -56,6 +58,16 @@ def compile_template(source: str) -> jinja2.Template:
         raise ValueError(f"invalid chat_template: {e.message} (template line {e.lineno})") from e
     except jinja2.TemplateError as e:
         raise ValueError(f"invalid chat_template: {e}") from e
+
+
+@functools.lru_cache(maxsize=8)
+def variables(source: str) -> frozenset[str]:
+    """The variables a template reads that it does not set itself (jinja2.meta's: what vLLM keeps of a
+    request's chat_template_kwargs); none for a template that does not parse."""
+    try:
+        return frozenset(jinja2.meta.find_undeclared_variables(jinja2.Environment().parse(source)))
+    except jinja2.TemplateError:
+        return frozenset()
 
 
 def find_template(model_dir: str | Path, tokenizer_config: dict[str, Any]) -> str | None:
