@@ -5,7 +5,7 @@ schemas), the Response object and its streamed events.
 
 from __future__ import annotations
 
-from spmd_serve.frontend.openai.responses_request import NEUTRAL, PASSED
+from spmd_serve.frontend.openai.responses_request import LOGPROBS, NEUTRAL, PASSED
 from spmd_serve.frontend.server.openapi_schemas import (
     BOOL,
     NULL_IS_ABSENT,
@@ -19,6 +19,7 @@ from spmd_serve.frontend.server.openapi_schemas import (
     _opt,
 )
 from spmd_serve.frontend.server.settings import IOSettings
+from spmd_serve.sampling_params import MAX_LOGPROBS
 
 
 # fmt: off
@@ -59,6 +60,8 @@ def responses_schemas(s: IOSettings, chat_request: Schema) -> dict[str, Schema]:
                           additionalProperties=False)),
         "metadata": _opt(_obj([], {}, additionalProperties=STR, maxProperties=16)), "user": _opt(STR),
         "reasoning": _opt(_obj([], {"effort": chat["reasoning_effort"]}, additionalProperties=False)),
+        "include": _opt(_list({"const": LOGPROBS})),
+        "top_logprobs": _opt(_int(0, MAX_LOGPROBS, description=f"needs include [{LOGPROBS!r}]")),
         **{k: chat[k] for k in PASSED}, **{k: _only(v) for k, v in NEUTRAL.items()},
     }, description="Any other field is refused with 400 naming it; this server keeps no responses "
                    "(store false). " + NULL_IS_ABSENT, additionalProperties=False)
