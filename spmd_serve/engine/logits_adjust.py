@@ -104,15 +104,16 @@ def _min_p_rows(views: Sequence[SampledRequest]) -> list[int]:
     return [i for i, v in enumerate(views) if v.params.min_p > 0 and not v.params.greedy]
 
 
-def wanted(views: Sequence[SampledRequest]) -> bool:
-    """Whether any row asks for an adjustment (the usual step: none, and no copy is made)."""
+def wanted(views: Sequence[SampledRequest], vocab: JsonVocab | None = None) -> bool:
+    """Whether any row asks for an adjustment (the usual step: none, and no copy is made); a thinking
+    budget only at the steps it forces a token."""
     return any(
         v.params.logit_bias
         or v.params.allowed_token_ids
         or v.params.bad_words
         or v.params.guided_sequences
         or v.params.grammar
-        or v.params.think_budget >= 0
+        or (v.params.think_budget >= 0 and think_budget.forced(v, vocab) is not None)
         for v in views
     ) or bool(_min_p_rows(views))
 

@@ -237,7 +237,7 @@ class Sampler:
             if not s.samples or s.num_draft or s.request.params.logprobs is not None:
                 return None
             reqs.append(s.request)
-        if len(reqs) != len(logits) or logits_adjust.wanted(reqs):
+        if len(reqs) != len(logits) or logits_adjust.wanted(reqs, self.json_vocab):
             return None
         try:
             tokens = sample(logits, reqs)
@@ -259,7 +259,7 @@ class Sampler:
                 views += position_rows(r.params, r.output_token_ids, r.eos_token_ids, drafts, r)
             else:
                 views.append(r)
-        if logits_adjust.wanted(views):  # allowed ids, bias, min_p: a copy, for the verdicts too
+        if logits_adjust.wanted(views, self.json_vocab):  # allowed ids, bias, min_p: a copy, for the verdicts too
             logits = logits_adjust.adjusted(logits, rows, views, sample_arrays, self.json_vocab)
         # every row, the usual case: no copy of the logits (they are cold after the graph)
         targets = sample(logits if rows == list(range(len(logits))) else logits[rows], views)

@@ -128,3 +128,15 @@ def test_a_speculative_step_verifies_its_drafts_against_the_budget():
     out = generate(params, 1, 0, drafts=[5, 6, 4])
     assert out[:3] == [5, 6, 4] and len(out) == 4
     assert generate(params, 1, 0, drafts=[12, 12]) == [5]
+
+
+def test_only_a_forcing_step_leaves_the_plain_sampling_path():
+    """The logits are copied for the steps that force a token only: before, and once the block closed,
+    the request's rows take the usual path (no copy)."""
+    params = SamplingParams(max_tokens=64, temperature=0, think_budget=2, think_inside=True, **SPECIAL)
+    sampler = Sampler()
+    sampler.json_vocab = VOCAB
+    logits = np.zeros((1, len(PIECES)), np.float32)
+    for output, plain in (([12], True), ([12, 12], False), ([12, 12, SPECIAL_CLOSE], True)):
+        step = sampler._plain_step(SchedulerOutput([ScheduledSeq(request(params, output), 1, 1, True)]), logits)
+        assert (step is not None) == plain, output
