@@ -67,7 +67,7 @@ OPENAI_ONLY = (
     "ignore_eos", "stop_token_ids", "include_stop_str_in_output", "truncate_prompt_tokens", "stream_options",
     "response_format", "tools", "tool_choice", "parallel_tool_calls", "add_generation_prompt", "continue_final_message",
     "return_tokens_as_token_ids", "return_token_ids", "structured_outputs", "chat_template_kwargs", "include_reasoning",
-    "separate_reasoning", "request_id", "cache_salt", "thinking_token_budget",
+    "separate_reasoning", "request_id", "cache_salt", "thinking_token_budget", "reasoning_effort",
 )  # fmt: skip
 _INT_FIELDS = ("max_dec_len", "min_dec_len", "seed")
 _NUM_FIELDS = ("topp", "temperature", "penalty_score", "frequency_score", "presence_score", "timeout")
