@@ -238,6 +238,9 @@ OPENAI = {
         "parallel_tool_calls": BOOL,
         "include_reasoning": BOOL,
         "separate_reasoning": BOOL,
+        "thinking_token_budget": integer(0, 16),
+        # (the demo's template reads no switch: a good value is a 400 naming it too, never a 500)
+        "reasoning_effort": Field(st.sampled_from(["none", "low", "high"]), st.one_of(JUNK, st.just("extreme"))),
         "tool_choice": Field(
             st.sampled_from(["none", "required", {"type": "function", "function": {"name": "get_weather"}}]),
             st.one_of(st.sampled_from(["auto", {"type": "function", "function": {"name": "x"}}]), JUNK),
