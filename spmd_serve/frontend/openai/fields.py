@@ -49,11 +49,8 @@ _NEUTRAL_COMMON: dict[str, tuple[Any, ...]] = {
     "reasoning_effort": (), "modalities": (["text"],), "audio": (), "prediction": (), "web_search_options": (),
 }  # fmt: skip
 NEUTRAL: dict[str, dict[str, tuple[Any, ...]]] = {
-    "completion": {
-        **_NEUTRAL_COMMON,
-        "suffix": ("",),
-        "thinking_token_budget": (),
-    },  # (chat's: a chat template's block)
+    # (thinking_token_budget is chat's: openai.protocol refuses it on completions, saying so)
+    "completion": {**_NEUTRAL_COMMON, "suffix": ("",), "thinking_token_budget": ()},
     "chat": {
         **{k: v for k, v in _NEUTRAL_COMMON.items() if k not in HONOURED["chat"]},
         "add_special_tokens": (False,),

@@ -70,15 +70,17 @@ def plan(
     vLLM's `thinking_token_budget` caps the block (`with_budget`) wherever the answer may think."""
     how = mode(body, template, held)
     budget = get(body, "thinking_token_budget", "int", -1, 0, INT32_MAX)
-    thinking = thinks(template) and not held
-    tag = prompt_tag(tokenizer, prompt) if how or (thinking and budget >= 0) else ""
-    if params.grammar and (how or budget >= 0):
+    if params.grammar and not how:  # (held from its first token, unsplit: it does not think)
+        return "", False, params
+    capped = budget >= 0 and thinks(template) and not held
+    tag = prompt_tag(tokenizer, prompt) if how or capped else ""
+    if params.grammar:
         name = next((k for k in _HELD_BY if body.get(k) is not None), "structured_outputs")
-        thought = "" if tag == CLOSE or not how else after_thinking(params, tag == OPEN, name, slow)
-        if not thought:  # (held from its first token: it does not think)
+        thought = "" if tag == CLOSE else after_thinking(params, tag == OPEN, name, slow)
+        if not thought:
             return "", False, params
         params = dataclasses.replace(params, json_schema="", regex="", gbnf="", structural_tag=thought)
-    if thinking and budget >= 0 and tag != CLOSE:
+    if capped and tag != CLOSE:
         params = with_budget(params, budget, tag == OPEN, tokenizer)
     return how, bool(how) and tag == OPEN, params
 
