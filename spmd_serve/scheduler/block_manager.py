@@ -92,6 +92,16 @@ class BlockManager:
             self.cache.register(request.block_ids[i], hashes[i])
         request.num_committed_blocks = full
 
+    def reset_prefix_cache(self) -> tuple[int, int]:
+        """Forget every cached prefix (an operator's reset; safe while requests run): returns how
+        many free cached blocks became plain free blocks and how many cached blocks running requests
+        keep (found by no one new).  The free-block count does not change."""
+        if self.cache is None:
+            return 0, 0
+        freed, in_use = self.cache.reset()
+        self._free[:0] = freed  # under the stack: the blocks on it are reused in the same order as before
+        return len(freed), in_use
+
     # ---- allocation -----------------------------------------------------------------------------
     def _missing(self, request: Request, num_tokens: int) -> int:
         # Requests only grow between frees, so already-owned blocks always count toward the target.
@@ -136,11 +146,8 @@ class BlockManager:
         # and its last (least shareable) cached block becomes the first to be evicted.
         for b in reversed(request.block_ids):
             self._refs[b] -= 1
-            if self._refs[b] == 0:
-                if self.cache is not None and self.cache.is_cached(b):
-                    self.cache.park(b)
-                else:
-                    self._free.append(b)
+            if self._refs[b] == 0 and not (self.cache is not None and self.cache.let_go(b)):
+                self._free.append(b)
         request.block_ids.clear()
         request.num_committed_blocks = 0
 
@@ -186,7 +193,7 @@ class BlockManager:
         cache = self.cache
         for b, names in owners.items():
             assert self._refs[b] == len(names), f"block {b} owned by {names} but has {self._refs[b]} reference(s)"
-            assert len(names) == 1 or (cache is not None and cache.is_cached(b)), f"uncached block {b} owned by {names}"
+            assert len(names) == 1 or (cache is not None and cache.may_share(b)), f"unshared block {b} owned by {names}"
             assert cache is None or not cache.is_evictable(b), f"block {b} owned by {names} is evictable"
         evictable = {b for b in range(self.num_blocks) if cache is not None and cache.is_evictable(b)}
         if cache is not None:

@@ -9,7 +9,9 @@ root again: `root_for`).  sha256 rather than Python's `hash`: two different pref
 must never share a block, and a 256-bit collision is not a case worth handling.
 
 `PrefixCache` only maps hashes to block ids and keeps the *free* cached blocks in least-recently
-used order; reference counts and ownership stay with the `BlockManager`.
+used order; reference counts and ownership stay with the `BlockManager`.  `reset` (an operator's
+/reset_prefix_cache) forgets every hash at once, also of blocks running requests still share: those
+are "retired" — shared as before, found by no one new, a plain free block once let go.
 """
 
 from __future__ import annotations
@@ -41,6 +43,8 @@ class PrefixCache:
         self._hash_of: dict[int, bytes] = {}
         # Free cached blocks, least recently freed first: the next to be evicted.
         self._evictable: OrderedDict[int, None] = OrderedDict()
+        # Blocks in use whose hash a reset forgot: their owners keep sharing them until they let go.
+        self._retired: set[int] = set()
 
     def root_for(self, cache_salt: str) -> bytes:
         """The chain's root for a request's cache_salt: its own unless the salt is "" (a salted
@@ -62,6 +66,10 @@ class PrefixCache:
 
     def is_evictable(self, block: int) -> bool:
         return block in self._evictable
+
+    def may_share(self, block: int) -> bool:
+        """Several requests may hold this block: it is cached, or was when a reset forgot it."""
+        return block in self._hash_of or block in self._retired
 
     def hash_of(self, block: int) -> bytes | None:
         return self._hash_of.get(block)
@@ -87,9 +95,14 @@ class PrefixCache:
         self._hash_of[block] = block_hash
         return True
 
-    def park(self, block: int) -> None:
-        """A cached block's last owner let go: keep its K/V, most recently used last."""
-        self._evictable[block] = None
+    def let_go(self, block: int) -> bool:
+        """A block's last owner let go.  True: it is cached and stays so (its K/V kept, most recently
+        used last); False: it is a plain free block (never cached, or retired by a reset)."""
+        if block in self._hash_of:
+            self._evictable[block] = None
+            return True
+        self._retired.discard(block)
+        return False
 
     def unpark(self, block: int) -> None:
         """A free cached block is used again (a prefix hit): it is no longer evictable."""
@@ -101,9 +114,23 @@ class PrefixCache:
         del self._block_of[self._hash_of.pop(block)]
         return block
 
+    def reset(self) -> tuple[list[int], int]:
+        """Forget every hash: no later request finds anything computed before.  Returns the free
+        cached blocks (plain free blocks now, least recently used first) and how many cached blocks
+        are still in use (retired: `may_share`, until `let_go`)."""
+        free = list(self._evictable)
+        in_use = self._hash_of.keys() - self._evictable.keys()
+        self._retired |= in_use
+        self._block_of.clear()
+        self._hash_of.clear()
+        self._evictable.clear()
+        return free, len(in_use)
+
     def check_invariants(self, free: set[int]) -> None:
-        """The two maps mirror each other; evictable blocks are cached and not on the free list."""
+        """The two maps mirror each other; evictable blocks are cached and not on the free list;
+        retired blocks are neither cached nor free."""
         assert len(self._block_of) == len(self._hash_of), "hash maps disagree in size"
         assert all(self._hash_of.get(b) == h for h, b in self._block_of.items()), "hash maps disagree"
         assert all(b in self._hash_of for b in self._evictable), "an evictable block is not cached"
         assert not free & self._hash_of.keys(), "a cached block is on the uncached free list"
+        assert not self._retired & (free | self._hash_of.keys()), "a retired block is free or cached"

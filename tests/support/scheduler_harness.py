@@ -100,8 +100,10 @@ def run(
     fn: TokenFn = default_fn,
     aborts: dict[int, list[str]] | None = None,
     max_steps: int = 10_000,
+    resets: frozenset[int] = frozenset(),
 ) -> list[SchedulerOutput]:
-    """Drive to completion; arrivals/aborts happen before schedule() of the given step."""
+    """Drive to completion; arrivals/aborts happen before schedule() of the given step, and at
+    the steps in `resets` the prefix cache is reset (after them: nothing cached, no block freed)."""
     arrivals, aborts = dict(arrivals or {}), dict(aborts or {})
     model, trace, step = FakeModel(sched, fn), [], 0
     while sched.has_unfinished() or any(k >= step for k in arrivals):
@@ -110,6 +112,12 @@ def run(
             sched.add_request(r)
         for rid in aborts.get(step, []):
             sched.abort_request(rid)
+        if step in resets:
+            bm = sched.block_manager
+            free = bm.num_free_blocks
+            bm.reset_prefix_cache()
+            assert bm.cache is not None and bm.cache.num_cached == 0 and bm.num_free_blocks == free
+            sched.check_invariants()
         out = sched.schedule()
         sampled = model.step(out)
         sched.update(out, sampled)

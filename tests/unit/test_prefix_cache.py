@@ -186,3 +186,28 @@ def test_a_cache_salt_shares_blocks_only_with_the_same_salt():
     assert bm.match_prefix(_req("plain3", prompt)) == plain.block_ids[:2] != a.block_ids[:2]
     assert PrefixCache("m").root_for("") == PrefixCache("m").root != PrefixCache("m").root_for("s")
     assert PrefixCache("m").root_for("s") != PrefixCache("m2").root_for("s")  # (still the model's chain)
+
+
+def test_a_reset_forgets_every_prefix_also_of_blocks_running_requests_share():
+    bm = BlockManager(num_blocks=8, block_size=2, enable_caching=True)
+    idle, a = _req("idle", [20, 21, 22]), _req("a", [10, 11, 12, 13, 14])
+    _computed(bm, idle, 3)
+    bm.free(idle)  # its block is free and cached
+    _computed(bm, a, 5)
+    b = _req("b", [10, 11, 12, 13, 99])
+    assert bm.allocate(b, 5, bm.match_prefix(b))  # b shares a's two blocks
+    shared = b.block_ids[:2]
+    assert bm.reset_prefix_cache() == (1, 2) and bm.num_free_blocks == 8 - 4
+    assert bm.cache is not None and bm.cache.num_cached == 0 and bm.cache.num_evictable == 0
+    assert bm.match_prefix(_req("c", [10, 11, 12, 13, 5])) == [] and bm.match_prefix(_req("d", [20, 21, 22])) == []
+    bm.check_invariants([a, b])  # a and b still share what they shared
+    bm.free(a)
+    assert [bm.ref_count(x) for x in shared] == [1, 1]
+    bm.check_invariants([b])
+    bm.free(b)  # the retired blocks are plain free blocks now, not cached ones
+    assert bm.num_free_blocks == 8 and bm.cache.num_evictable == 0
+    bm.check_invariants([])
+    again = _req("again", [10, 11, 12, 13, 14])
+    _computed(bm, again, 5)  # computed anew after the reset: cached again
+    assert bm.match_prefix(_req("e", [10, 11, 12, 13, 7])) == again.block_ids[:2]
+    assert BlockManager(4, 2).reset_prefix_cache() == (0, 0)  # caching off: nothing to forget

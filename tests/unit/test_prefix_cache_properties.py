@@ -5,7 +5,8 @@ Every step the harness checks that no block is leaked, that a block is shared on
 cached and with its reference count equal to its owners, that no request writes into a block
 someone else holds, and (the fake model stores the whole token prefix behind every slot) that a
 cached block is only ever read by a request with the identical token prefix.  Every request must
-still produce its reference tokens.
+still produce its reference tokens.  Resets of the cache (an operator's /reset_prefix_cache) come at
+random steps, while requests share blocks too.
 """
 
 from __future__ import annotations
@@ -56,15 +57,16 @@ def workloads(draw, pressure: bool):
         arrivals.setdefault(arrive, []).append(Request(f"r{i}", prompt, params, frozenset({EOS})))
         if draw(st.integers(0, 4)) == 0:
             aborts.setdefault(draw(st.integers(0, 40)), []).append(f"r{i}")
-    return cfg, arrivals, aborts
+    resets = frozenset(draw(st.lists(st.integers(0, 40), max_size=2)))
+    return cfg, arrivals, aborts, resets
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.booleans().flatmap(workloads))
 def test_shared_prefixes_keep_every_invariant_and_every_output(workload):
-    cfg, arrivals, aborts = workload
+    cfg, arrivals, aborts, resets = workload
     aborted = {rid for rids in aborts.values() for rid in rids}
-    trace = run(Scheduler(cfg), arrivals, aborts=aborts)  # invariants and the KV check every step
+    trace = run(Scheduler(cfg), arrivals, aborts=aborts, resets=resets)  # invariants and the KV check every step
     hits = sum(o.prefix_hits for o in trace)
     event(f"hits {'> 0' if hits else '0'}, preemptions {'> 0' if any(o.preempted for o in trace) else '0'}")
     assert hits <= sum(o.prefix_queries for o in trace)
