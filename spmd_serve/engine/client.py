@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import threading
 import time
 from collections.abc import Callable, Collection
@@ -28,6 +29,7 @@ __all__ = [
     "REFUSAL_STATUS",
     "AbortCommand",
     "AddCommand",
+    "ControlCommand",
     "DuplicateRequestError",
     "EngineClient",
     "NotReadyError",
@@ -87,7 +89,17 @@ class VocabCommand:
     token_bytes: list[bytes]
 
 
-Command = AddCommand | AbortCommand | VocabCommand
+@dataclass
+class ControlCommand:
+    """An operator's request of the engine itself (engine/control.py), done between two steps and
+    answered through `reply` (called once, on the engine thread, with a JSON-able dict)."""
+
+    op: str
+    args: dict[str, Any]
+    reply: Callable[[dict[str, Any]], None]
+
+
+Command = AddCommand | AbortCommand | VocabCommand | ControlCommand
 
 
 class EngineClient:
@@ -151,6 +163,28 @@ class EngineClient:
             if self._streams.pop(req_id, None) is not None:
                 self._commands.append(AbortCommand(req_id, reason))
                 self._cv.notify()
+
+    async def control(self, op: str, args: dict[str, Any], timeout: float = 10.0) -> dict[str, Any]:
+        """Ask the engine to do `op` between two steps (engine/control.py); its answer, or
+        NotReadyError (no engine loop yet) or TimeoutError (no answer within `timeout`).  A draining
+        engine still answers: an operator may abort what keeps it from stopping."""
+        if not self.ready.is_set():
+            raise NotReadyError("server is not ready")
+        loop = asyncio.get_running_loop()
+        answer: asyncio.Future[dict[str, Any]] = loop.create_future()
+
+        def settle(result: dict[str, Any]) -> None:  # on the IO loop
+            if not answer.done():  # (it may have timed out)
+                answer.set_result(result)
+
+        def reply(result: dict[str, Any]) -> None:  # on the engine thread
+            with contextlib.suppress(RuntimeError):  # the loop closed: nobody is waiting
+                loop.call_soon_threadsafe(settle, result)
+
+        with self._cv:
+            self._commands.append(ControlCommand(op, dict(args), reply))
+            self._cv.notify()
+        return await asyncio.wait_for(answer, timeout)
 
     def fail_all(self, error_code: int, error_msg: str) -> None:
         """End every request in flight with an error frame now, without the engine (which may be

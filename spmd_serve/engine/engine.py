@@ -20,7 +20,8 @@ import numpy.typing as npt
 
 from spmd_serve.engine import prompt_logprobs
 from spmd_serve.engine.admission import HELD_WAIT_S, Admission
-from spmd_serve.engine.client import AbortCommand, VocabCommand
+from spmd_serve.engine.client import AbortCommand, ControlCommand, VocabCommand
+from spmd_serve.engine.control import Controls
 from spmd_serve.engine.drain import DEFAULT_DRAIN_TIMEOUT_S, Drain
 from spmd_serve.engine.interfaces import FrontEnd, PlanComm, Runner
 from spmd_serve.engine.metrics import EngineMetrics
@@ -68,6 +69,7 @@ class Engine:
         self.metrics.watch_steps(self.stats)  # step phases in /metrics, read at scrape time
         self.metrics.update_gauges(self.scheduler)  # a scrape before the first turn reads the pool
         client.on_handoff = self.stats.record_handoff
+        self.controls = Controls(self.scheduler.block_manager, self.admission, self.metrics, client.publish)
         # Stopping is two-staged: stop_event (first SIGTERM) drains — nothing new is admitted (the
         # client answers 503 once `draining` is set), in-flight requests run on until they finish
         # or drain_timeout_s passes; abort_event (second SIGTERM) ends the drain at once.
@@ -90,6 +92,9 @@ class Engine:
                 continue
             if isinstance(cmd, VocabCommand):
                 self.admission.read_vocabulary(cmd.token_bytes)
+                continue
+            if isinstance(cmd, ControlCommand):
+                self.controls.answer(cmd)
                 continue
             err = self.admission.admit(cmd)
             if err is not None:

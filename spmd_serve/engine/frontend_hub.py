@@ -10,16 +10,18 @@ Everything here runs on the engine thread, without a thread of its own: the sock
 abort is read at the next step whatever Paddle does with the GIL, and rank 0 runs no other Python
 thread that a graph could starve.  The checks that must be global live here: a req_id in flight
 on any worker is a 409, the in-flight capacity a 429 (`check_admission`, as in process).  The
-workers learn readiness, draining and the engine's heartbeat from `state` and `beat` messages.
+workers learn readiness, draining and the engine's heartbeat from `state` and `beat` messages
+(engine/hub_state.py); their questions (`metrics`, an operator's `control`) are answered to the
+asker under the number it gave.
 """
 
 from __future__ import annotations
 
+import functools
 import hmac
 import logging
 import secrets
 import selectors
-import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -29,32 +31,31 @@ from spmd_serve.engine.client import (
     AbortCommand,
     AddCommand,
     Command,
+    ControlCommand,
     DuplicateRequestError,
     NotReadyError,
     QueueFullError,
     check_admission,
 )
+from spmd_serve.engine.hub_state import EngineStateMirror
 from spmd_serve.engine.link import Link, LinkClosed, LinkPoller
 from spmd_serve.engine.outputs import RequestOutput
 from spmd_serve.engine.routes import Routes
 from spmd_serve.engine.wire import Message, WireError, facts_from_hello, output_to_wire, params_from_wire, vocab_command
 
 log = logging.getLogger("spmd_serve.engine")
-BEAT_S = 0.25  # at most this often a heartbeat goes to the workers (and on every busy edge)
 TICK_S = 0.5  # how often `tick` (the worker supervisor's check) runs
 MetricsRenderer = Callable[[str], tuple[bytes, str]]  # Accept header -> (body, content type)
 
 
-class FrontendHub:
+class FrontendHub(EngineStateMirror):
     """Listens on 127.0.0.1:port; use from one thread (the engine's), `wake` from any."""
 
     def __init__(self, port: int, capacity: int, render_metrics: MetricsRenderer | None = None) -> None:
+        super().__init__()
         self.capacity = capacity
         self.token = secrets.token_hex(16)  # a worker proves it was started by this rank 0
         self.render_metrics = render_metrics
-        self.ready = threading.Event()
-        self.draining = threading.Event()
-        self.failure = ""
         self.on_handoff: Callable[[float, int], None] | None = None
         self.tick: Callable[[], None] | None = None  # the supervisor's restart check
         self.start_errors: list[str] = []  # hellos of workers that could not start
@@ -66,39 +67,8 @@ class FrontendHub:
         self._routes: Routes[Link] = Routes()
         self._pending: list[Command] = []
         self._peers: dict[int, int] = {}
-        self._sent_state: tuple[bool, bool, str] | None = None
-        self._heartbeat = time.monotonic()
-        self._busy_since: float | None = None
-        self._beat_at, self._beat_busy = 0.0, False
         self._tick_at = 0.0
         self._closed = False
-
-    # ---- the engine's heartbeat, mirrored to the workers -----------------------------------
-    @property
-    def heartbeat(self) -> float:
-        return self._heartbeat
-
-    @heartbeat.setter
-    def heartbeat(self, now: float) -> None:
-        self._heartbeat = now
-        if now - self._beat_at >= BEAT_S:
-            self._beat(False, now)
-
-    @property
-    def busy_since(self) -> float | None:
-        return self._busy_since
-
-    @busy_since.setter
-    def busy_since(self, since: float | None) -> None:
-        """A step starts (a time) or ends (None).  The start is told at once when the last beat
-        said idle, so a long step never reads as a silent engine."""
-        self._busy_since = since
-        if since is not None and (not self._beat_busy or since - self._beat_at >= BEAT_S):
-            self._beat(True, since)
-
-    def _beat(self, busy: bool, now: float) -> None:
-        self._beat_at, self._beat_busy = now, busy
-        self._broadcast({"t": "beat", "busy": busy})
 
     # ---- the engine thread's interface ----------------------------------------------------
     def take_commands(self) -> list[Command]:
@@ -240,11 +210,17 @@ class FrontendHub:
         elif kind == "handoff":
             if self.on_handoff is not None:
                 self.on_handoff(float(msg["s"]), int(msg["n"]))
+        elif kind == "control":  # answered after the engine did it, to the asking worker
+            reply = functools.partial(self._answer, link, msg["q"])
+            self._pending.append(ControlCommand(str(msg["op"]), dict(msg["args"]), reply))
         elif kind == "metrics":
             body, ctype = self.render_metrics(str(msg["accept"])) if self.render_metrics else (b"", "text/plain")
             self._send(link, {"t": "metrics", "q": msg["q"], "body": body.decode(), "type": ctype})
         else:
             raise WireError(f"unknown message {kind!r}")
+
+    def _answer(self, link: Link, q: int, result: dict[str, Any]) -> None:
+        self._send(link, {"t": "control", "q": q, "r": result})
 
     def _hello(self, link: Link, msg: Message) -> None:
         if msg["t"] != "hello" or not hmac.compare_digest(str(msg.get("token", "")), self.token):
@@ -277,23 +253,5 @@ class FrontendHub:
         self._routes.add(link, n, req_id)
         self._pending.append(AddCommand(req_id, prompt, params_from_wire(params), float(at)))
 
-    def worker_state(self) -> dict[str, Any]:
-        """What a worker started now begins from (its state message's fields)."""
-        return {k: v for k, v in self._state_msg(self._state()).items() if k != "t"}
-
-    def _state(self) -> tuple[bool, bool, str]:
-        return self.ready.is_set(), self.draining.is_set(), self.failure
-
-    @staticmethod
-    def _state_msg(state: tuple[bool, bool, str]) -> Message:
-        return {"t": "state", "ready": state[0], "draining": state[1], "failure": state[2]}
-
     def _peers_msg(self) -> Message:
         return {"t": "peers", "peers": {str(r): pid for r, pid in self._peers.items()}}
-
-    def _sync_state(self) -> None:
-        """Ready and draining are set by other code (start-up, the signal handler): send changes."""
-        state = self._state()
-        if state != self._sent_state:
-            self._sent_state = state
-            self._broadcast(self._state_msg(state))

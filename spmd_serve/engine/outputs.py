@@ -2,7 +2,8 @@
 
 Built only through its named constructors, so a reader sees *why* an output exists: the tokens a
 step produced for a request (`RequestOutput.step`), or the end of a request that failed
-(`RequestOutput.error`: refused at admission, the server shutting down, a rank gone).
+(`RequestOutput.error`: refused at admission, the server shutting down, a rank gone), or one an
+operator ended (`RequestOutput.aborted`).
 """
 
 from __future__ import annotations
@@ -77,6 +78,14 @@ class RequestOutput:
             logprobs=None if logprobs is None else logprobs[:n],
             prompt_logprobs=prompt_logprobs,
         )
+
+    @classmethod
+    def aborted(cls, req: _Stepped, why: str) -> RequestOutput:
+        """The end of a request an operator aborted: the tokens it had stand, `why` says who ended it."""
+        return cls(
+            req.req_id, [], True, "abort", 0, why,
+            num_prompt_tokens=req.num_prompt_tokens, num_cached_tokens=req.num_cached_tokens or 0,
+        )  # fmt: skip
 
     @classmethod
     def error(cls, req_id: str, error_code: int, error_msg: str) -> RequestOutput:

@@ -62,7 +62,7 @@ class RemoteEngineClient(EngineClient):
         self._ids: dict[str, int] = {}  # req_id -> n, while its outputs may come
         self._by_n: dict[int, str] = {}
         self._open: set[str] = set()  # submitted and not yet closed by its handler
-        self._metrics: dict[int, asyncio.Future[tuple[bytes, str]]] = {}
+        self._answers: dict[int, asyncio.Future[Message]] = {}  # a question's number -> rank 0's answer
         self._handoff = [0.0, 0]  # seconds, batches not yet reported
         self._report: asyncio.TimerHandle | None = None
         self.on_peers: Callable[[dict[int, int]], None] | None = None
@@ -109,14 +109,26 @@ class RemoteEngineClient(EngineClient):
         if not self.linked:
             raise NotReadyError("the engine is not connected")
         self._report_handoff()  # this worker's pending hand-off times count in this scrape
+        answer = await self._ask({"t": "metrics", "accept": accept}, timeout)
+        return str(answer["body"]).encode(), str(answer["type"])
+
+    async def control(self, op: str, args: dict[str, Any], timeout: float = 10.0) -> dict[str, Any]:
+        """As the in-process client's, over the link: rank 0's hub hands it to the engine."""
+        if not self.ready.is_set() or not self.linked:
+            raise NotReadyError("server is not ready")
+        answer = await self._ask({"t": "control", "op": op, "args": args}, timeout)
+        return dict(answer["r"])
+
+    async def _ask(self, msg: Message, timeout: float) -> Message:
+        """Send a question (numbered here) and wait for the answer rank 0 sends back with its number."""
         q = self._n = self._n + 1
-        future: asyncio.Future[tuple[bytes, str]] = asyncio.get_running_loop().create_future()
-        self._metrics[q] = future
-        self._send({"t": "metrics", "q": q, "accept": accept})
+        future: asyncio.Future[Message] = asyncio.get_running_loop().create_future()
+        self._answers[q] = future
+        self._send({**msg, "q": q})
         try:
             return await asyncio.wait_for(future, timeout)
         finally:
-            self._metrics.pop(q, None)
+            self._answers.pop(q, None)
 
     @property
     def num_open(self) -> int:
@@ -152,10 +164,10 @@ class RemoteEngineClient(EngineClient):
             self.failure = self.failure or str(msg["failure"])
         elif kind == "peers" and self.on_peers is not None:
             self.on_peers({int(r): int(pid) for r, pid in msg["peers"].items()})
-        elif kind == "metrics":
-            future = self._metrics.get(int(msg["q"]))
+        elif kind in ("metrics", "control"):  # an answer
+            future = self._answers.get(int(msg["q"]))
             if future is not None and not future.done():
-                future.set_result((str(msg["body"]).encode(), str(msg["type"])))
+                future.set_result(msg)
         elif kind != "peers":
             raise WireError(f"unknown message {kind!r}")
 

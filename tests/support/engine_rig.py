@@ -45,9 +45,9 @@ class LoopThread:
 Rig = tuple[Callable[..., Engine], EngineClient, LoopThread, FakeComm]
 
 
-def engine_rig(step_s: float) -> Iterator[Rig]:
+def engine_rig(step_s: float, **sched: Any) -> Iterator[Rig]:
     """Body of a fixture: yields (start(**engine_kw) -> a running Engine, client, io, comm); every
-    engine started is stopped after the test (and must end)."""
+    engine started is stopped after the test (and must end).  `sched`: SchedulerConfig fields."""
     io = LoopThread()
     client = EngineClient(capacity=8)
     client.attach_loop(io.loop)
@@ -60,6 +60,7 @@ def engine_rig(step_s: float) -> Iterator[Rig]:
         max_waiting=8,
         max_num_batched_tokens=64,
         max_model_len=1024,
+        **sched,
     )
     comm = FakeComm()
     made: list[tuple[Engine, threading.Thread]] = []
