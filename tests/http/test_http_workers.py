@@ -254,3 +254,19 @@ def test_a_worker_that_exited_after_saying_why_is_reported_by_its_reason():
             silent.wait_workers(1, 5.0, lambda: "exited with code 2")
     finally:
         silent.close()
+
+
+def test_an_abort_sent_to_one_worker_ends_a_request_on_the_other(harness):
+    """An operator's command goes over the link and its answer comes back to the worker that asked;
+    the aborted request's end goes to the worker that owns it."""
+    h = harness(step_s=0.02)
+    w0, w1 = h.workers
+    lines = (line for line in long_stream(w0.url, "theirs").iter_lines() if line)
+    next(lines)  # running (one reader: a generator dropped would close the connection)
+    res = requests.post(w1.base + "/abort_request", json={"rid": "theirs"}, timeout=10)
+    assert res.status_code == 200 and res.json() == {"aborted": ["theirs"]}
+    last = json.loads(list(lines)[-1])
+    assert last["is_end"] == 1 and last["finish_reason"] == "abort"
+    flushed = requests.post(w0.base + "/flush_cache", timeout=10)
+    assert flushed.status_code == 200 and [c.op for c in h.engine.controls] == ["abort", "reset_prefix_cache"]
+    wait_for(lambda: h.hub.num_in_flight == 0 and w0.client.num_in_flight == 0, what="forgotten")

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import requests
 
-from spmd_serve.engine.client import AbortCommand, AddCommand, EngineClient, RequestOutput, VocabCommand
+from spmd_serve.engine.client import AbortCommand, AddCommand, ControlCommand, EngineClient, RequestOutput, VocabCommand
 from tests.support.fake_tokenizer import BOS, EOS, OFFSET, FakeDetokenizer, FakeTokenizer  # noqa: F401 (re-exported)
 
 
@@ -81,6 +81,8 @@ class FakeEngine:
         self.fail_after: dict[str, int] = {}  # req_id -> fail with error after this many tokens
         self.prefix_cache = False  # report cached prompt tokens as the real engine would
         self.tokens_per_step = 1  # > 1: a speculative engine's steps (several accepted tokens at once)
+        self.controls: list[ControlCommand] = []  # an operator's commands, answered as the real engine does
+        self._cache_from = 0  # the fake prefix cache holds the prompts of `added` from here (a reset moves it)
         self.paused = threading.Event()  # no steps and no heartbeat while set (`pause()` waits for it)
         self._paused_seen = threading.Event()
         self._stop = threading.Event()
@@ -130,8 +132,10 @@ class FakeEngine:
                     self._running.pop(cmd.req_id, None)
                 elif isinstance(cmd, VocabCommand):  # (the fake masks no JSON answer: kept for the tests)
                     self.vocabs.append((len(self.added), cmd.token_bytes))
+                elif isinstance(cmd, ControlCommand):
+                    self._control(cmd)
                 else:
-                    earlier = [c.prompt_token_ids for c in self.added] if self.prefix_cache else []
+                    earlier = [c.prompt_token_ids for c in self.added[self._cache_from :]] if self.prefix_cache else []
                     cached = fake_cached_tokens(cmd.prompt_token_ids, earlier)
                     self.added.append(cmd)
                     self._running[cmd.req_id] = _Seq(cmd, cached=cached)
@@ -139,6 +143,18 @@ class FakeEngine:
             outputs = [self._step(seq) for seq in list(self._running.values())]
             self.client.busy_since = None
             self.client.publish(outputs)
+
+    def _control(self, cmd: ControlCommand) -> None:
+        """engine/control.py's operations on the fake's state."""
+        self.controls.append(cmd)
+        if cmd.op == "reset_prefix_cache":
+            self._cache_from = len(self.added)
+            return cmd.reply({"enabled": self.prefix_cache, "freed_blocks": 0, "in_use_blocks": 0})
+        ids = list(self._running) if cmd.args.get("all") else [i for i in cmd.args["req_ids"] if i in self._running]
+        seqs = [self._running.pop(i) for i in ids]
+        self.client.publish([RequestOutput(s.cmd.req_id, [], True, "abort", 0, cmd.args["why"],
+                                           len(s.cmd.prompt_token_ids)) for s in seqs])  # fmt: skip
+        cmd.reply({"aborted": ids})
 
     def _step(self, seq: _Seq) -> RequestOutput:
         rid, params = seq.cmd.req_id, seq.cmd.params

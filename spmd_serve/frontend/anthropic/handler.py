@@ -17,9 +17,10 @@ from tornado.web import RequestHandler
 
 from spmd_serve.frontend.anthropic import request
 from spmd_serve.frontend.anthropic.format import MessageBuilder, error_body, sse, stop_reason, usage
-from spmd_serve.frontend.common.generation import Generation, GenerationError, merged
+from spmd_serve.frontend.common.generation import Generation, GenerationError, failing_aborts, merged
 from spmd_serve.frontend.common.http_base import JsonBodyHandler, bearer_ok
 from spmd_serve.frontend.common.parsing import Limits, ProtocolError
+from spmd_serve.frontend.openai.choices import apply_delta, collect
 from spmd_serve.frontend.openai.format import ChoiceState, Formatter, chunk_pieces, whole_pieces
 from spmd_serve.frontend.openai.handlers import SSE, OpenAIServing
 from spmd_serve.frontend.openai.protocol import parse_openai
@@ -85,7 +86,7 @@ class MessagesHandler(JsonBodyHandler):
     async def _whole(
         self, fmt: Formatter, gens: list[Generation], states: list[ChoiceState], out: MessageBuilder
     ) -> None:
-        if not await OpenAIServing.collect(self, fmt, gens, states):
+        if not await collect(self, fmt, gens, states, aborts_fail=True):
             return
         pieces, reason, _ = whole_pieces(fmt, states)
         out.add(*pieces)
@@ -100,8 +101,8 @@ class MessagesHandler(JsonBodyHandler):
     ) -> None:
         began = False
         try:
-            async for i, d in merged(gens):
-                text, entries = OpenAIServing.apply(fmt, states[i], d)
+            async for i, d in failing_aborts(merged(gens)):
+                text, entries = apply_delta(fmt, states[i], d)
                 events = [] if began else out.begin(usage(fmt.usage(states)))
                 began = True
                 chunk = fmt.chunk(states, i, text, entries, states[i].finish_reason)

@@ -6,7 +6,9 @@ into `Delta`s through the request's `OutputAssembler` (stop strings cut, held-ba
 enforces the deadline.  It raises `GenerationError` when the request fails after submission
 (deadline, engine error, its own detokenisation); `cancel()` is for a client that went away,
 `close()` always runs last and leaves the engine nothing to compute for the request.  `merged`
-reads several at once (a request's choices), in arrival order.
+reads several at once (a request's choices), in arrival order.  A request an operator aborted
+(/abort_request) ends normally with finish_reason "abort"; `failing_aborts` makes that a failure
+for the APIs that cannot say it.
 """
 
 from __future__ import annotations
@@ -59,10 +61,11 @@ class Delta:
     text: str  # text that may be sent now
     token_ids: list[int]  # the engine's new ids behind it
     logprobs: list[Any] = field(default_factory=list)  # one entry per id when asked for
-    finish_reason: str | None = None  # set on the last delta: "stop" | "length"
+    finish_reason: str | None = None  # set on the last delta: "stop" | "length" | "abort" (an operator's)
     num_cached_tokens: int = 0  # prompt tokens the engine found in its prefix cache
     prompt_logprobs: list[Any] | None = None  # the first delta of a request asking prompt logprobs
     stop_sequence: str = ""  # the stop string that ended the request (on its last delta), if one did
+    abort_message: str = ""  # who ended it, on the last delta of an aborted request
 
 
 class Generation:
@@ -150,11 +153,8 @@ class Generation:
                 raise GenerationError(504, "request exceeded its deadline", asm.text[asm.sent :]) from None
             if out is None:  # client disconnected
                 return
-            if out.finished and out.finish_reason in ("error", "abort"):
-                status = out.error_code or (500 if out.finish_reason == "error" else 503)
-                raise GenerationError(
-                    status, out.error_msg or f"request ended: {out.finish_reason}", asm.text[asm.sent :]
-                )
+            if out.finished and out.finish_reason == "error":
+                raise GenerationError(out.error_code or 500, out.error_msg or "request failed", asm.text[asm.sent :])
             if out.new_token_ids and self.first_token_at is None:
                 self.first_token_at = time.monotonic()
                 self.num_cached_tokens = out.num_cached_tokens
@@ -181,9 +181,19 @@ class Generation:
                 self.num_cached_tokens,
                 out.prompt_logprobs,
                 asm.stop,
+                out.error_msg if reason == "abort" else "",
             )
             if reason is not None:
                 return
+
+
+async def failing_aborts(deltas: AsyncIterator[tuple[int, Delta]]) -> AsyncIterator[tuple[int, Delta]]:
+    """`deltas`, an operator's abort raised as a failure (503): for the APIs whose answers have no
+    finish reason that says so (Anthropic's Messages, OpenAI's Responses)."""
+    async for i, d in deltas:
+        if d.finish_reason == "abort":
+            raise GenerationError(503, d.abort_message or "request aborted")
+        yield i, d
 
 
 async def merged(gens: list[Generation]) -> AsyncIterator[tuple[int, Delta]]:

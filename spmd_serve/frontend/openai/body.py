@@ -1,12 +1,16 @@
 """Reading an OpenAI request body: `get` (a field checked for type and range; JSON null is absent)
 and `OpenAIError`, the refusal every OpenAI parser raises, with the error body the handler sends
-(`{"error": {"message", "type", "param", "code"}}`).  Shared by openai.protocol and openai.prompts.
+(`{"error": {"message", "type", "param", "code"}}`, `send_openai_error`).  Shared by openai.protocol,
+openai.prompts and every route that answers errors in OpenAI's shape.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from typing import Any
+
+from tornado.web import RequestHandler
 
 from spmd_serve.frontend.common.parsing import ProtocolError, finite_number, is_int, show
 from spmd_serve.sampling_params import FLOAT32_MAX, INT64_MAX
@@ -64,3 +68,9 @@ def get(
 
 def show_num(x: Any) -> str:
     return str(x) if is_int(x) else f"{x:.7g}"
+
+
+def send_openai_error(handler: RequestHandler, status: int, msg: str, param: str | None = None) -> None:
+    handler.set_status(status)
+    handler.set_header("Content-Type", "application/json; charset=utf-8")
+    handler.finish(json.dumps(error_body(status, msg, param), ensure_ascii=False))

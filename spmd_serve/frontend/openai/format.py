@@ -34,6 +34,7 @@ class ChoiceState:
     token_ids: list[int] = field(default_factory=list)  # vLLM's return_token_ids: the answer's ids
     stop_sequence: str = ""  # the stop string that ended the answer, if one did
     stop_reason: str | int | None = None  # vLLM's: that string, or the stop_token_ids id that ended it
+    abort_message: str = ""  # finish_reason "abort": who ended it (SGLang's finish_reason message)
     ids_sent: int = 0  # ... of which streamed chunks have carried the first ones
 
 

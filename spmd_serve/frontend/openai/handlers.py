@@ -25,10 +25,11 @@ from tornado.web import RequestHandler
 
 from spmd_serve.engine import json_masks
 from spmd_serve.engine.client import EngineClient
-from spmd_serve.frontend.common.generation import Delta, Generation, GenerationError, choice_seed, merged
+from spmd_serve.frontend.common.generation import Generation, GenerationError, choice_seed, merged
 from spmd_serve.frontend.common.http_base import AUTH_HINT, JsonBodyHandler, bearer_ok, reason_phrase
 from spmd_serve.frontend.common.parsing import Limits, ProtocolError
-from spmd_serve.frontend.openai.body import OpenAIError, error_body
+from spmd_serve.frontend.openai.body import OpenAIError, error_body, send_openai_error
+from spmd_serve.frontend.openai.choices import apply_delta, collect
 from spmd_serve.frontend.openai.format import ChoiceState, Formatter, model_list
 from spmd_serve.frontend.openai.protocol import OpenAIRequest, check_model, named_id, parse_openai
 from spmd_serve.frontend.openai.token_params import Slow
@@ -44,12 +45,6 @@ Refuse = Callable[[RequestHandler, int, str, str | None], None]  # sends an erro
 
 def no_rename(msg: str, param: str | None) -> tuple[str, str | None]:
     return msg, param
-
-
-def send_openai_error(handler: RequestHandler, status: int, msg: str, param: str | None = None) -> None:
-    handler.set_status(status)
-    handler.set_header("Content-Type", "application/json; charset=utf-8")
-    handler.finish(json.dumps(error_body(status, msg, param), ensure_ascii=False))
 
 
 def sse(obj: Any) -> str:
@@ -87,12 +82,14 @@ class OpenAIServing:
         send: Refuse = send_openai_error,
         key_checked: bool = False,
         named: str = "",
+        req_ids: list[str] | None = None,
     ) -> tuple[Formatter, list[Generation], list[ChoiceState]] | None:
         """Everything before the answer: the key checked (unless the route checked its own header),
         the body parsed and checked, its choices submitted (cancelled if the client goes).  None where
         a refusal was sent instead (by `send`, its message and param through `rename`: another API's
         names for the chat fields).  `named`: the answer's id is this prefix and the X-Request-Id header, else
-        the body's request_id, where either is given (vLLM's; the engine's ids stay `resp_id`'s, unique)."""
+        the body's request_id, where either is given (vLLM's; the engine's ids stay `resp_id`'s, unique).
+        `req_ids`: the engine's id of every choice instead (SGLang's rid: /abort_request names it)."""
 
         def refuse(status: int, msg: str, param: str | None = None) -> None:
             send(h, status, *rename(msg, param))
@@ -120,7 +117,7 @@ class OpenAIServing:
                 "n",
             )
             return None
-        gens = self._generations(req, resp_id)
+        gens = self._generations(req, resp_id, req_ids)
         try:
             for g in gens:
                 g.submit()
@@ -153,7 +150,7 @@ class OpenAIServing:
             for g in gens:
                 g.close()
 
-    def _generations(self, req: OpenAIRequest, resp_id: str) -> list[Generation]:
+    def _generations(self, req: OpenAIRequest, resp_id: str, req_ids: list[str] | None) -> list[Generation]:
         deadline = time.monotonic() + DEADLINE_S
         gens = []
         for p, prompt in enumerate(req.prompts):
@@ -166,7 +163,7 @@ class OpenAIServing:
                     Generation(
                         self.client,
                         self.tokenizer,
-                        f"{resp_id}-{index}",
+                        req_ids[index] if req_ids else f"{resp_id}-{index}",
                         prompt,
                         params,
                         deadline,
@@ -176,41 +173,10 @@ class OpenAIServing:
                 )
         return gens
 
-    @staticmethod
-    def apply(fmt: Formatter, state: ChoiceState, d: Delta) -> tuple[str, list]:
-        """(text to send, logprobs entries) of one delta; the choice's state advanced."""
-        state.finish_reason = "length" if fmt.req.echo_only and d.finish_reason else d.finish_reason
-        state.cached_tokens, state.stop_sequence = d.num_cached_tokens, d.stop_sequence
-        if d.finish_reason == "stop":  # vLLM's stop_reason: the stop string, or the stop_token_ids id (not the EOS)
-            last = d.token_ids[-1] if d.token_ids else None
-            state.stop_reason = d.stop_sequence or (last if last in fmt.req.params.stop_token_ids else None)
-        entries = fmt.prompt_entries(state, d.prompt_logprobs)
-        fmt.prompt_logprobs(state, d.prompt_logprobs)
-        if fmt.req.echo_only:  # max_tokens 0: the one token the engine made is not the answer's
-            return "", entries
-        state.text += d.text
-        state.num_tokens += len(d.token_ids)
-        if fmt.req.token_ids:
-            state.token_ids += d.token_ids
-        return d.text, entries + list(zip(d.token_ids, d.logprobs))
-
-    @classmethod
-    async def collect(
-        cls, h: JsonBodyHandler, fmt: Formatter, gens: list[Generation], states: list[ChoiceState]
-    ) -> bool:
-        """Read every choice to its end (a whole answer); False where one failed (its error sent)."""
-        try:
-            async for i, d in merged(gens):
-                states[i].logprobs += cls.apply(fmt, states[i], d)[1]
-        except GenerationError as e:
-            send_openai_error(h, e.status, e.msg)
-            return False
-        return True
-
     async def _whole(
         self, h: JsonBodyHandler, fmt: Formatter, gens: list[Generation], states: list[ChoiceState]
     ) -> None:
-        if await self.collect(h, fmt, gens, states) and not h.gone:
+        if await collect(h, fmt, gens, states) and not h.gone:
             h.set_header("Content-Type", "application/json; charset=utf-8")
             h.write(json.dumps(fmt.whole(states), ensure_ascii=False))
             await h.end()
@@ -220,7 +186,7 @@ class OpenAIServing:
     ) -> None:
         try:
             async for i, d in merged(gens):
-                text, entries = self.apply(fmt, states[i], d)
+                text, entries = apply_delta(fmt, states[i], d)
                 reason = states[i].finish_reason
                 if not (text or reason or entries or not states[i].started):
                     continue  # text held back for a stop string and nothing else

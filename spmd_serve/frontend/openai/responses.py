@@ -11,10 +11,11 @@ import json
 import uuid
 from typing import Any
 
-from spmd_serve.frontend.common.generation import Generation, GenerationError, merged
+from spmd_serve.frontend.common.generation import Generation, GenerationError, failing_aborts, merged
 from spmd_serve.frontend.common.http_base import AUTH_HINT, JsonBodyHandler, bearer_ok
 from spmd_serve.frontend.common.parsing import ProtocolError
 from spmd_serve.frontend.openai import responses_request
+from spmd_serve.frontend.openai.choices import apply_delta, collect
 from spmd_serve.frontend.openai.format import ChoiceState, Formatter, chunk_pieces, whole_pieces
 from spmd_serve.frontend.openai.handlers import SSE, OpenAIServing, send_openai_error
 from spmd_serve.frontend.openai.responses_format import ResponseBuilder, sse, usage
@@ -56,7 +57,7 @@ class ResponsesHandler(JsonBodyHandler):
     async def _whole(
         self, fmt: Formatter, gens: list[Generation], states: list[ChoiceState], out: ResponseBuilder
     ) -> None:
-        if not await OpenAIServing.collect(self, fmt, gens, states):
+        if not await collect(self, fmt, gens, states, aborts_fail=True):
             return
         pieces, reason, entries = whole_pieces(fmt, states)
         out.add(*pieces, entries)
@@ -72,8 +73,8 @@ class ResponsesHandler(JsonBodyHandler):
         if not await self._send(out.begin()):
             return
         try:
-            async for i, d in merged(gens):
-                text, entries = OpenAIServing.apply(fmt, states[i], d)
+            async for i, d in failing_aborts(merged(gens)):
+                text, entries = apply_delta(fmt, states[i], d)
                 chunk = fmt.chunk(states, i, text, entries, states[i].finish_reason)
                 if chunk is None:
                     continue

@@ -27,6 +27,7 @@ from spmd_serve.frontend.native.handler import NativeChatHandler, NotFoundHandle
 from spmd_serve.frontend.openai.handlers import OpenAIServing, openai_routes, send_openai_error
 from spmd_serve.frontend.openai.responses import responses_routes
 from spmd_serve.frontend.openai.tokenize import tokenize_routes
+from spmd_serve.frontend.server.admin import admin_routes
 from spmd_serve.frontend.server.cors import CorsApplication
 from spmd_serve.frontend.server.health import health_routes
 from spmd_serve.frontend.server.openapi import openapi_route
@@ -78,7 +79,7 @@ def make_service_app(
     routes += openai_routes(openai, settings.max_body_size) + [openapi_route(settings)]
     routes += tokenize_routes(openai, settings.max_body_size) + responses_routes(openai, settings.max_body_size)
     routes += messages_routes(openai, settings.max_body_size) + generate_routes(openai, settings.max_body_size)
-    routes += info_routes(openai, settings.live_threshold_s)
+    routes += info_routes(openai, settings.live_threshold_s) + admin_routes(client, settings.max_body_size, key)
     routes += list(extra_handlers or [])
     routes += health_routes(client, settings.live_threshold_s, with_plain_health=True)
     return CorsApplication(routes, default_handler_class=ServiceNotFound)

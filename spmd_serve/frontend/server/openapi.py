@@ -153,6 +153,23 @@ def openapi_document(s: IOSettings) -> dict[str, Any]:
             "503": {"description": "not live / not ready (no body)"},
         }
     }
+    control = _errors((401, 500, 503, 504), ref("OpenAIError"), s)  # (500: the engine could not read it, a bug)
+    reset = _get("vLLM's /reset_prefix_cache: forget every cached prefix (also while requests run)", {}, control, s,
+                 auth=True)  # fmt: skip
+    reset["responses"]["200"] = {"description": "forgotten (no body)"}
+    flush = _get("SGLang's /flush_cache: the same", {}, control, s, auth=True)
+    flush["responses"]["200"] = {
+        "description": "Cache flushed.",
+        "content": {"text/plain": {"schema": {"type": "string"}}},
+    }
+    abort = _post(
+        "SGLang's /abort_request: end a request (its rid, a native req_id) or all now, finish_reason abort",
+        ref("AbortRequest"),
+        {JSON: ref("Aborted")},
+        (400, 401, 413, 500, 503, 504),
+        ref("OpenAIError"),
+        s,
+    )
     doc: dict[str, Any] = {
         "openapi": "3.1.0",
         "info": {
@@ -169,6 +186,9 @@ def openapi_document(s: IOSettings) -> dict[str, Any]:
             "/generate": {"post": generate},
             "/health_generate": {"get": health_generate},
             "/get_model_info": {"get": model_info},
+            "/reset_prefix_cache": {"post": reset},
+            "/flush_cache": {"get": flush, "post": flush},
+            "/abort_request": {"post": abort},
             "/v1/chat/completions/completions": {"post": completion},
             "/v1/chat/completions/chat/completions": {"post": openai_chat},
             "/v1/models": {"get": models},

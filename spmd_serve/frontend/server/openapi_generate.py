@@ -35,7 +35,7 @@ def generate_schemas(s: IOSettings, completion_request: Schema) -> dict[str, Sch
        + NULL_IS_ABSENT, additionalProperties=False)
     finish = {"anyOf": [_obj(["type", "matched"], {"type": {"const": "stop"}, "matched": {"type": [
         "string", "integer"]}}), _obj(["type", "length"], {"type": {"const": "length"}, "length": _int(1)}),
-        {"type": "null"}]}
+        _obj(["type", "message"], {"type": {"const": "abort"}, "message": STR}), {"type": "null"}]}
     meta = _obj(["id", "finish_reason", "prompt_tokens", "completion_tokens", "cached_tokens"], {
         "id": STR, "finish_reason": finish, **{k: _int(0) for k in ("prompt_tokens", "completion_tokens",
                                                                     "cached_tokens")},
@@ -48,6 +48,9 @@ def generate_schemas(s: IOSettings, completion_request: Schema) -> dict[str, Sch
     info = _obj(["model_path", "is_generation"], {"model_path": STR, "tokenizer_path": STR, "is_generation": BOOL,
                                                   "preferred_sampling_params": {"type": "null"}, "weight_version": STR,
                                                   "has_image_understanding": BOOL, "has_audio_understanding": BOOL})
-    return {"GenerateRequest": request, "GenerateOutput": output, "ModelInfo": info,
+    abort = _obj([], {"rid": _opt(STR), "abort_all": _opt(BOOL)}, additionalProperties=False,
+                 description="rid: the request's (a /generate rid, a native req_id); or abort_all: true")
+    return {"GenerateRequest": request, "GenerateOutput": output, "ModelInfo": info, "AbortRequest": abort,
+            "Aborted": _obj(["aborted"], {"aborted": _list(STR)}),
             "GenerateAnswer": {"anyOf": [output, _list(output)], "description": "a list for a batch or n > 1"}}
 # fmt: on

@@ -69,7 +69,7 @@ SCHEMA = {"type": ["object", "string"], "description": "a JSON Schema (or its JS
 TAG = {"type": ["object", "string"], "description": "vLLM's structural tag: {structures, triggers} (or its JSON text)"}
 STOP = {"type": "string", "minLength": 1}  # "" would match at once: refused
 STRINGS = {"anyOf": [STOP, _list(STOP)]}  # stop strings: one or a list
-FINISH = {"enum": ["stop", "length"]}
+FINISH = {"enum": ["stop", "length", "abort"]}  # (abort: /abort_request ended it)
 
 
 # A table of JSON schemas, one field a line, as the parsers read them:
@@ -191,7 +191,7 @@ def schemas(s: IOSettings) -> dict[str, Schema]:
                      "choices": _list(choice), "usage": _opt(ref("Usage")) if chunk
                      else ref("Usage"), "prompt_token_ids": IDS})  # (chat's, with return_token_ids)
 
-    chat_finish = {"enum": ["stop", "length", "tool_calls"]}  # (tool_calls: tool_choice "required", "auto")
+    chat_finish = {"enum": ["stop", "length", "tool_calls", "abort"]}  # (tool_calls: tool_choice "required", "auto")
     chat_choice = {"index": _int(0), "logprobs": chat_lp, "finish_reason": _opt(chat_finish)}
     function = {"name": STR, "arguments": STR}  # a named tool_choice's answer: one call (its arguments streamed)
     call = _obj(["id", "type", "function"], {"id": STR, "type": {"const": "function"}, "function": _obj(

@@ -1,7 +1,8 @@
 """`POST /generate`: SGLang's native generation API, served as the completions request it asks for
 (sglang.request) and answered in SGLang's shape: per output `{"text", "output_ids", "meta_info"}`
 (meta_info: `id`, `finish_reason` — `{"type": "stop", "matched": <the stop string or token id>}` or
-`{"type": "length", "length": max_new_tokens}` —, `prompt_tokens`, `completion_tokens`,
+`{"type": "length", "length": max_new_tokens}`, or `{"type": "abort", "message"}` for a request
+/abort_request ended —, `prompt_tokens`, `completion_tokens`,
 `cached_tokens`, `e2e_latency`, and with `return_logprob` `output_token_logprobs` as
 `[logprob, token id, text or null]` and `output_top_logprobs`, and from `logprob_start_len` the prompt's
 `input_token_logprobs` and `input_top_logprobs`, the first token's logprob null); a list of them for a batch or `n`
@@ -22,6 +23,7 @@ from tornado.web import RequestHandler
 from spmd_serve.frontend.common.generation import Generation, GenerationError, merged
 from spmd_serve.frontend.common.http_base import AUTH_HINT, JsonBodyHandler, bearer_ok
 from spmd_serve.frontend.common.parsing import ProtocolError
+from spmd_serve.frontend.openai.choices import apply_delta, collect
 from spmd_serve.frontend.openai.format import ChoiceState, Formatter
 from spmd_serve.frontend.openai.handlers import SSE, OpenAIServing, send_openai_error, sse
 from spmd_serve.frontend.sglang import request
@@ -49,13 +51,12 @@ class GenerateHandler(JsonBodyHandler):
             self.req = request.parse(self.read_json(), self.serving.model_names[0], self.serving.limits.max_dec_len)
         except ProtocolError as e:
             return send_openai_error(self, e.status, e.msg, getattr(e, "param", None))
+        self.ids = self.req.output_ids()
         started = await self.serving.start(self, "completion", self.req.completion, "gen-" + uuid.uuid4().hex,
-                                           send=self.send_renamed, key_checked=True)  # fmt: skip
+                                           send=self.send_renamed, key_checked=True, req_ids=self.ids)  # fmt: skip
         if started is None:
             return
         fmt, gens, states = started
-        n = fmt.req.n
-        self.ids = [rid or uuid.uuid4().hex for rid in self.req.rids for _ in range(n)]
         writing = self._stream(fmt, gens, states) if self.req.stream else self._whole(fmt, gens, states)
         await self.serving.answer(self, gens, writing)
 
@@ -95,7 +96,7 @@ class GenerateHandler(JsonBodyHandler):
         return str(self.serving.tokenizer.token_bytes(token_id).decode("utf-8", errors="replace"))
 
     async def _whole(self, fmt: Formatter, gens: list[Generation], states: list[ChoiceState]) -> None:
-        if not await OpenAIServing.collect(self, fmt, gens, states):
+        if not await collect(self, fmt, gens, states):
             return
         outputs = [self.output(fmt, s, True) for s in states]
         if not self.gone:
@@ -106,7 +107,7 @@ class GenerateHandler(JsonBodyHandler):
     async def _stream(self, fmt: Formatter, gens: list[Generation], states: list[ChoiceState]) -> None:
         try:
             async for i, d in merged(gens):
-                entries = OpenAIServing.apply(fmt, states[i], d)[1]
+                entries = apply_delta(fmt, states[i], d)[1]
                 states[i].logprobs += entries
                 if (d.text or d.token_ids or d.finish_reason) and not await self.send_chunk(
                     sse(self.output(fmt, states[i], d.finish_reason is not None)), SSE
@@ -122,6 +123,8 @@ def _finish(state: ChoiceState, max_new_tokens: int) -> dict[str, Any]:
     """SGLang's finish_reason: what matched (the stop string, a stop_token_ids id or the EOS's) or the length."""
     if state.finish_reason == "length":
         return {"type": "length", "length": max_new_tokens}
+    if state.finish_reason == "abort":
+        return {"type": "abort", "message": state.abort_message}
     matched = state.stop_reason if state.stop_reason is not None else (state.token_ids[-1] if state.token_ids else None)
     return {"type": "stop", "matched": matched}
 

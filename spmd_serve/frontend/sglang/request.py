@@ -13,6 +13,7 @@ Pure data: no tornado, no engine.
 from __future__ import annotations
 
 import re
+import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -51,6 +52,15 @@ class GenerateRequest:
     input_from: int = -1  # logprob_start_len: input_token_logprobs from this prompt position (-1: none)
     top: int = 0  # top_logprobs_num: each position's most likely tokens
     prompt_field: str = "text"  # "input_ids" where the prompt came as ids (the name a refusal gives it)
+
+    def output_ids(self) -> list[str]:
+        """Every output's id, the engine's too (what /abort_request names): its prompt's rid, or
+        `<rid>_<i>` for n > 1 (SGLang's), or a fresh uuid where none was given."""
+        n = self.completion.get("n", 1)
+        n = n if isinstance(n, int) and n >= 1 else 1  # (a bad n is refused before an id is used)
+        if n == 1:
+            return [rid or uuid.uuid4().hex for rid in self.rids]
+        return [f"{rid}_{i}" if rid else uuid.uuid4().hex for rid in self.rids for i in range(n)]
 
 
 def parse(body: dict[str, Any], model: str, max_dec_len: int) -> GenerateRequest:
@@ -126,6 +136,8 @@ def _rids(rid: Any, prompts: int) -> list[str]:
     rids = [rid] if isinstance(rid, str) and prompts == 1 else rid
     if not (isinstance(rids, list) and len(rids) == prompts and all(isinstance(r, str) and r for r in rids)):
         raise OpenAIError(400, f"rid must be a non-empty string for each of the {prompts} prompt(s)", "rid")
+    if len(set(rids)) != len(rids):  # (each names its request, to /abort_request too)
+        raise OpenAIError(400, "rid: each prompt's rid must be different", "rid")
     return rids
 
 
