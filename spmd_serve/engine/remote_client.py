@@ -97,12 +97,16 @@ class RemoteEngineClient(EngineClient):
             self._send({"t": "abort", "n": n, "reason": reason, "at": time.monotonic()})
 
     def fail_all(self, error_code: int, error_msg: str) -> None:
-        """End every request in flight with an error now (a rank died); the engine is told to
-        drop them too, in case it is still there to hear it."""
+        """End every request in flight with an error now (a rank died), and every question waiting
+        for rank 0's answer with NotReadyError; the engine is told to drop the requests too, in case
+        it is still there to hear it."""
         for req_id, stream in list(self._streams.items()):
             self.abort(req_id)
             self._open.add(req_id)  # its handler has yet to write the error
             stream.put_nowait(RequestOutput.error(req_id, error_code, error_msg))
+        for answer in self._answers.values():  # questions rank 0 will never answer
+            if not answer.done():
+                answer.set_exception(NotReadyError(error_msg))
 
     async def fetch_metrics(self, accept: str, timeout: float = 10.0) -> tuple[bytes, str]:
         """The engine's /metrics text, rendered on rank 0; NotReadyError or TimeoutError."""

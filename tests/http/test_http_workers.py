@@ -4,7 +4,8 @@ the hub as the engine loop does.  What a user sees must not depend on which work
 lands on: requests are served by either, a req_id in flight anywhere is a 409 and the capacity
 counts every worker's requests (429); a cancel reaches the engine; health, readiness and /metrics
 come from the engine; a worker that goes away has its requests aborted, and when rank 0 goes away
-every request in flight ends with a 503 error frame."""
+every request in flight ends with a 503 error frame (an operator's question waiting for its answer
+too); an operator's abort sent to one worker ends a request on the other."""
 
 from __future__ import annotations
 
@@ -137,7 +138,14 @@ def test_when_rank0_goes_away_every_request_ends_with_503(harness):
     w = h.workers[0]
     lines = long_stream(w.url, "orphan").iter_lines()
     next(lines)
+    h.engine.pause()  # a question the engine takes no more: rank 0 goes away before it answers
+    flushed: list[requests.Response] = []
+    asking = threading.Thread(target=lambda: flushed.append(requests.post(w.base + "/flush_cache", timeout=20)))
+    asking.start()
+    wait_for(lambda: w.client._answers, what="the question sent")
     h.crash_engine()
+    asking.join(10)
+    assert flushed[0].status_code == 503 and "rank 0" in flushed[0].json()["error"]["message"]
     last = json.loads(list(lines)[-1])
     assert last["is_end"] == 1 and last["error_code"] == 503 and "rank 0" in last["error_msg"], last
     assert "exited unexpectedly" in last["error_msg"]
