@@ -10,6 +10,13 @@ inherits its parent's binding, and at `-n 2` rank 0 is bound to one core, where 
 ~0.3 ms a token always preempted rank 0 (its publish of a token took 0.15-0.39 ms there, against
 ~0.07 of CPU), even while rank 1's core idled waiting for the plan.  On two cores the served
 throughput read level (RESULTS.md "Session 50"): the worker's time then lands on rank 1 as often.
+A worker runs under SCHED_BATCH (any user may ask it; every thread it starts inherits it): woken by a
+token, it waits for a free core or the current task's slice rather than preempting a rank's thread
+on the spot.  Where the ranks' threads fill the cores (a CPU node), a preempted thread stalls the
+whole step (the pool waits for its task, and rank 0's main thread runs the interpreter's serial
+part alone); a worker's token then goes out a little later, and the step does not stall
+(--demo small, c = 1, 2 cores: +5-13 % output tokens/s, RESULTS.md "Session 75").  Where cores are
+free, as on a GPU node, the policy changes nothing.
 
 `check()` runs on the engine thread (the hub's tick): a worker that exited is logged with its
 exit status and started again, at once the first time, then with a growing pause while it keeps
@@ -72,9 +79,11 @@ class HttpWorkers:
             [sys.executable, "-m", "spmd_serve.http_worker"], stdin=subprocess.PIPE, env=self.environ, close_fds=True
         )
         assert proc.stdin is not None
-        if self.cores:  # set before the new interpreter starts a thread: every later one inherits it
-            with contextlib.suppress(OSError):  # it died at once: check() sees the exit
+        # set before the new interpreter starts a thread (it waits for its setup): every later one inherits them
+        with contextlib.suppress(OSError):  # it died at once: check() sees the exit
+            if self.cores:
                 os.sched_setaffinity(proc.pid, self.cores)
+            os.sched_setscheduler(proc.pid, os.SCHED_BATCH, os.sched_param(0))
         try:
             proc.stdin.write(json.dumps({**self.setup, "worker": i, "state": state}).encode())
             proc.stdin.close()

@@ -109,6 +109,16 @@ def test_the_workers_run_on_the_nodes_cores_not_rank_0s(server):
         assert {frozenset(os.sched_getaffinity(t.id)) for t in psutil.Process(pid).threads()} == {frozenset(job)}
 
 
+def test_the_workers_yield_to_the_ranks_threads_on_wakeup(server):
+    """Every thread of a worker runs under SCHED_BATCH (a token's wake-up does not preempt a rank's
+    compute thread); the ranks keep the default policy."""
+    pids = server.http_worker_pids()
+    for pid in pids:
+        assert {os.sched_getscheduler(t.id) for t in psutil.Process(pid).threads()} == {os.SCHED_BATCH}
+    for r in (0, 1):
+        assert {os.sched_getscheduler(t.id) for t in psutil.Process(rank_pid(server, r)).threads()} == {os.SCHED_OTHER}
+
+
 def test_native_answers_are_the_same_from_either_worker(server):
     answers = {tuple(fresh(server, GREEDY).json()["tokens_all_ids"]) for _ in range(16)}
     assert len(answers) == 1 and len(next(iter(answers))) == 12
@@ -184,6 +194,7 @@ def test_a_killed_worker_is_started_again_while_the_other_serves(served_tp2_long
         pids = srv.http_worker_pids()
         assert len(pids) == 2 and victim not in pids
         assert all(os.sched_getaffinity(p) == os.sched_getaffinity(0) for p in pids)  # a restart too
+        assert all(os.sched_getscheduler(p) == os.SCHED_BATCH for p in pids)
         assert {fresh(srv, GREEDY).status_code for _ in range(8)} == {200}
         assert srv.stop_gracefully(60) == 0, srv.log()[-2000:]
         assert not any(psutil.pid_exists(p) and psutil.Process(p).status() != "zombie" for p in pids)
