@@ -10,14 +10,21 @@
 #include <utility>
 #include <vector>
 
-// 16 floats a vector, one AVX-512 register; `a * b + c` is contracted to an FMA (GCC's default
-// -ffp-contract=fast).  For AVX-512 machines: on AVX2 the 48 halves do not fit 16 registers and spill
+// One register a vector, `a * b + c` contracted to an FMA (GCC's default -ffp-contract=fast): 16
+// floats and 24 chains with AVX-512 (32 registers); 8 floats and 12 chains with AVX2's 16 (the
+// AVX-512 shape's 48 halves went through the stack there: 3.9-8 GFLOP/s a thread on a Zen 3)
+#ifdef __AVX512F__
 typedef float Vec __attribute__((vector_size(64)));
 constexpr int kLanes = 16;
+constexpr int kChains = 24;  // > FMA latency x units (4 x 2): the units never wait for a result
+#else
+typedef float Vec __attribute__((vector_size(32)));
+constexpr int kLanes = 8;
+constexpr int kChains = 12;
+#endif
 static Vec set1(float v) { return Vec{} + v; }
 static Vec fma(Vec a, Vec b, Vec c) { return a * b + c; }
 static float first(Vec v) { return v[0]; }
-constexpr int kChains = 24;  // > FMA latency x units (4 x 2): the units never wait for a result
 
 template <size_t... I>
 static float chains(long iters, std::index_sequence<I...>) {
