@@ -201,9 +201,10 @@ void run_block(const Item& it, int64_t rb, int64_t lanes, const float* q, int64_
     vn[p - past] = (kInt8 ? own.v : static_cast<const float*>(pool.v)) + row;
   }
   // few rows: keys in the lanes (attention_narrow.h), the scores and weights row by row (row l's keys
-  // at s[l * ld ...], room for a vector past n).  With AVX2's 8 lanes only for an int8 past, whose wide
-  // path converts and broadcasts each element alone: an fp32 one ran level (RESULTS.md "Session 39")
-  const bool narrow = lanes <= kNarrowLanes && (kWidth == 16 || kInt8);
+  // at s[l * ld ...], room for a vector past n).  With AVX2's 8 lanes too: a decode's g = 2 rows use 2 of
+  // the wide path's 8 lanes; on a Zen 3 (AVX2) B = 8 decodes over 192 keys ran 1.1-1.2x warm and
+  // 1.05-1.15x cold, g = 4 level (RESULTS.md "Session 76"; session 39's "level" was AVX2 code on a Zen 4)
+  const bool narrow = lanes <= kNarrowLanes && (kWidth == 16 || kTransposeInRegisters || kInt8);
   const int64_t ld = (n + kWidth - 1) / kWidth * kWidth + kWidth;
   const int64_t ps = narrow ? 1 : kWidth, rs = narrow ? ld : 1;   // weight (p, l) at s[p * ps + l * rs]
   s.resize(narrow ? lanes * ld : n * kWidth);

@@ -15,8 +15,8 @@
 // layout, s[p * W + l], one scalar at a time: at g = 4 that softmax was half the attention's time.)
 //
 // An int8 pool's past goes the same way: its keys are widened to fp32 as they are transposed, and
-// the row's query is q * k_scale, as in the wide path (the same products, so the same bits).  With
-// AVX2's 8 lanes attention.cc takes this path for an int8 past only.
+// the row's query is q * k_scale, as in the wide path (the same products, so the same bits).
+// AVX2 takes this path too (8 lanes; fp32 as well since session 76).
 #pragma once
 
 #include <algorithm>
