@@ -64,6 +64,55 @@ void panel_group(const float* xc, const E* const* pp, const int64_t* col, int li
       }
 }
 
+// AVX2 at T = 8 (a panel row is two vectors): the rows as two groups of 4 rows x 2 vectors of sums, 8
+// of the 16 registers each (one group of 16 sums spilled: ~50 GFLOP/s a core in L2 against ~90), that
+// take turns every kTurnRows rows of the block, the first group reading (and prefetching) memory and the
+// second the same lines from L1.  Whole blocks in turn (0.8-0.9x of the spilling group from memory)
+// bunched the memory reads into half of the time; turns of 16 rows spread them.  --demo small's linears
+// at T = 8 on a Zen 3, two threads: 1.17-1.25x; T = 5-7 the same way 0.85-1.15x, not taken (RESULTS.md
+// "Session 76").  Each group's sums are carried from turn to turn: the same chains.
+constexpr int64_t kTurnRows = 16;
+
+// rows [k0, k1) of the panel at p into the sums st of the G rows from G0 of x's T (xc: [kb][T])
+template <int T, int G, int G0, bool kFetch, typename E>
+inline __attribute__((always_inline)) void turn_rows(const float* xc, const E* p, int64_t k0, int64_t k1,
+                                                     Vec (&st)[G][2]) {
+  Vec a[G][2];
+  for (int r = 0; r < G; ++r) a[r][0] = st[r][0], a[r][1] = st[r][1];
+  for (int64_t k = k0; k < k1; ++k) {
+    Vec xb[G];
+    for (int r = 0; r < G; ++r) xb[r] = vset1(xc[k * T + G0 + r]);
+    if constexpr (kFetch) __builtin_prefetch(p + k * F32P::kPanel + kPanelPrefetchFar / sizeof(E), 0, 2);
+    for (int v = 0; v < 2; ++v) {
+      Vec wv = vload(p + k * F32P::kPanel + v * kWidth);
+      vpin(wv);
+      for (int r = 0; r < G; ++r) a[r][v] = vfma(xb[r], wv, a[r][v]);
+    }
+  }
+  for (int r = 0; r < G; ++r) st[r][0] = a[r][0], st[r][1] = a[r][1];
+}
+
+// y[0 .. T rows, the panel's 16 columns from col] (+= when `add`) for the block's kb rows of the panel
+// at p: rows [0, Ga) and [Ga, T) taking turns
+template <int T, int Ga, typename E>
+void panel_turns(const float* xc, const E* p, int64_t col, int64_t kb, float* y, int64_t ldy, bool add) {
+  constexpr int Gb = T - Ga;
+  Vec sa[Ga][2], sb[Gb][2];
+  for (int r = 0; r < Ga; ++r) sa[r][0] = sa[r][1] = vzero();
+  for (int r = 0; r < Gb; ++r) sb[r][0] = sb[r][1] = vzero();
+  for (int64_t k0 = 0; k0 < kb; k0 += kTurnRows) {
+    const int64_t k1 = std::min(kb, k0 + kTurnRows);
+    turn_rows<T, Ga, 0, true>(xc, p, k0, k1, sa);
+    turn_rows<T, Gb, Ga, false>(xc, p, k0, k1, sb);
+  }
+  auto put = [&](int t, int v, Vec a) {
+    float* yt = y + t * ldy + col + v * kWidth;
+    vstore(yt, add ? vadd(vload(yt), a) : a);
+  };
+  for (int r = 0; r < Ga; ++r) put(r, 0, sa[r][0]), put(r, 1, sa[r][1]);
+  for (int r = 0; r < Gb; ++r) put(Ga + r, 0, sb[r][0]), put(Ga + r, 1, sb[r][1]);
+}
+
 // y[:, full panels p0..p1) for the block at k0 (kb rows): S panels a step (stream s: panels
 // p0 + s * len ...), x's rows in groups of Gs... rows, each group over the step's panels in turn
 template <int T, int S, int... Gs, typename E>
@@ -92,7 +141,8 @@ void panel_rows(const float* xc, const Panels<E>& w, int64_t k0, int64_t kb, int
 // scalars.  One group of T rows over S streams (at least two up to T = 6: one left T = 5 waiting on
 // memory, 0.62-0.71x), but on AVX2 T = 6 and 7 as two groups (3 + 3, 4 + 3) over two streams: 12 or
 // 16 sums, where one group's 24 or 28 spilled (1.15x and 1.02-1.07x on two threads).  At T = 8 the
-// same split (4 + 4 on one stream, 3 + 3 + 2 on two) read 0.88-0.96x: RESULTS.md "Session 34".
+// same split (4 + 4 on one stream, 3 + 3 + 2 on two) read 0.88-0.96x (RESULTS.md "Session 34"): T = 8
+// takes panel_turns, the split in turns of kTurnRows rows.
 template <int T, typename E>
 void panel_block(const float* xc, const Panels<E>& w, int64_t k0, int64_t kb, int64_t p0, int64_t p1, float* y,
                  int64_t ldy, bool add) {
@@ -102,7 +152,9 @@ void panel_block(const float* xc, const Panels<E>& w, int64_t k0, int64_t kb, in
   constexpr int kS = std::max(T <= 6 ? 2 : 1, std::min<int>(kPanelStreams, kRoom / (T * kPanelVecs)));
   const int64_t full = std::min(p1, w.N / F32P::kPanel);
   if (p0 < full) {
-    if constexpr (kPanelVecs == 1 || (T != 6 && T != 7))   // AVX-512: a panel row is one vector
+    if constexpr (kPanelVecs == 2 && T == 8)
+      for (int64_t p = p0; p < full; ++p) panel_turns<T, 4>(xc, w.panel(k0, kb, p), p * F32P::kPanel, kb, y, ldy, add);
+    else if constexpr (kPanelVecs == 1 || (T != 6 && T != 7))   // AVX-512: a panel row is one vector
       panel_rows<T, kS, T>(xc, w, k0, kb, p0, full, y, ldy, add);
     else if constexpr (T == 6)
       panel_rows<T, 2, 3, 3>(xc, w, k0, kb, p0, full, y, ldy, add);
