@@ -62,19 +62,17 @@ def old_header(rev: str) -> str:
     """REV's gemm.h with the headers it includes of ours inlined, its names suffixed `_old`."""
     text = _show(rev, "gemm.h")
     assert text is not None, f"{rev} has no ops/cpu_kernels/gemm.h"
-    seen: set[str] = set()
 
     def expand(m: re.Match[str]) -> str:
-        # as the preprocessor with #pragma once: depth first, each header at its first include, so a
-        # header is defined before the one that includes it (gemm_panels.h needs gemm_stream.h)
+        # as the preprocessor with #pragma once: each include in place, inside a guard of its own, so
+        # that a header first included under an #if that is off here is still defined where it is next
+        # included (gemm_blocked.h under gemm_bf16.h's SPMD_HAVE_BF16_INT8), and only once
         name = m.group(1)
         if name not in INLINED:
             return m.group(0)
-        if name in seen:
-            return ""
-        seen.add(name)
         body = _show(rev, name)
-        return "" if body is None else inline(body)
+        guard = "GEMM_OLD_" + re.sub(r"\W", "_", name).upper()
+        return "" if body is None else f"#ifndef {guard}\n#define {guard}\n{inline(body)}\n#endif\n"
 
     def inline(src: str) -> str:
         return re.sub(r'#include "([a-z0-9_]+\.h)"\n', expand, src)
