@@ -110,16 +110,35 @@ inline void pack_rows(const float* x, int64_t T, int64_t K, int64_t tile, float*
   }
 }
 
+// `lines` spread evenly over `steps` calls of due(): how many to issue at each (Bresenham's)
+class Trickle {
+ public:
+  void start(int64_t lines, int64_t steps) { lines_ = lines, steps_ = std::max<int64_t>(steps, 1), debt_ = 0; }
+  int64_t due() {
+    int64_t n = 0;
+    for (debt_ += lines_; debt_ >= steps_; debt_ -= steps_) ++n;
+    return n;
+  }
+
+ private:
+  int64_t lines_ = 0, steps_ = 1, debt_ = 0;
+};
+
 // A [rows, nb] block of W from (k0, n0) into L2 (prefetcht1), its lines in memory order spread over
-// `steps` calls of step()
+// `calls` micro-kernel calls: start(kb) at a call's top, then tick() at each of its kb steps issues
+// the call's share a line or two at a time.  Issued as a burst before each call, the share (~170
+// lines at T = 16) filled the miss buffers and the micro-kernel's own loads waited behind them, so
+// a step cost about the memory's time plus the arithmetic's: T = 9-16 ran 1.3-1.45x slower, T = 32
+// 1.1x (RESULTS.md "Session 77").
 template <typename Src>
 class BlockPrefetch {
  public:
-  BlockPrefetch(const Src& w, int64_t k0, int64_t rows, int64_t n0, int64_t nb, int64_t steps)
+  BlockPrefetch(const Src& w, int64_t k0, int64_t rows, int64_t n0, int64_t nb, int64_t calls)
       : w_(w), row_(k0), n0_(n0), nb_(nb), left_(rows * ((nb + Src::kLine - 1) / Src::kLine)),
-        share_((left_ + steps - 1) / steps) {}
-  void step() {
-    for (int64_t i = 0; i < share_ && left_ > 0; ++i, --left_) {
+        share_((left_ + calls - 1) / calls) {}
+  void start(int64_t kb) { lines_.start(std::min(share_, left_), kb), left_ -= std::min(share_, left_); }
+  void tick() {
+    for (int64_t n = lines_.due(); n > 0; --n) {
       __builtin_prefetch(w_.at(row_, n0_ + col_), 0, 2);
       col_ += Src::kLine;
       if (col_ >= nb_) col_ = 0, ++row_;
@@ -129,22 +148,25 @@ class BlockPrefetch {
  private:
   const Src& w_;
   int64_t row_, n0_, nb_, left_, share_, col_ = 0;
+  Trickle lines_;
 };
 
 // Panels: a task's [rows, nb] block is one contiguous run (its panels, in order)
 template <typename E>
 class BlockPrefetch<Panels<E>> {
  public:
-  BlockPrefetch(const Panels<E>& w, int64_t k0, int64_t rows, int64_t n0, int64_t nb, int64_t steps)
+  BlockPrefetch(const Panels<E>& w, int64_t k0, int64_t rows, int64_t n0, int64_t nb, int64_t calls)
       : p_(rows > 0 ? reinterpret_cast<const char*>(w.panel(k0, rows, n0 / Panels<E>::kPanel)) : nullptr),
-        left_((rows * nb * static_cast<int64_t>(sizeof(E)) + 63) / 64), share_((left_ + steps - 1) / steps) {}
-  void step() {
-    for (int64_t i = 0; i < share_ && left_ > 0; ++i, --left_, p_ += 64) __builtin_prefetch(p_, 0, 2);
+        left_((rows * nb * static_cast<int64_t>(sizeof(E)) + 63) / 64), share_((left_ + calls - 1) / calls) {}
+  void start(int64_t kb) { lines_.start(std::min(share_, left_), kb), left_ -= std::min(share_, left_); }
+  void tick() {
+    for (int64_t n = lines_.due(); n > 0; --n, p_ += 64) __builtin_prefetch(p_, 0, 2);
   }
 
  private:
   const char* p_;
   int64_t left_, share_;
+  Trickle lines_;
 };
 
 // Where micro() reads W: a packed micro-panel [kb][kNR] ...
@@ -196,13 +218,15 @@ void pack_panels(const Panels<E>& w, int64_t k0, int64_t kb, int64_t n0, int64_t
 // one of pack_rows' micro-panels (x[m, k] at x[k * kMR + m]): the block's product summed from 0
 // (one chunk of the sum: see the top); out is c, or y for a task's last block.  kb: P's steps (a
 // row of W each, or gemm_bf16.h's pair of rows, whose x and panel lanes hold the pair)
-template <int M, typename P>
+template <int M, typename P, typename Ahead>
 void micro(const float* x, P panel, int64_t kb, const float* c, int64_t ldc, float* out, int64_t ldo,
-           bool zero) {
+           bool zero, Ahead& ahead) {
+  ahead.start(kb);
   Vec acc[M][kNV];
   for (int m = 0; m < M; ++m)
     for (int v = 0; v < kNV; ++v) acc[m][v] = vzero();
   for (int64_t k = 0; k < kb; ++k) {
+    ahead.tick();
     Vec wv[kNV];
     for (int v = 0; v < kNV; ++v) wv[v] = vload(panel.at(k, v));
     for (int m = 0; m < M; ++m) {
@@ -215,10 +239,10 @@ void micro(const float* x, P panel, int64_t kb, const float* c, int64_t ldc, flo
       vstore(out + m * ldo + v * kWidth, zero ? acc[m][v] : vadd(vload(c + m * ldc + v * kWidth), acc[m][v]));
 }
 
-template <typename P, int... M>
+template <typename P, typename Ahead, int... M>
 void micro_dispatch(int64_t m, std::integer_sequence<int, M...>, const float* x, P panel, int64_t kb,
-                    const float* c, int64_t ldc, float* out, int64_t ldo, bool zero) {
-  ((m == M + 1 ? micro<M + 1>(x, panel, kb, c, ldc, out, ldo, zero) : void()), ...);
+                    const float* c, int64_t ldc, float* out, int64_t ldo, bool zero, Ahead& ahead) {
+  ((m == M + 1 ? micro<M + 1>(x, panel, kb, c, ldc, out, ldo, zero, ahead) : void()), ...);
 }
 
 // Whether blocked_columns brings the next block of W into L2 ahead: up to kPrefetchTiles tiles of x
@@ -265,7 +289,6 @@ void blocked_columns(const float* xp, const Src& w, int64_t T, int64_t K, int64_
                             std::min(nb, N - pn0), ld / kNR * tiles);
     for (int64_t j = 0; j < nb; j += kNR)
       for (int64_t i = 0; i < tiles; ++i) {
-        next.step();
         const int64_t t0 = tl.start(i);
         float* c = acc + t0 * ld + j;
         const bool direct = last && j < whole;
@@ -275,12 +298,12 @@ void blocked_columns(const float* xp, const Src& w, int64_t T, int64_t K, int64_
         if constexpr (kPanels) {
           if (j < whole)
             micro_dispatch(tl.rows(i), kRows, xi, PanelRun<typename Src::Elem>{w.panel(k0, kb, (n0 + j) / Src::kPanel),
-                           kb * Src::kPanel}, kb, c, ld, out, ldo, k0 == 0);
+                           kb * Src::kPanel}, kb, c, ld, out, ldo, k0 == 0, next);
           else
-            micro_dispatch(tl.rows(i), kRows, xi, PackedPanel{buf}, kb, c, ld, out, ldo, k0 == 0);
+            micro_dispatch(tl.rows(i), kRows, xi, PackedPanel{buf}, kb, c, ld, out, ldo, k0 == 0, next);
         } else {
           micro_dispatch(tl.rows(i), kRows, xi, typename Kernel::Panel{buf + (j / kNR) * steps * kNR}, steps, c, ld,
-                         out, ldo, k0 == 0);
+                         out, ldo, k0 == 0, next);
         }
       }
   }
