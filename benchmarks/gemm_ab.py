@@ -36,7 +36,8 @@ NAMES = (
     "exact_gemm kVnniRows kVnniKC kVnniAcc kVnniPass vnni_rows vnni_gemm_t vnni_gemm kChainStreams chain_row "
     "kPanelVecs kPanelStreams kPanelSums kPanelPrefetchNear kPanelPrefetchFar panel_group panel_rows panel_block "
     "panel_dispatch prefetch_ahead "
-    "panel_stream_gemm stream_tasks prefetch_pack_row BlockedKernel Trickle kTurnRows turn_rows panel_turns round_bf16 pair_float pair_lanes PairPanel "
+    "panel_stream_gemm stream_tasks prefetch_pack_row BlockedKernel Trickle kTurnRows turn_rows panel_turns "
+    "round_bf16 pair_float pair_lanes PairPanel "
     "pack_pairs pack_pair_rows"
 ).split()
 # REV's headers inlined into its gemm.h, innermost last (each is included once)

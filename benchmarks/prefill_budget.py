@@ -65,20 +65,54 @@ def bench(server: servers.Server, tokenizer: Path, conc: int, prompts: int, out:
     }
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def keep_best(best: dict[str, dict], key: str, got: dict) -> None:
+    """Keep the round with the most output tok/s per key (others only ever slow a server down)."""
+    if key not in best or got["output_tok_s"] > best[key]["output_tok_s"]:
+        best[key] = got
+
+
+def report(best: dict[str, dict], column: str, args: argparse.Namespace, out: Path) -> None:
+    """The best rounds (keys "<server>/c<concurrency>") as a table, and everything as JSON at `out`."""
+    print(
+        f"\n| {column} | c | output tok/s | TTFT p50 ms | TTFT p99 ms | TPOT ms | others' CPU |\n"
+        "|---|---|---|---|---|---|---|"
+    )
+    for key, got in best.items():
+        name, conc = key.rsplit("/", 1)
+        print(
+            f"| {name} | {conc[1:]} | {got['output_tok_s']:.0f} | {got['ttft_p50_ms']:.0f} "
+            f"| {got['ttft_p99_ms']:.0f} | {got['tpot_median_ms']:.1f} | {got['foreign_cpu']:.0%} |"
+        )
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"args": vars(args) | {"json": str(args.json)}, "best": best}, indent=1, default=str))
+    print(f"wrote {out}")
+
+
+def parse_common(ap: argparse.ArgumentParser, argv: list[str] | None, concurrency: str, rounds: int):
+    """The options every served A/B here shares, added to `ap`, and the parsed arguments."""
     ap.add_argument("--demo", default="small")
-    ap.add_argument("--budgets", default="256,512,1024,2048")
-    ap.add_argument("--concurrency", default="8,32")
+    ap.add_argument("--concurrency", default=concurrency)
     ap.add_argument("--num-prompts", type=int, default=64)
-    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--rounds", type=int, default=rounds)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--json", type=Path, default=None)
-    args = ap.parse_args(argv)
-    work = cache_root() / "work" / f"demo-{args.demo}"
+    return ap.parse_args(argv)
+
+
+def export_dir(demo: str) -> tuple[Path, Path]:
+    """The benchmarks/peers work folder of a demo model and its TP = 1 float32 export there."""
+    work = cache_root() / "work" / f"demo-{demo}"
     model = work / f"ours-f32-tp1-v{MANIFEST_VERSION}"
     if not (model / "config.json").is_file():
-        raise SystemExit(f"no export at {model}: run `python -m benchmarks.peers.compare --demo {args.demo}` first")
+        raise SystemExit(f"no export at {model}: run `python -m benchmarks.peers.compare --demo {demo}` first")
+    return work, model
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--budgets", default="256,512,1024,2048")
+    args = parse_common(ap, argv, concurrency="8,32", rounds=2)
+    work, model = export_dir(args.demo)
     run_dir = work / time.strftime("budget-%Y%m%d-%H%M%S")
     best: dict[str, dict] = {}
     for rnd in range(args.rounds):
@@ -97,22 +131,8 @@ def main(argv: list[str] | None = None) -> int:
                         f" (others {got['foreign_cpu']:.0%} of the cores)",
                         flush=True,
                     )
-                    if key not in best or got["output_tok_s"] > best[key]["output_tok_s"]:
-                        best[key] = got
-    print(
-        "\n| budget | c | output tok/s | TTFT p50 ms | TTFT p99 ms | TPOT ms | others' CPU |\n"
-        "|---|---|---|---|---|---|---|"
-    )
-    for key, got in best.items():
-        budget, conc = key.split("/")
-        print(
-            f"| {budget} | {conc[1:]} | {got['output_tok_s']:.0f} | {got['ttft_p50_ms']:.0f} "
-            f"| {got['ttft_p99_ms']:.0f} | {got['tpot_median_ms']:.1f} | {got['foreign_cpu']:.0%} |"
-        )
-    out = args.json or run_dir / "budgets.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"args": vars(args) | {"json": str(args.json)}, "best": best}, indent=1, default=str))
-    print(f"wrote {out}")
+                    keep_best(best, key, got)
+    report(best, "budget", args, args.json or run_dir / "budgets.json")
     return 0
 
 
