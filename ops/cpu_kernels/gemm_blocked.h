@@ -128,7 +128,7 @@ class Trickle {
 // `calls` micro-kernel calls: start(kb) at a call's top, then tick() at each of its kb steps issues
 // the call's share a line or two at a time.  Issued as a burst before each call, the share (~170
 // lines at T = 16) filled the miss buffers and the micro-kernel's own loads waited behind them, so
-// a step cost about the memory's time plus the arithmetic's: T = 9-16 ran 1.3-1.45x slower, T = 32
+// a step cost about the memory's time plus the arithmetic's: T = 9-16 ran 1.3-1.5x slower, T = 32
 // 1.1x (RESULTS.md "Session 77").
 template <typename Src>
 class BlockPrefetch {
