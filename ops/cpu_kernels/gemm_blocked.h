@@ -110,18 +110,22 @@ inline void pack_rows(const float* x, int64_t T, int64_t K, int64_t tile, float*
   }
 }
 
-// `lines` spread evenly over `steps` calls of due(): how many to issue at each (Bresenham's)
+// `lines` to issue over `calls` calls of start(): each call's share (the last one's what is left)
+// spread evenly over its `steps` calls of due(), how many to issue at each (Bresenham's)
 class Trickle {
  public:
-  void start(int64_t lines, int64_t steps) { lines_ = lines, steps_ = std::max<int64_t>(steps, 1), debt_ = 0; }
+  Trickle(int64_t lines, int64_t calls) : left_(lines), share_((lines + calls - 1) / calls) {}
+  void start(int64_t steps) {
+    now_ = std::min(share_, left_), left_ -= now_, steps_ = std::max<int64_t>(steps, 1), debt_ = 0;
+  }
   int64_t due() {
     int64_t n = 0;
-    for (debt_ += lines_; debt_ >= steps_; debt_ -= steps_) ++n;
+    for (debt_ += now_; debt_ >= steps_; debt_ -= steps_) ++n;
     return n;
   }
 
  private:
-  int64_t lines_ = 0, steps_ = 1, debt_ = 0;
+  int64_t left_, share_, now_ = 0, steps_ = 1, debt_ = 0;
 };
 
 // A [rows, nb] block of W from (k0, n0) into L2 (prefetcht1), its lines in memory order spread over
@@ -134,9 +138,8 @@ template <typename Src>
 class BlockPrefetch {
  public:
   BlockPrefetch(const Src& w, int64_t k0, int64_t rows, int64_t n0, int64_t nb, int64_t calls)
-      : w_(w), row_(k0), n0_(n0), nb_(nb), left_(rows * ((nb + Src::kLine - 1) / Src::kLine)),
-        share_((left_ + calls - 1) / calls) {}
-  void start(int64_t kb) { lines_.start(std::min(share_, left_), kb), left_ -= std::min(share_, left_); }
+      : w_(w), row_(k0), n0_(n0), nb_(nb), lines_(rows * ((nb + Src::kLine - 1) / Src::kLine), calls) {}
+  void start(int64_t kb) { lines_.start(kb); }
   void tick() {
     for (int64_t n = lines_.due(); n > 0; --n) {
       __builtin_prefetch(w_.at(row_, n0_ + col_), 0, 2);
@@ -147,7 +150,7 @@ class BlockPrefetch {
 
  private:
   const Src& w_;
-  int64_t row_, n0_, nb_, left_, share_, col_ = 0;
+  int64_t row_, n0_, nb_, col_ = 0;
   Trickle lines_;
 };
 
@@ -157,15 +160,14 @@ class BlockPrefetch<Panels<E>> {
  public:
   BlockPrefetch(const Panels<E>& w, int64_t k0, int64_t rows, int64_t n0, int64_t nb, int64_t calls)
       : p_(rows > 0 ? reinterpret_cast<const char*>(w.panel(k0, rows, n0 / Panels<E>::kPanel)) : nullptr),
-        left_((rows * nb * static_cast<int64_t>(sizeof(E)) + 63) / 64), share_((left_ + calls - 1) / calls) {}
-  void start(int64_t kb) { lines_.start(std::min(share_, left_), kb), left_ -= std::min(share_, left_); }
+        lines_((rows * nb * static_cast<int64_t>(sizeof(E)) + 63) / 64, calls) {}
+  void start(int64_t kb) { lines_.start(kb); }
   void tick() {
     for (int64_t n = lines_.due(); n > 0; --n, p_ += 64) __builtin_prefetch(p_, 0, 2);
   }
 
  private:
   const char* p_;
-  int64_t left_, share_;
   Trickle lines_;
 };
 
